@@ -1,0 +1,18 @@
+# ctest script: fails when any file under engine/ includes a gRPC, protobuf or
+# prometheus-cpp header (the engine must not depend on the server side).
+file(GLOB_RECURSE _files "${ENGINE_DIR}/*.h" "${ENGINE_DIR}/*.cc")
+set(_bad "")
+foreach(_f IN LISTS _files)
+  file(STRINGS "${_f}" _lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](grpcpp/|grpc/|google/protobuf/|prometheus/|server/|client/|proto/)|\\.pb\\.h[\">]")
+  if(_lines)
+    list(APPEND _bad "${_f}: ${_lines}")
+  endif()
+endforeach()
+list(LENGTH _files _n)
+if(_bad)
+  message(FATAL_ERROR "engine/ includes forbidden headers:\n${_bad}")
+endif()
+if(_n EQUAL 0)
+  message(FATAL_ERROR "no engine sources found under ${ENGINE_DIR}")
+endif()
+message(STATUS "engine layering ok: ${_n} files checked")

@@ -1,0 +1,60 @@
+# Declares every MegaTrain target the same way.
+#
+#   megatrain_cc_library(NAME megatrain_engine SRCS a.cc b.cc DEPS absl::status
+#                        [FORBID regex...])
+#   megatrain_cc_binary(NAME megatraind SRCS main.cc DEPS megatrain_server)
+#   megatrain_cc_test(NAME adamw_test SRCS adamw_test.cc DEPS megatrain_engine
+#                     [LABELS gpu])
+#
+# Our code builds with -Wall -Wextra; third-party headers come in as SYSTEM
+# include directories through their imported targets, so they do not warn.
+
+function(_megatrain_common_options target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_include_directories(${target} PUBLIC "${PROJECT_SOURCE_DIR}")
+  if(MEGATRAIN_WITH_CUDA)
+    target_compile_definitions(${target} PUBLIC MEGATRAIN_WITH_CUDA=1)
+  endif()
+  if(MEGATRAIN_SANITIZE)
+    string(REPLACE ";" "," _san "${MEGATRAIN_SANITIZE}")
+    target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer)
+    target_link_options(${target} PUBLIC -fsanitize=${_san})
+  endif()
+endfunction()
+
+function(megatrain_cc_library)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;FORBID" ${ARGN})
+  # Layering: refuse a forbidden dependency at configure time (see STYLE).
+  foreach(dep IN LISTS ARG_DEPS)
+    foreach(pattern IN LISTS ARG_FORBID)
+      if(dep MATCHES "${pattern}")
+        message(FATAL_ERROR "${ARG_NAME} must not depend on ${dep} (matches '${pattern}')")
+      endif()
+    endforeach()
+  endforeach()
+  add_library(${ARG_NAME} STATIC ${ARG_SRCS})
+  _megatrain_common_options(${ARG_NAME})
+  target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS})
+endfunction()
+
+function(megatrain_cc_binary)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  _megatrain_common_options(${ARG_NAME})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
+endfunction()
+
+function(megatrain_cc_test)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  _megatrain_common_options(${ARG_NAME})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  set(_labels cpu)
+  if(ARG_LABELS)
+    set(_labels ${ARG_LABELS})
+  endif()
+  gtest_discover_tests(${ARG_NAME}
+    DISCOVERY_MODE PRE_TEST
+    WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
+    PROPERTIES LABELS "${_labels}" TIMEOUT 900)
+endfunction()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package MegaTrain needs to build, test and run on a
+# CPU machine (Debian 12). Idempotent: packages already present are skipped.
+# GPU machines with pip-installed torch use deploy/gpu-build.sh instead.
+set -euo pipefail
+
+PACKAGES=(
+  # build tools
+  cmake ninja-build g++ pkg-config clang
+  # engine
+  libtorch-dev libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
+  # server and client
+  libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  prometheus-cpp-dev libcpp-httplib-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev libssl-dev
+  # tests
+  libgtest-dev libgmock-dev prometheus curl openssl
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
