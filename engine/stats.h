@@ -1,0 +1,55 @@
+// Plain statistics snapshots the engine exposes (no metrics library here:
+// server/ turns these into Prometheus families). All times in seconds, all
+// sizes in bytes.
+#ifndef MEGATRAIN_ENGINE_STATS_H_
+#define MEGATRAIN_ENGINE_STATS_H_
+
+#include <cstdint>
+
+namespace megatrain::engine {
+
+// Host memory of the model store, by kind, in bytes.
+struct HostStoreBytes {
+  int64_t master = 0;       // fp32 master weights
+  int64_t grad = 0;         // fp32 gradients (accumulated over micro-batches)
+  int64_t exp_avg = 0;      // fp32 AdamW first moment
+  int64_t exp_avg_sq = 0;   // fp32 AdamW second moment
+  int64_t streaming = 0;    // compute-dtype copy streamed to the device
+                            // (0 for fp32/tf32: the master is streamed)
+  int64_t staging = 0;      // pinned gradient staging buffers
+  int64_t pinned = 0;       // of the above, page-locked (registered) bytes
+  int64_t Total() const { return master + grad + exp_avg + exp_avg_sq + streaming + staging; }
+};
+
+// Time and traffic of one optimizer step (or a sum of steps).
+struct StepStats {
+  int64_t tokens = 0;            // tokens trained (counted in the batch)
+  double step_seconds = 0;       // wall time of the step
+  double h2d_seconds = 0;        // busy time of the H2D stream
+  double compute_seconds = 0;    // busy time of the compute stream
+  double d2h_seconds = 0;        // busy time of the D2H stream
+  double optimizer_seconds = 0;  // CPU AdamW + gradient accumulation time
+  double optimizer_exposed_seconds = 0;  // part of it not overlapped with GPU work
+  double gpu_idle_seconds = 0;   // step_seconds - compute_seconds
+  int64_t h2d_bytes = 0;         // host -> device bytes
+  int64_t d2h_bytes = 0;         // device -> host bytes
+  int64_t peak_device_bytes = 0; // peak device memory allocated in the step
+
+  void Add(const StepStats& other) {
+    tokens += other.tokens;
+    step_seconds += other.step_seconds;
+    h2d_seconds += other.h2d_seconds;
+    compute_seconds += other.compute_seconds;
+    d2h_seconds += other.d2h_seconds;
+    optimizer_seconds += other.optimizer_seconds;
+    optimizer_exposed_seconds += other.optimizer_exposed_seconds;
+    gpu_idle_seconds += other.gpu_idle_seconds;
+    h2d_bytes += other.h2d_bytes;
+    d2h_bytes += other.d2h_bytes;
+    if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;
+  }
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_STATS_H_

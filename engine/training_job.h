@@ -1,0 +1,188 @@
+// The engine's job-level API: everything the server needs to run one training
+// job, with no LibTorch, gRPC or protobuf types. A TrainingJob owns a
+// Trainer (host store + streaming executor + CPU AdamW), its data loader and
+// its checkpoints; the server owns queueing, persistence, auth and metrics.
+//
+// Field names follow the job file (examples/jobs/tiny.yaml) and the proto
+// (proto/megatrain/v1/job.proto): `train.micro_batch`, `optimizer.lr`, ...;
+// error messages name the field by that path.
+#ifndef MEGATRAIN_ENGINE_TRAINING_JOB_H_
+#define MEGATRAIN_ENGINE_TRAINING_JOB_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model_config.h"
+#include "engine/stats.h"
+
+namespace megatrain::engine {
+
+// Where the model comes from: exactly one of `preset` and `hf_dir`.
+struct ModelSource {
+  std::string preset;  // "tiny", "llama-1b", ... (PresetConfig)
+  std::string hf_dir;  // HF directory: config.json + safetensors
+};
+
+// Where the training data comes from: exactly one of `tokens` and `text`.
+struct DataSpec {
+  std::string tokens;     // a token shard file or a directory of *.mtt shards
+  std::string text;       // plain text or JSONL {"text": ...}; needs tokenizer
+  std::string tokenizer;  // SentencePiece model (with `text`)
+  double eval_fraction = 0.0;  // held-out share of documents, [0, 0.5]
+  uint64_t shuffle_seed = 1234;
+};
+
+// Numeric precision of the GPU (or CPU) compute. Master weights and AdamW
+// state are always fp32 in host memory.
+enum class ComputeDtype { kFp32, kTf32, kBf16 };
+
+struct TrainSpec {
+  int64_t micro_batch = 8;                  // sequences per forward/backward
+  int64_t seq_len = 128;                    // tokens per sequence
+  int64_t gradient_accumulation_steps = 1;  // micro-batches per step
+  int64_t max_steps = 0;                    // optimizer steps (0: use max_tokens)
+  int64_t max_tokens = 0;                   // tokens (0: use max_steps)
+  ComputeDtype compute_dtype = ComputeDtype::kFp32;
+  double max_grad_norm = 1.0;               // global-norm clipping; 0 = off
+  uint64_t seed = 0;                        // weight init and RNG
+  bool skip_nonfinite_steps = true;         // NaN/inf loss: skip step vs fail
+};
+
+struct OptimizerSpec {
+  double lr = 3e-4;  // peak learning rate
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;
+  std::string schedule = "cosine";  // cosine | linear | constant
+  double min_lr_ratio = 0.0;        // final lr / peak lr
+};
+
+struct EvalSpec {
+  int64_t every_steps = 0;  // 0 = no periodic eval
+  int64_t batches = 4;      // micro-batches per eval
+};
+
+struct CheckpointSpec {
+  int64_t every_steps = 0;  // 0 = only on request / suspend / end
+  int64_t keep_last = 2;    // newest checkpoints kept
+  int64_t keep_every = 0;   // also keep every N-th step (0 = none)
+};
+
+// A whole job, as submitted.
+struct JobSpec {
+  std::string name;
+  ModelSource model;
+  DataSpec data;
+  TrainSpec train;
+  OptimizerSpec optimizer;
+  EvalSpec eval;
+  CheckpointSpec checkpoint;
+  std::string output_dir;  // checkpoints and exports go under it
+};
+
+// Checks every field. INVALID_ARGUMENT naming the field path and the value
+// ("train.micro_batch: must be in [1, 4096], got 0"); UNIMPLEMENTED for an
+// unsupported architecture. Does not touch the file system.
+absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// Host and device memory a job needs, in bytes. See docs/operations.md for
+// the bytes-per-parameter table: fp32 master 4, fp32 gradient 4, AdamW
+// exp_avg 4 and exp_avg_sq 4, bf16 streaming copy 2 (bf16 only).
+struct MemoryFootprint {
+  int64_t params = 0;              // model parameters (elements)
+  HostStoreBytes host;             // by kind
+  int64_t host_total_bytes = 0;    // all host memory of the job
+  int64_t device_estimate_bytes = 0;  // weight slots + activations (rough)
+};
+
+// Computes the footprint of `spec`'s model (reads config.json for hf_dir).
+absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec);
+
+// Engine-side state of a running job, reported through JobObserver.
+struct StepReport {
+  int64_t step = 0;          // optimizer steps done, counted from 1
+  int64_t max_steps = 0;
+  double loss = 0;           // mean over the global batch's counted tokens
+  double grad_norm = 0;      // before clipping
+  double lr = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;            // model FLOPs / bf16 dense peak, [0, 1]
+  bool skipped = false;      // non-finite loss, step skipped
+  StepStats stats;           // phases, bytes of this step
+};
+
+// Receives job progress. Called on the job's thread; must not block long.
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  virtual void OnStep(const StepReport& report) {}
+  virtual void OnEval(int64_t step, double eval_loss) {}
+  virtual void OnCheckpoint(int64_t step, const std::string& checkpoint_dir,
+                            double seconds) {}
+};
+
+// Why Run() returned.
+enum class JobOutcome { kSucceeded, kCancelled, kSuspended };
+
+// One job's training loop. Thread-safety: Run() is called from one thread;
+// RequestStop / RequestCheckpoint may be called from any thread at any time
+// and take effect at the next step boundary.
+class TrainingJob {
+ public:
+  // Builds the model (initialises weights from `spec.train.seed` or loads
+  // the HF checkpoint), the data loader and the device pipeline on `device`
+  // ("cpu", "cuda", "cuda:N"). With `resume_from` (a checkpoint directory),
+  // restores weights, AdamW state, step, RNG and data cursor exactly.
+  // Errors: those of ValidateJobSpec; NOT_FOUND / DATA_LOSS for missing or
+  // corrupt model, data or checkpoint files (naming the file);
+  // RESOURCE_EXHAUSTED when memory cannot be allocated or pinned.
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> Create(
+      const JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from);
+
+  virtual ~TrainingJob() = default;
+
+  // Trains until max_steps / max_tokens, or until a stop request. Writes a
+  // checkpoint before returning kSuspended, and at the end. Errors: INTERNAL
+  // (CUDA, LibTorch), RESOURCE_EXHAUSTED (GPU out of memory, with a hint to
+  // lower train.micro_batch), DATA_LOSS (data), FAILED_PRECONDITION
+  // (non-finite loss with skip_nonfinite_steps=false).
+  virtual absl::StatusOr<JobOutcome> Run(JobObserver* observer) = 0;
+
+  enum class StopKind { kCancel, kSuspend };
+  virtual void RequestStop(StopKind kind) = 0;
+  // Asks for a checkpoint at the next step boundary.
+  virtual void RequestCheckpoint() = 0;
+
+  virtual int64_t step() const = 0;
+  virtual MemoryFootprint footprint() const = 0;
+};
+
+// A checkpoint written by a job (see docs/checkpoint-format.md).
+struct CheckpointInfo {
+  std::string dir;
+  int64_t step = 0;
+  int64_t bytes = 0;
+};
+
+// Checkpoints under `output_dir`, oldest first. NOT_FOUND if it is missing.
+absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
+    const std::string& output_dir);
+
+// Writes checkpoint `checkpoint_dir` as an HF model directory `out_dir`
+// (config.json, safetensors shards <= 5 GB, index). `dtype` "bf16" | "fp32".
+absl::Status ExportHfModel(const std::string& checkpoint_dir,
+                           const std::string& out_dir, const std::string& dtype);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_TRAINING_JOB_H_
