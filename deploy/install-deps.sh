@@ -7,6 +7,8 @@ set -euo pipefail
 PACKAGES=(
   # build tools
   cmake ninja-build g++ pkg-config clang
+  # libFuzzer and sanitizer runtimes for clang (deploy/run-fuzzers.sh)
+  libclang-rt-dev
   # engine
   libtorch-dev libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
   # server and client

@@ -20,11 +20,11 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace megatrain::engine {
 
@@ -65,6 +65,11 @@ struct ModelConfig {
   // activation). Returns INVALID_ARGUMENT naming the field and value.
   absl::Status Validate() const;
 
+  // True when q/k/v projections have a bias (qwen2 always; others when
+  // `attention_bias`), and when o_proj has one (llama with `attention_bias`).
+  bool HasQkvBias() const;
+  bool HasOutputBias() const;
+
   // Number of parameters of one decoder layer (elements).
   int64_t LayerParamCount() const;
   // Number of parameters of the whole model (elements), lm_head counted once
@@ -84,8 +89,8 @@ struct ModelConfig {
 // Errors: INVALID_ARGUMENT for malformed JSON or a bad value (message names
 // the field); UNIMPLEMENTED for an unsupported `model_type`, `hidden_act` or
 // `rope_scaling.rope_type`.
-absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text,
-                                          std::string_view source = "config.json");
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text,
+                                          absl::string_view source = "config.json");
 
 // Reads and parses `path` (a config.json file). NOT_FOUND if it is missing.
 absl::StatusOr<ModelConfig> LoadHfConfigFile(const std::string& path);
@@ -95,7 +100,7 @@ absl::StatusOr<ModelConfig> LoadHfConfigFile(const std::string& path);
 // shapes, identical to ../shared/bench/torch_baselines.py: untied, rope_theta
 // 500000, rms_norm_eps 1e-6). INVALID_ARGUMENT for an unknown name, listing
 // the known ones.
-absl::StatusOr<ModelConfig> PresetConfig(std::string_view name);
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 
 // Names accepted by PresetConfig.
 std::vector<std::string> PresetNames();

@@ -37,7 +37,7 @@ namespace megatrain {
 // Returns `status` with `context` prepended to its message ("context: msg"),
 // keeping the code. OK stays OK. Add context once per layer.
 inline absl::Status Annotate(const absl::Status& status,
-                             std::string_view context) {
+                             absl::string_view context) {
   if (status.ok()) return status;
   return absl::Status(status.code(),
                       absl::StrCat(context, ": ", status.message()));

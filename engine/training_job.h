@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model_config.h"
+#include "engine/precision.h"
 #include "engine/stats.h"
 
 namespace megatrain::engine {
@@ -38,10 +39,6 @@ struct DataSpec {
   double eval_fraction = 0.0;  // held-out share of documents, [0, 0.5]
   uint64_t shuffle_seed = 1234;
 };
-
-// Numeric precision of the GPU (or CPU) compute. Master weights and AdamW
-// state are always fp32 in host memory.
-enum class ComputeDtype { kFp32, kTf32, kBf16 };
 
 struct TrainSpec {
   int64_t micro_batch = 8;                  // sequences per forward/backward

@@ -1,0 +1,499 @@
+// See cli.h.
+#include "client/cli.h"
+
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/connection.h"
+#include "client/job_file.h"
+#include "client/output.h"
+
+namespace megatrain::client {
+namespace {
+
+using nlohmann::json;
+
+// Default per-RPC timeouts when --timeout is not given.
+constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);
+constexpr absl::Duration kCheckpointTimeout = absl::Minutes(30);
+// WatchJob reconnects after a lost connection (daemon restart) this many
+// times in a row before giving up.
+constexpr int kMaxReconnects = 20;
+
+// A random idempotency key: retries of one `megatrain submit` never create
+// two jobs.
+std::string RandomRequestId() {
+  std::random_device random;
+  std::string bytes(16, '\0');
+  for (char& byte : bytes) byte = static_cast<char>(random() & 0xff);
+  return absl::StrCat("cli-", absl::BytesToHexString(bytes));
+}
+
+class Cli {
+ public:
+  Cli(std::ostream& out, std::ostream& err, bool interactive, bool json, absl::Duration timeout,
+      std::unique_ptr<Connection> connection)
+      : out_(out),
+        err_(err),
+        interactive_(interactive),
+        json_(json),
+        timeout_(timeout),
+        connection_(std::move(connection)) {}
+
+  // Prints `status` as "megatrain: CODE: message"; returns the exit code.
+  int Fail(const absl::Status& status) {
+    err_ << "megatrain: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+         << "\n";
+    return kExitError;
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration fallback = kDefaultTimeout) {
+    return connection_->NewContext(timeout_ != absl::ZeroDuration() ? timeout_ : fallback);
+  }
+
+  int Submit(const std::string& file, bool wait, std::string request_id) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobFile(file);
+    if (!spec.ok()) return Fail(spec.status());
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = *std::move(spec);
+    request.set_request_id(request_id.empty() ? RandomRequestId() : request_id);
+    v1::Job job;
+    absl::Status status =
+        FromGrpcStatus(connection_->jobs().SubmitJob(Context().get(), request, &job));
+    if (!status.ok()) return Fail(status);
+    if (!wait) {
+      if (json_) {
+        out_ << JobToJson(job).dump(2) << "\n";
+      } else {
+        out_ << "submitted " << job.id() << " (" << StateName(job.state());
+        if (job.queue_position() > 0) out_ << ", queue position " << job.queue_position();
+        out_ << ")\n";
+      }
+      return kExitOk;
+    }
+    if (!json_) out_ << "submitted " << job.id() << "\n" << std::flush;
+    return WaitAndReport(job.id(), /*print_events=*/!json_);
+  }
+
+  int Watch(const std::string& job_id) { return WaitAndReport(job_id, /*print_events=*/true); }
+
+  int List(const std::vector<std::string>& states, const std::string& owner, int page_size,
+           const std::string& page_token, bool all) {
+    v1::ListJobsRequest request;
+    for (const std::string& name : states) {
+      v1::JobState state;
+      if (!ParseStateName(name, &state)) {
+        err_ << "megatrain: --state: unknown state '" << name
+             << "' (queued, running, suspending, suspended, succeeded, failed, cancelled)\n";
+        return kExitUsage;
+      }
+      request.add_states(state);
+    }
+    request.set_owner(owner);
+    request.set_page_size(page_size);
+    request.set_page_token(page_token);
+    v1::ListJobsResponse all_jobs;
+    // --all: follow next_page_token to the end (each page is one RPC).
+    while (true) {
+      v1::ListJobsResponse page;
+      absl::Status status =
+          FromGrpcStatus(connection_->jobs().ListJobs(Context().get(), request, &page));
+      if (!status.ok()) return Fail(status);
+      for (v1::Job& job : *page.mutable_jobs()) *all_jobs.add_jobs() = std::move(job);
+      all_jobs.set_next_page_token(page.next_page_token());
+      if (!all || page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+    if (json_) {
+      json jobs = json::array();
+      for (const v1::Job& job : all_jobs.jobs()) jobs.push_back(JobToJson(job));
+      out_ << json{{"jobs", jobs}, {"next_page_token", all_jobs.next_page_token()}}.dump(2) << "\n";
+    } else {
+      out_ << JobTable(all_jobs);
+    }
+    return kExitOk;
+  }
+
+  int Get(const std::string& job_id) {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    absl::Status status = FromGrpcStatus(connection_->jobs().GetJob(Context().get(), request, &job));
+    if (!status.ok()) return Fail(status);
+    out_ << (json_ ? JobToJson(job).dump(2) + "\n" : JobDetails(job));
+    return kExitOk;
+  }
+
+  // cancel / suspend / resume.
+  int Control(const std::string& verb, const std::string& job_id) {
+    v1::Job job;
+    grpc::Status grpc_status;
+    auto context = Context();
+    if (verb == "cancel") {
+      v1::CancelJobRequest request;
+      request.set_job_id(job_id);
+      grpc_status = connection_->jobs().CancelJob(context.get(), request, &job);
+    } else if (verb == "suspend") {
+      v1::SuspendJobRequest request;
+      request.set_job_id(job_id);
+      grpc_status = connection_->jobs().SuspendJob(context.get(), request, &job);
+    } else {
+      v1::ResumeJobRequest request;
+      request.set_job_id(job_id);
+      grpc_status = connection_->jobs().ResumeJob(context.get(), request, &job);
+    }
+    absl::Status status = FromGrpcStatus(grpc_status);
+    if (!status.ok()) return Fail(status);
+    if (json_) {
+      out_ << JobToJson(job).dump(2) << "\n";
+    } else {
+      out_ << job.id() << ": " << StateName(job.state());
+      if (!job.error_message().empty()) out_ << " (" << job.error_message() << ")";
+      out_ << "\n";
+    }
+    return kExitOk;
+  }
+
+  int CreateCheckpoint(const std::string& job_id) {
+    v1::CreateCheckpointRequest request;
+    request.set_job_id(job_id);
+    v1::Checkpoint checkpoint;
+    if (!json_) err_ << "waiting for " << job_id << " to reach a step boundary...\n";
+    absl::Status status = FromGrpcStatus(connection_->checkpoints().CreateCheckpoint(
+        Context(kCheckpointTimeout).get(), request, &checkpoint));
+    if (!status.ok()) return Fail(status);
+    if (json_) {
+      out_ << CheckpointToJson(checkpoint).dump(2) << "\n";
+    } else {
+      out_ << checkpoint.id() << " written to " << checkpoint.dir() << "\n";
+    }
+    return kExitOk;
+  }
+
+  int Checkpoints(const std::string& job_id) {
+    v1::ListCheckpointsRequest request;
+    request.set_job_id(job_id);
+    v1::ListCheckpointsResponse response;
+    absl::Status status = FromGrpcStatus(
+        connection_->checkpoints().ListCheckpoints(Context().get(), request, &response));
+    if (!status.ok()) return Fail(status);
+    if (json_) {
+      json checkpoints = json::array();
+      for (const v1::Checkpoint& checkpoint : response.checkpoints()) {
+        checkpoints.push_back(CheckpointToJson(checkpoint));
+      }
+      out_ << json{{"checkpoints", checkpoints}}.dump(2) << "\n";
+    } else {
+      out_ << CheckpointTable(response);
+    }
+    return kExitOk;
+  }
+
+  int Export(const std::string& checkpoint_id, const std::string& out_dir,
+             const std::string& dtype) {
+    v1::ExportCheckpointRequest request;
+    request.set_checkpoint_id(checkpoint_id);
+    // Relative to the caller's working directory (the daemon is local).
+    request.set_out_dir(std::filesystem::absolute(out_dir).lexically_normal().string());
+    request.set_dtype(dtype);
+    v1::ExportCheckpointResponse response;
+    // No deadline by default: exporting a large model takes minutes.
+    absl::Status status = FromGrpcStatus(connection_->checkpoints().ExportCheckpoint(
+        Context(absl::InfiniteDuration()).get(), request, &response));
+    if (!status.ok()) return Fail(status);
+    if (json_) {
+      out_ << json{{"checkpoint_id", checkpoint_id}, {"out_dir", response.out_dir()}}.dump(2)
+           << "\n";
+    } else {
+      out_ << "exported " << checkpoint_id << " to " << response.out_dir() << "\n";
+    }
+    return kExitOk;
+  }
+
+  int DeleteCheckpoint(const std::string& checkpoint_id) {
+    v1::DeleteCheckpointRequest request;
+    request.set_checkpoint_id(checkpoint_id);
+    v1::DeleteCheckpointResponse response;
+    absl::Status status = FromGrpcStatus(
+        connection_->checkpoints().DeleteCheckpoint(Context().get(), request, &response));
+    if (!status.ok()) return Fail(status);
+    if (json_) {
+      out_ << json{{"deleted", checkpoint_id}}.dump(2) << "\n";
+    } else {
+      out_ << "deleted " << checkpoint_id << "\n";
+    }
+    return kExitOk;
+  }
+
+  int Status() {
+    v1::ServerStatus status_message;
+    absl::Status status = FromGrpcStatus(connection_->server().GetServerStatus(
+        Context().get(), v1::GetServerStatusRequest(), &status_message));
+    if (!status.ok()) return Fail(status);
+    out_ << (json_ ? StatusToJson(status_message).dump(2) + "\n" : StatusText(status_message));
+    return kExitOk;
+  }
+
+  int Metrics(const std::string& prefix) {
+    v1::GetMetricsRequest request;
+    request.set_name_prefix(prefix);
+    v1::GetMetricsResponse response;
+    absl::Status status =
+        FromGrpcStatus(connection_->server().GetMetrics(Context().get(), request, &response));
+    if (!status.ok()) return Fail(status);
+    if (!json_) {
+      out_ << response.text();
+      return kExitOk;
+    }
+    json families = json::array();
+    for (const v1::MetricFamily& family : response.families()) {
+      json samples = json::array();
+      for (const v1::MetricSample& sample : family.samples()) {
+        json labels = json::object();
+        for (const auto& [key, value] : sample.labels()) labels[key] = value;
+        samples.push_back({{"name", sample.name()}, {"labels", labels}, {"value", sample.value()}});
+      }
+      families.push_back({{"name", family.name()},
+                          {"help", family.help()},
+                          {"type", family.type()},
+                          {"samples", samples}});
+    }
+    out_ << json{{"families", families}}.dump(2) << "\n";
+    return kExitOk;
+  }
+
+ private:
+  // Follows the job to its end, then prints the final job. Exit code 0 only
+  // for SUCCEEDED.
+  int WaitAndReport(const std::string& job_id, bool print_events) {
+    absl::StatusOr<v1::Job> job = Follow(job_id, print_events);
+    if (!job.ok()) return Fail(job.status());
+    if (json_ && !print_events) {
+      out_ << JobToJson(*job).dump(2) << "\n";
+    } else if (!json_) {
+      out_ << job->id() << " ended " << StateName(job->state());
+      if (!job->error_message().empty()) out_ << ": " << job->error_message();
+      out_ << "\n";
+    }
+    if (job->state() != v1::JOB_STATE_SUCCEEDED) {
+      err_ << "megatrain: job " << job->id() << " ended " << StateName(job->state());
+      if (!job->error_code().empty()) err_ << " (" << job->error_code() << ")";
+      err_ << "\n";
+      return kExitJobNotSucceeded;
+    }
+    return kExitOk;
+  }
+
+  // Streams WatchJob until the job is terminal, reconnecting (with the last
+  // seq seen) when the daemon goes away; returns the final job.
+  absl::StatusOr<v1::Job> Follow(const std::string& job_id, bool print_events) {
+    int64_t after_seq = 0;
+    int reconnects = 0;
+    bool line_open = false;  // a live progress line is on screen
+    std::string eval_loss;
+    absl::Time last_step_line = absl::InfinitePast();
+    while (true) {
+      auto context = connection_->NewContext(absl::InfiniteDuration());
+      // After a lost connection, wait for the daemon to come back.
+      if (reconnects > 0) context->set_wait_for_ready(true);
+      v1::WatchJobRequest request;
+      request.set_job_id(job_id);
+      request.set_after_seq(after_seq);
+      std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
+          connection_->jobs().WatchJob(context.get(), request);
+      v1::JobEvent event;
+      while (reader->Read(&event)) {
+        after_seq = event.seq();
+        reconnects = 0;
+        if (!print_events) continue;
+        if (json_) {
+          out_ << EventToJson(event).dump() << "\n" << std::flush;
+          continue;
+        }
+        if (event.kind_case() == v1::JobEvent::kEval) {
+          eval_loss = absl::StrFormat("%.4f", event.eval().eval_loss());
+        }
+        if (event.kind_case() == v1::JobEvent::kStep) {
+          const std::string line = ProgressLine(job_id, event.step(), eval_loss);
+          if (interactive_) {
+            out_ << "\r\033[K" << line << std::flush;
+            line_open = true;
+          } else if (absl::Now() - last_step_line >= absl::Seconds(1) ||
+                     event.step().step() >= event.step().max_steps()) {
+            // Logs and pipes: at most one progress line per second.
+            out_ << line << "\n" << std::flush;
+            last_step_line = absl::Now();
+          }
+          continue;
+        }
+        if (line_open) {
+          out_ << "\n";
+          line_open = false;
+        }
+        out_ << EventLine(event) << "\n" << std::flush;
+      }
+      absl::Status status = FromGrpcStatus(reader->Finish());
+      if (line_open) {
+        out_ << "\n";
+        line_open = false;
+      }
+      if (status.ok()) break;
+      if (!absl::IsUnavailable(status) || reconnects >= kMaxReconnects) return status;
+      ++reconnects;
+      err_ << "megatrain: connection lost (" << status.message() << "); reconnecting ("
+           << reconnects << "/" << kMaxReconnects << ")\n";
+      // Back off: the daemon may be draining (UNAVAILABLE while still up).
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(200 << reconnects, 5000)));
+    }
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    absl::Status status = FromGrpcStatus(connection_->jobs().GetJob(Context().get(), request, &job));
+    if (!status.ok()) return status;
+    return job;
+  }
+
+  std::ostream& out_;
+  std::ostream& err_;
+  const bool interactive_;
+  const bool json_;
+  const absl::Duration timeout_;  // zero: per-command defaults
+  std::unique_ptr<Connection> connection_;
+};
+
+}  // namespace
+
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+           bool interactive) {
+  ConnectionOptions connection;
+  bool json = false;
+  double timeout_seconds = 0;
+
+  CLI::App app{"megatrain: submit and manage training jobs on a megatraind daemon"};
+  app.name("megatrain");
+  // Global flags may also follow the subcommand.
+  app.fallthrough();
+  app.require_subcommand(1, 1);
+  app.add_option("--server", connection.server, "Daemon address host:port")
+      ->envname("MEGATRAIN_SERVER")
+      ->capture_default_str();
+  app.add_option("--token", connection.token, "Bearer token (or MEGATRAIN_TOKEN)")
+      ->envname("MEGATRAIN_TOKEN");
+  app.add_flag("--json", json, "Machine-readable JSON output");
+  app.add_option("--timeout", timeout_seconds,
+                 "Seconds per RPC (default 30; checkpoint 1800; export none)");
+  app.add_flag("--tls", connection.tls, "Use TLS with the system's root certificates");
+  app.add_option("--tls_ca", connection.tls_ca, "PEM roots to verify the daemon (implies TLS)");
+  app.add_option("--tls_cert", connection.tls_cert, "PEM client certificate (mutual TLS)");
+  app.add_option("--tls_key", connection.tls_key, "PEM client key (mutual TLS)");
+  app.add_option("--tls_server_name", connection.tls_server_name,
+                 "Name expected in the daemon's certificate");
+
+  std::string file, job_id, checkpoint_id, out_dir, dtype, request_id, owner, page_token, prefix;
+  bool wait = false, all = false;
+  int page_size = 0;
+  std::vector<std::string> states;
+
+  CLI::App* submit = app.add_subcommand("submit", "Submit a job file (YAML)");
+  submit->add_option("file", file, "Job file")->required();
+  submit->add_flag("--wait", wait, "Follow the job; exit 0 only if it SUCCEEDED");
+  submit->add_option("--request_id", request_id, "Idempotency key (default: random)");
+  CLI::App* list = app.add_subcommand("list", "List jobs, newest first");
+  list->add_option("--state", states, "Only jobs in this state (repeatable)");
+  list->add_option("--owner", owner, "Only jobs of this user (admins)");
+  list->add_option("--page_size", page_size, "Jobs per page (default 50, at most 1000)");
+  list->add_option("--page_token", page_token, "Continue from a previous page");
+  list->add_flag("--all", all, "Fetch every page");
+  CLI::App* get = app.add_subcommand("get", "Show one job");
+  get->add_option("job", job_id, "Job id")->required();
+  CLI::App* watch = app.add_subcommand("watch", "Follow a job's progress until it ends");
+  watch->add_option("job", job_id, "Job id")->required();
+  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
+  cancel->add_option("job", job_id, "Job id")->required();
+  CLI::App* suspend = app.add_subcommand("suspend", "Checkpoint a job and release its device");
+  suspend->add_option("job", job_id, "Job id")->required();
+  CLI::App* resume = app.add_subcommand("resume", "Queue a suspended job again");
+  resume->add_option("job", job_id, "Job id")->required();
+  CLI::App* checkpoint = app.add_subcommand("checkpoint", "Checkpoint a running job now");
+  checkpoint->add_option("job", job_id, "Job id")->required();
+  CLI::App* checkpoints = app.add_subcommand("checkpoints", "List a job's checkpoints");
+  checkpoints->add_option("job", job_id, "Job id")->required();
+  CLI::App* export_cmd = app.add_subcommand("export", "Write a checkpoint as a HF model directory");
+  export_cmd->add_option("checkpoint", checkpoint_id, "Checkpoint id (job-000001/step-60)")
+      ->required();
+  export_cmd->add_option("--out", out_dir, "Output directory (must not exist or be empty)")
+      ->required();
+  export_cmd->add_option("--dtype", dtype, "bf16 (default) or fp32");
+  CLI::App* delete_checkpoint = app.add_subcommand("delete-checkpoint", "Delete a checkpoint");
+  delete_checkpoint->add_option("checkpoint", checkpoint_id, "Checkpoint id")->required();
+  CLI::App* status = app.add_subcommand("status", "Show devices, memory and queue");
+  CLI::App* metrics = app.add_subcommand("metrics", "Print the daemon's metrics");
+  metrics->add_option("--prefix", prefix, "Only families starting with this");
+  CLI::App* hash_token =
+      app.add_subcommand("hash-token", "Print the SHA-256 of a token read from stdin, for the "
+                                       "daemon's --auth_tokens file");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e, out, err);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (hash_token->parsed()) {
+    std::string token;
+    std::getline(std::cin, token);
+    token = std::string(absl::StripAsciiWhitespace(token));
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+    out << absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest),
+                                                    sizeof(digest)))
+        << "\n";
+    return kExitOk;
+  }
+  if (timeout_seconds < 0) {
+    err << "megatrain: --timeout: must be >= 0\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::unique_ptr<Connection>> created = Connection::Create(connection);
+  if (!created.ok()) {
+    err << "megatrain: " << created.status().message() << "\n";
+    return kExitUsage;
+  }
+  Cli cli(out, err, interactive, json, absl::Seconds(timeout_seconds), *std::move(created));
+  if (submit->parsed()) return cli.Submit(file, wait, request_id);
+  if (list->parsed()) return cli.List(states, owner, page_size, page_token, all);
+  if (get->parsed()) return cli.Get(job_id);
+  if (watch->parsed()) return cli.Watch(job_id);
+  if (cancel->parsed()) return cli.Control("cancel", job_id);
+  if (suspend->parsed()) return cli.Control("suspend", job_id);
+  if (resume->parsed()) return cli.Control("resume", job_id);
+  if (checkpoint->parsed()) return cli.CreateCheckpoint(job_id);
+  if (checkpoints->parsed()) return cli.Checkpoints(job_id);
+  if (export_cmd->parsed()) return cli.Export(checkpoint_id, out_dir, dtype);
+  if (delete_checkpoint->parsed()) return cli.DeleteCheckpoint(checkpoint_id);
+  if (status->parsed()) return cli.Status();
+  if (metrics->parsed()) return cli.Metrics(prefix);
+  err << app.help();
+  return kExitUsage;
+}
+
+}  // namespace megatrain::client

@@ -1,0 +1,277 @@
+// See job_file.h.
+#include "client/job_file.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace megatrain::client {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Reads one scalar of a job file; errors name the key path.
+class Reader {
+ public:
+  Reader(std::string source, std::string base_dir)
+      : source_(std::move(source)), base_dir_(std::move(base_dir)) {}
+
+  absl::Status Error(absl::string_view path, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", path, ": ", what));
+  }
+
+  absl::Status Scalar(const YAML::Node& node, absl::string_view path) const {
+    if (!node.IsScalar()) {
+      return Error(path, node.IsNull() ? "missing value" : "expected a single value");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Int(const YAML::Node& node, absl::string_view path) const {
+    absl::Status status = Scalar(node, path);
+    if (!status.ok()) return status;
+    try {
+      return node.as<int64_t>();
+    } catch (const YAML::Exception&) {
+      return Error(path, absl::StrCat("expected an integer, got '", node.Scalar(), "'"));
+    }
+  }
+
+  absl::StatusOr<double> Double(const YAML::Node& node, absl::string_view path) const {
+    absl::Status status = Scalar(node, path);
+    if (!status.ok()) return status;
+    try {
+      return node.as<double>();
+    } catch (const YAML::Exception&) {
+      return Error(path, absl::StrCat("expected a number, got '", node.Scalar(), "'"));
+    }
+  }
+
+  absl::StatusOr<bool> Bool(const YAML::Node& node, absl::string_view path) const {
+    absl::Status status = Scalar(node, path);
+    if (!status.ok()) return status;
+    try {
+      return node.as<bool>();
+    } catch (const YAML::Exception&) {
+      return Error(path, absl::StrCat("expected true or false, got '", node.Scalar(), "'"));
+    }
+  }
+
+  absl::StatusOr<std::string> String(const YAML::Node& node, absl::string_view path) const {
+    absl::Status status = Scalar(node, path);
+    if (!status.ok()) return status;
+    return node.Scalar();
+  }
+
+  // A path, made absolute against the job file's directory.
+  absl::StatusOr<std::string> Path(const YAML::Node& node, absl::string_view path) const {
+    absl::StatusOr<std::string> text = String(node, path);
+    if (!text.ok() || text->empty()) return text;
+    fs::path value(*text);
+    if (value.is_relative()) value = fs::path(base_dir_) / value;
+    return value.lexically_normal().string();
+  }
+
+ private:
+  const std::string source_;
+  const std::string base_dir_;
+};
+
+// Setter of one key: reads `node` (whose key path is `path`) into the spec.
+using Field = std::function<absl::Status(const YAML::Node& node, const std::string& path)>;
+using Fields = std::vector<std::pair<std::string, Field>>;
+
+// Walks a mapping: every key must be one of `fields`.
+absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std::string& prefix,
+                         const Fields& fields) {
+  const std::string where = prefix.empty() ? "job file" : prefix;
+  if (!node.IsMap()) {
+    return reader.Error(where, node.IsNull() ? "missing value" : "expected a mapping of keys");
+  }
+  for (const auto& entry : node) {
+    const std::string key = entry.first.as<std::string>();
+    const std::string path = prefix.empty() ? key : absl::StrCat(prefix, ".", key);
+    const Field* setter = nullptr;
+    for (const auto& [name, field] : fields) {
+      if (name == key) setter = &field;
+    }
+    if (setter == nullptr) {
+      std::vector<std::string> known;
+      for (const auto& [name, field] : fields) known.push_back(name);
+      return reader.Error(path, absl::StrCat("unknown key (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+    absl::Status status = (*setter)(entry.second, path);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Field helpers: bind a Reader method to a proto setter.
+#define MEGATRAIN_JOB_FIELD(name, kind, setter)                            \
+  {                                                                        \
+    name, [&](const YAML::Node& node, const std::string& path) {           \
+      auto value = reader.kind(node, path);                                \
+      if (!value.ok()) return value.status();                              \
+      setter(*value);                                                      \
+      return absl::OkStatus();                                             \
+    }                                                                      \
+  }
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::string& base_dir,
+                                         absl::string_view source) {
+  const Reader reader{std::string(source), base_dir};
+  v1::JobSpec spec;
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": bad YAML: ", e.what()));
+  }
+  v1::ModelSource* model = spec.mutable_model();
+  v1::DataSpec* data = spec.mutable_data();
+  v1::TrainSpec* train = spec.mutable_train();
+  v1::OptimizerSpec* optimizer = spec.mutable_optimizer();
+  v1::EvalSpec* eval = spec.mutable_eval();
+  v1::CheckpointSpec* checkpoint = spec.mutable_checkpoint();
+
+  const Fields model_fields = {
+      MEGATRAIN_JOB_FIELD("preset", String, model->set_preset),
+      MEGATRAIN_JOB_FIELD("hf_dir", Path, model->set_hf_dir),
+  };
+  const Fields data_fields = {
+      MEGATRAIN_JOB_FIELD("tokens", Path, data->set_tokens),
+      MEGATRAIN_JOB_FIELD("text", Path, data->set_text),
+      MEGATRAIN_JOB_FIELD("tokenizer", Path, data->set_tokenizer),
+      MEGATRAIN_JOB_FIELD("eval_fraction", Double, data->set_eval_fraction),
+      {"shuffle_seed",
+       [&](const YAML::Node& node, const std::string& path) {
+         auto value = reader.Int(node, path);
+         if (!value.ok()) return value.status();
+         if (*value < 0) return reader.Error(path, absl::StrCat("must be >= 0, got ", *value));
+         data->set_shuffle_seed(static_cast<uint64_t>(*value));
+         return absl::OkStatus();
+       }},
+  };
+  const Fields train_fields = {
+      MEGATRAIN_JOB_FIELD("micro_batch", Int, train->set_micro_batch),
+      MEGATRAIN_JOB_FIELD("seq_len", Int, train->set_seq_len),
+      MEGATRAIN_JOB_FIELD("gradient_accumulation_steps", Int,
+                          train->set_gradient_accumulation_steps),
+      MEGATRAIN_JOB_FIELD("global_batch", Int, train->set_global_batch),
+      MEGATRAIN_JOB_FIELD("max_steps", Int, train->set_max_steps),
+      MEGATRAIN_JOB_FIELD("max_tokens", Int, train->set_max_tokens),
+      {"compute_dtype",
+       [&](const YAML::Node& node, const std::string& path) {
+         auto value = reader.String(node, path);
+         if (!value.ok()) return value.status();
+         if (*value == "fp32") {
+           train->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+         } else if (*value == "tf32") {
+           train->set_compute_dtype(v1::COMPUTE_DTYPE_TF32);
+         } else if (*value == "bf16") {
+           train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+         } else {
+           return reader.Error(path, absl::StrCat("must be fp32, tf32 or bf16, got '", *value, "'"));
+         }
+         return absl::OkStatus();
+       }},
+      MEGATRAIN_JOB_FIELD("max_grad_norm", Double, train->set_max_grad_norm),
+      {"seed",
+       [&](const YAML::Node& node, const std::string& path) {
+         auto value = reader.Int(node, path);
+         if (!value.ok()) return value.status();
+         if (*value < 0) return reader.Error(path, absl::StrCat("must be >= 0, got ", *value));
+         train->set_seed(static_cast<uint64_t>(*value));
+         return absl::OkStatus();
+       }},
+      MEGATRAIN_JOB_FIELD("skip_nonfinite_steps", Bool, train->set_skip_nonfinite_steps),
+  };
+  const Fields optimizer_fields = {
+      MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),
+      MEGATRAIN_JOB_FIELD("beta1", Double, optimizer->set_beta1),
+      MEGATRAIN_JOB_FIELD("beta2", Double, optimizer->set_beta2),
+      MEGATRAIN_JOB_FIELD("eps", Double, optimizer->set_eps),
+      MEGATRAIN_JOB_FIELD("weight_decay", Double, optimizer->set_weight_decay),
+      MEGATRAIN_JOB_FIELD("warmup_steps", Int, optimizer->set_warmup_steps),
+      MEGATRAIN_JOB_FIELD("schedule", String, optimizer->set_schedule),
+      MEGATRAIN_JOB_FIELD("min_lr_ratio", Double, optimizer->set_min_lr_ratio),
+  };
+  const Fields eval_fields = {
+      MEGATRAIN_JOB_FIELD("every_steps", Int, eval->set_every_steps),
+      MEGATRAIN_JOB_FIELD("batches", Int, eval->set_batches),
+  };
+  const Fields checkpoint_fields = {
+      MEGATRAIN_JOB_FIELD("every_steps", Int, checkpoint->set_every_steps),
+      MEGATRAIN_JOB_FIELD("keep_last", Int, checkpoint->set_keep_last),
+      MEGATRAIN_JOB_FIELD("keep_every", Int, checkpoint->set_keep_every),
+  };
+  auto section = [&](const Fields& fields) {
+    return [&reader, &fields](const YAML::Node& node, const std::string& path) {
+      return ReadMapping(reader, node, path, fields);
+    };
+  };
+  const Fields top_fields = {
+      MEGATRAIN_JOB_FIELD("name", String, spec.set_name),
+      {"model", section(model_fields)},
+      {"data", section(data_fields)},
+      {"train", section(train_fields)},
+      {"optimizer", section(optimizer_fields)},
+      {"eval", section(eval_fields)},
+      {"checkpoint", section(checkpoint_fields)},
+      MEGATRAIN_JOB_FIELD("output_dir", Path, spec.set_output_dir),
+      {"priority",
+       [&](const YAML::Node& node, const std::string& path) {
+         auto value = reader.Int(node, path);
+         if (!value.ok()) return value.status();
+         if (*value < INT32_MIN || *value > INT32_MAX) {
+           return reader.Error(path, absl::StrCat("out of range, got ", *value));
+         }
+         spec.set_priority(static_cast<int32_t>(*value));
+         return absl::OkStatus();
+       }},
+      {"labels",
+       [&](const YAML::Node& node, const std::string& path) {
+         if (!node.IsMap()) return reader.Error(path, "expected a mapping of label: value");
+         for (const auto& entry : node) {
+           const std::string key = entry.first.as<std::string>();
+           auto value = reader.String(entry.second, absl::StrCat(path, ".", key));
+           if (!value.ok()) return value.status();
+           (*spec.mutable_labels())[key] = *value;
+         }
+         return absl::OkStatus();
+       }},
+  };
+  try {
+    absl::Status status = ReadMapping(reader, root, "", top_fields);
+    if (!status.ok()) return status;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+  if (!spec.model().preset().empty() && !spec.model().hf_dir().empty()) {
+    return reader.Error("model", "give one of preset and hf_dir, not both");
+  }
+  return spec;
+}
+
+#undef MEGATRAIN_JOB_FIELD
+
+absl::StatusOr<v1::JobSpec> LoadJobFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const fs::path base_dir = fs::absolute(fs::path(path)).parent_path();
+  return ParseJobYaml(text.str(), base_dir.string(), path);
+}
+
+}  // namespace megatrain::client

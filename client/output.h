@@ -1,0 +1,64 @@
+// What the CLI prints: JSON objects for --json (nlohmann-json; enum values as
+// short names, e.g. "state": "SUCCEEDED") and human tables/lines otherwise.
+//
+// JSON shapes (stable, used by scripts):
+//   job:         {"id", "name", "owner", "state", "priority", "labels",
+//                 "request_id", "create_time_unix_ms", "start_time_unix_ms",
+//                 "end_time_unix_ms", "progress": {"step", "max_steps",
+//                 "loss", "eval_loss" (null before the first eval),
+//                 "tokens_per_s", "mfu", "tokens", "eta_seconds"}, "device",
+//                 "host_memory_bytes", "error_code", "error_message",
+//                 "resume_from", "queue_position", "spec": {job.proto JSON}}
+//   job list:    {"jobs": [job...], "next_page_token"}
+//   checkpoint:  {"id", "job_id", "step", "dir", "bytes",
+//                 "create_time_unix_ms", "write_seconds"}
+//   checkpoints: {"checkpoints": [checkpoint...]}
+//   event:       {"seq", "job_id", "time_unix_ms", "kind": "state" | "step" |
+//                 "eval" | "checkpoint", ...fields of that kind}
+//
+// Thread-safety: pure functions.
+#ifndef MEGATRAIN_CLIENT_OUTPUT_H_
+#define MEGATRAIN_CLIENT_OUTPUT_H_
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/v1/checkpoint.pb.h"
+#include "megatrain/v1/job.pb.h"
+#include "megatrain/v1/server.pb.h"
+
+namespace megatrain::client {
+
+// "QUEUED", "RUNNING", ... ("UNSPECIFIED" for 0).
+std::string StateName(v1::JobState state);
+// Parses "queued", "RUNNING", ... (case-insensitive); false if unknown.
+bool ParseStateName(const std::string& name, v1::JobState* state);
+// SUCCEEDED, FAILED, CANCELLED.
+bool IsTerminalState(v1::JobState state);
+
+nlohmann::json JobToJson(const v1::Job& job);
+nlohmann::json CheckpointToJson(const v1::Checkpoint& checkpoint);
+nlohmann::json EventToJson(const v1::JobEvent& event);
+nlohmann::json StatusToJson(const v1::ServerStatus& status);
+
+// Human forms.
+std::string JobTable(const v1::ListJobsResponse& jobs);
+std::string JobDetails(const v1::Job& job);
+std::string CheckpointTable(const v1::ListCheckpointsResponse& checkpoints);
+std::string StatusText(const v1::ServerStatus& status);
+// One line for a non-step event ("job-000001 RUNNING: started on cpu").
+std::string EventLine(const v1::JobEvent& event);
+// The live progress line of a step:
+// "job-000001 step 20/60  loss 3.2107  12,345 tok/s  ETA 0:40".
+std::string ProgressLine(const std::string& job_id, const v1::JobEvent::Step& step,
+                         const std::string& eval_loss);
+
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string HumanBytes(int64_t bytes);
+// "1:02:03" / "2:03"; "?" for <= 0.
+std::string HumanDuration(double seconds);
+
+}  // namespace megatrain::client
+
+#endif  // MEGATRAIN_CLIENT_OUTPUT_H_

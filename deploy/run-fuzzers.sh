@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of the I/O parsers (tests/fuzz/) with clang,
+# ASan and UBSan, and runs each for a bounded time, starting from its seed
+# corpus. Exits non-zero when a build fails or a target finds a crash, a leak
+# or a sanitizer error; the reproducer is left in build-fuzz/artifacts/.
+#
+#   deploy/run-fuzzers.sh [seconds_per_target]    # default 20
+#
+# Environment: BUILD_DIR (default <repo>/build-fuzz), JOBS (default 2),
+# FUZZ_TARGETS (default: all), RSS_LIMIT_MB (default 2048).
+#
+# The build is the standalone project tests/fuzz/CMakeLists.txt: only the
+# pure-C++ I/O sources, no LibTorch, so it configures and builds in well
+# under a minute. Needs clang++ and its runtime (Debian: clang,
+# libclang-rt-dev; see deploy/install-deps.sh). Mutated inputs go to a
+# scratch copy of the corpus, never into the committed seeds.
+set -euo pipefail
+
+SECONDS_PER_TARGET="${1:-20}"
+if ! [[ "${SECONDS_PER_TARGET}" =~ ^[0-9]+$ ]] || [ "${SECONDS_PER_TARGET}" -lt 1 ]; then
+  echo "run-fuzzers: seconds_per_target must be a positive integer, got '${SECONDS_PER_TARGET}'" >&2
+  exit 2
+fi
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-${REPO}/build-fuzz}"
+JOBS="${JOBS:-2}"
+RSS_LIMIT_MB="${RSS_LIMIT_MB:-2048}"
+TARGETS=(${FUZZ_TARGETS:-safetensors_header_fuzz token_shard_fuzz})
+
+if ! command -v clang++ >/dev/null; then
+  echo "run-fuzzers: clang++ not found (deploy/install-deps.sh installs it)" >&2
+  exit 2
+fi
+
+GENERATOR=()
+if command -v ninja >/dev/null; then GENERATOR=(-G Ninja); fi
+if [ ! -f "${BUILD_DIR}/CMakeCache.txt" ]; then
+  cmake "${GENERATOR[@]}" -S "${REPO}/tests/fuzz" -B "${BUILD_DIR}" \
+    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+fi
+cmake --build "${BUILD_DIR}" -j "${JOBS}" --target "${TARGETS[@]}"
+
+mkdir -p "${BUILD_DIR}/artifacts"
+failed=()
+for target in "${TARGETS[@]}"; do
+  seeds="${REPO}/tests/fuzz/corpus/${target}"
+  work="${BUILD_DIR}/corpus/${target}"
+  mkdir -p "${work}"
+  echo "run-fuzzers: ${target} for ${SECONDS_PER_TARGET}s (seeds: ${seeds})"
+  # New inputs go to ${work} (the first corpus dir); the seeds are read only.
+  if "${BUILD_DIR}/${target}" "${work}" "${seeds}" \
+      -max_total_time="${SECONDS_PER_TARGET}" \
+      -rss_limit_mb="${RSS_LIMIT_MB}" \
+      -max_len=65536 \
+      -print_final_stats=1 \
+      -artifact_prefix="${BUILD_DIR}/artifacts/${target}-" \
+      > "${BUILD_DIR}/${target}.log" 2>&1; then
+    grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb)|DONE" \
+      "${BUILD_DIR}/${target}.log" | sed "s/^/  /" || true
+  else
+    echo "run-fuzzers: ${target} FAILED; last lines of ${BUILD_DIR}/${target}.log:" >&2
+    tail -n 40 "${BUILD_DIR}/${target}.log" >&2
+    failed+=("${target}")
+  fi
+done
+
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "run-fuzzers: failures in ${failed[*]}; reproducers in ${BUILD_DIR}/artifacts/" >&2
+  exit 1
+fi
+echo "run-fuzzers: all ${#TARGETS[@]} targets ran ${SECONDS_PER_TARGET}s without a crash"

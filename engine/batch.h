@@ -1,0 +1,23 @@
+// Token batches as the engine consumes them (host memory, no LibTorch).
+#ifndef MEGATRAIN_ENGINE_BATCH_H_
+#define MEGATRAIN_ENGINE_BATCH_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace megatrain::engine {
+
+// Label value that is not trained on (PyTorch cross_entropy ignore_index).
+inline constexpr int32_t kIgnoreLabel = -100;
+
+// One micro-batch: B sequences of T tokens, row-major [B, T].
+// labels[b*T + t] is the token expected after position t (already shifted),
+// or kIgnoreLabel.
+struct MicroBatch {
+  std::vector<int32_t> input_ids;  // [B*T], each in [0, vocab_size)
+  std::vector<int32_t> labels;     // [B*T], in [0, vocab_size) or -100
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_BATCH_H_

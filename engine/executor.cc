@@ -1,0 +1,746 @@
+// The streaming executor (Note [Streaming pipeline] in executor.h).
+#include "engine/executor.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "absl/base/internal/raw_logging.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/layers.h"
+#include "engine/status_macros.h"
+#include "engine/torch_compat.h"
+
+namespace megatrain::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+at::ScalarType ScalarTypeOf(ComputeDtype d) {
+  return d == ComputeDtype::kBf16 ? at::kBFloat16 : at::kFloat;
+}
+
+// Maps a LibTorch exception to a status (the engine boundary).
+absl::Status StatusFromException(const std::exception& e) {
+  const std::string what = e.what();
+  if (compat::IsOutOfMemory(e)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device out of memory (try a smaller train.micro_batch or train.seq_len): ",
+        what.substr(0, what.find('\n'))));
+  }
+  return absl::InternalError(absl::StrCat("engine: ", what.substr(0, 2000)));
+}
+
+// One use of a block's weights on the device (Note [Streaming pipeline]).
+struct BlockUse {
+  int64_t block = 0;
+  int slot = 0;          // device weight slot
+  bool load = false;     // copy host -> slot before the use
+  int prev_user = -1;    // previous use of the same slot, -1 if none
+};
+
+// Busy time of the three streams. On CUDA, pairs of timing events resolved
+// at the end of a pass; on CPU (synchronous), wall-clock intervals.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(DeviceRuntime* runtime) : runtime_(runtime) {}
+
+  void Reset() {
+    used_ = 0;
+    intervals_.clear();
+    for (double& s : cpu_seconds_) s = 0;
+  }
+  // Marks the start of a busy interval on `stream`; returns a token for End.
+  int Begin(StreamKind stream) {
+    if (!runtime_->is_cuda()) {
+      cpu_start_[static_cast<int>(stream)] = Clock::now();
+      return -1;
+    }
+    const int idx = NextEvent();
+    runtime_->Record(stream, *events_[idx]);
+    return idx;
+  }
+  void End(StreamKind stream, int begin_token) {
+    if (!runtime_->is_cuda()) {
+      cpu_seconds_[static_cast<int>(stream)] += SecondsSince(cpu_start_[static_cast<int>(stream)]);
+      return;
+    }
+    const int idx = NextEvent();
+    runtime_->Record(stream, *events_[idx]);
+    intervals_.push_back({static_cast<int>(stream), begin_token, idx});
+  }
+  // Seconds per stream; call after the streams are synchronised.
+  std::array<double, kNumStreams> Seconds() {
+    std::array<double, kNumStreams> out = cpu_seconds_;
+    for (const Interval& iv : intervals_) {
+      out[iv.stream] += runtime_->ElapsedMs(*events_[iv.begin], *events_[iv.end]) / 1e3;
+    }
+    return out;
+  }
+
+ private:
+  struct Interval {
+    int stream, begin, end;
+  };
+  int NextEvent() {
+    if (used_ == static_cast<int>(events_.size())) events_.push_back(runtime_->CreateEvent(true));
+    return used_++;
+  }
+  DeviceRuntime* runtime_;
+  std::vector<std::unique_ptr<DeviceEvent>> events_;
+  int used_ = 0;
+  std::vector<Interval> intervals_;
+  std::array<double, kNumStreams> cpu_seconds_{};
+  std::array<Clock::time_point, kNumStreams> cpu_start_{};
+};
+
+}  // namespace
+
+class StreamingExecutor::Impl {
+ public:
+  Impl(HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options)
+      : store_(store),
+        runtime_(runtime),
+        pool_(pool),
+        options_(options),
+        config_(store->config()),
+        layout_(store->layout()),
+        cd_(ScalarTypeOf(options.compute_dtype)),
+        timer_(runtime) {}
+
+  ~Impl() {
+    try {
+      runtime_->Synchronize();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "megatrain: executor shutdown: %s\n", e.what());
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (accumulator_.joinable()) accumulator_.join();
+  }
+
+  absl::Status Init();
+  absl::StatusOr<ForwardBackwardResult> Run(absl::Span<const MicroBatch> micro_batches,
+                                            bool backward,
+                                            const std::function<void(int64_t)>& on_block_final);
+  int64_t slot_device_bytes() const { return slot_device_bytes_; }
+  int64_t staging_host_bytes() const { return staging_host_bytes_; }
+
+ private:
+  // An accumulation job for the host thread.
+  struct AccumTask {
+    enum class Kind { kDense, kEmbeddingRows } kind = Kind::kDense;
+    int slot = 0;                 // staging slot holding the gradient
+    int64_t block = 0;
+    int64_t numel = 0;            // elements in staging (dense) or rows*C
+    at::ScalarType dtype = at::kFloat;  // dtype of the staging content
+    bool first = false;           // first contribution of the step: overwrite
+    bool final = false;           // last contribution of the step
+    std::vector<int32_t> rows;    // token ids of kEmbeddingRows, [B*T]
+    at::Tensor keep_alive;        // device tensor read by the D2H copy
+  };
+
+  absl::Status ValidateBatches(absl::Span<const MicroBatch> mbs, int64_t* counted) const;
+  void Plan(const std::vector<int64_t>& blocks);
+  void IssueLoads();
+  at::Tensor Acquire(int use);
+  void Release(int use);
+  std::pair<at::Tensor, at::Tensor> Upload(const MicroBatch& mb);
+  int AcquireGradSlot();
+  void OffloadGrad(int slot, int64_t block, int64_t numel, at::ScalarType dtype,
+                   const void* device_src, at::Tensor keep_alive, AccumTask::Kind kind,
+                   std::vector<int32_t> rows);
+  void AccumulatorLoop();
+  void RunTask(AccumTask& task);
+  absl::Status Drain();
+  void ResetAfterError();
+  at::Tensor SlotView(const at::Tensor& slot, int64_t block) const {
+    return slot.narrow(0, 0, layout_.blocks[block].numel);
+  }
+
+  HostStore* store_;
+  DeviceRuntime* runtime_;
+  ThreadPool* pool_;
+  ExecutorOptions options_;
+  const ModelConfig& config_;
+  const ModelLayout& layout_;
+  at::ScalarType cd_;
+  int64_t chunk_tokens_ = 0;
+  RopeCache rope_;
+  at::Tensor attention_mask_;
+
+  // Device weight slots and their events.
+  std::vector<at::Tensor> weight_slots_;                        // [max numel] cd
+  std::vector<std::unique_ptr<DeviceEvent>> weights_ready_;     // per slot, on kH2D
+  std::vector<std::unique_ptr<DeviceEvent>> slot_free_;         // per slot, on kCompute
+  std::vector<BlockUse> uses_;
+  int next_load_ = 0;        // next use whose load is not issued yet
+  int released_upto_ = -1;   // all uses <= this are released
+  std::vector<bool> released_;
+
+  // Gradient slots: device buffers + pinned staging, one ring.
+  std::vector<at::Tensor> grad_slots_;                          // [max numel] cd
+  std::vector<int> grad_slot_kind_;                             // BlockKind last written
+  std::vector<HostBuffer> staging_;                             // pinned
+  std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;        // per slot, on kCompute
+  std::vector<std::unique_ptr<DeviceEvent>> staged_;            // per slot, on kD2H
+  int next_grad_slot_ = 0;
+
+  // Activation upload (pinned): [B*T*C] fp32 hidden + [B*T] int64 labels.
+  HostBuffer upload_staging_;
+  std::unique_ptr<DeviceEvent> upload_ready_, upload_done_;
+  bool upload_pending_ = false;
+
+  PhaseTimer timer_;
+  int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
+  int64_t slot_device_bytes_ = 0, staging_host_bytes_ = 0;
+
+  // Per-step contribution bookkeeping (main thread only).
+  std::vector<int64_t> remaining_;
+  std::vector<bool> seen_;
+  std::function<void(int64_t)> on_block_final_;
+
+  // Accumulator thread state.
+  absl::Mutex mu_;
+  std::deque<AccumTask> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> staging_busy_ ABSL_GUARDED_BY(mu_);
+  bool task_running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status accumulator_error_ ABSL_GUARDED_BY(mu_);
+  std::thread accumulator_;
+};
+
+absl::Status StreamingExecutor::Impl::Init() {
+  const int64_t b = options_.micro_batch, t = options_.seq_len, c = config_.hidden_size;
+  const size_t esize = cd_ == at::kBFloat16 ? 2 : 4;
+  // Largest block that visits the device: layers, head, and the embedding
+  // table only when it doubles as lm_head.
+  int64_t max_numel = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(layout_.blocks.size()); ++i) {
+    if (i == layout_.embedding_block() && !config_.tie_word_embeddings) continue;
+    max_numel = std::max(max_numel, layout_.blocks[i].numel);
+  }
+  chunk_tokens_ = options_.loss_chunk_tokens > 0
+                      ? options_.loss_chunk_tokens
+                      : std::max<int64_t>(64, (int64_t{256} << 20) / (4 * config_.vocab_size));
+  try {
+    const at::Device device = runtime_->device();
+    auto scope = runtime_->Use(StreamKind::kCompute);
+    compat::SetAllowTf32(options_.compute_dtype == ComputeDtype::kTf32);
+    rope_ = BuildRopeCache(config_, t, device);
+    attention_mask_ = BuildAttentionMask(config_, t, device);
+    for (int k = 0; k < options_.num_weight_slots; ++k) {
+      weight_slots_.push_back(at::empty({max_numel}, at::TensorOptions().dtype(cd_).device(device)));
+      weights_ready_.push_back(runtime_->CreateEvent());
+      slot_free_.push_back(runtime_->CreateEvent());
+    }
+    const size_t staging_bytes =
+        std::max<size_t>(max_numel * esize, static_cast<size_t>(b * t * c) * 4);
+    for (int r = 0; r < options_.num_grad_slots; ++r) {
+      grad_slots_.push_back(at::zeros({max_numel}, at::TensorOptions().dtype(cd_).device(device)));
+      grad_slot_kind_.push_back(-1);
+      MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf,
+                                 HostBuffer::Allocate(staging_bytes, runtime_->is_cuda()));
+      staging_.push_back(std::move(buf));
+      grad_ready_.push_back(runtime_->CreateEvent());
+      staged_.push_back(runtime_->CreateEvent());
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        upload_staging_,
+        HostBuffer::Allocate(static_cast<size_t>(b * t) * (c * 4 + 8), runtime_->is_cuda()));
+    upload_ready_ = runtime_->CreateEvent();
+    upload_done_ = runtime_->CreateEvent();
+    slot_device_bytes_ =
+        static_cast<int64_t>(options_.num_weight_slots + options_.num_grad_slots) * max_numel *
+        static_cast<int64_t>(esize);
+    staging_host_bytes_ =
+        static_cast<int64_t>(staging_bytes) * options_.num_grad_slots +
+        static_cast<int64_t>(upload_staging_.bytes());
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    staging_busy_.assign(options_.num_grad_slots, false);
+  }
+  accumulator_ = std::thread([this] { AccumulatorLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status StreamingExecutor::Impl::ValidateBatches(absl::Span<const MicroBatch> mbs,
+                                                      int64_t* counted) const {
+  if (mbs.empty()) return absl::InvalidArgumentError("batch: no micro-batches");
+  const size_t n = static_cast<size_t>(options_.micro_batch * options_.seq_len);
+  const int32_t vocab = static_cast<int32_t>(config_.vocab_size);
+  *counted = 0;
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    const MicroBatch& mb = mbs[m];
+    if (mb.input_ids.size() != n || mb.labels.size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "micro-batch ", m, ": expected ", n, " input_ids and labels (micro_batch x seq_len), got ",
+          mb.input_ids.size(), " and ", mb.labels.size()));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (mb.input_ids[i] < 0 || mb.input_ids[i] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch ", m, ": input_ids[", i,
+                                                       "] = ", mb.input_ids[i],
+                                                       " is outside [0, vocab_size=", vocab, ")"));
+      }
+      const int32_t label = mb.labels[i];
+      if (label == kIgnoreLabel) continue;
+      if (label < 0 || label >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch ", m, ": labels[", i, "] = ",
+                                                       label, " is outside [0, vocab_size=", vocab,
+                                                       ") and is not -100"));
+      }
+      ++*counted;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Assigns device slots to block uses: a block still resident is reused,
+// otherwise the next slot of the ring is loaded.
+void StreamingExecutor::Impl::Plan(const std::vector<int64_t>& blocks) {
+  const int k = options_.num_weight_slots;
+  std::vector<int64_t> content(k, -1);
+  std::vector<int> last_user(k, -1);
+  int ring = 0;
+  uses_.clear();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    BlockUse use;
+    use.block = blocks[i];
+    int slot = -1;
+    for (int s = 0; s < k; ++s) {
+      if (content[s] == use.block) slot = s;
+    }
+    if (slot < 0) {
+      slot = ring;
+      ring = (ring + 1) % k;
+      use.load = true;
+      content[slot] = use.block;
+    }
+    use.slot = slot;
+    use.prev_user = last_user[slot];
+    last_user[slot] = static_cast<int>(i);
+    uses_.push_back(use);
+  }
+  next_load_ = 0;
+  released_upto_ = -1;
+  released_.assign(uses_.size(), false);
+}
+
+// Issues, in use order, every load whose slot's previous user is released.
+void StreamingExecutor::Impl::IssueLoads() {
+  while (next_load_ < static_cast<int>(uses_.size())) {
+    const BlockUse& use = uses_[next_load_];
+    if (use.load) {
+      if (use.prev_user >= 0 && !released_[use.prev_user]) return;
+      if (use.prev_user >= 0) runtime_->Wait(StreamKind::kH2D, *slot_free_[use.slot]);
+      const int64_t bytes = store_->streaming_bytes(use.block);
+      const int token = timer_.Begin(StreamKind::kH2D);
+      runtime_->CopyHostToDevice(weight_slots_[use.slot].data_ptr(),
+                                 store_->streaming_data(use.block), static_cast<size_t>(bytes));
+      timer_.End(StreamKind::kH2D, token);
+      runtime_->Record(StreamKind::kH2D, *weights_ready_[use.slot]);
+      h2d_bytes_ += bytes;
+    }
+    ++next_load_;
+  }
+}
+
+at::Tensor StreamingExecutor::Impl::Acquire(int use) {
+  IssueLoads();
+  ABSL_RAW_CHECK(next_load_ > use, "executor: a load was not issued before its use");
+  // A resident block was made ready by an earlier wait on this stream.
+  if (uses_[use].load) runtime_->Wait(StreamKind::kCompute, *weights_ready_[uses_[use].slot]);
+  return SlotView(weight_slots_[uses_[use].slot], uses_[use].block);
+}
+
+void StreamingExecutor::Impl::Release(int use) {
+  runtime_->Record(StreamKind::kCompute, *slot_free_[uses_[use].slot]);
+  released_[use] = true;
+  IssueLoads();
+}
+
+// Gathers the embedding rows on the host and uploads hidden and labels.
+std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBatch& mb) {
+  const int64_t b = options_.micro_batch, t = options_.seq_len, c = config_.hidden_size;
+  const int64_t rows = b * t;
+  if (upload_pending_) runtime_->HostWait(*upload_done_);  // staging reused
+  float* hidden = static_cast<float*>(upload_staging_.data());
+  int64_t* labels = reinterpret_cast<int64_t*>(hidden + rows * c);
+  const float* table = store_->master(layout_.embedding_block());
+  pool_->ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      std::memcpy(hidden + r * c, table + static_cast<int64_t>(mb.input_ids[r]) * c, c * 4);
+      labels[r] = mb.labels[r];
+    }
+  });
+  at::Tensor x = at::empty({b, t, c}, at::TensorOptions().dtype(at::kFloat).device(runtime_->device()));
+  at::Tensor y = at::empty({b, t}, at::TensorOptions().dtype(at::kLong).device(runtime_->device()));
+  runtime_->Record(StreamKind::kCompute, *upload_ready_);  // allocations usable
+  runtime_->Wait(StreamKind::kH2D, *upload_ready_);
+  const int token = timer_.Begin(StreamKind::kH2D);
+  runtime_->CopyHostToDevice(x.data_ptr(), hidden, rows * c * 4);
+  runtime_->CopyHostToDevice(y.data_ptr(), labels, rows * 8);
+  timer_.End(StreamKind::kH2D, token);
+  runtime_->Record(StreamKind::kH2D, *upload_done_);
+  runtime_->Wait(StreamKind::kCompute, *upload_done_);
+  upload_pending_ = true;
+  h2d_bytes_ += rows * (c * 4 + 8);
+  return {x, y};
+}
+
+int StreamingExecutor::Impl::AcquireGradSlot() {
+  const int r = next_grad_slot_;
+  next_grad_slot_ = (next_grad_slot_ + 1) % options_.num_grad_slots;
+  absl::MutexLock lock(&mu_);
+  auto free = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !staging_busy_[r] || !accumulator_error_.ok();
+  };
+  mu_.Await(absl::Condition(&free));
+  staging_busy_[r] = true;
+  return r;
+}
+
+void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel,
+                                          at::ScalarType dtype, const void* device_src,
+                                          at::Tensor keep_alive, AccumTask::Kind kind,
+                                          std::vector<int32_t> rows) {
+  runtime_->Record(StreamKind::kCompute, *grad_ready_[slot]);
+  runtime_->Wait(StreamKind::kD2H, *grad_ready_[slot]);
+  const int64_t bytes = numel * static_cast<int64_t>(at::elementSize(dtype));
+  const int token = timer_.Begin(StreamKind::kD2H);
+  runtime_->CopyDeviceToHost(staging_[slot].data(), device_src, static_cast<size_t>(bytes));
+  timer_.End(StreamKind::kD2H, token);
+  runtime_->Record(StreamKind::kD2H, *staged_[slot]);
+  d2h_bytes_ += bytes;
+
+  AccumTask task;
+  task.kind = kind;
+  task.slot = slot;
+  task.block = block;
+  task.numel = numel;
+  task.dtype = dtype;
+  task.first = !seen_[block];
+  seen_[block] = true;
+  task.final = --remaining_[block] == 0;
+  task.rows = std::move(rows);
+  task.keep_alive = std::move(keep_alive);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+void StreamingExecutor::Impl::AccumulatorLoop() {
+  while (true) {
+    AccumTask task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stop_ and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      task_running_ = true;
+    }
+    absl::Status status;
+    try {
+      RunTask(task);
+    } catch (const std::exception& e) {
+      status = StatusFromException(e);
+    }
+    task.keep_alive.reset();
+    absl::MutexLock lock(&mu_);
+    staging_busy_[task.slot] = false;
+    task_running_ = false;
+    if (!status.ok() && accumulator_error_.ok()) accumulator_error_ = status;
+  }
+}
+
+void StreamingExecutor::Impl::RunTask(AccumTask& task) {
+  runtime_->HostWait(*staged_[task.slot]);
+  float* grad = store_->grad(task.block);
+  const void* src = staging_[task.slot].data();
+  if (task.kind == AccumTask::Kind::kDense) {
+    const bool first = task.first;
+    if (task.dtype == at::kBFloat16) {
+      const bf16_bits* s = static_cast<const bf16_bits*>(src);
+      pool_->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
+        if (first) {
+          for (int64_t i = begin; i < end; ++i) grad[i] = Bf16ToFloat(s[i]);
+        } else {
+          for (int64_t i = begin; i < end; ++i) grad[i] += Bf16ToFloat(s[i]);
+        }
+      });
+    } else {
+      const float* s = static_cast<const float*>(src);
+      pool_->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
+        if (first) {
+          std::memcpy(grad + begin, s + begin, (end - begin) * 4);
+        } else {
+          for (int64_t i = begin; i < end; ++i) grad[i] += s[i];
+        }
+      });
+    }
+  } else {
+    // Embedding backward: grad[token] += d hidden[row], split by columns so
+    // that repeated tokens never race.
+    const int64_t c = config_.hidden_size;
+    const int64_t block_numel = store_->block_numel(task.block);
+    if (task.first) {
+      pool_->ParallelFor(block_numel, 1 << 16, [&](int64_t begin, int64_t end) {
+        std::memset(grad + begin, 0, (end - begin) * 4);
+      });
+    }
+    const float* s = static_cast<const float*>(src);
+    const int64_t rows = static_cast<int64_t>(task.rows.size());
+    pool_->ParallelFor(c, 16, [&](int64_t col_begin, int64_t col_end) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = grad + static_cast<int64_t>(task.rows[r]) * c;
+        const float* row = s + r * c;
+        for (int64_t j = col_begin; j < col_end; ++j) dst[j] += row[j];
+      }
+    });
+  }
+  if (task.final && on_block_final_) on_block_final_(task.block);
+}
+
+absl::Status StreamingExecutor::Impl::Drain() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !task_running_;
+  };
+  mu_.Await(absl::Condition(&idle));
+  absl::Status status = accumulator_error_;
+  accumulator_error_ = absl::OkStatus();
+  return status;
+}
+
+void StreamingExecutor::Impl::ResetAfterError() {
+  try {
+    runtime_->Synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "megatrain: executor reset: %s\n", e.what());
+  }
+  (void)Drain();
+  absl::MutexLock lock(&mu_);
+  staging_busy_.assign(options_.num_grad_slots, false);
+  upload_pending_ = false;
+}
+
+absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
+    absl::Span<const MicroBatch> mbs, bool backward,
+    const std::function<void(int64_t)>& on_block_final) {
+  ForwardBackwardResult result;
+  MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
+  const Clock::time_point start = Clock::now();
+  const int64_t num_layers = layout_.num_layers();
+  const int64_t emb = layout_.embedding_block(), head = layout_.head_block();
+  const bool tied = config_.tie_word_embeddings;
+  h2d_bytes_ = d2h_bytes_ = 0;
+  timer_.Reset();
+  on_block_final_ = on_block_final;
+
+  // The plan of block uses (Note [Streaming pipeline]).
+  std::vector<int64_t> blocks;
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    for (int64_t l = 0; l < num_layers; ++l) blocks.push_back(layout_.layer_block(l));
+    if (tied) blocks.push_back(emb);
+    blocks.push_back(head);
+    if (backward) {
+      for (int64_t l = num_layers - 1; l >= 0; --l) blocks.push_back(layout_.layer_block(l));
+    }
+  }
+  const int64_t m_count = static_cast<int64_t>(mbs.size());
+  remaining_.assign(layout_.blocks.size(), m_count);
+  remaining_[emb] = tied ? 2 * m_count : m_count;
+  seen_.assign(layout_.blocks.size(), false);
+  const double loss_scale = result.counted_tokens > 0 ? 1.0 / result.counted_tokens : 0.0;
+
+  try {
+    runtime_->ResetPeak();
+    auto compute = runtime_->Use(StreamKind::kCompute);
+    Plan(blocks);
+    at::Tensor loss_total =
+        at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
+    int use = 0;
+    for (const MicroBatch& mb : mbs) {
+      auto [x, labels] = Upload(mb);
+      std::vector<at::Tensor> saved;  // input of layer l, [B, T, C] fp32
+      {
+        at::NoGradGuard no_grad;
+        for (int64_t l = 0; l < num_layers; ++l, ++use) {
+          at::Tensor flat = Acquire(use);
+          const int token = timer_.Begin(StreamKind::kCompute);
+          saved.push_back(x);
+          x = DecoderLayerForward(config_, BindDecoderLayerWeights(layout_.blocks[uses_[use].block], flat),
+                                  x, rope_, attention_mask_, cd_);
+          timer_.End(StreamKind::kCompute, token);
+          Release(use);
+        }
+      }
+      // Head: loss (and its backward).
+      const int emb_use = tied ? use++ : -1;
+      const int head_use = use++;
+      at::Tensor emb_flat = tied ? Acquire(emb_use) : at::Tensor();
+      at::Tensor head_flat = Acquire(head_use);
+      std::vector<at::Tensor> head_params = BindBlockParams(layout_.blocks[head], head_flat);
+      at::Tensor lm_head = tied ? BindBlockParams(layout_.blocks[emb], emb_flat)[0] : head_params[1];
+      at::Tensor grad_y;
+      int token = timer_.Begin(StreamKind::kCompute);
+      if (backward) {
+        HeadResult hr = HeadForwardBackward(config_, x, labels, head_params[0], lm_head, loss_scale,
+                                            chunk_tokens_, cd_);
+        loss_total.add_(hr.loss_sum);
+        grad_y = hr.grad_hidden;
+        // Head block gradient: final norm (+ lm_head when untied).
+        const int r = AcquireGradSlot();
+        if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kHead)) grad_slots_[r].zero_();
+        grad_slot_kind_[r] = static_cast<int>(BlockKind::kHead);
+        std::vector<at::Tensor> g = BindBlockParams(layout_.blocks[head], grad_slots_[r]);
+        g[0].copy_(hr.grad_norm);
+        if (!tied) g[1].copy_(hr.grad_lm_head);
+        timer_.End(StreamKind::kCompute, token);
+        OffloadGrad(r, head, layout_.blocks[head].numel, cd_, grad_slots_[r].data_ptr(), {},
+                    AccumTask::Kind::kDense, {});
+        if (tied) {  // lm_head gradient belongs to the embedding block
+          const int r2 = AcquireGradSlot();
+          if (grad_slot_kind_[r2] != static_cast<int>(BlockKind::kEmbedding)) grad_slots_[r2].zero_();
+          grad_slot_kind_[r2] = static_cast<int>(BlockKind::kEmbedding);
+          BindBlockParams(layout_.blocks[emb], grad_slots_[r2])[0].copy_(hr.grad_lm_head);
+          OffloadGrad(r2, emb, layout_.blocks[emb].numel, cd_, grad_slots_[r2].data_ptr(), {},
+                      AccumTask::Kind::kDense, {});
+        }
+        token = timer_.Begin(StreamKind::kCompute);
+      } else {
+        at::NoGradGuard no_grad;
+        loss_total.add_(HeadLoss(config_, x, labels, head_params[0], lm_head, chunk_tokens_, cd_));
+      }
+      timer_.End(StreamKind::kCompute, token);
+      Release(head_use);
+      if (tied) Release(emb_use);
+      x.reset();
+      if (!backward) continue;
+
+      // Backward through the layers: recompute each layer's forward from
+      // its saved input with autograd local to the layer.
+      for (int64_t l = num_layers - 1; l >= 0; --l, ++use) {
+        const int64_t block = uses_[use].block;
+        const BlockLayout& bl = layout_.blocks[block];
+        at::Tensor flat = Acquire(use);
+        const int r = AcquireGradSlot();
+        token = timer_.Begin(StreamKind::kCompute);
+        std::vector<at::Tensor> leaves;
+        for (const at::Tensor& p : BindBlockParams(bl, flat)) {
+          leaves.push_back(p.detach().requires_grad_(true));
+        }
+        at::Tensor x_leaf = saved[l].detach().requires_grad_(true);
+        std::vector<at::Tensor> inputs = leaves;
+        inputs.push_back(x_leaf);
+        at::Tensor y = DecoderLayerForward(config_, DecoderLayerWeightsFromParams(bl, leaves),
+                                           x_leaf, rope_, attention_mask_, cd_);
+        std::vector<at::Tensor> grads = torch::autograd::grad({y}, inputs, {grad_y});
+        if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kDecoderLayer)) grad_slots_[r].zero_();
+        grad_slot_kind_[r] = static_cast<int>(BlockKind::kDecoderLayer);
+        std::vector<at::Tensor> g = BindBlockParams(bl, grad_slots_[r]);
+        for (size_t i = 0; i < leaves.size(); ++i) g[i].copy_(grads[i]);
+        grad_y = grads.back();
+        saved[l].reset();
+        timer_.End(StreamKind::kCompute, token);
+        Release(use);
+        OffloadGrad(r, block, bl.numel, cd_, grad_slots_[r].data_ptr(), {},
+                    AccumTask::Kind::kDense, {});
+      }
+      // Embedding backward on the host: scatter-add of d hidden_0.
+      const int r = AcquireGradSlot();
+      at::Tensor dx = grad_y.contiguous();
+      OffloadGrad(r, emb, dx.numel(), at::kFloat, dx.data_ptr(), dx,
+                  AccumTask::Kind::kEmbeddingRows, mb.input_ids);
+    }
+    result.loss_sum = loss_total.item<double>();  // host sync: end of the pass
+    runtime_->Synchronize();
+    MEGATRAIN_RETURN_IF_ERROR(Drain());
+  } catch (const std::exception& e) {
+    ResetAfterError();
+    return StatusFromException(e);
+  }
+  upload_pending_ = false;
+  const auto seconds = timer_.Seconds();
+  result.stats.step_seconds = SecondsSince(start);
+  result.stats.compute_seconds = seconds[static_cast<int>(StreamKind::kCompute)];
+  result.stats.h2d_seconds = seconds[static_cast<int>(StreamKind::kH2D)];
+  result.stats.d2h_seconds = seconds[static_cast<int>(StreamKind::kD2H)];
+  result.stats.gpu_idle_seconds =
+      std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
+  result.stats.h2d_bytes = h2d_bytes_;
+  result.stats.d2h_bytes = d2h_bytes_;
+  result.stats.tokens = static_cast<int64_t>(mbs.size()) * options_.micro_batch * options_.seq_len;
+  result.stats.peak_device_bytes = runtime_->PeakAllocatedBytes();
+  return result;
+}
+
+StreamingExecutor::StreamingExecutor(std::unique_ptr<Impl> impl, const ExecutorOptions& options)
+    : impl_(std::move(impl)), options_(options) {}
+
+StreamingExecutor::~StreamingExecutor() = default;
+
+absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
+    HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options) {
+  if (options.micro_batch < 1 || options.micro_batch > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.micro_batch: must be in [1, 4096], got ", options.micro_batch));
+  }
+  if (options.seq_len < 1 || options.seq_len > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.seq_len: must be in [1, 1048576], got ", options.seq_len));
+  }
+  if (options.num_weight_slots < 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.num_weight_slots: must be >= 3, got ", options.num_weight_slots));
+  }
+  if (options.num_grad_slots < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));
+  }
+  if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
+    return absl::FailedPreconditionError(
+        "executor: bf16 compute needs a host store with a bf16 streaming copy");
+  }
+  if (options.compute_dtype != ComputeDtype::kBf16 && store->options().streaming_bf16) {
+    return absl::FailedPreconditionError(
+        "executor: fp32/tf32 compute streams the fp32 master; the store has a bf16 copy");
+  }
+  auto impl = std::make_unique<Impl>(store, runtime, pool, options);
+  MEGATRAIN_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<StreamingExecutor>(new StreamingExecutor(std::move(impl), options));
+}
+
+absl::StatusOr<ForwardBackwardResult> StreamingExecutor::ForwardBackward(
+    absl::Span<const MicroBatch> micro_batches, const std::function<void(int64_t)>& on_block_final) {
+  return impl_->Run(micro_batches, /*backward=*/true, on_block_final);
+}
+
+absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
+    absl::Span<const MicroBatch> micro_batches) {
+  return impl_->Run(micro_batches, /*backward=*/false, {});
+}
+
+int64_t StreamingExecutor::slot_device_bytes() const { return impl_->slot_device_bytes(); }
+int64_t StreamingExecutor::staging_host_bytes() const { return impl_->staging_host_bytes(); }
+
+}  // namespace megatrain::engine

@@ -1,0 +1,123 @@
+// The streaming executor: forward and backward of a Llama-family model whose
+// weights live in host memory, one block at a time on the device.
+//
+// Note [Streaming pipeline]
+// Per optimizer step the executor plans the sequence of block uses: for each
+// micro-batch, the decoder layers 0..L-1 (forward), the head (final norm,
+// lm_head, loss and its backward; with tied embeddings the embedding block
+// too), then layers L-1..0 again (backward). The embedding lookup and its
+// backward run on the host (a gather of B*T rows from the fp32 master and a
+// scatter-add into its gradient), so the [V, C] table never crosses PCIe
+// unless it is tied to lm_head.
+//
+//   kH2D:     load(use i+K-1) into slot (i+K-1)%K ... waits slot_free
+//   kCompute: wait weights_ready(i) -> layer math -> record slot_free(i)
+//                                               -> record grad_ready(r)
+//   kD2H:     wait grad_ready(r) -> copy grads to pinned staging r
+//                                -> record staged(r)
+//   host:     accumulator thread waits staged(r) -> grad += staging (fp32)
+//             -> slot r free again; when a block's last contribution of
+//             the step lands, calls on_block_final(block).
+//
+// K device weight slots (default 3) hold compute-dtype copies of blocks; a
+// block still resident in a slot is not loaded again (the last layer's
+// forward, head and backward share one load). Forward keeps only the input
+// activation of every layer ([B, T, C] fp32, on the device); backward
+// recomputes a layer's forward from it with autograd local to that layer
+// (activation checkpointing), so no autograd graph spans layers.
+//
+// Gradients leave the device in the compute dtype and are accumulated in
+// fp32 on the host, the first micro-batch of a step overwriting, the others
+// adding, so gradient accumulation over M micro-batches yields the gradient
+// of the whole global batch. The loss is the mean over all counted tokens of
+// the global batch: every micro-batch's backward is scaled by 1 / (counted
+// tokens of the global batch).
+//
+// Host synchronisation points inside ForwardBackward: waiting for the
+// pinned activation upload buffer before rewriting it (once per
+// micro-batch), reading the loss at the end, and the final drain.
+//
+// Thread-safety: one executor is driven by one thread at a time. The
+// on_block_final callback runs on the executor's accumulator thread.
+#ifndef MEGATRAIN_ENGINE_EXECUTOR_H_
+#define MEGATRAIN_ENGINE_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/batch.h"
+#include "engine/device_runtime.h"
+#include "engine/host_store.h"
+#include "engine/precision.h"
+#include "engine/stats.h"
+#include "engine/thread_pool.h"
+
+namespace megatrain::engine {
+
+struct ExecutorOptions {
+  ComputeDtype compute_dtype = ComputeDtype::kFp32;
+  int64_t micro_batch = 1;          // B
+  int64_t seq_len = 128;            // T
+  int num_weight_slots = 3;         // K device weight buffers, >= 3
+  int num_grad_slots = 2;           // device gradient buffers = pinned staging buffers, >= 2
+  int64_t loss_chunk_tokens = 0;    // rows of logits at a time; 0 = auto (~256 MiB fp32)
+};
+
+// What one ForwardBackward produced.
+struct ForwardBackwardResult {
+  double loss_sum = 0;          // sum of token losses over the global batch (nats)
+  int64_t counted_tokens = 0;   // labels != -100 in the global batch
+  double loss() const { return counted_tokens > 0 ? loss_sum / counted_tokens : 0.0; }
+  StepStats stats;              // phases and bytes (optimizer fields left 0)
+};
+
+class StreamingExecutor {
+ public:
+  // Allocates device slots and pinned staging for `store`'s model. `store`,
+  // `runtime` and `pool` must outlive the executor. Errors:
+  // INVALID_ARGUMENT for bad options (naming the field);
+  // RESOURCE_EXHAUSTED when device or pinned memory runs out.
+  static absl::StatusOr<std::unique_ptr<StreamingExecutor>> Create(
+      HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options);
+
+  ~StreamingExecutor();
+
+  // Forward + backward over the micro-batches of one optimizer step (each
+  // [B, T] as in options). Overwrites the store's gradients with the
+  // gradient of the mean loss over all counted tokens. `on_block_final`
+  // (may be empty) is called once per block, on the accumulator thread, as
+  // soon as that block's gradient is final. Reads the master weights (for
+  // the embedding) and the streaming copies; the caller must not change them
+  // until this returns.
+  // Errors: INVALID_ARGUMENT for a token id or label out of range or a
+  // wrong size (naming micro-batch and position); RESOURCE_EXHAUSTED for
+  // device out of memory (suggesting a smaller micro_batch); INTERNAL for
+  // CUDA or LibTorch failures. After an error the gradients are undefined;
+  // weights are untouched.
+  absl::StatusOr<ForwardBackwardResult> ForwardBackward(
+      absl::Span<const MicroBatch> micro_batches,
+      const std::function<void(int64_t block)>& on_block_final = {});
+
+  // Forward only; returns loss sum and counted tokens (stats: bytes, time).
+  absl::StatusOr<ForwardBackwardResult> Evaluate(absl::Span<const MicroBatch> micro_batches);
+
+  const ExecutorOptions& options() const { return options_; }
+  // Device bytes held by weight and gradient slots.
+  int64_t slot_device_bytes() const;
+  // Pinned host bytes of the staging buffers.
+  int64_t staging_host_bytes() const;
+
+ private:
+  class Impl;
+  explicit StreamingExecutor(std::unique_ptr<Impl> impl, const ExecutorOptions& options);
+  std::unique_ptr<Impl> impl_;
+  ExecutorOptions options_;
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_EXECUTOR_H_

@@ -1,0 +1,58 @@
+// See checkpoint_service.h.
+#include "server/checkpoint_service.h"
+
+#include "server/proto_convert.h"
+#include "server/rpc_call.h"
+
+namespace megatrain::server {
+
+grpc::Status CheckpointServiceImpl::CreateCheckpoint(grpc::ServerContext* context,
+                                                     const v1::CreateCheckpointRequest* request,
+                                                     v1::Checkpoint* response) {
+  RpcCall call("CreateCheckpoint", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<CheckpointRecord> checkpoint = manager_->CreateCheckpoint(
+      *caller, request->job_id(), call.deadline(), [context] { return context->IsCancelled(); });
+  if (!checkpoint.ok()) return call.Finish(checkpoint.status());
+  CheckpointToProto(*checkpoint, response);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* context,
+                                                    const v1::ListCheckpointsRequest* request,
+                                                    v1::ListCheckpointsResponse* response) {
+  RpcCall call("ListCheckpoints", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints =
+      manager_->ListCheckpoints(*caller, request->job_id());
+  if (!checkpoints.ok()) return call.Finish(checkpoints.status());
+  for (const CheckpointRecord& checkpoint : *checkpoints) {
+    CheckpointToProto(checkpoint, response->add_checkpoints());
+  }
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status CheckpointServiceImpl::ExportCheckpoint(grpc::ServerContext* context,
+                                                     const v1::ExportCheckpointRequest* request,
+                                                     v1::ExportCheckpointResponse* response) {
+  RpcCall call("ExportCheckpoint", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status status = manager_->ExportCheckpoint(*caller, request->checkpoint_id(),
+                                                   request->out_dir(), request->dtype());
+  if (status.ok()) response->set_out_dir(request->out_dir());
+  return call.Finish(status);
+}
+
+grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* context,
+                                                     const v1::DeleteCheckpointRequest* request,
+                                                     v1::DeleteCheckpointResponse* response) {
+  RpcCall call("DeleteCheckpoint", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  return call.Finish(manager_->DeleteCheckpoint(*caller, request->checkpoint_id()));
+}
+
+}  // namespace megatrain::server

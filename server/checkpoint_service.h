@@ -1,0 +1,42 @@
+// CheckpointService handlers (megatrain.v1.CheckpointService,
+// proto/megatrain/v1/checkpoint.proto). Thin, like job_service.h.
+//
+// Thread-safety: as JobServiceImpl; borrowed objects must outlive it.
+#ifndef MEGATRAIN_SERVER_CHECKPOINT_SERVICE_H_
+#define MEGATRAIN_SERVER_CHECKPOINT_SERVICE_H_
+
+#include "megatrain/v1/checkpoint.grpc.pb.h"
+#include "server/auth.h"
+#include "server/job_manager.h"
+#include "server/metrics.h"
+
+namespace megatrain::server {
+
+class CheckpointServiceImpl final : public v1::CheckpointService::Service {
+ public:
+  CheckpointServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics)
+      : manager_(manager), auth_(auth), metrics_(metrics) {}
+
+  // Blocks until the checkpoint is written or the call's deadline passes.
+  grpc::Status CreateCheckpoint(grpc::ServerContext* context,
+                                const v1::CreateCheckpointRequest* request,
+                                v1::Checkpoint* response) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
+  grpc::Status ExportCheckpoint(grpc::ServerContext* context,
+                                const v1::ExportCheckpointRequest* request,
+                                v1::ExportCheckpointResponse* response) override;
+  grpc::Status DeleteCheckpoint(grpc::ServerContext* context,
+                                const v1::DeleteCheckpointRequest* request,
+                                v1::DeleteCheckpointResponse* response) override;
+
+ private:
+  JobManager* const manager_;
+  const Authenticator* const auth_;
+  ServerMetrics* const metrics_;
+};
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_CHECKPOINT_SERVICE_H_

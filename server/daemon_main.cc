@@ -1,0 +1,108 @@
+// See daemon_main.h.
+#include "server/daemon_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+#include "server/logging.h"
+#include "server/net_util.h"
+
+namespace megatrain::server {
+
+int RunDaemonMain(int argc, char** argv,
+                  const std::function<std::unique_ptr<EngineBackend>()>& make_backend) {
+  // Block the shutdown signals before any thread starts: every thread
+  // inherits the mask, and this thread collects them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that hangs up must not kill the daemon.
+  signal(SIGPIPE, SIG_IGN);
+
+  DaemonOptions options;
+  std::string host_memory_budget;
+  double shutdown_timeout_seconds = 600;
+  CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--listen", options.listen, "gRPC address host:port");
+  app.add_option("--metrics_listen", options.metrics_listen,
+                 "HTTP address of /metrics (empty: off)");
+  app.add_option("--state_dir", options.state_dir,
+                 "Directory of the job database, locks and default job outputs")
+      ->required();
+  app.add_option("--device", options.device, "auto | cpu | cuda | cuda:N, comma-separated");
+  app.add_option("--host_memory_budget", host_memory_budget,
+                 "Host memory all running jobs may need together, e.g. 512GiB "
+                 "(default: 80% of physical memory)");
+  app.add_option("--auth_tokens", options.auth_tokens,
+                 "YAML file of users, roles and token SHA-256 hashes (default: auth off, "
+                 "loopback only)");
+  app.add_option("--tls_cert", options.tls_cert, "PEM certificate chain for TLS");
+  app.add_option("--tls_key", options.tls_key, "PEM private key for TLS");
+  app.add_option("--tls_client_ca", options.tls_client_ca,
+                 "PEM CA bundle: require client certificates (mutual TLS)");
+  app.add_option("--max_running_jobs_per_user", options.max_running_jobs_per_user,
+                 "Running jobs per user (0: no limit)");
+  app.add_option("--max_queued_jobs_per_user", options.max_queued_jobs_per_user,
+                 "Queued jobs per user (0: no limit)");
+  app.add_option("--max_queued_jobs", options.max_queued_jobs, "Queued jobs in all (0: no limit)");
+  app.add_flag("--preemption", options.preemption,
+               "Let higher-priority jobs suspend running lower-priority ones");
+  app.add_option("--shutdown_timeout", shutdown_timeout_seconds,
+                 "Seconds SIGTERM waits for running jobs to checkpoint");
+  app.add_option("--measure_link_bandwidth", options.measure_link_bandwidth,
+                 "Measure PCIe bandwidth at start-up");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (!host_memory_budget.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(host_memory_budget, "--host_memory_budget");
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    options.host_memory_budget_bytes = *bytes;
+  }
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, make_backend());
+  if (!daemon.ok()) {
+    LogError(absl::StrCat("megatraind cannot start: ", daemon.status().ToString()));
+    return 1;
+  }
+  std::string metrics = "off";
+  if ((*daemon)->metrics_port() != 0) {
+    absl::StatusOr<HostPort> address = ParseHostPort(options.metrics_listen, "--metrics_listen");
+    metrics = FormatHostPort(address.ok() ? address->host : "127.0.0.1", (*daemon)->metrics_port());
+  }
+  std::printf("megatraind: ready grpc=%s metrics=%s\n", (*daemon)->grpc_address().c_str(),
+              metrics.c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  LogInfo(absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"));
+  if (!(*daemon)->Shutdown(absl::Seconds(shutdown_timeout_seconds))) {
+    // Jobs still run on their threads: destroying the daemon would wait for
+    // them. Leave without destructors; the store is consistent (every
+    // transition is committed) and the next start re-queues the jobs.
+    std::fflush(stderr);
+    _exit(3);
+  }
+  daemon->reset();
+  return 0;
+}
+
+}  // namespace megatrain::server

@@ -1,0 +1,985 @@
+// See job_manager.h.
+#include "server/job_manager.h"
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "engine/status_macros.h"
+#include "server/job_request_json.h"
+#include "server/logging.h"
+
+namespace megatrain::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Largest batch of events one WaitEvents returns.
+constexpr int kMaxEventsPerBatch = 1000;
+// Watchers re-check cancellation and deadlines at least this often.
+constexpr absl::Duration kMaxWaitSlice = absl::Seconds(1);
+// Weight of the newest step in the step-time average used for the ETA.
+constexpr double kEtaSmoothing = 0.2;
+
+std::string FormatBytes(int64_t bytes) {
+  const double gib = static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+  if (gib >= 1.0) return absl::StrFormat("%.2f GiB (%d bytes)", gib, bytes);
+  return absl::StrFormat("%.2f MiB (%d bytes)", bytes / (1024.0 * 1024.0), bytes);
+}
+
+// Steps of the run: max_steps, or max_tokens over the tokens of one step.
+int64_t PlannedSteps(const engine::JobSpec& spec) {
+  if (spec.train.max_steps > 0) return spec.train.max_steps;
+  const int64_t tokens_per_step =
+      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
+  if (spec.train.max_tokens > 0 && tokens_per_step > 0) {
+    return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
+  }
+  return 0;
+}
+
+engine::TrainingJob::StopKind StopKindFor(bool cancel) {
+  return cancel ? engine::TrainingJob::StopKind::kCancel
+                : engine::TrainingJob::StopKind::kSuspend;
+}
+
+}  // namespace
+
+// Why a running job was asked to stop.
+enum class StopReason { kNone, kCancel, kSuspend, kPreempt, kShutdown };
+
+// A job holding a device. Owned by JobManager::active_; fields guarded by
+// JobManager::mu_ except where noted.
+struct JobManager::Active {
+  std::string job_id;
+  std::string owner;
+  std::string device;
+  int32_t priority = 0;
+  int64_t reserved_bytes = 0;
+  // Set by the job thread once Create returns; Run() is called on it without
+  // the lock (only that thread resets it).
+  std::unique_ptr<engine::TrainingJob> job;
+  StopReason stop = StopReason::kNone;
+  bool checkpoint_requested = false;
+  std::string preempted_for;  // job id that caused kPreempt
+  std::string last_checkpoint_dir;
+  std::thread thread;
+};
+
+// Forwards one job's progress to the store, the watchers and the metrics.
+// Called on the job's thread only.
+class JobManager::Observer : public engine::JobObserver {
+ public:
+  Observer(JobManager* manager, Active* active, const JobRecord& job)
+      : manager_(manager),
+        active_(active),
+        job_id_(job.id),
+        device_(active->device),
+        progress_(job.progress) {
+    if (progress_.max_steps == 0) progress_.max_steps = PlannedSteps(job.request.spec);
+  }
+
+  void OnStep(const engine::StepReport& report) override {
+    if (report.stats.step_seconds > 0) {
+      avg_step_seconds_ = avg_step_seconds_ == 0
+                              ? report.stats.step_seconds
+                              : (1 - kEtaSmoothing) * avg_step_seconds_ +
+                                    kEtaSmoothing * report.stats.step_seconds;
+    }
+    if (report.max_steps > 0) progress_.max_steps = report.max_steps;
+    progress_.step = report.step;
+    if (!report.skipped) progress_.loss = report.loss;
+    progress_.tokens_per_s = report.tokens_per_s;
+    progress_.mfu = report.mfu;
+    progress_.tokens += report.stats.tokens;
+    progress_.eta_seconds =
+        progress_.max_steps > report.step
+            ? static_cast<double>(progress_.max_steps - report.step) * avg_step_seconds_
+            : 0;
+    JobEvent event;
+    event.job_id = job_id_;
+    event.time_unix_ms = NowUnixMs();
+    event.kind = JobEvent::Kind::kStep;
+    event.step = report.step;
+    event.max_steps = progress_.max_steps;
+    event.loss = report.loss;
+    event.grad_norm = report.grad_norm;
+    event.lr = report.lr;
+    event.tokens_per_s = report.tokens_per_s;
+    event.mfu = report.mfu;
+    event.skipped = report.skipped;
+    event.step_seconds = report.stats.step_seconds;
+    event.eta_seconds = progress_.eta_seconds;
+    Persist(event);
+    manager_->metrics_->RecordStep(device_, report);
+  }
+
+  void OnEval(int64_t step, double eval_loss) override {
+    progress_.eval_loss = eval_loss;
+    JobEvent event;
+    event.job_id = job_id_;
+    event.time_unix_ms = NowUnixMs();
+    event.kind = JobEvent::Kind::kEval;
+    event.step = step;
+    event.eval_loss = eval_loss;
+    Persist(event);
+    manager_->metrics_->RecordEval(device_, eval_loss);
+  }
+
+  void OnCheckpoint(int64_t step, const std::string& checkpoint_dir, double seconds) override {
+    CheckpointRecord checkpoint;
+    checkpoint.job_id = job_id_;
+    checkpoint.step = step;
+    checkpoint.dir = checkpoint_dir;
+    checkpoint.create_time_unix_ms = NowUnixMs();
+    checkpoint.write_seconds = seconds;
+    absl::Status status = manager_->store_->RecordCheckpoint(checkpoint);
+    if (!status.ok()) LogError(absl::StrCat(job_id_, ": recording checkpoint: ", status.ToString()));
+    {
+      std::lock_guard<std::mutex> lock(manager_->mu_);
+      active_->last_checkpoint_dir = checkpoint_dir;
+    }
+    JobEvent event;
+    event.job_id = job_id_;
+    event.time_unix_ms = checkpoint.create_time_unix_ms;
+    event.kind = JobEvent::Kind::kCheckpoint;
+    event.step = step;
+    event.checkpoint_dir = checkpoint_dir;
+    event.checkpoint_seconds = seconds;
+    absl::StatusOr<int64_t> seq = manager_->store_->AppendEvent(event);
+    if (!seq.ok()) LogError(absl::StrCat(job_id_, ": recording event: ", seq.status().ToString()));
+    manager_->metrics_->RecordCheckpoint(seconds);
+    manager_->NotifyEvents();
+  }
+
+ private:
+  void Persist(const JobEvent& event) {
+    absl::StatusOr<int64_t> seq = manager_->store_->UpdateProgress(job_id_, progress_, event);
+    if (!seq.ok()) {
+      LogError(absl::StrCat(job_id_, ": recording progress: ", seq.status().ToString()));
+    }
+    manager_->NotifyEvents();
+  }
+
+  JobManager* const manager_;
+  Active* const active_;
+  const std::string job_id_;
+  const std::string device_;
+  JobProgress progress_;
+  double avg_step_seconds_ = 0;
+};
+
+JobManager::JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
+                       ServerMetrics* metrics)
+    : options_(std::move(options)), store_(store), backend_(backend), metrics_(metrics) {}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions options,
+                                                               JobStore* store,
+                                                               EngineBackend* backend,
+                                                               ServerMetrics* metrics) {
+  if (options.devices.empty()) return absl::InvalidArgumentError("job manager: no devices");
+  if (options.host_memory_budget_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host_memory_budget: must be > 0, got ", options.host_memory_budget_bytes));
+  }
+  std::unique_ptr<JobManager> manager(
+      new JobManager(std::move(options), store, backend, metrics));
+  MEGATRAIN_RETURN_IF_ERROR(manager->Recover());
+  std::lock_guard<std::mutex> lock(manager->mu_);
+  manager->RefreshGaugesLocked();
+  manager->ScheduleLocked();
+  return manager;
+}
+
+JobManager::~JobManager() {
+  // A bounded drain would leave threads that use `this`; wait for them.
+  Drain(absl::InfiniteDuration());
+}
+
+absl::Status JobManager::Recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> running, store_->JobsInState(JobState::kRunning));
+  for (JobRecord& job : running) {
+    job.resume_from = LatestCheckpointDir(job);
+    job.device.clear();
+    const std::string message =
+        job.resume_from.empty()
+            ? "re-queued after a daemon restart; no checkpoint, starting over"
+            : absl::StrCat("re-queued after a daemon restart; resumes from ", job.resume_from);
+    LogInfo(absl::StrCat(job.id, ": ", message));
+    MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kQueued, message).status());
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> suspending,
+                             store_->JobsInState(JobState::kSuspending));
+  for (JobRecord& job : suspending) {
+    job.resume_from = LatestCheckpointDir(job);
+    job.device.clear();
+    MEGATRAIN_RETURN_IF_ERROR(
+        TransitionLocked(job, JobState::kSuspended, "suspended (the daemon restarted while suspending)")
+            .status());
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Submission and queries.
+
+absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest request,
+                                             absl::string_view request_id) {
+  if (request_id.size() > kMaxRequestIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: at most ", kMaxRequestIdLength,
+                                                   " characters, got ", request_id.size()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) return absl::UnavailableError("the daemon is shutting down; submit later");
+
+  if (!request_id.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> existing,
+                               store_->FindByRequestId(caller.name, request_id));
+    if (existing.has_value()) {
+      JobRequest normalized = request;
+      if (normalized.spec.output_dir.empty()) {
+        normalized.spec.output_dir = (fs::path(options_.jobs_dir) / existing->id).string();
+      }
+      if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("request_id '", request_id, "' was already used for job ",
+                         existing->id, " with a different spec"));
+      }
+      FillQueuePositions({&*existing});
+      return *std::move(existing);
+    }
+  }
+
+  MEGATRAIN_RETURN_IF_ERROR(ValidateJobRequest(request));
+  MEGATRAIN_RETURN_IF_ERROR(backend_->ValidateJobSpec(request.spec));
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint,
+                             backend_->EstimateFootprint(request.spec));
+  if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
+    const engine::HostStoreBytes& host = footprint.host;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job needs ", FormatBytes(footprint.host_total_bytes), " of host memory for ",
+        footprint.params, " parameters (master ", host.master, ", grad ", host.grad,
+        ", exp_avg ", host.exp_avg, ", exp_avg_sq ", host.exp_avg_sq, ", streaming ",
+        host.streaming, ", staging ", host.staging, " bytes) but --host_memory_budget is ",
+        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon"));
+  }
+  if (options_.max_queued_jobs_per_user > 0) {
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t queued, store_->CountJobs(caller.name, JobState::kQueued));
+    if (queued >= options_.max_queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("user '", caller.name, "' already has ", queued,
+                       " queued jobs (--max_queued_jobs_per_user=",
+                       options_.max_queued_jobs_per_user, ")"));
+    }
+  }
+  if (options_.max_queued_jobs > 0) {
+    MEGATRAIN_ASSIGN_OR_RETURN(auto counts, store_->CountByState());
+    if (counts[JobState::kQueued] >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the queue is full: ", counts[JobState::kQueued],
+                       " queued jobs (--max_queued_jobs=", options_.max_queued_jobs, ")"));
+    }
+  }
+
+  MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, store_->NextJobSeq());
+  JobRecord job;
+  job.seq = seq;
+  job.id = JobIdForSeq(seq);
+  job.owner = caller.name;
+  job.request_id = std::string(request_id);
+  job.request = std::move(request);
+  if (job.request.spec.output_dir.empty()) {
+    job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
+  }
+  job.state = JobState::kQueued;
+  job.create_time_unix_ms = NowUnixMs();
+  job.progress.max_steps = PlannedSteps(job.request.spec);
+  job.host_memory_bytes = footprint.host_total_bytes;
+  job.message = absl::StrCat("submitted by ", caller.name);
+  MEGATRAIN_RETURN_IF_ERROR(
+      store_->InsertJob(job, JobEvent::StateChange(job.id, JobState::kQueued, job.message))
+          .status());
+  LogInfo(absl::StrCat(job.id, ": submitted by ", caller.name, " (", job.request.spec.name,
+                       ", priority ", job.request.priority, ", host memory ",
+                       FormatBytes(job.host_memory_bytes), ")"));
+  RefreshGaugesLocked();
+  ScheduleLocked();
+  NotifyEvents();
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(job.id));
+  FillQueuePositions({&stored});
+  return stored;
+}
+
+absl::StatusOr<JobRecord> JobManager::LoadForCaller(const Principal& caller,
+                                                    absl::string_view job_id) {
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+  MEGATRAIN_RETURN_IF_ERROR(CheckOwnerAccess(caller, job.owner, absl::StrCat("job ", job.id)));
+  return job;
+}
+
+void JobManager::FillQueuePositions(std::vector<JobRecord*> jobs) {
+  bool any_queued = false;
+  for (JobRecord* job : jobs) any_queued = any_queued || job->state == JobState::kQueued;
+  if (!any_queued) return;
+  absl::StatusOr<std::vector<JobRecord>> queued = store_->JobsInState(JobState::kQueued);
+  if (!queued.ok()) return;
+  std::map<std::string, int64_t> position;
+  for (size_t queue_idx = 0; queue_idx < queued->size(); ++queue_idx) {
+    position[(*queued)[queue_idx].id] = static_cast<int64_t>(queue_idx) + 1;
+  }
+  for (JobRecord* job : jobs) {
+    auto it = position.find(job->id);
+    job->queue_position = it == position.end() ? 0 : it->second;
+  }
+}
+
+absl::StatusOr<JobRecord> JobManager::Get(const Principal& caller, absl::string_view job_id) {
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  FillQueuePositions({&job});
+  return job;
+}
+
+absl::StatusOr<JobPage> JobManager::List(const Principal& caller, JobQuery query) {
+  if (!caller.is_admin()) {
+    if (!query.owner.empty() && query.owner != caller.name) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "owner: user '", caller.name, "' may only list their own jobs, not '", query.owner, "'"));
+    }
+    query.owner = caller.name;
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(query));
+  std::vector<JobRecord*> jobs;
+  for (JobRecord& job : page.jobs) jobs.push_back(&job);
+  FillQueuePositions(std::move(jobs));
+  return page;
+}
+
+// ---------------------------------------------------------------------------
+// Control.
+
+absl::StatusOr<int64_t> JobManager::TransitionLocked(JobRecord& job, JobState state,
+                                                     std::string message) {
+  job.state = state;
+  job.message = message;
+  if (IsTerminal(state)) job.end_time_unix_ms = NowUnixMs();
+  if (state != JobState::kFailed) job.error_code = absl::StatusCode::kOk;
+  absl::StatusOr<int64_t> seq =
+      store_->UpdateState(job, JobEvent::StateChange(job.id, state, std::move(message)));
+  NotifyEvents();
+  return seq;
+}
+
+absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  switch (job.state) {
+    case JobState::kQueued:
+    case JobState::kSuspended:
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(job, JobState::kCancelled, absl::StrCat("cancelled by ", caller.name))
+              .status());
+      LogInfo(absl::StrCat(job.id, ": cancelled by ", caller.name));
+      RefreshGaugesLocked();
+      ScheduleLocked();
+      break;
+    case JobState::kRunning:
+    case JobState::kSuspending: {
+      auto it = active_.find(job.id);
+      if (it != active_.end() && it->second->stop != StopReason::kCancel) {
+        Active& active = *it->second;
+        active.stop = StopReason::kCancel;
+        if (active.job != nullptr) active.job->RequestStop(StopKindFor(true));
+        MEGATRAIN_RETURN_IF_ERROR(
+            TransitionLocked(job, job.state,
+                             absl::StrCat("cancel requested by ", caller.name,
+                                          "; stops at the next step boundary"))
+                .status());
+        LogInfo(absl::StrCat(job.id, ": cancel requested by ", caller.name));
+      }
+      break;
+    }
+    case JobState::kCancelled:
+      break;  // idempotent
+    case JobState::kSucceeded:
+    case JobState::kFailed:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
+  return updated;
+}
+
+absl::StatusOr<JobRecord> JobManager::Suspend(const Principal& caller, absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  switch (job.state) {
+    case JobState::kQueued:
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(job, JobState::kSuspended, absl::StrCat("held by ", caller.name))
+              .status());
+      RefreshGaugesLocked();
+      ScheduleLocked();
+      break;
+    case JobState::kRunning: {
+      auto it = active_.find(job.id);
+      if (it == active_.end()) return absl::InternalError(absl::StrCat(job.id, ": not active"));
+      Active& active = *it->second;
+      if (active.stop == StopReason::kCancel) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", job.id, " is being cancelled"));
+      }
+      active.stop = StopReason::kSuspend;
+      if (active.job != nullptr) active.job->RequestStop(StopKindFor(false));
+      MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspending,
+                                                 absl::StrCat("suspend requested by ", caller.name,
+                                                              "; checkpoints at the next step"))
+                                    .status());
+      LogInfo(absl::StrCat(job.id, ": suspend requested by ", caller.name));
+      RefreshGaugesLocked();
+      break;
+    }
+    case JobState::kSuspending:
+    case JobState::kSuspended:
+      break;  // idempotent
+    case JobState::kSucceeded:
+    case JobState::kFailed:
+    case JobState::kCancelled:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
+  FillQueuePositions({&updated});
+  return updated;
+}
+
+absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  switch (job.state) {
+    case JobState::kSuspended: {
+      if (draining_) return absl::UnavailableError("the daemon is shutting down; resume later");
+      job.resume_from = LatestCheckpointDir(job);
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(job, JobState::kQueued,
+                           absl::StrCat("resumed by ", caller.name,
+                                        job.resume_from.empty()
+                                            ? std::string()
+                                            : absl::StrCat("; continues from ", job.resume_from)))
+              .status());
+      LogInfo(absl::StrCat(job.id, ": resumed by ", caller.name));
+      RefreshGaugesLocked();
+      ScheduleLocked();
+      break;
+    }
+    case JobState::kQueued:
+    case JobState::kRunning:
+      break;  // idempotent
+    case JobState::kSuspending:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job.id, " is still SUSPENDING; resume it once it is SUSPENDED"));
+    case JobState::kSucceeded:
+    case JobState::kFailed:
+    case JobState::kCancelled:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
+  FillQueuePositions({&updated});
+  return updated;
+}
+
+// ---------------------------------------------------------------------------
+// Scheduling (Note [Scheduling policy]).
+
+void JobManager::ScheduleLocked() {
+  ReapThreadsLocked();
+  if (draining_) return;
+  absl::StatusOr<std::vector<JobRecord>> queued = store_->JobsInState(JobState::kQueued);
+  if (!queued.ok()) {
+    LogError(absl::StrCat("scheduler: reading the queue: ", queued.status().ToString()));
+    return;
+  }
+  std::map<std::string, int> running_by_owner;
+  for (const auto& [id, active] : active_) ++running_by_owner[active->owner];
+  for (JobRecord& job : *queued) {
+    if (options_.max_running_jobs_per_user > 0 &&
+        running_by_owner[job.owner] >= options_.max_running_jobs_per_user) {
+      continue;
+    }
+    std::string free_device;
+    for (const std::string& device : options_.devices) {
+      if (job_on_device_[device].empty()) {
+        free_device = device;
+        break;
+      }
+    }
+    const bool fits = reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
+    if (free_device.empty() || !fits) {
+      if (options_.preemption) MaybePreemptLocked(job);
+      break;
+    }
+    ++running_by_owner[job.owner];
+    StartLocked(std::move(job), free_device);
+  }
+  RefreshGaugesLocked();
+}
+
+void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
+  Active* victim = nullptr;
+  for (const auto& [id, active] : active_) {
+    if (active->stop == StopReason::kPreempt) return;  // one preemption at a time
+    if (active->stop != StopReason::kNone || active->priority >= waiting.request.priority) continue;
+    // Lowest priority first; among equals the later submission.
+    if (victim == nullptr || active->priority < victim->priority ||
+        (active->priority == victim->priority && active->job_id > victim->job_id)) {
+      victim = active.get();
+    }
+  }
+  if (victim == nullptr) return;
+  // Only when stopping the victim lets `waiting` start (it frees a device
+  // in any case; the memory must fit too).
+  const bool fits_after = reserved_bytes_ - victim->reserved_bytes + waiting.host_memory_bytes <=
+                          options_.host_memory_budget_bytes;
+  if (!fits_after) return;
+  victim->stop = StopReason::kPreempt;
+  victim->preempted_for = waiting.id;
+  if (victim->job != nullptr) victim->job->RequestStop(StopKindFor(false));
+  LogInfo(absl::StrCat(victim->job_id, ": preempted by ", waiting.id, " (priority ",
+                       waiting.request.priority, " > ", victim->priority, ")"));
+  JobEvent note = JobEvent::StateChange(
+      victim->job_id, JobState::kRunning,
+      absl::StrCat("preempted by ", waiting.id, "; checkpoints at the next step and re-queues"));
+  absl::StatusOr<int64_t> seq = store_->AppendEvent(note);
+  if (!seq.ok()) LogError(seq.status().ToString());
+  NotifyEvents();
+}
+
+void JobManager::StartLocked(JobRecord job, const std::string& device) {
+  job.device = device;
+  job.start_time_unix_ms = NowUnixMs();
+  const std::string message =
+      job.resume_from.empty() ? absl::StrCat("started on ", device)
+                              : absl::StrCat("resuming on ", device, " from ", job.resume_from);
+  absl::StatusOr<int64_t> seq = TransitionLocked(job, JobState::kRunning, message);
+  if (!seq.ok()) {
+    LogError(absl::StrCat(job.id, ": cannot start: ", seq.status().ToString()));
+    return;
+  }
+  LogInfo(absl::StrCat(job.id, ": ", message));
+  auto active = std::make_unique<Active>();
+  active->job_id = job.id;
+  active->owner = job.owner;
+  active->device = device;
+  active->priority = job.request.priority;
+  active->reserved_bytes = job.host_memory_bytes;
+  active->last_checkpoint_dir = job.resume_from;
+  reserved_bytes_ += job.host_memory_bytes;
+  job_on_device_[device] = job.id;
+  Active* raw = active.get();
+  active_[job.id] = std::move(active);
+  raw->thread = std::thread(&JobManager::RunJob, this, raw, std::move(job));
+}
+
+void JobManager::RunJob(Active* active, JobRecord job) {
+  // No exception may leave this thread (STYLE: errors).
+  absl::StatusOr<engine::JobOutcome> outcome = absl::InternalError("job did not run");
+  try {
+    std::error_code ec;
+    fs::create_directories(job.request.spec.output_dir, ec);
+    if (ec) {
+      outcome = absl::FailedPreconditionError(absl::StrCat(
+          "output_dir: cannot create '", job.request.spec.output_dir, "': ", ec.message()));
+    } else {
+      std::optional<std::string> resume_from;
+      if (!job.resume_from.empty()) resume_from = job.resume_from;
+      absl::StatusOr<std::unique_ptr<engine::TrainingJob>> created =
+          backend_->CreateJob(job.request.spec, active->device, resume_from);
+      if (!created.ok()) {
+        outcome = created.status();
+      } else {
+        engine::TrainingJob* training_job = created->get();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          active->job = std::move(*created);
+          if (active->stop != StopReason::kNone) {
+            training_job->RequestStop(StopKindFor(active->stop == StopReason::kCancel));
+          }
+          if (active->checkpoint_requested) training_job->RequestCheckpoint();
+        }
+        metrics_->SetHostStore(active->device, training_job->footprint().host);
+        Observer observer(this, active, job);
+        outcome = training_job->Run(&observer);
+      }
+    }
+  } catch (const std::exception& e) {
+    outcome = absl::InternalError(absl::StrCat("engine threw: ", e.what()));
+  } catch (...) {
+    outcome = absl::InternalError("engine threw an unknown exception");
+  }
+  // Free the job's memory before releasing its reservation.
+  std::unique_ptr<engine::TrainingJob> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished = std::move(active->job);
+  }
+  finished.reset();
+  FinishJob(active, outcome);
+}
+
+void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string job_id = active->job_id;
+  const std::string device = active->device;
+  absl::StatusOr<JobRecord> loaded = store_->GetJob(job_id);
+  if (loaded.ok()) {
+    JobRecord& job = *loaded;
+    job.device.clear();
+    JobState state = JobState::kFailed;
+    std::string message;
+    if (outcome.ok()) {
+      switch (*outcome) {
+        case engine::JobOutcome::kSucceeded:
+          state = JobState::kSucceeded;
+          message = absl::StrCat("finished at step ", job.progress.step);
+          break;
+        case engine::JobOutcome::kCancelled:
+          state = JobState::kCancelled;
+          message = absl::StrCat("cancelled at step ", job.progress.step);
+          break;
+        case engine::JobOutcome::kSuspended: {
+          const std::string checkpoint = !active->last_checkpoint_dir.empty()
+                                             ? active->last_checkpoint_dir
+                                             : LatestCheckpointDir(job);
+          job.resume_from = checkpoint;
+          switch (active->stop) {
+            case StopReason::kCancel:
+              state = JobState::kCancelled;
+              message = absl::StrCat("cancelled at step ", job.progress.step);
+              break;
+            case StopReason::kPreempt:
+              state = JobState::kQueued;
+              message = absl::StrCat("preempted by ", active->preempted_for,
+                                     "; re-queued, resumes from ", checkpoint);
+              break;
+            case StopReason::kShutdown:
+              state = JobState::kQueued;
+              message = absl::StrCat("daemon shut down; re-queued, resumes from ", checkpoint);
+              break;
+            case StopReason::kSuspend:
+            case StopReason::kNone:
+              state = JobState::kSuspended;
+              message = absl::StrCat("suspended at step ", job.progress.step, "; checkpoint ",
+                                     checkpoint);
+              break;
+          }
+          break;
+        }
+      }
+    } else {
+      state = JobState::kFailed;
+      job.error_code = outcome.status().code();
+      message = std::string(outcome.status().message());
+    }
+    absl::StatusOr<int64_t> seq = TransitionLocked(job, state, message);
+    if (!seq.ok()) LogError(absl::StrCat(job_id, ": recording the end: ", seq.status().ToString()));
+    LogInfo(absl::StrCat(job_id, ": ", JobStateName(state), ": ", message));
+  } else {
+    LogError(absl::StrCat(job_id, ": reading the job at its end: ", loaded.status().ToString()));
+  }
+  metrics_->ClearDevice(device);
+  reserved_bytes_ -= active->reserved_bytes;
+  job_on_device_[device].clear();
+  finished_threads_.push_back(std::move(active->thread));
+  active_.erase(job_id);  // destroys *active
+  if (active_.empty()) idle_cv_.notify_all();
+  ScheduleLocked();
+}
+
+void JobManager::ReapThreadsLocked() {
+  // Joining a finished thread is quick; a thread never joins itself.
+  std::vector<std::thread> keep;
+  for (std::thread& thread : finished_threads_) {
+    if (thread.get_id() == std::this_thread::get_id()) {
+      keep.push_back(std::move(thread));
+    } else if (thread.joinable()) {
+      thread.join();
+    }
+  }
+  finished_threads_ = std::move(keep);
+}
+
+void JobManager::RefreshGaugesLocked() {
+  absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
+  if (counts.ok()) metrics_->SetJobCounts(*counts);
+  metrics_->SetHostMemory(options_.host_memory_budget_bytes, reserved_bytes_);
+}
+
+// ---------------------------------------------------------------------------
+// Events.
+
+void JobManager::NotifyEvents() {
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    ++event_generation_;
+  }
+  events_cv_.notify_all();
+}
+
+absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller,
+                                                  absl::string_view job_id, int64_t after_seq,
+                                                  absl::Duration max_wait) {
+  MEGATRAIN_RETURN_IF_ERROR(LoadForCaller(caller, job_id).status());
+  const absl::Time deadline = absl::Now() + max_wait;
+  while (true) {
+    int64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (stopped_) return absl::UnavailableError("the daemon is shutting down");
+      generation = event_generation_;
+    }
+    // Read the state before the events: the terminal state and its event are
+    // committed together, so a terminal state read first guarantees that the
+    // listing below contains the final event.
+    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+    EventBatch batch;
+    MEGATRAIN_ASSIGN_OR_RETURN(batch.events,
+                               store_->ListEvents(job_id, after_seq, kMaxEventsPerBatch));
+    if (!batch.events.empty()) return batch;
+    if (IsTerminal(job.state)) {
+      batch.finished = true;
+      return batch;
+    }
+    std::unique_lock<std::mutex> lock(events_mu_);
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return batch;
+    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now), [&] {
+      return stopped_ || event_generation_ != generation;
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints.
+
+absl::StatusOr<std::vector<CheckpointRecord>> JobManager::CheckpointsOnDisk(const JobRecord& job) {
+  absl::StatusOr<std::vector<engine::CheckpointInfo>> on_disk =
+      backend_->ListCheckpoints(job.request.spec.output_dir);
+  if (absl::IsNotFound(on_disk.status())) return std::vector<CheckpointRecord>();
+  if (!on_disk.ok()) return on_disk.status();
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded, store_->ListCheckpoints(job.id));
+  std::map<int64_t, const CheckpointRecord*> recorded_by_step;
+  for (const CheckpointRecord& checkpoint : recorded) recorded_by_step[checkpoint.step] = &checkpoint;
+  std::vector<CheckpointRecord> checkpoints;
+  for (const engine::CheckpointInfo& info : *on_disk) {
+    CheckpointRecord checkpoint;
+    checkpoint.job_id = job.id;
+    checkpoint.step = info.step;
+    checkpoint.dir = info.dir;
+    checkpoint.bytes = info.bytes;
+    auto it = recorded_by_step.find(info.step);
+    if (it != recorded_by_step.end()) {
+      checkpoint.create_time_unix_ms = it->second->create_time_unix_ms;
+      checkpoint.write_seconds = it->second->write_seconds;
+    }
+    checkpoints.push_back(std::move(checkpoint));
+  }
+  std::sort(checkpoints.begin(), checkpoints.end(),
+            [](const CheckpointRecord& a, const CheckpointRecord& b) { return a.step < b.step; });
+  return checkpoints;
+}
+
+std::string JobManager::LatestCheckpointDir(const JobRecord& job) {
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = CheckpointsOnDisk(job);
+  if (!checkpoints.ok()) {
+    LogWarning(absl::StrCat(job.id, ": listing checkpoints: ", checkpoints.status().ToString()));
+    return job.resume_from;
+  }
+  if (checkpoints->empty()) return job.resume_from;
+  return checkpoints->back().dir;
+}
+
+absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
+    const Principal& caller, absl::string_view job_id, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  int64_t after_seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+    auto it = active_.find(job.id);
+    if (job.state != JobState::kRunning || it == active_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job.id, " is ", JobStateName(job.state), "; only RUNNING jobs checkpoint"));
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(after_seq, store_->LastEventSeq(job.id));
+    Active& active = *it->second;
+    active.checkpoint_requested = true;
+    if (active.job != nullptr) active.job->RequestCheckpoint();
+    LogInfo(absl::StrCat(job.id, ": checkpoint requested by ", caller.name));
+  }
+  while (true) {
+    int64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (stopped_) return absl::UnavailableError("the daemon is shutting down");
+      generation = event_generation_;
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobEvent> events,
+                               store_->ListEvents(job_id, after_seq, kMaxEventsPerBatch));
+    for (const JobEvent& event : events) {
+      after_seq = event.seq;
+      if (event.kind == JobEvent::Kind::kCheckpoint) {
+        CheckpointRecord checkpoint;
+        checkpoint.job_id = std::string(job_id);
+        checkpoint.step = event.step;
+        checkpoint.dir = event.checkpoint_dir;
+        checkpoint.create_time_unix_ms = event.time_unix_ms;
+        checkpoint.write_seconds = event.checkpoint_seconds;
+        return checkpoint;
+      }
+      if (event.kind == JobEvent::Kind::kStateChange && event.state != JobState::kRunning &&
+          event.state != JobState::kSuspending) {
+        return absl::AbortedError(absl::StrCat("job ", job_id, " became ",
+                                               JobStateName(event.state),
+                                               " before writing the checkpoint"));
+      }
+    }
+    if (!events.empty()) continue;
+    if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", job_id, ": no checkpoint written before the deadline; the "
+                                       "request stays pending until the next step boundary"));
+    }
+    std::unique_lock<std::mutex> lock(events_mu_);
+    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, kMaxWaitSlice)),
+                        [&] { return stopped_ || event_generation_ != generation; });
+  }
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> JobManager::ListCheckpoints(const Principal& caller,
+                                                                          absl::string_view job_id) {
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  return CheckpointsOnDisk(job);
+}
+
+absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& caller,
+                                                            absl::string_view checkpoint_id,
+                                                            JobRecord* job) {
+  MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
+  MEGATRAIN_ASSIGN_OR_RETURN(*job, LoadForCaller(caller, parsed.first));
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, CheckpointsOnDisk(*job));
+  for (CheckpointRecord& checkpoint : checkpoints) {
+    if (checkpoint.step == parsed.second) return std::move(checkpoint);
+  }
+  return absl::NotFoundError(absl::StrCat("checkpoint '", checkpoint_id, "' not found (job ",
+                                          job->id, " has ", checkpoints.size(),
+                                          " checkpoints on disk)"));
+}
+
+absl::Status JobManager::ExportCheckpoint(const Principal& caller,
+                                          absl::string_view checkpoint_id,
+                                          const std::string& out_dir, const std::string& dtype) {
+  if (draining()) return absl::UnavailableError("the daemon is shutting down");
+  const std::string export_dtype = dtype.empty() ? "bf16" : dtype;
+  if (export_dtype != "bf16" && export_dtype != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype: must be 'bf16' or 'fp32', got '", dtype, "'"));
+  }
+  const fs::path out(out_dir);
+  if (out_dir.empty() || !out.is_absolute()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: must be an absolute path, got '", out_dir, "'"));
+  }
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: '", out_dir, "' exists and is not an empty directory"));
+  }
+  JobRecord job;
+  MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint, FindCheckpoint(caller, checkpoint_id, &job));
+  LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", out_dir, " (", export_dtype, ") for ",
+                       caller.name));
+  return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
+}
+
+absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
+                                          absl::string_view checkpoint_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord job;
+  MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint, FindCheckpoint(caller, checkpoint_id, &job));
+  if ((job.state == JobState::kQueued || job.state == JobState::kSuspended) &&
+      job.resume_from == checkpoint.dir) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", checkpoint_id, "' is where ",
+                                                      JobStateName(job.state), " job ", job.id,
+                                                      " resumes from"));
+  }
+  std::error_code ec;
+  fs::remove_all(checkpoint.dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("deleting '", checkpoint.dir, "': ", ec.message()));
+  }
+  LogInfo(absl::StrCat(checkpoint_id, ": deleted by ", caller.name));
+  return store_->DeleteCheckpoint(job.id, checkpoint.step);
+}
+
+// ---------------------------------------------------------------------------
+// Status and shutdown.
+
+absl::StatusOr<ManagerStatus> JobManager::GetStatus() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ManagerStatus status;
+  for (const std::string& device : options_.devices) {
+    status.devices.push_back(DeviceState{device, job_on_device_[device]});
+  }
+  status.host_memory_budget_bytes = options_.host_memory_budget_bytes;
+  status.host_memory_reserved_bytes = reserved_bytes_;
+  MEGATRAIN_ASSIGN_OR_RETURN(status.jobs_by_state, store_->CountByState());
+  status.draining = draining_;
+  return status;
+}
+
+bool JobManager::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+bool JobManager::Drain(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!draining_) {
+    draining_ = true;
+    for (auto& [id, active] : active_) {
+      // A user's suspend or cancel stands; everything else checkpoints and
+      // re-queues.
+      if (active->stop == StopReason::kNone || active->stop == StopReason::kPreempt) {
+        active->stop = StopReason::kShutdown;
+        if (active->job != nullptr) active->job->RequestStop(StopKindFor(false));
+        LogInfo(absl::StrCat(id, ": checkpointing for shutdown"));
+      }
+    }
+  }
+  bool idle = true;
+  if (timeout == absl::InfiniteDuration()) {
+    idle_cv_.wait(lock, [this] { return active_.empty(); });
+  } else {
+    idle = idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                             [this] { return active_.empty(); });
+  }
+  if (idle) ReapThreadsLocked();
+  lock.unlock();
+  {
+    std::lock_guard<std::mutex> events_lock(events_mu_);
+    stopped_ = true;
+  }
+  events_cv_.notify_all();
+  return idle;
+}
+
+}  // namespace megatrain::server

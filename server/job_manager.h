@@ -1,0 +1,232 @@
+// JobManager: the daemon's core. Owns the queue and the running jobs:
+// admission (validation, host-memory footprint against the budget, per-user
+// limits), scheduling (priority, then FIFO; one job per device; optional
+// preemption), the job threads that drive engine::TrainingJob through an
+// EngineBackend, the event log and its watchers, checkpoints, crash recovery
+// and the SIGTERM drain. It never mentions gRPC or protobuf: the RPC
+// handlers (job_service.cc, ...) convert requests and call it.
+//
+// Note [Scheduling policy]
+// Queued jobs are ordered by priority (highest first), then by submission
+// order (JobRecord.seq), also for jobs re-queued after a preemption or
+// restart. A scheduling pass walks that order and starts each job on a free
+// device while its host-memory footprint fits the remaining budget
+// (--host_memory_budget minus the footprints of the running jobs). A job
+// whose owner is at --max_running_jobs_per_user is skipped (others may pass
+// it). The first job that finds no free device or not enough memory stops
+// the pass: smaller jobs behind it do not overtake it, so big jobs are not
+// starved. With preemption on, that job may instead suspend the running job
+// of lowest priority below its own (one preemption at a time; only when that
+// frees enough for it); the preempted job writes a checkpoint at its next
+// step boundary and goes back to the queue, resuming from that checkpoint.
+// Passes run after every submit, resume, cancel and job end.
+//
+// Note [Crash recovery]
+// Every transition is committed to the JobStore before it takes effect. On
+// start-up, jobs found RUNNING (the daemon died under them) are re-queued to
+// resume from their newest checkpoint on disk (or from scratch when there is
+// none); SUSPENDING ones become SUSPENDED.
+//
+// Thread-safety: every public method is thread-safe. Lock order: mu_, then
+// events_mu_, then the store's own mutex. Ownership: the store, backend and
+// metrics are borrowed and must outlive the manager; the manager owns one
+// thread per running job and joins them in Drain() / its destructor.
+#ifndef MEGATRAIN_SERVER_JOB_MANAGER_H_
+#define MEGATRAIN_SERVER_JOB_MANAGER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/auth.h"
+#include "server/engine_backend.h"
+#include "server/job.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+
+namespace megatrain::server {
+
+struct JobManagerOptions {
+  // Default output directories are <jobs_dir>/<job id>.
+  std::string jobs_dir;
+  // Devices jobs run on, one job each at a time ("cpu", "cuda:0", ...).
+  std::vector<std::string> devices;
+  // Host memory all running jobs may need together, in bytes (> 0).
+  int64_t host_memory_budget_bytes = 0;
+  // Running jobs per user; 0: no limit.
+  int max_running_jobs_per_user = 0;
+  // QUEUED jobs per user; 0: no limit. Submissions beyond it are refused
+  // with RESOURCE_EXHAUSTED.
+  int max_queued_jobs_per_user = 100;
+  // QUEUED jobs in all; 0: no limit.
+  int max_queued_jobs = 10000;
+  // Higher-priority jobs may suspend running lower-priority ones.
+  bool preemption = false;
+};
+
+// A batch of a job's events for a watcher.
+struct EventBatch {
+  std::vector<JobEvent> events;
+  // True when the job is terminal and every event was delivered: the watch
+  // is over.
+  bool finished = false;
+};
+
+// One device and the job on it.
+struct DeviceState {
+  std::string name;
+  std::string job_id;  // empty when idle
+};
+
+// Snapshot for GetServerStatus.
+struct ManagerStatus {
+  std::vector<DeviceState> devices;
+  int64_t host_memory_budget_bytes = 0;
+  int64_t host_memory_reserved_bytes = 0;
+  std::map<JobState, int64_t> jobs_by_state;
+  bool draining = false;
+};
+
+class JobManager {
+ public:
+  // Recovers jobs interrupted by a crash (Note [Crash recovery]) and runs a
+  // first scheduling pass. INVALID_ARGUMENT for bad options (no devices, a
+  // budget <= 0); errors of the store.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(JobManagerOptions options,
+                                                            JobStore* store,
+                                                            EngineBackend* backend,
+                                                            ServerMetrics* metrics);
+  // Drains (see Drain) and joins every job thread.
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Queues a job owned by `caller`. With a non-empty `request_id`, a repeat
+  // returns the job the first call created. Errors: INVALID_ARGUMENT naming
+  // the field path (spec, priority, labels, request_id); UNIMPLEMENTED
+  // (architecture); RESOURCE_EXHAUSTED when the footprint exceeds the budget
+  // (message gives both numbers) or a queue limit is reached;
+  // ALREADY_EXISTS when request_id was used with a different spec;
+  // UNAVAILABLE while draining.
+  absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
+                                   absl::string_view request_id);
+
+  // NOT_FOUND for an unknown id; PERMISSION_DENIED for another user's job.
+  absl::StatusOr<JobRecord> Get(const Principal& caller, absl::string_view job_id);
+
+  // One page of jobs, newest first. A user's query is limited to their own
+  // jobs (query.owner empty or their name; another name: PERMISSION_DENIED);
+  // an admin's empty owner means everyone. INVALID_ARGUMENT for a bad
+  // page_size or page_token.
+  absl::StatusOr<JobPage> List(const Principal& caller, JobQuery query);
+
+  // See CancelJob / SuspendJob / ResumeJob in job.proto for the transitions;
+  // FAILED_PRECONDITION for a state that does not allow it; ResumeJob is
+  // UNAVAILABLE while draining. Return the job after the change.
+  absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id);
+  absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id);
+  absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id);
+
+  // Blocks until job `job_id` has events with seq > after_seq, its watch is
+  // over (EventBatch.finished), or `max_wait` passes (empty batch). Returns
+  // at most 1000 events. UNAVAILABLE once the manager has drained.
+  absl::StatusOr<EventBatch> WaitEvents(const Principal& caller, absl::string_view job_id,
+                                        int64_t after_seq, absl::Duration max_wait);
+
+  // Asks running job `job_id` for a checkpoint and waits until one is
+  // written. FAILED_PRECONDITION when the job is not RUNNING; ABORTED when it
+  // stops first; DEADLINE_EXCEEDED at `deadline`; CANCELLED when
+  // `cancelled()` turns true (polled about once a second).
+  absl::StatusOr<CheckpointRecord> CreateCheckpoint(const Principal& caller,
+                                                    absl::string_view job_id, absl::Time deadline,
+                                                    const std::function<bool()>& cancelled);
+
+  // Checkpoints of `job_id` on disk, oldest first (empty when none).
+  absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(const Principal& caller,
+                                                                absl::string_view job_id);
+
+  // Writes checkpoint `checkpoint_id` as an HF model directory `out_dir`.
+  // INVALID_ARGUMENT for a malformed id, a relative or non-empty out_dir or
+  // a dtype other than "", "bf16", "fp32"; NOT_FOUND for an unknown
+  // checkpoint; errors of the engine's export.
+  absl::Status ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
+                                const std::string& out_dir, const std::string& dtype);
+
+  // Deletes a checkpoint directory. FAILED_PRECONDITION when a QUEUED or
+  // SUSPENDED job will resume from it.
+  absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id);
+
+  absl::StatusOr<ManagerStatus> GetStatus();
+
+  // SIGTERM: refuses new work from now on (UNAVAILABLE), asks every running
+  // job to write a checkpoint and stop, re-queues them to resume on the next
+  // start, then wakes all watchers (UNAVAILABLE). Returns true when all job
+  // threads ended within `timeout`, false otherwise (they keep running; the
+  // caller should then exit the process without destroying the manager).
+  // Idempotent.
+  bool Drain(absl::Duration timeout);
+
+  // True once Drain has started.
+  bool draining() const;
+
+ private:
+  struct Active;
+  class Observer;
+
+  JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
+             ServerMetrics* metrics);
+
+  absl::Status Recover();
+  // Loads a job and checks that `caller` may access it.
+  absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
+  // Fills queue_position of QUEUED jobs.
+  void FillQueuePositions(std::vector<JobRecord*> jobs);
+  // Newest checkpoint directory of `job` on disk; job.resume_from when none.
+  std::string LatestCheckpointDir(const JobRecord& job);
+  absl::StatusOr<std::vector<CheckpointRecord>> CheckpointsOnDisk(const JobRecord& job);
+  absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
+                                                  absl::string_view checkpoint_id,
+                                                  JobRecord* job);
+
+  void ScheduleLocked();
+  void MaybePreemptLocked(const JobRecord& waiting);
+  void StartLocked(JobRecord job, const std::string& device);
+  void RunJob(Active* active, JobRecord job);
+  void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome);
+  void ReapThreadsLocked();
+  void RefreshGaugesLocked();
+  absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message);
+  void NotifyEvents();
+
+  const JobManagerOptions options_;
+  JobStore* const store_;
+  EngineBackend* const backend_;
+  ServerMetrics* const metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;                          // active_ became empty
+  std::map<std::string, std::unique_ptr<Active>> active_;    // by job id; guarded by mu_
+  std::map<std::string, std::string> job_on_device_;         // device -> job id; guarded by mu_
+  std::vector<std::thread> finished_threads_;                // to join; guarded by mu_
+  int64_t reserved_bytes_ = 0;                               // guarded by mu_
+  bool draining_ = false;                                    // guarded by mu_
+
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  int64_t event_generation_ = 0;  // bumped on every new event; guarded by events_mu_
+  bool stopped_ = false;          // drained; guarded by events_mu_
+};
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_JOB_MANAGER_H_

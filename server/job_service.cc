@@ -1,0 +1,111 @@
+// See job_service.h.
+#include "server/job_service.h"
+
+#include "server/proto_convert.h"
+#include "server/rpc_call.h"
+
+namespace megatrain::server {
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* request, v1::Job* response) {
+  RpcCall call("SubmitJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<JobRequest> job_request = JobRequestFromProto(request->spec());
+  if (!job_request.ok()) return call.Finish(job_request.status());
+  absl::StatusOr<JobRecord> job =
+      manager_->Submit(*caller, *std::move(job_request), request->request_id());
+  if (!job.ok()) return call.Finish(job.status());
+  JobToProto(*job, response);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
+                                    const v1::GetJobRequest* request, v1::Job* response) {
+  RpcCall call("GetJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<JobRecord> job = manager_->Get(*caller, request->job_id());
+  if (!job.ok()) return call.Finish(job.status());
+  JobToProto(*job, response);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  RpcCall call("ListJobs", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<std::vector<JobState>> states = JobStatesFromProto(request->states());
+  if (!states.ok()) return call.Finish(states.status());
+  JobQuery query;
+  query.owner = request->owner();
+  query.states = *std::move(states);
+  query.page_size = request->page_size();
+  query.page_token = request->page_token();
+  absl::StatusOr<JobPage> page = manager_->List(*caller, std::move(query));
+  if (!page.ok()) return call.Finish(page.status());
+  for (const JobRecord& job : page->jobs) JobToProto(job, response->add_jobs());
+  response->set_next_page_token(page->next_page_token);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request, v1::Job* response) {
+  RpcCall call("CancelJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<JobRecord> job = manager_->Cancel(*caller, request->job_id());
+  if (!job.ok()) return call.Finish(job.status());
+  JobToProto(*job, response);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::SuspendJob(grpc::ServerContext* context,
+                                        const v1::SuspendJobRequest* request, v1::Job* response) {
+  RpcCall call("SuspendJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<JobRecord> job = manager_->Suspend(*caller, request->job_id());
+  if (!job.ok()) return call.Finish(job.status());
+  JobToProto(*job, response);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context,
+                                       const v1::ResumeJobRequest* request, v1::Job* response) {
+  RpcCall call("ResumeJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<JobRecord> job = manager_->Resume(*caller, request->job_id());
+  if (!job.ok()) return call.Finish(job.status());
+  JobToProto(*job, response);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
+                                      const v1::WatchJobRequest* request,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) {
+  RpcCall call("WatchJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Authenticate();
+  if (!caller.ok()) return call.Finish(caller.status());
+  int64_t after_seq = request->after_seq();
+  // Ends when the job is terminal, the client goes away or the daemon
+  // drains; WaitEvents wakes at least once a second to check.
+  while (true) {
+    if (context->IsCancelled()) return call.Finish(absl::CancelledError("client went away"));
+    absl::StatusOr<EventBatch> batch =
+        manager_->WaitEvents(*caller, request->job_id(), after_seq, absl::Seconds(1));
+    if (!batch.ok()) return call.Finish(batch.status());
+    for (const JobEvent& event : batch->events) {
+      v1::JobEvent message;
+      JobEventToProto(event, &message);
+      if (!writer->Write(message)) return call.Finish(absl::CancelledError("client went away"));
+      after_seq = event.seq;
+    }
+    if (batch->finished) return call.Finish(absl::OkStatus());
+  }
+}
+
+}  // namespace megatrain::server

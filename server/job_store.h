@@ -1,0 +1,139 @@
+// JobStore: the daemon's persistent state in one SQLite database (WAL mode)
+// under --state_dir: jobs, their event logs and the checkpoints the daemon
+// saw being written. Every state change is committed before the RPC that
+// caused it returns, so a crash or kill -9 loses nothing that was submitted
+// (WAL with synchronous=NORMAL is durable against process crashes; a power
+// loss may lose the last transactions).
+//
+// Schema (version 1, PRAGMA user_version):
+//   jobs(seq PK, id UNIQUE, owner, request_id, spec_json, priority, state,
+//        times, progress columns, device, host_memory_bytes, error_code,
+//        message, resume_from; UNIQUE(owner, request_id))
+//   events(seq PK AUTOINCREMENT, job_id, time_unix_ms, kind, payload JSON)
+//   checkpoints(job_id, step, dir, bytes, create_time_unix_ms,
+//               write_seconds; PK(job_id, step))
+//
+// Errors: INTERNAL for SQLite failures (message names the statement),
+// DATA_LOSS for a corrupt database or row, NOT_FOUND for an unknown job,
+// ALREADY_EXISTS for a duplicate job id or (owner, request_id).
+//
+// Thread-safety: all methods are thread-safe (one connection behind a
+// mutex). Ownership: owns the connection; closed by the destructor.
+#ifndef MEGATRAIN_SERVER_JOB_STORE_H_
+#define MEGATRAIN_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/job.h"
+
+struct sqlite3;
+
+namespace megatrain::server {
+
+// Default and largest page of ListJobs.
+inline constexpr int kDefaultPageSize = 50;
+inline constexpr int kMaxPageSize = 1000;
+
+// A page request of ListJobs. Newest jobs first.
+struct JobQuery {
+  std::string owner;              // empty: every owner
+  std::vector<JobState> states;   // empty: every state
+  int page_size = 0;              // [0, kMaxPageSize]; 0: kDefaultPageSize
+  std::string page_token;         // from the previous JobPage; empty: first
+};
+
+struct JobPage {
+  std::vector<JobRecord> jobs;
+  std::string next_page_token;  // empty on the last page
+};
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`, in WAL mode.
+  // INTERNAL when SQLite cannot open it; FAILED_PRECONDITION when it was
+  // written by a newer schema version.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // The seq of the next job (largest seq + 1). Callers that create jobs must
+  // serialise NextJobSeq + InsertJob themselves.
+  absl::StatusOr<int64_t> NextJobSeq();
+
+  // Inserts `job` (every column) and `event` in one transaction. Returns the
+  // event's seq. ALREADY_EXISTS when job.id or (job.owner, job.request_id)
+  // exists.
+  absl::StatusOr<int64_t> InsertJob(const JobRecord& job, const JobEvent& event);
+
+  // NOT_FOUND naming `id` when there is no such job.
+  absl::StatusOr<JobRecord> GetJob(absl::string_view id);
+
+  // The job `owner` created with `request_id`, if any.
+  absl::StatusOr<std::optional<JobRecord>> FindByRequestId(absl::string_view owner,
+                                                           absl::string_view request_id);
+
+  // One page of jobs matching `query`, newest first. INVALID_ARGUMENT for a
+  // page_size outside [0, kMaxPageSize] or a page_token that is malformed or
+  // was made for other filters.
+  absl::StatusOr<JobPage> ListJobs(const JobQuery& query);
+
+  // Every job in `state`, by priority (highest first), then seq (FIFO).
+  absl::StatusOr<std::vector<JobRecord>> JobsInState(JobState state);
+
+  // Number of jobs per state (every state present, possibly 0).
+  absl::StatusOr<std::map<JobState, int64_t>> CountByState();
+
+  // Number of jobs of `owner` in `state`.
+  absl::StatusOr<int64_t> CountJobs(absl::string_view owner, JobState state);
+
+  // Writes the state columns of `job` (state, times, device,
+  // host_memory_bytes, error_code, message, resume_from) and appends
+  // `event`, in one transaction. Returns the event's seq. NOT_FOUND for an
+  // unknown job.
+  absl::StatusOr<int64_t> UpdateState(const JobRecord& job, const JobEvent& event);
+
+  // Writes the progress columns of job `id` and appends `event`, in one
+  // transaction. Returns the event's seq.
+  absl::StatusOr<int64_t> UpdateProgress(absl::string_view id, const JobProgress& progress,
+                                         const JobEvent& event);
+
+  // Appends `event` (its seq is ignored). Returns the new seq.
+  absl::StatusOr<int64_t> AppendEvent(const JobEvent& event);
+
+  // Events of job `id` with seq > after_seq, oldest first, at most `limit`.
+  absl::StatusOr<std::vector<JobEvent>> ListEvents(absl::string_view id, int64_t after_seq,
+                                                   int limit);
+
+  // The largest event seq of job `id`; 0 when it has none.
+  absl::StatusOr<int64_t> LastEventSeq(absl::string_view id);
+
+  // Records (or replaces) a checkpoint.
+  absl::Status RecordCheckpoint(const CheckpointRecord& checkpoint);
+
+  // Checkpoints recorded for job `id`, oldest first.
+  absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view id);
+
+  // Forgets a recorded checkpoint (no-op when absent).
+  absl::Status DeleteCheckpoint(absl::string_view id, int64_t step);
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+
+  std::mutex mu_;
+  sqlite3* db_;  // owned; guarded by mu_
+};
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_JOB_STORE_H_
