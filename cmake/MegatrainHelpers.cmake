@@ -90,6 +90,7 @@ function(megatrain_cc_test)
     set(_labels ${ARG_LABELS})
   endif()
   gtest_discover_tests(${ARG_NAME}
+    TEST_PREFIX "${ARG_NAME}."
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
     PROPERTIES LABELS "${_labels}" TIMEOUT 900)

@@ -9,8 +9,8 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config clang
   # libFuzzer and sanitizer runtimes for clang (deploy/run-fuzzers.sh)
   libclang-rt-dev
-  # engine
-  libtorch-dev libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
+  # engine (OpenBLAS: Debian's LibTorch otherwise calls the reference BLAS, ~10x slower)
+  libtorch-dev libopenblas0-pthread libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
   # server and client
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   prometheus-cpp-dev libcpp-httplib-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev libssl-dev

@@ -37,9 +37,11 @@ struct OptimizerBenchResult {
 // Times CpuAdamW (fp32 AdamW + bf16 output, `threads` threads, best kernel
 // variant) and torch::optim::AdamW (one N-element tensor, LibTorch's default
 // intra-op threads) on the same N parameters with the same hyperparameters
-// (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01). Memory: about
-// 18 bytes/param for ours and 24 bytes/param (+ temporaries) for torch's,
-// not held at the same time. Blocks for the whole run; call from one thread
+// (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01), gradients
+// held constant across steps. Memory: 8 bytes/param of shared inputs plus
+// 14 bytes/param for ours (params, m, v copies + bf16) and then 12
+// bytes/param plus temporaries (~8) for torch's; the two are not held at
+// the same time (about 1.5 GB at N = 50M). Blocks for the whole run; call from one thread
 // at a time (it changes nothing global, but two runs would share the cores).
 // Errors: INVALID_ARGUMENT for a bad option ("bench.params: must be >= 1,
 // got 0"); RESOURCE_EXHAUSTED when memory runs out; INTERNAL for any other

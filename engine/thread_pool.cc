@@ -124,8 +124,8 @@ struct ParallelForState {
     while (true) {
       const int64_t chunk_idx = next_chunk.fetch_add(1, std::memory_order_relaxed);
       if (chunk_idx >= num_chunks) break;
-      // n * chunk_idx cannot overflow: n < 2^62 in practice (element counts)
-      // and chunk_idx <= kChunksPerThread * threads.
+      // n * (chunk_idx + 1) <= n * num_chunks: no overflow for any n below
+      // 2^63 / num_chunks (num_chunks <= 4 * threads), i.e. any real count.
       const int64_t begin = n * chunk_idx / num_chunks;
       const int64_t end = n * (chunk_idx + 1) / num_chunks;
       fn(begin, end);

@@ -91,13 +91,14 @@ class ThreadPool {
   // The parallelism of ParallelFor, and the number of worker threads.
   int num_threads() const { return static_cast<int>(workers_.size()); }
 
-  // Splits [0, n) into contiguous chunks of at least `min_chunk` indices
-  // (except that the last one may be shorter, and one chunk covers all of a
-  // range shorter than `min_chunk`), calls `fn(begin, end)` once per chunk,
-  // with begin < end, on the calling thread and up to num_threads() - 1
-  // workers, and returns when every call has returned. The chunk boundaries
-  // depend only on (n, min_chunk, num_threads()), not on timing. n <= 0 calls
-  // nothing; min_chunk < 1 is treated as 1.
+  // Splits [0, n) into contiguous, near-equal chunks of at least
+  // `min_chunk` indices (a range shorter than `min_chunk` is one chunk), at
+  // most 4 per thread, calls `fn(begin, end)` once per chunk, with
+  // begin < end, on the calling thread and up to num_threads() - 1 workers,
+  // and returns when every call has returned. The chunk boundaries depend
+  // only on (n, min_chunk, num_threads()), not on timing (see
+  // Note [ParallelFor chunking] in the .cc). n <= 0 calls nothing;
+  // min_chunk < 1 is treated as 1.
   //
   // `fn` is called concurrently on disjoint chunks; it must not throw.
   void ParallelFor(int64_t n, int64_t min_chunk,

@@ -93,9 +93,12 @@ struct TokenShardParseOptions {
 // Thread-safety: immutable; all methods are safe to call concurrently.
 class TokenShardView {
  public:
+  // An empty shard (no documents); ParseTokenShard() makes real ones.
   TokenShardView() = default;
 
+  // Format version of the file (1).
   uint32_t version() const { return version_; }
+  // Storage type of the ids in the file.
   TokenDtype token_dtype() const { return token_dtype_; }
   // Bytes per token id: 2 or 4.
   size_t token_bytes() const { return static_cast<size_t>(token_dtype_); }
@@ -112,8 +115,8 @@ class TokenShardView {
 
   // Index of the first token of document `doc_idx`; doc_idx may equal
   // num_documents() (then it returns num_tokens()).
-  // Precondition: doc_idx <= num_documents() (checked by
-  // ABSL_HARDENING_ASSERT in hardened builds only).
+  // Precondition: doc_idx <= num_documents() (ABSL_HARDENING_ASSERT: checked
+  // in debug and hardened builds only, like every precondition here).
   uint64_t document_begin(uint64_t doc_idx) const;
   // Number of tokens of document `doc_idx`. Precondition: doc_idx <
   // num_documents().
@@ -297,8 +300,11 @@ class TokenShardWriter {
   // system naming the path; FAILED_PRECONDITION when called twice.
   absl::Status Finish();
 
+  // Storage type picked from vocab_size (uint16 when in [1, 65536]).
   TokenDtype token_dtype() const { return token_dtype_; }
+  // Tokens appended so far, over all documents.
   uint64_t num_tokens() const { return num_tokens_; }
+  // Documents appended so far.
   uint64_t num_documents() const { return doc_offsets_.size() - 1; }
 
  private:

@@ -887,6 +887,9 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller,
                                           absl::string_view checkpoint_id,
                                           const std::string& out_dir, const std::string& dtype) {
   if (draining()) return absl::UnavailableError("the daemon is shutting down");
+  // Access first: a caller learns nothing about other users' checkpoints.
+  MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
+  MEGATRAIN_RETURN_IF_ERROR(LoadForCaller(caller, parsed.first).status());
   const std::string export_dtype = dtype.empty() ? "bf16" : dtype;
   if (export_dtype != "bf16" && export_dtype != "fp32") {
     return absl::InvalidArgumentError(

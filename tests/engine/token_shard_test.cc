@@ -328,7 +328,7 @@ TEST(TokenShardReaderTest, FileShorterThanHeaderIsDataLoss) {
 TEST(TokenShardReaderTest, TruncatedTokenBodyIsDataLoss) {
   const std::string path = MakeTempDir() + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
-  b.resize(b.size() - 2);
+  b.erase(b.end() - 2, b.end());
   EXPECT_THAT(Parse(b).status(),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("file is 108 bytes, but the header (3 "

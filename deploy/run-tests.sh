@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README's test command: on a fresh Debian 12 machine, installs what is
+# missing, configures, builds into build/ and runs the CPU test suite
+# (ctest -LE "gpu|integration" plus the integration label when the server is
+# built). Prints failing tests' output.
+#
+#   deploy/run-tests.sh            # everything that runs without a GPU
+#   MEGATRAIN_TEST_LABELS=cpu deploy/run-tests.sh   # one label only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash deploy/install-deps.sh
+
+jobs=$(nproc)
+cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$jobs"
+
+# OpenBLAS threads on top of LibTorch's and ours oversubscribe small CI
+# machines; the numerics tests are single-stream anyway.
+export OPENBLAS_NUM_THREADS=1
+labels_exclude="gpu"
+if [ -n "${MEGATRAIN_TEST_LABELS:-}" ]; then
+  ctest --test-dir build -L "$MEGATRAIN_TEST_LABELS" -LE "$labels_exclude" --output-on-failure -j "$jobs"
+else
+  ctest --test-dir build -LE "$labels_exclude" --output-on-failure -j "$jobs"
+fi

@@ -1,0 +1,41 @@
+// megatrain-bench: trains a model for a few steps on synthetic tokens and
+// reports throughput, phase times and memory as JSON (docs/performance.md).
+// The library part lives here so the binary is a thin main.
+#ifndef MEGATRAIN_ENGINE_BENCH_H_
+#define MEGATRAIN_ENGINE_BENCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace megatrain::engine {
+
+struct BenchOptions {
+  std::string model = "tiny";      // preset name or HF model directory
+  std::string device = "cpu";      // cpu | cuda | cuda:N
+  int64_t micro_batch = 8;         // B
+  int64_t seq_len = 128;           // T
+  int64_t gradient_accumulation_steps = 1;
+  int64_t steps = 10;              // measured steps
+  int64_t warmup = 2;              // unmeasured steps first
+  std::string compute_dtype = "fp32";
+  std::string data = "fixed";      // fixed: one random batch repeated; random: fresh each step
+  double lr = 3e-3;                // AdamW peak lr (constant schedule)
+  double peak_tflops = 0;          // bf16 dense peak for MFU; 0 = not reported
+  int threads = 0;                 // CPU threads; 0 = all
+  int num_weight_slots = 3;
+  uint64_t seed = 0;
+  bool json = false;               // only the final JSON line on stdout
+};
+
+// Runs the benchmark; progress lines go to stderr (stdout with !json), the
+// returned string is the final one-line JSON object with tokens_per_s,
+// step_seconds, loss_first, loss_last, phase seconds (h2d, compute, d2h,
+// optimizer, gpu_idle; medians over measured steps), h2d_bytes and
+// d2h_bytes per step, host_bytes by kind, peak_gpu_bytes, model_tflops, mfu.
+absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_BENCH_H_

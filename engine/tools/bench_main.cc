@@ -1,0 +1,64 @@
+// megatrain-bench: the engine's benchmark. Trains on synthetic tokens and
+// prints one JSON line; --optimizer_only times the CPU AdamW against
+// torch::optim::AdamW. See docs/performance.md.
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "engine/bench.h"
+#include "engine/optimizer_bench.h"
+#include "nlohmann/json.hpp"
+
+int main(int argc, char** argv) {
+  megatrain::engine::BenchOptions o;
+  bool optimizer_only = false;
+  int64_t params = 50'000'000;
+  CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
+  app.add_option("--model", o.model, "preset (tiny, llama-1b, llama-3b, llama-8b) or HF model dir");
+  app.add_option("--device", o.device, "cpu | cuda | cuda:N");
+  app.add_option("--micro_batch", o.micro_batch, "sequences per forward/backward");
+  app.add_option("--seq_len", o.seq_len, "tokens per sequence");
+  app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per step");
+  app.add_option("--steps", o.steps, "measured optimizer steps");
+  app.add_option("--warmup", o.warmup, "unmeasured steps first");
+  app.add_option("--compute_dtype", o.compute_dtype, "fp32 | tf32 | bf16");
+  app.add_option("--data", o.data, "fixed (one random batch repeated) | random");
+  app.add_option("--lr", o.lr, "AdamW learning rate (constant)");
+  app.add_option("--peak_tflops", o.peak_tflops, "dense bf16 peak TFLOP/s for MFU (0: omit)");
+  app.add_option("--threads", o.threads, "CPU threads (0: all)");
+  app.add_option("--weight_slots", o.num_weight_slots, "device weight buffers (>= 3)");
+  app.add_option("--seed", o.seed, "weight and data seed");
+  app.add_flag("--json", o.json, "print only the final JSON line on stdout");
+  app.add_flag("--optimizer_only", optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
+  app.add_option("--params", params, "parameters for --optimizer_only");
+  CLI11_PARSE(app, argc, argv);
+
+  if (optimizer_only) {
+    megatrain::engine::OptimizerBenchOptions opt;
+    opt.params = params;
+    opt.threads = o.threads;
+    auto r = megatrain::engine::RunOptimizerBenchmark(opt);
+    if (!r.ok()) {
+      std::fprintf(stderr, "megatrain-bench: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    nlohmann::json j;
+    j["params"] = r->params;
+    j["threads"] = r->threads;
+    j["torch_threads"] = r->torch_threads;
+    j["kernel"] = r->kernel_variant;
+    j["adamw_seconds_per_step"] = r->adamw_seconds_per_step;
+    j["adamw_params_per_s"] = r->adamw_params_per_s;
+    j["torch_adamw_seconds_per_step"] = r->torch_adamw_seconds_per_step;
+    j["torch_adamw_params_per_s"] = r->torch_adamw_params_per_s;
+    j["speedup"] = r->speedup;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  auto result = megatrain::engine::RunTrainingBenchmark(o);
+  if (!result.ok()) {
+    std::fprintf(stderr, "megatrain-bench: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s\n", result->c_str());
+  return 0;
+}

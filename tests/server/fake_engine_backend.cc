@@ -1,0 +1,279 @@
+// See fake_engine_backend.h.
+#include "tests/server/fake_engine_backend.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace megatrain::server::testing {
+
+namespace fs = std::filesystem;
+
+void FakeJobControl::AllowSteps(int64_t steps) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    permits_ += steps;
+  }
+  cv_.notify_all();
+}
+
+bool FakeJobControl::WaitForStep(int64_t step, absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                      [&] { return steps_done_ >= step || ended_; });
+}
+
+bool FakeJobControl::WaitForEnd(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return ended_; });
+}
+
+// The fake training loop (see the header).
+class FakeTrainingJob final : public engine::TrainingJob {
+ public:
+  FakeTrainingJob(engine::JobSpec spec, bool gated, std::shared_ptr<FakeJobControl> control,
+                  engine::MemoryFootprint footprint)
+      : spec_(std::move(spec)), gated_(gated), control_(std::move(control)), footprint_(footprint) {
+    step_ = control_->start_step;
+  }
+
+  absl::StatusOr<engine::JobOutcome> Run(engine::JobObserver* observer) override {
+    absl::StatusOr<engine::JobOutcome> outcome = RunLoop(observer);
+    {
+      std::lock_guard<std::mutex> lock(control_->mu_);
+      control_->ended_ = true;
+    }
+    control_->cv_.notify_all();
+    return outcome;
+  }
+
+  void RequestStop(StopKind kind) override {
+    {
+      std::lock_guard<std::mutex> lock(control_->mu_);
+      // A cancel wins over a suspend.
+      if (!control_->stop_.has_value() || kind == StopKind::kCancel) control_->stop_ = kind;
+    }
+    control_->cv_.notify_all();
+  }
+
+  void RequestCheckpoint() override {
+    std::lock_guard<std::mutex> lock(control_->mu_);
+    control_->checkpoint_requested_ = true;
+  }
+
+  int64_t step() const override { return step_; }
+  engine::MemoryFootprint footprint() const override { return footprint_; }
+
+ private:
+  absl::StatusOr<engine::JobOutcome> RunLoop(engine::JobObserver* observer) {
+    const int64_t max_steps = spec_.train.max_steps;
+    while (true) {
+      // Step boundary: stop and checkpoint requests take effect here.
+      std::optional<StopKind> stop;
+      bool checkpoint_now = false;
+      {
+        std::unique_lock<std::mutex> lock(control_->mu_);
+        if (gated_ && step_ < max_steps) {
+          control_->cv_.wait(lock, [&] {
+            return control_->permits_ > 0 || control_->stop_.has_value() ||
+                   control_->checkpoint_requested_;
+          });
+        }
+        stop = control_->stop_;
+        checkpoint_now = control_->checkpoint_requested_;
+        control_->checkpoint_requested_ = false;
+      }
+      if (checkpoint_now) WriteCheckpoint(observer);
+      if (stop.has_value()) {
+        if (*stop == StopKind::kSuspend) {
+          WriteCheckpoint(observer);
+          return engine::JobOutcome::kSuspended;
+        }
+        return engine::JobOutcome::kCancelled;
+      }
+      if (step_ >= max_steps) break;
+      {
+        std::lock_guard<std::mutex> lock(control_->mu_);
+        if (gated_) {
+          if (control_->permits_ == 0) continue;  // woken for a checkpoint only
+          --control_->permits_;
+        }
+      }
+      ++step_;
+      engine::StepReport report;
+      report.step = step_;
+      report.max_steps = max_steps;
+      report.loss = 5.0 * std::exp(-0.05 * static_cast<double>(step_));
+      report.grad_norm = 1.0;
+      report.lr = spec_.optimizer.lr;
+      report.tokens_per_s = 102400;
+      report.mfu = 0.25;
+      report.stats.tokens = 1024;
+      report.stats.step_seconds = 0.01;
+      report.stats.compute_seconds = 0.006;
+      report.stats.h2d_seconds = 0.002;
+      report.stats.d2h_seconds = 0.001;
+      report.stats.gpu_idle_seconds = 0.004;
+      report.stats.h2d_bytes = 1 << 20;
+      report.stats.d2h_bytes = 1 << 19;
+      observer->OnStep(report);
+      if (spec_.eval.every_steps > 0 && step_ % spec_.eval.every_steps == 0) {
+        observer->OnEval(step_, report.loss + 0.1);
+      }
+      if (spec_.checkpoint.every_steps > 0 && step_ % spec_.checkpoint.every_steps == 0) {
+        WriteCheckpoint(observer);
+      }
+      {
+        std::lock_guard<std::mutex> lock(control_->mu_);
+        control_->steps_done_ = step_;
+      }
+      control_->cv_.notify_all();
+    }
+    WriteCheckpoint(observer);
+    return engine::JobOutcome::kSucceeded;
+  }
+
+  void WriteCheckpoint(engine::JobObserver* observer) {
+    const fs::path dir = fs::path(spec_.output_dir) / absl::StrCat("step-", step_);
+    fs::create_directories(dir);
+    std::ofstream(dir / "state") << step_ << "\n";
+    observer->OnCheckpoint(step_, dir.string(), 0.001);
+  }
+
+  const engine::JobSpec spec_;
+  const bool gated_;
+  const std::shared_ptr<FakeJobControl> control_;
+  const engine::MemoryFootprint footprint_;
+  int64_t step_ = 0;
+};
+
+absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
+  if (spec.model.preset.empty() == spec.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError("model: give exactly one of preset and hf_dir");
+  }
+  if (spec.train.micro_batch < 1 || spec.train.micro_batch > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.micro_batch: must be in [1, 4096], got ", spec.train.micro_batch));
+  }
+  if (spec.train.max_steps <= 0 && spec.train.max_tokens <= 0) {
+    return absl::InvalidArgumentError("train.max_steps: one of max_steps and max_tokens must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<engine::MemoryFootprint> FakeEngineBackend::EstimateFootprint(
+    const engine::JobSpec& spec) {
+  engine::MemoryFootprint footprint;
+  int64_t bytes = 1 << 20;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = footprint_bytes_by_preset.find(spec.model.preset);
+    if (it != footprint_bytes_by_preset.end()) bytes = it->second;
+  }
+  footprint.params = bytes / 16;
+  footprint.host.master = bytes / 4;
+  footprint.host.grad = bytes / 4;
+  footprint.host.exp_avg = bytes / 4;
+  footprint.host.exp_avg_sq = bytes - 3 * (bytes / 4);
+  footprint.host_total_bytes = bytes;
+  return footprint;
+}
+
+absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJob(
+    const engine::JobSpec& spec, const std::string& device,
+    const std::optional<std::string>& resume_from) {
+  auto control = std::make_shared<FakeJobControl>();
+  control->device = device;
+  control->resume_from = resume_from;
+  control->spec_name = spec.name;
+  if (resume_from.has_value()) {
+    const std::string name = fs::path(*resume_from).filename().string();
+    if (!absl::StartsWith(name, "step-") ||
+        !absl::SimpleAtoi(absl::string_view(name).substr(5), &control->start_step)) {
+      return absl::DataLossError(absl::StrCat("fake: bad checkpoint dir ", *resume_from));
+    }
+  }
+  absl::StatusOr<engine::MemoryFootprint> footprint = EstimateFootprint(spec);
+  bool gated_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    created_.push_back(control);
+    gated_now = gated;
+  }
+  cv_.notify_all();
+  if (!fail_create_name.empty() && spec.name == fail_create_name) return fail_create_status;
+  return std::unique_ptr<engine::TrainingJob>(
+      new FakeTrainingJob(spec, gated_now, control, *footprint));
+}
+
+absl::StatusOr<std::vector<engine::CheckpointInfo>> FakeEngineBackend::ListCheckpoints(
+    const std::string& output_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("fake: no directory ", output_dir));
+  }
+  std::vector<engine::CheckpointInfo> checkpoints;
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step-") ||
+        !absl::SimpleAtoi(absl::string_view(name).substr(5), &step)) {
+      continue;
+    }
+    checkpoints.push_back({entry.path().string(), step, 6});
+  }
+  std::sort(checkpoints.begin(), checkpoints.end(),
+            [](const auto& a, const auto& b) { return a.step < b.step; });
+  return checkpoints;
+}
+
+absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,
+                                              const std::string& out_dir,
+                                              const std::string& dtype) {
+  fs::create_directories(out_dir);
+  std::ofstream(fs::path(out_dir) / "config.json")
+      << "{\"from\": \"" << checkpoint_dir << "\", \"dtype\": \"" << dtype << "\"}\n";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LinkBandwidth> FakeEngineBackend::MeasureLinkBandwidth(const std::string& device) {
+  return absl::UnimplementedError("fake: no link");
+}
+
+std::shared_ptr<FakeJobControl> FakeEngineBackend::WaitForCreated(int count,
+                                                                  absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                    [&] { return static_cast<int>(created_.size()) >= count; })) {
+    return nullptr;
+  }
+  return created_[count - 1];
+}
+
+int FakeEngineBackend::created_count() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(created_.size());
+}
+
+std::vector<std::string> FakeEngineBackend::created_names() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& control : created_) names.push_back(control->spec_name);
+  return names;
+}
+
+std::string MakeTempDir() {
+  std::string pattern = (fs::path(::testing::TempDir()) / "megatrain-XXXXXX").string();
+  char* dir = mkdtemp(pattern.data());
+  EXPECT_NE(dir, nullptr);
+  return pattern;
+}
+
+}  // namespace megatrain::server::testing

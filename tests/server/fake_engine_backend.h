@@ -1,0 +1,104 @@
+// FakeEngineBackend: a test double of server::EngineBackend for the server's
+// unit tests (scheduler, RPC layer, CLI). NOT used by the daemon: megatraind
+// links the real engine (server/engine_backend.cc).
+//
+// Its jobs "train" without any model: step k reports loss 5 * exp(-0.05 k),
+// 1024 tokens and 10 ms; checkpoints are directories <output_dir>/step-<k>
+// holding one file, which ListCheckpoints finds again (so suspend/resume and
+// crash recovery resume from the right step). Jobs either run freely or, when
+// `gated`, wait before each step until the test grants steps
+// (FakeJobControl::AllowSteps) or a stop is requested: tests decide exactly
+// when each step happens, without sleeps.
+//
+// Validation mimics the engine's: train.micro_batch in [1, 4096]; exactly one
+// of model.preset / model.hf_dir; max_steps or max_tokens > 0. Footprints come
+// from `footprint_bytes_by_preset` (default 1 MiB).
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef MEGATRAIN_TESTS_SERVER_FAKE_ENGINE_BACKEND_H_
+#define MEGATRAIN_TESTS_SERVER_FAKE_ENGINE_BACKEND_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/engine_backend.h"
+
+namespace megatrain::server::testing {
+
+// Shared between a fake job and the test; outlives the job.
+class FakeJobControl {
+ public:
+  // Lets a gated job run `steps` more steps.
+  void AllowSteps(int64_t steps);
+  // Blocks until the job has finished `step` steps (or ended), at most
+  // `timeout`; false on timeout.
+  bool WaitForStep(int64_t step, absl::Duration timeout);
+  // Blocks until Run() returned, at most `timeout`.
+  bool WaitForEnd(absl::Duration timeout);
+
+  // What the job was created with.
+  std::string device;
+  std::optional<std::string> resume_from;
+  std::string spec_name;
+  int64_t start_step = 0;  // parsed from resume_from
+
+ private:
+  friend class FakeTrainingJob;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t permits_ = 0;     // guarded by mu_
+  int64_t steps_done_ = 0;  // guarded by mu_
+  bool ended_ = false;      // guarded by mu_
+  std::optional<engine::TrainingJob::StopKind> stop_;  // guarded by mu_
+  bool checkpoint_requested_ = false;                  // guarded by mu_
+};
+
+class FakeEngineBackend final : public EngineBackend {
+ public:
+  // Settings; change before jobs are created.
+  bool gated = false;
+  int cuda_device_count = 0;
+  std::map<std::string, int64_t> footprint_bytes_by_preset;
+  // CreateJob fails with this for specs named `fail_create_name`.
+  std::string fail_create_name;
+  absl::Status fail_create_status = absl::ResourceExhaustedError("fake: out of memory");
+
+  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override;
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override;
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) override;
+  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) override;
+  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const std::string& dtype) override;
+  int CudaDeviceCount() override { return cuda_device_count; }
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(const std::string& device) override;
+
+  // Blocks until at least `count` jobs were created, at most `timeout`;
+  // returns the control of the `count`-th (1-based) or nullptr on timeout.
+  std::shared_ptr<FakeJobControl> WaitForCreated(int count, absl::Duration timeout);
+  // Number of CreateJob calls so far.
+  int created_count();
+  // Names (spec.name) of created jobs, in creation order.
+  std::vector<std::string> created_names();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<FakeJobControl>> created_;  // guarded by mu_
+};
+
+// A fresh empty directory under the test's temp dir.
+std::string MakeTempDir();
+
+}  // namespace megatrain::server::testing
+
+#endif  // MEGATRAIN_TESTS_SERVER_FAKE_ENGINE_BACKEND_H_

@@ -1,0 +1,174 @@
+// Tests of client/job_file.h: YAML job files -> megatrain.v1.JobSpec. (The
+// client has no test folder of its own in this tree; its unit tests live
+// beside the server's.)
+#include "client/job_file.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/server/fake_engine_backend.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::client {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kTiny[] = R"yaml(
+name: tiny
+model:
+  preset: tiny
+data:
+  tokens: data/tiny
+train:
+  micro_batch: 8
+  seq_len: 128
+  gradient_accumulation_steps: 1
+  max_steps: 60
+  compute_dtype: fp32
+optimizer:
+  lr: 3.0e-3
+  weight_decay: 0.0
+  warmup_steps: 5
+  schedule: cosine
+checkpoint:
+  every_steps: 20
+  keep_last: 2
+priority: 0
+)yaml";
+
+TEST(JobFileTest, ParsesTheIssueExample) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(kTiny, "/jobs", "tiny.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->name(), "tiny");
+  EXPECT_EQ(spec->model().preset(), "tiny");
+  EXPECT_EQ(spec->data().tokens(), "/jobs/data/tiny");
+  EXPECT_EQ(spec->train().micro_batch(), 8);
+  EXPECT_EQ(spec->train().seq_len(), 128);
+  EXPECT_EQ(spec->train().gradient_accumulation_steps(), 1);
+  EXPECT_EQ(spec->train().max_steps(), 60);
+  EXPECT_EQ(spec->train().compute_dtype(), v1::COMPUTE_DTYPE_FP32);
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 3.0e-3);
+  EXPECT_TRUE(spec->optimizer().has_lr());
+  EXPECT_EQ(spec->optimizer().warmup_steps(), 5);
+  EXPECT_EQ(spec->optimizer().schedule(), "cosine");
+  EXPECT_EQ(spec->checkpoint().every_steps(), 20);
+  EXPECT_EQ(spec->checkpoint().keep_last(), 2);
+  EXPECT_EQ(spec->priority(), 0);
+  // Keys not given stay unset (the engine default applies).
+  EXPECT_FALSE(spec->train().has_max_grad_norm());
+  EXPECT_FALSE(spec->optimizer().has_beta2());
+}
+
+TEST(JobFileTest, ShippedExampleParsesAndPointsAtItsData) {
+  // ctest runs from the source root (megatrain_cc_test WORKING_DIRECTORY).
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile("examples/jobs/tiny.yaml");
+  ASSERT_THAT(spec, IsOk());
+  const std::filesystem::path expected =
+      std::filesystem::absolute("examples/jobs/data/tiny").lexically_normal();
+  EXPECT_EQ(spec->data().tokens(), expected.string());
+  EXPECT_EQ(spec->train().max_steps(), 60);
+}
+
+TEST(JobFileTest, AbsolutePathsAreKeptAndRelativeOnesNormalised) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+      "model: {hf_dir: ../models/llama}\ndata: {text: /corpus.txt, tokenizer: ./spm.model}\n"
+      "output_dir: out\n",
+      "/home/a/jobs", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->model().hf_dir(), "/home/a/models/llama");
+  EXPECT_EQ(spec->data().text(), "/corpus.txt");
+  EXPECT_EQ(spec->data().tokenizer(), "/home/a/jobs/spm.model");
+  EXPECT_EQ(spec->output_dir(), "/home/a/jobs/out");
+}
+
+TEST(JobFileTest, OptionalKeysAndLabels) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+      "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "
+      "seed: 7, skip_nonfinite_steps: false}\n"
+      "optimizer: {beta1: 0.8, beta2: 0.99, eps: 1e-6, min_lr_ratio: 0.1}\n"
+      "eval: {every_steps: 10, batches: 2}\n"
+      "data: {eval_fraction: 0.05, shuffle_seed: 3}\n"
+      "checkpoint: {keep_every: 100}\n"
+      "labels: {team: nlp, exp: '42'}\npriority: -5\n",
+      "/", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->train().global_batch(), 32);
+  EXPECT_EQ(spec->train().max_tokens(), 100000);
+  EXPECT_EQ(spec->train().compute_dtype(), v1::COMPUTE_DTYPE_BF16);
+  EXPECT_TRUE(spec->train().has_max_grad_norm());
+  EXPECT_EQ(spec->train().max_grad_norm(), 0);
+  EXPECT_EQ(spec->train().seed(), 7u);
+  EXPECT_FALSE(spec->train().skip_nonfinite_steps());
+  EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.99);
+  EXPECT_EQ(spec->eval().batches(), 2);
+  EXPECT_DOUBLE_EQ(spec->data().eval_fraction(), 0.05);
+  EXPECT_EQ(spec->checkpoint().keep_every(), 100);
+  EXPECT_EQ(spec->labels().at("exp"), "42");
+  EXPECT_EQ(spec->priority(), -5);
+}
+
+struct BadFileCase {
+  std::string name;
+  std::string yaml;
+  std::string message;
+};
+
+class BadJobFileTest : public ::testing::TestWithParam<BadFileCase> {};
+
+TEST_P(BadJobFileTest, IsInvalidArgumentNamingTheKey) {
+  EXPECT_THAT(ParseJobYaml(GetParam().yaml, "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: " + GetParam().message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadJobFileTest,
+    ::testing::Values(
+        BadFileCase{"UnknownTopLevelKey", "name: a\nmodle: {preset: tiny}\n",
+                    "modle: unknown key (known: name, model, data, train"},
+        BadFileCase{"UnknownNestedKey", "train: {micro_btch: 8}\n",
+                    "train.micro_btch: unknown key (known: micro_batch, seq_len"},
+        BadFileCase{"UnknownOptimizerKey", "optimizer: {learning_rate: 0.1}\n",
+                    "optimizer.learning_rate: unknown key"},
+        BadFileCase{"IntegerExpected", "train: {micro_batch: eight}\n",
+                    "train.micro_batch: expected an integer, got 'eight'"},
+        BadFileCase{"FractionForInteger", "train: {max_steps: 1.5}\n",
+                    "train.max_steps: expected an integer, got '1.5'"},
+        BadFileCase{"NumberExpected", "optimizer: {lr: fast}\n",
+                    "optimizer.lr: expected a number, got 'fast'"},
+        BadFileCase{"BoolExpected", "train: {skip_nonfinite_steps: maybe}\n",
+                    "train.skip_nonfinite_steps: expected true or false, got 'maybe'"},
+        BadFileCase{"BadComputeDtype", "train: {compute_dtype: fp16}\n",
+                    "train.compute_dtype: must be fp32, tf32 or bf16, got 'fp16'"},
+        BadFileCase{"SectionNotAMapping", "train: 5\n", "train: expected a mapping of keys"},
+        BadFileCase{"ListForScalar", "name: [a, b]\n", "name: expected a single value"},
+        BadFileCase{"MissingValue", "name:\n", "name: missing value"},
+        BadFileCase{"BothModelSources", "model: {preset: tiny, hf_dir: /m}\n",
+                    "model: give one of preset and hf_dir, not both"},
+        BadFileCase{"NegativeSeed", "train: {seed: -1}\n", "train.seed: must be >= 0, got -1"},
+        BadFileCase{"LabelsNotAMapping", "labels: [a]\n", "labels: expected a mapping"},
+        BadFileCase{"NotAMappingAtAll", "- a\n", "job file: expected a mapping of keys"},
+        BadFileCase{"BadYaml", "train: {micro_batch: 8\n", "bad YAML"}),
+    [](const ::testing::TestParamInfo<BadFileCase>& info) { return info.param.name; });
+
+TEST(JobFileTest, MissingFileIsNotFound) {
+  EXPECT_THAT(LoadJobFile("/nonexistent/job.yaml"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/job.yaml")));
+}
+
+TEST(JobFileTest, LoadResolvesAgainstTheFilesDirectory) {
+  const std::filesystem::path dir = server::testing::MakeTempDir();
+  std::ofstream(dir / "job.yaml") << "model: {preset: tiny}\ndata: {tokens: shards}\n";
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile((dir / "job.yaml").string());
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->data().tokens(), (dir / "shards").string());
+}
+
+}  // namespace
+}  // namespace megatrain::client

@@ -1,0 +1,617 @@
+// Tests of server/job_manager.h with the fake engine (fake_engine_backend.h):
+// queue order, admission, per-user limits, control transitions, events,
+// checkpoints, preemption, crash recovery and the SIGTERM drain. Jobs are
+// gated where timing matters: the test grants each step, and waits on the
+// event log (WaitEvents) or on the fake's condition variables, never on
+// sleeps. Every wait is bounded by kTimeout.
+#include "server/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/server/fake_engine_backend.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::server {
+namespace {
+
+using ::megatrain::server::testing::FakeEngineBackend;
+using ::megatrain::server::testing::FakeJobControl;
+using ::megatrain::server::testing::MakeTempDir;
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Bound of every wait: far above what any step here takes, so that a
+// failure is a hang caught early rather than flakiness.
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+const Principal kAlice{"alice", Role::kUser};
+const Principal kBob{"bob", Role::kUser};
+const Principal kAdmin{"root", Role::kAdmin};
+
+JobRequest Request(const std::string& name, int64_t max_steps = 5, int32_t priority = 0) {
+  JobRequest request;
+  request.spec.name = name;
+  request.spec.model.preset = "tiny";
+  request.spec.data.tokens = "/data/tiny";
+  request.spec.train.max_steps = max_steps;
+  request.priority = priority;
+  return request;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = MakeTempDir();
+    options_.jobs_dir = (std::filesystem::path(state_dir_) / "jobs").string();
+    options_.devices = {"cpu"};
+    options_.host_memory_budget_bytes = 64 << 20;
+    OpenStore();
+  }
+
+  void TearDown() override {
+    if (manager_ != nullptr) {
+      // Release gated jobs so that the drain can finish.
+      manager_->Drain(kTimeout);
+    }
+  }
+
+  void OpenStore() {
+    auto store = JobStore::Open((std::filesystem::path(state_dir_) / "megatrain.db").string());
+    ASSERT_THAT(store, IsOk());
+    store_ = *std::move(store);
+  }
+
+  void StartManager() {
+    auto manager = JobManager::Create(options_, store_.get(), &backend_, &metrics_);
+    ASSERT_THAT(manager, IsOk());
+    manager_ = *std::move(manager);
+  }
+
+  JobRecord Submit(const Principal& who, JobRequest request, const std::string& request_id = "") {
+    absl::StatusOr<JobRecord> job = manager_->Submit(who, std::move(request), request_id);
+    EXPECT_THAT(job, IsOk());
+    return job.ok() ? *job : JobRecord();
+  }
+
+  // Follows `job_id`'s events until `done` holds for one or the watch ends.
+  // Returns the events seen. Fails the test on timeout.
+  std::vector<JobEvent> WaitFor(const std::string& job_id,
+                                const std::function<bool(const JobEvent&)>& done) {
+    std::vector<JobEvent> seen;
+    int64_t after_seq = 0;
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<EventBatch> batch =
+          manager_->WaitEvents(kAdmin, job_id, after_seq, deadline - absl::Now());
+      if (!batch.ok()) {
+        ADD_FAILURE() << batch.status();
+        return seen;
+      }
+      for (const JobEvent& event : batch->events) {
+        seen.push_back(event);
+        after_seq = event.seq;
+        if (done(event)) return seen;
+      }
+      if (batch->finished) return seen;
+    }
+    ADD_FAILURE() << "timed out waiting on " << job_id;
+    return seen;
+  }
+
+  static std::function<bool(const JobEvent&)> StateIs(JobState state) {
+    return [state](const JobEvent& event) {
+      return event.kind == JobEvent::Kind::kStateChange && event.state == state;
+    };
+  }
+
+  JobState StateOf(const std::string& job_id) {
+    absl::StatusOr<JobRecord> job = manager_->Get(kAdmin, job_id);
+    EXPECT_THAT(job, IsOk());
+    return job.ok() ? job->state : JobState::kFailed;
+  }
+
+  std::string state_dir_;
+  JobManagerOptions options_;
+  FakeEngineBackend backend_;
+  ServerMetrics metrics_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, SubmittedJobRunsToSucceededWithFallingLoss) {
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("tiny", 10));
+  EXPECT_EQ(job.id, "job-000001");
+  EXPECT_EQ(job.owner, "alice");
+  EXPECT_EQ(job.request.spec.output_dir, options_.jobs_dir + "/job-000001");
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+  std::vector<double> losses;
+  for (const JobEvent& event : events) {
+    if (event.kind == JobEvent::Kind::kStep) losses.push_back(event.loss);
+  }
+  ASSERT_EQ(losses.size(), 10u);
+  for (size_t step_idx = 1; step_idx < losses.size(); ++step_idx) {
+    EXPECT_LT(losses[step_idx], losses[step_idx - 1]);
+  }
+  absl::StatusOr<JobRecord> done = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(done, IsOk());
+  EXPECT_EQ(done->state, JobState::kSucceeded);
+  EXPECT_EQ(done->progress.step, 10);
+  EXPECT_EQ(done->progress.tokens, 10 * 1024);
+  EXPECT_GT(done->end_time_unix_ms, 0);
+  EXPECT_THAT(metrics_.TextExposition(), HasSubstr("megatrain_tokens_total 10240"));
+}
+
+TEST_F(JobManagerTest, WatchOfTerminalJobReplaysHistoryThenFinishes) {
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("tiny", 3));
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  absl::StatusOr<EventBatch> all = manager_->WaitEvents(kAlice, job.id, 0, kTimeout);
+  ASSERT_THAT(all, IsOk());
+  ASSERT_FALSE(all->events.empty());
+  EXPECT_EQ(all->events.front().state, JobState::kQueued);
+  absl::StatusOr<EventBatch> rest =
+      manager_->WaitEvents(kAlice, job.id, all->events.back().seq, kTimeout);
+  ASSERT_THAT(rest, IsOk());
+  EXPECT_TRUE(rest->events.empty());
+  EXPECT_TRUE(rest->finished);
+}
+
+TEST_F(JobManagerTest, QueueRunsByPriorityThenFifo) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord blocker = Submit(kAlice, Request("blocker", 1));
+  std::shared_ptr<FakeJobControl> first = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(first, nullptr);
+  JobRecord low = Submit(kAlice, Request("low", 1, 0));
+  JobRecord high1 = Submit(kBob, Request("high1", 1, 5));
+  JobRecord high2 = Submit(kAlice, Request("high2", 1, 5));
+  EXPECT_EQ(manager_->Get(kAdmin, high1.id)->queue_position, 1);
+  EXPECT_EQ(manager_->Get(kAdmin, high2.id)->queue_position, 2);
+  EXPECT_EQ(manager_->Get(kAdmin, low.id)->queue_position, 3);
+
+  first->AllowSteps(1);
+  for (int job_idx = 2; job_idx <= 4; ++job_idx) {
+    std::shared_ptr<FakeJobControl> next = backend_.WaitForCreated(job_idx, kTimeout);
+    ASSERT_NE(next, nullptr);
+    next->AllowSteps(1);
+  }
+  WaitFor(low.id, StateIs(JobState::kSucceeded));
+  EXPECT_THAT(backend_.created_names(), ElementsAre("blocker", "high1", "high2", "low"));
+}
+
+TEST_F(JobManagerTest, OneJobPerDevice) {
+  backend_.gated = true;
+  options_.devices = {"cuda:0", "cuda:1"};
+  StartManager();
+  JobRecord a = Submit(kAlice, Request("a"));
+  JobRecord b = Submit(kBob, Request("b"));
+  JobRecord c = Submit(kBob, Request("c"));
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  EXPECT_EQ(StateOf(a.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(b.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(c.id), JobState::kQueued);
+  EXPECT_EQ(backend_.created_count(), 2);
+  absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  ASSERT_EQ(status->devices.size(), 2u);
+  EXPECT_EQ(status->devices[0].job_id, a.id);
+  EXPECT_EQ(status->devices[1].job_id, b.id);
+  EXPECT_EQ(backend_.WaitForCreated(1, kTimeout)->device, "cuda:0");
+}
+
+TEST_F(JobManagerTest, PerUserRunningLimitLetsOthersPass) {
+  backend_.gated = true;
+  options_.devices = {"cuda:0", "cuda:1"};
+  options_.max_running_jobs_per_user = 1;
+  StartManager();
+  JobRecord alice1 = Submit(kAlice, Request("alice1"));
+  JobRecord alice2 = Submit(kAlice, Request("alice2"));
+  JobRecord bob1 = Submit(kBob, Request("bob1"));
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  EXPECT_EQ(StateOf(alice1.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(alice2.id), JobState::kQueued);
+  EXPECT_EQ(StateOf(bob1.id), JobState::kRunning);
+}
+
+TEST_F(JobManagerTest, PerUserQueueLimitIsResourceExhausted) {
+  backend_.gated = true;
+  options_.max_queued_jobs_per_user = 2;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  Submit(kAlice, Request("q1"));
+  Submit(kAlice, Request("q2"));
+  EXPECT_THAT(manager_->Submit(kAlice, Request("q3"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("user 'alice' already has 2 queued jobs")));
+  Submit(kBob, Request("bob"));  // other users are not affected
+}
+
+TEST_F(JobManagerTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
+  backend_.footprint_bytes_by_preset["huge"] = int64_t{1} << 40;
+  StartManager();
+  JobRequest request = Request("huge");
+  request.spec.model.preset = "huge";
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("1099511627776 bytes"),
+                                        HasSubstr("--host_memory_budget is 64.00 MiB (67108864 bytes)"))));
+}
+
+TEST_F(JobManagerTest, JobThatFitsLaterWaitsForMemory) {
+  backend_.gated = true;
+  options_.devices = {"cuda:0", "cuda:1"};
+  options_.host_memory_budget_bytes = 3 << 20;
+  backend_.footprint_bytes_by_preset["mid"] = 2 << 20;
+  StartManager();
+  JobRequest request = Request("first", 1);
+  request.spec.model.preset = "mid";
+  JobRecord first = Submit(kAlice, request);
+  request.spec.name = "second";
+  JobRecord second = Submit(kBob, request);
+  std::shared_ptr<FakeJobControl> first_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(first_control, nullptr);
+  // A device is free, but 2 MiB + 2 MiB > 3 MiB.
+  EXPECT_EQ(StateOf(second.id), JobState::kQueued);
+  EXPECT_EQ(backend_.created_count(), 1);
+  first_control->AllowSteps(1);
+  std::shared_ptr<FakeJobControl> second_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(second_control, nullptr);
+  second_control->AllowSteps(1);
+  WaitFor(second.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(JobManagerTest, ResubmitWithSameRequestIdReturnsTheSameJob) {
+  StartManager();
+  JobRecord first = Submit(kAlice, Request("tiny"), "req-42");
+  JobRecord again = Submit(kAlice, Request("tiny"), "req-42");
+  EXPECT_EQ(again.id, first.id);
+  JobRecord other = Submit(kBob, Request("tiny"), "req-42");  // keys are per user
+  EXPECT_NE(other.id, first.id);
+  EXPECT_THAT(manager_->Submit(kAlice, Request("different"), "req-42"),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("request_id 'req-42' was already used for job job-000001")));
+  EXPECT_THAT(manager_->Submit(kAlice, Request("tiny"), std::string(200, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("request_id")));
+}
+
+TEST_F(JobManagerTest, InvalidSpecIsRefusedWithTheEnginesMessage) {
+  StartManager();
+  JobRequest request = Request("bad");
+  request.spec.train.micro_batch = 0;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.micro_batch: must be in [1, 4096], got 0")));
+  request = Request("bad");
+  request.priority = 2000;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("priority")));
+}
+
+TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord running = Submit(kAlice, Request("running", 100));
+  JobRecord queued = Submit(kAlice, Request("queued"));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(2);
+  ASSERT_TRUE(control->WaitForStep(2, kTimeout));
+
+  absl::StatusOr<JobRecord> cancelled = manager_->Cancel(kAlice, queued.id);
+  ASSERT_THAT(cancelled, IsOk());
+  EXPECT_EQ(cancelled->state, JobState::kCancelled);
+
+  absl::StatusOr<JobRecord> stopping = manager_->Cancel(kAlice, running.id);
+  ASSERT_THAT(stopping, IsOk());
+  EXPECT_EQ(stopping->state, JobState::kRunning);  // until the step boundary
+  WaitFor(running.id, StateIs(JobState::kCancelled));
+  EXPECT_EQ(StateOf(running.id), JobState::kCancelled);
+  // Idempotent on CANCELLED.
+  EXPECT_THAT(manager_->Cancel(kAlice, running.id), IsOk());
+}
+
+TEST_F(JobManagerTest, CancelOfFinishedJobIsFailedPrecondition) {
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("done", 2));
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  EXPECT_THAT(manager_->Cancel(kAlice, job.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended SUCCEEDED")));
+  EXPECT_THAT(manager_->Suspend(kAlice, job.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended")));
+  EXPECT_THAT(manager_->Resume(kAlice, job.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended")));
+}
+
+TEST_F(JobManagerTest, SuspendCheckpointsAndResumeContinuesFromIt) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("long", 6));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(3);
+  ASSERT_TRUE(control->WaitForStep(3, kTimeout));
+
+  absl::StatusOr<JobRecord> suspending = manager_->Suspend(kAlice, job.id);
+  ASSERT_THAT(suspending, IsOk());
+  EXPECT_EQ(suspending->state, JobState::kSuspending);
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSuspended));
+  absl::StatusOr<JobRecord> suspended = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(suspended, IsOk());
+  EXPECT_EQ(suspended->state, JobState::kSuspended);
+  const std::string checkpoint = options_.jobs_dir + "/job-000001/step-3";
+  EXPECT_EQ(suspended->resume_from, checkpoint);
+  EXPECT_TRUE(suspended->device.empty());
+  EXPECT_EQ(manager_->GetStatus()->host_memory_reserved_bytes, 0);
+
+  absl::StatusOr<JobRecord> resumed = manager_->Resume(kAlice, job.id);
+  ASSERT_THAT(resumed, IsOk());
+  std::shared_ptr<FakeJobControl> again = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->resume_from, checkpoint);
+  EXPECT_EQ(again->start_step, 3);
+  again->AllowSteps(3);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  EXPECT_EQ(manager_->Get(kAlice, job.id)->progress.step, 6);
+}
+
+TEST_F(JobManagerTest, SuspendQueuedJobHoldsItAndResumeRequeues) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  JobRecord waiting = Submit(kAlice, Request("waiting"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  EXPECT_EQ(manager_->Suspend(kAlice, waiting.id)->state, JobState::kSuspended);
+  EXPECT_EQ(manager_->Resume(kAlice, waiting.id)->state, JobState::kQueued);
+}
+
+TEST_F(JobManagerTest, CreateCheckpointWaitsForTheCheckpoint) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("ckpt", 10));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(4);
+  ASSERT_TRUE(control->WaitForStep(4, kTimeout));
+  absl::StatusOr<CheckpointRecord> checkpoint =
+      manager_->CreateCheckpoint(kAlice, job.id, absl::Now() + kTimeout, [] { return false; });
+  ASSERT_THAT(checkpoint, IsOk());
+  EXPECT_EQ(checkpoint->step, 4);
+  auto listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].dir, options_.jobs_dir + "/job-000001/step-4");
+  EXPECT_GT((*listed)[0].create_time_unix_ms, 0);
+}
+
+TEST_F(JobManagerTest, CreateCheckpointOfQueuedJobIsFailedPrecondition) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  JobRecord queued = Submit(kAlice, Request("queued"));
+  EXPECT_THAT(manager_->CreateCheckpoint(kAlice, queued.id, absl::Now() + kTimeout, nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only RUNNING jobs")));
+}
+
+TEST_F(JobManagerTest, ExportAndDeleteCheckpoints) {
+  StartManager();
+  JobRequest request = Request("tiny", 4);
+  request.spec.checkpoint.every_steps = 2;
+  JobRecord job = Submit(kAlice, request);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  auto listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 2u);  // step-2, step-4 (the final one)
+
+  const std::string out = MakeTempDir() + "/export";
+  MEGATRAIN_EXPECT_OK(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", out, ""));
+  EXPECT_TRUE(std::filesystem::exists(out + "/config.json"));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", out, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not an empty directory")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", "rel/dir", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", out + "2", "fp16"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-3", out + "2", ""),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-000001/step-3")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kBob, "job-000001/step-4", out + "2", ""),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("another user")));
+
+  MEGATRAIN_EXPECT_OK(manager_->DeleteCheckpoint(kAlice, "job-000001/step-2"));
+  listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ(listed->size(), 1u);
+}
+
+TEST_F(JobManagerTest, EngineCreateErrorFailsTheJobWithItsCode) {
+  backend_.fail_create_name = "oom";
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("oom"));
+  WaitFor(job.id, StateIs(JobState::kFailed));
+  absl::StatusOr<JobRecord> failed = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(failed, IsOk());
+  EXPECT_EQ(failed->state, JobState::kFailed);
+  EXPECT_EQ(failed->error_code, absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(failed->message, HasSubstr("fake: out of memory"));
+}
+
+TEST_F(JobManagerTest, UsersSeeOnlyTheirJobsAdminsAll) {
+  StartManager();
+  JobRecord alice_job = Submit(kAlice, Request("a"));
+  JobRecord bob_job = Submit(kBob, Request("b"));
+  EXPECT_THAT(manager_->Get(kBob, alice_job.id),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to another user")));
+  EXPECT_THAT(manager_->Cancel(kBob, alice_job.id),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("another user")));
+  EXPECT_THAT(manager_->Get(kAdmin, alice_job.id), IsOk());
+  EXPECT_THAT(manager_->Get(kAlice, "job-000999"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-000999")));
+
+  auto mine = manager_->List(kBob, JobQuery());
+  ASSERT_THAT(mine, IsOk());
+  ASSERT_EQ(mine->jobs.size(), 1u);
+  EXPECT_EQ(mine->jobs[0].id, bob_job.id);
+  JobQuery others;
+  others.owner = "alice";
+  EXPECT_THAT(manager_->List(kBob, others),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("own jobs")));
+  auto all = manager_->List(kAdmin, JobQuery());
+  ASSERT_THAT(all, IsOk());
+  EXPECT_EQ(all->jobs.size(), 2u);
+  auto alices = manager_->List(kAdmin, others);
+  ASSERT_THAT(alices, IsOk());
+  ASSERT_EQ(alices->jobs.size(), 1u);
+  EXPECT_EQ(alices->jobs[0].owner, "alice");
+}
+
+TEST_F(JobManagerTest, PaginationCoversEveryJobOnce) {
+  backend_.gated = true;  // keep them queued: only the first runs
+  StartManager();
+  for (int job_idx = 0; job_idx < 7; ++job_idx) Submit(kAlice, Request(absl::StrCat("j", job_idx)));
+  JobQuery query;
+  query.page_size = 3;
+  std::vector<std::string> ids;
+  for (int page_idx = 0; page_idx < 10; ++page_idx) {  // bounded
+    auto page = manager_->List(kAlice, query);
+    ASSERT_THAT(page, IsOk());
+    for (const JobRecord& job : page->jobs) ids.push_back(job.id);
+    if (page->next_page_token.empty()) break;
+    query.page_token = page->next_page_token;
+  }
+  EXPECT_THAT(ids, ElementsAre("job-000007", "job-000006", "job-000005", "job-000004",
+                               "job-000003", "job-000002", "job-000001"));
+}
+
+TEST_F(JobManagerTest, HigherPriorityJobPreemptsLowerOne) {
+  backend_.gated = true;
+  options_.preemption = true;
+  StartManager();
+  JobRecord low = Submit(kAlice, Request("low", 5, 0));
+  std::shared_ptr<FakeJobControl> low_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(low_control, nullptr);
+  low_control->AllowSteps(2);
+  ASSERT_TRUE(low_control->WaitForStep(2, kTimeout));
+
+  JobRecord high = Submit(kBob, Request("high", 1, 10));
+  // The low job checkpoints at its step boundary and goes back to the queue.
+  std::vector<JobEvent> events = WaitFor(low.id, StateIs(JobState::kQueued));
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back().message, HasSubstr("preempted by job-000002"));
+  std::shared_ptr<FakeJobControl> high_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(high_control, nullptr);
+  EXPECT_EQ(high_control->spec_name, "high");
+  high_control->AllowSteps(1);
+  WaitFor(high.id, StateIs(JobState::kSucceeded));
+
+  std::shared_ptr<FakeJobControl> low_again = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(low_again, nullptr);
+  EXPECT_EQ(low_again->start_step, 2);
+  low_again->AllowSteps(3);
+  WaitFor(low.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(JobManagerTest, WithoutPreemptionHighPriorityWaits) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("low", 5, 0));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord high = Submit(kBob, Request("high", 1, 10));
+  EXPECT_EQ(StateOf(high.id), JobState::kQueued);
+  EXPECT_EQ(high.queue_position, 1);
+}
+
+TEST_F(JobManagerTest, RestartRequeuesRunningJobsFromTheirLastCheckpoint) {
+  // A daemon "crashed" with job-000001 RUNNING and a checkpoint at step 4 on
+  // disk: the store is left exactly as the dead process wrote it.
+  JobRecord job;
+  job.seq = 1;
+  job.id = "job-000001";
+  job.owner = "alice";
+  job.request = Request("crashed", 6);
+  job.request.spec.output_dir = options_.jobs_dir + "/job-000001";
+  job.state = JobState::kRunning;
+  job.device = "cpu";
+  job.create_time_unix_ms = NowUnixMs();
+  job.host_memory_bytes = 1 << 20;
+  MEGATRAIN_ASSERT_OK(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "started")));
+  std::filesystem::create_directories(job.request.spec.output_dir + "/step-4");
+
+  StartManager();
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->resume_from, job.request.spec.output_dir + "/step-4");
+  EXPECT_EQ(control->start_step, 4);
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+  bool requeued = false;
+  for (const JobEvent& event : events) {
+    requeued = requeued || (event.kind == JobEvent::Kind::kStateChange &&
+                            event.state == JobState::kQueued &&
+                            absl::StrContains(event.message, "after a daemon restart"));
+  }
+  EXPECT_TRUE(requeued);
+}
+
+TEST_F(JobManagerTest, DrainCheckpointsAndRequeuesRunningJobs) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("long", 10));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(2);
+  ASSERT_TRUE(control->WaitForStep(2, kTimeout));
+
+  EXPECT_TRUE(manager_->Drain(kTimeout));
+  EXPECT_TRUE(manager_->draining());
+  absl::StatusOr<JobRecord> after = store_->GetJob(job.id);
+  ASSERT_THAT(after, IsOk());
+  EXPECT_EQ(after->state, JobState::kQueued);
+  EXPECT_EQ(after->resume_from, options_.jobs_dir + "/job-000001/step-2");
+  EXPECT_THAT(manager_->Submit(kAlice, Request("late"), ""),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  EXPECT_THAT(manager_->WaitEvents(kAlice, job.id, 0, kTimeout),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+
+  // The next daemon picks it up from the checkpoint.
+  manager_.reset();
+  backend_.gated = false;
+  StartManager();
+  std::shared_ptr<FakeJobControl> resumed = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step, 2);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(JobManagerTest, CreateRejectsBadOptions) {
+  options_.devices.clear();
+  EXPECT_THAT(JobManager::Create(options_, store_.get(), &backend_, &metrics_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no devices")));
+  options_.devices = {"cpu"};
+  options_.host_memory_budget_bytes = 0;
+  EXPECT_THAT(JobManager::Create(options_, store_.get(), &backend_, &metrics_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--host_memory_budget")));
+}
+
+TEST(ResolveDevicesTest, ExpandsTheDeviceFlag) {
+  EXPECT_THAT(*ResolveDevices("cpu", 2), ElementsAre("cpu"));
+  EXPECT_THAT(*ResolveDevices("auto", 0), ElementsAre("cpu"));
+  EXPECT_THAT(*ResolveDevices("auto", 2), ElementsAre("cuda:0", "cuda:1"));
+  EXPECT_THAT(*ResolveDevices("cuda", 1), ElementsAre("cuda:0"));
+  EXPECT_THAT(*ResolveDevices("cuda:1,cuda:0,cuda:1", 2), ElementsAre("cuda:1", "cuda:0"));
+  EXPECT_THAT(ResolveDevices("cuda:2", 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:2 is not available")));
+  EXPECT_THAT(ResolveDevices("tpu", 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+}
+
+}  // namespace
+}  // namespace megatrain::server

@@ -1,0 +1,151 @@
+// Tests of server/metrics.h and server/metrics_http.h: family names follow
+// the Prometheus conventions, engine stats land in the right families, and
+// /metrics serves the text format over HTTP.
+#include "server/metrics.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/metrics_http.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::server {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::testing::HasSubstr;
+
+engine::StepReport Step(int64_t tokens) {
+  engine::StepReport report;
+  report.step = 1;
+  report.loss = 3.25;
+  report.mfu = 0.4;
+  report.tokens_per_s = 5000;
+  report.stats.tokens = tokens;
+  report.stats.step_seconds = 0.5;
+  report.stats.h2d_seconds = 0.25;
+  report.stats.compute_seconds = 0.4;
+  report.stats.d2h_seconds = 0.1;
+  report.stats.optimizer_seconds = 0.2;
+  report.stats.gpu_idle_seconds = 0.1;
+  report.stats.h2d_bytes = 1000;
+  report.stats.d2h_bytes = 500;
+  return report;
+}
+
+TEST(MetricsTest, EveryFamilyFollowsTheNamingConventions) {
+  ServerMetrics metrics;
+  for (const prometheus::MetricFamily& family : metrics.Collect()) {
+    EXPECT_TRUE(absl::StartsWith(family.name, "megatrain_")) << family.name;
+    if (family.type == prometheus::MetricType::Counter) {
+      EXPECT_TRUE(absl::EndsWith(family.name, "_total")) << family.name;
+    } else {
+      EXPECT_FALSE(absl::EndsWith(family.name, "_total")) << family.name;
+    }
+    EXPECT_FALSE(family.help.empty()) << family.name;
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) {
+        // Only bounded labels: never a job id or user.
+        EXPECT_THAT(label.name, ::testing::AnyOf("phase", "direction", "device", "kind", "state",
+                                                 "method", "code", "version"))
+            << family.name;
+      }
+    }
+  }
+}
+
+TEST(MetricsTest, StepStatsFeedCountersAndGauges) {
+  ServerMetrics metrics;
+  metrics.SetLinkBandwidth("cuda:0", {4000, 2000});
+  metrics.RecordStep("cuda:0", Step(1024));
+  metrics.RecordStep("cuda:0", Step(1024));
+  const std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_tokens_total 2048"));
+  EXPECT_THAT(text, HasSubstr("megatrain_steps_total 2"));
+  EXPECT_THAT(text, HasSubstr("megatrain_step_duration_seconds_count 2"));
+  EXPECT_THAT(text, HasSubstr("megatrain_phase_seconds_total{phase=\"h2d\"} 0.5"));
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"h2d\"} 2000"));
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"d2h\"} 1000"));
+  // 1000 bytes in 0.25 busy seconds.
+  EXPECT_THAT(text, HasSubstr(
+                        "megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:0\",direction=\"h2d\"} 4000"));
+  // 1000 bytes / (0.5 s x 4000 B/s) = 0.5 of the link.
+  EXPECT_THAT(text, HasSubstr(
+                        "megatrain_pcie_utilization_ratio{device=\"cuda:0\",direction=\"h2d\"} 0.5"));
+  EXPECT_THAT(text, HasSubstr("megatrain_mfu_ratio{device=\"cuda:0\"} 0.4"));
+  EXPECT_THAT(text, HasSubstr("megatrain_training_loss{device=\"cuda:0\"} 3.25"));
+}
+
+TEST(MetricsTest, HostStoreSumsRunningJobsAndClearsOnEnd) {
+  ServerMetrics metrics;
+  engine::HostStoreBytes bytes;
+  bytes.master = 100;
+  bytes.grad = 100;
+  bytes.pinned = 30;
+  metrics.SetHostStore("cuda:0", bytes);
+  metrics.SetHostStore("cuda:1", bytes);
+  std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_host_store_bytes{kind=\"master\"} 200"));
+  EXPECT_THAT(text, HasSubstr("megatrain_host_pinned_bytes 60"));
+  metrics.ClearDevice("cuda:1");
+  text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_host_store_bytes{kind=\"master\"} 100"));
+}
+
+TEST(MetricsTest, JobCountsAndRpcs) {
+  ServerMetrics metrics;
+  metrics.SetJobCounts({{JobState::kQueued, 3}, {JobState::kRunning, 1}});
+  metrics.SetHostMemory(1000, 250);
+  metrics.RecordRpc("SubmitJob", absl::StatusCode::kOk, 0.01);
+  metrics.RecordRpc("SubmitJob", absl::StatusCode::kInvalidArgument, 0.01);
+  const std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_jobs{state=\"queued\"} 3"));
+  EXPECT_THAT(text, HasSubstr("megatrain_queue_depth 3"));
+  EXPECT_THAT(text, HasSubstr("megatrain_host_memory_budget_bytes 1000"));
+  EXPECT_THAT(text, HasSubstr("megatrain_host_memory_reserved_bytes 250"));
+  EXPECT_THAT(text, HasSubstr("megatrain_rpcs_total{code=\"INVALID_ARGUMENT\",method=\"SubmitJob\"} 1"));
+  EXPECT_THAT(text, HasSubstr("megatrain_rpc_duration_seconds_count{method=\"SubmitJob\"} 2"));
+}
+
+TEST(MetricsTest, PreCollectHookRunsOnEveryScrape) {
+  ServerMetrics metrics;
+  int calls = 0;
+  metrics.SetPreCollectHook([&] {
+    ++calls;
+    metrics.SetGpuMemory("cuda:0", 10, 80);
+  });
+  EXPECT_THAT(metrics.TextExposition(), HasSubstr("megatrain_gpu_memory_used_bytes{device=\"cuda:0\"} 10"));
+  metrics.Collect();
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(MetricsHttpTest, ServesMetricsText) {
+  ServerMetrics metrics;
+  metrics.RecordStep("cpu", Step(77));
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", &metrics);
+  ASSERT_THAT(server, IsOk());
+  ASSERT_GT((*server)->port(), 0);
+  httplib::Client client("127.0.0.1", (*server)->port());
+  httplib::Result result = client.Get("/metrics");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 200);
+  EXPECT_THAT(result->get_header_value("Content-Type"), HasSubstr("text/plain; version=0.0.4"));
+  EXPECT_THAT(result->body, HasSubstr("megatrain_tokens_total 77"));
+  (*server)->Stop();
+}
+
+TEST(MetricsHttpTest, BusyPortIsUnavailable) {
+  ServerMetrics metrics;
+  auto first = MetricsHttpServer::Start("127.0.0.1:0", &metrics);
+  ASSERT_THAT(first, IsOk());
+  auto second =
+      MetricsHttpServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), &metrics);
+  EXPECT_THAT(second, ::megatrain::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                                     HasSubstr("--metrics_listen")));
+}
+
+}  // namespace
+}  // namespace megatrain::server

@@ -1,0 +1,258 @@
+// Tests of the spec conversions: megatrain.v1.JobSpec -> JobRequest
+// (server/proto_convert.h), its inverse, the store's JSON form
+// (server/job_request_json.h) and the server-side field checks
+// (ValidateJobRequest). One test per invalid case, each naming its field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/job.h"
+#include "server/job_request_json.h"
+#include "server/proto_convert.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::server {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+v1::JobSpec TinySpec() {
+  v1::JobSpec spec;
+  spec.set_name("tiny");
+  spec.mutable_model()->set_preset("tiny");
+  spec.mutable_data()->set_tokens("/repo/examples/jobs/data/tiny");
+  spec.mutable_train()->set_micro_batch(8);
+  spec.mutable_train()->set_seq_len(128);
+  spec.mutable_train()->set_gradient_accumulation_steps(1);
+  spec.mutable_train()->set_max_steps(60);
+  spec.mutable_train()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+  spec.mutable_optimizer()->set_lr(3.0e-3);
+  spec.mutable_optimizer()->set_weight_decay(0.0);
+  spec.mutable_optimizer()->set_warmup_steps(5);
+  spec.mutable_optimizer()->set_schedule("cosine");
+  spec.mutable_checkpoint()->set_every_steps(20);
+  spec.mutable_checkpoint()->set_keep_last(2);
+  spec.set_priority(3);
+  (*spec.mutable_labels())["team"] = "nlp";
+  return spec;
+}
+
+TEST(SpecConvertTest, ConvertsEveryGivenField) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  const engine::JobSpec& spec = request->spec;
+  EXPECT_EQ(spec.name, "tiny");
+  EXPECT_EQ(spec.model.preset, "tiny");
+  EXPECT_EQ(spec.data.tokens, "/repo/examples/jobs/data/tiny");
+  EXPECT_EQ(spec.train.micro_batch, 8);
+  EXPECT_EQ(spec.train.seq_len, 128);
+  EXPECT_EQ(spec.train.max_steps, 60);
+  EXPECT_EQ(spec.train.compute_dtype, engine::ComputeDtype::kFp32);
+  EXPECT_DOUBLE_EQ(spec.optimizer.lr, 3e-3);
+  EXPECT_EQ(spec.optimizer.warmup_steps, 5);
+  EXPECT_EQ(spec.optimizer.schedule, "cosine");
+  EXPECT_EQ(spec.checkpoint.every_steps, 20);
+  EXPECT_EQ(spec.checkpoint.keep_last, 2);
+  EXPECT_EQ(request->priority, 3);
+  EXPECT_EQ(request->labels.at("team"), "nlp");
+}
+
+TEST(SpecConvertTest, AbsentOptionalFieldsKeepEngineDefaults) {
+  v1::JobSpec minimal;
+  minimal.mutable_model()->set_preset("tiny");
+  minimal.mutable_train()->set_max_steps(10);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(minimal);
+  ASSERT_THAT(request, IsOk());
+  const engine::JobSpec defaults;
+  const engine::JobSpec& spec = request->spec;
+  EXPECT_EQ(spec.train.micro_batch, defaults.train.micro_batch);
+  EXPECT_EQ(spec.train.seq_len, defaults.train.seq_len);
+  EXPECT_EQ(spec.train.gradient_accumulation_steps, defaults.train.gradient_accumulation_steps);
+  EXPECT_DOUBLE_EQ(spec.train.max_grad_norm, defaults.train.max_grad_norm);
+  EXPECT_EQ(spec.train.skip_nonfinite_steps, defaults.train.skip_nonfinite_steps);
+  EXPECT_DOUBLE_EQ(spec.optimizer.lr, defaults.optimizer.lr);
+  EXPECT_DOUBLE_EQ(spec.optimizer.beta2, defaults.optimizer.beta2);
+  EXPECT_DOUBLE_EQ(spec.optimizer.eps, defaults.optimizer.eps);
+  EXPECT_EQ(spec.optimizer.schedule, defaults.optimizer.schedule);
+  EXPECT_EQ(spec.eval.batches, defaults.eval.batches);
+  EXPECT_EQ(spec.checkpoint.keep_last, defaults.checkpoint.keep_last);
+  EXPECT_EQ(spec.data.shuffle_seed, defaults.data.shuffle_seed);
+  EXPECT_EQ(spec.train.compute_dtype, engine::ComputeDtype::kFp32);
+}
+
+TEST(SpecConvertTest, ExplicitZeroOfOptionalFieldIsKept) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_max_grad_norm(0);  // clipping off
+  spec.mutable_checkpoint()->set_keep_last(0);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_DOUBLE_EQ(request->spec.train.max_grad_norm, 0);
+  EXPECT_EQ(request->spec.checkpoint.keep_last, 0);
+}
+
+TEST(SpecConvertTest, GlobalBatchSetsGradientAccumulation) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->clear_gradient_accumulation_steps();
+  spec.mutable_train()->set_global_batch(32);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.train.gradient_accumulation_steps, 4);
+}
+
+TEST(SpecConvertTest, GlobalBatchNotMultipleOfMicroBatchIsInvalid) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->clear_gradient_accumulation_steps();
+  spec.mutable_train()->set_global_batch(20);
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.global_batch: must be a positive multiple of "
+                                 "train.micro_batch (8), got 20")));
+}
+
+TEST(SpecConvertTest, GlobalBatchDisagreeingWithAccumulationIsInvalid) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_gradient_accumulation_steps(3);
+  spec.mutable_train()->set_global_batch(32);
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.gradient_accumulation_steps: 3 disagrees")));
+}
+
+TEST(SpecConvertTest, UnknownComputeDtypeIsInvalid) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_compute_dtype(static_cast<v1::ComputeDtype>(42));
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.compute_dtype: unknown value 42")));
+}
+
+class RelativePathTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RelativePathTest, IsInvalidNamingTheField) {
+  v1::JobSpec spec = TinySpec();
+  const std::string& field = GetParam();
+  if (field == "model.hf_dir") {
+    spec.mutable_model()->clear_preset();
+    spec.mutable_model()->set_hf_dir("models/llama");
+  } else if (field == "data.tokens") {
+    spec.mutable_data()->set_tokens("data/tiny");
+  } else if (field == "data.text") {
+    spec.mutable_data()->set_text("corpus.txt");
+  } else if (field == "data.tokenizer") {
+    spec.mutable_data()->set_tokenizer("spm.model");
+  } else {
+    spec.set_output_dir("out");
+  }
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(field + ": must be an absolute path")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fields, RelativePathTest,
+                         ::testing::Values("model.hf_dir", "data.tokens", "data.text",
+                                           "data.tokenizer", "output_dir"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (c == '.') c = '_';
+                           }
+                           return name;
+                         });
+
+TEST(SpecConvertTest, ToProtoAndBackIsIdentity) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  v1::JobSpec proto;
+  JobRequestToProto(*request, &proto);
+  absl::StatusOr<JobRequest> again = JobRequestFromProto(proto);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(JobRequestToJson(*again), JobRequestToJson(*request));
+}
+
+TEST(SpecConvertTest, JsonRoundTripKeepsEveryField) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  request->spec.train.compute_dtype = engine::ComputeDtype::kBf16;
+  request->spec.data.eval_fraction = 0.1;
+  request->spec.train.seed = 77;
+  const std::string json = JobRequestToJson(*request);
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(json);
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(JobRequestToJson(*parsed), json);
+  EXPECT_EQ(parsed->spec.train.compute_dtype, engine::ComputeDtype::kBf16);
+}
+
+TEST(SpecConvertTest, CorruptJsonIsDataLoss) {
+  EXPECT_THAT(JobRequestFromJson("{not json"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("")));
+  EXPECT_THAT(JobRequestFromJson(R"({"train": {"compute_dtype": "fp8"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.compute_dtype")));
+}
+
+TEST(ValidateJobRequestTest, AcceptsTheTinyJob) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  EXPECT_THAT(ValidateJobRequest(*request), IsOk());
+}
+
+TEST(ValidateJobRequestTest, PriorityOutOfRangeIsInvalid) {
+  JobRequest request;
+  request.priority = 5000;
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("priority: must be in [-1000, 1000], got 5000")));
+}
+
+TEST(ValidateJobRequestTest, TooManyLabelsIsInvalid) {
+  JobRequest request;
+  for (int label_idx = 0; label_idx <= kMaxLabels; ++label_idx) {
+    request.labels[absl::StrCat("k", label_idx)] = "v";
+  }
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels: at most 32")));
+}
+
+TEST(ValidateJobRequestTest, BadLabelKeyIsInvalid) {
+  JobRequest request;
+  request.labels["Team Name"] = "v";
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels: key 'Team Name'")));
+}
+
+TEST(ValidateJobRequestTest, LongLabelValueIsInvalid) {
+  JobRequest request;
+  request.labels["team"] = std::string(300, 'x');
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels.team: value")));
+}
+
+TEST(JobStatesFromProtoTest, RejectsUnspecifiedState) {
+  google::protobuf::RepeatedField<int> states;
+  states.Add(v1::JOB_STATE_UNSPECIFIED);
+  EXPECT_THAT(JobStatesFromProto(states),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("states: unknown job state 0")));
+}
+
+TEST(CheckpointIdTest, RoundTripsAndRejectsMalformedIds) {
+  EXPECT_EQ(CheckpointId("job-000001", 20), "job-000001/step-20");
+  auto parsed = ParseCheckpointId("job-000001/step-20");
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->first, "job-000001");
+  EXPECT_EQ(parsed->second, 20);
+  for (const char* bad : {"job-000001", "job-000001/20", "/step-3", "job-1/step-x"}) {
+    EXPECT_THAT(ParseCheckpointId(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("checkpoint_id")))
+        << bad;
+  }
+}
+
+TEST(GrpcStatusTest, KeepsCodeAndMessage) {
+  grpc::Status status = ToGrpcStatus(absl::ResourceExhaustedError("too big"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(), "too big");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+}  // namespace
+}  // namespace megatrain::server

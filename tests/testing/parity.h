@@ -1,0 +1,50 @@
+// Parity harness shared by the CPU and CUDA executor tests: the model
+// variants under test, deterministic batches, and one function that runs the
+// streaming executor and the reference model (reference_llama.h) on the same
+// weights and reports the worst relative error.
+#ifndef MEGATRAIN_TESTS_TESTING_PARITY_H_
+#define MEGATRAIN_TESTS_TESTING_PARITY_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/batch.h"
+#include "engine/model_config.h"
+#include "engine/precision.h"
+
+namespace megatrain::testing {
+
+// A small Llama: GQA (4 heads, 2 kv heads), 3 layers, untied.
+engine::ModelConfig SmallLlama();
+
+struct Variant {
+  std::string name;
+  engine::ModelConfig config;
+};
+inline void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+// llama, llama3 (tied, rope scaling, bias), mistral (sliding window),
+// qwen2 (qkv bias), qwen3 (q/k norm, head_dim != C/H).
+std::vector<Variant> Variants();
+
+// Deterministic micro-batches ([b*t] each) with every 7th label ignored.
+std::vector<engine::MicroBatch> MakeBatches(int count, int64_t b, int64_t t, int64_t vocab,
+                                            uint32_t seed);
+
+struct ParityResult {
+  bool ran = false;             // false when setup failed (a failure is recorded)
+  double loss_error = 0;        // |ours - ref| / |ref|
+  double worst_grad_error = 0;  // see Note [Near-cancelling gradients]
+  std::string worst_grad;       // HF name of the worst tensor
+};
+
+// Runs ForwardBackward over `micro_batches` micro-batches of [b, t] on
+// `device` and the reference on the concatenated batch.
+ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
+                       engine::ComputeDtype dtype, double init_range, int micro_batches,
+                       int64_t b, int64_t t);
+
+}  // namespace megatrain::testing
+
+#endif  // MEGATRAIN_TESTS_TESTING_PARITY_H_
