@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build (deploy/gpu-build.sh), run the GPU tests,
+# then measure megatrain-bench beside the PyTorch baselines in the same run
+# (../shared/bench/torch_baselines.py, copied to shared/bench/ for the call).
+# Results go to $OUT (default ./gpu-out): build.log, tests.log, bench.jsonl.
+#
+#   deploy/gpu-check.sh [presets...]      # default: llama-1b
+# Environment: MICRO_BATCH (8), SEQ_LEN (2048), STEPS (4), WARMUP (2),
+# BASELINE (1: also run the resident PyTorch baseline), SKIP_TESTS (0).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+presets=("$@")
+[ ${#presets[@]} -gt 0 ] || presets=(llama-1b)
+MICRO_BATCH=${MICRO_BATCH:-8}
+SEQ_LEN=${SEQ_LEN:-2048}
+STEPS=${STEPS:-4}
+WARMUP=${WARMUP:-2}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current \
+  --format=csv | tee "$OUT/device.txt"
+nproc | tee -a "$OUT/device.txt"
+free -g | tee -a "$OUT/device.txt"
+
+start=$(date +%s)
+MEGATRAIN_BUILD_SERVER=${MEGATRAIN_BUILD_SERVER:-OFF} bash deploy/gpu-build.sh build-gpu \
+  megatrain-bench executor_parity_cuda_test executor_parity_test adamw_test > "$OUT/build.log" 2>&1
+rc=$?
+echo "build: rc=$rc in $(( $(date +%s) - start )) s"
+if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
+export LD_LIBRARY_PATH=/opt/megatrain-deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  build-gpu/tests/executor_parity_cuda_test > "$OUT/tests.log" 2>&1
+  echo "executor_parity_cuda_test: rc=$?"; grep -E "PASSED|FAILED|Failure|Expected|actual" "$OUT/tests.log" | head -20
+  build-gpu/tests/executor_parity_test >> "$OUT/tests.log" 2>&1; echo "executor_parity_test: rc=$?"
+fi
+
+for preset in "${presets[@]}"; do
+  echo "== megatrain-bench $preset bf16 ${MICRO_BATCH}x${SEQ_LEN}"
+  build-gpu/engine/megatrain-bench --model="$preset" --device=cuda --compute_dtype=bf16 \
+    --micro_batch="$MICRO_BATCH" --seq_len="$SEQ_LEN" --steps="$STEPS" --warmup="$WARMUP" \
+    --data=random --json ${BENCH_ARGS:-} 2> "$OUT/bench-$preset.log" | tee -a "$OUT/bench.jsonl"
+  tail -n 4 "$OUT/bench-$preset.log"
+  if [ "${BASELINE:-1}" = 1 ] && [ -f shared/bench/torch_baselines.py ]; then
+    echo "== torch resident $preset"
+    python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
+      --micro-batch "$MICRO_BATCH" --seq "$SEQ_LEN" --ckpt 2>&1 | tail -n 1 | tee -a "$OUT/bench.jsonl"
+  fi
+done
+echo "total: $(( $(date +%s) - start )) s"
