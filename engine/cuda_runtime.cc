@@ -152,6 +152,10 @@ class CudaRuntime final : public DeviceRuntime {
     }
   }
 
+  auto Stats() const {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device_index_));
+  }
   int64_t AllocatedBytes() const override { return Stats().allocated_bytes[0].current; }
   int64_t PeakAllocatedBytes() const override { return Stats().allocated_bytes[0].peak; }
   void ResetPeak() override {
@@ -161,10 +165,6 @@ class CudaRuntime final : public DeviceRuntime {
  private:
   cudaStream_t Raw(StreamKind kind) const { return streams_[static_cast<int>(kind)]->get(); }
   static cudaEvent_t Get(DeviceEvent& e) { return static_cast<CudaEvent&>(e).get(); }
-  auto Stats() const {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(
-        static_cast<c10::DeviceIndex>(device_index_));
-  }
 
   int device_index_;
   std::string name_;

@@ -12,7 +12,9 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <optional>
 
 #define MEGATRAIN_TORCH_AT_LEAST(major, minor) \
@@ -64,6 +66,21 @@ inline bool IsOutOfMemory(const std::exception& e) {
 inline void SetAllowTf32(bool allow) {
   at::globalContext().setAllowTF32CuBLAS(allow);
   at::globalContext().setAllowTF32CuDNN(allow);
+}
+
+// Key of a parameter in torch::optim::Optimizer::state(): a string of the
+// TensorImpl address on 1.13, the address itself on 2.x. Deduced from the
+// map's key type, so no version test is needed.
+template <typename StateMap>
+typename StateMap::key_type OptimizerStateKey(const StateMap&, const at::Tensor& param) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // what c10::guts::to_string(void*) produced
+    key << param.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
 }
 
 }  // namespace megatrain::engine::compat

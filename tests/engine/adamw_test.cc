@@ -3,6 +3,7 @@
 // option validation, SumOfSquares and ClipCoefficient (against
 // torch::nn::utils::clip_grad_norm_).
 #include "engine/adamw.h"
+#include "engine/torch_compat.h"
 
 #include <torch/torch.h>  // before torch/optim: also brings clip_grad_norm_
 #include <torch/optim/adamw.h>
@@ -77,7 +78,7 @@ AdamWState RunTorchAdamW(const torch::Tensor& params,
     optimizer.step();
   }
   const auto& state = static_cast<const torch::optim::AdamWParamState&>(
-      *optimizer.state().at(c10::guts::to_string(param.unsafeGetTensorImpl())));
+      *optimizer.state().at(compat::OptimizerStateKey(optimizer.state(), param)));
   torch::NoGradGuard no_grad;
   return {ToVector(param.detach()), ToVector(state.exp_avg()),
           ToVector(state.exp_avg_sq())};
