@@ -22,6 +22,7 @@ struct BenchOptions {
   std::string compute_dtype = "fp32";
   std::string data = "fixed";      // fixed: one random batch repeated; random: fresh each step
   double lr = 3e-3;                // AdamW peak lr (constant schedule)
+  double max_grad_norm = 1.0;      // global-norm clipping; 0 = off (as the PyTorch baselines)
   double peak_tflops = 0;          // bf16 dense peak for MFU; 0 = not reported
   int threads = 0;                 // CPU threads; 0 = all
   int num_weight_slots = 3;

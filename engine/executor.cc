@@ -139,8 +139,17 @@ class StreamingExecutor::Impl {
                                             const std::function<void(int64_t)>& on_block_final);
   int64_t slot_device_bytes() const { return slot_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
+  void SetWeightGate(std::function<void(int64_t)> gate) { weight_gate_ = std::move(gate); }
 
  private:
+  // Blocks until `block`'s host weights are current (the trainer's gate).
+  void WaitWeights(int64_t block) {
+    if (!weight_gate_) return;
+    const Clock::time_point start = Clock::now();
+    weight_gate_(block);
+    gate_wait_seconds_ += SecondsSince(start);
+  }
+
   // An accumulation job for the host thread.
   struct AccumTask {
     enum class Kind { kDense, kEmbeddingRows } kind = Kind::kDense;
@@ -213,6 +222,8 @@ class StreamingExecutor::Impl {
   std::vector<int64_t> remaining_;
   std::vector<bool> seen_;
   std::function<void(int64_t)> on_block_final_;
+  std::function<void(int64_t)> weight_gate_;
+  double gate_wait_seconds_ = 0;
 
   // Accumulator thread state.
   absl::Mutex mu_;
@@ -351,6 +362,7 @@ void StreamingExecutor::Impl::IssueLoads() {
     if (use.load) {
       if (use.prev_user >= 0 && !released_[use.prev_user]) return;
       if (use.prev_user >= 0) runtime_->Wait(StreamKind::kH2D, *slot_free_[use.slot]);
+      WaitWeights(use.block);
       const int64_t bytes = store_->streaming_bytes(use.block);
       const int token = timer_.Begin(StreamKind::kH2D);
       runtime_->CopyHostToDevice(weight_slots_[use.slot].data_ptr(),
@@ -384,6 +396,7 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
   if (upload_pending_) runtime_->HostWait(*upload_done_);  // staging reused
   float* hidden = static_cast<float*>(upload_staging_.data());
   int64_t* labels = reinterpret_cast<int64_t*>(hidden + rows * c);
+  WaitWeights(layout_.embedding_block());
   const float* table = store_->master(layout_.embedding_block());
   pool_->ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -553,6 +566,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   const int64_t emb = layout_.embedding_block(), head = layout_.head_block();
   const bool tied = config_.tie_word_embeddings;
   h2d_bytes_ = d2h_bytes_ = 0;
+  gate_wait_seconds_ = 0;
   timer_.Reset();
   on_block_final_ = on_block_final;
 
@@ -687,6 +701,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   result.stats.d2h_seconds = seconds[static_cast<int>(StreamKind::kD2H)];
   result.stats.gpu_idle_seconds =
       std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
+  result.stats.optimizer_exposed_seconds = gate_wait_seconds_;
   result.stats.h2d_bytes = h2d_bytes_;
   result.stats.d2h_bytes = d2h_bytes_;
   result.stats.tokens = static_cast<int64_t>(mbs.size()) * options_.micro_batch * options_.seq_len;
@@ -738,6 +753,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::ForwardBackward(
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
     absl::Span<const MicroBatch> micro_batches) {
   return impl_->Run(micro_batches, /*backward=*/false, {});
+}
+
+void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
+  impl_->SetWeightGate(std::move(gate));
 }
 
 int64_t StreamingExecutor::slot_device_bytes() const { return impl_->slot_device_bytes(); }

@@ -105,6 +105,14 @@ class StreamingExecutor {
   // Forward only; returns loss sum and counted tokens (stats: bytes, time).
   absl::StatusOr<ForwardBackwardResult> Evaluate(absl::Span<const MicroBatch> micro_batches);
 
+  // Installs a gate called (on the enqueuing thread) before the executor
+  // reads a block's host weights: before the H2D copy of its streaming
+  // copy and before the host gather of embedding rows. The trainer uses it
+  // to let the CPU optimizer of the previous step finish block by block
+  // while this pass already runs (Note [Optimizer overlap] in trainer.h).
+  // The time spent inside it is reported as optimizer_exposed_seconds.
+  void SetWeightGate(std::function<void(int64_t block)> wait_until_ready);
+
   const ExecutorOptions& options() const { return options_; }
   // Device bytes held by weight and gradient slots.
   int64_t slot_device_bytes() const;

@@ -21,7 +21,64 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 Trainer::~Trainer() {
+  if (optimizer_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    optimizer_thread_.join();  // runs every queued update first
+  }
   executor_.reset();  // drains the device before the store goes away
+}
+
+void Trainer::OptimizerLoop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale) {
+  absl::MutexLock lock(&mu_);
+  pending_[block] = true;
+  ++pending_count_;
+  tasks_.push_back([this, block, step, lr, grad_scale] {
+    const auto start = std::chrono::steady_clock::now();
+    AdamWBuffers buffers;
+    buffers.params = store_->master(block);
+    buffers.grads = store_->grad(block);
+    buffers.exp_avg = store_->exp_avg(block);
+    buffers.exp_avg_sq = store_->exp_avg_sq(block);
+    buffers.bf16_params = store_->streaming_bf16(block);
+    buffers.num_elements = store_->block_numel(block);
+    absl::Status status = adamw_->Step(buffers, step, lr, grad_scale);
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && optimizer_error_.ok()) optimizer_error_ = status;
+    optimizer_busy_seconds_ += SecondsSince(start);
+    pending_[block] = false;
+    --pending_count_;
+  });
+}
+
+void Trainer::WaitBlock(int64_t block) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this, block]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_[block]; };
+  mu_.Await(absl::Condition(&done));
+}
+
+absl::Status Trainer::WaitForOptimizer() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_count_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+  return optimizer_error_;
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
@@ -52,53 +109,84 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   schedule.peak_lr = options.adamw.lr;
   MEGATRAIN_ASSIGN_OR_RETURN(LrSchedule lr, LrSchedule::Create(schedule));
   t->schedule_ = std::make_unique<LrSchedule>(std::move(lr));
+  {
+    absl::MutexLock lock(&t->mu_);
+    t->pending_.assign(t->store_->num_blocks(), false);
+  }
+  Trainer* raw = t.get();
+  t->executor_->SetWeightGate([raw](int64_t block) { raw->WaitBlock(block); });
+  t->optimizer_thread_ = std::thread([raw] { raw->OptimizerLoop(); });
   return t;
 }
 
 absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batches) {
   const auto start = std::chrono::steady_clock::now();
-  // Squared gradient norm per block, filled on the accumulator thread as
+  {
+    absl::MutexLock lock(&mu_);
+    if (!optimizer_error_.ok()) return optimizer_error_;
+  }
+  const int64_t step_number = step_ + 1;
+  const double lr = schedule_->LrAt(step_number);
+  const bool overlap_backward = options_.max_grad_norm <= 0;
+  // Squared gradient norm per block, computed on the accumulator thread as
   // each block's gradient becomes final (overlapping the rest of backward).
   std::vector<double> block_sq(store_->num_blocks(), 0.0);
+  std::vector<bool> block_skipped(store_->num_blocks(), false);
   MEGATRAIN_ASSIGN_OR_RETURN(
       ForwardBackwardResult fb,
       executor_->ForwardBackward(micro_batches, [&](int64_t block) {
-        block_sq[block] = SumOfSquares(store_->grad(block), store_->block_numel(block), pool_.get());
+        const double sq =
+            SumOfSquares(store_->grad(block), store_->block_numel(block), pool_.get());
+        block_sq[block] = sq;
+        if (!overlap_backward) return;
+        if (std::isfinite(sq)) {
+          ScheduleUpdate(block, step_number, lr, 1.0f);
+        } else {
+          block_skipped[block] = true;
+        }
       }));
-  const auto optimizer_start = std::chrono::steady_clock::now();
   StepResult result;
   result.loss = fb.loss();
   result.counted_tokens = fb.counted_tokens;
+  result.lr = lr;
   double total_sq = 0;
-  for (double s : block_sq) total_sq += s;
+  bool any_block_skipped = false;
+  for (size_t b = 0; b < block_sq.size(); ++b) {
+    total_sq += block_sq[b];
+    any_block_skipped = any_block_skipped || block_skipped[b];
+  }
   result.grad_norm = std::sqrt(total_sq);
-  result.lr = schedule_->LrAt(step_ + 1);
-  if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
-    if (!options_.skip_nonfinite_steps) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step_ + 1, ": non-finite loss (", result.loss, ") or gradient norm (",
-          result.grad_norm, "); master weights left unchanged"));
-    }
+  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm);
+  if (overlap_backward) ++step_;  // its updates are queued already
+  if (!finite && !options_.skip_nonfinite_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step_number, ": non-finite loss (", result.loss, ") or gradient norm (",
+        result.grad_norm, "); master weights hold no non-finite value"));
+  }
+  if (overlap_backward) {
+    // Updates were queued as gradients became final; a block with a
+    // non-finite gradient was left as it was.
+    result.skipped = any_block_skipped || !finite;
+  } else if (!finite) {
     result.skipped = true;
   } else {
     const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
-    for (int64_t block = 0; block < store_->num_blocks(); ++block) {
-      AdamWBuffers buffers;
-      buffers.params = store_->master(block);
-      buffers.grads = store_->grad(block);
-      buffers.exp_avg = store_->exp_avg(block);
-      buffers.exp_avg_sq = store_->exp_avg_sq(block);
-      buffers.bf16_params = store_->streaming_bf16(block);
-      buffers.num_elements = store_->block_numel(block);
-      MEGATRAIN_RETURN_IF_ERROR(adamw_->Step(buffers, step_ + 1, result.lr, grad_scale));
+    // Forward order, so that the next step's first layers are ready first.
+    ScheduleUpdate(store_->layout().embedding_block(), step_number, lr, grad_scale);
+    for (int64_t l = 0; l < store_->layout().num_layers(); ++l) {
+      ScheduleUpdate(store_->layout().layer_block(l), step_number, lr, grad_scale);
     }
+    ScheduleUpdate(store_->layout().head_block(), step_number, lr, grad_scale);
     ++step_;
   }
   result.step = step_;
   result.stats = fb.stats;
-  result.stats.optimizer_seconds = SecondsSince(optimizer_start);
-  // The optimizer runs after backward, not overlapped (yet): all exposed.
-  result.stats.optimizer_exposed_seconds = result.stats.optimizer_seconds;
+  {
+    // CPU time of the updates that finished since the previous Step().
+    absl::MutexLock lock(&mu_);
+    result.stats.optimizer_seconds = optimizer_busy_seconds_;
+    optimizer_busy_seconds_ = 0;
+  }
   result.stats.step_seconds = SecondsSince(start);
   result.stats.gpu_idle_seconds =
       std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
@@ -106,6 +194,7 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
 }
 
 absl::StatusOr<double> Trainer::Evaluate(absl::Span<const MicroBatch> micro_batches) {
+  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
   MEGATRAIN_ASSIGN_OR_RETURN(ForwardBackwardResult r, executor_->Evaluate(micro_batches));
   return r.loss();
 }

@@ -8,15 +8,41 @@
 // with the learning rate of the schedule; the optimizer also rewrites the
 // bf16 streaming copy. Steps are counted from 1.
 //
-// Thread-safety: a Trainer is driven by one thread at a time.
+// Note [Optimizer overlap]
+// The CPU AdamW moves ~30 bytes of host memory per parameter, as long as a
+// whole forward+backward of the GPU for billion-parameter models, so it runs
+// on its own thread, block by block, while the GPU works:
+//   * with clipping (max_grad_norm > 0) the updates of step k need the
+//     global norm, known when backward ends; they are queued in forward order
+//     (embedding, layer 0, ..., head) and step k+1's forward waits, block by
+//     block, only for the update of the block it is about to load;
+//   * without clipping (max_grad_norm <= 0) a block's update is queued as
+//     soon as its gradient is final, so it also overlaps step k's backward.
+// The executor's weight gate (StreamingExecutor::SetWeightGate) enforces the
+// order; the update stays exact AdamW (no staleness). Step() can return
+// while updates are still running: WaitForOptimizer() (called by Evaluate,
+// and by anything that reads the store) waits for them.
+// Non-finite values: with clipping, a non-finite loss or norm skips the
+// whole step. Without clipping, a block whose gradient is non-finite is not
+// updated (the step is reported skipped), while blocks already updated
+// keep their update; master weights never receive NaN or inf.
+//
+// Thread-safety: a Trainer is driven by one thread at a time; it owns an
+// optimizer thread internally.
 #ifndef MEGATRAIN_ENGINE_TRAINER_H_
 #define MEGATRAIN_ENGINE_TRAINER_H_
 
 #include <cstdint>
 #include <memory>
+#include <deque>
+#include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/adamw.h"
 #include "engine/batch.h"
@@ -74,9 +100,16 @@ class Trainer {
   // non-finite loss when skip_nonfinite_steps is false.
   absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
 
-  // Mean loss over `micro_batches` without training.
+  // Mean loss over `micro_batches` without training. Waits for pending
+  // optimizer work first.
   absl::StatusOr<double> Evaluate(absl::Span<const MicroBatch> micro_batches);
 
+  // Blocks until every queued optimizer update has been applied, so that
+  // store() holds the weights of step(). Returns the first error an
+  // asynchronous update hit, if any.
+  absl::Status WaitForOptimizer();
+
+  // The host store. Call WaitForOptimizer() before reading weights.
   HostStore& store() { return *store_; }
   const ModelConfig& config() const { return store_->config(); }
   const TrainerOptions& options() const { return options_; }
@@ -91,6 +124,11 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // Queues AdamW of `block` for update number `step` on the optimizer thread.
+  void ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale);
+  void OptimizerLoop();
+  // The executor's weight gate: waits until `block` has no pending update.
+  void WaitBlock(int64_t block);
 
   TrainerOptions options_;
   std::unique_ptr<ThreadPool> pool_;
@@ -100,6 +138,15 @@ class Trainer {
   std::unique_ptr<CpuAdamW> adamw_;
   std::unique_ptr<LrSchedule> schedule_;
   int64_t step_ = 0;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> pending_ ABSL_GUARDED_BY(mu_);     // per block
+  int64_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status optimizer_error_ ABSL_GUARDED_BY(mu_);
+  double optimizer_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // since last Step()
+  std::thread optimizer_thread_;
 };
 
 }  // namespace megatrain::engine

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   app.add_option("--compute_dtype", o.compute_dtype, "fp32 | tf32 | bf16");
   app.add_option("--data", o.data, "fixed (one random batch repeated) | random");
   app.add_option("--lr", o.lr, "AdamW learning rate (constant)");
+  app.add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping (0: off, as the baselines)");
   app.add_option("--peak_tflops", o.peak_tflops, "dense bf16 peak TFLOP/s for MFU (0: omit)");
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--weight_slots", o.num_weight_slots, "device weight buffers (>= 3)");
