@@ -1,0 +1,424 @@
+// Tests of engine/text_corpus.h: plain text, JSONL and SFT JSONL to token
+// shards, shard rolling, the held-out split, the loader reading the result,
+// and the bad-input cases (JSONL errors name the file and the line).
+#include "engine/text_corpus.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/data_loader.h"
+#include "engine/token_shard.h"
+#include "engine/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/sentencepiece_model.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::megatrain::testing::TinyCorpusSentence;
+using ::megatrain::testing::TrainTinySentencePieceModel;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string MakeTempDir() {
+  std::string pattern = ::testing::TempDir() + "/text_corpus_test.XXXXXX";
+  const char* dir = ::mkdtemp(pattern.data());
+  EXPECT_NE(dir, nullptr) << "mkdtemp " << pattern;
+  return pattern;
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::vector<std::vector<int32_t>> ReadDocs(const std::string& path) {
+  absl::StatusOr<TokenShardReader> shard = TokenShardReader::Open(path);
+  EXPECT_THAT(shard, IsOk());
+  std::vector<std::vector<int32_t>> docs;
+  if (!shard.ok()) return docs;
+  for (uint64_t doc_idx = 0; doc_idx < shard->num_documents(); ++doc_idx) {
+    docs.push_back(shard->DocumentAsInt32(doc_idx));
+  }
+  return docs;
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 ? info.st_size : 0;
+}
+
+// Tests that tokenize text share one tiny SentencePiece model.
+class TextCorpusTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::string> path =
+        TrainTinySentencePieceModel(MakeTempDir(), 100);
+    ASSERT_THAT(path, IsOk());
+    model_path_ = new std::string(*path);
+  }
+  static void TearDownTestSuite() {
+    delete model_path_;
+    model_path_ = nullptr;
+  }
+
+  void SetUp() override {
+    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_path_);
+    if (tokenizer.status().code() == absl::StatusCode::kUnimplemented) {
+      GTEST_SKIP() << tokenizer.status();  // ASan/TSan build
+    }
+    ASSERT_THAT(tokenizer, IsOk());
+    tokenizer_.emplace(*std::move(tokenizer));
+    dir_ = MakeTempDir();
+  }
+
+  std::vector<int32_t> Encode(const std::string& text) {
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(text);
+    EXPECT_THAT(ids, IsOk());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+
+  TokenizeOptions TextOptions(std::vector<std::string> inputs) {
+    TokenizeOptions options;
+    options.input_paths = std::move(inputs);
+    options.tokenizer_model = *model_path_;
+    options.output_dir = dir_ + "/out";
+    return options;
+  }
+
+  static std::string* model_path_;
+  std::optional<Tokenizer> tokenizer_;
+  std::string dir_;
+};
+std::string* TextCorpusTest::model_path_ = nullptr;
+
+// ---------------------------------------------------------------------------
+// Text
+
+TEST_F(TextCorpusTest, PlainTextSplitsDocumentsAtBlankLines) {
+  const std::string input = dir_ + "/corpus.txt";
+  // Two blank lines, a whitespace-only line and CRLF endings all separate.
+  WriteFile(input, absl::StrCat(TinyCorpusSentence(0), "\n",
+                                TinyCorpusSentence(1), "\r\n\n\n",
+                                TinyCorpusSentence(2), "\n \t\n",
+                                TinyCorpusSentence(3), "\n"));
+  absl::StatusOr<TokenizeReport> report =
+      TokenizeToShards(TextOptions({input}));
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->documents, 3u);
+  EXPECT_EQ(report->eval_documents, 0u);
+  EXPECT_EQ(report->vocab_size, 100);
+  EXPECT_EQ(report->eos_id, 2);
+  const std::string shard = dir_ + "/out/train-00000.mtt";
+  ASSERT_THAT(report->shards, ElementsAre(shard));
+  EXPECT_EQ(report->bytes_written, FileSize(shard));
+  const auto docs = ReadDocs(shard);
+  ASSERT_EQ(docs.size(), 3u);
+  // A document's lines are joined with '\n'.
+  EXPECT_EQ(docs[0], Encode(TinyCorpusSentence(0) + "\n" +
+                            TinyCorpusSentence(1)));
+  EXPECT_EQ(docs[1], Encode(TinyCorpusSentence(2)));
+  EXPECT_EQ(docs[2], Encode(TinyCorpusSentence(3)));
+  uint64_t tokens = 0;
+  for (const auto& doc : docs) tokens += doc.size();
+  EXPECT_EQ(report->tokens, tokens);
+  // uint16 ids, as the vocabulary is 100.
+  absl::StatusOr<TokenShardReader> reader = TokenShardReader::Open(shard);
+  ASSERT_THAT(reader, IsOk());
+  EXPECT_EQ(reader->token_dtype(), TokenDtype::kUint16);
+  EXPECT_EQ(reader->vocab_size(), 100u);
+}
+
+TEST_F(TextCorpusTest, JsonlWithBosSkipsEmptyTexts) {
+  const std::string input = dir_ + "/corpus.jsonl";
+  WriteFile(input, absl::StrCat(R"({"text": ")", TinyCorpusSentence(4),
+                                R"(", "id": 1})", "\n",
+                                "\n",  // blank lines are skipped
+                                R"({"text": ""})", "\n",
+                                R"({"text": ")", TinyCorpusSentence(5), R"("})",
+                                "\n"));
+  TokenizeOptions options = TextOptions({input});
+  options.add_bos = true;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->documents, 2u);
+  EXPECT_EQ(report->skipped_documents, 1u);
+  const auto docs = ReadDocs(report->shards.at(0));
+  ASSERT_EQ(docs.size(), 2u);
+  std::vector<int32_t> expected = {tokenizer_->bos_id()};
+  for (int32_t id : Encode(TinyCorpusSentence(4))) expected.push_back(id);
+  EXPECT_EQ(docs[0], expected);
+  EXPECT_EQ(docs[1].front(), tokenizer_->bos_id());
+}
+
+TEST_F(TextCorpusTest, JsonlErrorsNameFileAndLine) {
+  const std::string ok_line = R"({"text": "the model"})";
+  struct Case {
+    std::string bad_line;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"text": "unterminated)", "invalid JSON"},
+      {R"(["text"])", "expected a JSON object, got array"},
+      {R"({"body": "x"})", "field \"text\" is missing"},
+      {R"({"text": 5})", "field \"text\" must be a string, got number"},
+  };
+  for (const Case& c : cases) {
+    const std::string input = dir_ + "/bad.jsonl";
+    WriteFile(input, ok_line + "\n" + ok_line + "\n" + c.bad_line + "\n");
+    TokenizeOptions options = TextOptions({input});
+    options.overwrite = true;
+    EXPECT_THAT(TokenizeToShards(options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(input + ":3: "), HasSubstr(c.message))))
+        << c.bad_line;
+  }
+}
+
+TEST_F(TextCorpusTest, RollsShardsWithoutSplittingDocuments) {
+  const std::string input = dir_ + "/corpus.txt";
+  std::string text;
+  for (int index = 0; index < 10; ++index) {
+    absl::StrAppend(&text, TinyCorpusSentence(index), "\n\n");
+  }
+  WriteFile(input, text);
+  TokenizeOptions options = TextOptions({input});
+  options.max_shard_tokens = 30;
+  options.shard_prefix = "web";
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  ASSERT_GE(report->shards.size(), 2u);
+  EXPECT_EQ(report->shards[0], dir_ + "/out/web-00000.mtt");
+  EXPECT_EQ(report->shards[1], dir_ + "/out/web-00001.mtt");
+  std::vector<std::vector<int32_t>> all;
+  uint64_t bytes = 0;
+  for (const std::string& shard : report->shards) {
+    const auto docs = ReadDocs(shard);
+    uint64_t tokens = 0;
+    for (const auto& doc : docs) tokens += doc.size();
+    // A shard closes at the document that reaches the limit.
+    EXPECT_LT(tokens - docs.back().size(), 30u) << shard;
+    all.insert(all.end(), docs.begin(), docs.end());
+    bytes += FileSize(shard);
+  }
+  ASSERT_EQ(all.size(), 10u);
+  for (int index = 0; index < 10; ++index) {
+    EXPECT_EQ(all[index], Encode(TinyCorpusSentence(index)));
+  }
+  EXPECT_EQ(report->bytes_written, bytes);
+}
+
+TEST_F(TextCorpusTest, HeldOutSplitGoesToEvalShardsTheLoaderReads) {
+  const std::string input = dir_ + "/corpus.jsonl";
+  std::string text;
+  for (int index = 0; index < 200; ++index) {
+    absl::StrAppend(&text, R"({"text": ")", TinyCorpusSentence(index), "\"}\n");
+  }
+  WriteFile(input, text);
+  TokenizeOptions options = TextOptions({input});
+  options.eval_fraction = 0.2;
+  options.split_seed = 5;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->documents + report->eval_documents, 200u);
+  ASSERT_THAT(report->eval_shards, ElementsAre(dir_ + "/out/eval/train-00000.mtt"));
+  // The held-out documents are exactly those the documented hash picks.
+  std::vector<std::vector<int32_t>> expected_eval;
+  for (int index = 0; index < 200; ++index) {
+    if (IsHeldOutDocument(index, 5, 0.2)) {
+      expected_eval.push_back(Encode(TinyCorpusSentence(index)));
+    }
+  }
+  EXPECT_EQ(ReadDocs(report->eval_shards[0]), expected_eval);
+
+  // A loader given output_dir trains on the training shards only and
+  // evaluates on the eval directory.
+  DataLoaderOptions loader_options;
+  loader_options.tokens = options.output_dir;
+  loader_options.eval_tokens = options.output_dir + "/eval";
+  loader_options.seq_len = 16;
+  loader_options.vocab_size = report->vocab_size;
+  loader_options.eos_id = report->eos_id;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(loader_options);
+  ASSERT_THAT(loader, IsOk());
+  EXPECT_THAT(loader->shard_paths(), ElementsAre(report->shards[0]));
+  EXPECT_EQ(loader->num_train_tokens(), report->tokens);
+  EXPECT_EQ(loader->num_eval_tokens(), report->eval_tokens);
+  EXPECT_THAT(loader->NextTrainBatch(2), IsOk());
+  EXPECT_THAT(loader->EvalBatches(2, 2), IsOk());
+}
+
+TEST_F(TextCorpusTest, RefusesExistingShardsUnlessOverwrite) {
+  const std::string input = dir_ + "/corpus.txt";
+  std::string text;
+  for (int index = 0; index < 6; ++index) {
+    absl::StrAppend(&text, TinyCorpusSentence(index), "\n\n");
+  }
+  WriteFile(input, text);
+  TokenizeOptions options = TextOptions({input});
+  options.max_shard_tokens = 1;  // one document per shard
+  absl::StatusOr<TokenizeReport> first = TokenizeToShards(options);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_EQ(first->shards.size(), 6u);
+
+  options.max_shard_tokens = 1000;
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       AllOf(HasSubstr("output_dir: " + options.output_dir),
+                             HasSubstr("train-00000.mtt"))));
+  options.overwrite = true;
+  absl::StatusOr<TokenizeReport> second = TokenizeToShards(options);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->shards.size(), 1u);
+  // The five stale shards of the first run are gone.
+  int files = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(options.output_dir)) {
+    files += entry.path().extension() == ".mtt";
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST_F(TextCorpusTest, BadInputsAndOptions) {
+  const std::string missing = dir_ + "/missing.txt";
+  EXPECT_THAT(TokenizeToShards(TextOptions({missing})),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("input_paths: " + missing)));
+  EXPECT_THAT(TokenizeToShards(TextOptions({dir_})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("is a directory")));
+  const std::string input = dir_ + "/corpus.txt";
+  WriteFile(input, "hello\n");
+  TokenizeOptions options = TextOptions({input});
+  options.tokenizer_model = dir_ + "/missing.model";
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("tokenizer_model: " + dir_ + "/missing.model")));
+  options.tokenizer_model = "";
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tokenizer_model: required")));
+  options = TextOptions({input});
+  options.eval_fraction = 0.6;
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("eval_fraction: must be in [0, 0.5]")));
+  EXPECT_THAT(TokenizeToShards(TextOptions({})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("input_paths: is empty")));
+  const std::string empty = dir_ + "/empty.jsonl";
+  WriteFile(empty, "{\"text\": \"\"}\n\n");
+  EXPECT_THAT(TokenizeToShards(TextOptions({empty})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("no document with tokens")));
+}
+
+// ---------------------------------------------------------------------------
+// SFT (no tokenizer needed)
+
+TokenizeOptions SftOptions(const std::string& input, const std::string& out) {
+  TokenizeOptions options;
+  options.input_paths = {input};
+  options.format = CorpusFormat::kSftJsonl;
+  options.vocab_size = 50;
+  options.output_dir = out;
+  return options;
+}
+
+TEST(TextCorpusSftTest, WritesMaskThatTheLoaderApplies) {
+  const std::string dir = MakeTempDir();
+  const std::string input = dir + "/sft.jsonl";
+  WriteFile(input,
+            "{\"input_ids\": [5, 6, 7, 8], \"labels\": [-100, -100, 7, 8]}\n"
+            "{\"input_ids\": [9, 10], \"loss_mask\": [0, true]}\n"
+            "{\"input_ids\": [11, 12]}\n");
+  absl::StatusOr<TokenizeReport> report =
+      TokenizeToShards(SftOptions(input, dir + "/out"));
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->documents, 3u);
+  EXPECT_EQ(report->tokens, 8u);
+  EXPECT_EQ(report->masked_tokens, 3u);
+  EXPECT_EQ(report->vocab_size, 50);
+  EXPECT_EQ(report->eos_id, -1);
+  const std::string shard = dir + "/out/train-00000.mtt";
+  ASSERT_THAT(report->shards, ElementsAre(shard));
+  EXPECT_EQ(report->bytes_written,
+            FileSize(shard) + FileSize(shard + kLossMaskSuffix));
+  EXPECT_THAT(ReadDocs(shard),
+              ElementsAre(ElementsAre(5, 6, 7, 8), ElementsAre(9, 10),
+                          ElementsAre(11, 12)));
+  EXPECT_THAT(ReadDocs(shard + kLossMaskSuffix),
+              ElementsAre(ElementsAre(0, 0, 1, 1), ElementsAre(0, 1),
+                          ElementsAre(1, 1)));
+
+  DataLoaderOptions loader_options;
+  loader_options.tokens = shard;
+  loader_options.seq_len = 10;
+  loader_options.vocab_size = 50;
+  loader_options.eos_id = 49;
+  loader_options.shuffle = false;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(loader_options);
+  ASSERT_THAT(loader, IsOk());
+  absl::StatusOr<MicroBatch> batch = loader->NextTrainBatch(1);
+  ASSERT_THAT(batch, IsOk());
+  // Stream: 5 6 7 8 E 9 10 E 11 12 E.
+  EXPECT_THAT(batch->input_ids, ElementsAre(5, 6, 7, 8, 49, 9, 10, 49, 11, 12));
+  EXPECT_THAT(batch->labels, ElementsAre(-100, 7, 8, 49, -100, 10, 49, 11, 12,
+                                         49));
+}
+
+TEST(TextCorpusSftTest, BadExamplesNameFileLineAndField) {
+  const std::string dir = MakeTempDir();
+  struct Case {
+    std::string line;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"labels": [1]})", "field \"input_ids\" is missing"},
+      {R"({"input_ids": "1 2"})", "must be an array of token ids, got string"},
+      {R"({"input_ids": [1, 50]})",
+       "input_ids[1] = 50 is not an integer in [0, 50) (vocab_size)"},
+      {R"({"input_ids": [1, -2]})", "input_ids[1] = -2"},
+      {R"({"input_ids": [1, 2.5]})", "input_ids[1] = 2.5"},
+      {R"({"input_ids": [1, 2], "labels": [1]})",
+       "field \"labels\" must be an array of 2 values (one per input id), got "
+       "1 values"},
+      {R"({"input_ids": [1, 2], "labels": [1, 3]})",
+       "labels[1] = 3 must be -100 or input_ids[1] = 2"},
+      {R"({"input_ids": [1, 2], "loss_mask": [1, 2]})",
+       "loss_mask[1] = 2 must be 0, 1 or a bool"},
+      {R"({"input_ids": [1], "labels": [1], "loss_mask": [1]})",
+       "has both \"labels\" and \"loss_mask\""},
+  };
+  for (const Case& c : cases) {
+    const std::string input = dir + "/bad.jsonl";
+    WriteFile(input, "{\"input_ids\": [1, 2]}\n" + c.line + "\n");
+    TokenizeOptions options = SftOptions(input, dir + "/out");
+    options.overwrite = true;
+    EXPECT_THAT(TokenizeToShards(options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(input + ":2: "), HasSubstr(c.message))))
+        << c.line;
+  }
+  TokenizeOptions options = SftOptions(dir + "/bad.jsonl", dir + "/out");
+  options.add_bos = true;
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("add_bos: applies to text only")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
