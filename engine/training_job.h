@@ -34,6 +34,7 @@ struct ModelSource {
 // Where the training data comes from: exactly one of `tokens` and `text`.
 struct DataSpec {
   std::string tokens;     // a token shard file or a directory of *.mtt shards
+  std::string eval_tokens;  // optional held-out shards (then eval_fraction = 0)
   std::string text;       // plain text or JSONL {"text": ...}; needs tokenizer
   std::string tokenizer;  // SentencePiece model (with `text`)
   double eval_fraction = 0.0;  // held-out share of documents, [0, 0.5]
@@ -161,8 +162,18 @@ class TrainingJob {
   virtual void RequestCheckpoint() = 0;
 
   virtual int64_t step() const = 0;
+  virtual int64_t max_steps() const = 0;
   virtual MemoryFootprint footprint() const = 0;
 };
+
+// The job spec as JSON (field names as in the job file), stored in
+// checkpoints so a checkpoint describes how it was made.
+std::string JobSpecToJson(const JobSpec& spec);
+
+// Dense bf16 peak of a device, in FLOP/s, for MFU (NVIDIA datasheets:
+// H100/H200 SXM 989e12, A100 312e12); 0 when unknown (MFU not reported).
+// MEGATRAIN_PEAK_TFLOPS in the environment overrides it.
+double PeakBf16Flops(const std::string& device_name);
 
 // A checkpoint written by a job (see docs/checkpoint-format.md).
 struct CheckpointInfo {

@@ -1,0 +1,415 @@
+// The job-level training loop (training_job.h): model, data, trainer,
+// evaluation and checkpoints of one job.
+#include "engine/training_job.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/checkpoint.h"
+#include "engine/data_loader.h"
+#include "engine/hf_model.h"
+#include "engine/host_store.h"
+#include "engine/lr_schedule.h"
+#include "engine/status_macros.h"
+#include "engine/text_corpus.h"
+#include "engine/trainer.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status InRange(absl::string_view field, double value, double lo, double hi,
+                     bool lo_open = false) {
+  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be in ", lo_open ? "(" : "[", lo,
+                                                 ", ", hi, "], got ", value));
+}
+
+absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", value));
+}
+
+absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
+  if (!model.preset.empty()) return PresetConfig(model.preset);
+  absl::StatusOr<ModelConfig> config = LoadHfConfig(model.hf_dir);
+  if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
+  return config;
+}
+
+int64_t MaxSteps(const JobSpec& spec) {
+  if (spec.train.max_steps > 0) return spec.train.max_steps;
+  const int64_t tokens_per_step =
+      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
+  return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
+}
+
+HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
+  HostStoreOptions o;
+  o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16;
+  o.pin = pin;
+  return o;
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& s) {
+  if (s.model.preset.empty() == s.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir");
+  }
+  if (!s.model.preset.empty()) MEGATRAIN_RETURN_IF_ERROR(PresetConfig(s.model.preset).status());
+  if (s.data.tokens.empty() == s.data.text.empty()) {
+    return absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text");
+  }
+  if (!s.data.text.empty() && s.data.tokenizer.empty()) {
+    return absl::InvalidArgumentError("data.tokenizer: required with data.text (a SentencePiece model)");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(InRange("data.eval_fraction", s.data.eval_fraction, 0, 0.5));
+  if (!s.data.eval_tokens.empty() && s.data.eval_fraction > 0) {
+    return absl::InvalidArgumentError(
+        "data.eval_fraction: must be 0 when data.eval_tokens gives the held-out set");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.micro_batch", s.train.micro_batch, 1, 4096));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.seq_len", s.train.seq_len, 1, 1 << 20));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.gradient_accumulation_steps",
+                                       s.train.gradient_accumulation_steps, 1, 1 << 16));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.max_steps", s.train.max_steps, 0, int64_t{1} << 40));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.max_tokens", s.train.max_tokens, 0, int64_t{1} << 60));
+  if (s.train.max_steps == 0 && s.train.max_tokens == 0) {
+    return absl::InvalidArgumentError("train.max_steps: set train.max_steps or train.max_tokens (> 0)");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(InRange("train.max_grad_norm", s.train.max_grad_norm, 0, 1e9));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.lr", s.optimizer.lr, 0, 1, /*lo_open=*/true));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta1", s.optimizer.beta1, 0, 0.999999));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta2", s.optimizer.beta2, 0, 0.999999999));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.eps", s.optimizer.eps, 0, 1));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.weight_decay", s.optimizer.weight_decay, 0, 10));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.min_lr_ratio", s.optimizer.min_lr_ratio, 0, 1));
+  MEGATRAIN_RETURN_IF_ERROR(ParseLrScheduleKind(s.optimizer.schedule).status());
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("optimizer.warmup_steps", s.optimizer.warmup_steps, 0, MaxSteps(s)));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("eval.every_steps", s.eval.every_steps, 0, int64_t{1} << 40));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("eval.batches", s.eval.batches, 1, 1 << 20));
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("checkpoint.every_steps", s.checkpoint.every_steps, 0, int64_t{1} << 40));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("checkpoint.keep_last", s.checkpoint.keep_last, 1, 1 << 20));
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("checkpoint.keep_every", s.checkpoint.keep_every, 0, int64_t{1} << 40));
+  if (s.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  MemoryFootprint f;
+  f.params = config.ParamCount();
+  f.host = HostStore::EstimateBytes(config, StoreOptions(spec, /*pin=*/true));
+  const ModelLayout layout = ModelLayout::Create(config);
+  int64_t max_block = 0;
+  for (size_t b = 1; b < layout.blocks.size(); ++b) max_block = std::max(max_block, layout.blocks[b].numel);
+  if (config.tie_word_embeddings) max_block = std::max(max_block, layout.blocks[0].numel);
+  const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
+  const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
+  // Pinned staging: 2 gradient buffers + the activation upload buffer.
+  f.host.staging = 2 * std::max(max_block * esize, tokens * config.hidden_size * 4) +
+                   tokens * (config.hidden_size * 4 + 8);
+  f.host_total_bytes = f.host.Total();
+  // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
+  // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
+  // tensors, a rough bound).
+  f.device_estimate_bytes = 5 * max_block * esize +
+                            config.num_hidden_layers * tokens * config.hidden_size * 4 +
+                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
+  return f;
+}
+
+std::string JobSpecToJson(const JobSpec& s) {
+  nlohmann::json j;
+  j["name"] = s.name;
+  j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
+  j["data"] = {{"tokens", s.data.tokens},       {"eval_tokens", s.data.eval_tokens},
+               {"text", s.data.text},           {"tokenizer", s.data.tokenizer},
+               {"eval_fraction", s.data.eval_fraction}, {"shuffle_seed", s.data.shuffle_seed}};
+  j["train"] = {{"micro_batch", s.train.micro_batch},
+                {"seq_len", s.train.seq_len},
+                {"gradient_accumulation_steps", s.train.gradient_accumulation_steps},
+                {"max_steps", s.train.max_steps},
+                {"max_tokens", s.train.max_tokens},
+                {"compute_dtype", ComputeDtypeName(s.train.compute_dtype)},
+                {"max_grad_norm", s.train.max_grad_norm},
+                {"seed", s.train.seed},
+                {"skip_nonfinite_steps", s.train.skip_nonfinite_steps}};
+  j["optimizer"] = {{"lr", s.optimizer.lr},
+                    {"beta1", s.optimizer.beta1},
+                    {"beta2", s.optimizer.beta2},
+                    {"eps", s.optimizer.eps},
+                    {"weight_decay", s.optimizer.weight_decay},
+                    {"warmup_steps", s.optimizer.warmup_steps},
+                    {"schedule", s.optimizer.schedule},
+                    {"min_lr_ratio", s.optimizer.min_lr_ratio}};
+  j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
+  j["checkpoint"] = {{"every_steps", s.checkpoint.every_steps},
+                     {"keep_last", s.checkpoint.keep_last},
+                     {"keep_every", s.checkpoint.keep_every}};
+  j["output_dir"] = s.output_dir;
+  return j.dump();
+}
+
+double PeakBf16Flops(const std::string& device_name) {
+  if (const char* env = std::getenv("MEGATRAIN_PEAK_TFLOPS")) {
+    const double tflops = std::atof(env);
+    if (tflops > 0) return tflops * 1e12;
+  }
+  if (absl::StrContains(device_name, "H100") || absl::StrContains(device_name, "H200")) return 989e12;
+  if (absl::StrContains(device_name, "A100")) return 312e12;
+  return 0;
+}
+
+namespace {
+
+class TrainingJobImpl final : public TrainingJob {
+ public:
+  TrainingJobImpl(JobSpec spec, ModelConfig config) : spec_(std::move(spec)), config_(config) {}
+
+  absl::Status Init(const std::string& device, const std::optional<std::string>& resume_from);
+  absl::StatusOr<JobOutcome> Run(JobObserver* observer) override;
+  void RequestStop(StopKind kind) override {
+    absl::MutexLock lock(&mu_);
+    stop_ = kind;
+  }
+  void RequestCheckpoint() override {
+    absl::MutexLock lock(&mu_);
+    checkpoint_requested_ = true;
+  }
+  int64_t step() const override { return trainer_->step(); }
+  int64_t max_steps() const override { return max_steps_; }
+  MemoryFootprint footprint() const override { return footprint_; }
+
+ private:
+  absl::Status PrepareData();
+  absl::Status WriteCheckpointNow(JobObserver* observer);
+
+  JobSpec spec_;
+  ModelConfig config_;
+  int64_t max_steps_ = 0;
+  MemoryFootprint footprint_;
+  std::unique_ptr<Trainer> trainer_;
+  std::optional<DataLoader> loader_;
+  std::vector<MicroBatch> eval_batches_;
+  std::string train_tokens_, eval_tokens_;
+  int64_t eos_id_ = 0;
+
+  absl::Mutex mu_;
+  std::optional<StopKind> stop_ ABSL_GUARDED_BY(mu_);
+  bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Text input is tokenized once into <output_dir>/data/{train,eval}; a
+// resumed job finds the shards there and reuses them.
+absl::Status TrainingJobImpl::PrepareData() {
+  eos_id_ = config_.eos_token_id;
+  if (!spec_.data.tokens.empty()) {
+    train_tokens_ = spec_.data.tokens;
+    eval_tokens_ = spec_.data.eval_tokens;
+    return absl::OkStatus();
+  }
+  const fs::path data_dir = fs::path(spec_.output_dir) / "data";
+  train_tokens_ = (data_dir / "train").string();
+  const bool with_eval = spec_.data.eval_fraction > 0;
+  if (with_eval) eval_tokens_ = (data_dir / "eval").string();
+  const fs::path report_path = data_dir / "tokenize.json";
+  if (fs::exists(report_path)) {
+    std::ifstream in(report_path);
+    nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!report.is_discarded() && report.contains("eos_id")) {
+      eos_id_ = report["eos_id"].get<int64_t>();
+      return absl::OkStatus();
+    }
+  }
+  TokenizeOptions t;
+  t.input_paths = {spec_.data.text};
+  t.tokenizer_model = spec_.data.tokenizer;
+  t.vocab_size = config_.vocab_size;
+  t.output_dir = train_tokens_;
+  t.overwrite = true;
+  t.eval_fraction = spec_.data.eval_fraction;
+  t.split_seed = spec_.data.shuffle_seed;
+  if (with_eval) t.eval_output_dir = eval_tokens_;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(t);
+  if (!report.ok()) return Annotate(report.status(), "data.text");
+  eos_id_ = report->eos_id;
+  std::ofstream out(report_path);
+  out << nlohmann::json{{"documents", report->documents}, {"tokens", report->tokens},
+                        {"eval_documents", report->eval_documents},
+                        {"eos_id", report->eos_id}}.dump();
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJobImpl::Init(const std::string& device,
+                                   const std::optional<std::string>& resume_from) {
+  max_steps_ = MaxSteps(spec_);
+  MEGATRAIN_ASSIGN_OR_RETURN(footprint_, EstimateFootprint(spec_));
+  std::error_code ec;
+  fs::create_directories(spec_.output_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("output_dir: cannot create '", spec_.output_dir, "': ", ec.message()));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(PrepareData());
+  DataLoaderOptions d;
+  d.tokens = train_tokens_;
+  d.eval_tokens = eval_tokens_;
+  d.seq_len = spec_.train.seq_len;
+  d.vocab_size = config_.vocab_size;
+  d.eos_id = eos_id_;
+  d.eval_fraction = spec_.data.text.empty() ? spec_.data.eval_fraction : 0.0;
+  d.shuffle_seed = spec_.data.shuffle_seed;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(d);
+  if (!loader.ok()) return Annotate(loader.status(), "data");
+  loader_.emplace(std::move(*loader));
+  if (spec_.eval.every_steps > 0) {
+    absl::StatusOr<std::vector<MicroBatch>> eval =
+        loader_->EvalBatches(spec_.train.micro_batch, spec_.eval.batches);
+    if (!eval.ok()) return Annotate(eval.status(), "eval");
+    eval_batches_ = std::move(*eval);
+  }
+
+  TrainerOptions t;
+  t.device = device;
+  t.compute_dtype = spec_.train.compute_dtype;
+  t.micro_batch = spec_.train.micro_batch;
+  t.seq_len = spec_.train.seq_len;
+  t.adamw.lr = spec_.optimizer.lr;
+  t.adamw.beta1 = spec_.optimizer.beta1;
+  t.adamw.beta2 = spec_.optimizer.beta2;
+  t.adamw.eps = spec_.optimizer.eps;
+  t.adamw.weight_decay = spec_.optimizer.weight_decay;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.schedule.kind, ParseLrScheduleKind(spec_.optimizer.schedule));
+  t.schedule.warmup_steps = spec_.optimizer.warmup_steps;
+  t.schedule.total_steps = max_steps_;
+  t.schedule.min_lr_ratio = spec_.optimizer.min_lr_ratio;
+  t.max_grad_norm = spec_.train.max_grad_norm;
+  t.skip_nonfinite_steps = spec_.train.skip_nonfinite_steps;
+  MEGATRAIN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, t, spec_.train.seed));
+  if (!spec_.model.hf_dir.empty()) {
+    MEGATRAIN_RETURN_IF_ERROR(Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()),
+                                       "model.hf_dir"));
+  }
+  if (resume_from.has_value()) {
+    absl::StatusOr<CheckpointState> state = ReadCheckpoint(*resume_from, &trainer_->store());
+    if (!state.ok()) return Annotate(state.status(), "resume");
+    trainer_->set_step(state->step);
+    absl::StatusOr<DataCursor> cursor = DataCursor::FromJson(state->data_cursor_json);
+    if (!cursor.ok()) return Annotate(cursor.status(), absl::StrCat(*resume_from, ": data cursor"));
+    MEGATRAIN_RETURN_IF_ERROR(Annotate(loader_->RestoreCursor(*cursor), "resume"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
+  const auto start = std::chrono::steady_clock::now();
+  MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
+  CheckpointState state;
+  state.step = trainer_->step();
+  state.rng_state = spec_.train.seed;
+  state.data_cursor_json = loader_->cursor().ToJson();
+  state.job_spec_json = JobSpecToJson(spec_);
+  state.schedule_json = nlohmann::json{{"schedule", spec_.optimizer.schedule},
+                                       {"warmup_steps", spec_.optimizer.warmup_steps},
+                                       {"total_steps", max_steps_},
+                                       {"min_lr_ratio", spec_.optimizer.min_lr_ratio},
+                                       {"peak_lr", spec_.optimizer.lr}}
+                            .dump();
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      CheckpointInfo info,
+      WriteCheckpoint(trainer_->store(), state, spec_.output_dir, spec_.checkpoint));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (observer != nullptr) observer->OnCheckpoint(info.step, info.dir, seconds);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobOutcome> TrainingJobImpl::Run(JobObserver* observer) {
+  const double flops_per_token = config_.TrainFlopsPerToken(spec_.train.seq_len);
+  const double peak = PeakBf16Flops(trainer_->device_name());
+  int64_t last_checkpoint_step = -1;
+  while (trainer_->step() < max_steps_) {
+    std::optional<StopKind> stop;
+    bool checkpoint_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stop = stop_;
+      checkpoint_now = std::exchange(checkpoint_requested_, false);
+    }
+    if (stop == StopKind::kCancel) {
+      MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
+      return JobOutcome::kCancelled;
+    }
+    if (stop == StopKind::kSuspend) {
+      if (last_checkpoint_step != trainer_->step()) {
+        MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+      }
+      return JobOutcome::kSuspended;
+    }
+    if (checkpoint_now) {
+      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+      last_checkpoint_step = trainer_->step();
+    }
+    std::vector<MicroBatch> batches;
+    for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
+      absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
+      if (!batch.ok()) return Annotate(batch.status(), "data");
+      batches.push_back(std::move(*batch));
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(StepResult r, trainer_->Step(batches));
+    StepReport report;
+    report.step = trainer_->step();
+    report.max_steps = max_steps_;
+    report.loss = r.loss;
+    report.grad_norm = r.grad_norm;
+    report.lr = r.lr;
+    report.skipped = r.skipped;
+    report.stats = r.stats;
+    report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
+    report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
+    if (observer != nullptr) observer->OnStep(report);
+    const int64_t step = trainer_->step();
+    if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
+        (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
+      MEGATRAIN_ASSIGN_OR_RETURN(double eval_loss, trainer_->Evaluate(eval_batches_));
+      if (observer != nullptr) observer->OnEval(step, eval_loss);
+    }
+    if (spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0 &&
+        step < max_steps_) {
+      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+      last_checkpoint_step = step;
+    }
+  }
+  if (last_checkpoint_step != trainer_->step()) {
+    MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+  }
+  return JobOutcome::kSucceeded;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
+    const JobSpec& spec, const std::string& device, const std::optional<std::string>& resume_from) {
+  MEGATRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  auto job = std::make_unique<TrainingJobImpl>(spec, config);
+  MEGATRAIN_RETURN_IF_ERROR(job->Init(device, resume_from));
+  return std::unique_ptr<TrainingJob>(std::move(job));
+}
+
+}  // namespace megatrain::engine
