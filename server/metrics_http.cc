@@ -2,6 +2,9 @@
 #include "server/metrics_http.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "server/net_util.h"
@@ -14,6 +17,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (!address.ok()) return address.status();
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->http_ = std::make_unique<httplib::Server>();
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would
+  // let a second daemon bind the same port silently.
+  server->http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server->http_->Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics->TextExposition(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -35,6 +44,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   httplib::Server* http = server->http_.get();
   server->thread_ = std::thread([http] { http->listen_after_bind(); });
+  // httplib's stop() is a no-op until the listener thread has marked itself
+  // running, and it offers no readiness notification: wait (bounded, ~5 s)
+  // so that a Stop() right after Start() cannot be lost.
+  for (int attempt = 0; attempt < 5000 && !http->is_running(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!http->is_running()) {
+    return absl::InternalError(absl::StrCat("--metrics_listen: ", listen, ": listener did not start"));
+  }
   return server;
 }
 

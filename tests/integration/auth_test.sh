@@ -14,7 +14,7 @@ tokens="$WORK/tokens.yaml"
 
 log "without --auth_tokens a non-loopback --listen is refused"
 rc=0
-"$DAEMON_BIN" --listen=0.0.0.0:0 --metrics_listen= --state_dir="$WORK/refused" --device=cpu \
+"$DAEMON_BIN" --listen=0.0.0.0:0 --metrics_listen=127.0.0.1:0 --state_dir="$WORK/refused" --device=cpu \
   >/dev/null 2>"$WORK/refused.log" || rc=$?
 [[ $rc == 1 ]] || fail "expected exit 1, got $rc"
 grep -q "serves only loopback" "$WORK/refused.log" || fail "$(cat "$WORK/refused.log")"

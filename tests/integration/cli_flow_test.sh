@@ -134,7 +134,8 @@ expect_cli_error RESOURCE_EXHAUSTED "--host_memory_budget is 4.00 GiB" submit "$
 
 log "status and metrics"
 cli status >/dev/null
-cli metrics | grep -q '^megatrain_tokens_total' || fail "no megatrain_tokens_total"
+metrics=$(cli metrics)
+grep -q '^megatrain_tokens_total [1-9]' <<<"$metrics" || fail "no megatrain_tokens_total > 0"
 
 log "SIGTERM: exit 0"
 stop_daemon TERM || fail "megatraind exited $? on SIGTERM"

@@ -23,7 +23,7 @@ CLEANUP_PIDS=()
 cleanup() {
   local pid
   for pid in "${CLEANUP_PIDS[@]}" $DAEMON_PID; do
-    kill -9 "$pid" 2>/dev/null || true
+    { kill -9 "$pid" && wait "$pid"; } 2>/dev/null || true
   done
   if [[ "${KEEP_WORK:-0}" != 1 ]]; then rm -rf "$WORK"; fi
 }
@@ -68,7 +68,7 @@ stop_daemon() {
   local signal=${1:-TERM}
   local rc=0
   kill "-$signal" "$DAEMON_PID"
-  wait "$DAEMON_PID" || rc=$?
+  wait "$DAEMON_PID" 2>/dev/null || rc=$?
   DAEMON_PID=""
   return "$rc"
 }

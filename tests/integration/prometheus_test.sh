@@ -14,6 +14,7 @@ prom_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0
 config="$WORK/prometheus.yml"
 sed -e "s/127\.0\.0\.1:9400/$METRICS_ADDR/" \
     -e 's/scrape_interval: [0-9]*s/scrape_interval: 1s/' \
+    -e 's/scrape_timeout: [0-9]*s/scrape_timeout: 1s/' \
     "$SOURCE_DIR/deploy/prometheus.yml" >"$config"
 cp "$SOURCE_DIR/deploy/prometheus-rules.yml" "$WORK/"
 promtool check config "$config" >/dev/null || fail "promtool rejects $config"

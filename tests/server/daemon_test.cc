@@ -9,6 +9,8 @@
 #include <httplib.h>
 #include <stdlib.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -189,9 +191,9 @@ TEST_F(DaemonTest, CheckpointsJsonListsIdsAndExportWritesADirectory) {
   CliResult listed = Cli({"--server", address_, "checkpoints", "job-000001", "--json"});
   ASSERT_EQ(listed.code, 0) << listed.err;
   json checkpoints = ParseJson(listed)["checkpoints"];
-  ASSERT_EQ(checkpoints.size(), 3u);  // steps 2, 4, 5
-  EXPECT_EQ(checkpoints[0]["id"], "job-000001/step-2");
-  EXPECT_EQ(checkpoints[2]["id"], "job-000001/step-5");
+  ASSERT_EQ(checkpoints.size(), 2u);  // steps 2, 4, 5 written; keep_last 2
+  EXPECT_EQ(checkpoints[0]["id"], "job-000001/step-4");
+  EXPECT_EQ(checkpoints[1]["id"], "job-000001/step-5");
 
   const std::string out_dir = MakeTempDir() + "/hf";
   CliResult exported =
@@ -332,7 +334,8 @@ std::string HealthCheck(const std::string& address) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::ByteBuffer request;  // empty message
+  grpc::Slice empty_message("");
+  grpc::ByteBuffer request(&empty_message, 1);  // HealthCheckRequest{} is 0 bytes
   grpc::ByteBuffer response;
   std::promise<grpc::Status> done;
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
@@ -527,6 +530,59 @@ TEST_F(AuthDaemonTest, WithAuthAnyAddressMayBeServed) {
   options_.listen = "0.0.0.0:0";
   StartDaemon();
   EXPECT_GT(daemon_->grpc_port(), 0);
+}
+
+// --- TLS ---
+
+// Self-signed certificates made with the openssl CLI (the test is skipped
+// where it is missing). A self-signed certificate is its own CA, so the
+// server's doubles as the client's trust root and the client's as the
+// server's --tls_client_ca.
+class TlsDaemonTest : public DaemonTest {
+ protected:
+  void SetUp() override {
+    DaemonTest::SetUp();
+    if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl CLI";
+    for (const std::string name : {"server", "client"}) {
+      const std::string command = absl::StrCat(
+          "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=", name,
+          " -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout ", state_dir_, "/", name,
+          ".key -out ", state_dir_, "/", name, ".pem > /dev/null 2>&1");
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+    options_.tls_cert = state_dir_ + "/server.pem";
+    options_.tls_key = state_dir_ + "/server.key";
+  }
+};
+
+TEST_F(TlsDaemonTest, ServesTlsToClientsTrustingItsCertificate) {
+  StartDaemon();
+  CliResult trusted =
+      Cli({"--server", address_, "--tls_ca", state_dir_ + "/server.pem", "status", "--json"});
+  ASSERT_EQ(trusted.code, 0) << trusted.err;
+  EXPECT_EQ(ParseJson(trusted)["version"], kVersion);
+  CliResult plaintext = Cli({"--server", address_, "--timeout", "5", "status"});
+  EXPECT_EQ(plaintext.code, client::kExitError);
+  EXPECT_THAT(plaintext.err, HasSubstr("UNAVAILABLE"));
+}
+
+TEST_F(TlsDaemonTest, MutualTlsRequiresAClientCertificate) {
+  options_.tls_client_ca = state_dir_ + "/client.pem";
+  StartDaemon();
+  CliResult with_cert = Cli({"--server", address_, "--tls_ca", state_dir_ + "/server.pem",
+                             "--tls_cert", state_dir_ + "/client.pem", "--tls_key",
+                             state_dir_ + "/client.key", "status"});
+  EXPECT_EQ(with_cert.code, 0) << with_cert.err;
+  CliResult without_cert = Cli(
+      {"--server", address_, "--timeout", "5", "--tls_ca", state_dir_ + "/server.pem", "status"});
+  EXPECT_EQ(without_cert.code, client::kExitError);
+  EXPECT_THAT(without_cert.err, HasSubstr("UNAVAILABLE"));
+}
+
+TEST_F(TlsDaemonTest, MissingKeyFileIsNotFound) {
+  options_.tls_key = state_dir_ + "/nonexistent.key";
+  EXPECT_THAT(Daemon::Start(options_, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("--tls_key")));
 }
 
 }  // namespace

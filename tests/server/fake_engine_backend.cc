@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace megatrain::server::testing {
 
@@ -38,9 +40,13 @@ bool FakeJobControl::WaitForEnd(absl::Duration timeout) {
 // The fake training loop (see the header).
 class FakeTrainingJob final : public engine::TrainingJob {
  public:
-  FakeTrainingJob(engine::JobSpec spec, bool gated, std::shared_ptr<FakeJobControl> control,
-                  engine::MemoryFootprint footprint)
-      : spec_(std::move(spec)), gated_(gated), control_(std::move(control)), footprint_(footprint) {
+  FakeTrainingJob(engine::JobSpec spec, bool gated, absl::Duration step_duration,
+                  std::shared_ptr<FakeJobControl> control, engine::MemoryFootprint footprint)
+      : spec_(std::move(spec)),
+        gated_(gated),
+        step_duration_(step_duration),
+        control_(std::move(control)),
+        footprint_(footprint) {
     step_ = control_->start_step;
   }
 
@@ -64,8 +70,11 @@ class FakeTrainingJob final : public engine::TrainingJob {
   }
 
   void RequestCheckpoint() override {
-    std::lock_guard<std::mutex> lock(control_->mu_);
-    control_->checkpoint_requested_ = true;
+    {
+      std::lock_guard<std::mutex> lock(control_->mu_);
+      control_->checkpoint_requested_ = true;
+    }
+    control_->cv_.notify_all();
   }
 
   int64_t step() const override { return step_; }
@@ -106,6 +115,7 @@ class FakeTrainingJob final : public engine::TrainingJob {
           --control_->permits_;
         }
       }
+      if (step_duration_ > absl::ZeroDuration()) absl::SleepFor(step_duration_);  // simulated work
       ++step_;
       engine::StepReport report;
       report.step = step_;
@@ -145,10 +155,26 @@ class FakeTrainingJob final : public engine::TrainingJob {
     fs::create_directories(dir);
     std::ofstream(dir / "state") << step_ << "\n";
     observer->OnCheckpoint(step_, dir.string(), 0.001);
+    // Retention like the engine's checkpoint.keep_last (keep_every ignored).
+    if (spec_.checkpoint.keep_last > 0) {
+      std::vector<std::pair<int64_t, fs::path>> existing;
+      for (const auto& entry : fs::directory_iterator(spec_.output_dir)) {
+        const std::string name = entry.path().filename().string();
+        int64_t step = 0;
+        if (absl::StartsWith(name, "step-") &&
+            absl::SimpleAtoi(absl::string_view(name).substr(5), &step)) {
+          existing.emplace_back(step, entry.path());
+        }
+      }
+      std::sort(existing.begin(), existing.end());
+      const int64_t excess = static_cast<int64_t>(existing.size()) - spec_.checkpoint.keep_last;
+      for (int64_t old_idx = 0; old_idx < excess; ++old_idx) fs::remove_all(existing[old_idx].second);
+    }
   }
 
   const engine::JobSpec spec_;
   const bool gated_;
+  const absl::Duration step_duration_;
   const std::shared_ptr<FakeJobControl> control_;
   const engine::MemoryFootprint footprint_;
   int64_t step_ = 0;
@@ -162,8 +188,37 @@ absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.micro_batch: must be in [1, 4096], got ", spec.train.micro_batch));
   }
+  if (spec.train.seq_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("train.seq_len: must be >= 1, got ", spec.train.seq_len));
+  }
+  if (spec.train.gradient_accumulation_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("train.gradient_accumulation_steps: must be >= 1, got ",
+                                                   spec.train.gradient_accumulation_steps));
+  }
   if (spec.train.max_steps <= 0 && spec.train.max_tokens <= 0) {
     return absl::InvalidArgumentError("train.max_steps: one of max_steps and max_tokens must be > 0");
+  }
+  if (!(spec.optimizer.lr > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.lr: must be > 0, got ", spec.optimizer.lr));
+  }
+  if (spec.optimizer.schedule != "cosine" && spec.optimizer.schedule != "linear" &&
+      spec.optimizer.schedule != "constant") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.schedule: must be cosine, linear or constant, got '",
+                     spec.optimizer.schedule, "'"));
+  }
+  if (spec.data.tokens.empty() == spec.data.text.empty()) {
+    return absl::InvalidArgumentError("data: give exactly one of tokens and text");
+  }
+  if (!spec.model.preset.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool known = spec.model.preset == "tiny" || spec.model.preset == "llama-1b" ||
+                       spec.model.preset == "llama-3b" || spec.model.preset == "llama-8b" ||
+                       footprint_bytes_by_preset.count(spec.model.preset) > 0;
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.preset: unknown preset '", spec.model.preset, "'"));
+    }
   }
   return absl::OkStatus();
 }
@@ -202,15 +257,17 @@ absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJo
   }
   absl::StatusOr<engine::MemoryFootprint> footprint = EstimateFootprint(spec);
   bool gated_now = false;
+  absl::Duration step_duration_now;
   {
     std::lock_guard<std::mutex> lock(mu_);
     created_.push_back(control);
     gated_now = gated;
+    step_duration_now = step_duration;
   }
   cv_.notify_all();
   if (!fail_create_name.empty() && spec.name == fail_create_name) return fail_create_status;
   return std::unique_ptr<engine::TrainingJob>(
-      new FakeTrainingJob(spec, gated_now, control, *footprint));
+      new FakeTrainingJob(spec, gated_now, step_duration_now, control, *footprint));
 }
 
 absl::StatusOr<std::vector<engine::CheckpointInfo>> FakeEngineBackend::ListCheckpoints(
@@ -240,6 +297,7 @@ absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,
   fs::create_directories(out_dir);
   std::ofstream(fs::path(out_dir) / "config.json")
       << "{\"from\": \"" << checkpoint_dir << "\", \"dtype\": \"" << dtype << "\"}\n";
+  std::ofstream(fs::path(out_dir) / "model.safetensors");  // empty stand-in
   return absl::OkStatus();
 }
 

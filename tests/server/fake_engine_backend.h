@@ -5,14 +5,19 @@
 // Its jobs "train" without any model: step k reports loss 5 * exp(-0.05 k),
 // 1024 tokens and 10 ms; checkpoints are directories <output_dir>/step-<k>
 // holding one file, which ListCheckpoints finds again (so suspend/resume and
-// crash recovery resume from the right step). Jobs either run freely or, when
+// crash recovery resume from the right step); checkpoint.keep_last is
+// honoured like the engine does. Jobs either run freely or, when
 // `gated`, wait before each step until the test grants steps
 // (FakeJobControl::AllowSteps) or a stop is requested: tests decide exactly
 // when each step happens, without sleeps.
 //
-// Validation mimics the engine's: train.micro_batch in [1, 4096]; exactly one
-// of model.preset / model.hf_dir; max_steps or max_tokens > 0. Footprints come
-// from `footprint_bytes_by_preset` (default 1 MiB).
+// Validation mimics a few of the engine's checks, each naming its field:
+// exactly one of model.preset / model.hf_dir, train.micro_batch in [1, 4096],
+// seq_len and gradient_accumulation_steps >= 1, max_steps or max_tokens > 0,
+// optimizer.lr > 0, a known optimizer.schedule, exactly one of data.tokens /
+// data.text, a known preset (tiny, llama-*, or a key of
+// `footprint_bytes_by_preset`). Footprints come from
+// `footprint_bytes_by_preset` (default 1 MiB).
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef MEGATRAIN_TESTS_SERVER_FAKE_ENGINE_BACKEND_H_
@@ -64,6 +69,9 @@ class FakeEngineBackend final : public EngineBackend {
  public:
   // Settings; change before jobs are created.
   bool gated = false;
+  // Simulated wall time of one step (0 in unit tests, which gate instead);
+  // lets a manual harness drive the daemon at a human pace.
+  absl::Duration step_duration = absl::ZeroDuration();
   int cuda_device_count = 0;
   std::map<std::string, int64_t> footprint_bytes_by_preset;
   // CreateJob fails with this for specs named `fail_create_name`.
