@@ -150,6 +150,7 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
   };
   const Fields data_fields = {
       MEGATRAIN_JOB_FIELD("tokens", Path, data->set_tokens),
+      MEGATRAIN_JOB_FIELD("eval_tokens", Path, data->set_eval_tokens),
       MEGATRAIN_JOB_FIELD("text", Path, data->set_text),
       MEGATRAIN_JOB_FIELD("tokenizer", Path, data->set_tokenizer),
       MEGATRAIN_JOB_FIELD("eval_fraction", Double, data->set_eval_fraction),

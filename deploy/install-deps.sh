@@ -15,7 +15,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   prometheus-cpp-dev libcpp-httplib-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev libssl-dev
   # tests
-  libgtest-dev libgmock-dev prometheus curl openssl
+  libgtest-dev libgmock-dev prometheus curl openssl jq python3
 )
 
 missing=()

@@ -105,7 +105,6 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   MEGATRAIN_RETURN_IF_ERROR(IntInRange("checkpoint.keep_last", s.checkpoint.keep_last, 1, 1 << 20));
   MEGATRAIN_RETURN_IF_ERROR(
       IntInRange("checkpoint.keep_every", s.checkpoint.keep_every, 0, int64_t{1} << 40));
-  if (s.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
   return absl::OkStatus();
 }
 
@@ -406,6 +405,7 @@ absl::StatusOr<JobOutcome> TrainingJobImpl::Run(JobObserver* observer) {
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
     const JobSpec& spec, const std::string& device, const std::optional<std::string>& resume_from) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  if (spec.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   auto job = std::make_unique<TrainingJobImpl>(spec, config);
   MEGATRAIN_RETURN_IF_ERROR(job->Init(device, resume_from));

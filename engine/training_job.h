@@ -89,7 +89,8 @@ struct JobSpec {
 
 // Checks every field. INVALID_ARGUMENT naming the field path and the value
 // ("train.micro_batch: must be in [1, 4096], got 0"); UNIMPLEMENTED for an
-// unsupported architecture. Does not touch the file system.
+// unsupported architecture. Does not touch the file system. `output_dir`
+// may still be empty here (the server assigns one); Create() needs it.
 absl::Status ValidateJobSpec(const JobSpec& spec);
 
 // Host and device memory a job needs, in bytes. See docs/operations.md for

@@ -15,6 +15,7 @@ std::string JobRequestToJson(const JobRequest& request) {
   j["name"] = spec.name;
   j["model"] = {{"preset", spec.model.preset}, {"hf_dir", spec.model.hf_dir}};
   j["data"] = {{"tokens", spec.data.tokens},
+               {"eval_tokens", spec.data.eval_tokens},
                {"text", spec.data.text},
                {"tokenizer", spec.data.tokenizer},
                {"eval_fraction", spec.data.eval_fraction},
@@ -75,6 +76,7 @@ absl::StatusOr<JobRequest> JobRequestFromJson(absl::string_view text) {
     Get(model, "hf_dir", &spec.model.hf_dir);
     const json& data = Section(j, "data");
     Get(data, "tokens", &spec.data.tokens);
+    Get(data, "eval_tokens", &spec.data.eval_tokens);
     Get(data, "text", &spec.data.text);
     Get(data, "tokenizer", &spec.data.tokenizer);
     Get(data, "eval_fraction", &spec.data.eval_fraction);

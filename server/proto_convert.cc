@@ -35,6 +35,7 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
 
   const v1::DataSpec& data = in.data();
   spec.data.tokens = data.tokens();
+  spec.data.eval_tokens = data.eval_tokens();
   spec.data.text = data.text();
   spec.data.tokenizer = data.tokenizer();
   if (data.has_eval_fraction()) spec.data.eval_fraction = data.eval_fraction();
@@ -127,6 +128,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   out->mutable_model()->set_hf_dir(spec.model.hf_dir);
   v1::DataSpec* data = out->mutable_data();
   data->set_tokens(spec.data.tokens);
+  data->set_eval_tokens(spec.data.eval_tokens);
   data->set_text(spec.data.text);
   data->set_tokenizer(spec.data.tokenizer);
   data->set_eval_fraction(spec.data.eval_fraction);

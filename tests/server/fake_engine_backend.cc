@@ -78,6 +78,7 @@ class FakeTrainingJob final : public engine::TrainingJob {
   }
 
   int64_t step() const override { return step_; }
+  int64_t max_steps() const override { return spec_.train.max_steps; }
   engine::MemoryFootprint footprint() const override { return footprint_; }
 
  private:

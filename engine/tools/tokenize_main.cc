@@ -1,0 +1,78 @@
+// megatrain-tokenize: text, JSONL or SFT JSONL -> token shards (the
+// documented format of docs/data-format.md), with a SentencePiece model.
+// Also reached as `megatrain tokenize ...` (the CLI runs this program).
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "engine/text_corpus.h"
+#include "nlohmann/json.hpp"
+
+int main(int argc, char** argv) {
+  megatrain::engine::TokenizeOptions o;
+  std::string format = "auto";
+  bool json = false;
+  CLI::App app{"megatrain tokenize: write token shards from text with a SentencePiece model"};
+  app.name("megatrain tokenize");
+  app.add_option("inputs", o.input_paths, "Text (.txt, documents separated by blank lines) "
+                                          "or JSONL ({\"text\": ...}) files")
+      ->required();
+  app.add_option("--tokenizer", o.tokenizer_model, "SentencePiece model file")->required();
+  app.add_option("--out", o.output_dir, "Output directory for the shards")->required();
+  app.add_option("--format", format, "auto | text | jsonl | sft")->capture_default_str();
+  app.add_option("--text_field", o.text_field, "JSONL field holding the text")->capture_default_str();
+  app.add_option("--vocab_size", o.vocab_size, "Model vocabulary (ids must be below it; 0: the tokenizer's)");
+  app.add_option("--eval_fraction", o.eval_fraction, "Share of documents held out, [0, 0.5]");
+  app.add_option("--eval_out", o.eval_output_dir, "Output directory of the held-out shards");
+  app.add_option("--split_seed", o.split_seed, "Seed of the held-out split");
+  app.add_option("--max_shard_tokens", o.max_shard_tokens, "Tokens per shard file");
+  app.add_option("--prefix", o.shard_prefix, "Shard file name prefix")->capture_default_str();
+  app.add_flag("--add_bos", o.add_bos, "Start every document with BOS");
+  app.add_flag("--overwrite", o.overwrite, "Replace existing shards in --out");
+  app.add_flag("--json", json, "Print the report as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  using megatrain::engine::CorpusFormat;
+  if (format == "auto") {
+    o.format = CorpusFormat::kAuto;
+  } else if (format == "text") {
+    o.format = CorpusFormat::kPlainText;
+  } else if (format == "jsonl") {
+    o.format = CorpusFormat::kJsonl;
+  } else if (format == "sft") {
+    o.format = CorpusFormat::kSftJsonl;
+  } else {
+    std::fprintf(stderr, "megatrain tokenize: --format: unknown '%s' (auto|text|jsonl|sft)\n",
+                 format.c_str());
+    return 2;
+  }
+  auto report = megatrain::engine::TokenizeToShards(o);
+  if (!report.ok()) {
+    std::fprintf(stderr, "megatrain tokenize: %s\n", report.status().ToString().c_str());
+    return 1;
+  }
+  if (json) {
+    nlohmann::json j{{"documents", report->documents},
+                     {"tokens", report->tokens},
+                     {"eval_documents", report->eval_documents},
+                     {"eval_tokens", report->eval_tokens},
+                     {"skipped_documents", report->skipped_documents},
+                     {"bytes_written", report->bytes_written},
+                     {"shards", report->shards},
+                     {"eval_shards", report->eval_shards},
+                     {"vocab_size", report->vocab_size},
+                     {"eos_id", report->eos_id}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%llu documents, %llu tokens in %zu shard(s) under %s",
+                static_cast<unsigned long long>(report->documents),
+                static_cast<unsigned long long>(report->tokens), report->shards.size(),
+                o.output_dir.c_str());
+    if (report->eval_documents > 0) {
+      std::printf("; held out %llu documents, %llu tokens",
+                  static_cast<unsigned long long>(report->eval_documents),
+                  static_cast<unsigned long long>(report->eval_tokens));
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
