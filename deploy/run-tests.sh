@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 
 jobs=$(nproc)
-cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -G Ninja -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_BUILD_SERVER=ON -DMEGATRAIN_ALLOW_MISSING_SOURCES=OFF >/dev/null
 cmake --build build -j "$jobs"
 
 # OpenBLAS threads on top of LibTorch's and ours oversubscribe small CI
