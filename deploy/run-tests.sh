@@ -23,4 +23,7 @@ if [ -n "${MEGATRAIN_TEST_LABELS:-}" ]; then
   ctest --test-dir build -L "$MEGATRAIN_TEST_LABELS" -LE "$labels_exclude" --output-on-failure -j "$jobs"
 else
   ctest --test-dir build -LE "$labels_exclude" --output-on-failure -j "$jobs"
+  # The I/O parsers' libFuzzer targets, a bounded run from the committed
+  # corpora (clang, ASan + UBSan; a separate small build without LibTorch).
+  bash deploy/run-fuzzers.sh "${MEGATRAIN_FUZZ_SECONDS:-15}"
 fi

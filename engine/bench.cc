@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/hf_model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
 #include "nlohmann/json.hpp"
@@ -64,6 +65,9 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.max_grad_norm = o.max_grad_norm;
   topt.num_weight_slots = o.num_weight_slots;
   MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, topt, o.seed));
+  const bool hf_weights = std::filesystem::exists(o.model + "/model.safetensors") ||
+                          std::filesystem::exists(o.model + "/model.safetensors.index.json");
+  if (hf_weights) MEGATRAIN_RETURN_IF_ERROR(LoadHfWeights(o.model, &trainer->store()));
   FILE* progress = o.json ? stderr : stdout;
   std::fprintf(progress, "megatrain-bench: %s (%.3f B params) on %s, %s, micro_batch %ld x seq_len %ld x accum %ld\n",
                o.model.c_str(), config.ParamCount() / 1e9, trainer->device_name().c_str(),

@@ -12,7 +12,8 @@
 namespace megatrain::engine {
 
 struct BenchOptions {
-  std::string model = "tiny";      // preset name or HF model directory
+  std::string model = "tiny";      // preset name or HF model directory (config.json,
+                                   // and its safetensors weights when present)
   std::string device = "cpu";      // cpu | cuda | cuda:N
   int64_t micro_batch = 8;         // B
   int64_t seq_len = 128;           // T
