@@ -25,7 +25,7 @@ free -g | tee -a "$OUT/device.txt"
 
 start=$(date +%s)
 MEGATRAIN_BUILD_SERVER=${MEGATRAIN_BUILD_SERVER:-OFF} bash deploy/gpu-build.sh build-gpu \
-  megatrain-bench executor_parity_cuda_test executor_parity_test adamw_test > "$OUT/build.log" 2>&1
+  megatrain-bench megatrain-logits executor_parity_cuda_test executor_parity_test adamw_test > "$OUT/build.log" 2>&1
 rc=$?
 echo "build: rc=$rc in $(( $(date +%s) - start )) s"
 if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi

@@ -136,7 +136,8 @@ class StreamingExecutor::Impl {
   absl::Status Init();
   absl::StatusOr<ForwardBackwardResult> Run(absl::Span<const MicroBatch> micro_batches,
                                             bool backward,
-                                            const std::function<void(int64_t)>& on_block_final);
+                                            const std::function<void(int64_t)>& on_block_final,
+                                            std::vector<float>* logits = nullptr);
   int64_t slot_device_bytes() const { return slot_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
   void SetWeightGate(std::function<void(int64_t)> gate) { weight_gate_ = std::move(gate); }
@@ -558,7 +559,7 @@ void StreamingExecutor::Impl::ResetAfterError() {
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     absl::Span<const MicroBatch> mbs, bool backward,
-    const std::function<void(int64_t)>& on_block_final) {
+    const std::function<void(int64_t)>& on_block_final, std::vector<float>* logits) {
   ForwardBackwardResult result;
   MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
   const Clock::time_point start = Clock::now();
@@ -644,6 +645,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
       } else {
         at::NoGradGuard no_grad;
         loss_total.add_(HeadLoss(config_, x, labels, head_params[0], lm_head, chunk_tokens_, cd_));
+        if (logits != nullptr) {
+          at::Tensor l = HeadLogits(config_, x, head_params[0], lm_head, cd_).to(at::kCPU).contiguous();
+          logits->assign(l.data_ptr<float>(), l.data_ptr<float>() + l.numel());
+        }
       }
       timer_.End(StreamKind::kCompute, token);
       Release(head_use);
@@ -757,6 +762,13 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
 
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
   impl_->SetWeightGate(std::move(gate));
+}
+
+absl::StatusOr<std::vector<float>> StreamingExecutor::Logits(const MicroBatch& micro_batch) {
+  std::vector<float> logits;
+  MEGATRAIN_RETURN_IF_ERROR(
+      impl_->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false, {}, &logits).status());
+  return logits;
 }
 
 int64_t StreamingExecutor::slot_device_bytes() const { return impl_->slot_device_bytes(); }

@@ -105,6 +105,11 @@ class StreamingExecutor {
   // Forward only; returns loss sum and counted tokens (stats: bytes, time).
   absl::StatusOr<ForwardBackwardResult> Evaluate(absl::Span<const MicroBatch> micro_batches);
 
+  // Forward only; the logits of every position of one micro-batch,
+  // [B, T, V] fp32 row-major in host memory (B*T*V*4 bytes: meant for
+  // checks against other implementations, not for training-size batches).
+  absl::StatusOr<std::vector<float>> Logits(const MicroBatch& micro_batch);
+
   // Installs a gate called (on the enqueuing thread) before the executor
   // reads a block's host weights: before the H2D copy of its streaming
   // copy and before the host gather of embedding rows. The trainer uses it

@@ -206,6 +206,13 @@ HeadResult HeadForwardBackward(const ModelConfig& c, const at::Tensor& hidden,
   return out;
 }
 
+at::Tensor HeadLogits(const ModelConfig& c, const at::Tensor& hidden,
+                      const at::Tensor& norm_weight, const at::Tensor& lm_head,
+                      at::ScalarType cd) {
+  at::Tensor normed = RmsNorm(hidden, norm_weight, c.rms_norm_eps).to(cd);  // [B, T, C]
+  return at::matmul(normed, lm_head.t()).to(at::kFloat);                    // [B, T, V]
+}
+
 at::Tensor HeadLoss(const ModelConfig& c, const at::Tensor& hidden, const at::Tensor& labels,
                     const at::Tensor& norm_weight, const at::Tensor& lm_head,
                     int64_t chunk_tokens, at::ScalarType cd) {

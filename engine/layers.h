@@ -105,6 +105,12 @@ HeadResult HeadForwardBackward(const ModelConfig& config, const at::Tensor& hidd
                                const at::Tensor& lm_head, double loss_scale, int64_t chunk_tokens,
                                at::ScalarType compute_dtype);
 
+// Logits of every position: hidden [B, T, C] fp32 -> [B, T, V] fp32
+// (final RMSNorm and lm_head in the compute dtype, then widened).
+at::Tensor HeadLogits(const ModelConfig& config, const at::Tensor& hidden,
+                      const at::Tensor& norm_weight, const at::Tensor& lm_head,
+                      at::ScalarType compute_dtype);
+
 // Loss only (evaluation): returns the loss sum, [] fp64 on the device.
 at::Tensor HeadLoss(const ModelConfig& config, const at::Tensor& hidden,
                                     const at::Tensor& labels, const at::Tensor& norm_weight,

@@ -199,6 +199,11 @@ absl::StatusOr<double> Trainer::Evaluate(absl::Span<const MicroBatch> micro_batc
   return r.loss();
 }
 
+absl::StatusOr<std::vector<float>> Trainer::Logits(const MicroBatch& micro_batch) {
+  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
+  return executor_->Logits(micro_batch);
+}
+
 std::string Trainer::device_name() const { return runtime_->name(); }
 bool Trainer::is_cuda() const { return runtime_->is_cuda(); }
 int64_t Trainer::slot_device_bytes() const { return executor_->slot_device_bytes(); }

@@ -104,6 +104,10 @@ class Trainer {
   // optimizer work first.
   absl::StatusOr<double> Evaluate(absl::Span<const MicroBatch> micro_batches);
 
+  // Logits [B, T, V] fp32 of one micro-batch (see
+  // StreamingExecutor::Logits). Waits for pending optimizer work first.
+  absl::StatusOr<std::vector<float>> Logits(const MicroBatch& micro_batch);
+
   // Blocks until every queued optimizer update has been applied, so that
   // store() holds the weights of step(). Returns the first error an
   // asynchronous update hit, if any.

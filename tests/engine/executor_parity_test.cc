@@ -52,6 +52,29 @@ TEST_P(ExecutorParityTest, Bf16MatchesReferenceOnCpu) {
 INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityTest, ::testing::ValuesIn(testing::Variants()),
                          [](const auto& info) { return info.param.name; });
 
+TEST(ExecutorTest, LogitsMatchReference) {
+  const ModelConfig config = SmallLlama();
+  auto store = HostStore::Create(config, {});
+  ASSERT_THAT(store, IsOk());
+  (*store)->InitializeWeights(9, 0.2);
+  auto runtime = DeviceRuntime::Create("cpu");
+  auto pool = ThreadPool::Create(2);
+  ExecutorOptions options;
+  options.micro_batch = 2;
+  options.seq_len = 6;
+  auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+  ASSERT_THAT(executor, IsOk());
+  const MicroBatch mb = MakeBatches(1, 2, 6, config.vocab_size, 4)[0];
+  auto logits = (*executor)->Logits(mb);
+  ASSERT_THAT(logits, IsOk());
+  ASSERT_EQ(logits->size(), static_cast<size_t>(2 * 6 * config.vocab_size));
+  testing::ReferenceParams params = testing::ParamsFromStore(**store);
+  at::Tensor ids = at::tensor(mb.input_ids).to(at::kLong).view({2, 6});
+  at::Tensor ref = testing::ReferenceLogits(config, params, ids, /*bf16=*/false).detach();
+  at::Tensor ours = at::from_blob(logits->data(), ref.sizes(), at::kFloat);
+  EXPECT_LT(RelativeError(ours, ref), 1e-5);  // fp32, summation order only
+}
+
 TEST(ExecutorTest, GradientAccumulationEqualsOneLargeBatch) {
   // 4 micro-batches of 2 sequences vs 1 micro-batch of 8 (same sequences).
   const ModelConfig config = SmallLlama();

@@ -76,8 +76,8 @@ ReferenceParams ParamsFromStore(const engine::HostStore& store) {
   return params;
 }
 
-at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p, const at::Tensor& input_ids,
-                         const at::Tensor& labels, bool bf16) {
+at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
+                           const at::Tensor& input_ids, bool bf16) {
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
   const int64_t h = c.num_attention_heads, kv = c.num_key_value_heads, dh = c.head_dim;
   const at::ScalarType cd = bf16 ? at::kBFloat16 : at::kFloat;
@@ -127,7 +127,13 @@ at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p, const a
   }
   at::Tensor normed = Norm(x, Param(p, "model.norm.weight"), c.rms_norm_eps, bf16).to(cd);
   at::Tensor head = c.tie_word_embeddings ? embed : Param(p, "lm_head.weight");
-  at::Tensor logits = Mm(normed, head, bf16).to(at::kFloat).view({b * t, -1});
+  return Mm(normed, head, bf16).to(at::kFloat);  // [B, T, V]
+}
+
+at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p, const at::Tensor& input_ids,
+                         const at::Tensor& labels, bool bf16) {
+  at::Tensor logits = ReferenceLogits(c, p, input_ids, bf16);
+  logits = logits.view({logits.size(0) * logits.size(1), -1});
   at::Tensor flat_labels = labels.reshape({-1});
   at::Tensor mask = flat_labels != -100;
   at::Tensor logp = at::log_softmax(logits, -1);

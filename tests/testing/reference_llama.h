@@ -28,6 +28,10 @@ ReferenceParams ParamsFromStore(const engine::HostStore& store);
 at::Tensor ReferenceLoss(const engine::ModelConfig& config, const ReferenceParams& params,
                          const at::Tensor& input_ids, const at::Tensor& labels, bool bf16);
 
+// Logits [B, T, V] fp32 of the same model (what ReferenceLoss scores).
+at::Tensor ReferenceLogits(const engine::ModelConfig& config, const ReferenceParams& params,
+                           const at::Tensor& input_ids, bool bf16);
+
 // ||a - b|| / max(||b||, tiny): the norm-relative error used by the parity
 // tests (an elementwise relative error is meaningless near zero).
 double RelativeError(const at::Tensor& a, const at::Tensor& b);

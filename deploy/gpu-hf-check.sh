@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Checks the engine against Hugging Face transformers on the GPU machine
+# (where transformers is installed), both directions:
+#   import: small random models of each supported architecture, written by
+#           transformers' save_pretrained, scored by megatrain-logits and by
+#           transformers on the same held-out tokens;
+#   export: an HF directory written by `megatrain export` (EXPORT_DIR, e.g.
+#           the demo's), loaded by AutoModelForCausalLM and compared likewise.
+# Needs the build of deploy/gpu-check.sh (build-gpu/). Prints one JSON line
+# per check; exits non-zero if any check fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+logits=build-gpu/engine/megatrain-logits
+tokens=examples/jobs/data/tiny-eval/train-00000.mtt
+status=0
+
+python3 - "$OUT" <<'PY'
+import sys, torch
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+out = sys.argv[1]
+common = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+torch.manual_seed(0)
+models = {
+  "llama": (LlamaConfig, LlamaForCausalLM, dict(rope_theta=500000.0, tie_word_embeddings=True,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+  "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=32, tie_word_embeddings=False)),
+  "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=False)),
+  "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=48, tie_word_embeddings=True)),
+}
+for name, (cfg_cls, model_cls, extra) in models.items():
+    cfg = cfg_cls(**common, **extra)
+    model = model_cls(cfg)
+    with torch.no_grad():  # larger than default init, so layers matter
+        for p in model.parameters():
+            if p.dim() == 1 and p.numel() == cfg.hidden_size: p.add_(0.1 * torch.randn_like(p))
+            elif p.dim() == 1: p.normal_(0, 0.1)
+    model.save_pretrained(f"{out}/hf-{name}", safe_serialization=True)
+PY
+for name in llama mistral qwen2 qwen3; do
+  for dtype in fp32 bf16; do
+    tol=1e-4; [ "$dtype" = bf16 ] && tol=2e-2
+    "$logits" --model "$OUT/hf-$name" --tokens "$tokens" --seq_len 96 --device cuda \
+      --compute_dtype "$dtype" --out "$OUT/engine-$name-$dtype" >/dev/null || status=1
+    python3 deploy/check-hf-export.py --model "$OUT/hf-$name" --engine "$OUT/engine-$name-$dtype" \
+      --dtype "$dtype" --tolerance "$tol" | sed "s/^/{\"check\": \"import-$name-$dtype\", \"r\": /; s/$/}/" || status=1
+  done
+done
+if [ -n "${EXPORT_DIR:-}" ]; then
+  "$logits" --model "$EXPORT_DIR" --tokens "$tokens" --seq_len 96 --device cuda --compute_dtype bf16 \
+    --out "$OUT/engine-export" >/dev/null || status=1
+  python3 deploy/check-hf-export.py --model "$EXPORT_DIR" --engine "$OUT/engine-export" --dtype bf16 \
+    | sed 's/^/{"check": "export-bf16", "r": /; s/$/}/' || status=1
+fi
+exit $status

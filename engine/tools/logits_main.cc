@@ -1,0 +1,75 @@
+// megatrain-logits: the engine's logits for one window of tokens, written
+// as raw little-endian fp32 [T, V] with a JSON sidecar (the tokens, shape,
+// loss), so that another implementation (transformers, in
+// deploy/check-hf-export.py) can be compared with the engine on the same
+// input.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "CLI/CLI.hpp"
+#include "engine/hf_model.h"
+#include "engine/token_shard.h"
+#include "engine/trainer.h"
+#include "nlohmann/json.hpp"
+
+int main(int argc, char** argv) {
+  namespace engine = megatrain::engine;
+  std::string model, tokens_path, out, device = "cpu", dtype = "fp32";
+  int64_t seq_len = 128, offset = 0;
+  CLI::App app{"megatrain-logits: engine logits of one token window"};
+  app.add_option("--model", model, "HF model directory (config.json + safetensors) or preset")->required();
+  app.add_option("--tokens", tokens_path, "Token shard file (.mtt)")->required();
+  app.add_option("--offset", offset, "First token of the window in the shard");
+  app.add_option("--seq_len", seq_len, "Window length T");
+  app.add_option("--device", device, "cpu | cuda | cuda:N");
+  app.add_option("--compute_dtype", dtype, "fp32 | tf32 | bf16");
+  app.add_option("--out", out, "Output prefix: OUT.logits.f32 and OUT.json")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "megatrain-logits: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  absl::StatusOr<engine::ModelConfig> config = std::filesystem::is_directory(model)
+                                                   ? engine::LoadHfConfig(model)
+                                                   : engine::PresetConfig(model);
+  if (!config.ok()) return fail(config.status());
+  auto reader = engine::TokenShardReader::Open(tokens_path);
+  if (!reader.ok()) return fail(reader.status());
+  engine::MicroBatch mb;
+  mb.input_ids.resize(seq_len);
+  if (auto s = reader->CopyTokens(offset, absl::MakeSpan(mb.input_ids)); !s.ok()) return fail(s);
+  std::vector<int32_t> next(seq_len);
+  if (auto s = reader->CopyTokens(offset + 1, absl::MakeSpan(next)); !s.ok()) return fail(s);
+  mb.labels = next;
+
+  engine::TrainerOptions o;
+  o.device = device;
+  auto compute = engine::ParseComputeDtype(dtype, "--compute_dtype");
+  if (!compute.ok()) return fail(compute.status());
+  o.compute_dtype = *compute;
+  o.micro_batch = 1;
+  o.seq_len = seq_len;
+  auto trainer = engine::Trainer::Create(*config, o, 0);
+  if (!trainer.ok()) return fail(trainer.status());
+  if (std::filesystem::is_directory(model)) {
+    if (auto s = engine::LoadHfWeights(model, &(*trainer)->store()); !s.ok()) return fail(s);
+  }
+  auto logits = (*trainer)->Logits(mb);
+  if (!logits.ok()) return fail(logits.status());
+  auto loss = (*trainer)->Evaluate(absl::MakeConstSpan(&mb, 1));
+  if (!loss.ok()) return fail(loss.status());
+  std::ofstream bin(out + ".logits.f32", std::ios::binary);
+  bin.write(reinterpret_cast<const char*>(logits->data()),
+            static_cast<std::streamsize>(logits->size() * sizeof(float)));
+  nlohmann::json j{{"input_ids", mb.input_ids},
+                   {"shape", {seq_len, config->vocab_size}},
+                   {"loss", *loss},
+                   {"device", (*trainer)->device_name()},
+                   {"compute_dtype", dtype}};
+  std::ofstream(out + ".json") << j.dump() << "\n";
+  std::printf("{\"loss\": %.6f, \"logits\": \"%s.logits.f32\"}\n", *loss, out.c_str());
+  return bin.good() ? 0 : 1;
+}
