@@ -11,12 +11,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
+WORK=${WORK:-$(mktemp -d /tmp/megatrain-hfcheck.XXXXXX)}
+mkdir -p "$OUT" "$WORK"
+export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 logits=build-gpu/engine/megatrain-logits
 tokens=examples/jobs/data/tiny-eval/train-00000.mtt
 status=0
 
-python3 - "$OUT" <<'PY'
+python3 - "$WORK" <<'PY'
 import sys, torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
@@ -44,16 +46,16 @@ PY
 for name in llama mistral qwen2 qwen3; do
   for dtype in fp32 bf16; do
     tol=1e-4; [ "$dtype" = bf16 ] && tol=2e-2
-    "$logits" --model "$OUT/hf-$name" --tokens "$tokens" --seq_len 96 --device cuda \
-      --compute_dtype "$dtype" --out "$OUT/engine-$name-$dtype" >/dev/null || status=1
-    python3 deploy/check-hf-export.py --model "$OUT/hf-$name" --engine "$OUT/engine-$name-$dtype" \
+    "$logits" --model "$WORK/hf-$name" --tokens "$tokens" --seq_len 96 --device cuda \
+      --compute_dtype "$dtype" --out "$WORK/engine-$name-$dtype" >/dev/null || status=1
+    python3 deploy/check-hf-export.py --model "$WORK/hf-$name" --engine "$WORK/engine-$name-$dtype" \
       --dtype "$dtype" --tolerance "$tol" | sed "s/^/{\"check\": \"import-$name-$dtype\", \"r\": /; s/$/}/" || status=1
   done
 done
 if [ -n "${EXPORT_DIR:-}" ]; then
   "$logits" --model "$EXPORT_DIR" --tokens "$tokens" --seq_len 96 --device cuda --compute_dtype bf16 \
-    --out "$OUT/engine-export" >/dev/null || status=1
-  python3 deploy/check-hf-export.py --model "$EXPORT_DIR" --engine "$OUT/engine-export" --dtype bf16 \
+    --out "$WORK/engine-export" >/dev/null || status=1
+  python3 deploy/check-hf-export.py --model "$EXPORT_DIR" --engine "$WORK/engine-export" --dtype bf16 \
     | sed 's/^/{"check": "export-bf16", "r": /; s/$/}/' || status=1
 fi
 exit $status
