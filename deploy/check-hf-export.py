@@ -31,10 +31,13 @@ def main():
     t, v = meta["shape"]
     ours = np.fromfile(args.engine + ".logits.f32", dtype=np.float32).reshape(t, v)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=dtype).to(device).eval()
+    # bf16 is compared as the engine computes it and as PyTorch users train:
+    # fp32 weights under bf16 autocast (fp32 residual stream), not a model
+    # cast to bf16 wholesale.
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device).eval()
     ids = torch.tensor([meta["input_ids"]], device=device)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16,
+                                         enabled=args.dtype == "bf16"):
         theirs = model(input_ids=ids).logits[0].float().cpu().numpy()
     diff = float(np.linalg.norm(ours - theirs) / max(np.linalg.norm(theirs), 1e-30))
     agree = float((ours.argmax(-1) == theirs.argmax(-1)).mean())

@@ -43,7 +43,7 @@ for name, (cfg_cls, model_cls, extra) in models.items():
             elif p.dim() == 1: p.normal_(0, 0.1)
     model.save_pretrained(f"{out}/hf-{name}", safe_serialization=True)
 PY
-for name in llama mistral qwen2 qwen3; do
+for name in ${ARCHS:-llama mistral qwen2 qwen3}; do
   for dtype in fp32 bf16; do
     tol=1e-4; [ "$dtype" = bf16 ] && tol=2e-2
     "$logits" --model "$WORK/hf-$name" --tokens "$tokens" --seq_len 96 --device cuda \
