@@ -90,14 +90,31 @@ class FieldReader {
   std::string prefix_;
 };
 
-absl::Status ParseRopeScaling(const json& j, absl::string_view source, RopeScaling* out) {
-  auto it = j.find("rope_scaling");
+// RoPE settings come either as transformers < 5 writes them (top-level
+// `rope_theta` plus an optional `rope_scaling` object) or as transformers 5
+// does (`rope_parameters`: {rope_type, rope_theta, factor, ...}). The latter
+// wins when both are present.
+absl::Status ParseRopeScaling(const json& j, absl::string_view source, RopeScaling* out,
+                              double* rope_theta) {
+  const char* key = "rope_scaling";
+  auto it = j.find("rope_parameters");
+  if (it != j.end() && !it->is_null()) {
+    key = "rope_parameters";
+    if (!it->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": rope_parameters: expected an object, got ", it->dump()));
+    }
+    FieldReader rp(*it, source, "rope_parameters.");
+    MEGATRAIN_RETURN_IF_ERROR(rp.Double("rope_theta", rope_theta));
+  } else {
+    it = j.find("rope_scaling");
+  }
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": rope_scaling: expected an object, got ", it->dump()));
   }
-  FieldReader rs(*it, source, "rope_scaling.");
+  FieldReader rs(*it, source, absl::StrCat(key, "."));
   std::string type;
   MEGATRAIN_RETURN_IF_ERROR(rs.String("type", &type));       // older name
   MEGATRAIN_RETURN_IF_ERROR(rs.String("rope_type", &type));  // current name
@@ -111,7 +128,7 @@ absl::Status ParseRopeScaling(const json& j, absl::string_view source, RopeScali
     out->type = RopeScalingType::kLlama3;
   } else {
     return absl::UnimplementedError(absl::StrCat(
-        source, ": rope_scaling.rope_type: '", type,
+        source, ": ", key, ".rope_type: '", type,
         "' is not supported (supported: default, linear, llama3)"));
   }
   MEGATRAIN_RETURN_IF_ERROR(rs.Double("factor", &out->factor));
@@ -249,12 +266,16 @@ std::string ModelConfig::ToHfConfigJson() const {
     }
     if (model_type != "mistral") j["use_sliding_window"] = sliding_window > 0;
   }
+  // Both spellings (see ParseRopeScaling), agreeing, so that transformers 4
+  // and 5 read the same RoPE.
+  json rope_parameters = {{"rope_type", "default"}, {"rope_theta", rope_theta}};
   switch (rope_scaling.type) {
     case RopeScalingType::kNone:
       j["rope_scaling"] = nullptr;
       break;
     case RopeScalingType::kLinear:
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+      rope_parameters.update(j["rope_scaling"]);
       break;
     case RopeScalingType::kLlama3:
       j["rope_scaling"] = {
@@ -263,8 +284,10 @@ std::string ModelConfig::ToHfConfigJson() const {
           {"low_freq_factor", rope_scaling.low_freq_factor},
           {"high_freq_factor", rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      rope_parameters.update(j["rope_scaling"]);
       break;
   }
+  j["rope_parameters"] = rope_parameters;
   return j.dump(2);
 }
 
@@ -303,7 +326,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   MEGATRAIN_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings));
   MEGATRAIN_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps));
   MEGATRAIN_RETURN_IF_ERROR(r.Double("rope_theta", &c.rope_theta));
-  MEGATRAIN_RETURN_IF_ERROR(ParseRopeScaling(j, source, &c.rope_scaling));
+  MEGATRAIN_RETURN_IF_ERROR(ParseRopeScaling(j, source, &c.rope_scaling, &c.rope_theta));
   MEGATRAIN_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   MEGATRAIN_RETURN_IF_ERROR(r.Bool("attention_bias", &c.attention_bias));
   MEGATRAIN_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));

@@ -101,6 +101,35 @@ TEST(ParseHfConfigTest, SelectsVariantsFromModelType) {
   EXPECT_EQ(qwen3->head_dim, 16);
 }
 
+// transformers 5 writes RoPE as `rope_parameters` (theta inside), with no
+// top-level rope_theta or rope_scaling: this is a config.json it saved.
+TEST(ParseHfConfigTest, ReadsTransformers5RopeParameters) {
+  auto config = ParseHfConfig(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "tie_word_embeddings": true,
+    "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                        "original_max_position_embeddings": 64, "rope_theta": 500000.0,
+                        "rope_type": "llama3"},
+    "dtype": "float32", "transformers_version": "5.17.0"})");
+  ASSERT_THAT(config, IsOk());
+  EXPECT_DOUBLE_EQ(config->rope_theta, 500000.0);
+  EXPECT_EQ(config->rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(config->rope_scaling.factor, 8.0);
+  EXPECT_EQ(config->rope_scaling.original_max_position_embeddings, 64);
+  auto plain = ParseHfConfig(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 4, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_DOUBLE_EQ(plain->rope_theta, 1e6);
+  EXPECT_EQ(plain->rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_THAT(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 4, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}})"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("rope_parameters.rope_type")));
+}
+
 TEST(ModelConfigTest, RoundTripsThroughHfJson) {
   auto original = ParseHfConfig(kLlama32Config);
   ASSERT_THAT(original, IsOk());
