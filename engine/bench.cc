@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/device_info.h"
 #include "engine/hf_model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
@@ -64,6 +65,9 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.threads = o.threads;
   topt.max_grad_norm = o.max_grad_norm;
   topt.num_weight_slots = o.num_weight_slots;
+  // The pinned copy bandwidth of the link, measured before the run (and
+  // before the store pins its arenas), is the yardstick for H2D use.
+  absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
   MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, topt, o.seed));
   const bool hf_weights = std::filesystem::exists(o.model + "/model.safetensors") ||
                           std::filesystem::exists(o.model + "/model.safetensors.index.json");
@@ -146,6 +150,14 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
                      {"streaming", host.streaming}, {"staging", trainer->staging_host_bytes()},
                      {"pinned", host.pinned},       {"total", host.Total() + trainer->staging_host_bytes()}};
   j["peak_gpu_bytes"] = last.peak_device_bytes;
+  if (link.ok()) {
+    j["link_h2d_gb_per_s"] = link->h2d_bytes_per_second / 1e9;
+    j["link_d2h_gb_per_s"] = link->d2h_bytes_per_second / 1e9;
+    // H2D bandwidth while the H2D stream was busy, over the link's.
+    if (Median(h2d_s) > 0) {
+      j["h2d_link_utilization"] = last.h2d_bytes / Median(h2d_s) / link->h2d_bytes_per_second;
+    }
+  }
   const double model_tflops = tokens / step_median * flops_per_token / 1e12;
   j["model_tflops"] = model_tflops;
   if (o.peak_tflops > 0) j["mfu"] = model_tflops / o.peak_tflops;

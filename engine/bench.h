@@ -35,7 +35,9 @@ struct BenchOptions {
 // returned string is the final one-line JSON object with tokens_per_s,
 // step_seconds, loss_first, loss_last, phase seconds (h2d, compute, d2h,
 // optimizer, gpu_idle; medians over measured steps), h2d_bytes and
-// d2h_bytes per step, host_bytes by kind, peak_gpu_bytes, model_tflops, mfu.
+// d2h_bytes per step, host_bytes by kind, peak_gpu_bytes, model_tflops, mfu;
+// on CUDA also the link's pinned copy bandwidth measured before the run
+// (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
 
 }  // namespace megatrain::engine

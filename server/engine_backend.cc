@@ -5,8 +5,8 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "engine/device_info.h"
 #include "server/engine_backend.h"
-#include "server/nvml.h"
 
 namespace megatrain::server {
 namespace {
@@ -52,21 +52,14 @@ class RealEngineBackend final : public EngineBackend {
                  [&] { return engine::ExportHfModel(checkpoint_dir, out_dir, dtype); });
   }
 
-  int CudaDeviceCount() override {
-#if defined(MEGATRAIN_WITH_CUDA)
-    // Interim: the engine does not export a device count yet; NVML (limited
-    // by CUDA_VISIBLE_DEVICES) gives the same answer on a normal machine.
-    std::unique_ptr<Nvml> nvml = Nvml::Load();
-    return nvml == nullptr ? 0 : nvml->CudaVisibleDeviceCount();
-#else
-    return 0;
-#endif
-  }
+  int CudaDeviceCount() override { return engine::CudaDeviceCount(); }
 
   absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(const std::string& device) override {
-    // Needs an engine function (pinned H2D/D2H copies on `device`).
-    return absl::UnimplementedError(
-        absl::StrCat(device, ": PCIe bandwidth measurement is not available from the engine"));
+    return Guard("MeasureLinkBandwidth", [&]() -> absl::StatusOr<LinkBandwidth> {
+      absl::StatusOr<engine::LinkBandwidthMeasurement> m = engine::MeasureLinkBandwidth(device);
+      if (!m.ok()) return m.status();
+      return LinkBandwidth{m->h2d_bytes_per_second, m->d2h_bytes_per_second};
+    });
   }
 };
 
