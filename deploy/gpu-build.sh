@@ -49,6 +49,10 @@ if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
   lib="$prefix/usr/lib/x86_64-linux-gnu"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PATH="$prefix/usr/bin:$PATH"
+  # cpp-httplib is found through pkg-config: see only the unpacked .pc
+  # files, with their /usr paths rebased into the prefix.
+  export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$prefix/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$prefix"
   prefix_path="$torch_cmake;$prefix/usr;$lib/cmake;$prefix/usr/share/cmake"
   cmake_args+=(-DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include"
                -DCMAKE_EXE_LINKER_FLAGS="-L$lib -Wl,-rpath-link,$lib"
