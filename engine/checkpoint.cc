@@ -99,27 +99,10 @@ Xxh64State NewXxh64State() {
   return state;
 }
 
-std::string JoinPath(const std::string& dir, absl::string_view name) {
-  if (dir.empty() || dir.back() == '/') return absl::StrCat(dir, name);
-  return absl::StrCat(dir, "/", name);
-}
-
 std::string HexDigest(uint64_t digest) { return absl::StrFormat("%016x", digest); }
 
 absl::Status ErrnoError(int error_number, const std::string& path, const char* operation) {
   return absl::ErrnoToStatus(error_number, absl::StrFormat("%s: %s", path, operation));
-}
-
-// fsync(2) of a directory, so that entries created or renamed in it are
-// durable.
-absl::Status FsyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, dir, "open directory for fsync");
-  const int result = ::fsync(fd);
-  const int fsync_errno = errno;
-  ::close(fd);
-  if (result != 0) return ErrnoError(fsync_errno, dir, "fsync directory");
-  return absl::OkStatus();
 }
 
 // Removes `path` recursively unless released. Never throws.

@@ -40,28 +40,12 @@ constexpr char kIndexFileName[] = "model.safetensors.index.json";
 // the embedding: 256 KiB of fp32, a bounded buffer whatever the vocabulary.
 constexpr size_t kCompareChunkElements = size_t{1} << 16;
 
-std::string JoinPath(const std::string& dir, absl::string_view name) {
-  if (dir.empty() || dir.back() == '/') return absl::StrCat(dir, name);
-  return absl::StrCat(dir, "/", name);
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 absl::Status ErrnoError(int error_number, const std::string& path, const char* operation) {
   return absl::ErrnoToStatus(error_number, absl::StrFormat("%s: %s", path, operation));
-}
-
-// fsync(2) of a directory, so that renames and creations in it are durable.
-absl::Status FsyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, dir, "open directory for fsync");
-  const int result = ::fsync(fd);
-  const int fsync_errno = errno;
-  ::close(fd);
-  if (result != 0) return ErrnoError(fsync_errno, dir, "fsync directory");
-  return absl::OkStatus();
 }
 
 // Writes `text` to `path` atomically (temporary file, fsync, rename).

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace megatrain::engine {
@@ -259,7 +260,10 @@ absl::Status AtomicFileWriter::Commit() {
     return ErrnoError(error_number, path_, "rename");
   }
   // Make the new directory entry durable too.
-  const std::string dir = DirectoryOf(path_);
+  return FsyncDirectory(DirectoryOf(path_));
+}
+
+absl::Status FsyncDirectory(const std::string& dir) {
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return ErrnoError(errno, dir, "open directory for fsync");
   const int sync_result = ::fsync(dir_fd);
@@ -267,6 +271,11 @@ absl::Status AtomicFileWriter::Commit() {
   ::close(dir_fd);
   if (sync_result != 0) return ErrnoError(sync_errno, dir, "fsync directory");
   return absl::OkStatus();
+}
+
+std::string JoinPath(const std::string& dir, absl::string_view name) {
+  if (dir.empty() || dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
 }
 
 }  // namespace megatrain::engine

@@ -105,6 +105,13 @@ class MappedFile {
 //                              AtomicFileWriter::Create(path));
 //   MEGATRAIN_RETURN_IF_ERROR(out.Append(header_bytes));
 //   MEGATRAIN_RETURN_IF_ERROR(out.Commit());
+// fsync(2) of a directory, so that entries created, renamed or removed in it
+// are durable. Errors carry the errno code and name the directory.
+absl::Status FsyncDirectory(const std::string& dir);
+
+// `dir` + "/" + `name` (no doubled slash when `dir` ends in one).
+std::string JoinPath(const std::string& dir, absl::string_view name);
+
 class AtomicFileWriter {
  public:
   // Creates the temporary file `<path>.tmp.XXXXXX` (mode 0644) in the

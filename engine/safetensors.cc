@@ -815,19 +815,13 @@ namespace {
 constexpr std::string_view kSingleFileName = "model.safetensors";
 constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
 
-std::string JoinPath(const std::string& dir, std::string_view name) {
-  if (dir.empty()) return std::string(name);
-  if (dir.back() == '/') return absl::StrFormat("%s%s", dir, name);
-  return absl::StrFormat("%s/%s", dir, name);
-}
-
 }  // namespace
 
 absl::StatusOr<SafetensorsModel> SafetensorsModel::Open(
     const std::string& dir) {
   SafetensorsModel model;
   model.dir_ = dir;
-  const std::string single_path = JoinPath(dir, kSingleFileName);
+  const std::string single_path = JoinPath(dir, absl::string_view(kSingleFileName.data(), kSingleFileName.size()));
   absl::StatusOr<SafetensorsFile> single = SafetensorsFile::Open(single_path);
   if (single.ok()) {
     model.files_.push_back(*std::move(single));
@@ -842,7 +836,7 @@ absl::StatusOr<SafetensorsModel> SafetensorsModel::Open(
   }
   if (!absl::IsNotFound(single.status())) return single.status();
 
-  const std::string index_path = JoinPath(dir, kIndexFileName);
+  const std::string index_path = JoinPath(dir, absl::string_view(kIndexFileName.data(), kIndexFileName.size()));
   absl::StatusOr<MappedFile> index_file = MappedFile::Open(index_path);
   if (absl::IsNotFound(index_file.status())) {
     return absl::NotFoundError(absl::StrFormat(
