@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -71,12 +72,6 @@ std::unique_ptr<HostStore> MakeStore(const ModelConfig& config, uint64_t seed,
     }
   }
   return *std::move(store);
-}
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/checkpoint_test.XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr) << pattern;
-  return pattern;
 }
 
 std::vector<std::string> ListDir(const std::string& dir) {
@@ -135,7 +130,7 @@ void FlipByte(const std::string& path, std::streamoff offset) {
 }
 
 TEST(CheckpointTest, WriteReadIsBitIdenticalWithEveryStateField) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/1);
   const CheckpointState state = StateAt(7);
 
@@ -175,7 +170,7 @@ TEST(CheckpointTest, WriteReadIsBitIdenticalWithEveryStateField) {
 class CheckpointCorruptionTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CheckpointCorruptionTest, FlippedByteIsDataLossNamingTheFile) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/3);
   absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(3), output_dir, KeepAll());
   ASSERT_THAT(info, IsOk());
@@ -193,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(EveryFile, CheckpointCorruptionTest,
                                            "state.json", "config.json"));
 
 TEST(CheckpointTest, TruncatedFileIsDataLoss) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/5);
   absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(5), output_dir, KeepAll());
   ASSERT_THAT(info, IsOk());
@@ -210,7 +205,7 @@ TEST(CheckpointTest, TruncatedFileIsDataLoss) {
 }
 
 TEST(CheckpointTest, MissingFileIsDataLoss) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/7);
   absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(1), output_dir, KeepAll());
   ASSERT_THAT(info, IsOk());
@@ -228,7 +223,7 @@ TEST(CheckpointTest, MissingFileIsDataLoss) {
 }
 
 TEST(CheckpointTest, DifferentModelIsFailedPrecondition) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/9);
   absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(2), output_dir, KeepAll());
   ASSERT_THAT(info, IsOk());
@@ -246,7 +241,7 @@ TEST(CheckpointTest, DifferentModelIsFailedPrecondition) {
 }
 
 TEST(CheckpointTest, CrashLeavesPreviousCheckpointLoadable) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> step1 = MakeStore(TinyConfig(), /*seed=*/11);
   std::unique_ptr<HostStore> step2 = MakeStore(TinyConfig(), /*seed=*/12);
   ASSERT_THAT(WriteCheckpoint(*step1, StateAt(1), output_dir, KeepAll()), IsOk());
@@ -274,7 +269,7 @@ TEST(CheckpointTest, CrashLeavesPreviousCheckpointLoadable) {
 }
 
 TEST(CheckpointTest, RetentionKeepsLastKPlusEveryMth) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> store = MakeStore(TinyConfig(), /*seed=*/14);
   CheckpointSpec retention;
   retention.keep_last = 2;
@@ -292,7 +287,7 @@ TEST(CheckpointTest, RetentionKeepsLastKPlusEveryMth) {
 }
 
 TEST(CheckpointTest, RewritingAStepReplacesIt) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> first = MakeStore(TinyConfig(), /*seed=*/15);
   std::unique_ptr<HostStore> second = MakeStore(TinyConfig(), /*seed=*/16);
   CheckpointState state = StateAt(5);
@@ -311,7 +306,7 @@ TEST(CheckpointTest, RewritingAStepReplacesIt) {
 }
 
 TEST(CheckpointTest, ListCheckpointsOfMissingAndEmptyDirectories) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
 
   EXPECT_THAT(ListCheckpoints(output_dir + "/nope"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
@@ -321,7 +316,7 @@ TEST(CheckpointTest, ListCheckpointsOfMissingAndEmptyDirectories) {
 }
 
 TEST(CheckpointTest, BadArgumentsAreRefused) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> store = MakeStore(TinyConfig(), /*seed=*/18);
   CheckpointSpec retention;
   retention.keep_last = 0;
@@ -342,7 +337,7 @@ TEST(CheckpointTest, BadArgumentsAreRefused) {
 }
 
 TEST(CheckpointTest, ExportHfModelWritesTheMasters) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/19);
   absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(4), output_dir, KeepAll());
   ASSERT_THAT(info, IsOk());
@@ -412,7 +407,7 @@ void TrainSteps(Trainer* trainer, int64_t steps) {
 }
 
 TEST(CheckpointResumeTest, ResumeIsBitIdenticalToAnUninterruptedRun) {
-  const std::string output_dir = MakeTempDir();
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
   const ModelConfig config = TinyConfig();
   constexpr uint64_t kSeed = 20;
 

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -31,13 +32,6 @@ using Docs = std::vector<std::vector<int32_t>>;
 
 constexpr int32_t kEos = 99;
 constexpr int64_t kVocab = 100;
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/data_loader_test.XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr) << "mkdtemp " << pattern;
-  return pattern;
-}
 
 void WriteShard(const std::string& path, const Docs& docs,
                 uint64_t vocab_size = kVocab) {
@@ -148,7 +142,7 @@ TEST(IsHeldOutDocumentTest, MatchesGoldenValuesAndFraction) {
 // Packing
 
 TEST(DataLoaderTest, PacksDocumentsWithEosAndShiftedLabels) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, {{10, 11, 12}, {20, 21}, {30, 31, 32, 33}});
   DataLoaderOptions options = Options(path, 4);
   options.shuffle = false;
@@ -183,7 +177,7 @@ TEST(DataLoaderTest, PacksDocumentsWithEosAndShiftedLabels) {
 }
 
 TEST(DataLoaderTest, SkipsEmptyDocuments) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, {{1, 2}, {}, {}, {3, 4}});
   DataLoaderOptions options = Options(path, 5);
   options.shuffle = false;
@@ -198,7 +192,7 @@ TEST(DataLoaderTest, SkipsEmptyDocuments) {
 }
 
 TEST(DataLoaderTest, ReadsDirectoryShardsInNameOrder) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("data_loader_test");
   WriteShard(dir + "/b.mtt", {{3, 4}});
   WriteShard(dir + "/a.mtt", {{1, 2}});
   // Not shards: other suffixes are ignored.
@@ -224,7 +218,7 @@ TEST(DataLoaderTest, ReadsDirectoryShardsInNameOrder) {
 }
 
 TEST(DataLoaderTest, AppliesSftLossMask) {
-  const std::string path = MakeTempDir() + "/sft.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/sft.mtt";
   WriteShard(path, {{5, 6, 7, 8}, {9, 10}});
   // 1 = the token is a training target. Example 0: prompt 5 6, answer 7 8;
   // example 1: prompt 9, answer 10.
@@ -249,7 +243,7 @@ TEST(DataLoaderTest, AppliesSftLossMask) {
 // Shuffle, epochs, resume
 
 TEST(DataLoaderTest, SameSeedSameBatchesDifferentSeedDifferent) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, NumberedDocs(40, 3));
   DataLoaderOptions options = Options(path, 8);
   options.shuffle_seed = 7;
@@ -271,7 +265,7 @@ TEST(DataLoaderTest, SameSeedSameBatchesDifferentSeedDifferent) {
 }
 
 TEST(DataLoaderTest, EpochsWrapAndReshuffle) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   constexpr int kDocs = 20;
   constexpr int kLength = 3;
   WriteShard(path, NumberedDocs(kDocs, kLength));
@@ -296,7 +290,7 @@ TEST(DataLoaderTest, EpochsWrapAndReshuffle) {
 }
 
 TEST(DataLoaderTest, ResumeFromCursorGivesIdenticalBatches) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   Docs docs;
   for (int doc_idx = 0; doc_idx < 13; ++doc_idx) {
     // Lengths 1..13 so windows start mid-document and at EOS positions.
@@ -371,7 +365,7 @@ TEST(DataCursorTest, FromJsonRejectsBadInput) {
 }
 
 TEST(DataLoaderTest, RestoreCursorRejectsOtherSeedOrData) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("data_loader_test");
   WriteShard(dir + "/a.mtt", NumberedDocs(10, 4));
   WriteShard(dir + "/b.mtt", NumberedDocs(11, 4));
   absl::StatusOr<DataLoader> loader = DataLoader::Create(Options(dir + "/a.mtt", 4));
@@ -407,7 +401,7 @@ TEST(DataLoaderTest, RestoreCursorRejectsOtherSeedOrData) {
 // Eval split
 
 TEST(DataLoaderTest, EvalSplitIsDisjointDeterministicAndNeverTrained) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   constexpr int kDocs = 90;  // ids 0..89 name the documents; EOS is 99
   WriteShard(path, NumberedDocs(kDocs, 5));
   DataLoaderOptions options = Options(path, 16);
@@ -474,9 +468,9 @@ TEST(DataLoaderTest, EvalSplitIsDisjointDeterministicAndNeverTrained) {
 }
 
 TEST(DataLoaderTest, EvalBatchesPadsTheLastWindowAndHonoursMaxBatches) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, {{1, 2, 3}, {4, 5, 6, 7, 8, 9, 10, 11}});
-  const std::string eval_path = MakeTempDir() + "/eval.mtt";
+  const std::string eval_path = testing::MakeTempDir("data_loader_test") + "/eval.mtt";
   WriteShard(eval_path, {{20, 21, 22}, {30, 31}});
   DataLoaderOptions options = Options(path, 4);
   options.eval_tokens = eval_path;
@@ -506,7 +500,7 @@ TEST(DataLoaderTest, EvalBatchesPadsTheLastWindowAndHonoursMaxBatches) {
 }
 
 TEST(DataLoaderTest, EvalFractionHoldsOutAtLeastOneDocument) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, NumberedDocs(3, 4));
   DataLoaderOptions options = Options(path, 4);
   options.eval_fraction = 1e-9;  // the hash picks none of 3 documents
@@ -517,7 +511,7 @@ TEST(DataLoaderTest, EvalFractionHoldsOutAtLeastOneDocument) {
 }
 
 TEST(DataLoaderTest, EvalBatchesWithoutEvalSetIsFailedPrecondition) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, NumberedDocs(3, 4));
   absl::StatusOr<DataLoader> loader = DataLoader::Create(Options(path, 4));
   ASSERT_THAT(loader, IsOk());
@@ -530,19 +524,19 @@ TEST(DataLoaderTest, EvalBatchesWithoutEvalSetIsFailedPrecondition) {
 // Bad input
 
 TEST(DataLoaderTest, EmptyDatasetIsInvalidArgument) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("data_loader_test");
   WriteShard(dir + "/empty.mtt", {{}, {}});
   EXPECT_THAT(DataLoader::Create(Options(dir + "/empty.mtt", 4)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("empty dataset")));
-  const std::string empty_dir = MakeTempDir();
+  const std::string empty_dir = testing::MakeTempDir("data_loader_test");
   EXPECT_THAT(DataLoader::Create(Options(empty_dir, 4)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("no *.mtt token shards")));
 }
 
 TEST(DataLoaderTest, FewerTokensThanOneWindowIsInvalidArgument) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, {{1, 2, 3}, {4}});  // 4 tokens + 2 EOS = 6 < 6 + 1
   EXPECT_THAT(DataLoader::Create(Options(path, 6)),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -552,14 +546,14 @@ TEST(DataLoaderTest, FewerTokensThanOneWindowIsInvalidArgument) {
 }
 
 TEST(DataLoaderTest, MissingPathIsNotFound) {
-  const std::string path = MakeTempDir() + "/missing.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/missing.mtt";
   EXPECT_THAT(DataLoader::Create(Options(path, 4)),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("data.tokens: " + path)));
 }
 
 TEST(DataLoaderTest, CorruptShardIsDataLossNamingFileAndOffset) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("data_loader_test");
   WriteShard(dir + "/a.mtt", NumberedDocs(4, 4));
   WriteShard(dir + "/b.mtt", NumberedDocs(4, 4));
   // Overwrite b's magic.
@@ -586,7 +580,7 @@ TEST(DataLoaderTest, CorruptShardIsDataLossNamingFileAndOffset) {
 }
 
 TEST(DataLoaderTest, TokenIdBeyondModelVocabIsInvalidArgument) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   // Written for a larger vocabulary than the model's (kVocab = 100).
   WriteShard(path, {{1, 2, 3}, {4, 500, 6}}, /*vocab_size=*/1000);
   EXPECT_THAT(DataLoader::Create(Options(path, 2)),
@@ -596,19 +590,19 @@ TEST(DataLoaderTest, TokenIdBeyondModelVocabIsInvalidArgument) {
                            HasSubstr("document 1, position 1: token id 500"),
                            HasSubstr("vocab_size 100"))));
   // Same with an unknown shard vocabulary (uint32 ids).
-  const std::string unknown = MakeTempDir() + "/unknown.mtt";
+  const std::string unknown = testing::MakeTempDir("data_loader_test") + "/unknown.mtt";
   WriteShard(unknown, {{1, 2, 3, 100}}, /*vocab_size=*/0);
   EXPECT_THAT(DataLoader::Create(Options(unknown, 2)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("position 3: token id 100")));
   // A shard written for a smaller vocabulary is fine.
-  const std::string smaller = MakeTempDir() + "/smaller.mtt";
+  const std::string smaller = testing::MakeTempDir("data_loader_test") + "/smaller.mtt";
   WriteShard(smaller, {{1, 2, 3, 4}}, /*vocab_size=*/50);
   EXPECT_THAT(DataLoader::Create(Options(smaller, 2)), IsOk());
 }
 
 TEST(DataLoaderTest, MismatchedLossMaskIsDataLoss) {
-  const std::string path = MakeTempDir() + "/sft.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/sft.mtt";
   WriteShard(path, {{5, 6, 7}, {8, 9}});
   WriteShard(path + kLossMaskSuffix, {{0, 1}, {1, 1, 1}}, 2);
   EXPECT_THAT(DataLoader::Create(Options(path, 2)),
@@ -622,7 +616,7 @@ TEST(DataLoaderTest, MismatchedLossMaskIsDataLoss) {
 }
 
 TEST(DataLoaderTest, BadOptionsAreInvalidArgumentNamingTheField) {
-  const std::string path = MakeTempDir() + "/data.mtt";
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, NumberedDocs(4, 4));
   DataLoaderOptions options = Options(path, 0);
   EXPECT_THAT(DataLoader::Create(options),
@@ -654,7 +648,7 @@ TEST(DataLoaderTest, BadOptionsAreInvalidArgumentNamingTheField) {
   EXPECT_THAT(loader->NextTrainBatch(0),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("train.micro_batch: must be in [1,")));
-  const std::string single = MakeTempDir() + "/single.mtt";
+  const std::string single = testing::MakeTempDir("data_loader_test") + "/single.mtt";
   WriteShard(single, {{1, 2, 3, 4, 5, 6}});
   options = Options(single, 4);
   options.eval_fraction = 0.1;

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -60,12 +61,6 @@ std::unique_ptr<HostStore> MakeStore(const ModelConfig& config, uint64_t seed,
   EXPECT_THAT(store, IsOk());
   if (seed != 0) (*store)->InitializeWeights(seed);
   return *std::move(store);
-}
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/hf_model_test.XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr) << pattern;
-  return pattern;
 }
 
 // Bit-for-bit equality of every block's master, padding included.
@@ -156,7 +151,7 @@ uint16_t ExactFloatToHalf(float value) {
 }
 
 TEST(HfModelTest, Fp32ExportImportRoundTripIsBitIdentical) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/1);
   const std::string out = dir + "/export";
 
@@ -178,7 +173,7 @@ TEST(HfModelTest, Fp32ExportImportRoundTripIsBitIdentical) {
 }
 
 TEST(HfModelTest, Bf16ExportEqualsRoundedMastersAndLoadsBack) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/3);
   const std::string out = dir + "/export";
 
@@ -217,7 +212,7 @@ TEST(HfModelTest, Bf16ExportEqualsRoundedMastersAndLoadsBack) {
 }
 
 TEST(HfModelTest, ShardedExportWritesIndexAndLoadsBack) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/4);
   const std::string out = dir + "/export";
   // 40 KB: the embedding (96 x 64 x 4 = 24 KB) and each 16 KB projection
@@ -259,7 +254,7 @@ TEST(HfModelTest, ShardedExportWritesIndexAndLoadsBack) {
 }
 
 TEST(HfModelTest, TiedEmbeddingsRoundTripWithoutLmHead) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(/*tied=*/true), /*seed=*/5);
   const std::string out = dir + "/export";
 
@@ -277,7 +272,7 @@ TEST(HfModelTest, TiedEmbeddingsRoundTripWithoutLmHead) {
 }
 
 TEST(HfModelTest, TiedModelAcceptsLmHeadEqualToEmbedding) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(/*tied=*/true), /*seed=*/6);
   Mutation m;
   m.add_lm_head_from_embedding = true;
@@ -290,7 +285,7 @@ TEST(HfModelTest, TiedModelAcceptsLmHeadEqualToEmbedding) {
 }
 
 TEST(HfModelTest, TiedModelRefusesLmHeadThatDiffersFromEmbedding) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(/*tied=*/true), /*seed=*/7);
   Mutation m;
   m.add_lm_head_from_embedding = true;
@@ -304,7 +299,7 @@ TEST(HfModelTest, TiedModelRefusesLmHeadThatDiffersFromEmbedding) {
 }
 
 TEST(HfModelTest, F16AndBf16TensorsWidenExactly) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> expected = MakeStore(TinyConfig(), 0);
   // Values k/64 for k in [-16, 16]: exact in F16 and BF16 (5 mantissa bits).
   std::vector<std::vector<uint16_t>> encoded;
@@ -339,7 +334,7 @@ TEST(HfModelTest, F16AndBf16TensorsWidenExactly) {
 }
 
 TEST(HfModelTest, RotaryInvFreqBufferIsIgnored) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/9);
   Mutation m;
   m.extra_name = "model.layers.0.self_attn.rotary_emb.inv_freq";
@@ -353,7 +348,7 @@ TEST(HfModelTest, RotaryInvFreqBufferIsIgnored) {
 }
 
 TEST(HfModelTest, MissingTensorIsNotFoundAndLeavesStoreUntouched) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/10);
   Mutation m;
   m.omit = "model.layers.1.mlp.down_proj.weight";
@@ -369,7 +364,7 @@ TEST(HfModelTest, MissingTensorIsNotFoundAndLeavesStoreUntouched) {
 }
 
 TEST(HfModelTest, UnexpectedTensorIsInvalidArgument) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/12);
   Mutation m;
   m.extra_name = "model.layers.2.mlp.up_proj.weight";  // a third layer
@@ -386,7 +381,7 @@ TEST(HfModelTest, UnexpectedTensorIsInvalidArgument) {
 TEST(HfModelTest, TiedConfigRefusesUntiedCheckpoint) {
   // An untied checkpoint loaded with a tied config: lm_head.weight is there
   // but differs from the embedding, so it is reported, not silently dropped.
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> untied = MakeStore(TinyConfig(/*tied=*/false), /*seed=*/13);
   WriteModel(dir, *untied, Mutation{});
   std::unique_ptr<HostStore> tied = MakeStore(TinyConfig(/*tied=*/true), 0);
@@ -396,7 +391,7 @@ TEST(HfModelTest, TiedConfigRefusesUntiedCheckpoint) {
 }
 
 TEST(HfModelTest, ShapeMismatchIsInvalidArgumentNamingBothShapes) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/14);
   Mutation m;
   m.reshape_name = "model.layers.0.self_attn.q_proj.weight";
@@ -411,7 +406,7 @@ TEST(HfModelTest, ShapeMismatchIsInvalidArgumentNamingBothShapes) {
 }
 
 TEST(HfModelTest, UnsupportedDtypeIsUnimplemented) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/15);
   Mutation m;
   m.dtype_name = "model.norm.weight";
@@ -425,7 +420,7 @@ TEST(HfModelTest, UnsupportedDtypeIsUnimplemented) {
 }
 
 TEST(HfModelTest, TruncatedShardIsDataLossNamingTheShard) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/16);
   const std::string out = dir + "/export";
   ASSERT_THAT(ExportHfDirectory(*source, out, ExportDtype::kBf16, /*max_shard_bytes=*/20'000),
@@ -443,7 +438,7 @@ TEST(HfModelTest, TruncatedShardIsDataLossNamingTheShard) {
 }
 
 TEST(HfModelTest, CorruptHeaderIsDataLossNamingTheFile) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/17);
   WriteModel(dir, *source, Mutation{});
   {
@@ -460,7 +455,7 @@ TEST(HfModelTest, CorruptHeaderIsDataLossNamingTheFile) {
 
 TEST(HfModelTest, MissingDirectoryIsNotFound) {
   std::unique_ptr<HostStore> store = MakeStore(TinyConfig(), 0);
-  const std::string dir = MakeTempDir() + "/nope";
+  const std::string dir = testing::MakeTempDir("hf_model_test") + "/nope";
 
   EXPECT_THAT(LoadHfWeights(dir, store.get()),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir)));
@@ -468,7 +463,7 @@ TEST(HfModelTest, MissingDirectoryIsNotFound) {
 }
 
 TEST(HfModelTest, ExportRefusesNonEmptyDirectory) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/18);
   std::filesystem::create_directories(dir + "/export");
   std::ofstream(dir + "/export/keep.txt") << "mine";
@@ -482,7 +477,7 @@ TEST(HfModelTest, ExportRefusesNonEmptyDirectory) {
 }
 
 TEST(HfModelTest, ExportRemovesTemporaryDirectoryOfACrashedExport) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/19);
   std::filesystem::create_directories(dir + "/.export.tmp.abc123");
   std::ofstream(dir + "/.export.tmp.abc123/model.safetensors") << "partial";

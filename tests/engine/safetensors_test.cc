@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -32,14 +33,6 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// A fresh directory under the test temp dir, one per test.
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/safetensors_test.XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr) << "mkdtemp " << pattern;
-  return pattern;
-}
 
 void WriteFileBytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -97,7 +90,7 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed) {
 // MappedFile
 
 TEST(MappedFileTest, OpenEmptyFileGivesEmptySpan) {
-  const std::string path = MakeTempDir() + "/empty";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/empty";
   WriteFileBytes(path, "");
   absl::StatusOr<MappedFile> file = MappedFile::Open(path);
   ASSERT_THAT(file, IsOk());
@@ -107,20 +100,20 @@ TEST(MappedFileTest, OpenEmptyFileGivesEmptySpan) {
 }
 
 TEST(MappedFileTest, OpenMissingFileIsNotFoundNamingPath) {
-  const std::string path = MakeTempDir() + "/missing.bin";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/missing.bin";
   EXPECT_THAT(MappedFile::Open(path).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(MappedFileTest, OpenDirectoryIsInvalidArgument) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   EXPECT_THAT(MappedFile::Open(dir).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("not a regular file")));
 }
 
 TEST(MappedFileTest, MoveKeepsTheMappedBytes) {
-  const std::string path = MakeTempDir() + "/data";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/data";
   WriteFileBytes(path, "hello");
   absl::StatusOr<MappedFile> file = MappedFile::Open(path);
   ASSERT_THAT(file, IsOk());
@@ -134,7 +127,7 @@ TEST(MappedFileTest, MoveKeepsTheMappedBytes) {
 }
 
 TEST(AtomicFileWriterTest, UncommittedWriterLeavesNoFile) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   {
     absl::StatusOr<AtomicFileWriter> writer =
         AtomicFileWriter::Create(dir + "/out.bin");
@@ -146,7 +139,7 @@ TEST(AtomicFileWriterTest, UncommittedWriterLeavesNoFile) {
 }
 
 TEST(AtomicFileWriterTest, CreateInMissingDirectoryIsNotFound) {
-  const std::string path = MakeTempDir() + "/no/such/dir/out.bin";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/no/such/dir/out.bin";
   EXPECT_THAT(AtomicFileWriter::Create(path).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
@@ -155,7 +148,7 @@ TEST(AtomicFileWriterTest, CreateInMissingDirectoryIsNotFound) {
 // Writer -> reader round trips
 
 TEST(SafetensorsWriterTest, Float32RoundTripIsBitIdentical) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   std::vector<float> weight = RandomFloats(3 * 5, /*seed=*/1);
   // Values whose bits must survive untouched: signed zero, denormal, inf and
   // a NaN with a payload.
@@ -211,7 +204,7 @@ TEST(SafetensorsWriterTest, Float32RoundTripIsBitIdentical) {
 }
 
 TEST(SafetensorsWriterTest, Bf16RoundingEqualsFloatToBf16) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   // More elements than one conversion chunk (2^17), so chunking is covered.
   std::vector<float> weight = RandomFloats(300'001, /*seed=*/2);
   weight[0] = 1.00390625f;  // halfway between two bf16 values: ties to even
@@ -246,7 +239,7 @@ TEST(SafetensorsWriterTest, Bf16RoundingEqualsFloatToBf16) {
 }
 
 TEST(SafetensorsWriterTest, OrdersDataByElementSizeSoEveryTensorIsAligned) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const std::vector<uint8_t> bytes3 = {1, 2, 3};
   const std::vector<float> f3 = {1, 2, 3};
   const std::vector<uint8_t> f64(8 * 2, 0);
@@ -282,7 +275,7 @@ TEST(SafetensorsWriterTest, OrdersDataByElementSizeSoEveryTensorIsAligned) {
 }
 
 TEST(SafetensorsWriterTest, UnfinishedWriterLeavesNoFile) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   const float value = 1.0f;
   {
     absl::StatusOr<SafetensorsWriter> writer =
@@ -295,7 +288,7 @@ TEST(SafetensorsWriterTest, UnfinishedWriterLeavesNoFile) {
 }
 
 TEST(SafetensorsWriterTest, RefusesBadTensors) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const float values[4] = {1, 2, 3, 4};
   absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
@@ -360,7 +353,7 @@ TEST(Fp16BitsToFloatTest, MatchesIeeeDefinitionForAllInputs) {
 }
 
 TEST(SafetensorsFileTest, ReadAsFloat32ConvertsF16) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x7bff, 0x0001,
                                         0x0400, 0x7c00, 0x8000, 0x3555};
   const std::vector<float> expected = {1.0f,
@@ -406,7 +399,7 @@ TEST(SafetensorsFileTest, ReadAsFloat32ConvertsBf16) {
 }
 
 TEST(SafetensorsFileTest, ReadAsFloat32IsUnimplementedForIntegerDtypes) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const std::vector<uint8_t> ints(4 * 3, 7);
   absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
@@ -422,7 +415,7 @@ TEST(SafetensorsFileTest, ReadAsFloat32IsUnimplementedForIntegerDtypes) {
 }
 
 TEST(SafetensorsFileTest, ReadAsFloat32RefusesWrongElementCount) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const float values[6] = {};
   absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
@@ -438,7 +431,7 @@ TEST(SafetensorsFileTest, ReadAsFloat32RefusesWrongElementCount) {
 }
 
 TEST(SafetensorsFileTest, FindMissingTensorIsNotFound) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const float value = 1.0f;
   absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
@@ -457,7 +450,7 @@ TEST(SafetensorsFileTest, FindMissingTensorIsNotFound) {
 }
 
 TEST(SafetensorsFileTest, OpenMissingFileIsNotFound) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   EXPECT_THAT(SafetensorsFile::Open(path).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
@@ -673,7 +666,7 @@ TEST(ParseSafetensorsHeaderTest, BadEntriesAreDataLoss) {
 }
 
 TEST(SafetensorsFileTest, TruncatedFileOnDiskIsDataLossNamingIt) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const std::string path = testing::MakeTempDir("safetensors_test") + "/model.safetensors";
   const std::vector<float> values(16, 1.0f);
   absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
@@ -751,7 +744,7 @@ TEST(ParseSafetensorsIndexTest, RefusesMalformedIndex) {
 }
 
 TEST(SafetensorsModelTest, OpensShardedCheckpointThroughIndex) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   WriteShard(dir + "/model-00001-of-00002.safetensors",
              {{"model.embed_tokens.weight", {1, 2, 3}}});
   WriteShard(dir + "/model-00002-of-00002.safetensors",
@@ -782,7 +775,7 @@ TEST(SafetensorsModelTest, OpensShardedCheckpointThroughIndex) {
 }
 
 TEST(SafetensorsModelTest, OpensSingleFileModel) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   WriteShard(dir + "/model.safetensors", {{"a", {1, 2}}, {"b", {3}}});
   absl::StatusOr<SafetensorsModel> model = SafetensorsModel::Open(dir);
   ASSERT_THAT(model, IsOk());
@@ -792,7 +785,7 @@ TEST(SafetensorsModelTest, OpensSingleFileModel) {
 }
 
 TEST(SafetensorsModelTest, EmptyDirectoryIsNotFoundNamingBothFiles) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   EXPECT_THAT(SafetensorsModel::Open(dir).status(),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("neither model.safetensors nor "
@@ -800,7 +793,7 @@ TEST(SafetensorsModelTest, EmptyDirectoryIsNotFoundNamingBothFiles) {
 }
 
 TEST(SafetensorsModelTest, MissingShardIsNotFound) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   WriteShard(dir + "/model-00001-of-00002.safetensors",
              {{"model.embed_tokens.weight", {1, 2, 3}}});
   WriteFileBytes(dir + "/model.safetensors.index.json", kIndexJson);
@@ -810,7 +803,7 @@ TEST(SafetensorsModelTest, MissingShardIsNotFound) {
 }
 
 TEST(SafetensorsModelTest, IndexEntryMissingFromShardIsDataLoss) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   WriteShard(dir + "/model-00001-of-00002.safetensors",
              {{"model.embed_tokens.weight", {1, 2, 3}}});
   WriteShard(dir + "/model-00002-of-00002.safetensors",
@@ -824,7 +817,7 @@ TEST(SafetensorsModelTest, IndexEntryMissingFromShardIsDataLoss) {
 }
 
 TEST(SafetensorsModelTest, ShardTensorMappedElsewhereIsDataLoss) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("safetensors_test");
   WriteShard(dir + "/model-00001-of-00002.safetensors",
              {{"model.embed_tokens.weight", {1, 2, 3}}, {"lm_head.weight", {5}}});
   WriteShard(dir + "/model-00002-of-00002.safetensors",

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -29,13 +30,6 @@ using ::megatrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/token_shard_test.XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr) << "mkdtemp " << pattern;
-  return pattern;
-}
 
 std::vector<uint8_t> ReadFileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -117,7 +111,7 @@ std::vector<uint8_t> WriteSmallShard(const std::string& path,
 // Round trips and layout
 
 TEST(TokenShardTest, RoundTripUint16) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   WriteSmallShard(path);
   absl::StatusOr<TokenShardReader> shard = TokenShardReader::Open(path);
   ASSERT_THAT(shard, IsOk());
@@ -140,7 +134,7 @@ TEST(TokenShardTest, RoundTripUint16) {
 }
 
 TEST(TokenShardTest, RoundTripUint32WithRandomDocuments) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   constexpr uint64_t kVocab = 128256;  // Llama 3: needs uint32
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> id(0, kVocab - 1);
@@ -175,7 +169,7 @@ TEST(TokenShardTest, RoundTripUint32WithRandomDocuments) {
 }
 
 TEST(TokenShardTest, UnknownVocabUsesUint32) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   absl::StatusOr<TokenShardWriter> writer = TokenShardWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
   const std::vector<uint32_t> doc = {0, 2147483647u};
@@ -189,7 +183,7 @@ TEST(TokenShardTest, UnknownVocabUsesUint32) {
 }
 
 TEST(TokenShardTest, EmptyShardRoundTrips) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   absl::StatusOr<TokenShardWriter> writer =
       TokenShardWriter::Create(path, {.vocab_size = 10});
   ASSERT_THAT(writer, IsOk());
@@ -201,7 +195,7 @@ TEST(TokenShardTest, EmptyShardRoundTrips) {
 }
 
 TEST(TokenShardTest, LayoutMatchesTheDocumentedFormat) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   const std::vector<uint8_t> b = WriteSmallShard(path);
   // 64-byte header + 4 offsets x 8 + 7 tokens x 2.
   ASSERT_EQ(b.size(), 64u + 32u + 14u);
@@ -225,7 +219,7 @@ TEST(TokenShardTest, LayoutMatchesTheDocumentedFormat) {
 }
 
 TEST(TokenShardTest, WriterWithoutChecksumLeavesFieldZero) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   absl::StatusOr<TokenShardWriter> writer = TokenShardWriter::Create(
       path, {.vocab_size = 100, .write_body_checksum = false});
   ASSERT_THAT(writer, IsOk());
@@ -243,7 +237,7 @@ TEST(TokenShardTest, WriterWithoutChecksumLeavesFieldZero) {
 // Writer input checks
 
 TEST(TokenShardWriterTest, RefusesTokenIdAtOrAboveVocab) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   absl::StatusOr<TokenShardWriter> writer =
       TokenShardWriter::Create(path, {.vocab_size = 50257});
   ASSERT_THAT(writer, IsOk());
@@ -261,7 +255,7 @@ TEST(TokenShardWriterTest, RefusesTokenIdAtOrAboveVocab) {
 }
 
 TEST(TokenShardWriterTest, RefusesUint32IdsBeyondInt32) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   absl::StatusOr<TokenShardWriter> writer = TokenShardWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
   EXPECT_THAT(writer->AppendDocumentU32(std::vector<uint32_t>{2147483648u}),
@@ -270,7 +264,7 @@ TEST(TokenShardWriterTest, RefusesUint32IdsBeyondInt32) {
 }
 
 TEST(TokenShardWriterTest, RefusesVocabAbove2To31) {
-  EXPECT_THAT(TokenShardWriter::Create(MakeTempDir() + "/shard.tok",
+  EXPECT_THAT(TokenShardWriter::Create(testing::MakeTempDir("token_shard_test") + "/shard.tok",
                                        {.vocab_size = (uint64_t{1} << 31) + 1})
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -278,7 +272,7 @@ TEST(TokenShardWriterTest, RefusesVocabAbove2To31) {
 }
 
 TEST(TokenShardWriterTest, AppendAfterFinishIsFailedPrecondition) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   absl::StatusOr<TokenShardWriter> writer = TokenShardWriter::Create(path);
   ASSERT_THAT(writer, IsOk());
   ASSERT_THAT(writer->Finish(), IsOk());
@@ -288,7 +282,7 @@ TEST(TokenShardWriterTest, AppendAfterFinishIsFailedPrecondition) {
 }
 
 TEST(TokenShardWriterTest, UnfinishedWriterLeavesNoFile) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("token_shard_test");
   {
     absl::StatusOr<TokenShardWriter> writer =
         TokenShardWriter::Create(dir + "/shard.tok");
@@ -302,13 +296,13 @@ TEST(TokenShardWriterTest, UnfinishedWriterLeavesNoFile) {
 // Corrupt shards
 
 TEST(TokenShardReaderTest, OpenMissingFileIsNotFound) {
-  const std::string path = MakeTempDir() + "/nope.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/nope.tok";
   EXPECT_THAT(TokenShardReader::Open(path).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(TokenShardReaderTest, BadMagicIsDataLossNamingFile) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   b[0] = 'X';
   WriteFileBytes(path, b);
@@ -326,7 +320,7 @@ TEST(TokenShardReaderTest, FileShorterThanHeaderIsDataLoss) {
 }
 
 TEST(TokenShardReaderTest, TruncatedTokenBodyIsDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   b.erase(b.end() - 2, b.end());
   EXPECT_THAT(Parse(b).status(),
@@ -337,7 +331,7 @@ TEST(TokenShardReaderTest, TruncatedTokenBodyIsDataLoss) {
 }
 
 TEST(TokenShardReaderTest, TrailingBytesAreDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   b.push_back(0);
   EXPECT_THAT(Parse(b).status(),
@@ -346,7 +340,7 @@ TEST(TokenShardReaderTest, TrailingBytesAreDataLoss) {
 }
 
 TEST(TokenShardReaderTest, HeaderChecksumMismatchIsDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   Store64(b, 24, 6);  // num_tokens, without fixing the checksum
   EXPECT_THAT(Parse(b).status(),
@@ -355,7 +349,7 @@ TEST(TokenShardReaderTest, HeaderChecksumMismatchIsDataLoss) {
 }
 
 TEST(TokenShardReaderTest, BoundariesNotMonotoneAreDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   Store64(b, 80, 2);  // doc_offsets[2] = 2 < doc_offsets[1] = 3
   FixBodyChecksum(b);
@@ -366,7 +360,7 @@ TEST(TokenShardReaderTest, BoundariesNotMonotoneAreDataLoss) {
 }
 
 TEST(TokenShardReaderTest, BoundariesNotEndingAtTokenCountAreDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   Store64(b, 88, 6);
   FixBodyChecksum(b);
@@ -382,7 +376,7 @@ TEST(TokenShardReaderTest, BoundariesNotEndingAtTokenCountAreDataLoss) {
 }
 
 TEST(TokenShardReaderTest, BodyChecksumMismatchIsDataLossUnlessSkipped) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   b[96] ^= 0x01;  // first token: 1 -> 0
   EXPECT_THAT(Parse(b).status(),
@@ -395,7 +389,7 @@ TEST(TokenShardReaderTest, BodyChecksumMismatchIsDataLossUnlessSkipped) {
 }
 
 TEST(TokenShardReaderTest, TokenAtOrAboveVocabIsDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   Store64(b, 16, 999);  // vocab_size now excludes the id 999 at token 3
   FixHeaderChecksum(b);
@@ -406,7 +400,7 @@ TEST(TokenShardReaderTest, TokenAtOrAboveVocabIsDataLoss) {
 }
 
 TEST(TokenShardReaderTest, BadHeaderFieldsAreDataLoss) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   const std::vector<uint8_t> good = WriteSmallShard(path);
 
   std::vector<uint8_t> b = good;
@@ -446,7 +440,7 @@ TEST(TokenShardReaderTest, BadHeaderFieldsAreDataLoss) {
 }
 
 TEST(TokenShardReaderTest, NewerVersionIsUnimplemented) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   std::vector<uint8_t> b = WriteSmallShard(path);
   Store32(b, 8, 2);
   FixHeaderChecksum(b);
@@ -456,7 +450,7 @@ TEST(TokenShardReaderTest, NewerVersionIsUnimplemented) {
 }
 
 TEST(TokenShardReaderTest, CopyTokensPastEndIsOutOfRange) {
-  const std::string path = MakeTempDir() + "/shard.tok";
+  const std::string path = testing::MakeTempDir("token_shard_test") + "/shard.tok";
   WriteSmallShard(path);
   absl::StatusOr<TokenShardReader> shard = TokenShardReader::Open(path);
   ASSERT_THAT(shard, IsOk());

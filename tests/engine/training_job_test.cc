@@ -11,6 +11,7 @@
 
 #include "engine/token_shard.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -19,16 +20,9 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string TempDir(const std::string& name) {
-  std::string pattern = ::testing::TempDir() + "/" + name + "-XXXXXX";
-  char* dir = mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
-
 // 40 documents drawn from 4 repeated patterns, so the model can learn.
 std::string WriteDataset() {
-  const std::string dir = TempDir("tokens");
+  const std::string dir = testing::MakeTempDir("tokens");
   auto writer = TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = 512});
   EXPECT_THAT(writer, IsOk());
   std::mt19937 rng(7);
@@ -122,7 +116,7 @@ TEST(EstimateFootprintTest, CountsBytesPerParameter) {
 }
 
 TEST(TrainingJobTest, TrainsToCompletionWithCheckpointsAndEval) {
-  const std::string out = TempDir("job");
+  const std::string out = testing::MakeTempDir("job");
   auto job = TrainingJob::Create(TinySpec(WriteDataset(), out), "cpu", std::nullopt);
   ASSERT_THAT(job, IsOk());
   Recorder rec;
@@ -143,11 +137,11 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
   const std::string data = WriteDataset();
   Recorder straight;
   {
-    auto job = TrainingJob::Create(TinySpec(data, TempDir("straight")), "cpu", std::nullopt);
+    auto job = TrainingJob::Create(TinySpec(data, testing::MakeTempDir("straight")), "cpu", std::nullopt);
     ASSERT_THAT(job, IsOk());
     ASSERT_THAT((*job)->Run(&straight), IsOk());
   }
-  const std::string out = TempDir("suspended");
+  const std::string out = testing::MakeTempDir("suspended");
   Recorder first;
   {
     auto job = TrainingJob::Create(TinySpec(data, out), "cpu", std::nullopt);
@@ -175,7 +169,7 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
 }
 
 TEST(TrainingJobTest, CancelStopsWithoutFinishing) {
-  auto job = TrainingJob::Create(TinySpec(WriteDataset(), TempDir("cancel")), "cpu", std::nullopt);
+  auto job = TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("cancel")), "cpu", std::nullopt);
   ASSERT_THAT(job, IsOk());
   Recorder rec;
   rec.job = job->get();
@@ -188,7 +182,7 @@ TEST(TrainingJobTest, CancelStopsWithoutFinishing) {
 }
 
 TEST(TrainingJobTest, MissingDataIsAnErrorNamingTheField) {
-  EXPECT_THAT(TrainingJob::Create(TinySpec("/nonexistent/tokens", TempDir("missing")), "cpu",
+  EXPECT_THAT(TrainingJob::Create(TinySpec("/nonexistent/tokens", testing::MakeTempDir("missing")), "cpu",
                                   std::nullopt),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("data")));
 }
