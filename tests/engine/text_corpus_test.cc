@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/sentencepiece_model.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -31,13 +32,6 @@ using ::megatrain::testing::TrainTinySentencePieceModel;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/text_corpus_test.XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr) << "mkdtemp " << pattern;
-  return pattern;
-}
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -66,7 +60,7 @@ class TextCorpusTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     absl::StatusOr<std::string> path =
-        TrainTinySentencePieceModel(MakeTempDir(), 100);
+        TrainTinySentencePieceModel(testing::MakeTempDir("text_corpus_test"), 100);
     ASSERT_THAT(path, IsOk());
     model_path_ = new std::string(*path);
   }
@@ -82,7 +76,7 @@ class TextCorpusTest : public ::testing::Test {
     }
     ASSERT_THAT(tokenizer, IsOk());
     tokenizer_.emplace(*std::move(tokenizer));
-    dir_ = MakeTempDir();
+    dir_ = testing::MakeTempDir("text_corpus_test");
   }
 
   std::vector<int32_t> Encode(const std::string& text) {
@@ -339,7 +333,7 @@ TokenizeOptions SftOptions(const std::string& input, const std::string& out) {
 }
 
 TEST(TextCorpusSftTest, WritesMaskThatTheLoaderApplies) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("text_corpus_test");
   const std::string input = dir + "/sft.jsonl";
   WriteFile(input,
             "{\"input_ids\": [5, 6, 7, 8], \"labels\": [-100, -100, 7, 8]}\n"
@@ -381,7 +375,7 @@ TEST(TextCorpusSftTest, WritesMaskThatTheLoaderApplies) {
 }
 
 TEST(TextCorpusSftTest, BadExamplesNameFileLineAndField) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("text_corpus_test");
   struct Case {
     std::string line;
     std::string message;

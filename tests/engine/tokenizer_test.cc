@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/sentencepiece_model.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
@@ -28,20 +29,13 @@ using ::testing::Ge;
 using ::testing::HasSubstr;
 using ::testing::Lt;
 
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/tokenizer_test.XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr) << "mkdtemp " << pattern;
-  return pattern;
-}
-
 class TokenizerTest : public ::testing::Test {
  protected:
   // One model for the suite: training takes a fraction of a second, but
   // there is no need to repeat it.
   static void SetUpTestSuite() {
     absl::StatusOr<std::string> path =
-        TrainTinySentencePieceModel(MakeTempDir(), 100);
+        TrainTinySentencePieceModel(testing::MakeTempDir("tokenizer_test"), 100);
     ASSERT_THAT(path, IsOk());
     model_path_ = new std::string(*path);
   }
@@ -120,13 +114,13 @@ TEST_F(TokenizerTest, DecodeRejectsOutOfRangeIds) {
 }
 
 TEST(TokenizerLoadTest, MissingFileIsNotFound) {
-  const std::string path = MakeTempDir() + "/missing.model";
+  const std::string path = testing::MakeTempDir("tokenizer_test") + "/missing.model";
   EXPECT_THAT(Tokenizer::Load(path),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(TokenizerLoadTest, NotAModelIsInvalidArgument) {
-  const std::string path = MakeTempDir() + "/garbage.model";
+  const std::string path = testing::MakeTempDir("tokenizer_test") + "/garbage.model";
   std::ofstream(path) << "this is not a protobuf";
   if (Tokenizer::Load(path).status().code() ==
       absl::StatusCode::kUnimplemented) {
@@ -140,7 +134,7 @@ TEST(TokenizerLoadTest, NotAModelIsInvalidArgument) {
 }
 
 TEST(TokenizerLoadTest, DirectoryIsInvalidArgument) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = testing::MakeTempDir("tokenizer_test");
   EXPECT_THAT(Tokenizer::Load(dir),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::AllOf(HasSubstr(dir),
