@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, end to end, on this machine: installs and builds what is
 # missing, starts megatraind with defaults (loopback, state under the user's
-# state directory, GPU if there is one, else CPU), submits the built-in tiny
+# state directory, --device=auto: the CPU with Debian's LibTorch, which has
+# no CUDA), submits the built-in tiny
 # job (examples/jobs/tiny.yaml: the tiny preset on a small English corpus
 # shipped in examples/data), shows its progress, lists its checkpoints,
 # exports the last one as a Hugging Face model directory, and stops the
