@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 
+#include "engine/device_info.h"
 #include "engine/token_shard.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -179,6 +180,29 @@ TEST(TrainingJobTest, CancelStopsWithoutFinishing) {
   ASSERT_THAT(outcome, IsOk());
   EXPECT_EQ(*outcome, JobOutcome::kCancelled);
   EXPECT_EQ(rec.losses.size(), 1u);
+}
+
+// The daemon's GPU path without the daemon: the tiny example's shapes in
+// bf16 on CUDA with eval and checkpoints every few steps. Skipped without a
+// CUDA device.
+TEST(TrainingJobTest, TrainsOnCudaWithEvalAndCheckpoints) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("cuda"));
+  spec.train.micro_batch = 8;
+  spec.train.seq_len = 128;
+  spec.train.max_steps = 60;
+  spec.train.compute_dtype = ComputeDtype::kBf16;
+  spec.eval.every_steps = 20;
+  spec.checkpoint.every_steps = 20;
+  auto job = TrainingJob::Create(spec, "cuda:0", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  auto outcome = (*job)->Run(&rec);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+  EXPECT_EQ(rec.losses.size(), 60u);
+  EXPECT_LT(rec.losses.back(), rec.losses.front());
+  EXPECT_EQ(rec.evals.size(), 3u);
 }
 
 TEST(TrainingJobTest, MissingDataIsAnErrorNamingTheField) {
