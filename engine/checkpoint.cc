@@ -114,7 +114,7 @@ class RemoveTreeGuard {
   ~RemoveTreeGuard() {
     if (path_.empty()) return;
     std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    (void)RemoveTree(std::filesystem::path(path_).string());
   }
   void Release() { path_.clear(); }
 
@@ -163,7 +163,7 @@ void RemoveTempEntries(const std::string& root) {
   for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     if (absl::StartsWith(it->path().filename().string(), kTempPrefix)) {
       std::error_code ignored;
-      std::filesystem::remove_all(it->path(), ignored);
+      (void)RemoveTree(std::filesystem::path(it->path()).string());
     }
   }
 }
@@ -321,7 +321,7 @@ absl::Status ApplyRetention(const std::string& root, int64_t written_step,
   MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
   for (const std::string& path : doomed) {
     std::error_code ignored;  // a leftover is removed by the next write
-    std::filesystem::remove_all(path, ignored);
+    (void)RemoveTree(std::filesystem::path(path).string());
   }
   return absl::OkStatus();
 }
@@ -662,7 +662,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
     MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(temp_dir, final_dir, aside_dir));
     MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
     std::error_code ignored;
-    std::filesystem::remove_all(aside_dir, ignored);
+    (void)RemoveTree(std::filesystem::path(aside_dir).string());
     // temp_guard removes temp_dir, which now holds the old checkpoint.
   } else {
     if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {

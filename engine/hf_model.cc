@@ -66,7 +66,7 @@ class TempDirGuard {
   ~TempDirGuard() {
     if (path_.empty()) return;
     std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    (void)RemoveTree(std::filesystem::path(path_).string());
   }
   void Release() { path_.clear(); }
 
@@ -248,7 +248,7 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
        it.increment(ec)) {
     if (absl::StartsWith(it->path().filename().string(), temp_prefix)) {
       std::error_code ignored;
-      std::filesystem::remove_all(it->path(), ignored);
+      (void)RemoveTree(std::filesystem::path(it->path()).string());
     }
   }
 

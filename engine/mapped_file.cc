@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -270,6 +271,24 @@ absl::Status FsyncDirectory(const std::string& dir) {
   const int sync_errno = errno;
   ::close(dir_fd);
   if (sync_result != 0) return ErrnoError(sync_errno, dir, "fsync directory");
+  return absl::OkStatus();
+}
+
+namespace {
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path) == 0 ? 0 : -1;
+}
+}  // namespace
+
+absl::Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoError(errno, path, "stat");
+  }
+  if (::nftw(path.c_str(), RemoveEntry, 32, FTW_DEPTH | FTW_PHYS) != 0) {
+    return ErrnoError(errno, path, "remove tree");
+  }
   return absl::OkStatus();
 }
 

@@ -109,6 +109,16 @@ class MappedFile {
 // are durable. Errors carry the errno code and name the directory.
 absl::Status FsyncDirectory(const std::string& dir);
 
+// Removes `path` and everything below it, like `rm -rf`, without following
+// symbolic links; a missing `path` is OK. Errors carry errno and the path.
+//
+// Note [No std::filesystem::remove_all]: pip's libtorch.so exports its own
+// copy of libstdc++'s std::filesystem, which interposes on the system's in a
+// process that loads it; its remove_all jumped to address 0 (checkpoint
+// retention on the H100, found with cuda-gdb). Engine code removes trees
+// with this function (nftw(3)) instead.
+absl::Status RemoveTree(const std::string& path);
+
 // `dir` + "/" + `name` (no doubled slash when `dir` ends in one).
 std::string JoinPath(const std::string& dir, absl::string_view name);
 
