@@ -34,6 +34,8 @@ namespace megatrain::engine {
 namespace {
 
 using ::megatrain::testing::IsOk;
+using ::megatrain::testing::ListDir;
+using ::megatrain::testing::WriteFileBytes;
 using ::megatrain::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -72,15 +74,6 @@ std::unique_ptr<HostStore> MakeStore(const ModelConfig& config, uint64_t seed,
     }
   }
   return *std::move(store);
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 std::vector<int64_t> Steps(const std::vector<CheckpointInfo>& infos) {

@@ -32,6 +32,8 @@ namespace megatrain::engine {
 namespace {
 
 using ::megatrain::testing::IsOk;
+using ::megatrain::testing::ListDir;
+using ::megatrain::testing::WriteFileBytes;
 using ::megatrain::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -125,15 +127,6 @@ void WriteModel(const std::string& dir, const HostStore& store, const Mutation& 
         IsOk());
   }
   ASSERT_THAT(writer->Finish(), IsOk());
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 // float -> IEEE binary16 bits, for values that are exactly representable

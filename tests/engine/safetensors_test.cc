@@ -30,28 +30,11 @@ namespace megatrain::engine {
 namespace {
 
 using ::megatrain::testing::IsOk;
+using ::megatrain::testing::ListDir;
+using ::megatrain::testing::WriteFileBytes;
 using ::megatrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-void WriteFileBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (const dirent* entry = ::readdir(d)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 // A safetensors file by hand: 8-byte length, `json`, then `data_bytes`.
 std::string RawSafetensors(const std::string& json,
