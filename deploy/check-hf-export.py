@@ -41,8 +41,13 @@ def main():
         theirs = model(input_ids=ids).logits[0].float().cpu().numpy()
     diff = float(np.linalg.norm(ours - theirs) / max(np.linalg.norm(theirs), 1e-30))
     agree = float((ours.argmax(-1) == theirs.argmax(-1)).mean())
+    # Next-token cross-entropy of transformers' logits on the same window.
+    logp = torch.log_softmax(torch.from_numpy(theirs[:-1]).double(), dim=-1)
+    targets = torch.tensor(meta["input_ids"][1:])
+    their_loss = float(-logp[torch.arange(t - 1), targets].mean())
     out = {"model": args.model, "tokens": t, "vocab": v, "relative_error": diff,
            "argmax_agreement": agree, "engine_loss": meta.get("loss"),
+           "transformers_loss": their_loss,
            "tolerance": args.tolerance, "ok": diff <= args.tolerance}
     print(json.dumps(out))
     return 0 if out["ok"] else 1
