@@ -3,9 +3,10 @@
 # directory and drive it with the real `megatrain` CLI. Label `integration`
 # (run with `ctest -L integration`; CI's unit run is `ctest -LE
 # "gpu|integration"`). They need megatraind and megatrain built, jq, curl,
-# python3 (a free port for prometheus) and Debian's prometheus/promtool.
+# python3 (a free port for prometheus; the dashboard checks) and Debian's
+# prometheus/promtool.
 set(_it_dir ${CMAKE_CURRENT_SOURCE_DIR}/integration)
-foreach(_it cli_flow crash_resume auth prometheus)
+foreach(_it cli_flow crash_resume auth prometheus grafana_dashboard)
   add_test(NAME integration_${_it}
     COMMAND bash ${_it_dir}/${_it}_test.sh
             $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
