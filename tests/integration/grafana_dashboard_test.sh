@@ -39,6 +39,7 @@ import urllib.request
 
 mode, dashboard_path, source_dir = sys.argv[1:4]
 
+NVML_CPU = "NVML is sampled for CUDA devices only; this daemon runs --device=cpu"
 # Metrics that stay empty on a CPU-only daemon. Their exprs must parse; an
 # empty result is expected and is not a failure. Nothing here is faked.
 PARSE_ONLY_ON_CPU = {
@@ -46,9 +47,9 @@ PARSE_ONLY_ON_CPU = {
         "link bandwidth is measured at start-up for CUDA devices only (server/daemon.cc)",
     "megatrain_pcie_utilization_ratio":
         "needs the measured link bandwidth, which only CUDA devices have",
-    "megatrain_nvml_pcie_throughput_bytes_per_second": "NVML: no GPU",
-    "megatrain_gpu_memory_used_bytes": "NVML: no GPU",
-    "megatrain_gpu_memory_total_bytes": "NVML: no GPU",
+    "megatrain_nvml_pcie_throughput_bytes_per_second": NVML_CPU,
+    "megatrain_gpu_memory_used_bytes": NVML_CPU,
+    "megatrain_gpu_memory_total_bytes": NVML_CPU,
     "megatrain_gpu_memory_peak_bytes":
         "the CPU runtime reports no device peak (set only when > 0)",
 }
