@@ -195,7 +195,19 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          train->set_seed(static_cast<uint64_t>(*value));
          return absl::OkStatus();
        }},
-      MEGATRAIN_JOB_FIELD("skip_nonfinite_steps", Bool, train->set_skip_nonfinite_steps),
+      {"nan_policy",
+       [&](const YAML::Node& node, const std::string& path) {
+         auto value = reader.String(node, path);
+         if (!value.ok()) return value.status();
+         if (*value == "skip") {
+           train->set_nan_policy(v1::NAN_POLICY_SKIP);
+         } else if (*value == "fail") {
+           train->set_nan_policy(v1::NAN_POLICY_FAIL);
+         } else {
+           return reader.Error(path, absl::StrCat("must be skip or fail, got '", *value, "'"));
+         }
+         return absl::OkStatus();
+       }},
   };
   const Fields optimizer_fields = {
       MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),

@@ -637,22 +637,45 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   const std::string name = CheckpointDirName(state.step);
   std::string temp_dir = JoinPath(root, absl::StrCat(kTempPrefix, name, ".XXXXXX"));
   if (::mkdtemp(temp_dir.data()) == nullptr) {
-    return ErrnoError(errno, temp_dir, "create temporary directory");
+    return Annotate(ErrnoError(errno, temp_dir, "create temporary directory"),
+                    absl::StrCat("writing checkpoint ", name));
   }
   RemoveTreeGuard temp_guard(temp_dir);
 
   std::map<std::string, ManifestEntry> files;
-  MEGATRAIN_ASSIGN_OR_RETURN(files[kConfigFile],
-                             WriteTextFile(temp_dir, kConfigFile, store.config().ToHfConfigJson()));
-  MEGATRAIN_ASSIGN_OR_RETURN(files[kStateFile],
-                             WriteTextFile(temp_dir, kStateFile, StateJson(state)));
-  for (const TensorFileKind* kind : {&kMasterFile, &kExpAvgFile, &kExpAvgSqFile}) {
-    MEGATRAIN_ASSIGN_OR_RETURN(files[kind->file_name], WriteTensorFile(temp_dir, *kind, store));
+  ManifestEntry manifest_entry;
+  absl::Status written = [&]() -> absl::Status {
+    MEGATRAIN_ASSIGN_OR_RETURN(files[kConfigFile], WriteTextFile(temp_dir, kConfigFile,
+                                                                 store.config().ToHfConfigJson()));
+    MEGATRAIN_ASSIGN_OR_RETURN(files[kStateFile],
+                               WriteTextFile(temp_dir, kStateFile, StateJson(state)));
+    for (const TensorFileKind* kind : {&kMasterFile, &kExpAvgFile, &kExpAvgSqFile}) {
+      MEGATRAIN_ASSIGN_OR_RETURN(files[kind->file_name], WriteTensorFile(temp_dir, *kind, store));
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(manifest_entry, WriteTextFile(temp_dir, kManifestFile,
+                                                             ManifestJson(state.step, files)));
+    return FsyncDirectory(temp_dir);
+  }();
+  if (!written.ok()) {
+    // Free the space now (a full disk is the likely cause) and say what is
+    // left: the earlier checkpoints were not touched.
+    temp_guard.Release();
+    const absl::Status removed = RemoveTree(temp_dir);
+    absl::StatusOr<std::vector<StepDir>> earlier = ListStepDirs(root);
+    std::string left;
+    if (!earlier.ok() || earlier->empty()) {
+      left = "no earlier checkpoint exists";
+    } else {
+      left = absl::StrCat("earlier checkpoints are intact (newest: ",
+                          JoinPath(root, earlier->back().name), ")");
+    }
+    const std::string cleanup =
+        removed.ok() ? absl::StrCat("the partial checkpoint ", temp_dir, " was removed")
+                     : absl::StrCat("removing the partial checkpoint failed too (",
+                                    removed.message(), "; the next write removes it)");
+    return absl::Status(written.code(), absl::StrCat("writing checkpoint ", name, ": ",
+                                                     written.message(), "; ", cleanup, "; ", left));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      ManifestEntry manifest_entry,
-      WriteTextFile(temp_dir, kManifestFile, ManifestJson(state.step, files)));
-  MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(temp_dir));
 
   const std::string final_dir = JoinPath(root, name);
   if (std::filesystem::exists(final_dir, ec)) {

@@ -79,8 +79,16 @@ std::string CheckpointDirName(int64_t step);
 // Errors: INVALID_ARGUMENT for state.step < 0, retention.keep_last < 1,
 // retention.keep_every < 0, or a state string that is not valid UTF-8
 // (naming the field); FAILED_PRECONDITION when the store has no optimizer
-// state; RESOURCE_EXHAUSTED when the disk is full; others from the file
-// system, naming the path. On error the previous checkpoints are untouched.
+// state; RESOURCE_EXHAUSTED when the disk is full or a file size limit is
+// hit (ENOSPC, EDQUOT, EFBIG); others from the file system, naming the path.
+// On an error while writing the files, the temporary directory is removed
+// before returning and the message says so and names the newest earlier
+// checkpoint, e.g.
+//   writing checkpoint step-00000004: <root>/.tmp-step-00000004.Ab12Cd/
+//   exp_avg.bin: write: No space left on device (ENOSPC); the partial
+//   checkpoint <root>/.tmp-step-00000004.Ab12Cd was removed; earlier
+//   checkpoints are intact (newest: <root>/step-00000002)
+// On every error the previous checkpoints are untouched.
 //
 // Example:
 //   CheckpointState state{.step = trainer->step(), .rng_state = rng.state()};

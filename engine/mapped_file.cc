@@ -32,11 +32,18 @@ absl::Status ErrnoError(int error_number, const std::string& path,
 }
 
 // Maps disk-full conditions to RESOURCE_EXHAUSTED, the rest through absl.
+// The message carries the errno name too ("No space left on device
+// (ENOSPC)"), which operators grep for. EFBIG: the file size limit
+// (RLIMIT_FSIZE, `ulimit -f`) or the file system's maximum file size.
 absl::Status WriteErrnoError(int error_number, const std::string& path,
                              const char* operation) {
-  if (error_number == ENOSPC || error_number == EDQUOT) {
+  const char* name = error_number == ENOSPC   ? "ENOSPC"
+                     : error_number == EDQUOT ? "EDQUOT"
+                     : error_number == EFBIG  ? "EFBIG"
+                                              : nullptr;
+  if (name != nullptr) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s: %s: %s", path, operation, std::strerror(error_number)));
+        "%s: %s: %s (%s)", path, operation, std::strerror(error_number), name));
   }
   return ErrnoError(error_number, path, operation);
 }

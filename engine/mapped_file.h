@@ -137,7 +137,9 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
 
   // Appends `bytes` to the file.
-  // Errors: RESOURCE_EXHAUSTED when the disk is full (ENOSPC, EDQUOT);
+  // Errors: RESOURCE_EXHAUSTED when the disk is full or a size limit is hit
+  // (ENOSPC, EDQUOT, EFBIG; the message ends with the errno name, e.g.
+  // "<path>: write: No space left on device (ENOSPC)");
   // FAILED_PRECONDITION after Commit() or after an earlier failed write;
   // others mapped from errno. Messages name `path`.
   absl::Status Append(absl::Span<const uint8_t> bytes);

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -128,56 +129,72 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   const int64_t step_number = step_ + 1;
   const double lr = schedule_->LrAt(step_number);
   const bool overlap_backward = options_.max_grad_norm <= 0;
+  const NonFiniteInjection& inject = options_.debug_nonfinite;
+  const bool poison = inject.step == step_number && !debug_nonfinite_done_;
+  if (poison) debug_nonfinite_done_ = true;
   // Squared gradient norm per block, computed on the accumulator thread as
   // each block's gradient becomes final (overlapping the rest of backward).
+  // The callback runs on that one thread; ForwardBackward returns after its
+  // last call, so the vectors and flags are read below without a lock.
   std::vector<double> block_sq(store_->num_blocks(), 0.0);
-  std::vector<bool> block_skipped(store_->num_blocks(), false);
+  bool stopped = false;        // a non-finite block gradient was seen (overlap)
+  int64_t blocks_updated = 0;  // updates queued during backward (overlap)
   MEGATRAIN_ASSIGN_OR_RETURN(
       ForwardBackwardResult fb,
       executor_->ForwardBackward(micro_batches, [&](int64_t block) {
+        if (poison && (inject.kind == NonFiniteInjection::Kind::kLoss ||
+                       block == store_->layout().embedding_block())) {
+          store_->grad(block)[0] = inject.kind == NonFiniteInjection::Kind::kLoss
+                                       ? std::numeric_limits<float>::quiet_NaN()
+                                       : std::numeric_limits<float>::infinity();
+        }
         const double sq =
             SumOfSquares(store_->grad(block), store_->block_numel(block), pool_.get());
         block_sq[block] = sq;
         if (!overlap_backward) return;
-        if (std::isfinite(sq)) {
-          ScheduleUpdate(block, step_number, lr, 1.0f);
-        } else {
-          block_skipped[block] = true;
-        }
+        // Note [Non-finite steps]: the first non-finite block stops the step.
+        if (!std::isfinite(sq)) stopped = true;
+        if (stopped) return;
+        ScheduleUpdate(block, step_number, lr, 1.0f);
+        ++blocks_updated;
       }));
   StepResult result;
   result.loss = fb.loss();
+  if (poison && inject.kind == NonFiniteInjection::Kind::kLoss) {
+    result.loss = std::numeric_limits<double>::quiet_NaN();
+  }
   result.counted_tokens = fb.counted_tokens;
   result.lr = lr;
   double total_sq = 0;
-  bool any_block_skipped = false;
-  for (size_t b = 0; b < block_sq.size(); ++b) {
-    total_sq += block_sq[b];
-    any_block_skipped = any_block_skipped || block_skipped[b];
-  }
+  for (const double sq : block_sq) total_sq += sq;
   result.grad_norm = std::sqrt(total_sq);
-  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm);
-  if (overlap_backward) ++step_;  // its updates are queued already
-  if (!finite && !options_.skip_nonfinite_steps) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step_number, ": non-finite loss (", result.loss, ") or gradient norm (",
-        result.grad_norm, "); master weights hold no non-finite value"));
-  }
-  if (overlap_backward) {
-    // Updates were queued as gradients became final; a block with a
-    // non-finite gradient was left as it was.
-    result.skipped = any_block_skipped || !finite;
-  } else if (!finite) {
-    result.skipped = true;
-  } else {
-    const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
-    // Forward order, so that the next step's first layers are ready first.
-    ScheduleUpdate(store_->layout().embedding_block(), step_number, lr, grad_scale);
-    for (int64_t l = 0; l < store_->layout().num_layers(); ++l) {
-      ScheduleUpdate(store_->layout().layer_block(l), step_number, lr, grad_scale);
+  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm) && !stopped;
+  if (finite) {
+    if (!overlap_backward) {
+      const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
+      // Forward order, so that the next step's first layers are ready first.
+      ScheduleUpdate(store_->layout().embedding_block(), step_number, lr, grad_scale);
+      for (int64_t l = 0; l < store_->layout().num_layers(); ++l) {
+        ScheduleUpdate(store_->layout().layer_block(l), step_number, lr, grad_scale);
+      }
+      ScheduleUpdate(store_->layout().head_block(), step_number, lr, grad_scale);
     }
-    ScheduleUpdate(store_->layout().head_block(), step_number, lr, grad_scale);
     ++step_;
+  } else {
+    // Blocks updated before a non-finite one (clipping off) have used
+    // step_number in their AdamW bias correction: the step counts.
+    result.skipped = true;
+    result.partial = blocks_updated > 0;
+    if (result.partial) ++step_;
+    if (options_.nan_policy == NanPolicy::kFail) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step_number, ": loss ", result.loss, ", gradient norm ", result.grad_norm,
+          ": not finite (train.nan_policy: fail)",
+          result.partial ? absl::StrCat("; ", blocks_updated, " of ", store_->num_blocks(),
+                                        " blocks were updated before the non-finite gradient")
+                         : "; the update was not applied",
+          ". Master weights hold no non-finite value"));
+    }
   }
   result.step = step_;
   result.stats = fb.stats;

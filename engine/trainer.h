@@ -22,10 +22,27 @@
 // order; the update stays exact AdamW (no staleness). Step() can return
 // while updates are still running: WaitForOptimizer() (called by Evaluate,
 // and by anything that reads the store) waits for them.
-// Non-finite values: with clipping, a non-finite loss or norm skips the
-// whole step. Without clipping, a block whose gradient is non-finite is not
-// updated (the step is reported skipped), while blocks already updated
-// keep their update; master weights never receive NaN or inf.
+//
+// Note [Non-finite steps]
+// A step whose loss or global gradient norm is NaN or inf is handled by
+// TrainerOptions::nan_policy (engine/nan_policy.h); master weights and
+// AdamW moments never receive a non-finite value.
+//   * With clipping (max_grad_norm > 0, the default) no update is queued
+//     before the norm is known, so a skipped step leaves the weights, the
+//     moments and step() exactly as they were (bit for bit).
+//   * Without clipping a block's update is queued as soon as its gradient is
+//     final, before the rest of the step is known. The first non-finite
+//     block gradient stops the step: neither it nor any later block is
+//     updated. A NaN/inf loss makes the first final gradient (the head's, or
+//     the last layer's with tied embeddings) non-finite, so nothing is
+//     updated and the skip is exact as with clipping. An overflow found
+//     only in an earlier layer's gradient leaves the blocks updated before
+//     it with their update (StepResult::partial); step() then advances,
+//     because those blocks' AdamW state has used the step number. (So does
+//     an inf loss whose gradients are all finite, which stable
+//     cross-entropy only gives for logits near the fp32 limit.)
+// Gradients of a skipped step are not cleared: the next step's first
+// micro-batch overwrites them.
 //
 // Thread-safety: a Trainer is driven by one thread at a time; it owns an
 // optimizer thread internally.
@@ -49,6 +66,7 @@
 #include "engine/host_store.h"
 #include "engine/lr_schedule.h"
 #include "engine/model_config.h"
+#include "engine/nan_policy.h"
 #include "engine/precision.h"
 #include "engine/stats.h"
 
@@ -58,6 +76,21 @@ class DeviceRuntime;
 class StreamingExecutor;
 class ThreadPool;
 
+// Testing only: makes one step non-finite, to exercise Note [Non-finite
+// steps] without a diverging model. Never set from a job file or an RPC;
+// TrainingJob sets it from the debug environment variable
+// MEGATRAIN_DEBUG_POISON_STEP (training_job.h).
+struct NonFiniteInjection {
+  enum class Kind {
+    kLoss,      // every block's gradient and the loss become NaN, as a NaN
+                // in the forward pass makes them
+    kGradient,  // the embedding block's gradient becomes +inf (an overflow
+                // in backward; the embedding's gradient is final last)
+  };
+  int64_t step = 0;  // step number to poison, first attempt only; 0 = off
+  Kind kind = Kind::kLoss;
+};
+
 struct TrainerOptions {
   std::string device = "cpu";        // "cpu", "cuda", "cuda:N"
   ComputeDtype compute_dtype = ComputeDtype::kFp32;
@@ -66,19 +99,24 @@ struct TrainerOptions {
   AdamWOptions adamw;                // lr is the schedule's peak
   LrScheduleOptions schedule;        // peak_lr is overwritten with adamw.lr
   double max_grad_norm = 1.0;        // global-norm clipping; <= 0 disables
-  bool skip_nonfinite_steps = true;  // NaN/inf loss or norm: skip vs fail
+  NanPolicy nan_policy = NanPolicy::kSkip;  // NaN/inf loss or norm (Note [Non-finite steps])
+  NonFiniteInjection debug_nonfinite;        // testing only
   int threads = 0;                   // CPU threads (optimizer, accumulation); 0 = all
   int num_weight_slots = 3;          // device weight buffers
   int64_t loss_chunk_tokens = 0;     // 0 = auto
 };
 
 struct StepResult {
-  int64_t step = 0;         // this step's number (from 1); unchanged if skipped
+  int64_t step = 0;         // step() after this step: its number (from 1), or
+                            // the previous one's if skipped (unless partial)
   double loss = 0;          // mean over counted tokens of the global batch
   int64_t counted_tokens = 0;
   double grad_norm = 0;     // global L2 norm before clipping
   double lr = 0;            // learning rate used
-  bool skipped = false;     // non-finite loss/norm; weights untouched
+  bool skipped = false;     // non-finite loss or norm: not applied (Note
+                            // [Non-finite steps]); weights untouched unless partial
+  bool partial = false;     // skipped, but (clipping off) blocks updated before
+                            // the non-finite one kept their update
   StepStats stats;
 };
 
@@ -95,9 +133,11 @@ class Trainer {
                                                          uint64_t seed);
   ~Trainer();
 
-  // One optimizer step over `micro_batches` ([B*T] tokens each). Errors as
-  // StreamingExecutor::ForwardBackward; FAILED_PRECONDITION for a
-  // non-finite loss when skip_nonfinite_steps is false.
+  // One optimizer step over `micro_batches` ([B*T] tokens each). A
+  // non-finite loss or gradient norm is skipped (result.skipped) or fails,
+  // per options().nan_policy (Note [Non-finite steps]). Errors as
+  // StreamingExecutor::ForwardBackward; FAILED_PRECONDITION naming the step
+  // number and the non-finite values under NanPolicy::kFail.
   absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
 
   // Mean loss over `micro_batches` without training. Waits for pending
@@ -142,6 +182,7 @@ class Trainer {
   std::unique_ptr<CpuAdamW> adamw_;
   std::unique_ptr<LrSchedule> schedule_;
   int64_t step_ = 0;
+  bool debug_nonfinite_done_ = false;  // the injection fires once
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);

@@ -4,12 +4,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
@@ -61,6 +64,56 @@ HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
   return o;
 }
 
+MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
+  MemoryFootprint f;
+  f.params = config.ParamCount();
+  f.host = HostStore::EstimateBytes(config, StoreOptions(spec, /*pin=*/true));
+  const ModelLayout layout = ModelLayout::Create(config);
+  int64_t max_block = 0;
+  for (size_t b = 1; b < layout.blocks.size(); ++b) max_block = std::max(max_block, layout.blocks[b].numel);
+  if (config.tie_word_embeddings) max_block = std::max(max_block, layout.blocks[0].numel);
+  const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
+  const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
+  // Pinned staging: 2 gradient buffers + the activation upload buffer.
+  f.host.staging = 2 * std::max(max_block * esize, tokens * config.hidden_size * 4) +
+                   tokens * (config.hidden_size * 4 + 8);
+  f.host_total_bytes = f.host.Total();
+  // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
+  // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
+  // tensors, a rough bound).
+  f.device_estimate_bytes = 5 * max_block * esize +
+                            config.num_hidden_layers * tokens * config.hidden_size * 4 +
+                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
+  return f;
+}
+
+std::string GiB(int64_t bytes) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+// The debug knob of training_job.h: MEGATRAIN_DEBUG_POISON_STEP=<step>[:loss|:grad].
+constexpr char kPoisonStepEnv[] = "MEGATRAIN_DEBUG_POISON_STEP";
+
+absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
+  NonFiniteInjection inject;
+  const char* env = std::getenv(kPoisonStepEnv);
+  if (env == nullptr || *env == '\0') return inject;
+  absl::string_view text(env);
+  absl::string_view kind = "loss";
+  if (const size_t colon = text.find(':'); colon != absl::string_view::npos) {
+    kind = text.substr(colon + 1);
+    text = text.substr(0, colon);
+  }
+  if (!absl::SimpleAtoi(text, &inject.step) || inject.step < 1 ||
+      (kind != "loss" && kind != "grad")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kPoisonStepEnv, ": expected <step>[:loss|:grad] with step >= 1, got '", env, "'"));
+  }
+  inject.kind = kind == "grad" ? NonFiniteInjection::Kind::kGradient
+                               : NonFiniteInjection::Kind::kLoss;
+  return inject;
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& s) {
@@ -89,6 +142,10 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return absl::InvalidArgumentError("train.max_steps: set train.max_steps or train.max_tokens (> 0)");
   }
   MEGATRAIN_RETURN_IF_ERROR(InRange("train.max_grad_norm", s.train.max_grad_norm, 0, 1e9));
+  if (s.train.nan_policy != NanPolicy::kSkip && s.train.nan_policy != NanPolicy::kFail) {
+    return absl::InvalidArgumentError(absl::StrCat("train.nan_policy: unknown value ",
+                                                   static_cast<int>(s.train.nan_policy)));
+  }
   MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.lr", s.optimizer.lr, 0, 1, /*lo_open=*/true));
   MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta1", s.optimizer.beta1, 0, 0.999999));
   MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta2", s.optimizer.beta2, 0, 0.999999999));
@@ -110,26 +167,36 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
 
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
-  MemoryFootprint f;
-  f.params = config.ParamCount();
-  f.host = HostStore::EstimateBytes(config, StoreOptions(spec, /*pin=*/true));
-  const ModelLayout layout = ModelLayout::Create(config);
-  int64_t max_block = 0;
-  for (size_t b = 1; b < layout.blocks.size(); ++b) max_block = std::max(max_block, layout.blocks[b].numel);
-  if (config.tie_word_embeddings) max_block = std::max(max_block, layout.blocks[0].numel);
-  const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
+  return FootprintOf(spec, config);
+}
+
+absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
+                                      const ModelConfig& config) {
+  if (!absl::IsResourceExhausted(status) ||
+      !absl::StartsWith(status.message(), "device out of memory")) {
+    return status;
+  }
   const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
-  // Pinned staging: 2 gradient buffers + the activation upload buffer.
-  f.host.staging = 2 * std::max(max_block * esize, tokens * config.hidden_size * 4) +
-                   tokens * (config.hidden_size * 4 + 8);
-  f.host_total_bytes = f.host.Total();
-  // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
-  // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
-  // tensors, a rough bound).
-  f.device_estimate_bytes = 5 * max_block * esize +
-                            config.num_hidden_layers * tokens * config.hidden_size * 4 +
-                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
-  return f;
+  const int64_t saved_bytes = config.num_hidden_layers * tokens * config.hidden_size * 4;
+  const MemoryFootprint f = FootprintOf(spec, config);
+  std::string advice;
+  if (spec.train.micro_batch > 1) {
+    advice = absl::StrCat("try train.micro_batch: ", spec.train.micro_batch / 2,
+                          " with train.gradient_accumulation_steps: ",
+                          2 * spec.train.gradient_accumulation_steps,
+                          " (same global batch) or a shorter train.seq_len");
+  } else {
+    advice = "train.micro_batch is already 1: try a shorter train.seq_len";
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), "; job: train.micro_batch ", spec.train.micro_batch,
+                   " x train.seq_len ", spec.train.seq_len, " = ", tokens,
+                   " tokens per micro-batch; layer inputs saved for backward (activation "
+                   "checkpointing is always on) ",
+                   config.num_hidden_layers, " x ", tokens, " x ", config.hidden_size,
+                   " x 4 B = ", GiB(saved_bytes), ", device estimate ",
+                   GiB(f.device_estimate_bytes), "; ", advice));
 }
 
 std::string JobSpecToJson(const JobSpec& s) {
@@ -147,7 +214,7 @@ std::string JobSpecToJson(const JobSpec& s) {
                 {"compute_dtype", ComputeDtypeName(s.train.compute_dtype)},
                 {"max_grad_norm", s.train.max_grad_norm},
                 {"seed", s.train.seed},
-                {"skip_nonfinite_steps", s.train.skip_nonfinite_steps}};
+                {"nan_policy", NanPolicyName(s.train.nan_policy)}};
   j["optimizer"] = {{"lr", s.optimizer.lr},
                     {"beta1", s.optimizer.beta1},
                     {"beta2", s.optimizer.beta2},
@@ -181,7 +248,11 @@ class TrainingJobImpl final : public TrainingJob {
   TrainingJobImpl(JobSpec spec, ModelConfig config) : spec_(std::move(spec)), config_(config) {}
 
   absl::Status Init(const std::string& device, const std::optional<std::string>& resume_from);
-  absl::StatusOr<JobOutcome> Run(JobObserver* observer) override;
+  absl::StatusOr<JobOutcome> Run(JobObserver* observer) override {
+    absl::StatusOr<JobOutcome> outcome = RunSteps(observer);
+    if (!outcome.ok()) return ExplainDeviceOutOfMemory(outcome.status(), spec_, config_);
+    return outcome;
+  }
   void RequestStop(StopKind kind) override {
     absl::MutexLock lock(&mu_);
     stop_ = kind;
@@ -195,6 +266,7 @@ class TrainingJobImpl final : public TrainingJob {
   MemoryFootprint footprint() const override { return footprint_; }
 
  private:
+  absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
   absl::Status PrepareData();
   absl::Status WriteCheckpointNow(JobObserver* observer);
 
@@ -298,7 +370,13 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   t.schedule.total_steps = max_steps_;
   t.schedule.min_lr_ratio = spec_.optimizer.min_lr_ratio;
   t.max_grad_norm = spec_.train.max_grad_norm;
-  t.skip_nonfinite_steps = spec_.train.skip_nonfinite_steps;
+  t.nan_policy = spec_.train.nan_policy;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
+  if (t.debug_nonfinite.step > 0) {
+    std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",
+                 kPoisonStepEnv, std::getenv(kPoisonStepEnv),
+                 static_cast<long long>(t.debug_nonfinite.step));
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, t, spec_.train.seed));
   if (!spec_.model.hf_dir.empty()) {
     MEGATRAIN_RETURN_IF_ERROR(Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()),
@@ -338,10 +416,11 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobOutcome> TrainingJobImpl::Run(JobObserver* observer) {
+absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
   const double flops_per_token = config_.TrainFlopsPerToken(spec_.train.seq_len);
   const double peak = PeakBf16Flops(trainer_->device_name());
   int64_t last_checkpoint_step = -1;
+  int64_t consecutive_skipped = 0;  // kMaxConsecutiveSkippedSteps
   while (trainer_->step() < max_steps_) {
     std::optional<StopKind> stop;
     bool checkpoint_now = false;
@@ -382,6 +461,14 @@ absl::StatusOr<JobOutcome> TrainingJobImpl::Run(JobObserver* observer) {
     report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
     report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
     if (observer != nullptr) observer->OnStep(report);
+    consecutive_skipped = r.skipped ? consecutive_skipped + 1 : 0;
+    if (consecutive_skipped >= kMaxConsecutiveSkippedSteps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          kMaxConsecutiveSkippedSteps, " steps in a row had a non-finite loss or gradient norm "
+          "and were skipped (train.nan_policy: skip); the last applied step is ",
+          trainer_->step(), "; the model has likely diverged (try a lower optimizer.lr)"));
+    }
+    if (r.skipped && !r.partial) continue;  // nothing changed: no eval, no checkpoint
     const int64_t step = trainer_->step();
     if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
         (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
@@ -408,7 +495,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
   if (spec.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   auto job = std::make_unique<TrainingJobImpl>(spec, config);
-  MEGATRAIN_RETURN_IF_ERROR(job->Init(device, resume_from));
+  MEGATRAIN_RETURN_IF_ERROR(ExplainDeviceOutOfMemory(job->Init(device, resume_from), spec, config));
   return std::unique_ptr<TrainingJob>(std::move(job));
 }
 

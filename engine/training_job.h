@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model_config.h"
+#include "engine/nan_policy.h"
 #include "engine/precision.h"
 #include "engine/stats.h"
 
@@ -50,7 +51,9 @@ struct TrainSpec {
   ComputeDtype compute_dtype = ComputeDtype::kFp32;
   double max_grad_norm = 1.0;               // global-norm clipping; 0 = off
   uint64_t seed = 0;                        // weight init and RNG
-  bool skip_nonfinite_steps = true;         // NaN/inf loss: skip step vs fail
+  // NaN/inf loss or gradient norm: skip the step (default) or fail the job
+  // (engine/nan_policy.h; Note [Non-finite steps] in trainer.h).
+  NanPolicy nan_policy = NanPolicy::kSkip;
 };
 
 struct OptimizerSpec {
@@ -115,7 +118,9 @@ struct StepReport {
   double lr = 0;
   double tokens_per_s = 0;
   double mfu = 0;            // model FLOPs / bf16 dense peak, [0, 1]
-  bool skipped = false;      // non-finite loss, step skipped
+  bool skipped = false;      // non-finite loss or gradient norm: the update
+                             // was not applied (train.nan_policy skip); `step`
+                             // is then the last applied step's number
   StepStats stats;           // phases, bytes of this step
 };
 
@@ -129,12 +134,25 @@ class JobObserver {
                             double seconds) {}
 };
 
+// Under NanPolicy::kSkip, this many skipped steps in a row fail the job
+// (FAILED_PRECONDITION): a model that produces nothing but NaN would
+// otherwise loop for ever without advancing. Any applied step resets the
+// count.
+inline constexpr int64_t kMaxConsecutiveSkippedSteps = 20;
+
 // Why Run() returned.
 enum class JobOutcome { kSucceeded, kCancelled, kSuspended };
 
 // One job's training loop. Thread-safety: Run() is called from one thread;
 // RequestStop / RequestCheckpoint may be called from any thread at any time
 // and take effect at the next step boundary.
+//
+// Debug knob (testing only, never part of a job spec): when the daemon's or
+// test's environment has MEGATRAIN_DEBUG_POISON_STEP=<step>[:loss|:grad],
+// Create() arranges for that step of every job it creates to go non-finite
+// once (trainer.h, NonFiniteInjection): `loss` (default) makes the loss and
+// all gradients NaN, `grad` makes the embedding's gradient inf. A malformed
+// value is INVALID_ARGUMENT naming the variable.
 class TrainingJob {
  public:
   // Builds the model (initialises weights from `spec.train.seed` or loads
@@ -151,10 +169,17 @@ class TrainingJob {
   virtual ~TrainingJob() = default;
 
   // Trains until max_steps / max_tokens, or until a stop request. Writes a
-  // checkpoint before returning kSuspended, and at the end. Errors: INTERNAL
-  // (CUDA, LibTorch), RESOURCE_EXHAUSTED (GPU out of memory, with a hint to
-  // lower train.micro_batch), DATA_LOSS (data), FAILED_PRECONDITION
-  // (non-finite loss with skip_nonfinite_steps=false).
+  // checkpoint before returning kSuspended, and at the end. Skipped steps
+  // (train.nan_policy: skip) do not count towards max_steps. Errors:
+  //   INTERNAL (CUDA, LibTorch);
+  //   RESOURCE_EXHAUSTED for GPU out of memory (ExplainDeviceOutOfMemory's
+  //     message), or a full disk while checkpointing (naming the path and
+  //     ENOSPC / EDQUOT / EFBIG; the partial checkpoint is removed, earlier
+  //     ones are intact: the job can be resumed from them);
+  //   DATA_LOSS (data);
+  //   FAILED_PRECONDITION for a non-finite step under nan_policy fail
+  //     ("step 12: loss nan, gradient norm nan: not finite ..."), or
+  //     kMaxConsecutiveSkippedSteps skipped steps in a row under skip.
   virtual absl::StatusOr<JobOutcome> Run(JobObserver* observer) = 0;
 
   enum class StopKind { kCancel, kSuspend };
@@ -166,6 +191,27 @@ class TrainingJob {
   virtual int64_t max_steps() const = 0;
   virtual MemoryFootprint footprint() const = 0;
 };
+
+// Adds the job's numbers to a device out-of-memory error: `status` is
+// returned unchanged unless it is RESOURCE_EXHAUSTED with a message starting
+// "device out of memory" (how the executor reports LibTorch's
+// OutOfMemoryError). The result keeps the code and the original message and
+// adds the micro-batch shape, the activations saved for backward (one
+// [B, T, C] fp32 layer input per layer: activation checkpointing is always
+// on), the whole-job device estimate, and a smaller train.micro_batch to try
+// (half, with gradient_accumulation_steps doubled to keep the global
+// batch). TrainingJob applies it to every error of Create and Run.
+// Example (llama-1b preset, bf16, micro_batch 64, seq_len 8192), after the
+// executor's "device out of memory (...): CUDA out of memory. Tried to
+// allocate ...":
+//   ; job: train.micro_batch 64 x train.seq_len 8192 = 524288 tokens per
+//   micro-batch; layer inputs saved for backward (activation checkpointing
+//   is always on) 16 x 524288 x 2048 x 4 B = 64.00 GiB, device estimate
+//   162.45 GiB; try train.micro_batch: 32 with
+//   train.gradient_accumulation_steps: 2 (same global batch) or a shorter
+//   train.seq_len
+absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
+                                      const ModelConfig& config);
 
 // The job spec as JSON (field names as in the job file), stored in
 // checkpoints so a checkpoint describes how it was made.

@@ -28,7 +28,7 @@ std::string JobRequestToJson(const JobRequest& request) {
                 {"compute_dtype", std::string(engine::ComputeDtypeName(spec.train.compute_dtype))},
                 {"max_grad_norm", spec.train.max_grad_norm},
                 {"seed", spec.train.seed},
-                {"skip_nonfinite_steps", spec.train.skip_nonfinite_steps}};
+                {"nan_policy", engine::NanPolicyName(spec.train.nan_policy)}};
   j["optimizer"] = {{"lr", spec.optimizer.lr},
                     {"beta1", spec.optimizer.beta1},
                     {"beta2", spec.optimizer.beta2},
@@ -96,7 +96,16 @@ absl::StatusOr<JobRequest> JobRequestFromJson(absl::string_view text) {
     spec.train.compute_dtype = *compute_dtype;
     Get(train, "max_grad_norm", &spec.train.max_grad_norm);
     Get(train, "seed", &spec.train.seed);
-    Get(train, "skip_nonfinite_steps", &spec.train.skip_nonfinite_steps);
+    // Jobs stored before nan_policy replaced the bool skip_nonfinite_steps.
+    bool skip_nonfinite_steps = true;
+    Get(train, "skip_nonfinite_steps", &skip_nonfinite_steps);
+    std::string nan_policy = skip_nonfinite_steps ? "skip" : "fail";
+    Get(train, "nan_policy", &nan_policy);
+    absl::StatusOr<engine::NanPolicy> policy = engine::ParseNanPolicy(nan_policy);
+    if (!policy.ok()) {
+      return absl::DataLossError(absl::StrCat("job spec JSON: ", policy.status().message()));
+    }
+    spec.train.nan_policy = *policy;
     const json& optimizer = Section(j, "optimizer");
     Get(optimizer, "lr", &spec.optimizer.lr);
     Get(optimizer, "beta1", &spec.optimizer.beta1);

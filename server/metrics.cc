@@ -57,7 +57,8 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                       .Add({});
   skipped_steps_total_ = &BuildCounter()
                               .Name("megatrain_skipped_steps_total")
-                              .Help("Steps skipped because the loss was not finite.")
+                              .Help("Steps not applied: loss or gradient norm not finite "
+                                    "(train.nan_policy: skip).")
                               .Register(r)
                               .Add({});
   step_duration_seconds_ = &BuildHistogram()

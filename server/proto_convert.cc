@@ -84,8 +84,17 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   }
   if (train.has_max_grad_norm()) spec.train.max_grad_norm = train.max_grad_norm();
   spec.train.seed = train.seed();
-  if (train.has_skip_nonfinite_steps()) {
-    spec.train.skip_nonfinite_steps = train.skip_nonfinite_steps();
+  switch (train.nan_policy()) {
+    case v1::NAN_POLICY_UNSPECIFIED:
+    case v1::NAN_POLICY_SKIP:
+      spec.train.nan_policy = engine::NanPolicy::kSkip;
+      break;
+    case v1::NAN_POLICY_FAIL:
+      spec.train.nan_policy = engine::NanPolicy::kFail;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.nan_policy: unknown value ", static_cast<int>(train.nan_policy())));
   }
 
   const v1::OptimizerSpec& optimizer = in.optimizer();
@@ -152,7 +161,8 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   }
   train->set_max_grad_norm(spec.train.max_grad_norm);
   train->set_seed(spec.train.seed);
-  train->set_skip_nonfinite_steps(spec.train.skip_nonfinite_steps);
+  train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
+                                                                           : v1::NAN_POLICY_SKIP);
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);
   optimizer->set_beta1(spec.optimizer.beta1);

@@ -1,12 +1,17 @@
 // Tests of engine/checkpoint.h: write -> read bit-identical (masters and
 // AdamW moments) with every state field; corruption, truncation and missing
 // files detected as DATA_LOSS naming the file; a different model refused;
-// crash safety (leftover temporary directories); retention; export to HF;
+// crash safety (leftover temporary directories); a full disk (a real ENOSPC
+// on a small tmpfs, as root) and a file size limit (EFBIG): the error names
+// the file, the partial checkpoint is removed, earlier ones stay loadable;
+// retention; export to HF;
 // and exact resume of a CPU Trainer (6 steps in one go == 3 + checkpoint +
 // fresh trainer + 3, bit for bit).
 #include "engine/checkpoint.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <cstdint>
 #include <cstring>
@@ -29,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tmpfs.h"
 
 namespace megatrain::engine {
 namespace {
@@ -259,6 +265,75 @@ TEST(CheckpointTest, CrashLeavesPreviousCheckpointLoadable) {
   // The next write cleans the leftovers.
   ASSERT_THAT(WriteCheckpoint(*step2, StateAt(3), output_dir, KeepAll()), IsOk());
   EXPECT_THAT(ListDir(root), ElementsAre("step-00000001", "step-00000002", "step-00000003"));
+}
+
+// Bytes of one checkpoint of TinyConfig() (the sum of its files).
+int64_t TinyCheckpointBytes() {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  std::unique_ptr<HostStore> store = MakeStore(TinyConfig(), /*seed=*/1);
+  absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*store, StateAt(1), output_dir, KeepAll());
+  EXPECT_THAT(info, IsOk());
+  return info.ok() ? info->bytes : 0;
+}
+
+TEST(CheckpointDiskFullTest, EnospcRemovesThePartialCheckpointAndKeepsTheEarlierOnes) {
+  std::string why_not;
+  // Room for one checkpoint and a half: the second write runs out.
+  std::unique_ptr<testing::ScopedTmpfs> disk =
+      testing::ScopedTmpfs::Mount(TinyCheckpointBytes() * 3 / 2, &why_not);
+  if (disk == nullptr) GTEST_SKIP() << why_not;
+  const std::string output_dir = disk->path();
+  const std::string root = output_dir + "/checkpoints";
+  std::unique_ptr<HostStore> step1 = MakeStore(TinyConfig(), /*seed=*/21);
+  std::unique_ptr<HostStore> step2 = MakeStore(TinyConfig(), /*seed=*/22);
+  ASSERT_THAT(WriteCheckpoint(*step1, StateAt(1), output_dir, KeepAll()), IsOk());
+
+  EXPECT_THAT(WriteCheckpoint(*step2, StateAt(2), output_dir, KeepAll()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("writing checkpoint step-00000002: " + root +
+                                       "/.tmp-step-00000002."),
+                             HasSubstr(": write: No space left on device (ENOSPC)"),
+                             HasSubstr("was removed"),
+                             HasSubstr("earlier checkpoints are intact (newest: " + root +
+                                       "/step-00000001)"))));
+  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001"));
+  // Replacing an existing step on a full disk keeps the old one too.
+  EXPECT_THAT(WriteCheckpoint(*step2, StateAt(1), output_dir, KeepAll()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("(ENOSPC)")));
+  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001"));
+  std::unique_ptr<HostStore> restored = MakeStore(TinyConfig(), /*seed=*/23);
+  absl::StatusOr<CheckpointState> state = ReadCheckpoint(root + "/step-00000001", restored.get());
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->step, 1);
+  ExpectBuffersBitIdentical(*step1, *restored);
+}
+
+// RLIMIT_FSIZE (`ulimit -f`): a write past the limit fails with EFBIG once
+// SIGXFSZ, which would kill the process, is ignored. Needs no root.
+TEST(CheckpointDiskFullTest, FileSizeLimitIsResourceExhaustedAndCleansUp) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  const std::string root = output_dir + "/checkpoints";
+  std::unique_ptr<HostStore> step1 = MakeStore(TinyConfig(), /*seed=*/24);
+  ASSERT_THAT(WriteCheckpoint(*step1, StateAt(1), output_dir, KeepAll()), IsOk());
+
+  struct rlimit saved_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved_limit), 0);
+  struct rlimit limit = saved_limit;
+  limit.rlim_cur = 64 << 10;  // the JSON files fit, the tensor files (~360 KB) do not
+  const sighandler_t saved_handler = ::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const absl::StatusOr<CheckpointInfo> written =
+      WriteCheckpoint(*step1, StateAt(2), output_dir, KeepAll());
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved_limit), 0);
+  ::signal(SIGXFSZ, saved_handler);
+
+  EXPECT_THAT(written, StatusIs(absl::StatusCode::kResourceExhausted,
+                                AllOf(HasSubstr("/master.bin: write: File too large (EFBIG)"),
+                                      HasSubstr("was removed"))));
+  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001"));
+  std::unique_ptr<HostStore> restored = MakeStore(TinyConfig(), /*seed=*/25);
+  ASSERT_THAT(ReadCheckpoint(root + "/step-00000001", restored.get()), IsOk());
+  ExpectBuffersBitIdentical(*step1, *restored);
 }
 
 TEST(CheckpointTest, RetentionKeepsLastKPlusEveryMth) {

@@ -1,6 +1,8 @@
 // Trainer: the overlapped CPU optimizer (Note [Optimizer overlap]) gives the
 // same weights, bit for bit, as running forward/backward and then AdamW on
-// every block in sequence; non-finite steps leave the weights alone.
+// every block in sequence; non-finite steps (Note [Non-finite steps]) leave
+// weights and AdamW moments alone and training goes on, or fail under
+// NanPolicy::kFail.
 #include "engine/trainer.h"
 
 #include <gmock/gmock.h>
@@ -8,7 +10,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/adamw.h"
 #include "engine/device_runtime.h"
 #include "engine/executor.h"
@@ -23,6 +27,7 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
 using ::megatrain::testing::SmallLlama;
 using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int64_t kB = 2, kT = 8;
@@ -47,6 +52,31 @@ std::vector<float> Masters(HostStore& store) {
     out.insert(out.end(), store.master(b), store.master(b) + store.block_numel(b));
   }
   return out;
+}
+
+// Everything a step updates in one block: master, exp_avg, exp_avg_sq.
+std::vector<float> BlockState(HostStore& store, int64_t b) {
+  std::vector<float> out;
+  for (float* (HostStore::*kind)(int64_t) const :
+       {&HostStore::master, &HostStore::exp_avg, &HostStore::exp_avg_sq}) {
+    const float* data = (store.*kind)(b);
+    out.insert(out.end(), data, data + store.block_numel(b));
+  }
+  return out;
+}
+
+// BlockState of every block, back to back.
+std::vector<float> AllState(HostStore& store) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    std::vector<float> block = BlockState(store, b);
+    out.insert(out.end(), block.begin(), block.end());
+  }
+  return out;
+}
+
+bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 // Sequential reference: ForwardBackward, global norm, clip, AdamW per block.
@@ -134,25 +164,138 @@ TEST(TrainerTest, NonFiniteLossSkipsStepAndKeepsWeights) {
     ASSERT_THAT(trainer, IsOk());
     // Poison one weight: every loss and gradient becomes NaN.
     (*trainer)->store().master((*trainer)->store().layout().head_block())[0] = NAN;
-    std::vector<float> before = Masters((*trainer)->store());
+    const std::vector<float> before = AllState((*trainer)->store());
     auto r = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 3));
     ASSERT_THAT(r, IsOk());
     EXPECT_TRUE(r->skipped);
+    EXPECT_FALSE(r->partial) << "clip " << clip;
+    EXPECT_EQ((*trainer)->step(), 0) << "clip " << clip;
     ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-    std::vector<float> after = Masters((*trainer)->store());
-    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * 4), 0) << "clip " << clip;
+    EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), before)) << "clip " << clip;
   }
 }
 
 TEST(TrainerTest, NonFiniteLossFailsWhenAsked) {
   const ModelConfig config = SmallLlama();
   TrainerOptions o = Options(1.0);
-  o.skip_nonfinite_steps = false;
+  o.nan_policy = NanPolicy::kFail;
   auto trainer = Trainer::Create(config, o, 1);
   ASSERT_THAT(trainer, IsOk());
   (*trainer)->store().master((*trainer)->store().layout().head_block())[0] = NAN;
   EXPECT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 3)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("non-finite loss")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("step 1: loss nan"), HasSubstr("not finite"),
+                             HasSubstr("train.nan_policy: fail"))));
+}
+
+// (max_grad_norm, what goes non-finite): the cases where a skip is exact.
+using SkipCase = std::tuple<double, NonFiniteInjection::Kind>;
+
+class TrainerNanSkipTest : public ::testing::TestWithParam<SkipCase> {};
+
+// Skipping step 2 leaves master weights and AdamW moments bit-identical,
+// does not advance the step, and the run then equals, bit for bit, a run
+// that never saw the poisoned batch: the gradients were discarded.
+TEST_P(TrainerNanSkipTest, SkippedStepChangesNothingAndTrainingGoesOn) {
+  const auto [clip, kind] = GetParam();
+  const ModelConfig config = SmallLlama();
+  const auto b1 = MakeBatches(1, kB, kT, config.vocab_size, 11);
+  const auto b2 = MakeBatches(1, kB, kT, config.vocab_size, 12);
+  const auto b3 = MakeBatches(1, kB, kT, config.vocab_size, 13);
+  TrainerOptions o = Options(clip);
+  o.debug_nonfinite = {.step = 2, .kind = kind};
+  auto trainer = Trainer::Create(config, o, /*seed=*/5);
+  ASSERT_THAT(trainer, IsOk());
+  ASSERT_THAT((*trainer)->Step(b1), IsOk());
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  const std::vector<float> after_step1 = AllState((*trainer)->store());
+
+  auto skipped = (*trainer)->Step(b2);
+  ASSERT_THAT(skipped, IsOk());
+  EXPECT_TRUE(skipped->skipped);
+  EXPECT_FALSE(skipped->partial);
+  EXPECT_EQ(skipped->step, 1);
+  EXPECT_EQ((*trainer)->step(), 1);
+  EXPECT_FALSE(std::isfinite(skipped->loss) && std::isfinite(skipped->grad_norm));
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), after_step1));
+
+  auto next = (*trainer)->Step(b3);
+  ASSERT_THAT(next, IsOk());
+  EXPECT_FALSE(next->skipped);
+  EXPECT_EQ(next->step, 2);
+  EXPECT_TRUE(std::isfinite(next->loss));
+  EXPECT_TRUE(std::isfinite(next->grad_norm));
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+
+  auto clean = Trainer::Create(config, Options(clip), /*seed=*/5);
+  ASSERT_THAT(clean, IsOk());
+  ASSERT_THAT((*clean)->Step(b1), IsOk());
+  ASSERT_THAT((*clean)->Step(b3), IsOk());
+  ASSERT_THAT((*clean)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), AllState((*clean)->store())));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ExactCases, TrainerNanSkipTest,
+    ::testing::Values(SkipCase{1.0, NonFiniteInjection::Kind::kLoss},
+                      SkipCase{1.0, NonFiniteInjection::Kind::kGradient},
+                      SkipCase{0.0, NonFiniteInjection::Kind::kLoss}),
+    [](const auto& info) {
+      return absl::StrCat(std::get<0>(info.param) > 0 ? "Clipping" : "NoClipping",
+                          std::get<1>(info.param) == NonFiniteInjection::Kind::kLoss
+                              ? "NanLoss"
+                              : "InfGradient");
+    });
+
+// Clipping off, only the embedding's gradient (the last to be final)
+// overflows: the blocks updated during backward keep their update, the
+// embedding is not touched, and the step counts (Note [Non-finite steps]).
+TEST(TrainerTest, InfGradientWithoutClippingIsAPartialStep) {
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(0.0);
+  o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kGradient};
+  auto trainer = Trainer::Create(config, o, /*seed=*/5);
+  ASSERT_THAT(trainer, IsOk());
+  HostStore& store = (*trainer)->store();
+  const int64_t emb = store.layout().embedding_block();
+  const int64_t head = store.layout().head_block();
+  ASSERT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11)), IsOk());
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  const std::vector<float> emb_before = BlockState(store, emb);
+  const std::vector<float> head_before = BlockState(store, head);
+
+  auto r = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
+  ASSERT_THAT(r, IsOk());
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(r->skipped);
+  EXPECT_TRUE(r->partial);
+  EXPECT_EQ((*trainer)->step(), 2);
+  EXPECT_TRUE(BitIdentical(BlockState(store, emb), emb_before));
+  EXPECT_FALSE(BitIdentical(BlockState(store, head), head_before));
+  for (const float v : Masters(store)) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(TrainerTest, FailPolicyNamesTheStepAndLeavesTheWeights) {
+  const ModelConfig config = SmallLlama();
+  for (const auto kind : {NonFiniteInjection::Kind::kLoss, NonFiniteInjection::Kind::kGradient}) {
+    TrainerOptions o = Options(1.0);
+    o.nan_policy = NanPolicy::kFail;
+    o.debug_nonfinite = {.step = 2, .kind = kind};
+    auto trainer = Trainer::Create(config, o, /*seed=*/5);
+    ASSERT_THAT(trainer, IsOk());
+    ASSERT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11)), IsOk());
+    ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+    const std::vector<float> before = AllState((*trainer)->store());
+    EXPECT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 12)),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("step 2: loss "), HasSubstr("gradient norm "),
+                               HasSubstr("train.nan_policy: fail"),
+                               HasSubstr("the update was not applied"))));
+    ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+    EXPECT_EQ((*trainer)->step(), 1);
+    EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), before));
+  }
 }
 
 }  // namespace

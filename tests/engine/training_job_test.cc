@@ -1,24 +1,37 @@
 // TrainingJob: validation of job specs, a job trained to completion with
 // checkpoints and eval, suspend + resume continuing exactly, and cancel.
+// Faults: a non-finite step skipped or failing per train.nan_policy (through
+// the MEGATRAIN_DEBUG_POISON_STEP knob), a model that only yields NaN, a
+// full disk while checkpointing (a real ENOSPC on a small tmpfs, as root),
+// and the device out-of-memory message.
 #include "engine/training_job.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <iostream>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <random>
 
+#include "engine/checkpoint.h"
 #include "engine/device_info.h"
+#include "engine/host_store.h"
+#include "engine/param_layout.h"
 #include "engine/token_shard.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tmpfs.h"
 
 namespace megatrain::engine {
 namespace {
 
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // 40 documents drawn from 4 repeated patterns, so the model can learn.
@@ -59,6 +72,8 @@ JobSpec TinySpec(const std::string& tokens, const std::string& output_dir) {
 class Recorder : public JobObserver {
  public:
   void OnStep(const StepReport& r) override {
+    reports.push_back(r);
+    if (r.skipped) return;
     losses.push_back(r.loss);
     if (job != nullptr && r.step == stop_at) job->RequestStop(stop_kind);
   }
@@ -66,7 +81,8 @@ class Recorder : public JobObserver {
   void OnCheckpoint(int64_t step, const std::string& dir, double) override {
     checkpoint_steps.push_back(step);
   }
-  std::vector<double> losses, evals;
+  std::vector<StepReport> reports;  // every step, skipped ones too
+  std::vector<double> losses, evals;  // losses of applied steps
   std::vector<int64_t> checkpoint_steps;
   TrainingJob* job = nullptr;
   int64_t stop_at = -1;
@@ -209,6 +225,176 @@ TEST(TrainingJobTest, MissingDataIsAnErrorNamingTheField) {
   EXPECT_THAT(TrainingJob::Create(TinySpec("/nonexistent/tokens", testing::MakeTempDir("missing")), "cpu",
                                   std::nullopt),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("data")));
+}
+
+// Sets MEGATRAIN_DEBUG_POISON_STEP (training_job.h) for one scope.
+class ScopedPoisonStep {
+ public:
+  explicit ScopedPoisonStep(const char* value) { setenv("MEGATRAIN_DEBUG_POISON_STEP", value, 1); }
+  ~ScopedPoisonStep() { unsetenv("MEGATRAIN_DEBUG_POISON_STEP"); }
+};
+
+TEST(TrainingJobNanTest, SkipPolicySkipsThePoisonedStepAndFinishes) {
+  for (const char* knob : {"3", "3:grad"}) {
+    ScopedPoisonStep poison(knob);
+    JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("nan-skip"));
+    spec.train.max_steps = 6;
+    ASSERT_EQ(spec.train.nan_policy, NanPolicy::kSkip);  // the default
+    auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    Recorder rec;
+    auto outcome = (*job)->Run(&rec);
+    ASSERT_THAT(outcome, IsOk()) << knob;
+    EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+    EXPECT_EQ((*job)->step(), 6);
+    // 7 attempts: the third was skipped and reported with the last applied
+    // step's number; skipped steps do not count towards max_steps.
+    ASSERT_EQ(rec.reports.size(), 7u) << knob;
+    std::vector<int64_t> steps;
+    for (const StepReport& r : rec.reports) steps.push_back(r.skipped ? -r.step : r.step);
+    EXPECT_THAT(steps, ElementsAre(1, 2, -2, 3, 4, 5, 6)) << knob;
+    for (double loss : rec.losses) EXPECT_TRUE(std::isfinite(loss)) << knob;
+    EXPECT_EQ(rec.checkpoint_steps, (std::vector<int64_t>{2, 4, 6})) << knob;
+  }
+}
+
+TEST(TrainingJobNanTest, FailPolicyFailsNamingTheStep) {
+  ScopedPoisonStep poison("3");
+  JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("nan-fail"));
+  spec.train.nan_policy = NanPolicy::kFail;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  EXPECT_THAT((*job)->Run(&rec),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("step 3: loss nan"), HasSubstr("not finite"),
+                             HasSubstr("train.nan_policy: fail"))));
+  EXPECT_EQ(rec.losses.size(), 2u);
+  EXPECT_EQ((*job)->step(), 2);
+}
+
+TEST(TrainingJobNanTest, MalformedDebugKnobIsInvalidArgument) {
+  ScopedPoisonStep poison("soon");
+  EXPECT_THAT(TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("knob")), "cpu",
+                                  std::nullopt),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MEGATRAIN_DEBUG_POISON_STEP: expected <step>[:loss|:grad]")));
+}
+
+// A model whose weights hold a NaN (here: a checkpoint written from a
+// poisoned store) yields NaN at every step: skipping would never advance,
+// so the job fails after kMaxConsecutiveSkippedSteps.
+TEST(TrainingJobNanTest, EndlessNonFiniteStepsFailAfterTheLimit) {
+  const std::string data = WriteDataset();
+  JobSpec spec = TinySpec(data, testing::MakeTempDir("nan-endless"));
+  spec.train.max_steps = 2;
+  {
+    auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    ASSERT_THAT((*job)->Run(nullptr), IsOk());
+  }
+  auto listed = ListCheckpoints(spec.output_dir);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  auto config = ReadCheckpointConfig(listed->back().dir);
+  ASSERT_THAT(config, IsOk());
+  auto store = HostStore::Create(*config, {});
+  ASSERT_THAT(store, IsOk());
+  auto state = ReadCheckpoint(listed->back().dir, store->get());
+  ASSERT_THAT(state, IsOk());
+  (*store)->master((*store)->layout().head_block())[0] = NAN;
+  const std::string poisoned_dir = testing::MakeTempDir("nan-poisoned");
+  auto poisoned = WriteCheckpoint(**store, *state, poisoned_dir, spec.checkpoint);
+  ASSERT_THAT(poisoned, IsOk());
+
+  spec.train.max_steps = 100;
+  auto job = TrainingJob::Create(spec, "cpu", poisoned->dir);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  EXPECT_THAT((*job)->Run(&rec),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("20 steps in a row"), HasSubstr("last applied step is 2"))));
+  EXPECT_EQ(rec.reports.size(), static_cast<size_t>(kMaxConsecutiveSkippedSteps));
+  EXPECT_TRUE(rec.losses.empty());
+}
+
+// Bytes of one checkpoint of `config`: three tensor files (the 64-byte
+// header, the block table and fp32 data each) plus JSON files (< 64 KiB).
+int64_t CheckpointBytes(const ModelConfig& config) {
+  const ModelLayout layout = ModelLayout::Create(config);
+  int64_t numel = 0;
+  for (const BlockLayout& block : layout.blocks) numel += block.numel;
+  return 3 * (64 + 8 * static_cast<int64_t>(layout.blocks.size()) + 4 * numel) + (64 << 10);
+}
+
+// A real ENOSPC: output_dir on a tmpfs with room for one checkpoint and a
+// half. The checkpoint of step 2 fits; step 4's does not. The job fails
+// with RESOURCE_EXHAUSTED naming the file and ENOSPC, the partial directory
+// is gone, and step 2's checkpoint still verifies (XXH64 manifest).
+TEST(TrainingJobDiskFullTest, CheckpointOnAFullDiskFailsAndKeepsTheEarlierOne) {
+  auto config = PresetConfig("tiny");
+  ASSERT_THAT(config, IsOk());
+  std::string why_not;
+  std::unique_ptr<testing::ScopedTmpfs> disk =
+      testing::ScopedTmpfs::Mount(CheckpointBytes(*config) * 3 / 2, &why_not);
+  if (disk == nullptr) GTEST_SKIP() << why_not;
+  JobSpec spec = TinySpec(WriteDataset(), disk->path() + "/out");
+  spec.checkpoint.keep_last = 1;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  const std::string root = spec.output_dir + "/checkpoints";
+  const absl::StatusOr<JobOutcome> outcome = (*job)->Run(&rec);
+  std::cout << outcome.status() << "\n";  // what the job's FAILED state shows
+  EXPECT_THAT(outcome,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("writing checkpoint step-00000004: " + root +
+                                       "/.tmp-step-00000004."),
+                             HasSubstr("No space left on device (ENOSPC)"),
+                             HasSubstr("was removed"),
+                             HasSubstr("earlier checkpoints are intact (newest: " + root +
+                                       "/step-00000002)"))));
+  EXPECT_EQ(rec.checkpoint_steps, (std::vector<int64_t>{2}));
+  EXPECT_THAT(testing::ListDir(root), ElementsAre("step-00000002"));
+  auto store = HostStore::Create(*config, {});
+  ASSERT_THAT(store, IsOk());
+  auto state = ReadCheckpoint(root + "/step-00000002", store->get());
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->step, 2);
+}
+
+TEST(ExplainDeviceOutOfMemoryTest, AddsTheShapeTheActivationsAndASmallerMicroBatch) {
+  // The job of the GPU check in docs/operations.md ("Faults and recovery").
+  JobSpec spec = TinySpec("/data", "/out");
+  spec.model.preset = "llama-1b";
+  spec.train.micro_batch = 64;
+  spec.train.seq_len = 8192;
+  spec.train.compute_dtype = ComputeDtype::kBf16;
+  auto config = PresetConfig("llama-1b");
+  ASSERT_THAT(config, IsOk());
+  const absl::Status oom = absl::ResourceExhaustedError(
+      "device out of memory (try a smaller train.micro_batch or train.seq_len): CUDA out of "
+      "memory. Tried to allocate 64.00 GiB");
+  const absl::Status explained = ExplainDeviceOutOfMemory(oom, spec, *config);
+  EXPECT_THAT(explained,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(std::string(oom.message())),
+                             HasSubstr("train.micro_batch 64 x train.seq_len 8192 = 524288 tokens"),
+                             HasSubstr("activation checkpointing is always on"),
+                             HasSubstr("try train.micro_batch: 32 with "
+                                       "train.gradient_accumulation_steps: 2"))));
+  std::cout << explained.message() << "\n";  // the expected message of the GPU check
+
+  spec.train.micro_batch = 1;
+  EXPECT_THAT(ExplainDeviceOutOfMemory(oom, spec, *config),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("train.micro_batch is already 1: try a shorter train.seq_len")));
+  // Anything else is returned as it was: other codes, host memory, a full disk.
+  for (const absl::Status& other :
+       {absl::OkStatus(), absl::InternalError("engine: device out of memory"),
+        absl::ResourceExhaustedError("/out/x: write: No space left on device (ENOSPC)")}) {
+    EXPECT_EQ(ExplainDeviceOutOfMemory(other, spec, *config), other);
+  }
 }
 
 }  // namespace

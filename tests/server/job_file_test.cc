@@ -90,7 +90,7 @@ TEST(JobFileTest, AbsolutePathsAreKeptAndRelativeOnesNormalised) {
 TEST(JobFileTest, OptionalKeysAndLabels) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
       "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "
-      "seed: 7, skip_nonfinite_steps: false}\n"
+      "seed: 7, nan_policy: fail}\n"
       "optimizer: {beta1: 0.8, beta2: 0.99, eps: 1e-6, min_lr_ratio: 0.1}\n"
       "eval: {every_steps: 10, batches: 2}\n"
       "data: {eval_fraction: 0.05, shuffle_seed: 3}\n"
@@ -104,7 +104,7 @@ TEST(JobFileTest, OptionalKeysAndLabels) {
   EXPECT_TRUE(spec->train().has_max_grad_norm());
   EXPECT_EQ(spec->train().max_grad_norm(), 0);
   EXPECT_EQ(spec->train().seed(), 7u);
-  EXPECT_FALSE(spec->train().skip_nonfinite_steps());
+  EXPECT_EQ(spec->train().nan_policy(), v1::NAN_POLICY_FAIL);
   EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.99);
   EXPECT_EQ(spec->eval().batches(), 2);
   EXPECT_DOUBLE_EQ(spec->data().eval_fraction(), 0.05);
@@ -142,8 +142,8 @@ INSTANTIATE_TEST_SUITE_P(
                     "train.max_steps: expected an integer, got '1.5'"},
         BadFileCase{"NumberExpected", "optimizer: {lr: fast}\n",
                     "optimizer.lr: expected a number, got 'fast'"},
-        BadFileCase{"BoolExpected", "train: {skip_nonfinite_steps: maybe}\n",
-                    "train.skip_nonfinite_steps: expected true or false, got 'maybe'"},
+        BadFileCase{"BadNanPolicy", "train: {nan_policy: maybe}\n",
+                    "train.nan_policy: must be skip or fail, got 'maybe'"},
         BadFileCase{"BadComputeDtype", "train: {compute_dtype: fp16}\n",
                     "train.compute_dtype: must be fp32, tf32 or bf16, got 'fp16'"},
         BadFileCase{"SectionNotAMapping", "train: 5\n", "train: expected a mapping of keys"},

@@ -71,7 +71,7 @@ TEST(SpecConvertTest, AbsentOptionalFieldsKeepEngineDefaults) {
   EXPECT_EQ(spec.train.seq_len, defaults.train.seq_len);
   EXPECT_EQ(spec.train.gradient_accumulation_steps, defaults.train.gradient_accumulation_steps);
   EXPECT_DOUBLE_EQ(spec.train.max_grad_norm, defaults.train.max_grad_norm);
-  EXPECT_EQ(spec.train.skip_nonfinite_steps, defaults.train.skip_nonfinite_steps);
+  EXPECT_EQ(spec.train.nan_policy, defaults.train.nan_policy);
   EXPECT_DOUBLE_EQ(spec.optimizer.lr, defaults.optimizer.lr);
   EXPECT_DOUBLE_EQ(spec.optimizer.beta2, defaults.optimizer.beta2);
   EXPECT_DOUBLE_EQ(spec.optimizer.eps, defaults.optimizer.eps);
@@ -126,6 +126,39 @@ TEST(SpecConvertTest, UnknownComputeDtypeIsInvalid) {
   EXPECT_THAT(JobRequestFromProto(spec),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("train.compute_dtype: unknown value 42")));
+}
+
+TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_nan_policy(v1::NAN_POLICY_FAIL);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.train.nan_policy, engine::NanPolicy::kFail);
+  v1::JobSpec back;
+  JobRequestToProto(*request, &back);
+  EXPECT_EQ(back.train().nan_policy(), v1::NAN_POLICY_FAIL);
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->spec.train.nan_policy, engine::NanPolicy::kFail);
+
+  spec.mutable_train()->set_nan_policy(static_cast<v1::NanPolicy>(7));
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.nan_policy: unknown value 7")));
+}
+
+TEST(SpecConvertTest, StoredJsonWithTheOldBoolKeepsItsMeaning) {
+  // Jobs stored before nan_policy replaced train.skip_nonfinite_steps.
+  absl::StatusOr<JobRequest> old_fail =
+      JobRequestFromJson(R"({"train": {"skip_nonfinite_steps": false}})");
+  ASSERT_THAT(old_fail, IsOk());
+  EXPECT_EQ(old_fail->spec.train.nan_policy, engine::NanPolicy::kFail);
+  absl::StatusOr<JobRequest> old_skip =
+      JobRequestFromJson(R"({"train": {"skip_nonfinite_steps": true}})");
+  ASSERT_THAT(old_skip, IsOk());
+  EXPECT_EQ(old_skip->spec.train.nan_policy, engine::NanPolicy::kSkip);
+  EXPECT_THAT(JobRequestFromJson(R"({"train": {"nan_policy": "retry"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.nan_policy")));
 }
 
 class RelativePathTest : public ::testing::TestWithParam<std::string> {};
