@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/adamw.h"
 #include "engine/layers.h"
 #include "engine/status_macros.h"
 #include "engine/torch_compat.h"
@@ -136,7 +137,7 @@ class StreamingExecutor::Impl {
   absl::Status Init();
   absl::StatusOr<ForwardBackwardResult> Run(absl::Span<const MicroBatch> micro_batches,
                                             bool backward,
-                                            const std::function<void(int64_t)>& on_block_final,
+                                            const BlockFinalCallback& on_block_final,
                                             std::vector<float>* logits = nullptr);
   int64_t slot_device_bytes() const { return slot_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
@@ -152,16 +153,23 @@ class StreamingExecutor::Impl {
   }
 
   // An accumulation job for the host thread.
+  // Note [Gradient landing]: a dense block's first contribution of a step
+  // is copied (fp32) straight into the store's gradient, so with one
+  // micro-batch per step the host does no gradient work at all; its squared
+  // norm is computed on the device and copied beside it. Later
+  // contributions land in pinned staging and are added on the host.
   struct AccumTask {
     enum class Kind { kDense, kEmbeddingRows } kind = Kind::kDense;
-    int slot = 0;                 // staging slot holding the gradient
+    int slot = 0;                 // grad slot (device buffer + pinned staging)
     int64_t block = 0;
     int64_t numel = 0;            // elements in staging (dense) or rows*C
-    at::ScalarType dtype = at::kFloat;  // dtype of the staging content
     bool first = false;           // first contribution of the step: overwrite
     bool final = false;           // last contribution of the step
+    bool direct = false;          // already in the store's gradient (dense, first)
+    bool device_norm = false;     // norm_host_[slot] holds the block's gradient L2 norm
     std::vector<int32_t> rows;    // token ids of kEmbeddingRows, [B*T]
-    at::Tensor keep_alive;        // device tensor read by the D2H copy
+    at::Tensor keep_alive;        // device tensors read by the D2H copies
+    at::Tensor keep_alive_norm;
   };
 
   absl::Status ValidateBatches(absl::Span<const MicroBatch> mbs, int64_t* counted) const;
@@ -171,9 +179,8 @@ class StreamingExecutor::Impl {
   void Release(int use);
   std::pair<at::Tensor, at::Tensor> Upload(const MicroBatch& mb);
   int AcquireGradSlot();
-  void OffloadGrad(int slot, int64_t block, int64_t numel, at::ScalarType dtype,
-                   const void* device_src, at::Tensor keep_alive, AccumTask::Kind kind,
-                   std::vector<int32_t> rows);
+  void OffloadGrad(int slot, int64_t block, int64_t numel, const float* device_src,
+                   at::Tensor keep_alive, AccumTask::Kind kind, std::vector<int32_t> rows);
   void AccumulatorLoop();
   void RunTask(AccumTask& task);
   absl::Status Drain();
@@ -203,9 +210,10 @@ class StreamingExecutor::Impl {
   std::vector<bool> released_;
 
   // Gradient slots: device buffers + pinned staging, one ring.
-  std::vector<at::Tensor> grad_slots_;                          // [max numel] cd
+  std::vector<at::Tensor> grad_slots_;                          // [max numel] fp32
   std::vector<int> grad_slot_kind_;                             // BlockKind last written
-  std::vector<HostBuffer> staging_;                             // pinned
+  std::vector<HostBuffer> staging_;                             // pinned, fp32
+  HostBuffer norm_host_;                                        // pinned, double per grad slot
   std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;        // per slot, on kCompute
   std::vector<std::unique_ptr<DeviceEvent>> staged_;            // per slot, on kD2H
   int next_grad_slot_ = 0;
@@ -222,9 +230,10 @@ class StreamingExecutor::Impl {
   // Per-step contribution bookkeeping (main thread only).
   std::vector<int64_t> remaining_;
   std::vector<bool> seen_;
-  std::function<void(int64_t)> on_block_final_;
+  std::function<void(int64_t, double)> on_block_final_;
   std::function<void(int64_t)> weight_gate_;
   double gate_wait_seconds_ = 0;
+  double grad_wait_seconds_ = 0;   // enqueue thread waiting for a free grad slot
 
   // Accumulator thread state.
   absl::Mutex mu_;
@@ -260,10 +269,13 @@ absl::Status StreamingExecutor::Impl::Init() {
       weights_ready_.push_back(runtime_->CreateEvent());
       slot_free_.push_back(runtime_->CreateEvent());
     }
+    // Gradients leave the device in fp32 (Note [Gradient landing]).
     const size_t staging_bytes =
-        std::max<size_t>(max_numel * esize, static_cast<size_t>(b * t * c) * 4);
+        std::max<size_t>(max_numel * 4, static_cast<size_t>(b * t * c) * 4);
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        norm_host_, HostBuffer::Allocate(options_.num_grad_slots * sizeof(double), runtime_->is_cuda()));
     for (int r = 0; r < options_.num_grad_slots; ++r) {
-      grad_slots_.push_back(at::zeros({max_numel}, at::TensorOptions().dtype(cd_).device(device)));
+      grad_slots_.push_back(at::zeros({max_numel}, at::TensorOptions().dtype(at::kFloat).device(device)));
       grad_slot_kind_.push_back(-1);
       MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf,
                                  HostBuffer::Allocate(staging_bytes, runtime_->is_cuda()));
@@ -277,8 +289,8 @@ absl::Status StreamingExecutor::Impl::Init() {
     upload_ready_ = runtime_->CreateEvent();
     upload_done_ = runtime_->CreateEvent();
     slot_device_bytes_ =
-        static_cast<int64_t>(options_.num_weight_slots + options_.num_grad_slots) * max_numel *
-        static_cast<int64_t>(esize);
+        (static_cast<int64_t>(options_.num_weight_slots) * static_cast<int64_t>(esize) +
+         static_cast<int64_t>(options_.num_grad_slots) * 4) * max_numel;
     staging_host_bytes_ =
         static_cast<int64_t>(staging_bytes) * options_.num_grad_slots +
         static_cast<int64_t>(upload_staging_.bytes());
@@ -423,37 +435,49 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
 int StreamingExecutor::Impl::AcquireGradSlot() {
   const int r = next_grad_slot_;
   next_grad_slot_ = (next_grad_slot_ + 1) % options_.num_grad_slots;
+  const Clock::time_point start = Clock::now();
   absl::MutexLock lock(&mu_);
   auto free = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !staging_busy_[r] || !accumulator_error_.ok();
   };
   mu_.Await(absl::Condition(&free));
   staging_busy_[r] = true;
+  grad_wait_seconds_ += SecondsSince(start);
   return r;
 }
 
 void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel,
-                                          at::ScalarType dtype, const void* device_src,
-                                          at::Tensor keep_alive, AccumTask::Kind kind,
-                                          std::vector<int32_t> rows) {
-  runtime_->Record(StreamKind::kCompute, *grad_ready_[slot]);
-  runtime_->Wait(StreamKind::kD2H, *grad_ready_[slot]);
-  const int64_t bytes = numel * static_cast<int64_t>(at::elementSize(dtype));
-  const int token = timer_.Begin(StreamKind::kD2H);
-  runtime_->CopyDeviceToHost(staging_[slot].data(), device_src, static_cast<size_t>(bytes));
-  timer_.End(StreamKind::kD2H, token);
-  runtime_->Record(StreamKind::kD2H, *staged_[slot]);
-  d2h_bytes_ += bytes;
-
+                                          const float* device_src, at::Tensor keep_alive,
+                                          AccumTask::Kind kind, std::vector<int32_t> rows) {
   AccumTask task;
   task.kind = kind;
   task.slot = slot;
   task.block = block;
   task.numel = numel;
-  task.dtype = dtype;
   task.first = !seen_[block];
   seen_[block] = true;
   task.final = --remaining_[block] == 0;
+  task.direct = kind == AccumTask::Kind::kDense && task.first;
+  if (task.direct && task.final) {
+    // The block's whole gradient is this one: its norm, on the device.
+    at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel},
+                                    at::TensorOptions().dtype(at::kFloat).device(runtime_->device()));
+    task.keep_alive_norm = compat::VectorNormFp64(flat);
+    task.device_norm = true;
+  }
+  runtime_->Record(StreamKind::kCompute, *grad_ready_[slot]);
+  runtime_->Wait(StreamKind::kD2H, *grad_ready_[slot]);
+  const int64_t bytes = numel * 4;
+  void* dst = task.direct ? static_cast<void*>(store_->grad(block)) : staging_[slot].data();
+  const int token = timer_.Begin(StreamKind::kD2H);
+  runtime_->CopyDeviceToHost(dst, device_src, static_cast<size_t>(bytes));
+  if (task.device_norm) {
+    runtime_->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + slot,
+                               task.keep_alive_norm.data_ptr(), sizeof(double));
+  }
+  timer_.End(StreamKind::kD2H, token);
+  runtime_->Record(StreamKind::kD2H, *staged_[slot]);
+  d2h_bytes_ += bytes;
   task.rows = std::move(rows);
   task.keep_alive = std::move(keep_alive);
   absl::MutexLock lock(&mu_);
@@ -479,6 +503,7 @@ void StreamingExecutor::Impl::AccumulatorLoop() {
       status = StatusFromException(e);
     }
     task.keep_alive.reset();
+    task.keep_alive_norm.reset();
     absl::MutexLock lock(&mu_);
     staging_busy_[task.slot] = false;
     task_running_ = false;
@@ -489,26 +514,11 @@ void StreamingExecutor::Impl::AccumulatorLoop() {
 void StreamingExecutor::Impl::RunTask(AccumTask& task) {
   runtime_->HostWait(*staged_[task.slot]);
   float* grad = store_->grad(task.block);
-  const void* src = staging_[task.slot].data();
+  const float* src = static_cast<const float*>(staging_[task.slot].data());
   if (task.kind == AccumTask::Kind::kDense) {
-    const bool first = task.first;
-    if (task.dtype == at::kBFloat16) {
-      const bf16_bits* s = static_cast<const bf16_bits*>(src);
+    if (!task.direct) {  // a later micro-batch's contribution
       pool_->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
-        if (first) {
-          for (int64_t i = begin; i < end; ++i) grad[i] = Bf16ToFloat(s[i]);
-        } else {
-          for (int64_t i = begin; i < end; ++i) grad[i] += Bf16ToFloat(s[i]);
-        }
-      });
-    } else {
-      const float* s = static_cast<const float*>(src);
-      pool_->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
-        if (first) {
-          std::memcpy(grad + begin, s + begin, (end - begin) * 4);
-        } else {
-          for (int64_t i = begin; i < end; ++i) grad[i] += s[i];
-        }
+        for (int64_t i = begin; i < end; ++i) grad[i] += src[i];
       });
     }
   } else {
@@ -521,17 +531,24 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
         std::memset(grad + begin, 0, (end - begin) * 4);
       });
     }
-    const float* s = static_cast<const float*>(src);
     const int64_t rows = static_cast<int64_t>(task.rows.size());
     pool_->ParallelFor(c, 16, [&](int64_t col_begin, int64_t col_end) {
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = grad + static_cast<int64_t>(task.rows[r]) * c;
-        const float* row = s + r * c;
+        const float* row = src + r * c;
         for (int64_t j = col_begin; j < col_end; ++j) dst[j] += row[j];
       }
     });
   }
-  if (task.final && on_block_final_) on_block_final_(task.block);
+  if (!task.final || !on_block_final_) return;
+  double sq;
+  if (task.device_norm) {
+    const double norm = static_cast<const double*>(norm_host_.data())[task.slot];
+    sq = norm * norm;
+  } else {
+    sq = SumOfSquares(grad, store_->block_numel(task.block), pool_);
+  }
+  on_block_final_(task.block, sq);
 }
 
 absl::Status StreamingExecutor::Impl::Drain() {
@@ -558,8 +575,8 @@ void StreamingExecutor::Impl::ResetAfterError() {
 }
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
-    absl::Span<const MicroBatch> mbs, bool backward,
-    const std::function<void(int64_t)>& on_block_final, std::vector<float>* logits) {
+    absl::Span<const MicroBatch> mbs, bool backward, const BlockFinalCallback& on_block_final,
+    std::vector<float>* logits) {
   ForwardBackwardResult result;
   MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
   const Clock::time_point start = Clock::now();
@@ -567,7 +584,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   const int64_t emb = layout_.embedding_block(), head = layout_.head_block();
   const bool tied = config_.tie_word_embeddings;
   h2d_bytes_ = d2h_bytes_ = 0;
-  gate_wait_seconds_ = 0;
+  gate_wait_seconds_ = grad_wait_seconds_ = 0;
   timer_.Reset();
   on_block_final_ = on_block_final;
 
@@ -631,14 +648,14 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         g[0].copy_(hr.grad_norm);
         if (!tied) g[1].copy_(hr.grad_lm_head);
         timer_.End(StreamKind::kCompute, token);
-        OffloadGrad(r, head, layout_.blocks[head].numel, cd_, grad_slots_[r].data_ptr(), {},
+        OffloadGrad(r, head, layout_.blocks[head].numel, grad_slots_[r].data_ptr<float>(), {},
                     AccumTask::Kind::kDense, {});
         if (tied) {  // lm_head gradient belongs to the embedding block
           const int r2 = AcquireGradSlot();
           if (grad_slot_kind_[r2] != static_cast<int>(BlockKind::kEmbedding)) grad_slots_[r2].zero_();
           grad_slot_kind_[r2] = static_cast<int>(BlockKind::kEmbedding);
           BindBlockParams(layout_.blocks[emb], grad_slots_[r2])[0].copy_(hr.grad_lm_head);
-          OffloadGrad(r2, emb, layout_.blocks[emb].numel, cd_, grad_slots_[r2].data_ptr(), {},
+          OffloadGrad(r2, emb, layout_.blocks[emb].numel, grad_slots_[r2].data_ptr<float>(), {},
                       AccumTask::Kind::kDense, {});
         }
         token = timer_.Begin(StreamKind::kCompute);
@@ -682,18 +699,20 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         saved[l].reset();
         timer_.End(StreamKind::kCompute, token);
         Release(use);
-        OffloadGrad(r, block, bl.numel, cd_, grad_slots_[r].data_ptr(), {},
+        OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},
                     AccumTask::Kind::kDense, {});
       }
       // Embedding backward on the host: scatter-add of d hidden_0.
       const int r = AcquireGradSlot();
-      at::Tensor dx = grad_y.contiguous();
-      OffloadGrad(r, emb, dx.numel(), at::kFloat, dx.data_ptr(), dx,
+      at::Tensor dx = grad_y.to(at::kFloat).contiguous();
+      OffloadGrad(r, emb, dx.numel(), dx.data_ptr<float>(), dx,
                   AccumTask::Kind::kEmbeddingRows, mb.input_ids);
     }
+    const Clock::time_point drain_start = Clock::now();
     result.loss_sum = loss_total.item<double>();  // host sync: end of the pass
     runtime_->Synchronize();
     MEGATRAIN_RETURN_IF_ERROR(Drain());
+    result.stats.drain_seconds = SecondsSince(drain_start);
   } catch (const std::exception& e) {
     ResetAfterError();
     return StatusFromException(e);
@@ -707,6 +726,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   result.stats.gpu_idle_seconds =
       std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
   result.stats.optimizer_exposed_seconds = gate_wait_seconds_;
+  result.stats.grad_wait_seconds = grad_wait_seconds_;
   result.stats.h2d_bytes = h2d_bytes_;
   result.stats.d2h_bytes = d2h_bytes_;
   result.stats.tokens = static_cast<int64_t>(mbs.size()) * options_.micro_batch * options_.seq_len;
@@ -751,7 +771,7 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
 }
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::ForwardBackward(
-    absl::Span<const MicroBatch> micro_batches, const std::function<void(int64_t)>& on_block_final) {
+    absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final) {
   return impl_->Run(micro_batches, /*backward=*/true, on_block_final);
 }
 

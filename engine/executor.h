@@ -26,9 +26,10 @@
 // recomputes a layer's forward from it with autograd local to that layer
 // (activation checkpointing), so no autograd graph spans layers.
 //
-// Gradients leave the device in the compute dtype and are accumulated in
-// fp32 on the host, the first micro-batch of a step overwriting, the others
-// adding, so gradient accumulation over M micro-batches yields the gradient
+// Gradients leave the device in fp32: a block's first contribution of the
+// step is copied straight into the store's gradient (no host work: with one
+// micro-batch per step nothing is accumulated on the host at all), the
+// others land in pinned staging and are added there on the host, so gradient accumulation over M micro-batches yields the gradient
 // of the whole global batch. The loss is the mean over all counted tokens of
 // the global batch: every micro-batch's backward is scaled by 1 / (counted
 // tokens of the global batch).
@@ -67,6 +68,13 @@ struct ExecutorOptions {
   int64_t loss_chunk_tokens = 0;    // rows of logits at a time; 0 = auto (~256 MiB fp32)
 };
 
+// Called once per block per ForwardBackward, on the executor's accumulator
+// thread, when the block's gradient in the host store is final:
+// (block index, squared L2 norm of that gradient; fp32 values summed in
+// fp64, computed on the device for blocks whose gradient came in one piece,
+// Note [Gradient landing] in executor.cc).
+using BlockFinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
+
 // What one ForwardBackward produced.
 struct ForwardBackwardResult {
   double loss_sum = 0;          // sum of token losses over the global batch (nats)
@@ -90,7 +98,7 @@ class StreamingExecutor {
   // [B, T] as in options). Overwrites the store's gradients with the
   // gradient of the mean loss over all counted tokens. `on_block_final`
   // (may be empty) is called once per block, on the accumulator thread, as
-  // soon as that block's gradient is final. Reads the master weights (for
+  // soon as that block's gradient is final (BlockFinalCallback). Reads the master weights (for
   // the embedding) and the streaming copies; the caller must not change them
   // until this returns.
   // Errors: INVALID_ARGUMENT for a token id or label out of range or a
@@ -100,7 +108,7 @@ class StreamingExecutor {
   // weights are untouched.
   absl::StatusOr<ForwardBackwardResult> ForwardBackward(
       absl::Span<const MicroBatch> micro_batches,
-      const std::function<void(int64_t block)>& on_block_final = {});
+      const BlockFinalCallback& on_block_final = {});
 
   // Forward only; returns loss sum and counted tokens (stats: bytes, time).
   absl::StatusOr<ForwardBackwardResult> Evaluate(absl::Span<const MicroBatch> micro_batches);

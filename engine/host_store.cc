@@ -79,7 +79,9 @@ HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config, const HostSto
   b.master = numel * 4;
   if (options.optimizer_state) b.grad = b.exp_avg = b.exp_avg_sq = numel * 4;
   if (options.streaming_bf16) b.streaming = numel * 2;
-  if (options.pin) b.pinned = options.streaming_bf16 ? b.streaming : b.master;
+  // Pinned: what the device reads (streaming copy or master) and the
+  // gradients it writes (Note [Gradient landing] in executor.cc).
+  if (options.pin) b.pinned = (options.streaming_bf16 ? b.streaming : b.master) + b.grad;
   return b;
 }
 
@@ -93,7 +95,7 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
   const bool pin_master = options.pin && !options.streaming_bf16;
   MEGATRAIN_ASSIGN_OR_RETURN(store->master_, HostBuffer::Allocate(fp32_bytes, pin_master));
   if (options.optimizer_state) {
-    MEGATRAIN_ASSIGN_OR_RETURN(store->grad_, HostBuffer::Allocate(fp32_bytes, false));
+    MEGATRAIN_ASSIGN_OR_RETURN(store->grad_, HostBuffer::Allocate(fp32_bytes, options.pin));
     MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_, HostBuffer::Allocate(fp32_bytes, false));
     MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_sq_, HostBuffer::Allocate(fp32_bytes, false));
   }

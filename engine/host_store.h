@@ -9,8 +9,9 @@
 //   streaming   bf16 copy of master, what the device reads   2 B/param
 //               (bf16 compute only; fp32/tf32 stream the master itself)
 // Each kind is one mmap'd arena with blocks at 4 KiB-aligned offsets. The
-// arenas the device reads (streaming, or master when it is streamed) are
-// pinned when a CUDA device is used (Note [Pinned host memory]).
+// arenas the device copies from (streaming, or master when it is streamed)
+// and into (grad) are pinned when a CUDA device is used (Note [Pinned host
+// memory]).
 //
 // Thread-safety: the store itself is immutable after Create(); the memory
 // of different blocks may be read and written concurrently by different
@@ -34,7 +35,7 @@ namespace megatrain::engine {
 
 struct HostStoreOptions {
   bool streaming_bf16 = false;   // keep a bf16 streaming copy (bf16 compute)
-  bool pin = false;              // pin the arenas the device reads
+  bool pin = false;              // pin the arenas the device reads and the gradients
   bool optimizer_state = true;   // allocate grad, exp_avg and exp_avg_sq
 };
 

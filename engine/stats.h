@@ -31,6 +31,10 @@ struct StepStats {
   double optimizer_seconds = 0;  // CPU AdamW + gradient accumulation time
   double optimizer_exposed_seconds = 0;  // part of it not overlapped with GPU work
   double gpu_idle_seconds = 0;   // step_seconds - compute_seconds
+  double grad_wait_seconds = 0;  // enqueue thread waiting for a free gradient slot
+                                 // (host gradient work behind the device)
+  double drain_seconds = 0;      // end of the pass: waiting for the device and
+                                 // the last host gradient work
   int64_t h2d_bytes = 0;         // host -> device bytes
   int64_t d2h_bytes = 0;         // device -> host bytes
   int64_t peak_device_bytes = 0; // peak device memory allocated in the step
@@ -44,6 +48,8 @@ struct StepStats {
     optimizer_seconds += other.optimizer_seconds;
     optimizer_exposed_seconds += other.optimizer_exposed_seconds;
     gpu_idle_seconds += other.gpu_idle_seconds;
+    grad_wait_seconds += other.grad_wait_seconds;
+    drain_seconds += other.drain_seconds;
     h2d_bytes += other.h2d_bytes;
     d2h_bytes += other.d2h_bytes;
     if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;

@@ -62,6 +62,12 @@ inline bool IsOutOfMemory(const std::exception& e) {
   return std::string(e.what()).find("out of memory") != std::string::npos;
 }
 
+// L2 norm of `x` (any shape, fp32), accumulated in fp64: a 0-dim fp64
+// tensor on x's device, computed on its current stream.
+inline at::Tensor VectorNormFp64(const at::Tensor& x) {
+  return at::linalg_vector_norm(x, 2, c10::nullopt, /*keepdim=*/false, at::kDouble);
+}
+
 // Allows or forbids TF32 tensor-core math for fp32 matmuls and convolutions.
 inline void SetAllowTf32(bool allow) {
   at::globalContext().setAllowTF32CuBLAS(allow);

@@ -1,6 +1,7 @@
 // Optimizer steps over the streaming executor.
 #include "engine/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -40,8 +41,10 @@ void Trainer::OptimizerLoop() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      auto next = std::min_element(tasks_.begin(), tasks_.end(),
+                                   [](const auto& a, const auto& b) { return a.first < b.first; });
+      task = std::move(next->second);
+      tasks_.erase(next);
     }
     task();
   }
@@ -51,7 +54,7 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
   absl::MutexLock lock(&mu_);
   pending_[block] = true;
   ++pending_count_;
-  tasks_.push_back([this, block, step, lr, grad_scale] {
+  tasks_.emplace_back(block, [this, block, step, lr, grad_scale] {
     const auto start = std::chrono::steady_clock::now();
     AdamWBuffers buffers;
     buffers.params = store_->master(block);
@@ -66,7 +69,7 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
     optimizer_busy_seconds_ += SecondsSince(start);
     pending_[block] = false;
     --pending_count_;
-  });
+  });  // (block, task)
 }
 
 void Trainer::WaitBlock(int64_t block) {
@@ -141,15 +144,17 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   int64_t blocks_updated = 0;  // updates queued during backward (overlap)
   MEGATRAIN_ASSIGN_OR_RETURN(
       ForwardBackwardResult fb,
-      executor_->ForwardBackward(micro_batches, [&](int64_t block) {
+      executor_->ForwardBackward(micro_batches, [&](int64_t block, double grad_sq) {
+        // The executor gives the block's squared gradient norm; a poisoned
+        // gradient (testing only) is measured again.
+        double sq = grad_sq;
         if (poison && (inject.kind == NonFiniteInjection::Kind::kLoss ||
                        block == store_->layout().embedding_block())) {
           store_->grad(block)[0] = inject.kind == NonFiniteInjection::Kind::kLoss
                                        ? std::numeric_limits<float>::quiet_NaN()
                                        : std::numeric_limits<float>::infinity();
+          sq = SumOfSquares(store_->grad(block), store_->block_numel(block), pool_.get());
         }
-        const double sq =
-            SumOfSquares(store_->grad(block), store_->block_numel(block), pool_.get());
         block_sq[block] = sq;
         if (!overlap_backward) return;
         // Note [Non-finite steps]: the first non-finite block stops the step.

@@ -18,8 +18,12 @@
 //     block, only for the update of the block it is about to load;
 //   * without clipping (max_grad_norm <= 0) a block's update is queued as
 //     soon as its gradient is final, so it also overlaps step k's backward.
-// The executor's weight gate (StreamingExecutor::SetWeightGate) enforces the
-// order; the update stays exact AdamW (no staleness). Step() can return
+// Among queued updates the optimizer thread always runs the one of the
+// earliest block in forward order (embedding, layer 0, ...): without
+// clipping, when backward ends, the embedding's and layer 0's updates (the
+// last gradients to arrive) go before any lagging later layer, since the
+// next forward needs them first. The executor's weight gate
+// (StreamingExecutor::SetWeightGate) enforces the order; the update stays exact AdamW (no staleness). Step() can return
 // while updates are still running: WaitForOptimizer() (called by Evaluate,
 // and by anything that reads the store) waits for them.
 //
@@ -185,7 +189,11 @@ class Trainer {
   bool debug_nonfinite_done_ = false;  // the injection fires once
 
   absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  // Queued updates as (block, task). The optimizer thread runs the one of
+  // the lowest block index first: blocks are numbered in forward order, so
+  // that is the update the next forward needs soonest (earliest deadline
+  // first; Note [Optimizer overlap]).
+  std::deque<std::pair<int64_t, std::function<void()>>> tasks_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> pending_ ABSL_GUARDED_BY(mu_);     // per block
   int64_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

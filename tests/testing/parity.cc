@@ -98,12 +98,22 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   if (!executor.ok()) return out;
   std::vector<MicroBatch> batches = MakeBatches(micro_batches, b, t, config.vocab_size, 11);
   std::vector<int64_t> final_blocks;
-  auto result = (*executor)->ForwardBackward(batches, [&](int64_t block) {
+  std::vector<double> reported_sq((*store)->num_blocks(), -1.0);
+  auto result = (*executor)->ForwardBackward(batches, [&](int64_t block, double grad_sq) {
     final_blocks.push_back(block);
+    reported_sq[block] = grad_sq;
   });
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
   EXPECT_EQ(final_blocks.size(), static_cast<size_t>((*store)->num_blocks()));
+  // The squared norm handed to the callback is that of the final gradient
+  // (device-computed for one-piece blocks, Note [Gradient landing]).
+  for (int64_t blk = 0; blk < (*store)->num_blocks(); ++blk) {
+    const float* g = (*store)->grad(blk);
+    double sq = 0;
+    for (int64_t i = 0; i < (*store)->block_numel(blk); ++i) sq += static_cast<double>(g[i]) * g[i];
+    EXPECT_NEAR(reported_sq[blk], sq, 1e-9 + 1e-6 * sq) << "block " << blk;
+  }
 
   // Reference: the whole global batch in one autograd graph.
   ReferenceParams params = ParamsFromStore(**store);
