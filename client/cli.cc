@@ -252,6 +252,44 @@ class Cli {
     return kExitOk;
   }
 
+  // The audit log (admins): one page, or every page with `all`.
+  int Audit(const std::string& user, const std::string& job_id, const std::string& method,
+            int page_size, const std::string& page_token, bool all) {
+    v1::ListAuditRecordsRequest request;
+    request.set_user(user);
+    request.set_job_id(job_id);
+    request.set_method(method);
+    request.set_page_size(page_size);
+    request.set_page_token(page_token);
+    v1::ListAuditRecordsResponse records;
+    while (true) {
+      v1::ListAuditRecordsResponse page;
+      absl::Status status = FromGrpcStatus(
+          connection_->server().ListAuditRecords(Context().get(), request, &page));
+      if (!status.ok()) return Fail(status);
+      for (v1::AuditRecord& record : *page.mutable_records()) {
+        *records.add_records() = std::move(record);
+      }
+      records.set_next_page_token(page.next_page_token());
+      if (!all || page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+    if (json_) {
+      json list = json::array();
+      for (const v1::AuditRecord& record : records.records()) {
+        list.push_back(AuditRecordToJson(record));
+      }
+      out_ << json{{"records", list}, {"next_page_token", records.next_page_token()}}.dump(2)
+           << "\n";
+    } else {
+      out_ << AuditTable(records);
+      if (!records.next_page_token().empty()) {
+        out_ << "(more: --page_token " << records.next_page_token() << ", or --all)\n";
+      }
+    }
+    return kExitOk;
+  }
+
   int Metrics(const std::string& prefix) {
     v1::GetMetricsRequest request;
     request.set_name_prefix(prefix);
@@ -447,6 +485,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   CLI::App* status = app.add_subcommand("status", "Show devices, memory and queue");
   CLI::App* metrics = app.add_subcommand("metrics", "Print the daemon's metrics");
   metrics->add_option("--prefix", prefix, "Only families starting with this");
+  std::string audit_user, audit_method;
+  CLI::App* audit = app.add_subcommand("audit", "Show the audit log of mutating calls (admins)");
+  audit->add_option("--user", audit_user, "Only calls by this user");
+  audit->add_option("--job", job_id, "Only calls on this job and its checkpoints");
+  audit->add_option("--method", audit_method, "Only this RPC (SubmitJob, CancelJob, ...)");
+  audit->add_option("--page_size", page_size, "Records per page (default 50, at most 1000)");
+  audit->add_option("--page_token", page_token, "Continue from a previous page");
+  audit->add_flag("--all", all, "Fetch every page");
   CLI::App* hash_token =
       app.add_subcommand("hash-token", "Print the SHA-256 of a token read from stdin, for the "
                                        "daemon's --auth_tokens file");
@@ -492,6 +538,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   if (delete_checkpoint->parsed()) return cli.DeleteCheckpoint(checkpoint_id);
   if (status->parsed()) return cli.Status();
   if (metrics->parsed()) return cli.Metrics(prefix);
+  if (audit->parsed()) {
+    return cli.Audit(audit_user, job_id, audit_method, page_size, page_token, all);
+  }
   err << app.help();
   return kExitUsage;
 }

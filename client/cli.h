@@ -1,6 +1,6 @@
 // The `megatrain` command line (docs/api.md, "CLI"): subcommands submit,
 // list, get, watch, cancel, suspend, resume, checkpoint, checkpoints, export,
-// delete-checkpoint, status, metrics, hash-token. Global flags (--server,
+// delete-checkpoint, status, metrics, audit, hash-token. Global flags (--server,
 // --token, --json, --timeout, --tls*) may stand before or after the
 // subcommand; MEGATRAIN_SERVER and MEGATRAIN_TOKEN supply --server and
 // --token.

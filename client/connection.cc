@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
@@ -12,6 +13,10 @@
 
 namespace megatrain::client {
 namespace {
+
+// Largest response accepted, in bytes: above the daemon's default
+// --max_message_bytes, so that the daemon's limit is the one that applies.
+constexpr int kMaxReceiveMessageBytes = 64 << 20;
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
   std::ifstream in(path);
@@ -58,6 +63,10 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Create(const ConnectionO
   } else {
     credentials = grpc::InsecureChannelCredentials();
   }
+  // The daemon sends up to its --max_message_bytes (16 MiB by default; a
+  // page of 1000 jobs with many labels); gRPC's client default is 4 MiB.
+  args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::unique_ptr<Connection> connection(new Connection());
   connection->token_ = options.token;
   connection->channel_ = grpc::CreateCustomChannel(options.server, credentials, args);

@@ -35,6 +35,10 @@ struct ConnectionOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_server_name;
+  // A TCP connection of its own: gRPC otherwise shares one connection
+  // between channels to the same address with the same arguments
+  // (megatrain-loadtest models separate clients this way).
+  bool own_connection = false;
 };
 
 class Connection {

@@ -281,6 +281,40 @@ std::string CheckpointTable(const v1::ListCheckpointsResponse& checkpoints) {
   return Table(rows);
 }
 
+json AuditRecordToJson(const v1::AuditRecord& record) {
+  return {{"seq", record.seq()},
+          {"time", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
+                                    absl::FromUnixMillis(record.time_unix_ms()),
+                                    absl::UTCTimeZone())},
+          {"time_unix_ms", record.time_unix_ms()},
+          {"user", record.user()},
+          {"role", record.role()},
+          {"peer", record.peer()},
+          {"method", record.method()},
+          {"target", record.target()},
+          {"job_id", record.job_id()},
+          {"code", record.code()},
+          {"message", record.message()},
+          {"detail", record.detail()}};
+}
+
+std::string AuditTable(const v1::ListAuditRecordsResponse& records) {
+  std::vector<std::vector<std::string>> rows = {
+      {"TIME (UTC)", "USER", "METHOD", "TARGET", "CODE", "MESSAGE"}};
+  for (const v1::AuditRecord& record : records.records()) {
+    std::string message = record.message();
+    // One line per record: the first line of the message, cut at 80.
+    message = message.substr(0, message.find('\n'));
+    if (message.size() > 80) message = message.substr(0, 77) + "...";
+    rows.push_back({absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                                     absl::FromUnixMillis(record.time_unix_ms()),
+                                     absl::UTCTimeZone()),
+                    record.user().empty() ? "-" : record.user(), record.method(),
+                    record.target().empty() ? "-" : record.target(), record.code(), message});
+  }
+  return Table(rows);
+}
+
 std::string StatusText(const v1::ServerStatus& status) {
   std::string out = absl::StrCat("megatraind ", status.version(), " (since ",
                                  FormatTime(status.start_time_unix_ms()), ")",

@@ -15,6 +15,10 @@
 //   checkpoints: {"checkpoints": [checkpoint...]}
 //   event:       {"seq", "job_id", "time_unix_ms", "kind": "state" | "step" |
 //                 "eval" | "checkpoint", ...fields of that kind}
+//   audit:       {"records": [{"seq", "time" (UTC ISO 8601), "time_unix_ms",
+//                 "user", "role", "peer", "method", "target", "job_id",
+//                 "code" ("OK", "PERMISSION_DENIED", ...), "message",
+//                 "detail"}...], "next_page_token"}
 //
 // Thread-safety: pure functions.
 #ifndef MEGATRAIN_CLIENT_OUTPUT_H_
@@ -41,12 +45,15 @@ nlohmann::json JobToJson(const v1::Job& job);
 nlohmann::json CheckpointToJson(const v1::Checkpoint& checkpoint);
 nlohmann::json EventToJson(const v1::JobEvent& event);
 nlohmann::json StatusToJson(const v1::ServerStatus& status);
+nlohmann::json AuditRecordToJson(const v1::AuditRecord& record);
 
 // Human forms.
 std::string JobTable(const v1::ListJobsResponse& jobs);
 std::string JobDetails(const v1::Job& job);
 std::string CheckpointTable(const v1::ListCheckpointsResponse& checkpoints);
 std::string StatusText(const v1::ServerStatus& status);
+// Audit records, one line each, times in UTC.
+std::string AuditTable(const v1::ListAuditRecordsResponse& records);
 // One line for a non-step event ("job-000001 RUNNING: started on cpu").
 std::string EventLine(const v1::JobEvent& event);
 // The live progress line of a step:

@@ -1,6 +1,7 @@
 // See checkpoint_service.h.
 #include "server/checkpoint_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/rpc_call.h"
 
@@ -9,12 +10,14 @@ namespace megatrain::server {
 grpc::Status CheckpointServiceImpl::CreateCheckpoint(grpc::ServerContext* context,
                                                      const v1::CreateCheckpointRequest* request,
                                                      v1::Checkpoint* response) {
-  RpcCall call("CreateCheckpoint", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("CreateCheckpoint", context, *auth_, metrics_, audit_);
+  call.set_audit_target(request->job_id());
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<CheckpointRecord> checkpoint = manager_->CreateCheckpoint(
       *caller, request->job_id(), call.deadline(), [context] { return context->IsCancelled(); });
   if (!checkpoint.ok()) return call.Finish(checkpoint.status());
+  call.set_audit_target(CheckpointId(checkpoint->job_id, checkpoint->step));
   CheckpointToProto(*checkpoint, response);
   return call.Finish(absl::OkStatus());
 }
@@ -23,7 +26,7 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* context
                                                     const v1::ListCheckpointsRequest* request,
                                                     v1::ListCheckpointsResponse* response) {
   RpcCall call("ListCheckpoints", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<std::vector<CheckpointRecord>> checkpoints =
       manager_->ListCheckpoints(*caller, request->job_id());
@@ -37,8 +40,11 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* context
 grpc::Status CheckpointServiceImpl::ExportCheckpoint(grpc::ServerContext* context,
                                                      const v1::ExportCheckpointRequest* request,
                                                      v1::ExportCheckpointResponse* response) {
-  RpcCall call("ExportCheckpoint", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("ExportCheckpoint", context, *auth_, metrics_, audit_);
+  call.set_audit_target(request->checkpoint_id());
+  call.set_audit_detail(
+      absl::StrCat("out_dir=", request->out_dir(), " dtype=", request->dtype()));
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::Status status = manager_->ExportCheckpoint(*caller, request->checkpoint_id(),
                                                    request->out_dir(), request->dtype());
@@ -49,8 +55,9 @@ grpc::Status CheckpointServiceImpl::ExportCheckpoint(grpc::ServerContext* contex
 grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* context,
                                                      const v1::DeleteCheckpointRequest* request,
                                                      v1::DeleteCheckpointResponse* response) {
-  RpcCall call("DeleteCheckpoint", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("DeleteCheckpoint", context, *auth_, metrics_, audit_);
+  call.set_audit_target(request->checkpoint_id());
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   return call.Finish(manager_->DeleteCheckpoint(*caller, request->checkpoint_id()));
 }

@@ -1,11 +1,13 @@
 // CheckpointService handlers (megatrain.v1.CheckpointService,
-// proto/megatrain/v1/checkpoint.proto). Thin, like job_service.h.
+// proto/megatrain/v1/checkpoint.proto). Thin, like job_service.h;
+// CreateCheckpoint, ExportCheckpoint and DeleteCheckpoint are audited.
 //
 // Thread-safety: as JobServiceImpl; borrowed objects must outlive it.
 #ifndef MEGATRAIN_SERVER_CHECKPOINT_SERVICE_H_
 #define MEGATRAIN_SERVER_CHECKPOINT_SERVICE_H_
 
 #include "megatrain/v1/checkpoint.grpc.pb.h"
+#include "server/audit_log.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
@@ -14,10 +16,12 @@ namespace megatrain::server {
 
 class CheckpointServiceImpl final : public v1::CheckpointService::Service {
  public:
-  CheckpointServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics)
-      : manager_(manager), auth_(auth), metrics_(metrics) {}
+  CheckpointServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics,
+                        AuditLog* audit)
+      : manager_(manager), auth_(auth), metrics_(metrics), audit_(audit) {}
 
-  // Blocks until the checkpoint is written or the call's deadline passes.
+  // Blocks until the checkpoint is written, the call's deadline passes or
+  // the client goes away.
   grpc::Status CreateCheckpoint(grpc::ServerContext* context,
                                 const v1::CreateCheckpointRequest* request,
                                 v1::Checkpoint* response) override;
@@ -35,6 +39,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
   JobManager* const manager_;
   const Authenticator* const auth_;
   ServerMetrics* const metrics_;
+  AuditLog* const audit_;
 };
 
 }  // namespace megatrain::server

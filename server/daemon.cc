@@ -12,8 +12,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -24,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
+#include "server/audit_log.h"
 #include "server/auth.h"
 #include "server/checkpoint_service.h"
 #include "server/job_manager.h"
@@ -34,6 +37,7 @@
 #include "server/metrics_http.h"
 #include "server/net_util.h"
 #include "server/nvml.h"
+#include "server/path_policy.h"
 #include "server/server_service.h"
 
 namespace megatrain::server {
@@ -44,6 +48,57 @@ namespace fs = std::filesystem;
 // Share of physical memory used as the default --host_memory_budget: leaves
 // room for the OS, the page cache of the data shards and the daemon itself.
 constexpr double kDefaultBudgetShare = 0.8;
+
+// Fewest --max_threads: gRPC's sync server keeps a few polling threads, and
+// a handful of concurrent calls must still fit beside them.
+constexpr int kMinThreads = 8;
+// Keepalive: ping an idle connection every 60 s and drop it when the ping is
+// not answered within 20 s, so that the streams of a client that vanished
+// without closing its connection (a crashed host, a cut network) end.
+constexpr int kKeepaliveTimeMs = 60'000;
+constexpr int kKeepaliveTimeoutMs = 20'000;
+
+absl::Status CheckLimits(const DaemonOptions& options) {
+  // 1 KiB .. 1 GiB: below, ordinary requests fail; above, one message could
+  // hold a large share of a small machine's memory.
+  if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes: must be in [1KiB, 1GiB], got ", options.max_message_bytes));
+  }
+  if (options.max_threads < kMinThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_threads: must be >= ", kMinThreads,
+                                                   ", got ", options.max_threads));
+  }
+  if (options.max_watch_streams < 1 || options.max_watch_streams > options.max_threads / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_watch_streams: must be in [1, --max_threads / 2 = ",
+                     options.max_threads / 2, "], got ", options.max_watch_streams));
+  }
+  return absl::OkStatus();
+}
+
+// The roots of --data_roots / --output_roots with their defaults (see
+// DaemonOptions): created where they are defaults.
+absl::StatusOr<PathPolicy> MakePathPolicy(const DaemonOptions& options, bool auth_enabled,
+                                          const fs::path& state_dir) {
+  std::vector<std::string> data = SplitPathList(options.data_roots);
+  std::vector<std::string> output = SplitPathList(options.output_roots);
+  const std::string jobs_dir = (state_dir / "jobs").string();
+  if (auth_enabled && data.empty()) {
+    const fs::path default_data = state_dir / "data";
+    std::error_code ec;
+    fs::create_directories(default_data, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--data_roots: cannot create the default '", default_data.string(), "': ",
+          ec.message()));
+    }
+    data.push_back(default_data.string());
+  }
+  // The default output directories must stay writable.
+  if (auth_enabled || !output.empty()) output.push_back(jobs_dir);
+  return PathPolicy::Create(data, output);
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
   std::ifstream in(path);
@@ -151,6 +206,8 @@ struct Daemon::Parts {
   std::unique_ptr<EngineBackend> backend;
   std::unique_ptr<JobStore> store;
   std::unique_ptr<Authenticator> auth;
+  std::unique_ptr<AuditLog> audit;
+  PathPolicy path_policy = PathPolicy::Unrestricted();
   std::unique_ptr<ServerMetrics> metrics;
   std::unique_ptr<Nvml> nvml;
   std::unique_ptr<JobManager> manager;
@@ -191,6 +248,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
         listen.host));
   }
   if (opt.state_dir.empty()) return absl::InvalidArgumentError("--state_dir: required");
+  MEGATRAIN_RETURN_IF_ERROR(CheckLimits(opt));
   MEGATRAIN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                              MakeCredentials(opt));
   if (opt.auth_tokens.empty()) {
@@ -218,6 +276,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   }
   MEGATRAIN_ASSIGN_OR_RETURN(p.lock_fd, LockStateDir(state_dir.string()));
   MEGATRAIN_ASSIGN_OR_RETURN(p.store, JobStore::Open((state_dir / "megatrain.db").string()));
+  MEGATRAIN_ASSIGN_OR_RETURN(PathPolicy path_policy,
+                             MakePathPolicy(opt, p.auth->enabled(), state_dir));
+  std::string audit_jsonl = opt.audit_log;
+  if (audit_jsonl.empty()) audit_jsonl = (state_dir / "audit.jsonl").string();
+  if (audit_jsonl == "off") audit_jsonl.clear();
+  MEGATRAIN_ASSIGN_OR_RETURN(p.audit, AuditLog::Open(p.store.get(), audit_jsonl));
 
   // Metrics, NVML, link bandwidth.
   p.metrics = std::make_unique<ServerMetrics>();
@@ -264,20 +328,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   manager_options.max_queued_jobs_per_user = opt.max_queued_jobs_per_user;
   manager_options.max_queued_jobs = opt.max_queued_jobs;
   manager_options.preemption = opt.preemption;
+  manager_options.path_policy = path_policy;
   MEGATRAIN_ASSIGN_OR_RETURN(p.manager, JobManager::Create(std::move(manager_options), p.store.get(),
                                                            p.backend.get(), p.metrics.get()));
 
   // gRPC.
-  p.job_service = std::make_unique<JobServiceImpl>(p.manager.get(), p.auth.get(), p.metrics.get());
-  p.checkpoint_service =
-      std::make_unique<CheckpointServiceImpl>(p.manager.get(), p.auth.get(), p.metrics.get());
+  p.job_service = std::make_unique<JobServiceImpl>(p.manager.get(), p.auth.get(), p.metrics.get(),
+                                                   p.audit.get(), opt.max_watch_streams);
+  p.checkpoint_service = std::make_unique<CheckpointServiceImpl>(
+      p.manager.get(), p.auth.get(), p.metrics.get(), p.audit.get());
   p.server_service = std::make_unique<ServerServiceImpl>(std::move(facts), p.manager.get(),
                                                          p.auth.get(), p.metrics.get(),
-                                                         p.nvml.get());
+                                                         p.nvml.get(), p.audit.get());
+  p.path_policy = std::move(path_policy);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(opt.listen, credentials, &p.grpc_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(opt.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(opt.max_message_bytes));
+  grpc::ResourceQuota quota("megatraind");
+  quota.SetMaxThreads(opt.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   builder.RegisterService(p.job_service.get());
   builder.RegisterService(p.checkpoint_service.get());
   builder.RegisterService(p.server_service.get());
@@ -298,10 +372,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
                        ", host memory budget ", budget, " bytes, auth ",
                        p.auth->enabled() ? absl::StrCat(p.auth->user_count(), " users") : "off",
                        ", preemption ", opt.preemption ? "on" : "off"));
+  auto roots = [](const std::vector<std::string>& list) {
+    return list.empty() ? std::string("anywhere") : absl::StrJoin(list, ",");
+  };
+  LogInfo(absl::StrCat("jobs read under ", roots(p.path_policy.data_roots()), ", write under ",
+                       roots(p.path_policy.output_roots()), "; audit log ",
+                       audit_jsonl.empty() ? "in the database only" : audit_jsonl,
+                       "; max message ", opt.max_message_bytes, " bytes, max threads ",
+                       opt.max_threads, ", max watch streams ", opt.max_watch_streams));
   return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
 }
 
 int Daemon::grpc_port() const { return parts_->grpc_port; }
+
+int Daemon::watch_streams() const { return parts_->job_service->watch_streams(); }
+
+bool Daemon::WaitForWatchStreams(int count, absl::Duration timeout) const {
+  return parts_->job_service->WaitForWatchStreams(count, timeout);
+}
+
+const PathPolicy& Daemon::path_policy() const { return parts_->path_policy; }
 
 int Daemon::metrics_port() const { return parts_->http == nullptr ? 0 : parts_->http->port(); }
 

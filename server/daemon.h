@@ -9,7 +9,16 @@
 // Start refuses anything else. TLS (--tls_cert/--tls_key, optionally
 // --tls_client_ca for mutual TLS) protects tokens on the wire. The /metrics
 // listener serves numbers only (no job names or users) and is not
-// restricted.
+// restricted. Jobs read and write only under --data_roots / --output_roots
+// (path_policy.h; with --auth_tokens they default to <state_dir>/data and
+// <state_dir>/jobs). Mutating RPCs are audited (audit_log.h).
+//
+// Limits: gRPC messages are bounded by --max_message_bytes both ways; the
+// server's threads by a grpc::ResourceQuota (--max_threads: a call that
+// finds none free is refused with RESOURCE_EXHAUSTED rather than queued);
+// WatchJob streams, which hold a thread each, by --max_watch_streams.
+// Keepalive pings (every 60 s, 20 s to answer) find clients that vanished
+// without closing their connection, so their streams end.
 //
 // Thread-safety: Start, Shutdown and the destructor are called from one
 // thread (main); ports may be read from any thread.
@@ -23,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/engine_backend.h"
+#include "server/path_policy.h"
 
 namespace grpc {
 class Server;
@@ -51,6 +61,23 @@ struct DaemonOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // Comma-separated absolute directories jobs may read from / write to
+  // (path_policy.h). Empty: unrestricted without auth_tokens; with
+  // auth_tokens, <state_dir>/data and <state_dir>/jobs (created). The
+  // output roots always include <state_dir>/jobs when restricted.
+  std::string data_roots;
+  std::string output_roots;
+  // JSON-lines copy of the audit log; empty: <state_dir>/audit.jsonl;
+  // "off": none (the SQLite table is always written).
+  std::string audit_log;
+  // Largest gRPC message received or sent, in bytes (a request or response
+  // beyond it fails with RESOURCE_EXHAUSTED).
+  int64_t max_message_bytes = int64_t{16} << 20;
+  // Most threads the gRPC server may use (grpc::ResourceQuota); >= 8.
+  int max_threads = 256;
+  // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
+  // unary calls always find threads.
+  int max_watch_streams = 64;
   int max_running_jobs_per_user = 0;     // 0: no limit
   int max_queued_jobs_per_user = 100;    // 0: no limit
   int max_queued_jobs = 10000;           // 0: no limit
@@ -76,6 +103,14 @@ class Daemon {
   int metrics_port() const;  // 0 when disabled
   // "127.0.0.1:50051": the gRPC address clients dial.
   std::string grpc_address() const;
+
+  // WatchJob streams open now.
+  int watch_streams() const;
+  // Blocks until exactly `count` WatchJob streams are open, at most
+  // `timeout`; false on timeout. For tests.
+  bool WaitForWatchStreams(int count, absl::Duration timeout) const;
+  // The path policy in force (resolved roots).
+  const PathPolicy& path_policy() const;
 
   // SIGTERM sequence: health reports NOT_SERVING and new work is refused
   // (UNAVAILABLE); every running job writes a checkpoint and is re-queued;

@@ -31,6 +31,7 @@ int RunDaemonMain(int argc, char** argv,
 
   DaemonOptions options;
   std::string host_memory_budget;
+  std::string max_message_bytes = "16MiB";
   double shutdown_timeout_seconds = 600;
   CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
   app.option_defaults()->always_capture_default();
@@ -51,6 +52,21 @@ int RunDaemonMain(int argc, char** argv,
   app.add_option("--tls_key", options.tls_key, "PEM private key for TLS");
   app.add_option("--tls_client_ca", options.tls_client_ca,
                  "PEM CA bundle: require client certificates (mutual TLS)");
+  app.add_option("--data_roots", options.data_roots,
+                 "Comma-separated directories jobs may read (model.hf_dir, data.*) "
+                 "(default: anywhere without --auth_tokens, <state_dir>/data with it)");
+  app.add_option("--output_roots", options.output_roots,
+                 "Comma-separated directories jobs and exports may write (default: anywhere "
+                 "without --auth_tokens, <state_dir>/jobs with it; <state_dir>/jobs always)");
+  app.add_option("--audit_log", options.audit_log,
+                 "JSON-lines audit log file (default <state_dir>/audit.jsonl; 'off': only "
+                 "the database table)");
+  app.add_option("--max_message_bytes", max_message_bytes,
+                 "Largest gRPC message received or sent, e.g. 16MiB");
+  app.add_option("--max_threads", options.max_threads,
+                 "Most threads of the gRPC server (calls beyond: RESOURCE_EXHAUSTED)");
+  app.add_option("--max_watch_streams", options.max_watch_streams,
+                 "Most concurrent WatchJob streams (at most --max_threads / 2)");
   app.add_option("--max_running_jobs_per_user", options.max_running_jobs_per_user,
                  "Running jobs per user (0: no limit)");
   app.add_option("--max_queued_jobs_per_user", options.max_queued_jobs_per_user,
@@ -75,6 +91,15 @@ int RunDaemonMain(int argc, char** argv,
       return 2;
     }
     options.host_memory_budget_bytes = *bytes;
+  }
+
+  {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(max_message_bytes, "--max_message_bytes");
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    options.max_message_bytes = *bytes;
   }
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, make_backend());

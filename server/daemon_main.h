@@ -12,6 +12,8 @@
 //   --max_running_jobs_per_user=N --max_queued_jobs_per_user=N
 //   --max_queued_jobs=N --preemption --shutdown_timeout=SECONDS
 //   --measure_link_bandwidth=true|false
+//   --data_roots=DIR[,DIR] --output_roots=DIR[,DIR] --audit_log=FILE|off
+//   --max_message_bytes=SIZE --max_threads=N --max_watch_streams=N
 //
 // On start it prints one line to stdout, for scripts:
 //   megatraind: ready grpc=127.0.0.1:50051 metrics=127.0.0.1:9400

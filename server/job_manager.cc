@@ -258,6 +258,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
 
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobRequest(request));
   MEGATRAIN_RETURN_IF_ERROR(backend_->ValidateJobSpec(request.spec));
+  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(request.spec));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint,
                              backend_->EstimateFootprint(request.spec));
   if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
@@ -591,8 +592,13 @@ void JobManager::RunJob(Active* active, JobRecord job) {
   absl::StatusOr<engine::JobOutcome> outcome = absl::InternalError("job did not run");
   try {
     std::error_code ec;
-    fs::create_directories(job.request.spec.output_dir, ec);
-    if (ec) {
+    // Again at start: the roots may have changed since submission (a
+    // restart with other flags), or a directory on the way may have become
+    // a symbolic link (Note [Path checks] in path_policy.h).
+    absl::Status paths = options_.path_policy.CheckJobSpec(job.request.spec);
+    if (!paths.ok()) {
+      outcome = paths;
+    } else if (fs::create_directories(job.request.spec.output_dir, ec); ec) {
       outcome = absl::FailedPreconditionError(absl::StrCat(
           "output_dir: cannot create '", job.request.spec.output_dir, "': ", ec.message()));
     } else {
@@ -900,6 +906,7 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller,
     return absl::InvalidArgumentError(
         absl::StrCat("out_dir: must be an absolute path, got '", out_dir, "'"));
   }
+  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckWrite("out_dir", out_dir));
   std::error_code ec;
   if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec))) {
     return absl::InvalidArgumentError(

@@ -53,6 +53,7 @@
 #include "server/job.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/path_policy.h"
 
 namespace megatrain::server {
 
@@ -72,6 +73,11 @@ struct JobManagerOptions {
   int max_queued_jobs = 10000;
   // Higher-priority jobs may suspend running lower-priority ones.
   bool preemption = false;
+  // Where jobs may read and write (--data_roots, --output_roots): checked
+  // at submission, again when a job starts, and for export directories.
+  // When it restricts writes, its output roots must include jobs_dir (the
+  // default output directories).
+  PathPolicy path_policy = PathPolicy::Unrestricted();
 };
 
 // A batch of a job's events for a watcher.
@@ -113,7 +119,9 @@ class JobManager {
 
   // Queues a job owned by `caller`. With a non-empty `request_id`, a repeat
   // returns the job the first call created. Errors: INVALID_ARGUMENT naming
-  // the field path (spec, priority, labels, request_id); UNIMPLEMENTED
+  // the field path (spec, priority, labels, request_id; a ".." in a path);
+  // PERMISSION_DENIED naming the field for a path outside the roots of
+  // options.path_policy; UNIMPLEMENTED
   // (architecture); RESOURCE_EXHAUSTED when the footprint exceeds the budget
   // (message gives both numbers) or a queue limit is reached;
   // ALREADY_EXISTS when request_id was used with a different spec;
@@ -156,9 +164,10 @@ class JobManager {
                                                                 absl::string_view job_id);
 
   // Writes checkpoint `checkpoint_id` as an HF model directory `out_dir`.
-  // INVALID_ARGUMENT for a malformed id, a relative or non-empty out_dir or
-  // a dtype other than "", "bf16", "fp32"; NOT_FOUND for an unknown
-  // checkpoint; errors of the engine's export.
+  // INVALID_ARGUMENT for a malformed id, a relative or non-empty out_dir, a
+  // ".." in it or a dtype other than "", "bf16", "fp32"; PERMISSION_DENIED
+  // for another user's checkpoint or an out_dir outside the output roots;
+  // NOT_FOUND for an unknown checkpoint; errors of the engine's export.
   absl::Status ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
                                 const std::string& out_dir, const std::string& dtype);
 

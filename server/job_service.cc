@@ -1,21 +1,66 @@
 // See job_service.h.
 #include "server/job_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/rpc_call.h"
 
 namespace megatrain::server {
 
+// One open WatchJob stream: counted while it lives (RAII), so that every
+// way out of the handler (end, client gone, error) gives the slot back.
+class JobServiceImpl::WatchSlot {
+ public:
+  // Takes a slot; `acquired()` is false when max_watch_streams are open.
+  explicit WatchSlot(JobServiceImpl* service) : service_(service) {
+    std::lock_guard<std::mutex> lock(service_->watch_mu_);
+    if (service_->watch_streams_ >= service_->max_watch_streams_) return;
+    acquired_ = true;
+    ++service_->watch_streams_;
+    service_->metrics_->SetWatchStreams(service_->watch_streams_);
+    service_->watch_cv_.notify_all();
+  }
+  ~WatchSlot() {
+    if (!acquired_) return;
+    std::lock_guard<std::mutex> lock(service_->watch_mu_);
+    --service_->watch_streams_;
+    service_->metrics_->SetWatchStreams(service_->watch_streams_);
+    service_->watch_cv_.notify_all();
+  }
+  WatchSlot(const WatchSlot&) = delete;
+  WatchSlot& operator=(const WatchSlot&) = delete;
+
+  bool acquired() const { return acquired_; }
+
+ private:
+  JobServiceImpl* const service_;
+  bool acquired_ = false;
+};
+
+int JobServiceImpl::watch_streams() const {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  return watch_streams_;
+}
+
+bool JobServiceImpl::WaitForWatchStreams(int count, absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  return watch_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                            [&] { return watch_streams_ == count; });
+}
+
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request, v1::Job* response) {
-  RpcCall call("SubmitJob", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("SubmitJob", context, *auth_, metrics_, audit_);
+  call.set_audit_detail(absl::StrCat("name=", request->spec().name(),
+                                     " request_id=", request->request_id()));
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<JobRequest> job_request = JobRequestFromProto(request->spec());
   if (!job_request.ok()) return call.Finish(job_request.status());
   absl::StatusOr<JobRecord> job =
       manager_->Submit(*caller, *std::move(job_request), request->request_id());
   if (!job.ok()) return call.Finish(job.status());
+  call.set_audit_target(job->id);
   JobToProto(*job, response);
   return call.Finish(absl::OkStatus());
 }
@@ -23,7 +68,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
                                     const v1::GetJobRequest* request, v1::Job* response) {
   RpcCall call("GetJob", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<JobRecord> job = manager_->Get(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
@@ -35,7 +80,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   RpcCall call("ListJobs", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<std::vector<JobState>> states = JobStatesFromProto(request->states());
   if (!states.ok()) return call.Finish(states.status());
@@ -53,8 +98,9 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request, v1::Job* response) {
-  RpcCall call("CancelJob", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("CancelJob", context, *auth_, metrics_, audit_);
+  call.set_audit_target(request->job_id());
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<JobRecord> job = manager_->Cancel(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
@@ -64,8 +110,9 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
 
 grpc::Status JobServiceImpl::SuspendJob(grpc::ServerContext* context,
                                         const v1::SuspendJobRequest* request, v1::Job* response) {
-  RpcCall call("SuspendJob", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("SuspendJob", context, *auth_, metrics_, audit_);
+  call.set_audit_target(request->job_id());
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<JobRecord> job = manager_->Suspend(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
@@ -75,8 +122,9 @@ grpc::Status JobServiceImpl::SuspendJob(grpc::ServerContext* context,
 
 grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context,
                                        const v1::ResumeJobRequest* request, v1::Job* response) {
-  RpcCall call("ResumeJob", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  RpcCall call("ResumeJob", context, *auth_, metrics_, audit_);
+  call.set_audit_target(request->job_id());
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<JobRecord> job = manager_->Resume(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
@@ -88,11 +136,18 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   RpcCall call("WatchJob", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  WatchSlot slot(this);
+  if (!slot.acquired()) {
+    return call.Finish(absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon already serves ", max_watch_streams_,
+        " WatchJob streams (--max_watch_streams); retry later or poll GetJob")));
+  }
   int64_t after_seq = request->after_seq();
-  // Ends when the job is terminal, the client goes away or the daemon
-  // drains; WaitEvents wakes at least once a second to check.
+  // Ends when the job is terminal, the client goes away (or its deadline
+  // passes: gRPC then cancels the call) or the daemon drains; WaitEvents
+  // wakes at least once a second to check.
   while (true) {
     if (context->IsCancelled()) return call.Finish(absl::CancelledError("client went away"));
     absl::StatusOr<EventBatch> batch =

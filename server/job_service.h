@@ -1,14 +1,25 @@
 // JobService handlers (megatrain.v1.JobService, proto/megatrain/v1/job.proto).
 // Thin: authenticate, convert the request, call JobManager, convert the
-// result and the status, record the RPC metric.
+// result and the status, record the RPC metric and, for SubmitJob,
+// CancelJob, SuspendJob and ResumeJob, the audit record.
 //
-// Thread-safety: gRPC calls the handlers concurrently; all state is in the
-// (thread-safe) JobManager. The manager, authenticator and metrics are
-// borrowed and must outlive the service.
+// WatchJob streams each hold one of the server's threads for their whole
+// life, so they are counted and limited (max_watch_streams): a flood of
+// watchers cannot take every thread from the unary calls.
+//
+// Thread-safety: gRPC calls the handlers concurrently; the job state is in
+// the (thread-safe) JobManager, the stream count behind its own mutex. The
+// manager, authenticator, metrics and audit log are borrowed and must
+// outlive the service.
 #ifndef MEGATRAIN_SERVER_JOB_SERVICE_H_
 #define MEGATRAIN_SERVER_JOB_SERVICE_H_
 
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/time/time.h"
 #include "megatrain/v1/job.grpc.pb.h"
+#include "server/audit_log.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
@@ -17,8 +28,14 @@ namespace megatrain::server {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics)
-      : manager_(manager), auth_(auth), metrics_(metrics) {}
+  // `max_watch_streams` (> 0) bounds the concurrent WatchJob streams.
+  JobServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics,
+                 AuditLog* audit, int max_watch_streams)
+      : manager_(manager),
+        auth_(auth),
+        metrics_(metrics),
+        audit_(audit),
+        max_watch_streams_(max_watch_streams) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -32,15 +49,31 @@ class JobServiceImpl final : public v1::JobService::Service {
                           v1::Job* response) override;
   grpc::Status ResumeJob(grpc::ServerContext* context, const v1::ResumeJobRequest* request,
                          v1::Job* response) override;
-  // Streams events until the job is terminal, the client goes away
-  // (CANCELLED) or the daemon drains (UNAVAILABLE).
+  // Streams events until the job is terminal, the client goes away or its
+  // deadline passes (CANCELLED; noticed within a second) or the daemon
+  // drains (UNAVAILABLE). RESOURCE_EXHAUSTED when max_watch_streams streams
+  // are open already.
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
 
+  // WatchJob streams open now.
+  int watch_streams() const;
+  // Blocks until exactly `count` streams are open, at most `timeout`;
+  // false on timeout. For tests and the load benchmark.
+  bool WaitForWatchStreams(int count, absl::Duration timeout) const;
+
  private:
+  class WatchSlot;
+
   JobManager* const manager_;
   const Authenticator* const auth_;
   ServerMetrics* const metrics_;
+  AuditLog* const audit_;
+  const int max_watch_streams_;
+
+  mutable std::mutex watch_mu_;
+  mutable std::condition_variable watch_cv_;  // watch_streams_ changed
+  int watch_streams_ = 0;                     // guarded by watch_mu_
 };
 
 }  // namespace megatrain::server

@@ -19,7 +19,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kSchemaVersion = 1;
+// Version 2 added the `audit` table (CREATE TABLE IF NOT EXISTS upgrades a
+// version-1 database in place).
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -67,6 +69,21 @@ CREATE TABLE IF NOT EXISTS checkpoints (
   write_seconds REAL NOT NULL DEFAULT 0,
   PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  time_unix_ms INTEGER NOT NULL,
+  user TEXT NOT NULL,
+  role TEXT NOT NULL,
+  peer TEXT NOT NULL,
+  method TEXT NOT NULL,
+  target TEXT NOT NULL,
+  job_id TEXT NOT NULL,
+  code INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_user_seq ON audit(user, seq);
+CREATE INDEX IF NOT EXISTS audit_by_job_seq ON audit(job_id, seq);
 )sql";
 
 // Columns of a full job row, in the order RowToJob reads them.
@@ -334,6 +351,39 @@ absl::StatusOr<int64_t> ParsePageToken(const JobQuery& query) {
   return last_seq;
 }
 
+// Audit page tokens: web-safe base64 of "a1|<seq of the last record
+// returned>|<fingerprint of the filters>".
+uint64_t AuditFingerprint(const AuditQuery& query) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a 64, as FilterFingerprint
+  for (absl::string_view part : {absl::string_view(query.user), absl::string_view("|"),
+                                 absl::string_view(query.job_id), absl::string_view("|"),
+                                 absl::string_view(query.method)}) {
+    for (unsigned char c : part) {
+      hash ^= c;
+      hash *= 1099511628211ull;
+    }
+  }
+  return hash;
+}
+
+absl::StatusOr<int64_t> ParseAuditPageToken(const AuditQuery& query) {
+  std::string raw;
+  std::vector<absl::string_view> parts;
+  if (absl::WebSafeBase64Unescape(query.page_token, &raw)) parts = absl::StrSplit(raw, '|');
+  int64_t last_seq = 0;
+  uint64_t fingerprint = 0;
+  if (parts.size() != 3 || parts[0] != "a1" || !absl::SimpleAtoi(parts[1], &last_seq) ||
+      !absl::SimpleAtoi(parts[2], &fingerprint)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: malformed token '", query.page_token, "'"));
+  }
+  if (fingerprint != AuditFingerprint(query)) {
+    return absl::InvalidArgumentError(
+        "page_token: was issued for different filters (user, job_id, method)");
+  }
+  return last_seq;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
@@ -370,7 +420,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                      kSchemaVersion, ")"));
   }
   MEGATRAIN_RETURN_IF_ERROR(Annotate(Exec(db, kSchema), path));
-  MEGATRAIN_RETURN_IF_ERROR(Annotate(Exec(db, "PRAGMA user_version = 1"), path));
+  MEGATRAIN_RETURN_IF_ERROR(Annotate(
+      Exec(db, absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()), path));
   return store;
 }
 
@@ -676,6 +727,84 @@ absl::Status JobStore::DeleteCheckpoint(absl::string_view id, int64_t step) {
   stmt.Bind(1, id);
   stmt.Bind(2, step);
   return stmt.Run();
+}
+
+absl::StatusOr<int64_t> JobStore::AppendAudit(const AuditRecord& record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db_,
+                         "INSERT INTO audit (time_unix_ms, user, role, peer, method, target, "
+                         "job_id, code, message, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+  stmt.Bind(1, record.time_unix_ms != 0 ? record.time_unix_ms : NowUnixMs());
+  stmt.Bind(2, record.user);
+  stmt.Bind(3, record.role);
+  stmt.Bind(4, record.peer);
+  stmt.Bind(5, record.method);
+  stmt.Bind(6, record.target);
+  stmt.Bind(7, record.job_id);
+  stmt.Bind(8, static_cast<int64_t>(record.code));
+  stmt.Bind(9, record.message);
+  stmt.Bind(10, record.detail);
+  MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+absl::StatusOr<AuditPage> JobStore::ListAudit(const AuditQuery& query) {
+  if (query.page_size < 0 || query.page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be in [0, ", kMaxPageSize, "], got ", query.page_size));
+  }
+  const int page_size = query.page_size == 0 ? kDefaultPageSize : query.page_size;
+  int64_t before_seq = INT64_MAX;
+  if (!query.page_token.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(before_seq, ParseAuditPageToken(query));
+  }
+  std::string sql =
+      "SELECT seq, time_unix_ms, user, role, peer, method, target, job_id, code, message, "
+      "detail FROM audit WHERE seq < ?";
+  if (!query.user.empty()) absl::StrAppend(&sql, " AND user = ?");
+  if (!query.job_id.empty()) absl::StrAppend(&sql, " AND job_id = ?");
+  if (!query.method.empty()) absl::StrAppend(&sql, " AND method = ?");
+  absl::StrAppend(&sql, " ORDER BY seq DESC LIMIT ?");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
+  int index = 1;
+  stmt.Bind(index++, before_seq);
+  if (!query.user.empty()) stmt.Bind(index++, query.user);
+  if (!query.job_id.empty()) stmt.Bind(index++, query.job_id);
+  if (!query.method.empty()) stmt.Bind(index++, query.method);
+  // One more than the page: tells whether another page follows.
+  stmt.Bind(index++, static_cast<int64_t>(page_size) + 1);
+  AuditPage page;
+  while (true) {
+    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    if (static_cast<int>(page.records.size()) == page_size) {
+      page.next_page_token = absl::WebSafeBase64Escape(absl::StrCat(
+          "a1|", page.records.back().seq, "|", AuditFingerprint(query)));
+      break;
+    }
+    AuditRecord record;
+    record.seq = stmt.Int(0);
+    record.time_unix_ms = stmt.Int(1);
+    record.user = stmt.Text(2);
+    record.role = stmt.Text(3);
+    record.peer = stmt.Text(4);
+    record.method = stmt.Text(5);
+    record.target = stmt.Text(6);
+    record.job_id = stmt.Text(7);
+    const int64_t code = stmt.Int(8);
+    if (code < 0 || code > 16) {
+      return absl::DataLossError(absl::StrCat("audit record ", record.seq, ": bad code ", code));
+    }
+    record.code = static_cast<absl::StatusCode>(code);
+    record.message = stmt.Text(9);
+    record.detail = stmt.Text(10);
+    page.records.push_back(std::move(record));
+  }
+  return page;
 }
 
 }  // namespace megatrain::server

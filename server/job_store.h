@@ -5,13 +5,16 @@
 // (WAL with synchronous=NORMAL is durable against process crashes; a power
 // loss may lose the last transactions).
 //
-// Schema (version 1, PRAGMA user_version):
+// Schema (version 2, PRAGMA user_version; version 1 lacked `audit`, which
+// opening adds):
 //   jobs(seq PK, id UNIQUE, owner, request_id, spec_json, priority, state,
 //        times, progress columns, device, host_memory_bytes, error_code,
 //        message, resume_from; UNIQUE(owner, request_id))
 //   events(seq PK AUTOINCREMENT, job_id, time_unix_ms, kind, payload JSON)
 //   checkpoints(job_id, step, dir, bytes, create_time_unix_ms,
 //               write_seconds; PK(job_id, step))
+//   audit(seq PK AUTOINCREMENT, time_unix_ms, user, role, peer, method,
+//         target, job_id, code, message, detail): server/audit_log.h
 //
 // Errors: INTERNAL for SQLite failures (message names the statement),
 // DATA_LOSS for a corrupt database or row, NOT_FOUND for an unknown job,
@@ -33,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/audit_record.h"
 #include "server/job.h"
 
 struct sqlite3;
@@ -126,6 +130,15 @@ class JobStore {
 
   // Forgets a recorded checkpoint (no-op when absent).
   absl::Status DeleteCheckpoint(absl::string_view id, int64_t step);
+
+  // Appends an audit record (its seq is ignored; time_unix_ms 0 means now).
+  // Returns the new seq.
+  absl::StatusOr<int64_t> AppendAudit(const AuditRecord& record);
+
+  // One page of audit records matching `query`, newest first.
+  // INVALID_ARGUMENT for a page_size outside [0, kMaxPageSize] or a
+  // page_token that is malformed or was made for other filters.
+  absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

@@ -173,6 +173,11 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                                .Name("megatrain_rpc_duration_seconds")
                                .Help("RPC latency by method.")
                                .Register(r);
+  watch_streams_ = &BuildGauge()
+                        .Name("megatrain_watch_streams")
+                        .Help("WatchJob streams open now.")
+                        .Register(r)
+                        .Add({});
   BuildGauge()
       .Name("megatrain_build_info")
       .Help("Constant 1, labelled with the daemon version.")
@@ -309,6 +314,8 @@ void ServerMetrics::SetNvmlPcieThroughput(const std::string& device, double tx_b
   nvml_pcie_throughput_->Add({{"device", device}, {"direction", "tx"}}).Set(tx_bytes_per_second);
   nvml_pcie_throughput_->Add({{"device", device}, {"direction", "rx"}}).Set(rx_bytes_per_second);
 }
+
+void ServerMetrics::SetWatchStreams(int streams) { watch_streams_->Set(streams); }
 
 void ServerMetrics::RecordRpc(absl::string_view method, absl::StatusCode code, double seconds) {
   const std::string method_name(method);

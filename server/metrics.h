@@ -46,6 +46,7 @@
 //   megatrain_checkpoint_duration_seconds          histogram time to write a checkpoint
 //   megatrain_rpcs_total{method,code}              counter   finished RPCs
 //   megatrain_rpc_duration_seconds{method}         histogram RPC latency
+//   megatrain_watch_streams                        gauge     WatchJob streams open now
 //   megatrain_build_info{version}                  gauge     always 1
 //
 // Thread-safety: every method is thread-safe (prometheus-cpp metrics are
@@ -105,6 +106,8 @@ class ServerMetrics {
 
   // One finished RPC.
   void RecordRpc(absl::string_view method, absl::StatusCode code, double seconds);
+  // WatchJob streams open now.
+  void SetWatchStreams(int streams);
 
   // `hook` runs before every Collect() (e.g. to sample NVML). Set once,
   // before concurrent use.
@@ -150,6 +153,7 @@ class ServerMetrics {
   prometheus::Histogram* checkpoint_duration_seconds_;
   prometheus::Family<prometheus::Counter>* rpcs_total_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_seconds_;
+  prometheus::Gauge* watch_streams_;
 
   std::mutex mu_;
   std::map<std::string, engine::HostStoreBytes> host_store_by_device_;  // guarded by mu_

@@ -262,6 +262,20 @@ void CheckpointToProto(const CheckpointRecord& checkpoint, v1::Checkpoint* out) 
   out->set_write_seconds(checkpoint.write_seconds);
 }
 
+void AuditRecordToProto(const AuditRecord& record, v1::AuditRecord* out) {
+  out->set_seq(record.seq);
+  out->set_time_unix_ms(record.time_unix_ms);
+  out->set_user(record.user);
+  out->set_role(record.role);
+  out->set_peer(record.peer);
+  out->set_method(record.method);
+  out->set_target(record.target);
+  out->set_job_id(record.job_id);
+  out->set_code(absl::StatusCodeToString(record.code));
+  out->set_message(record.message);
+  out->set_detail(record.detail);
+}
+
 absl::StatusOr<std::vector<JobState>> JobStatesFromProto(
     const google::protobuf::RepeatedField<int>& states) {
   std::vector<JobState> result;

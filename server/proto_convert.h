@@ -14,6 +14,8 @@
 #include "absl/status/statusor.h"
 #include "megatrain/v1/checkpoint.pb.h"
 #include "megatrain/v1/job.pb.h"
+#include "megatrain/v1/server.pb.h"
+#include "server/audit_record.h"
 #include "server/job.h"
 
 namespace megatrain::server {
@@ -38,6 +40,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* spec);
 void JobToProto(const JobRecord& job, v1::Job* out);
 void JobEventToProto(const JobEvent& event, v1::JobEvent* out);
 void CheckpointToProto(const CheckpointRecord& checkpoint, v1::Checkpoint* out);
+void AuditRecordToProto(const AuditRecord& record, v1::AuditRecord* out);
 
 // ListJobsRequest.states. INVALID_ARGUMENT for JOB_STATE_UNSPECIFIED or an
 // unknown value.

@@ -10,18 +10,56 @@
 
 namespace megatrain::server {
 
-absl::StatusOr<Principal> RpcCall::Authenticate() const {
+absl::Status CheckDeadline(absl::Time deadline, absl::Time now) {
+  if (deadline > now) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the call's deadline passed ", absl::FormatDuration(now - deadline),
+      " before the daemon started it; nothing was done"));
+}
+
+absl::StatusOr<Principal> RpcCall::Start() {
   const auto& metadata = context_->client_metadata();
   auto it = metadata.find("authorization");
   absl::string_view value;
   if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
-  return auth_.Authenticate(value);
+  absl::StatusOr<Principal> caller = auth_.Authenticate(value);
+  if (!caller.ok()) return caller.status();
+  caller_ = *caller;
+  // gRPC runs a handler even when the call's deadline passed while it was
+  // queued (or the client gave up); doing the work then helps nobody.
+  absl::Status deadline = CheckDeadline(this->deadline(), absl::Now());
+  if (!deadline.ok()) return deadline;
+  if (context_->IsCancelled()) {
+    return absl::CancelledError("the client cancelled the call before the daemon started it");
+  }
+  return caller;
+}
+
+void RpcCall::set_audit_target(absl::string_view target) {
+  audit_target_ = std::string(target);
+  // "job-000001/step-20" belongs to job-000001.
+  audit_job_id_ = std::string(target.substr(0, target.find('/')));
 }
 
 grpc::Status RpcCall::Finish(const absl::Status& status) {
   metrics_->RecordRpc(method_, status.code(), absl::ToDoubleSeconds(absl::Now() - start_));
   if (status.code() == absl::StatusCode::kInternal || status.code() == absl::StatusCode::kUnknown) {
     LogError(absl::StrCat(method_, ": ", status.ToString()));
+  }
+  if (audit_ != nullptr) {
+    AuditRecord record;
+    if (caller_.has_value()) {
+      record.user = caller_->name;
+      record.role = std::string(RoleName(caller_->role));
+    }
+    record.peer = context_->peer();
+    record.method = std::string(method_);
+    record.target = audit_target_;
+    record.job_id = audit_job_id_;
+    record.code = status.code();
+    record.message = std::string(status.message());
+    record.detail = audit_detail_;
+    audit_->Record(std::move(record));
   }
   return ToGrpcStatus(status);
 }

@@ -1,13 +1,16 @@
-// RpcCall: the bookkeeping every RPC handler does the same way: authenticate
-// the caller from the `authorization` metadata, and on return convert the
-// absl::Status (ToGrpcStatus) and record megatrain_rpcs_total /
-// megatrain_rpc_duration_seconds.
+// RpcCall: the bookkeeping every RPC handler does the same way: refuse a
+// call whose deadline already passed or whose client already went away
+// (before any work), authenticate the caller from the `authorization`
+// metadata, and on return convert the absl::Status (ToGrpcStatus), record
+// megatrain_rpcs_total / megatrain_rpc_duration_seconds and, for mutating
+// RPCs, an audit record (audit_log.h).
 //
 // Example:
-//   grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
-//                                       const v1::GetJobRequest* request, v1::Job* job) {
-//     RpcCall call("GetJob", context, *auth_, metrics_);
-//     absl::StatusOr<Principal> caller = call.Authenticate();
+//   grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+//                                          const v1::CancelJobRequest* request, v1::Job* job) {
+//     RpcCall call("CancelJob", context, *auth_, metrics_, audit_);  // audited
+//     call.set_audit_target(request->job_id());
+//     absl::StatusOr<Principal> caller = call.Start();
 //     if (!caller.ok()) return call.Finish(caller.status());
 //     ...
 //     return call.Finish(absl::OkStatus());
@@ -17,29 +20,51 @@
 #ifndef MEGATRAIN_SERVER_RPC_CALL_H_
 #define MEGATRAIN_SERVER_RPC_CALL_H_
 
-#include "absl/strings/string_view.h"
+#include <optional>
+#include <string>
 
 #include <grpcpp/server_context.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/audit_log.h"
 #include "server/auth.h"
 #include "server/metrics.h"
 
 namespace megatrain::server {
 
+// DEADLINE_EXCEEDED when `deadline` is not after `now`: the client has
+// given up, so the call must do nothing.
+absl::Status CheckDeadline(absl::Time deadline, absl::Time now);
+
 class RpcCall {
  public:
-  // `method` must be a string literal (it labels metrics).
+  // `method` must be a string literal (it labels metrics). With a non-null
+  // `audit` the call is a mutating one and Finish records it there.
   RpcCall(absl::string_view method, grpc::ServerContext* context, const Authenticator& auth,
-          ServerMetrics* metrics)
-      : method_(method), context_(context), auth_(auth), metrics_(metrics), start_(absl::Now()) {}
+          ServerMetrics* metrics, AuditLog* audit = nullptr)
+      : method_(method),
+        context_(context),
+        auth_(auth),
+        metrics_(metrics),
+        audit_(audit),
+        start_(absl::Now()) {}
 
-  // The caller, or UNAUTHENTICATED.
-  absl::StatusOr<Principal> Authenticate() const;
+  // Authenticates the caller (UNAUTHENTICATED), then refuses the call when
+  // its deadline has passed (DEADLINE_EXCEEDED) or the client cancelled it
+  // (CANCELLED). The handler must do no work unless this is OK.
+  absl::StatusOr<Principal> Start();
 
-  // Records the call's metrics (and logs INTERNAL / UNKNOWN errors) and
-  // returns `status` as a grpc::Status. Call exactly once.
+  // What an audited call acts on: a job id or a checkpoint id
+  // ("job-000001/step-20"; its job id is derived). Set as soon as known.
+  void set_audit_target(absl::string_view target);
+  // Method-specific context for the audit record ("out_dir=/x dtype=bf16").
+  void set_audit_detail(std::string detail) { audit_detail_ = std::move(detail); }
+
+  // Records the call's metrics (and logs INTERNAL / UNKNOWN errors), writes
+  // the audit record of an audited call, and returns `status` as a
+  // grpc::Status. Call exactly once.
   grpc::Status Finish(const absl::Status& status);
 
   // The call's deadline; absl::InfiniteFuture() when it has none.
@@ -50,7 +75,12 @@ class RpcCall {
   grpc::ServerContext* const context_;
   const Authenticator& auth_;
   ServerMetrics* const metrics_;
+  AuditLog* const audit_;
   const absl::Time start_;
+  std::optional<Principal> caller_;  // set by a successful Authenticate
+  std::string audit_target_;
+  std::string audit_job_id_;
+  std::string audit_detail_;
 };
 
 }  // namespace megatrain::server

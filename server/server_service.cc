@@ -81,7 +81,7 @@ grpc::Status ServerServiceImpl::GetServerStatus(grpc::ServerContext* context,
                                                 const v1::GetServerStatusRequest* request,
                                                 v1::ServerStatus* response) {
   RpcCall call("GetServerStatus", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
   if (!status.ok()) return call.Finish(status.status());
@@ -133,7 +133,7 @@ grpc::Status ServerServiceImpl::GetMetrics(grpc::ServerContext* context,
                                            const v1::GetMetricsRequest* request,
                                            v1::GetMetricsResponse* response) {
   RpcCall call("GetMetrics", context, *auth_, metrics_);
-  absl::StatusOr<Principal> caller = call.Authenticate();
+  absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   std::vector<prometheus::MetricFamily> families = metrics_->Collect();
   std::vector<prometheus::MetricFamily> selected;
@@ -143,6 +143,25 @@ grpc::Status ServerServiceImpl::GetMetrics(grpc::ServerContext* context,
     selected.push_back(std::move(family));
   }
   response->set_text(ServerMetrics::ToText(selected));
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::Status ServerServiceImpl::ListAuditRecords(grpc::ServerContext* context,
+                                                 const v1::ListAuditRecordsRequest* request,
+                                                 v1::ListAuditRecordsResponse* response) {
+  RpcCall call("ListAuditRecords", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Start();
+  if (!caller.ok()) return call.Finish(caller.status());
+  AuditQuery query;
+  query.user = request->user();
+  query.job_id = request->job_id();
+  query.method = request->method();
+  query.page_size = request->page_size();
+  query.page_token = request->page_token();
+  absl::StatusOr<AuditPage> page = audit_->List(*caller, query);
+  if (!page.ok()) return call.Finish(page.status());
+  for (const AuditRecord& record : page->records) AuditRecordToProto(record, response->add_records());
+  response->set_next_page_token(page->next_page_token);
   return call.Finish(absl::OkStatus());
 }
 

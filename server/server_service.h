@@ -1,5 +1,6 @@
 // ServerService handlers (megatrain.v1.ServerService,
-// proto/megatrain/v1/server.proto): daemon status and metric values.
+// proto/megatrain/v1/server.proto): daemon status, metric values and the
+// audit log (admins).
 //
 // Thread-safety: as JobServiceImpl; borrowed objects must outlive it.
 #ifndef MEGATRAIN_SERVER_SERVER_SERVICE_H_
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "megatrain/v1/server.grpc.pb.h"
+#include "server/audit_log.h"
 #include "server/auth.h"
 #include "server/engine_backend.h"
 #include "server/job_manager.h"
@@ -32,14 +34,23 @@ class ServerServiceImpl final : public v1::ServerService::Service {
  public:
   // `nvml` may be null (no NVIDIA driver).
   ServerServiceImpl(ServerFacts facts, JobManager* manager, const Authenticator* auth,
-                    ServerMetrics* metrics, const Nvml* nvml)
-      : facts_(std::move(facts)), manager_(manager), auth_(auth), metrics_(metrics), nvml_(nvml) {}
+                    ServerMetrics* metrics, const Nvml* nvml, AuditLog* audit)
+      : facts_(std::move(facts)),
+        manager_(manager),
+        auth_(auth),
+        metrics_(metrics),
+        nvml_(nvml),
+        audit_(audit) {}
 
   grpc::Status GetServerStatus(grpc::ServerContext* context,
                                const v1::GetServerStatusRequest* request,
                                v1::ServerStatus* response) override;
   grpc::Status GetMetrics(grpc::ServerContext* context, const v1::GetMetricsRequest* request,
                           v1::GetMetricsResponse* response) override;
+  // Admins only.
+  grpc::Status ListAuditRecords(grpc::ServerContext* context,
+                                const v1::ListAuditRecordsRequest* request,
+                                v1::ListAuditRecordsResponse* response) override;
 
  private:
   const ServerFacts facts_;
@@ -47,6 +58,7 @@ class ServerServiceImpl final : public v1::ServerService::Service {
   const Authenticator* const auth_;
   ServerMetrics* const metrics_;
   const Nvml* const nvml_;
+  AuditLog* const audit_;
 };
 
 }  // namespace megatrain::server

@@ -6,7 +6,7 @@
 # python3 (a free port for prometheus; the dashboard checks) and Debian's
 # prometheus/promtool.
 set(_it_dir ${CMAKE_CURRENT_SOURCE_DIR}/integration)
-foreach(_it cli_flow crash_resume auth prometheus grafana_dashboard fault_nan fault_kill_checkpoint
+foreach(_it cli_flow crash_resume auth prometheus grafana_dashboard tls fault_nan fault_kill_checkpoint
            fault_sigterm fault_disk_full)
   add_test(NAME integration_${_it}
     COMMAND bash ${_it_dir}/${_it}_test.sh

@@ -432,6 +432,9 @@ class AuthDaemonTest : public DaemonTest {
                           << "  - {name: root, role: admin, token_sha256: "
                           << DigestHex(Sha256("root-secret")) << "}\n";
     options_.auth_tokens = tokens;
+    // With auth on, jobs read only under --data_roots (the job files'
+    // data/ lives in jobs_dir_).
+    options_.data_roots = jobs_dir_;
   }
 };
 

@@ -1,0 +1,106 @@
+// PathPolicy: where jobs may read and write on the daemon's machine.
+//
+// The daemon opens every path of a job spec (model.hf_dir, data.tokens,
+// data.eval_tokens, data.text, data.tokenizer) and writes output_dir and
+// export directories with its own file-system permissions, on behalf of
+// users who may have no account on the machine. --data_roots and
+// --output_roots confine those paths to directories the operator chose.
+//
+// Note [Path checks]
+// A path must be absolute and may not contain a ".." component
+// (INVALID_ARGUMENT naming the field). When the policy restricts the kind
+// (read or write), the path is resolved like the kernel would: the deepest
+// ancestor that exists is resolved with realpath(3) (following every
+// symbolic link), the components below it, which do not exist yet, are
+// appended unchanged. A component that is a dangling symbolic link is
+// refused (writing through it would create its target anywhere). The
+// resolved path must equal a root or lie below one (roots are resolved with
+// realpath(3) at start-up too); otherwise PERMISSION_DENIED naming the field,
+// the path, what it resolves to and the roots. So a symbolic link inside a
+// root that points outside it is refused.
+//
+// Checks run at submission and again when a job starts (JobManager), which
+// narrows, but does not close, the window in which a user with write access
+// inside a root could swap a checked directory for a symbolic link; the
+// engine opens files with ordinary open(2). Run the daemon as a dedicated
+// user (deploy/megatraind.service) so that its own permissions bound what
+// such a race could reach.
+//
+// Example:
+//   MEGATRAIN_ASSIGN_OR_RETURN(PathPolicy policy,
+//                              PathPolicy::Create({"/srv/data"}, {"/srv/out"}));
+//   MEGATRAIN_RETURN_IF_ERROR(policy.CheckJobSpec(spec));
+//   MEGATRAIN_RETURN_IF_ERROR(policy.CheckWrite("out_dir", out_dir));
+//
+// Thread-safety: immutable after creation; all methods may be called
+// concurrently. They read the file system (realpath, lstat) but never
+// change it.
+#ifndef MEGATRAIN_SERVER_PATH_POLICY_H_
+#define MEGATRAIN_SERVER_PATH_POLICY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/training_job.h"
+
+namespace megatrain::server {
+
+class PathPolicy {
+ public:
+  // A policy with the given roots, each an absolute path to an existing
+  // directory (stored resolved with realpath). An empty list leaves that
+  // kind unrestricted (any absolute path without ".."). INVALID_ARGUMENT
+  // naming `data_flag` / `output_flag` for a relative root; NOT_FOUND for a
+  // root that does not exist; FAILED_PRECONDITION for one that is not a
+  // directory.
+  static absl::StatusOr<PathPolicy> Create(const std::vector<std::string>& data_roots,
+                                           const std::vector<std::string>& output_roots,
+                                           absl::string_view data_flag = "--data_roots",
+                                           absl::string_view output_flag = "--output_roots");
+  // No roots: every absolute path without ".." is allowed.
+  static PathPolicy Unrestricted() { return PathPolicy({}, {}); }
+
+  // May a job read `path` (a file or directory)? OK for an empty path (the
+  // field is unset). INVALID_ARGUMENT for a relative path or a ".."
+  // component; PERMISSION_DENIED when it resolves outside every data root
+  // (Note [Path checks]); messages start with `field`.
+  absl::Status CheckRead(absl::string_view field, absl::string_view path) const;
+  // May a job or export write `path` (it may not exist yet)? As CheckRead,
+  // against the output roots; a dangling symbolic link on the way is
+  // PERMISSION_DENIED.
+  absl::Status CheckWrite(absl::string_view field, absl::string_view path) const;
+
+  // Checks every path of `spec`: model.hf_dir, data.tokens,
+  // data.eval_tokens, data.text and data.tokenizer are read; output_dir is
+  // written. The first refusal is returned.
+  absl::Status CheckJobSpec(const engine::JobSpec& spec) const;
+
+  // Resolved roots; empty when that kind is unrestricted.
+  const std::vector<std::string>& data_roots() const { return data_roots_; }
+  const std::vector<std::string>& output_roots() const { return output_roots_; }
+
+ private:
+  PathPolicy(std::vector<std::string> data_roots, std::vector<std::string> output_roots)
+      : data_roots_(std::move(data_roots)), output_roots_(std::move(output_roots)) {}
+
+  std::vector<std::string> data_roots_;
+  std::vector<std::string> output_roots_;
+};
+
+// Splits a comma-separated flag value into paths, trimming blanks and
+// dropping empty entries: " /a, /b ,," -> {"/a", "/b"}.
+std::vector<std::string> SplitPathList(absl::string_view list);
+
+// Resolves absolute `path` (no ".." components; the caller checks) as Note
+// [Path checks] describes: realpath of the deepest existing ancestor plus
+// the components below it. PERMISSION_DENIED naming `field` for a dangling
+// symbolic link on the way or an ancestor that cannot be resolved (EACCES,
+// ELOOP, ...).
+absl::StatusOr<std::string> ResolvePathBeneath(absl::string_view field, const std::string& path);
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_PATH_POLICY_H_
