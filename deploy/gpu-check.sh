@@ -22,6 +22,21 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pc
   --format=csv | tee "$OUT/device.txt"
 nproc | tee -a "$OUT/device.txt"
 free -g | tee -a "$OUT/device.txt"
+{ lscpu | grep -E "Model name|Socket|NUMA|Thread|L3"; cat /sys/kernel/mm/transparent_hugepage/enabled; } \
+  | tee -a "$OUT/device.txt"
+# Host memory bandwidth as the CPU optimizer sees it: an fp32 triad over
+# 3 x 1 GiB with all cores (torch's CPU kernels), GB/s counting 12 B/element.
+python3 - <<'PY' 2>&1 | tee -a "$OUT/device.txt"
+import time, torch
+torch.set_num_threads(torch.get_num_threads())
+n = 1 << 28
+a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
+best = 0
+for _ in range(5):
+    t = time.perf_counter(); torch.add(a, b, alpha=2.0, out=c); dt = time.perf_counter() - t
+    best = max(best, 12 * n / dt / 1e9)
+print(f"host triad bandwidth: {best:.1f} GB/s ({torch.get_num_threads()} threads)")
+PY
 
 start=$(date +%s)
 MEGATRAIN_BUILD_SERVER=${MEGATRAIN_BUILD_SERVER:-OFF} bash deploy/gpu-build.sh build-gpu \
@@ -37,6 +52,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   build-gpu/tests/executor_parity_test >> "$OUT/tests.log" 2>&1; echo "executor_parity_test: rc=$?"
 fi
 
+if [ "${OPTIMIZER_BENCH:-1}" = 1 ]; then
+  echo "== CPU AdamW, 500M parameters"
+  build-gpu/engine/megatrain-bench --optimizer_only --params=500000000 2>&1 | tail -n 3 | tee -a "$OUT/optimizer.txt"
+fi
+
 for preset in "${presets[@]}"; do
   echo "== megatrain-bench $preset bf16 ${MICRO_BATCH}x${SEQ_LEN}"
   build-gpu/engine/megatrain-bench --model="$preset" --device=cuda --compute_dtype=bf16 \
@@ -49,4 +69,5 @@ for preset in "${presets[@]}"; do
       --micro-batch "$MICRO_BATCH" --seq "$SEQ_LEN" --ckpt 2>&1 | tail -n 1 | tee -a "$OUT/bench.jsonl"
   fi
 done
+python3 deploy/bench-compare.py "$OUT/bench.jsonl" | tee "$OUT/compare.txt"
 echo "total: $(( $(date +%s) - start )) s"

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Prints MegaTrain's throughput beside the PyTorch baselines measured in the
+same call (deploy/gpu-check.sh writes both to bench.jsonl): the table of
+issue #6 (tokens/s, ratio to whole-model-in-GPU-memory PyTorch, GPU idle and
+exposed optimizer as shares of the step).
+
+  python3 deploy/bench-compare.py OUT/bench.jsonl [--markdown]
+"""
+import argparse
+import json
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("jsonl")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    ours, torch = [], {}
+    for line in open(args.jsonl):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        j = json.loads(line)
+        if "mode" in j:
+            torch[(j["mode"], j["preset"], j["micro_batch"], j["seq"])] = j
+        elif "tokens_per_s" in j and "model" in j:
+            ours.append(j)
+    cols = ["model", "micro-batch x seq", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
+            "ratio", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
+            "peak GPU GB"]
+    rows = []
+    for o in ours:
+        key = ("resident", o["model"], o["micro_batch"], o["seq_len"])
+        base = torch.get(key)
+        step = o["step_seconds"]
+        rows.append([
+            o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o["tokens_per_s"]:,.0f}',
+            f'{o["model_tflops"]:.0f}', f'{base["tokens_per_s"]:,.0f}' if base else "-",
+            f'{o["tokens_per_s"] / base["tokens_per_s"]:.2f}' if base else "-",
+            f'{step:.3f}', f'{o["compute_seconds"]:.3f}',
+            f'{100 * o["gpu_idle_seconds"] / step:.1f}',
+            f'{100 * o["optimizer_exposed_seconds"] / step:.1f}',
+            f'{o.get("h2d_gb_per_s_busy", 0):.1f}', f'{o["peak_gpu_bytes"] / 1e9:.1f}'])
+    if args.markdown:
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+        print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+        for r in rows:
+            print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+
+
+if __name__ == "__main__":
+    main()
