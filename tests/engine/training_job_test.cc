@@ -117,7 +117,22 @@ TEST(ValidateJobSpecTest, NamesTheBadField) {
   s.train.max_steps = 0;
   EXPECT_THAT(ValidateJobSpec(s),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.max_steps")));
+  s = TinySpec("x", "/tmp/out");
+  s.train.nan_policy = static_cast<NanPolicy>(7);
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("train.nan_policy: unknown value 7")));
   EXPECT_THAT(ValidateJobSpec(TinySpec("x", "/tmp/out")), IsOk());
+}
+
+TEST(NanPolicyTest, ParsesItsOwnNames) {
+  for (NanPolicy policy : {NanPolicy::kSkip, NanPolicy::kFail}) {
+    auto parsed = ParseNanPolicy(NanPolicyName(policy));
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(*parsed, policy);
+  }
+  EXPECT_THAT(ParseNanPolicy("retry"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.nan_policy: must be skip or fail, got 'retry'")));
 }
 
 TEST(EstimateFootprintTest, CountsBytesPerParameter) {
