@@ -25,7 +25,7 @@ def main():
             torch[(j["mode"], j["preset"], j["micro_batch"], j["seq"])] = j
         elif "tokens_per_s" in j and "model" in j:
             ours.append(j)
-    cols = ["model", "micro-batch x seq", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
+    cols = ["model", "micro-batch x seq", "clip", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
             "ratio", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
             "peak GPU GB"]
     rows = []
@@ -34,7 +34,8 @@ def main():
         base = torch.get(key)
         step = o["step_seconds"]
         rows.append([
-            o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o["tokens_per_s"]:,.0f}',
+            o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o.get("max_grad_norm", 0):g}',
+            f'{o["tokens_per_s"]:,.0f}',
             f'{o["model_tflops"]:.0f}', f'{base["tokens_per_s"]:,.0f}' if base else "-",
             f'{o["tokens_per_s"] / base["tokens_per_s"]:.2f}' if base else "-",
             f'{step:.3f}', f'{o["compute_seconds"]:.3f}',

@@ -142,6 +142,9 @@ class StreamingExecutor::Impl {
   int64_t slot_device_bytes() const { return slot_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
   void SetWeightGate(std::function<void(int64_t)> gate) { weight_gate_ = std::move(gate); }
+  void SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t>)> gate) {
+    row_gate_ = std::move(gate);
+  }
 
  private:
   // Blocks until `block`'s host weights are current (the trainer's gate).
@@ -232,6 +235,7 @@ class StreamingExecutor::Impl {
   std::vector<bool> seen_;
   std::function<void(int64_t, double)> on_block_final_;
   std::function<void(int64_t)> weight_gate_;
+  std::function<void(absl::Span<const int32_t>)> row_gate_;
   double gate_wait_seconds_ = 0;
   double grad_wait_seconds_ = 0;   // enqueue thread waiting for a free grad slot
 
@@ -409,7 +413,13 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
   if (upload_pending_) runtime_->HostWait(*upload_done_);  // staging reused
   float* hidden = static_cast<float*>(upload_staging_.data());
   int64_t* labels = reinterpret_cast<int64_t*>(hidden + rows * c);
-  WaitWeights(layout_.embedding_block());
+  if (row_gate_) {
+    const Clock::time_point start = Clock::now();
+    row_gate_(absl::MakeConstSpan(mb.input_ids));
+    gate_wait_seconds_ += SecondsSince(start);
+  } else {
+    WaitWeights(layout_.embedding_block());
+  }
   const float* table = store_->master(layout_.embedding_block());
   pool_->ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -526,6 +536,9 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
     // that repeated tokens never race.
     const int64_t c = config_.hidden_size;
     const int64_t block_numel = store_->block_numel(task.block);
+    // The previous update of the table may still be reading its gradient
+    // (Note [Embedding rows on demand] in trainer.h).
+    if (weight_gate_) weight_gate_(task.block);
     if (task.first) {
       pool_->ParallelFor(block_numel, 1 << 16, [&](int64_t begin, int64_t end) {
         std::memset(grad + begin, 0, (end - begin) * 4);
@@ -782,6 +795,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
 
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
   impl_->SetWeightGate(std::move(gate));
+}
+
+void StreamingExecutor::SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t>)> gate) {
+  impl_->SetEmbeddingRowGate(std::move(gate));
 }
 
 absl::StatusOr<std::vector<float>> StreamingExecutor::Logits(const MicroBatch& micro_batch) {

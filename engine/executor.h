@@ -126,6 +126,14 @@ class StreamingExecutor {
   // The time spent inside it is reported as optimizer_exposed_seconds.
   void SetWeightGate(std::function<void(int64_t block)> wait_until_ready);
 
+  // Installs a gate for the embedding rows a micro-batch gathers, called
+  // (on the enqueuing thread) with the micro-batch's token ids [B*T] before
+  // the host gather, in place of the weight gate of the embedding block;
+  // the weight gate still guards every read of the whole table (tied
+  // lm_head) and every write of its gradient (Note [Embedding rows on
+  // demand] in trainer.h). Time inside it counts as optimizer_exposed_seconds.
+  void SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t> token_ids)> wait_rows);
+
   const ExecutorOptions& options() const { return options_; }
   // Device bytes held by weight and gradient slots.
   int64_t slot_device_bytes() const;

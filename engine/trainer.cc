@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -41,9 +43,10 @@ void Trainer::OptimizerLoop() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;
-      auto next = std::min_element(tasks_.begin(), tasks_.end(),
-                                   [](const auto& a, const auto& b) { return a.first < b.first; });
-      task = std::move(next->second);
+      auto next = std::min_element(tasks_.begin(), tasks_.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.step, a.order) < std::tie(b.step, b.order);
+      });
+      task = std::move(next->run);
       tasks_.erase(next);
     }
     task();
@@ -54,7 +57,7 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
   absl::MutexLock lock(&mu_);
   pending_[block] = true;
   ++pending_count_;
-  tasks_.emplace_back(block, [this, block, step, lr, grad_scale] {
+  tasks_.push_back(UpdateTask{step, block, [this, block, step, lr, grad_scale] {
     const auto start = std::chrono::steady_clock::now();
     AdamWBuffers buffers;
     buffers.params = store_->master(block);
@@ -69,7 +72,73 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
     optimizer_busy_seconds_ += SecondsSince(start);
     pending_[block] = false;
     --pending_count_;
-  });  // (block, task)
+  }});
+}
+
+void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale) {
+  const int64_t emb = store_->layout().embedding_block();
+  if (emb_rows_ == 0) {  // no row gate (see Create): the whole block at once
+    ScheduleUpdate(emb, step, lr, grad_scale);
+    return;
+  }
+  for (int64_t r = 0; r < emb_rows_; ++r) emb_row_state_[r].store(0, std::memory_order_relaxed);
+  emb_step_ = step;
+  emb_lr_ = lr;
+  emb_grad_scale_ = grad_scale;
+  absl::MutexLock lock(&mu_);
+  pending_[emb] = true;
+  emb_rows_pending_ = true;
+  ++pending_count_;
+  // Last in priority: the next forward's gathers update their own rows.
+  tasks_.push_back(UpdateTask{step, store_->num_blocks(), [this, emb] {
+    const auto start = std::chrono::steady_clock::now();
+    pool_->ParallelFor(emb_rows_, 64, [this](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) UpdateEmbeddingRow(r);
+    });
+    absl::MutexLock lock(&mu_);
+    optimizer_busy_seconds_ += SecondsSince(start);
+    emb_rows_pending_ = false;
+    pending_[emb] = false;
+    --pending_count_;
+  }});
+}
+
+void Trainer::UpdateEmbeddingRow(int64_t row) {
+  std::atomic<uint8_t>& state = emb_row_state_[row];
+  uint8_t expected = 0;
+  if (state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+    const int64_t emb = store_->layout().embedding_block();
+    const int64_t offset = row * emb_row_width_;
+    AdamWBuffers buffers;
+    buffers.params = store_->master(emb) + offset;
+    buffers.grads = store_->grad(emb) + offset;
+    buffers.exp_avg = store_->exp_avg(emb) + offset;
+    buffers.exp_avg_sq = store_->exp_avg_sq(emb) + offset;
+    bf16_bits* bf16 = store_->streaming_bf16(emb);
+    buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
+    buffers.num_elements = emb_row_width_;
+    absl::Status status = adamw_->Step(buffers, emb_step_, emb_lr_, emb_grad_scale_);
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (optimizer_error_.ok()) optimizer_error_ = status;
+    }
+    state.store(2, std::memory_order_release);
+    return;
+  }
+  while (state.load(std::memory_order_acquire) != 2) std::this_thread::yield();
+}
+
+void Trainer::WaitEmbeddingRows(absl::Span<const int32_t> token_ids) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!emb_rows_pending_) return;
+  }
+  std::vector<int32_t> rows(token_ids.begin(), token_ids.end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) UpdateEmbeddingRow(rows[i]);
+  });
 }
 
 void Trainer::WaitBlock(int64_t block) {
@@ -119,6 +188,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   }
   Trainer* raw = t.get();
   t->executor_->SetWeightGate([raw](int64_t block) { raw->WaitBlock(block); });
+  // Row-wise embedding updates need the table as one [V, C] parameter at
+  // the start of its block (Note [Embedding rows on demand]).
+  const BlockLayout& emb = t->store_->layout().blocks[t->store_->layout().embedding_block()];
+  if (emb.params.size() == 1 && emb.params[0].offset == 0 && emb.params[0].shape.size() == 2) {
+    t->emb_rows_ = emb.params[0].shape[0];
+    t->emb_row_width_ = emb.params[0].shape[1];
+    t->emb_row_state_ = std::make_unique<std::atomic<uint8_t>[]>(t->emb_rows_);
+    for (int64_t r = 0; r < t->emb_rows_; ++r) t->emb_row_state_[r].store(2);
+    t->executor_->SetEmbeddingRowGate(
+        [raw](absl::Span<const int32_t> ids) { raw->WaitEmbeddingRows(ids); });
+  }
   t->optimizer_thread_ = std::thread([raw] { raw->OptimizerLoop(); });
   return t;
 }
@@ -160,7 +240,11 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
         // Note [Non-finite steps]: the first non-finite block stops the step.
         if (!std::isfinite(sq)) stopped = true;
         if (stopped) return;
-        ScheduleUpdate(block, step_number, lr, 1.0f);
+        if (block == store_->layout().embedding_block()) {
+          ScheduleEmbeddingUpdate(step_number, lr, 1.0f);
+        } else {
+          ScheduleUpdate(block, step_number, lr, 1.0f);
+        }
         ++blocks_updated;
       }));
   StepResult result;
@@ -178,7 +262,7 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     if (!overlap_backward) {
       const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
       // Forward order, so that the next step's first layers are ready first.
-      ScheduleUpdate(store_->layout().embedding_block(), step_number, lr, grad_scale);
+      ScheduleEmbeddingUpdate(step_number, lr, grad_scale);
       for (int64_t l = 0; l < store_->layout().num_layers(); ++l) {
         ScheduleUpdate(store_->layout().layer_block(l), step_number, lr, grad_scale);
       }

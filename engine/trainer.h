@@ -27,6 +27,21 @@
 // while updates are still running: WaitForOptimizer() (called by Evaluate,
 // and by anything that reads the store) waits for them.
 //
+// Note [Embedding rows on demand]
+// The embedding's gradient is final last of all (its scatter-add ends
+// backward) while the next forward needs the embedding first, for the
+// gather of its input rows. A whole-table update there (V*C parameters,
+// ~60 ms for a 128k x 2048 table) would leave the GPU idle, so the
+// embedding update is row by row: the optimizer thread updates the rows in
+// the background, last in its priority order, and the executor's row gate
+// (StreamingExecutor::SetEmbeddingRowGate) first updates, on the pool, just
+// the rows the next micro-batch gathers, claiming each row with an atomic
+// state (pending -> in progress -> done) so that every row is updated
+// exactly once by whichever thread gets there first. AdamW is elementwise,
+// so the result is bit for bit that of the whole-table update. Readers of
+// the whole table (tied lm_head, the next scatter into its gradient, the
+// checkpoint) wait for the whole update through the weight gate.
+//
 // Note [Non-finite steps]
 // A step whose loss or global gradient norm is NaN or inf is handled by
 // TrainerOptions::nan_policy (engine/nan_policy.h); master weights and
@@ -53,6 +68,7 @@
 #ifndef MEGATRAIN_ENGINE_TRAINER_H_
 #define MEGATRAIN_ENGINE_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <deque>
@@ -177,6 +193,15 @@ class Trainer {
   void OptimizerLoop();
   // The executor's weight gate: waits until `block` has no pending update.
   void WaitBlock(int64_t block);
+  // Queues the embedding's update row by row (Note [Embedding rows on
+  // demand]).
+  void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
+  // Updates embedding row `row` unless another thread has claimed it; then
+  // waits until it is done. For the pending embedding update only.
+  void UpdateEmbeddingRow(int64_t row);
+  // The executor's row gate: the rows `token_ids` of the embedding are
+  // current when it returns.
+  void WaitEmbeddingRows(absl::Span<const int32_t> token_ids);
 
   TrainerOptions options_;
   std::unique_ptr<ThreadPool> pool_;
@@ -189,17 +214,35 @@ class Trainer {
   bool debug_nonfinite_done_ = false;  // the injection fires once
 
   absl::Mutex mu_;
-  // Queued updates as (block, task). The optimizer thread runs the one of
-  // the lowest block index first: blocks are numbered in forward order, so
-  // that is the update the next forward needs soonest (earliest deadline
-  // first; Note [Optimizer overlap]).
-  std::deque<std::pair<int64_t, std::function<void()>>> tasks_ ABSL_GUARDED_BY(mu_);
+  // A queued update. The optimizer thread runs the one of the lowest
+  // (step, order) first: blocks are numbered in forward order, so that is
+  // the update needed soonest (earliest deadline first; Note [Optimizer
+  // overlap]). The row-wise embedding update has order num_blocks: after
+  // the head, before any update of a later step.
+  struct UpdateTask {
+    int64_t step = 0;
+    int64_t order = 0;
+    std::function<void()> run;
+  };
+  std::deque<UpdateTask> tasks_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> pending_ ABSL_GUARDED_BY(mu_);     // per block
   int64_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status optimizer_error_ ABSL_GUARDED_BY(mu_);
   double optimizer_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // since last Step()
   std::thread optimizer_thread_;
+
+  // The pending row-wise embedding update (Note [Embedding rows on demand]).
+  // Row states: 0 pending, 1 being updated, 2 done. The parameters are
+  // written before emb_rows_pending_ is set (under mu_) and read after it
+  // is seen set.
+  std::unique_ptr<std::atomic<uint8_t>[]> emb_row_state_;
+  int64_t emb_rows_ = 0;       // V when row-wise updates apply, else 0
+  int64_t emb_row_width_ = 0;  // C
+  int64_t emb_step_ = 0;
+  double emb_lr_ = 0;
+  float emb_grad_scale_ = 1.0f;
+  bool emb_rows_pending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace megatrain::engine
