@@ -18,6 +18,42 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Offset of the first byte of `text` that is not well-formed UTF-8 (RFC 3629:
+// no overlong forms, no surrogates, nothing above U+10FFFF), or npos. The
+// strings of a JobSpec must be UTF-8 (proto3): yaml-cpp passes other bytes
+// through, and the daemon would refuse the whole request as unparsable.
+size_t FirstNonUtf8Byte(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+    const unsigned char lead = byte(i);
+    size_t length = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte
+    if (lead < 0x80) {
+      length = 1;
+    } else if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) lo = 0xA0;  // overlong
+      if (lead == 0xED) hi = 0x9F;  // surrogates
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) lo = 0x90;  // overlong
+      if (lead == 0xF4) hi = 0x8F;  // above U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + length > text.size()) return i;
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char c = byte(i + k);
+      if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return i;
+    }
+    i += length;
+  }
+  return absl::string_view::npos;
+}
+
 // Reads one scalar of a job file; errors name the key path.
 class Reader {
  public:
@@ -68,7 +104,16 @@ class Reader {
   absl::StatusOr<std::string> String(const YAML::Node& node, absl::string_view path) const {
     absl::Status status = Scalar(node, path);
     if (!status.ok()) return status;
+    status = Utf8(node.Scalar(), path);
+    if (!status.ok()) return status;
     return node.Scalar();
+  }
+
+  // INVALID_ARGUMENT naming `path` unless `text` is UTF-8.
+  absl::Status Utf8(absl::string_view text, absl::string_view path) const {
+    const size_t offset = FirstNonUtf8Byte(text);
+    if (offset == absl::string_view::npos) return absl::OkStatus();
+    return Error(path, absl::StrCat("not UTF-8 text (byte ", offset, " of the value)"));
   }
 
   // A path, made absolute against the job file's directory.
@@ -257,6 +302,8 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          if (!node.IsMap()) return reader.Error(path, "expected a mapping of label: value");
          for (const auto& entry : node) {
            const std::string key = entry.first.as<std::string>();
+           absl::Status key_status = reader.Utf8(key, absl::StrCat(path, " key"));
+           if (!key_status.ok()) return key_status;
            auto value = reader.String(entry.second, absl::StrCat(path, ".", key));
            if (!value.ok()) return value.status();
            (*spec.mutable_labels())[key] = *value;

@@ -33,9 +33,15 @@ function(_megatrain_common_options target)
   if(MEGATRAIN_WITH_CUDA)
     target_compile_definitions(${target} PUBLIC MEGATRAIN_WITH_CUDA=1)
   endif()
+  # MEGATRAIN_SANITIZE ("address;undefined"): our code instrumented, the
+  # sanitizer runtimes linked into every program that uses it. Third-party
+  # libraries and the generated megatrain_proto code are not instrumented.
+  # -fno-sanitize-recover: a UBSan finding aborts the program, so the test
+  # fails (by default UBSan prints and goes on). deploy/run-sanitized-tests.sh.
   if(MEGATRAIN_SANITIZE)
     string(REPLACE ";" "," _san "${MEGATRAIN_SANITIZE}")
-    target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer)
+    target_compile_options(${target} PRIVATE
+      -fsanitize=${_san} -fno-sanitize-recover=all -fno-omit-frame-pointer)
     target_link_options(${target} PUBLIC -fsanitize=${_san})
   endif()
 endfunction()

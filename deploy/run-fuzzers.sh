@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of the I/O parsers (tests/fuzz/) with clang,
-# ASan and UBSan, and runs each for a bounded time, starting from its seed
-# corpus. Exits non-zero when a build fails or a target finds a crash, a leak
+# Builds the libFuzzer targets of the I/O parsers and the job spec parsers
+# (tests/fuzz/) with clang, ASan and UBSan, and runs each for a bounded time,
+# starting from its seed corpus (and its dictionary, tests/fuzz/<target>.dict,
+# where there is one). Exits non-zero when a build fails or a target finds a crash, a leak
 # or a sanitizer error; the reproducer is left in build-fuzz/artifacts/.
 #
 #   deploy/run-fuzzers.sh [seconds_per_target]    # default 20
@@ -10,9 +11,10 @@
 # FUZZ_TARGETS (default: all), RSS_LIMIT_MB (default 2048).
 #
 # The build is the standalone project tests/fuzz/CMakeLists.txt: only the
-# pure-C++ I/O sources, no LibTorch, so it configures and builds in well
-# under a minute. Needs clang++ and its runtime (Debian: clang,
-# libclang-rt-dev; see deploy/install-deps.sh). Mutated inputs go to a
+# pure-C++ I/O sources, the job file parser and the daemon's spec
+# conversion (with protobuf, gRPC and yaml-cpp), no LibTorch, so it
+# configures and builds in about a minute on 2 cores. Needs clang++ and its
+# runtime (Debian: clang, libclang-rt-dev; see deploy/install-deps.sh). Mutated inputs go to a
 # scratch copy of the corpus, never into the committed seeds.
 set -euo pipefail
 
@@ -26,7 +28,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-${REPO}/build-fuzz}"
 JOBS="${JOBS:-2}"
 RSS_LIMIT_MB="${RSS_LIMIT_MB:-2048}"
-TARGETS=(${FUZZ_TARGETS:-safetensors_header_fuzz token_shard_fuzz})
+TARGETS=(${FUZZ_TARGETS:-safetensors_header_fuzz token_shard_fuzz job_yaml_fuzz jobspec_proto_fuzz})
 
 if ! command -v clang++ >/dev/null; then
   echo "run-fuzzers: clang++ not found (deploy/install-deps.sh installs it)" >&2
@@ -47,9 +49,13 @@ for target in "${TARGETS[@]}"; do
   seeds="${REPO}/tests/fuzz/corpus/${target}"
   work="${BUILD_DIR}/corpus/${target}"
   mkdir -p "${work}"
+  dict=()
+  if [ -f "${REPO}/tests/fuzz/${target}.dict" ]; then
+    dict=(-dict="${REPO}/tests/fuzz/${target}.dict")
+  fi
   echo "run-fuzzers: ${target} for ${SECONDS_PER_TARGET}s (seeds: ${seeds})"
   # New inputs go to ${work} (the first corpus dir); the seeds are read only.
-  if "${BUILD_DIR}/${target}" "${work}" "${seeds}" \
+  if "${BUILD_DIR}/${target}" "${work}" "${seeds}" "${dict[@]}" \
       -max_total_time="${SECONDS_PER_TARGET}" \
       -rss_limit_mb="${RSS_LIMIT_MB}" \
       -max_len=65536 \

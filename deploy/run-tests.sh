@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's test command: on a fresh Debian 12 machine, installs what is
 # missing, configures, builds into build/ and runs the CPU test suite
-# (ctest -LE "gpu|integration" plus the integration label when the server is
-# built). Prints failing tests' output.
+# (ctest -LE gpu: unit and integration tests), then the parsers' fuzzers
+# (deploy/run-fuzzers.sh, build-fuzz/) and the server unit tests under ASan +
+# UBSan (deploy/run-sanitized-tests.sh, build-asan/). Prints failing tests'
+# output. docs/testing.md says what each part covers and costs.
 #
 #   deploy/run-tests.sh            # everything that runs without a GPU
 #   MEGATRAIN_TEST_LABELS=cpu deploy/run-tests.sh   # one label only
@@ -23,7 +25,11 @@ if [ -n "${MEGATRAIN_TEST_LABELS:-}" ]; then
   ctest --test-dir build -L "$MEGATRAIN_TEST_LABELS" -LE "$labels_exclude" --output-on-failure -j "$jobs"
 else
   ctest --test-dir build -LE "$labels_exclude" --output-on-failure -j "$jobs"
-  # The I/O parsers' libFuzzer targets, a bounded run from the committed
-  # corpora (clang, ASan + UBSan; a separate small build without LibTorch).
+  # The parsers' libFuzzer targets (I/O formats, job specs), a bounded run
+  # from the committed corpora (clang, ASan + UBSan; a separate small build
+  # without LibTorch, build-fuzz/).
   bash deploy/run-fuzzers.sh "${MEGATRAIN_FUZZ_SECONDS:-15}"
+  # The server and client unit tests under AddressSanitizer + UBSan (a
+  # separate build without LibTorch, build-asan/).
+  bash deploy/run-sanitized-tests.sh
 fi

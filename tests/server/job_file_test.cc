@@ -8,9 +8,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::client {
 namespace {
@@ -168,6 +172,62 @@ TEST(JobFileTest, LoadResolvesAgainstTheFilesDirectory) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobFile((dir / "job.yaml").string());
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->data().tokens(), (dir / "shards").string());
+}
+
+// Regression (job_yaml_fuzz): yaml-cpp passes bytes that are not UTF-8
+// through, the CLI sent them in proto3 string fields, and the daemon refused
+// the whole request as unparsable instead of the file naming the key.
+TEST(JobFileTest, ValueThatIsNotUtf8IsInvalidArgumentNamingTheKey) {
+  EXPECT_THAT(ParseJobYaml("name: caf\xe9\nmodel: {preset: tiny}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: name: not UTF-8 text (byte 3 of the value)")));
+  EXPECT_THAT(ParseJobYaml("data: {tokens: /data/\xff}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: data.tokens: not UTF-8 text")));
+  // A UTF-16 surrogate written as UTF-8 bytes (yaml-cpp refuses "\ud800").
+  EXPECT_THAT(ParseJobYaml("labels: {team: \"\xed\xa0\x80\"}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: labels.team: not UTF-8 text")));
+  EXPECT_THAT(ParseJobYaml("labels: {\xc0\x80: a}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: labels key: not UTF-8 text")));
+}
+
+TEST(JobFileTest, Utf8ValuesSurviveTheWire) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+      "name: \"caf\u00e9 \\u2713 \\U0010FFFF\"\nlabels: {team: \"\xf0\x9f\x98\x80\"}\n",
+      "/jobs", "job.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->name(), "caf\u00e9 \u2713 \U0010FFFF");
+  std::string bytes;
+  ASSERT_TRUE(spec->SerializeToString(&bytes));
+  v1::JobSpec received;
+  ASSERT_TRUE(received.ParseFromString(bytes));
+  EXPECT_EQ(received.name(), spec->name());
+  EXPECT_EQ(received.labels().at("team"), "\xf0\x9f\x98\x80");
+}
+
+// The fuzz seeds (tests/fuzz/make_corpus.py): valid_* parse, invalid_* are
+// refused with INVALID_ARGUMENT naming the file.
+TEST(JobFileCorpusTest, SeedsParseAsTheirNamesSay) {
+  const std::string dir = std::string(MEGATRAIN_FUZZ_CORPUS_DIR) + "/job_yaml_fuzz";
+  const std::vector<std::string> names = megatrain::testing::ListDir(dir);
+  ASSERT_FALSE(names.empty()) << dir;
+  int valid = 0;
+  for (const std::string& name : names) {
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(text, "/jobs", name);
+    if (name.rfind("valid_", 0) == 0) {
+      EXPECT_THAT(spec, IsOk()) << name;
+      ++valid;
+    } else {
+      EXPECT_THAT(spec.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr(name + ": ")))
+          << name;
+    }
+  }
+  EXPECT_GT(valid, 0);
 }
 
 }  // namespace

@@ -5,11 +5,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
 #include "server/job_request_json.h"
 #include "server/proto_convert.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::server {
 namespace {
@@ -285,6 +291,35 @@ TEST(GrpcStatusTest, KeepsCodeAndMessage) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(status.error_message(), "too big");
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+// The fuzz seeds (tests/fuzz/make_corpus.py, an independent encoder of the
+// wire format): valid_* convert and pass ValidateJobRequest; invalid_* fail
+// to parse or are refused with INVALID_ARGUMENT.
+TEST(SpecConvertCorpusTest, SeedsConvertAsTheirNamesSay) {
+  const std::string dir = std::string(MEGATRAIN_FUZZ_CORPUS_DIR) + "/jobspec_proto_fuzz";
+  const std::vector<std::string> names = megatrain::testing::ListDir(dir);
+  ASSERT_FALSE(names.empty()) << dir;
+  int valid = 0;
+  for (const std::string& name : names) {
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    v1::JobSpec spec;
+    const bool parsed = spec.ParseFromString(bytes);
+    absl::Status status = absl::InvalidArgumentError("does not parse");
+    if (parsed) {
+      absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+      status = request.ok() ? ValidateJobRequest(*request) : request.status();
+    }
+    if (name.rfind("valid_", 0) == 0) {
+      EXPECT_TRUE(parsed) << name;
+      EXPECT_THAT(status, IsOk()) << name;
+      ++valid;
+    } else {
+      EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_)) << name;
+    }
+  }
+  EXPECT_GT(valid, 0);
 }
 
 }  // namespace

@@ -1,0 +1,2 @@
+
+hfmodels/llama1/corpus/books.jsonl/corpus/spm.model!š™™™™™©?"€P@(À„=0B/srv/out/hf
