@@ -1,6 +1,7 @@
 // See loadtest.h.
 #include "client/loadtest.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,9 +47,11 @@ void RecordCall(ClientResult* result, const std::string& method, absl::Duration 
   }
 }
 
-// A polling client: ListJobs and GetJob alternately, as fast as answers come.
+// A polling client: ListJobs and GetJob alternately, one per `interval`, or
+// as fast as answers come when it is zero.
 void PollLoop(Connection& connection, const std::string& job_id, absl::Time end,
-              absl::Duration call_timeout, ClientResult* result) {
+              absl::Duration call_timeout, absl::Duration interval, ClientResult* result) {
+  absl::Time next = absl::Now();
   v1::ListJobsRequest list;
   list.set_page_size(20);
   v1::GetJobRequest get;
@@ -68,6 +71,12 @@ void PollLoop(Connection& connection, const std::string& job_id, absl::Time end,
       RecordCall(result, "GetJob", absl::Now() - start, status);
     }
     list_next = !list_next;
+    if (interval > absl::ZeroDuration()) {
+      // Fixed rate: a slow answer does not push later calls back.
+      next += interval;
+      const absl::Time now = absl::Now();
+      if (next > now) absl::SleepFor(std::min(next, end) - now);
+    }
   }
 }
 
@@ -94,10 +103,13 @@ void WatchLoop(Connection& connection, const std::string& job_id, absl::Time end
     std::thread canceller([&] {
       while (!done.load()) {
         const absl::Time now = absl::Now();
-        if (got_first.load() ? now >= hang_up : now >= start + call_timeout) break;
+        if (got_first.load() ? now >= hang_up : now >= start + call_timeout) {
+          context->TryCancel();
+          return;
+        }
         absl::SleepFor(absl::Milliseconds(20));
       }
-      context->TryCancel();
+      // The stream ended by itself: its status stands.
     });
     v1::JobEvent event;
     absl::Duration first_latency = absl::ZeroDuration();
@@ -120,6 +132,9 @@ void WatchLoop(Connection& connection, const std::string& job_id, absl::Time end
       status = grpc::Status::OK;  // our own hang-up
     }
     RecordCall(result, "WatchJob", first_latency, status);
+    // A refused stream (RESOURCE_EXHAUSTED, ...) is retried after a pause,
+    // as `megatrain watch` does, not in a tight loop.
+    if (!status.ok()) absl::SleepFor(absl::Milliseconds(200));
   }
 }
 
@@ -147,6 +162,14 @@ int64_t WatchStreams(Connection& connection, absl::Duration timeout) {
     }
   }
   return -1;
+}
+
+// CPU time of this process (all threads), seconds.
+double SelfCpuSeconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
@@ -258,6 +281,8 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
   log << "load: " << options.clients << " clients (" << report.watchers << " watching) for "
       << absl::FormatDuration(options.duration) << "\n";
   std::vector<ClientResult> results(options.clients);
+  report.poll_interval_ms = absl::ToDoubleMilliseconds(options.poll_interval);
+  const double client_cpu_start = SelfCpuSeconds();
   t0 = absl::Now();
   const int64_t tokens_start = job->progress().tokens();
   const absl::Time end = t0 + options.duration;
@@ -270,11 +295,12 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
                            options.call_timeout, static_cast<uint32_t>(client_idx + 1), result);
     } else {
       threads.emplace_back(PollLoop, std::ref(*connection), report.job_id, end,
-                           options.call_timeout, result);
+                           options.call_timeout, options.poll_interval, result);
     }
   }
   for (std::thread& thread : threads) thread.join();
   report.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  report.client_cpu_cores_during = (SelfCpuSeconds() - client_cpu_start) / report.seconds;
   job = GetJob(main, report.job_id, options.call_timeout);
   if (job.ok()) {
     report.tokens_per_s_during =
@@ -327,8 +353,11 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
 
 std::string FormatLoadTestReport(const LoadTestReport& report) {
   std::ostringstream out;
-  out << absl::StrFormat("job %s, %d clients (%d watching), %.1f s of load\n\n", report.job_id,
-                         report.clients, report.watchers, report.seconds);
+  out << absl::StrFormat("job %s, %d clients (%d watching), %.1f s of load, polling %s\n\n",
+                         report.job_id, report.clients, report.watchers, report.seconds,
+                         report.poll_interval_ms > 0
+                             ? absl::StrFormat("every %.0f ms per client", report.poll_interval_ms)
+                             : std::string("in a closed loop"));
   out << absl::StrFormat("%-10s %10s %8s %10s %10s %10s %10s\n", "method", "calls", "errors",
                          "calls/s", "p50 ms", "p99 ms", "max ms");
   for (const auto& [method, m] : report.methods) {
@@ -355,6 +384,8 @@ std::string FormatLoadTestReport(const LoadTestReport& report) {
     out << absl::StrFormat("daemon CPU      %.2f cores during the load (training included)\n",
                            report.daemon_cpu_cores_during);
   }
+  out << absl::StrFormat("client CPU      %.2f cores during the load (this process)\n",
+                         report.client_cpu_cores_during);
   const double change = report.tokens_per_s_before > 0
                             ? 100.0 * (report.tokens_per_s_during / report.tokens_per_s_before - 1)
                             : 0;
@@ -387,7 +418,9 @@ json LoadTestReportToJson(const LoadTestReport& report) {
               {"watch_events", report.watch_events},
               {"tokens_per_s_before", report.tokens_per_s_before},
               {"tokens_per_s_during", report.tokens_per_s_during},
-              {"watch_streams_after", report.watch_streams_after}};
+              {"watch_streams_after", report.watch_streams_after},
+              {"client_cpu_cores_during", report.client_cpu_cores_during},
+              {"poll_interval_ms", report.poll_interval_ms}};
   if (report.measured_process) {
     out["daemon_before"] = process(report.process_before);
     out["daemon_after"] = process(report.process_after);

@@ -52,6 +52,9 @@ struct LoadTestOptions {
   absl::Duration baseline = absl::Seconds(10);
   // Deadline of each unary call.
   absl::Duration call_timeout = absl::Seconds(10);
+  // A polling client calls once per interval (fixed rate); zero: a closed
+  // loop, the next call as soon as the previous one returns (a stress test).
+  absl::Duration poll_interval = absl::ZeroDuration();
 };
 
 // Latency and errors of one method.
@@ -86,6 +89,8 @@ struct LoadTestReport {
   ProcessSample process_before;
   ProcessSample process_after;
   double daemon_cpu_cores_during = 0;  // CPU seconds per second in the load phase
+  double client_cpu_cores_during = 0;  // this process's CPU per second (the clients)
+  double poll_interval_ms = 0;         // as configured; 0: closed loop
   double tokens_per_s_before = 0;      // from progress.tokens over `baseline`
   double tokens_per_s_during = 0;      // over the load phase
   int64_t watch_streams_after = -1;    // megatrain_watch_streams once all hung up

@@ -2,11 +2,13 @@
 //
 //   megatrain-loadtest --server 127.0.0.1:50051 [--token T] [--clients 64]
 //     [--seconds 60] [--watch_fraction 0.25] [--daemon_pid PID] [--job ID]
-//     [--baseline_seconds 10] [--watch_hold_seconds 5] [--json] [--tls_ca PEM ...]
+//     [--baseline_seconds 10] [--watch_hold_seconds 5] [--poll_interval_ms 0]
+//     [--json] [--tls_ca PEM ...]
 //
 // Prints the report (or JSON with --json) on stdout, progress on stderr.
 // Exit codes: 0 the benchmark ran (whatever it measured); 1 it could not
 // (no running job, daemon unreachable); 2 bad flags.
+#include <algorithm>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -17,7 +19,7 @@
 int main(int argc, char** argv) {
   using megatrain::client::LoadTestOptions;
   LoadTestOptions options;
-  double seconds = 60, baseline_seconds = 10, watch_hold_seconds = 5;
+  double seconds = 60, baseline_seconds = 10, watch_hold_seconds = 5, poll_interval_ms = 0;
   bool json = false;
   CLI::App app{"megatrain-loadtest: concurrent ListJobs/GetJob/WatchJob clients against "
                "megatraind while a job trains"};
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--job", options.job_id, "Job to poll and watch (default: newest RUNNING)");
   app.add_option("--daemon_pid", options.daemon_pid,
                  "megatraind's pid: report its RSS, threads and CPU from /proc");
+  app.add_option("--poll_interval_ms", poll_interval_ms,
+                 "Each polling client calls once per interval (0: closed loop, a stress test)");
   app.add_option("--baseline_seconds", baseline_seconds,
                  "Throughput is measured alone for this long first");
   app.add_flag("--json", json, "Print the report as JSON");
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   options.duration = absl::Seconds(seconds);
   options.baseline = absl::Seconds(baseline_seconds);
   options.watch_hold = absl::Seconds(watch_hold_seconds);
+  options.poll_interval = absl::Milliseconds(std::max(poll_interval_ms, 0.0));
   absl::StatusOr<megatrain::client::LoadTestReport> report =
       megatrain::client::RunLoadTest(options, std::cerr);
   if (!report.ok()) {
