@@ -145,6 +145,7 @@ class StreamingExecutor::Impl {
   void SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t>)> gate) {
     row_gate_ = std::move(gate);
   }
+  void AssumeEmbeddingGradZero(bool zero) { assume_embedding_grad_zero_ = zero; }
 
  private:
   // Blocks until `block`'s host weights are current (the trainer's gate).
@@ -170,6 +171,7 @@ class StreamingExecutor::Impl {
     bool final = false;           // last contribution of the step
     bool direct = false;          // already in the store's gradient (dense, first)
     bool device_norm = false;     // norm_host_[slot] holds the block's gradient L2 norm
+    bool grad_zero = false;       // kEmbeddingRows: the store's gradient is already zero
     std::vector<int32_t> rows;    // token ids of kEmbeddingRows, [B*T]
     at::Tensor keep_alive;        // device tensors read by the D2H copies
     at::Tensor keep_alive_norm;
@@ -236,6 +238,7 @@ class StreamingExecutor::Impl {
   std::function<void(int64_t, double)> on_block_final_;
   std::function<void(int64_t)> weight_gate_;
   std::function<void(absl::Span<const int32_t>)> row_gate_;
+  bool assume_embedding_grad_zero_ = false;  // for the current/next Run only
   double gate_wait_seconds_ = 0;
   double grad_wait_seconds_ = 0;   // enqueue thread waiting for a free grad slot
 
@@ -468,6 +471,7 @@ void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel
   seen_[block] = true;
   task.final = --remaining_[block] == 0;
   task.direct = kind == AccumTask::Kind::kDense && task.first;
+  task.grad_zero = assume_embedding_grad_zero_;
   if (task.direct && task.final) {
     // The block's whole gradient is this one: its norm, on the device.
     at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel},
@@ -539,7 +543,7 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
     // The previous update of the table may still be reading its gradient
     // (Note [Embedding rows on demand] in trainer.h).
     if (weight_gate_) weight_gate_(task.block);
-    if (task.first) {
+    if (task.first && !task.grad_zero) {
       pool_->ParallelFor(block_numel, 1 << 16, [&](int64_t begin, int64_t end) {
         std::memset(grad + begin, 0, (end - begin) * 4);
       });
@@ -727,10 +731,12 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     MEGATRAIN_RETURN_IF_ERROR(Drain());
     result.stats.drain_seconds = SecondsSince(drain_start);
   } catch (const std::exception& e) {
+    assume_embedding_grad_zero_ = false;
     ResetAfterError();
     return StatusFromException(e);
   }
   upload_pending_ = false;
+  assume_embedding_grad_zero_ = false;
   const auto seconds = timer_.Seconds();
   result.stats.step_seconds = SecondsSince(start);
   result.stats.compute_seconds = seconds[static_cast<int>(StreamKind::kCompute)];
@@ -796,6 +802,8 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
   impl_->SetWeightGate(std::move(gate));
 }
+
+void StreamingExecutor::AssumeEmbeddingGradZero(bool zero) { impl_->AssumeEmbeddingGradZero(zero); }
 
 void StreamingExecutor::SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t>)> gate) {
   impl_->SetEmbeddingRowGate(std::move(gate));

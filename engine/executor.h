@@ -134,6 +134,13 @@ class StreamingExecutor {
   // demand] in trainer.h). Time inside it counts as optimizer_exposed_seconds.
   void SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t> token_ids)> wait_rows);
 
+  // The caller guarantees that the embedding block's gradient in the store
+  // is all zero when the next ForwardBackward's scatter-add into it (untied
+  // embeddings) begins, so that scatter skips zeroing the whole [V, C]
+  // table (Note [Embedding rows on demand] in trainer.h). Applies to the
+  // next ForwardBackward only; default false.
+  void AssumeEmbeddingGradZero(bool zero);
+
   const ExecutorOptions& options() const { return options_; }
   // Device bytes held by weight and gradient slots.
   int64_t slot_device_bytes() const;

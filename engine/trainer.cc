@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <tuple>
@@ -82,6 +83,7 @@ void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale)
     return;
   }
   for (int64_t r = 0; r < emb_rows_; ++r) emb_row_state_[r].store(0, std::memory_order_relaxed);
+  emb_grad_zero_next_ = true;  // the update zeroes each row's gradient
   emb_step_ = step;
   emb_lr_ = lr;
   emb_grad_scale_ = grad_scale;
@@ -118,6 +120,7 @@ void Trainer::UpdateEmbeddingRow(int64_t row) {
     buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
     buffers.num_elements = emb_row_width_;
     absl::Status status = adamw_->Step(buffers, emb_step_, emb_lr_, emb_grad_scale_);
+    std::memset(store_->grad(emb) + offset, 0, static_cast<size_t>(emb_row_width_) * 4);
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
       if (optimizer_error_.ok()) optimizer_error_ = status;
@@ -136,7 +139,7 @@ void Trainer::WaitEmbeddingRows(absl::Span<const int32_t> token_ids) {
   std::vector<int32_t> rows(token_ids.begin(), token_ids.end());
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
+  critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) UpdateEmbeddingRow(rows[i]);
   });
 }
@@ -161,6 +164,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = options;
   t->pool_ = ThreadPool::Create(options.threads);
+  t->critical_pool_ = ThreadPool::Create(
+      std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
   HostStoreOptions store_options;
   store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;
@@ -175,7 +180,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   MEGATRAIN_ASSIGN_OR_RETURN(
       t->executor_,
-      StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->pool_.get(), exec));
+      StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->critical_pool_.get(), exec));
   MEGATRAIN_ASSIGN_OR_RETURN(CpuAdamW adamw, CpuAdamW::Create(options.adamw, t->pool_.get()));
   t->adamw_ = std::make_unique<CpuAdamW>(std::move(adamw));
   LrScheduleOptions schedule = options.schedule;
@@ -222,6 +227,10 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   std::vector<double> block_sq(store_->num_blocks(), 0.0);
   bool stopped = false;        // a non-finite block gradient was seen (overlap)
   int64_t blocks_updated = 0;  // updates queued during backward (overlap)
+  // The previous step's row-wise embedding update leaves the table's
+  // gradient zero (it completes before this step's scatter, which waits).
+  executor_->AssumeEmbeddingGradZero(emb_grad_zero_next_);
+  emb_grad_zero_next_ = false;
   MEGATRAIN_ASSIGN_OR_RETURN(
       ForwardBackwardResult fb,
       executor_->ForwardBackward(micro_batches, [&](int64_t block, double grad_sq) {

@@ -38,7 +38,10 @@
 // the rows the next micro-batch gathers, claiming each row with an atomic
 // state (pending -> in progress -> done) so that every row is updated
 // exactly once by whichever thread gets there first. AdamW is elementwise,
-// so the result is bit for bit that of the whole-table update. Readers of
+// so the result is bit for bit that of the whole-table update. Each row's
+// gradient is zeroed once it has been used, so the next step's scatter-add
+// needs no memset of the whole table on the critical path
+// (StreamingExecutor::AssumeEmbeddingGradZero). Readers of
 // the whole table (tied lm_head, the next scatter into its gradient, the
 // checkpoint) wait for the whole update through the weight gate.
 //
@@ -121,7 +124,8 @@ struct TrainerOptions {
   double max_grad_norm = 1.0;        // global-norm clipping; <= 0 disables
   NanPolicy nan_policy = NanPolicy::kSkip;  // NaN/inf loss or norm (Note [Non-finite steps])
   NonFiniteInjection debug_nonfinite;        // testing only
-  int threads = 0;                   // CPU threads (optimizer, accumulation); 0 = all
+  int threads = 0;                   // CPU optimizer threads; 0 = all cores (plus up to 8
+                                     // threads for host work on the GPU's critical path)
   int num_weight_slots = 3;          // device weight buffers
   int64_t loss_chunk_tokens = 0;     // 0 = auto
 };
@@ -204,7 +208,12 @@ class Trainer {
   void WaitEmbeddingRows(absl::Span<const int32_t> token_ids);
 
   TrainerOptions options_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ThreadPool> pool_;            // the optimizer's
+  // Host work on the GPU's critical path (gather, gradient scatter and
+  // accumulation, the rows of the embedding gate) gets its own threads, so
+  // that it never queues behind optimizer chunks.
+  std::unique_ptr<ThreadPool> critical_pool_;
+  bool emb_grad_zero_next_ = false;  // see AssumeEmbeddingGradZero
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<DeviceRuntime> runtime_;
   std::unique_ptr<StreamingExecutor> executor_;
