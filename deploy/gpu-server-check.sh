@@ -30,4 +30,5 @@ job=$(cli list --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[
 cli get "$job"
 env -u LD_LIBRARY_PATH curl -s "http://$metrics/metrics" > "$OUT/metrics.txt"
 grep -E '^megatrain_(pcie|nvml|tokens_total|mfu|step_seconds_count|gpu_memory|phase)' "$OUT/metrics.txt" | head -30
+[ "${DAEMON_FAULTS:-1}" = 1 ] && source deploy/gpu-daemon-faults.sh
 kill -TERM $pid; wait $pid; echo "megatraind exit $?"
