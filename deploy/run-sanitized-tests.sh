@@ -12,7 +12,7 @@
 # The build has no LibTorch at all (-DMEGATRAIN_BUILD_ENGINE=OFF): proto/,
 # server/ and client/ libraries, the CLI and the server unit tests, about
 # 45 translation units, about 3 minutes on 2 cores with clang (gcc took 5);
-# the tests take under a minute. Engine and integration tests are not in
+# the tests take about 20 s. Engine and integration tests are not in
 # it. Only our code is instrumented (MEGATRAIN_SANITIZE in
 # cmake/MegatrainHelpers.cmake); Debian's gRPC, protobuf and yaml-cpp are
 # not. Needs clang (deploy/install-deps.sh installs it for the fuzzers).
