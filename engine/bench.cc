@@ -2,6 +2,7 @@
 #include "engine/bench.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -86,6 +87,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   const double flops_per_token = config.TrainFlopsPerToken(o.seq_len);
   std::vector<double> step_s, h2d_s, compute_s, d2h_s, opt_s, exposed_s, idle_s, grad_wait_s,
       drain_s;
+  std::array<std::vector<double>, 4> gap_s;
   double loss_first = 0, loss_last = 0;
   StepStats last;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
@@ -103,12 +105,14 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     std::fprintf(progress,
                  "step %ld%s loss %.4f grad_norm %.3f | %.3f s, %.0f tokens/s, %.1f model TFLOP/s | "
                  "h2d %.3f compute %.3f d2h %.3f optimizer %.3f (exposed %.3f) idle %.3f "
-                 "grad-wait %.3f drain %.3f s\n",
+                 "grad-wait %.3f drain %.3f | gaps start %.3f fwd %.3f head %.3f bwd %.3f s\n",
                  static_cast<long>(i + 1), i < o.warmup ? " (warmup)" : "", r.loss, r.grad_norm,
                  r.stats.step_seconds, tokens_per_s, tokens_per_s * flops_per_token / 1e12,
                  r.stats.h2d_seconds, r.stats.compute_seconds, r.stats.d2h_seconds,
                  r.stats.optimizer_seconds, r.stats.optimizer_exposed_seconds,
-                 r.stats.gpu_idle_seconds, r.stats.grad_wait_seconds, r.stats.drain_seconds);
+                 r.stats.gpu_idle_seconds, r.stats.grad_wait_seconds, r.stats.drain_seconds,
+                 r.stats.gap_start_seconds, r.stats.gap_forward_seconds, r.stats.gap_head_seconds,
+                 r.stats.gap_backward_seconds);
     std::fflush(progress);
     if (i < o.warmup) continue;
     step_s.push_back(r.stats.step_seconds);
@@ -120,6 +124,10 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     idle_s.push_back(r.stats.gpu_idle_seconds);
     grad_wait_s.push_back(r.stats.grad_wait_seconds);
     drain_s.push_back(r.stats.drain_seconds);
+    gap_s[0].push_back(r.stats.gap_start_seconds);
+    gap_s[1].push_back(r.stats.gap_forward_seconds);
+    gap_s[2].push_back(r.stats.gap_head_seconds);
+    gap_s[3].push_back(r.stats.gap_backward_seconds);
     last = r.stats;
   }
   MEGATRAIN_RETURN_IF_ERROR(trainer->WaitForOptimizer());
@@ -148,6 +156,10 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["gpu_idle_seconds"] = Median(idle_s);
   j["grad_wait_seconds"] = Median(grad_wait_s);
   j["drain_seconds"] = Median(drain_s);
+  j["compute_gap_seconds"] = {{"start", Median(gap_s[0])},
+                              {"forward", Median(gap_s[1])},
+                              {"head", Median(gap_s[2])},
+                              {"backward", Median(gap_s[3])}};
   j["h2d_bytes"] = last.h2d_bytes;
   j["d2h_bytes"] = last.d2h_bytes;
   j["h2d_gb_per_s_busy"] = Median(h2d_s) > 0 ? last.h2d_bytes / Median(h2d_s) / 1e9 : 0.0;

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -58,10 +59,20 @@ class PhaseTimer {
  public:
   explicit PhaseTimer(DeviceRuntime* runtime) : runtime_(runtime) {}
 
+  // What a compute interval does, for the idle-gap breakdown.
+  enum Label { kOther = 0, kForward = 1, kHead = 2, kBackward = 3 };
+
   void Reset() {
     used_ = 0;
     intervals_.clear();
+    start_marker_ = -1;
     for (double& s : cpu_seconds_) s = 0;
+  }
+  // Marks the start of a pass on the compute stream (CUDA only).
+  void MarkStart() {
+    if (!runtime_->is_cuda()) return;
+    start_marker_ = NextEvent();
+    runtime_->Record(StreamKind::kCompute, *events_[start_marker_]);
   }
   // Marks the start of a busy interval on `stream`; returns a token for End.
   int Begin(StreamKind stream) {
@@ -73,14 +84,30 @@ class PhaseTimer {
     runtime_->Record(stream, *events_[idx]);
     return idx;
   }
-  void End(StreamKind stream, int begin_token) {
+  void End(StreamKind stream, int begin_token, Label label = kOther) {
     if (!runtime_->is_cuda()) {
       cpu_seconds_[static_cast<int>(stream)] += SecondsSince(cpu_start_[static_cast<int>(stream)]);
       return;
     }
     const int idx = NextEvent();
     runtime_->Record(stream, *events_[idx]);
-    intervals_.push_back({static_cast<int>(stream), begin_token, idx});
+    intervals_.push_back({static_cast<int>(stream), begin_token, idx, label});
+  }
+  // Idle time of the compute stream before each interval, by the label of
+  // the work that was waited for: [pass start, forward, head, backward].
+  // Call after the streams are synchronised; zeros on the CPU.
+  std::array<double, 4> ComputeGaps() {
+    std::array<double, 4> gaps{};
+    int prev_end = start_marker_;
+    for (const Interval& iv : intervals_) {
+      if (iv.stream != static_cast<int>(StreamKind::kCompute)) continue;
+      if (prev_end >= 0) {
+        const double gap = runtime_->ElapsedMs(*events_[prev_end], *events_[iv.begin]) / 1e3;
+        gaps[prev_end == start_marker_ ? 0 : iv.label] += std::max(0.0, gap);
+      }
+      prev_end = iv.end;
+    }
+    return gaps;
   }
   // Seconds per stream; call after the streams are synchronised.
   std::array<double, kNumStreams> Seconds() {
@@ -94,6 +121,7 @@ class PhaseTimer {
  private:
   struct Interval {
     int stream, begin, end;
+    Label label;
   };
   int NextEvent() {
     if (used_ == static_cast<int>(events_.size())) events_.push_back(runtime_->CreateEvent(true));
@@ -103,6 +131,7 @@ class PhaseTimer {
   std::vector<std::unique_ptr<DeviceEvent>> events_;
   int used_ = 0;
   std::vector<Interval> intervals_;
+  int start_marker_ = -1;
   std::array<double, kNumStreams> cpu_seconds_{};
   std::array<Clock::time_point, kNumStreams> cpu_start_{};
 };
@@ -624,6 +653,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   try {
     runtime_->ResetPeak();
     auto compute = runtime_->Use(StreamKind::kCompute);
+    timer_.MarkStart();
     Plan(blocks);
     at::Tensor loss_total =
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
@@ -639,7 +669,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
           saved.push_back(x);
           x = DecoderLayerForward(config_, BindDecoderLayerWeights(layout_.blocks[uses_[use].block], flat),
                                   x, rope_, attention_mask_, cd_);
-          timer_.End(StreamKind::kCompute, token);
+          timer_.End(StreamKind::kCompute, token, PhaseTimer::kForward);
           Release(use);
         }
       }
@@ -664,7 +694,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         std::vector<at::Tensor> g = BindBlockParams(layout_.blocks[head], grad_slots_[r]);
         g[0].copy_(hr.grad_norm);
         if (!tied) g[1].copy_(hr.grad_lm_head);
-        timer_.End(StreamKind::kCompute, token);
+        timer_.End(StreamKind::kCompute, token, PhaseTimer::kHead);
         OffloadGrad(r, head, layout_.blocks[head].numel, grad_slots_[r].data_ptr<float>(), {},
                     AccumTask::Kind::kDense, {});
         if (tied) {  // lm_head gradient belongs to the embedding block
@@ -714,7 +744,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         for (size_t i = 0; i < leaves.size(); ++i) g[i].copy_(grads[i]);
         grad_y = grads.back();
         saved[l].reset();
-        timer_.End(StreamKind::kCompute, token);
+        timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
         Release(use);
         OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},
                     AccumTask::Kind::kDense, {});
@@ -746,6 +776,11 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
       std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
   result.stats.optimizer_exposed_seconds = gate_wait_seconds_;
   result.stats.grad_wait_seconds = grad_wait_seconds_;
+  const std::array<double, 4> gaps = timer_.ComputeGaps();
+  result.stats.gap_start_seconds = gaps[0];
+  result.stats.gap_forward_seconds = gaps[1];
+  result.stats.gap_head_seconds = gaps[2];
+  result.stats.gap_backward_seconds = gaps[3];
   result.stats.h2d_bytes = h2d_bytes_;
   result.stats.d2h_bytes = d2h_bytes_;
   result.stats.tokens = static_cast<int64_t>(mbs.size()) * options_.micro_batch * options_.seq_len;

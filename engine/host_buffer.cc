@@ -4,10 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -83,6 +86,24 @@ absl::StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes, bool pin) {
   buffer.mapped_bytes_ = mapped;
   if (pin) {
 #ifdef MEGATRAIN_WITH_CUDA
+    // Fault the pages in on all cores first: cudaHostRegister would fault
+    // them one by one on this thread (minutes for 100 GiB instead of
+    // seconds). Writing one byte per 4 KiB page suffices.
+    {
+      const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+      const size_t per_thread = (mapped / threads + page - 1) / page * page;
+      std::vector<std::thread> workers;
+      for (unsigned t = 0; t < threads; ++t) {
+        const size_t begin = t * per_thread;
+        if (begin >= mapped) break;
+        const size_t end = std::min(mapped, begin + per_thread);
+        workers.emplace_back([p, begin, end, page] {
+          volatile char* base = static_cast<char*>(p);
+          for (size_t off = begin; off < end; off += page) base[off] = 0;
+        });
+      }
+      for (std::thread& w : workers) w.join();
+    }
     cudaError_t err = cudaHostRegister(p, mapped, cudaHostRegisterPortable);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky-free error state

@@ -35,6 +35,14 @@ struct StepStats {
                                  // (host gradient work behind the device)
   double drain_seconds = 0;      // end of the pass: waiting for the device and
                                  // the last host gradient work
+  // Compute-stream idle time inside the pass (CUDA only; 0 on the CPU), by
+  // what the stream waited for: its first work after the pass began (the
+  // embedding gather and upload, the first layer's weights), a decoder
+  // layer's forward, the head, a layer's backward (recompute + grads).
+  double gap_start_seconds = 0;
+  double gap_forward_seconds = 0;
+  double gap_head_seconds = 0;
+  double gap_backward_seconds = 0;
   int64_t h2d_bytes = 0;         // host -> device bytes
   int64_t d2h_bytes = 0;         // device -> host bytes
   int64_t peak_device_bytes = 0; // peak device memory allocated in the step
@@ -50,6 +58,10 @@ struct StepStats {
     gpu_idle_seconds += other.gpu_idle_seconds;
     grad_wait_seconds += other.grad_wait_seconds;
     drain_seconds += other.drain_seconds;
+    gap_start_seconds += other.gap_start_seconds;
+    gap_forward_seconds += other.gap_forward_seconds;
+    gap_head_seconds += other.gap_head_seconds;
+    gap_backward_seconds += other.gap_backward_seconds;
     h2d_bytes += other.h2d_bytes;
     d2h_bytes += other.d2h_bytes;
     if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;

@@ -1,10 +1,12 @@
 // megatrain-bench: the engine's benchmark. Trains on synthetic tokens and
 // prints one JSON line; --optimizer_only times the CPU AdamW against
 // torch::optim::AdamW. See docs/performance.md.
+#include <chrono>
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
 #include "engine/bench.h"
+#include "engine/host_buffer.h"
 #include "engine/optimizer_bench.h"
 #include "nlohmann/json.hpp"
 
@@ -31,8 +33,28 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print only the final JSON line on stdout");
   app.add_flag("--optimizer_only", optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
   app.add_option("--params", params, "parameters for --optimizer_only");
+  double pinned_gib = 0;
+  app.add_option("--pinned_gib", pinned_gib,
+                 "only time allocating and registering (pinning) this many GiB of host memory");
   CLI11_PARSE(app, argc, argv);
 
+  if (pinned_gib > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    auto buffer = megatrain::engine::HostBuffer::Allocate(
+        static_cast<size_t>(pinned_gib * (1ull << 30)), /*pin=*/true);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!buffer.ok()) {
+      std::fprintf(stderr, "megatrain-bench: %s\n", buffer.status().ToString().c_str());
+      return 1;
+    }
+    nlohmann::json j;
+    j["pinned_bytes"] = buffer->bytes();
+    j["allocate_and_register_seconds"] = seconds;
+    j["gib_per_s"] = pinned_gib / seconds;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
   if (optimizer_only) {
     megatrain::engine::OptimizerBenchOptions opt;
     opt.params = params;
