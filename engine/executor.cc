@@ -6,8 +6,10 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -264,6 +266,9 @@ class StreamingExecutor::Impl {
   // Per-step contribution bookkeeping (main thread only).
   std::vector<int64_t> remaining_;
   std::vector<bool> seen_;
+  // Per block: squared norm of its gradient so far in this pass, -1 when
+  // unknown (accumulator thread only; reset at the start of a pass).
+  std::vector<double> known_sq_;
   std::function<void(int64_t, double)> on_block_final_;
   std::function<void(int64_t)> weight_gate_;
   std::function<void(absl::Span<const int32_t>)> row_gate_;
@@ -501,8 +506,8 @@ void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel
   task.final = --remaining_[block] == 0;
   task.direct = kind == AccumTask::Kind::kDense && task.first;
   task.grad_zero = assume_embedding_grad_zero_;
-  if (task.direct && task.final) {
-    // The block's whole gradient is this one: its norm, on the device.
+  if (task.direct) {
+    // The block's gradient so far is this one: its norm, on the device.
     at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel},
                                     at::TensorOptions().dtype(at::kFloat).device(runtime_->device()));
     task.keep_alive_norm = compat::VectorNormFp64(flat);
@@ -558,11 +563,18 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
   runtime_->HostWait(*staged_[task.slot]);
   float* grad = store_->grad(task.block);
   const float* src = static_cast<const float*>(staging_[task.slot].data());
+  // Squared norm of the block's gradient so far, when known without a pass
+  // over the whole block (Note [Gradient landing]).
+  double& known_sq = known_sq_[task.block];
   if (task.kind == AccumTask::Kind::kDense) {
     if (!task.direct) {  // a later micro-batch's contribution
       pool_->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) grad[i] += src[i];
       });
+      known_sq = -1;
+    } else {
+      const double norm = static_cast<const double*>(norm_host_.data())[task.slot];
+      known_sq = norm * norm;
     }
   } else {
     // Embedding backward: grad[token] += d hidden[row], split by columns so
@@ -577,6 +589,29 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
         std::memset(grad + begin, 0, (end - begin) * 4);
       });
     }
+    if (task.first) known_sq = 0;  // a zero table (untied), not tied's dense part
+    // The rows this scatter touches: the table's squared norm changes only
+    // there, so it is updated from their sums before and after instead of
+    // a pass over the whole [V, C] table.
+    std::vector<int32_t> unique_rows(task.rows);
+    std::sort(unique_rows.begin(), unique_rows.end());
+    unique_rows.erase(std::unique(unique_rows.begin(), unique_rows.end()), unique_rows.end());
+    const int64_t n_unique = static_cast<int64_t>(unique_rows.size());
+    auto rows_sq = [&]() {
+      std::vector<double> per_row(n_unique);
+      pool_->ParallelFor(n_unique, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float* g = grad + static_cast<int64_t>(unique_rows[i]) * c;
+          double acc = 0;
+          for (int64_t j = 0; j < c; ++j) acc += static_cast<double>(g[j]) * g[j];
+          per_row[i] = acc;
+        }
+      });
+      double total = 0;
+      for (const double v : per_row) total += v;
+      return total;
+    };
+    const double before = known_sq >= 0 && !task.first ? rows_sq() : 0.0;
     const int64_t rows = static_cast<int64_t>(task.rows.size());
     pool_->ParallelFor(c, 16, [&](int64_t col_begin, int64_t col_end) {
       for (int64_t r = 0; r < rows; ++r) {
@@ -585,15 +620,12 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
         for (int64_t j = col_begin; j < col_end; ++j) dst[j] += row[j];
       }
     });
+    if (known_sq >= 0) known_sq += rows_sq() - before;
   }
   if (!task.final || !on_block_final_) return;
-  double sq;
-  if (task.device_norm) {
-    const double norm = static_cast<const double*>(norm_host_.data())[task.slot];
-    sq = norm * norm;
-  } else {
-    sq = SumOfSquares(grad, store_->block_numel(task.block), pool_);
-  }
+  const double sq = known_sq >= 0 && std::isfinite(known_sq)
+                        ? known_sq
+                        : SumOfSquares(grad, store_->block_numel(task.block), pool_);
   on_block_final_(task.block, sq);
 }
 
@@ -648,6 +680,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   remaining_.assign(layout_.blocks.size(), m_count);
   remaining_[emb] = tied ? 2 * m_count : m_count;
   seen_.assign(layout_.blocks.size(), false);
+  known_sq_.assign(layout_.blocks.size(), -1.0);
   const double loss_scale = result.counted_tokens > 0 ? 1.0 / result.counted_tokens : 0.0;
 
   try {
