@@ -60,23 +60,14 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
   ++pending_count_;
   tasks_.push_back(UpdateTask{step, block, [this, block, step, lr, grad_scale] {
     const auto start = std::chrono::steady_clock::now();
-    // In slices, so that the row gate can take the bandwidth in between
-    // (slices are multiples of 64 elements: bit-identical to one call).
-    constexpr int64_t kSlice = int64_t{1} << 23;
-    const int64_t n = store_->block_numel(block);
-    bf16_bits* bf16 = store_->streaming_bf16(block);
-    absl::Status status;
-    for (int64_t begin = 0; begin < n && status.ok(); begin += kSlice) {
-      YieldToCriticalWork();
-      AdamWBuffers buffers;
-      buffers.params = store_->master(block) + begin;
-      buffers.grads = store_->grad(block) + begin;
-      buffers.exp_avg = store_->exp_avg(block) + begin;
-      buffers.exp_avg_sq = store_->exp_avg_sq(block) + begin;
-      buffers.bf16_params = bf16 != nullptr ? bf16 + begin : nullptr;
-      buffers.num_elements = std::min(kSlice, n - begin);
-      status = adamw_->Step(buffers, step, lr, grad_scale);
-    }
+    AdamWBuffers buffers;
+    buffers.params = store_->master(block);
+    buffers.grads = store_->grad(block);
+    buffers.exp_avg = store_->exp_avg(block);
+    buffers.exp_avg_sq = store_->exp_avg_sq(block);
+    buffers.bf16_params = store_->streaming_bf16(block);
+    buffers.num_elements = store_->block_numel(block);
+    absl::Status status = adamw_->Step(buffers, step, lr, grad_scale);
     absl::MutexLock lock(&mu_);
     if (!status.ok() && optimizer_error_.ok()) optimizer_error_ = status;
     optimizer_busy_seconds_ += SecondsSince(start);
@@ -104,7 +95,6 @@ void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale)
   tasks_.push_back(UpdateTask{step, store_->num_blocks(), [this, emb] {
     const auto start = std::chrono::steady_clock::now();
     pool_->ParallelFor(emb_rows_, 64, [this](int64_t begin, int64_t end) {
-      YieldToCriticalWork();
       for (int64_t r = begin; r < end; ++r) UpdateEmbeddingRow(r);
     });
     absl::MutexLock lock(&mu_);
@@ -141,20 +131,12 @@ void Trainer::UpdateEmbeddingRow(int64_t row) {
   while (state.load(std::memory_order_acquire) != 2) std::this_thread::yield();
 }
 
-void Trainer::YieldToCriticalWork() const {
-  while (critical_waiters_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
-}
-
 void Trainer::WaitEmbeddingRows(absl::Span<const int32_t> token_ids) {
   {
     absl::MutexLock lock(&mu_);
     if (!emb_rows_pending_) return;
   }
-  critical_waiters_.fetch_add(1, std::memory_order_acq_rel);
-  struct Release {
-    std::atomic<int>* count;
-    ~Release() { count->fetch_sub(1, std::memory_order_acq_rel); }
-  } release{&critical_waiters_};
+
   std::vector<int32_t> rows(token_ids.begin(), token_ids.end());
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());

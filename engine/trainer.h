@@ -41,10 +41,7 @@
 // so the result is bit for bit that of the whole-table update. Each row's
 // gradient is zeroed once it has been used, so the next step's scatter-add
 // needs no memset of the whole table on the critical path
-// (StreamingExecutor::AssumeEmbeddingGradZero). While the gate runs, the
-// optimizer's background work (block updates in 8 M-element slices, the
-// rest of the table in 64-row chunks) pauses between slices, so the rows
-// the GPU waits for get the memory bandwidth. Readers of
+// (StreamingExecutor::AssumeEmbeddingGradZero). Readers of
 // the whole table (tied lm_head, the next scatter into its gradient, the
 // checkpoint) wait for the whole update through the weight gate.
 //
@@ -255,12 +252,6 @@ class Trainer {
   double emb_lr_ = 0;
   float emb_grad_scale_ = 1.0f;
   bool emb_rows_pending_ ABSL_GUARDED_BY(mu_) = false;
-  // Threads inside the row gate: while non-zero the optimizer's background
-  // work pauses between slices, leaving the memory bandwidth to the rows
-  // the GPU is waiting for.
-  std::atomic<int> critical_waiters_{0};
-  // Pauses the calling optimizer thread while critical_waiters_ > 0.
-  void YieldToCriticalWork() const;
 };
 
 }  // namespace megatrain::engine
