@@ -12,7 +12,10 @@
 # Environment: BUILD_DIR (default build/; needs megatraind, megatrain,
 # megatrain-loadtest: `cmake --build build --target megatraind megatrain
 # megatrain-loadtest`), CLIENTS (64), SECONDS_LOAD (60), WATCH_FRACTION
-# (0.25), BASELINE_SECONDS (15). Extra arguments go to megatrain-loadtest.
+# (0.25), BASELINE_SECONDS (15), DEVICE (cpu; e.g. cuda:0 on a GPU machine),
+# and the training job's shape: JOB_PRESET (tiny), JOB_MICRO_BATCH (8),
+# JOB_SEQ_LEN (128), JOB_DTYPE (fp32). Extra arguments go to
+# megatrain-loadtest.
 # The report is printed on stdout; the daemon's log stays in the work
 # directory printed at the start (removed unless KEEP_WORK=1).
 set -euo pipefail
@@ -47,7 +50,7 @@ echo "loadtest: work directory $WORK" >&2
 # The daemon, on free loopback ports; its ready line names them.
 mkfifo "$WORK/ready.fifo"
 "$DAEMON" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$WORK/state" \
-  --device=cpu >"$WORK/ready.fifo" 2>"$WORK/daemon.log" &
+  --device="${DEVICE:-cpu}" >"$WORK/ready.fifo" 2>"$WORK/daemon.log" &
 DAEMON_PID=$!
 IFS= read -r -t 120 line <"$WORK/ready.fifo" || { echo "loadtest: daemon not ready" >&2; exit 1; }
 [[ "$line" =~ grpc=([^ ]+) ]] || { echo "loadtest: unexpected: $line" >&2; exit 1; }
@@ -57,14 +60,16 @@ echo "loadtest: megatraind pid $DAEMON_PID at $ADDR" >&2
 # The tiny example, long enough to outlast the benchmark; no periodic
 # checkpoints or evals, so that throughput is steady.
 cat >"$WORK/job.yaml" <<YAML
-name: loadtest-tiny
+name: loadtest-${JOB_PRESET:-tiny}
 model:
-  preset: tiny
+  preset: ${JOB_PRESET:-tiny}
 data:
   tokens: $ROOT/examples/jobs/data/tiny
 train:
-  micro_batch: 8
-  seq_len: 128
+  micro_batch: ${JOB_MICRO_BATCH:-8}
+  seq_len: ${JOB_SEQ_LEN:-128}
+  compute_dtype: ${JOB_DTYPE:-fp32}
+  max_grad_norm: 0
   max_steps: 10000000
 optimizer:
   lr: 3.0e-3
