@@ -7,7 +7,8 @@ Files named valid_* must parse; invalid_* must be refused. The C++ tests
 (tests/engine/safetensors_test.cc, token_shard_test.cc) check exactly that,
 so this script doubles as an independent implementation of both formats
 (safetensors per the huggingface/safetensors README; token shards per
-docs/data-format.md), with its own XXH64.
+docs/data-format.md), with its own XXH64
+(tests/testing/xxh64.py, pure Python).
 
 The job spec seeds: job_yaml_fuzz gets the shipped examples/jobs/*.yaml
 (example_*, valid) and variants; jobspec_proto_fuzz gets megatrain.v1.JobSpec
@@ -23,71 +24,9 @@ import os
 import struct
 import sys
 
-# --- XXH64 (Yann Collet's xxHash specification, doc/xxhash_spec.md) --------
-
-_P1 = 0x9E3779B185EBCA87
-_P2 = 0xC2B2AE3D27D4EB4F
-_P3 = 0x165667B19E3779F9
-_P4 = 0x85EBCA77C2B2AE63
-_P5 = 0x27D4EB2F165667C5
-_MASK = (1 << 64) - 1
-
-
-def _rotl(x, r):
-    return ((x << r) | (x >> (64 - r))) & _MASK
-
-
-def _round(acc, lane):
-    acc = (acc + lane * _P2) & _MASK
-    return (_rotl(acc, 31) * _P1) & _MASK
-
-
-def _merge(acc, val):
-    acc ^= _round(0, val)
-    return (acc * _P1 + _P4) & _MASK
-
-
-def xxh64(data, seed=0):
-    n = len(data)
-    p = 0
-    if n >= 32:
-        v1 = (seed + _P1 + _P2) & _MASK
-        v2 = (seed + _P2) & _MASK
-        v3 = seed & _MASK
-        v4 = (seed - _P1) & _MASK
-        while p + 32 <= n:
-            a, b, c, d = struct.unpack_from("<4Q", data, p)
-            v1, v2, v3, v4 = _round(v1, a), _round(v2, b), _round(v3, c), _round(v4, d)
-            p += 32
-        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _MASK
-        for v in (v1, v2, v3, v4):
-            h = _merge(h, v)
-    else:
-        h = (seed + _P5) & _MASK
-    h = (h + n) & _MASK
-    while p + 8 <= n:
-        (k,) = struct.unpack_from("<Q", data, p)
-        h ^= _round(0, k)
-        h = (_rotl(h, 27) * _P1 + _P4) & _MASK
-        p += 8
-    if p + 4 <= n:
-        (k,) = struct.unpack_from("<I", data, p)
-        h ^= (k * _P1) & _MASK
-        h = (_rotl(h, 23) * _P2 + _P3) & _MASK
-        p += 4
-    while p < n:
-        h ^= (data[p] * _P5) & _MASK
-        h = (_rotl(h, 11) * _P1) & _MASK
-        p += 1
-    h ^= h >> 33
-    h = (h * _P2) & _MASK
-    h ^= h >> 29
-    h = (h * _P3) & _MASK
-    h ^= h >> 32
-    return h
-
-
-assert xxh64(b"") == 0xEF46DB3751D8E999  # spec test vector
+sys.dont_write_bytecode = True  # leave no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from xxh64 import xxh64  # noqa: E402  (tests/testing/xxh64.py, from the spec)
 
 # --- safetensors ------------------------------------------------------------
 
