@@ -311,77 +311,68 @@ absl::StatusOr<int64_t> InsertEvent(sqlite3* db, const JobEvent& event) {
 }
 
 // Page tokens are opaque to clients: web-safe base64 of
-// "v1|<seq of the last job returned>|<fingerprint of the filters>".
+// "<version>|<seq of the last row returned>|<fingerprint of the filters>",
+// version "v1" for jobs, "a1" for audit records.
+constexpr uint64_t kFnvOffsetBasis = 1469598103934665603ull;
+
+// FNV-1a 64 over `bytes`, continuing from `*hash`: stable across builds,
+// unlike std::hash.
+void FnvMix(absl::string_view bytes, uint64_t* hash) {
+  for (unsigned char c : bytes) {
+    *hash ^= c;
+    *hash *= 1099511628211ull;
+  }
+}
+
 uint64_t FilterFingerprint(const JobQuery& query) {
-  // FNV-1a 64: stable across builds, unlike std::hash.
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&hash](absl::string_view bytes) {
-    for (unsigned char c : bytes) {
-      hash ^= c;
-      hash *= 1099511628211ull;
-    }
-  };
-  mix(query.owner);
-  for (JobState state : query.states) mix(absl::StrCat("|", static_cast<int>(state)));
+  uint64_t hash = kFnvOffsetBasis;
+  FnvMix(query.owner, &hash);
+  for (JobState state : query.states) FnvMix(absl::StrCat("|", static_cast<int>(state)), &hash);
   return hash;
 }
 
-std::string MakePageToken(int64_t last_seq, const JobQuery& query) {
-  return absl::WebSafeBase64Escape(
-      absl::StrCat("v1|", last_seq, "|", FilterFingerprint(query)));
-}
-
-absl::StatusOr<int64_t> ParsePageToken(const JobQuery& query) {
-  std::string raw;
-  std::vector<absl::string_view> parts;
-  if (absl::WebSafeBase64Unescape(query.page_token, &raw)) {
-    parts = absl::StrSplit(raw, '|');
-  }
-  int64_t last_seq = 0;
-  uint64_t fingerprint = 0;
-  if (parts.size() != 3 || parts[0] != "v1" || !absl::SimpleAtoi(parts[1], &last_seq) ||
-      !absl::SimpleAtoi(parts[2], &fingerprint)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_token: malformed token '", query.page_token, "'"));
-  }
-  if (fingerprint != FilterFingerprint(query)) {
-    return absl::InvalidArgumentError(
-        "page_token: was issued for different filters (states, owner)");
-  }
-  return last_seq;
-}
-
-// Audit page tokens: web-safe base64 of "a1|<seq of the last record
-// returned>|<fingerprint of the filters>".
 uint64_t AuditFingerprint(const AuditQuery& query) {
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a 64, as FilterFingerprint
+  uint64_t hash = kFnvOffsetBasis;
   for (absl::string_view part : {absl::string_view(query.user), absl::string_view("|"),
                                  absl::string_view(query.job_id), absl::string_view("|"),
                                  absl::string_view(query.method)}) {
-    for (unsigned char c : part) {
-      hash ^= c;
-      hash *= 1099511628211ull;
-    }
+    FnvMix(part, &hash);
   }
   return hash;
 }
 
-absl::StatusOr<int64_t> ParseAuditPageToken(const AuditQuery& query) {
+std::string MakePageToken(absl::string_view version, int64_t last_seq, uint64_t fingerprint) {
+  return absl::WebSafeBase64Escape(absl::StrCat(version, "|", last_seq, "|", fingerprint));
+}
+
+// The last seq of the previous page, from a token of `version` that must carry
+// `fingerprint`; `filters` names the query's filters for the error message.
+absl::StatusOr<int64_t> ParsePageToken(absl::string_view token, absl::string_view version,
+                                       uint64_t fingerprint, absl::string_view filters) {
   std::string raw;
   std::vector<absl::string_view> parts;
-  if (absl::WebSafeBase64Unescape(query.page_token, &raw)) parts = absl::StrSplit(raw, '|');
+  if (absl::WebSafeBase64Unescape(token, &raw)) parts = absl::StrSplit(raw, '|');
   int64_t last_seq = 0;
-  uint64_t fingerprint = 0;
-  if (parts.size() != 3 || parts[0] != "a1" || !absl::SimpleAtoi(parts[1], &last_seq) ||
-      !absl::SimpleAtoi(parts[2], &fingerprint)) {
+  uint64_t token_fingerprint = 0;
+  if (parts.size() != 3 || parts[0] != version || !absl::SimpleAtoi(parts[1], &last_seq) ||
+      !absl::SimpleAtoi(parts[2], &token_fingerprint)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("page_token: malformed token '", query.page_token, "'"));
+        absl::StrCat("page_token: malformed token '", token, "'"));
   }
-  if (fingerprint != AuditFingerprint(query)) {
+  if (token_fingerprint != fingerprint) {
     return absl::InvalidArgumentError(
-        "page_token: was issued for different filters (user, job_id, method)");
+        absl::StrCat("page_token: was issued for different filters (", filters, ")"));
   }
   return last_seq;
+}
+
+// The page size to use for a requested `page_size` (0: the default).
+absl::StatusOr<int> EffectivePageSize(int page_size) {
+  if (page_size < 0 || page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be in [0, ", kMaxPageSize, "], got ", page_size));
+  }
+  return page_size == 0 ? kDefaultPageSize : page_size;
 }
 
 }  // namespace
@@ -498,14 +489,12 @@ absl::StatusOr<std::optional<JobRecord>> JobStore::FindByRequestId(
 }
 
 absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) {
-  if (query.page_size < 0 || query.page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_size: must be in [0, ", kMaxPageSize, "], got ", query.page_size));
-  }
-  const int page_size = query.page_size == 0 ? kDefaultPageSize : query.page_size;
+  MEGATRAIN_ASSIGN_OR_RETURN(const int page_size, EffectivePageSize(query.page_size));
   int64_t before_seq = INT64_MAX;
   if (!query.page_token.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(before_seq, ParsePageToken(query));
+    MEGATRAIN_ASSIGN_OR_RETURN(before_seq, ParsePageToken(query.page_token, "v1",
+                                                          FilterFingerprint(query),
+                                                          "states, owner"));
   }
   std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE seq < ?");
   if (!query.owner.empty()) absl::StrAppend(&sql, " AND owner = ?");
@@ -528,7 +517,7 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) {
     MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
     if (!row) break;
     if (static_cast<int>(page.jobs.size()) == page_size) {
-      page.next_page_token = MakePageToken(page.jobs.back().seq, query);
+      page.next_page_token = MakePageToken("v1", page.jobs.back().seq, FilterFingerprint(query));
       break;
     }
     MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
@@ -751,14 +740,12 @@ absl::StatusOr<int64_t> JobStore::AppendAudit(const AuditRecord& record) {
 }
 
 absl::StatusOr<AuditPage> JobStore::ListAudit(const AuditQuery& query) {
-  if (query.page_size < 0 || query.page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_size: must be in [0, ", kMaxPageSize, "], got ", query.page_size));
-  }
-  const int page_size = query.page_size == 0 ? kDefaultPageSize : query.page_size;
+  MEGATRAIN_ASSIGN_OR_RETURN(const int page_size, EffectivePageSize(query.page_size));
   int64_t before_seq = INT64_MAX;
   if (!query.page_token.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(before_seq, ParseAuditPageToken(query));
+    MEGATRAIN_ASSIGN_OR_RETURN(before_seq, ParsePageToken(query.page_token, "a1",
+                                                          AuditFingerprint(query),
+                                                          "user, job_id, method"));
   }
   std::string sql =
       "SELECT seq, time_unix_ms, user, role, peer, method, target, job_id, code, message, "
@@ -782,8 +769,8 @@ absl::StatusOr<AuditPage> JobStore::ListAudit(const AuditQuery& query) {
     MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
     if (!row) break;
     if (static_cast<int>(page.records.size()) == page_size) {
-      page.next_page_token = absl::WebSafeBase64Escape(absl::StrCat(
-          "a1|", page.records.back().seq, "|", AuditFingerprint(query)));
+      page.next_page_token =
+          MakePageToken("a1", page.records.back().seq, AuditFingerprint(query));
       break;
     }
     AuditRecord record;
