@@ -19,6 +19,7 @@ namespace {
 
 using ::megatrain::server::testing::DaemonHarness;
 using ::megatrain::server::testing::FakeJobControl;
+using ::megatrain::server::testing::GrpcStatusIs;
 using ::megatrain::server::testing::kAliceToken;
 using ::megatrain::server::testing::kBobToken;
 using ::megatrain::server::testing::kHarnessTimeout;
@@ -29,18 +30,6 @@ constexpr absl::Duration kTimeout = kHarnessTimeout;
 
 // The message of a refusal of bob's (auth.cc, CheckOwnerAccess).
 constexpr char kDenied[] = "belongs to another user; user 'bob' may only access their own jobs";
-
-MATCHER_P2(GrpcStatusIs, code, substring, "") {
-  if (arg.error_code() != code) {
-    *result_listener << "code " << arg.error_code() << ": " << arg.error_message();
-    return false;
-  }
-  if (arg.error_message().find(substring) == std::string::npos) {
-    *result_listener << "message: " << arg.error_message();
-    return false;
-  }
-  return true;
-}
 
 class AccessControlTest : public DaemonHarness {
  protected:

@@ -21,6 +21,7 @@ namespace {
 
 using ::megatrain::server::testing::DaemonHarness;
 using ::megatrain::server::testing::FakeEngineBackend;
+using ::megatrain::server::testing::GrpcStatusIs;
 using ::megatrain::server::testing::kAliceToken;
 using ::megatrain::server::testing::kHarnessTimeout;
 using ::megatrain::server::testing::kRootToken;
@@ -31,18 +32,6 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 constexpr absl::Duration kTimeout = kHarnessTimeout;
-
-MATCHER_P2(GrpcStatusIs, code, substring, "") {
-  if (arg.error_code() != code) {
-    *result_listener << "code " << arg.error_code() << ": " << arg.error_message();
-    return false;
-  }
-  if (arg.error_message().find(substring) == std::string::npos) {
-    *result_listener << "message: " << arg.error_message();
-    return false;
-  }
-  return true;
-}
 
 class DaemonHardeningTest : public DaemonHarness {
  protected:

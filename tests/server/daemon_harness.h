@@ -14,6 +14,7 @@
 #ifndef MEGATRAIN_TESTS_SERVER_DAEMON_HARNESS_H_
 #define MEGATRAIN_TESTS_SERVER_DAEMON_HARNESS_H_
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -39,6 +40,23 @@ inline constexpr absl::Duration kHarnessTimeout = absl::Seconds(30);
 inline constexpr char kAliceToken[] = "alice-secret";
 inline constexpr char kBobToken[] = "bob-secret";
 inline constexpr char kRootToken[] = "root-secret";
+
+// Matches a grpc::Status with error code `code` whose message contains
+// `substring` ("" matches any message).
+//
+// Example:
+//   EXPECT_THAT(status, GrpcStatusIs(grpc::StatusCode::NOT_FOUND, "not found"));
+MATCHER_P2(GrpcStatusIs, code, substring, "") {
+  if (arg.error_code() != code) {
+    *result_listener << "code " << arg.error_code() << ": " << arg.error_message();
+    return false;
+  }
+  if (arg.error_message().find(substring) == std::string::npos) {
+    *result_listener << "message: " << arg.error_message();
+    return false;
+  }
+  return true;
+}
 
 class DaemonHarness : public ::testing::Test {
  protected:
