@@ -354,25 +354,14 @@ start_daemon "$WORK/state"
 
 # Prometheus with deploy/'s scrape config and rules: target rewritten, the
 # scrape and rule intervals shortened to 1 s for the test.
-prom_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-config="$WORK/prometheus.yml"
-sed -e "s/127\.0\.0\.1:9400/$METRICS_ADDR/" \
-    -e 's/scrape_interval: [0-9]*s/scrape_interval: 1s/' \
-    -e 's/scrape_timeout: [0-9]*s/scrape_timeout: 1s/' \
-    -e 's/evaluation_interval: [0-9]*s/evaluation_interval: 1s/' \
-    "$SOURCE_DIR/deploy/prometheus.yml" >"$config"
-cp "$SOURCE_DIR/deploy/prometheus-rules.yml" "$WORK/"
-promtool check config "$config" >/dev/null || fail "promtool rejects $config"
-prometheus --config.file="$config" --storage.tsdb.path="$WORK/tsdb" \
-  --web.listen-address="127.0.0.1:$prom_port" >"$WORK/prometheus.log" 2>&1 &
-CLEANUP_PIDS+=($!)
+start_prometheus -e 's/evaluation_interval: [0-9]*s/evaluation_interval: 1s/'
 
 # Jobs start only after Prometheus' first scrape, so every counter's rate
 # starts from a scraped 0. Polls (no notification): at most 120 tries 0.5 s
 # apart.
 up=""
 for attempt in $(seq 1 120); do
-  up=$(curl -sf --get "http://127.0.0.1:$prom_port/api/v1/query" \
+  up=$(curl -sf --get "http://127.0.0.1:$PROM_PORT/api/v1/query" \
          --data-urlencode 'query=up{job="megatraind"} == 1' | jq -r '.data.result[0].value[1] // empty' || true)
   if [[ -n "$up" ]]; then break; fi
   sleep 0.5
@@ -391,8 +380,8 @@ log "submitted $running and $queued"
 # An RPC that fails, for the errors panel.
 expect_cli_error NOT_FOUND "job-999999" get job-999999
 
-log "live checks against prometheus on 127.0.0.1:$prom_port"
-python3 "$WORK/check_dashboard.py" live "$DASHBOARD" "$SOURCE_DIR" "http://127.0.0.1:$prom_port" ||
+log "live checks against prometheus on 127.0.0.1:$PROM_PORT"
+python3 "$WORK/check_dashboard.py" live "$DASHBOARD" "$SOURCE_DIR" "http://127.0.0.1:$PROM_PORT" ||
   fail "dashboard queries; prometheus log: $(tail -n 5 "$WORK/prometheus.log")"
 
 cli cancel "$queued" >/dev/null

@@ -133,6 +133,27 @@ YAML
   echo "$path"
 }
 
+# start_prometheus [SED_ARGS...]: starts Debian's `prometheus` on a free
+# loopback port with deploy/'s scrape config and rules (in $WORK), the target
+# rewritten to $METRICS_ADDR and the scrape interval and timeout shortened to
+# 1 s; SED_ARGS (e.g. -e EXPR) rewrite the config further. Checks the config
+# with promtool, sets PROM_PORT and logs to $WORK/prometheus.log. Call after
+# start_daemon.
+start_prometheus() {
+  # A free port for Prometheus' web listener (it cannot report a port 0 pick).
+  PROM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local config="$WORK/prometheus.yml"
+  sed -e "s/127\.0\.0\.1:9400/$METRICS_ADDR/" \
+      -e 's/scrape_interval: [0-9]*s/scrape_interval: 1s/' \
+      -e 's/scrape_timeout: [0-9]*s/scrape_timeout: 1s/' \
+      "$@" "$SOURCE_DIR/deploy/prometheus.yml" >"$config"
+  cp "$SOURCE_DIR/deploy/prometheus-rules.yml" "$WORK/"
+  promtool check config "$config" >/dev/null || fail "promtool rejects $config"
+  prometheus --config.file="$config" --storage.tsdb.path="$WORK/tsdb" \
+    --web.listen-address="127.0.0.1:$PROM_PORT" >"$WORK/prometheus.log" 2>&1 &
+  CLEANUP_PIDS+=($!)
+}
+
 # json_field JSON_TEXT JQ_PATH
 json_field() { jq -r "$2" <<<"$1"; }
 

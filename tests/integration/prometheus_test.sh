@@ -9,18 +9,7 @@ command -v prometheus >/dev/null || fail "prometheus is required (apt-get instal
 start_daemon "$WORK/state"
 cli submit "$TINY_JOB" --wait >/dev/null || fail "tiny job did not succeed"
 
-# A free port for Prometheus' web listener (it cannot report a port 0 pick).
-prom_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-config="$WORK/prometheus.yml"
-sed -e "s/127\.0\.0\.1:9400/$METRICS_ADDR/" \
-    -e 's/scrape_interval: [0-9]*s/scrape_interval: 1s/' \
-    -e 's/scrape_timeout: [0-9]*s/scrape_timeout: 1s/' \
-    "$SOURCE_DIR/deploy/prometheus.yml" >"$config"
-cp "$SOURCE_DIR/deploy/prometheus-rules.yml" "$WORK/"
-promtool check config "$config" >/dev/null || fail "promtool rejects $config"
-prometheus --config.file="$config" --storage.tsdb.path="$WORK/tsdb" \
-  --web.listen-address="127.0.0.1:$prom_port" >"$WORK/prometheus.log" 2>&1 &
-CLEANUP_PIDS+=($!)
+start_prometheus
 
 # Prometheus offers no notification of a finished scrape, so this polls its
 # query API: at most 120 tries 0.5 s apart (scrape interval 1 s; the first
@@ -28,7 +17,7 @@ CLEANUP_PIDS+=($!)
 query='megatrain_tokens_total > 0'
 value=""
 for attempt in $(seq 1 120); do
-  result=$(curl -sf --get "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode "query=$query" || true)
+  result=$(curl -sf --get "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$query" || true)
   value=$(jq -r '.data.result[0].value[1] // empty' <<<"$result" 2>/dev/null || true)
   if [[ -n "$value" ]]; then break; fi
   sleep 0.5
@@ -38,7 +27,7 @@ log "prometheus: megatrain_tokens_total = $value"
 jq -en "$value > 0" >/dev/null || fail "megatrain_tokens_total = $value"
 
 # The target is healthy and carries the job label from deploy/.
-targets=$(curl -sf "http://127.0.0.1:$prom_port/api/v1/targets")
+targets=$(curl -sf "http://127.0.0.1:$PROM_PORT/api/v1/targets")
 [[ $(jq -r '.data.activeTargets[0].health' <<<"$targets") == up ]] || fail "target: $targets"
 [[ $(jq -r '.data.activeTargets[0].labels.job' <<<"$targets") == megatraind ]] || fail "job label"
 stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
