@@ -2,6 +2,7 @@
 #ifndef MEGATRAIN_ENGINE_BATCH_H_
 #define MEGATRAIN_ENGINE_BATCH_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,16 @@ struct MicroBatch {
   std::vector<int32_t> input_ids;  // [B*T], each in [0, vocab_size)
   std::vector<int32_t> labels;     // [B*T], in [0, vocab_size) or -100
 };
+
+// The distinct values of `ids` (e.g. the embedding rows a micro-batch
+// reads), ascending. O(n log n); thread-safe.
+template <typename Ids>
+std::vector<int32_t> DistinctTokenIds(const Ids& ids) {
+  std::vector<int32_t> out(ids.begin(), ids.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 }  // namespace megatrain::engine
 

@@ -105,23 +105,6 @@ absl::Status ErrnoError(int error_number, const std::string& path, const char* o
   return absl::ErrnoToStatus(error_number, absl::StrFormat("%s: %s", path, operation));
 }
 
-// Removes `path` recursively unless released. Never throws.
-class RemoveTreeGuard {
- public:
-  explicit RemoveTreeGuard(std::string path) : path_(std::move(path)) {}
-  RemoveTreeGuard(const RemoveTreeGuard&) = delete;
-  RemoveTreeGuard& operator=(const RemoveTreeGuard&) = delete;
-  ~RemoveTreeGuard() {
-    if (path_.empty()) return;
-    std::error_code ignored;
-    (void)RemoveTree(std::filesystem::path(path_).string());
-  }
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 // The step of a checkpoint directory name "step-<digits>", or -1.
 int64_t StepFromDirName(absl::string_view name) {
   if (!absl::StartsWith(name, kStepPrefix)) return -1;

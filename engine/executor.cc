@@ -200,8 +200,8 @@ class StreamingExecutor::Impl {
     int64_t numel = 0;            // elements in staging (dense) or rows*C
     bool first = false;           // first contribution of the step: overwrite
     bool final = false;           // last contribution of the step
-    bool direct = false;          // already in the store's gradient (dense, first)
-    bool device_norm = false;     // norm_host_[slot] holds the block's gradient L2 norm
+    bool direct = false;          // already in the store's gradient (dense, first);
+                                  // norm_host_[slot] then holds its L2 norm
     bool grad_zero = false;       // kEmbeddingRows: the store's gradient is already zero
     std::vector<int32_t> rows;    // token ids of kEmbeddingRows, [B*T]
     at::Tensor keep_alive;        // device tensors read by the D2H copies
@@ -511,7 +511,6 @@ void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel
     at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel},
                                     at::TensorOptions().dtype(at::kFloat).device(runtime_->device()));
     task.keep_alive_norm = compat::VectorNormFp64(flat);
-    task.device_norm = true;
   }
   runtime_->Record(StreamKind::kCompute, *grad_ready_[slot]);
   runtime_->Wait(StreamKind::kD2H, *grad_ready_[slot]);
@@ -519,7 +518,7 @@ void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel
   void* dst = task.direct ? static_cast<void*>(store_->grad(block)) : staging_[slot].data();
   const int token = timer_.Begin(StreamKind::kD2H);
   runtime_->CopyDeviceToHost(dst, device_src, static_cast<size_t>(bytes));
-  if (task.device_norm) {
+  if (task.direct) {
     runtime_->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + slot,
                                task.keep_alive_norm.data_ptr(), sizeof(double));
   }
@@ -593,9 +592,8 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
     // The rows this scatter touches: the table's squared norm changes only
     // there, so it is updated from their sums before and after instead of
     // a pass over the whole [V, C] table.
-    std::vector<int32_t> unique_rows(task.rows);
-    std::sort(unique_rows.begin(), unique_rows.end());
-    unique_rows.erase(std::unique(unique_rows.begin(), unique_rows.end()), unique_rows.end());
+    const std::vector<int32_t> unique_rows =
+        known_sq >= 0 ? DistinctTokenIds(task.rows) : std::vector<int32_t>();
     const int64_t n_unique = static_cast<int64_t>(unique_rows.size());
     auto rows_sq = [&]() {
       std::vector<double> per_row(n_unique);

@@ -56,24 +56,6 @@ absl::Status WriteTextFile(const std::string& path, std::string_view text) {
   return out.Commit();
 }
 
-// Removes the temporary export directory unless released (on success it has
-// been renamed away). Never throws.
-class TempDirGuard {
- public:
-  explicit TempDirGuard(std::string path) : path_(std::move(path)) {}
-  TempDirGuard(const TempDirGuard&) = delete;
-  TempDirGuard& operator=(const TempDirGuard&) = delete;
-  ~TempDirGuard() {
-    if (path_.empty()) return;
-    std::error_code ignored;
-    (void)RemoveTree(std::filesystem::path(path_).string());
-  }
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 // One tensor to export: a view of the store's master.
 struct ExportTensor {
   const ParamSpec* param = nullptr;
@@ -256,7 +238,7 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
   if (::mkdtemp(temp_dir.data()) == nullptr) {
     return ErrnoError(errno, temp_dir, "create temporary directory");
   }
-  TempDirGuard guard(temp_dir);
+  RemoveTreeGuard guard(temp_dir);
 
   // config.json and generation_config.json.
   ModelConfig config = store.config();

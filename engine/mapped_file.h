@@ -119,6 +119,23 @@ absl::Status FsyncDirectory(const std::string& dir);
 // with this function (nftw(3)) instead.
 absl::Status RemoveTree(const std::string& path);
 
+// Removes the tree at `path` (RemoveTree, errors ignored) when destroyed,
+// unless Release()d first: cleanup of a temporary directory on every error
+// path of a function that renames it into place on success. Not copyable.
+class RemoveTreeGuard {
+ public:
+  explicit RemoveTreeGuard(std::string path) : path_(std::move(path)) {}
+  RemoveTreeGuard(const RemoveTreeGuard&) = delete;
+  RemoveTreeGuard& operator=(const RemoveTreeGuard&) = delete;
+  ~RemoveTreeGuard() {
+    if (!path_.empty()) (void)RemoveTree(path_);
+  }
+  void Release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
 // `dir` + "/" + `name` (no doubled slash when `dir` ends in one).
 std::string JoinPath(const std::string& dir, absl::string_view name);
 

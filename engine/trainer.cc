@@ -137,9 +137,7 @@ void Trainer::WaitEmbeddingRows(absl::Span<const int32_t> token_ids) {
     if (!emb_rows_pending_) return;
   }
 
-  std::vector<int32_t> rows(token_ids.begin(), token_ids.end());
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const std::vector<int32_t> rows = DistinctTokenIds(token_ids);
   critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) UpdateEmbeddingRow(rows[i]);
   });

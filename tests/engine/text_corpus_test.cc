@@ -58,19 +58,11 @@ uint64_t FileSize(const std::string& path) {
 // Tests that tokenize text share one tiny SentencePiece model.
 class TextCorpusTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::string> path =
-        TrainTinySentencePieceModel(testing::MakeTempDir("text_corpus_test"), 100);
-    ASSERT_THAT(path, IsOk());
-    model_path_ = new std::string(*path);
-  }
-  static void TearDownTestSuite() {
-    delete model_path_;
-    model_path_ = nullptr;
-  }
-
   void SetUp() override {
-    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_path_);
+    const absl::StatusOr<std::string>& path = testing::SharedTinySentencePieceModel();
+    ASSERT_THAT(path, IsOk());
+    model_path_ = *path;
+    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(model_path_);
     if (tokenizer.status().code() == absl::StatusCode::kUnimplemented) {
       GTEST_SKIP() << tokenizer.status();  // ASan/TSan build
     }
@@ -88,16 +80,15 @@ class TextCorpusTest : public ::testing::Test {
   TokenizeOptions TextOptions(std::vector<std::string> inputs) {
     TokenizeOptions options;
     options.input_paths = std::move(inputs);
-    options.tokenizer_model = *model_path_;
+    options.tokenizer_model = model_path_;
     options.output_dir = dir_ + "/out";
     return options;
   }
 
-  static std::string* model_path_;
+  std::string model_path_;
   std::optional<Tokenizer> tokenizer_;
   std::string dir_;
 };
-std::string* TextCorpusTest::model_path_ = nullptr;
 
 // ---------------------------------------------------------------------------
 // Text

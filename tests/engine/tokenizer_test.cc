@@ -31,34 +31,25 @@ using ::testing::Lt;
 
 class TokenizerTest : public ::testing::Test {
  protected:
-  // One model for the suite: training takes a fraction of a second, but
-  // there is no need to repeat it.
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::string> path =
-        TrainTinySentencePieceModel(testing::MakeTempDir("tokenizer_test"), 100);
-    ASSERT_THAT(path, IsOk());
-    model_path_ = new std::string(*path);
-  }
-  static void TearDownTestSuite() {
-    delete model_path_;
-    model_path_ = nullptr;
-  }
+  // One model for the process (testing::SharedTinySentencePieceModel).
   void SetUp() override {
-    const absl::Status status = Tokenizer::Load(*model_path_).status();
+    const absl::StatusOr<std::string>& path = testing::SharedTinySentencePieceModel();
+    ASSERT_THAT(path, IsOk());
+    model_path_ = *path;
+    const absl::Status status = Tokenizer::Load(model_path_).status();
     if (status.code() == absl::StatusCode::kUnimplemented) {
       GTEST_SKIP() << status;  // ASan/TSan build: no RTLD_DEEPBIND
     }
   }
 
-  static std::string* model_path_;
+  std::string model_path_;
 };
-std::string* TokenizerTest::model_path_ = nullptr;
 
 TEST_F(TokenizerTest, EncodeDecodeRoundTrips) {
-  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_path_);
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(model_path_);
   ASSERT_THAT(tokenizer, IsOk());
   EXPECT_EQ(tokenizer->vocab_size(), 100);
-  EXPECT_EQ(tokenizer->path(), *model_path_);
+  EXPECT_EQ(tokenizer->path(), model_path_);
   for (int index = 0; index < 20; ++index) {
     const std::string text = TinyCorpusSentence(index);
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
@@ -78,7 +69,7 @@ TEST_F(TokenizerTest, EncodeDecodeRoundTrips) {
 }
 
 TEST_F(TokenizerTest, ReportsSentencePieceDefaultSpecialIds) {
-  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_path_);
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(model_path_);
   ASSERT_THAT(tokenizer, IsOk());
   EXPECT_EQ(tokenizer->unk_id(), 0);
   EXPECT_EQ(tokenizer->bos_id(), 1);
@@ -87,7 +78,7 @@ TEST_F(TokenizerTest, ReportsSentencePieceDefaultSpecialIds) {
 }
 
 TEST_F(TokenizerTest, EncodeIsSafeFromSeveralThreads) {
-  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_path_);
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(model_path_);
   ASSERT_THAT(tokenizer, IsOk());
   const std::string text = TinyCorpusSentence(3);
   const std::vector<int32_t> expected = *tokenizer->Encode(text);
@@ -105,7 +96,7 @@ TEST_F(TokenizerTest, EncodeIsSafeFromSeveralThreads) {
 }
 
 TEST_F(TokenizerTest, DecodeRejectsOutOfRangeIds) {
-  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_path_);
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(model_path_);
   ASSERT_THAT(tokenizer, IsOk());
   const std::vector<int32_t> ids = {5, 100};
   EXPECT_THAT(tokenizer->Decode(ids),

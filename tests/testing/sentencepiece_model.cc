@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tests/testing/temp_dir.h"
 
 extern char** environ;
 
@@ -95,6 +96,12 @@ absl::StatusOr<std::string> TrainTinySentencePieceModel(const std::string& dir,
         absl::StrCat("spm_train failed (wait status ", wait_status, ")"));
   }
   return prefix + ".model";
+}
+
+const absl::StatusOr<std::string>& SharedTinySentencePieceModel() {
+  static const absl::StatusOr<std::string>* const model = new absl::StatusOr<std::string>(
+      TrainTinySentencePieceModel(MakeTempDir("tiny_spm"), 100));
+  return *model;
 }
 
 }  // namespace megatrain::testing

@@ -21,6 +21,11 @@ namespace megatrain::testing {
 absl::StatusOr<std::string> TrainTinySentencePieceModel(const std::string& dir,
                                                         int vocab_size = 100);
 
+// The path of one vocab-100 model trained (as above) in a temporary
+// directory on the first call and shared by every later call of the
+// process, so test suites need not train their own. Thread-safe.
+const absl::StatusOr<std::string>& SharedTinySentencePieceModel();
+
 // Sentence `index` of that corpus (for round-trip tests).
 std::string TinyCorpusSentence(int index);
 
