@@ -283,17 +283,28 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(absl::string_view line) {
   return json;
 }
 
-absl::Status ReadJsonl(const std::string& path, const Tokenizer& tokenizer,
-                       const std::string& text_field, bool add_bos,
-                       DocumentSink& sink) {
+// Calls on_object(json, where) for every non-blank line of the JSONL file
+// `path`, `where` being "path:line"; a line that is not a JSON object is an
+// INVALID_ARGUMENT naming it.
+template <typename OnObject>
+absl::Status ForEachJsonObject(const std::string& path, OnObject&& on_object) {
   return ForEachLine(
       path, [&](absl::string_view line, uint64_t line_number) -> absl::Status {
         if (IsBlank(line)) return absl::OkStatus();
         const std::string where = absl::StrCat(path, ":", line_number);
         absl::StatusOr<nlohmann::json> json = ParseJsonObject(line);
         if (!json.ok()) return Annotate(json.status(), where);
-        const auto it = json->find(text_field);
-        if (it == json->end()) {
+        return on_object(*json, where);
+      });
+}
+
+absl::Status ReadJsonl(const std::string& path, const Tokenizer& tokenizer,
+                       const std::string& text_field, bool add_bos,
+                       DocumentSink& sink) {
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        const auto it = json.find(text_field);
+        if (it == json.end()) {
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": field \"", text_field, "\" is missing"));
         }
@@ -393,14 +404,10 @@ absl::Status ReadSftJsonl(const std::string& path, uint64_t vocab_size,
       vocab_size != 0 ? vocab_size : kTokenShardMaxVocabSize;
   std::vector<int32_t> ids;
   std::vector<int32_t> mask;
-  return ForEachLine(
-      path, [&](absl::string_view line, uint64_t line_number) -> absl::Status {
-        if (IsBlank(line)) return absl::OkStatus();
-        const std::string where = absl::StrCat(path, ":", line_number);
-        absl::StatusOr<nlohmann::json> json = ParseJsonObject(line);
-        if (!json.ok()) return Annotate(json.status(), where);
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
         MEGATRAIN_RETURN_IF_ERROR(Annotate(
-            ParseSftExample(*json, id_limit, vocab_size != 0, ids, mask),
+            ParseSftExample(json, id_limit, vocab_size != 0, ids, mask),
             where));
         return sink.Add(ids, mask);
       });

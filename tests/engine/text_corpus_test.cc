@@ -28,7 +28,6 @@ namespace {
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::megatrain::testing::TinyCorpusSentence;
-using ::megatrain::testing::TrainTinySentencePieceModel;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;

@@ -23,7 +23,6 @@ namespace {
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::megatrain::testing::TinyCorpusSentence;
-using ::megatrain::testing::TrainTinySentencePieceModel;
 using ::testing::Each;
 using ::testing::Ge;
 using ::testing::HasSubstr;
