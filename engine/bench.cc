@@ -66,6 +66,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.threads = o.threads;
   topt.max_grad_norm = o.max_grad_norm;
   topt.num_weight_slots = o.num_weight_slots;
+  topt.offload_activations = o.offload_activations;
+  topt.optimizer_nice = o.optimizer_nice;
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -141,6 +143,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["compute_dtype"] = o.compute_dtype;
   j["micro_batch"] = o.micro_batch;
   j["seq_len"] = o.seq_len;
+  j["offload_activations"] = o.offload_activations;
+  j["optimizer_nice"] = o.optimizer_nice;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   j["steps"] = o.steps;
   j["tokens_per_s"] = tokens / step_median;

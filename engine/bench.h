@@ -27,6 +27,8 @@ struct BenchOptions {
   double peak_tflops = 0;          // bf16 dense peak for MFU; 0 = not reported
   int threads = 0;                 // CPU threads; 0 = all
   int num_weight_slots = 3;
+  bool offload_activations = false;  // Note [Activation offload] in executor.h
+  int optimizer_nice = 0;            // TrainerOptions::optimizer_nice
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout
 };

@@ -221,6 +221,12 @@ class StreamingExecutor::Impl {
   void RunTask(AccumTask& task);
   absl::Status Drain();
   void ResetAfterError();
+  // Note [Activation offload] in executor.h.
+  bool Offloaded(int64_t layer) const {
+    return options_.offload_activations && layer >= 0 && layer < layout_.num_layers() - 1;
+  }
+  void OffloadActivation(int64_t layer, const at::Tensor& x);
+  at::Tensor PrefetchActivation(int64_t layer);
   at::Tensor SlotView(const at::Tensor& slot, int64_t block) const {
     return slot.narrow(0, 0, layout_.blocks[block].numel);
   }
@@ -258,6 +264,16 @@ class StreamingExecutor::Impl {
   HostBuffer upload_staging_;
   std::unique_ptr<DeviceEvent> upload_ready_, upload_done_;
   bool upload_pending_ = false;
+
+  // Activation offload (Note [Activation offload] in executor.h): pinned
+  // [L-1, B*T*C] fp32 host copies, their D2H events, and a ring of two
+  // device buffers for the way back.
+  HostBuffer act_host_;
+  std::vector<std::unique_ptr<DeviceEvent>> act_offloaded_;   // per layer, on kD2H
+  std::array<at::Tensor, 2> act_device_;                      // [B, T, C] fp32
+  std::array<std::unique_ptr<DeviceEvent>, 2> act_loaded_;    // on kH2D
+  std::array<std::unique_ptr<DeviceEvent>, 2> act_free_;      // on kCompute
+  std::unique_ptr<DeviceEvent> act_ready_;                    // on kCompute
 
   PhaseTimer timer_;
   int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
@@ -329,12 +345,36 @@ absl::Status StreamingExecutor::Impl::Init() {
         HostBuffer::Allocate(static_cast<size_t>(b * t) * (c * 4 + 8), runtime_->is_cuda()));
     upload_ready_ = runtime_->CreateEvent();
     upload_done_ = runtime_->CreateEvent();
+    int64_t act_device_bytes = 0;
+    if (options_.offload_activations && layout_.num_layers() > 1) {
+      const size_t layer_bytes = static_cast<size_t>(b * t * c) * 4;
+      absl::StatusOr<HostBuffer> act =
+          HostBuffer::Allocate(layer_bytes * (layout_.num_layers() - 1), runtime_->is_cuda());
+      if (!act.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "train.offload_activations: cannot allocate ", layer_bytes * (layout_.num_layers() - 1),
+            " bytes of pinned host memory for ", layout_.num_layers() - 1,
+            " saved layer inputs of micro_batch x seq_len x hidden_size fp32: ",
+            act.status().message()));
+      }
+      act_host_ = std::move(*act);
+      for (int64_t l = 0; l + 1 < layout_.num_layers(); ++l) {
+        act_offloaded_.push_back(runtime_->CreateEvent());
+      }
+      for (int k = 0; k < 2; ++k) {
+        act_device_[k] = at::empty({b, t, c}, at::TensorOptions().dtype(at::kFloat).device(device));
+        act_loaded_[k] = runtime_->CreateEvent();
+        act_free_[k] = runtime_->CreateEvent();
+      }
+      act_ready_ = runtime_->CreateEvent();
+      act_device_bytes = 2 * static_cast<int64_t>(layer_bytes);
+    }
     slot_device_bytes_ =
         (static_cast<int64_t>(options_.num_weight_slots) * static_cast<int64_t>(esize) +
-         static_cast<int64_t>(options_.num_grad_slots) * 4) * max_numel;
+         static_cast<int64_t>(options_.num_grad_slots) * 4) * max_numel + act_device_bytes;
     staging_host_bytes_ =
         static_cast<int64_t>(staging_bytes) * options_.num_grad_slots +
-        static_cast<int64_t>(upload_staging_.bytes());
+        static_cast<int64_t>(upload_staging_.bytes()) + static_cast<int64_t>(act_host_.bytes());
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
@@ -477,6 +517,39 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
   upload_pending_ = true;
   h2d_bytes_ += rows * (c * 4 + 8);
   return {x, y};
+}
+
+// Copies layer `layer`'s saved input `x` (produced on kCompute) to its
+// pinned host slot on kD2H (Note [Activation offload] in executor.h).
+void StreamingExecutor::Impl::OffloadActivation(int64_t layer, const at::Tensor& x) {
+  const size_t bytes = static_cast<size_t>(x.numel()) * 4;
+  runtime_->Record(StreamKind::kCompute, *act_ready_);
+  runtime_->Wait(StreamKind::kD2H, *act_ready_);
+  const int token = timer_.Begin(StreamKind::kD2H);
+  runtime_->CopyDeviceToHost(static_cast<char*>(act_host_.data()) + layer * bytes, x.data_ptr(),
+                             bytes);
+  timer_.End(StreamKind::kD2H, token);
+  runtime_->Record(StreamKind::kD2H, *act_offloaded_[layer]);
+  d2h_bytes_ += static_cast<int64_t>(bytes);
+}
+
+// Enqueues the copy of layer `layer`'s saved input back into device ring
+// buffer layer % 2 on kH2D; returns that buffer. The caller makes kCompute
+// wait on act_loaded_[layer % 2] before reading it and records
+// act_free_[layer % 2] after its last use.
+at::Tensor StreamingExecutor::Impl::PrefetchActivation(int64_t layer) {
+  const int k = static_cast<int>(layer % 2);
+  at::Tensor& dst = act_device_[k];
+  const size_t bytes = static_cast<size_t>(dst.numel()) * 4;
+  runtime_->Wait(StreamKind::kH2D, *act_free_[k]);             // its previous reader is done
+  runtime_->Wait(StreamKind::kH2D, *act_offloaded_[layer]);    // the host copy is complete
+  const int token = timer_.Begin(StreamKind::kH2D);
+  runtime_->CopyHostToDevice(dst.data_ptr(), static_cast<const char*>(act_host_.data()) + layer * bytes,
+                             bytes);
+  timer_.End(StreamKind::kH2D, token);
+  runtime_->Record(StreamKind::kH2D, *act_loaded_[k]);
+  h2d_bytes_ += static_cast<int64_t>(bytes);
+  return dst;
 }
 
 int StreamingExecutor::Impl::AcquireGradSlot() {
@@ -691,19 +764,37 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     int use = 0;
     for (const MicroBatch& mb : mbs) {
       auto [x, labels] = Upload(mb);
-      std::vector<at::Tensor> saved;  // input of layer l, [B, T, C] fp32
+      // Input of layer l, [B, T, C] fp32, kept for backward (undefined when
+      // offloaded or when there is no backward).
+      std::vector<at::Tensor> saved(num_layers);
       {
         at::NoGradGuard no_grad;
+        // Offloaded inputs whose D2H copy may still be reading them.
+        std::deque<std::pair<int64_t, at::Tensor>> in_flight;
         for (int64_t l = 0; l < num_layers; ++l, ++use) {
           at::Tensor flat = Acquire(use);
+          if (backward && Offloaded(l)) {
+            OffloadActivation(l, x);
+            in_flight.emplace_back(l, x);
+          } else if (backward) {
+            saved[l] = x;
+          }
           const int token = timer_.Begin(StreamKind::kCompute);
-          saved.push_back(x);
           x = DecoderLayerForward(config_, BindDecoderLayerWeights(layout_.blocks[uses_[use].block], flat),
                                   x, rope_, attention_mask_, cd_);
           timer_.End(StreamKind::kCompute, token, PhaseTimer::kForward);
           Release(use);
+          // Free an offloaded input once its copy is done: the compute
+          // stream waits for the copy issued one layer earlier (long done).
+          while (in_flight.size() > 1 || (!in_flight.empty() && l + 1 == num_layers)) {
+            runtime_->Wait(StreamKind::kCompute, *act_offloaded_[in_flight.front().first]);
+            in_flight.pop_front();
+          }
         }
       }
+      // The input of the first offloaded layer backward needs comes back
+      // during the head.
+      if (backward && Offloaded(num_layers - 2)) saved[num_layers - 2] = PrefetchActivation(num_layers - 2);
       // Head: loss (and its backward).
       const int emb_use = tied ? use++ : -1;
       const int head_use = use++;
@@ -758,6 +849,11 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         const BlockLayout& bl = layout_.blocks[block];
         at::Tensor flat = Acquire(use);
         const int r = AcquireGradSlot();
+        // One layer ahead: the next layer's offloaded input comes back
+        // while this layer's backward runs.
+        // (Layer L-2's came back during the head.)
+        if (l < num_layers - 1 && Offloaded(l - 1)) saved[l - 1] = PrefetchActivation(l - 1);
+        if (Offloaded(l)) runtime_->Wait(StreamKind::kCompute, *act_loaded_[l % 2]);
         token = timer_.Begin(StreamKind::kCompute);
         std::vector<at::Tensor> leaves;
         for (const at::Tensor& p : BindBlockParams(bl, flat)) {
@@ -775,6 +871,8 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         for (size_t i = 0; i < leaves.size(); ++i) g[i].copy_(grads[i]);
         grad_y = grads.back();
         saved[l].reset();
+        x_leaf.reset();
+        if (Offloaded(l)) runtime_->Record(StreamKind::kCompute, *act_free_[l % 2]);
         timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
         Release(use);
         OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},

@@ -38,6 +38,18 @@
 // pinned activation upload buffer before rewriting it (once per
 // micro-batch), reading the loss at the end, and the final drain.
 //
+// Note [Activation offload]
+// At long sequence lengths the saved layer inputs dominate device memory
+// (L * B * T * C * 4 bytes: 4 GiB for llama-1b at 32k tokens, 64 GiB at
+// 512k). With ExecutorOptions::offload_activations, forward copies each
+// saved input (layers 0..L-2; the last layer's input is needed right after
+// the head) to a pinned host buffer on kD2H as soon as it exists, and
+// frees the device copy once that copy is done (the compute stream waits on
+// it one layer later, so it never stalls in practice). Backward brings the
+// inputs back on kH2D into a ring of two device buffers, one layer ahead
+// (layer L-2's during the head), so the copy overlaps the previous layer's
+// backward. The values are bit-identical to keeping them on the device.
+//
 // Thread-safety: one executor is driven by one thread at a time. The
 // on_block_final callback runs on the executor's accumulator thread.
 #ifndef MEGATRAIN_ENGINE_EXECUTOR_H_
@@ -66,6 +78,12 @@ struct ExecutorOptions {
   int num_weight_slots = 3;         // K device weight buffers, >= 3
   int num_grad_slots = 2;           // device gradient buffers = pinned staging buffers, >= 2
   int64_t loss_chunk_tokens = 0;    // rows of logits at a time; 0 = auto (~256 MiB fp32)
+  // Activation offload (Note [Activation offload]): the saved input of every
+  // decoder layer but the last ([B, T, C] fp32, B*T*C*4 bytes each) goes to
+  // pinned host memory during forward and comes back, one layer ahead,
+  // during backward. Costs (L-1)*B*T*C*4 bytes of pinned host memory and as
+  // many bytes each way over PCIe per micro-batch; saves them on the device.
+  bool offload_activations = false;
 };
 
 // Called once per block per ForwardBackward, on the executor's accumulator

@@ -1,6 +1,10 @@
 // Implementation of ThreadPool and WaitGroup (see thread_pool.h).
 #include "engine/thread_pool.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <utility>
@@ -47,18 +51,26 @@ void WaitGroup::Wait() {
 // ---------------------------------------------------------------------------
 // ThreadPool
 
-std::unique_ptr<ThreadPool> ThreadPool::Create(int num_threads) {
+bool SetCurrentThreadNice(int nice) {
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  return setpriority(PRIO_PROCESS, tid, nice) == 0;
+}
+
+std::unique_ptr<ThreadPool> ThreadPool::Create(int num_threads, int nice) {
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::thread::hardware_concurrency());
     if (num_threads <= 0) num_threads = 1;
   }
-  return std::unique_ptr<ThreadPool>(new ThreadPool(num_threads));
+  return std::unique_ptr<ThreadPool>(new ThreadPool(num_threads, nice));
 }
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, int nice) {
   workers_.reserve(num_threads);
   for (int worker_idx = 0; worker_idx < num_threads; ++worker_idx) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    workers_.emplace_back([this, nice] {
+      if (nice != 0) SetCurrentThreadNice(nice);
+      WorkerLoop();
+    });
   }
 }
 

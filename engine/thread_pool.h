@@ -73,14 +73,21 @@ class WaitGroup {
 //
 // Tasks must not throw: an exception escaping a task terminates the process
 // (no exception crosses a thread; see STYLE "Errors").
+// Sets the calling thread's nice value (Linux: per thread). Returns false
+// when the kernel refuses (raising the priority needs CAP_SYS_NICE).
+bool SetCurrentThreadNice(int nice);
+
 class ThreadPool {
  public:
   // Starts `num_threads` workers; 0 (or a negative value) means
   // std::thread::hardware_concurrency() (at least 1). ParallelFor runs on up
   // to `num_threads` threads in all: the calling thread plus
   // `num_threads - 1` workers, so it never oversubscribes the cores it was
-  // sized for.
-  static std::unique_ptr<ThreadPool> Create(int num_threads);
+  // sized for. `nice` > 0 lowers the workers' scheduling priority (Linux
+  // per-thread nice value, setpriority(2); ignored where it fails), so that
+  // threads of default priority (the GPU's critical path) preempt them
+  // when the cores are oversubscribed.
+  static std::unique_ptr<ThreadPool> Create(int num_threads, int nice = 0);
 
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -111,7 +118,7 @@ class ThreadPool {
   void Schedule(std::function<void()> task, WaitGroup* done = nullptr);
 
  private:
-  explicit ThreadPool(int num_threads);
+  ThreadPool(int num_threads, int nice);
   void WorkerLoop();
 
   absl::Mutex mu_;

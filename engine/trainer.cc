@@ -37,6 +37,7 @@ Trainer::~Trainer() {
 }
 
 void Trainer::OptimizerLoop() {
+  if (options_.optimizer_nice != 0) SetCurrentThreadNice(options_.optimizer_nice);
   while (true) {
     std::function<void()> task;
     {
@@ -162,7 +163,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = options;
-  t->pool_ = ThreadPool::Create(options.threads);
+  t->pool_ = ThreadPool::Create(options.threads, options.optimizer_nice);
   t->critical_pool_ = ThreadPool::Create(
       std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
@@ -177,6 +178,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   exec.seq_len = options.seq_len;
   exec.num_weight_slots = options.num_weight_slots;
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
+  exec.offload_activations = options.offload_activations;
   MEGATRAIN_ASSIGN_OR_RETURN(
       t->executor_,
       StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->critical_pool_.get(), exec));

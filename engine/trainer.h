@@ -126,8 +126,14 @@ struct TrainerOptions {
   NonFiniteInjection debug_nonfinite;        // testing only
   int threads = 0;                   // CPU optimizer threads; 0 = all cores (plus up to 8
                                      // threads for host work on the GPU's critical path)
+  // Nice value of the optimizer's threads (> 0: lower priority, so that
+  // host work on the GPU's critical path preempts AdamW chunks when the
+  // cores are oversubscribed; ThreadPool::Create).
+  int optimizer_nice = 0;
   int num_weight_slots = 3;          // device weight buffers
   int64_t loss_chunk_tokens = 0;     // 0 = auto
+  bool offload_activations = false;  // saved layer inputs in pinned host memory
+                                     // (Note [Activation offload] in executor.h)
 };
 
 struct StepResult {

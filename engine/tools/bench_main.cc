@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--weight_slots", o.num_weight_slots, "device weight buffers (>= 3)");
   app.add_option("--seed", o.seed, "weight and data seed");
+  app.add_option("--optimizer_nice", o.optimizer_nice,
+                 "nice value of the CPU AdamW threads (> 0: critical-path host work preempts them)");
+  app.add_flag("--offload_activations", o.offload_activations,
+               "keep saved layer inputs in pinned host memory (long sequences)");
   app.add_flag("--json", o.json, "print only the final JSON line on stdout");
   app.add_flag("--optimizer_only", optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
   app.add_option("--params", params, "parameters for --optimizer_only");

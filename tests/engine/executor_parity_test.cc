@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "engine/device_runtime.h"
@@ -44,6 +45,23 @@ TEST_P(ExecutorParityTest, Bf16MatchesReferenceOnCpu) {
   // bf16 matmuls (8-bit mantissa) on both sides, rounded at different
   // points: 2e-2 relative.
   ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kBf16, 0.02, 1, 2, 12);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, 2e-2);
+  EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
+}
+
+TEST_P(ExecutorParityTest, Fp32WithActivationOffloadMatchesReferenceOnCpu) {
+  // Two micro-batches: the host slots and the device ring are reused.
+  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kFp32, 0.2, 2, 2, 12,
+                             /*offload_activations=*/true);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, 1e-5);
+  EXPECT_LT(r.worst_grad_error, 1e-5) << r.worst_grad;
+}
+
+TEST_P(ExecutorParityTest, Bf16WithActivationOffloadMatchesReferenceOnCpu) {
+  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kBf16, 0.02, 2, 2, 12,
+                             /*offload_activations=*/true);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, 2e-2);
   EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
@@ -110,6 +128,31 @@ TEST(ExecutorTest, GradientAccumulationEqualsOneLargeBatch) {
   at::Tensor w = at::from_blob(whole.data(), {static_cast<int64_t>(whole.size())});
   // Same math, different summation order across micro-batches: 1e-5.
   EXPECT_LT(RelativeError(a, w), 1e-5);
+}
+
+// Note [Activation offload]: the saved inputs make a round trip through
+// host memory unchanged, so the gradients are bit for bit those of keeping
+// them on the device, and each offloaded layer input ([B, T, C] fp32) adds
+// its bytes once to D2H and once to H2D per micro-batch.
+TEST(ExecutorTest, ActivationOffloadIsBitIdenticalAndMovesTheInputs) {
+  for (const int64_t layers : {1, 2, 3}) {
+    ModelConfig config = SmallLlama();
+    config.num_hidden_layers = layers;
+    const int micro_batches = 3;
+    const int64_t b = 2, t = 12;
+    testing::GradientRun kept =
+        testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false);
+    testing::GradientRun offloaded =
+        testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, true);
+    ASSERT_FALSE(kept.grads.empty());
+    ASSERT_EQ(kept.grads.size(), offloaded.grads.size());
+    EXPECT_EQ(std::memcmp(kept.grads.data(), offloaded.grads.data(), kept.grads.size() * 4), 0)
+        << layers << " layers";
+    EXPECT_EQ(kept.loss, offloaded.loss);
+    const int64_t moved = (layers - 1) * b * t * config.hidden_size * 4 * micro_batches;
+    EXPECT_EQ(offloaded.stats.d2h_bytes - kept.stats.d2h_bytes, moved) << layers << " layers";
+    EXPECT_EQ(offloaded.stats.h2d_bytes - kept.stats.h2d_bytes, moved) << layers << " layers";
+  }
 }
 
 TEST(ExecutorTest, RefusesTokenOutsideVocabularyNamingThePosition) {

@@ -2,6 +2,10 @@
 // Schedule + WaitGroup completion, draining on destruction, nesting.
 #include "engine/thread_pool.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -117,6 +121,20 @@ TEST(ThreadPoolTest, ParallelForRunsChunksConcurrentlyWhenWorkersAreFree) {
     }
   });
   EXPECT_TRUE(both_met.load());
+}
+
+TEST(ThreadPoolTest, WorkersRunAtTheRequestedNiceValue) {
+  // A pool created with nice 7 runs its tasks at nice 7 (per thread); the
+  // creating thread keeps its own priority.
+  const int before = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  auto pool = ThreadPool::Create(2, /*nice=*/std::min(before + 7, 19));
+  std::atomic<int> seen{-100};
+  WaitGroup done;
+  pool->Schedule([&] { seen = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))); },
+                 &done);
+  done.Wait();
+  EXPECT_EQ(seen.load(), std::min(before + 7, 19));
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))), before);
 }
 
 TEST(ThreadPoolTest, ScheduleRunsEveryTaskBeforeWaitGroupReturns) {

@@ -75,7 +75,7 @@ std::vector<MicroBatch> MakeBatches(int count, int64_t b, int64_t t, int64_t voc
 }
 
 ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
-                       int micro_batches, int64_t b, int64_t t) {
+                       int micro_batches, int64_t b, int64_t t, bool offload_activations) {
   ParityResult out;
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -93,6 +93,7 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   options.micro_batch = b;
   options.seq_len = t;
   options.loss_chunk_tokens = 7;  // several chunks, one of them partial
+  options.offload_activations = offload_activations;
   auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
   EXPECT_THAT(executor, IsOk());
   if (!executor.ok()) return out;
@@ -153,6 +154,41 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
     }
   }
   out.ran = true;
+  return out;
+}
+
+GradientRun RunGradients(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
+                         double init_range, int micro_batches, int64_t b, int64_t t,
+                         bool offload_activations) {
+  GradientRun out;
+  HostStoreOptions store_options;
+  store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
+  store_options.pin = device != "cpu";
+  auto store = HostStore::Create(config, store_options);
+  EXPECT_THAT(store, IsOk());
+  if (!store.ok()) return out;
+  (*store)->InitializeWeights(/*seed=*/7, /*initializer_range=*/init_range);
+  auto runtime = DeviceRuntime::Create(device);
+  EXPECT_THAT(runtime, IsOk());
+  if (!runtime.ok()) return out;
+  auto pool = ThreadPool::Create(2);
+  ExecutorOptions options;
+  options.compute_dtype = dtype;
+  options.micro_batch = b;
+  options.seq_len = t;
+  options.offload_activations = offload_activations;
+  auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+  EXPECT_THAT(executor, IsOk());
+  if (!executor.ok()) return out;
+  auto result = (*executor)->ForwardBackward(MakeBatches(micro_batches, b, t, config.vocab_size, 11));
+  EXPECT_THAT(result, IsOk());
+  if (!result.ok()) return out;
+  for (int64_t blk = 0; blk < (*store)->num_blocks(); ++blk) {
+    out.grads.insert(out.grads.end(), (*store)->grad(blk),
+                     (*store)->grad(blk) + (*store)->block_numel(blk));
+  }
+  out.loss = result->loss();
+  out.stats = result->stats;
   return out;
 }
 

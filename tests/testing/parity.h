@@ -12,6 +12,7 @@
 #include "engine/batch.h"
 #include "engine/model_config.h"
 #include "engine/precision.h"
+#include "engine/stats.h"
 
 namespace megatrain::testing {
 
@@ -43,7 +44,20 @@ struct ParityResult {
 // `device` and the reference on the concatenated batch.
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches,
-                       int64_t b, int64_t t);
+                       int64_t b, int64_t t, bool offload_activations = false);
+
+// Gradients (all blocks, concatenated) and loss of one ForwardBackward over
+// `micro_batches` micro-batches of [b, t] on `device`, from weights seeded
+// as in RunParity; `stats` receives the pass's statistics when non-null.
+// Empty gradients when setup or the pass failed (a failure is recorded).
+struct GradientRun {
+  std::vector<float> grads;
+  double loss = 0;
+  engine::StepStats stats;
+};
+GradientRun RunGradients(const engine::ModelConfig& config, const std::string& device,
+                         engine::ComputeDtype dtype, double init_range, int micro_batches,
+                         int64_t b, int64_t t, bool offload_activations);
 
 }  // namespace megatrain::testing
 
