@@ -285,7 +285,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
 
   // Metrics, NVML, link bandwidth.
   p.metrics = std::make_unique<ServerMetrics>();
-  p.nvml = Nvml::Load();
+  // NVML's PCIe byte counters are read every 20 ms from here on, so that
+  // their totals start at daemon start (Note [NVML PCIe counters]).
+  NvmlOptions nvml_options;
+  for (const std::string& device : devices) {
+    if (device != "cpu") nvml_options.pcie_counter_devices.push_back(device);
+  }
+  p.nvml = Nvml::Load(nvml_options);
   ServerFacts facts;
   facts.version = kVersion;
   facts.start_time_unix_ms = NowUnixMs();
@@ -315,6 +321,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
         metrics->SetGpuMemory(device, sample->memory_used_bytes, sample->memory_total_bytes);
         metrics->SetNvmlPcieThroughput(device, sample->pcie_tx_bytes_per_second,
                                        sample->pcie_rx_bytes_per_second);
+        if (sample->pcie_byte_counters) {
+          metrics->SetNvmlPcieBytes(device, sample->pcie_tx_bytes, sample->pcie_rx_bytes,
+                                    sample->pcie_counter_late_reads);
+        }
       }
     });
   }

@@ -97,10 +97,25 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
            .Name("megatrain_pcie_utilization_ratio")
            .Help("Latest step: bytes / (step seconds x measured link bandwidth), in [0, 1].")
            .Register(r);
-  nvml_pcie_throughput_ = &BuildGauge()
-                               .Name("megatrain_nvml_pcie_throughput_bytes_per_second")
-                               .Help("PCIe throughput reported by NVML (tx, rx).")
-                               .Register(r);
+  nvml_pcie_throughput_ =
+      &BuildGauge()
+           .Name("megatrain_nvml_pcie_throughput_bytes_per_second")
+           .Help("PCIe throughput reported by NVML (tx, rx): one 20 ms window at each scrape, "
+                 "not comparable with byte counters; use megatrain_nvml_pcie_bytes_total.")
+           .Register(r);
+  nvml_pcie_bytes_total_ =
+      &BuildCounter()
+           .Name("megatrain_nvml_pcie_bytes_total")
+           .Help("PCIe bytes counted by NVML since daemon start (tx: device to host, rx: host "
+                 "to device), link level: payload and packet headers.")
+           .Register(r);
+  nvml_pcie_counter_late_reads_total_ =
+      &BuildCounter()
+           .Name("megatrain_nvml_pcie_counter_late_reads_total")
+           .Help("Reads of a 32-bit NVML PCIe byte counter that came late enough to have "
+                 "missed a whole wrap (megatrain_nvml_pcie_bytes_total may be short by 4 GiB "
+                 "each).")
+           .Register(r);
   gpu_memory_used_ = &BuildGauge()
                           .Name("megatrain_gpu_memory_used_bytes")
                           .Help("Device memory in use (NVML).")
@@ -313,6 +328,22 @@ void ServerMetrics::SetNvmlPcieThroughput(const std::string& device, double tx_b
                                           double rx_bytes_per_second) {
   nvml_pcie_throughput_->Add({{"device", device}, {"direction", "tx"}}).Set(tx_bytes_per_second);
   nvml_pcie_throughput_->Add({{"device", device}, {"direction", "rx"}}).Set(rx_bytes_per_second);
+}
+
+void ServerMetrics::SetNvmlPcieBytes(const std::string& device, uint64_t tx_bytes,
+                                     uint64_t rx_bytes, int64_t late_reads) {
+  // Under mu_: two concurrent scrapes must not both add the same growth.
+  std::lock_guard<std::mutex> lock(mu_);
+  NvmlPcieTotals& last = nvml_pcie_by_device_[device];
+  prometheus::Counter& tx = nvml_pcie_bytes_total_->Add({{"device", device}, {"direction", "tx"}});
+  prometheus::Counter& rx = nvml_pcie_bytes_total_->Add({{"device", device}, {"direction", "rx"}});
+  prometheus::Counter& late = nvml_pcie_counter_late_reads_total_->Add({{"device", device}});
+  if (tx_bytes > last.tx_bytes) tx.Increment(static_cast<double>(tx_bytes - last.tx_bytes));
+  if (rx_bytes > last.rx_bytes) rx.Increment(static_cast<double>(rx_bytes - last.rx_bytes));
+  if (late_reads > last.late_reads) late.Increment(static_cast<double>(late_reads - last.late_reads));
+  last.tx_bytes = std::max(last.tx_bytes, tx_bytes);
+  last.rx_bytes = std::max(last.rx_bytes, rx_bytes);
+  last.late_reads = std::max(last.late_reads, late_reads);
 }
 
 void ServerMetrics::SetWatchStreams(int streams) { watch_streams_->Set(streams); }

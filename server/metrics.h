@@ -25,8 +25,21 @@
 //                                                  gauge     latest step: bytes /
 //                                                            (step seconds x link
 //                                                            bandwidth), [0, 1]
+//   megatrain_nvml_pcie_bytes_total{device,direction=tx|rx}
+//                                                  counter   NVML's PCIe byte counters
+//                                                            (link level: payload and
+//                                                            headers), from 0 at daemon
+//                                                            start; compare its rate with
+//                                                            megatrain_pcie_bytes_total's
+//                                                            (Note [NVML PCIe counters])
+//   megatrain_nvml_pcie_counter_late_reads_total{device}
+//                                                  counter   reads of a 32-bit NVML byte
+//                                                            counter late enough to have
+//                                                            missed a wrap
 //   megatrain_nvml_pcie_throughput_bytes_per_second{device,direction=tx|rx}
-//                                                  gauge     NVML, sampled per scrape
+//                                                  gauge     NVML, one 20 ms window per
+//                                                            scrape: not comparable with
+//                                                            byte counters
 //   megatrain_gpu_memory_used_bytes{device}        gauge     NVML
 //   megatrain_gpu_memory_total_bytes{device}       gauge     NVML
 //   megatrain_gpu_memory_peak_bytes{device}        gauge     engine, latest step
@@ -50,7 +63,7 @@
 //   megatrain_build_info{version}                  gauge     always 1
 //
 // Thread-safety: every method is thread-safe (prometheus-cpp metrics are
-// atomic; the per-device host-store map has its own mutex).
+// atomic; the per-device maps have their own mutex).
 #ifndef MEGATRAIN_SERVER_METRICS_H_
 #define MEGATRAIN_SERVER_METRICS_H_
 
@@ -103,6 +116,11 @@ class ServerMetrics {
   void SetGpuMemory(const std::string& device, int64_t used_bytes, int64_t total_bytes);
   void SetNvmlPcieThroughput(const std::string& device, double tx_bytes_per_second,
                              double rx_bytes_per_second);
+  // NVML's PCIe byte totals of `device` (NvmlSample: cumulative, never
+  // decreasing) and its late reads: the counters advance by the growth
+  // since the previous call (the first call adds the whole totals).
+  void SetNvmlPcieBytes(const std::string& device, uint64_t tx_bytes, uint64_t rx_bytes,
+                        int64_t late_reads);
 
   // One finished RPC.
   void RecordRpc(absl::string_view method, absl::StatusCode code, double seconds);
@@ -137,6 +155,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* pcie_link_bandwidth_;
   prometheus::Family<prometheus::Gauge>* pcie_utilization_;
   prometheus::Family<prometheus::Gauge>* nvml_pcie_throughput_;
+  prometheus::Family<prometheus::Counter>* nvml_pcie_bytes_total_;
+  prometheus::Family<prometheus::Counter>* nvml_pcie_counter_late_reads_total_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_used_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_total_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_peak_;
@@ -158,6 +178,13 @@ class ServerMetrics {
   std::mutex mu_;
   std::map<std::string, engine::HostStoreBytes> host_store_by_device_;  // guarded by mu_
   std::map<std::string, LinkBandwidth> link_by_device_;                 // guarded by mu_
+  // The NVML totals last added to the counters, per device.
+  struct NvmlPcieTotals {
+    uint64_t tx_bytes = 0;
+    uint64_t rx_bytes = 0;
+    int64_t late_reads = 0;
+  };
+  std::map<std::string, NvmlPcieTotals> nvml_pcie_by_device_;  // guarded by mu_
 };
 
 // "OK", "INVALID_ARGUMENT", ... (the canonical code name).

@@ -110,6 +110,21 @@ TEST(MetricsTest, JobCountsAndRpcs) {
   EXPECT_THAT(text, HasSubstr("megatrain_rpc_duration_seconds_count{method=\"SubmitJob\"} 2"));
 }
 
+TEST(MetricsTest, NvmlPcieBytesAdvanceByTheGrowthOfTheTotals) {
+  ServerMetrics metrics;
+  metrics.SetNvmlPcieBytes("cuda:0", 1000, 3000, 0);
+  metrics.SetNvmlPcieBytes("cuda:0", 1500, 3000, 2);
+  metrics.SetNvmlPcieBytes("cuda:0", 1400, 2000, 1);  // lower totals never lower a counter
+  metrics.SetNvmlPcieBytes("cuda:1", 7, 8, 0);
+  const std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_nvml_pcie_bytes_total{device=\"cuda:0\",direction=\"tx\"} 1500"));
+  EXPECT_THAT(text, HasSubstr("megatrain_nvml_pcie_bytes_total{device=\"cuda:0\",direction=\"rx\"} 3000"));
+  EXPECT_THAT(text, HasSubstr("megatrain_nvml_pcie_bytes_total{device=\"cuda:1\",direction=\"rx\"} 8"));
+  EXPECT_THAT(text, HasSubstr("megatrain_nvml_pcie_counter_late_reads_total{device=\"cuda:0\"} 2"));
+  EXPECT_THAT(text, HasSubstr("megatrain_nvml_pcie_counter_late_reads_total{device=\"cuda:1\"} 0"));
+  EXPECT_THAT(text, HasSubstr("# TYPE megatrain_nvml_pcie_bytes_total counter"));
+}
+
 TEST(MetricsTest, PreCollectHookRunsOnEveryScrape) {
   ServerMetrics metrics;
   int calls = 0;
