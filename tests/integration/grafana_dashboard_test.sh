@@ -47,6 +47,7 @@ PARSE_ONLY_ON_CPU = {
         "link bandwidth is measured at start-up for CUDA devices only (server/daemon.cc)",
     "megatrain_pcie_utilization_ratio":
         "needs the measured link bandwidth, which only CUDA devices have",
+    "megatrain_nvml_pcie_bytes_total": NVML_CPU,
     "megatrain_nvml_pcie_throughput_bytes_per_second": NVML_CPU,
     "megatrain_gpu_memory_used_bytes": NVML_CPU,
     "megatrain_gpu_memory_total_bytes": NVML_CPU,
