@@ -8,7 +8,8 @@
 #
 #   deploy/gpu-long-context.sh            # after deploy/gpu-build.sh build-gpu megatrain-bench
 # Environment: PRESET (llama-1b), DEVICE (cuda; cpu for a smoke test), SEQS ("32768 65536 131072 262144"),
-# BUDGET_S (seconds after which no new length starts; 300), BUILD_DIR
+# BUDGET_S (seconds after which no new length starts; 300), COMPARE (1: the
+# first length also without offload; 0: skip that), BUILD_DIR
 # (build-gpu), OUT (./gpu-out). Writes $OUT/long-context.jsonl (one bench
 # JSON line per run that finished) and $OUT/long-context.log.
 set -uo pipefail
@@ -46,7 +47,7 @@ for seq in $SEQS; do
   fi
   # Short lengths: 2 measured steps after a warm-up; long ones: 1 step.
   if [ "$seq" -le 65536 ]; then steps=2; warmup=1; else steps=1; warmup=0; fi
-  if [ $first = 1 ]; then
+  if [ $first = 1 ] && [ "${COMPARE:-1}" = 1 ]; then
     run "$seq" "$steps" "$warmup" || true   # without offload, for comparison
     first=0
   fi

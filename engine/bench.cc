@@ -68,6 +68,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.num_weight_slots = o.num_weight_slots;
   topt.offload_activations = o.offload_activations;
   topt.optimizer_nice = o.optimizer_nice;
+  topt.critical_threads = o.critical_threads;
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -145,6 +146,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["seq_len"] = o.seq_len;
   j["offload_activations"] = o.offload_activations;
   j["optimizer_nice"] = o.optimizer_nice;
+  j["critical_threads"] = o.critical_threads;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   j["steps"] = o.steps;
   j["tokens_per_s"] = tokens / step_median;

@@ -29,6 +29,7 @@ struct BenchOptions {
   int num_weight_slots = 3;
   bool offload_activations = false;  // Note [Activation offload] in executor.h
   int optimizer_nice = 0;            // TrainerOptions::optimizer_nice
+  int critical_threads = 0;          // TrainerOptions::critical_threads
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout
 };

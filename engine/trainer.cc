@@ -161,11 +161,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
                                                         const TrainerOptions& options,
                                                         uint64_t seed) {
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
+  if (options.optimizer_nice < 0 || options.optimizer_nice > 19) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer_nice: must be in [0, 19] (only lowering the priority needs no privilege), got ",
+        options.optimizer_nice));
+  }
+  if (options.critical_threads < 0 || options.critical_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("critical_threads: must be in [0, 1024], got ", options.critical_threads));
+  }
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = options;
   t->pool_ = ThreadPool::Create(options.threads, options.optimizer_nice);
   t->critical_pool_ = ThreadPool::Create(
-      std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
+      options.critical_threads > 0
+          ? options.critical_threads
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
   HostStoreOptions store_options;
   store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;

@@ -124,8 +124,10 @@ struct TrainerOptions {
   double max_grad_norm = 1.0;        // global-norm clipping; <= 0 disables
   NanPolicy nan_policy = NanPolicy::kSkip;  // NaN/inf loss or norm (Note [Non-finite steps])
   NonFiniteInjection debug_nonfinite;        // testing only
-  int threads = 0;                   // CPU optimizer threads; 0 = all cores (plus up to 8
-                                     // threads for host work on the GPU's critical path)
+  int threads = 0;                   // CPU optimizer threads; 0 = all cores
+  int critical_threads = 0;          // threads for host work on the GPU's critical path
+                                     // (gather, scatter, embedding row gate); 0 = half
+                                     // the cores, at most 8
   // Nice value of the optimizer's threads (> 0: lower priority, so that
   // host work on the GPU's critical path preempts AdamW chunks when the
   // cores are oversubscribed; ThreadPool::Create).
