@@ -64,6 +64,23 @@ HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
   return o;
 }
 
+// Layer inputs saved for backward that stay on the device: all L of them,
+// or with train.offload_activations the last layer's plus the ring of two
+// device buffers that brings the others back (Note [Activation offload] in
+// executor.h; nothing is offloaded when L = 1).
+int64_t DeviceSavedLayers(const JobSpec& spec, const ModelConfig& config) {
+  const int64_t layers = config.num_hidden_layers;
+  return spec.train.offload_activations && layers > 1 ? 3 : layers;
+}
+
+// Pinned host bytes of train.offload_activations: the inputs of layers
+// 0..L-2, [B, T, C] fp32 each (as StreamingExecutor allocates them).
+int64_t ActivationOffloadBytes(const JobSpec& spec, const ModelConfig& config) {
+  if (!spec.train.offload_activations || config.num_hidden_layers < 2) return 0;
+  return (config.num_hidden_layers - 1) * spec.train.micro_batch * spec.train.seq_len *
+         config.hidden_size * 4;
+}
+
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   MemoryFootprint f;
   f.params = config.ParamCount();
@@ -74,15 +91,17 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   if (config.tie_word_embeddings) max_block = std::max(max_block, layout.blocks[0].numel);
   const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
-  // Pinned staging: 2 gradient buffers + the activation upload buffer.
+  // Pinned staging: 2 gradient buffers + the activation upload buffer
+  // (+ the offloaded layer inputs with train.offload_activations).
+  f.activation_offload_bytes = ActivationOffloadBytes(spec, config);
   f.host.staging = 2 * std::max(max_block * esize, tokens * config.hidden_size * 4) +
-                   tokens * (config.hidden_size * 4 + 8);
+                   tokens * (config.hidden_size * 4 + 8) + f.activation_offload_bytes;
   f.host_total_bytes = f.host.Total();
   // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
   // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
   // tensors, a rough bound).
   f.device_estimate_bytes = 5 * max_block * esize +
-                            config.num_hidden_layers * tokens * config.hidden_size * 4 +
+                            DeviceSavedLayers(spec, config) * tokens * config.hidden_size * 4 +
                             12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
   return f;
 }
@@ -177,7 +196,8 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
     return status;
   }
   const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
-  const int64_t saved_bytes = config.num_hidden_layers * tokens * config.hidden_size * 4;
+  const int64_t layer_bytes = tokens * config.hidden_size * 4;
+  const int64_t saved_layers = DeviceSavedLayers(spec, config);
   const MemoryFootprint f = FootprintOf(spec, config);
   std::string advice;
   if (spec.train.micro_batch > 1) {
@@ -188,14 +208,25 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
   } else {
     advice = "train.micro_batch is already 1: try a shorter train.seq_len";
   }
+  if (!spec.train.offload_activations && config.num_hidden_layers > 1) {
+    const int64_t offloaded = config.num_hidden_layers - 1;
+    absl::StrAppend(&advice, "; or train.offload_activations: true (", offloaded, " x ", tokens,
+                    " x ", config.hidden_size, " x 4 B = ", GiB(offloaded * layer_bytes),
+                    " of them in pinned host memory instead)");
+  }
   return absl::Status(
       status.code(),
       absl::StrCat(status.message(), "; job: train.micro_batch ", spec.train.micro_batch,
                    " x train.seq_len ", spec.train.seq_len, " = ", tokens,
                    " tokens per micro-batch; layer inputs saved for backward (activation "
-                   "checkpointing is always on) ",
-                   config.num_hidden_layers, " x ", tokens, " x ", config.hidden_size,
-                   " x 4 B = ", GiB(saved_bytes), ", device estimate ",
+                   "checkpointing is always on",
+                   saved_layers < config.num_hidden_layers
+                       ? absl::StrCat("; train.offload_activations keeps ",
+                                      config.num_hidden_layers - 1,
+                                      " in pinned host memory and these on the device")
+                       : "",
+                   ") ", saved_layers, " x ", tokens, " x ", config.hidden_size,
+                   " x 4 B = ", GiB(saved_layers * layer_bytes), ", device estimate ",
                    GiB(f.device_estimate_bytes), "; ", advice));
 }
 
@@ -214,7 +245,8 @@ std::string JobSpecToJson(const JobSpec& s) {
                 {"compute_dtype", ComputeDtypeName(s.train.compute_dtype)},
                 {"max_grad_norm", s.train.max_grad_norm},
                 {"seed", s.train.seed},
-                {"nan_policy", NanPolicyName(s.train.nan_policy)}};
+                {"nan_policy", NanPolicyName(s.train.nan_policy)},
+                {"offload_activations", s.train.offload_activations}};
   j["optimizer"] = {{"lr", s.optimizer.lr},
                     {"beta1", s.optimizer.beta1},
                     {"beta2", s.optimizer.beta2},
@@ -371,6 +403,7 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   t.schedule.min_lr_ratio = spec_.optimizer.min_lr_ratio;
   t.max_grad_norm = spec_.train.max_grad_norm;
   t.nan_policy = spec_.train.nan_policy;
+  t.offload_activations = spec_.train.offload_activations;
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",

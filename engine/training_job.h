@@ -54,6 +54,12 @@ struct TrainSpec {
   // NaN/inf loss or gradient norm: skip the step (default) or fail the job
   // (engine/nan_policy.h; Note [Non-finite steps] in trainer.h).
   NanPolicy nan_policy = NanPolicy::kSkip;
+  // Saved layer inputs in pinned host memory during forward, back one layer
+  // ahead in backward (Note [Activation offload] in executor.h): costs
+  // (L-1) * micro_batch * seq_len * hidden_size * 4 bytes of pinned host
+  // memory and as many bytes each way over PCIe per micro-batch. For long
+  // sequences; bit-identical results.
+  bool offload_activations = false;
 };
 
 struct OptimizerSpec {
@@ -104,6 +110,10 @@ struct MemoryFootprint {
   HostStoreBytes host;             // by kind
   int64_t host_total_bytes = 0;    // all host memory of the job
   int64_t device_estimate_bytes = 0;  // weight slots + activations (rough)
+  // Pinned host bytes of train.offload_activations ((L-1) saved layer
+  // inputs, [B, T, C] fp32 each); 0 without it. Part of host.staging (the
+  // executor's pinned buffers) and so of host_total_bytes.
+  int64_t activation_offload_bytes = 0;
 };
 
 // Computes the footprint of `spec`'s model (reads config.json for hf_dir).
@@ -198,9 +208,11 @@ class TrainingJob {
 // OutOfMemoryError). The result keeps the code and the original message and
 // adds the micro-batch shape, the activations saved for backward (one
 // [B, T, C] fp32 layer input per layer: activation checkpointing is always
-// on), the whole-job device estimate, and a smaller train.micro_batch to try
-// (half, with gradient_accumulation_steps doubled to keep the global
-// batch). TrainingJob applies it to every error of Create and Run.
+// on; with train.offload_activations only 3 of them stay on the device), the
+// whole-job device estimate, a smaller train.micro_batch to try (half, with
+// gradient_accumulation_steps doubled to keep the global batch) and, when it
+// is off, train.offload_activations with the pinned host bytes it would take.
+// TrainingJob applies it to every error of Create and Run.
 // Example (llama-1b preset, bf16, micro_batch 64, seq_len 8192), after the
 // executor's "device out of memory (...): CUDA out of memory. Tried to
 // allocate ...":
@@ -209,7 +221,8 @@ class TrainingJob {
 //   is always on) 16 x 524288 x 2048 x 4 B = 64.00 GiB, device estimate
 //   162.45 GiB; try train.micro_batch: 32 with
 //   train.gradient_accumulation_steps: 2 (same global batch) or a shorter
-//   train.seq_len
+//   train.seq_len; or train.offload_activations: true (15 x 524288 x 2048 x
+//   4 B = 60.00 GiB of them in pinned host memory instead)
 absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
                                       const ModelConfig& config);
 

@@ -147,6 +147,37 @@ TEST(EstimateFootprintTest, CountsBytesPerParameter) {
   EXPECT_LT(f->host_total_bytes, 18.4 * f->params);
 }
 
+TEST(EstimateFootprintTest, ActivationOffloadAddsItsPinnedBuffers) {
+  // The long-context case: llama-1b, one sequence of 262144 tokens.
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-1b";
+  s.train.micro_batch = 1;
+  s.train.seq_len = 262144;
+  s.train.compute_dtype = ComputeDtype::kBf16;
+  auto without = EstimateFootprint(s);
+  ASSERT_THAT(without, IsOk());
+  EXPECT_EQ(without->activation_offload_bytes, 0);
+  s.train.offload_activations = true;
+  auto with = EstimateFootprint(s);
+  ASSERT_THAT(with, IsOk());
+  // (L-1) x B x T x C x 4 bytes: 15 x 1 x 262144 x 2048 x 4 = 30 GiB.
+  const int64_t offload = int64_t{15} * 262144 * 2048 * 4;
+  EXPECT_EQ(with->activation_offload_bytes, offload);
+  EXPECT_EQ(with->host.staging, without->host.staging + offload);
+  EXPECT_EQ(with->host_total_bytes, without->host_total_bytes + offload);
+  // On the device 3 saved inputs (the last layer's and the ring of two)
+  // remain of 16.
+  EXPECT_EQ(without->device_estimate_bytes - with->device_estimate_bytes,
+            int64_t{13} * 262144 * 2048 * 4);
+}
+
+TEST(JobSpecToJsonTest, RecordsOffloadActivations) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  EXPECT_THAT(JobSpecToJson(s), HasSubstr("\"offload_activations\":false"));
+  s.train.offload_activations = true;
+  EXPECT_THAT(JobSpecToJson(s), HasSubstr("\"offload_activations\":true"));
+}
+
 TEST(TrainingJobTest, TrainsToCompletionWithCheckpointsAndEval) {
   const std::string out = testing::MakeTempDir("job");
   auto job = TrainingJob::Create(TinySpec(WriteDataset(), out), "cpu", std::nullopt);
@@ -198,6 +229,41 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
   // Same weights, optimizer state, schedule and data cursor: the losses of
   // steps 4..8 are bit-identical to the uninterrupted run's.
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << i;
+}
+
+// train.offload_activations reaches the executor and changes nothing but
+// where the saved layer inputs live: on the CPU the offloaded values come
+// back bit-identical (Note [Activation offload] in engine/executor.h), so
+// every step's loss and eval loss match the job without it exactly.
+TEST(TrainingJobTest, OffloadActivationsTrainsToTheSameLosses) {
+  const std::string data = WriteDataset();
+  Recorder plain;
+  {
+    auto job =
+        TrainingJob::Create(TinySpec(data, testing::MakeTempDir("plain")), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    EXPECT_EQ((*job)->footprint().activation_offload_bytes, 0);
+    ASSERT_THAT((*job)->Run(&plain), IsOk());
+  }
+  JobSpec spec = TinySpec(data, testing::MakeTempDir("offload"));
+  spec.train.offload_activations = true;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  // tiny: 4 layers, hidden 128; the inputs of layers 0..2 go to the host.
+  EXPECT_EQ((*job)->footprint().activation_offload_bytes, 3 * 2 * 16 * 128 * 4);
+  Recorder offloaded;
+  auto outcome = (*job)->Run(&offloaded);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+  ASSERT_EQ(offloaded.losses.size(), 8u);
+  EXPECT_EQ(offloaded.losses, plain.losses);
+  EXPECT_EQ(offloaded.evals, plain.evals);
+  // The offload traffic shows in the step stats: 3 layer inputs each way
+  // per micro-batch on top of the plain job's bytes.
+  ASSERT_EQ(offloaded.reports.size(), plain.reports.size());
+  const int64_t moved = 3 * 2 * 16 * 128 * 4;
+  EXPECT_EQ(offloaded.reports[0].stats.d2h_bytes, plain.reports[0].stats.d2h_bytes + moved);
+  EXPECT_EQ(offloaded.reports[0].stats.h2d_bytes, plain.reports[0].stats.h2d_bytes + moved);
 }
 
 TEST(TrainingJobTest, CancelStopsWithoutFinishing) {
@@ -397,8 +463,22 @@ TEST(ExplainDeviceOutOfMemoryTest, AddsTheShapeTheActivationsAndASmallerMicroBat
                              HasSubstr("train.micro_batch 64 x train.seq_len 8192 = 524288 tokens"),
                              HasSubstr("activation checkpointing is always on"),
                              HasSubstr("try train.micro_batch: 32 with "
-                                       "train.gradient_accumulation_steps: 2"))));
+                                       "train.gradient_accumulation_steps: 2"),
+                             HasSubstr("or train.offload_activations: true (15 x 524288 x 2048 "
+                                       "x 4 B = 60.00 GiB of them in pinned host memory "
+                                       "instead)"))));
   std::cout << explained.message() << "\n";  // the expected message of the GPU check
+
+  // With offload on, 3 saved inputs stay on the device and it is not
+  // suggested again.
+  spec.train.offload_activations = true;
+  const absl::Status offloaded = ExplainDeviceOutOfMemory(oom, spec, *config);
+  EXPECT_THAT(offloaded,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("train.offload_activations keeps 15 in pinned host memory"),
+                             HasSubstr(") 3 x 524288 x 2048 x 4 B = 12.00 GiB"))));
+  EXPECT_THAT(offloaded.message(), ::testing::Not(HasSubstr("or train.offload_activations: true")));
+  spec.train.offload_activations = false;
 
   spec.train.micro_batch = 1;
   EXPECT_THAT(ExplainDeviceOutOfMemory(oom, spec, *config),
