@@ -253,6 +253,7 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          }
          return absl::OkStatus();
        }},
+      MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
   };
   const Fields optimizer_fields = {
       MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),

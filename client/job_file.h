@@ -2,9 +2,10 @@
 //
 // Keys are those of job.proto (name, model, data, train, optimizer, eval,
 // checkpoint, output_dir, priority, labels); train.compute_dtype is "fp32" |
-// "tf32" | "bf16". An unknown key, a value of the wrong type, a bad
-// compute_dtype or both model.preset and model.hf_dir is INVALID_ARGUMENT
-// naming the file and the key path:
+// "tf32" | "bf16"; train.offload_activations is a YAML bool (true/false).
+// An unknown key, a value of the wrong type, a bad compute_dtype or both
+// model.preset and model.hf_dir is INVALID_ARGUMENT naming the file and the
+// key path:
 //   "tiny.yaml: train.micro_btch: unknown key (known: micro_batch, ...)".
 // Relative paths (model.hf_dir, data.tokens, data.text, data.tokenizer,
 // output_dir) are resolved against the directory of the file, so that a job

@@ -263,12 +263,18 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
                              backend_->EstimateFootprint(request.spec));
   if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
     const engine::HostStoreBytes& host = footprint.host;
+    const std::string offload =
+        footprint.activation_offload_bytes > 0
+            ? absl::StrCat(", of which train.offload_activations ",
+                           footprint.activation_offload_bytes)
+            : "";
     return absl::ResourceExhaustedError(absl::StrCat(
         "job needs ", FormatBytes(footprint.host_total_bytes), " of host memory for ",
         footprint.params, " parameters (master ", host.master, ", grad ", host.grad,
         ", exp_avg ", host.exp_avg, ", exp_avg_sq ", host.exp_avg_sq, ", streaming ",
-        host.streaming, ", staging ", host.staging, " bytes) but --host_memory_budget is ",
-        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon"));
+        host.streaming, ", staging ", host.staging, offload,
+        " bytes) but --host_memory_budget is ", FormatBytes(options_.host_memory_budget_bytes),
+        "; it can never run on this daemon"));
   }
   if (options_.max_queued_jobs_per_user > 0) {
     MEGATRAIN_ASSIGN_OR_RETURN(int64_t queued, store_->CountJobs(caller.name, JobState::kQueued));

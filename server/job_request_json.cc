@@ -28,7 +28,8 @@ std::string JobRequestToJson(const JobRequest& request) {
                 {"compute_dtype", std::string(engine::ComputeDtypeName(spec.train.compute_dtype))},
                 {"max_grad_norm", spec.train.max_grad_norm},
                 {"seed", spec.train.seed},
-                {"nan_policy", engine::NanPolicyName(spec.train.nan_policy)}};
+                {"nan_policy", engine::NanPolicyName(spec.train.nan_policy)},
+                {"offload_activations", spec.train.offload_activations}};
   j["optimizer"] = {{"lr", spec.optimizer.lr},
                     {"beta1", spec.optimizer.beta1},
                     {"beta2", spec.optimizer.beta2},
@@ -106,6 +107,8 @@ absl::StatusOr<JobRequest> JobRequestFromJson(absl::string_view text) {
       return absl::DataLossError(absl::StrCat("job spec JSON: ", policy.status().message()));
     }
     spec.train.nan_policy = *policy;
+    // Absent in jobs stored before the field existed: off, as they ran.
+    Get(train, "offload_activations", &spec.train.offload_activations);
     const json& optimizer = Section(j, "optimizer");
     Get(optimizer, "lr", &spec.optimizer.lr);
     Get(optimizer, "beta1", &spec.optimizer.beta1);

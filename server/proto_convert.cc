@@ -96,6 +96,9 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
       return absl::InvalidArgumentError(absl::StrCat(
           "train.nan_policy: unknown value ", static_cast<int>(train.nan_policy())));
   }
+  if (train.has_offload_activations()) {
+    spec.train.offload_activations = train.offload_activations();
+  }
 
   const v1::OptimizerSpec& optimizer = in.optimizer();
   if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
@@ -163,6 +166,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_seed(spec.train.seed);
   train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
                                                                            : v1::NAN_POLICY_SKIP);
+  train->set_offload_activations(spec.train.offload_activations);
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);
   optimizer->set_beta1(spec.optimizer.beta1);

@@ -180,7 +180,7 @@ FULL_JOB = [
     ("train", [("micro_batch", 4), ("seq_len", 64),
                ("gradient_accumulation_steps", 2), ("global_batch", 8),
                ("max_steps", 10), ("max_tokens", 0), ("compute_dtype", "bf16"),
-               ("max_grad_norm", 0.5), ("seed", 7)]),
+               ("max_grad_norm", 0.5), ("seed", 7), ("offload_activations", True)]),
     ("optimizer", [("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-8),
                    ("weight_decay", 0.1), ("warmup_steps", 2),
                    ("schedule", "linear"), ("min_lr_ratio", 0.1)]),
@@ -254,7 +254,7 @@ def job_yaml_corpus(repo):
     files["invalid_not_an_integer.yaml"] = "train:\n  micro_batch: eight\n"
     files["invalid_integer_overflow.yaml"] = "train:\n  max_tokens: 99999999999999999999\n"
     files["invalid_not_a_number.yaml"] = "optimizer: {lr: fast}\n"
-    files["invalid_not_a_bool.yaml"] = "train: {skip_nonfinite_steps: maybe}\n"
+    files["invalid_not_a_bool.yaml"] = "train: {offload_activations: maybe}\n"
     files["invalid_compute_dtype.yaml"] = "train: {compute_dtype: fp16}\n"
     files["invalid_preset_and_hf_dir.yaml"] = "model: {preset: tiny, hf_dir: /m}\n"
     files["invalid_negative_seed.yaml"] = "train: {seed: -1}\ndata: {shuffle_seed: 3}\n"
@@ -313,7 +313,7 @@ _SCHEMA = {
                   "global_batch": (10, "varint"), "max_steps": (4, "varint"),
                   "max_tokens": (5, "varint"), "compute_dtype": (6, "varint"),
                   "max_grad_norm": (7, "double"), "seed": (8, "varint"),
-                  "nan_policy": (11, "varint")},
+                  "nan_policy": (11, "varint"), "offload_activations": (12, "varint")},
     "OptimizerSpec": {"lr": (1, "double"), "beta1": (2, "double"),
                       "beta2": (3, "double"), "eps": (4, "double"),
                       "weight_decay": (5, "double"), "warmup_steps": (6, "varint"),

@@ -275,6 +275,15 @@ TEST_F(DaemonTest, InvalidSpecsAreRefusedNamingTheField) {
   EXPECT_THAT(engine_refusal.err,
               HasSubstr("INVALID_ARGUMENT: train.micro_batch: must be in [1, 4096], got 0"));
 
+  const std::string not_bool = absl::StrCat(jobs_dir_, "/not-bool.yaml");
+  std::ofstream(not_bool) << "model: {preset: tiny}\n"
+                          << "train: {offload_activations: 3, max_steps: 5}\n";
+  CliResult bad_bool = Cli({"--server", address_, "submit", not_bool});
+  EXPECT_EQ(bad_bool.code, client::kExitError);
+  EXPECT_THAT(bad_bool.err,
+              HasSubstr("INVALID_ARGUMENT: " + not_bool +
+                        ": train.offload_activations: expected true or false, got '3'"));
+
   CliResult unknown_key = Cli({"--server", address_, "submit", WriteJob("typo", "trian: {}\n")});
   EXPECT_EQ(unknown_key.code, client::kExitError);
   EXPECT_THAT(unknown_key.err, HasSubstr("trian: unknown key"));

@@ -232,13 +232,17 @@ absl::StatusOr<engine::MemoryFootprint> FakeEngineBackend::EstimateFootprint(
     std::lock_guard<std::mutex> lock(mu_);
     auto it = footprint_bytes_by_preset.find(spec.model.preset);
     if (it != footprint_bytes_by_preset.end()) bytes = it->second;
+    if (spec.train.offload_activations) {
+      footprint.activation_offload_bytes = activation_offload_bytes;
+    }
   }
   footprint.params = bytes / 16;
   footprint.host.master = bytes / 4;
   footprint.host.grad = bytes / 4;
   footprint.host.exp_avg = bytes / 4;
   footprint.host.exp_avg_sq = bytes - 3 * (bytes / 4);
-  footprint.host_total_bytes = bytes;
+  footprint.host.staging = footprint.activation_offload_bytes;
+  footprint.host_total_bytes = bytes + footprint.activation_offload_bytes;
   return footprint;
 }
 

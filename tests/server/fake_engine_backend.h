@@ -17,7 +17,9 @@
 // optimizer.lr > 0, a known optimizer.schedule, exactly one of data.tokens /
 // data.text, a known preset (tiny, llama-*, or a key of
 // `footprint_bytes_by_preset`). Footprints come from
-// `footprint_bytes_by_preset` (default 1 MiB).
+// `footprint_bytes_by_preset` (default 1 MiB), plus
+// `activation_offload_bytes` of pinned staging for specs with
+// train.offload_activations.
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef MEGATRAIN_TESTS_SERVER_FAKE_ENGINE_BACKEND_H_
@@ -74,6 +76,9 @@ class FakeEngineBackend final : public EngineBackend {
   absl::Duration step_duration = absl::ZeroDuration();
   int cuda_device_count = 0;
   std::map<std::string, int64_t> footprint_bytes_by_preset;
+  // Added to the footprint of a spec with train.offload_activations (as
+  // host.staging and activation_offload_bytes, like the engine's estimate).
+  int64_t activation_offload_bytes = 0;
   // CreateJob fails with this for specs named `fail_create_name`.
   std::string fail_create_name;
   absl::Status fail_create_status = absl::ResourceExhaustedError("fake: out of memory");

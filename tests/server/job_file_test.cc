@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -66,6 +67,7 @@ TEST(JobFileTest, ParsesTheIssueExample) {
   EXPECT_EQ(spec->priority(), 0);
   // Keys not given stay unset (the engine default applies).
   EXPECT_FALSE(spec->train().has_max_grad_norm());
+  EXPECT_FALSE(spec->train().has_offload_activations());
   EXPECT_FALSE(spec->optimizer().has_beta2());
 }
 
@@ -94,7 +96,7 @@ TEST(JobFileTest, AbsolutePathsAreKeptAndRelativeOnesNormalised) {
 TEST(JobFileTest, OptionalKeysAndLabels) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
       "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "
-      "seed: 7, nan_policy: fail}\n"
+      "seed: 7, nan_policy: fail, offload_activations: true}\n"
       "optimizer: {beta1: 0.8, beta2: 0.99, eps: 1e-6, min_lr_ratio: 0.1}\n"
       "eval: {every_steps: 10, batches: 2}\n"
       "data: {eval_fraction: 0.05, shuffle_seed: 3}\n"
@@ -109,12 +111,25 @@ TEST(JobFileTest, OptionalKeysAndLabels) {
   EXPECT_EQ(spec->train().max_grad_norm(), 0);
   EXPECT_EQ(spec->train().seed(), 7u);
   EXPECT_EQ(spec->train().nan_policy(), v1::NAN_POLICY_FAIL);
+  EXPECT_TRUE(spec->train().has_offload_activations());
+  EXPECT_TRUE(spec->train().offload_activations());
   EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.99);
   EXPECT_EQ(spec->eval().batches(), 2);
   EXPECT_DOUBLE_EQ(spec->data().eval_fraction(), 0.05);
   EXPECT_EQ(spec->checkpoint().keep_every(), 100);
   EXPECT_EQ(spec->labels().at("exp"), "42");
   EXPECT_EQ(spec->priority(), -5);
+}
+
+TEST(JobFileTest, OffloadActivationsIsABool) {
+  for (bool offload : {true, false}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+        absl::StrCat("train:\n  offload_activations: ", offload ? "true" : "false", "\n"), "/jobs",
+        "job.yaml");
+    ASSERT_THAT(spec, IsOk());
+    EXPECT_TRUE(spec->train().has_offload_activations());  // an explicit false is kept too
+    EXPECT_EQ(spec->train().offload_activations(), offload);
+  }
 }
 
 struct BadFileCase {
@@ -148,6 +163,12 @@ INSTANTIATE_TEST_SUITE_P(
                     "optimizer.lr: expected a number, got 'fast'"},
         BadFileCase{"BadNanPolicy", "train: {nan_policy: maybe}\n",
                     "train.nan_policy: must be skip or fail, got 'maybe'"},
+        BadFileCase{"IntegerForBool", "train: {offload_activations: 3}\n",
+                    "train.offload_activations: expected true or false, got '3'"},
+        BadFileCase{"StringForBool", "train: {offload_activations: \"always\"}\n",
+                    "train.offload_activations: expected true or false, got 'always'"},
+        BadFileCase{"ListForBool", "train: {offload_activations: [true]}\n",
+                    "train.offload_activations: expected a single value"},
         BadFileCase{"BadComputeDtype", "train: {compute_dtype: fp16}\n",
                     "train.compute_dtype: must be fp32, tf32 or bf16, got 'fp16'"},
         BadFileCase{"SectionNotAMapping", "train: 5\n", "train: expected a mapping of keys"},

@@ -251,6 +251,22 @@ TEST_F(JobManagerTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
                                         HasSubstr("--host_memory_budget is 64.00 MiB (67108864 bytes)"))));
 }
 
+TEST_F(JobManagerTest, ActivationOffloadCountsAgainstTheBudget) {
+  // 1 MiB of model state (the fake's default) fits 64 MiB; with 1 GiB of
+  // pinned offload buffers (train.offload_activations) it never can.
+  backend_.activation_offload_bytes = int64_t{1} << 30;
+  StartManager();
+  Submit(kAlice, Request("no-offload"));
+  JobRequest request = Request("offload");
+  request.spec.train.offload_activations = true;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("job needs 1.00 GiB"),
+                                        HasSubstr("staging 1073741824, of which "
+                                                  "train.offload_activations 1073741824 bytes"),
+                                        HasSubstr("it can never run on this daemon"))));
+}
+
 TEST_F(JobManagerTest, JobThatFitsLaterWaitsForMemory) {
   backend_.gated = true;
   options_.devices = {"cuda:0", "cuda:1"};

@@ -78,6 +78,8 @@ TEST(SpecConvertTest, AbsentOptionalFieldsKeepEngineDefaults) {
   EXPECT_EQ(spec.train.gradient_accumulation_steps, defaults.train.gradient_accumulation_steps);
   EXPECT_DOUBLE_EQ(spec.train.max_grad_norm, defaults.train.max_grad_norm);
   EXPECT_EQ(spec.train.nan_policy, defaults.train.nan_policy);
+  EXPECT_FALSE(spec.train.offload_activations);
+  EXPECT_EQ(spec.train.offload_activations, defaults.train.offload_activations);
   EXPECT_DOUBLE_EQ(spec.optimizer.lr, defaults.optimizer.lr);
   EXPECT_DOUBLE_EQ(spec.optimizer.beta2, defaults.optimizer.beta2);
   EXPECT_DOUBLE_EQ(spec.optimizer.eps, defaults.optimizer.eps);
@@ -153,6 +155,36 @@ TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
                        HasSubstr("train.nan_policy: unknown value 7")));
 }
 
+TEST(SpecConvertTest, OffloadActivationsConvertsBothWays) {
+  for (bool offload : {true, false}) {
+    v1::JobSpec spec = TinySpec();
+    spec.mutable_train()->set_offload_activations(offload);
+    absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+    ASSERT_THAT(request, IsOk());
+    EXPECT_EQ(request->spec.train.offload_activations, offload);
+    v1::JobSpec back;
+    JobRequestToProto(*request, &back);
+    EXPECT_TRUE(back.train().has_offload_activations());
+    EXPECT_EQ(back.train().offload_activations(), offload);
+    const std::string json = JobRequestToJson(*request);
+    EXPECT_THAT(json,
+                HasSubstr(absl::StrCat("\"offload_activations\":", offload ? "true" : "false")));
+    absl::StatusOr<JobRequest> parsed = JobRequestFromJson(json);
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(parsed->spec.train.offload_activations, offload);
+  }
+}
+
+TEST(SpecConvertTest, StoredJsonWithoutOffloadActivationsIsOff) {
+  // Jobs stored before train.offload_activations existed ran without it.
+  absl::StatusOr<JobRequest> old = JobRequestFromJson(R"({"train": {"micro_batch": 4}})");
+  ASSERT_THAT(old, IsOk());
+  EXPECT_FALSE(old->spec.train.offload_activations);
+  // Not a bool: the stored form is corrupt (nlohmann's type error).
+  EXPECT_THAT(JobRequestFromJson(R"({"train": {"offload_activations": 3}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("type must be boolean")));
+}
+
 TEST(SpecConvertTest, StoredJsonWithTheOldBoolKeepsItsMeaning) {
   // Jobs stored before nan_policy replaced train.skip_nonfinite_steps.
   absl::StatusOr<JobRequest> old_fail =
@@ -216,11 +248,13 @@ TEST(SpecConvertTest, JsonRoundTripKeepsEveryField) {
   request->spec.train.compute_dtype = engine::ComputeDtype::kBf16;
   request->spec.data.eval_fraction = 0.1;
   request->spec.train.seed = 77;
+  request->spec.train.offload_activations = true;
   const std::string json = JobRequestToJson(*request);
   absl::StatusOr<JobRequest> parsed = JobRequestFromJson(json);
   ASSERT_THAT(parsed, IsOk());
   EXPECT_EQ(JobRequestToJson(*parsed), json);
   EXPECT_EQ(parsed->spec.train.compute_dtype, engine::ComputeDtype::kBf16);
+  EXPECT_TRUE(parsed->spec.train.offload_activations);
 }
 
 TEST(SpecConvertTest, CorruptJsonIsDataLoss) {
