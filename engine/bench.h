@@ -28,7 +28,7 @@ struct BenchOptions {
   int threads = 0;                 // CPU threads; 0 = all
   int num_weight_slots = 3;
   bool offload_activations = false;  // Note [Activation offload] in executor.h
-  int optimizer_nice = 0;            // TrainerOptions::optimizer_nice
+  int optimizer_nice = 10;           // TrainerOptions::optimizer_nice
   int critical_threads = 0;          // TrainerOptions::critical_threads
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout

@@ -580,10 +580,13 @@ void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel
   task.direct = kind == AccumTask::Kind::kDense && task.first;
   task.grad_zero = assume_embedding_grad_zero_;
   if (task.direct) {
-    // The block's gradient so far is this one: its norm, on the device.
+    // The block's gradient so far is this one: its norm, on the device
+    // (compute-stream work, timed as such).
+    const int norm_token = timer_.Begin(StreamKind::kCompute);
     at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel},
                                     at::TensorOptions().dtype(at::kFloat).device(runtime_->device()));
     task.keep_alive_norm = compat::VectorNormFp64(flat);
+    timer_.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
   }
   runtime_->Record(StreamKind::kCompute, *grad_ready_[slot]);
   runtime_->Wait(StreamKind::kD2H, *grad_ready_[slot]);

@@ -176,7 +176,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->critical_pool_ = ThreadPool::Create(
       options.critical_threads > 0
           ? options.critical_threads
-          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
   HostStoreOptions store_options;
   store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;

@@ -126,12 +126,13 @@ struct TrainerOptions {
   NonFiniteInjection debug_nonfinite;        // testing only
   int threads = 0;                   // CPU optimizer threads; 0 = all cores
   int critical_threads = 0;          // threads for host work on the GPU's critical path
-                                     // (gather, scatter, embedding row gate); 0 = half
-                                     // the cores, at most 8
+                                     // (gather, scatter, embedding row gate); 0 = all
+                                     // cores, at most 16 (they preempt the niced AdamW)
   // Nice value of the optimizer's threads (> 0: lower priority, so that
   // host work on the GPU's critical path preempts AdamW chunks when the
-  // cores are oversubscribed; ThreadPool::Create).
-  int optimizer_nice = 0;
+  // cores are oversubscribed; ThreadPool::Create). 10 measured best on an
+  // H200 host (docs/performance.md); 0 keeps the process's priority.
+  int optimizer_nice = 10;
   int num_weight_slots = 3;          // device weight buffers
   int64_t loss_chunk_tokens = 0;     // 0 = auto
   bool offload_activations = false;  // saved layer inputs in pinned host memory

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer_nice", o.optimizer_nice,
                  "nice value of the CPU AdamW threads (> 0: critical-path host work preempts them)");
   app.add_option("--critical_threads", o.critical_threads,
-                 "threads for host work on the GPU's critical path (0: half the cores, <= 8)");
+                 "threads for host work on the GPU's critical path (0: all cores, <= 16)");
   app.add_flag("--offload_activations", o.offload_activations,
                "keep saved layer inputs in pinned host memory (long sequences)");
   app.add_flag("--json", o.json, "print only the final JSON line on stdout");
