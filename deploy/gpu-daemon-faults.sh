@@ -11,7 +11,8 @@
 #     between the job's first and last scrape; also, for reference only, the
 #     old comparison with NVML's 20 ms throughput gauge (server/nvml.h,
 #     Note [NVML PCIe counters]).
-# Prints OOM_CHECK / AFTER_OOM_JOB / PCIE_CHECK / PCIE_GAUGE lines. Needs
+#   * a llama-1b job with train.offload_activations (1 x 8192) trains;
+# Prints OOM_CHECK / AFTER_OOM_JOB / OFFLOAD_JOB / PCIE_CHECK / PCIE_GAUGE lines. Needs
 # bash, curl and python3 only.
 
 data_abs=$PWD/examples/jobs/data/tiny
@@ -38,6 +39,27 @@ print("OOM_CHECK", "PASS" if ok else "FAIL", j["state"], j["error_code"], msg[:7
 PY
 cli submit examples/jobs/tiny-gpu.yaml --wait > "$OUT/after-oom.log" 2>&1
 echo "AFTER_OOM_JOB exit $? (0 expected): $(tail -1 "$OUT/after-oom.log")"
+
+# A job with train.offload_activations on the GPU (micro-batch 1 x 8192):
+# it must train, and its stored spec must keep the field.
+cat > "$state/offload.yaml" <<YAML
+name: offload-check
+model: {preset: llama-1b}
+data: {tokens: $data_abs}
+train: {micro_batch: 1, seq_len: 8192, max_steps: 3, compute_dtype: bf16, offload_activations: true}
+optimizer: {lr: 1.0e-5}
+YAML
+cli submit "$state/offload.yaml" --wait > "$OUT/offload-submit.log" 2>&1
+offload_rc=$?
+cli get "$(job_named offload-check)" --json > "$OUT/offload-job.json"
+python3 - "$OUT/offload-job.json" "$offload_rc" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+spec = j.get("spec", {}).get("train", {})
+ok = sys.argv[2] == "0" and j["state"] == "SUCCEEDED" and spec.get("offload_activations") is True
+print("OFFLOAD_JOB", "PASS" if ok else "FAIL", j["state"], "offload_activations =",
+      spec.get("offload_activations"), (j.get("error_message") or "")[:300])
+PY
 
 cat > "$state/pcie.yaml" <<YAML
 name: pcie-check
