@@ -145,8 +145,7 @@ void RemoveTempEntries(const std::string& root) {
   std::error_code ec;
   for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     if (absl::StartsWith(it->path().filename().string(), kTempPrefix)) {
-      std::error_code ignored;
-      (void)RemoveTree(std::filesystem::path(it->path()).string());
+      (void)RemoveTree(it->path().string());
     }
   }
 }
@@ -303,8 +302,7 @@ absl::Status ApplyRetention(const std::string& root, int64_t written_step,
   if (doomed.empty()) return absl::OkStatus();
   MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
   for (const std::string& path : doomed) {
-    std::error_code ignored;  // a leftover is removed by the next write
-    (void)RemoveTree(std::filesystem::path(path).string());
+    (void)RemoveTree(path);  // a leftover is removed by the next write
   }
   return absl::OkStatus();
 }
@@ -667,8 +665,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
     const std::string aside_dir = JoinPath(root, absl::StrCat(kTempPrefix, "delete-", name));
     MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(temp_dir, final_dir, aside_dir));
     MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
-    std::error_code ignored;
-    (void)RemoveTree(std::filesystem::path(aside_dir).string());
+    (void)RemoveTree(aside_dir);
     // temp_guard removes temp_dir, which now holds the old checkpoint.
   } else {
     if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {

@@ -229,8 +229,7 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
   for (std::filesystem::directory_iterator it(parent, ec), end; !ec && it != end;
        it.increment(ec)) {
     if (absl::StartsWith(it->path().filename().string(), temp_prefix)) {
-      std::error_code ignored;
-      (void)RemoveTree(std::filesystem::path(it->path()).string());
+      (void)RemoveTree(it->path().string());
     }
   }
 

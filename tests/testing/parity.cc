@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "engine/device_runtime.h"
@@ -74,50 +75,85 @@ std::vector<MicroBatch> MakeBatches(int count, int64_t b, int64_t t, int64_t voc
   return out;
 }
 
-ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
-                       int micro_batches, int64_t b, int64_t t, bool offload_activations) {
-  ParityResult out;
+namespace {
+
+// The executor under test and what it needs, from weights seeded as the
+// parity tests expect (seed 7). Members are destroyed executor first.
+struct ExecutorUnderTest {
+  std::unique_ptr<HostStore> store;
+  std::unique_ptr<DeviceRuntime> runtime;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<StreamingExecutor> executor;
+};
+
+// Null (with a recorded failure) when any part cannot be created.
+std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& config,
+                                                         const std::string& device,
+                                                         ComputeDtype dtype, double init_range,
+                                                         int64_t b, int64_t t,
+                                                         int64_t loss_chunk_tokens,
+                                                         bool offload_activations) {
+  auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
   store_options.pin = device != "cpu";
   auto store = HostStore::Create(config, store_options);
   EXPECT_THAT(store, IsOk());
-  if (!store.ok()) return out;
-  (*store)->InitializeWeights(/*seed=*/7, /*initializer_range=*/init_range);
+  if (!store.ok()) return nullptr;
+  out->store = std::move(*store);
+  out->store->InitializeWeights(/*seed=*/7, /*initializer_range=*/init_range);
   auto runtime = DeviceRuntime::Create(device);
   EXPECT_THAT(runtime, IsOk());
-  if (!runtime.ok()) return out;
-  auto pool = ThreadPool::Create(2);
+  if (!runtime.ok()) return nullptr;
+  out->runtime = std::move(*runtime);
+  out->pool = ThreadPool::Create(2);
   ExecutorOptions options;
   options.compute_dtype = dtype;
   options.micro_batch = b;
   options.seq_len = t;
-  options.loss_chunk_tokens = 7;  // several chunks, one of them partial
+  options.loss_chunk_tokens = loss_chunk_tokens;
   options.offload_activations = offload_activations;
-  auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+  auto executor =
+      StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
-  if (!executor.ok()) return out;
+  if (!executor.ok()) return nullptr;
+  out->executor = std::move(*executor);
+  return out;
+}
+
+}  // namespace
+
+ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
+                       int micro_batches, int64_t b, int64_t t, bool offload_activations) {
+  ParityResult out;
+  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
+      config, device, dtype, init_range, b, t,
+      /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
+      offload_activations);
+  if (under_test == nullptr) return out;
+  HostStore* store = under_test->store.get();
+  StreamingExecutor* executor = under_test->executor.get();
   std::vector<MicroBatch> batches = MakeBatches(micro_batches, b, t, config.vocab_size, 11);
   std::vector<int64_t> final_blocks;
-  std::vector<double> reported_sq((*store)->num_blocks(), -1.0);
-  auto result = (*executor)->ForwardBackward(batches, [&](int64_t block, double grad_sq) {
+  std::vector<double> reported_sq(store->num_blocks(), -1.0);
+  auto result = executor->ForwardBackward(batches, [&](int64_t block, double grad_sq) {
     final_blocks.push_back(block);
     reported_sq[block] = grad_sq;
   });
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
-  EXPECT_EQ(final_blocks.size(), static_cast<size_t>((*store)->num_blocks()));
+  EXPECT_EQ(final_blocks.size(), static_cast<size_t>(store->num_blocks()));
   // The squared norm handed to the callback is that of the final gradient
   // (device-computed for one-piece blocks, Note [Gradient landing]).
-  for (int64_t blk = 0; blk < (*store)->num_blocks(); ++blk) {
-    const float* g = (*store)->grad(blk);
+  for (int64_t blk = 0; blk < store->num_blocks(); ++blk) {
+    const float* g = store->grad(blk);
     double sq = 0;
-    for (int64_t i = 0; i < (*store)->block_numel(blk); ++i) sq += static_cast<double>(g[i]) * g[i];
+    for (int64_t i = 0; i < store->block_numel(blk); ++i) sq += static_cast<double>(g[i]) * g[i];
     EXPECT_NEAR(reported_sq[blk], sq, 1e-9 + 1e-6 * sq) << "block " << blk;
   }
 
   // Reference: the whole global batch in one autograd graph.
-  ReferenceParams params = ParamsFromStore(**store);
+  ReferenceParams params = ParamsFromStore(*store);
   std::vector<int32_t> ids, labels;
   for (const MicroBatch& mb : batches) {
     ids.insert(ids.end(), mb.input_ids.begin(), mb.input_ids.end());
@@ -129,9 +165,9 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   at::Tensor loss = ReferenceLoss(config, params, ids_t, labels_t, dtype == ComputeDtype::kBf16);
   loss.backward();
   out.loss_error = std::abs(result->loss() - loss.item<double>()) / std::abs(loss.item<double>());
-  const ModelLayout& layout = (*store)->layout();
+  const ModelLayout& layout = store->layout();
   for (size_t blk = 0; blk < layout.blocks.size(); ++blk) {
-    const float* grad = (*store)->grad(static_cast<int64_t>(blk));
+    const float* grad = store->grad(static_cast<int64_t>(blk));
     // Note [Near-cancelling gradients]: softmax is invariant to a shift of
     // all keys, so the k_proj bias gradient nearly cancels (only RoPE keeps
     // it from being exactly 0); its norm-relative error measures rounding
@@ -161,31 +197,17 @@ GradientRun RunGradients(const ModelConfig& config, const std::string& device, C
                          double init_range, int micro_batches, int64_t b, int64_t t,
                          bool offload_activations) {
   GradientRun out;
-  HostStoreOptions store_options;
-  store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
-  store_options.pin = device != "cpu";
-  auto store = HostStore::Create(config, store_options);
-  EXPECT_THAT(store, IsOk());
-  if (!store.ok()) return out;
-  (*store)->InitializeWeights(/*seed=*/7, /*initializer_range=*/init_range);
-  auto runtime = DeviceRuntime::Create(device);
-  EXPECT_THAT(runtime, IsOk());
-  if (!runtime.ok()) return out;
-  auto pool = ThreadPool::Create(2);
-  ExecutorOptions options;
-  options.compute_dtype = dtype;
-  options.micro_batch = b;
-  options.seq_len = t;
-  options.offload_activations = offload_activations;
-  auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
-  EXPECT_THAT(executor, IsOk());
-  if (!executor.ok()) return out;
-  auto result = (*executor)->ForwardBackward(MakeBatches(micro_batches, b, t, config.vocab_size, 11));
+  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
+      config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations);
+  if (under_test == nullptr) return out;
+  HostStore* store = under_test->store.get();
+  StreamingExecutor* executor = under_test->executor.get();
+  auto result = executor->ForwardBackward(MakeBatches(micro_batches, b, t, config.vocab_size, 11));
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
-  for (int64_t blk = 0; blk < (*store)->num_blocks(); ++blk) {
-    out.grads.insert(out.grads.end(), (*store)->grad(blk),
-                     (*store)->grad(blk) + (*store)->block_numel(blk));
+  for (int64_t blk = 0; blk < store->num_blocks(); ++blk) {
+    out.grads.insert(out.grads.end(), store->grad(blk),
+                     store->grad(blk) + store->block_numel(blk));
   }
   out.loss = result->loss();
   out.stats = result->stats;
