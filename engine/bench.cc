@@ -93,29 +93,40 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   std::array<std::vector<double>, 4> gap_s;
   double loss_first = 0, loss_last = 0;
   StepStats last;
-  for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-    std::vector<MicroBatch> batches = fixed;
-    if (o.data == "random") {
-      batches.clear();
-      for (int64_t m = 0; m < o.gradient_accumulation_steps; ++m) {
-        batches.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
-      }
+  auto make_batches = [&]() {
+    if (o.data != "random") return fixed;
+    std::vector<MicroBatch> out;
+    for (int64_t m = 0; m < o.gradient_accumulation_steps; ++m) {
+      out.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
     }
-    MEGATRAIN_ASSIGN_OR_RETURN(StepResult r, trainer->Step(batches));
+    return out;
+  };
+  // One global batch ahead, so that each step knows the next one's first
+  // micro-batch (Note [Embedding lookahead] in trainer.h).
+  std::vector<MicroBatch> batches = make_batches();
+  for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
+    std::vector<MicroBatch> next;
+    if (i + 1 < o.warmup + o.steps) next = make_batches();
+    absl::Span<const int32_t> next_ids;
+    if (o.embedding_lookahead && !next.empty()) next_ids = next.front().input_ids;
+    MEGATRAIN_ASSIGN_OR_RETURN(StepResult r, trainer->Step(batches, next_ids));
+    batches = std::move(next);
     if (i == 0) loss_first = r.loss;
     loss_last = r.loss;
     const double tokens_per_s = r.stats.tokens / r.stats.step_seconds;
     std::fprintf(progress,
                  "step %ld%s loss %.4f grad_norm %.3f | %.3f s, %.0f tokens/s, %.1f model TFLOP/s | "
                  "h2d %.3f compute %.3f d2h %.3f optimizer %.3f (exposed %.3f) idle %.3f "
-                 "grad-wait %.3f drain %.3f | gaps start %.3f fwd %.3f head %.3f bwd %.3f s\n",
+                 "grad-wait %.3f drain %.3f | gaps start %.3f fwd %.3f head %.3f bwd %.3f s | "
+                 "rows gated %ld lookahead %ld\n",
                  static_cast<long>(i + 1), i < o.warmup ? " (warmup)" : "", r.loss, r.grad_norm,
                  r.stats.step_seconds, tokens_per_s, tokens_per_s * flops_per_token / 1e12,
                  r.stats.h2d_seconds, r.stats.compute_seconds, r.stats.d2h_seconds,
                  r.stats.optimizer_seconds, r.stats.optimizer_exposed_seconds,
                  r.stats.gpu_idle_seconds, r.stats.grad_wait_seconds, r.stats.drain_seconds,
                  r.stats.gap_start_seconds, r.stats.gap_forward_seconds, r.stats.gap_head_seconds,
-                 r.stats.gap_backward_seconds);
+                 r.stats.gap_backward_seconds, static_cast<long>(r.stats.gate_rows),
+                 static_cast<long>(r.stats.lookahead_rows));
     std::fflush(progress);
     if (i < o.warmup) continue;
     step_s.push_back(r.stats.step_seconds);
@@ -147,6 +158,9 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["offload_activations"] = o.offload_activations;
   j["optimizer_nice"] = o.optimizer_nice;
   j["critical_threads"] = o.critical_threads;
+  j["embedding_lookahead"] = o.embedding_lookahead;
+  j["gate_rows"] = last.gate_rows;
+  j["lookahead_rows"] = last.lookahead_rows;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   j["steps"] = o.steps;
   j["tokens_per_s"] = tokens / step_median;

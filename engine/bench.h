@@ -30,6 +30,8 @@ struct BenchOptions {
   bool offload_activations = false;  // Note [Activation offload] in executor.h
   int optimizer_nice = 10;           // TrainerOptions::optimizer_nice
   int critical_threads = 0;          // TrainerOptions::critical_threads
+  bool embedding_lookahead = true;   // pass Trainer::Step the next batch's ids
+                                     // (Note [Embedding lookahead] in trainer.h)
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout
 };

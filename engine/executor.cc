@@ -173,7 +173,7 @@ class StreamingExecutor::Impl {
   int64_t slot_device_bytes() const { return slot_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
   void SetWeightGate(std::function<void(int64_t)> gate) { weight_gate_ = std::move(gate); }
-  void SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t>)> gate) {
+  void SetEmbeddingRowGate(EmbeddingRowGate gate) {
     row_gate_ = std::move(gate);
   }
   void AssumeEmbeddingGradZero(bool zero) { assume_embedding_grad_zero_ = zero; }
@@ -287,7 +287,8 @@ class StreamingExecutor::Impl {
   std::vector<double> known_sq_;
   std::function<void(int64_t, double)> on_block_final_;
   std::function<void(int64_t)> weight_gate_;
-  std::function<void(absl::Span<const int32_t>)> row_gate_;
+  EmbeddingRowGate row_gate_;
+  std::vector<const float*> row_sources_;  // per token of the gather, from row_gate_
   bool assume_embedding_grad_zero_ = false;  // for the current/next Run only
   double gate_wait_seconds_ = 0;
   double grad_wait_seconds_ = 0;   // enqueue thread waiting for a free grad slot
@@ -490,17 +491,21 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
   if (upload_pending_) runtime_->HostWait(*upload_done_);  // staging reused
   float* hidden = static_cast<float*>(upload_staging_.data());
   int64_t* labels = reinterpret_cast<int64_t*>(hidden + rows * c);
+  const float* table = store_->master(layout_.embedding_block());
+  row_sources_.resize(rows);
   if (row_gate_) {
     const Clock::time_point start = Clock::now();
-    row_gate_(absl::MakeConstSpan(mb.input_ids));
+    row_gate_(absl::MakeConstSpan(mb.input_ids), absl::MakeSpan(row_sources_));
     gate_wait_seconds_ += SecondsSince(start);
   } else {
     WaitWeights(layout_.embedding_block());
+    for (int64_t r = 0; r < rows; ++r) {
+      row_sources_[r] = table + static_cast<int64_t>(mb.input_ids[r]) * c;
+    }
   }
-  const float* table = store_->master(layout_.embedding_block());
   pool_->ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      std::memcpy(hidden + r * c, table + static_cast<int64_t>(mb.input_ids[r]) * c, c * 4);
+      std::memcpy(hidden + r * c, row_sources_[r], c * 4);
       labels[r] = mb.labels[r];
     }
   });
@@ -972,7 +977,7 @@ void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
 
 void StreamingExecutor::AssumeEmbeddingGradZero(bool zero) { impl_->AssumeEmbeddingGradZero(zero); }
 
-void StreamingExecutor::SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t>)> gate) {
+void StreamingExecutor::SetEmbeddingRowGate(EmbeddingRowGate gate) {
   impl_->SetEmbeddingRowGate(std::move(gate));
 }
 

@@ -146,11 +146,18 @@ class StreamingExecutor {
 
   // Installs a gate for the embedding rows a micro-batch gathers, called
   // (on the enqueuing thread) with the micro-batch's token ids [B*T] before
-  // the host gather, in place of the weight gate of the embedding block;
-  // the weight gate still guards every read of the whole table (tied
-  // lm_head) and every write of its gradient (Note [Embedding rows on
-  // demand] in trainer.h). Time inside it counts as optimizer_exposed_seconds.
-  void SetEmbeddingRowGate(std::function<void(absl::Span<const int32_t> token_ids)> wait_rows);
+  // the host gather, in place of the weight gate of the embedding block.
+  // The gate sets row_sources[i] (row_sources.size() == token_ids.size())
+  // to the C fp32 values that row token_ids[i] has after every pending
+  // update: the store's row once it is current, or a copy of that value
+  // held elsewhere (the trainer's lookahead, Note [Embedding lookahead] in
+  // trainer.h), valid until the gather is done. The weight gate still
+  // guards every read of the whole table (tied lm_head) and every write of
+  // its gradient (Note [Embedding rows on demand] in trainer.h). Time
+  // inside it counts as optimizer_exposed_seconds.
+  using EmbeddingRowGate =
+      std::function<void(absl::Span<const int32_t> token_ids, absl::Span<const float*> row_sources)>;
+  void SetEmbeddingRowGate(EmbeddingRowGate gate);
 
   // The caller guarantees that the embedding block's gradient in the store
   // is all zero when the next ForwardBackward's scatter-add into it (untied

@@ -46,6 +46,11 @@ struct StepStats {
   int64_t h2d_bytes = 0;         // host -> device bytes
   int64_t d2h_bytes = 0;         // device -> host bytes
   int64_t peak_device_bytes = 0; // peak device memory allocated in the step
+  // Embedding rows (Note [Embedding lookahead] in trainer.h): rows the row
+  // gate updated on the critical path before a gather, and rows a gather
+  // read from the lookahead instead.
+  int64_t gate_rows = 0;
+  int64_t lookahead_rows = 0;
 
   void Add(const StepStats& other) {
     tokens += other.tokens;
@@ -65,6 +70,8 @@ struct StepStats {
     h2d_bytes += other.h2d_bytes;
     d2h_bytes += other.d2h_bytes;
     if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;
+    gate_rows += other.gate_rows;
+    lookahead_rows += other.lookahead_rows;
   }
 };
 

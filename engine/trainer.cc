@@ -46,7 +46,7 @@ void Trainer::OptimizerLoop() {
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;
       auto next = std::min_element(tasks_.begin(), tasks_.end(), [](const auto& a, const auto& b) {
-        return std::tie(a.step, a.order) < std::tie(b.step, b.order);
+        return std::tie(a.step, a.order, a.slice) < std::tie(b.step, b.order, b.slice);
       });
       task = std::move(next->run);
       tasks_.erase(next);
@@ -56,25 +56,34 @@ void Trainer::OptimizerLoop() {
 }
 
 void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale) {
+  // Note [Optimizer slices]: one task per slice, each accounted separately.
+  const int64_t numel = store_->block_numel(block);
+  const int64_t slice = options_.optimizer_slice_elements;
+  const int64_t slices = std::max<int64_t>(1, (numel + slice - 1) / slice);
   absl::MutexLock lock(&mu_);
-  pending_[block] = true;
-  ++pending_count_;
-  tasks_.push_back(UpdateTask{step, block, [this, block, step, lr, grad_scale] {
-    const auto start = std::chrono::steady_clock::now();
-    AdamWBuffers buffers;
-    buffers.params = store_->master(block);
-    buffers.grads = store_->grad(block);
-    buffers.exp_avg = store_->exp_avg(block);
-    buffers.exp_avg_sq = store_->exp_avg_sq(block);
-    buffers.bf16_params = store_->streaming_bf16(block);
-    buffers.num_elements = store_->block_numel(block);
-    absl::Status status = adamw_->Step(buffers, step, lr, grad_scale);
-    absl::MutexLock lock(&mu_);
-    if (!status.ok() && optimizer_error_.ok()) optimizer_error_ = status;
-    optimizer_busy_seconds_ += SecondsSince(start);
-    pending_[block] = false;
-    --pending_count_;
-  }});
+  for (int64_t k = 0; k < slices; ++k) {
+    const int64_t begin = k * slice;
+    const int64_t count = std::min(numel - begin, slice);
+    ++pending_[block];
+    ++pending_count_;
+    tasks_.push_back(UpdateTask{step, block, k, [this, block, step, lr, grad_scale, begin, count] {
+      const auto start = std::chrono::steady_clock::now();
+      AdamWBuffers buffers;
+      buffers.params = store_->master(block) + begin;
+      buffers.grads = store_->grad(block) + begin;
+      buffers.exp_avg = store_->exp_avg(block) + begin;
+      buffers.exp_avg_sq = store_->exp_avg_sq(block) + begin;
+      bf16_bits* bf16 = store_->streaming_bf16(block);
+      buffers.bf16_params = bf16 != nullptr ? bf16 + begin : nullptr;
+      buffers.num_elements = count;
+      absl::Status status = adamw_->Step(buffers, step, lr, grad_scale);
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && optimizer_error_.ok()) optimizer_error_ = status;
+      optimizer_busy_seconds_ += SecondsSince(start);
+      --pending_[block];
+      --pending_count_;
+    }});
+  }
 }
 
 void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale) {
@@ -83,17 +92,19 @@ void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale)
     ScheduleUpdate(emb, step, lr, grad_scale);
     return;
   }
+  // The lookahead of this step reads the rows this update rewrites.
+  FinishLookahead(lookahead_[step % 2]);
   for (int64_t r = 0; r < emb_rows_; ++r) emb_row_state_[r].store(0, std::memory_order_relaxed);
   emb_grad_zero_next_ = true;  // the update zeroes each row's gradient
   emb_step_ = step;
   emb_lr_ = lr;
   emb_grad_scale_ = grad_scale;
   absl::MutexLock lock(&mu_);
-  pending_[emb] = true;
+  ++pending_[emb];
   emb_rows_pending_ = true;
   ++pending_count_;
   // Last in priority: the next forward's gathers update their own rows.
-  tasks_.push_back(UpdateTask{step, store_->num_blocks(), [this, emb] {
+  tasks_.push_back(UpdateTask{step, store_->num_blocks(), 0, [this, emb] {
     const auto start = std::chrono::steady_clock::now();
     pool_->ParallelFor(emb_rows_, 64, [this](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) UpdateEmbeddingRow(r);
@@ -101,7 +112,7 @@ void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale)
     absl::MutexLock lock(&mu_);
     optimizer_busy_seconds_ += SecondsSince(start);
     emb_rows_pending_ = false;
-    pending_[emb] = false;
+    --pending_[emb];
     --pending_count_;
   }});
 }
@@ -132,21 +143,116 @@ void Trainer::UpdateEmbeddingRow(int64_t row) {
   while (state.load(std::memory_order_acquire) != 2) std::this_thread::yield();
 }
 
-void Trainer::WaitEmbeddingRows(absl::Span<const int32_t> token_ids) {
+void Trainer::GateEmbeddingRows(absl::Span<const int32_t> token_ids,
+                                absl::Span<const float*> row_sources) {
+  const float* table = store_->master(store_->layout().embedding_block());
+  // Only the first gather after the lookahead's update was scheduled may
+  // use it (Note [Embedding lookahead]).
+  const Lookahead* la = std::exchange(gate_lookahead_, nullptr);
+  bool pending;
   {
     absl::MutexLock lock(&mu_);
-    if (!emb_rows_pending_) return;
+    pending = emb_rows_pending_;
   }
+  if (pending) {
+    std::vector<int32_t> rows = DistinctTokenIds(token_ids);
+    if (la != nullptr) {
+      rows.erase(std::remove_if(rows.begin(), rows.end(),
+                                [la](int32_t r) { return la->slot_of_row[r] >= 0; }),
+                 rows.end());
+    }
+    critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) UpdateEmbeddingRow(rows[i]);
+    });
+    gate_rows_ += static_cast<int64_t>(rows.size());
+  }
+  for (size_t i = 0; i < token_ids.size(); ++i) {
+    const int32_t id = token_ids[i];
+    const int32_t slot = la != nullptr ? la->slot_of_row[id] : -1;
+    if (slot >= 0) {
+      row_sources[i] = la->values.data() + static_cast<int64_t>(slot) * emb_row_width_;
+      ++lookahead_rows_;
+    } else {
+      row_sources[i] = table + static_cast<int64_t>(id) * emb_row_width_;
+    }
+  }
+}
 
-  const std::vector<int32_t> rows = DistinctTokenIds(token_ids);
-  critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) UpdateEmbeddingRow(rows[i]);
+void Trainer::QueueLookahead(int64_t step, double lr, absl::Span<const MicroBatch> micro_batches,
+                             absl::Span<const int32_t> next_input_ids) {
+  Lookahead& la = lookahead_[step % 2];
+  FinishLookahead(la);  // step - 2's, long consumed
+  for (const int32_t r : la.rows) la.slot_of_row[r] = -1;
+  la.rows.clear();
+  if (la.slot_of_row.empty()) la.slot_of_row.assign(emb_rows_, -1);
+  if (touched_.empty()) touched_.assign(emb_rows_, 0);
+  for (const MicroBatch& mb : micro_batches) {
+    for (const int32_t id : mb.input_ids) touched_[id] = 1;
+  }
+  for (const int32_t id : next_input_ids) {
+    // Ids come from the caller unchecked here: out-of-range ones are left
+    // to the executor's validation of the next batch.
+    if (id < 0 || id >= emb_rows_ || touched_[id] || la.slot_of_row[id] >= 0) continue;
+    la.slot_of_row[id] = static_cast<int32_t>(la.rows.size());
+    la.rows.push_back(id);
+  }
+  for (const MicroBatch& mb : micro_batches) {
+    for (const int32_t id : mb.input_ids) touched_[id] = 0;
+  }
+  if (la.rows.empty()) return;
+  const size_t values = la.rows.size() * static_cast<size_t>(emb_row_width_);
+  if (la.values.size() < values) la.values.resize(values);
+  la.step = step;
+  la.lr = lr;
+  absl::MutexLock lock(&mu_);
+  la.state = LookaheadState::kQueued;
+  tasks_.push_back(UpdateTask{step, -1, 0, [this, &la] { RunLookahead(la); }});
+}
+
+void Trainer::RunLookahead(Lookahead& la) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (la.state != LookaheadState::kQueued) return;  // cancelled
+    la.state = LookaheadState::kRunning;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t emb = store_->layout().embedding_block();
+  const int64_t c = emb_row_width_;
+  std::atomic<bool> failed{false};
+  pool_->ParallelFor(static_cast<int64_t>(la.rows.size()), 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> zero(c, 0.0f), m(c), v(c);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = la.rows[i];
+      UpdateEmbeddingRow(row);  // the previous step's update of the row, if pending
+      const int64_t offset = row * c;
+      float* value = la.values.data() + i * c;
+      std::memcpy(value, store_->master(emb) + offset, c * 4);
+      std::memcpy(m.data(), store_->exp_avg(emb) + offset, c * 4);
+      std::memcpy(v.data(), store_->exp_avg_sq(emb) + offset, c * 4);
+      AdamWBuffers buffers;
+      buffers.params = value;
+      buffers.grads = zero.data();
+      buffers.exp_avg = m.data();
+      buffers.exp_avg_sq = v.data();
+      buffers.num_elements = c;
+      if (!adamw_->Step(buffers, la.step, la.lr, 1.0f).ok()) failed = true;
+    }
   });
+  absl::MutexLock lock(&mu_);
+  optimizer_busy_seconds_ += SecondsSince(start);
+  la.state = failed ? LookaheadState::kCancelled : LookaheadState::kDone;
+}
+
+void Trainer::FinishLookahead(Lookahead& la) {
+  absl::MutexLock lock(&mu_);
+  if (la.state == LookaheadState::kQueued) la.state = LookaheadState::kCancelled;
+  auto settled = [&la]() { return la.state != LookaheadState::kRunning; };
+  mu_.Await(absl::Condition(&settled));
 }
 
 void Trainer::WaitBlock(int64_t block) {
   absl::MutexLock lock(&mu_);
-  auto done = [this, block]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_[block]; };
+  auto done = [this, block]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_[block] == 0; };
   mu_.Await(absl::Condition(&done));
 }
 
@@ -169,6 +275,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   if (options.critical_threads < 0 || options.critical_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("critical_threads: must be in [0, 1024], got ", options.critical_threads));
+  }
+  if (options.optimizer_slice_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer_slice_elements: must be >= 1, got ", options.optimizer_slice_elements));
   }
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = options;
@@ -201,7 +311,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->schedule_ = std::make_unique<LrSchedule>(std::move(lr));
   {
     absl::MutexLock lock(&t->mu_);
-    t->pending_.assign(t->store_->num_blocks(), false);
+    t->pending_.assign(t->store_->num_blocks(), 0);
   }
   Trainer* raw = t.get();
   t->executor_->SetWeightGate([raw](int64_t block) { raw->WaitBlock(block); });
@@ -214,13 +324,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
     t->emb_row_state_ = std::make_unique<std::atomic<uint8_t>[]>(t->emb_rows_);
     for (int64_t r = 0; r < t->emb_rows_; ++r) t->emb_row_state_[r].store(2);
     t->executor_->SetEmbeddingRowGate(
-        [raw](absl::Span<const int32_t> ids) { raw->WaitEmbeddingRows(ids); });
+        [raw](absl::Span<const int32_t> ids, absl::Span<const float*> sources) {
+          raw->GateEmbeddingRows(ids, sources);
+        });
   }
   t->optimizer_thread_ = std::thread([raw] { raw->OptimizerLoop(); });
   return t;
 }
 
-absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batches) {
+absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batches,
+                                         absl::Span<const int32_t> next_input_ids) {
   const auto start = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
@@ -243,8 +356,11 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   // gradient zero (it completes before this step's scatter, which waits).
   executor_->AssumeEmbeddingGradZero(emb_grad_zero_next_);
   emb_grad_zero_next_ = false;
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      ForwardBackwardResult fb,
+  gate_rows_ = lookahead_rows_ = 0;
+  if (!next_input_ids.empty() && emb_rows_ > 0 && !config().tie_word_embeddings) {
+    QueueLookahead(step_number, lr, micro_batches, next_input_ids);
+  }
+  absl::StatusOr<ForwardBackwardResult> fb_or =
       executor_->ForwardBackward(micro_batches, [&](int64_t block, double grad_sq) {
         // The executor gives the block's squared gradient norm; a poisoned
         // gradient (testing only) is measured again.
@@ -267,7 +383,16 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
           ScheduleUpdate(block, step_number, lr, 1.0f);
         }
         ++blocks_updated;
-      }));
+      });
+  // This step's lookahead serves the next step's first gather only if this
+  // step's embedding update is the one it anticipated (Note [Embedding
+  // lookahead]); the one this step's gathers could use is spent.
+  gate_lookahead_ = nullptr;
+  if (!fb_or.ok()) {
+    FinishLookahead(lookahead_[step_number % 2]);
+    return fb_or.status();
+  }
+  ForwardBackwardResult& fb = *fb_or;
   StepResult result;
   result.loss = fb.loss();
   if (poison && inject.kind == NonFiniteInjection::Kind::kLoss) {
@@ -290,7 +415,18 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
       ScheduleUpdate(store_->layout().head_block(), step_number, lr, grad_scale);
     }
     ++step_;
+    Lookahead& la = lookahead_[step_number % 2];
+    FinishLookahead(la);
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      done = la.state == LookaheadState::kDone;
+    }
+    if (done && la.step == step_number && emb_step_ == step_number && emb_lr_ == la.lr) {
+      gate_lookahead_ = &la;
+    }
   } else {
+    FinishLookahead(lookahead_[step_number % 2]);
     // Blocks updated before a non-finite one (clipping off) have used
     // step_number in their AdamW bias correction: the step counts.
     result.skipped = true;
@@ -308,6 +444,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   }
   result.step = step_;
   result.stats = fb.stats;
+  result.stats.gate_rows = gate_rows_;
+  result.stats.lookahead_rows = lookahead_rows_;
   {
     // CPU time of the updates that finished since the previous Step().
     absl::MutexLock lock(&mu_);

@@ -45,6 +45,41 @@
 // the whole table (tied lm_head, the next scatter into its gradient, the
 // checkpoint) wait for the whole update through the weight gate.
 //
+// Note [Embedding lookahead]
+// The row gate's work is memory-bound AdamW on every distinct row the next
+// micro-batch reads (~15k rows x C for 8 x 2048 random tokens), on the
+// GPU's critical path between two passes. Most of those rows have a zero
+// gradient in the step that just ended (untied embeddings: only the rows
+// of the step's own tokens get one), and the AdamW update of a row with a
+// zero gradient depends only on the previous state, the step number and
+// the learning rate, all known when the step begins. So when the caller
+// passes Step() the input ids of the next step's first micro-batch, the
+// step queues, on the optimizer thread (ahead of its own updates, after
+// the previous step's), the update of the next batch's rows that this
+// step does not touch, computed into a side buffer: the store is not
+// written, so a skipped step (Note [Non-finite steps]) still leaves it
+// exactly as it was. If this step's embedding update is then scheduled
+// with the same step number and learning rate, the next pass's first row
+// gate leaves those rows to the background update and points the gather
+// at the side buffer; it only updates the rows this step touched. The
+// values are bit for bit those of the store update: the same AdamW kernel
+// on the same inputs (elementwise, so the split is immaterial; a zero
+// gradient times any finite clip coefficient is zero). Two buffers
+// alternate by step parity, so a step's lookahead never overwrites the
+// one its own first gather reads. Off for tied embeddings (every row has
+// a gradient) and when the caller does not know the next batch. A resume
+// (set_step) drops it. The trainer assumes nothing else writes the store
+// between two Step() calls.
+//
+// Note [Optimizer slices]
+// A queued block update runs as slices of at most
+// TrainerOptions::optimizer_slice_elements parameters (16 M, about 4 ms of
+// AdamW on 16 cores), each a separate entry of the priority queue, so that the
+// update the next forward needs first (layer 0's, queued last of all when
+// backward ends) waits for at most one slice of a later layer, not for
+// that layer's whole update. The split does not change the result (AdamW
+// is elementwise).
+//
 // Note [Non-finite steps]
 // A step whose loss or global gradient norm is NaN or inf is handled by
 // TrainerOptions::nan_policy (engine/nan_policy.h); master weights and
@@ -134,6 +169,8 @@ struct TrainerOptions {
   // H200 host (docs/performance.md); 0 keeps the process's priority.
   int optimizer_nice = 10;
   int num_weight_slots = 3;          // device weight buffers
+  // Parameters per queued AdamW task (Note [Optimizer slices]); >= 1.
+  int64_t optimizer_slice_elements = int64_t{1} << 24;
   int64_t loss_chunk_tokens = 0;     // 0 = auto
   bool offload_activations = false;  // saved layer inputs in pinned host memory
                                      // (Note [Activation offload] in executor.h)
@@ -171,7 +208,14 @@ class Trainer {
   // per options().nan_policy (Note [Non-finite steps]). Errors as
   // StreamingExecutor::ForwardBackward; FAILED_PRECONDITION naming the step
   // number and the non-finite values under NanPolicy::kFail.
-  absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
+  //
+  // `next_input_ids` ([B*T], optional): the input ids of the next step's
+  // first micro-batch, when the caller already knows them; they let this
+  // step prepare that micro-batch's embedding rows off the critical path
+  // (Note [Embedding lookahead]). Any value is safe: rows are only used if
+  // the next gather reads them.
+  absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches,
+                                  absl::Span<const int32_t> next_input_ids = {});
 
   // Mean loss over `micro_batches` without training. Waits for pending
   // optimizer work first.
@@ -190,9 +234,13 @@ class Trainer {
   HostStore& store() { return *store_; }
   const ModelConfig& config() const { return store_->config(); }
   const TrainerOptions& options() const { return options_; }
-  // Optimizer steps taken (the next step is step() + 1). Settable on resume.
+  // Optimizer steps taken (the next step is step() + 1).
   int64_t step() const { return step_; }
-  void set_step(int64_t step) { step_ = step; }
+  // Settable on resume; drops the embedding lookahead.
+  void set_step(int64_t step) {
+    step_ = step;
+    gate_lookahead_ = nullptr;
+  }
   std::string device_name() const;
   bool is_cuda() const;
   // Device bytes of the weight/gradient slots; pinned staging bytes.
@@ -212,9 +260,28 @@ class Trainer {
   // Updates embedding row `row` unless another thread has claimed it; then
   // waits until it is done. For the pending embedding update only.
   void UpdateEmbeddingRow(int64_t row);
-  // The executor's row gate: the rows `token_ids` of the embedding are
-  // current when it returns.
-  void WaitEmbeddingRows(absl::Span<const int32_t> token_ids);
+  // The executor's row gate: points row_sources[i] at the current value
+  // of row token_ids[i] (the store's, updated first if pending, or the
+  // lookahead's).
+  void GateEmbeddingRows(absl::Span<const int32_t> token_ids, absl::Span<const float*> row_sources);
+
+  // Note [Embedding lookahead]: the rows of a future micro-batch that step
+  // `step` leaves with a zero gradient, and their values after it.
+  enum class LookaheadState { kIdle, kQueued, kRunning, kDone, kCancelled };
+  struct Lookahead {
+    int64_t step = 0;                  // the update it anticipates
+    double lr = 0;
+    std::vector<int32_t> rows;         // distinct rows
+    std::vector<float> values;         // [rows.size(), C] fp32: row after update `step`
+    std::vector<int32_t> slot_of_row;  // [V]: index into rows, or -1
+    LookaheadState state = LookaheadState::kIdle;  // guarded by Trainer::mu_
+  };
+  // Queues the lookahead of step `step` for `next_input_ids`.
+  void QueueLookahead(int64_t step, double lr, absl::Span<const MicroBatch> micro_batches,
+                      absl::Span<const int32_t> next_input_ids);
+  void RunLookahead(Lookahead& la);
+  // Cancels `la` if still queued, waits for it if running.
+  void FinishLookahead(Lookahead& la);
 
   TrainerOptions options_;
   std::unique_ptr<ThreadPool> pool_;            // the optimizer's
@@ -237,13 +304,17 @@ class Trainer {
   // the update needed soonest (earliest deadline first; Note [Optimizer
   // overlap]). The row-wise embedding update has order num_blocks: after
   // the head, before any update of a later step.
+  // A lookahead (Note [Embedding lookahead]) has order -1: before its
+  // step's updates, after the previous step's. Slices (Note [Optimizer
+  // slices]) of one block run in order.
   struct UpdateTask {
     int64_t step = 0;
     int64_t order = 0;
+    int64_t slice = 0;
     std::function<void()> run;
   };
   std::deque<UpdateTask> tasks_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> pending_ ABSL_GUARDED_BY(mu_);     // per block
+  std::vector<int64_t> pending_ ABSL_GUARDED_BY(mu_);  // per block: queued or running tasks
   int64_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status optimizer_error_ ABSL_GUARDED_BY(mu_);
@@ -261,7 +332,14 @@ class Trainer {
   double emb_lr_ = 0;
   float emb_grad_scale_ = 1.0f;
   bool emb_rows_pending_ ABSL_GUARDED_BY(mu_) = false;
+
+  Lookahead lookahead_[2];                 // by step parity
+  Lookahead* gate_lookahead_ = nullptr;    // for the next row gate; step thread only
+  std::vector<uint8_t> touched_;           // [V] scratch of QueueLookahead
+  int64_t gate_rows_ = 0;                  // rows the gates updated in this step
+  int64_t lookahead_rows_ = 0;             // rows the gathers read from a lookahead
 };
+
 
 }  // namespace megatrain::engine
 

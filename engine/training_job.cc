@@ -308,6 +308,11 @@ class TrainingJobImpl final : public TrainingJob {
   MemoryFootprint footprint_;
   std::unique_ptr<Trainer> trainer_;
   std::optional<DataLoader> loader_;
+  // The next step's batches, read one step ahead so that each step knows
+  // the next one's token ids (Note [Embedding lookahead] in trainer.h),
+  // and the loader's cursor before them: the one a checkpoint records.
+  std::vector<MicroBatch> next_batches_;
+  std::optional<DataCursor> consumed_cursor_;
   std::vector<MicroBatch> eval_batches_;
   std::string train_tokens_, eval_tokens_;
   int64_t eos_id_ = 0;
@@ -432,7 +437,7 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
   CheckpointState state;
   state.step = trainer_->step();
   state.rng_state = spec_.train.seed;
-  state.data_cursor_json = loader_->cursor().ToJson();
+  state.data_cursor_json = (consumed_cursor_ ? *consumed_cursor_ : loader_->cursor()).ToJson();
   state.job_spec_json = JobSpecToJson(spec_);
   state.schedule_json = nlohmann::json{{"schedule", spec_.optimizer.schedule},
                                        {"warmup_steps", spec_.optimizer.warmup_steps},
@@ -476,13 +481,30 @@ absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
       MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
       last_checkpoint_step = trainer_->step();
     }
-    std::vector<MicroBatch> batches;
-    for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
-      absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
-      if (!batch.ok()) return Annotate(batch.status(), "data");
-      batches.push_back(std::move(*batch));
+    auto read_batches = [&]() -> absl::StatusOr<std::vector<MicroBatch>> {
+      std::vector<MicroBatch> out;
+      for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
+        absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
+        if (!batch.ok()) return Annotate(batch.status(), "data");
+        out.push_back(std::move(*batch));
+      }
+      return out;
+    };
+    std::vector<MicroBatch> batches = std::move(next_batches_);
+    next_batches_.clear();
+    consumed_cursor_.reset();
+    if (batches.empty()) {
+      MEGATRAIN_ASSIGN_OR_RETURN(batches, read_batches());
     }
-    MEGATRAIN_ASSIGN_OR_RETURN(StepResult r, trainer_->Step(batches));
+    if (trainer_->step() + 1 < max_steps_) {
+      DataCursor before = loader_->cursor();
+      MEGATRAIN_ASSIGN_OR_RETURN(next_batches_, read_batches());
+      consumed_cursor_ = std::move(before);
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        StepResult r,
+        trainer_->Step(batches, next_batches_.empty() ? absl::Span<const int32_t>()
+                                                      : absl::MakeConstSpan(next_batches_[0].input_ids)));
     StepReport report;
     report.step = trainer_->step();
     report.max_steps = max_steps_;

@@ -112,11 +112,13 @@ std::vector<float> SequentialTraining(const ModelConfig& config, const TrainerOp
   return Masters(**store);
 }
 
-class TrainerOverlapTest : public ::testing::TestWithParam<double> {};
+// (max_grad_norm, optimizer_slice_elements).
+class TrainerOverlapTest : public ::testing::TestWithParam<std::tuple<double, int64_t>> {};
 
 TEST_P(TrainerOverlapTest, MatchesSequentialUpdatesBitForBit) {
   const ModelConfig config = SmallLlama();
-  const TrainerOptions o = Options(GetParam());
+  TrainerOptions o = Options(std::get<0>(GetParam()));
+  o.optimizer_slice_elements = std::get<1>(GetParam());
   std::vector<std::vector<MicroBatch>> steps;
   for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(2, kB, kT, config.vocab_size, 100 + s));
   auto trainer = Trainer::Create(config, o, /*seed=*/5);
@@ -136,8 +138,141 @@ TEST_P(TrainerOverlapTest, MatchesSequentialUpdatesBitForBit) {
 }
 
 // 0: no clipping (updates overlap backward); 0.05: clipping active
-// (updates overlap the next forward).
-INSTANTIATE_TEST_SUITE_P(ClipModes, TrainerOverlapTest, ::testing::Values(0.0, 0.05));
+// (updates overlap the next forward). Slices of 1000 parameters split
+// every block into several queued tasks (Note [Optimizer slices]); 1 << 24
+// (the default) keeps each block whole.
+INSTANTIATE_TEST_SUITE_P(ClipModes, TrainerOverlapTest,
+                         ::testing::Combine(::testing::Values(0.0, 0.05),
+                                            ::testing::Values(int64_t{1000}, int64_t{1} << 24)));
+
+TEST(TrainerTest, RejectsAnEmptyOptimizerSlice) {
+  TrainerOptions o = Options(1.0);
+  o.optimizer_slice_elements = 0;
+  EXPECT_THAT(Trainer::Create(SmallLlama(), o, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer_slice_elements")));
+}
+
+// Note [Embedding lookahead]. Trains `steps` and returns the losses; each
+// step gets the first micro-batch of hints[s] (if any) as its lookahead.
+struct LookaheadRun {
+  std::vector<double> losses;
+  std::vector<float> state;  // AllState after the run
+  int64_t lookahead_rows = 0, gate_rows = 0;
+};
+
+LookaheadRun RunWithHints(const ModelConfig& config, const TrainerOptions& o,
+                          const std::vector<std::vector<MicroBatch>>& steps,
+                          const std::vector<std::vector<MicroBatch>>& hints, bool evaluate_between) {
+  LookaheadRun run;
+  auto trainer = Trainer::Create(config, o, /*seed=*/5);
+  EXPECT_THAT(trainer, IsOk());
+  if (!trainer.ok()) return run;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    absl::Span<const int32_t> next;
+    if (s < hints.size() && !hints[s].empty()) next = hints[s].front().input_ids;
+    auto r = (*trainer)->Step(steps[s], next);
+    EXPECT_THAT(r, IsOk());
+    if (!r.ok()) return run;
+    run.losses.push_back(r->loss);
+    run.lookahead_rows += r->stats.lookahead_rows;
+    run.gate_rows += r->stats.gate_rows;
+    if (evaluate_between && s == 1) EXPECT_THAT((*trainer)->Evaluate(steps[0]), IsOk());
+  }
+  EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  run.state = AllState((*trainer)->store());
+  return run;
+}
+
+class TrainerLookaheadTest : public ::testing::TestWithParam<double> {};
+
+// With the true next batch as the hint, the gathers read most rows from the
+// lookahead, and weights, moments and losses are bit for bit those of a run
+// without it (itself checked against sequential AdamW above).
+TEST_P(TrainerLookaheadTest, TrueHintsChangeNothingButTheGate) {
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions o = Options(GetParam());
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 4; ++s) steps.push_back(MakeBatches(2, kB, kT, config.vocab_size, 200 + s));
+  const std::vector<std::vector<MicroBatch>> hints(steps.begin() + 1, steps.end());
+  const LookaheadRun plain = RunWithHints(config, o, steps, {}, false);
+  const LookaheadRun ahead = RunWithHints(config, o, steps, hints, false);
+  EXPECT_EQ(plain.lookahead_rows, 0);
+  EXPECT_GT(ahead.lookahead_rows, 0);
+  EXPECT_LT(ahead.gate_rows, plain.gate_rows);
+  EXPECT_EQ(ahead.losses, plain.losses);
+  EXPECT_TRUE(BitIdentical(ahead.state, plain.state));
+  // An Evaluate between two steps reads the lookahead for its first
+  // gather; the next step then gates every row itself.
+  const LookaheadRun evaluated = RunWithHints(config, o, steps, hints, true);
+  EXPECT_EQ(evaluated.losses, plain.losses);
+  EXPECT_TRUE(BitIdentical(evaluated.state, plain.state));
+}
+
+// A hint that is not the next batch is harmless: the rows it prepared that
+// the next batch happens to read hold their correct value all the same.
+TEST_P(TrainerLookaheadTest, WrongHintsChangeNothing) {
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions o = Options(GetParam());
+  std::vector<std::vector<MicroBatch>> steps, hints;
+  for (int s = 0; s < 4; ++s) {
+    steps.push_back(MakeBatches(2, kB, kT, config.vocab_size, 300 + s));
+    hints.push_back(MakeBatches(1, kB, kT, config.vocab_size, 400 + s));
+  }
+  const LookaheadRun plain = RunWithHints(config, o, steps, {}, false);
+  const LookaheadRun wrong = RunWithHints(config, o, steps, hints, false);
+  EXPECT_GT(wrong.lookahead_rows, 0);  // 96 rows: some hinted rows are read
+  EXPECT_EQ(wrong.losses, plain.losses);
+  EXPECT_TRUE(BitIdentical(wrong.state, plain.state));
+}
+
+INSTANTIATE_TEST_SUITE_P(ClipModes, TrainerLookaheadTest, ::testing::Values(0.0, 0.05));
+
+// A skipped step's lookahead is never used and never written to the store:
+// the run equals, bit for bit, one that never saw the poisoned batch.
+TEST(TrainerTest, LookaheadOfASkippedStepIsDropped) {
+  const ModelConfig config = SmallLlama();
+  const auto b1 = MakeBatches(1, kB, kT, config.vocab_size, 21);
+  const auto b2 = MakeBatches(1, kB, kT, config.vocab_size, 22);
+  const auto b3 = MakeBatches(1, kB, kT, config.vocab_size, 23);
+  for (double clip : {0.0, 1.0}) {
+    TrainerOptions o = Options(clip);
+    o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kLoss};
+    auto trainer = Trainer::Create(config, o, /*seed=*/5);
+    ASSERT_THAT(trainer, IsOk());
+    ASSERT_THAT((*trainer)->Step(b1, b2.front().input_ids), IsOk());
+    auto skipped = (*trainer)->Step(b2, b3.front().input_ids);
+    ASSERT_THAT(skipped, IsOk());
+    EXPECT_TRUE(skipped->skipped);
+    EXPECT_GT(skipped->stats.lookahead_rows, 0) << "step 1's lookahead serves step 2";
+    auto next = (*trainer)->Step(b3);
+    ASSERT_THAT(next, IsOk());
+    EXPECT_EQ(next->stats.lookahead_rows, 0) << "clip " << clip;
+    ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+
+    auto clean = Trainer::Create(config, Options(clip), /*seed=*/5);
+    ASSERT_THAT(clean, IsOk());
+    ASSERT_THAT((*clean)->Step(b1), IsOk());
+    ASSERT_THAT((*clean)->Step(b3), IsOk());
+    ASSERT_THAT((*clean)->WaitForOptimizer(), IsOk());
+    EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), AllState((*clean)->store())))
+        << "clip " << clip;
+  }
+}
+
+// Tied embeddings: every row has a gradient (the lm_head's), so there is
+// nothing to prepare ahead.
+TEST(TrainerTest, NoLookaheadWithTiedEmbeddings) {
+  ModelConfig config = SmallLlama();
+  config.tie_word_embeddings = true;
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(1, kB, kT, config.vocab_size, 500 + s));
+  const std::vector<std::vector<MicroBatch>> hints(steps.begin() + 1, steps.end());
+  const LookaheadRun plain = RunWithHints(config, Options(0.0), steps, {}, false);
+  const LookaheadRun ahead = RunWithHints(config, Options(0.0), steps, hints, false);
+  EXPECT_EQ(ahead.lookahead_rows, 0);
+  EXPECT_EQ(ahead.losses, plain.losses);
+  EXPECT_TRUE(BitIdentical(ahead.state, plain.state));
+}
 
 TEST(TrainerTest, LossFallsOnAFixedBatch) {
   const ModelConfig config = SmallLlama();
