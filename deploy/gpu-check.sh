@@ -40,7 +40,8 @@ PY
 
 start=$(date +%s)
 MEGATRAIN_BUILD_SERVER=${MEGATRAIN_BUILD_SERVER:-OFF} bash deploy/gpu-build.sh build-gpu \
-  megatrain-bench megatrain-logits executor_parity_cuda_test executor_parity_test adamw_test > "$OUT/build.log" 2>&1
+  megatrain-bench megatrain-logits executor_parity_cuda_test executor_parity_test adamw_test trainer_test \
+  > "$OUT/build.log" 2>&1
 rc=$?
 echo "build: rc=$rc in $(( $(date +%s) - start )) s"
 if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
@@ -50,6 +51,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   build-gpu/tests/executor_parity_cuda_test > "$OUT/tests.log" 2>&1
   echo "executor_parity_cuda_test: rc=$?"; grep -E "PASSED|FAILED|Failure|Expected|actual" "$OUT/tests.log" | head -20
   build-gpu/tests/executor_parity_test >> "$OUT/tests.log" 2>&1; echo "executor_parity_test: rc=$?"
+  build-gpu/tests/trainer_test >> "$OUT/tests.log" 2>&1; echo "trainer_test: rc=$?"
 fi
 
 if [ "${OPTIMIZER_BENCH:-1}" = 1 ]; then

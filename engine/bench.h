@@ -30,6 +30,7 @@ struct BenchOptions {
   bool offload_activations = false;  // Note [Activation offload] in executor.h
   int optimizer_nice = 10;           // TrainerOptions::optimizer_nice
   int critical_threads = 0;          // TrainerOptions::critical_threads
+  int64_t optimizer_slice_elements = int64_t{1} << 24;  // TrainerOptions::optimizer_slice_elements
   bool embedding_lookahead = true;   // pass Trainer::Step the next batch's ids
                                      // (Note [Embedding lookahead] in trainer.h)
   uint64_t seed = 0;

@@ -46,7 +46,7 @@ struct StepStats {
   int64_t h2d_bytes = 0;         // host -> device bytes
   int64_t d2h_bytes = 0;         // device -> host bytes
   int64_t peak_device_bytes = 0; // peak device memory allocated in the step
-  // Embedding rows (Note [Embedding lookahead] in trainer.h): rows the row
+  // Distinct embedding rows (Note [Embedding lookahead] in trainer.h): rows the row
   // gate updated on the critical path before a gather, and rows a gather
   // read from the lookahead instead.
   int64_t gate_rows = 0;

@@ -154,13 +154,16 @@ void Trainer::GateEmbeddingRows(absl::Span<const int32_t> token_ids,
     absl::MutexLock lock(&mu_);
     pending = emb_rows_pending_;
   }
-  if (pending) {
+  if (pending || la != nullptr) {
     std::vector<int32_t> rows = DistinctTokenIds(token_ids);
     if (la != nullptr) {
+      const size_t all = rows.size();
       rows.erase(std::remove_if(rows.begin(), rows.end(),
                                 [la](int32_t r) { return la->slot_of_row[r] >= 0; }),
                  rows.end());
+      lookahead_rows_ += static_cast<int64_t>(all - rows.size());
     }
+    if (!pending) rows.clear();
     critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) UpdateEmbeddingRow(rows[i]);
     });
@@ -171,7 +174,6 @@ void Trainer::GateEmbeddingRows(absl::Span<const int32_t> token_ids,
     const int32_t slot = la != nullptr ? la->slot_of_row[id] : -1;
     if (slot >= 0) {
       row_sources[i] = la->values.data() + static_cast<int64_t>(slot) * emb_row_width_;
-      ++lookahead_rows_;
     } else {
       row_sources[i] = table + static_cast<int64_t>(id) * emb_row_width_;
     }
