@@ -89,7 +89,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     fixed.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
   }
   const double flops_per_token = config.TrainFlopsPerToken(o.seq_len);
-  std::vector<double> step_s, h2d_s, compute_s, d2h_s, opt_s, exposed_s, idle_s, grad_wait_s,
+  std::vector<double> step_s, h2d_s, compute_s, d2h_s, opt_s, exposed_s, gate_s, idle_s, grad_wait_s,
       drain_s;
   std::array<std::vector<double>, 4> gap_s;
   double loss_first = 0, loss_last = 0;
@@ -117,13 +117,13 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     const double tokens_per_s = r.stats.tokens / r.stats.step_seconds;
     std::fprintf(progress,
                  "step %ld%s loss %.4f grad_norm %.3f | %.3f s, %.0f tokens/s, %.1f model TFLOP/s | "
-                 "h2d %.3f compute %.3f d2h %.3f optimizer %.3f (exposed %.3f) idle %.3f "
+                 "h2d %.3f compute %.3f d2h %.3f optimizer %.3f (exposed %.3f, gates %.3f) idle %.3f "
                  "grad-wait %.3f drain %.3f | gaps start %.3f fwd %.3f head %.3f bwd %.3f s | "
                  "rows gated %ld lookahead %ld\n",
                  static_cast<long>(i + 1), i < o.warmup ? " (warmup)" : "", r.loss, r.grad_norm,
                  r.stats.step_seconds, tokens_per_s, tokens_per_s * flops_per_token / 1e12,
                  r.stats.h2d_seconds, r.stats.compute_seconds, r.stats.d2h_seconds,
-                 r.stats.optimizer_seconds, r.stats.optimizer_exposed_seconds,
+                 r.stats.optimizer_seconds, r.stats.optimizer_exposed_seconds, r.stats.gate_wait_seconds,
                  r.stats.gpu_idle_seconds, r.stats.grad_wait_seconds, r.stats.drain_seconds,
                  r.stats.gap_start_seconds, r.stats.gap_forward_seconds, r.stats.gap_head_seconds,
                  r.stats.gap_backward_seconds, static_cast<long>(r.stats.gate_rows),
@@ -136,6 +136,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     d2h_s.push_back(r.stats.d2h_seconds);
     opt_s.push_back(r.stats.optimizer_seconds);
     exposed_s.push_back(r.stats.optimizer_exposed_seconds);
+    gate_s.push_back(r.stats.gate_wait_seconds);
     idle_s.push_back(r.stats.gpu_idle_seconds);
     grad_wait_s.push_back(r.stats.grad_wait_seconds);
     drain_s.push_back(r.stats.drain_seconds);
@@ -174,6 +175,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["d2h_seconds"] = Median(d2h_s);
   j["optimizer_seconds"] = Median(opt_s);
   j["optimizer_exposed_seconds"] = Median(exposed_s);
+  j["gate_wait_seconds"] = Median(gate_s);
   j["max_grad_norm"] = o.max_grad_norm;
   j["gpu_idle_seconds"] = Median(idle_s);
   j["grad_wait_seconds"] = Median(grad_wait_s);

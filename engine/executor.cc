@@ -67,6 +67,8 @@ class PhaseTimer {
   void Reset() {
     used_ = 0;
     intervals_.clear();
+    waits_.clear();
+    cpu_wait_seconds_ = 0;
     start_marker_ = -1;
     for (double& s : cpu_seconds_) s = 0;
   }
@@ -94,6 +96,37 @@ class PhaseTimer {
     const int idx = NextEvent();
     runtime_->Record(stream, *events_[idx]);
     intervals_.push_back({static_cast<int>(stream), begin_token, idx, label});
+  }
+  // Brackets a host wait of the enqueuing thread (a gate): on CUDA, events
+  // on the compute stream before and after it, so that the time between
+  // them on the device is the idle time the wait caused (the work enqueued
+  // before it was done before the wait ended); on the CPU, the wait itself.
+  int BeginWait() {
+    if (!runtime_->is_cuda()) {
+      cpu_wait_start_ = Clock::now();
+      return -1;
+    }
+    const int idx = NextEvent();
+    runtime_->Record(StreamKind::kCompute, *events_[idx]);
+    return idx;
+  }
+  void EndWait(int begin_token) {
+    if (!runtime_->is_cuda()) {
+      cpu_wait_seconds_ += SecondsSince(cpu_wait_start_);
+      return;
+    }
+    const int idx = NextEvent();
+    runtime_->Record(StreamKind::kCompute, *events_[idx]);
+    waits_.push_back({begin_token, idx});
+  }
+  // Compute-stream idle time the BeginWait/EndWait waits caused, in
+  // seconds; call after the streams are synchronised.
+  double WaitIdleSeconds() {
+    double total = cpu_wait_seconds_;
+    for (const auto& [begin, end] : waits_) {
+      total += std::max(0.0, runtime_->ElapsedMs(*events_[begin], *events_[end]) / 1e3);
+    }
+    return total;
   }
   // Idle time of the compute stream before each interval, by the label of
   // the work that was waited for: [pass start, forward, head, backward].
@@ -136,6 +169,9 @@ class PhaseTimer {
   int start_marker_ = -1;
   std::array<double, kNumStreams> cpu_seconds_{};
   std::array<Clock::time_point, kNumStreams> cpu_start_{};
+  std::vector<std::pair<int, int>> waits_;  // BeginWait/EndWait event pairs
+  double cpu_wait_seconds_ = 0;
+  Clock::time_point cpu_wait_start_{};
 };
 
 }  // namespace
@@ -183,7 +219,9 @@ class StreamingExecutor::Impl {
   void WaitWeights(int64_t block) {
     if (!weight_gate_) return;
     const Clock::time_point start = Clock::now();
+    const int wait = timer_.BeginWait();
     weight_gate_(block);
+    timer_.EndWait(wait);
     gate_wait_seconds_ += SecondsSince(start);
   }
 
@@ -495,7 +533,9 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
   row_sources_.resize(rows);
   if (row_gate_) {
     const Clock::time_point start = Clock::now();
+    const int wait = timer_.BeginWait();
     row_gate_(absl::MakeConstSpan(mb.input_ids), absl::MakeSpan(row_sources_));
+    timer_.EndWait(wait);
     gate_wait_seconds_ += SecondsSince(start);
   } else {
     WaitWeights(layout_.embedding_block());
@@ -657,8 +697,10 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
       known_sq = norm * norm;
     }
   } else {
-    // Embedding backward: grad[token] += d hidden[row], split by columns so
-    // that repeated tokens never race.
+    // Embedding backward: grad[token] += d hidden[position]. Positions are
+    // grouped by token (ascending within a group, the order the sum takes
+    // for every element), so that each group's row is written by one
+    // thread and every read and write is a whole contiguous row.
     const int64_t c = config_.hidden_size;
     const int64_t block_numel = store_->block_numel(task.block);
     // The previous update of the table may still be reading its gradient
@@ -670,36 +712,44 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
       });
     }
     if (task.first) known_sq = 0;  // a zero table (untied), not tied's dense part
-    // The rows this scatter touches: the table's squared norm changes only
-    // there, so it is updated from their sums before and after instead of
-    // a pass over the whole [V, C] table.
-    const std::vector<int32_t> unique_rows =
-        known_sq >= 0 ? DistinctTokenIds(task.rows) : std::vector<int32_t>();
-    const int64_t n_unique = static_cast<int64_t>(unique_rows.size());
-    auto rows_sq = [&]() {
-      std::vector<double> per_row(n_unique);
-      pool_->ParallelFor(n_unique, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          const float* g = grad + static_cast<int64_t>(unique_rows[i]) * c;
-          double acc = 0;
-          for (int64_t j = 0; j < c; ++j) acc += static_cast<double>(g[j]) * g[j];
-          per_row[i] = acc;
-        }
-      });
-      double total = 0;
-      for (const double v : per_row) total += v;
-      return total;
+    const int64_t positions = static_cast<int64_t>(task.rows.size());
+    std::vector<int64_t> keys(positions);  // token << 32 | position
+    for (int64_t p = 0; p < positions; ++p) keys[p] = (static_cast<int64_t>(task.rows[p]) << 32) | p;
+    std::sort(keys.begin(), keys.end());
+    std::vector<int64_t> group_start;  // into keys, one per distinct token, then positions
+    for (int64_t i = 0; i < positions; ++i) {
+      if (i == 0 || (keys[i] >> 32) != (keys[i - 1] >> 32)) group_start.push_back(i);
+    }
+    const int64_t groups = static_cast<int64_t>(group_start.size());
+    group_start.push_back(positions);
+    // The table's squared norm changes only in the rows this scatter
+    // touches, so it is updated from their sums before and after instead
+    // of a pass over the whole [V, C] table.
+    const bool track = known_sq >= 0;
+    const bool need_before = track && !task.first;
+    std::vector<double> sq_before(need_before ? groups : 0), sq_after(track ? groups : 0);
+    auto row_sq = [c](const float* g) {
+      double acc = 0;
+      for (int64_t j = 0; j < c; ++j) acc += static_cast<double>(g[j]) * g[j];
+      return acc;
     };
-    const double before = known_sq >= 0 && !task.first ? rows_sq() : 0.0;
-    const int64_t rows = static_cast<int64_t>(task.rows.size());
-    pool_->ParallelFor(c, 16, [&](int64_t col_begin, int64_t col_end) {
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = grad + static_cast<int64_t>(task.rows[r]) * c;
-        const float* row = src + r * c;
-        for (int64_t j = col_begin; j < col_end; ++j) dst[j] += row[j];
+    pool_->ParallelFor(groups, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        float* dst = grad + (keys[group_start[g]] >> 32) * c;
+        if (need_before) sq_before[g] = row_sq(dst);
+        for (int64_t k = group_start[g]; k < group_start[g + 1]; ++k) {
+          const float* row = src + (keys[k] & 0xffffffff) * c;
+          for (int64_t j = 0; j < c; ++j) dst[j] += row[j];
+        }
+        if (track) sq_after[g] = row_sq(dst);
       }
     });
-    if (known_sq >= 0) known_sq += rows_sq() - before;
+    if (track) {
+      double before = 0, after = 0;
+      for (const double v : sq_before) before += v;
+      for (const double v : sq_after) after += v;
+      known_sq += after - before;
+    }
   }
   if (!task.final || !on_block_final_) return;
   const double sq = known_sq >= 0 && std::isfinite(known_sq)
@@ -911,7 +961,8 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   result.stats.d2h_seconds = seconds[static_cast<int>(StreamKind::kD2H)];
   result.stats.gpu_idle_seconds =
       std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
-  result.stats.optimizer_exposed_seconds = gate_wait_seconds_;
+  result.stats.optimizer_exposed_seconds = timer_.WaitIdleSeconds();
+  result.stats.gate_wait_seconds = gate_wait_seconds_;
   result.stats.grad_wait_seconds = grad_wait_seconds_;
   const std::array<double, 4> gaps = timer_.ComputeGaps();
   result.stats.gap_start_seconds = gaps[0];

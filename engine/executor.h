@@ -141,7 +141,9 @@ class StreamingExecutor {
   // copy and before the host gather of embedding rows. The trainer uses it
   // to let the CPU optimizer of the previous step finish block by block
   // while this pass already runs (Note [Optimizer overlap] in trainer.h).
-  // The time spent inside it is reported as optimizer_exposed_seconds.
+  // The compute stream's idle time while the enqueuing thread waits in it
+  // is reported as optimizer_exposed_seconds (the host time as
+  // gate_wait_seconds).
   void SetWeightGate(std::function<void(int64_t block)> wait_until_ready);
 
   // Installs a gate for the embedding rows a micro-batch gathers, called
@@ -153,8 +155,8 @@ class StreamingExecutor {
   // held elsewhere (the trainer's lookahead, Note [Embedding lookahead] in
   // trainer.h), valid until the gather is done. The weight gate still
   // guards every read of the whole table (tied lm_head) and every write of
-  // its gradient (Note [Embedding rows on demand] in trainer.h). Time
-  // inside it counts as optimizer_exposed_seconds.
+  // its gradient (Note [Embedding rows on demand] in trainer.h). Waits in
+  // it count as in the weight gate.
   using EmbeddingRowGate =
       std::function<void(absl::Span<const int32_t> token_ids, absl::Span<const float*> row_sources)>;
   void SetEmbeddingRowGate(EmbeddingRowGate gate);

@@ -29,7 +29,11 @@ struct StepStats {
   double compute_seconds = 0;    // busy time of the compute stream
   double d2h_seconds = 0;        // busy time of the D2H stream
   double optimizer_seconds = 0;  // CPU AdamW + gradient accumulation time
-  double optimizer_exposed_seconds = 0;  // part of it not overlapped with GPU work
+  double optimizer_exposed_seconds = 0;  // compute-stream idle time caused by waiting
+                                         // for it (the weight and row gates; on the
+                                         // CPU, the time in the gates)
+  double gate_wait_seconds = 0;  // enqueue thread inside the gates (host time, an
+                                 // upper bound of the exposed time)
   double gpu_idle_seconds = 0;   // step_seconds - compute_seconds
   double grad_wait_seconds = 0;  // enqueue thread waiting for a free gradient slot
                                  // (host gradient work behind the device)
@@ -60,6 +64,7 @@ struct StepStats {
     d2h_seconds += other.d2h_seconds;
     optimizer_seconds += other.optimizer_seconds;
     optimizer_exposed_seconds += other.optimizer_exposed_seconds;
+    gate_wait_seconds += other.gate_wait_seconds;
     gpu_idle_seconds += other.gpu_idle_seconds;
     grad_wait_seconds += other.grad_wait_seconds;
     drain_seconds += other.drain_seconds;

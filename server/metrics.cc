@@ -70,7 +70,8 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
       &BuildCounter()
            .Name("megatrain_phase_seconds_total")
            .Help("Time per step phase: busy time of the h2d, compute and d2h streams, CPU "
-                 "optimizer time, its part not overlapped with GPU work, and GPU idle time.")
+                 "optimizer time, its exposed part (compute-stream idle while waiting for it), "
+                 "and GPU idle time.")
            .Register(r);
   for (const char* phase :
        {"h2d", "compute", "d2h", "optimizer", "optimizer_exposed", "gpu_idle"}) {
