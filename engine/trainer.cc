@@ -247,8 +247,11 @@ void Trainer::RunLookahead(Lookahead& la) {
 
 void Trainer::FinishLookahead(Lookahead& la) {
   absl::MutexLock lock(&mu_);
-  if (la.state == LookaheadState::kQueued) la.state = LookaheadState::kCancelled;
-  auto settled = [&la]() { return la.state != LookaheadState::kRunning; };
+  const bool keep = options_.debug_keep_lookahead;
+  if (la.state == LookaheadState::kQueued && !keep) la.state = LookaheadState::kCancelled;
+  auto settled = [&la]() {
+    return la.state != LookaheadState::kRunning && la.state != LookaheadState::kQueued;
+  };
   mu_.Await(absl::Condition(&settled));
 }
 

@@ -159,6 +159,10 @@ struct TrainerOptions {
   double max_grad_norm = 1.0;        // global-norm clipping; <= 0 disables
   NanPolicy nan_policy = NanPolicy::kSkip;  // NaN/inf loss or norm (Note [Non-finite steps])
   NonFiniteInjection debug_nonfinite;        // testing only
+  // Testing only: a lookahead still queued when its step's embedding update
+  // is scheduled is waited for instead of dropped (Note [Embedding
+  // lookahead]), so that tests see it used whatever the thread timing.
+  bool debug_keep_lookahead = false;
   int threads = 0;                   // CPU optimizer threads; 0 = all cores
   int critical_threads = 0;          // threads for host work on the GPU's critical path
                                      // (gather, scatter, embedding row gate); 0 = all
