@@ -96,7 +96,8 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   f.activation_offload_bytes = ActivationOffloadBytes(spec, config);
   f.host.staging = 2 * std::max(max_block * esize, tokens * config.hidden_size * 4) +
                    tokens * (config.hidden_size * 4 + 8) + f.activation_offload_bytes;
-  f.host_total_bytes = f.host.Total();
+  f.embedding_lookahead_bytes = config.tie_word_embeddings ? 0 : 2 * tokens * config.hidden_size * 4;
+  f.host_total_bytes = f.host.Total() + f.embedding_lookahead_bytes;
   // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
   // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
   // tensors, a rough bound).

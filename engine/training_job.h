@@ -114,6 +114,10 @@ struct MemoryFootprint {
   // inputs, [B, T, C] fp32 each); 0 without it. Part of host.staging (the
   // executor's pinned buffers) and so of host_total_bytes.
   int64_t activation_offload_bytes = 0;
+  // Pageable host bytes of the embedding lookahead's two side buffers
+  // (Note [Embedding lookahead] in trainer.h): 2 x B x T x C fp32 at most,
+  // 0 with tied embeddings. Part of host_total_bytes, not of host.
+  int64_t embedding_lookahead_bytes = 0;
 };
 
 // Computes the footprint of `spec`'s model (reads config.json for hf_dir).

@@ -147,6 +147,18 @@ TEST(EstimateFootprintTest, CountsBytesPerParameter) {
   EXPECT_LT(f->host_total_bytes, 18.4 * f->params);
 }
 
+TEST(EstimateFootprintTest, CountsTheEmbeddingLookaheadBuffers) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-1b";  // untied
+  s.train.micro_batch = 8;
+  s.train.seq_len = 2048;
+  auto f = EstimateFootprint(s);
+  ASSERT_THAT(f, IsOk());
+  // Two buffers of at most B x T rows of C fp32: 2 x 16384 x 2048 x 4 B.
+  EXPECT_EQ(f->embedding_lookahead_bytes, int64_t{2} * 16384 * 2048 * 4);
+  EXPECT_EQ(f->host_total_bytes, f->host.Total() + f->embedding_lookahead_bytes);
+}
+
 TEST(EstimateFootprintTest, ActivationOffloadAddsItsPinnedBuffers) {
   // The long-context case: llama-1b, one sequence of 262144 tokens.
   JobSpec s = TinySpec("x", "/tmp/out");
