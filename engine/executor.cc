@@ -7,7 +7,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <limits>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -210,7 +209,6 @@ class StreamingExecutor::Impl {
   int64_t slot_device_bytes() const { return slot_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
   void SetWeightGate(std::function<void(int64_t)> gate) { weight_gate_ = std::move(gate); }
-  void SetWeightReadyProbe(std::function<bool(int64_t)> ready) { ready_probe_ = std::move(ready); }
   void SetEmbeddingRowGate(EmbeddingRowGate gate) {
     row_gate_ = std::move(gate);
   }
@@ -250,9 +248,7 @@ class StreamingExecutor::Impl {
 
   absl::Status ValidateBatches(absl::Span<const MicroBatch> mbs, int64_t* counted) const;
   void Plan(const std::vector<int64_t>& blocks);
-  // Issues the loads whose slot is free, in use order, waiting at the
-  // weight gate; at most `limit` of them.
-  void IssueLoads(int limit = std::numeric_limits<int>::max());
+  void IssueLoads();
   at::Tensor Acquire(int use);
   void Release(int use);
   std::pair<at::Tensor, at::Tensor> Upload(const MicroBatch& mb);
@@ -329,7 +325,6 @@ class StreamingExecutor::Impl {
   std::vector<double> known_sq_;
   std::function<void(int64_t, double)> on_block_final_;
   std::function<void(int64_t)> weight_gate_;
-  std::function<bool(int64_t)> ready_probe_;
   EmbeddingRowGate row_gate_;
   std::vector<const float*> row_sources_;  // per token of the gather, from row_gate_
   bool assume_embedding_grad_zero_ = false;  // for the current/next Run only
@@ -494,14 +489,11 @@ void StreamingExecutor::Impl::Plan(const std::vector<int64_t>& blocks) {
 }
 
 // Issues, in use order, every load whose slot's previous user is released.
-void StreamingExecutor::Impl::IssueLoads(int limit) {
-  int issued = 0;
+void StreamingExecutor::Impl::IssueLoads() {
   while (next_load_ < static_cast<int>(uses_.size())) {
     const BlockUse& use = uses_[next_load_];
     if (use.load) {
       if (use.prev_user >= 0 && !released_[use.prev_user]) return;
-      if (issued == limit) return;
-      ++issued;
       if (use.prev_user >= 0) runtime_->Wait(StreamKind::kH2D, *slot_free_[use.slot]);
       WaitWeights(use.block);
       const int64_t bytes = store_->streaming_bytes(use.block);
@@ -828,10 +820,6 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     at::Tensor loss_total =
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
     int use = 0;
-    // The first weight copy goes before the gather if its block is ready.
-    if (ready_probe_ && !uses_.empty() && uses_[0].load && ready_probe_(uses_[0].block)) {
-      IssueLoads(/*limit=*/1);
-    }
     for (const MicroBatch& mb : mbs) {
       auto [x, labels] = Upload(mb);
       // Input of layer l, [B, T, C] fp32, kept for backward (undefined when
@@ -1036,10 +1024,6 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
 
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
   impl_->SetWeightGate(std::move(gate));
-}
-
-void StreamingExecutor::SetWeightReadyProbe(std::function<bool(int64_t)> ready) {
-  impl_->SetWeightReadyProbe(std::move(ready));
 }
 
 void StreamingExecutor::AssumeEmbeddingGradZero(bool zero) { impl_->AssumeEmbeddingGradZero(zero); }

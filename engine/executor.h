@@ -146,13 +146,6 @@ class StreamingExecutor {
   // gate_wait_seconds).
   void SetWeightGate(std::function<void(int64_t block)> wait_until_ready);
 
-  // Optional: tells, without blocking, whether the weight gate would
-  // return at once for `block`. When it does for the first block of a
-  // pass, that block's H2D copy is issued before the embedding gather, so
-  // the copy runs while the host gathers (otherwise it waits for the
-  // gather and the upload of the input). Called on the enqueuing thread.
-  void SetWeightReadyProbe(std::function<bool(int64_t block)> ready);
-
   // Installs a gate for the embedding rows a micro-batch gathers, called
   // (on the enqueuing thread) with the micro-batch's token ids [B*T] before
   // the host gather, in place of the weight gate of the embedding block.

@@ -261,11 +261,6 @@ void Trainer::WaitBlock(int64_t block) {
   mu_.Await(absl::Condition(&done));
 }
 
-bool Trainer::BlockReady(int64_t block) {
-  absl::MutexLock lock(&mu_);
-  return pending_[block] == 0;
-}
-
 absl::Status Trainer::WaitForOptimizer() {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_count_ == 0; };
@@ -325,7 +320,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   }
   Trainer* raw = t.get();
   t->executor_->SetWeightGate([raw](int64_t block) { raw->WaitBlock(block); });
-  t->executor_->SetWeightReadyProbe([raw](int64_t block) { return raw->BlockReady(block); });
   // Row-wise embedding updates need the table as one [V, C] parameter at
   // the start of its block (Note [Embedding rows on demand]).
   const BlockLayout& emb = t->store_->layout().blocks[t->store_->layout().embedding_block()];

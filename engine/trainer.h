@@ -258,8 +258,6 @@ class Trainer {
   void OptimizerLoop();
   // The executor's weight gate: waits until `block` has no pending update.
   void WaitBlock(int64_t block);
-  // Whether `block` has no pending update (the executor's ready probe).
-  bool BlockReady(int64_t block);
   // Queues the embedding's update row by row (Note [Embedding rows on
   // demand]).
   void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
