@@ -40,9 +40,11 @@ struct BenchOptions {
 // Runs the benchmark; progress lines go to stderr (stdout with !json), the
 // returned string is the final one-line JSON object with tokens_per_s,
 // step_seconds, loss_first, loss_last, phase seconds (h2d, compute, d2h,
-// optimizer, gpu_idle, and the enqueue thread's grad_wait and drain waits;
-// medians over measured steps), h2d_bytes and
-// d2h_bytes per step, host_bytes by kind, peak_gpu_bytes, model_tflops, mfu;
+// optimizer, optimizer_exposed (compute-stream idle caused by the gates),
+// gpu_idle, and the enqueue thread's gate_wait, grad_wait and drain waits;
+// medians over measured steps), h2d_bytes and d2h_bytes per step, the last
+// step's gate_rows and lookahead_rows (Note [Embedding lookahead] in
+// trainer.h), host_bytes by kind, peak_gpu_bytes, model_tflops, mfu;
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
