@@ -55,6 +55,18 @@ void Trainer::OptimizerLoop() {
   }
 }
 
+AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count) const {
+  AdamWBuffers buffers;
+  buffers.params = store_->master(block) + offset;
+  buffers.grads = store_->grad(block) + offset;
+  buffers.exp_avg = store_->exp_avg(block) + offset;
+  buffers.exp_avg_sq = store_->exp_avg_sq(block) + offset;
+  bf16_bits* bf16 = store_->streaming_bf16(block);
+  buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
+  buffers.num_elements = count;
+  return buffers;
+}
+
 void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale) {
   // Note [Optimizer slices]: one task per slice, each accounted separately.
   const int64_t numel = store_->block_numel(block);
@@ -68,15 +80,7 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
     ++pending_count_;
     tasks_.push_back(UpdateTask{step, block, k, [this, block, step, lr, grad_scale, begin, count] {
       const auto start = std::chrono::steady_clock::now();
-      AdamWBuffers buffers;
-      buffers.params = store_->master(block) + begin;
-      buffers.grads = store_->grad(block) + begin;
-      buffers.exp_avg = store_->exp_avg(block) + begin;
-      buffers.exp_avg_sq = store_->exp_avg_sq(block) + begin;
-      bf16_bits* bf16 = store_->streaming_bf16(block);
-      buffers.bf16_params = bf16 != nullptr ? bf16 + begin : nullptr;
-      buffers.num_elements = count;
-      absl::Status status = adamw_->Step(buffers, step, lr, grad_scale);
+      absl::Status status = adamw_->Step(StoreBuffers(block, begin, count), step, lr, grad_scale);
       absl::MutexLock lock(&mu_);
       if (!status.ok() && optimizer_error_.ok()) optimizer_error_ = status;
       optimizer_busy_seconds_ += SecondsSince(start);
@@ -123,15 +127,8 @@ void Trainer::UpdateEmbeddingRow(int64_t row) {
   if (state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
     const int64_t emb = store_->layout().embedding_block();
     const int64_t offset = row * emb_row_width_;
-    AdamWBuffers buffers;
-    buffers.params = store_->master(emb) + offset;
-    buffers.grads = store_->grad(emb) + offset;
-    buffers.exp_avg = store_->exp_avg(emb) + offset;
-    buffers.exp_avg_sq = store_->exp_avg_sq(emb) + offset;
-    bf16_bits* bf16 = store_->streaming_bf16(emb);
-    buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
-    buffers.num_elements = emb_row_width_;
-    absl::Status status = adamw_->Step(buffers, emb_step_, emb_lr_, emb_grad_scale_);
+    absl::Status status =
+        adamw_->Step(StoreBuffers(emb, offset, emb_row_width_), emb_step_, emb_lr_, emb_grad_scale_);
     std::memset(store_->grad(emb) + offset, 0, static_cast<size_t>(emb_row_width_) * 4);
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
@@ -226,11 +223,11 @@ void Trainer::RunLookahead(Lookahead& la) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t row = la.rows[i];
       UpdateEmbeddingRow(row);  // the previous step's update of the row, if pending
-      const int64_t offset = row * c;
+      const AdamWBuffers stored = StoreBuffers(emb, row * c, c);
       float* value = la.values.data() + i * c;
-      std::memcpy(value, store_->master(emb) + offset, c * 4);
-      std::memcpy(m.data(), store_->exp_avg(emb) + offset, c * 4);
-      std::memcpy(v.data(), store_->exp_avg_sq(emb) + offset, c * 4);
+      std::memcpy(value, stored.params, c * 4);
+      std::memcpy(m.data(), stored.exp_avg, c * 4);
+      std::memcpy(v.data(), stored.exp_avg_sq, c * 4);
       AdamWBuffers buffers;
       buffers.params = value;
       buffers.grads = zero.data();

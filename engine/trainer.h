@@ -253,6 +253,9 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // The store's AdamW buffers for elements [offset, offset + count) of
+  // `block` (bf16_params null without a streaming copy).
+  AdamWBuffers StoreBuffers(int64_t block, int64_t offset, int64_t count) const;
   // Queues AdamW of `block` for update number `step` on the optimizer thread.
   void ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale);
   void OptimizerLoop();

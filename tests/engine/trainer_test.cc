@@ -152,8 +152,9 @@ TEST(TrainerTest, RejectsAnEmptyOptimizerSlice) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer_slice_elements")));
 }
 
-// Note [Embedding lookahead]. Trains `steps` and returns the losses; each
-// step gets the first micro-batch of hints[s] (if any) as its lookahead.
+// Trains `steps` from seed 5 and returns the losses and the final state;
+// each step gets the first micro-batch of hints[s] (if any) as its
+// lookahead (Note [Embedding lookahead]).
 struct LookaheadRun {
   std::vector<double> losses;
   std::vector<float> state;  // AllState after the run
@@ -261,14 +262,8 @@ TEST(TrainerTest, LookaheadOfASkippedStepIsDropped) {
     ASSERT_THAT(next, IsOk());
     EXPECT_EQ(next->stats.lookahead_rows, 0) << "clip " << clip;
     ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-
-    auto clean = Trainer::Create(config, Options(clip), /*seed=*/5);
-    ASSERT_THAT(clean, IsOk());
-    ASSERT_THAT((*clean)->Step(b1), IsOk());
-    ASSERT_THAT((*clean)->Step(b3), IsOk());
-    ASSERT_THAT((*clean)->WaitForOptimizer(), IsOk());
-    EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), AllState((*clean)->store())))
-        << "clip " << clip;
+    const LookaheadRun clean = RunWithHints(config, Options(clip), {b1, b3}, {}, false);
+    EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), clean.state)) << "clip " << clip;
   }
 }
 
@@ -375,13 +370,8 @@ TEST_P(TrainerNanSkipTest, SkippedStepChangesNothingAndTrainingGoesOn) {
   EXPECT_TRUE(std::isfinite(next->loss));
   EXPECT_TRUE(std::isfinite(next->grad_norm));
   ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-
-  auto clean = Trainer::Create(config, Options(clip), /*seed=*/5);
-  ASSERT_THAT(clean, IsOk());
-  ASSERT_THAT((*clean)->Step(b1), IsOk());
-  ASSERT_THAT((*clean)->Step(b3), IsOk());
-  ASSERT_THAT((*clean)->WaitForOptimizer(), IsOk());
-  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), AllState((*clean)->store())));
+  const LookaheadRun clean = RunWithHints(config, Options(clip), {b1, b3}, {}, false);
+  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), clean.state));
 }
 
 INSTANTIATE_TEST_SUITE_P(
