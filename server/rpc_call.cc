@@ -11,7 +11,13 @@
 namespace megatrain::server {
 
 absl::Status CheckDeadline(absl::Time deadline, absl::Time now) {
-  if (deadline > now) return absl::OkStatus();
+  if (deadline - now >= kMinCallTimeLeft) return absl::OkStatus();
+  if (deadline > now) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the call had ", absl::FormatDuration(deadline - now),
+        " left when the daemon started it, less than the ", absl::FormatDuration(kMinCallTimeLeft),
+        " a call needs; nothing was done"));
+  }
   return absl::DeadlineExceededError(absl::StrCat(
       "the call's deadline passed ", absl::FormatDuration(now - deadline),
       " before the daemon started it; nothing was done"));

@@ -34,8 +34,16 @@
 
 namespace megatrain::server {
 
-// DEADLINE_EXCEEDED when `deadline` is not after `now`: the client has
-// given up, so the call must do nothing.
+// The least time a call must have left when the daemon starts it. gRPC
+// sends a deadline that already passed as a 1 ns timeout and the receiving
+// side rounds deadlines up to the millisecond, so a call the client has
+// already given up on can arrive looking as if it had ~1 ms left; below this
+// margin the daemon cannot tell the two apart.
+inline constexpr absl::Duration kMinCallTimeLeft = absl::Milliseconds(5);
+
+// DEADLINE_EXCEEDED when less than kMinCallTimeLeft remains between `now`
+// and `deadline` (so also when it passed): the client has given up, or will
+// before any answer reaches it, so the call must do nothing. Thread-safe.
 absl::Status CheckDeadline(absl::Time deadline, absl::Time now);
 
 class RpcCall {

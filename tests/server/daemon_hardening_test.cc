@@ -109,8 +109,13 @@ TEST_F(DaemonHardeningTest, ResponseLargerThanMaxMessageBytesIsResourceExhausted
 
 TEST(CheckDeadlineTest, PassedDeadlineIsDeadlineExceeded) {
   const absl::Time now = absl::FromUnixSeconds(1000);
-  EXPECT_THAT(CheckDeadline(now + absl::Milliseconds(1), now), IsOk());
+  EXPECT_THAT(CheckDeadline(now + kMinCallTimeLeft, now), IsOk());
+  EXPECT_THAT(CheckDeadline(now + absl::Seconds(1), now), IsOk());
   EXPECT_THAT(CheckDeadline(absl::InfiniteFuture(), now), IsOk());
+  // What an already-expired deadline looks like on arrival: a 1 ns timeout
+  // rounded up to the next millisecond.
+  EXPECT_THAT(CheckDeadline(now + absl::Milliseconds(1), now),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("had 1ms left")));
   EXPECT_THAT(CheckDeadline(now, now),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("nothing was done")));
   EXPECT_THAT(CheckDeadline(now - absl::Seconds(2), now),
