@@ -6,9 +6,11 @@
 #     runs the next job;
 #   * the daemon's PCIe byte counters against NVML's PCIe byte counters over
 #     a llama-1b job (issue #6: within 10%): the growth of
-#     megatrain_pcie_bytes_total{direction="h2d"} against that of
-#     megatrain_nvml_pcie_bytes_total{direction="rx"}, and d2h against tx,
-#     between the job's first and last scrape; also, for reference only, the
+#     megatrain_pcie_link_estimate_bytes_total (the engine's copies as link
+#     bytes, server/pcie_link_model.h) against that of
+#     megatrain_nvml_pcie_bytes_total, rx and tx, between the job's first and
+#     last scrape; the payload counters (megatrain_pcie_bytes_total h2d
+#     against rx, d2h against tx) for reference; also, for reference only, the
 #     old comparison with NVML's 20 ms throughput gauge (server/nvml.h,
 #     Note [NVML PCIe counters]).
 #   * a llama-1b job with train.offload_activations (1 x 8192) trains;
@@ -74,7 +76,7 @@ pcie_job=$(job_named pcie-check)
 for _ in $(seq 150); do
   ts=$(date +%s.%N)
   env -u LD_LIBRARY_PATH curl -s "http://$metrics/metrics" \
-    | grep -E '^megatrain_(pcie_bytes_total|nvml_pcie_|tokens_total|pcie_utilization)' \
+    | grep -E '^megatrain_(pcie_bytes_total|nvml_pcie_|tokens_total|pcie_utilization|pcie_link_)' \
     | sed "s/^/$ts /" >> "$OUT/pcie-scrapes.txt"
   now=$(cli get "$pcie_job" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
   if [ "$now" = SUCCEEDED ] || [ "$now" = FAILED ]; then break; fi
@@ -123,15 +125,18 @@ if late:
     print(f"PCIE_CHECK NVML counter late reads during the job: {growth(late) or 0:.0f} "
           "(each may hide a 4 GiB wrap)")
 # NVML counts link-level bytes: payload plus packet headers, and its TX also
-# carries the read requests of H2D copies (server/nvml.h). For reference:
-# what is left of TX once the read requests are taken out at the size
-# measured on an H200 (0.094 of the H2D bytes).
-h2d_tx, _ = common(h2d, tx)
-d2h_tx, tx_d2h = common(d2h, tx)
-if growth(h2d_tx) and growth(d2h_tx) and growth(tx_d2h):
-    rest = growth(tx_d2h) - 0.094 * growth(h2d_tx)
-    print(f"PCIE_CHECK d2h vs NVML tx less 0.094 x h2d (read requests, reference only): "
-          f"ratio {growth(d2h_tx) / rest:.3f}")
+# carries the read requests of H2D copies. The daemon's link estimate
+# (Note [PCIe link model], calibrated at start-up on the probe's copies)
+# turns its payload counts into the same link-level bytes: the check.
+model = {k: find("megatrain_pcie_link_model_ratio", f'kind="{k}"')
+         for k in ("rx_per_h2d_byte", "tx_per_h2d_byte", "tx_per_d2h_byte", "rx_per_d2h_byte")}
+calibrated = find("megatrain_pcie_link_model_calibrated")
+print("PCIE_LINK_MODEL", "measured at start-up" if calibrated and calibrated[-1][1] == 1 else
+      "defaults", {k: (v[-1][1] if v else None) for k, v in model.items()})
+compare_counters("link estimate rx vs NVML rx",
+                 find("megatrain_pcie_link_estimate_bytes_total", 'direction="rx"'), rx)
+compare_counters("link estimate tx vs NVML tx",
+                 find("megatrain_pcie_link_estimate_bytes_total", 'direction="tx"'), tx)
 
 def compare_gauge(label, counter, nvml):
     # Reference only: the old comparison. Intervals in which the counter

@@ -28,7 +28,8 @@ int CudaDeviceCount() {
 }
 
 absl::StatusOr<LinkBandwidthMeasurement> MeasureLinkBandwidth(const std::string& device,
-                                                              int64_t bytes_per_copy, int repeats) {
+                                                              int64_t bytes_per_copy, int repeats,
+                                                              const std::function<void()>& between_directions) {
   if (bytes_per_copy < 4096 || repeats < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "link bandwidth: need bytes_per_copy >= 4096 and repeats >= 1, got ", bytes_per_copy,
@@ -62,7 +63,9 @@ absl::StatusOr<LinkBandwidthMeasurement> MeasureLinkBandwidth(const std::string&
     LinkBandwidthMeasurement m;
     m.bytes_per_copy = bytes_per_copy;
     m.repeats = repeats;
+    m.bytes_copied_each_way = bytes_per_copy * (repeats + 1);
     m.h2d_bytes_per_second = time_copies(StreamKind::kH2D, true);
+    if (between_directions) between_directions();
     m.d2h_bytes_per_second = time_copies(StreamKind::kD2H, false);
     return m;
   } catch (const std::exception& e) {

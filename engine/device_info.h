@@ -4,6 +4,7 @@
 #define MEGATRAIN_ENGINE_DEVICE_INFO_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,10 +22,17 @@ struct LinkBandwidthMeasurement {
   double d2h_bytes_per_second = 0;  // device -> host, one stream alone
   int64_t bytes_per_copy = 0;
   int repeats = 0;
+  // Payload each direction moved, the warm-up copy included:
+  // (repeats + 1) x bytes_per_copy bytes.
+  int64_t bytes_copied_each_way = 0;
 };
 
 // Times `repeats` copies of `bytes_per_copy` each way on `device` ("cuda",
-// "cuda:N") with CUDA events, after one warm-up copy. Takes about
+// "cuda:N") with CUDA events, after one warm-up copy; H2D first, then D2H.
+// `between_directions`, when set, runs on the calling thread once every H2D
+// copy has finished and before the first D2H copy is issued (the daemon
+// reads NVML's PCIe counters there; Note [PCIe link model] in
+// server/pcie_link_model.h). Takes about
 // 2 * repeats * bytes / bandwidth seconds (~0.1 s with the defaults on
 // PCIe gen5). Errors: UNAVAILABLE for "cpu" or without CUDA; INVALID_ARGUMENT
 // for a bad device or size; RESOURCE_EXHAUSTED when the buffers cannot be
@@ -32,7 +40,8 @@ struct LinkBandwidthMeasurement {
 // (it would measure a shared link).
 absl::StatusOr<LinkBandwidthMeasurement> MeasureLinkBandwidth(const std::string& device,
                                                               int64_t bytes_per_copy = 256 << 20,
-                                                              int repeats = 8);
+                                                              int repeats = 8,
+                                                              const std::function<void()>& between_directions = nullptr);
 
 }  // namespace megatrain::engine
 

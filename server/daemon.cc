@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <grpc/grpc.h>
@@ -38,6 +39,7 @@
 #include "server/net_util.h"
 #include "server/nvml.h"
 #include "server/path_policy.h"
+#include "server/pcie_link_model.h"
 #include "server/server_service.h"
 
 namespace megatrain::server {
@@ -300,13 +302,36 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   facts.preemption_enabled = opt.preemption;
   for (const std::string& device : devices) {
     if (!opt.measure_link_bandwidth || device == "cpu") continue;
-    absl::StatusOr<LinkBandwidth> bandwidth = p.backend->MeasureLinkBandwidth(device);
+    // NVML's PCIe counters around each direction of the probe calibrate the
+    // link model (Note [PCIe link model]); without them it keeps its defaults.
+    std::optional<PcieCounterReading> before, between, after;
+    if (p.nvml != nullptr) before = p.nvml->PcieBytes(device);
+    absl::StatusOr<LinkBandwidth> bandwidth = p.backend->MeasureLinkBandwidth(device, [&] {
+      if (p.nvml != nullptr) between = p.nvml->PcieBytes(device);
+    });
+    if (p.nvml != nullptr) after = p.nvml->PcieBytes(device);
     if (bandwidth.ok()) {
       facts.link_bandwidth[device] = *bandwidth;
       p.metrics->SetLinkBandwidth(device, *bandwidth);
       LogInfo(absl::StrFormat("%s: pinned H2D %.1f GB/s, D2H %.1f GB/s", device,
                               bandwidth->h2d_bytes_per_second / 1e9,
                               bandwidth->d2h_bytes_per_second / 1e9));
+      PcieLinkModel model;
+      if (before.has_value() && between.has_value() && after.has_value()) {
+        absl::StatusOr<PcieLinkModel> measured =
+            CalibratePcieLinkModel(bandwidth->bytes_copied_each_way, *before, *between, *after);
+        if (measured.ok()) {
+          model = *measured;
+        } else {
+          LogWarning(absl::StrCat(device, ": ", measured.status().message(),
+                                  "; using the default link model"));
+        }
+      }
+      p.metrics->SetPcieLinkModel(device, model);
+      LogInfo(absl::StrFormat(
+          "%s: PCIe link model (%s): rx %.3f x H2D + %.3f x D2H, tx %.3f x D2H + %.3f x H2D",
+          device, model.calibrated ? "measured with NVML" : "defaults", model.rx_per_h2d_byte,
+          model.rx_per_d2h_byte, model.tx_per_d2h_byte, model.tx_per_h2d_byte));
     } else if (!absl::IsUnimplemented(bandwidth.status())) {
       LogWarning(absl::StrCat(device, ": measuring PCIe bandwidth: ", bandwidth.status().ToString()));
     }

@@ -54,11 +54,14 @@ class RealEngineBackend final : public EngineBackend {
 
   int CudaDeviceCount() override { return engine::CudaDeviceCount(); }
 
-  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(const std::string& device) override {
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) override {
     return Guard("MeasureLinkBandwidth", [&]() -> absl::StatusOr<LinkBandwidth> {
-      absl::StatusOr<engine::LinkBandwidthMeasurement> m = engine::MeasureLinkBandwidth(device);
+      absl::StatusOr<engine::LinkBandwidthMeasurement> m = engine::MeasureLinkBandwidth(
+          device, /*bytes_per_copy=*/256 << 20, /*repeats=*/8, between_directions);
       if (!m.ok()) return m.status();
-      return LinkBandwidth{m->h2d_bytes_per_second, m->d2h_bytes_per_second};
+      return LinkBandwidth{m->h2d_bytes_per_second, m->d2h_bytes_per_second,
+                           m->bytes_copied_each_way};
     });
   }
 };

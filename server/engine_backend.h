@@ -10,14 +10,15 @@
 #ifndef MEGATRAIN_SERVER_ENGINE_BACKEND_H_
 #define MEGATRAIN_SERVER_ENGINE_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/training_job.h"
 
 namespace megatrain::server {
@@ -26,6 +27,8 @@ namespace megatrain::server {
 struct LinkBandwidth {
   double h2d_bytes_per_second = 0;
   double d2h_bytes_per_second = 0;
+  // Payload the measurement copied each way, bytes.
+  int64_t bytes_copied_each_way = 0;
 };
 
 class EngineBackend {
@@ -61,8 +64,11 @@ class EngineBackend {
   virtual int CudaDeviceCount() = 0;
 
   // Measures the host <-> device bandwidth of `device` with pinned buffers
-  // (takes about a second). UNIMPLEMENTED where not available (CPU).
-  virtual absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(const std::string& device) = 0;
+  // (takes about a second): H2D copies, then `between_directions` (when
+  // set; on the calling thread), then D2H copies. UNIMPLEMENTED where not
+  // available (CPU).
+  virtual absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) = 0;
 };
 
 // The engine itself (defined in server/engine_backend.cc, library

@@ -117,6 +117,25 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                  "missed a whole wrap (megatrain_nvml_pcie_bytes_total may be short by 4 GiB "
                  "each).")
            .Register(r);
+  pcie_link_estimate_bytes_total_ =
+      &BuildCounter()
+           .Name("megatrain_pcie_link_estimate_bytes_total")
+           .Help("The engine's copies as bytes on the PCIe link (tx: device to host, rx: host "
+                 "to device; payload, packet headers and read requests, by the link model): "
+                 "comparable with megatrain_nvml_pcie_bytes_total.")
+           .Register(r);
+  pcie_link_model_ratio_ =
+      &BuildGauge()
+           .Name("megatrain_pcie_link_model_ratio")
+           .Help("PCIe link model: link bytes per payload byte (kind: rx_per_h2d_byte, "
+                 "tx_per_h2d_byte, tx_per_d2h_byte, rx_per_d2h_byte).")
+           .Register(r);
+  pcie_link_model_calibrated_ =
+      &BuildGauge()
+           .Name("megatrain_pcie_link_model_calibrated")
+           .Help("1 when the PCIe link model was measured with NVML at start-up, 0 when it "
+                 "is the defaults.")
+           .Register(r);
   gpu_memory_used_ = &BuildGauge()
                           .Name("megatrain_gpu_memory_used_bytes")
                           .Help("Device memory in use (NVML).")
@@ -238,6 +257,19 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   };
   bandwidth("h2d", stats.h2d_bytes, stats.h2d_seconds, link.h2d_bytes_per_second);
   bandwidth("d2h", stats.d2h_bytes, stats.d2h_seconds, link.d2h_bytes_per_second);
+  if (stats.h2d_bytes > 0 || stats.d2h_bytes > 0) {
+    PcieLinkModel model;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = link_model_by_device_.find(device);
+      if (it != link_model_by_device_.end()) model = it->second;
+    }
+    const PcieLinkBytes link_bytes = EstimateLinkBytes(model, stats.h2d_bytes, stats.d2h_bytes);
+    pcie_link_estimate_bytes_total_->Add({{"device", device}, {"direction", "tx"}})
+        .Increment(link_bytes.tx_bytes);
+    pcie_link_estimate_bytes_total_->Add({{"device", device}, {"direction", "rx"}})
+        .Increment(link_bytes.rx_bytes);
+  }
   if (stats.peak_device_bytes > 0) {
     gpu_memory_peak_->Add({{"device", device}}).Set(static_cast<double>(stats.peak_device_bytes));
   }
@@ -317,6 +349,21 @@ void ServerMetrics::SetLinkBandwidth(const std::string& device, const LinkBandwi
       .Set(bandwidth.h2d_bytes_per_second);
   pcie_link_bandwidth_->Add({{"device", device}, {"direction", "d2h"}})
       .Set(bandwidth.d2h_bytes_per_second);
+}
+
+void ServerMetrics::SetPcieLinkModel(const std::string& device, const PcieLinkModel& model) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    link_model_by_device_[device] = model;
+  }
+  auto ratio = [&](const char* kind, double value) {
+    pcie_link_model_ratio_->Add({{"device", device}, {"kind", kind}}).Set(value);
+  };
+  ratio("rx_per_h2d_byte", model.rx_per_h2d_byte);
+  ratio("tx_per_h2d_byte", model.tx_per_h2d_byte);
+  ratio("tx_per_d2h_byte", model.tx_per_d2h_byte);
+  ratio("rx_per_d2h_byte", model.rx_per_d2h_byte);
+  pcie_link_model_calibrated_->Add({{"device", device}}).Set(model.calibrated ? 1 : 0);
 }
 
 void ServerMetrics::SetGpuMemory(const std::string& device, int64_t used_bytes,

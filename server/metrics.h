@@ -32,6 +32,17 @@
 //                                                            start; compare its rate with
 //                                                            megatrain_pcie_bytes_total's
 //                                                            (Note [NVML PCIe counters])
+//   megatrain_pcie_link_estimate_bytes_total{device,direction=tx|rx}
+//                                                  counter   the engine's copies as link
+//                                                            bytes (payload, headers, read
+//                                                            requests): comparable with
+//                                                            megatrain_nvml_pcie_bytes_total
+//                                                            (Note [PCIe link model])
+//   megatrain_pcie_link_model_ratio{device,kind}   gauge     the model's link bytes per
+//                                                            payload byte: kind =
+//                                                            rx_per_h2d_byte, ...
+//   megatrain_pcie_link_model_calibrated{device}   gauge     1: measured at start-up,
+//                                                            0: the defaults
 //   megatrain_nvml_pcie_counter_late_reads_total{device}
 //                                                  counter   reads of a 32-bit NVML byte
 //                                                            counter late enough to have
@@ -73,7 +84,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include <prometheus/counter.h>
@@ -84,10 +94,12 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "engine/stats.h"
 #include "engine/training_job.h"
 #include "server/engine_backend.h"
 #include "server/job.h"
+#include "server/pcie_link_model.h"
 
 namespace megatrain::server {
 
@@ -113,6 +125,9 @@ class ServerMetrics {
   void SetHostMemory(int64_t budget_bytes, int64_t reserved_bytes);
   void SetJobCounts(const std::map<JobState, int64_t>& counts);
   void SetLinkBandwidth(const std::string& device, const LinkBandwidth& bandwidth);
+  // The PCIe link model of `device` (replaces the defaults, which apply
+  // to a device until this is called).
+  void SetPcieLinkModel(const std::string& device, const PcieLinkModel& model);
   void SetGpuMemory(const std::string& device, int64_t used_bytes, int64_t total_bytes);
   void SetNvmlPcieThroughput(const std::string& device, double tx_bytes_per_second,
                              double rx_bytes_per_second);
@@ -157,6 +172,9 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* nvml_pcie_throughput_;
   prometheus::Family<prometheus::Counter>* nvml_pcie_bytes_total_;
   prometheus::Family<prometheus::Counter>* nvml_pcie_counter_late_reads_total_;
+  prometheus::Family<prometheus::Counter>* pcie_link_estimate_bytes_total_;
+  prometheus::Family<prometheus::Gauge>* pcie_link_model_ratio_;
+  prometheus::Family<prometheus::Gauge>* pcie_link_model_calibrated_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_used_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_total_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_peak_;
@@ -178,6 +196,7 @@ class ServerMetrics {
   std::mutex mu_;
   std::map<std::string, engine::HostStoreBytes> host_store_by_device_;  // guarded by mu_
   std::map<std::string, LinkBandwidth> link_by_device_;                 // guarded by mu_
+  std::map<std::string, PcieLinkModel> link_model_by_device_;           // guarded by mu_
   // The NVML totals last added to the counters, per device.
   struct NvmlPcieTotals {
     uint64_t tx_bytes = 0;

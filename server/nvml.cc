@@ -342,4 +342,15 @@ std::optional<NvmlSample> Nvml::Sample(const std::string& device) const {
   return sample;
 }
 
+std::optional<PcieCounterReading> Nvml::PcieBytes(const std::string& device) const {
+  ReadPcieCounters(device);
+  std::lock_guard<std::mutex> lock(counters_->mu);
+  auto it = counters_->by_device.find(device);
+  if (it == counters_->by_device.end() ||
+      it->second.support != PcieCounters::Support::kSupported) {
+    return std::nullopt;
+  }
+  return PcieCounterReading{it->second.tx.total_bytes(), it->second.rx.total_bytes()};
+}
+
 }  // namespace megatrain::server

@@ -42,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include "server/pcie_link_model.h"
+
 namespace megatrain::server {
 
 // One NVML reading of a device.
@@ -135,6 +137,11 @@ class Nvml {
   // device NVML has no handle for. Fields NVML fails to read stay 0.
   // Takes ~40 ms (two PCIe throughput windows).
   std::optional<NvmlSample> Sample(const std::string& device) const;
+  // Reads `device`'s PCIe byte counters once (added to the totals) and
+  // returns the totals (link-level bytes since Load()); nullopt where the
+  // counters are absent (pre-R550 driver, NOT_SUPPORTED, "cpu", an unmapped
+  // index, or no successful read yet). Takes ~0.3 ms.
+  std::optional<PcieCounterReading> PcieBytes(const std::string& device) const;
 
  private:
   struct Api;

@@ -26,8 +26,11 @@ TEST(MeasureLinkBandwidthTest, RefusesTinyCopies) {
 
 TEST(MeasureLinkBandwidthTest, MeasuresBothDirectionsOnCuda) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  auto m = MeasureLinkBandwidth("cuda", 64 << 20, 4);
+  int hook_calls = 0;
+  auto m = MeasureLinkBandwidth("cuda", 64 << 20, 4, [&] { ++hook_calls; });
   ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(hook_calls, 1);  // between the directions, once
+  EXPECT_EQ(m->bytes_copied_each_way, int64_t{5} * (64 << 20));  // warm-up + 4
   // Any PCIe gen3 x16 link or better moves > 5 GB/s from pinned memory;
   // pageable memory would not (Note [Pinned host memory]).
   EXPECT_GT(m->h2d_bytes_per_second, 5e9);

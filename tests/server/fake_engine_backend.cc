@@ -306,8 +306,11 @@ absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
-absl::StatusOr<LinkBandwidth> FakeEngineBackend::MeasureLinkBandwidth(const std::string& device) {
-  return absl::UnimplementedError("fake: no link");
+absl::StatusOr<LinkBandwidth> FakeEngineBackend::MeasureLinkBandwidth(
+    const std::string& device, const std::function<void()>& between_directions) {
+  if (!link_bandwidth.has_value()) return absl::UnimplementedError("fake: no link");
+  if (between_directions) between_directions();
+  return *link_bandwidth;
 }
 
 std::shared_ptr<FakeJobControl> FakeEngineBackend::WaitForCreated(int count,

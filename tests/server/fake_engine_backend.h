@@ -93,7 +93,11 @@ class FakeEngineBackend final : public EngineBackend {
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override;
   int CudaDeviceCount() override { return cuda_device_count; }
-  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(const std::string& device) override;
+  // Runs `between_directions` and returns `link_bandwidth` when set;
+  // UNIMPLEMENTED otherwise.
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) override;
+  std::optional<LinkBandwidth> link_bandwidth;
 
   // Blocks until at least `count` jobs were created, at most `timeout`;
   // returns the control of the `count`-th (1-based) or nullptr on timeout.

@@ -17,6 +17,7 @@ namespace {
 
 using ::megatrain::testing::IsOk;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 engine::StepReport Step(int64_t tokens) {
   engine::StepReport report;
@@ -77,6 +78,35 @@ TEST(MetricsTest, StepStatsFeedCountersAndGauges) {
                         "megatrain_pcie_utilization_ratio{device=\"cuda:0\",direction=\"h2d\"} 0.5"));
   EXPECT_THAT(text, HasSubstr("megatrain_mfu_ratio{device=\"cuda:0\"} 0.4"));
   EXPECT_THAT(text, HasSubstr("megatrain_training_loss{device=\"cuda:0\"} 3.25"));
+}
+
+TEST(MetricsTest, StepsAddLinkBytesByTheDevicesLinkModel) {
+  ServerMetrics metrics;
+  // cuda:0 keeps the defaults until a model is set; cuda:1 has a measured one.
+  metrics.RecordStep("cuda:0", Step(1024));  // 1000 B H2D, 500 B D2H
+  PcieLinkModel measured;
+  measured.rx_per_h2d_byte = 1.5;
+  measured.tx_per_h2d_byte = 0.25;
+  measured.tx_per_d2h_byte = 1.25;
+  measured.rx_per_d2h_byte = 0;
+  measured.calibrated = true;
+  metrics.SetPcieLinkModel("cuda:1", measured);
+  metrics.RecordStep("cuda:1", Step(1024));
+  metrics.RecordStep("cuda:1", Step(1024));
+  engine::StepReport cpu_step = Step(1024);
+  cpu_step.stats.h2d_bytes = 0;
+  cpu_step.stats.d2h_bytes = 0;
+  metrics.RecordStep("cpu", cpu_step);  // no copies: no series
+  const std::string text = metrics.TextExposition();
+  // Defaults: rx 1.078 x 1000; tx 1.094 x 500 + 0.094 x 1000.
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_link_estimate_bytes_total{device=\"cuda:0\",direction=\"rx\"} 1078"));
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_link_estimate_bytes_total{device=\"cuda:0\",direction=\"tx\"} 641"));
+  // Two steps: rx 2 x 1.5 x 1000; tx 2 x (1.25 x 500 + 0.25 x 1000).
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_link_estimate_bytes_total{device=\"cuda:1\",direction=\"rx\"} 3000"));
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_link_estimate_bytes_total{device=\"cuda:1\",direction=\"tx\"} 1750"));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_pcie_link_estimate_bytes_total{device=\"cpu\"")));
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_link_model_ratio{device=\"cuda:1\",kind=\"tx_per_d2h_byte\"} 1.25"));
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_link_model_calibrated{device=\"cuda:1\"} 1"));
 }
 
 TEST(MetricsTest, HostStoreSumsRunningJobsAndClearsOnEnd) {

@@ -150,6 +150,26 @@ TEST_F(NvmlTest, ByteCountersStartAtZeroAndAddTheGrowth) {
   EXPECT_EQ(other->pcie_tx_bytes, 0u);
 }
 
+TEST_F(NvmlTest, PcieBytesReadsTheCountersOnceAndReturnsTheTotals) {
+  SetField(0, kTxField, kUnsignedLongLong, {1000, 1500, 4000});
+  SetField(0, kRxField, kUnsignedLongLong, {10, 20, 40});
+  std::unique_ptr<Nvml> nvml = Load();
+  ASSERT_NE(nvml, nullptr);
+  std::optional<PcieCounterReading> first = nvml->PcieBytes("cuda:0");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->tx_bytes, 0u);
+  std::optional<PcieCounterReading> second = nvml->PcieBytes("cuda:0");
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->tx_bytes, 500u);
+  EXPECT_EQ(second->rx_bytes, 10u);
+  EXPECT_EQ(field_value_calls_(), 2);  // one read each
+  // Sample() adds its own read to the same totals.
+  EXPECT_EQ(Totals(*nvml, "cuda:0"), PcieTotals(std::make_pair(3000, 30)));
+  // No counters (device 1 is unscripted: NOT_SUPPORTED), or no device.
+  EXPECT_FALSE(nvml->PcieBytes("cuda:1").has_value());
+  EXPECT_FALSE(nvml->PcieBytes("cpu").has_value());
+}
+
 TEST_F(NvmlTest, ThirtyTwoBitCounterWrapsIntoTheTotal) {
   // uiVal readings as driver 580 returns them; the fake fills the union's
   // other 4 bytes with 0xab, so reading it as 64 bits would give junk.
