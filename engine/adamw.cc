@@ -24,22 +24,8 @@
 #endif
 
 namespace megatrain::engine {
-namespace {
 
-// Per-step fp32 factors of Note [AdamW update], computed once in double.
-struct AdamWCoefficients {
-  float decay;             // 1 - lr * weight_decay
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float step_size;         // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;      // 1 / sqrt(1 - beta2^t)
-  float eps;
-  float grad_scale;
-};
-
-AdamWCoefficients MakeCoefficients(const AdamWStepParams& hp) {
+AdamWCoefficients MakeAdamWCoefficients(const AdamWStepParams& hp) {
   const double t = static_cast<double>(hp.step);
   const double bias_correction1 = 1.0 - std::pow(hp.beta1, t);
   const double bias_correction2 = 1.0 - std::pow(hp.beta2, t);
@@ -55,6 +41,8 @@ AdamWCoefficients MakeCoefficients(const AdamWStepParams& hp) {
   c.grad_scale = hp.grad_scale;
   return c;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // Scalar variant
@@ -462,7 +450,7 @@ void AdamWUpdate(const AdamWStepParams& hp, float* params, const float* grads,
                  float* exp_avg, float* exp_avg_sq, bf16_bits* bf16_out,
                  int64_t n, CpuKernel kernel) {
   if (n <= 0) return;
-  const AdamWCoefficients c = MakeCoefficients(hp);
+  const AdamWCoefficients c = MakeAdamWCoefficients(hp);
   switch (Resolve(kernel)) {
 #if MEGATRAIN_X86_KERNELS
     case CpuKernel::kAvx512:

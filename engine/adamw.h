@@ -95,6 +95,22 @@ struct AdamWStepParams {
 // through the same instructions on a zero-padded copy, so every element of a
 // variant sees the same arithmetic wherever chunk boundaries fall.
 
+// The per-step fp32 factors of Note [AdamW update], computed once in double
+// and rounded to fp32. Shared by every AdamW implementation (the CPU kernels
+// here, TensorAdamWStep in tensor_adamw.h) so that they round alike.
+struct AdamWCoefficients {
+  float decay;            // 1 - lr * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float step_size;        // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;     // 1 / sqrt(1 - beta2^t)
+  float eps;
+  float grad_scale;
+};
+AdamWCoefficients MakeAdamWCoefficients(const AdamWStepParams& hp);
+
 // Applies one AdamW update (Note [AdamW update]) to `n` elements in place:
 // `params`, `exp_avg` (m) and `exp_avg_sq` (v) are read and written, `grads`
 // only read; all fp32. When `bf16_out` is not null it also receives the

@@ -70,6 +70,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.optimizer_nice = o.optimizer_nice;
   topt.critical_threads = o.critical_threads;
   topt.optimizer_slice_elements = o.optimizer_slice_elements;
+  topt.resident_layers = o.resident_layers;
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -162,6 +163,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["critical_threads"] = o.critical_threads;
   j["embedding_lookahead"] = o.embedding_lookahead;
   j["optimizer_slice_elements"] = o.optimizer_slice_elements;
+  j["resident_layers"] = trainer->resident_layers();
   j["gate_rows"] = last.gate_rows;
   j["lookahead_rows"] = last.lookahead_rows;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;

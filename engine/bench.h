@@ -32,6 +32,7 @@ struct BenchOptions {
   int critical_threads = 0;          // TrainerOptions::critical_threads
   int64_t optimizer_slice_elements = int64_t{1} << 24;  // TrainerOptions::optimizer_slice_elements
   bool embedding_lookahead = true;   // pass Trainer::Step the next batch's ids
+  int resident_layers = -1;          // TrainerOptions::resident_layers (-1 = auto)
                                      // (Note [Embedding lookahead] in trainer.h)
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "absl/base/internal/raw_logging.h"
@@ -21,6 +22,7 @@
 #include "engine/adamw.h"
 #include "engine/layers.h"
 #include "engine/status_macros.h"
+#include "engine/tensor_adamw.h"
 #include "engine/torch_compat.h"
 
 namespace megatrain::engine {
@@ -213,6 +215,9 @@ class StreamingExecutor::Impl {
     row_gate_ = std::move(gate);
   }
   void AssumeEmbeddingGradZero(bool zero) { assume_embedding_grad_zero_ = zero; }
+  absl::Status ScheduleResidentUpdate(const AdamWStepParams& hp, std::vector<bool> apply);
+  absl::Status SyncResidentToStore(bool grads);
+  absl::Status LoadResidentFromStore();
 
  private:
   // Blocks until `block`'s host weights are current (the trainer's gate).
@@ -232,7 +237,9 @@ class StreamingExecutor::Impl {
   // norm is computed on the device and copied beside it. Later
   // contributions land in pinned staging and are added on the host.
   struct AccumTask {
-    enum class Kind { kDense, kEmbeddingRows } kind = Kind::kDense;
+    // kResidentNorm: only the squared norm of a resident layer's final
+    // gradient (norm_host_[slot]; Note [Resident layers] in executor.h).
+    enum class Kind { kDense, kEmbeddingRows, kResidentNorm } kind = Kind::kDense;
     int slot = 0;                 // grad slot (device buffer + pinned staging)
     int64_t block = 0;
     int64_t numel = 0;            // elements in staging (dense) or rows*C
@@ -268,6 +275,13 @@ class StreamingExecutor::Impl {
   at::Tensor SlotView(const at::Tensor& slot, int64_t block) const {
     return slot.narrow(0, 0, layout_.blocks[block].numel);
   }
+  // Note [Resident layers] in executor.h.
+  bool Resident(int64_t layer) const { return layer < static_cast<int64_t>(resident_.size()); }
+  // A resident layer's contribution to its gradient is in place: the
+  // bookkeeping of OffloadGrad, and on the final one its norm to the host.
+  void ResidentGradDone(int64_t layer);
+  // Enqueues the waiting resident update, if any, on the current stream.
+  void ApplyResidentUpdate();
 
   HostStore* store_;
   DeviceRuntime* runtime_;
@@ -312,6 +326,15 @@ class StreamingExecutor::Impl {
   std::array<std::unique_ptr<DeviceEvent>, 2> act_loaded_;    // on kH2D
   std::array<std::unique_ptr<DeviceEvent>, 2> act_free_;      // on kCompute
   std::unique_ptr<DeviceEvent> act_ready_;                    // on kCompute
+
+  // Resident layers (Note [Resident layers] in executor.h), by layer index.
+  struct ResidentLayer {
+    at::Tensor master, exp_avg, exp_avg_sq, grad;  // [numel] fp32
+    at::Tensor weights;  // [numel] compute dtype; master itself for fp32/tf32
+  };
+  std::vector<ResidentLayer> resident_;
+  std::optional<AdamWStepParams> resident_update_;  // waiting for the next pass
+  std::vector<bool> resident_apply_;
 
   PhaseTimer timer_;
   int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
@@ -408,9 +431,23 @@ absl::Status StreamingExecutor::Impl::Init() {
       act_ready_ = runtime_->CreateEvent();
       act_device_bytes = 2 * static_cast<int64_t>(layer_bytes);
     }
+    int64_t resident_bytes = 0;
+    for (int64_t l = 0; l < options_.resident_layers; ++l) {
+      const int64_t numel = layout_.blocks[layout_.layer_block(l)].numel;
+      const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device);
+      ResidentLayer layer;
+      layer.master = at::empty({numel}, fp32);
+      layer.exp_avg = at::empty({numel}, fp32);
+      layer.exp_avg_sq = at::empty({numel}, fp32);
+      layer.grad = at::zeros({numel}, fp32);
+      layer.weights = cd_ == at::kFloat ? layer.master : at::empty({numel}, fp32.dtype(cd_));
+      resident_bytes += numel * (16 + (cd_ == at::kFloat ? 0 : static_cast<int64_t>(esize)));
+      resident_.push_back(std::move(layer));
+    }
     slot_device_bytes_ =
         (static_cast<int64_t>(options_.num_weight_slots) * static_cast<int64_t>(esize) +
-         static_cast<int64_t>(options_.num_grad_slots) * 4) * max_numel + act_device_bytes;
+         static_cast<int64_t>(options_.num_grad_slots) * 4) * max_numel + act_device_bytes +
+        resident_bytes;
     staging_host_bytes_ =
         static_cast<int64_t>(staging_bytes) * options_.num_grad_slots +
         static_cast<int64_t>(upload_staging_.bytes()) + static_cast<int64_t>(act_host_.bytes());
@@ -422,7 +459,7 @@ absl::Status StreamingExecutor::Impl::Init() {
     staging_busy_.assign(options_.num_grad_slots, false);
   }
   accumulator_ = std::thread([this] { AccumulatorLoop(); });
-  return absl::OkStatus();
+  return LoadResidentFromStore();
 }
 
 absl::Status StreamingExecutor::Impl::ValidateBatches(absl::Span<const MicroBatch> mbs,
@@ -681,6 +718,11 @@ void StreamingExecutor::Impl::AccumulatorLoop() {
 
 void StreamingExecutor::Impl::RunTask(AccumTask& task) {
   runtime_->HostWait(*staged_[task.slot]);
+  if (task.kind == AccumTask::Kind::kResidentNorm) {
+    const double norm = static_cast<const double*>(norm_host_.data())[task.slot];
+    if (on_block_final_) on_block_final_(task.block, norm * norm);
+    return;
+  }
   float* grad = store_->grad(task.block);
   const float* src = static_cast<const float*>(staging_[task.slot].data());
   // Squared norm of the block's gradient so far, when known without a pass
@@ -758,6 +800,118 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
   on_block_final_(task.block, sq);
 }
 
+void StreamingExecutor::Impl::ResidentGradDone(int64_t layer) {
+  const int64_t block = layout_.layer_block(layer);
+  seen_[block] = true;
+  if (--remaining_[block] != 0) return;
+  // The final gradient: its squared norm reaches on_block_final through the
+  // accumulator thread, in order with the landed blocks' (a grad slot lends
+  // its pinned norm word and events; nothing else crosses PCIe).
+  const int r = AcquireGradSlot();
+  AccumTask task;
+  task.kind = AccumTask::Kind::kResidentNorm;
+  task.slot = r;
+  task.block = block;
+  task.first = task.final = true;
+  const int norm_token = timer_.Begin(StreamKind::kCompute);
+  task.keep_alive_norm = compat::VectorNormFp64(resident_[layer].grad);
+  timer_.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
+  runtime_->Record(StreamKind::kCompute, *grad_ready_[r]);
+  runtime_->Wait(StreamKind::kD2H, *grad_ready_[r]);
+  runtime_->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + r,
+                             task.keep_alive_norm.data_ptr(), sizeof(double));
+  runtime_->Record(StreamKind::kD2H, *staged_[r]);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+void StreamingExecutor::Impl::ApplyResidentUpdate() {
+  if (!resident_update_.has_value()) return;
+  const int token = timer_.Begin(StreamKind::kCompute);
+  for (size_t l = 0; l < resident_.size(); ++l) {
+    if (!resident_apply_[l]) continue;
+    ResidentLayer& layer = resident_[l];
+    TensorAdamWStep(*resident_update_, layer.master, layer.grad, layer.exp_avg, layer.exp_avg_sq,
+                    layer.weights);
+  }
+  timer_.End(StreamKind::kCompute, token);
+  resident_update_.reset();
+}
+
+absl::Status StreamingExecutor::Impl::ScheduleResidentUpdate(const AdamWStepParams& hp,
+                                                            std::vector<bool> apply) {
+  if (apply.size() != resident_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("resident update: ", apply.size(),
+                                                   " flags for ", resident_.size(),
+                                                   " resident layers"));
+  }
+  if (resident_update_.has_value()) {
+    return absl::FailedPreconditionError(
+        "resident update: the previous one has not been enqueued yet (no pass since)");
+  }
+  resident_update_ = hp;
+  resident_apply_ = std::move(apply);
+  return absl::OkStatus();
+}
+
+absl::Status StreamingExecutor::Impl::SyncResidentToStore(bool grads) {
+  if (resident_.empty()) return absl::OkStatus();
+  try {
+    auto scope = runtime_->Use(StreamKind::kCompute);
+    ApplyResidentUpdate();
+    for (size_t l = 0; l < resident_.size(); ++l) {
+      const int64_t block = layout_.layer_block(static_cast<int64_t>(l));
+      const int64_t numel = layout_.blocks[block].numel;
+      auto host = [numel](void* data, at::ScalarType dtype) {
+        return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
+      };
+      const ResidentLayer& layer = resident_[l];
+      host(store_->master(block), at::kFloat).copy_(layer.master);
+      host(store_->exp_avg(block), at::kFloat).copy_(layer.exp_avg);
+      host(store_->exp_avg_sq(block), at::kFloat).copy_(layer.exp_avg_sq);
+      if (bf16_bits* bf16 = store_->streaming_bf16(block); bf16 != nullptr) {
+        host(bf16, at::kBFloat16).copy_(layer.weights);
+      }
+      if (grads) host(store_->grad(block), at::kFloat).copy_(layer.grad);
+    }
+    runtime_->Synchronize();
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamingExecutor::Impl::LoadResidentFromStore() {
+  if (resident_.empty()) return absl::OkStatus();
+  resident_update_.reset();
+  try {
+    auto scope = runtime_->Use(StreamKind::kCompute);
+    for (size_t l = 0; l < resident_.size(); ++l) {
+      const int64_t block = layout_.layer_block(static_cast<int64_t>(l));
+      const int64_t numel = layout_.blocks[block].numel;
+      auto host = [numel](void* data, at::ScalarType dtype) {
+        return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
+      };
+      ResidentLayer& layer = resident_[l];
+      layer.master.copy_(host(store_->master(block), at::kFloat));
+      layer.exp_avg.copy_(host(store_->exp_avg(block), at::kFloat));
+      layer.exp_avg_sq.copy_(host(store_->exp_avg_sq(block), at::kFloat));
+      if (!layer.weights.is_same(layer.master)) {
+        bf16_bits* bf16 = store_->streaming_bf16(block);
+        if (bf16 != nullptr) {
+          layer.weights.copy_(host(bf16, at::kBFloat16));
+        } else {
+          layer.weights.copy_(layer.master);
+        }
+      }
+    }
+    runtime_->Synchronize();
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StreamingExecutor::Impl::Drain() {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -797,12 +951,17 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
 
   // The plan of block uses (Note [Streaming pipeline]).
   std::vector<int64_t> blocks;
+  // Resident layers have no uses: they never load (Note [Resident layers]).
   for (size_t m = 0; m < mbs.size(); ++m) {
-    for (int64_t l = 0; l < num_layers; ++l) blocks.push_back(layout_.layer_block(l));
+    for (int64_t l = 0; l < num_layers; ++l) {
+      if (!Resident(l)) blocks.push_back(layout_.layer_block(l));
+    }
     if (tied) blocks.push_back(emb);
     blocks.push_back(head);
     if (backward) {
-      for (int64_t l = num_layers - 1; l >= 0; --l) blocks.push_back(layout_.layer_block(l));
+      for (int64_t l = num_layers - 1; l >= 0; --l) {
+        if (!Resident(l)) blocks.push_back(layout_.layer_block(l));
+      }
     }
   }
   const int64_t m_count = static_cast<int64_t>(mbs.size());
@@ -816,6 +975,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     runtime_->ResetPeak();
     auto compute = runtime_->Use(StreamKind::kCompute);
     timer_.MarkStart();
+    ApplyResidentUpdate();
     Plan(blocks);
     at::Tensor loss_total =
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
@@ -829,8 +989,9 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         at::NoGradGuard no_grad;
         // Offloaded inputs whose D2H copy may still be reading them.
         std::deque<std::pair<int64_t, at::Tensor>> in_flight;
-        for (int64_t l = 0; l < num_layers; ++l, ++use) {
-          at::Tensor flat = Acquire(use);
+        for (int64_t l = 0; l < num_layers; ++l) {
+          const bool resident = Resident(l);
+          at::Tensor flat = resident ? resident_[l].weights : Acquire(use);
           if (backward && Offloaded(l)) {
             OffloadActivation(l, x);
             in_flight.emplace_back(l, x);
@@ -838,10 +999,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
             saved[l] = x;
           }
           const int token = timer_.Begin(StreamKind::kCompute);
-          x = DecoderLayerForward(config_, BindDecoderLayerWeights(layout_.blocks[uses_[use].block], flat),
+          x = DecoderLayerForward(config_, BindDecoderLayerWeights(layout_.blocks[layout_.layer_block(l)], flat),
                                   x, rope_, attention_mask_, cd_);
           timer_.End(StreamKind::kCompute, token, PhaseTimer::kForward);
-          Release(use);
+          if (!resident) Release(use++);
           // Free an offloaded input once its copy is done: the compute
           // stream waits for the copy issued one layer earlier (long done).
           while (in_flight.size() > 1 || (!in_flight.empty() && l + 1 == num_layers)) {
@@ -902,11 +1063,12 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
 
       // Backward through the layers: recompute each layer's forward from
       // its saved input with autograd local to the layer.
-      for (int64_t l = num_layers - 1; l >= 0; --l, ++use) {
-        const int64_t block = uses_[use].block;
+      for (int64_t l = num_layers - 1; l >= 0; --l) {
+        const bool resident = Resident(l);
+        const int64_t block = layout_.layer_block(l);
         const BlockLayout& bl = layout_.blocks[block];
-        at::Tensor flat = Acquire(use);
-        const int r = AcquireGradSlot();
+        at::Tensor flat = resident ? resident_[l].weights : Acquire(use);
+        const int r = resident ? -1 : AcquireGradSlot();
         // One layer ahead: the next layer's offloaded input comes back
         // while this layer's backward runs.
         // (Layer L-2's came back during the head.)
@@ -923,18 +1085,35 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         at::Tensor y = DecoderLayerForward(config_, DecoderLayerWeightsFromParams(bl, leaves),
                                            x_leaf, rope_, attention_mask_, cd_);
         std::vector<at::Tensor> grads = torch::autograd::grad({y}, inputs, {grad_y});
-        if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kDecoderLayer)) grad_slots_[r].zero_();
-        grad_slot_kind_[r] = static_cast<int>(BlockKind::kDecoderLayer);
-        std::vector<at::Tensor> g = BindBlockParams(bl, grad_slots_[r]);
-        for (size_t i = 0; i < leaves.size(); ++i) g[i].copy_(grads[i]);
+        if (resident) {
+          // Accumulated in place, fp32, in micro-batch order: the host's adds.
+          std::vector<at::Tensor> g = BindBlockParams(bl, resident_[l].grad);
+          const bool first = !seen_[block];
+          for (size_t i = 0; i < leaves.size(); ++i) {
+            if (first) {
+              g[i].copy_(grads[i]);
+            } else {
+              g[i].add_(grads[i].to(at::kFloat));
+            }
+          }
+        } else {
+          if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kDecoderLayer)) grad_slots_[r].zero_();
+          grad_slot_kind_[r] = static_cast<int>(BlockKind::kDecoderLayer);
+          std::vector<at::Tensor> g = BindBlockParams(bl, grad_slots_[r]);
+          for (size_t i = 0; i < leaves.size(); ++i) g[i].copy_(grads[i]);
+        }
         grad_y = grads.back();
         saved[l].reset();
         x_leaf.reset();
         if (Offloaded(l)) runtime_->Record(StreamKind::kCompute, *act_free_[l % 2]);
         timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
-        Release(use);
-        OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},
-                    AccumTask::Kind::kDense, {});
+        if (resident) {
+          ResidentGradDone(l);
+        } else {
+          Release(use++);
+          OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},
+                      AccumTask::Kind::kDense, {});
+        }
       }
       // Embedding backward on the host: scatter-add of d hidden_0.
       const int r = AcquireGradSlot();
@@ -999,6 +1178,11 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));
   }
+  if (options.resident_layers < 0 || options.resident_layers > store->layout().num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.resident_layers: must be in [0, num_hidden_layers=", store->layout().num_layers(),
+        "], got ", options.resident_layers));
+  }
   if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
     return absl::FailedPreconditionError(
         "executor: bf16 compute needs a host store with a bf16 streaming copy");
@@ -1038,6 +1222,17 @@ absl::StatusOr<std::vector<float>> StreamingExecutor::Logits(const MicroBatch& m
       impl_->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false, {}, &logits).status());
   return logits;
 }
+
+absl::Status StreamingExecutor::ScheduleResidentUpdate(const AdamWStepParams& hp,
+                                                      std::vector<bool> apply) {
+  return impl_->ScheduleResidentUpdate(hp, std::move(apply));
+}
+
+absl::Status StreamingExecutor::SyncResidentToStore(bool grads) {
+  return impl_->SyncResidentToStore(grads);
+}
+
+absl::Status StreamingExecutor::LoadResidentFromStore() { return impl_->LoadResidentFromStore(); }
 
 int64_t StreamingExecutor::slot_device_bytes() const { return impl_->slot_device_bytes(); }
 int64_t StreamingExecutor::staging_host_bytes() const { return impl_->staging_host_bytes(); }

@@ -50,6 +50,28 @@
 // (layer L-2's during the head), so the copy overlaps the previous layer's
 // backward. The values are bit-identical to keeping them on the device.
 //
+// Note [Resident layers]
+// Between two steps the next forward needs decoder layer 0 first, and its
+// update is the last of the step to become possible: its gradient is final
+// only when backward ends, then it crosses PCIe (D2H, 4.4 ms for llama-1b's
+// 61 M fp32 values), the CPU runs AdamW on it (~15 ms) and the bf16 copy
+// crosses back (H2D, 2.2 ms), all while the GPU waits. With
+// ExecutorOptions::resident_layers = N the first N decoder layers never
+// leave the device: their weights (compute dtype), fp32 master weights,
+// AdamW moments and fp32 gradient live in device memory (18 bytes per
+// parameter with bf16 compute, 16 with fp32), gradient accumulation over
+// micro-batches happens there (the same fp32 adds in the same order as on
+// the host, so the gradient is bit-identical), and their AdamW runs on the
+// device (TensorAdamWStep: the CPU kernel's factors and order, equal to a
+// few ulp). Their squared gradient norm still reaches on_block_final, in
+// the usual order, as a scalar copied to the host. The update the trainer
+// asks for (ScheduleResidentUpdate) is enqueued at the start of the next
+// pass, on the compute stream before its first layer, and timed as compute.
+// The host store's copies of these layers (master, moments, streaming
+// copy, gradient) are not kept current: SyncResidentToStore writes them
+// back (checkpoints), LoadResidentFromStore reads them after the store was
+// written (a resume).
+//
 // Thread-safety: one executor is driven by one thread at a time. The
 // on_block_final callback runs on the executor's accumulator thread.
 #ifndef MEGATRAIN_ENGINE_EXECUTOR_H_
@@ -62,6 +84,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/adamw.h"
 #include "engine/batch.h"
 #include "engine/device_runtime.h"
 #include "engine/host_store.h"
@@ -84,6 +107,9 @@ struct ExecutorOptions {
   // during backward. Costs (L-1)*B*T*C*4 bytes of pinned host memory and as
   // many bytes each way over PCIe per micro-batch; saves them on the device.
   bool offload_activations = false;
+  // Decoder layers 0..resident_layers-1 stay on the device with their AdamW
+  // state (Note [Resident layers]); in [0, num_hidden_layers].
+  int resident_layers = 0;
 };
 
 // Called once per block per ForwardBackward, on the executor's accumulator
@@ -168,8 +194,29 @@ class StreamingExecutor {
   // next ForwardBackward only; default false.
   void AssumeEmbeddingGradZero(bool zero);
 
+  // Note [Resident layers]: asks for the AdamW update `hp` (step, lr,
+  // grad_scale and the optimizer's constants) of every resident layer l
+  // with apply[l] (apply.size() == resident_layers), enqueued at the start
+  // of the next ForwardBackward, Evaluate, Logits or SyncResidentToStore.
+  // The update spends the layers' gradients. Errors: INVALID_ARGUMENT for a
+  // wrong apply size; FAILED_PRECONDITION when an update is already
+  // waiting (nothing is changed then).
+  absl::Status ScheduleResidentUpdate(const AdamWStepParams& hp, std::vector<bool> apply);
+
+  // Writes the resident layers' master weights, AdamW moments and streaming
+  // copy (bf16 compute) into the store, and their gradient too when `grads`
+  // (the gradient of the last ForwardBackward, unless an update has spent
+  // it), after enqueuing a waiting update. Blocks until the copies are
+  // done. Errors: INTERNAL for CUDA or LibTorch failures.
+  absl::Status SyncResidentToStore(bool grads);
+
+  // Reads the resident layers' master weights, AdamW moments and streaming
+  // copy from the store, after the caller changed it (a resume, loaded
+  // weights); drops a waiting update. Blocks until done. Errors: INTERNAL.
+  absl::Status LoadResidentFromStore();
+
   const ExecutorOptions& options() const { return options_; }
-  // Device bytes held by weight and gradient slots.
+  // Device bytes held by weight and gradient slots and resident layers.
   int64_t slot_device_bytes() const;
   // Pinned host bytes of the staging buffers.
   int64_t staging_host_bytes() const;

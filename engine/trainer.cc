@@ -258,11 +258,53 @@ void Trainer::WaitBlock(int64_t block) {
   mu_.Await(absl::Condition(&done));
 }
 
-absl::Status Trainer::WaitForOptimizer() {
+absl::Status Trainer::WaitForCpuOptimizer() {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_count_ == 0; };
   mu_.Await(absl::Condition(&idle));
   return optimizer_error_;
+}
+
+absl::Status Trainer::WaitForOptimizer() {
+  MEGATRAIN_RETURN_IF_ERROR(WaitForCpuOptimizer());
+  if (resident_device_newer_) {
+    MEGATRAIN_RETURN_IF_ERROR(executor_->SyncResidentToStore(/*grads=*/false));
+    resident_device_newer_ = false;
+  }
+  return absl::OkStatus();
+}
+
+HostStore& Trainer::store() {
+  if (resident_layers_ > 0) {
+    // Hand out current values even to a caller that skipped
+    // WaitForOptimizer (the resident layers never wait on the CPU queue);
+    // an error surfaces at the next Step.
+    if (resident_device_newer_) {
+      absl::Status status = executor_->SyncResidentToStore(/*grads=*/false);
+      if (status.ok()) {
+        resident_device_newer_ = false;
+      } else {
+        absl::MutexLock lock(&mu_);
+        if (optimizer_error_.ok()) optimizer_error_ = status;
+      }
+    }
+    resident_store_changed_ = true;
+  }
+  return *store_;
+}
+
+absl::Status Trainer::ReloadResidentIfStoreChanged() {
+  if (!resident_store_changed_) return absl::OkStatus();
+  MEGATRAIN_RETURN_IF_ERROR(executor_->LoadResidentFromStore());
+  resident_store_changed_ = false;
+  return absl::OkStatus();
+}
+
+int64_t Trainer::ResidentLayerOf(int64_t block) const {
+  for (int64_t l = 0; l < resident_layers_; ++l) {
+    if (store_->layout().layer_block(l) == block) return l;
+  }
+  return -1;
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
@@ -277,6 +319,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   if (options.critical_threads < 0 || options.critical_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("critical_threads: must be in [0, 1024], got ", options.critical_threads));
+  }
+  if (options.resident_layers < -1 || options.resident_layers > config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident_layers: must be -1 (auto) or in [0, num_hidden_layers=", config.num_hidden_layers,
+        "], got ", options.resident_layers));
   }
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -302,6 +349,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   exec.num_weight_slots = options.num_weight_slots;
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
+  // Note [Resident layers] in executor.h: on a GPU, layer 0 (whose update
+  // would otherwise start every step on the critical path) stays there.
+  t->resident_layers_ = options.resident_layers >= 0
+                            ? options.resident_layers
+                            : (t->runtime_->is_cuda() && config.num_hidden_layers >= 2 ? 1 : 0);
+  exec.resident_layers = t->resident_layers_;
   MEGATRAIN_ASSIGN_OR_RETURN(
       t->executor_,
       StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->critical_pool_.get(), exec));
@@ -341,6 +394,7 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     absl::MutexLock lock(&mu_);
     if (!optimizer_error_.ok()) return optimizer_error_;
   }
+  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
   const int64_t step_number = step_ + 1;
   const double lr = schedule_->LrAt(step_number);
   const bool overlap_backward = options_.max_grad_norm <= 0;
@@ -354,6 +408,9 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   std::vector<double> block_sq(store_->num_blocks(), 0.0);
   bool stopped = false;        // a non-finite block gradient was seen (overlap)
   int64_t blocks_updated = 0;  // updates queued during backward (overlap)
+  // Resident layers whose update this step applies (overlap: those final
+  // before any non-finite block), enqueued on the device after the pass.
+  std::vector<bool> resident_apply(resident_layers_, false);
   // The previous step's row-wise embedding update leaves the table's
   // gradient zero (it completes before this step's scatter, which waits).
   executor_->AssumeEmbeddingGradZero(emb_grad_zero_next_);
@@ -367,8 +424,11 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
         // The executor gives the block's squared gradient norm; a poisoned
         // gradient (testing only) is measured again.
         double sq = grad_sq;
-        if (poison && (inject.kind == NonFiniteInjection::Kind::kLoss ||
-                       block == store_->layout().embedding_block())) {
+        const int64_t resident_layer = ResidentLayerOf(block);
+        if (poison && inject.kind == NonFiniteInjection::Kind::kLoss && resident_layer >= 0) {
+          sq = std::numeric_limits<double>::quiet_NaN();  // its gradient is on the device
+        } else if (poison && (inject.kind == NonFiniteInjection::Kind::kLoss ||
+                              block == store_->layout().embedding_block())) {
           store_->grad(block)[0] = inject.kind == NonFiniteInjection::Kind::kLoss
                                        ? std::numeric_limits<float>::quiet_NaN()
                                        : std::numeric_limits<float>::infinity();
@@ -379,7 +439,9 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
         // Note [Non-finite steps]: the first non-finite block stops the step.
         if (!std::isfinite(sq)) stopped = true;
         if (stopped) return;
-        if (block == store_->layout().embedding_block()) {
+        if (resident_layer >= 0) {
+          resident_apply[resident_layer] = true;
+        } else if (block == store_->layout().embedding_block()) {
           ScheduleEmbeddingUpdate(step_number, lr, 1.0f);
         } else {
           ScheduleUpdate(block, step_number, lr, 1.0f);
@@ -395,6 +457,26 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     return fb_or.status();
   }
   ForwardBackwardResult& fb = *fb_or;
+  auto schedule_resident = [&](float grad_scale) -> absl::Status {
+    if (std::find(resident_apply.begin(), resident_apply.end(), true) == resident_apply.end()) {
+      return absl::OkStatus();
+    }
+    AdamWStepParams hp;
+    hp.lr = lr;
+    hp.beta1 = options_.adamw.beta1;
+    hp.beta2 = options_.adamw.beta2;
+    hp.eps = options_.adamw.eps;
+    hp.weight_decay = options_.adamw.weight_decay;
+    hp.step = step_number;
+    hp.grad_scale = grad_scale;
+    MEGATRAIN_RETURN_IF_ERROR(executor_->ScheduleResidentUpdate(hp, resident_apply));
+    resident_device_newer_ = true;
+    return absl::OkStatus();
+  };
+  // Overlap: the resident layers approved during backward are updated even
+  // if a later block turns out non-finite (as the CPU blocks queued before
+  // it are; Note [Non-finite steps]).
+  if (overlap_backward) MEGATRAIN_RETURN_IF_ERROR(schedule_resident(1.0f));
   StepResult result;
   result.loss = fb.loss();
   if (poison && inject.kind == NonFiniteInjection::Kind::kLoss) {
@@ -409,9 +491,11 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   if (finite) {
     if (!overlap_backward) {
       const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
+      resident_apply.assign(resident_layers_, true);
+      MEGATRAIN_RETURN_IF_ERROR(schedule_resident(grad_scale));
       // Forward order, so that the next step's first layers are ready first.
       ScheduleEmbeddingUpdate(step_number, lr, grad_scale);
-      for (int64_t l = 0; l < store_->layout().num_layers(); ++l) {
+      for (int64_t l = resident_layers_; l < store_->layout().num_layers(); ++l) {
         ScheduleUpdate(store_->layout().layer_block(l), step_number, lr, grad_scale);
       }
       ScheduleUpdate(store_->layout().head_block(), step_number, lr, grad_scale);
@@ -461,13 +545,15 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
 }
 
 absl::StatusOr<double> Trainer::Evaluate(absl::Span<const MicroBatch> micro_batches) {
-  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
+  MEGATRAIN_RETURN_IF_ERROR(WaitForCpuOptimizer());
+  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
   MEGATRAIN_ASSIGN_OR_RETURN(ForwardBackwardResult r, executor_->Evaluate(micro_batches));
   return r.loss();
 }
 
 absl::StatusOr<std::vector<float>> Trainer::Logits(const MicroBatch& micro_batch) {
-  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
+  MEGATRAIN_RETURN_IF_ERROR(WaitForCpuOptimizer());
+  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
   return executor_->Logits(micro_batch);
 }
 

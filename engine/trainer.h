@@ -178,6 +178,10 @@ struct TrainerOptions {
   int64_t loss_chunk_tokens = 0;     // 0 = auto
   bool offload_activations = false;  // saved layer inputs in pinned host memory
                                      // (Note [Activation offload] in executor.h)
+  // Decoder layers kept on the device with their AdamW state, updated there
+  // (Note [Resident layers] in executor.h); -1 = auto: 1 on CUDA for models
+  // of 2 layers or more, 0 on the CPU. Otherwise in [0, num_hidden_layers].
+  int resident_layers = -1;
 };
 
 struct StepResult {
@@ -229,13 +233,19 @@ class Trainer {
   // StreamingExecutor::Logits). Waits for pending optimizer work first.
   absl::StatusOr<std::vector<float>> Logits(const MicroBatch& micro_batch);
 
-  // Blocks until every queued optimizer update has been applied, so that
-  // store() holds the weights of step(). Returns the first error an
-  // asynchronous update hit, if any.
+  // Blocks until every queued optimizer update has been applied and the
+  // resident layers (Note [Resident layers] in executor.h) are copied back,
+  // so that store() holds the weights and AdamW state of step(). Returns
+  // the first error an asynchronous update or the copy hit, if any.
   absl::Status WaitForOptimizer();
 
-  // The host store. Call WaitForOptimizer() before reading weights.
-  HostStore& store() { return *store_; }
+  // The host store. Call WaitForOptimizer() before reading weights. The
+  // caller may write it (loading weights or a checkpoint) until the next
+  // Step, Evaluate or Logits, which then reload the resident layers from it.
+  HostStore& store();
+  // Decoder layers resident on the device (the resolved
+  // TrainerOptions::resident_layers).
+  int resident_layers() const { return resident_layers_; }
   const ModelConfig& config() const { return store_->config(); }
   const TrainerOptions& options() const { return options_; }
   // Optimizer steps taken (the next step is step() + 1).
@@ -261,6 +271,12 @@ class Trainer {
   void OptimizerLoop();
   // The executor's weight gate: waits until `block` has no pending update.
   void WaitBlock(int64_t block);
+  // Waits for the CPU optimizer's queued updates only.
+  absl::Status WaitForCpuOptimizer();
+  // Reloads the resident layers if store() was handed out since.
+  absl::Status ReloadResidentIfStoreChanged();
+  // Decoder layer index of `block` when it is resident, else -1.
+  int64_t ResidentLayerOf(int64_t block) const;
   // Queues the embedding's update row by row (Note [Embedding rows on
   // demand]).
   void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
@@ -304,6 +320,12 @@ class Trainer {
   std::unique_ptr<LrSchedule> schedule_;
   int64_t step_ = 0;
   bool debug_nonfinite_done_ = false;  // the injection fires once
+  // Note [Resident layers] in executor.h: the number of them; whether the
+  // device holds updates the store lacks; whether store() was handed out
+  // since the last reload (the caller may have written it).
+  int resident_layers_ = 0;
+  bool resident_device_newer_ = false;
+  bool resident_store_changed_ = false;
 
   absl::Mutex mu_;
   // A queued update. The optimizer thread runs the one of the lowest

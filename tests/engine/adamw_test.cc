@@ -1,8 +1,10 @@
-// Tests for engine/adamw.h: every kernel variant against torch::optim::AdamW,
+// Tests for engine/adamw.h (and engine/tensor_adamw.h, against the scalar
+// kernel): every kernel variant against torch::optim::AdamW,
 // the bf16 copy against FloatToBf16, determinism across thread counts,
 // option validation, SumOfSquares and ClipCoefficient (against
 // torch::nn::utils::clip_grad_norm_).
 #include "engine/adamw.h"
+#include "engine/tensor_adamw.h"
 #include "engine/torch_compat.h"
 
 #include <torch/torch.h>  // before torch/optim: also brings clip_grad_norm_
@@ -282,6 +284,47 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---------------------------------------------------------------------------
 // Kernel selection and validation
+
+// ---------------------------------------------------------------------------
+// TensorAdamWStep (the device-resident layers' optimizer), on CPU tensors
+
+TEST(TensorAdamWTest, MatchesTheScalarKernelOverThreeStepsWithClippingAndBf16Copy) {
+  const Problem problem = MakeProblem(1003, 3, /*seed=*/11);
+  AdamWOptions options;
+  options.kernel = CpuKernel::kScalar;
+  const float grad_scale = 0.37f;
+  std::vector<bf16_bits> bf16;
+  const AdamWState expected = RunOurAdamW(problem.params, problem.grads, options, grad_scale,
+                                          /*pool=*/nullptr, &bf16);
+  const int64_t n = problem.params.numel();
+  torch::Tensor params = problem.params.clone();
+  torch::Tensor exp_avg = torch::zeros({n}), exp_avg_sq = torch::zeros({n});
+  torch::Tensor copy = torch::empty({n}, torch::kBFloat16);
+  for (size_t step_idx = 0; step_idx < problem.grads.size(); ++step_idx) {
+    AdamWStepParams hp;
+    hp.lr = options.lr;
+    hp.beta1 = options.beta1;
+    hp.beta2 = options.beta2;
+    hp.eps = options.eps;
+    hp.weight_decay = options.weight_decay;
+    hp.step = static_cast<int64_t>(step_idx) + 1;
+    hp.grad_scale = grad_scale;
+    const torch::Tensor grad = problem.grads[step_idx].clone();  // scaled in place
+    TensorAdamWStep(hp, params, grad, exp_avg, exp_avg_sq, copy);
+  }
+  // The same fp32 factors in the same order: a few ulp at most.
+  EXPECT_LT(NormRelativeError(ToVector(params).data(), expected.params.data(), n), 1e-7);
+  EXPECT_LT(NormRelativeError(ToVector(exp_avg).data(), expected.exp_avg.data(), n), 1e-7);
+  EXPECT_LT(NormRelativeError(ToVector(exp_avg_sq).data(), expected.exp_avg_sq.data(), n), 1e-7);
+  // The compute copy is the rounding of the updated fp32 parameters.
+  const std::vector<float> updated = ToVector(params);
+  const torch::Tensor copy_bits = copy.view(torch::kInt16).to(torch::kInt32);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(static_cast<bf16_bits>(copy_bits[i].item<int32_t>() & 0xffff),
+              FloatToBf16(updated[i]))
+        << "element " << i;
+  }
+}
 
 TEST(CpuKernelTest, ActiveKernelIsSupportedAndNeverAuto) {
   const CpuKernel active = ActiveCpuKernel();

@@ -57,6 +57,24 @@ TEST_P(ExecutorParityCudaTest, Bf16WithActivationOffloadMatchesReferenceOnCuda) 
   EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
 }
 
+TEST_P(ExecutorParityCudaTest, Bf16WithResidentLayersMatchesReferenceOnCuda) {
+  if (!HostPinningAvailable()) GTEST_SKIP() << "no CUDA device";
+  ParityResult r = RunParity(GetParam().config, "cuda", ComputeDtype::kBf16, 0.02, 2, 2, 12,
+                             /*offload_activations=*/false, /*resident_layers=*/1);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, 2e-2);
+  EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
+}
+
+TEST_P(ExecutorParityCudaTest, Fp32WithResidentLayersMatchesReferenceOnCuda) {
+  if (!HostPinningAvailable()) GTEST_SKIP() << "no CUDA device";
+  ParityResult r = RunParity(GetParam().config, "cuda", ComputeDtype::kFp32, 0.2, 2, 2, 12,
+                             /*offload_activations=*/false, /*resident_layers=*/2);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, 1e-5);
+  EXPECT_LT(r.worst_grad_error, 1e-5) << r.worst_grad;
+}
+
 // Larger activations, so that the D2H/H2D copies of the saved inputs take
 // real time beside the compute: a missing stream dependency (reading an
 // input before it is back, freeing one still being copied) shows as a

@@ -67,6 +67,24 @@ TEST_P(ExecutorParityTest, Bf16WithActivationOffloadMatchesReferenceOnCpu) {
   EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
 }
 
+// Note [Resident layers]: two micro-batches, so that the gradient is also
+// accumulated on the device; two resident layers of three.
+TEST_P(ExecutorParityTest, Fp32WithResidentLayersMatchesReferenceOnCpu) {
+  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kFp32, 0.2, 2, 2, 12,
+                             /*offload_activations=*/false, /*resident_layers=*/2);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, 1e-5);
+  EXPECT_LT(r.worst_grad_error, 1e-5) << r.worst_grad;
+}
+
+TEST_P(ExecutorParityTest, Bf16WithResidentLayersMatchesReferenceOnCpu) {
+  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kBf16, 0.02, 2, 2, 12,
+                             /*offload_activations=*/false, /*resident_layers=*/1);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, 2e-2);
+  EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityTest, ::testing::ValuesIn(testing::Variants()),
                          [](const auto& info) { return info.param.name; });
 
@@ -155,6 +173,32 @@ TEST(ExecutorTest, ActivationOffloadIsBitIdenticalAndMovesTheInputs) {
   }
 }
 
+// Note [Resident layers]: a resident layer's gradient is accumulated on
+// the device with the same fp32 adds, in the same order, as on the host, so
+// it is bit for bit that of streaming the layer; nothing of it crosses
+// PCIe (but its squared norm).
+TEST(ExecutorTest, ResidentLayersGiveBitIdenticalGradientsAndMoveLess) {
+  const ModelConfig config = SmallLlama();
+  const int micro_batches = 3;
+  const int64_t b = 2, t = 12;
+  testing::GradientRun streamed =
+      testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false);
+  testing::GradientRun resident = testing::RunGradients(
+      config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false, /*resident_layers=*/1);
+  ASSERT_FALSE(streamed.grads.empty());
+  ASSERT_EQ(streamed.grads.size(), resident.grads.size());
+  EXPECT_EQ(std::memcmp(streamed.grads.data(), resident.grads.data(), streamed.grads.size() * 4), 0);
+  EXPECT_EQ(streamed.loss, resident.loss);
+  // Layer 0's gradient no longer leaves the device (once per micro-batch),
+  // nor do its weights come in (at least once per micro-batch each way of
+  // the pass; the freed weight slot also keeps other blocks loaded longer).
+  auto store = HostStore::Create(config, {});
+  ASSERT_THAT(store, IsOk());
+  const int64_t layer_bytes = (*store)->block_numel((*store)->layout().layer_block(0)) * 4;
+  EXPECT_EQ(streamed.stats.d2h_bytes - resident.stats.d2h_bytes, micro_batches * layer_bytes);
+  EXPECT_GE(streamed.stats.h2d_bytes - resident.stats.h2d_bytes, 2 * micro_batches * layer_bytes);
+}
+
 TEST(ExecutorTest, RefusesTokenOutsideVocabularyNamingThePosition) {
   const ModelConfig config = SmallLlama();
   auto store = HostStore::Create(config, {});
@@ -186,6 +230,11 @@ TEST(ExecutorTest, RefusesBadOptionsNamingTheField) {
   EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.micro_batch")));
   options.micro_batch = 1;
+  options.resident_layers = 4;  // SmallLlama has 3
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.resident_layers: must be in [0, num_hidden_layers=3]")));
+  options.resident_layers = 0;
   options.compute_dtype = ComputeDtype::kBf16;  // store has no bf16 copy
   EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bf16")));

@@ -436,5 +436,145 @@ TEST(TrainerTest, FailPolicyNamesTheStepAndLeavesTheWeights) {
   }
 }
 
+// --- Note [Resident layers] (engine/executor.h) ---
+
+// ||a - b|| / ||b||, in double.
+double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+TrainerOptions Resident(double clip, int layers) {
+  TrainerOptions o = Options(clip);
+  o.resident_layers = layers;
+  return o;
+}
+
+class TrainerResidentTest : public ::testing::TestWithParam<double> {};
+
+// The resident layers' AdamW (TensorAdamWStep) differs from the CPU
+// kernel's by a few ulp per update, so a run with resident layers follows
+// the streamed run to rounding: losses, weights and moments within 1e-6,
+// also through an Evaluate (which enqueues the waiting update first).
+TEST_P(TrainerResidentTest, MatchesTheStreamedRunToRounding) {
+  const ModelConfig config = SmallLlama();
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(2, kB, kT, config.vocab_size, 200 + s));
+  const LookaheadRun streamed = RunWithHints(config, Resident(GetParam(), 0), steps, {}, true);
+  for (const int layers : {1, 3}) {
+    const LookaheadRun resident =
+        RunWithHints(config, Resident(GetParam(), layers), steps, {}, true);
+    ASSERT_EQ(resident.losses.size(), streamed.losses.size());
+    for (size_t s = 0; s < streamed.losses.size(); ++s) {
+      EXPECT_NEAR(resident.losses[s], streamed.losses[s], 1e-6 * std::abs(streamed.losses[s]))
+          << layers << " resident, step " << s;
+    }
+    ASSERT_EQ(resident.state.size(), streamed.state.size());
+    EXPECT_LT(RelativeDifference(resident.state, streamed.state), 1e-6) << layers << " resident";
+  }
+}
+
+// What store() hands out after WaitForOptimizer is the resident layers'
+// current state, and what the caller writes there is what the next step
+// uses: a second trainer given the first's state continues it bit for bit.
+TEST_P(TrainerResidentTest, StateRoundTripsThroughTheStore) {
+  const ModelConfig config = SmallLlama();
+  const auto b1 = MakeBatches(1, kB, kT, config.vocab_size, 31);
+  const auto b2 = MakeBatches(1, kB, kT, config.vocab_size, 32);
+  const auto b3 = MakeBatches(1, kB, kT, config.vocab_size, 33);
+  auto first = Trainer::Create(config, Resident(GetParam(), 1), /*seed=*/5);
+  auto second = Trainer::Create(config, Resident(GetParam(), 1), /*seed=*/6);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  ASSERT_EQ((*first)->resident_layers(), 1);
+  ASSERT_THAT((*first)->Step(b1), IsOk());
+  ASSERT_THAT((*first)->Step(b2), IsOk());
+  ASSERT_THAT((*first)->WaitForOptimizer(), IsOk());
+  HostStore& from = (*first)->store();
+  HostStore& to = (*second)->store();
+  const int64_t layer0 = from.layout().layer_block(0);
+  const std::vector<float> layer0_initial = [&] {
+    auto fresh = Trainer::Create(config, Resident(GetParam(), 0), /*seed=*/5);
+    EXPECT_THAT(fresh, IsOk());
+    return BlockState((*fresh)->store(), layer0);
+  }();
+  EXPECT_FALSE(BitIdentical(BlockState(from, layer0), layer0_initial));  // synced, updated
+  for (int64_t b = 0; b < from.num_blocks(); ++b) {
+    const size_t bytes = static_cast<size_t>(from.block_numel(b)) * 4;
+    std::memcpy(to.master(b), from.master(b), bytes);
+    std::memcpy(to.exp_avg(b), from.exp_avg(b), bytes);
+    std::memcpy(to.exp_avg_sq(b), from.exp_avg_sq(b), bytes);
+  }
+  (*second)->set_step(2);
+  auto r1 = (*first)->Step(b3);
+  auto r2 = (*second)->Step(b3);
+  ASSERT_THAT(r1, IsOk());
+  ASSERT_THAT(r2, IsOk());
+  EXPECT_EQ(r1->loss, r2->loss);
+  ASSERT_THAT((*first)->WaitForOptimizer(), IsOk());
+  ASSERT_THAT((*second)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(BitIdentical(AllState((*first)->store()), AllState((*second)->store())));
+}
+
+// A skipped step (NaN loss) leaves the resident layers alone too.
+TEST_P(TrainerResidentTest, SkippedStepLeavesTheResidentLayers) {
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Resident(GetParam(), 2);
+  o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kLoss};
+  auto trainer = Trainer::Create(config, o, /*seed=*/5);
+  ASSERT_THAT(trainer, IsOk());
+  ASSERT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11)), IsOk());
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  const std::vector<float> after_step1 = AllState((*trainer)->store());
+  auto skipped = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
+  ASSERT_THAT(skipped, IsOk());
+  EXPECT_TRUE(skipped->skipped);
+  EXPECT_FALSE(skipped->partial);
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), after_step1));
+  auto next = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 13));
+  ASSERT_THAT(next, IsOk());
+  EXPECT_FALSE(next->skipped);
+}
+
+INSTANTIATE_TEST_SUITE_P(ClipModes, TrainerResidentTest, ::testing::Values(0.0, 1.0),
+                         [](const auto& info) { return info.param > 0 ? "Clipping" : "NoClipping"; });
+
+// Clipping off, the embedding's gradient (final after layer 0's) overflows:
+// the resident layer, approved during backward, keeps its update like the
+// streamed blocks (Note [Non-finite steps]).
+TEST(TrainerTest, PartialStepUpdatesTheResidentLayer) {
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Resident(0.0, 1);
+  o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kGradient};
+  auto trainer = Trainer::Create(config, o, /*seed=*/5);
+  ASSERT_THAT(trainer, IsOk());
+  ASSERT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11)), IsOk());
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  const int64_t layer0 = (*trainer)->store().layout().layer_block(0);
+  const int64_t emb = (*trainer)->store().layout().embedding_block();
+  const std::vector<float> layer0_before = BlockState((*trainer)->store(), layer0);
+  const std::vector<float> emb_before = BlockState((*trainer)->store(), emb);
+  auto r = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->partial);
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  EXPECT_FALSE(BitIdentical(BlockState((*trainer)->store(), layer0), layer0_before));
+  EXPECT_TRUE(BitIdentical(BlockState((*trainer)->store(), emb), emb_before));
+}
+
+TEST(TrainerTest, RejectsResidentLayersOutsideTheModel) {
+  EXPECT_THAT(Trainer::Create(SmallLlama(), Resident(1.0, 4), 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resident_layers: must be -1 (auto) or in [0, num_hidden_layers=3]")));
+  auto automatic = Trainer::Create(SmallLlama(), Resident(1.0, -1), 1);
+  ASSERT_THAT(automatic, IsOk());
+  EXPECT_EQ((*automatic)->resident_layers(), 0);  // auto on the CPU: none
+}
+
 }  // namespace
 }  // namespace megatrain::engine

@@ -92,7 +92,8 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
                                                          ComputeDtype dtype, double init_range,
                                                          int64_t b, int64_t t,
                                                          int64_t loss_chunk_tokens,
-                                                         bool offload_activations) {
+                                                         bool offload_activations,
+                                                         int resident_layers) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -113,6 +114,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
   options.seq_len = t;
   options.loss_chunk_tokens = loss_chunk_tokens;
   options.offload_activations = offload_activations;
+  options.resident_layers = resident_layers;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -124,12 +126,13 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
 }  // namespace
 
 ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
-                       int micro_batches, int64_t b, int64_t t, bool offload_activations) {
+                       int micro_batches, int64_t b, int64_t t, bool offload_activations,
+                       int resident_layers) {
   ParityResult out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t,
       /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
-      offload_activations);
+      offload_activations, resident_layers);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -142,6 +145,7 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   });
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
+  EXPECT_THAT(executor->SyncResidentToStore(/*grads=*/true), IsOk());
   EXPECT_EQ(final_blocks.size(), static_cast<size_t>(store->num_blocks()));
   // The squared norm handed to the callback is that of the final gradient
   // (device-computed for one-piece blocks, Note [Gradient landing]).
@@ -195,16 +199,18 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
 
 GradientRun RunGradients(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                          double init_range, int micro_batches, int64_t b, int64_t t,
-                         bool offload_activations) {
+                         bool offload_activations, int resident_layers) {
   GradientRun out;
-  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
-      config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations);
+  std::unique_ptr<ExecutorUnderTest> under_test =
+      MakeExecutorUnderTest(config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0,
+                            offload_activations, resident_layers);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
   auto result = executor->ForwardBackward(MakeBatches(micro_batches, b, t, config.vocab_size, 11));
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
+  EXPECT_THAT(executor->SyncResidentToStore(/*grads=*/true), IsOk());
   for (int64_t blk = 0; blk < store->num_blocks(); ++blk) {
     out.grads.insert(out.grads.end(), store->grad(blk),
                      store->grad(blk) + store->block_numel(blk));

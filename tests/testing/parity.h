@@ -41,10 +41,14 @@ struct ParityResult {
 };
 
 // Runs ForwardBackward over `micro_batches` micro-batches of [b, t] on
-// `device` and the reference on the concatenated batch.
+// `device` and the reference on the concatenated batch. With
+// `resident_layers` > 0 the first layers stay on the device (Note [Resident
+// layers] in engine/executor.h) and their gradient is read back with
+// SyncResidentToStore.
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches,
-                       int64_t b, int64_t t, bool offload_activations = false);
+                       int64_t b, int64_t t, bool offload_activations = false,
+                       int resident_layers = 0);
 
 // Gradients (all blocks, concatenated) and loss of one ForwardBackward over
 // `micro_batches` micro-batches of [b, t] on `device`, from weights seeded
@@ -57,7 +61,8 @@ struct GradientRun {
 };
 GradientRun RunGradients(const engine::ModelConfig& config, const std::string& device,
                          engine::ComputeDtype dtype, double init_range, int micro_batches,
-                         int64_t b, int64_t t, bool offload_activations);
+                         int64_t b, int64_t t, bool offload_activations,
+                         int resident_layers = 0);
 
 }  // namespace megatrain::testing
 
