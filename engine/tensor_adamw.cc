@@ -8,7 +8,6 @@ void TensorAdamWStep(const AdamWStepParams& hp, const at::Tensor& params, const 
                      const at::Tensor& compute_copy) {
   // Note [AdamW update], in the scalar kernel's order of operations.
   const AdamWCoefficients c = MakeAdamWCoefficients(hp);
-  at::NoGradGuard no_grad;
   if (c.grad_scale != 1.0f) grads.mul_(c.grad_scale);       // g
   params.mul_(c.decay);                                       // p * (1 - lr*wd)
   exp_avg.mul_(c.beta1).add_(grads, c.one_minus_beta1);      // m*b1 + (1-b1)*g
