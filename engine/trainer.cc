@@ -349,11 +349,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   exec.num_weight_slots = options.num_weight_slots;
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
-  // Note [Resident layers] in executor.h: on a GPU, layer 0 (whose update
-  // would otherwise start every step on the critical path) stays there.
-  t->resident_layers_ = options.resident_layers >= 0
-                            ? options.resident_layers
-                            : (t->runtime_->is_cuda() && config.num_hidden_layers >= 2 ? 1 : 0);
+  // Note [Resident layers] in executor.h: on a GPU, layers 0 and 1 (whose
+  // updates would otherwise start every step on the critical path) stay
+  // there; at least one layer keeps streaming.
+  t->resident_layers_ =
+      options.resident_layers >= 0
+          ? options.resident_layers
+          : (t->runtime_->is_cuda()
+                 ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2))
+                 : 0);
   exec.resident_layers = t->resident_layers_;
   MEGATRAIN_ASSIGN_OR_RETURN(
       t->executor_,

@@ -179,8 +179,8 @@ struct TrainerOptions {
   bool offload_activations = false;  // saved layer inputs in pinned host memory
                                      // (Note [Activation offload] in executor.h)
   // Decoder layers kept on the device with their AdamW state, updated there
-  // (Note [Resident layers] in executor.h); -1 = auto: 1 on CUDA for models
-  // of 2 layers or more, 0 on the CPU. Otherwise in [0, num_hidden_layers].
+  // (Note [Resident layers] in executor.h); -1 = auto: on CUDA 2 (at most
+  // num_hidden_layers - 1), on the CPU 0. Otherwise in [0, num_hidden_layers].
   int resident_layers = -1;
 };
 

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer_slice_elements", o.optimizer_slice_elements,
                  "parameters per queued AdamW task (the next forward's block waits for at most one)");
   app.add_option("--resident_layers", o.resident_layers,
-                 "decoder layers kept on the device with their AdamW state (-1: auto, 1 on CUDA)");
+                 "decoder layers kept on the device with their AdamW state (-1: auto, 2 on CUDA)");
   app.add_option("--embedding_lookahead", o.embedding_lookahead,
                  "give each step the next batch's token ids, so the embedding rows it reads "
                  "are updated off the critical path (true | false)");
