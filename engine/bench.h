@@ -32,8 +32,8 @@ struct BenchOptions {
   int critical_threads = 0;          // TrainerOptions::critical_threads
   int64_t optimizer_slice_elements = int64_t{1} << 24;  // TrainerOptions::optimizer_slice_elements
   bool embedding_lookahead = true;   // pass Trainer::Step the next batch's ids
-  int resident_layers = -1;          // TrainerOptions::resident_layers (-1 = auto)
                                      // (Note [Embedding lookahead] in trainer.h)
+  int resident_layers = -1;          // TrainerOptions::resident_layers (-1 = auto)
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout
 };
@@ -45,7 +45,9 @@ struct BenchOptions {
 // gpu_idle, and the enqueue thread's gate_wait, grad_wait and drain waits;
 // medians over measured steps), h2d_bytes and d2h_bytes per step, the last
 // step's gate_rows and lookahead_rows (Note [Embedding lookahead] in
-// trainer.h), host_bytes by kind, peak_gpu_bytes, model_tflops, mfu;
+// trainer.h), resident_layers (the resolved TrainerOptions::resident_layers;
+// Note [Resident layers] in executor.h), host_bytes by kind, peak_gpu_bytes,
+// model_tflops, mfu;
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
