@@ -23,7 +23,11 @@
 // clipping, when backward ends, the embedding's and layer 0's updates (the
 // last gradients to arrive) go before any lagging later layer, since the
 // next forward needs them first. The executor's weight gate
-// (StreamingExecutor::SetWeightGate) enforces the order; the update stays exact AdamW (no staleness). Step() can return
+// (StreamingExecutor::SetWeightGate) enforces the order; the update stays
+// exact AdamW (no staleness). Decoder layers kept on the device
+// (TrainerOptions::resident_layers, Note [Resident layers] in executor.h)
+// are not in this queue: their update runs on the GPU at the start of the
+// next pass. Step() can return
 // while updates are still running: WaitForOptimizer() (called by Evaluate,
 // and by anything that reads the store) waits for them.
 //
