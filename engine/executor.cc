@@ -39,6 +39,12 @@ at::ScalarType ScalarTypeOf(ComputeDtype d) {
 }
 
 // Maps a LibTorch exception to a status (the engine boundary).
+// A CPU tensor over `numel` elements of host memory the caller owns (the
+// store's arenas), for copies to and from the device.
+at::Tensor HostTensor(void* data, int64_t numel, at::ScalarType dtype) {
+  return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
+}
+
 absl::Status StatusFromException(const std::exception& e) {
   const std::string what = e.what();
   if (compat::IsOutOfMemory(e)) {
@@ -862,17 +868,14 @@ absl::Status StreamingExecutor::Impl::SyncResidentToStore(bool grads) {
     for (size_t l = 0; l < resident_.size(); ++l) {
       const int64_t block = layout_.layer_block(static_cast<int64_t>(l));
       const int64_t numel = layout_.blocks[block].numel;
-      auto host = [numel](void* data, at::ScalarType dtype) {
-        return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
-      };
       const ResidentLayer& layer = resident_[l];
-      host(store_->master(block), at::kFloat).copy_(layer.master);
-      host(store_->exp_avg(block), at::kFloat).copy_(layer.exp_avg);
-      host(store_->exp_avg_sq(block), at::kFloat).copy_(layer.exp_avg_sq);
+      HostTensor(store_->master(block), numel, at::kFloat).copy_(layer.master);
+      HostTensor(store_->exp_avg(block), numel, at::kFloat).copy_(layer.exp_avg);
+      HostTensor(store_->exp_avg_sq(block), numel, at::kFloat).copy_(layer.exp_avg_sq);
       if (bf16_bits* bf16 = store_->streaming_bf16(block); bf16 != nullptr) {
-        host(bf16, at::kBFloat16).copy_(layer.weights);
+        HostTensor(bf16, numel, at::kBFloat16).copy_(layer.weights);
       }
-      if (grads) host(store_->grad(block), at::kFloat).copy_(layer.grad);
+      if (grads) HostTensor(store_->grad(block), numel, at::kFloat).copy_(layer.grad);
     }
     runtime_->Synchronize();
   } catch (const std::exception& e) {
@@ -889,17 +892,14 @@ absl::Status StreamingExecutor::Impl::LoadResidentFromStore() {
     for (size_t l = 0; l < resident_.size(); ++l) {
       const int64_t block = layout_.layer_block(static_cast<int64_t>(l));
       const int64_t numel = layout_.blocks[block].numel;
-      auto host = [numel](void* data, at::ScalarType dtype) {
-        return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
-      };
       ResidentLayer& layer = resident_[l];
-      layer.master.copy_(host(store_->master(block), at::kFloat));
-      layer.exp_avg.copy_(host(store_->exp_avg(block), at::kFloat));
-      layer.exp_avg_sq.copy_(host(store_->exp_avg_sq(block), at::kFloat));
+      layer.master.copy_(HostTensor(store_->master(block), numel, at::kFloat));
+      layer.exp_avg.copy_(HostTensor(store_->exp_avg(block), numel, at::kFloat));
+      layer.exp_avg_sq.copy_(HostTensor(store_->exp_avg_sq(block), numel, at::kFloat));
       if (!layer.weights.is_same(layer.master)) {
         bf16_bits* bf16 = store_->streaming_bf16(block);
         if (bf16 != nullptr) {
-          layer.weights.copy_(host(bf16, at::kBFloat16));
+          layer.weights.copy_(HostTensor(bf16, numel, at::kBFloat16));
         } else {
           layer.weights.copy_(layer.master);
         }
