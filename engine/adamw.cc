@@ -25,6 +25,19 @@
 
 namespace megatrain::engine {
 
+AdamWStepParams MakeAdamWStepParams(const AdamWOptions& options, int64_t step, double lr,
+                                    float grad_scale) {
+  AdamWStepParams hp;
+  hp.lr = lr;
+  hp.beta1 = options.beta1;
+  hp.beta2 = options.beta2;
+  hp.eps = options.eps;
+  hp.weight_decay = options.weight_decay;
+  hp.step = step;
+  hp.grad_scale = grad_scale;
+  return hp;
+}
+
 AdamWCoefficients MakeAdamWCoefficients(const AdamWStepParams& hp) {
   const double t = static_cast<double>(hp.step);
   const double bias_correction1 = 1.0 - std::pow(hp.beta1, t);
@@ -525,14 +538,7 @@ absl::Status CpuAdamW::Step(const AdamWBuffers& buffers, int64_t step,
         "buffers: params, grads, exp_avg and exp_avg_sq must be non-null");
   }
 
-  AdamWStepParams hp;
-  hp.lr = lr;
-  hp.beta1 = options_.beta1;
-  hp.beta2 = options_.beta2;
-  hp.eps = options_.eps;
-  hp.weight_decay = options_.weight_decay;
-  hp.step = step;
-  hp.grad_scale = grad_scale;
+  const AdamWStepParams hp = MakeAdamWStepParams(options_, step, lr, grad_scale);
 
   // Work in units of kAlignElements so that every chunk but the last one
   // holds whole vectors (see the determinism contract in adamw.h).

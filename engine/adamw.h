@@ -137,6 +137,11 @@ struct AdamWOptions {
   CpuKernel kernel = CpuKernel::kAuto;  // must be supported on this CPU
 };
 
+// The AdamWStepParams of update number `step` (from 1) with learning rate
+// `lr` and gradient multiplier `grad_scale`, the constants from `options`.
+AdamWStepParams MakeAdamWStepParams(const AdamWOptions& options, int64_t step, double lr,
+                                    float grad_scale);
+
 // Checks `options`. Errors: INVALID_ARGUMENT naming the field and value,
 // e.g. "optimizer.beta1: must be in [0, 1), got 1.5"; UNIMPLEMENTED
 // "optimizer.kernel: avx512 is not supported by this CPU".

@@ -465,15 +465,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     if (std::find(resident_apply.begin(), resident_apply.end(), true) == resident_apply.end()) {
       return absl::OkStatus();
     }
-    AdamWStepParams hp;
-    hp.lr = lr;
-    hp.beta1 = options_.adamw.beta1;
-    hp.beta2 = options_.adamw.beta2;
-    hp.eps = options_.adamw.eps;
-    hp.weight_decay = options_.adamw.weight_decay;
-    hp.step = step_number;
-    hp.grad_scale = grad_scale;
-    MEGATRAIN_RETURN_IF_ERROR(executor_->ScheduleResidentUpdate(hp, resident_apply));
+    MEGATRAIN_RETURN_IF_ERROR(executor_->ScheduleResidentUpdate(
+        MakeAdamWStepParams(options_.adamw, step_number, lr, grad_scale), resident_apply));
     resident_device_newer_ = true;
     return absl::OkStatus();
   };

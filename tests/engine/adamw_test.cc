@@ -301,14 +301,8 @@ TEST(TensorAdamWTest, MatchesTheScalarKernelOverThreeStepsWithClippingAndBf16Cop
   torch::Tensor exp_avg = torch::zeros({n}), exp_avg_sq = torch::zeros({n});
   torch::Tensor copy = torch::empty({n}, torch::kBFloat16);
   for (size_t step_idx = 0; step_idx < problem.grads.size(); ++step_idx) {
-    AdamWStepParams hp;
-    hp.lr = options.lr;
-    hp.beta1 = options.beta1;
-    hp.beta2 = options.beta2;
-    hp.eps = options.eps;
-    hp.weight_decay = options.weight_decay;
-    hp.step = static_cast<int64_t>(step_idx) + 1;
-    hp.grad_scale = grad_scale;
+    const AdamWStepParams hp =
+        MakeAdamWStepParams(options, static_cast<int64_t>(step_idx) + 1, options.lr, grad_scale);
     const torch::Tensor grad = problem.grads[step_idx].clone();  // scaled in place
     TensorAdamWStep(hp, params, grad, exp_avg, exp_avg_sq, copy);
   }
