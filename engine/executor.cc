@@ -38,13 +38,13 @@ at::ScalarType ScalarTypeOf(ComputeDtype d) {
   return d == ComputeDtype::kBf16 ? at::kBFloat16 : at::kFloat;
 }
 
-// Maps a LibTorch exception to a status (the engine boundary).
 // A CPU tensor over `numel` elements of host memory the caller owns (the
 // store's arenas), for copies to and from the device.
 at::Tensor HostTensor(void* data, int64_t numel, at::ScalarType dtype) {
   return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
 }
 
+// Maps a LibTorch exception to a status (the engine boundary).
 absl::Status StatusFromException(const std::exception& e) {
   const std::string what = e.what();
   if (compat::IsOutOfMemory(e)) {
@@ -896,13 +896,9 @@ absl::Status StreamingExecutor::Impl::LoadResidentFromStore() {
       layer.master.copy_(HostTensor(store_->master(block), numel, at::kFloat));
       layer.exp_avg.copy_(HostTensor(store_->exp_avg(block), numel, at::kFloat));
       layer.exp_avg_sq.copy_(HostTensor(store_->exp_avg_sq(block), numel, at::kFloat));
+      // bf16 compute (Create checked that the store has the streaming copy).
       if (!layer.weights.is_same(layer.master)) {
-        bf16_bits* bf16 = store_->streaming_bf16(block);
-        if (bf16 != nullptr) {
-          layer.weights.copy_(HostTensor(bf16, numel, at::kBFloat16));
-        } else {
-          layer.weights.copy_(layer.master);
-        }
+        layer.weights.copy_(HostTensor(store_->streaming_bf16(block), numel, at::kBFloat16));
       }
     }
     runtime_->Synchronize();

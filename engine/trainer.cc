@@ -265,13 +265,16 @@ absl::Status Trainer::WaitForCpuOptimizer() {
   return optimizer_error_;
 }
 
+absl::Status Trainer::SyncResidentIfNewer() {
+  if (!resident_device_newer_) return absl::OkStatus();
+  MEGATRAIN_RETURN_IF_ERROR(executor_->SyncResidentToStore(/*grads=*/false));
+  resident_device_newer_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::WaitForOptimizer() {
   MEGATRAIN_RETURN_IF_ERROR(WaitForCpuOptimizer());
-  if (resident_device_newer_) {
-    MEGATRAIN_RETURN_IF_ERROR(executor_->SyncResidentToStore(/*grads=*/false));
-    resident_device_newer_ = false;
-  }
-  return absl::OkStatus();
+  return SyncResidentIfNewer();
 }
 
 HostStore& Trainer::store() {
@@ -279,14 +282,9 @@ HostStore& Trainer::store() {
     // Hand out current values even to a caller that skipped
     // WaitForOptimizer (the resident layers never wait on the CPU queue);
     // an error surfaces at the next Step.
-    if (resident_device_newer_) {
-      absl::Status status = executor_->SyncResidentToStore(/*grads=*/false);
-      if (status.ok()) {
-        resident_device_newer_ = false;
-      } else {
-        absl::MutexLock lock(&mu_);
-        if (optimizer_error_.ok()) optimizer_error_ = status;
-      }
+    if (absl::Status status = SyncResidentIfNewer(); !status.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (optimizer_error_.ok()) optimizer_error_ = status;
     }
     resident_store_changed_ = true;
   }

@@ -277,6 +277,9 @@ class Trainer {
   void WaitBlock(int64_t block);
   // Waits for the CPU optimizer's queued updates only.
   absl::Status WaitForCpuOptimizer();
+  // Copies the resident layers back to the store if an update since the
+  // last copy made the device's state newer.
+  absl::Status SyncResidentIfNewer();
   // Reloads the resident layers if store() was handed out since.
   absl::Status ReloadResidentIfStoreChanged();
   // Decoder layer index of `block` when it is resident, else -1.

@@ -241,10 +241,13 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   d2h_bytes_total_->Increment(static_cast<double>(std::max<int64_t>(stats.d2h_bytes, 0)));
 
   LinkBandwidth link;
+  PcieLinkModel model;  // the defaults until SetPcieLinkModel
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = link_by_device_.find(device);
     if (it != link_by_device_.end()) link = it->second;
+    auto model_it = link_model_by_device_.find(device);
+    if (model_it != link_model_by_device_.end()) model = model_it->second;
   }
   auto bandwidth = [&](const char* direction, int64_t bytes, double busy_seconds,
                        double link_bytes_per_second) {
@@ -258,12 +261,6 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   bandwidth("h2d", stats.h2d_bytes, stats.h2d_seconds, link.h2d_bytes_per_second);
   bandwidth("d2h", stats.d2h_bytes, stats.d2h_seconds, link.d2h_bytes_per_second);
   if (stats.h2d_bytes > 0 || stats.d2h_bytes > 0) {
-    PcieLinkModel model;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = link_model_by_device_.find(device);
-      if (it != link_model_by_device_.end()) model = it->second;
-    }
     const PcieLinkBytes link_bytes = EstimateLinkBytes(model, stats.h2d_bytes, stats.d2h_bytes);
     pcie_link_estimate_bytes_total_->Add({{"device", device}, {"direction", "tx"}})
         .Increment(link_bytes.tx_bytes);
