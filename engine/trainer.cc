@@ -185,19 +185,24 @@ void Trainer::QueueLookahead(int64_t step, double lr, absl::Span<const MicroBatc
   la.rows.clear();
   if (la.slot_of_row.empty()) la.slot_of_row.assign(emb_rows_, -1);
   if (touched_.empty()) touched_.assign(emb_rows_, 0);
-  for (const MicroBatch& mb : micro_batches) {
-    for (const int32_t id : mb.input_ids) touched_[id] = 1;
-  }
+  // Ids come from the caller unchecked here (the executor validates this
+  // step's batch after this, the next one's a step later): out-of-range
+  // ones are skipped, and the batch then fails with INVALID_ARGUMENT.
+  auto in_range = [this](int32_t id) { return id >= 0 && id < emb_rows_; };
+  auto mark = [&](uint8_t value) {
+    for (const MicroBatch& mb : micro_batches) {
+      for (const int32_t id : mb.input_ids) {
+        if (in_range(id)) touched_[id] = value;
+      }
+    }
+  };
+  mark(1);
   for (const int32_t id : next_input_ids) {
-    // Ids come from the caller unchecked here: out-of-range ones are left
-    // to the executor's validation of the next batch.
-    if (id < 0 || id >= emb_rows_ || touched_[id] || la.slot_of_row[id] >= 0) continue;
+    if (!in_range(id) || touched_[id] || la.slot_of_row[id] >= 0) continue;
     la.slot_of_row[id] = static_cast<int32_t>(la.rows.size());
     la.rows.push_back(id);
   }
-  for (const MicroBatch& mb : micro_batches) {
-    for (const int32_t id : mb.input_ids) touched_[id] = 0;
-  }
+  mark(0);
   if (la.rows.empty()) return;
   const size_t values = la.rows.size() * static_cast<size_t>(emb_row_width_);
   if (la.values.size() < values) la.values.resize(values);

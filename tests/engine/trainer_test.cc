@@ -269,6 +269,24 @@ TEST(TrainerTest, LookaheadOfASkippedStepIsDropped) {
 
 // Tied embeddings: every row has a gradient (the lm_head's), so there is
 // nothing to prepare ahead.
+// A token id outside the vocabulary, in this step's batch or in the next
+// one's hint, is the executor's INVALID_ARGUMENT, never a write outside the
+// lookahead's bookkeeping; the trainer goes on.
+TEST(TrainerTest, OutOfRangeIdsWithALookaheadAreInvalidArgument) {
+  const ModelConfig config = SmallLlama();
+  auto trainer = Trainer::Create(config, Options(1.0), 1);
+  ASSERT_THAT(trainer, IsOk());
+  std::vector<MicroBatch> bad = MakeBatches(1, kB, kT, config.vocab_size, 3);
+  bad[0].input_ids[1] = static_cast<int32_t>(config.vocab_size) + 1000000;
+  bad[0].input_ids[2] = -7;
+  const std::vector<MicroBatch> good = MakeBatches(1, kB, kT, config.vocab_size, 4);
+  EXPECT_THAT((*trainer)->Step(bad, good[0].input_ids),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is outside [0, vocab_size")));
+  EXPECT_THAT((*trainer)->Step(good, bad[0].input_ids), IsOk());
+  EXPECT_THAT((*trainer)->Step(bad, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("input_ids[1]")));
+}
+
 TEST(TrainerTest, NoLookaheadWithTiedEmbeddings) {
   ModelConfig config = SmallLlama();
   config.tie_word_embeddings = true;
