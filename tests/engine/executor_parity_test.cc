@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "engine/device_runtime.h"
 #include "engine/host_store.h"
@@ -26,67 +27,35 @@ using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 using ::megatrain::testing::MakeBatches;
-using ::megatrain::testing::ParityResult;
-using ::megatrain::testing::RunParity;
 using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::ParityMode;
 using ::megatrain::testing::Variant;
 
-class ExecutorParityTest : public ::testing::TestWithParam<Variant> {};
+// One micro-batch plain; two with activation offload (the host slots and
+// the device ring are reused) and with resident layers (Note [Resident
+// layers]: the gradient is also accumulated on the device; two resident
+// layers of three in fp32, one in bf16).
+const ParityMode kCpuModes[] = {
+    {"Fp32", ComputeDtype::kFp32, 1, false, 0},
+    {"Bf16", ComputeDtype::kBf16, 1, false, 0},
+    {"Fp32WithActivationOffload", ComputeDtype::kFp32, 2, true, 0},
+    {"Bf16WithActivationOffload", ComputeDtype::kBf16, 2, true, 0},
+    {"Fp32WithResidentLayers", ComputeDtype::kFp32, 2, false, 2},
+    {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
+};
 
-TEST_P(ExecutorParityTest, Fp32MatchesReferenceOnCpu) {
-  // fp32 everywhere: only summation order differs, so 1e-5 relative.
-  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kFp32, 0.2, 1, 2, 12);
-  ASSERT_TRUE(r.ran);
-  EXPECT_LT(r.loss_error, 1e-5);
-  EXPECT_LT(r.worst_grad_error, 1e-5) << r.worst_grad;
+class ExecutorParityTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};
+
+TEST_P(ExecutorParityTest, MatchesReferenceOnCpu) {
+  ::megatrain::testing::ExpectParity(std::get<0>(GetParam()), "cpu", std::get<1>(GetParam()));
 }
 
-TEST_P(ExecutorParityTest, Bf16MatchesReferenceOnCpu) {
-  // bf16 matmuls (8-bit mantissa) on both sides, rounded at different
-  // points: 2e-2 relative.
-  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kBf16, 0.02, 1, 2, 12);
-  ASSERT_TRUE(r.ran);
-  EXPECT_LT(r.loss_error, 2e-2);
-  EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
-}
-
-TEST_P(ExecutorParityTest, Fp32WithActivationOffloadMatchesReferenceOnCpu) {
-  // Two micro-batches: the host slots and the device ring are reused.
-  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kFp32, 0.2, 2, 2, 12,
-                             /*offload_activations=*/true);
-  ASSERT_TRUE(r.ran);
-  EXPECT_LT(r.loss_error, 1e-5);
-  EXPECT_LT(r.worst_grad_error, 1e-5) << r.worst_grad;
-}
-
-TEST_P(ExecutorParityTest, Bf16WithActivationOffloadMatchesReferenceOnCpu) {
-  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kBf16, 0.02, 2, 2, 12,
-                             /*offload_activations=*/true);
-  ASSERT_TRUE(r.ran);
-  EXPECT_LT(r.loss_error, 2e-2);
-  EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
-}
-
-// Note [Resident layers]: two micro-batches, so that the gradient is also
-// accumulated on the device; two resident layers of three.
-TEST_P(ExecutorParityTest, Fp32WithResidentLayersMatchesReferenceOnCpu) {
-  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kFp32, 0.2, 2, 2, 12,
-                             /*offload_activations=*/false, /*resident_layers=*/2);
-  ASSERT_TRUE(r.ran);
-  EXPECT_LT(r.loss_error, 1e-5);
-  EXPECT_LT(r.worst_grad_error, 1e-5) << r.worst_grad;
-}
-
-TEST_P(ExecutorParityTest, Bf16WithResidentLayersMatchesReferenceOnCpu) {
-  ParityResult r = RunParity(GetParam().config, "cpu", ComputeDtype::kBf16, 0.02, 2, 2, 12,
-                             /*offload_activations=*/false, /*resident_layers=*/1);
-  ASSERT_TRUE(r.ran);
-  EXPECT_LT(r.loss_error, 2e-2);
-  EXPECT_LT(r.worst_grad_error, 2e-2) << r.worst_grad;
-}
-
-INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityTest, ::testing::ValuesIn(testing::Variants()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::Variants()),
+                                            ::testing::ValuesIn(kCpuModes)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
+                         });
 
 TEST(ExecutorTest, LogitsMatchReference) {
   const ModelConfig config = SmallLlama();

@@ -197,6 +197,17 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   return out;
 }
 
+void ExpectParity(const Variant& variant, const std::string& device, const ParityMode& mode) {
+  const bool bf16 = mode.dtype == ComputeDtype::kBf16;
+  const double tolerance = bf16 ? 2e-2 : 1e-5;
+  ParityResult r = RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2,
+                             mode.micro_batches, 2, 12, mode.offload_activations,
+                             mode.resident_layers);
+  ASSERT_TRUE(r.ran);
+  EXPECT_LT(r.loss_error, tolerance);
+  EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
+}
+
 GradientRun RunGradients(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                          double init_range, int micro_batches, int64_t b, int64_t t,
                          bool offload_activations, int resident_layers) {

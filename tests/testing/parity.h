@@ -50,6 +50,23 @@ ParityResult RunParity(const engine::ModelConfig& config, const std::string& dev
                        int64_t b, int64_t t, bool offload_activations = false,
                        int resident_layers = 0);
 
+// One way of running the executor against the reference: compute dtype,
+// micro-batches per pass, activation offload, resident layers.
+struct ParityMode {
+  std::string name;  // part of the test name, e.g. "Bf16WithActivationOffload"
+  engine::ComputeDtype dtype = engine::ComputeDtype::kFp32;
+  int micro_batches = 1;
+  bool offload_activations = false;
+  int resident_layers = 0;
+};
+
+// RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
+// weights init range 0.2 for fp32, 0.02 for bf16), then the loss and every
+// gradient within the dtype's tolerance: fp32 1e-5 relative (only the
+// summation order differs), bf16 2e-2 (8-bit mantissa matmuls on both
+// sides, rounded at different points).
+void ExpectParity(const Variant& variant, const std::string& device, const ParityMode& mode);
+
 // Gradients (all blocks, concatenated) and loss of one ForwardBackward over
 // `micro_batches` micro-batches of [b, t] on `device`, from weights seeded
 // as in RunParity; `stats` receives the pass's statistics when non-null.
