@@ -71,6 +71,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.critical_threads = o.critical_threads;
   topt.optimizer_slice_elements = o.optimizer_slice_elements;
   topt.resident_layers = o.resident_layers;
+  topt.resident_embedding = o.resident_embedding;
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -164,6 +165,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["embedding_lookahead"] = o.embedding_lookahead;
   j["optimizer_slice_elements"] = o.optimizer_slice_elements;
   j["resident_layers"] = trainer->resident_layers();
+  j["resident_embedding"] = trainer->resident_embedding();
   j["gate_rows"] = last.gate_rows;
   j["lookahead_rows"] = last.lookahead_rows;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;

@@ -156,6 +156,12 @@ class CudaRuntime final : public DeviceRuntime {
     return c10::cuda::CUDACachingAllocator::getDeviceStats(
         static_cast<c10::DeviceIndex>(device_index_));
   }
+  int64_t TotalBytes() const override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    size_t free = 0, total = 0;
+    ThrowIfError(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return static_cast<int64_t>(total);
+  }
   int64_t AllocatedBytes() const override { return Stats().allocated_bytes[0].current; }
   int64_t PeakAllocatedBytes() const override { return Stats().allocated_bytes[0].peak; }
   void ResetPeak() override {

@@ -38,6 +38,7 @@ class CpuRuntime final : public DeviceRuntime {
   void HostWait(DeviceEvent&) override {}
   double ElapsedMs(DeviceEvent&, DeviceEvent&) override { return 0.0; }
   void Synchronize() override {}
+  int64_t TotalBytes() const override { return 0; }
   int64_t AllocatedBytes() const override { return 0; }
   int64_t PeakAllocatedBytes() const override { return 0; }
   void ResetPeak() override {}

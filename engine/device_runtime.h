@@ -85,6 +85,9 @@ class DeviceRuntime {
   // Blocks until all three streams are idle.
   virtual void Synchronize() = 0;
 
+  // Device memory of the whole device in bytes (the driver's total, not
+  // what is free); 0 on the CPU, whose memory is the host's.
+  virtual int64_t TotalBytes() const = 0;
   // Device memory: bytes in use now, peak since the last reset.
   virtual int64_t AllocatedBytes() const = 0;
   virtual int64_t PeakAllocatedBytes() const = 0;

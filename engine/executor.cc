@@ -224,6 +224,7 @@ class StreamingExecutor::Impl {
   absl::Status ScheduleResidentUpdate(const AdamWStepParams& hp, std::vector<bool> apply);
   absl::Status SyncResidentToStore(bool grads);
   absl::Status LoadResidentFromStore();
+  const std::vector<int64_t>& resident_blocks() const { return resident_blocks_; }
 
  private:
   // Blocks until `block`'s host weights are current (the trainer's gate).
@@ -264,7 +265,12 @@ class StreamingExecutor::Impl {
   void IssueLoads();
   at::Tensor Acquire(int use);
   void Release(int use);
-  std::pair<at::Tensor, at::Tensor> Upload(const MicroBatch& mb);
+  // A micro-batch on the device: layer 0's input [B, T, C] fp32, labels
+  // [B, T] int64, and with a resident embedding the token ids [B*T] int64.
+  struct Uploaded {
+    at::Tensor x, labels, ids;
+  };
+  Uploaded Upload(const MicroBatch& mb);
   int AcquireGradSlot();
   void OffloadGrad(int slot, int64_t block, int64_t numel, const float* device_src,
                    at::Tensor keep_alive, AccumTask::Kind kind, std::vector<int32_t> rows);
@@ -281,11 +287,12 @@ class StreamingExecutor::Impl {
   at::Tensor SlotView(const at::Tensor& slot, int64_t block) const {
     return slot.narrow(0, 0, layout_.blocks[block].numel);
   }
-  // Note [Resident layers] in executor.h.
-  bool Resident(int64_t layer) const { return layer < static_cast<int64_t>(resident_.size()); }
-  // A resident layer's contribution to its gradient is in place: the
+  // Note [Resident layers] in executor.h: decoder layer `layer` is resident
+  // (it is then resident_[layer]).
+  bool Resident(int64_t layer) const { return layer < options_.resident_layers; }
+  // Resident block `index`'s contribution to its gradient is in place: the
   // bookkeeping of OffloadGrad, and on the final one its norm to the host.
-  void ResidentGradDone(int64_t layer);
+  void ResidentGradDone(size_t index);
   // Enqueues the waiting resident update, if any, on the current stream.
   void ApplyResidentUpdate();
 
@@ -333,12 +340,18 @@ class StreamingExecutor::Impl {
   std::array<std::unique_ptr<DeviceEvent>, 2> act_free_;      // on kCompute
   std::unique_ptr<DeviceEvent> act_ready_;                    // on kCompute
 
-  // Resident layers (Note [Resident layers] in executor.h), by layer index.
-  struct ResidentLayer {
+  // Resident blocks (Notes [Resident layers] and [Resident embedding] in
+  // executor.h): decoder layers 0..N-1 (resident_[l] is layer l), then the
+  // embedding when resident (resident_[emb_resident_]).
+  struct ResidentBlock {
+    int64_t block = 0;
     at::Tensor master, exp_avg, exp_avg_sq, grad;  // [numel] fp32
-    at::Tensor weights;  // [numel] compute dtype; master itself for fp32/tf32
+    // [numel] compute dtype; master itself for fp32/tf32 and the embedding.
+    at::Tensor weights;
   };
-  std::vector<ResidentLayer> resident_;
+  std::vector<ResidentBlock> resident_;
+  std::vector<int64_t> resident_blocks_;  // resident_[i].block
+  int emb_resident_ = -1;                 // index of the embedding in resident_, or -1
   std::optional<AdamWStepParams> resident_update_;  // waiting for the next pass
   std::vector<bool> resident_apply_;
 
@@ -438,17 +451,25 @@ absl::Status StreamingExecutor::Impl::Init() {
       act_device_bytes = 2 * static_cast<int64_t>(layer_bytes);
     }
     int64_t resident_bytes = 0;
-    for (int64_t l = 0; l < options_.resident_layers; ++l) {
-      const int64_t numel = layout_.blocks[layout_.layer_block(l)].numel;
+    for (int64_t l = 0; l < options_.resident_layers; ++l) resident_blocks_.push_back(layout_.layer_block(l));
+    if (options_.resident_embedding) {
+      emb_resident_ = static_cast<int>(resident_blocks_.size());
+      resident_blocks_.push_back(layout_.embedding_block());
+    }
+    for (const int64_t block : resident_blocks_) {
+      const int64_t numel = layout_.blocks[block].numel;
       const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device);
-      ResidentLayer layer;
-      layer.master = at::empty({numel}, fp32);
-      layer.exp_avg = at::empty({numel}, fp32);
-      layer.exp_avg_sq = at::empty({numel}, fp32);
-      layer.grad = at::zeros({numel}, fp32);
-      layer.weights = cd_ == at::kFloat ? layer.master : at::empty({numel}, fp32.dtype(cd_));
-      resident_bytes += numel * (16 + (cd_ == at::kFloat ? 0 : static_cast<int64_t>(esize)));
-      resident_.push_back(std::move(layer));
+      // The embedding is read in fp32 (the gather), like the host path's.
+      const bool compute_copy = cd_ != at::kFloat && block != layout_.embedding_block();
+      ResidentBlock rb;
+      rb.block = block;
+      rb.master = at::empty({numel}, fp32);
+      rb.exp_avg = at::empty({numel}, fp32);
+      rb.exp_avg_sq = at::empty({numel}, fp32);
+      rb.grad = at::zeros({numel}, fp32);
+      rb.weights = compute_copy ? at::empty({numel}, fp32.dtype(cd_)) : rb.master;
+      resident_bytes += numel * (16 + (compute_copy ? static_cast<int64_t>(esize) : 0));
+      resident_.push_back(std::move(rb));
     }
     slot_device_bytes_ =
         (static_cast<int64_t>(options_.num_weight_slots) * static_cast<int64_t>(esize) +
@@ -565,11 +586,38 @@ void StreamingExecutor::Impl::Release(int use) {
   IssueLoads();
 }
 
-// Gathers the embedding rows on the host and uploads hidden and labels.
-std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBatch& mb) {
+// Gathers the embedding rows on the host and uploads hidden and labels;
+// with a resident embedding uploads token ids and labels and gathers on
+// the device (Note [Resident embedding] in executor.h).
+StreamingExecutor::Impl::Uploaded StreamingExecutor::Impl::Upload(const MicroBatch& mb) {
   const int64_t b = options_.micro_batch, t = options_.seq_len, c = config_.hidden_size;
   const int64_t rows = b * t;
   if (upload_pending_) runtime_->HostWait(*upload_done_);  // staging reused
+  if (emb_resident_ >= 0) {
+    int64_t* ids_host = static_cast<int64_t*>(upload_staging_.data());  // [rows] then labels [rows]
+    for (int64_t r = 0; r < rows; ++r) {
+      ids_host[r] = mb.input_ids[r];
+      ids_host[rows + r] = mb.labels[r];
+    }
+    at::Tensor both = at::empty({2, rows}, at::TensorOptions().dtype(at::kLong).device(runtime_->device()));
+    runtime_->Record(StreamKind::kCompute, *upload_ready_);  // allocation usable
+    runtime_->Wait(StreamKind::kH2D, *upload_ready_);
+    const int token = timer_.Begin(StreamKind::kH2D);
+    runtime_->CopyHostToDevice(both.data_ptr(), ids_host, static_cast<size_t>(rows) * 16);
+    timer_.End(StreamKind::kH2D, token);
+    runtime_->Record(StreamKind::kH2D, *upload_done_);
+    runtime_->Wait(StreamKind::kCompute, *upload_done_);
+    upload_pending_ = true;
+    h2d_bytes_ += rows * 16;
+    Uploaded up;
+    up.ids = both[0];
+    up.labels = both[1].view({b, t});
+    const int gather = timer_.Begin(StreamKind::kCompute);
+    up.x = at::embedding(resident_[emb_resident_].master.view({config_.vocab_size, c}), up.ids)
+               .view({b, t, c});
+    timer_.End(StreamKind::kCompute, gather, PhaseTimer::kForward);
+    return up;
+  }
   float* hidden = static_cast<float*>(upload_staging_.data());
   int64_t* labels = reinterpret_cast<int64_t*>(hidden + rows * c);
   const float* table = store_->master(layout_.embedding_block());
@@ -604,7 +652,10 @@ std::pair<at::Tensor, at::Tensor> StreamingExecutor::Impl::Upload(const MicroBat
   runtime_->Wait(StreamKind::kCompute, *upload_done_);
   upload_pending_ = true;
   h2d_bytes_ += rows * (c * 4 + 8);
-  return {x, y};
+  Uploaded up;
+  up.x = std::move(x);
+  up.labels = std::move(y);
+  return up;
 }
 
 // Copies layer `layer`'s saved input `x` (produced on kCompute) to its
@@ -806,8 +857,8 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
   on_block_final_(task.block, sq);
 }
 
-void StreamingExecutor::Impl::ResidentGradDone(int64_t layer) {
-  const int64_t block = layout_.layer_block(layer);
+void StreamingExecutor::Impl::ResidentGradDone(size_t index) {
+  const int64_t block = resident_[index].block;
   seen_[block] = true;
   if (--remaining_[block] != 0) return;
   // The final gradient: its squared norm reaches on_block_final through the
@@ -820,7 +871,7 @@ void StreamingExecutor::Impl::ResidentGradDone(int64_t layer) {
   task.block = block;
   task.first = task.final = true;
   const int norm_token = timer_.Begin(StreamKind::kCompute);
-  task.keep_alive_norm = compat::VectorNormFp64(resident_[layer].grad);
+  task.keep_alive_norm = compat::VectorNormFp64(resident_[index].grad);
   timer_.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
   runtime_->Record(StreamKind::kCompute, *grad_ready_[r]);
   runtime_->Wait(StreamKind::kD2H, *grad_ready_[r]);
@@ -834,11 +885,10 @@ void StreamingExecutor::Impl::ResidentGradDone(int64_t layer) {
 void StreamingExecutor::Impl::ApplyResidentUpdate() {
   if (!resident_update_.has_value()) return;
   const int token = timer_.Begin(StreamKind::kCompute);
-  for (size_t l = 0; l < resident_.size(); ++l) {
-    if (!resident_apply_[l]) continue;
-    ResidentLayer& layer = resident_[l];
-    TensorAdamWStep(*resident_update_, layer.master, layer.grad, layer.exp_avg, layer.exp_avg_sq,
-                    layer.weights);
+  for (size_t i = 0; i < resident_.size(); ++i) {
+    if (!resident_apply_[i]) continue;
+    ResidentBlock& rb = resident_[i];
+    TensorAdamWStep(*resident_update_, rb.master, rb.grad, rb.exp_avg, rb.exp_avg_sq, rb.weights);
   }
   timer_.End(StreamKind::kCompute, token);
   resident_update_.reset();
@@ -849,7 +899,7 @@ absl::Status StreamingExecutor::Impl::ScheduleResidentUpdate(const AdamWStepPara
   if (apply.size() != resident_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("resident update: ", apply.size(),
                                                    " flags for ", resident_.size(),
-                                                   " resident layers"));
+                                                   " resident blocks"));
   }
   if (resident_update_.has_value()) {
     return absl::FailedPreconditionError(
@@ -865,10 +915,9 @@ absl::Status StreamingExecutor::Impl::SyncResidentToStore(bool grads) {
   try {
     auto scope = runtime_->Use(StreamKind::kCompute);
     ApplyResidentUpdate();
-    for (size_t l = 0; l < resident_.size(); ++l) {
-      const int64_t block = layout_.layer_block(static_cast<int64_t>(l));
+    for (const ResidentBlock& layer : resident_) {
+      const int64_t block = layer.block;
       const int64_t numel = layout_.blocks[block].numel;
-      const ResidentLayer& layer = resident_[l];
       HostTensor(store_->master(block), numel, at::kFloat).copy_(layer.master);
       HostTensor(store_->exp_avg(block), numel, at::kFloat).copy_(layer.exp_avg);
       HostTensor(store_->exp_avg_sq(block), numel, at::kFloat).copy_(layer.exp_avg_sq);
@@ -889,14 +938,14 @@ absl::Status StreamingExecutor::Impl::LoadResidentFromStore() {
   resident_update_.reset();
   try {
     auto scope = runtime_->Use(StreamKind::kCompute);
-    for (size_t l = 0; l < resident_.size(); ++l) {
-      const int64_t block = layout_.layer_block(static_cast<int64_t>(l));
+    for (ResidentBlock& layer : resident_) {
+      const int64_t block = layer.block;
       const int64_t numel = layout_.blocks[block].numel;
-      ResidentLayer& layer = resident_[l];
       layer.master.copy_(HostTensor(store_->master(block), numel, at::kFloat));
       layer.exp_avg.copy_(HostTensor(store_->exp_avg(block), numel, at::kFloat));
       layer.exp_avg_sq.copy_(HostTensor(store_->exp_avg_sq(block), numel, at::kFloat));
-      // bf16 compute (Create checked that the store has the streaming copy).
+      // A decoder layer with bf16 compute (Create checked that the store
+      // has the streaming copy).
       if (!layer.weights.is_same(layer.master)) {
         layer.weights.copy_(HostTensor(store_->streaming_bf16(block), numel, at::kBFloat16));
       }
@@ -977,7 +1026,8 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
     int use = 0;
     for (const MicroBatch& mb : mbs) {
-      auto [x, labels] = Upload(mb);
+      Uploaded up = Upload(mb);
+      at::Tensor x = std::move(up.x), labels = std::move(up.labels);
       // Input of layer l, [B, T, C] fp32, kept for backward (undefined when
       // offloaded or when there is no backward).
       std::vector<at::Tensor> saved(num_layers);
@@ -1104,12 +1154,32 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         if (Offloaded(l)) runtime_->Record(StreamKind::kCompute, *act_free_[l % 2]);
         timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
         if (resident) {
-          ResidentGradDone(l);
+          ResidentGradDone(static_cast<size_t>(l));
         } else {
           Release(use++);
           OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},
                       AccumTask::Kind::kDense, {});
         }
+      }
+      if (emb_resident_ >= 0) {
+        // Embedding backward on the device (Note [Resident embedding]):
+        // the rows of d hidden_0 summed by token into the table's gradient.
+        ResidentBlock& rb = resident_[emb_resident_];
+        token = timer_.Begin(StreamKind::kCompute);
+        const int64_t c = config_.hidden_size;
+        at::Tensor g = at::embedding_dense_backward(grad_y.to(at::kFloat).reshape({-1, c}), up.ids,
+                                                    config_.vocab_size, /*padding_idx=*/-1,
+                                                    /*scale_grad_by_freq=*/false);
+        at::Tensor dst = rb.grad.view({config_.vocab_size, c});
+        if (seen_[emb]) {
+          dst.add_(g);
+        } else {
+          dst.copy_(g);
+        }
+        g.reset();
+        timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
+        ResidentGradDone(static_cast<size_t>(emb_resident_));
+        continue;
       }
       // Embedding backward on the host: scatter-add of d hidden_0.
       const int r = AcquireGradSlot();
@@ -1179,6 +1249,20 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
         "executor.resident_layers: must be in [0, num_hidden_layers=", store->layout().num_layers(),
         "], got ", options.resident_layers));
   }
+  if (options.resident_embedding) {
+    const ModelLayout& layout = store->layout();
+    const BlockLayout& emb = layout.blocks[layout.embedding_block()];
+    if (store->config().tie_word_embeddings) {
+      return absl::InvalidArgumentError(
+          "executor.resident_embedding: needs untied embeddings (tie_word_embeddings is true: "
+          "the table is also lm_head and streams with the head)");
+    }
+    if (emb.params.size() != 1 || emb.params[0].shape.size() != 2) {
+      return absl::InvalidArgumentError(
+          "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "
+          "table");
+    }
+  }
   if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
     return absl::FailedPreconditionError(
         "executor: bf16 compute needs a host store with a bf16 streaming copy");
@@ -1229,6 +1313,10 @@ absl::Status StreamingExecutor::SyncResidentToStore(bool grads) {
 }
 
 absl::Status StreamingExecutor::LoadResidentFromStore() { return impl_->LoadResidentFromStore(); }
+
+const std::vector<int64_t>& StreamingExecutor::resident_blocks() const {
+  return impl_->resident_blocks();
+}
 
 int64_t StreamingExecutor::slot_device_bytes() const { return impl_->slot_device_bytes(); }
 int64_t StreamingExecutor::staging_host_bytes() const { return impl_->staging_host_bytes(); }

@@ -8,7 +8,8 @@
 // too), then layers L-1..0 again (backward). The embedding lookup and its
 // backward run on the host (a gather of B*T rows from the fp32 master and a
 // scatter-add into its gradient), so the [V, C] table never crosses PCIe
-// unless it is tied to lm_head.
+// unless it is tied to lm_head (or on the device: Note [Resident
+// embedding]).
 //
 //   kH2D:     load(use i+K-1) into slot (i+K-1)%K ... waits slot_free
 //   kCompute: wait weights_ready(i) -> layer math -> record slot_free(i)
@@ -72,6 +73,25 @@
 // back (checkpoints), LoadResidentFromStore reads them after the store was
 // written (a resume).
 //
+// Note [Resident embedding]
+// The embedding's chain is the other one at the step boundary: the host
+// gathers the next micro-batch's rows from the fp32 master (after the row
+// gate has updated them, Note [Embedding rows on demand] in trainer.h) and
+// uploads [B, T, C] fp32 before layer 0 can start, and the last backward
+// ends with dx ([B, T, C] fp32) crossing to the host for the scatter-add.
+// With ExecutorOptions::resident_embedding (untied embeddings only: a tied
+// table is lm_head and streams with the head) the [V, C] table joins the
+// resident blocks (after the resident layers, in their order) with its
+// fp32 master, AdamW moments and fp32 gradient on the device (16 bytes per
+// parameter; it is read in fp32, so there is no compute-dtype copy):
+// forward gathers its rows on the device (at::embedding; only the token
+// ids and labels cross PCIe), backward's dx is summed into the gradient
+// with at::embedding_dense_backward (sorted by token, deterministic on CUDA;
+// fp32 like the host's scatter-add, but not necessarily in the same order,
+// so equal to rounding rather than bit for bit) and the whole-table AdamW
+// runs on the device with the resident layers'. Nothing of the embedding
+// then waits on the host between two passes.
+//
 // Thread-safety: one executor is driven by one thread at a time. The
 // on_block_final callback runs on the executor's accumulator thread.
 #ifndef MEGATRAIN_ENGINE_EXECUTOR_H_
@@ -110,6 +130,10 @@ struct ExecutorOptions {
   // Decoder layers 0..resident_layers-1 stay on the device with their AdamW
   // state (Note [Resident layers]); in [0, num_hidden_layers].
   int resident_layers = 0;
+  // The embedding table stays on the device with its AdamW state (Note
+  // [Resident embedding]): V * C * 16 bytes of device memory. Untied
+  // embeddings only.
+  bool resident_embedding = false;
 };
 
 // Called once per block per ForwardBackward, on the executor's accumulator
@@ -194,29 +218,35 @@ class StreamingExecutor {
   // next ForwardBackward only; default false.
   void AssumeEmbeddingGradZero(bool zero);
 
+  // The blocks kept on the device (Notes [Resident layers] and [Resident
+  // embedding]), in the order ScheduleResidentUpdate's flags use: decoder
+  // layers 0..resident_layers-1, then the embedding when resident.
+  const std::vector<int64_t>& resident_blocks() const;
+
   // Note [Resident layers]: asks for the AdamW update `hp` (step, lr,
-  // grad_scale and the optimizer's constants) of every resident layer l
-  // with apply[l] (apply.size() == resident_layers), enqueued at the start
-  // of the next ForwardBackward, Evaluate, Logits or SyncResidentToStore.
-  // The update spends the layers' gradients. Errors: INVALID_ARGUMENT for a
-  // wrong apply size; FAILED_PRECONDITION when an update is already
-  // waiting (nothing is changed then).
+  // grad_scale and the optimizer's constants) of every resident block
+  // resident_blocks()[i] with apply[i] (apply.size() ==
+  // resident_blocks().size()), enqueued at the start of the next
+  // ForwardBackward, Evaluate, Logits or SyncResidentToStore. The update
+  // spends the blocks' gradients. Errors: INVALID_ARGUMENT for a wrong
+  // apply size; FAILED_PRECONDITION when an update is already waiting
+  // (nothing is changed then).
   absl::Status ScheduleResidentUpdate(const AdamWStepParams& hp, std::vector<bool> apply);
 
-  // Writes the resident layers' master weights, AdamW moments and streaming
+  // Writes the resident blocks' master weights, AdamW moments and streaming
   // copy (bf16 compute) into the store, and their gradient too when `grads`
   // (the gradient of the last ForwardBackward, unless an update has spent
   // it), after enqueuing a waiting update. Blocks until the copies are
   // done. Errors: INTERNAL for CUDA or LibTorch failures.
   absl::Status SyncResidentToStore(bool grads);
 
-  // Reads the resident layers' master weights, AdamW moments and streaming
+  // Reads the resident blocks' master weights, AdamW moments and streaming
   // copy from the store, after the caller changed it (a resume, loaded
   // weights); drops a waiting update. Blocks until done. Errors: INTERNAL.
   absl::Status LoadResidentFromStore();
 
   const ExecutorOptions& options() const { return options_; }
-  // Device bytes held by weight and gradient slots and resident layers.
+  // Device bytes held by weight and gradient slots and resident blocks.
   int64_t slot_device_bytes() const;
   // Pinned host bytes of the staging buffers.
   int64_t staging_host_bytes() const;

@@ -283,7 +283,7 @@ absl::Status Trainer::WaitForOptimizer() {
 }
 
 HostStore& Trainer::store() {
-  if (resident_layers_ > 0) {
+  if (!executor_->resident_blocks().empty()) {
     // Hand out current values even to a caller that skipped
     // WaitForOptimizer (the resident layers never wait on the CPU queue);
     // an error surfaces at the next Step.
@@ -303,11 +303,17 @@ absl::Status Trainer::ReloadResidentIfStoreChanged() {
   return absl::OkStatus();
 }
 
-int64_t Trainer::ResidentLayerOf(int64_t block) const {
-  for (int64_t l = 0; l < resident_layers_; ++l) {
-    if (store_->layout().layer_block(l) == block) return l;
-  }
-  return -1;
+int64_t Trainer::ResidentIndexOf(int64_t block) const {
+  const std::vector<int64_t>& blocks = executor_->resident_blocks();
+  const auto it = std::find(blocks.begin(), blocks.end(), block);
+  return it == blocks.end() ? -1 : it - blocks.begin();
+}
+
+bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes) {
+  if (option >= 0) return option == 1;
+  if (device_total_bytes <= 0 || config.tie_word_embeddings) return false;
+  const double bytes = 16.0 * static_cast<double>(config.vocab_size) * config.hidden_size;
+  return bytes <= kResidentEmbeddingMaxFraction * static_cast<double>(device_total_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
@@ -327,6 +333,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
     return absl::InvalidArgumentError(absl::StrCat(
         "resident_layers: must be -1 (auto) or in [0, num_hidden_layers=", config.num_hidden_layers,
         "], got ", options.resident_layers));
+  }
+  if (options.resident_embedding < -1 || options.resident_embedding > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident_embedding: must be -1 (auto), 0 or 1, got ", options.resident_embedding));
+  }
+  if (options.resident_embedding == 1 && config.tie_word_embeddings) {
+    return absl::InvalidArgumentError(
+        "resident_embedding: needs untied embeddings (tie_word_embeddings is true: the table is "
+        "also lm_head and streams with the head)");
   }
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -362,6 +377,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
                  ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2))
                  : 0);
   exec.resident_layers = t->resident_layers_;
+  // Note [Resident embedding] in executor.h.
+  t->resident_embedding_ = ResolveResidentEmbedding(
+      config, options.resident_embedding, t->runtime_->is_cuda() ? t->runtime_->TotalBytes() : 0);
+  exec.resident_embedding = t->resident_embedding_;
   MEGATRAIN_ASSIGN_OR_RETURN(
       t->executor_,
       StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->critical_pool_.get(), exec));
@@ -378,9 +397,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   Trainer* raw = t.get();
   t->executor_->SetWeightGate([raw](int64_t block) { raw->WaitBlock(block); });
   // Row-wise embedding updates need the table as one [V, C] parameter at
-  // the start of its block (Note [Embedding rows on demand]).
+  // the start of its block (Note [Embedding rows on demand]); a resident
+  // embedding is updated on the device instead.
   const BlockLayout& emb = t->store_->layout().blocks[t->store_->layout().embedding_block()];
-  if (emb.params.size() == 1 && emb.params[0].offset == 0 && emb.params[0].shape.size() == 2) {
+  if (!t->resident_embedding_ && emb.params.size() == 1 && emb.params[0].offset == 0 && emb.params[0].shape.size() == 2) {
     t->emb_rows_ = emb.params[0].shape[0];
     t->emb_row_width_ = emb.params[0].shape[1];
     t->emb_row_state_ = std::make_unique<std::atomic<uint8_t>[]>(t->emb_rows_);
@@ -415,9 +435,10 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   std::vector<double> block_sq(store_->num_blocks(), 0.0);
   bool stopped = false;        // a non-finite block gradient was seen (overlap)
   int64_t blocks_updated = 0;  // updates queued during backward (overlap)
-  // Resident layers whose update this step applies (overlap: those final
+  // Resident blocks whose update this step applies (overlap: those final
   // before any non-finite block), enqueued on the device after the pass.
-  std::vector<bool> resident_apply(resident_layers_, false);
+  const size_t num_resident = executor_->resident_blocks().size();
+  std::vector<bool> resident_apply(num_resident, false);
   // The previous step's row-wise embedding update leaves the table's
   // gradient zero (it completes before this step's scatter, which waits).
   executor_->AssumeEmbeddingGradZero(emb_grad_zero_next_);
@@ -431,11 +452,14 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
         // The executor gives the block's squared gradient norm; a poisoned
         // gradient (testing only) is measured again.
         double sq = grad_sq;
-        const int64_t resident_layer = ResidentLayerOf(block);
-        if (poison && inject.kind == NonFiniteInjection::Kind::kLoss && resident_layer >= 0) {
-          sq = std::numeric_limits<double>::quiet_NaN();  // its gradient is on the device
-        } else if (poison && (inject.kind == NonFiniteInjection::Kind::kLoss ||
-                              block == store_->layout().embedding_block())) {
+        const int64_t resident = ResidentIndexOf(block);
+        const bool poison_block = poison && (inject.kind == NonFiniteInjection::Kind::kLoss ||
+                                             block == store_->layout().embedding_block());
+        if (poison_block && resident >= 0) {  // its gradient is on the device
+          sq = inject.kind == NonFiniteInjection::Kind::kLoss
+                   ? std::numeric_limits<double>::quiet_NaN()
+                   : std::numeric_limits<double>::infinity();
+        } else if (poison_block) {
           store_->grad(block)[0] = inject.kind == NonFiniteInjection::Kind::kLoss
                                        ? std::numeric_limits<float>::quiet_NaN()
                                        : std::numeric_limits<float>::infinity();
@@ -446,8 +470,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
         // Note [Non-finite steps]: the first non-finite block stops the step.
         if (!std::isfinite(sq)) stopped = true;
         if (stopped) return;
-        if (resident_layer >= 0) {
-          resident_apply[resident_layer] = true;
+        if (resident >= 0) {
+          resident_apply[resident] = true;
         } else if (block == store_->layout().embedding_block()) {
           ScheduleEmbeddingUpdate(step_number, lr, 1.0f);
         } else {
@@ -491,10 +515,10 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   if (finite) {
     if (!overlap_backward) {
       const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
-      resident_apply.assign(resident_layers_, true);
+      resident_apply.assign(num_resident, true);
       MEGATRAIN_RETURN_IF_ERROR(schedule_resident(grad_scale));
       // Forward order, so that the next step's first layers are ready first.
-      ScheduleEmbeddingUpdate(step_number, lr, grad_scale);
+      if (!resident_embedding_) ScheduleEmbeddingUpdate(step_number, lr, grad_scale);
       for (int64_t l = resident_layers_; l < store_->layout().num_layers(); ++l) {
         ScheduleUpdate(store_->layout().layer_block(l), step_number, lr, grad_scale);
       }

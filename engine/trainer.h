@@ -186,7 +186,23 @@ struct TrainerOptions {
   // (Note [Resident layers] in executor.h); -1 = auto: on CUDA 2 (at most
   // num_hidden_layers - 1), on the CPU 0. Otherwise in [0, num_hidden_layers].
   int resident_layers = -1;
+  // The embedding table on the device with its AdamW state, updated there
+  // (Note [Resident embedding] in executor.h; V * C * 16 bytes of device
+  // memory); untied embeddings only. -1 = auto: on CUDA when untied and
+  // those bytes are at most ResidentEmbeddingMaxFraction of the device's
+  // memory, on the CPU never; 0 = off; 1 = on.
+  int resident_embedding = -1;
 };
+
+// Auto's limit for TrainerOptions::resident_embedding: the table's device
+// bytes (fp32 master, gradient, two AdamW moments) over the device's total
+// memory. 1/8: 4.2 GB for llama-1b's and 8.4 GB for llama-8b's 128256 x
+// {2048, 4096} tables fit an 80 GB H100 (10 GB).
+inline constexpr double kResidentEmbeddingMaxFraction = 1.0 / 8;
+
+// Whether TrainerOptions::resident_embedding `option` puts `config`'s
+// embedding on a device with `device_total_bytes` of memory (0: the CPU).
+bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes);
 
 struct StepResult {
   int64_t step = 0;         // step() after this step: its number (from 1), or
@@ -250,6 +266,9 @@ class Trainer {
   // Decoder layers resident on the device (the resolved
   // TrainerOptions::resident_layers).
   int resident_layers() const { return resident_layers_; }
+  // Whether the embedding is resident on the device (the resolved
+  // TrainerOptions::resident_embedding).
+  bool resident_embedding() const { return resident_embedding_; }
   const ModelConfig& config() const { return store_->config(); }
   const TrainerOptions& options() const { return options_; }
   // Optimizer steps taken (the next step is step() + 1).
@@ -282,8 +301,8 @@ class Trainer {
   absl::Status SyncResidentIfNewer();
   // Reloads the resident layers if store() was handed out since.
   absl::Status ReloadResidentIfStoreChanged();
-  // Decoder layer index of `block` when it is resident, else -1.
-  int64_t ResidentLayerOf(int64_t block) const;
+  // Index of `block` in the executor's resident_blocks(), else -1.
+  int64_t ResidentIndexOf(int64_t block) const;
   // Queues the embedding's update row by row (Note [Embedding rows on
   // demand]).
   void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
@@ -331,6 +350,7 @@ class Trainer {
   // device holds updates the store lacks; whether store() was handed out
   // since the last reload (the caller may have written it).
   int resident_layers_ = 0;
+  bool resident_embedding_ = false;
   bool resident_device_newer_ = false;
   bool resident_store_changed_ = false;
 

@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
                  "parameters per queued AdamW task (the next forward's block waits for at most one)");
   app.add_option("--resident_layers", o.resident_layers,
                  "decoder layers kept on the device with their AdamW state (-1: auto, 2 on CUDA)");
+  app.add_option("--resident_embedding", o.resident_embedding,
+                 "embedding table kept on the device with its AdamW state (-1: auto, on CUDA "
+                 "when untied and its 16 B/parameter fit 1/8 of device memory; 0 off; 1 on)")
+      ->check(CLI::Range(-1, 1));
   app.add_option("--embedding_lookahead", o.embedding_lookahead,
                  "give each step the next batch's token ids, so the embedding rows it reads "
                  "are updated off the critical path (true | false)");

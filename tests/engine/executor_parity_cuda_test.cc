@@ -28,6 +28,8 @@ const ParityMode kCudaModes[] = {
     {"Bf16WithActivationOffload", ComputeDtype::kBf16, 2, true, 0},
     {"Fp32WithResidentLayers", ComputeDtype::kFp32, 2, false, 2},
     {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
+    {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
+    {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
 };
 
 class ExecutorParityCudaTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};

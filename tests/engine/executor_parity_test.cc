@@ -34,7 +34,9 @@ using ::megatrain::testing::Variant;
 // One micro-batch plain; two with activation offload (the host slots and
 // the device ring are reused) and with resident layers (Note [Resident
 // layers]: the gradient is also accumulated on the device; two resident
-// layers of three in fp32, one in bf16).
+// layers of three in fp32, one in bf16) and with the embedding resident
+// (Note [Resident embedding]: gather and scatter on the device; with one
+// resident layer in fp32, alone in bf16).
 const ParityMode kCpuModes[] = {
     {"Fp32", ComputeDtype::kFp32, 1, false, 0},
     {"Bf16", ComputeDtype::kBf16, 1, false, 0},
@@ -42,6 +44,8 @@ const ParityMode kCpuModes[] = {
     {"Bf16WithActivationOffload", ComputeDtype::kBf16, 2, true, 0},
     {"Fp32WithResidentLayers", ComputeDtype::kFp32, 2, false, 2},
     {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
+    {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
+    {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
 };
 
 class ExecutorParityTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};
@@ -168,6 +172,33 @@ TEST(ExecutorTest, ResidentLayersGiveBitIdenticalGradientsAndMoveLess) {
   EXPECT_GE(streamed.stats.h2d_bytes - resident.stats.h2d_bytes, 2 * micro_batches * layer_bytes);
 }
 
+// Note [Resident embedding]: the table's gradient is summed on the device
+// (fp32, possibly in another order than the host's scatter-add, so equal
+// to rounding); only token ids and labels cross PCIe for it: no [B*T, C]
+// fp32 rows up, no dx down.
+TEST(ExecutorTest, ResidentEmbeddingMatchesTheHostPathAndMovesOnlyTokenIds) {
+  const ModelConfig config = SmallLlama();
+  const int micro_batches = 3;
+  const int64_t b = 2, t = 12;
+  testing::GradientRun streamed =
+      testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false);
+  testing::GradientRun resident =
+      testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false,
+                            /*resident_layers=*/0, /*resident_embedding=*/true);
+  ASSERT_FALSE(streamed.grads.empty());
+  ASSERT_EQ(streamed.grads.size(), resident.grads.size());
+  EXPECT_EQ(streamed.loss, resident.loss);  // the forward is the same arithmetic
+  const int64_t n = static_cast<int64_t>(streamed.grads.size());
+  EXPECT_LT(RelativeError(at::from_blob(resident.grads.data(), {n}, at::kFloat),
+                          at::from_blob(streamed.grads.data(), {n}, at::kFloat)),
+            1e-6);
+  const int64_t rows = b * t;
+  EXPECT_EQ(streamed.stats.d2h_bytes - resident.stats.d2h_bytes,
+            micro_batches * rows * config.hidden_size * 4);
+  EXPECT_EQ(streamed.stats.h2d_bytes - resident.stats.h2d_bytes,
+            micro_batches * (rows * (config.hidden_size * 4 + 8) - rows * 16));
+}
+
 TEST(ExecutorTest, RefusesTokenOutsideVocabularyNamingThePosition) {
   const ModelConfig config = SmallLlama();
   auto store = HostStore::Create(config, {});
@@ -204,6 +235,15 @@ TEST(ExecutorTest, RefusesBadOptionsNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("executor.resident_layers: must be in [0, num_hidden_layers=3]")));
   options.resident_layers = 0;
+  ModelConfig tied = SmallLlama();
+  tied.tie_word_embeddings = true;
+  auto tied_store = HostStore::Create(tied, {});
+  ASSERT_THAT(tied_store, IsOk());
+  options.resident_embedding = true;
+  EXPECT_THAT(StreamingExecutor::Create(tied_store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.resident_embedding: needs untied embeddings")));
+  options.resident_embedding = false;
   options.compute_dtype = ComputeDtype::kBf16;  // store has no bf16 copy
   EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bf16")));

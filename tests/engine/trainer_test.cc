@@ -466,33 +466,44 @@ double RelativeDifference(const std::vector<float>& a, const std::vector<float>&
   return std::sqrt(diff) / std::sqrt(norm);
 }
 
-TrainerOptions Resident(double clip, int layers) {
+TrainerOptions Resident(double clip, int layers, bool embedding = false) {
   TrainerOptions o = Options(clip);
   o.resident_layers = layers;
+  o.resident_embedding = embedding ? 1 : 0;
   return o;
 }
 
+// Checks shared by the resident-layer and resident-embedding cases,
+// defined below.
+void ExpectStateRoundTrip(const TrainerOptions& options);
+void ExpectSkippedStepLeavesState(const TrainerOptions& options);
+void ExpectPartialStepUpdatesLayer0Only(const TrainerOptions& options);
+
 class TrainerResidentTest : public ::testing::TestWithParam<double> {};
 
-// The resident layers' AdamW (TensorAdamWStep) differs from the CPU
-// kernel's by a few ulp per update, so a run with resident layers follows
-// the streamed run to rounding: losses, weights and moments within 1e-6,
-// also through an Evaluate (which enqueues the waiting update first).
+// The resident blocks' AdamW (TensorAdamWStep) differs from the CPU
+// kernel's by a few ulp per update (and a resident embedding's gradient
+// sum may differ by rounding, Note [Resident embedding]), so a run with
+// resident layers and/or embedding follows the streamed run to rounding:
+// losses, weights and moments within 1e-6, also through an Evaluate (which
+// enqueues the waiting update first).
 TEST_P(TrainerResidentTest, MatchesTheStreamedRunToRounding) {
   const ModelConfig config = SmallLlama();
   std::vector<std::vector<MicroBatch>> steps;
   for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(2, kB, kT, config.vocab_size, 200 + s));
   const LookaheadRun streamed = RunWithHints(config, Resident(GetParam(), 0), steps, {}, true);
-  for (const int layers : {1, 3}) {
+  for (const auto& [layers, embedding] :
+       std::vector<std::pair<int, bool>>{{1, false}, {3, false}, {0, true}, {2, true}}) {
+    SCOPED_TRACE(absl::StrCat(layers, " resident layers, resident embedding ", embedding));
     const LookaheadRun resident =
-        RunWithHints(config, Resident(GetParam(), layers), steps, {}, true);
+        RunWithHints(config, Resident(GetParam(), layers, embedding), steps, {}, true);
     ASSERT_EQ(resident.losses.size(), streamed.losses.size());
     for (size_t s = 0; s < streamed.losses.size(); ++s) {
       EXPECT_NEAR(resident.losses[s], streamed.losses[s], 1e-6 * std::abs(streamed.losses[s]))
-          << layers << " resident, step " << s;
+          << "step " << s;
     }
     ASSERT_EQ(resident.state.size(), streamed.state.size());
-    EXPECT_LT(RelativeDifference(resident.state, streamed.state), 1e-6) << layers << " resident";
+    EXPECT_LT(RelativeDifference(resident.state, streamed.state), 1e-6);
   }
 }
 
@@ -500,27 +511,46 @@ TEST_P(TrainerResidentTest, MatchesTheStreamedRunToRounding) {
 // current state, and what the caller writes there is what the next step
 // uses: a second trainer given the first's state continues it bit for bit.
 TEST_P(TrainerResidentTest, StateRoundTripsThroughTheStore) {
+  for (const bool embedding : {false, true}) {
+    SCOPED_TRACE(absl::StrCat("resident embedding ", embedding));
+    ExpectStateRoundTrip(Resident(GetParam(), 1, embedding));
+  }
+}
+
+// A skipped step (NaN loss) leaves the resident blocks alone too.
+TEST_P(TrainerResidentTest, SkippedStepLeavesTheResidentBlocks) {
+  for (const bool embedding : {false, true}) {
+    SCOPED_TRACE(absl::StrCat("resident embedding ", embedding));
+    ExpectSkippedStepLeavesState(Resident(GetParam(), 2, embedding));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ClipModes, TrainerResidentTest, ::testing::Values(0.0, 1.0),
+                         [](const auto& info) { return info.param > 0 ? "Clipping" : "NoClipping"; });
+
+void ExpectStateRoundTrip(const TrainerOptions& options) {
   const ModelConfig config = SmallLlama();
   const auto b1 = MakeBatches(1, kB, kT, config.vocab_size, 31);
   const auto b2 = MakeBatches(1, kB, kT, config.vocab_size, 32);
   const auto b3 = MakeBatches(1, kB, kT, config.vocab_size, 33);
-  auto first = Trainer::Create(config, Resident(GetParam(), 1), /*seed=*/5);
-  auto second = Trainer::Create(config, Resident(GetParam(), 1), /*seed=*/6);
+  auto first = Trainer::Create(config, options, /*seed=*/5);
+  auto second = Trainer::Create(config, options, /*seed=*/6);
   ASSERT_THAT(first, IsOk());
   ASSERT_THAT(second, IsOk());
   ASSERT_EQ((*first)->resident_layers(), 1);
+  ASSERT_EQ((*first)->resident_embedding(), options.resident_embedding == 1);
   ASSERT_THAT((*first)->Step(b1), IsOk());
   ASSERT_THAT((*first)->Step(b2), IsOk());
   ASSERT_THAT((*first)->WaitForOptimizer(), IsOk());
   HostStore& from = (*first)->store();
   HostStore& to = (*second)->store();
   const int64_t layer0 = from.layout().layer_block(0);
-  const std::vector<float> layer0_initial = [&] {
-    auto fresh = Trainer::Create(config, Resident(GetParam(), 0), /*seed=*/5);
-    EXPECT_THAT(fresh, IsOk());
-    return BlockState((*fresh)->store(), layer0);
-  }();
-  EXPECT_FALSE(BitIdentical(BlockState(from, layer0), layer0_initial));  // synced, updated
+  const int64_t emb = from.layout().embedding_block();
+  auto fresh = Trainer::Create(config, Resident(options.max_grad_norm, 0), /*seed=*/5);
+  ASSERT_THAT(fresh, IsOk());
+  // Synced: updated.
+  EXPECT_FALSE(BitIdentical(BlockState(from, layer0), BlockState((*fresh)->store(), layer0)));
+  EXPECT_FALSE(BitIdentical(BlockState(from, emb), BlockState((*fresh)->store(), emb)));
   for (int64_t b = 0; b < from.num_blocks(); ++b) {
     const size_t bytes = static_cast<size_t>(from.block_numel(b)) * 4;
     std::memcpy(to.master(b), from.master(b), bytes);
@@ -538,10 +568,9 @@ TEST_P(TrainerResidentTest, StateRoundTripsThroughTheStore) {
   EXPECT_TRUE(BitIdentical(AllState((*first)->store()), AllState((*second)->store())));
 }
 
-// A skipped step (NaN loss) leaves the resident layers alone too.
-TEST_P(TrainerResidentTest, SkippedStepLeavesTheResidentLayers) {
+void ExpectSkippedStepLeavesState(const TrainerOptions& options) {
   const ModelConfig config = SmallLlama();
-  TrainerOptions o = Resident(GetParam(), 2);
+  TrainerOptions o = options;
   o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kLoss};
   auto trainer = Trainer::Create(config, o, /*seed=*/5);
   ASSERT_THAT(trainer, IsOk());
@@ -559,15 +588,19 @@ TEST_P(TrainerResidentTest, SkippedStepLeavesTheResidentLayers) {
   EXPECT_FALSE(next->skipped);
 }
 
-INSTANTIATE_TEST_SUITE_P(ClipModes, TrainerResidentTest, ::testing::Values(0.0, 1.0),
-                         [](const auto& info) { return info.param > 0 ? "Clipping" : "NoClipping"; });
-
 // Clipping off, the embedding's gradient (final after layer 0's) overflows:
 // the resident layer, approved during backward, keeps its update like the
 // streamed blocks (Note [Non-finite steps]).
 TEST(TrainerTest, PartialStepUpdatesTheResidentLayer) {
+  for (const bool embedding : {false, true}) {
+    SCOPED_TRACE(absl::StrCat("resident embedding ", embedding));
+    ExpectPartialStepUpdatesLayer0Only(Resident(0.0, 1, embedding));
+  }
+}
+
+void ExpectPartialStepUpdatesLayer0Only(const TrainerOptions& options) {
   const ModelConfig config = SmallLlama();
-  TrainerOptions o = Resident(0.0, 1);
+  TrainerOptions o = options;
   o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kGradient};
   auto trainer = Trainer::Create(config, o, /*seed=*/5);
   ASSERT_THAT(trainer, IsOk());
@@ -592,6 +625,38 @@ TEST(TrainerTest, RejectsResidentLayersOutsideTheModel) {
   auto automatic = Trainer::Create(SmallLlama(), Resident(1.0, -1), 1);
   ASSERT_THAT(automatic, IsOk());
   EXPECT_EQ((*automatic)->resident_layers(), 0);  // auto on the CPU: none
+}
+
+TEST(TrainerTest, RejectsAResidentTiedEmbeddingAndBadValues) {
+  ModelConfig tied = SmallLlama();
+  tied.tie_word_embeddings = true;
+  EXPECT_THAT(Trainer::Create(tied, Resident(1.0, 0, true), 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resident_embedding: needs untied embeddings")));
+  TrainerOptions o = Options(1.0);
+  o.resident_embedding = 2;
+  EXPECT_THAT(Trainer::Create(SmallLlama(), o, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resident_embedding: must be -1 (auto), 0 or 1, got 2")));
+  o.resident_embedding = -1;
+  auto automatic = Trainer::Create(SmallLlama(), o, 1);
+  ASSERT_THAT(automatic, IsOk());
+  EXPECT_FALSE((*automatic)->resident_embedding());  // auto on the CPU: off
+}
+
+// Auto: on a GPU when untied and V * C * 16 bytes fit 1/8 of its memory.
+TEST(TrainerTest, ResolvesAutoResidentEmbeddingFromDeviceMemory) {
+  auto llama_1b = PresetConfig("llama-1b");  // 128256 x 2048: 4.2 GB
+  ASSERT_THAT(llama_1b, IsOk());
+  const int64_t gb = 1000 * 1000 * 1000;
+  EXPECT_TRUE(ResolveResidentEmbedding(*llama_1b, -1, 80 * gb));
+  EXPECT_FALSE(ResolveResidentEmbedding(*llama_1b, -1, 24 * gb));  // 3 GB allowed
+  EXPECT_FALSE(ResolveResidentEmbedding(*llama_1b, -1, 0));        // the CPU
+  EXPECT_FALSE(ResolveResidentEmbedding(*llama_1b, 0, 80 * gb));
+  EXPECT_TRUE(ResolveResidentEmbedding(*llama_1b, 1, 0));
+  ModelConfig tied = *llama_1b;
+  tied.tie_word_embeddings = true;
+  EXPECT_FALSE(ResolveResidentEmbedding(tied, -1, 80 * gb));
 }
 
 }  // namespace

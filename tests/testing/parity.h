@@ -43,21 +43,25 @@ struct ParityResult {
 // Runs ForwardBackward over `micro_batches` micro-batches of [b, t] on
 // `device` and the reference on the concatenated batch. With
 // `resident_layers` > 0 the first layers stay on the device (Note [Resident
-// layers] in engine/executor.h) and their gradient is read back with
+// layers] in engine/executor.h), with `resident_embedding` the embedding
+// too (Note [Resident embedding]), and their gradient is read back with
 // SyncResidentToStore.
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches,
                        int64_t b, int64_t t, bool offload_activations = false,
-                       int resident_layers = 0);
+                       int resident_layers = 0, bool resident_embedding = false);
 
 // One way of running the executor against the reference: compute dtype,
-// micro-batches per pass, activation offload, resident layers.
+// micro-batches per pass, activation offload, resident layers and
+// embedding (skipped for tied variants, whose embedding cannot be resident:
+// ExecutorTest.RefusesBadOptionsNamingTheField checks the refusal).
 struct ParityMode {
   std::string name;  // part of the test name, e.g. "Bf16WithActivationOffload"
   engine::ComputeDtype dtype = engine::ComputeDtype::kFp32;
   int micro_batches = 1;
   bool offload_activations = false;
   int resident_layers = 0;
+  bool resident_embedding = false;
 };
 
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
@@ -79,7 +83,7 @@ struct GradientRun {
 GradientRun RunGradients(const engine::ModelConfig& config, const std::string& device,
                          engine::ComputeDtype dtype, double init_range, int micro_batches,
                          int64_t b, int64_t t, bool offload_activations,
-                         int resident_layers = 0);
+                         int resident_layers = 0, bool resident_embedding = false);
 
 }  // namespace megatrain::testing
 
