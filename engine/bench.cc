@@ -72,6 +72,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.optimizer_slice_elements = o.optimizer_slice_elements;
   topt.resident_layers = o.resident_layers;
   topt.resident_embedding = o.resident_embedding;
+  topt.device_grad_accumulation = o.device_grad_accumulation;
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -166,6 +167,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["optimizer_slice_elements"] = o.optimizer_slice_elements;
   j["resident_layers"] = trainer->resident_layers();
   j["resident_embedding"] = trainer->resident_embedding();
+  j["device_grad_accumulation"] = trainer->device_grad_accumulation();
   j["gate_rows"] = last.gate_rows;
   j["lookahead_rows"] = last.lookahead_rows;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;

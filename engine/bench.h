@@ -35,6 +35,7 @@ struct BenchOptions {
                                      // (Note [Embedding lookahead] in trainer.h)
   int resident_layers = -1;          // TrainerOptions::resident_layers (-1 = auto)
   int resident_embedding = -1;       // TrainerOptions::resident_embedding (-1 = auto)
+  int device_grad_accumulation = -1;  // TrainerOptions::device_grad_accumulation (-1 = auto)
   uint64_t seed = 0;
   bool json = false;               // only the final JSON line on stdout
 };
@@ -47,8 +48,9 @@ struct BenchOptions {
 // medians over measured steps), h2d_bytes and d2h_bytes per step, the last
 // step's gate_rows and lookahead_rows (Note [Embedding lookahead] in
 // trainer.h), resident_layers (the resolved TrainerOptions::resident_layers;
-// Note [Resident layers] in executor.h), resident_embedding (resolved; Note
-// [Resident embedding] in executor.h), host_bytes by kind, peak_gpu_bytes,
+// Note [Resident layers] in executor.h), resident_embedding and
+// device_grad_accumulation (resolved; Notes [Resident embedding] and
+// [Device gradient accumulation] in executor.h), host_bytes by kind, peak_gpu_bytes,
 // model_tflops, mfu;
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.

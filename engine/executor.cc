@@ -214,7 +214,7 @@ class StreamingExecutor::Impl {
                                             bool backward,
                                             const BlockFinalCallback& on_block_final,
                                             std::vector<float>* logits = nullptr);
-  int64_t slot_device_bytes() const { return slot_device_bytes_; }
+  int64_t slot_device_bytes() const { return slot_device_bytes_ + acc_device_bytes_; }
   int64_t staging_host_bytes() const { return staging_host_bytes_; }
   void SetWeightGate(std::function<void(int64_t)> gate) { weight_gate_ = std::move(gate); }
   void SetEmbeddingRowGate(EmbeddingRowGate gate) {
@@ -272,8 +272,24 @@ class StreamingExecutor::Impl {
   };
   Uploaded Upload(const MicroBatch& mb);
   int AcquireGradSlot();
+  // `whole`: device_src holds the block's whole gradient of the pass (Note
+  // [Device gradient accumulation]), which lands in the store as a final
+  // first contribution.
   void OffloadGrad(int slot, int64_t block, int64_t numel, const float* device_src,
-                   at::Tensor keep_alive, AccumTask::Kind kind, std::vector<int32_t> rows);
+                   at::Tensor keep_alive, AccumTask::Kind kind, std::vector<int32_t> rows,
+                   bool whole = false);
+  // Note [Device gradient accumulation] in executor.h: whether this pass of
+  // `micro_batches` sums streamed gradients on the device (allocating the
+  // buffers the first time).
+  bool PrepareDeviceAccumulation(size_t micro_batches);
+  // Adds one micro-batch's gradient `grads` (one tensor per parameter of
+  // `bl`) into `dst` ([numel] fp32): a copy for the block's first
+  // contribution of the pass, else fp32 adds in micro-batch order.
+  void AccumulateInPlace(const BlockLayout& bl, int64_t block, const at::Tensor& dst,
+                         const std::vector<at::Tensor>& grads);
+  // A contribution to block's device accumulator is in place; on the final
+  // one the sum goes to the store.
+  void AccumulatedGradDone(int64_t block);
   void AccumulatorLoop();
   void RunTask(AccumTask& task);
   absl::Status Drain();
@@ -352,6 +368,13 @@ class StreamingExecutor::Impl {
   std::vector<ResidentBlock> resident_;
   std::vector<int64_t> resident_blocks_;  // resident_[i].block
   int emb_resident_ = -1;                 // index of the embedding in resident_, or -1
+
+  // Note [Device gradient accumulation] in executor.h: [numel] fp32 per
+  // streamed dense block (undefined for the others), zero-initialised so
+  // that alignment gaps between parameters stay zero.
+  std::vector<at::Tensor> acc_;
+  int64_t acc_device_bytes_ = 0;
+  bool device_accumulation_ = false;  // in the current pass
   std::optional<AdamWStepParams> resident_update_;  // waiting for the next pass
   std::vector<bool> resident_apply_;
 
@@ -707,15 +730,16 @@ int StreamingExecutor::Impl::AcquireGradSlot() {
 
 void StreamingExecutor::Impl::OffloadGrad(int slot, int64_t block, int64_t numel,
                                           const float* device_src, at::Tensor keep_alive,
-                                          AccumTask::Kind kind, std::vector<int32_t> rows) {
+                                          AccumTask::Kind kind, std::vector<int32_t> rows,
+                                          bool whole) {
   AccumTask task;
   task.kind = kind;
   task.slot = slot;
   task.block = block;
   task.numel = numel;
-  task.first = !seen_[block];
+  task.first = whole || !seen_[block];
   seen_[block] = true;
-  task.final = --remaining_[block] == 0;
+  task.final = whole || --remaining_[block] == 0;
   task.direct = kind == AccumTask::Kind::kDense && task.first;
   task.grad_zero = assume_embedding_grad_zero_;
   if (task.direct) {
@@ -855,6 +879,53 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
                         ? known_sq
                         : SumOfSquares(grad, store_->block_numel(task.block), pool_);
   on_block_final_(task.block, sq);
+}
+
+bool StreamingExecutor::Impl::PrepareDeviceAccumulation(size_t micro_batches) {
+  if (!options_.device_grad_accumulation || micro_batches < 2) return false;
+  if (!acc_.empty()) return true;
+  try {
+    acc_.resize(layout_.blocks.size());
+    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime_->device());
+    for (int64_t l = options_.resident_layers; l < layout_.num_layers(); ++l) {
+      const int64_t block = layout_.layer_block(l);
+      acc_[block] = at::zeros({layout_.blocks[block].numel}, fp32);
+    }
+    acc_[layout_.head_block()] = at::zeros({layout_.blocks[layout_.head_block()].numel}, fp32);
+    for (const at::Tensor& a : acc_) acc_device_bytes_ += a.defined() ? a.numel() * 4 : 0;
+  } catch (const std::exception& e) {
+    acc_.clear();
+    options_.device_grad_accumulation = false;
+    if (!compat::IsOutOfMemory(e)) throw;
+    std::fprintf(stderr,
+                 "megatrain: device gradient accumulation off (no device memory for the "
+                 "streamed blocks' fp32 gradients); summing micro-batches on the host\n");
+    return false;
+  }
+  return true;
+}
+
+void StreamingExecutor::Impl::AccumulateInPlace(const BlockLayout& bl, int64_t block,
+                                                const at::Tensor& dst,
+                                                const std::vector<at::Tensor>& grads) {
+  // The host's adds: fp32 values of each contribution, in micro-batch order.
+  std::vector<at::Tensor> g = BindBlockParams(bl, dst);
+  const bool first = !seen_[block];
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (first) {
+      g[i].copy_(grads[i]);
+    } else {
+      g[i].add_(grads[i].to(at::kFloat));
+    }
+  }
+}
+
+void StreamingExecutor::Impl::AccumulatedGradDone(int64_t block) {
+  seen_[block] = true;
+  if (--remaining_[block] != 0) return;
+  const int r = AcquireGradSlot();
+  OffloadGrad(r, block, layout_.blocks[block].numel, acc_[block].data_ptr<float>(), {},
+              AccumTask::Kind::kDense, {}, /*whole=*/true);
 }
 
 void StreamingExecutor::Impl::ResidentGradDone(size_t index) {
@@ -1021,6 +1092,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     auto compute = runtime_->Use(StreamKind::kCompute);
     timer_.MarkStart();
     ApplyResidentUpdate();
+    device_accumulation_ = backward && PrepareDeviceAccumulation(mbs.size());
     Plan(blocks);
     at::Tensor loss_total =
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
@@ -1075,15 +1147,22 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         loss_total.add_(hr.loss_sum);
         grad_y = hr.grad_hidden;
         // Head block gradient: final norm (+ lm_head when untied).
-        const int r = AcquireGradSlot();
-        if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kHead)) grad_slots_[r].zero_();
-        grad_slot_kind_[r] = static_cast<int>(BlockKind::kHead);
-        std::vector<at::Tensor> g = BindBlockParams(layout_.blocks[head], grad_slots_[r]);
-        g[0].copy_(hr.grad_norm);
-        if (!tied) g[1].copy_(hr.grad_lm_head);
-        timer_.End(StreamKind::kCompute, token, PhaseTimer::kHead);
-        OffloadGrad(r, head, layout_.blocks[head].numel, grad_slots_[r].data_ptr<float>(), {},
-                    AccumTask::Kind::kDense, {});
+        if (device_accumulation_) {
+          AccumulateInPlace(layout_.blocks[head], head, acc_[head],
+                            {hr.grad_norm, tied ? at::Tensor() : hr.grad_lm_head});
+          timer_.End(StreamKind::kCompute, token, PhaseTimer::kHead);
+          AccumulatedGradDone(head);
+        } else {
+          const int r = AcquireGradSlot();
+          if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kHead)) grad_slots_[r].zero_();
+          grad_slot_kind_[r] = static_cast<int>(BlockKind::kHead);
+          std::vector<at::Tensor> g = BindBlockParams(layout_.blocks[head], grad_slots_[r]);
+          g[0].copy_(hr.grad_norm);
+          if (!tied) g[1].copy_(hr.grad_lm_head);
+          timer_.End(StreamKind::kCompute, token, PhaseTimer::kHead);
+          OffloadGrad(r, head, layout_.blocks[head].numel, grad_slots_[r].data_ptr<float>(), {},
+                      AccumTask::Kind::kDense, {});
+        }
         if (tied) {  // lm_head gradient belongs to the embedding block
           const int r2 = AcquireGradSlot();
           if (grad_slot_kind_[r2] != static_cast<int>(BlockKind::kEmbedding)) grad_slots_[r2].zero_();
@@ -1114,7 +1193,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         const int64_t block = layout_.layer_block(l);
         const BlockLayout& bl = layout_.blocks[block];
         at::Tensor flat = resident ? resident_[l].weights : Acquire(use);
-        const int r = resident ? -1 : AcquireGradSlot();
+        // Summed on the device (Note [Device gradient accumulation]) or
+        // sent to the host through grad slot r.
+        const bool on_device = !resident && device_accumulation_;
+        const int r = resident || on_device ? -1 : AcquireGradSlot();
         // One layer ahead: the next layer's offloaded input comes back
         // while this layer's backward runs.
         // (Layer L-2's came back during the head.)
@@ -1133,15 +1215,9 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         std::vector<at::Tensor> grads = torch::autograd::grad({y}, inputs, {grad_y});
         if (resident) {
           // Accumulated in place, fp32, in micro-batch order: the host's adds.
-          std::vector<at::Tensor> g = BindBlockParams(bl, resident_[l].grad);
-          const bool first = !seen_[block];
-          for (size_t i = 0; i < leaves.size(); ++i) {
-            if (first) {
-              g[i].copy_(grads[i]);
-            } else {
-              g[i].add_(grads[i].to(at::kFloat));
-            }
-          }
+          AccumulateInPlace(bl, block, resident_[l].grad, grads);
+        } else if (on_device) {
+          AccumulateInPlace(bl, block, acc_[block], grads);
         } else {
           if (grad_slot_kind_[r] != static_cast<int>(BlockKind::kDecoderLayer)) grad_slots_[r].zero_();
           grad_slot_kind_[r] = static_cast<int>(BlockKind::kDecoderLayer);
@@ -1155,6 +1231,9 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
         if (resident) {
           ResidentGradDone(static_cast<size_t>(l));
+        } else if (on_device) {
+          Release(use++);
+          AccumulatedGradDone(block);
         } else {
           Release(use++);
           OffloadGrad(r, block, bl.numel, grad_slots_[r].data_ptr<float>(), {},

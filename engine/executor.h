@@ -73,6 +73,24 @@
 // back (checkpoints), LoadResidentFromStore reads them after the store was
 // written (a resume).
 //
+// Note [Device gradient accumulation]
+// With several micro-batches per step, every streamed block's gradient
+// used to leave the device once per micro-batch: the first contribution
+// straight into the store, the later ones into pinned staging, added there
+// by the host (3 x 4 bytes of host memory traffic per parameter and
+// micro-batch). With small micro-batches (1 x 2048 for llama-1b: ~8 ms of
+// backward per layer) that D2H and the host adds, not the link's H2D,
+// paced the pass. With ExecutorOptions::device_grad_accumulation the
+// executor keeps an fp32 gradient buffer per streamed dense block
+// (decoder layers and the head; 4 bytes per parameter, allocated at the
+// first pass with more than one micro-batch) and adds each micro-batch's
+// contribution there, in micro-batch order, with the same fp32 adds the
+// host did (so the gradient is bit for bit the same); the block's sum then
+// lands in the store once, with its squared norm computed on the device.
+// A pass with one micro-batch does not use it. If the allocation fails
+// (device memory), the executor falls back to host accumulation and says
+// so once on stderr.
+//
 // Note [Resident embedding]
 // The embedding's chain is the other one at the step boundary: the host
 // gathers the next micro-batch's rows from the fp32 master (after the row
@@ -134,6 +152,11 @@ struct ExecutorOptions {
   // [Resident embedding]): V * C * 16 bytes of device memory. Untied
   // embeddings only.
   bool resident_embedding = false;
+  // Streamed blocks' gradients summed over micro-batches on the device
+  // (Note [Device gradient accumulation]): 4 bytes per streamed decoder-layer
+  // and head parameter of device memory, from the first pass with more
+  // than one micro-batch.
+  bool device_grad_accumulation = false;
 };
 
 // Called once per block per ForwardBackward, on the executor's accumulator
@@ -246,7 +269,8 @@ class StreamingExecutor {
   absl::Status LoadResidentFromStore();
 
   const ExecutorOptions& options() const { return options_; }
-  // Device bytes held by weight and gradient slots and resident blocks.
+  // Device bytes held by weight and gradient slots, resident blocks and
+  // (once allocated) the device gradient accumulation buffers.
   int64_t slot_device_bytes() const;
   // Pinned host bytes of the staging buffers.
   int64_t staging_host_bytes() const;

@@ -343,6 +343,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
         "resident_embedding: needs untied embeddings (tie_word_embeddings is true: the table is "
         "also lm_head and streams with the head)");
   }
+  if (options.device_grad_accumulation < -1 || options.device_grad_accumulation > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
+                     options.device_grad_accumulation));
+  }
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer_slice_elements: must be >= 1, got ", options.optimizer_slice_elements));
@@ -381,6 +386,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->resident_embedding_ = ResolveResidentEmbedding(
       config, options.resident_embedding, t->runtime_->is_cuda() ? t->runtime_->TotalBytes() : 0);
   exec.resident_embedding = t->resident_embedding_;
+  // Note [Device gradient accumulation] in executor.h.
+  if (options.device_grad_accumulation >= 0) {
+    exec.device_grad_accumulation = options.device_grad_accumulation == 1;
+  } else if (t->runtime_->is_cuda()) {
+    const ModelLayout& layout = t->store_->layout();
+    int64_t numel = layout.blocks[layout.head_block()].numel;
+    for (int64_t l = t->resident_layers_; l < layout.num_layers(); ++l) {
+      numel += layout.blocks[layout.layer_block(l)].numel;
+    }
+    exec.device_grad_accumulation =
+        4.0 * static_cast<double>(numel) <=
+        kDeviceGradAccumulationMaxFraction * static_cast<double>(t->runtime_->TotalBytes());
+  }
+  t->device_grad_accumulation_ = exec.device_grad_accumulation;
   MEGATRAIN_ASSIGN_OR_RETURN(
       t->executor_,
       StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->critical_pool_.get(), exec));

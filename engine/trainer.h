@@ -192,7 +192,19 @@ struct TrainerOptions {
   // those bytes are at most ResidentEmbeddingMaxFraction of the device's
   // memory, on the CPU never; 0 = off; 1 = on.
   int resident_embedding = -1;
+  // Streamed blocks' gradients summed over a step's micro-batches on the
+  // device (Note [Device gradient accumulation] in executor.h; 4 bytes per
+  // streamed decoder-layer and head parameter of device memory when a step
+  // has several micro-batches). -1 = auto: on CUDA when those bytes are at
+  // most kDeviceGradAccumulationMaxFraction of the device's memory; 0 =
+  // off; 1 = on.
+  int device_grad_accumulation = -1;
 };
+
+// Auto's limit for TrainerOptions::device_grad_accumulation, over the
+// device's total memory: 1/4 (4.5 GB for llama-1b, 12 GB for llama-3b fit
+// an 80 GB H100; llama-8b's 26 GB fits neither an H100 nor an H200).
+inline constexpr double kDeviceGradAccumulationMaxFraction = 1.0 / 4;
 
 // Auto's limit for TrainerOptions::resident_embedding: the table's device
 // bytes (fp32 master, gradient, two AdamW moments) over the device's total
@@ -269,6 +281,10 @@ class Trainer {
   // Whether the embedding is resident on the device (the resolved
   // TrainerOptions::resident_embedding).
   bool resident_embedding() const { return resident_embedding_; }
+  // Whether steps with several micro-batches sum the streamed gradients on
+  // the device (the resolved TrainerOptions::device_grad_accumulation; the
+  // executor may still fall back to the host if the buffers do not fit).
+  bool device_grad_accumulation() const { return device_grad_accumulation_; }
   const ModelConfig& config() const { return store_->config(); }
   const TrainerOptions& options() const { return options_; }
   // Optimizer steps taken (the next step is step() + 1).
@@ -351,6 +367,7 @@ class Trainer {
   // since the last reload (the caller may have written it).
   int resident_layers_ = 0;
   bool resident_embedding_ = false;
+  bool device_grad_accumulation_ = false;
   bool resident_device_newer_ = false;
   bool resident_store_changed_ = false;
 

@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
                  "embedding table kept on the device with its AdamW state (-1: auto, on CUDA "
                  "when untied and its 16 B/parameter fit 1/8 of device memory; 0 off; 1 on)")
       ->check(CLI::Range(-1, 1));
+  app.add_option("--device_grad_accumulation", o.device_grad_accumulation,
+                 "sum the streamed gradients of a step's micro-batches on the device (-1: auto, "
+                 "on CUDA when their fp32 bytes fit 1/4 of device memory; 0 off; 1 on)")
+      ->check(CLI::Range(-1, 1));
   app.add_option("--embedding_lookahead", o.embedding_lookahead,
                  "give each step the next batch's token ids, so the embedding rows it reads "
                  "are updated off the critical path (true | false)");

@@ -30,6 +30,8 @@ const ParityMode kCudaModes[] = {
     {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
     {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
     {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
+    {"Fp32WithDeviceAccumulation", ComputeDtype::kFp32, 2, false, 0, false, true},
+    {"Bf16WithDeviceAccumulation", ComputeDtype::kBf16, 3, false, 1, false, true},
 };
 
 class ExecutorParityCudaTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};

@@ -36,7 +36,8 @@ using ::megatrain::testing::Variant;
 // layers]: the gradient is also accumulated on the device; two resident
 // layers of three in fp32, one in bf16) and with the embedding resident
 // (Note [Resident embedding]: gather and scatter on the device; with one
-// resident layer in fp32, alone in bf16).
+// resident layer in fp32, alone in bf16), and with the micro-batches'
+// gradients summed on the device (Note [Device gradient accumulation]).
 const ParityMode kCpuModes[] = {
     {"Fp32", ComputeDtype::kFp32, 1, false, 0},
     {"Bf16", ComputeDtype::kBf16, 1, false, 0},
@@ -46,6 +47,8 @@ const ParityMode kCpuModes[] = {
     {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
     {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
     {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
+    {"Fp32WithDeviceAccumulation", ComputeDtype::kFp32, 2, false, 0, false, true},
+    {"Bf16WithDeviceAccumulation", ComputeDtype::kBf16, 3, false, 1, false, true},
 };
 
 class ExecutorParityTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};
@@ -197,6 +200,41 @@ TEST(ExecutorTest, ResidentEmbeddingMatchesTheHostPathAndMovesOnlyTokenIds) {
             micro_batches * rows * config.hidden_size * 4);
   EXPECT_EQ(streamed.stats.h2d_bytes - resident.stats.h2d_bytes,
             micro_batches * (rows * (config.hidden_size * 4 + 8) - rows * 16));
+}
+
+// Note [Device gradient accumulation]: the same fp32 adds in the same
+// order as the host's, so bit for bit the same gradient; each streamed
+// dense block (layers, head) leaves the device once per pass instead of
+// once per micro-batch.
+TEST(ExecutorTest, DeviceAccumulationGivesBitIdenticalGradientsAndMovesLess) {
+  for (const ComputeDtype dtype : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
+    SCOPED_TRACE(dtype == ComputeDtype::kBf16 ? "bf16" : "fp32");
+    const ModelConfig config = SmallLlama();
+    const int micro_batches = 3;
+    const int64_t b = 2, t = 12;
+    testing::GradientRun host =
+        testing::RunGradients(config, "cpu", dtype, 0.2, micro_batches, b, t, false);
+    testing::GradientRun device =
+        testing::RunGradients(config, "cpu", dtype, 0.2, micro_batches, b, t, false,
+                              /*resident_layers=*/1, /*resident_embedding=*/false,
+                              /*device_grad_accumulation=*/true);
+    ASSERT_FALSE(host.grads.empty());
+    ASSERT_EQ(host.grads.size(), device.grads.size());
+    EXPECT_EQ(std::memcmp(host.grads.data(), device.grads.data(), host.grads.size() * 4), 0);
+    EXPECT_EQ(host.loss, device.loss);
+    auto store = HostStore::Create(config, {});
+    ASSERT_THAT(store, IsOk());
+    const ModelLayout& layout = (*store)->layout();
+    int64_t streamed_bytes = (*store)->block_numel(layout.head_block()) * 4;
+    for (int64_t l = 1; l < layout.num_layers(); ++l) {
+      streamed_bytes += (*store)->block_numel(layout.layer_block(l)) * 4;
+    }
+    const int64_t layer0_bytes = (*store)->block_numel(layout.layer_block(0)) * 4;
+    // Less: layer 0 (resident) every micro-batch, the other layers and the
+    // head all but once.
+    EXPECT_EQ(host.stats.d2h_bytes - device.stats.d2h_bytes,
+              micro_batches * layer0_bytes + (micro_batches - 1) * streamed_bytes);
+  }
 }
 
 TEST(ExecutorTest, RefusesTokenOutsideVocabularyNamingThePosition) {

@@ -627,6 +627,32 @@ TEST(TrainerTest, RejectsResidentLayersOutsideTheModel) {
   EXPECT_EQ((*automatic)->resident_layers(), 0);  // auto on the CPU: none
 }
 
+// Note [Device gradient accumulation] in executor.h: summing the
+// micro-batches' gradients on the device changes nothing in the result
+// (the same fp32 adds in the same order), with and without clipping.
+TEST(TrainerTest, DeviceGradAccumulationIsBitIdentical) {
+  const ModelConfig config = SmallLlama();
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(3, kB, kT, config.vocab_size, 300 + s));
+  for (const double clip : {0.0, 1.0}) {
+    SCOPED_TRACE(absl::StrCat("max_grad_norm ", clip));
+    TrainerOptions host = Resident(clip, 1);
+    host.device_grad_accumulation = 0;
+    TrainerOptions device = host;
+    device.device_grad_accumulation = 1;
+    const LookaheadRun a = RunWithHints(config, host, steps, {}, false);
+    const LookaheadRun b = RunWithHints(config, device, steps, {}, false);
+    ASSERT_EQ(a.losses.size(), steps.size());
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_TRUE(BitIdentical(a.state, b.state));
+  }
+  TrainerOptions bad = Options(1.0);
+  bad.device_grad_accumulation = 3;
+  EXPECT_THAT(Trainer::Create(config, bad, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("device_grad_accumulation: must be -1 (auto), 0 or 1, got 3")));
+}
+
 TEST(TrainerTest, RejectsAResidentTiedEmbeddingAndBadValues) {
   ModelConfig tied = SmallLlama();
   tied.tie_word_embeddings = true;

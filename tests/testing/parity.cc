@@ -94,7 +94,8 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
                                                          int64_t loss_chunk_tokens,
                                                          bool offload_activations,
                                                          int resident_layers,
-                                                         bool resident_embedding) {
+                                                         bool resident_embedding,
+                                                         bool device_grad_accumulation) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -117,6 +118,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
   options.offload_activations = offload_activations;
   options.resident_layers = resident_layers;
   options.resident_embedding = resident_embedding;
+  options.device_grad_accumulation = device_grad_accumulation;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -129,12 +131,13 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
 
 ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
                        int micro_batches, int64_t b, int64_t t, bool offload_activations,
-                       int resident_layers, bool resident_embedding) {
+                       int resident_layers, bool resident_embedding,
+                       bool device_grad_accumulation) {
   ParityResult out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t,
       /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
-      offload_activations, resident_layers, resident_embedding);
+      offload_activations, resident_layers, resident_embedding, device_grad_accumulation);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -208,7 +211,8 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
   }
   ParityResult r = RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2,
                              mode.micro_batches, 2, 12, mode.offload_activations,
-                             mode.resident_layers, mode.resident_embedding);
+                             mode.resident_layers, mode.resident_embedding,
+                             mode.device_grad_accumulation);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
@@ -216,11 +220,13 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
 
 GradientRun RunGradients(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                          double init_range, int micro_batches, int64_t b, int64_t t,
-                         bool offload_activations, int resident_layers, bool resident_embedding) {
+                         bool offload_activations, int resident_layers, bool resident_embedding,
+                         bool device_grad_accumulation) {
   GradientRun out;
   std::unique_ptr<ExecutorUnderTest> under_test =
       MakeExecutorUnderTest(config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0,
-                            offload_activations, resident_layers, resident_embedding);
+                            offload_activations, resident_layers, resident_embedding,
+                            device_grad_accumulation);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();

@@ -45,15 +45,17 @@ struct ParityResult {
 // `resident_layers` > 0 the first layers stay on the device (Note [Resident
 // layers] in engine/executor.h), with `resident_embedding` the embedding
 // too (Note [Resident embedding]), and their gradient is read back with
-// SyncResidentToStore.
+// SyncResidentToStore; with `device_grad_accumulation` micro-batches are
+// summed on the device (Note [Device gradient accumulation]).
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches,
                        int64_t b, int64_t t, bool offload_activations = false,
-                       int resident_layers = 0, bool resident_embedding = false);
+                       int resident_layers = 0, bool resident_embedding = false,
+                       bool device_grad_accumulation = false);
 
 // One way of running the executor against the reference: compute dtype,
 // micro-batches per pass, activation offload, resident layers and
-// embedding (skipped for tied variants, whose embedding cannot be resident:
+// embedding, device gradient accumulation (resident embedding skipped for tied variants, whose embedding cannot be resident:
 // ExecutorTest.RefusesBadOptionsNamingTheField checks the refusal).
 struct ParityMode {
   std::string name;  // part of the test name, e.g. "Bf16WithActivationOffload"
@@ -62,6 +64,7 @@ struct ParityMode {
   bool offload_activations = false;
   int resident_layers = 0;
   bool resident_embedding = false;
+  bool device_grad_accumulation = false;
 };
 
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
@@ -83,7 +86,8 @@ struct GradientRun {
 GradientRun RunGradients(const engine::ModelConfig& config, const std::string& device,
                          engine::ComputeDtype dtype, double init_range, int micro_batches,
                          int64_t b, int64_t t, bool offload_activations,
-                         int resident_layers = 0, bool resident_embedding = false);
+                         int resident_layers = 0, bool resident_embedding = false,
+                         bool device_grad_accumulation = false);
 
 }  // namespace megatrain::testing
 
