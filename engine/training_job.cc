@@ -2,6 +2,7 @@
 // evaluation and checkpoints of one job.
 #include "engine/training_job.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -101,9 +102,22 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
   // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
   // tensors, a rough bound).
+  const int64_t resident_layers = std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2);
+  int64_t streamed_numel = layout.blocks[layout.head_block()].numel;
+  for (int64_t l = 0; l < layout.num_layers(); ++l) {
+    const int64_t numel = layout.blocks[layout.layer_block(l)].numel;
+    if (l < resident_layers) {
+      f.device_resident_bytes += numel * (16 + (esize == 2 ? 2 : 0));
+    } else {
+      streamed_numel += numel;
+    }
+  }
+  if (!config.tie_word_embeddings) f.device_resident_bytes += 16 * config.vocab_size * config.hidden_size;
+  if (spec.train.gradient_accumulation_steps > 1) f.device_resident_bytes += 4 * streamed_numel;
   f.device_estimate_bytes = 5 * max_block * esize +
                             DeviceSavedLayers(spec, config) * tokens * config.hidden_size * 4 +
-                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
+                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
+                            f.device_resident_bytes;
   return f;
 }
 
@@ -228,7 +242,8 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
                        : "",
                    ") ", saved_layers, " x ", tokens, " x ", config.hidden_size,
                    " x 4 B = ", GiB(saved_layers * layer_bytes), ", device estimate ",
-                   GiB(f.device_estimate_bytes), "; ", advice));
+                   GiB(f.device_estimate_bytes), " (", GiB(f.device_resident_bytes),
+                   " of it resident layers, embedding and gradient buffers at most); ", advice));
 }
 
 std::string JobSpecToJson(const JobSpec& s) {

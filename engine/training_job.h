@@ -109,7 +109,17 @@ struct MemoryFootprint {
   int64_t params = 0;              // model parameters (elements)
   HostStoreBytes host;             // by kind
   int64_t host_total_bytes = 0;    // all host memory of the job
-  int64_t device_estimate_bytes = 0;  // weight slots + activations (rough)
+  int64_t device_estimate_bytes = 0;  // weight slots + activations + resident state (rough)
+  // Part of device_estimate_bytes: what the auto settings keep on a GPU at
+  // most (Notes [Resident layers], [Resident embedding] and [Device
+  // gradient accumulation] in executor.h): two decoder layers with their
+  // AdamW state (16 bytes per parameter + the compute copy), an untied
+  // embedding table (16 bytes per parameter; kept on the host when it
+  // exceeds an eighth of the device), and with gradient accumulation the
+  // streamed blocks' fp32 gradients (4 bytes per parameter; kept on the
+  // host beyond a quarter of the device). 0 is never assumed: the CPU has
+  // none of them, but the estimate is for a GPU.
+  int64_t device_resident_bytes = 0;
   // Pinned host bytes of train.offload_activations ((L-1) saved layer
   // inputs, [B, T, C] fp32 each); 0 without it. Part of host.staging (the
   // executor's pinned buffers) and so of host_total_bytes.
@@ -213,7 +223,7 @@ class TrainingJob {
 // adds the micro-batch shape, the activations saved for backward (one
 // [B, T, C] fp32 layer input per layer: activation checkpointing is always
 // on; with train.offload_activations only 3 of them stay on the device), the
-// whole-job device estimate, a smaller train.micro_batch to try (half, with
+// whole-job device estimate (and its resident part), a smaller train.micro_batch to try (half, with
 // gradient_accumulation_steps doubled to keep the global batch) and, when it
 // is off, train.offload_activations with the pinned host bytes it would take.
 // TrainingJob applies it to every error of Create and Run.
@@ -223,7 +233,8 @@ class TrainingJob {
 //   ; job: train.micro_batch 64 x train.seq_len 8192 = 524288 tokens per
 //   micro-batch; layer inputs saved for backward (activation checkpointing
 //   is always on) 16 x 524288 x 2048 x 4 B = 64.00 GiB, device estimate
-//   162.45 GiB; try train.micro_batch: 32 with
+//   168.40 GiB (5.95 GiB of it resident layers, embedding and gradient
+//   buffers at most); try train.micro_batch: 32 with
 //   train.gradient_accumulation_steps: 2 (same global batch) or a shorter
 //   train.seq_len; or train.offload_activations: true (15 x 524288 x 2048 x
 //   4 B = 60.00 GiB of them in pinned host memory instead)

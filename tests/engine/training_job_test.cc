@@ -159,6 +159,28 @@ TEST(EstimateFootprintTest, CountsTheEmbeddingLookaheadBuffers) {
   EXPECT_EQ(f->host_total_bytes, f->host.Total() + f->embedding_lookahead_bytes);
 }
 
+// What the auto settings keep on a GPU: two resident decoder layers (16 B
+// of fp32 state + 2 B bf16 per parameter), the untied embedding (16 B per
+// parameter) and, with gradient accumulation, the streamed blocks' fp32
+// gradients (4 B per parameter).
+TEST(EstimateFootprintTest, CountsTheResidentDeviceState) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-1b";  // untied, 16 layers of 60,821,504 parameters
+  s.train.compute_dtype = ComputeDtype::kBf16;
+  auto one = EstimateFootprint(s);
+  ASSERT_THAT(one, IsOk());
+  const int64_t layer = 60821504, table = int64_t{128256} * 2048;
+  EXPECT_EQ(one->device_resident_bytes, 2 * layer * 18 + table * 16);
+  s.train.gradient_accumulation_steps = 4;
+  auto four = EstimateFootprint(s);
+  ASSERT_THAT(four, IsOk());
+  // 14 streamed layers and the head (final norm + lm_head).
+  EXPECT_EQ(four->device_resident_bytes - one->device_resident_bytes,
+            4 * (14 * layer + 2048 + table));
+  EXPECT_EQ(four->device_estimate_bytes - one->device_estimate_bytes,
+            four->device_resident_bytes - one->device_resident_bytes);
+}
+
 TEST(EstimateFootprintTest, ActivationOffloadAddsItsPinnedBuffers) {
   // The long-context case: llama-1b, one sequence of 262144 tokens.
   JobSpec s = TinySpec("x", "/tmp/out");
