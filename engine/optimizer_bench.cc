@@ -60,6 +60,10 @@ absl::Status ValidateOptions(const OptimizerBenchOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("bench.warmup: must be >= 0, got ", options.warmup));
   }
+  if (options.bf16_offset_elements < 0 || options.bf16_offset_elements > 31) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench.bf16_offset_elements: must be in [0, 31], got ", options.bf16_offset_elements));
+  }
   return absl::OkStatus();
 }
 
@@ -73,11 +77,11 @@ absl::Status TimeOurs(const OptimizerBenchOptions& options,
   torch::Tensor params = init_params.clone();             // [N] fp32
   torch::Tensor exp_avg = torch::zeros_like(params);      // [N] fp32
   torch::Tensor exp_avg_sq = torch::zeros_like(params);   // [N] fp32
-  std::unique_ptr<bf16_bits[]> bf16_params(new (std::nothrow) bf16_bits[n]);
-  if (bf16_params == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "bench: cannot allocate ", n * sizeof(bf16_bits), " bytes for bf16"));
-  }
+  // [N] bf16, 64-byte aligned like the store's arenas (the kernel's
+  // streaming stores need 32) unless an offset is asked for.
+  torch::Tensor bf16_params =
+      torch::empty({n + options.bf16_offset_elements}, torch::kBFloat16)
+          .narrow(0, options.bf16_offset_elements, n);
 
   std::unique_ptr<ThreadPool> pool = ThreadPool::Create(options.threads);
   AdamWOptions adamw_options;
@@ -94,7 +98,7 @@ absl::Status TimeOurs(const OptimizerBenchOptions& options,
   buffers.grads = grads.data_ptr<float>();
   buffers.exp_avg = exp_avg.data_ptr<float>();
   buffers.exp_avg_sq = exp_avg_sq.data_ptr<float>();
-  buffers.bf16_params = bf16_params.get();
+  buffers.bf16_params = static_cast<bf16_bits*>(bf16_params.data_ptr());
   buffers.num_elements = n;
 
   std::vector<double> step_seconds;

@@ -19,6 +19,10 @@ struct OptimizerBenchOptions {
   int threads = 0;              // our ThreadPool size; 0 = all cores
   int iterations = 10;          // timed steps per optimizer, >= 1
   int warmup = 2;               // untimed steps first (page faults, caches)
+  // Elements between a 64-byte boundary and the bf16 copy: 0 as in the
+  // store (the kernels' streaming stores); 1 forces plain stores, for an
+  // A/B of the two (engine/adamw.cc, Bf16Store).
+  int bf16_offset_elements = 0;
 };
 
 // Timings: median over `iterations` steps of each optimizer.

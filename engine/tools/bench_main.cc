@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   megatrain::engine::BenchOptions o;
   bool optimizer_only = false;
   int64_t params = 50'000'000;
+  int bf16_offset = 0;
   CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
   app.add_option("--model", o.model, "preset (tiny, llama-1b, llama-3b, llama-8b) or HF model dir");
   app.add_option("--device", o.device, "cpu | cuda | cuda:N");
@@ -54,6 +55,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print only the final JSON line on stdout");
   app.add_flag("--optimizer_only", optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
   app.add_option("--params", params, "parameters for --optimizer_only");
+  app.add_option("--bf16_offset", bf16_offset,
+                 "--optimizer_only: bf16 copy this many elements past a 64-byte boundary "
+                 "(1: plain stores instead of streaming ones, for an A/B)")
+      ->check(CLI::Range(0, 31));
   double pinned_gib = 0;
   app.add_option("--pinned_gib", pinned_gib,
                  "only time allocating and registering (pinning) this many GiB of host memory");
@@ -80,6 +85,7 @@ int main(int argc, char** argv) {
     megatrain::engine::OptimizerBenchOptions opt;
     opt.params = params;
     opt.threads = o.threads;
+    opt.bf16_offset_elements = bf16_offset;
     auto r = megatrain::engine::RunOptimizerBenchmark(opt);
     if (!r.ok()) {
       std::fprintf(stderr, "megatrain-bench: %s\n", r.status().ToString().c_str());

@@ -253,6 +253,39 @@ TEST_P(AdamWKernelTest, Bf16OutputRoundsSpecialValuesLikeFloatToBf16) {
   }
 }
 
+// The vector kernels write the bf16 copy with streaming stores when it is
+// aligned for them (32 bytes for AVX-512, 16 for AVX2) and with plain
+// stores otherwise: the bits are the scalar kernel's at every alignment.
+TEST_P(AdamWKernelTest, Bf16CopyIsTheSameAtEveryAlignment) {
+  const int64_t n = 1000;  // full vectors and a tail
+  const Problem problem = MakeProblem(n, 1, /*seed=*/9);
+  const std::vector<float> params0 = ToVector(problem.params);
+  const std::vector<float> grads = ToVector(problem.grads[0]);
+  AdamWStepParams hp;
+  hp.lr = 1e-3;
+  hp.weight_decay = 0.1;
+  hp.step = 1;
+  // Element `offset` of a 64-byte aligned buffer: offsets 0, 8 and 16 take
+  // streaming stores (AVX2 at 0, 8, 16; AVX-512 at 0, 16), 1 takes plain ones.
+  std::vector<bf16_bits> storage(n + 64);
+  auto run = [&](int64_t offset, std::vector<float>* p) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(storage.data());
+    bf16_bits* out = storage.data() + (64 - base % 64) % 64 / sizeof(bf16_bits) + offset;
+    std::vector<float> m(n, 0.01f), v(n, 0.02f);
+    *p = params0;
+    AdamWUpdate(hp, p->data(), grads.data(), m.data(), v.data(), out, n, GetParam());
+    return std::vector<bf16_bits>(out, out + n);
+  };
+  std::vector<float> p_plain;
+  const std::vector<bf16_bits> plain = run(1, &p_plain);
+  for (const int64_t offset : {0, 8, 16}) {
+    std::vector<float> p;
+    EXPECT_EQ(run(offset, &p), plain) << "offset " << offset;
+    EXPECT_EQ(std::memcmp(p.data(), p_plain.data(), n * sizeof(float)), 0);
+  }
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(plain[i], FloatToBf16(p_plain[i])) << i;
+}
+
 TEST_P(AdamWKernelTest, MultithreadedResultEqualsSingleThreadedBitwise) {
   // Large enough for many chunks: 4 threads x 4 chunks of >= 64Ki elements,
   // plus an odd tail.
