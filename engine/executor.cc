@@ -636,8 +636,10 @@ StreamingExecutor::Impl::Uploaded StreamingExecutor::Impl::Upload(const MicroBat
     up.ids = both[0];
     up.labels = both[1].view({b, t});
     const int gather = timer_.Begin(StreamKind::kCompute);
-    up.x = at::embedding(resident_[emb_resident_].master.view({config_.vocab_size, c}), up.ids)
-               .view({b, t, c});
+    // The [V, C] table inside the block (which may end in alignment padding).
+    const at::Tensor table =
+        BindBlockParams(layout_.blocks[layout_.embedding_block()], resident_[emb_resident_].master)[0];
+    up.x = at::embedding(table, up.ids).view({b, t, c});
     timer_.End(StreamKind::kCompute, gather, PhaseTimer::kForward);
     return up;
   }
@@ -1249,7 +1251,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         at::Tensor g = at::embedding_dense_backward(grad_y.to(at::kFloat).reshape({-1, c}), up.ids,
                                                     config_.vocab_size, /*padding_idx=*/-1,
                                                     /*scale_grad_by_freq=*/false);
-        at::Tensor dst = rb.grad.view({config_.vocab_size, c});
+        at::Tensor dst = BindBlockParams(layout_.blocks[emb], rb.grad)[0];  // [V, C]
         if (seen_[emb]) {
           dst.add_(g);
         } else {
@@ -1336,7 +1338,7 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
           "executor.resident_embedding: needs untied embeddings (tie_word_embeddings is true: "
           "the table is also lm_head and streams with the head)");
     }
-    if (emb.params.size() != 1 || emb.params[0].shape.size() != 2) {
+    if (emb.params.size() != 1 || emb.params[0].shape.size() != 2 || emb.params[0].offset != 0) {
       return absl::InvalidArgumentError(
           "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "
           "table");

@@ -285,7 +285,7 @@ absl::Status Trainer::WaitForOptimizer() {
 HostStore& Trainer::store() {
   if (!executor_->resident_blocks().empty()) {
     // Hand out current values even to a caller that skipped
-    // WaitForOptimizer (the resident layers never wait on the CPU queue);
+    // WaitForOptimizer (the resident blocks never wait on the CPU queue);
     // an error surfaces at the next Step.
     if (absl::Status status = SyncResidentIfNewer(); !status.ok()) {
       absl::MutexLock lock(&mu_);
@@ -419,7 +419,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   // the start of its block (Note [Embedding rows on demand]); a resident
   // embedding is updated on the device instead.
   const BlockLayout& emb = t->store_->layout().blocks[t->store_->layout().embedding_block()];
-  if (!t->resident_embedding_ && emb.params.size() == 1 && emb.params[0].offset == 0 && emb.params[0].shape.size() == 2) {
+  if (!t->resident_embedding_ && emb.params.size() == 1 && emb.params[0].offset == 0 &&
+      emb.params[0].shape.size() == 2) {
     t->emb_rows_ = emb.params[0].shape[0];
     t->emb_row_width_ = emb.params[0].shape[1];
     t->emb_row_state_ = std::make_unique<std::atomic<uint8_t>[]>(t->emb_rows_);

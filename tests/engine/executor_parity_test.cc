@@ -11,6 +11,7 @@
 #include <random>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/device_runtime.h"
 #include "engine/host_store.h"
 #include "engine/thread_pool.h"
@@ -180,26 +181,31 @@ TEST(ExecutorTest, ResidentLayersGiveBitIdenticalGradientsAndMoveLess) {
 // to rounding); only token ids and labels cross PCIe for it: no [B*T, C]
 // fp32 rows up, no dx down.
 TEST(ExecutorTest, ResidentEmbeddingMatchesTheHostPathAndMovesOnlyTokenIds) {
-  const ModelConfig config = SmallLlama();
-  const int micro_batches = 3;
-  const int64_t b = 2, t = 12;
-  testing::GradientRun streamed =
-      testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false);
-  testing::GradientRun resident =
-      testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false,
-                            /*resident_layers=*/0, /*resident_embedding=*/true);
-  ASSERT_FALSE(streamed.grads.empty());
-  ASSERT_EQ(streamed.grads.size(), resident.grads.size());
-  EXPECT_EQ(streamed.loss, resident.loss);  // the forward is the same arithmetic
-  const int64_t n = static_cast<int64_t>(streamed.grads.size());
-  EXPECT_LT(RelativeError(at::from_blob(resident.grads.data(), {n}, at::kFloat),
-                          at::from_blob(streamed.grads.data(), {n}, at::kFloat)),
-            1e-6);
-  const int64_t rows = b * t;
-  EXPECT_EQ(streamed.stats.d2h_bytes - resident.stats.d2h_bytes,
-            micro_batches * rows * config.hidden_size * 4);
-  EXPECT_EQ(streamed.stats.h2d_bytes - resident.stats.h2d_bytes,
-            micro_batches * (rows * (config.hidden_size * 4 + 8) - rows * 16));
+  ModelConfig odd = SmallLlama();  // V * C not a multiple of 64: the block ends in padding
+  odd.vocab_size = 97;
+  odd.hidden_size = 72;
+  for (const ModelConfig& config : {SmallLlama(), odd}) {
+    SCOPED_TRACE(absl::StrCat("vocab_size ", config.vocab_size, ", hidden_size ", config.hidden_size));
+    const int micro_batches = 3;
+    const int64_t b = 2, t = 12;
+    testing::GradientRun streamed =
+        testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false);
+    testing::GradientRun resident =
+        testing::RunGradients(config, "cpu", ComputeDtype::kFp32, 0.2, micro_batches, b, t, false,
+                              /*resident_layers=*/0, /*resident_embedding=*/true);
+    ASSERT_FALSE(streamed.grads.empty());
+    ASSERT_EQ(streamed.grads.size(), resident.grads.size());
+    EXPECT_EQ(streamed.loss, resident.loss);  // the forward is the same arithmetic
+    const int64_t n = static_cast<int64_t>(streamed.grads.size());
+    EXPECT_LT(RelativeError(at::from_blob(resident.grads.data(), {n}, at::kFloat),
+                            at::from_blob(streamed.grads.data(), {n}, at::kFloat)),
+              1e-6);
+    const int64_t rows = b * t;
+    EXPECT_EQ(streamed.stats.d2h_bytes - resident.stats.d2h_bytes,
+              micro_batches * rows * config.hidden_size * 4);
+    EXPECT_EQ(streamed.stats.h2d_bytes - resident.stats.h2d_bytes,
+              micro_batches * (rows * (config.hidden_size * 4 + 8) - rows * 16));
+  }
 }
 
 // Note [Device gradient accumulation]: the same fp32 adds in the same
