@@ -889,12 +889,10 @@ bool StreamingExecutor::Impl::PrepareDeviceAccumulation(size_t micro_batches) {
   try {
     acc_.resize(layout_.blocks.size());
     const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime_->device());
-    for (int64_t l = options_.resident_layers; l < layout_.num_layers(); ++l) {
-      const int64_t block = layout_.layer_block(l);
+    for (const int64_t block : layout_.StreamedDenseBlocks(options_.resident_layers)) {
       acc_[block] = at::zeros({layout_.blocks[block].numel}, fp32);
+      acc_device_bytes_ += layout_.blocks[block].numel * 4;
     }
-    acc_[layout_.head_block()] = at::zeros({layout_.blocks[layout_.head_block()].numel}, fp32);
-    for (const at::Tensor& a : acc_) acc_device_bytes_ += a.defined() ? a.numel() * 4 : 0;
   } catch (const std::exception& e) {
     acc_.clear();
     options_.device_grad_accumulation = false;
@@ -1248,16 +1246,12 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         ResidentBlock& rb = resident_[emb_resident_];
         token = timer_.Begin(StreamKind::kCompute);
         const int64_t c = config_.hidden_size;
-        at::Tensor g = at::embedding_dense_backward(grad_y.to(at::kFloat).reshape({-1, c}), up.ids,
-                                                    config_.vocab_size, /*padding_idx=*/-1,
-                                                    /*scale_grad_by_freq=*/false);
-        at::Tensor dst = BindBlockParams(layout_.blocks[emb], rb.grad)[0];  // [V, C]
-        if (seen_[emb]) {
-          dst.add_(g);
-        } else {
-          dst.copy_(g);
-        }
-        g.reset();
+        // [V, C] fp32, accumulated into the table's gradient like a layer's.
+        AccumulateInPlace(layout_.blocks[emb], emb, rb.grad,
+                          {at::embedding_dense_backward(grad_y.to(at::kFloat).reshape({-1, c}),
+                                                        up.ids, config_.vocab_size,
+                                                        /*padding_idx=*/-1,
+                                                        /*scale_grad_by_freq=*/false)});
         timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
         ResidentGradDone(static_cast<size_t>(emb_resident_));
         continue;

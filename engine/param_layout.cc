@@ -85,6 +85,13 @@ ModelLayout ModelLayout::Create(const ModelConfig& c) {
   return layout;
 }
 
+std::vector<int64_t> ModelLayout::StreamedDenseBlocks(int64_t resident_layers) const {
+  std::vector<int64_t> out;
+  for (int64_t l = resident_layers; l < num_layers(); ++l) out.push_back(layer_block(l));
+  out.push_back(head_block());
+  return out;
+}
+
 int64_t ModelLayout::TotalNumel() const {
   int64_t n = 0;
   for (const BlockLayout& b : blocks) n += b.numel;

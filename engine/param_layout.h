@@ -61,6 +61,11 @@ struct ModelLayout {
   int64_t layer_block(int64_t layer_idx) const { return 1 + layer_idx; }
   int64_t head_block() const { return static_cast<int64_t>(blocks.size()) - 1; }
 
+  // The blocks that stream and take a dense gradient when decoder layers
+  // 0..resident_layers-1 stay on the device: layers resident_layers..L-1
+  // and the head (Note [Device gradient accumulation] in executor.h sums
+  // exactly these on the device).
+  std::vector<int64_t> StreamedDenseBlocks(int64_t resident_layers) const;
   // Sum of block numel (with padding), in elements.
   int64_t TotalNumel() const;
   // Sum of parameter numel (no padding), in elements.

@@ -309,6 +309,13 @@ int64_t Trainer::ResidentIndexOf(int64_t block) const {
   return it == blocks.end() ? -1 : it - blocks.begin();
 }
 
+int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda) {
+  if (option >= 0) return option;
+  // Layers 0 and 1, whose updates would otherwise start every step on the
+  // critical path; at least one layer keeps streaming.
+  return cuda ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2)) : 0;
+}
+
 bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes) {
   if (option >= 0) return option == 1;
   if (device_total_bytes <= 0 || config.tie_word_embeddings) return false;
@@ -372,15 +379,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   exec.num_weight_slots = options.num_weight_slots;
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
-  // Note [Resident layers] in executor.h: on a GPU, layers 0 and 1 (whose
-  // updates would otherwise start every step on the critical path) stay
-  // there; at least one layer keeps streaming.
+  // Note [Resident layers] in executor.h.
   t->resident_layers_ =
-      options.resident_layers >= 0
-          ? options.resident_layers
-          : (t->runtime_->is_cuda()
-                 ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2))
-                 : 0);
+      ResolveResidentLayers(config, options.resident_layers, t->runtime_->is_cuda());
   exec.resident_layers = t->resident_layers_;
   // Note [Resident embedding] in executor.h.
   t->resident_embedding_ = ResolveResidentEmbedding(
@@ -391,9 +392,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
     exec.device_grad_accumulation = options.device_grad_accumulation == 1;
   } else if (t->runtime_->is_cuda()) {
     const ModelLayout& layout = t->store_->layout();
-    int64_t numel = layout.blocks[layout.head_block()].numel;
-    for (int64_t l = t->resident_layers_; l < layout.num_layers(); ++l) {
-      numel += layout.blocks[layout.layer_block(l)].numel;
+    int64_t numel = 0;
+    for (const int64_t block : layout.StreamedDenseBlocks(t->resident_layers_)) {
+      numel += layout.blocks[block].numel;
     }
     exec.device_grad_accumulation =
         4.0 * static_cast<double>(numel) <=

@@ -216,6 +216,10 @@ inline constexpr double kResidentEmbeddingMaxFraction = 1.0 / 8;
 // embedding on a device with `device_total_bytes` of memory (0: the CPU).
 bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes);
 
+// The decoder layers TrainerOptions::resident_layers `option` keeps on the
+// device (auto: min(2, num_hidden_layers - 1) on CUDA, none on the CPU).
+int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda);
+
 struct StepResult {
   int64_t step = 0;         // step() after this step: its number (from 1), or
                             // the previous one's if skipped (unless partial)

@@ -102,18 +102,20 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
   // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
   // tensors, a rough bound).
-  const int64_t resident_layers = std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2);
-  int64_t streamed_numel = layout.blocks[layout.head_block()].numel;
-  for (int64_t l = 0; l < layout.num_layers(); ++l) {
-    const int64_t numel = layout.blocks[layout.layer_block(l)].numel;
-    if (l < resident_layers) {
-      f.device_resident_bytes += numel * (16 + (esize == 2 ? 2 : 0));
-    } else {
-      streamed_numel += numel;
-    }
+  // As the trainer's auto settings choose on a GPU (embedding and
+  // accumulation buffers as upper bounds: they stay on the host when the
+  // device is too small for them).
+  const int resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  for (int64_t l = 0; l < resident_layers; ++l) {
+    f.device_resident_bytes +=
+        layout.blocks[layout.layer_block(l)].numel * (16 + (esize == 2 ? 2 : 0));
   }
   if (!config.tie_word_embeddings) f.device_resident_bytes += 16 * config.vocab_size * config.hidden_size;
-  if (spec.train.gradient_accumulation_steps > 1) f.device_resident_bytes += 4 * streamed_numel;
+  if (spec.train.gradient_accumulation_steps > 1) {
+    for (const int64_t block : layout.StreamedDenseBlocks(resident_layers)) {
+      f.device_resident_bytes += 4 * layout.blocks[block].numel;
+    }
+  }
   f.device_estimate_bytes = 5 * max_block * esize +
                             DeviceSavedLayers(spec, config) * tokens * config.hidden_size * 4 +
                             12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +

@@ -19,20 +19,9 @@ namespace {
 using ::megatrain::testing::ParityMode;
 using ::megatrain::testing::Variant;
 
-// Two micro-batches throughout. fp32: cuBLAS without TF32 and the fused
-// attention kernel accumulate in a different order, still within 1e-5.
-const ParityMode kCudaModes[] = {
-    {"Fp32", ComputeDtype::kFp32, 2, false, 0},
-    {"Bf16", ComputeDtype::kBf16, 2, false, 0},
-    {"Fp32WithActivationOffload", ComputeDtype::kFp32, 2, true, 0},
-    {"Bf16WithActivationOffload", ComputeDtype::kBf16, 2, true, 0},
-    {"Fp32WithResidentLayers", ComputeDtype::kFp32, 2, false, 2},
-    {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
-    {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
-    {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
-    {"Fp32WithDeviceAccumulation", ComputeDtype::kFp32, 2, false, 0, false, true},
-    {"Bf16WithDeviceAccumulation", ComputeDtype::kBf16, 3, false, 1, false, true},
-};
+// testing::ParityModes with two micro-batches throughout. fp32: cuBLAS
+// without TF32 and the fused attention kernel accumulate in a different
+// order, still within 1e-5.
 
 class ExecutorParityCudaTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};
 
@@ -78,7 +67,7 @@ TEST(ExecutorCudaTest, ActivationOffloadMatchesKeepingInputsOnDevice) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityCudaTest,
                          ::testing::Combine(::testing::ValuesIn(testing::Variants()),
-                                            ::testing::ValuesIn(kCudaModes)),
+                                            ::testing::ValuesIn(testing::ParityModes(2))),
                          [](const auto& info) {
                            return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
                          });

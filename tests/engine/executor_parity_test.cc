@@ -32,25 +32,7 @@ using ::megatrain::testing::SmallLlama;
 using ::megatrain::testing::ParityMode;
 using ::megatrain::testing::Variant;
 
-// One micro-batch plain; two with activation offload (the host slots and
-// the device ring are reused) and with resident layers (Note [Resident
-// layers]: the gradient is also accumulated on the device; two resident
-// layers of three in fp32, one in bf16) and with the embedding resident
-// (Note [Resident embedding]: gather and scatter on the device; with one
-// resident layer in fp32, alone in bf16), and with the micro-batches'
-// gradients summed on the device (Note [Device gradient accumulation]).
-const ParityMode kCpuModes[] = {
-    {"Fp32", ComputeDtype::kFp32, 1, false, 0},
-    {"Bf16", ComputeDtype::kBf16, 1, false, 0},
-    {"Fp32WithActivationOffload", ComputeDtype::kFp32, 2, true, 0},
-    {"Bf16WithActivationOffload", ComputeDtype::kBf16, 2, true, 0},
-    {"Fp32WithResidentLayers", ComputeDtype::kFp32, 2, false, 2},
-    {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
-    {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
-    {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
-    {"Fp32WithDeviceAccumulation", ComputeDtype::kFp32, 2, false, 0, false, true},
-    {"Bf16WithDeviceAccumulation", ComputeDtype::kBf16, 3, false, 1, false, true},
-};
+// testing::ParityModes, with one micro-batch in the plain modes.
 
 class ExecutorParityTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};
 
@@ -60,7 +42,7 @@ TEST_P(ExecutorParityTest, MatchesReferenceOnCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityTest,
                          ::testing::Combine(::testing::ValuesIn(testing::Variants()),
-                                            ::testing::ValuesIn(kCpuModes)),
+                                            ::testing::ValuesIn(testing::ParityModes(1))),
                          [](const auto& info) {
                            return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
                          });

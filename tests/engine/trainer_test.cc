@@ -568,22 +568,37 @@ void ExpectStateRoundTrip(const TrainerOptions& options) {
   EXPECT_TRUE(BitIdentical(AllState((*first)->store()), AllState((*second)->store())));
 }
 
-void ExpectSkippedStepLeavesState(const TrainerOptions& options) {
+// A trainer with `options` whose step 2 will be poisoned with `kind`,
+// after step 1 and its optimizer work; null (with a failure recorded) if
+// any of that failed.
+std::unique_ptr<Trainer> PoisonedAfterStep1(const TrainerOptions& options,
+                                            NonFiniteInjection::Kind kind) {
   const ModelConfig config = SmallLlama();
   TrainerOptions o = options;
-  o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kLoss};
+  o.debug_nonfinite = {.step = 2, .kind = kind};
   auto trainer = Trainer::Create(config, o, /*seed=*/5);
-  ASSERT_THAT(trainer, IsOk());
-  ASSERT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11)), IsOk());
-  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-  const std::vector<float> after_step1 = AllState((*trainer)->store());
-  auto skipped = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
+  EXPECT_THAT(trainer, IsOk());
+  if (!trainer.ok()) return nullptr;
+  const auto step1 = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11));
+  EXPECT_THAT(step1, IsOk());
+  const absl::Status waited = (*trainer)->WaitForOptimizer();
+  EXPECT_THAT(waited, IsOk());
+  if (!step1.ok() || !waited.ok()) return nullptr;
+  return std::move(*trainer);
+}
+
+void ExpectSkippedStepLeavesState(const TrainerOptions& options) {
+  const ModelConfig config = SmallLlama();
+  std::unique_ptr<Trainer> trainer = PoisonedAfterStep1(options, NonFiniteInjection::Kind::kLoss);
+  ASSERT_NE(trainer, nullptr);
+  const std::vector<float> after_step1 = AllState(trainer->store());
+  auto skipped = trainer->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
   ASSERT_THAT(skipped, IsOk());
   EXPECT_TRUE(skipped->skipped);
   EXPECT_FALSE(skipped->partial);
-  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), after_step1));
-  auto next = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 13));
+  ASSERT_THAT(trainer->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(BitIdentical(AllState(trainer->store()), after_step1));
+  auto next = trainer->Step(MakeBatches(1, kB, kT, config.vocab_size, 13));
   ASSERT_THAT(next, IsOk());
   EXPECT_FALSE(next->skipped);
 }
@@ -600,22 +615,19 @@ TEST(TrainerTest, PartialStepUpdatesTheResidentLayer) {
 
 void ExpectPartialStepUpdatesLayer0Only(const TrainerOptions& options) {
   const ModelConfig config = SmallLlama();
-  TrainerOptions o = options;
-  o.debug_nonfinite = {.step = 2, .kind = NonFiniteInjection::Kind::kGradient};
-  auto trainer = Trainer::Create(config, o, /*seed=*/5);
-  ASSERT_THAT(trainer, IsOk());
-  ASSERT_THAT((*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 11)), IsOk());
-  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-  const int64_t layer0 = (*trainer)->store().layout().layer_block(0);
-  const int64_t emb = (*trainer)->store().layout().embedding_block();
-  const std::vector<float> layer0_before = BlockState((*trainer)->store(), layer0);
-  const std::vector<float> emb_before = BlockState((*trainer)->store(), emb);
-  auto r = (*trainer)->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
+  std::unique_ptr<Trainer> trainer =
+      PoisonedAfterStep1(options, NonFiniteInjection::Kind::kGradient);
+  ASSERT_NE(trainer, nullptr);
+  const int64_t layer0 = trainer->store().layout().layer_block(0);
+  const int64_t emb = trainer->store().layout().embedding_block();
+  const std::vector<float> layer0_before = BlockState(trainer->store(), layer0);
+  const std::vector<float> emb_before = BlockState(trainer->store(), emb);
+  auto r = trainer->Step(MakeBatches(1, kB, kT, config.vocab_size, 12));
   ASSERT_THAT(r, IsOk());
   EXPECT_TRUE(r->partial);
-  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-  EXPECT_FALSE(BitIdentical(BlockState((*trainer)->store(), layer0), layer0_before));
-  EXPECT_TRUE(BitIdentical(BlockState((*trainer)->store(), emb), emb_before));
+  ASSERT_THAT(trainer->WaitForOptimizer(), IsOk());
+  EXPECT_FALSE(BitIdentical(BlockState(trainer->store(), layer0), layer0_before));
+  EXPECT_TRUE(BitIdentical(BlockState(trainer->store(), emb), emb_before));
 }
 
 TEST(TrainerTest, RejectsResidentLayersOutsideTheModel) {

@@ -202,6 +202,21 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   return out;
 }
 
+std::vector<ParityMode> ParityModes(int plain_micro_batches) {
+  return {
+      {"Fp32", ComputeDtype::kFp32, plain_micro_batches, false, 0},
+      {"Bf16", ComputeDtype::kBf16, plain_micro_batches, false, 0},
+      {"Fp32WithActivationOffload", ComputeDtype::kFp32, 2, true, 0},
+      {"Bf16WithActivationOffload", ComputeDtype::kBf16, 2, true, 0},
+      {"Fp32WithResidentLayers", ComputeDtype::kFp32, 2, false, 2},
+      {"Bf16WithResidentLayers", ComputeDtype::kBf16, 2, false, 1},
+      {"Fp32WithResidentEmbedding", ComputeDtype::kFp32, 2, false, 1, true},
+      {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
+      {"Fp32WithDeviceAccumulation", ComputeDtype::kFp32, 2, false, 0, false, true},
+      {"Bf16WithDeviceAccumulation", ComputeDtype::kBf16, 3, false, 1, false, true},
+  };
+}
+
 void ExpectParity(const Variant& variant, const std::string& device, const ParityMode& mode) {
   const bool bf16 = mode.dtype == ComputeDtype::kBf16;
   const double tolerance = bf16 ? 2e-2 : 1e-5;

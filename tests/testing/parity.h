@@ -67,6 +67,17 @@ struct ParityMode {
   bool device_grad_accumulation = false;
 };
 
+// The modes both parity suites run: plain fp32 and bf16 with
+// `plain_micro_batches` micro-batches per pass; two with activation offload
+// (the host slots and the device ring are reused) and with resident layers
+// (Note [Resident layers]: the gradient is also accumulated on the device;
+// two resident layers of three in fp32, one in bf16); the embedding
+// resident (Note [Resident embedding]: gather and scatter on the device;
+// with one resident layer in fp32, alone in bf16); the micro-batches'
+// gradients summed on the device (Note [Device gradient accumulation]; two
+// in fp32, three with a resident layer in bf16).
+std::vector<ParityMode> ParityModes(int plain_micro_batches);
+
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
 // weights init range 0.2 for fp32, 0.02 for bf16), then the loss and every
 // gradient within the dtype's tolerance: fp32 1e-5 relative (only the
