@@ -22,19 +22,23 @@ def main():
             continue
         j = json.loads(line)
         if "mode" in j:
-            torch[(j["mode"], j["preset"], j["micro_batch"], j["seq"])] = j
+            torch[(j["mode"], j["preset"], j["micro_batch"], j["seq"], bool(j.get("clip")))] = j
         elif "tokens_per_s" in j and "model" in j:
             ours.append(j)
-    cols = ["model", "micro-batch x seq", "clip", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
+    cols = ["model", "micro-batch x seq", "accum", "clip", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
             "ratio", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
             "peak GPU GB"]
     rows = []
     for o in ours:
-        key = ("resident", o["model"], o["micro_batch"], o["seq_len"])
-        base = torch.get(key)
+        # Same micro-batch and clipping; a small-micro-batch run (gradient
+        # accumulation) is compared with resident PyTorch at micro-batch 8.
+        clip = bool(o.get("max_grad_norm", 0))
+        base = torch.get(("resident", o["model"], o["micro_batch"], o["seq_len"], clip)) or \
+            torch.get(("resident", o["model"], 8, o["seq_len"], clip))
         step = o["step_seconds"]
         rows.append([
-            o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o.get("max_grad_norm", 0):g}',
+            o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o.get("gradient_accumulation_steps", 1)}',
+            f'{o.get("max_grad_norm", 0):g}',
             f'{o["tokens_per_s"]:,.0f}',
             f'{o["model_tflops"]:.0f}', f'{base["tokens_per_s"]:,.0f}' if base else "-",
             f'{o["tokens_per_s"] / base["tokens_per_s"]:.2f}' if base else "-",

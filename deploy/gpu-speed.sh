@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: builds megatrain-bench (deploy/gpu-build.sh) and
+# measures a matrix of configurations, each beside resident PyTorch
+# (shared/bench/torch_baselines.py, copied into the repo for the call) at the
+# same clipping, in the same call. Prints deploy/bench-compare.py's table.
+#
+#   deploy/gpu-speed.sh "llama-1b:8:1:0 llama-1b:8:1:1 llama-3b:8:4:1" [bench args...]
+#
+# Each configuration is PRESET:MICRO_BATCH:ACCUMULATION:CLIP (CLIP 1 clips at
+# 1.0 as a default job does, 0 does not). The baseline runs once per preset,
+# micro-batch and clipping, at micro-batch 8 for accumulation runs.
+# Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), BUILD_DIR (build-gpu),
+# SKIP_BUILD (0). Results: $OUT/speed.jsonl, $OUT/speed.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+configs=${1:-"llama-1b:8:1:0 llama-1b:8:1:1"}
+shift || true
+SEQ_LEN=${SEQ_LEN:-2048}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+start=$(date +%s)
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  MEGATRAIN_BUILD_SERVER=OFF bash deploy/gpu-build.sh "$BUILD_DIR" megatrain-bench \
+    > "$OUT/build-$(basename "$BUILD_DIR").log" 2>&1 || { tail -30 "$OUT/build-$(basename "$BUILD_DIR").log"; exit 1; }
+  echo "build: $(( $(date +%s) - start )) s"
+fi
+export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+declare -A baseline_done
+for c in $configs; do
+  IFS=: read -r preset mb accum clip <<<"$c"
+  norm=0; [ "$clip" = 1 ] && norm=1.0
+  "$BUILD_DIR"/engine/megatrain-bench --model="$preset" --device=cuda --compute_dtype=bf16 \
+    --micro_batch="$mb" --seq_len="$SEQ_LEN" --gradient_accumulation_steps="$accum" \
+    --max_grad_norm="$norm" --steps="${STEPS:-4}" --warmup="${WARMUP:-2}" --data=random --json "$@" \
+    2> "$OUT/bench-$preset-$mb-$accum-$clip.log" | tee -a "$OUT/speed.jsonl"
+  bmb=$mb; [ "$accum" != 1 ] && bmb=8
+  key="$preset:$bmb:$clip"
+  if [ -f shared/bench/torch_baselines.py ] && [ -z "${baseline_done[$key]:-}" ]; then
+    baseline_done[$key]=1
+    cflag=""; [ "$clip" = 1 ] && cflag=--clip
+    python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" --micro-batch "$bmb" \
+      --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl"
+  fi
+done
+python3 deploy/bench-compare.py "$OUT/speed.jsonl" | tee "$OUT/speed.txt"
+echo "total: $(( $(date +%s) - start )) s"
