@@ -2,6 +2,7 @@
 #include "engine/moe_layers.h"
 
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "engine/torch_compat.h"

@@ -35,6 +35,11 @@ absl::Status DequantizeMxfp4(std::string_view name, absl::Span<const uint8_t> bl
     for (int64_t i = 0; i < kMxfp4BlockBytes; ++i) {
       dst[2 * i] = std::ldexp(Mxfp4ElementValue(in[i] & 0x0F), exponent);
       dst[2 * i + 1] = std::ldexp(Mxfp4ElementValue(in[i] >> 4), exponent);
+      if (std::isinf(dst[2 * i]) || std::isinf(dst[2 * i + 1])) {
+        return absl::DataLossError(absl::StrCat(std::string(name), ": MXFP4 block ", b,
+                                                " decodes beyond the fp32 range (scale ",
+                                                static_cast<int>(scales[b]), ")"));
+      }
     }
   }
   return absl::OkStatus();

@@ -4,8 +4,10 @@
 // nibble first, and `<name>_scales` [..., G] uint8, the power-of-two
 // exponent biased by 127. Decoding follows transformers'
 // integrations/mxfp4.py convert_moe_packed_tensors (FP4_VALUES lookup,
-// ldexp by scale - 127), which is exact in fp32: every E2M1 value times
-// 2^(s-127) for s in [0, 254] is representable (2^-128 subnormal at worst).
+// ldexp by scale - 127), which is exact in fp32 whenever the value fits:
+// the smallest, 0.5 * 2^-127, is a subnormal; values past FLT_MAX (a scale
+// of 253 or more with a large element) would become infinities, and are
+// refused instead (no real checkpoint has them).
 #ifndef MEGATRAIN_ENGINE_MXFP4_H_
 #define MEGATRAIN_ENGINE_MXFP4_H_
 
@@ -30,8 +32,8 @@ float Mxfp4ElementValue(uint8_t code);
 // out[32*b, 32*b + 32), element 2i from the low nibble of byte i, 2i+1 from
 // the high nibble). `name` names the tensor in errors.
 // Errors: INVALID_ARGUMENT when blocks.size() != 16 * scales.size() or
-// out.size() != 32 * scales.size(); DATA_LOSS for a scale of 255 (E8M0 NaN),
-// naming the tensor and the block index.
+// out.size() != 32 * scales.size(); DATA_LOSS for a scale of 255 (E8M0 NaN)
+// or a value beyond fp32's range, naming the tensor and the block index.
 absl::Status DequantizeMxfp4(std::string_view name, absl::Span<const uint8_t> blocks,
                              absl::Span<const uint8_t> scales, absl::Span<float> out);
 

@@ -7,6 +7,7 @@
 // bad input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
@@ -105,7 +106,7 @@ struct ModelRun {
 // run it: layer by layer, load-balancing stats accumulated in the forward,
 // each layer's aux term added for the backward.
 ModelRun EngineModel(const MoeModelConfig& c, const MoeTensorMap& p, const at::Tensor& input_ids,
-                     const at::Tensor& labels) {
+                     const at::Tensor& labels, at::ScalarType cd = at::kFloat) {
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
   const at::Device cpu(at::kCPU);
   at::Tensor x = p.at("model.embed_tokens.weight")
@@ -117,10 +118,12 @@ ModelRun EngineModel(const MoeModelConfig& c, const MoeTensorMap& p, const at::T
   for (int64_t l = 0; l < c.base.num_hidden_layers; ++l) {
     BlockLayout block = MoeDecoderLayerBlock(c, l);
     std::vector<at::Tensor> leaves;
-    for (const ParamSpec& spec : block.params) leaves.push_back(p.at(spec.hf_name));
+    // Weights in the compute dtype, as the executor streams them (the
+    // block functions widen routers and norms to fp32 themselves).
+    for (const ParamSpec& spec : block.params) leaves.push_back(p.at(spec.hf_name).to(cd));
     MoeDecoderLayerWeights w = MoeDecoderLayerWeightsFromParams(block, leaves);
     MoeLayerOutput out = MoeDecoderLayerForward(
-        c, l, w, x, rope, BuildMoeLayerAttentionMask(c, l, t, cpu), at::Tensor(), at::kFloat);
+        c, l, w, x, rope, BuildMoeLayerAttentionMask(c, l, t, cpu), at::Tensor(), cd);
     x = out.hidden;
     if (out.router_logits.defined()) {
       AccumulateLoadBalancing(c.moe, out.router_logits, &stats);
@@ -128,7 +131,8 @@ ModelRun EngineModel(const MoeModelConfig& c, const MoeTensorMap& p, const at::T
     }
   }
   ModelRun r;
-  r.logits = HeadLogits(c.base, x, p.at("model.norm.weight"), p.at("lm_head.weight"), at::kFloat);
+  r.logits = HeadLogits(c.base, x, p.at("model.norm.weight").to(cd), p.at("lm_head.weight").to(cd),
+                        cd);
   r.aux_loss = LoadBalancingLoss(c.moe, stats);
   at::Tensor aux_terms = at::zeros({}, at::kFloat);
   for (const at::Tensor& logits : router_logits) {
@@ -218,7 +222,9 @@ TEST_P(MoeFamilyTest, SafetensorsRoundTripKeepsNamesAndBits) {
   EXPECT_EQ(written_names, original_names);
   for (const auto& [name, t] : original) {
     auto it = written.find(name);
-    if (it != written.end()) EXPECT_TRUE(at::equal(it->second, t)) << name;
+    if (it != written.end()) {
+      EXPECT_TRUE(at::equal(it->second, t)) << name;
+    }
   }
   ASSERT_THAT(WriteMoeSafetensors(dir + "/model.safetensors", f.config, f.params,
                                   MoeExportFormat::kFused, SafetensorsDtype::kF32),
@@ -281,6 +287,36 @@ TEST_P(MoeFamilyTest, IdleExpertsGetZeroGradient) {
     EXPECT_EQ(engine_grads[2][e].abs().max().item<float>(), 0.0f) << "expert " << e;
   }
   EXPECT_GT(engine_grads[1][0].abs().max().item<float>(), 0.0f);
+}
+
+// Mixtral's train-time jitter multiplies the MLP input of router and
+// experts; the same generator seed replays it (for the recompute).
+TEST(MoeLayersTest, RouterJitterIsReplayableAndScalesTheInput) {
+  Fixture f = LoadFixture("mixtral");
+  ASSERT_FALSE(f.params.empty());
+  MoeConfig m = f.config.moe;
+  m.router_jitter_noise = 0.1;
+  const int64_t hidden = f.config.base.hidden_size;
+  auto make = [&] {
+    at::Generator gen = at::detail::createCPUGenerator(/*seed_val=*/42);
+    return MakeRouterJitter(m, 6, hidden, gen, at::Device(at::kCPU));
+  };
+  at::Tensor jitter = make();
+  ASSERT_TRUE(jitter.defined());
+  EXPECT_TRUE(at::equal(jitter, make()));
+  EXPECT_GE(jitter.min().item<float>(), 0.9f);
+  EXPECT_LE(jitter.max().item<float>(), 1.1f);
+  BlockLayout block = MoeDecoderLayerBlock(f.config, 0);
+  std::vector<at::Tensor> leaves;
+  for (const ParamSpec& spec : block.params) leaves.push_back(f.params.at(spec.hf_name).detach());
+  MoeDecoderLayerWeights w = MoeDecoderLayerWeightsFromParams(block, leaves);
+  at::manual_seed(5);
+  at::Tensor x = at::randn({6, hidden});
+  at::Tensor with_jitter = MoeMlpForward(m, w.moe, x, jitter, at::kFloat, nullptr);
+  at::Tensor prescaled = MoeMlpForward(m, w.moe, x * jitter, at::Tensor(), at::kFloat, nullptr);
+  EXPECT_TRUE(at::equal(with_jitter, prescaled));
+  m.router_jitter_noise = 0.0;
+  EXPECT_FALSE(make().defined());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeFamilyTest, ::testing::ValuesIn(kFamilies),
@@ -437,7 +473,7 @@ constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 TEST(Mxfp4Test, DecodesHandComputedTable) {
-  std::vector<uint8_t> blocks(3 * 16), scales = {128, 0, 254};
+  std::vector<uint8_t> blocks(3 * 16), scales = {128, 0, 252};
   for (int i = 0; i < 16; ++i) blocks[i] = static_cast<uint8_t>(i | ((15 - i) << 4));
   for (int i = 16; i < 32; ++i) blocks[i] = 0x71;  // low 1 (0.5), high 7 (6)
   for (int i = 32; i < 48; ++i) blocks[i] = 0xF7;  // low 7 (6), high 15 (-6)
@@ -455,18 +491,25 @@ TEST(Mxfp4Test, DecodesHandComputedTable) {
     EXPECT_EQ(out[i], 0x1p-128f) << i;
     EXPECT_EQ(out[i + 1], 0x1.8p-125f) << i;
   }
-  // Block 2, scale 2^127: +-6 * 2^127, the largest finite values.
+  // Block 2, scale 2^125: +-6 * 2^125 = +-1.5 * 2^127 (FLT_MAX is just
+  // under 2^128).
   for (int i = 64; i < 96; i += 2) {
-    EXPECT_EQ(out[i], 0x1.8p+129f) << i;
-    EXPECT_EQ(out[i + 1], -0x1.8p+129f) << i;
+    EXPECT_EQ(out[i], 0x1.8p+127f) << i;
+    EXPECT_EQ(out[i + 1], -0x1.8p+127f) << i;
   }
 }
 
-TEST(Mxfp4Test, RefusesNanScale) {
+TEST(Mxfp4Test, RefusesNanScaleAndOverflow) {
   std::vector<uint8_t> blocks(32), scales = {127, 255};
   std::vector<float> out(64);
   EXPECT_THAT(DequantizeMxfp4("w_scales", blocks, scales, absl::MakeSpan(out)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("w_scales: MXFP4 scale of block 1")));
+  // 6 * 2^(254-127) = 1.5 * 2^129 is past FLT_MAX.
+  std::vector<uint8_t> big(16, 0x07), big_scale = {254};
+  std::vector<float> big_out(32);
+  EXPECT_THAT(DequantizeMxfp4("w", big, big_scale, absl::MakeSpan(big_out)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("w: MXFP4 block 0 decodes beyond the fp32 range (scale 254)")));
 }
 
 // A GPT-OSS checkpoint whose layer-0 gate_up_proj is stored in MXFP4 as
