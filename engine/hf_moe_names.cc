@@ -27,7 +27,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 // Appends parameters with aligned offsets (as param_layout.cc does).
 class MoeBlockBuilder {
  public:
-  MoeBlockBuilder(int64_t layer_idx) : prefix_(absl::StrCat("model.layers.", layer_idx, ".")) {
+  explicit MoeBlockBuilder(int64_t layer_idx) : prefix_(absl::StrCat("model.layers.", layer_idx, ".")) {
     block_.kind = BlockKind::kDecoderLayer;
     block_.layer_idx = layer_idx;
   }
@@ -241,6 +241,17 @@ BlockLayout MoeDecoderLayerBlock(const MoeModelConfig& config, int64_t layer_idx
     b.Add("mlp.shared_expert_gate.weight", {1, hidden});
   }
   return b.Build();
+}
+
+ModelLayout MoeModelLayout(const MoeModelConfig& config) {
+  ModelLayout dense = ModelLayout::Create(config.base);
+  ModelLayout out;
+  out.blocks.push_back(std::move(dense.blocks[dense.embedding_block()]));
+  for (int64_t layer_idx = 0; layer_idx < config.base.num_hidden_layers; ++layer_idx) {
+    out.blocks.push_back(MoeDecoderLayerBlock(config, layer_idx));
+  }
+  out.blocks.push_back(std::move(dense.blocks[dense.head_block()]));
+  return out;
 }
 
 std::vector<ParamSpec> MoeModelParams(const MoeModelConfig& config) {

@@ -57,6 +57,11 @@ using MoeTensorMap = std::map<std::string, at::Tensor>;
 // ModelLayout's (kParamAlignElements).
 BlockLayout MoeDecoderLayerBlock(const MoeModelConfig& config, int64_t layer_idx);
 
+// The model's streaming blocks for the host store and the executor:
+// embedding and head blocks as ModelLayout::Create(config.base) makes them,
+// decoder layers as MoeDecoderLayerBlock (mixed shapes for qwen2/3_moe).
+ModelLayout MoeModelLayout(const MoeModelConfig& config);
+
 // Every parameter of the model in HF order (embedding, layers, final norm,
 // lm_head unless tied), with hf_name and shape set.
 std::vector<ParamSpec> MoeModelParams(const MoeModelConfig& config);

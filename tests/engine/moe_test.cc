@@ -354,6 +354,30 @@ TEST(MoeConfigTest, ParsesEachFamilysFields) {
   EXPECT_TRUE(oss->base.HasOutputBias());
 }
 
+// The layout holds every parameter the loader produces, once, with
+// aligned offsets, and finds expert tensors by HF name.
+TEST(MoeNamesTest, ModelLayoutCoversEveryParameter) {
+  for (const std::string& family : kFamilies) {
+    Fixture f = LoadFixture(family);
+    ASSERT_FALSE(f.params.empty()) << family;
+    ModelLayout layout = MoeModelLayout(f.config);
+    ASSERT_EQ(layout.num_layers(), f.config.base.num_hidden_layers);
+    std::set<std::string> names;
+    for (const BlockLayout& block : layout.blocks) {
+      for (const ParamSpec& p : block.params) {
+        EXPECT_TRUE(names.insert(p.hf_name).second) << p.hf_name;
+        EXPECT_EQ(p.offset % kParamAlignElements, 0) << p.hf_name;
+        EXPECT_EQ(f.params.at(p.hf_name).sizes().vec(), p.shape) << p.hf_name;
+      }
+    }
+    EXPECT_EQ(names.size(), f.params.size()) << family;
+    int64_t block_idx = -1;
+    const ParamSpec* spec = nullptr;
+    ASSERT_TRUE(layout.FindHfName("model.layers.2.mlp.experts.down_proj", &block_idx, &spec));
+    EXPECT_EQ(block_idx, layout.layer_block(2));
+  }
+}
+
 TEST(MoeConfigTest, DecoderSparseStepSelectsLayers) {
   MoeConfig m;
   m.family = MoeFamily::kQwen2Moe;
@@ -373,8 +397,8 @@ std::string FixtureConfigWith(const std::string& family, const std::string& key,
   std::stringstream s;
   s << in.rdbuf();
   std::string text = s.str();
-  // Insert (or override: later keys win in nlohmann's parse? no, so insert
-  // at the front and rely on the fixture not having `key`, or replace it).
+  // Replace the value of `key` (up to the next ',' or newline), or add the
+  // key at the front when the fixture has none.
   const std::string quoted = "\"" + key + "\":";
   const size_t at_key = text.find(quoted);
   if (at_key == std::string::npos) return "{\"" + key + "\": " + value_json + "," + text.substr(1);
