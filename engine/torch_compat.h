@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <optional>
+#include <vector>
 
 #define MEGATRAIN_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||            \
@@ -87,6 +88,32 @@ typename StateMap::key_type OptimizerStateKey(const StateMap&, const at::Tensor&
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }
+}
+
+// Grouped GEMM over row ranges: a [M, K] whose rows [offsets[g-1],
+// offsets[g]) belong to group g, b [G, K, N] -> [M, N], out rows of group g
+// = a rows of g @ b[g]. `offsets` [G] int32 on a's device (cumulative ends);
+// `group_rows` the same counts on the host. at::_grouped_mm on CUDA bf16
+// with torch >= 2.9 (its supported case); elsewhere, and on 1.13, a loop of
+// one matmul per group, concatenated in group order (an empty group adds no
+// rows and gives b[g] a zero gradient). Both are differentiable.
+inline at::Tensor GroupedMm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offsets,
+                            const std::vector<int64_t>& group_rows) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 9)
+  if (a.is_cuda() && a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16) {
+    return at::_grouped_mm(a, b, offsets);
+  }
+#else
+  (void)offsets;
+#endif
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(group_rows.size());
+  int64_t start = 0;
+  for (size_t g = 0; g < group_rows.size(); ++g) {
+    pieces.push_back(at::matmul(a.narrow(0, start, group_rows[g]), b[static_cast<int64_t>(g)]));
+    start += group_rows[g];
+  }
+  return at::cat(pieces, 0);
 }
 
 }  // namespace megatrain::engine::compat

@@ -1,0 +1,52 @@
+// A monolithic LibTorch autograd implementation of the MoE families
+// (mixtral, qwen2_moe, qwen3_moe, gpt_oss), written independently of
+// engine/moe_layers.cc the way transformers computes them: routing weights
+// and experts by a loop over experts with index_add_ (no sorting), explicit
+// attention matrices with the sink column appended, RoPE (YaRN included) in
+// double precision, GQA by head index. The numerical reference for the MoE
+// engine paths; checked itself against transformers' golden files.
+#ifndef MEGATRAIN_TESTS_TESTING_REFERENCE_MOE_H_
+#define MEGATRAIN_TESTS_TESTING_REFERENCE_MOE_H_
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/hf_moe_names.h"
+#include "engine/moe_config.h"
+
+namespace megatrain::testing {
+
+// Result of one forward pass, differentiable w.r.t. the parameters.
+struct ReferenceMoeResult {
+  at::Tensor logits;                       // [B, T, V] fp32
+  at::Tensor ce_loss;                      // [] mean token cross-entropy (labels != -100)
+  at::Tensor aux_loss;                     // [] HF load_balancing_loss_func
+  at::Tensor loss;                         // [] ce_loss + router_aux_loss_coef * aux_loss
+  std::vector<at::Tensor> router_logits;   // per MoE layer, [B*T, E] fp32
+};
+
+// fp32 forward of the model on input_ids [B, T] int64 with labels [B, T]
+// int64 (already shifted, -100 ignored). `params` by HF in-memory name
+// (engine::MoeModelParams), fp32 leaves.
+ReferenceMoeResult ReferenceMoeForward(const engine::MoeModelConfig& config,
+                                       const engine::MoeTensorMap& params,
+                                       const at::Tensor& input_ids, const at::Tensor& labels);
+
+// One MoE MLP as transformers computes it (router, then a loop over experts
+// with index_add_), on x [N, C] fp32; `prefix` is "model.layers.<i>.".
+// Stores the router logits [N, E] in *router_logits.
+at::Tensor ReferenceMoeMlp(const engine::MoeConfig& config, const engine::MoeTensorMap& params,
+                           const std::string& prefix, const at::Tensor& x,
+                           at::Tensor* router_logits);
+
+// transformers' load_balancing_loss_func without attention mask: the
+// logits of every layer concatenated, softmax, top-k one-hot, E * sum over
+// (k, E) of mean(one_hot) * mean(probs).
+at::Tensor ReferenceLoadBalancingLoss(const std::vector<at::Tensor>& router_logits,
+                                      int64_t num_experts, int64_t top_k);
+
+}  // namespace megatrain::testing
+
+#endif  // MEGATRAIN_TESTS_TESTING_REFERENCE_MOE_H_
