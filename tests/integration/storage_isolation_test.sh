@@ -23,6 +23,7 @@ mkdir -p "$out"
 start_daemon "$WORK/state" --auth_tokens="$tokens" --data_roots="$SOURCE_DIR/examples" \
   --output_roots="$out"
 alice() { cli --token alice-secret "$@"; }
+export MEGATRAIN_TOKEN=alice-secret  # for wait_for_event; bob passes --token
 
 # flip_byte FILE: flips one bit in the middle of FILE (a corrupt sector).
 flip_byte() {
@@ -45,7 +46,8 @@ last_seq() {
 }
 
 log "1. output directories are exclusive"
-alice_file=$(write_job alices 40 "output_dir: $out/alice-run")
+alice_file=$(write_job alices 6 "output_dir: $out/alice-run")
+sed -i 's/every_steps: 20/every_steps: 3/' "$alice_file"  # checkpoints at steps 3 and 6
 job=$(alice --json submit "$alice_file" | jq -r .id)
 [[ "$job" == job-* ]] || fail "alice could not submit"
 for dir in "$out/alice-run" "$out/alice-run/inside" "$out"; do
@@ -60,14 +62,14 @@ alice watch "$job" >/dev/null || fail "$job did not succeed"
 
 log "2. a forged checkpoint is not the job's"
 root="$out/alice-run/checkpoints"
-[[ -d "$root/step-00000040" ]] || fail "no step-40 checkpoint: $(ls "$root")"
-cp -r "$root/step-00000040" "$root/step-00000099"
+[[ -d "$root/step-00000006" ]] || fail "no step-6 checkpoint: $(ls "$root")"
+cp -r "$root/step-00000006" "$root/step-00000099"
 ids=$(alice checkpoints "$job" --json | jq -r '.checkpoints[].id' | tr '\n' ' ')
-[[ "$ids" == "$job/step-20 $job/step-40 " ]] || fail "listed: $ids"
+[[ "$ids" == "$job/step-3 $job/step-6 " ]] || fail "listed: $ids"
 expect_cli_error NOT_FOUND "not found" --token alice-secret export "$job/step-99" --out "$out/x"
 expect_cli_error NOT_FOUND "not found" --token alice-secret delete-checkpoint "$job/step-99"
 [[ -d "$root/step-00000099" ]] || fail "the forged directory was deleted"
-alice export "$job/step-40" --out "$out/hf" >/dev/null || fail "export of a recorded checkpoint"
+alice export "$job/step-6" --out "$out/hf" >/dev/null || fail "export of a recorded checkpoint"
 
 log "3. a corrupt newest checkpoint is quarantined; the job resumes from the older one"
 long=$(write_job long 100000 "output_dir: $out/long")
@@ -110,11 +112,11 @@ stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
 log "4. the database file"
 state2="$WORK/state2"
 start_daemon "$state2"
-short=$(cli --json submit "$(write_job short 2)" | jq -r .id)
+short=$(cli --json submit "$(write_job short 5)" | jq -r .id)
 cli watch "$short" >/dev/null || fail "$short did not succeed"
 cp "$state2/megatrain.db" "$WORK/copy.db"
 mv "$WORK/copy.db" "$state2/megatrain.db"  # same name, another inode
-expect_cli_error FAILED_PRECONDITION "was replaced while megatraind runs" submit "$(write_job after 2)"
+expect_cli_error FAILED_PRECONDITION "was replaced while megatraind runs" submit "$(write_job after 5)"
 stop_daemon TERM || true
 rm -f "$state2/megatrain.db" "$state2/megatrain.db-wal" "$state2/megatrain.db-shm"
 rc=0
