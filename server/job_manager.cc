@@ -821,7 +821,9 @@ void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t wr
     std::error_code ec;
     if (checkpoint.step == written_step || fs::exists(checkpoint.dir, ec)) continue;
     absl::Status status = store_->DeleteCheckpoint(job_id, checkpoint.step);
-    if (!status.ok()) LogWarning(absl::StrCat(job_id, ": forgetting ", checkpoint.dir, ": ", status.ToString()));
+    if (!status.ok()) {
+      LogWarning(absl::StrCat(job_id, ": forgetting ", checkpoint.dir, ": ", status.ToString()));
+    }
   }
 }
 

@@ -824,8 +824,10 @@ absl::Status JobStore::RecordCheckpoint(const CheckpointRecord& checkpoint) {
   stmt.Bind(5, checkpoint.create_time_unix_ms);
   stmt.Bind(6, checkpoint.write_seconds);
   stmt.Bind(7, checkpoint.owner);
-  stmt.Bind(8, checkpoint.manifest_xxh64 == 0 ? std::string()
-                                              : absl::StrFormat("%016x", checkpoint.manifest_xxh64));
+  // '' for a legacy record (no hash known); 16 hex digits otherwise.
+  const std::string manifest_hex =
+      checkpoint.manifest_xxh64 == 0 ? "" : absl::StrFormat("%016x", checkpoint.manifest_xxh64);
+  stmt.Bind(8, manifest_hex);
   return stmt.Run();
 }
 
