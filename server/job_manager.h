@@ -48,7 +48,10 @@
 // with check_data: every file against its XXH64, then against the record).
 // One that fails is quarantined (renamed quarantined-step-N, its record
 // dropped, an event appended) and the next older one is tried; when none is
-// intact the job fails with DATA_LOSS naming each file and why.
+// intact the job fails with DATA_LOSS naming each file and why. This reads
+// the checkpoint once more than the restore does: the price of never
+// handing the engine a damaged or foreign checkpoint (and of knowing which
+// older one to fall back to before the model is built).
 //
 // Thread-safety: every public method is thread-safe. Lock order: mu_, then
 // events_mu_, then the store's own mutex. Ownership: the store, backend and
