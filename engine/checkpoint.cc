@@ -239,6 +239,7 @@ std::string StateJson(const CheckpointState& state) {
   j["schedule_json"] = state.schedule_json;
   j["data_cursor_json"] = state.data_cursor_json;
   j["job_spec_json"] = state.job_spec_json;
+  if (!state.job_id.empty()) j["job_id"] = state.job_id;
   return j.dump(2);
 }
 
@@ -449,6 +450,11 @@ absl::StatusOr<CheckpointState> ParseState(const std::string& path, const std::s
     }
     *out = j[field].get<std::string>();
   }
+  // Optional: absent in checkpoints of standalone runs and from before ids.
+  if (j.contains("job_id")) {
+    if (!j["job_id"].is_string()) return DataLoss(path, "\"job_id\" is not a string");
+    state.job_id = j["job_id"].get<std::string>();
+  }
   return state;
 }
 
@@ -594,6 +600,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("schedule_json", state.schedule_json));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("data_cursor_json", state.data_cursor_json));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("job_spec_json", state.job_spec_json));
+  MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("job_id", state.job_id));
   if (!store.options().optimizer_state) {
     return absl::FailedPreconditionError(
         "WriteCheckpoint: the store has no optimizer state (AdamW moments) to save");
@@ -680,6 +687,8 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   info.step = state.step;
   info.bytes = static_cast<int64_t>(manifest_entry.bytes);
   for (const auto& [file_name, entry] : files) info.bytes += static_cast<int64_t>(entry.bytes);
+  info.job_id = state.job_id;
+  info.manifest_xxh64 = manifest_entry.xxh64;
 
   MEGATRAIN_RETURN_IF_ERROR(
       Annotate(ApplyRetention(root, state.step, retention),
@@ -753,6 +762,37 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& o
     infos.push_back(std::move(info));
   }
   return infos;
+}
+
+absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                bool check_data) {
+  MEGATRAIN_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(checkpoint_dir));
+  const std::string state_path = JoinPath(checkpoint_dir, kStateFile);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::string state_text,
+                             ReadVerifiedText(checkpoint_dir, manifest, kStateFile));
+  MEGATRAIN_ASSIGN_OR_RETURN(CheckpointState state, ParseState(state_path, state_text));
+  if (state.step != manifest.step) {
+    return DataLoss(state_path,
+                    absl::StrFormat("step %d, manifest.json says %d", state.step, manifest.step));
+  }
+  CheckpointInfo info;
+  info.dir = checkpoint_dir;
+  info.step = state.step;
+  info.job_id = state.job_id;
+  {
+    MEGATRAIN_ASSIGN_OR_RETURN(MappedFile file, OpenCheckpointFile(checkpoint_dir, kManifestFile));
+    info.manifest_xxh64 = XXH64(file.data(), file.size(), kXxhSeed);
+    info.bytes = static_cast<int64_t>(file.size());
+  }
+  for (const auto& [name, entry] : manifest.files) {
+    info.bytes += static_cast<int64_t>(entry.bytes);
+    if (!check_data || name == kStateFile) continue;
+    MEGATRAIN_ASSIGN_OR_RETURN(MappedFile file, OpenCheckpointFile(checkpoint_dir, name));
+    MEGATRAIN_RETURN_IF_ERROR(CheckSize(file, entry));
+    MEGATRAIN_RETURN_IF_ERROR(
+        CheckDigest(file.path(), XXH64(file.data(), file.size(), kXxhSeed), entry));
+  }
+  return info;
 }
 
 absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,

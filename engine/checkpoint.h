@@ -58,6 +58,11 @@ struct CheckpointState {
   std::string job_spec_json;     // the job as submitted
   std::string schedule_json;     // LR schedule options (the rate is a pure
                                  // function of step and these)
+  // The daemon's id of the job that wrote it (JobSpec::job_id); empty for a
+  // standalone run. Written as state.json "job_id" only when non-empty, so
+  // format-1 readers and checkpoints from before job ids agree; a resume
+  // refuses a checkpoint that names another job (TrainingJob::Create).
+  std::string job_id;
 };
 
 // Name of the directory of `step` under `<output_dir>/checkpoints`:
@@ -129,8 +134,8 @@ absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir
 // INVALID_ARGUMENT / UNIMPLEMENTED from ParseHfConfig.
 absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_dir);
 
-// ListCheckpoints and ExportHfModel (declared in training_job.h) are
-// implemented in checkpoint.cc:
+// ListCheckpoints, VerifyCheckpoint and ExportHfModel (declared in
+// training_job.h) are implemented in checkpoint.cc:
 //   ListCheckpoints(output_dir): the `step-*` directories under
 //     `<output_dir>/checkpoints`, oldest (lowest step) first, with the bytes
 //     of their files; `.tmp-*` directories are skipped. An output_dir without

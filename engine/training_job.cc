@@ -441,6 +441,13 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   if (resume_from.has_value()) {
     absl::StatusOr<CheckpointState> state = ReadCheckpoint(*resume_from, &trainer_->store());
     if (!state.ok()) return Annotate(state.status(), "resume");
+    // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
+    // only from its own checkpoints (one without an id predates ids).
+    if (!spec_.job_id.empty() && !state->job_id.empty() && state->job_id != spec_.job_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("resume: ", *resume_from, " belongs to job ", state->job_id,
+                       ", not to job ", spec_.job_id, "; refusing to resume from it"));
+    }
     trainer_->set_step(state->step);
     absl::StatusOr<DataCursor> cursor = DataCursor::FromJson(state->data_cursor_json);
     if (!cursor.ok()) return Annotate(cursor.status(), absl::StrCat(*resume_from, ": data cursor"));
@@ -455,6 +462,7 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
   CheckpointState state;
   state.step = trainer_->step();
   state.rng_state = spec_.train.seed;
+  state.job_id = spec_.job_id;
   state.data_cursor_json = (consumed_cursor_ ? *consumed_cursor_ : loader_->cursor()).ToJson();
   state.job_spec_json = JobSpecToJson(spec_);
   state.schedule_json = nlohmann::json{{"schedule", spec_.optimizer.schedule},
@@ -468,7 +476,7 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
       WriteCheckpoint(trainer_->store(), state, spec_.output_dir, spec_.checkpoint));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (observer != nullptr) observer->OnCheckpoint(info.step, info.dir, seconds);
+  if (observer != nullptr) observer->OnCheckpointWritten(info, seconds);
   return absl::OkStatus();
 }
 

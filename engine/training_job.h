@@ -94,6 +94,12 @@ struct JobSpec {
   EvalSpec eval;
   CheckpointSpec checkpoint;
   std::string output_dir;  // checkpoints and exports go under it
+  // The daemon's id of the job ("job-000012"): written into every checkpoint
+  // (state.json "job_id") and required of a checkpoint it resumes from. Set
+  // by the daemon when the job starts, never taken from the user (not in
+  // the job file or the proto); empty for a standalone run, which writes no
+  // id and resumes from any checkpoint.
+  std::string job_id;
 };
 
 // Checks every field. INVALID_ARGUMENT naming the field path and the value
@@ -148,6 +154,8 @@ struct StepReport {
   StepStats stats;           // phases, bytes of this step
 };
 
+struct CheckpointInfo;  // below
+
 // Receives job progress. Called on the job's thread; must not block long.
 class JobObserver {
  public:
@@ -156,6 +164,11 @@ class JobObserver {
   virtual void OnEval(int64_t step, double eval_loss) {}
   virtual void OnCheckpoint(int64_t step, const std::string& checkpoint_dir,
                             double seconds) {}
+  // A checkpoint was written and published (`info.manifest_xxh64` and
+  // `info.job_id` filled), `seconds` after it was started. The default
+  // forwards to OnCheckpoint; the daemon overrides this one to record the
+  // checkpoint (its ownership) in the job store.
+  virtual void OnCheckpointWritten(const CheckpointInfo& info, double seconds);
 };
 
 // Under NanPolicy::kSkip, this many skipped steps in a row fail the job
@@ -255,7 +268,31 @@ struct CheckpointInfo {
   std::string dir;
   int64_t step = 0;
   int64_t bytes = 0;
+  // The job id its state.json names; empty for a checkpoint written without
+  // one (a standalone run or a format-1 checkpoint from before job ids).
+  // Filled by WriteCheckpoint and VerifyCheckpoint, not by ListCheckpoints.
+  std::string job_id;
+  // XXH64 (seed 0) of its manifest.json: identifies the checkpoint's whole
+  // content (the manifest holds every other file's XXH64). Filled by
+  // WriteCheckpoint and VerifyCheckpoint, 0 from ListCheckpoints.
+  uint64_t manifest_xxh64 = 0;
 };
+
+inline void JobObserver::OnCheckpointWritten(const CheckpointInfo& info, double seconds) {
+  OnCheckpoint(info.step, info.dir, seconds);
+}
+
+// Checks checkpoint `checkpoint_dir` (a `step-*` directory) without loading
+// it: manifest.json parses, state.json matches its size and XXH64 and
+// parses, and its step equals the manifest's. With `check_data`, every
+// other file listed in the manifest is read whole and must match its size
+// and XXH64 (reads the whole checkpoint once). Returns its step, job id and
+// manifest hash (dir and bytes filled too).
+// Errors: NOT_FOUND when the directory is missing; DATA_LOSS naming the file
+// for anything that does not verify; UNIMPLEMENTED for a newer format.
+// Implemented in checkpoint.cc.
+absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                bool check_data);
 
 // Checkpoints under `output_dir`, oldest first. NOT_FOUND if it is missing.
 absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(

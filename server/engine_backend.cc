@@ -46,6 +46,12 @@ class RealEngineBackend final : public EngineBackend {
     return Guard("ListCheckpoints", [&] { return engine::ListCheckpoints(output_dir); });
   }
 
+  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                          bool check_data) override {
+    return Guard("VerifyCheckpoint",
+                 [&] { return engine::VerifyCheckpoint(checkpoint_dir, check_data); });
+  }
+
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override {
     return Guard("ExportHfModel",

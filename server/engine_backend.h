@@ -45,7 +45,8 @@ class EngineBackend {
       const engine::JobSpec& spec) = 0;
 
   // engine::TrainingJob::Create: builds the job on `device`, resuming from
-  // the checkpoint directory `resume_from` when given. May take long (loads
+  // the checkpoint directory `resume_from` when given (spec.job_id set: a
+  // checkpoint naming another job is refused). May take long (loads
   // the model); called on the job's own thread.
   virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
       const engine::JobSpec& spec, const std::string& device,
@@ -55,6 +56,13 @@ class EngineBackend {
   // first; NOT_FOUND when the directory is missing.
   virtual absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
       const std::string& output_dir) = 0;
+
+  // engine::VerifyCheckpoint: the checkpoint's step, job id (state.json) and
+  // manifest hash; with `check_data` every file is read and checked against
+  // its XXH64. DATA_LOSS naming the file for anything that does not verify;
+  // NOT_FOUND for a missing directory.
+  virtual absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(
+      const std::string& checkpoint_dir, bool check_data) = 0;
 
   // engine::ExportHfModel.
   virtual absl::Status ExportHfModel(const std::string& checkpoint_dir,

@@ -130,8 +130,9 @@ struct JobEvent {
   static JobEvent StateChange(std::string job_id, JobState state, std::string message);
 };
 
-// A checkpoint of a job, as listed on disk by the engine and/or recorded
-// when the daemon saw it being written.
+// A checkpoint of a job, recorded in the job store when the daemon saw the
+// job write it: the record, not the directory it lies in, makes it the
+// job's (Note [Checkpoint ownership] in server/job_manager.h).
 struct CheckpointRecord {
   std::string job_id;
   int64_t step = 0;
@@ -139,6 +140,11 @@ struct CheckpointRecord {
   int64_t bytes = 0;                // 0 when unknown
   int64_t create_time_unix_ms = 0;  // 0 when unknown
   double write_seconds = 0;         // 0 when unknown
+  std::string owner;                // the job's owner when it was written
+  // XXH64 of the checkpoint's manifest.json when it was written; 0 for a
+  // record from before schema version 3 (a legacy checkpoint, whose
+  // state.json names no job either).
+  uint64_t manifest_xxh64 = 0;
 };
 
 // "<job id>/step-<step>".

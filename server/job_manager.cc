@@ -2,13 +2,17 @@
 #include "server/job_manager.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/status_macros.h"
 #include "server/job_request_json.h"
@@ -79,6 +83,7 @@ class JobManager::Observer : public engine::JobObserver {
       : manager_(manager),
         active_(active),
         job_id_(job.id),
+        owner_(job.owner),
         device_(active->device),
         progress_(job.progress) {
     if (progress_.max_steps == 0) progress_.max_steps = PlannedSteps(job.request.spec);
@@ -131,15 +136,22 @@ class JobManager::Observer : public engine::JobObserver {
     manager_->metrics_->RecordEval(device_, eval_loss);
   }
 
-  void OnCheckpoint(int64_t step, const std::string& checkpoint_dir, double seconds) override {
+  // Note [Checkpoint ownership]: the record makes the checkpoint the job's.
+  void OnCheckpointWritten(const engine::CheckpointInfo& info, double seconds) override {
+    const int64_t step = info.step;
+    const std::string& checkpoint_dir = info.dir;
     CheckpointRecord checkpoint;
     checkpoint.job_id = job_id_;
     checkpoint.step = step;
     checkpoint.dir = checkpoint_dir;
+    checkpoint.bytes = info.bytes;
     checkpoint.create_time_unix_ms = NowUnixMs();
     checkpoint.write_seconds = seconds;
+    checkpoint.owner = owner_;
+    checkpoint.manifest_xxh64 = info.manifest_xxh64;
     absl::Status status = manager_->store_->RecordCheckpoint(checkpoint);
     if (!status.ok()) LogError(absl::StrCat(job_id_, ": recording checkpoint: ", status.ToString()));
+    manager_->ForgetVanishedCheckpoints(job_id_, step);
     {
       std::lock_guard<std::mutex> lock(manager_->mu_);
       active_->last_checkpoint_dir = checkpoint_dir;
@@ -169,6 +181,7 @@ class JobManager::Observer : public engine::JobObserver {
   JobManager* const manager_;
   Active* const active_;
   const std::string job_id_;
+  const std::string owner_;
   const std::string device_;
   JobProgress progress_;
   double avg_step_seconds_ = 0;
@@ -189,6 +202,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions
   }
   std::unique_ptr<JobManager> manager(
       new JobManager(std::move(options), store, backend, metrics));
+  MEGATRAIN_RETURN_IF_ERROR(manager->CheckStoreMatchesJobsDir());
   MEGATRAIN_RETURN_IF_ERROR(manager->Recover());
   std::lock_guard<std::mutex> lock(manager->mu_);
   manager->RefreshGaugesLocked();
@@ -301,9 +315,12 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   job.owner = caller.name;
   job.request_id = std::string(request_id);
   job.request = std::move(request);
-  if (job.request.spec.output_dir.empty()) {
+  const bool default_output_dir = job.request.spec.output_dir.empty();
+  if (default_output_dir) {
     job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
   }
+  MEGATRAIN_RETURN_IF_ERROR(CheckOutputDirExclusive(caller, job.request.spec.output_dir,
+                                                     /*explicit_dir=*/!default_output_dir));
   job.state = JobState::kQueued;
   job.create_time_unix_ms = NowUnixMs();
   job.progress.max_steps = PlannedSteps(job.request.spec);
@@ -607,11 +624,15 @@ void JobManager::RunJob(Active* active, JobRecord job) {
     } else if (fs::create_directories(job.request.spec.output_dir, ec); ec) {
       outcome = absl::FailedPreconditionError(absl::StrCat(
           "output_dir: cannot create '", job.request.spec.output_dir, "': ", ec.message()));
+    } else if (absl::StatusOr<std::string> intact = SelectResumeCheckpoint(job); !intact.ok()) {
+      outcome = intact.status();
     } else {
       std::optional<std::string> resume_from;
-      if (!job.resume_from.empty()) resume_from = job.resume_from;
+      if (!intact->empty()) resume_from = *intact;
+      engine::JobSpec spec = job.request.spec;
+      spec.job_id = job.id;  // written into its checkpoints, required of resume_from
       absl::StatusOr<std::unique_ptr<engine::TrainingJob>> created =
-          backend_->CreateJob(job.request.spec, active->device, resume_from);
+          backend_->CreateJob(spec, active->device, resume_from);
       if (!created.ok()) {
         outcome = created.status();
       } else {
@@ -779,41 +800,185 @@ absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller,
 // ---------------------------------------------------------------------------
 // Checkpoints.
 
-absl::StatusOr<std::vector<CheckpointRecord>> JobManager::CheckpointsOnDisk(const JobRecord& job) {
-  absl::StatusOr<std::vector<engine::CheckpointInfo>> on_disk =
-      backend_->ListCheckpoints(job.request.spec.output_dir);
-  if (absl::IsNotFound(on_disk.status())) return std::vector<CheckpointRecord>();
-  if (!on_disk.ok()) return on_disk.status();
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded, store_->ListCheckpoints(job.id));
-  std::map<int64_t, const CheckpointRecord*> recorded_by_step;
-  for (const CheckpointRecord& checkpoint : recorded) recorded_by_step[checkpoint.step] = &checkpoint;
-  std::vector<CheckpointRecord> checkpoints;
-  for (const engine::CheckpointInfo& info : *on_disk) {
-    CheckpointRecord checkpoint;
-    checkpoint.job_id = job.id;
-    checkpoint.step = info.step;
-    checkpoint.dir = info.dir;
-    checkpoint.bytes = info.bytes;
-    auto it = recorded_by_step.find(info.step);
-    if (it != recorded_by_step.end()) {
-      checkpoint.create_time_unix_ms = it->second->create_time_unix_ms;
-      checkpoint.write_seconds = it->second->write_seconds;
-    }
-    checkpoints.push_back(std::move(checkpoint));
+absl::StatusOr<std::vector<CheckpointRecord>> JobManager::RecordedCheckpoints(
+    const JobRecord& job) {
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
+                             store_->ListCheckpoints(job.id));
+  // Only the recorded path is looked at (no directory scan): a record whose
+  // directory is gone (retention, deleted by hand) is not listed.
+  std::vector<CheckpointRecord> present;
+  for (CheckpointRecord& checkpoint : recorded) {
+    std::error_code ec;
+    if (fs::is_directory(checkpoint.dir, ec)) present.push_back(std::move(checkpoint));
   }
-  std::sort(checkpoints.begin(), checkpoints.end(),
-            [](const CheckpointRecord& a, const CheckpointRecord& b) { return a.step < b.step; });
-  return checkpoints;
+  return present;
+}
+
+void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step) {
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job_id);
+  if (!recorded.ok()) return;
+  for (const CheckpointRecord& checkpoint : *recorded) {
+    std::error_code ec;
+    if (checkpoint.step == written_step || fs::exists(checkpoint.dir, ec)) continue;
+    absl::Status status = store_->DeleteCheckpoint(job_id, checkpoint.step);
+    if (!status.ok()) {
+      LogWarning(absl::StrCat(job_id, ": forgetting ", checkpoint.dir, ": ", status.ToString()));
+    }
+  }
 }
 
 std::string JobManager::LatestCheckpointDir(const JobRecord& job) {
-  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = CheckpointsOnDisk(job);
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = RecordedCheckpoints(job);
   if (!checkpoints.ok()) {
     LogWarning(absl::StrCat(job.id, ": listing checkpoints: ", checkpoints.status().ToString()));
     return job.resume_from;
   }
-  if (checkpoints->empty()) return job.resume_from;
+  if (checkpoints->empty()) return "";
   return checkpoints->back().dir;
+}
+
+absl::Status JobManager::VerifyAgainstRecord(const CheckpointRecord& record,
+                                             const engine::CheckpointInfo& found) {
+  if (found.step != record.step) {
+    return absl::DataLossError(absl::StrCat(record.dir, "/state.json: step ", found.step,
+                                            ", but it was recorded as step ", record.step));
+  }
+  const bool legacy = record.manifest_xxh64 == 0;  // recorded before schema version 3
+  if (found.job_id.empty() ? !legacy : found.job_id != record.job_id) {
+    return absl::DataLossError(absl::StrCat(
+        record.dir, "/state.json: names job '", found.job_id, "', but job ", record.job_id,
+        " wrote this checkpoint; it was replaced since"));
+  }
+  if (!legacy && found.manifest_xxh64 != record.manifest_xxh64) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s/manifest.json: XXH64 %016x, but %016x was recorded when job %s wrote it; it was "
+        "replaced since",
+        record.dir, found.manifest_xxh64, record.manifest_xxh64, record.job_id));
+  }
+  return absl::OkStatus();
+}
+
+std::string JobManager::QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
+                                             const absl::Status& why) {
+  std::string moved_to;
+  std::error_code ec;
+  if (fs::exists(record.dir, ec)) {
+    const fs::path dir(record.dir);
+    fs::path target = dir.parent_path() / absl::StrCat("quarantined-", dir.filename().string());
+    if (fs::exists(target, ec)) {
+      target += absl::StrCat(".", NowUnixMs());
+    }
+    fs::rename(dir, target, ec);
+    moved_to = ec ? absl::StrCat("could not be moved aside (", ec.message(), ")")
+                  : absl::StrCat("quarantined as ", target.string());
+  } else {
+    moved_to = "is gone";
+  }
+  const std::string message = absl::StrCat("checkpoint ", CheckpointId(job.id, record.step),
+                                           " failed verification at resume (", why.message(),
+                                           "); it ", moved_to, " and is no longer listed");
+  LogWarning(absl::StrCat(job.id, ": ", message));
+  absl::Status forgotten = store_->DeleteCheckpoint(job.id, record.step);
+  if (!forgotten.ok()) LogError(absl::StrCat(job.id, ": ", forgotten.ToString()));
+  absl::StatusOr<int64_t> seq =
+      store_->AppendEvent(JobEvent::StateChange(job.id, job.state, message));
+  if (!seq.ok()) LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
+  NotifyEvents();
+  return absl::StrCat(record.dir, ": ", why.message(), " (", moved_to, ")");
+}
+
+absl::StatusOr<std::string> JobManager::SelectResumeCheckpoint(const JobRecord& job) {
+  if (job.resume_from.empty()) return std::string();
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
+                             store_->ListCheckpoints(job.id));
+  // Newest first, from the one the job was to resume from downwards.
+  int64_t max_step = INT64_MAX;
+  for (const CheckpointRecord& record : recorded) {
+    if (record.dir == job.resume_from) max_step = record.step;
+  }
+  std::vector<std::string> failures;
+  for (auto it = recorded.rbegin(); it != recorded.rend(); ++it) {
+    if (it->step > max_step) continue;
+    absl::StatusOr<engine::CheckpointInfo> found =
+        backend_->VerifyCheckpoint(it->dir, /*check_data=*/true);
+    absl::Status verified = found.ok() ? VerifyAgainstRecord(*it, *found) : found.status();
+    if (verified.ok()) {
+      if (!failures.empty()) {
+        const std::string message = absl::StrCat("resuming from the newest intact checkpoint ",
+                                                 CheckpointId(job.id, it->step));
+        absl::StatusOr<int64_t> seq =
+            store_->AppendEvent(JobEvent::StateChange(job.id, job.state, message));
+        if (!seq.ok()) LogError(absl::StrCat(job.id, ": ", seq.status().ToString()));
+        LogInfo(absl::StrCat(job.id, ": ", message));
+      }
+      return it->dir;
+    }
+    failures.push_back(QuarantineCheckpoint(job, *it, verified));
+  }
+  if (failures.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "job ", job.id, ": resume_from '", job.resume_from,
+        "' is not a checkpoint recorded for this job and it has no other; refusing to resume "
+        "from an unrecorded directory"));
+  }
+  return absl::DataLossError(absl::StrCat("job ", job.id,
+                                          ": no intact checkpoint to resume from: ",
+                                          absl::StrJoin(failures, "; ")));
+}
+
+absl::Status JobManager::CheckOutputDirExclusive(const Principal& caller,
+                                                 const std::string& output_dir,
+                                                 bool explicit_dir) {
+  const std::string dir = NormalizeOutputDir(output_dir);
+  const std::string jobs_dir = NormalizeOutputDir(options_.jobs_dir);
+  const auto overlaps = [](const std::string& a, const std::string& b) {
+    return a == b || absl::StartsWith(a, b == "/" ? b : b + "/") ||
+           absl::StartsWith(b, a == "/" ? a : a + "/");
+  };
+  if (explicit_dir && !jobs_dir.empty() && overlaps(dir, jobs_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output_dir: '", output_dir, "' overlaps the daemon's jobs directory '", jobs_dir,
+        "', which holds the default output directories; leave output_dir empty to get one "
+        "there"));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> other, store_->FindOutputDirOverlap(dir));
+  if (!other.has_value()) return absl::OkStatus();
+  // Whose directory it is only for those who may see that job.
+  const bool visible = caller.is_admin() || other->owner == caller.name;
+  const std::string whose =
+      visible ? absl::StrCat("the output directory '", other->request.spec.output_dir,
+                             "' of job ", other->id)
+              : std::string("another job's output directory");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "output_dir: '", output_dir, "' equals, contains or lies inside ", whose,
+      "; output directories are exclusive to one job"));
+}
+
+absl::Status JobManager::CheckStoreMatchesJobsDir() {
+  MEGATRAIN_ASSIGN_OR_RETURN(auto counts, store_->CountByState());
+  int64_t jobs = 0;
+  for (const auto& [state, count] : counts) jobs += count;
+  if (jobs > 0 || options_.jobs_dir.empty()) return absl::OkStatus();
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(options_.jobs_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t seq = 0;
+    if (absl::StartsWith(name, "job-") && absl::SimpleAtoi(name.substr(4), &seq)) {
+      found.push_back(name);
+    }
+  }
+  if (found.empty()) return absl::OkStatus();
+  std::sort(found.begin(), found.end());
+  const size_t shown = std::min<size_t>(found.size(), 3);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the job database is empty, but ", options_.jobs_dir, " holds ", found.size(),
+      " job directories (", absl::StrJoin(found.begin(), found.begin() + shown, ", "),
+      found.size() > shown ? ", ..." : "",
+      "): the database under --state_dir was deleted or replaced. Starting would reuse "
+      "those job ids and give their checkpoints to new jobs. Restore the database from a "
+      "backup, or move the job directories out of ", options_.jobs_dir,
+      " (e.g. to ", options_.jobs_dir, ".orphaned), then start megatraind again"));
 }
 
 absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
@@ -878,7 +1043,7 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
 absl::StatusOr<std::vector<CheckpointRecord>> JobManager::ListCheckpoints(const Principal& caller,
                                                                           absl::string_view job_id) {
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
-  return CheckpointsOnDisk(job);
+  return RecordedCheckpoints(job);
 }
 
 absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& caller,
@@ -886,13 +1051,13 @@ absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& cal
                                                             JobRecord* job) {
   MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
   MEGATRAIN_ASSIGN_OR_RETURN(*job, LoadForCaller(caller, parsed.first));
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, CheckpointsOnDisk(*job));
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, RecordedCheckpoints(*job));
   for (CheckpointRecord& checkpoint : checkpoints) {
     if (checkpoint.step == parsed.second) return std::move(checkpoint);
   }
   return absl::NotFoundError(absl::StrCat("checkpoint '", checkpoint_id, "' not found (job ",
                                           job->id, " has ", checkpoints.size(),
-                                          " checkpoints on disk)"));
+                                          " recorded checkpoints)"));
 }
 
 absl::Status JobManager::ExportCheckpoint(const Principal& caller,
@@ -920,6 +1085,11 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller,
   }
   JobRecord job;
   MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint, FindCheckpoint(caller, checkpoint_id, &job));
+  // The directory must still hold what the job wrote (manifest and state
+  // only; the export verifies the weights it reads).
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::CheckpointInfo found,
+                             backend_->VerifyCheckpoint(checkpoint.dir, /*check_data=*/false));
+  MEGATRAIN_RETURN_IF_ERROR(VerifyAgainstRecord(checkpoint, found));
   LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", out_dir, " (", export_dtype, ") for ",
                        caller.name));
   return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);

@@ -24,8 +24,34 @@
 // Note [Crash recovery]
 // Every transition is committed to the JobStore before it takes effect. On
 // start-up, jobs found RUNNING (the daemon died under them) are re-queued to
-// resume from their newest checkpoint on disk (or from scratch when there is
-// none); SUSPENDING ones become SUSPENDED.
+// resume from their newest recorded checkpoint (or from scratch when there
+// is none); SUSPENDING ones become SUSPENDED. A store with no job beside a
+// jobs_dir holding job directories refuses to start (the database was lost;
+// ids would be reused).
+//
+// Note [Checkpoint ownership]
+// A checkpoint belongs to the job that wrote it, not to the directory it
+// lies in: when a job writes one (JobObserver::OnCheckpointWritten), its
+// record (job id, owner, step, path, XXH64 of manifest.json) goes into the
+// store, and listing, export, deletion and resume use only those records
+// (a stat of the recorded path, never a directory scan). The engine writes
+// the job id into the checkpoint's state.json and refuses to resume from a
+// checkpoint naming another job. Output directories are exclusive: Submit
+// refuses an output_dir that equals, contains or lies inside another job's
+// (any user, any state) or the jobs directory. Records from before schema
+// version 3 (no manifest hash; their state.json names no job) are legacy:
+// trusted as recorded, by path and step only.
+//
+// Note [Resume verification]
+// Before a job resumes, its thread verifies the recorded checkpoints newest
+// first, from the one it was to resume from down (engine::VerifyCheckpoint
+// with check_data: every file against its XXH64, then against the record).
+// One that fails is quarantined (renamed quarantined-step-N, its record
+// dropped, an event appended) and the next older one is tried; when none is
+// intact the job fails with DATA_LOSS naming each file and why. This reads
+// the checkpoint once more than the restore does: the price of never
+// handing the engine a damaged or foreign checkpoint (and of knowing which
+// older one to fall back to before the model is built).
 //
 // Thread-safety: every public method is thread-safe. Lock order: mu_, then
 // events_mu_, then the store's own mutex. Ownership: the store, backend and
@@ -119,7 +145,9 @@ class JobManager {
 
   // Queues a job owned by `caller`. With a non-empty `request_id`, a repeat
   // returns the job the first call created. Errors: INVALID_ARGUMENT naming
-  // the field path (spec, priority, labels, request_id; a ".." in a path);
+  // the field path (spec, priority, labels, request_id; a ".." in a path;
+  // an output_dir overlapping another job's or the jobs directory, Note
+  // [Checkpoint ownership]);
   // PERMISSION_DENIED naming the field for a path outside the roots of
   // options.path_policy; UNIMPLEMENTED
   // (architecture); RESOURCE_EXHAUSTED when the footprint exceeds the budget
@@ -159,7 +187,9 @@ class JobManager {
                                                     absl::string_view job_id, absl::Time deadline,
                                                     const std::function<bool()>& cancelled);
 
-  // Checkpoints of `job_id` on disk, oldest first (empty when none).
+  // Recorded checkpoints of `job_id` whose directories exist, oldest first
+  // (Note [Checkpoint ownership]; a directory nobody recorded is never
+  // listed).
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(const Principal& caller,
                                                                 absl::string_view job_id);
 
@@ -167,12 +197,15 @@ class JobManager {
   // INVALID_ARGUMENT for a malformed id, a relative or non-empty out_dir, a
   // ".." in it or a dtype other than "", "bf16", "fp32"; PERMISSION_DENIED
   // for another user's checkpoint or an out_dir outside the output roots;
-  // NOT_FOUND for an unknown checkpoint; errors of the engine's export.
+  // NOT_FOUND for an unknown checkpoint (not recorded); DATA_LOSS when its
+  // directory no longer holds what the job wrote; errors of the engine's
+  // export.
   absl::Status ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
                                 const std::string& out_dir, const std::string& dtype);
 
-  // Deletes a checkpoint directory. FAILED_PRECONDITION when a QUEUED or
-  // SUSPENDED job will resume from it.
+  // Deletes a recorded checkpoint's directory and record. NOT_FOUND for one
+  // that is not recorded; FAILED_PRECONDITION when a QUEUED or SUSPENDED
+  // job will resume from it.
   absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id);
 
   absl::StatusOr<ManagerStatus> GetStatus();
@@ -200,9 +233,35 @@ class JobManager {
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
   // Fills queue_position of QUEUED jobs.
   void FillQueuePositions(std::vector<JobRecord*> jobs);
-  // Newest checkpoint directory of `job` on disk; job.resume_from when none.
+  // Note [Checkpoint ownership]. Newest recorded checkpoint directory of
+  // `job` that exists; "" when none (job.resume_from when the store fails).
   std::string LatestCheckpointDir(const JobRecord& job);
-  absl::StatusOr<std::vector<CheckpointRecord>> CheckpointsOnDisk(const JobRecord& job);
+  // The recorded checkpoints of `job` whose directories exist, oldest first.
+  absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
+  // Drops the records of `job_id` (but `written_step`'s) whose directories
+  // are gone: the engine's retention deleted them.
+  void ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step);
+  // DATA_LOSS naming the file unless `found` (read from record.dir) is the
+  // checkpoint the record describes: same step, its state names the job
+  // (none for a legacy record), same manifest hash (unless legacy).
+  static absl::Status VerifyAgainstRecord(const CheckpointRecord& record,
+                                          const engine::CheckpointInfo& found);
+  // Note [Resume verification]. The checkpoint directory `job` resumes from:
+  // "" for a fresh start; DATA_LOSS naming every file when no recorded
+  // checkpoint is intact. Reads whole checkpoints: call without mu_.
+  absl::StatusOr<std::string> SelectResumeCheckpoint(const JobRecord& job);
+  // Renames record.dir to quarantined-<name>, forgets the record and
+  // appends an event; returns "<dir>: <why> (<what was done>)".
+  std::string QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
+                                   const absl::Status& why);
+  // INVALID_ARGUMENT naming output_dir when `output_dir` overlaps another
+  // job's (equal, inside, containing; any owner and state; the other job is
+  // named only to its owner and admins) or, when `explicit_dir`, jobs_dir.
+  absl::Status CheckOutputDirExclusive(const Principal& caller, const std::string& output_dir,
+                                       bool explicit_dir);
+  // FAILED_PRECONDITION when the store has no job but jobs_dir holds job
+  // directories (the database was lost: ids would be reused).
+  absl::Status CheckStoreMatchesJobsDir();
   absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
                                                   absl::string_view checkpoint_id,
                                                   JobRecord* job);

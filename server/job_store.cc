@@ -2,6 +2,11 @@
 #include "server/job_store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -9,6 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/status_macros.h"
@@ -20,8 +26,9 @@ namespace {
 using nlohmann::json;
 
 // Version 2 added the `audit` table (CREATE TABLE IF NOT EXISTS upgrades a
-// version-1 database in place).
-constexpr int kSchemaVersion = 2;
+// version-1 database in place). Version 3 added jobs.output_dir,
+// checkpoints.owner and checkpoints.manifest_xxh64 (MigrateToVersion3).
+constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -48,6 +55,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   error_code INTEGER NOT NULL DEFAULT 0,
   message TEXT NOT NULL DEFAULT '',
   resume_from TEXT NOT NULL DEFAULT '',
+  output_dir TEXT NOT NULL DEFAULT '',
   UNIQUE (owner, request_id)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state_priority_seq ON jobs(state, priority DESC, seq);
@@ -67,6 +75,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
   bytes INTEGER NOT NULL DEFAULT 0,
   create_time_unix_ms INTEGER NOT NULL DEFAULT 0,
   write_seconds REAL NOT NULL DEFAULT 0,
+  owner TEXT NOT NULL DEFAULT '',
+  manifest_xxh64 TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (job_id, step)
 );
 CREATE TABLE IF NOT EXISTS audit (
@@ -375,7 +385,99 @@ absl::StatusOr<int> EffectivePageSize(int page_size) {
   return page_size == 0 ? kDefaultPageSize : page_size;
 }
 
+// True when `table` has a column `column`.
+absl::StatusOr<bool> HasColumn(sqlite3* db, absl::string_view table, absl::string_view column) {
+  const std::string sql = absl::StrCat("PRAGMA table_info(", table, ")");
+  MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db, sql));
+  while (true) {
+    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) return false;
+    if (stmt.Text(1) == column) return true;
+  }
+}
+
+// Adds `table`.`column` (declared as `type`) unless it exists.
+absl::Status AddColumnIfMissing(sqlite3* db, absl::string_view table, absl::string_view column,
+                                absl::string_view type) {
+  MEGATRAIN_ASSIGN_OR_RETURN(bool present, HasColumn(db, table, column));
+  if (present) return absl::OkStatus();
+  return Exec(db, absl::StrCat("ALTER TABLE ", table, " ADD COLUMN ", column, " ", type).c_str());
+}
+
+// Brings a version-1 or -2 database to version 3 (idempotent; a fresh one
+// already has the columns): adds jobs.output_dir, filled from each job's
+// spec, and checkpoints.owner (filled from jobs.owner) and
+// checkpoints.manifest_xxh64 (left '': those records are legacy ones).
+absl::Status MigrateToVersion3(sqlite3* db) {
+  MEGATRAIN_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db));
+  MEGATRAIN_RETURN_IF_ERROR(
+      AddColumnIfMissing(db, "jobs", "output_dir", "TEXT NOT NULL DEFAULT ''"));
+  MEGATRAIN_RETURN_IF_ERROR(
+      AddColumnIfMissing(db, "checkpoints", "owner", "TEXT NOT NULL DEFAULT ''"));
+  MEGATRAIN_RETURN_IF_ERROR(
+      AddColumnIfMissing(db, "checkpoints", "manifest_xxh64", "TEXT NOT NULL DEFAULT ''"));
+  std::vector<std::pair<std::string, std::string>> output_dirs;  // job id -> output_dir
+  {
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        Statement stmt,
+        Statement::Prepare(db, "SELECT id, spec_json FROM jobs WHERE output_dir = ''"));
+    while (true) {
+      MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+      if (!row) break;
+      const std::string id = stmt.Text(0);
+      absl::StatusOr<JobRequest> request = JobRequestFromJson(stmt.Text(1));
+      if (!request.ok()) return Annotate(request.status(), absl::StrCat("job ", id));
+      output_dirs.emplace_back(id, NormalizeOutputDir(request->spec.output_dir));
+    }
+  }
+  for (const auto& [id, output_dir] : output_dirs) {
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        Statement stmt, Statement::Prepare(db, "UPDATE jobs SET output_dir = ? WHERE id = ?"));
+    stmt.Bind(1, output_dir);
+    stmt.Bind(2, id);
+    MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
+  }
+  MEGATRAIN_RETURN_IF_ERROR(Exec(
+      db,
+      "UPDATE checkpoints SET owner = COALESCE((SELECT owner FROM jobs WHERE jobs.id = "
+      "checkpoints.job_id), '') WHERE owner = ''"));
+  MEGATRAIN_RETURN_IF_ERROR(
+      Exec(db, "CREATE INDEX IF NOT EXISTS jobs_by_output_dir ON jobs(output_dir)"));
+  return txn.Commit();
+}
+
 }  // namespace
+
+std::string NormalizeOutputDir(absl::string_view output_dir) {
+  if (output_dir.empty()) return "";
+  std::string normal = std::filesystem::path(std::string(output_dir)).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
+}
+
+absl::Status JobStore::CheckSameFileLocked() {
+  struct stat now {};
+  if (::stat(path_.c_str(), &now) != 0) {
+    const int error = errno;
+    const std::string what = error == ENOENT
+                                 ? std::string("deleted")
+                                 : absl::StrCat("made unreachable (", std::strerror(error), ")");
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": the job database was ", what,
+        " while megatraind runs; refusing to write (the change would be lost). Stop the "
+        "daemon, restore the file from a backup (or move the job directories away to start "
+        "afresh) and start it again"));
+  }
+  if (static_cast<uint64_t>(now.st_dev) != file_device_ ||
+      static_cast<uint64_t>(now.st_ino) != file_inode_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": the job database was replaced while megatraind runs (opened inode ",
+        file_inode_, ", the path now names inode ", now.st_ino,
+        "); refusing to write to the old file. Stop the daemon, put the right database in "
+        "place and start it again"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
@@ -388,7 +490,15 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     sqlite3_close(db);
     return status;
   }
-  std::unique_ptr<JobStore> store(new JobStore(db));
+  std::unique_ptr<JobStore> store(new JobStore(db, path));
+  {
+    struct stat opened {};
+    if (::stat(path.c_str(), &opened) != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat(path, ": stat after opening"));
+    }
+    store->file_device_ = static_cast<uint64_t>(opened.st_dev);
+    store->file_inode_ = static_cast<uint64_t>(opened.st_ino);
+  }
   // busy_timeout: another process (e.g. the sqlite3 shell) may hold a lock.
   MEGATRAIN_RETURN_IF_ERROR(Annotate(Exec(db, "PRAGMA busy_timeout = 5000"), path));
   {
@@ -411,6 +521,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                      kSchemaVersion, ")"));
   }
   MEGATRAIN_RETURN_IF_ERROR(Annotate(Exec(db, kSchema), path));
+  MEGATRAIN_RETURN_IF_ERROR(Annotate(MigrateToVersion3(db), absl::StrCat(path, ": migrating")));
   MEGATRAIN_RETURN_IF_ERROR(Annotate(
       Exec(db, absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()), path));
   return store;
@@ -428,6 +539,7 @@ absl::StatusOr<int64_t> JobStore::NextJobSeq() {
 
 absl::StatusOr<int64_t> JobStore::InsertJob(const JobRecord& job, const JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   MEGATRAIN_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   {
     MEGATRAIN_ASSIGN_OR_RETURN(
@@ -436,7 +548,8 @@ absl::StatusOr<int64_t> JobStore::InsertJob(const JobRecord& job, const JobEvent
                            "INSERT INTO jobs (seq, id, owner, request_id, spec_json, priority, "
                            "state, create_time_unix_ms, start_time_unix_ms, end_time_unix_ms, "
                            "max_steps, device, host_memory_bytes, error_code, message, "
-                           "resume_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+                           "resume_from, output_dir) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
     stmt.Bind(1, job.seq);
     stmt.Bind(2, job.id);
     stmt.Bind(3, job.owner);
@@ -457,6 +570,7 @@ absl::StatusOr<int64_t> JobStore::InsertJob(const JobRecord& job, const JobEvent
     stmt.Bind(14, static_cast<int64_t>(job.error_code));
     stmt.Bind(15, job.message);
     stmt.Bind(16, job.resume_from);
+    stmt.Bind(17, NormalizeOutputDir(job.request.spec.output_dir));
     MEGATRAIN_RETURN_IF_ERROR(Annotate(stmt.Run(), absl::StrCat("job ", job.id)));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, InsertEvent(db_, event));
@@ -557,6 +671,29 @@ absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountByState() {
   return counts;
 }
 
+absl::StatusOr<std::optional<JobRecord>> JobStore::FindOutputDirOverlap(
+    absl::string_view output_dir) {
+  const std::string dir = NormalizeOutputDir(output_dir);
+  if (dir.empty()) return std::optional<JobRecord>();
+  // Inside `dir`: starts with "dir/" (just "/" for the root). Containing
+  // `dir`: `dir` starts with "output_dir/".
+  const std::string dir_prefix = dir == "/" ? dir : absl::StrCat(dir, "/");
+  static const std::string sql = absl::StrCat(
+      "SELECT ", kJobColumns,
+      " FROM jobs WHERE output_dir <> '' AND (output_dir = ?1 OR "
+      "substr(output_dir, 1, length(?2)) = ?2 OR "
+      "substr(?1, 1, length(output_dir) + 1) = output_dir || '/' OR output_dir = '/') "
+      "ORDER BY seq LIMIT 1");
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
+  stmt.Bind(1, dir);
+  stmt.Bind(2, dir_prefix);
+  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  if (!row) return std::optional<JobRecord>();
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
+  return std::optional<JobRecord>(std::move(job));
+}
+
 absl::StatusOr<int64_t> JobStore::CountJobs(absl::string_view owner, JobState state) {
   std::lock_guard<std::mutex> lock(mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(
@@ -570,6 +707,7 @@ absl::StatusOr<int64_t> JobStore::CountJobs(absl::string_view owner, JobState st
 
 absl::StatusOr<int64_t> JobStore::UpdateState(const JobRecord& job, const JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   MEGATRAIN_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   {
     MEGATRAIN_ASSIGN_OR_RETURN(
@@ -601,6 +739,7 @@ absl::StatusOr<int64_t> JobStore::UpdateProgress(absl::string_view id,
                                                  const JobProgress& progress,
                                                  const JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   MEGATRAIN_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   {
     MEGATRAIN_ASSIGN_OR_RETURN(
@@ -634,6 +773,7 @@ absl::StatusOr<int64_t> JobStore::UpdateProgress(absl::string_view id,
 
 absl::StatusOr<int64_t> JobStore::AppendEvent(const JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   return InsertEvent(db_, event);
 }
 
@@ -670,17 +810,24 @@ absl::StatusOr<int64_t> JobStore::LastEventSeq(absl::string_view id) {
 
 absl::Status JobStore::RecordCheckpoint(const CheckpointRecord& checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_,
                          "INSERT OR REPLACE INTO checkpoints (job_id, step, dir, bytes, "
-                         "create_time_unix_ms, write_seconds) VALUES (?, ?, ?, ?, ?, ?)"));
+                         "create_time_unix_ms, write_seconds, owner, manifest_xxh64) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"));
   stmt.Bind(1, checkpoint.job_id);
   stmt.Bind(2, checkpoint.step);
   stmt.Bind(3, checkpoint.dir);
   stmt.Bind(4, checkpoint.bytes);
   stmt.Bind(5, checkpoint.create_time_unix_ms);
   stmt.Bind(6, checkpoint.write_seconds);
+  stmt.Bind(7, checkpoint.owner);
+  // '' for a legacy record (no hash known); 16 hex digits otherwise.
+  const std::string manifest_hex =
+      checkpoint.manifest_xxh64 == 0 ? "" : absl::StrFormat("%016x", checkpoint.manifest_xxh64);
+  stmt.Bind(8, manifest_hex);
   return stmt.Run();
 }
 
@@ -689,8 +836,8 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobStore::ListCheckpoints(absl::st
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_,
-                         "SELECT job_id, step, dir, bytes, create_time_unix_ms, write_seconds "
-                         "FROM checkpoints WHERE job_id = ? ORDER BY step"));
+                         "SELECT job_id, step, dir, bytes, create_time_unix_ms, write_seconds, "
+                         "owner, manifest_xxh64 FROM checkpoints WHERE job_id = ? ORDER BY step"));
   stmt.Bind(1, id);
   std::vector<CheckpointRecord> checkpoints;
   while (true) {
@@ -703,6 +850,13 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobStore::ListCheckpoints(absl::st
     checkpoint.bytes = stmt.Int(3);
     checkpoint.create_time_unix_ms = stmt.Int(4);
     checkpoint.write_seconds = stmt.Double(5);
+    checkpoint.owner = stmt.Text(6);
+    const std::string manifest_hex = stmt.Text(7);
+    if (!manifest_hex.empty() &&
+        !absl::SimpleHexAtoi(manifest_hex, &checkpoint.manifest_xxh64)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", CheckpointId(id, checkpoint.step),
+                                              ": bad manifest_xxh64 '", manifest_hex, "'"));
+    }
     checkpoints.push_back(std::move(checkpoint));
   }
   return checkpoints;
@@ -710,6 +864,7 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobStore::ListCheckpoints(absl::st
 
 absl::Status JobStore::DeleteCheckpoint(absl::string_view id, int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?"));
@@ -720,6 +875,7 @@ absl::Status JobStore::DeleteCheckpoint(absl::string_view id, int64_t step) {
 
 absl::StatusOr<int64_t> JobStore::AppendAudit(const AuditRecord& record) {
   std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_RETURN_IF_ERROR(CheckSameFileLocked());
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_,

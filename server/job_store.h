@@ -5,20 +5,37 @@
 // (WAL with synchronous=NORMAL is durable against process crashes; a power
 // loss may lose the last transactions).
 //
-// Schema (version 2, PRAGMA user_version; version 1 lacked `audit`, which
-// opening adds):
+// Schema (version 3, PRAGMA user_version; opening migrates older ones in
+// place: version 1 lacked `audit`; version 2 lacked jobs.output_dir,
+// checkpoints.owner and checkpoints.manifest_xxh64, which opening adds and
+// fills from spec_json and jobs.owner, leaving manifest_xxh64 '' for the
+// checkpoints recorded before: legacy records, see docs/operations.md):
 //   jobs(seq PK, id UNIQUE, owner, request_id, spec_json, priority, state,
 //        times, progress columns, device, host_memory_bytes, error_code,
-//        message, resume_from; UNIQUE(owner, request_id))
+//        message, resume_from, output_dir (normalised, indexed);
+//        UNIQUE(owner, request_id))
 //   events(seq PK AUTOINCREMENT, job_id, time_unix_ms, kind, payload JSON)
 //   checkpoints(job_id, step, dir, bytes, create_time_unix_ms,
-//               write_seconds; PK(job_id, step))
+//               write_seconds, owner, manifest_xxh64 (16 hex digits or '');
+//               PK(job_id, step))
 //   audit(seq PK AUTOINCREMENT, time_unix_ms, user, role, peer, method,
 //         target, job_id, code, message, detail): server/audit_log.h
 //
+// Job ids are never reused: a job's seq is the largest seq + 1 and jobs are
+// never deleted from the table.
+//
+// Note [Database file identity]
+// Open remembers the device and inode of the database file. Every write
+// first checks that `path` still names that file: when the file was deleted
+// or replaced while the daemon runs, SQLite would go on writing to the
+// unlinked inode and every change would vanish at the next start. Writes
+// then fail with FAILED_PRECONDITION saying what happened and what to do;
+// reads go on (they see the daemon's own, still consistent, state).
+//
 // Errors: INTERNAL for SQLite failures (message names the statement),
 // DATA_LOSS for a corrupt database or row, NOT_FOUND for an unknown job,
-// ALREADY_EXISTS for a duplicate job id or (owner, request_id).
+// ALREADY_EXISTS for a duplicate job id or (owner, request_id),
+// FAILED_PRECONDITION for a write after the file was deleted or replaced.
 //
 // Thread-safety: all methods are thread-safe (one connection behind a
 // mutex). Ownership: owns the connection; closed by the destructor.
@@ -55,6 +72,12 @@ struct JobQuery {
   std::string page_token;         // from the previous JobPage; empty: first
 };
 
+// `output_dir` made comparable: lexically normal, without a trailing '/'
+// ("/a/b/" and "/a/./b" -> "/a/b"). Used for the jobs.output_dir column and
+// the overlap check; symbolic links are not resolved (the path policy
+// refuses links on the way, Note [Path checks] in path_policy.h).
+std::string NormalizeOutputDir(absl::string_view output_dir);
+
 struct JobPage {
   std::vector<JobRecord> jobs;
   std::string next_page_token;  // empty on the last page
@@ -62,9 +85,9 @@ struct JobPage {
 
 class JobStore {
  public:
-  // Opens (creating if needed) the database at `path`, in WAL mode.
-  // INTERNAL when SQLite cannot open it; FAILED_PRECONDITION when it was
-  // written by a newer schema version.
+  // Opens (creating if needed) the database at `path`, in WAL mode, and
+  // migrates an older schema forward. INTERNAL when SQLite cannot open it;
+  // FAILED_PRECONDITION when it was written by a newer schema version.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
 
   ~JobStore();
@@ -98,6 +121,12 @@ class JobStore {
   // Number of jobs per state (every state present, possibly 0).
   absl::StatusOr<std::map<JobState, int64_t>> CountByState();
 
+  // A job (any owner, any state) whose output_dir equals `output_dir`, lies
+  // inside it or contains it (compared after NormalizeOutputDir, whole path
+  // components only: "/a/b" and "/a/bc" do not overlap); the oldest such
+  // job, or nullopt. O(jobs) in SQLite, no file system access.
+  absl::StatusOr<std::optional<JobRecord>> FindOutputDirOverlap(absl::string_view output_dir);
+
   // Number of jobs of `owner` in `state`.
   absl::StatusOr<int64_t> CountJobs(absl::string_view owner, JobState state);
 
@@ -122,10 +151,10 @@ class JobStore {
   // The largest event seq of job `id`; 0 when it has none.
   absl::StatusOr<int64_t> LastEventSeq(absl::string_view id);
 
-  // Records (or replaces) a checkpoint.
+  // Records (or replaces) a checkpoint (every field of `checkpoint`).
   absl::Status RecordCheckpoint(const CheckpointRecord& checkpoint);
 
-  // Checkpoints recorded for job `id`, oldest first.
+  // Checkpoints recorded for job `id`, oldest (lowest step) first.
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view id);
 
   // Forgets a recorded checkpoint (no-op when absent).
@@ -141,10 +170,17 @@ class JobStore {
   absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query);
 
  private:
-  explicit JobStore(sqlite3* db) : db_(db) {}
+  JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+
+  // Note [Database file identity]: OK while path_ names the file opened.
+  absl::Status CheckSameFileLocked();
 
   std::mutex mu_;
-  sqlite3* db_;  // owned; guarded by mu_
+  sqlite3* db_;             // owned; guarded by mu_
+  const std::string path_;  // as opened
+  // Identity of the file opened (st_dev, st_ino); set once by Open.
+  uint64_t file_device_ = 0;
+  uint64_t file_inode_ = 0;
 };
 
 }  // namespace megatrain::server

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -185,6 +186,62 @@ TEST_P(CheckpointCorruptionTest, FlippedByteIsDataLossNamingTheFile) {
 INSTANTIATE_TEST_SUITE_P(EveryFile, CheckpointCorruptionTest,
                          ::testing::Values("master.bin", "exp_avg.bin", "exp_avg_sq.bin",
                                            "state.json", "config.json"));
+
+TEST(CheckpointOwnershipTest, JobIdAndManifestHashAreWrittenAndVerified) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/11);
+  CheckpointState state = StateAt(5);
+  state.job_id = "job-000003";
+  absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, state, output_dir, KeepAll());
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->job_id, "job-000003");
+  EXPECT_NE(info->manifest_xxh64, 0u);
+
+  std::unique_ptr<HostStore> restored = MakeStore(TinyConfig(), /*seed=*/12);
+  absl::StatusOr<CheckpointState> read = ReadCheckpoint(info->dir, restored.get());
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(read->job_id, "job-000003");
+  for (const bool check_data : {false, true}) {
+    absl::StatusOr<CheckpointInfo> verified = VerifyCheckpoint(info->dir, check_data);
+    ASSERT_THAT(verified, IsOk());
+    EXPECT_EQ(verified->step, 5);
+    EXPECT_EQ(verified->job_id, "job-000003");
+    EXPECT_EQ(verified->manifest_xxh64, info->manifest_xxh64);
+    EXPECT_EQ(verified->bytes, info->bytes);
+  }
+}
+
+TEST(CheckpointOwnershipTest, StandaloneCheckpointNamesNoJob) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/13);
+  absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(2), output_dir, KeepAll());
+  ASSERT_THAT(info, IsOk());
+  std::ifstream state_file(info->dir + "/state.json");
+  const std::string text((std::istreambuf_iterator<char>(state_file)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("job_id")));  // as format-1 readers expect
+  absl::StatusOr<CheckpointInfo> verified = VerifyCheckpoint(info->dir, /*check_data=*/true);
+  ASSERT_THAT(verified, IsOk());
+  EXPECT_EQ(verified->job_id, "");
+}
+
+TEST(CheckpointOwnershipTest, VerifyWithDataFindsACorruptTensorFile) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/14);
+  absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*source, StateAt(4), output_dir, KeepAll());
+  ASSERT_THAT(info, IsOk());
+  const std::string path = info->dir + "/exp_avg_sq.bin";
+  FlipByte(path, static_cast<std::streamoff>(std::filesystem::file_size(path) / 2));
+  // Without the data only the manifest and state are read: still "intact".
+  EXPECT_THAT(VerifyCheckpoint(info->dir, /*check_data=*/false), IsOk());
+  EXPECT_THAT(VerifyCheckpoint(info->dir, /*check_data=*/true),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path), HasSubstr("XXH64"))));
+  std::filesystem::remove(info->dir + "/manifest.json");
+  EXPECT_THAT(VerifyCheckpoint(info->dir, /*check_data=*/false),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("manifest.json: missing")));
+  EXPECT_THAT(VerifyCheckpoint(output_dir + "/checkpoints/step-00000099", false),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no such checkpoint directory")));
+}
 
 TEST(CheckpointTest, TruncatedFileIsDataLoss) {
   const std::string output_dir = testing::MakeTempDir("checkpoint_test");

@@ -230,6 +230,38 @@ TEST(TrainingJobTest, TrainsToCompletionWithCheckpointsAndEval) {
   EXPECT_EQ((*listed)[1].step, 8);
 }
 
+TEST(TrainingJobTest, ResumeRefusesACheckpointOfAnotherJob) {
+  const std::string data = WriteDataset();
+  const std::string out = testing::MakeTempDir("owned");
+  JobSpec spec = TinySpec(data, out);
+  spec.job_id = "job-000001";
+  {
+    auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    Recorder rec;
+    rec.job = job->get();
+    rec.stop_at = 2;
+    ASSERT_THAT((*job)->Run(&rec), IsOk());
+  }
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  const std::string dir = listed->back().dir;
+  absl::StatusOr<CheckpointInfo> verified = VerifyCheckpoint(dir, /*check_data=*/false);
+  ASSERT_THAT(verified, IsOk());
+  EXPECT_EQ(verified->job_id, "job-000001");
+
+  JobSpec other = TinySpec(data, testing::MakeTempDir("intruder"));
+  other.job_id = "job-000002";
+  EXPECT_THAT(TrainingJob::Create(other, "cpu", dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("belongs to job job-000001"),
+                             HasSubstr("not to job job-000002"))));
+  // Its own job and a standalone run (no id) may resume from it.
+  EXPECT_THAT(TrainingJob::Create(spec, "cpu", dir), IsOk());
+  EXPECT_THAT(TrainingJob::Create(TinySpec(data, out), "cpu", dir), IsOk());
+}
+
 TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
   const std::string data = WriteDataset();
   Recorder straight;

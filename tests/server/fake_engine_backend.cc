@@ -8,15 +8,41 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace megatrain::server::testing {
 
 namespace fs = std::filesystem;
+
+// FNV-1a 64 of `text`: the fake's stand-in for the XXH64 of manifest.json.
+uint64_t FakeManifestHash(absl::string_view text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash == 0 ? 1 : hash;  // 0 means "no hash recorded"
+}
+
+engine::CheckpointInfo WriteFakeCheckpoint(const std::string& dir, int64_t step,
+                                           const std::string& job_id) {
+  fs::create_directories(dir);
+  const std::string text = absl::StrCat(step, "\n", job_id, "\n");
+  std::ofstream(fs::path(dir) / "state") << text;
+  engine::CheckpointInfo info;
+  info.dir = dir;
+  info.step = step;
+  info.bytes = static_cast<int64_t>(text.size());
+  info.job_id = job_id;
+  info.manifest_xxh64 = FakeManifestHash(text);
+  return info;
+}
 
 void FakeJobControl::AllowSteps(int64_t steps) {
   {
@@ -153,9 +179,7 @@ class FakeTrainingJob final : public engine::TrainingJob {
 
   void WriteCheckpoint(engine::JobObserver* observer) {
     const fs::path dir = fs::path(spec_.output_dir) / absl::StrCat("step-", step_);
-    fs::create_directories(dir);
-    std::ofstream(dir / "state") << step_ << "\n";
-    observer->OnCheckpoint(step_, dir.string(), 0.001);
+    observer->OnCheckpointWritten(WriteFakeCheckpoint(dir.string(), step_, spec_.job_id), 0.001);
     // Retention like the engine's checkpoint.keep_last (keep_every ignored).
     if (spec_.checkpoint.keep_last > 0) {
       std::vector<std::pair<int64_t, fs::path>> existing;
@@ -259,7 +283,16 @@ absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJo
         !absl::SimpleAtoi(absl::string_view(name).substr(5), &control->start_step)) {
       return absl::DataLossError(absl::StrCat("fake: bad checkpoint dir ", *resume_from));
     }
+    // Like the engine: a checkpoint naming another job is refused.
+    absl::StatusOr<engine::CheckpointInfo> found = VerifyCheckpoint(*resume_from, false);
+    if (found.ok() && !spec.job_id.empty() && !found->job_id.empty() &&
+        found->job_id != spec.job_id) {
+      return absl::FailedPreconditionError(absl::StrCat("resume: ", *resume_from,
+                                                        " belongs to job ", found->job_id,
+                                                        ", not to job ", spec.job_id));
+    }
   }
+  control->job_id = spec.job_id;
   absl::StatusOr<engine::MemoryFootprint> footprint = EstimateFootprint(spec);
   bool gated_now = false;
   absl::Duration step_duration_now;
@@ -294,6 +327,39 @@ absl::StatusOr<std::vector<engine::CheckpointInfo>> FakeEngineBackend::ListCheck
   std::sort(checkpoints.begin(), checkpoints.end(),
             [](const auto& a, const auto& b) { return a.step < b.step; });
   return checkpoints;
+}
+
+absl::StatusOr<engine::CheckpointInfo> FakeEngineBackend::VerifyCheckpoint(
+    const std::string& checkpoint_dir, bool check_data) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++verify_calls_;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(checkpoint_dir, ": no such checkpoint directory"));
+  }
+  const fs::path state_path = fs::path(checkpoint_dir) / "state";
+  std::ifstream in(state_path);
+  if (!in) return absl::DataLossError(absl::StrCat(state_path.string(), ": missing"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::string> lines = absl::StrSplit(text.str(), '\n');
+  engine::CheckpointInfo info;
+  info.dir = checkpoint_dir;
+  if (lines.size() != 3 || !lines[2].empty() || !absl::SimpleAtoi(lines[0], &info.step)) {
+    return absl::DataLossError(
+        absl::StrCat(state_path.string(), ": XXH64 does not match manifest.json's (corrupt)"));
+  }
+  info.job_id = lines[1];
+  info.bytes = static_cast<int64_t>(text.str().size());
+  info.manifest_xxh64 = FakeManifestHash(text.str());
+  return info;
+}
+
+int FakeEngineBackend::verify_calls() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return verify_calls_;
 }
 
 absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,

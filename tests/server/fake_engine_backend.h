@@ -4,8 +4,11 @@
 //
 // Its jobs "train" without any model: step k reports loss 5 * exp(-0.05 k),
 // 1024 tokens and 10 ms; checkpoints are directories <output_dir>/step-<k>
-// holding one file, which ListCheckpoints finds again (so suspend/resume and
-// crash recovery resume from the right step); checkpoint.keep_last is
+// holding one file `state` ("<step>\n<spec.job_id>\n"; WriteFakeCheckpoint),
+// reported through OnCheckpointWritten with a stand-in manifest hash (FNV-1a
+// of that file); VerifyCheckpoint reads it back (DATA_LOSS when it does not
+// parse: tests corrupt a checkpoint by overwriting it), CreateJob refuses a
+// resume_from naming another job like the engine; checkpoint.keep_last is
 // honoured like the engine does. Jobs either run freely or, when
 // `gated`, wait before each step until the test grants steps
 // (FakeJobControl::AllowSteps) or a stop is requested: tests decide exactly
@@ -54,6 +57,7 @@ class FakeJobControl {
   std::string device;
   std::optional<std::string> resume_from;
   std::string spec_name;
+  std::string job_id;      // spec.job_id
   int64_t start_step = 0;  // parsed from resume_from
 
  private:
@@ -90,8 +94,12 @@ class FakeEngineBackend final : public EngineBackend {
       const std::optional<std::string>& resume_from) override;
   absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
       const std::string& output_dir) override;
+  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                          bool check_data) override;
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override;
+  // Number of VerifyCheckpoint calls so far.
+  int verify_calls();
   int CudaDeviceCount() override { return cuda_device_count; }
   // Runs `between_directions` and returns `link_bandwidth` when set;
   // UNIMPLEMENTED otherwise.
@@ -111,7 +119,13 @@ class FakeEngineBackend final : public EngineBackend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<FakeJobControl>> created_;  // guarded by mu_
+  int verify_calls_ = 0;                                  // guarded by mu_
 };
+
+// Writes a fake checkpoint of `step` written by `job_id` as `dir`
+// (created) and returns what the fake reports for it (its hash included).
+engine::CheckpointInfo WriteFakeCheckpoint(const std::string& dir, int64_t step,
+                                           const std::string& job_id);
 
 // A fresh empty directory under the test's temp dir.
 std::string MakeTempDir();

@@ -113,6 +113,21 @@ class JobManagerTest : public ::testing::Test {
     };
   }
 
+  // A checkpoint of `job` at `step` as the daemon records one it saw written
+  // (Note [Checkpoint ownership]): a fake checkpoint directory plus its record.
+  CheckpointRecord RecordFakeCheckpoint(const JobRecord& job, int64_t step) {
+    const engine::CheckpointInfo info = testing::WriteFakeCheckpoint(
+        absl::StrCat(job.request.spec.output_dir, "/step-", step), step, job.id);
+    CheckpointRecord record;
+    record.job_id = job.id;
+    record.step = step;
+    record.dir = info.dir;
+    record.owner = job.owner;
+    record.manifest_xxh64 = info.manifest_xxh64;
+    EXPECT_THAT(store_->RecordCheckpoint(record), IsOk());
+    return record;
+  }
+
   JobState StateOf(const std::string& job_id) {
     absl::StatusOr<JobRecord> job = manager_->Get(kAdmin, job_id);
     EXPECT_THAT(job, IsOk());
@@ -567,7 +582,7 @@ TEST_F(JobManagerTest, RestartRequeuesRunningJobsFromTheirLastCheckpoint) {
   job.create_time_unix_ms = NowUnixMs();
   job.host_memory_bytes = 1 << 20;
   MEGATRAIN_ASSERT_OK(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "started")));
-  std::filesystem::create_directories(job.request.spec.output_dir + "/step-4");
+  RecordFakeCheckpoint(job, 4);
 
   StartManager();
   std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);

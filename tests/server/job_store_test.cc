@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "server/job_request_json.h"
 
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
@@ -19,6 +20,7 @@ namespace {
 using ::megatrain::server::testing::MakeTempDir;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -314,6 +316,153 @@ TEST_F(JobStoreTest, CheckpointsRecordListDelete) {
   listed = store_->ListCheckpoints("job-000001");
   ASSERT_THAT(listed, IsOk());
   EXPECT_EQ(listed->size(), 1u);
+}
+
+
+// --- Issue 14: ownership records, schema migration, file identity -----------
+
+namespace ownership {
+
+void ExecSql(sqlite3* db, const std::string& sql) {
+  char* error = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK)
+      << (error != nullptr ? error : "") << " in " << sql;
+}
+
+// The version-2 tables this migration starts from (as the daemon of
+// 2026-11-23 created them), with one job and one checkpoint record.
+void WriteVersion2Database(const std::string& path, const JobRecord& job) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ExecSql(db, R"sql(
+CREATE TABLE jobs (
+  seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, owner TEXT NOT NULL, request_id TEXT,
+  spec_json TEXT NOT NULL, priority INTEGER NOT NULL, state INTEGER NOT NULL,
+  create_time_unix_ms INTEGER NOT NULL, start_time_unix_ms INTEGER NOT NULL DEFAULT 0,
+  end_time_unix_ms INTEGER NOT NULL DEFAULT 0, step INTEGER NOT NULL DEFAULT 0,
+  max_steps INTEGER NOT NULL DEFAULT 0, loss REAL NOT NULL DEFAULT 0, eval_loss REAL,
+  tokens_per_s REAL NOT NULL DEFAULT 0, mfu REAL NOT NULL DEFAULT 0,
+  tokens INTEGER NOT NULL DEFAULT 0, eta_seconds REAL NOT NULL DEFAULT 0,
+  device TEXT NOT NULL DEFAULT '', host_memory_bytes INTEGER NOT NULL DEFAULT 0,
+  error_code INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
+  resume_from TEXT NOT NULL DEFAULT '', UNIQUE (owner, request_id));
+CREATE TABLE checkpoints (
+  job_id TEXT NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL,
+  bytes INTEGER NOT NULL DEFAULT 0, create_time_unix_ms INTEGER NOT NULL DEFAULT 0,
+  write_seconds REAL NOT NULL DEFAULT 0, PRIMARY KEY (job_id, step));
+PRAGMA user_version = 2;
+)sql");
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "INSERT INTO jobs (seq, id, owner, spec_json, priority, state, "
+                               "create_time_unix_ms) VALUES (?, ?, ?, ?, 0, ?, 1)",
+                               -1, &stmt, nullptr),
+            SQLITE_OK);
+  const std::string spec_json = JobRequestToJson(job.request);
+  sqlite3_bind_int64(stmt, 1, job.seq);
+  sqlite3_bind_text(stmt, 2, job.id.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(stmt, 3, job.owner.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(stmt, 4, spec_json.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(stmt, 5, static_cast<int64_t>(JobState::kSuspended));
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_DONE);
+  sqlite3_finalize(stmt);
+  ExecSql(db, absl::StrCat("INSERT INTO checkpoints (job_id, step, dir) VALUES ('", job.id,
+                           "', 20, '/out/", job.id, "/checkpoints/step-00000020')"));
+  sqlite3_close(db);
+}
+
+}  // namespace ownership
+
+TEST_F(JobStoreTest, OpenMigratesAVersion2DatabaseKeepingJobsAndCheckpoints) {
+  const std::string path = (std::filesystem::path(MakeTempDir()) / "old.db").string();
+  const JobRecord job = MakeJob(7, "carol");
+  ownership::WriteVersion2Database(path, job);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_THAT(store, IsOk());
+  absl::StatusOr<JobRecord> loaded = (*store)->GetJob(job.id);
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_EQ(loaded->owner, "carol");
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = (*store)->ListCheckpoints(job.id);
+  ASSERT_THAT(checkpoints, IsOk());
+  ASSERT_EQ(checkpoints->size(), 1u);
+  EXPECT_EQ((*checkpoints)[0].owner, "carol");    // filled from jobs.owner
+  EXPECT_EQ((*checkpoints)[0].manifest_xxh64, 0u);  // legacy: unknown
+  // jobs.output_dir was filled from the spec: the overlap check sees it.
+  absl::StatusOr<std::optional<JobRecord>> overlap =
+      (*store)->FindOutputDirOverlap("/out/job-000007/sub");
+  ASSERT_THAT(overlap, IsOk());
+  ASSERT_TRUE(overlap->has_value());
+  EXPECT_EQ((*overlap)->id, job.id);
+  // New ids continue after the old ones.
+  absl::StatusOr<int64_t> next_seq = (*store)->NextJobSeq();
+  ASSERT_THAT(next_seq, IsOk());
+  EXPECT_EQ(*next_seq, 8);
+  store->reset();
+  // Opening again is a no-op (the migration is idempotent).
+  EXPECT_THAT(JobStore::Open(path), IsOk());
+}
+
+TEST_F(JobStoreTest, CheckpointRecordKeepsOwnerAndManifestHash) {
+  Insert(MakeJob(1, "alice"));
+  CheckpointRecord record;
+  record.job_id = "job-000001";
+  record.step = 4;
+  record.dir = "/out/job-000001/checkpoints/step-00000004";
+  record.owner = "alice";
+  record.manifest_xxh64 = 0xfedcba9876543210ull;
+  MEGATRAIN_ASSERT_OK(store_->RecordCheckpoint(record));
+  absl::StatusOr<std::vector<CheckpointRecord>> listed = store_->ListCheckpoints("job-000001");
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].owner, "alice");
+  EXPECT_EQ((*listed)[0].manifest_xxh64, 0xfedcba9876543210ull);
+}
+
+TEST_F(JobStoreTest, FindOutputDirOverlapComparesWholePathComponents) {
+  Insert(MakeJob(1, "alice"));  // output_dir /out/job-000001
+  for (const std::string& dir : {"/out/job-000001", "/out/job-000001/", "/out/./job-000001",
+                                 "/out/job-000001/a/b", "/out", "/"}) {
+    absl::StatusOr<std::optional<JobRecord>> found = store_->FindOutputDirOverlap(dir);
+    ASSERT_THAT(found, IsOk());
+    EXPECT_TRUE(found->has_value()) << dir;
+  }
+  for (const std::string& dir : {"/out/job-0000011", "/out/job-00000", "/other", ""}) {
+    absl::StatusOr<std::optional<JobRecord>> found = store_->FindOutputDirOverlap(dir);
+    ASSERT_THAT(found, IsOk());
+    EXPECT_FALSE(found->has_value()) << dir;
+  }
+}
+
+TEST_F(JobStoreTest, WritesFailClearlyAfterTheFileWasReplaced) {
+  Insert(MakeJob(1, "alice"));
+  // Another database moved into place under the same name (a restore while
+  // running, a mistaken copy): a new inode.
+  const std::string other = path_ + ".other";
+  ASSERT_THAT(JobStore::Open(other), IsOk());
+  std::filesystem::rename(other, path_);
+  EXPECT_THAT(store_->InsertJob(MakeJob(2, "bob"), JobEvent::StateChange("job-000002",
+                                                                         JobState::kQueued, "")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(path_), HasSubstr("was replaced while megatraind runs"),
+                             HasSubstr("refusing to write"))));
+  EXPECT_THAT(store_->AppendEvent(JobEvent::StateChange("job-000001", JobState::kQueued, "x")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("replaced")));
+  // Reads go on.
+  EXPECT_THAT(store_->GetJob("job-000001"), IsOk());
+}
+
+TEST_F(JobStoreTest, WritesFailClearlyAfterTheFileWasDeleted) {
+  std::filesystem::remove(path_);
+  CheckpointRecord record;
+  record.job_id = "job-000001";
+  record.step = 1;
+  record.dir = "/out/x";
+  EXPECT_THAT(store_->RecordCheckpoint(record),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("was deleted while megatraind runs"),
+                             HasSubstr("restore the file from a backup"))));
 }
 
 }  // namespace
