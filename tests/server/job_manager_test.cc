@@ -228,7 +228,7 @@ TEST_F(JobManagerTest, PerUserRunningLimitLetsOthersPass) {
 
 TEST_F(JobManagerTest, PerUserQueueLimitIsResourceExhausted) {
   backend_.gated = true;
-  options_.max_queued_jobs_per_user = 2;
+  options_.max_queued_jobs_per_user = 3;  // counts the running job too (Note [Job limits])
   StartManager();
   Submit(kAlice, Request("running"));
   ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
@@ -236,7 +236,7 @@ TEST_F(JobManagerTest, PerUserQueueLimitIsResourceExhausted) {
   Submit(kAlice, Request("q2"));
   EXPECT_THAT(manager_->Submit(kAlice, Request("q3"), ""),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("user 'alice' already has 2 queued jobs")));
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended")));
   Submit(kBob, Request("bob"));  // other users are not affected
 }
 
