@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "engine/dir_fd.h"
 #include "engine/status_macros.h"
 #include "server/job_request_json.h"
 #include "server/logging.h"
@@ -981,6 +982,26 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller,
   return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
 }
 
+absl::Status JobManager::RemoveCheckpointDir(const JobRecord& job, const std::string& dir) {
+  // Note [Directory descriptors] in engine/dir_fd.h: reached from the job's
+  // output directory one component at a time, never through a link.
+  const fs::path output_dir = fs::path(job.request.spec.output_dir).lexically_normal();
+  const fs::path relative = fs::path(dir).lexically_normal().lexically_relative(output_dir);
+  if (relative.empty() || *relative.begin() == ".." || relative.is_absolute() ||
+      !relative.has_filename()) {
+    return absl::InternalError(absl::StrCat("checkpoint directory '", dir,
+                                            "' is not inside the job's output_dir '",
+                                            output_dir.string(), "'"));
+  }
+  absl::StatusOr<engine::DirFd> parent =
+      relative.has_parent_path()
+          ? engine::DirFd::OpenBeneath(output_dir.string(), relative.parent_path().string(),
+                                       engine::DirFd::Create::kNo)
+          : engine::DirFd::Open(output_dir.string());
+  if (!parent.ok()) return parent.status();
+  return parent->RemoveTreeAt(relative.filename().string());
+}
+
 absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
                                           absl::string_view checkpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -992,12 +1013,7 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
                                                       JobStateName(job.state), " job ", job.id,
                                                       " resumes from"));
   }
-  std::error_code ec;
-  fs::remove_all(checkpoint.dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("deleting '", checkpoint.dir, "': ", ec.message()));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(RemoveCheckpointDir(job, checkpoint.dir));
   LogInfo(absl::StrCat(checkpoint_id, ": deleted by ", caller.name));
   return store_->DeleteCheckpoint(job.id, checkpoint.step);
 }

@@ -251,6 +251,12 @@ class JobManager {
                                                   absl::string_view checkpoint_id,
                                                   JobRecord* job);
 
+  // Removes checkpoint directory `dir` of `job` through a descriptor of the
+  // job's output_dir without following links (engine/dir_fd.h). INTERNAL
+  // when `dir` is not below output_dir; FAILED_PRECONDITION when a link is
+  // in the way.
+  absl::Status RemoveCheckpointDir(const JobRecord& job, const std::string& dir);
+
   void ScheduleLocked();
   void MaybePreemptLocked(const JobRecord& waiting);
   void StartLocked(JobRecord job, const std::string& device);

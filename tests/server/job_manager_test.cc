@@ -889,5 +889,31 @@ TEST_F(JobManagerTest, PerUserDataRootRefusesAnotherUsersDataWithoutItsSize) {
   EXPECT_THAT(manager_->Submit(kBob, theirs, ""), IsOk());
 }
 
+TEST_F(JobManagerTest, DeleteCheckpointRemovesALinkSwappedInWithoutFollowingIt) {
+  StartManager();
+  JobRequest request = Request("tiny", 2);
+  request.spec.checkpoint.every_steps = 2;
+  JobRecord job = Submit(kAlice, request);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  // Someone with write access to the job's directory swaps step-2 for a
+  // link to another user's data.
+  const std::string victim = MakeTempDir();
+  std::ofstream(victim + "/precious") << "keep";
+  const std::string step_dir = job.request.spec.output_dir + "/step-2";
+  std::filesystem::remove_all(step_dir);
+  std::filesystem::create_directory_symlink(victim, step_dir);
+  MEGATRAIN_EXPECT_OK(manager_->DeleteCheckpoint(kAlice, "job-000001/step-2"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(step_dir)));
+  EXPECT_TRUE(std::filesystem::exists(victim + "/precious"));
+  // A link in place of the output directory itself fails the delete.
+  const std::string output_dir = job.request.spec.output_dir;
+  std::filesystem::rename(output_dir, output_dir + ".moved");
+  std::filesystem::create_directory_symlink(output_dir + ".moved", output_dir);
+  std::filesystem::create_directories(output_dir + ".moved/step-4");
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, "job-000001/step-4"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_TRUE(std::filesystem::exists(output_dir + ".moved/step-4"));
+}
+
 }  // namespace
 }  // namespace megatrain::server
