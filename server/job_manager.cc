@@ -352,8 +352,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
     LogInfo(absl::StrCat(job.id, ": submitted by ", caller.name, " (", job.request.spec.name,
                          ", priority ", job.request.priority, ", host memory ",
                          FormatBytes(job.host_memory_bytes), ")"));
-    RefreshGaugesLocked();
-    ScheduleLocked();
+    ScheduleLocked();  // refreshes the gauges
   }
   NotifyEvents();
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(job.id));

@@ -812,13 +812,15 @@ absl::StatusOr<int64_t> JobStore::CountLiveJobs(absl::string_view owner) {
 
 absl::StatusOr<int64_t> JobStore::QueuePosition(absl::string_view id) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Counts the index entries up to the job's own (priority DESC, seq).
+  // Counts the index entries before the job's own (priority DESC, seq) as
+  // two index ranges (an OR of both would scan every queued entry).
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_,
-                         "SELECT COUNT(*) FROM jobs AS q, jobs AS j WHERE j.id = ?1 AND "
-                         "j.state = ?2 AND q.state = ?2 AND (q.priority > j.priority OR "
-                         "(q.priority = j.priority AND q.seq <= j.seq))"));
+                         "SELECT (SELECT COUNT(*) FROM jobs WHERE state = ?2 AND "
+                         "priority > j.priority) + (SELECT COUNT(*) FROM jobs WHERE "
+                         "state = ?2 AND priority = j.priority AND seq <= j.seq) "
+                         "FROM jobs AS j WHERE j.id = ?1 AND j.state = ?2"));
   stmt.Bind(1, id);
   stmt.Bind(2, static_cast<int64_t>(JobState::kQueued));
   MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
