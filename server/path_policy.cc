@@ -218,9 +218,8 @@ absl::Status PathPolicy::CheckRead(absl::string_view field, absl::string_view pa
   for (std::string& root : ResolveUserRoots(user_data_roots_, user)) {
     roots.push_back(std::move(root));
   }
-  std::vector<std::string> shown = data_roots_;
-  shown.insert(shown.end(), user_data_roots_.begin(), user_data_roots_.end());
-  return CheckBeneath(field, std::string(path), roots, shown, "data", "--data_roots");
+  return CheckBeneath(field, std::string(path), roots, shown_data_roots_, "data",
+                      "--data_roots");
 }
 
 absl::Status PathPolicy::CheckWrite(absl::string_view field, absl::string_view path) const {

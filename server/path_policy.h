@@ -108,9 +108,9 @@ class PathPolicy {
   // output_dir is written. The first refusal is returned.
   absl::Status CheckJobSpec(const engine::JobSpec& spec, absl::string_view user = "") const;
 
-  // Resolved roots without a placeholder; empty when that kind is
-  // unrestricted (and there are no per-user data roots).
-  const std::vector<std::string>& data_roots() const { return data_roots_; }
+  // Every root as refusals name it: resolved roots, then (data) the
+  // "{user}" roots as written; empty when that kind is unrestricted.
+  const std::vector<std::string>& data_roots() const { return shown_data_roots_; }
   const std::vector<std::string>& output_roots() const { return output_roots_; }
   // Data roots containing "{user}", as written.
   const std::vector<std::string>& user_data_roots() const { return user_data_roots_; }
@@ -120,9 +120,14 @@ class PathPolicy {
              std::vector<std::string> output_roots)
       : data_roots_(std::move(data_roots)),
         user_data_roots_(std::move(user_data_roots)),
-        output_roots_(std::move(output_roots)) {}
+        output_roots_(std::move(output_roots)) {
+    shown_data_roots_ = data_roots_;
+    shown_data_roots_.insert(shown_data_roots_.end(), user_data_roots_.begin(),
+                             user_data_roots_.end());
+  }
 
-  std::vector<std::string> data_roots_;
+  std::vector<std::string> data_roots_;  // resolved, without a placeholder
+  std::vector<std::string> shown_data_roots_;
   std::vector<std::string> user_data_roots_;
   std::vector<std::string> output_roots_;
 };

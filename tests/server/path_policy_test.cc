@@ -205,6 +205,7 @@ TEST_F(PathPolicyTest, UserRootGrantsOnlyTheCallersDirectory) {
   auto policy = PathPolicy::Create({data_, base_ + "/home/{user}"}, {out_});
   ASSERT_THAT(policy, IsOk());
   EXPECT_THAT(policy->user_data_roots(), ElementsAre(base_ + "/home/{user}"));
+  EXPECT_THAT(policy->data_roots(), ElementsAre(data_, base_ + "/home/{user}"));
   EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/alice/t.mtt", "alice"), IsOk());
   EXPECT_THAT(policy->CheckRead("data.tokens", data_ + "/tiny", "alice"), IsOk());  // shared root
   EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/bob/t.mtt", "alice"),
