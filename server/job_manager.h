@@ -42,7 +42,9 @@
 // request, never other users' calls nor the drain (--shutdown_timeout).
 // Get and List never take mu_, and queue positions are indexed counts
 // (JobStore::QueuePosition); a scheduling pass reads the queue a page at a
-// time and stops at the first job that cannot start.
+// time and stops at the first job that cannot start. Not yet moved out:
+// listing a job's checkpoints on disk (Resume, FinishJob, Recover,
+// DeleteCheckpoint) and deleting a checkpoint still run under mu_.
 //
 // Note [Crash recovery]
 // Every transition is committed to the JobStore before it takes effect. On
