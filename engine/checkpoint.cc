@@ -28,6 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "engine/dir_fd.h"
 #include "engine/hf_model.h"
 #include "engine/mapped_file.h"
 #include "engine/param_layout.h"
@@ -141,13 +143,25 @@ absl::StatusOr<std::vector<StepDir>> ListStepDirs(const std::string& root) {
 }
 
 // Removes every `.tmp-*` entry of `root`: crashed writes and deletions.
-void RemoveTempEntries(const std::string& root) {
+// Through the descriptor; a link is removed as a link (dir_fd.h).
+void RemoveTempEntries(const DirFd& root) {
+  std::vector<std::string> names;
   std::error_code ec;
-  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (absl::StartsWith(it->path().filename().string(), kTempPrefix)) {
-      (void)RemoveTree(it->path().string());
-    }
+  for (std::filesystem::directory_iterator it(root.IoPath(), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (absl::StartsWith(name, kTempPrefix)) names.push_back(name);
   }
+  for (const std::string& name : names) (void)root.RemoveTreeAt(name);
+}
+
+// `status` with the descriptor path `io_path` (DirFd::IoPath) in its
+// message replaced by the path it stands for.
+absl::Status ShowPath(const absl::Status& status, const std::string& io_path,
+                      const std::string& path) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrReplaceAll(status.message(), {{io_path, path}}));
 }
 
 // Sum of the sizes of the regular files directly in `dir`, in bytes.
@@ -260,18 +274,21 @@ std::string ManifestJson(int64_t step, const std::map<std::string, ManifestEntry
 // place. Prefers one atomic exchange; without renameat2 support, renames
 // the old one away first (a crash in between loses only that step).
 // On success the old checkpoint is at `temp_dir` or `aside_dir`.
-absl::Status ReplaceDirectory(const std::string& temp_dir, const std::string& final_dir,
-                              const std::string& aside_dir) {
-  if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+// Entries are names in `root` (Note [Directory descriptors] in dir_fd.h).
+absl::Status ReplaceDirectory(const DirFd& root, const std::string& temp_name,
+                              const std::string& final_name, const std::string& aside_name) {
+  const std::string final_dir = JoinPath(root.path(), final_name);
+  if (::renameat2(root.fd(), temp_name.c_str(), root.fd(), final_name.c_str(),
+                  RENAME_EXCHANGE) == 0) {
     return absl::OkStatus();
   }
   if (errno != EINVAL && errno != ENOSYS) {
     return ErrnoError(errno, final_dir, "exchange with the new checkpoint");
   }
-  if (::rename(final_dir.c_str(), aside_dir.c_str()) != 0) {
+  if (::renameat(root.fd(), final_name.c_str(), root.fd(), aside_name.c_str()) != 0) {
     return ErrnoError(errno, final_dir, "move the old checkpoint aside");
   }
-  if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {
+  if (::renameat(root.fd(), temp_name.c_str(), root.fd(), final_name.c_str()) != 0) {
     return ErrnoError(errno, final_dir, "rename the new checkpoint into place");
   }
   return absl::OkStatus();
@@ -279,9 +296,12 @@ absl::Status ReplaceDirectory(const std::string& temp_dir, const std::string& fi
 
 // Deletes the checkpoints that `retention` does not keep; `written_step`
 // is always kept.
-absl::Status ApplyRetention(const std::string& root, int64_t written_step,
+absl::Status ApplyRetention(const DirFd& root_fd, int64_t written_step,
                             const CheckpointSpec& retention) {
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<StepDir> dirs, ListStepDirs(root));
+  const std::string& root = root_fd.path();
+  absl::StatusOr<std::vector<StepDir>> listed = ListStepDirs(root_fd.IoPath());
+  if (!listed.ok()) return ShowPath(listed.status(), root_fd.IoPath(), root);
+  const std::vector<StepDir>& dirs = *listed;
   std::set<int64_t> keep = {written_step};
   const size_t keep_last = static_cast<size_t>(retention.keep_last);
   for (size_t idx = dirs.size() > keep_last ? dirs.size() - keep_last : 0; idx < dirs.size();
@@ -292,18 +312,21 @@ absl::Status ApplyRetention(const std::string& root, int64_t written_step,
   for (const StepDir& dir : dirs) {
     if (keep.contains(dir.step)) continue;
     if (retention.keep_every > 0 && dir.step > 0 && dir.step % retention.keep_every == 0) continue;
+    // Only directories the writer made: a link named like one is left alone.
+    absl::StatusOr<struct stat> info = root_fd.StatAt(dir.name);
+    if (!info.ok() || !S_ISDIR(info->st_mode)) continue;
     // Rename first: a crash mid-delete leaves a `.tmp-*` directory (ignored,
     // cleaned by the next write), never a half-deleted `step-*`.
-    const std::string doomed_path = JoinPath(root, absl::StrCat(kTempPrefix, "delete-", dir.name));
-    if (::rename(JoinPath(root, dir.name).c_str(), doomed_path.c_str()) != 0) {
+    const std::string doomed_name = absl::StrCat(kTempPrefix, "delete-", dir.name);
+    if (::renameat(root_fd.fd(), dir.name.c_str(), root_fd.fd(), doomed_name.c_str()) != 0) {
       return ErrnoError(errno, JoinPath(root, dir.name), "move aside for deletion");
     }
-    doomed.push_back(doomed_path);
+    doomed.push_back(doomed_name);
   }
   if (doomed.empty()) return absl::OkStatus();
-  MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
-  for (const std::string& path : doomed) {
-    (void)RemoveTree(path);  // a leftover is removed by the next write
+  MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
+  for (const std::string& name : doomed) {
+    (void)root_fd.RemoveTreeAt(name);  // a leftover is removed by the next write
   }
   return absl::OkStatus();
 }
@@ -615,41 +638,56 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   //    after it the new one; never a partial `step-N`.
   // 4. Retention: rename doomed checkpoints to `.tmp-delete-*`, fsync,
   //    delete.
-  const std::string root = JoinPath(output_dir, kCheckpointsSubdir);
+  //
+  // Every entry below `checkpoints/` is reached through its descriptor
+  // `root_fd`, never by following a symbolic link (Note [Directory
+  // descriptors] in dir_fd.h): a link swapped in fails the write and nothing
+  // outside is written or deleted. `root` and `temp_dir` name them in
+  // messages.
   std::error_code ec;
-  std::filesystem::create_directories(root, ec);
-  if (ec) return ErrnoError(ec.value(), root, "create directory");
+  std::filesystem::create_directories(output_dir, ec);
+  if (ec) return ErrnoError(ec.value(), output_dir, "create directory");
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      DirFd root_fd, DirFd::OpenBeneath(output_dir, kCheckpointsSubdir, DirFd::Create::kYes));
+  const std::string& root = root_fd.path();
   MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(output_dir));
-  RemoveTempEntries(root);
+  RemoveTempEntries(root_fd);
 
   const std::string name = CheckpointDirName(state.step);
-  std::string temp_dir = JoinPath(root, absl::StrCat(kTempPrefix, name, ".XXXXXX"));
-  if (::mkdtemp(temp_dir.data()) == nullptr) {
-    return Annotate(ErrnoError(errno, temp_dir, "create temporary directory"),
+  std::string temp_io = root_fd.IoPath(absl::StrCat(kTempPrefix, name, ".XXXXXX"));
+  if (::mkdtemp(temp_io.data()) == nullptr) {
+    return Annotate(ErrnoError(errno, JoinPath(root, absl::StrCat(kTempPrefix, name, ".XXXXXX")),
+                               "create temporary directory"),
                     absl::StrCat("writing checkpoint ", name));
   }
-  RemoveTreeGuard temp_guard(temp_dir);
+  const std::string temp_name = std::filesystem::path(temp_io).filename().string();
+  const std::string temp_dir = JoinPath(root, temp_name);
+  RemoveTreeGuard temp_guard(temp_io);
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd temp_fd, root_fd.OpenChild(temp_name, DirFd::Create::kNo));
+  const std::string temp_fd_io = temp_fd.IoPath();
 
   std::map<std::string, ManifestEntry> files;
   ManifestEntry manifest_entry;
   absl::Status written = [&]() -> absl::Status {
-    MEGATRAIN_ASSIGN_OR_RETURN(files[kConfigFile], WriteTextFile(temp_dir, kConfigFile,
+    MEGATRAIN_ASSIGN_OR_RETURN(files[kConfigFile], WriteTextFile(temp_fd_io, kConfigFile,
                                                                  store.config().ToHfConfigJson()));
     MEGATRAIN_ASSIGN_OR_RETURN(files[kStateFile],
-                               WriteTextFile(temp_dir, kStateFile, StateJson(state)));
+                               WriteTextFile(temp_fd_io, kStateFile, StateJson(state)));
     for (const TensorFileKind* kind : {&kMasterFile, &kExpAvgFile, &kExpAvgSqFile}) {
-      MEGATRAIN_ASSIGN_OR_RETURN(files[kind->file_name], WriteTensorFile(temp_dir, *kind, store));
+      MEGATRAIN_ASSIGN_OR_RETURN(files[kind->file_name],
+                                 WriteTensorFile(temp_fd_io, *kind, store));
     }
-    MEGATRAIN_ASSIGN_OR_RETURN(manifest_entry, WriteTextFile(temp_dir, kManifestFile,
+    MEGATRAIN_ASSIGN_OR_RETURN(manifest_entry, WriteTextFile(temp_fd_io, kManifestFile,
                                                              ManifestJson(state.step, files)));
-    return FsyncDirectory(temp_dir);
+    return temp_fd.Fsync();
   }();
+  written = ShowPath(written, temp_fd_io, temp_dir);
   if (!written.ok()) {
     // Free the space now (a full disk is the likely cause) and say what is
     // left: the earlier checkpoints were not touched.
     temp_guard.Release();
-    const absl::Status removed = RemoveTree(temp_dir);
-    absl::StatusOr<std::vector<StepDir>> earlier = ListStepDirs(root);
+    const absl::Status removed = root_fd.RemoveTreeAt(temp_name);
+    absl::StatusOr<std::vector<StepDir>> earlier = ListStepDirs(root_fd.IoPath());
     std::string left;
     if (!earlier.ok() || earlier->empty()) {
       left = "no earlier checkpoint exists";
@@ -666,20 +704,20 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   }
 
   const std::string final_dir = JoinPath(root, name);
-  if (std::filesystem::exists(final_dir, ec)) {
+  if (root_fd.StatAt(name).ok()) {
     // The old checkpoint ends up at temp_dir (exchange) or at the aside
     // path; both are `.tmp-*` and removed below or by the next write.
-    const std::string aside_dir = JoinPath(root, absl::StrCat(kTempPrefix, "delete-", name));
-    MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(temp_dir, final_dir, aside_dir));
-    MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
-    (void)RemoveTree(aside_dir);
+    const std::string aside_name = absl::StrCat(kTempPrefix, "delete-", name);
+    MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(root_fd, temp_name, name, aside_name));
+    MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
+    (void)root_fd.RemoveTreeAt(aside_name);
     // temp_guard removes temp_dir, which now holds the old checkpoint.
   } else {
-    if (::rename(temp_dir.c_str(), final_dir.c_str()) != 0) {
+    if (::renameat(root_fd.fd(), temp_name.c_str(), root_fd.fd(), name.c_str()) != 0) {
       return ErrnoError(errno, final_dir, "rename the new checkpoint into place");
     }
     temp_guard.Release();
-    MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(root));
+    MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
   }
 
   CheckpointInfo info;
@@ -691,7 +729,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   info.manifest_xxh64 = manifest_entry.xxh64;
 
   MEGATRAIN_RETURN_IF_ERROR(
-      Annotate(ApplyRetention(root, state.step, retention),
+      Annotate(ApplyRetention(root_fd, state.step, retention),
                absl::StrCat(final_dir, " was written, but deleting older checkpoints failed")));
   return info;
 }

@@ -206,6 +206,15 @@ absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   return FootprintOf(spec, config);
 }
 
+absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spec,
+                                                              absl::string_view hf_config_json) {
+  if (spec.model.hf_dir.empty()) return EstimateFootprint(spec);
+  absl::StatusOr<ModelConfig> config =
+      ParseHfConfig(hf_config_json, (fs::path(spec.model.hf_dir) / "config.json").string());
+  if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
+  return FootprintOf(spec, *config);
+}
+
 absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
                                       const ModelConfig& config) {
   if (!absl::IsResourceExhausted(status) ||

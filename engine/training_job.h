@@ -138,6 +138,11 @@ struct MemoryFootprint {
 
 // Computes the footprint of `spec`'s model (reads config.json for hf_dir).
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec);
+// As EstimateFootprint, with an hf_dir model's config.json given as
+// `hf_config_json` (read by the caller) instead of read from disk; a preset
+// spec ignores it. Errors of ParseHfConfig, prefixed "model.hf_dir".
+absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spec,
+                                                              absl::string_view hf_config_json);
 
 // Engine-side state of a running job, reported through JobObserver.
 struct StepReport {

@@ -34,6 +34,12 @@ class RealEngineBackend final : public EngineBackend {
     return Guard("EstimateFootprint", [&] { return engine::EstimateFootprint(spec); });
   }
 
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
+      const engine::JobSpec& spec, const std::string& hf_config_json) override {
+    return Guard("EstimateFootprint",
+                 [&] { return engine::EstimateFootprintFromHfConfig(spec, hf_config_json); });
+  }
+
   absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
       const engine::JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from) override {

@@ -44,6 +44,16 @@ class EngineBackend {
   virtual absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(
       const engine::JobSpec& spec) = 0;
 
+  // As EstimateFootprint, but sizes an hf_dir model from `hf_config_json`
+  // (its config.json, already read by the caller: Note [Input preflight] in
+  // path_policy.h) instead of opening the file; a preset spec ignores it.
+  // The default, for fakes that read no files, calls EstimateFootprint.
+  virtual absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
+      const engine::JobSpec& spec, const std::string& hf_config_json) {
+    (void)hf_config_json;
+    return EstimateFootprint(spec);
+  }
+
   // engine::TrainingJob::Create: builds the job on `device`, resuming from
   // the checkpoint directory `resume_from` when given (spec.job_id set: a
   // checkpoint naming another job is refused). May take long (loads

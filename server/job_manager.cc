@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "engine/dir_fd.h"
 #include "engine/status_macros.h"
 #include "server/job_request_json.h"
 #include "server/logging.h"
@@ -27,6 +29,8 @@ namespace fs = std::filesystem;
 constexpr int kMaxEventsPerBatch = 1000;
 // Watchers re-check cancellation and deadlines at least this often.
 constexpr absl::Duration kMaxWaitSlice = absl::Seconds(1);
+// Queued jobs a scheduling pass reads at a time.
+constexpr int kSchedulePageSize = 32;
 // Weight of the newest step in the step-time average used for the ETA.
 constexpr double kEtaSmoothing = 0.2;
 
@@ -243,38 +247,40 @@ absl::Status JobManager::Recover() {
 // ---------------------------------------------------------------------------
 // Submission and queries.
 
-absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest request,
-                                             absl::string_view request_id) {
-  if (request_id.size() > kMaxRequestIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id: at most ", kMaxRequestIdLength,
-                                                   " characters, got ", request_id.size()));
+absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller,
+                                                 const JobRequest& request,
+                                                 absl::string_view request_id,
+                                                 bool* found) {
+  *found = false;
+  if (request_id.empty()) return JobRecord();
+  MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> existing,
+                             store_->FindByRequestId(caller.name, request_id));
+  if (!existing.has_value()) return JobRecord();
+  JobRequest normalized = request;
+  if (normalized.spec.output_dir.empty()) {
+    normalized.spec.output_dir = (fs::path(options_.jobs_dir) / existing->id).string();
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (draining_) return absl::UnavailableError("the daemon is shutting down; submit later");
-
-  if (!request_id.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> existing,
-                               store_->FindByRequestId(caller.name, request_id));
-    if (existing.has_value()) {
-      JobRequest normalized = request;
-      if (normalized.spec.output_dir.empty()) {
-        normalized.spec.output_dir = (fs::path(options_.jobs_dir) / existing->id).string();
-      }
-      if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("request_id '", request_id, "' was already used for job ",
-                         existing->id, " with a different spec"));
-      }
-      FillQueuePositions({&*existing});
-      return *std::move(existing);
-    }
+  if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
+                                                 "' was already used for job ", existing->id,
+                                                 " with a different spec"));
   }
+  *found = true;
+  FillQueuePositions({&*existing});
+  return *std::move(existing);
+}
 
+absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& caller,
+                                                              const JobRequest& request) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobRequest(request));
   MEGATRAIN_RETURN_IF_ERROR(backend_->ValidateJobSpec(request.spec));
-  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(request.spec));
-  MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint,
-                             backend_->EstimateFootprint(request.spec));
+  // The policy first: a refusal must not depend on (and so reveal) what
+  // lies at a path the caller may not read (Note [Per-user data roots]).
+  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(request.spec, caller.name));
+  MEGATRAIN_ASSIGN_OR_RETURN(JobInputs inputs, PreflightJobInputs(request.spec));
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      engine::MemoryFootprint footprint,
+      backend_->EstimateFootprintFromHfConfig(request.spec, inputs.hf_config_json.value_or("")));
   if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
     const engine::HostStoreBytes& host = footprint.host;
     const std::string offload =
@@ -290,50 +296,82 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
         " bytes) but --host_memory_budget is ", FormatBytes(options_.host_memory_budget_bytes),
         "; it can never run on this daemon"));
   }
+  return footprint;
+}
+
+absl::Status JobManager::CheckJobLimitsLocked(const std::string& owner, int64_t joining) {
+  // Note [Job limits].
   if (options_.max_queued_jobs_per_user > 0) {
-    MEGATRAIN_ASSIGN_OR_RETURN(int64_t queued, store_->CountJobs(caller.name, JobState::kQueued));
-    if (queued >= options_.max_queued_jobs_per_user) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("user '", caller.name, "' already has ", queued,
-                       " queued jobs (--max_queued_jobs_per_user=",
-                       options_.max_queued_jobs_per_user, ")"));
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t live, store_->CountLiveJobs(owner));
+    if (live + joining > options_.max_queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "user '", owner, "' already has ", live,
+          " jobs queued, running or suspended (--max_queued_jobs_per_user=",
+          options_.max_queued_jobs_per_user, ")"));
     }
   }
   if (options_.max_queued_jobs > 0) {
-    MEGATRAIN_ASSIGN_OR_RETURN(auto counts, store_->CountByState());
-    if (counts[JobState::kQueued] >= options_.max_queued_jobs) {
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t live, store_->CountLiveJobs(""));
+    if (live + joining > options_.max_queued_jobs) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("the queue is full: ", counts[JobState::kQueued],
-                       " queued jobs (--max_queued_jobs=", options_.max_queued_jobs, ")"));
+          absl::StrCat("the queue is full: ", live,
+                       " jobs queued, running or suspended (--max_queued_jobs=",
+                       options_.max_queued_jobs, ")"));
     }
   }
+  return absl::OkStatus();
+}
 
-  MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, store_->NextJobSeq());
-  JobRecord job;
-  job.seq = seq;
-  job.id = JobIdForSeq(seq);
-  job.owner = caller.name;
-  job.request_id = std::string(request_id);
-  job.request = std::move(request);
-  const bool default_output_dir = job.request.spec.output_dir.empty();
-  if (default_output_dir) {
-    job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
+absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest request,
+                                             absl::string_view request_id) {
+  if (request_id.size() > kMaxRequestIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: at most ", kMaxRequestIdLength,
+                                                   " characters, got ", request_id.size()));
   }
-  MEGATRAIN_RETURN_IF_ERROR(CheckOutputDirExclusive(caller, job.request.spec.output_dir,
-                                                     /*explicit_dir=*/!default_output_dir));
-  job.state = JobState::kQueued;
-  job.create_time_unix_ms = NowUnixMs();
-  job.progress.max_steps = PlannedSteps(job.request.spec);
-  job.host_memory_bytes = footprint.host_total_bytes;
-  job.message = absl::StrCat("submitted by ", caller.name);
-  MEGATRAIN_RETURN_IF_ERROR(
-      store_->InsertJob(job, JobEvent::StateChange(job.id, JobState::kQueued, job.message))
-          .status());
-  LogInfo(absl::StrCat(job.id, ": submitted by ", caller.name, " (", job.request.spec.name,
-                       ", priority ", job.request.priority, ", host memory ",
-                       FormatBytes(job.host_memory_bytes), ")"));
-  RefreshGaugesLocked();
-  ScheduleLocked();
+  if (draining()) return absl::UnavailableError("the daemon is shutting down; submit later");
+  // Note [Lock-free admission]: everything that reads files runs here,
+  // before mu_.
+  bool repeat = false;
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
+  if (repeat) return existing;
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
+
+  JobRecord job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return absl::UnavailableError("the daemon is shutting down; submit later");
+    // Again under the lock: a concurrent call with the same request_id may
+    // have inserted it meanwhile (the store reads are quick and indexed).
+    MEGATRAIN_ASSIGN_OR_RETURN(existing, FindRepeat(caller, request, request_id, &repeat));
+    if (repeat) return existing;
+    MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(caller.name, 1));
+
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, store_->NextJobSeq());
+    job.seq = seq;
+    job.id = JobIdForSeq(seq);
+    job.owner = caller.name;
+    job.request_id = std::string(request_id);
+    job.request = std::move(request);
+    const bool default_output_dir = job.request.spec.output_dir.empty();
+    if (default_output_dir) {
+      job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
+    }
+    // Issue 14: output directories are exclusive (one indexed query).
+    MEGATRAIN_RETURN_IF_ERROR(CheckOutputDirExclusive(caller, job.request.spec.output_dir,
+                                                       /*explicit_dir=*/!default_output_dir));
+    job.state = JobState::kQueued;
+    job.create_time_unix_ms = NowUnixMs();
+    job.progress.max_steps = PlannedSteps(job.request.spec);
+    job.host_memory_bytes = footprint.host_total_bytes;
+    job.message = absl::StrCat("submitted by ", caller.name);
+    MEGATRAIN_RETURN_IF_ERROR(
+        store_->InsertJob(job, JobEvent::StateChange(job.id, JobState::kQueued, job.message))
+            .status());
+    LogInfo(absl::StrCat(job.id, ": submitted by ", caller.name, " (", job.request.spec.name,
+                         ", priority ", job.request.priority, ", host memory ",
+                         FormatBytes(job.host_memory_bytes), ")"));
+    ScheduleLocked();  // refreshes the gauges
+  }
   NotifyEvents();
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(job.id));
   FillQueuePositions({&stored});
@@ -348,18 +386,13 @@ absl::StatusOr<JobRecord> JobManager::LoadForCaller(const Principal& caller,
 }
 
 void JobManager::FillQueuePositions(std::vector<JobRecord*> jobs) {
-  bool any_queued = false;
-  for (JobRecord* job : jobs) any_queued = any_queued || job->state == JobState::kQueued;
-  if (!any_queued) return;
-  absl::StatusOr<std::vector<JobRecord>> queued = store_->JobsInState(JobState::kQueued);
-  if (!queued.ok()) return;
-  std::map<std::string, int64_t> position;
-  for (size_t queue_idx = 0; queue_idx < queued->size(); ++queue_idx) {
-    position[(*queued)[queue_idx].id] = static_cast<int64_t>(queue_idx) + 1;
-  }
+  // One indexed count per queued job (JobStore::QueuePosition): the cost
+  // follows the position, and no queued row is parsed.
   for (JobRecord* job : jobs) {
-    auto it = position.find(job->id);
-    job->queue_position = it == position.end() ? 0 : it->second;
+    job->queue_position = 0;
+    if (job->state != JobState::kQueued) continue;
+    absl::StatusOr<int64_t> position = store_->QueuePosition(job->id);
+    if (position.ok()) job->queue_position = *position;
   }
 }
 
@@ -488,6 +521,9 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
   switch (job.state) {
     case JobState::kSuspended: {
       if (draining_) return absl::UnavailableError("the daemon is shutting down; resume later");
+      // The job already counts (Note [Job limits]); a limit lowered since
+      // it was suspended (a restart with other flags) still holds.
+      MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
       job.resume_from = LatestCheckpointDir(job);
       MEGATRAIN_RETURN_IF_ERROR(
           TransitionLocked(job, JobState::kQueued,
@@ -524,32 +560,53 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
 void JobManager::ScheduleLocked() {
   ReapThreadsLocked();
   if (draining_) return;
-  absl::StatusOr<std::vector<JobRecord>> queued = store_->JobsInState(JobState::kQueued);
-  if (!queued.ok()) {
-    LogError(absl::StrCat("scheduler: reading the queue: ", queued.status().ToString()));
+  // Nothing can start without a free device; only a preemption could help.
+  const bool any_free_device =
+      std::any_of(options_.devices.begin(), options_.devices.end(),
+                  [this](const std::string& device) { return job_on_device_[device].empty(); });
+  if (!any_free_device && !options_.preemption) {
+    RefreshGaugesLocked();
     return;
   }
   std::map<std::string, int> running_by_owner;
   for (const auto& [id, active] : active_) ++running_by_owner[active->owner];
-  for (JobRecord& job : *queued) {
-    if (options_.max_running_jobs_per_user > 0 &&
-        running_by_owner[job.owner] >= options_.max_running_jobs_per_user) {
-      continue;
-    }
-    std::string free_device;
-    for (const std::string& device : options_.devices) {
-      if (job_on_device_[device].empty()) {
-        free_device = device;
-        break;
-      }
-    }
-    const bool fits = reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
-    if (free_device.empty() || !fits) {
-      if (options_.preemption) MaybePreemptLocked(job);
+  // The queue is read a page at a time: a pass usually stops at its first
+  // job (no free device), so its cost does not follow the queue's length.
+  std::optional<JobStore::QueueCursor> cursor;
+  bool stop = false;
+  while (!stop) {
+    absl::StatusOr<std::vector<JobRecord>> page =
+        store_->QueuedJobsPage(cursor, kSchedulePageSize);
+    if (!page.ok()) {
+      LogError(absl::StrCat("scheduler: reading the queue: ", page.status().ToString()));
       break;
     }
-    ++running_by_owner[job.owner];
-    StartLocked(std::move(job), free_device);
+    if (page->empty()) break;
+    cursor = JobStore::QueueCursor{page->back().request.priority, page->back().seq};
+    const bool last_page = page->size() < static_cast<size_t>(kSchedulePageSize);
+    for (JobRecord& job : *page) {
+      if (options_.max_running_jobs_per_user > 0 &&
+          running_by_owner[job.owner] >= options_.max_running_jobs_per_user) {
+        continue;
+      }
+      std::string free_device;
+      for (const std::string& device : options_.devices) {
+        if (job_on_device_[device].empty()) {
+          free_device = device;
+          break;
+        }
+      }
+      const bool fits =
+          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
+      if (free_device.empty() || !fits) {
+        if (options_.preemption) MaybePreemptLocked(job);
+        stop = true;
+        break;
+      }
+      ++running_by_owner[job.owner];
+      StartLocked(std::move(job), free_device);
+    }
+    if (last_page) break;
   }
   RefreshGaugesLocked();
 }
@@ -618,7 +675,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
     // Again at start: the roots may have changed since submission (a
     // restart with other flags), or a directory on the way may have become
     // a symbolic link (Note [Path checks] in path_policy.h).
-    absl::Status paths = options_.path_policy.CheckJobSpec(job.request.spec);
+    absl::Status paths = options_.path_policy.CheckJobSpec(job.request.spec, job.owner);
     if (!paths.ok()) {
       outcome = paths;
     } else if (fs::create_directories(job.request.spec.output_dir, ec); ec) {
@@ -1095,6 +1152,26 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller,
   return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
 }
 
+absl::Status JobManager::RemoveCheckpointDir(const JobRecord& job, const std::string& dir) {
+  // Note [Directory descriptors] in engine/dir_fd.h: reached from the job's
+  // output directory one component at a time, never through a link.
+  const fs::path output_dir = fs::path(job.request.spec.output_dir).lexically_normal();
+  const fs::path relative = fs::path(dir).lexically_normal().lexically_relative(output_dir);
+  if (relative.empty() || *relative.begin() == ".." || relative.is_absolute() ||
+      !relative.has_filename()) {
+    return absl::InternalError(absl::StrCat("checkpoint directory '", dir,
+                                            "' is not inside the job's output_dir '",
+                                            output_dir.string(), "'"));
+  }
+  absl::StatusOr<engine::DirFd> parent =
+      relative.has_parent_path()
+          ? engine::DirFd::OpenBeneath(output_dir.string(), relative.parent_path().string(),
+                                       engine::DirFd::Create::kNo)
+          : engine::DirFd::Open(output_dir.string());
+  if (!parent.ok()) return parent.status();
+  return parent->RemoveTreeAt(relative.filename().string());
+}
+
 absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
                                           absl::string_view checkpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -1106,12 +1183,7 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
                                                       JobStateName(job.state), " job ", job.id,
                                                       " resumes from"));
   }
-  std::error_code ec;
-  fs::remove_all(checkpoint.dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("deleting '", checkpoint.dir, "': ", ec.message()));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(RemoveCheckpointDir(job, checkpoint.dir));
   LogInfo(absl::StrCat(checkpoint_id, ": deleted by ", caller.name));
   return store_->DeleteCheckpoint(job.id, checkpoint.step);
 }

@@ -21,6 +21,31 @@
 // step boundary and goes back to the queue, resuming from that checkpoint.
 // Passes run after every submit, resume, cancel and job end.
 //
+// Note [Job limits]
+// --max_queued_jobs_per_user and --max_queued_jobs count every job that is
+// not terminal (QUEUED, RUNNING, SUSPENDING, SUSPENDED): suspending a job or
+// letting it start does not free room for more. Submit is refused with
+// RESOURCE_EXHAUSTED when the new job would exceed either; ResumeJob checks
+// them too (the job already counts, so this only refuses when a limit was
+// lowered since, e.g. by a restart with other flags). Counts are indexed
+// store queries (JobStore::CountLiveJobs).
+//
+// Note [Lock-free admission]
+// mu_ guards the scheduler's state and is taken by every control call, the
+// job threads and the drain, so nothing that may wait on a file system runs
+// under it. Submit validates the spec, checks its paths
+// (PathPolicy::CheckJobSpec), examines its inputs and reads config.json
+// (PreflightJobInputs: non-blocking opens, fstat checks, size caps) and
+// sizes the job before taking mu_; under mu_ it only re-checks request_id
+// and the limits and inserts the job (indexed store queries). A FIFO,
+// device node or hung file given as an input so fails or stalls that one
+// request, never other users' calls nor the drain (--shutdown_timeout).
+// Get and List never take mu_, and queue positions are indexed counts
+// (JobStore::QueuePosition); a scheduling pass reads the queue a page at a
+// time and stops at the first job that cannot start. Not yet moved out:
+// listing a job's checkpoints on disk (Resume, FinishJob, Recover,
+// DeleteCheckpoint) and deleting a checkpoint still run under mu_.
+//
 // Note [Crash recovery]
 // Every transition is committed to the JobStore before it takes effect. On
 // start-up, jobs found RUNNING (the daemon died under them) are re-queued to
@@ -92,15 +117,18 @@ struct JobManagerOptions {
   int64_t host_memory_budget_bytes = 0;
   // Running jobs per user; 0: no limit.
   int max_running_jobs_per_user = 0;
-  // QUEUED jobs per user; 0: no limit. Submissions beyond it are refused
-  // with RESOURCE_EXHAUSTED.
+  // Non-terminal jobs (queued, running, suspended) per user; 0: no limit.
+  // Submissions beyond it are refused with RESOURCE_EXHAUSTED (Note [Job
+  // limits]).
   int max_queued_jobs_per_user = 100;
-  // QUEUED jobs in all; 0: no limit.
+  // Non-terminal jobs in all; 0: no limit.
   int max_queued_jobs = 10000;
   // Higher-priority jobs may suspend running lower-priority ones.
   bool preemption = false;
   // Where jobs may read and write (--data_roots, --output_roots): checked
-  // at submission, again when a job starts, and for export directories.
+  // at submission, again when a job starts, and for export directories;
+  // "{user}" data roots are filled with the job's owner (Note [Per-user
+  // data roots] in path_policy.h).
   // When it restricts writes, its output roots must include jobs_dir (the
   // default output directories).
   PathPolicy path_policy = PathPolicy::Unrestricted();
@@ -150,8 +178,12 @@ class JobManager {
   // [Checkpoint ownership]);
   // PERMISSION_DENIED naming the field for a path outside the roots of
   // options.path_policy; UNIMPLEMENTED
-  // (architecture); RESOURCE_EXHAUSTED when the footprint exceeds the budget
-  // (message gives both numbers) or a queue limit is reached;
+  // (architecture); INVALID_ARGUMENT naming the field and path for an input
+  // that is a FIFO, socket or device node, or a config.json that is too
+  // large (Note [Input preflight] in path_policy.h); NOT_FOUND for a
+  // missing config.json; RESOURCE_EXHAUSTED when the footprint exceeds the
+  // budget (message gives both numbers) or a job limit is reached (Note
+  // [Job limits]);
   // ALREADY_EXISTS when request_id was used with a different spec;
   // UNAVAILABLE while draining.
   absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
@@ -168,7 +200,8 @@ class JobManager {
 
   // See CancelJob / SuspendJob / ResumeJob in job.proto for the transitions;
   // FAILED_PRECONDITION for a state that does not allow it; ResumeJob is
-  // UNAVAILABLE while draining. Return the job after the change.
+  // UNAVAILABLE while draining and RESOURCE_EXHAUSTED when its owner is
+  // over a job limit (Note [Job limits]). Return the job after the change.
   absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id);
   absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id);
   absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id);
@@ -229,6 +262,19 @@ class JobManager {
              ServerMetrics* metrics);
 
   absl::Status Recover();
+  // The job `caller` created earlier with `request_id` (*found true), or
+  // an empty record (*found false; also for an empty request_id).
+  // ALREADY_EXISTS when that job has a different spec. Takes no lock.
+  absl::StatusOr<JobRecord> FindRepeat(const Principal& caller, const JobRequest& request,
+                                       absl::string_view request_id, bool* found);
+  // Validation, path policy, input preflight and footprint of a new job
+  // (Note [Lock-free admission]): must be called without mu_. Errors as
+  // Submit's.
+  absl::StatusOr<engine::MemoryFootprint> AdmitSpec(const Principal& caller,
+                                                    const JobRequest& request);
+  // RESOURCE_EXHAUSTED when `joining` more jobs of `owner` would exceed a
+  // job limit (Note [Job limits]).
+  absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining);
   // Loads a job and checks that `caller` may access it.
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
   // Fills queue_position of QUEUED jobs.
@@ -265,6 +311,12 @@ class JobManager {
   absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
                                                   absl::string_view checkpoint_id,
                                                   JobRecord* job);
+
+  // Removes checkpoint directory `dir` of `job` through a descriptor of the
+  // job's output_dir without following links (engine/dir_fd.h). INTERNAL
+  // when `dir` is not below output_dir; FAILED_PRECONDITION when a link is
+  // in the way.
+  absl::Status RemoveCheckpointDir(const JobRecord& job, const std::string& dir);
 
   void ScheduleLocked();
   void MaybePreemptLocked(const JobRecord& waiting);

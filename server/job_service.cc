@@ -11,10 +11,25 @@ namespace megatrain::server {
 // way out of the handler (end, client gone, error) gives the slot back.
 class JobServiceImpl::WatchSlot {
  public:
-  // Takes a slot; `acquired()` is false when max_watch_streams are open.
-  explicit WatchSlot(JobServiceImpl* service) : service_(service) {
+  // Takes a slot of `user`; `refusal()` says why not when max_watch_streams
+  // or the user's max_watch_streams_per_user are open.
+  WatchSlot(JobServiceImpl* service, const std::string& user) : service_(service), user_(user) {
     std::lock_guard<std::mutex> lock(service_->watch_mu_);
-    if (service_->watch_streams_ >= service_->max_watch_streams_) return;
+    if (service_->watch_streams_ >= service_->max_watch_streams_) {
+      refusal_ = absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon already serves ", service_->max_watch_streams_,
+          " WatchJob streams (--max_watch_streams); retry later or poll GetJob"));
+      return;
+    }
+    int& mine = service_->watch_streams_by_user_[user_];
+    if (mine >= service_->max_watch_streams_per_user_) {
+      refusal_ = absl::ResourceExhaustedError(absl::StrCat(
+          "user '", user_, "' already has ", mine, " WatchJob streams open (at most ",
+          service_->max_watch_streams_per_user_, " per user); retry later or poll GetJob"));
+      if (mine == 0) service_->watch_streams_by_user_.erase(user_);
+      return;
+    }
+    ++mine;
     acquired_ = true;
     ++service_->watch_streams_;
     service_->metrics_->SetWatchStreams(service_->watch_streams_);
@@ -24,6 +39,10 @@ class JobServiceImpl::WatchSlot {
     if (!acquired_) return;
     std::lock_guard<std::mutex> lock(service_->watch_mu_);
     --service_->watch_streams_;
+    auto it = service_->watch_streams_by_user_.find(user_);
+    if (it != service_->watch_streams_by_user_.end() && --it->second <= 0) {
+      service_->watch_streams_by_user_.erase(it);
+    }
     service_->metrics_->SetWatchStreams(service_->watch_streams_);
     service_->watch_cv_.notify_all();
   }
@@ -31,10 +50,13 @@ class JobServiceImpl::WatchSlot {
   WatchSlot& operator=(const WatchSlot&) = delete;
 
   bool acquired() const { return acquired_; }
+  const absl::Status& refusal() const { return refusal_; }
 
  private:
   JobServiceImpl* const service_;
+  const std::string user_;
   bool acquired_ = false;
+  absl::Status refusal_;
 };
 
 int JobServiceImpl::watch_streams() const {
@@ -138,12 +160,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   RpcCall call("WatchJob", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
-  WatchSlot slot(this);
-  if (!slot.acquired()) {
-    return call.Finish(absl::ResourceExhaustedError(absl::StrCat(
-        "the daemon already serves ", max_watch_streams_,
-        " WatchJob streams (--max_watch_streams); retry later or poll GetJob")));
-  }
+  WatchSlot slot(this, caller->name);
+  if (!slot.acquired()) return call.Finish(slot.refusal());
   int64_t after_seq = request->after_seq();
   // Ends when the job is terminal, the client goes away (or its deadline
   // passes: gRPC then cancels the call) or the daemon drains; WaitEvents

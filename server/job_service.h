@@ -15,6 +15,7 @@
 #define MEGATRAIN_SERVER_JOB_SERVICE_H_
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 
 #include "absl/time/time.h"
@@ -28,14 +29,20 @@ namespace megatrain::server {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  // `max_watch_streams` (> 0) bounds the concurrent WatchJob streams.
+  // `max_watch_streams` (> 0) bounds the concurrent WatchJob streams;
+  // `max_watch_streams_per_user` those of one user (0: three quarters of
+  // max_watch_streams, rounded up, so that one user cannot take every
+  // stream from the others).
   JobServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics,
-                 AuditLog* audit, int max_watch_streams)
+                 AuditLog* audit, int max_watch_streams, int max_watch_streams_per_user = 0)
       : manager_(manager),
         auth_(auth),
         metrics_(metrics),
         audit_(audit),
-        max_watch_streams_(max_watch_streams) {}
+        max_watch_streams_(max_watch_streams),
+        max_watch_streams_per_user_(max_watch_streams_per_user > 0
+                                        ? max_watch_streams_per_user
+                                        : (3 * max_watch_streams + 3) / 4) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -52,7 +59,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   // Streams events until the job is terminal, the client goes away or its
   // deadline passes (CANCELLED; noticed within a second) or the daemon
   // drains (UNAVAILABLE). RESOURCE_EXHAUSTED when max_watch_streams streams
-  // are open already.
+  // are open already, or the caller's max_watch_streams_per_user.
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
 
@@ -70,10 +77,12 @@ class JobServiceImpl final : public v1::JobService::Service {
   ServerMetrics* const metrics_;
   AuditLog* const audit_;
   const int max_watch_streams_;
+  const int max_watch_streams_per_user_;
 
   mutable std::mutex watch_mu_;
   mutable std::condition_variable watch_cv_;  // watch_streams_ changed
   int watch_streams_ = 0;                     // guarded by watch_mu_
+  std::map<std::string, int> watch_streams_by_user_;  // no zero entries; guarded by watch_mu_
 };
 
 }  // namespace megatrain::server

@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state_priority_seq ON jobs(state, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS jobs_by_owner_seq ON jobs(owner, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_owner_state ON jobs(owner, state);
 CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   job_id TEXT NOT NULL,
@@ -948,6 +949,66 @@ absl::StatusOr<AuditPage> JobStore::ListAudit(const AuditQuery& query) {
     page.records.push_back(std::move(record));
   }
   return page;
+}
+
+// ---------------------------------------------------------------------------
+// Queue queries (indexed; see job_store.h).
+
+absl::StatusOr<int64_t> JobStore::CountLiveJobs(absl::string_view owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // States 1..4 are QUEUED, RUNNING, SUSPENDING, SUSPENDED (job.h).
+  const char* sql = owner.empty()
+                        ? "SELECT COUNT(*) FROM jobs WHERE state BETWEEN 1 AND 4"
+                        : "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state BETWEEN 1 AND 4";
+  MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
+  if (!owner.empty()) stmt.Bind(1, owner);
+  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  return row ? stmt.Int(0) : 0;
+}
+
+absl::StatusOr<int64_t> JobStore::QueuePosition(absl::string_view id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Counts the index entries before the job's own (priority DESC, seq) as
+  // two index ranges (an OR of both would scan every queued entry).
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db_,
+                         "SELECT (SELECT COUNT(*) FROM jobs WHERE state = ?2 AND "
+                         "priority > j.priority) + (SELECT COUNT(*) FROM jobs WHERE "
+                         "state = ?2 AND priority = j.priority AND seq <= j.seq) "
+                         "FROM jobs AS j WHERE j.id = ?1 AND j.state = ?2"));
+  stmt.Bind(1, id);
+  stmt.Bind(2, static_cast<int64_t>(JobState::kQueued));
+  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  return row ? stmt.Int(0) : 0;
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::QueuedJobsPage(
+    const std::optional<QueueCursor>& after, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  static const std::string head_sql =
+      absl::StrCat("SELECT ", kJobColumns,
+                   " FROM jobs WHERE state = ?1 ORDER BY priority DESC, seq ASC LIMIT ?2");
+  static const std::string after_sql = absl::StrCat(
+      "SELECT ", kJobColumns,
+      " FROM jobs WHERE state = ?1 AND (priority < ?3 OR (priority = ?3 AND seq > ?4)) "
+      "ORDER BY priority DESC, seq ASC LIMIT ?2");
+  MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt,
+                             Statement::Prepare(db_, after.has_value() ? after_sql : head_sql));
+  stmt.Bind(1, static_cast<int64_t>(JobState::kQueued));
+  stmt.Bind(2, static_cast<int64_t>(limit));
+  if (after.has_value()) {
+    stmt.Bind(3, static_cast<int64_t>(after->priority));
+    stmt.Bind(4, after->seq);
+  }
+  std::vector<JobRecord> jobs;
+  while (true) {
+    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
 }
 
 }  // namespace megatrain::server

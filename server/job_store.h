@@ -130,6 +130,28 @@ class JobStore {
   // Number of jobs of `owner` in `state`.
   absl::StatusOr<int64_t> CountJobs(absl::string_view owner, JobState state);
 
+  // Queue queries whose cost follows the jobs they return or count, not the
+  // length of the queue or of the history (indexes jobs_by_state_priority_seq
+  // and jobs_by_owner_state).
+
+  // Number of non-terminal jobs (QUEUED, RUNNING, SUSPENDING, SUSPENDED) of
+  // `owner`, or of everyone when `owner` is empty.
+  absl::StatusOr<int64_t> CountLiveJobs(absl::string_view owner);
+
+  // 1-based position of job `id` in the queue order (priority, highest
+  // first, then seq); 0 when the job is not QUEUED or does not exist.
+  absl::StatusOr<int64_t> QueuePosition(absl::string_view id);
+
+  // Where a page of the queue ends: the (priority, seq) of its last job.
+  struct QueueCursor {
+    int32_t priority = 0;
+    int64_t seq = 0;
+  };
+  // At most `limit` (> 0) QUEUED jobs in queue order, after `after` when
+  // given (else from the head).
+  absl::StatusOr<std::vector<JobRecord>> QueuedJobsPage(const std::optional<QueueCursor>& after,
+                                                        int limit);
+
   // Writes the state columns of `job` (state, times, device,
   // host_memory_bytes, error_code, message, resume_from) and appends
   // `event`, in one transaction. Returns the event's seq. NOT_FOUND for an

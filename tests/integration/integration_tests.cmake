@@ -14,3 +14,9 @@ foreach(_it cli_flow crash_resume auth prometheus grafana_dashboard tls fault_na
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(integration_${_it} PROPERTIES LABELS integration TIMEOUT 900)
 endforeach()
+# Shared-lab isolation (issue 14): FIFO inputs, {user} data roots.
+add_test(NAME integration_isolation
+  COMMAND bash ${_it_dir}/isolation_test.sh
+          $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(integration_isolation PROPERTIES LABELS integration TIMEOUT 900)

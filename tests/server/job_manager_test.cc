@@ -9,8 +9,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -243,7 +248,7 @@ TEST_F(JobManagerTest, PerUserRunningLimitLetsOthersPass) {
 
 TEST_F(JobManagerTest, PerUserQueueLimitIsResourceExhausted) {
   backend_.gated = true;
-  options_.max_queued_jobs_per_user = 2;
+  options_.max_queued_jobs_per_user = 3;  // counts the running job too (Note [Job limits])
   StartManager();
   Submit(kAlice, Request("running"));
   ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
@@ -251,7 +256,7 @@ TEST_F(JobManagerTest, PerUserQueueLimitIsResourceExhausted) {
   Submit(kAlice, Request("q2"));
   EXPECT_THAT(manager_->Submit(kAlice, Request("q3"), ""),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("user 'alice' already has 2 queued jobs")));
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended")));
   Submit(kBob, Request("bob"));  // other users are not affected
 }
 
@@ -649,6 +654,280 @@ TEST(ResolveDevicesTest, ExpandsTheDeviceFlag) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:2 is not available")));
   EXPECT_THAT(ResolveDevices("tpu", 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+}
+
+// ---------------------------------------------------------------------------
+// Issue 14: admission without file I/O under the lock, limits that hold.
+
+// Runs `fn` on its own thread and waits at most kTimeout for it: a call that
+// blocks fails the test instead of hanging it. The thread is detached on
+// timeout (the test has failed by then).
+template <typename T>
+std::optional<T> CallWithin(std::function<T()> fn) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(fn));
+  std::future<T> result = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (result.wait_for(absl::ToChronoNanoseconds(kTimeout)) != std::future_status::ready) {
+    ADD_FAILURE() << "call did not return within " << kTimeout;
+    return std::nullopt;
+  }
+  return result.get();
+}
+
+std::string MakeFifo(const std::string& dir, const std::string& name) {
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  return path;
+}
+
+TEST_F(JobManagerTest, FifoAsDataPathFailsThatSubmitNamingThePath) {
+  StartManager();
+  const std::string fifo = MakeFifo(MakeTempDir(), "tokens.fifo");
+  JobRequest request = Request("fifo");
+  request.spec.data.tokens = fifo;
+  std::optional<absl::StatusOr<JobRecord>> submitted = CallWithin<absl::StatusOr<JobRecord>>(
+      [&] { return manager_->Submit(kAlice, request, ""); });
+  ASSERT_TRUE(submitted.has_value());
+  EXPECT_THAT(*submitted, StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("data.tokens: '" + fifo + "' is a FIFO")));
+  // Nothing was queued; others proceed.
+  JobRecord bob = Submit(kBob, Request("bob"));
+  EXPECT_THAT(manager_->Get(kBob, bob.id), IsOk());
+}
+
+TEST_F(JobManagerTest, FifoAsModelConfigFailsThatSubmitWithinBoundedTime) {
+  StartManager();
+  const std::string hf_dir = MakeTempDir();
+  const std::string config = MakeFifo(hf_dir, "config.json");
+  JobRequest request = Request("fifo-config");
+  request.spec.model.preset.clear();
+  request.spec.model.hf_dir = hf_dir;
+  // A blocking open of a FIFO without a writer never returns: the test
+  // fails on the deadline rather than hanging if that regresses.
+  std::optional<absl::StatusOr<JobRecord>> submitted = CallWithin<absl::StatusOr<JobRecord>>(
+      [&] { return manager_->Submit(kAlice, request, ""); });
+  ASSERT_TRUE(submitted.has_value());
+  EXPECT_THAT(*submitted, StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("model.hf_dir: '" + config + "' is a FIFO")));
+}
+
+TEST_F(JobManagerTest, ModelConfigMissingOrTooLargeIsRefused) {
+  StartManager();
+  const std::string hf_dir = MakeTempDir();
+  JobRequest request = Request("config");
+  request.spec.model.preset.clear();
+  request.spec.model.hf_dir = hf_dir;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json' does not exist")));
+  const std::string config = hf_dir + "/config.json";
+  { std::ofstream create(config); }
+  std::filesystem::resize_file(config, kMaxHfConfigBytes + 1);
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat(kMaxHfConfigBytes + 1, " bytes; at most"))));
+}
+
+// Forwards to a FakeEngineBackend, but ValidateJobSpec of a spec named
+// "hung" blocks until Release(): a stand-in for a hung file system under a
+// submission.
+class HangingBackend final : public EngineBackend {
+ public:
+  explicit HangingBackend(FakeEngineBackend* fake) : fake_(fake) {}
+
+  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
+    if (spec.name == "hung") {
+      std::unique_lock<std::mutex> lock(mu_);
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return released_; });
+    }
+    return fake_->ValidateJobSpec(spec);
+  }
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {
+    return fake_->EstimateFootprint(spec);
+  }
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) override {
+    return fake_->CreateJob(spec, device, resume_from);
+  }
+  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) override {
+    return fake_->ListCheckpoints(output_dir);
+  }
+  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const std::string& dtype) override {
+    return fake_->ExportHfModel(checkpoint_dir, out_dir, dtype);
+  }
+  int CudaDeviceCount() override { return 0; }
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) override {
+    return fake_->MeasureLinkBandwidth(device, between_directions);
+  }
+
+  bool WaitEntered(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return entered_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  FakeEngineBackend* const fake_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false;   // guarded by mu_
+  bool released_ = false;  // guarded by mu_
+};
+
+TEST_F(JobManagerTest, HungSubmissionStallsNeitherOtherUsersNorTheDrain) {
+  HangingBackend hanging(&backend_);
+  auto created = JobManager::Create(options_, store_.get(), &hanging, &metrics_);
+  ASSERT_THAT(created, IsOk());
+  std::unique_ptr<JobManager> manager = *std::move(created);
+  std::promise<absl::StatusOr<JobRecord>> hung_result;
+  std::thread hung_submit(
+      [&] { hung_result.set_value(manager->Submit(kAlice, Request("hung"), "")); });
+  ASSERT_TRUE(hanging.WaitEntered(kTimeout));
+
+  // While alice's submission is stuck, bob's calls complete.
+  std::optional<absl::StatusOr<JobRecord>> bob = CallWithin<absl::StatusOr<JobRecord>>(
+      [&] { return manager->Submit(kBob, Request("bob", 1), ""); });
+  ASSERT_TRUE(bob.has_value());
+  ASSERT_THAT(*bob, IsOk());
+  std::optional<absl::StatusOr<JobRecord>> got = CallWithin<absl::StatusOr<JobRecord>>(
+      [&] { return manager->Get(kBob, (*bob)->id); });
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(*got, IsOk());
+  // So does the drain, within its timeout.
+  std::optional<bool> drained =
+      CallWithin<bool>([&] { return manager->Drain(kTimeout); });
+  ASSERT_TRUE(drained.has_value());
+  EXPECT_TRUE(*drained);
+
+  hanging.Release();
+  hung_submit.join();
+  EXPECT_THAT(hung_result.get_future().get(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+}
+
+TEST_F(JobManagerTest, JobLimitsCountQueuedSuspendedAndRunningJobs) {
+  backend_.gated = true;
+  options_.max_queued_jobs_per_user = 3;
+  options_.max_queued_jobs = 4;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord held = Submit(kAlice, Request("held"));
+  ASSERT_THAT(manager_->Suspend(kAlice, held.id), IsOk());
+  Submit(kAlice, Request("queued"));
+  EXPECT_THAT(manager_->Submit(kAlice, Request("one-more"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended "
+                                 "(--max_queued_jobs_per_user=3)")));
+  Submit(kBob, Request("bob"));
+  EXPECT_THAT(manager_->Submit(kBob, Request("bob2"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("the queue is full: 4 jobs queued, running or suspended "
+                                 "(--max_queued_jobs=4)")));
+}
+
+TEST_F(JobManagerTest, ResumeIsRefusedWhenALoweredLimitIsExceeded) {
+  backend_.gated = true;
+  options_.max_queued_jobs_per_user = 3;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord first = Submit(kAlice, Request("held1"));
+  JobRecord second = Submit(kAlice, Request("held2"));
+  ASSERT_THAT(manager_->Suspend(kAlice, first.id), IsOk());
+  ASSERT_THAT(manager_->Suspend(kAlice, second.id), IsOk());
+  // Restart with a lower limit: the three jobs stay, no new one may join.
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+  options_.max_queued_jobs_per_user = 2;
+  StartManager();
+  EXPECT_THAT(manager_->Resume(kAlice, first.id),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended")));
+  EXPECT_EQ(StateOf(first.id), JobState::kSuspended);
+  // Once one ends, the other may resume.
+  ASSERT_THAT(manager_->Cancel(kAlice, second.id), IsOk());
+  EXPECT_THAT(manager_->Resume(kAlice, first.id), IsOk());
+}
+
+TEST_F(JobManagerTest, QueuePositionsFollowPriorityThenSubmission) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord low = Submit(kAlice, Request("low", 5, 0));
+  JobRecord high = Submit(kBob, Request("high", 5, 10));
+  JobRecord low2 = Submit(kAlice, Request("low2", 5, 0));
+  EXPECT_EQ(manager_->Get(kAlice, low.id)->queue_position, 2);
+  EXPECT_EQ(manager_->Get(kBob, high.id)->queue_position, 1);
+  EXPECT_EQ(manager_->Get(kAlice, low2.id)->queue_position, 3);
+  ASSERT_THAT(manager_->Cancel(kBob, high.id), IsOk());
+  EXPECT_EQ(manager_->Get(kAlice, low2.id)->queue_position, 2);
+  EXPECT_EQ(manager_->Get(kBob, high.id)->queue_position, 0);
+}
+
+TEST_F(JobManagerTest, PerUserDataRootRefusesAnotherUsersDataWithoutItsSize) {
+  const std::string data = MakeTempDir();
+  std::filesystem::create_directories(data + "/alice");
+  std::filesystem::create_directories(data + "/bob");
+  {
+    std::ofstream(data + "/bob/secret.bin") << std::string(12345, 'x');
+  }
+  auto policy = PathPolicy::Create({data + "/{user}"}, {});
+  ASSERT_THAT(policy, IsOk());
+  options_.path_policy = *policy;
+  StartManager();
+  JobRequest mine = Request("mine");
+  mine.spec.data.tokens = data + "/alice/tokens";
+  EXPECT_THAT(manager_->Submit(kAlice, mine, ""), IsOk());
+  JobRequest theirs = Request("theirs");
+  theirs.spec.data.tokens = data + "/bob/secret.bin";
+  absl::StatusOr<JobRecord> refused = manager_->Submit(kAlice, theirs, "");
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kPermissionDenied,
+                                HasSubstr("data.tokens: '" + data + "/bob/secret.bin' is "
+                                          "outside the daemon's data roots (" + data +
+                                          "/{user}; --data_roots)")));
+  EXPECT_FALSE(absl::StrContains(refused.status().message(), "12345"));
+  // The same refusal for a path that does not exist: nothing is revealed.
+  theirs.spec.data.tokens = data + "/bob/nothing.bin";
+  EXPECT_THAT(manager_->Submit(kAlice, theirs, ""),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("outside the daemon's")));
+  EXPECT_THAT(manager_->Submit(kBob, theirs, ""), IsOk());
+}
+
+TEST_F(JobManagerTest, DeleteCheckpointRemovesALinkSwappedInWithoutFollowingIt) {
+  StartManager();
+  JobRequest request = Request("tiny", 2);
+  request.spec.checkpoint.every_steps = 2;
+  JobRecord job = Submit(kAlice, request);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  // Someone with write access to the job's directory swaps step-2 for a
+  // link to another user's data.
+  const std::string victim = MakeTempDir();
+  std::ofstream(victim + "/precious") << "keep";
+  const std::string step_dir = job.request.spec.output_dir + "/step-2";
+  std::filesystem::remove_all(step_dir);
+  std::filesystem::create_directory_symlink(victim, step_dir);
+  MEGATRAIN_EXPECT_OK(manager_->DeleteCheckpoint(kAlice, "job-000001/step-2"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(step_dir)));
+  EXPECT_TRUE(std::filesystem::exists(victim + "/precious"));
+  // A link in place of the output directory itself fails the delete.
+  const std::string output_dir = job.request.spec.output_dir;
+  std::filesystem::rename(output_dir, output_dir + ".moved");
+  std::filesystem::create_directory_symlink(output_dir + ".moved", output_dir);
+  std::filesystem::create_directories(output_dir + ".moved/step-4");
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, "job-000001/step-4"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_TRUE(std::filesystem::exists(output_dir + ".moved/step-4"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -195,6 +196,87 @@ TEST_F(PathPolicyTest, CheckJobSpecNamesEachField) {
                 StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr(c.field + ": '")))
         << c.field;
   }
+}
+
+// Note [Per-user data roots].
+TEST_F(PathPolicyTest, UserRootGrantsOnlyTheCallersDirectory) {
+  fs::create_directories(base_ + "/home/alice");
+  fs::create_directories(base_ + "/home/bob");
+  auto policy = PathPolicy::Create({data_, base_ + "/home/{user}"}, {out_});
+  ASSERT_THAT(policy, IsOk());
+  EXPECT_THAT(policy->user_data_roots(), ElementsAre(base_ + "/home/{user}"));
+  EXPECT_THAT(policy->data_roots(), ElementsAre(data_, base_ + "/home/{user}"));
+  EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/alice/t.mtt", "alice"), IsOk());
+  EXPECT_THAT(policy->CheckRead("data.tokens", data_ + "/tiny", "alice"), IsOk());  // shared root
+  EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/bob/t.mtt", "alice"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("is outside the daemon's data roots (" + data_ + ", " + base_ +
+                                 "/home/{user}; --data_roots)")));
+  // No user, or a name that is not a plain file name, gets nothing from it.
+  EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/alice/t.mtt", ""),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("data.tokens: '")));
+  EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/bob/t.mtt", "../bob"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("data.tokens: '")));
+  EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/t.mtt", "."),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("data.tokens: '")));
+  // A user whose directory does not exist yet is refused, not an error.
+  EXPECT_THAT(policy->CheckRead("data.tokens", base_ + "/home/carol/t.mtt", "carol"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("outside")));
+}
+
+TEST_F(PathPolicyTest, UserPlaceholderIsRefusedInOutputRootsAndNeedsItsBase) {
+  EXPECT_THAT(PathPolicy::Create({data_}, {out_ + "/{user}"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--output_roots: '{user}' is only allowed in data roots")));
+  EXPECT_THAT(PathPolicy::Create({base_ + "/missing/{user}"}, {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("--data_roots: '")));
+  EXPECT_THAT(PathPolicy::Create({base_ + "/{user}/../x"}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'..' components")));
+}
+
+// Note [Input preflight].
+TEST_F(PathPolicyTest, PreflightRefusesFifosDevicesAndWrongKinds) {
+  const std::string fifo = base_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  engine::JobSpec spec;
+  spec.data.tokens = fifo;
+  EXPECT_THAT(PreflightJobInputs(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.tokens: '" + fifo +
+                                 "' is a FIFO; must be a regular file or a directory")));
+  spec.data.tokens = data_ + "/tiny";  // a directory of shards
+  spec.data.text = "/dev/null";
+  EXPECT_THAT(PreflightJobInputs(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.text: '/dev/null' is a character device; must be a "
+                                 "regular file")));
+  spec.data.text.clear();
+  spec.data.tokenizer = data_;
+  EXPECT_THAT(PreflightJobInputs(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.tokenizer: '" + data_ + "' is a directory")));
+  spec.data.tokenizer = data_ + "/not-yet.model";  // missing: the job's start reports it
+  EXPECT_THAT(PreflightJobInputs(spec), IsOk());
+  spec.model.hf_dir = data_ + "/tiny/shard.mtt";
+  EXPECT_THAT(PreflightJobInputs(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.hf_dir: '" + data_ + "/tiny/shard.mtt' is not a "
+                                 "regular file; must be a directory")));
+}
+
+TEST_F(PathPolicyTest, PreflightReadsConfigJson) {
+  fs::create_directories(data_ + "/model");
+  std::ofstream(data_ + "/model/config.json") << R"({"model_type": "llama"})";
+  engine::JobSpec spec;
+  spec.model.hf_dir = data_ + "/model";
+  absl::StatusOr<JobInputs> inputs = PreflightJobInputs(spec);
+  ASSERT_THAT(inputs, IsOk());
+  EXPECT_EQ(inputs->hf_config_json, R"({"model_type": "llama"})");
+  spec.model.hf_dir.clear();
+  spec.model.preset = "tiny";
+  inputs = PreflightJobInputs(spec);
+  ASSERT_THAT(inputs, IsOk());
+  EXPECT_FALSE(inputs->hf_config_json.has_value());
 }
 
 TEST(SplitPathListTest, TrimsAndDropsEmptyEntries) {
