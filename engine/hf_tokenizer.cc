@@ -21,6 +21,7 @@
 #include <unicode/ustring.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -325,6 +326,9 @@ struct HfTokenizer::Impl {
   int32_t byte_fallback_ids[256];
   // Pipeline.
   std::vector<AddedToken> added;  // longest first (leftmost-longest matching)
+  // Indices into `added` by the first byte of the content, longest first.
+  std::vector<std::vector<uint32_t>> added_by_first_byte = std::vector<std::vector<uint32_t>>(256);
+  uint64_t cache_key = 0;  // unique per loaded tokenizer (Note [Word cache])
   std::vector<NormalizerStep> normalizer;
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<std::pair<bool, std::vector<int32_t>>> template_single;  // (is_sequence, ids)
@@ -339,6 +343,7 @@ struct HfTokenizer::Impl {
   absl::StatusOr<std::string> Normalize(std::string text) const;
   absl::Status PreTokenize(Piece piece, std::vector<std::string>* words) const;
   void Bpe(absl::string_view word, std::vector<int32_t>* ids) const;
+  void BpeUncached(absl::string_view word, std::vector<int32_t>* ids) const;
   absl::Status EncodeSegment(const Piece& piece, std::vector<int32_t>* ids) const;
 };
 
@@ -664,6 +669,10 @@ absl::Status ParseAddedTokens(const json& list, HfTokenizer::Impl* t) {
   std::stable_sort(t->added.begin(), t->added.end(), [](const AddedToken& x, const AddedToken& y) {
     return x.content.size() > y.content.size();
   });
+  for (size_t i = 0; i < t->added.size(); ++i) {
+    t->added_by_first_byte[static_cast<unsigned char>(t->added[i].content[0])].push_back(
+        static_cast<uint32_t>(i));
+  }
   return absl::OkStatus();
 }
 
@@ -742,9 +751,9 @@ void HfTokenizer::Impl::SplitAddedTokens(const Piece& piece, bool normalized,
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
   while (i < s.size()) {
     const AddedToken* hit = nullptr;
-    for (const AddedToken& a : added) {  // longest first
-      if (a.normalized == normalized && s[i] == a.content[0] &&
-          s.compare(i, a.content.size(), a.content) == 0) {
+    for (uint32_t k : added_by_first_byte[static_cast<unsigned char>(s[i])]) {  // longest first
+      const AddedToken& a = added[k];
+      if (a.normalized == normalized && s.compare(i, a.content.size(), a.content) == 0) {
         hit = &a;
         break;
       }
@@ -966,10 +975,40 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string
   return absl::OkStatus();
 }
 
+// Note [Word cache]
+// Words repeat (Zipf), so, like tokenizers' BPE cache, Bpe() keeps the ids
+// of recent words: in a thread_local map (no lock; Encode stays const and
+// concurrent), keyed by the tokenizer's unique cache_key so that a
+// tokenizer loaded at a freed one's address never sees its entries. Words
+// over kMaxCachedWordBytes are not cached; the map is cleared when it
+// reaches kMaxCachedWords (bounded memory per thread).
+constexpr size_t kMaxCachedWordBytes = 64;
+constexpr size_t kMaxCachedWords = size_t{1} << 16;
+
+void HfTokenizer::Impl::Bpe(absl::string_view word, std::vector<int32_t>* ids) const {
+  struct Cache {
+    uint64_t owner = 0;
+    absl::flat_hash_map<std::string, std::vector<int32_t>> words;
+  };
+  thread_local Cache cache;
+  if (word.size() > kMaxCachedWordBytes) return BpeUncached(word, ids);
+  if (cache.owner != cache_key || cache.words.size() >= kMaxCachedWords) {
+    cache.words.clear();
+    cache.owner = cache_key;
+  }
+  auto it = cache.words.find(word);
+  if (it == cache.words.end()) {
+    std::vector<int32_t> word_ids;
+    BpeUncached(word, &word_ids);
+    it = cache.words.emplace(std::string(word), std::move(word_ids)).first;
+  }
+  ids->insert(ids->end(), it->second.begin(), it->second.end());
+}
+
 // models/bpe/model.rs merge_word + word.rs merge_all: characters to ids
 // (byte fallback or <unk> for unknown ones), then repeatedly apply the
 // lowest-ranked merge present, leftmost first.
-void HfTokenizer::Impl::Bpe(absl::string_view word, std::vector<int32_t>* ids) const {
+void HfTokenizer::Impl::BpeUncached(absl::string_view word, std::vector<int32_t>* ids) const {
   if (ignore_merges) {
     auto it = vocab.find(word);
     if (it != vocab.end()) {
@@ -1212,8 +1251,10 @@ absl::StatusOr<HfTokenizer> HfTokenizer::Load(const std::string& path) {
 absl::StatusOr<HfTokenizer> HfTokenizer::FromJson(absl::string_view tokenizer_json,
                                                   absl::string_view config_json,
                                                   const std::string& source) {
+  static std::atomic<uint64_t> next_cache_key{1};
   auto impl = std::make_shared<Impl>();
   impl->path = source;
+  impl->cache_key = next_cache_key.fetch_add(1);
   const json j = json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -507,7 +508,11 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
                    options.max_shard_tokens);
   DocumentSink sink(options, &train, split ? &eval : nullptr);
 
+  const auto start = std::chrono::steady_clock::now();
   for (const std::string& path : options.input_paths) {
+    std::error_code size_error;
+    const uintmax_t input_bytes = fs::file_size(path, size_error);
+    if (!size_error) report.input_bytes += input_bytes;
     CorpusFormat format = options.format;
     if (format == CorpusFormat::kAuto) {
       format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl
@@ -532,6 +537,8 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   }
   MEGATRAIN_RETURN_IF_ERROR(train.Finish());
   MEGATRAIN_RETURN_IF_ERROR(eval.Finish());
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   report.documents = train.documents();
   report.tokens = train.tokens();

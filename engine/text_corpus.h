@@ -13,7 +13,8 @@
 //     0 / false = not). Neither: every token is trained. Written as a token
 //     shard plus a loss-mask shard `<shard>.mask` (same format, ids 0/1).
 //
-// Text is tokenized with a SentencePiece model (engine/tokenizer.h); no BOS
+// Text is tokenized with a Hugging Face tokenizer.json or a SentencePiece
+// model (engine/tokenizer.h: a directory or *.json is the former); no BOS
 // (unless asked) and no EOS is written: DataLoader puts an EOS after every
 // document when it packs them.
 #ifndef MEGATRAIN_ENGINE_TEXT_CORPUS_H_
@@ -42,7 +43,8 @@ struct TokenizeOptions {
   std::vector<std::string> input_paths;
   // How to read them (kAuto decides per file by its name).
   CorpusFormat format = CorpusFormat::kAuto;
-  // SentencePiece model. Required for text (kPlainText, kJsonl, kAuto); for
+  // HF tokenizer (model directory with tokenizer.json, or the file) or
+  // SentencePiece .model. Required for text (kPlainText, kJsonl, kAuto); for
   // kSftJsonl optional, and then only gives vocab_size.
   std::string tokenizer_model;
   // JSONL: the field that holds a document's text.
@@ -88,6 +90,9 @@ struct TokenizeReport {
   uint64_t skipped_documents = 0;  // documents with no tokens, not written
   uint64_t masked_tokens = 0;      // SFT: tokens with loss mask 0 (both sets)
   uint64_t bytes_written = 0;      // all shard and mask files, in bytes
+  uint64_t input_bytes = 0;        // sizes of the input files, in bytes
+  double seconds = 0;              // reading, tokenizing and writing, wall
+                                   // clock (input_bytes / seconds: throughput)
   std::vector<std::string> shards;       // training shard paths, in order
   std::vector<std::string> eval_shards;  // held-out shard paths
   int64_t vocab_size = 0;  // written into the shards; 0 = unknown

@@ -1,5 +1,7 @@
-// A thin wrapper over a SentencePiece model (Debian's libsentencepiece): load
-// a `.model` file, encode text to token ids, decode ids back.
+// The engine's tokenizer: a Hugging Face tokenizer.json (a model directory
+// or the file; engine/hf_tokenizer.h, exact to the `tokenizers` library) or
+// a SentencePiece model (Debian's libsentencepiece): load, encode text to
+// token ids, decode ids back.
 //
 // Why a wrapper: SentencePiece cannot be linked into a program that also
 // loads libprotobuf (LibTorch, gRPC), so it lives in a module opened with
@@ -10,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,10 +20,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "engine/hf_tokenizer.h"
 
 namespace megatrain::engine {
 
-// A loaded SentencePiece model.
+// A loaded HF tokenizer.json or SentencePiece model.
 //
 // Ownership and lifetime: move-only; owns the model in memory (the file is
 // read once by Load() and may then change or vanish). The SentencePiece
@@ -32,13 +36,19 @@ namespace megatrain::engine {
 //
 // Example:
 //   MEGATRAIN_ASSIGN_OR_RETURN(Tokenizer tokenizer,
-//                              Tokenizer::Load("spm.model"));
+//                              Tokenizer::Load("models/Llama-3.2-1B"));
 //   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
 //                              tokenizer.Encode("Hello world."));
 class Tokenizer {
  public:
-  // Reads the model file at `model_path` (loading the SentencePiece module
-  // on first use; see ModuleSearchPath()).
+  // A directory or a file named *.json is a Hugging Face tokenizer: the
+  // directory's tokenizer.json (and tokenizer_config.json for BOS / EOS /
+  // PAD / UNK), with HfTokenizer::Load()'s errors (NOT_FOUND without
+  // tokenizer.json; UNIMPLEMENTED for a type it does not have, naming the
+  // field). Encode() adds no special tokens (the text corpus adds BOS /
+  // EOS itself).
+  // Anything else is a SentencePiece model file (loading the SentencePiece
+  // module on first use; see ModuleSearchPath()).
   // Errors: NOT_FOUND when the file does not exist; INVALID_ARGUMENT when it
   // is not a regular file or not a SentencePiece model; others from the file
   // system. Messages start with `model_path`. FAILED_PRECONDITION when the
@@ -93,6 +103,7 @@ class Tokenizer {
 
   std::string path_;
   std::unique_ptr<void, ProcessorDeleter> processor_;  // module-owned type
+  std::optional<HfTokenizer> hf_;  // set for a HF tokenizer (then no processor_)
   int64_t vocab_size_ = 0;
   int32_t unk_id_ = -1;
   int32_t bos_id_ = -1;

@@ -1,5 +1,7 @@
 // megatrain-tokenize: text, JSONL or SFT JSONL -> token shards (the
-// documented format of docs/data-format.md), with a SentencePiece model.
+// documented format of docs/data-format.md), with a Hugging Face tokenizer
+// (a model directory with tokenizer.json, or the file) or a SentencePiece
+// model.
 // Also reached as `megatrain tokenize ...` (the CLI runs this program).
 #include <cstdio>
 
@@ -11,12 +13,16 @@ int main(int argc, char** argv) {
   megatrain::engine::TokenizeOptions o;
   std::string format = "auto";
   bool json = false;
-  CLI::App app{"megatrain tokenize: write token shards from text with a SentencePiece model"};
+  CLI::App app{"megatrain tokenize: write token shards from text with a HF tokenizer.json "
+               "or a SentencePiece model"};
   app.name("megatrain tokenize");
   app.add_option("inputs", o.input_paths, "Text (.txt, documents separated by blank lines) "
                                           "or JSONL ({\"text\": ...}) files")
       ->required();
-  app.add_option("--tokenizer", o.tokenizer_model, "SentencePiece model file")->required();
+  app.add_option("--tokenizer", o.tokenizer_model,
+                 "HF model directory (its tokenizer.json and tokenizer_config.json), a "
+                 "tokenizer.json file, or a SentencePiece .model file")
+      ->required();
   app.add_option("--out", o.output_dir, "Output directory for the shards")->required();
   app.add_option("--format", format, "auto | text | jsonl | sft")->capture_default_str();
   app.add_option("--text_field", o.text_field, "JSONL field holding the text")->capture_default_str();
@@ -50,6 +56,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "megatrain tokenize: %s\n", report.status().ToString().c_str());
     return 1;
   }
+  const double mb_per_s =
+      report->seconds > 0 ? static_cast<double>(report->input_bytes) / 1e6 / report->seconds : 0;
   if (json) {
     nlohmann::json j{{"documents", report->documents},
                      {"tokens", report->tokens},
@@ -60,7 +68,10 @@ int main(int argc, char** argv) {
                      {"shards", report->shards},
                      {"eval_shards", report->eval_shards},
                      {"vocab_size", report->vocab_size},
-                     {"eos_id", report->eos_id}};
+                     {"eos_id", report->eos_id},
+                     {"input_bytes", report->input_bytes},
+                     {"seconds", report->seconds},
+                     {"mb_per_s", mb_per_s}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%llu documents, %llu tokens in %zu shard(s) under %s",
@@ -72,7 +83,8 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(report->eval_documents),
                   static_cast<unsigned long long>(report->eval_tokens));
     }
-    std::printf("\n");
+    std::printf("; %.2f MB in %.2f s (%.1f MB/s)\n",
+                static_cast<double>(report->input_bytes) / 1e6, report->seconds, mb_per_s);
   }
   return 0;
 }

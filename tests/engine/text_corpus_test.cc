@@ -18,6 +18,7 @@
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/sentencepiece_model.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -402,6 +403,57 @@ TEST(TextCorpusSftTest, BadExamplesNameFileLineAndField) {
   EXPECT_THAT(TokenizeToShards(options),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("add_bos: applies to text only")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// A model directory's tokenizer.json (a fixture made by the `tokenizers`
+// library): documents become exactly the ids tokenizers gives (the fixture's
+// expected.json), BOS / EOS come from tokenizer_config.json, and the report
+// records the input size and time (throughput).
+TEST(TextCorpusHfTest, ModelDirectoryTokenizerGivesTokenizersIds) {
+  const std::string fixture = "tests/testdata/tokenizers/llama3-bpe";
+  std::ifstream in(fixture + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const std::string dir = testing::MakeTempDir("text_corpus_hf");
+  // Two single-line documents from the fixture's hard cases.
+  const nlohmann::json& a = expected.at("cases").at(11);  // "don't I'll we've ..."
+  const nlohmann::json& b = expected.at("cases").at(16);  // emoji
+  WriteFile(dir + "/in.jsonl",
+            nlohmann::json{{"text", a.at("text")}}.dump() + "\n" +
+                nlohmann::json{{"text", b.at("text")}}.dump() + "\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/in.jsonl"};
+  options.tokenizer_model = fixture;  // the directory
+  options.output_dir = dir + "/out";
+  options.add_bos = true;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  std::vector<int32_t> want_a = a.at("ids").get<std::vector<int32_t>>();
+  std::vector<int32_t> want_b = b.at("ids").get<std::vector<int32_t>>();
+  want_a.insert(want_a.begin(), 0);  // <|begin_of_text|>
+  want_b.insert(want_b.begin(), 0);
+  EXPECT_THAT(ReadDocs(report->shards.at(0)), ElementsAre(want_a, want_b));
+  EXPECT_EQ(report->eos_id, 4);  // <|eot_id|> in tokenizer_config.json
+  EXPECT_EQ(report->vocab_size, 2000);
+  EXPECT_EQ(report->input_bytes, FileSize(dir + "/in.jsonl"));
+  EXPECT_GT(report->seconds, 0);
+}
+
+TEST(TextCorpusHfTest, DirectoryWithoutTokenizerJsonIsNotFound) {
+  const std::string dir = testing::MakeTempDir("text_corpus_hf_missing");
+  WriteFile(dir + "/in.txt", "some text\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/in.txt"};
+  options.tokenizer_model = dir;
+  options.output_dir = dir + "/out";
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("tokenizer_model"), HasSubstr("tokenizer.json"))));
 }
 
 }  // namespace
