@@ -304,10 +304,40 @@ struct AddedToken {
 
 // A piece of text on its way through the pipeline. `at_start`: it begins at
 // offset 0 of the original input (Metaspace's "first" scheme).
+// `offsets[i]`: the byte of the original input that text[i] comes from
+// (inserted bytes take the offset of the byte they stand before), so that
+// every token knows its span of the input (Note [Offsets]).
 struct Piece {
   std::string text;
   bool at_start = false;
+  std::vector<uint32_t> offsets;
+
+  Piece Sub(size_t start, size_t length) const {
+    return Piece{text.substr(start, length), at_start && start == 0,
+                 std::vector<uint32_t>(offsets.begin() + start,
+                                       offsets.begin() + std::min(offsets.size(), start + length))};
+  }
 };
+
+// Note [Offsets]
+// tokenizers' NormalizedString aligns every normalized char with original
+// chars; we keep the same per byte in Piece::offsets. Prepend, Metaspace and
+// ByteLevel insert or expand bytes (the new bytes take the source byte's
+// offset); an NF* normalization that changes the text maps its unchanged
+// prefix and suffix exactly and the changed middle to the middle's first
+// original byte. A token's span is [offset of its first byte, offset of its
+// last byte + 1). Chat loss masks (text_corpus.cc) use these spans the way
+// transformers uses char_to_token.
+//
+// Inserts `count` bytes of `bytes` at `pos` of `p`, with the offset of the
+// byte now after them (or of the last byte at the end).
+void InsertBytes(Piece* p, size_t pos, const std::string& bytes) {
+  const uint32_t offset = p->offsets.empty()            ? 0
+                          : pos < p->offsets.size()    ? p->offsets[pos]
+                                                       : p->offsets.back();
+  p->text.insert(pos, bytes);
+  p->offsets.insert(p->offsets.begin() + pos, bytes.size(), offset);
+}
 
 }  // namespace
 
@@ -338,13 +368,20 @@ struct HfTokenizer::Impl {
   absl::flat_hash_map<int32_t, bool> special_ids;
   int32_t bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
 
+  // (piece, -1) for text, (piece of the token's bytes, id) for a token.
   void SplitAddedTokens(const Piece& piece, bool normalized,
                         std::vector<std::pair<Piece, int32_t>>* out) const;
-  absl::StatusOr<std::string> Normalize(std::string text) const;
-  absl::Status PreTokenize(Piece piece, std::vector<std::string>* words) const;
-  void Bpe(absl::string_view word, std::vector<int32_t>* ids) const;
-  void BpeUncached(absl::string_view word, std::vector<int32_t>* ids) const;
-  absl::Status EncodeSegment(const Piece& piece, std::vector<int32_t>* ids) const;
+  absl::Status Normalize(Piece* piece) const;
+  absl::Status PreTokenize(Piece piece, std::vector<Piece>* words) const;
+  // Appends (id, bytes of `word` it covers) per token.
+  void Bpe(absl::string_view word, std::vector<std::pair<int32_t, uint32_t>>* tokens) const;
+  void BpeUncached(absl::string_view word,
+                   std::vector<std::pair<int32_t, uint32_t>>* tokens) const;
+  absl::Status EncodeSegment(Piece piece, std::vector<int32_t>* ids,
+                             std::vector<std::pair<size_t, size_t>>* spans) const;
+  absl::Status EncodeAll(absl::string_view text, bool add_special_tokens,
+                         std::vector<int32_t>* ids,
+                         std::vector<std::pair<size_t, size_t>>* spans) const;
 };
 
 namespace {
@@ -770,15 +807,13 @@ void HfTokenizer::Impl::SplitAddedTokens(const Piece& piece, bool normalized,
       while (match_end < s.size() && is_space(s[match_end])) ++match_end;
     }
     if (match_start > text_start) {
-      out->push_back({Piece{s.substr(text_start, match_start - text_start),
-                            piece.at_start && text_start == 0},
-                      -1});
+      out->push_back({piece.Sub(text_start, match_start - text_start), -1});
     }
-    out->push_back({Piece{}, hit->id});
+    out->push_back({piece.Sub(match_start, match_end - match_start), hit->id});
     i = text_start = match_end;
   }
   if (text_start < s.size()) {
-    out->push_back({Piece{s.substr(text_start), piece.at_start && text_start == 0}, -1});
+    out->push_back({piece.Sub(text_start, s.size() - text_start), -1});
   }
 }
 
@@ -873,7 +908,7 @@ absl::Status SplitPieces(const Regex& regex, bool invert, SplitBehavior behavior
     matches.clear();
     MEGATRAIN_RETURN_IF_ERROR(regex.FindAll(p.text, &matches));
     for (const auto& [start, end] : ApplyBehavior(p.text, matches, invert, behavior)) {
-      if (end > start) next.push_back({p.text.substr(start, end - start), p.at_start && start == 0});
+      if (end > start) next.push_back(p.Sub(start, end - start));
     }
   }
   *pieces = std::move(next);
@@ -882,38 +917,64 @@ absl::Status SplitPieces(const Regex& regex, bool invert, SplitBehavior behavior
 
 }  // namespace
 
-absl::StatusOr<std::string> HfTokenizer::Impl::Normalize(std::string text) const {
+absl::Status HfTokenizer::Impl::Normalize(Piece* piece) const {
   using K = NormalizerStep::Kind;
+  std::string& text = piece->text;
+  std::vector<uint32_t>& offsets = piece->offsets;
   for (const NormalizerStep& step : normalizer) {
     switch (step.kind) {
       case K::kNfc: case K::kNfd: case K::kNfkc: case K::kNfkd: {
-        MEGATRAIN_ASSIGN_OR_RETURN(text, IcuNormalize(text, step.kind));
+        MEGATRAIN_ASSIGN_OR_RETURN(std::string out, IcuNormalize(text, step.kind));
+        if (out == text) break;
+        // Note [Offsets]: exact common prefix and suffix, the middle to its
+        // first original byte.
+        size_t prefix = 0;
+        while (prefix < out.size() && prefix < text.size() && out[prefix] == text[prefix]) ++prefix;
+        size_t suffix = 0;
+        while (suffix < out.size() - prefix && suffix < text.size() - prefix &&
+               out[out.size() - 1 - suffix] == text[text.size() - 1 - suffix]) {
+          ++suffix;
+        }
+        std::vector<uint32_t> mapped(out.size());
+        for (size_t k = 0; k < prefix; ++k) mapped[k] = offsets[k];
+        const uint32_t middle = prefix < offsets.size() ? offsets[prefix] : offsets.back();
+        for (size_t k = prefix; k < out.size() - suffix; ++k) mapped[k] = middle;
+        for (size_t k = 0; k < suffix; ++k) {
+          mapped[out.size() - 1 - k] = offsets[text.size() - 1 - k];
+        }
+        text = std::move(out);
+        offsets = std::move(mapped);
         break;
       }
       case K::kPrepend:
-        if (!text.empty()) text = step.text + text;
+        if (!text.empty()) InsertBytes(piece, 0, step.text);
         break;
       case K::kReplace: {
         std::vector<std::pair<size_t, size_t>> matches;
         MEGATRAIN_RETURN_IF_ERROR(step.regex->FindAll(text, &matches));
         if (matches.empty()) break;
         std::string out;
+        std::vector<uint32_t> mapped;
         size_t prev = 0;
         for (const auto& [start, end] : matches) {
           out.append(text, prev, start - prev);
+          mapped.insert(mapped.end(), offsets.begin() + prev, offsets.begin() + start);
           out += step.text;
+          mapped.insert(mapped.end(), step.text.size(), offsets[start]);
           prev = end;
         }
         out.append(text, prev, std::string::npos);
+        mapped.insert(mapped.end(), offsets.begin() + prev, offsets.end());
         text = std::move(out);
+        offsets = std::move(mapped);
         break;
       }
     }
   }
-  return text;
+  return absl::OkStatus();
 }
 
-absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string>* words) const {
+absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* words) const {
   std::vector<Piece> pieces;
   pieces.push_back(std::move(piece));
   using K = PreTokenizerStep::Kind;
@@ -925,7 +986,7 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string
       case K::kByteLevel: {
         if (step.add_prefix_space) {
           for (Piece& p : pieces) {
-            if (!p.text.empty() && p.text[0] != ' ') p.text.insert(0, 1, ' ');
+            if (!p.text.empty() && p.text[0] != ' ') InsertBytes(&p, 0, " ");
           }
         }
         if (step.regex != nullptr) {
@@ -934,20 +995,41 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string
         const ByteLevelTable& table = ByteLevel();
         for (Piece& p : pieces) {
           std::string mapped;
+          std::vector<uint32_t> offsets;
           mapped.reserve(p.text.size() * 2);
-          for (unsigned char c : p.text) mapped += table.byte_to_utf8[c];
+          offsets.reserve(p.text.size() * 2);
+          for (size_t k = 0; k < p.text.size(); ++k) {
+            const std::string& c = table.byte_to_utf8[static_cast<unsigned char>(p.text[k])];
+            mapped += c;
+            offsets.insert(offsets.end(), c.size(), p.offsets[k]);
+          }
           p.text = std::move(mapped);
+          p.offsets = std::move(offsets);
         }
         break;
       }
       case K::kMetaspace: {
         for (Piece& p : pieces) {
-          p.text = absl::StrReplaceAll(p.text, {{" ", step.replacement}});
+          if (p.text.find(' ') != std::string::npos) {
+            std::string replaced;
+            std::vector<uint32_t> offsets;
+            for (size_t k = 0; k < p.text.size(); ++k) {
+              if (p.text[k] == ' ') {
+                replaced += step.replacement;
+                offsets.insert(offsets.end(), step.replacement.size(), p.offsets[k]);
+              } else {
+                replaced.push_back(p.text[k]);
+                offsets.push_back(p.offsets[k]);
+              }
+            }
+            p.text = std::move(replaced);
+            p.offsets = std::move(offsets);
+          }
           const bool starts = absl::string_view(p.text).substr(0, step.replacement.size()) ==
                               step.replacement;
           if (!starts && (step.prepend_scheme == PrependScheme::kAlways ||
                           (step.prepend_scheme == PrependScheme::kFirst && p.at_start))) {
-            p.text.insert(0, step.replacement);
+            InsertBytes(&p, 0, step.replacement);
           }
         }
         if (step.split) {
@@ -957,11 +1039,11 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string
             size_t start = 0;
             size_t pos = p.text.find(step.replacement, 1);
             while (pos != std::string::npos) {
-              next.push_back({p.text.substr(start, pos - start), p.at_start && start == 0});
+              next.push_back(p.Sub(start, pos - start));
               start = pos;
               pos = p.text.find(step.replacement, pos + step.replacement.size());
             }
-            next.push_back({p.text.substr(start), p.at_start && start == 0});
+            next.push_back(p.Sub(start, p.text.size() - start));
           }
           pieces = std::move(next);
         }
@@ -970,7 +1052,7 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string
     }
   }
   for (Piece& p : pieces) {
-    if (!p.text.empty()) words->push_back(std::move(p.text));
+    if (!p.text.empty()) words->push_back(std::move(p));
   }
   return absl::OkStatus();
 }
@@ -985,10 +1067,11 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<std::string
 constexpr size_t kMaxCachedWordBytes = 64;
 constexpr size_t kMaxCachedWords = size_t{1} << 16;
 
-void HfTokenizer::Impl::Bpe(absl::string_view word, std::vector<int32_t>* ids) const {
+void HfTokenizer::Impl::Bpe(absl::string_view word,
+                            std::vector<std::pair<int32_t, uint32_t>>* ids) const {
   struct Cache {
     uint64_t owner = 0;
-    absl::flat_hash_map<std::string, std::vector<int32_t>> words;
+    absl::flat_hash_map<std::string, std::vector<std::pair<int32_t, uint32_t>>> words;
   };
   thread_local Cache cache;
   if (word.size() > kMaxCachedWordBytes) return BpeUncached(word, ids);
@@ -998,7 +1081,7 @@ void HfTokenizer::Impl::Bpe(absl::string_view word, std::vector<int32_t>* ids) c
   }
   auto it = cache.words.find(word);
   if (it == cache.words.end()) {
-    std::vector<int32_t> word_ids;
+    std::vector<std::pair<int32_t, uint32_t>> word_ids;
     BpeUncached(word, &word_ids);
     it = cache.words.emplace(std::string(word), std::move(word_ids)).first;
   }
@@ -1008,25 +1091,28 @@ void HfTokenizer::Impl::Bpe(absl::string_view word, std::vector<int32_t>* ids) c
 // models/bpe/model.rs merge_word + word.rs merge_all: characters to ids
 // (byte fallback or <unk> for unknown ones), then repeatedly apply the
 // lowest-ranked merge present, leftmost first.
-void HfTokenizer::Impl::BpeUncached(absl::string_view word, std::vector<int32_t>* ids) const {
+void HfTokenizer::Impl::BpeUncached(absl::string_view word,
+                                    std::vector<std::pair<int32_t, uint32_t>>* ids) const {
   if (ignore_merges) {
     auto it = vocab.find(word);
     if (it != vocab.end()) {
-      ids->push_back(it->second);
+      ids->push_back({it->second, static_cast<uint32_t>(word.size())});
       return;
     }
   }
   struct Symbol {
     int32_t id;
     int32_t prev, next;  // indices; -1 at the ends
+    uint32_t len;        // bytes of `word`
     bool removed;
   };
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   int32_t pending_unk = -1;  // a fused <unk> not yet added
-  auto add = [&symbols](int32_t id) {
+  uint32_t pending_unk_len = 0;
+  auto add = [&symbols](int32_t id, uint32_t len) {
     const int32_t n = static_cast<int32_t>(symbols.size());
-    symbols.push_back({id, n - 1, -1, false});
+    symbols.push_back({id, n - 1, -1, len, false});
     if (n > 0) symbols[n - 1].next = n;
   };
   std::string key;
@@ -1038,8 +1124,8 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word, std::vector<int32_t>
     if (i + len >= word.size()) key += end_of_word_suffix;
     auto it = vocab.find(key);
     if (it != vocab.end()) {
-      if (pending_unk >= 0) add(pending_unk), pending_unk = -1;
-      add(it->second);
+      if (pending_unk >= 0) add(pending_unk, pending_unk_len), pending_unk = -1;
+      add(it->second, static_cast<uint32_t>(len));
     } else {
       bool done = false;
       if (byte_fallback) {
@@ -1048,17 +1134,22 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word, std::vector<int32_t>
         });
         if (done) {
           // Rust's merge_word adds byte tokens without flushing a pending <unk>.
-          for (unsigned char c : key) add(byte_fallback_ids[c]);
+          for (unsigned char c : key) add(byte_fallback_ids[c], 1);
         }
       }
       if (!done && model_unk_id >= 0) {
-        if (pending_unk >= 0 && !fuse_unk) add(pending_unk);
-        pending_unk = model_unk_id;
+        if (pending_unk >= 0 && fuse_unk) {
+          pending_unk_len += static_cast<uint32_t>(len);
+        } else {
+          if (pending_unk >= 0) add(pending_unk, pending_unk_len);
+          pending_unk = model_unk_id;
+          pending_unk_len = static_cast<uint32_t>(len);
+        }
       }
     }
     i += len;
   }
-  if (pending_unk >= 0) add(pending_unk);
+  if (pending_unk >= 0) add(pending_unk, pending_unk_len);
 
   struct Merge {
     int32_t rank, pos, new_id;
@@ -1086,6 +1177,7 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word, std::vector<int32_t>
     if (m == nullptr || m->second != top.new_id) continue;  // stale entry
     symbols[cur.next].removed = true;
     cur.id = top.new_id;
+    cur.len += right.len;
     cur.next = right.next;
     if (right.next >= 0) symbols[right.next].prev = top.pos;
     if (cur.prev >= 0) {
@@ -1100,23 +1192,89 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word, std::vector<int32_t>
     }
   }
   for (const Symbol& s : symbols) {
-    if (!s.removed) ids->push_back(s.id);
+    if (!s.removed) ids->push_back({s.id, s.len});
   }
 }
 
-absl::Status HfTokenizer::Impl::EncodeSegment(const Piece& piece, std::vector<int32_t>* ids) const {
-  MEGATRAIN_ASSIGN_OR_RETURN(std::string normalized, Normalize(piece.text));
+// The span of the input that bytes [start, end) of `p` come from.
+std::pair<size_t, size_t> SpanOf(const Piece& p, size_t start, size_t end) {
+  if (p.offsets.empty() || end <= start) return {0, 0};
+  size_t lo = p.offsets[start], hi = p.offsets[start];
+  for (size_t k = start; k < end; ++k) {
+    lo = std::min<size_t>(lo, p.offsets[k]);
+    hi = std::max<size_t>(hi, p.offsets[k]);
+  }
+  return {lo, hi + 1};
+}
+
+absl::Status HfTokenizer::Impl::EncodeSegment(Piece piece, std::vector<int32_t>* ids,
+                                              std::vector<std::pair<size_t, size_t>>* spans) const {
+  MEGATRAIN_RETURN_IF_ERROR(Normalize(&piece));
   std::vector<std::pair<Piece, int32_t>> parts;
-  SplitAddedTokens(Piece{std::move(normalized), piece.at_start}, /*normalized=*/true, &parts);
-  std::vector<std::string> words;
+  SplitAddedTokens(piece, /*normalized=*/true, &parts);
+  std::vector<Piece> words;
+  std::vector<std::pair<int32_t, uint32_t>> tokens;
   for (auto& [part, id] : parts) {
     if (id >= 0) {
       ids->push_back(id);
+      spans->push_back(SpanOf(part, 0, part.text.size()));
       continue;
     }
     words.clear();
     MEGATRAIN_RETURN_IF_ERROR(PreTokenize(std::move(part), &words));
-    for (const std::string& w : words) Bpe(w, ids);
+    for (const Piece& w : words) {
+      tokens.clear();
+      Bpe(w.text, &tokens);
+      size_t pos = 0;
+      for (const auto& [token_id, len] : tokens) {
+        ids->push_back(token_id);
+        spans->push_back(SpanOf(w, pos, pos + len));
+        pos += len;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HfTokenizer::Impl::EncodeAll(absl::string_view text, bool add_special_tokens,
+                                          std::vector<int32_t>* ids,
+                                          std::vector<std::pair<size_t, size_t>>* spans) const {
+  const size_t bad = FindInvalidUtf8(text);
+  if (bad != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("text is not valid UTF-8 at byte ", bad));
+  }
+  if (text.size() >= (size_t{1} << 32)) {
+    return absl::InvalidArgumentError("text: 4 GiB or more in one document");
+  }
+  Piece whole{std::string(text), true, std::vector<uint32_t>(text.size())};
+  for (size_t k = 0; k < text.size(); ++k) whole.offsets[k] = static_cast<uint32_t>(k);
+  std::vector<std::pair<Piece, int32_t>> parts;
+  SplitAddedTokens(whole, /*normalized=*/false, &parts);
+  std::vector<int32_t> body;
+  std::vector<std::pair<size_t, size_t>> body_spans;
+  body.reserve(text.size() / 3 + 4);
+  body_spans.reserve(text.size() / 3 + 4);
+  for (auto& [piece, id] : parts) {
+    if (id >= 0) {
+      body.push_back(id);
+      body_spans.push_back(SpanOf(piece, 0, piece.text.size()));
+    } else {
+      MEGATRAIN_RETURN_IF_ERROR(EncodeSegment(std::move(piece), &body, &body_spans));
+    }
+  }
+  if (!add_special_tokens || !has_template) {
+    *ids = std::move(body);
+    *spans = std::move(body_spans);
+    return absl::OkStatus();
+  }
+  for (const auto& [is_sequence, special] : template_single) {
+    if (is_sequence) {
+      ids->insert(ids->end(), body.begin(), body.end());
+      spans->insert(spans->end(), body_spans.begin(), body_spans.end());
+    } else {
+      ids->insert(ids->end(), special.begin(), special.end());
+      spans->insert(spans->end(), special.size(), std::pair<size_t, size_t>(0, 0));
+    }
   }
   return absl::OkStatus();
 }
@@ -1282,30 +1440,18 @@ absl::StatusOr<HfTokenizer> HfTokenizer::FromJson(absl::string_view tokenizer_js
 
 absl::StatusOr<std::vector<int32_t>> HfTokenizer::Encode(absl::string_view text,
                                                          bool add_special_tokens) const {
-  const size_t bad = FindInvalidUtf8(text);
-  if (bad != absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("text is not valid UTF-8 at byte ", bad));
-  }
-  std::vector<std::pair<Piece, int32_t>> parts;
-  impl_->SplitAddedTokens(Piece{std::string(text), true}, /*normalized=*/false, &parts);
   std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
-  for (const auto& [piece, id] : parts) {
-    if (id >= 0) {
-      ids.push_back(id);
-    } else {
-      MEGATRAIN_RETURN_IF_ERROR(impl_->EncodeSegment(piece, &ids));
-    }
-  }
-  if (!add_special_tokens || !impl_->has_template) return ids;
-  std::vector<int32_t> out;
-  out.reserve(ids.size() + 4);
-  for (const auto& [is_sequence, special] : impl_->template_single) {
-    if (is_sequence) out.insert(out.end(), ids.begin(), ids.end());
-    else out.insert(out.end(), special.begin(), special.end());
-  }
-  return out;
+  std::vector<std::pair<size_t, size_t>> spans;
+  MEGATRAIN_RETURN_IF_ERROR(impl_->EncodeAll(text, add_special_tokens, &ids, &spans));
+  return ids;
+}
+
+absl::StatusOr<HfTokenizer::Encoding> HfTokenizer::EncodeWithOffsets(
+    absl::string_view text, bool add_special_tokens) const {
+  Encoding encoding;
+  MEGATRAIN_RETURN_IF_ERROR(
+      impl_->EncodeAll(text, add_special_tokens, &encoding.ids, &encoding.spans));
+  return encoding;
 }
 
 absl::StatusOr<std::string> HfTokenizer::Decode(absl::Span<const int32_t> ids,

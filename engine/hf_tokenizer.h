@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +78,17 @@ class HfTokenizer {
   // offset); INTERNAL if the regex engine fails (a bug).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                               bool add_special_tokens = false) const;
+
+  // Ids with the byte span of `text` each comes from (Note [Offsets] in
+  // hf_tokenizer.cc; as tokenizers' offsets, in bytes): spans[i] = [first,
+  // end) for ids[i]; (0, 0) for the post-processor's special tokens.
+  struct Encoding {
+    std::vector<int32_t> ids;
+    std::vector<std::pair<size_t, size_t>> spans;
+  };
+  // Encode() with spans; same errors.
+  absl::StatusOr<Encoding> EncodeWithOffsets(absl::string_view text,
+                                             bool add_special_tokens = false) const;
 
   // The text of `ids`, as tokenizers' `Tokenizer.decode(ids,
   // skip_special_tokens)`. Errors: OUT_OF_RANGE for an id without a token.

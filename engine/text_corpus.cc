@@ -414,6 +414,81 @@ absl::Status ReadSftJsonl(const std::string& path, uint64_t vocab_size,
       });
 }
 
+// transformers' char_to_token: the first token whose span holds `pos`.
+std::optional<size_t> TokenAt(const std::vector<std::pair<size_t, size_t>>& spans, size_t pos) {
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].first <= pos && pos < spans[i].second) return i;
+  }
+  return std::nullopt;
+}
+
+// Note [Chat loss mask]
+// transformers' apply_chat_template(return_assistant_tokens_mask=True)
+// marks, for each {% generation %} span [start, end) of the rendered text,
+// the tokens from char_to_token(start) through char_to_token(end - 1)
+// (to the last token when that is None or 0), and stops at the first span
+// whose start has no token. Positions are characters there and bytes here:
+// `end - 1` becomes the first byte of the span's last character, so that a
+// character split over several byte-level tokens resolves to the first of
+// them, as char_to_token does.
+std::vector<int32_t> ChatLossMask(absl::string_view text,
+                                  const std::vector<std::pair<size_t, size_t>>& token_spans,
+                                  const std::vector<std::pair<size_t, size_t>>& assistant_spans) {
+  std::vector<int32_t> mask(token_spans.size(), 0);
+  for (const auto& [start, end] : assistant_spans) {
+    const std::optional<size_t> first = TokenAt(token_spans, start);
+    if (!first.has_value()) break;
+    size_t last_char = end > start ? end - 1 : start;
+    while (last_char > start && (static_cast<unsigned char>(text[last_char]) & 0xC0) == 0x80) {
+      --last_char;
+    }
+    const std::optional<size_t> last = TokenAt(token_spans, last_char);
+    const size_t stop = last.has_value() && *last != 0 ? *last + 1 : mask.size();
+    for (size_t t = *first; t < stop; ++t) mask[t] = 1;
+  }
+  return mask;
+}
+
+// Chat JSONL (megatrain_client.chat_template's output): {"text": rendered,
+// "assistant_spans": [[start, end], ...]} (UTF-8 byte offsets).
+absl::Status ReadChatJsonl(const std::string& path, const Tokenizer& tokenizer,
+                           bool train_on_all_turns, DocumentSink& sink) {
+  std::vector<int32_t> ids;
+  std::vector<std::pair<size_t, size_t>> token_spans;
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        const auto text = json.find("text");
+        if (text == json.end() || !text->is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"text\" must be a string"));
+        }
+        const std::string& rendered = text->get_ref<const std::string&>();
+        std::vector<std::pair<size_t, size_t>> assistant_spans;
+        const auto spans = json.find("assistant_spans");
+        if (spans == json.end() || !spans->is_array()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"assistant_spans\" must be an array"));
+        }
+        for (size_t k = 0; k < spans->size(); ++k) {
+          const nlohmann::json& span = (*spans)[k];
+          if (!span.is_array() || span.size() != 2 || !span[0].is_number_unsigned() ||
+              !span[1].is_number_unsigned() || span[0].get<uint64_t>() > span[1].get<uint64_t>() ||
+              span[1].get<uint64_t>() > rendered.size()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, ": assistant_spans[", k, "] = ", span.dump(),
+                " must be [start, end] with 0 <= start <= end <= ", rendered.size()));
+          }
+          assistant_spans.emplace_back(span[0].get<size_t>(), span[1].get<size_t>());
+        }
+        MEGATRAIN_RETURN_IF_ERROR(
+            Annotate(tokenizer.EncodeWithSpans(rendered, &ids, &token_spans), where));
+        std::vector<int32_t> mask = train_on_all_turns
+                                        ? std::vector<int32_t>(ids.size(), 1)
+                                        : ChatLossMask(rendered, token_spans, assistant_spans);
+        return sink.Add(ids, mask);
+      });
+}
+
 absl::Status ValidateOptions(const TokenizeOptions& options) {
   if (options.input_paths.empty()) {
     return absl::InvalidArgumentError("input_paths: is empty; name a file");
@@ -441,12 +516,15 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
         "vocab_size: must be in [0, 2^31], got ", options.vocab_size));
   }
   const bool sft = options.format == CorpusFormat::kSftJsonl;
+  if (options.train_on_all_turns && options.format != CorpusFormat::kChatJsonl) {
+    return absl::InvalidArgumentError("train_on_all_turns: applies to the chat format only");
+  }
   if (!sft && options.tokenizer_model.empty()) {
     return absl::InvalidArgumentError(
         "tokenizer_model: required to tokenize text (plain text or JSONL); "
         "only SFT JSONL (pre-tokenized) can do without");
   }
-  if (sft && options.add_bos) {
+  if ((sft || options.format == CorpusFormat::kChatJsonl) && options.add_bos) {
     return absl::InvalidArgumentError(
         "add_bos: applies to text only; SFT input_ids are written as given");
   }
@@ -460,7 +538,9 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
 
 absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(options));
-  const bool sft = options.format == CorpusFormat::kSftJsonl;
+  const bool chat = options.format == CorpusFormat::kChatJsonl;
+  // Both write a loss mask beside each shard.
+  const bool sft = options.format == CorpusFormat::kSftJsonl || chat;
 
   std::optional<Tokenizer> tokenizer;
   if (!options.tokenizer_model.empty()) {
@@ -475,7 +555,7 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   }
 
   TokenizeReport report;
-  if (sft) {
+  if (sft && !chat) {
     report.vocab_size = options.vocab_size != 0 ? options.vocab_size
                         : tokenizer.has_value() ? tokenizer->vocab_size()
                                                 : 0;
@@ -530,6 +610,10 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
         break;
       case CorpusFormat::kSftJsonl:
         MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
+        break;
+      case CorpusFormat::kChatJsonl:
+        MEGATRAIN_RETURN_IF_ERROR(
+            ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
         break;
       case CorpusFormat::kAuto:
         break;  // resolved above

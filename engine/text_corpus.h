@@ -34,6 +34,10 @@ enum class CorpusFormat {
   kPlainText,  // documents separated by blank lines
   kJsonl,      // {"text": ...} per line
   kSftJsonl,   // {"input_ids": [...], "labels" | "loss_mask": [...]} per line
+  kChatJsonl,  // {"text": rendered chat, "assistant_spans": [[start, end], ...]}
+               // per line (client/python/megatrain_client/chat_template.py);
+               // needs a HF tokenizer; written with a loss mask that is 1 on
+               // the tokens of the spans (Note [Chat loss mask] in the .cc)
 };
 
 // Options of TokenizeToShards. Field names are the CLI's flag names.
@@ -51,6 +55,8 @@ struct TokenizeOptions {
   std::string text_field = "text";
   // Text formats: start every document with the model's BOS id.
   bool add_bos = false;
+  // kChatJsonl: train on every token (mask all 1), not only assistant turns.
+  bool train_on_all_turns = false;
   // kSftJsonl: ids must be below it, and it is written into the shards;
   // 0 = the tokenizer's vocab_size, or unknown (ids up to 2^31 - 1; uint32
   // shards) without a tokenizer. Text formats use the tokenizer's and

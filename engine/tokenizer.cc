@@ -204,7 +204,7 @@ absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& model_path) {
     tokenizer.bos_id_ = hf.bos_id();
     tokenizer.eos_id_ = hf.eos_id();
     tokenizer.pad_id_ = hf.pad_id();
-    tokenizer.hf_ = std::move(hf);
+    tokenizer.hf_ = std::make_shared<const HfTokenizer>(std::move(hf));
     return tokenizer;
   }
   // Check the file ourselves: SentencePiece's codes for a missing file vary
@@ -251,7 +251,7 @@ absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& model_path) {
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(
     absl::string_view text) const {
-  if (hf_.has_value()) return hf_->Encode(text);
+  if (hf_ != nullptr) return hf_->Encode(text);
   const SpmModule& module = *Module();
   // SentencePiece gives at most about one id per byte (byte fallback), plus
   // a word-boundary piece: try once with that, again if it was too small.
@@ -273,6 +273,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(
       absl::StrCat(path_, ": SentencePiece Encode gave a changing length"));
 }
 
+absl::Status Tokenizer::EncodeWithSpans(absl::string_view text, std::vector<int32_t>* ids,
+                                        std::vector<std::pair<size_t, size_t>>* spans) const {
+  if (hf_ == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        path_, ": token offsets need a Hugging Face tokenizer.json, not a SentencePiece model"));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(HfTokenizer::Encoding encoding, hf_->EncodeWithOffsets(text));
+  *ids = std::move(encoding.ids);
+  *spans = std::move(encoding.spans);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> Tokenizer::Decode(
     absl::Span<const int32_t> ids) const {
   for (size_t pos = 0; pos < ids.size(); ++pos) {
@@ -282,7 +294,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(
                        " is outside [0, ", vocab_size_, ")"));
     }
   }
-  if (hf_.has_value()) return hf_->Decode(ids);
+  if (hf_ != nullptr) return hf_->Decode(ids);
   const SpmModule& module = *Module();
   // A piece is rarely longer than 16 bytes; retry once with the exact size.
   std::string text(16 * ids.size() + 16, '\0');

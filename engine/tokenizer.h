@@ -12,17 +12,18 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "engine/hf_tokenizer.h"
 
 namespace megatrain::engine {
+
+class HfTokenizer;  // engine/hf_tokenizer.h
 
 // A loaded HF tokenizer.json or SentencePiece model.
 //
@@ -75,6 +76,12 @@ class Tokenizer {
   // model).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
 
+  // Encode() with the byte span of `text` each id comes from (HF
+  // tokenizers only: Note [Offsets] in hf_tokenizer.cc). Errors:
+  // UNIMPLEMENTED for a SentencePiece model; else Encode()'s.
+  absl::Status EncodeWithSpans(absl::string_view text, std::vector<int32_t>* ids,
+                               std::vector<std::pair<size_t, size_t>>* spans) const;
+
   // The text of `ids`. Errors: OUT_OF_RANGE for an id outside
   // [0, vocab_size()); INTERNAL if SentencePiece fails.
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const;
@@ -103,7 +110,9 @@ class Tokenizer {
 
   std::string path_;
   std::unique_ptr<void, ProcessorDeleter> processor_;  // module-owned type
-  std::optional<HfTokenizer> hf_;  // set for a HF tokenizer (then no processor_)
+  // Set for a HF tokenizer (then no processor_); immutable, so shared by
+  // moves. A pointer keeps hf_tokenizer.h out of this header.
+  std::shared_ptr<const HfTokenizer> hf_;
   int64_t vocab_size_ = 0;
   int32_t unk_id_ = -1;
   int32_t bos_id_ = -1;

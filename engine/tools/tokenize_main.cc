@@ -24,7 +24,12 @@ int main(int argc, char** argv) {
                  "tokenizer.json file, or a SentencePiece .model file")
       ->required();
   app.add_option("--out", o.output_dir, "Output directory for the shards")->required();
-  app.add_option("--format", format, "auto | text | jsonl | sft")->capture_default_str();
+  app.add_option("--format", format,
+                 "auto | text | jsonl | sft | chat (the output of python3 -m "
+                 "megatrain_client.chat_template; needs a HF tokenizer)")
+      ->capture_default_str();
+  app.add_flag("--train_on_all_turns", o.train_on_all_turns,
+               "chat: train on every token, not only the assistant turns");
   app.add_option("--text_field", o.text_field, "JSONL field holding the text")->capture_default_str();
   app.add_option("--vocab_size", o.vocab_size, "Model vocabulary (ids must be below it; 0: the tokenizer's)");
   app.add_option("--eval_fraction", o.eval_fraction, "Share of documents held out, [0, 0.5]");
@@ -46,8 +51,10 @@ int main(int argc, char** argv) {
     o.format = CorpusFormat::kJsonl;
   } else if (format == "sft") {
     o.format = CorpusFormat::kSftJsonl;
+  } else if (format == "chat") {
+    o.format = CorpusFormat::kChatJsonl;
   } else {
-    std::fprintf(stderr, "megatrain tokenize: --format: unknown '%s' (auto|text|jsonl|sft)\n",
+    std::fprintf(stderr, "megatrain tokenize: --format: unknown '%s' (auto|text|jsonl|sft|chat)\n",
                  format.c_str());
     return 2;
   }
@@ -64,6 +71,7 @@ int main(int argc, char** argv) {
                      {"eval_documents", report->eval_documents},
                      {"eval_tokens", report->eval_tokens},
                      {"skipped_documents", report->skipped_documents},
+                     {"masked_tokens", report->masked_tokens},
                      {"bytes_written", report->bytes_written},
                      {"shards", report->shards},
                      {"eval_shards", report->eval_shards},

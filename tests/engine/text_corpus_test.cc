@@ -458,3 +458,78 @@ TEST(TextCorpusHfTest, DirectoryWithoutTokenizerJsonIsNotFound) {
 
 }  // namespace
 }  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// Chat-format SFT against transformers: the conversations of the fixtures
+// (rendered by apply_chat_template, with assistant masks from the
+// templates' {% generation %} blocks), as megatrain_client.chat_template
+// renders them (tests/python/chat_template_test.py checks the text and
+// wrote chat_spans.json), must give transformers' ids and assistant masks.
+TEST(TextCorpusChatTest, ChatFormatGivesTransformersIdsAndMasks) {
+  std::ifstream spans_in("tests/testdata/tokenizers/chat_spans.json");
+  const nlohmann::json all_spans = nlohmann::json::parse(spans_in);
+  int checked = 0;
+  for (const std::string name :
+       {"llama3-bpe", "qwen2-bpe", "llama2-spm-legacy", "mistral-spm-metaspace"}) {
+    const std::string fixture = "tests/testdata/tokenizers/" + name;
+    std::ifstream in(fixture + "/expected.json");
+    const nlohmann::json chats = nlohmann::json::parse(in).at("chats");
+    const std::string dir = testing::MakeTempDir("text_corpus_chat");
+    std::string jsonl;
+    for (size_t i = 0; i < chats.size(); ++i) {
+      jsonl += nlohmann::json{{"text", chats[i].at("rendered")},
+                              {"assistant_spans", all_spans.at(name).at(i)}}
+                   .dump() +
+               "\n";
+    }
+    WriteFile(dir + "/chat.jsonl", jsonl);
+    TokenizeOptions options;
+    options.input_paths = {dir + "/chat.jsonl"};
+    options.format = CorpusFormat::kChatJsonl;
+    options.tokenizer_model = fixture;
+    options.output_dir = dir + "/out";
+    absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+    ASSERT_THAT(report, IsOk()) << name;
+    const std::vector<std::vector<int32_t>> docs = ReadDocs(report->shards.at(0));
+    const std::vector<std::vector<int32_t>> masks = ReadDocs(report->shards.at(0) + ".mask");
+    ASSERT_EQ(docs.size(), chats.size());
+    ASSERT_EQ(masks.size(), chats.size());
+    for (size_t i = 0; i < chats.size(); ++i) {
+      EXPECT_EQ(docs[i], chats[i].at("ids").get<std::vector<int32_t>>()) << name << " chat " << i;
+      EXPECT_EQ(masks[i], chats[i].at("assistant_masks").get<std::vector<int32_t>>())
+          << name << " chat " << i;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12);
+}
+
+TEST(TextCorpusChatTest, TrainOnAllTurnsAndBadSpans) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  const std::string dir = testing::MakeTempDir("text_corpus_chat_bad");
+  WriteFile(dir + "/chat.jsonl", R"({"text": "<|im_start|>user\nhi<|im_end|>", "assistant_spans": []})"
+                                 "\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/chat.jsonl"};
+  options.format = CorpusFormat::kChatJsonl;
+  options.tokenizer_model = fixture;
+  options.output_dir = dir + "/all";
+  options.train_on_all_turns = true;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->masked_tokens, 0u);
+
+  WriteFile(dir + "/bad.jsonl", R"({"text": "abc", "assistant_spans": [[2, 9]]})"
+                                "\n");
+  options.input_paths = {dir + "/bad.jsonl"};
+  options.output_dir = dir + "/bad";
+  options.train_on_all_turns = false;
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("bad.jsonl:1"), HasSubstr("assistant_spans[0]"))));
+}
+
+}  // namespace
+}  // namespace megatrain::engine

@@ -8,6 +8,13 @@
 
 Errors are MegatrainError (with the gRPC status code and message).
 """
-from megatrain_client.client import Client, MegatrainError, job_spec
-
 __all__ = ["Client", "MegatrainError", "job_spec"]
+
+
+def __getattr__(name):
+    # Lazy (PEP 562): megatrain_client.chat_template needs only jinja2, not
+    # grpc and the generated stubs.
+    if name in __all__:
+        from megatrain_client import client
+        return getattr(client, name)
+    raise AttributeError(f"module 'megatrain_client' has no attribute '{name}'")
