@@ -20,6 +20,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev prometheus curl openssl jq python3
   # Python client (client/python) and its integration test
   python3-grpcio python3-protobuf python3-yaml
+  # chat templates (client/python/megatrain_client/chat_template.py)
+  python3-jinja2
 )
 
 missing=()
