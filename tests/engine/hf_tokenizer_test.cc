@@ -207,3 +207,35 @@ TEST(HfTokenizerTest, ThroughputOnTheExampleCorpus) {
 
 }  // namespace
 }  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// EncodeWithOffsets gives Encode's ids, and spans that cut the text into the
+// tokens' pieces: for byte-level BPE without a normalizer, the spans of
+// consecutive tokens tile the text (a character split over several tokens
+// shares its bytes' span).
+TEST(HfTokenizerOffsetsTest, SpansTileTheTextAndIdsMatchEncode) {
+  absl::StatusOr<HfTokenizer> tokenizer =
+      HfTokenizer::Load(std::string(kFixtures) + "/llama3-bpe");
+  ASSERT_THAT(tokenizer.status(), IsOk());
+  std::ifstream in(std::string(kFixtures) + "/llama3-bpe/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  for (const auto& c : expected.at("cases")) {
+    const std::string text = c.at("text").get<std::string>();
+    absl::StatusOr<HfTokenizer::Encoding> encoding = tokenizer->EncodeWithOffsets(text);
+    ASSERT_THAT(encoding.status(), IsOk());
+    EXPECT_EQ(encoding->ids, c.at("ids").get<std::vector<int32_t>>()) << text;
+    ASSERT_EQ(encoding->spans.size(), encoding->ids.size());
+    size_t covered = 0;  // the text's bytes up to here belong to earlier tokens
+    for (const auto& [start, end] : encoding->spans) {
+      EXPECT_LE(start, covered) << text;
+      EXPECT_LE(end, text.size()) << text;
+      covered = std::max(covered, end);
+    }
+    EXPECT_EQ(covered, text.size()) << text;
+  }
+}
+
+}  // namespace
+}  // namespace megatrain::engine
