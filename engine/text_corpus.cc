@@ -174,6 +174,18 @@ class DocumentSink {
       ++skipped_;
       return absl::OkStatus();
     }
+    // Long documents (TokenizeOptions::max_document_tokens): keep the first
+    // max tokens (and their mask) or drop the document; both counted.
+    const uint64_t max_tokens = options_.max_document_tokens;
+    if (max_tokens > 0 && tokens.size() > max_tokens) {
+      if (options_.long_documents == LongDocumentRule::kDrop) {
+        ++dropped_long_;
+        return absl::OkStatus();
+      }
+      ++truncated_long_;
+      tokens = tokens.subspan(0, max_tokens);
+      if (!mask.empty()) mask = mask.subspan(0, max_tokens);
+    }
     for (int32_t value : mask) masked_tokens_ += value == 0;
     const bool held_out =
         eval_ != nullptr && IsHeldOutDocument(doc_idx, options_.split_seed,
@@ -183,6 +195,8 @@ class DocumentSink {
 
   uint64_t skipped() const { return skipped_; }
   uint64_t masked_tokens() const { return masked_tokens_; }
+  uint64_t truncated_long() const { return truncated_long_; }
+  uint64_t dropped_long() const { return dropped_long_; }
 
  private:
   const TokenizeOptions& options_;
@@ -191,6 +205,8 @@ class DocumentSink {
   uint64_t next_doc_idx_ = 0;
   uint64_t skipped_ = 0;
   uint64_t masked_tokens_ = 0;
+  uint64_t truncated_long_ = 0;
+  uint64_t dropped_long_ = 0;
 };
 
 // Opens an input file for reading.
@@ -630,6 +646,8 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   report.eval_tokens = eval.tokens();
   report.skipped_documents = sink.skipped();
   report.masked_tokens = sink.masked_tokens();
+  report.truncated_documents = sink.truncated_long();
+  report.dropped_documents = sink.dropped_long();
   report.bytes_written = train.bytes_written() + eval.bytes_written();
   report.shards = train.paths();
   report.eval_shards = eval.paths();

@@ -40,6 +40,12 @@ enum class CorpusFormat {
                // the tokens of the spans (Note [Chat loss mask] in the .cc)
 };
 
+// What TokenizeToShards does with a document over max_document_tokens.
+enum class LongDocumentRule {
+  kTruncate,  // keep its first max_document_tokens tokens (and mask)
+  kDrop,      // leave it out
+};
+
 // Options of TokenizeToShards. Field names are the CLI's flag names.
 struct TokenizeOptions {
   // Input files, read in this order; documents are numbered across them
@@ -57,6 +63,12 @@ struct TokenizeOptions {
   bool add_bos = false;
   // kChatJsonl: train on every token (mask all 1), not only assistant turns.
   bool train_on_all_turns = false;
+  // Documents (all formats) longer than this many tokens are truncated or
+  // dropped by `long_documents`, and counted in the report; 0 = no limit.
+  // For SFT and chat data set it to the job's seq_len so that a
+  // conversation is never split over two training windows.
+  uint64_t max_document_tokens = 0;
+  LongDocumentRule long_documents = LongDocumentRule::kTruncate;
   // kSftJsonl: ids must be below it, and it is written into the shards;
   // 0 = the tokenizer's vocab_size, or unknown (ids up to 2^31 - 1; uint32
   // shards) without a tokenizer. Text formats use the tokenizer's and
@@ -95,6 +107,8 @@ struct TokenizeReport {
   uint64_t eval_tokens = 0;        // their tokens
   uint64_t skipped_documents = 0;  // documents with no tokens, not written
   uint64_t masked_tokens = 0;      // SFT: tokens with loss mask 0 (both sets)
+  uint64_t truncated_documents = 0;  // over max_document_tokens, truncated
+  uint64_t dropped_documents = 0;    // over max_document_tokens, left out
   uint64_t bytes_written = 0;      // all shard and mask files, in bytes
   uint64_t input_bytes = 0;        // sizes of the input files, in bytes
   double seconds = 0;              // reading, tokenizing and writing, wall

@@ -28,6 +28,11 @@ int main(int argc, char** argv) {
                  "auto | text | jsonl | sft | chat (the output of python3 -m "
                  "megatrain_client.chat_template; needs a HF tokenizer)")
       ->capture_default_str();
+  std::string long_documents = "truncate";
+  app.add_option("--max_document_tokens", o.max_document_tokens,
+                 "Documents longer than this are truncated or dropped (--long_documents); "
+                 "0: no limit. For SFT/chat use the job's seq_len");
+  app.add_option("--long_documents", long_documents, "truncate | drop")->capture_default_str();
   app.add_flag("--train_on_all_turns", o.train_on_all_turns,
                "chat: train on every token, not only the assistant turns");
   app.add_option("--text_field", o.text_field, "JSONL field holding the text")->capture_default_str();
@@ -58,6 +63,15 @@ int main(int argc, char** argv) {
                  format.c_str());
     return 2;
   }
+  if (long_documents == "truncate") {
+    o.long_documents = megatrain::engine::LongDocumentRule::kTruncate;
+  } else if (long_documents == "drop") {
+    o.long_documents = megatrain::engine::LongDocumentRule::kDrop;
+  } else {
+    std::fprintf(stderr, "megatrain tokenize: --long_documents: unknown '%s' (truncate|drop)\n",
+                 long_documents.c_str());
+    return 2;
+  }
   auto report = megatrain::engine::TokenizeToShards(o);
   if (!report.ok()) {
     std::fprintf(stderr, "megatrain tokenize: %s\n", report.status().ToString().c_str());
@@ -72,6 +86,8 @@ int main(int argc, char** argv) {
                      {"eval_tokens", report->eval_tokens},
                      {"skipped_documents", report->skipped_documents},
                      {"masked_tokens", report->masked_tokens},
+                     {"truncated_documents", report->truncated_documents},
+                     {"dropped_documents", report->dropped_documents},
                      {"bytes_written", report->bytes_written},
                      {"shards", report->shards},
                      {"eval_shards", report->eval_shards},
@@ -90,6 +106,11 @@ int main(int argc, char** argv) {
       std::printf("; held out %llu documents, %llu tokens",
                   static_cast<unsigned long long>(report->eval_documents),
                   static_cast<unsigned long long>(report->eval_tokens));
+    }
+    if (report->truncated_documents + report->dropped_documents > 0) {
+      std::printf("; over --max_document_tokens: %llu truncated, %llu dropped",
+                  static_cast<unsigned long long>(report->truncated_documents),
+                  static_cast<unsigned long long>(report->dropped_documents));
     }
     std::printf("; %.2f MB in %.2f s (%.1f MB/s)\n",
                 static_cast<double>(report->input_bytes) / 1e6, report->seconds, mb_per_s);

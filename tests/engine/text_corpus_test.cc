@@ -533,3 +533,53 @@ TEST(TextCorpusChatTest, TrainOnAllTurnsAndBadSpans) {
 
 }  // namespace
 }  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// Conversations over max_document_tokens: truncated (with their mask) or
+// dropped, and counted.
+TEST(TextCorpusChatTest, LongConversationsAreTruncatedOrDroppedAndCounted) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  std::ifstream in(fixture + "/expected.json");
+  const nlohmann::json chats = nlohmann::json::parse(in).at("chats");
+  std::ifstream spans_in("tests/testdata/tokenizers/chat_spans.json");
+  const nlohmann::json spans = nlohmann::json::parse(spans_in).at("qwen2-bpe");
+  const std::string dir = testing::MakeTempDir("text_corpus_chat_long");
+  std::string jsonl;
+  for (size_t i = 0; i < chats.size(); ++i) {
+    jsonl += nlohmann::json{{"text", chats[i].at("rendered")}, {"assistant_spans", spans.at(i)}}
+                 .dump() + "\n";
+  }
+  WriteFile(dir + "/chat.jsonl", jsonl);
+  // The three conversations have 48, 83 and 81 tokens.
+  TokenizeOptions options;
+  options.input_paths = {dir + "/chat.jsonl"};
+  options.format = CorpusFormat::kChatJsonl;
+  options.tokenizer_model = fixture;
+  options.max_document_tokens = 64;
+  options.output_dir = dir + "/truncate";
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->truncated_documents, 2u);
+  EXPECT_EQ(report->documents, 3u);
+  const auto docs = ReadDocs(report->shards.at(0));
+  const auto masks = ReadDocs(report->shards.at(0) + kLossMaskSuffix);
+  ASSERT_EQ(docs.size(), 3u);
+  std::vector<int32_t> want = chats[1].at("ids").get<std::vector<int32_t>>();
+  want.resize(64);
+  EXPECT_EQ(docs[1], want);
+  std::vector<int32_t> want_mask = chats[1].at("assistant_masks").get<std::vector<int32_t>>();
+  want_mask.resize(64);
+  EXPECT_EQ(masks[1], want_mask);
+
+  options.long_documents = LongDocumentRule::kDrop;
+  options.output_dir = dir + "/drop";
+  report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->dropped_documents, 2u);
+  EXPECT_EQ(report->documents, 1u);
+}
+
+}  // namespace
+}  // namespace megatrain::engine
