@@ -236,6 +236,15 @@ class Regex {
         continue;
       }
       if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+          rc == PCRE2_ERROR_HEAPLIMIT) {
+        // A pathological pattern from tokenizer.json (catastrophic
+        // backtracking): PCRE2's default limits (10^7 match steps) bound
+        // the time, and the file is at fault, not the program.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokenizer regex exceeded PCRE2's backtracking limit at byte ", offset,
+            " (a pathological pattern in tokenizer.json)"));
+      }
       if (rc < 0) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(rc, message, sizeof(message));

@@ -164,6 +164,21 @@ TEST(HfTokenizerTest, LoadRefusesAConfigTokenNotInTheVocabulary) {
                        HasSubstr("tokenizer_config.json: eos_token: '<|nope|>'")));
 }
 
+// A hostile tokenizer.json cannot stall a job: catastrophic backtracking
+// stops at PCRE2's match limit with INVALID_ARGUMENT.
+TEST(HfTokenizerTest, CatastrophicRegexIsBoundedAndRefused) {
+  const std::string dir = testing::MakeTempDir("hf_redos");
+  testing::WriteFileBytes(
+      dir + "/tokenizer.json",
+      Llama3JsonWith("pre_tokenizer", {{"type", "Split"},
+                                       {"pattern", {{"Regex", R"((\p{L}|\p{Ll})+\d)"}}},
+                                       {"behavior", "Isolated"}}));
+  absl::StatusOr<HfTokenizer> tokenizer = HfTokenizer::Load(dir);
+  ASSERT_THAT(tokenizer.status(), IsOk());
+  EXPECT_THAT(tokenizer->Encode(std::string(40, 'a')).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("backtracking limit")));
+}
+
 TEST(HfTokenizerTest, EncodeRefusesInvalidUtf8AndDecodeUnknownIds) {
   absl::StatusOr<HfTokenizer> tokenizer =
       HfTokenizer::Load(std::string(kFixtures) + "/llama3-bpe");
