@@ -713,10 +713,12 @@ absl::Status ParseAddedTokens(const json& list, HfTokenizer::Impl* t) {
     token.lstrip = a.value("lstrip", false);
     token.rstrip = a.value("rstrip", false);
     if (a.value("single_word", false)) {
-      return absl::UnimplementedError(absl::StrCat("added_tokens[", i, "].single_word: true is not supported"));
+      return absl::UnimplementedError(
+          absl::StrCat("added_tokens[", i, "].single_word: true is not supported"));
     }
     if (token.id < 0 || token.id > (1 << 30) || token.content.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("added_tokens[", i, "]: bad id or empty content"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("added_tokens[", i, "]: bad id or empty content"));
     }
     t->added_ids[token.content] = token.id;
     if (token.special) t->special_ids[token.id] = true;
@@ -751,7 +753,9 @@ absl::StatusOr<int32_t> ConfigTokenId(const json& config, const char* key,
 
 absl::Status Build(const json& j, const json& config, HfTokenizer::Impl* t) {
   MEGATRAIN_RETURN_IF_ERROR(ParseModel(j.at("model"), t));
-  if (j.contains("added_tokens")) MEGATRAIN_RETURN_IF_ERROR(ParseAddedTokens(j.at("added_tokens"), t));
+  if (j.contains("added_tokens")) {
+    MEGATRAIN_RETURN_IF_ERROR(ParseAddedTokens(j.at("added_tokens"), t));
+  }
   if (j.contains("normalizer")) {
     MEGATRAIN_RETURN_IF_ERROR(ParseNormalizer(j.at("normalizer"), "normalizer", &t->normalizer));
   }
@@ -1015,7 +1019,8 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* wor
           }
         }
         if (step.regex != nullptr) {
-          MEGATRAIN_RETURN_IF_ERROR(SplitPieces(*step.regex, false, SplitBehavior::kIsolated, &pieces));
+          MEGATRAIN_RETURN_IF_ERROR(
+              SplitPieces(*step.regex, false, SplitBehavior::kIsolated, &pieces));
         }
         const ByteLevelTable& table = ByteLevel();
         for (Piece& p : pieces) {

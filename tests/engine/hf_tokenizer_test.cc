@@ -108,7 +108,8 @@ absl::Status LoadJson(const std::string& tokenizer_json) {
 }
 
 std::string Llama3JsonWith(const std::string& key, const nlohmann::json& value) {
-  nlohmann::json j = nlohmann::json::parse(ReadText(std::string(kFixtures) + "/llama3-bpe/tokenizer.json"));
+  nlohmann::json j =
+      nlohmann::json::parse(ReadText(std::string(kFixtures) + "/llama3-bpe/tokenizer.json"));
   if (key == "model.type") j["model"]["type"] = value;
   else j[key] = value;
   return j.dump();
