@@ -21,8 +21,9 @@ ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
 loopcontrols extension, the `tojson` filter (ensure_ascii=False),
 `raise_exception` and `strftime_now` globals, the special tokens of
 tokenizer_config.json as variables, and the AssistantTracker extension
-for {% generation %}. Where transformers is installed, --use_transformers
-renders with it instead (same output format).
+for {% generation %}. (It does not call transformers even where it is
+installed; tests/python/chat_template_test.py checks the output against
+transformers' own renderings.)
 """
 import argparse
 import json
