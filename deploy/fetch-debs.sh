@@ -15,6 +15,8 @@ PACKAGES=(
   # engine
   libabsl-dev libabsl20220623 nlohmann-json3-dev libcli11-dev libxxhash-dev libxxhash0
   libsentencepiece-dev libsentencepiece0
+  # HF tokenizer.json: PCRE2 and ICU
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72 icu-devtools
   # server and client
   libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 libc-ares-dev libc-ares2 libre2-dev libre2-9
   libprotobuf-dev libprotobuf-lite32 libprotobuf32 libprotoc32 protobuf-compiler protobuf-compiler-grpc

@@ -11,11 +11,17 @@ PACKAGES=(
   libclang-rt-dev
   # engine (OpenBLAS: Debian's LibTorch otherwise calls the reference BLAS, ~10x slower)
   libtorch-dev libopenblas0-pthread libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
+  # HF tokenizer.json: PCRE2 (Split regexes), ICU (NF* normalizers)
+  libpcre2-dev libicu-dev
   # server and client
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   prometheus-cpp-dev libcpp-httplib-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev libssl-dev
   # tests
   libgtest-dev libgmock-dev prometheus curl openssl jq python3
+  # Python client (client/python) and its integration test
+  python3-grpcio python3-protobuf python3-yaml
+  # chat templates (client/python/megatrain_client/chat_template.py)
+  python3-jinja2
 )
 
 missing=()

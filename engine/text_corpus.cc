@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -173,6 +174,18 @@ class DocumentSink {
       ++skipped_;
       return absl::OkStatus();
     }
+    // Long documents (TokenizeOptions::max_document_tokens): keep the first
+    // max tokens (and their mask) or drop the document; both counted.
+    const uint64_t max_tokens = options_.max_document_tokens;
+    if (max_tokens > 0 && tokens.size() > max_tokens) {
+      if (options_.long_documents == LongDocumentRule::kDrop) {
+        ++dropped_long_;
+        return absl::OkStatus();
+      }
+      ++truncated_long_;
+      tokens = tokens.subspan(0, max_tokens);
+      if (!mask.empty()) mask = mask.subspan(0, max_tokens);
+    }
     for (int32_t value : mask) masked_tokens_ += value == 0;
     const bool held_out =
         eval_ != nullptr && IsHeldOutDocument(doc_idx, options_.split_seed,
@@ -182,6 +195,8 @@ class DocumentSink {
 
   uint64_t skipped() const { return skipped_; }
   uint64_t masked_tokens() const { return masked_tokens_; }
+  uint64_t truncated_long() const { return truncated_long_; }
+  uint64_t dropped_long() const { return dropped_long_; }
 
  private:
   const TokenizeOptions& options_;
@@ -190,6 +205,8 @@ class DocumentSink {
   uint64_t next_doc_idx_ = 0;
   uint64_t skipped_ = 0;
   uint64_t masked_tokens_ = 0;
+  uint64_t truncated_long_ = 0;
+  uint64_t dropped_long_ = 0;
 };
 
 // Opens an input file for reading.
@@ -413,6 +430,81 @@ absl::Status ReadSftJsonl(const std::string& path, uint64_t vocab_size,
       });
 }
 
+// transformers' char_to_token: the first token whose span holds `pos`.
+std::optional<size_t> TokenAt(const std::vector<std::pair<size_t, size_t>>& spans, size_t pos) {
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].first <= pos && pos < spans[i].second) return i;
+  }
+  return std::nullopt;
+}
+
+// Note [Chat loss mask]
+// transformers' apply_chat_template(return_assistant_tokens_mask=True)
+// marks, for each {% generation %} span [start, end) of the rendered text,
+// the tokens from char_to_token(start) through char_to_token(end - 1)
+// (to the last token when that is None or 0), and stops at the first span
+// whose start has no token. Positions are characters there and bytes here:
+// `end - 1` becomes the first byte of the span's last character, so that a
+// character split over several byte-level tokens resolves to the first of
+// them, as char_to_token does.
+std::vector<int32_t> ChatLossMask(absl::string_view text,
+                                  const std::vector<std::pair<size_t, size_t>>& token_spans,
+                                  const std::vector<std::pair<size_t, size_t>>& assistant_spans) {
+  std::vector<int32_t> mask(token_spans.size(), 0);
+  for (const auto& [start, end] : assistant_spans) {
+    const std::optional<size_t> first = TokenAt(token_spans, start);
+    if (!first.has_value()) break;
+    size_t last_char = end > start ? end - 1 : start;
+    while (last_char > start && (static_cast<unsigned char>(text[last_char]) & 0xC0) == 0x80) {
+      --last_char;
+    }
+    const std::optional<size_t> last = TokenAt(token_spans, last_char);
+    const size_t stop = last.has_value() && *last != 0 ? *last + 1 : mask.size();
+    for (size_t t = *first; t < stop; ++t) mask[t] = 1;
+  }
+  return mask;
+}
+
+// Chat JSONL (megatrain_client.chat_template's output): {"text": rendered,
+// "assistant_spans": [[start, end], ...]} (UTF-8 byte offsets).
+absl::Status ReadChatJsonl(const std::string& path, const Tokenizer& tokenizer,
+                           bool train_on_all_turns, DocumentSink& sink) {
+  std::vector<int32_t> ids;
+  std::vector<std::pair<size_t, size_t>> token_spans;
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        const auto text = json.find("text");
+        if (text == json.end() || !text->is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"text\" must be a string"));
+        }
+        const std::string& rendered = text->get_ref<const std::string&>();
+        std::vector<std::pair<size_t, size_t>> assistant_spans;
+        const auto spans = json.find("assistant_spans");
+        if (spans == json.end() || !spans->is_array()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"assistant_spans\" must be an array"));
+        }
+        for (size_t k = 0; k < spans->size(); ++k) {
+          const nlohmann::json& span = (*spans)[k];
+          if (!span.is_array() || span.size() != 2 || !span[0].is_number_unsigned() ||
+              !span[1].is_number_unsigned() || span[0].get<uint64_t>() > span[1].get<uint64_t>() ||
+              span[1].get<uint64_t>() > rendered.size()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, ": assistant_spans[", k, "] = ", span.dump(),
+                " must be [start, end] with 0 <= start <= end <= ", rendered.size()));
+          }
+          assistant_spans.emplace_back(span[0].get<size_t>(), span[1].get<size_t>());
+        }
+        MEGATRAIN_RETURN_IF_ERROR(
+            Annotate(tokenizer.EncodeWithSpans(rendered, &ids, &token_spans), where));
+        std::vector<int32_t> mask = train_on_all_turns
+                                        ? std::vector<int32_t>(ids.size(), 1)
+                                        : ChatLossMask(rendered, token_spans, assistant_spans);
+        return sink.Add(ids, mask);
+      });
+}
+
 absl::Status ValidateOptions(const TokenizeOptions& options) {
   if (options.input_paths.empty()) {
     return absl::InvalidArgumentError("input_paths: is empty; name a file");
@@ -440,12 +532,15 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
         "vocab_size: must be in [0, 2^31], got ", options.vocab_size));
   }
   const bool sft = options.format == CorpusFormat::kSftJsonl;
+  if (options.train_on_all_turns && options.format != CorpusFormat::kChatJsonl) {
+    return absl::InvalidArgumentError("train_on_all_turns: applies to the chat format only");
+  }
   if (!sft && options.tokenizer_model.empty()) {
     return absl::InvalidArgumentError(
         "tokenizer_model: required to tokenize text (plain text or JSONL); "
         "only SFT JSONL (pre-tokenized) can do without");
   }
-  if (sft && options.add_bos) {
+  if ((sft || options.format == CorpusFormat::kChatJsonl) && options.add_bos) {
     return absl::InvalidArgumentError(
         "add_bos: applies to text only; SFT input_ids are written as given");
   }
@@ -459,7 +554,9 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
 
 absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(options));
-  const bool sft = options.format == CorpusFormat::kSftJsonl;
+  const bool chat = options.format == CorpusFormat::kChatJsonl;
+  // Both write a loss mask beside each shard.
+  const bool sft = options.format == CorpusFormat::kSftJsonl || chat;
 
   std::optional<Tokenizer> tokenizer;
   if (!options.tokenizer_model.empty()) {
@@ -474,7 +571,7 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   }
 
   TokenizeReport report;
-  if (sft) {
+  if (sft && !chat) {
     report.vocab_size = options.vocab_size != 0 ? options.vocab_size
                         : tokenizer.has_value() ? tokenizer->vocab_size()
                                                 : 0;
@@ -507,7 +604,11 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
                    options.max_shard_tokens);
   DocumentSink sink(options, &train, split ? &eval : nullptr);
 
+  const auto start = std::chrono::steady_clock::now();
   for (const std::string& path : options.input_paths) {
+    std::error_code size_error;
+    const uintmax_t input_bytes = fs::file_size(path, size_error);
+    if (!size_error) report.input_bytes += input_bytes;
     CorpusFormat format = options.format;
     if (format == CorpusFormat::kAuto) {
       format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl
@@ -526,12 +627,18 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
       case CorpusFormat::kSftJsonl:
         MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
         break;
+      case CorpusFormat::kChatJsonl:
+        MEGATRAIN_RETURN_IF_ERROR(
+            ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
+        break;
       case CorpusFormat::kAuto:
         break;  // resolved above
     }
   }
   MEGATRAIN_RETURN_IF_ERROR(train.Finish());
   MEGATRAIN_RETURN_IF_ERROR(eval.Finish());
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   report.documents = train.documents();
   report.tokens = train.tokens();
@@ -539,6 +646,8 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   report.eval_tokens = eval.tokens();
   report.skipped_documents = sink.skipped();
   report.masked_tokens = sink.masked_tokens();
+  report.truncated_documents = sink.truncated_long();
+  report.dropped_documents = sink.dropped_long();
   report.bytes_written = train.bytes_written() + eval.bytes_written();
   report.shards = train.paths();
   report.eval_shards = eval.paths();

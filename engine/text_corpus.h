@@ -13,7 +13,8 @@
 //     0 / false = not). Neither: every token is trained. Written as a token
 //     shard plus a loss-mask shard `<shard>.mask` (same format, ids 0/1).
 //
-// Text is tokenized with a SentencePiece model (engine/tokenizer.h); no BOS
+// Text is tokenized with a Hugging Face tokenizer.json or a SentencePiece
+// model (engine/tokenizer.h: a directory or *.json is the former); no BOS
 // (unless asked) and no EOS is written: DataLoader puts an EOS after every
 // document when it packs them.
 #ifndef MEGATRAIN_ENGINE_TEXT_CORPUS_H_
@@ -33,6 +34,16 @@ enum class CorpusFormat {
   kPlainText,  // documents separated by blank lines
   kJsonl,      // {"text": ...} per line
   kSftJsonl,   // {"input_ids": [...], "labels" | "loss_mask": [...]} per line
+  kChatJsonl,  // {"text": rendered chat, "assistant_spans": [[start, end], ...]}
+               // per line (client/python/megatrain_client/chat_template.py);
+               // needs a HF tokenizer; written with a loss mask that is 1 on
+               // the tokens of the spans (Note [Chat loss mask] in the .cc)
+};
+
+// What TokenizeToShards does with a document over max_document_tokens.
+enum class LongDocumentRule {
+  kTruncate,  // keep its first max_document_tokens tokens (and mask)
+  kDrop,      // leave it out
 };
 
 // Options of TokenizeToShards. Field names are the CLI's flag names.
@@ -42,13 +53,22 @@ struct TokenizeOptions {
   std::vector<std::string> input_paths;
   // How to read them (kAuto decides per file by its name).
   CorpusFormat format = CorpusFormat::kAuto;
-  // SentencePiece model. Required for text (kPlainText, kJsonl, kAuto); for
+  // HF tokenizer (model directory with tokenizer.json, or the file) or
+  // SentencePiece .model. Required for text (kPlainText, kJsonl, kAuto); for
   // kSftJsonl optional, and then only gives vocab_size.
   std::string tokenizer_model;
   // JSONL: the field that holds a document's text.
   std::string text_field = "text";
   // Text formats: start every document with the model's BOS id.
   bool add_bos = false;
+  // kChatJsonl: train on every token (mask all 1), not only assistant turns.
+  bool train_on_all_turns = false;
+  // Documents (all formats) longer than this many tokens are truncated or
+  // dropped by `long_documents`, and counted in the report; 0 = no limit.
+  // For SFT and chat data set it to the job's seq_len so that a
+  // conversation is never split over two training windows.
+  uint64_t max_document_tokens = 0;
+  LongDocumentRule long_documents = LongDocumentRule::kTruncate;
   // kSftJsonl: ids must be below it, and it is written into the shards;
   // 0 = the tokenizer's vocab_size, or unknown (ids up to 2^31 - 1; uint32
   // shards) without a tokenizer. Text formats use the tokenizer's and
@@ -87,7 +107,12 @@ struct TokenizeReport {
   uint64_t eval_tokens = 0;        // their tokens
   uint64_t skipped_documents = 0;  // documents with no tokens, not written
   uint64_t masked_tokens = 0;      // SFT: tokens with loss mask 0 (both sets)
+  uint64_t truncated_documents = 0;  // over max_document_tokens, truncated
+  uint64_t dropped_documents = 0;    // over max_document_tokens, left out
   uint64_t bytes_written = 0;      // all shard and mask files, in bytes
+  uint64_t input_bytes = 0;        // sizes of the input files, in bytes
+  double seconds = 0;              // reading, tokenizing and writing, wall
+                                   // clock (input_bytes / seconds: throughput)
   std::vector<std::string> shards;       // training shard paths, in order
   std::vector<std::string> eval_shards;  // held-out shard paths
   int64_t vocab_size = 0;  // written into the shards; 0 = unknown

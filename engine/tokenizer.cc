@@ -28,6 +28,9 @@
 // absl::string_view is its own class).
 #include "engine/tokenizer.h"
 
+#include "engine/hf_tokenizer.h"
+#include "engine/status_macros.h"
+
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -190,6 +193,20 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& model_path) {
+  struct stat dir_info;
+  const bool is_dir = ::stat(model_path.c_str(), &dir_info) == 0 && S_ISDIR(dir_info.st_mode);
+  if (is_dir || HfTokenizer::LooksLikeHfTokenizer(model_path)) {
+    MEGATRAIN_ASSIGN_OR_RETURN(HfTokenizer hf, HfTokenizer::Load(model_path));
+    Tokenizer tokenizer;
+    tokenizer.path_ = model_path;
+    tokenizer.vocab_size_ = hf.vocab_size();
+    tokenizer.unk_id_ = hf.unk_id();
+    tokenizer.bos_id_ = hf.bos_id();
+    tokenizer.eos_id_ = hf.eos_id();
+    tokenizer.pad_id_ = hf.pad_id();
+    tokenizer.hf_ = std::make_shared<const HfTokenizer>(std::move(hf));
+    return tokenizer;
+  }
   // Check the file ourselves: SentencePiece's codes for a missing file vary
   // between versions, and it throws on a directory.
   struct stat info;
@@ -234,6 +251,7 @@ absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& model_path) {
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(
     absl::string_view text) const {
+  if (hf_ != nullptr) return hf_->Encode(text);
   const SpmModule& module = *Module();
   // SentencePiece gives at most about one id per byte (byte fallback), plus
   // a word-boundary piece: try once with that, again if it was too small.
@@ -255,6 +273,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(
       absl::StrCat(path_, ": SentencePiece Encode gave a changing length"));
 }
 
+absl::Status Tokenizer::EncodeWithSpans(absl::string_view text, std::vector<int32_t>* ids,
+                                        std::vector<std::pair<size_t, size_t>>* spans) const {
+  if (hf_ == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        path_, ": token offsets need a Hugging Face tokenizer.json, not a SentencePiece model"));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(HfTokenizer::Encoding encoding, hf_->EncodeWithOffsets(text));
+  *ids = std::move(encoding.ids);
+  *spans = std::move(encoding.spans);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> Tokenizer::Decode(
     absl::Span<const int32_t> ids) const {
   for (size_t pos = 0; pos < ids.size(); ++pos) {
@@ -264,6 +294,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(
                        " is outside [0, ", vocab_size_, ")"));
     }
   }
+  if (hf_ != nullptr) return hf_->Decode(ids);
   const SpmModule& module = *Module();
   // A piece is rarely longer than 16 bytes; retry once with the exact size.
   std::string text(16 * ids.size() + 16, '\0');

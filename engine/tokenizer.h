@@ -1,5 +1,7 @@
-// A thin wrapper over a SentencePiece model (Debian's libsentencepiece): load
-// a `.model` file, encode text to token ids, decode ids back.
+// The engine's tokenizer: a Hugging Face tokenizer.json (a model directory
+// or the file; engine/hf_tokenizer.h, exact to the `tokenizers` library) or
+// a SentencePiece model (Debian's libsentencepiece): load, encode text to
+// token ids, decode ids back.
 //
 // Why a wrapper: SentencePiece cannot be linked into a program that also
 // loads libprotobuf (LibTorch, gRPC), so it lives in a module opened with
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,7 +23,9 @@
 
 namespace megatrain::engine {
 
-// A loaded SentencePiece model.
+class HfTokenizer;  // engine/hf_tokenizer.h
+
+// A loaded HF tokenizer.json or SentencePiece model.
 //
 // Ownership and lifetime: move-only; owns the model in memory (the file is
 // read once by Load() and may then change or vanish). The SentencePiece
@@ -32,13 +37,19 @@ namespace megatrain::engine {
 //
 // Example:
 //   MEGATRAIN_ASSIGN_OR_RETURN(Tokenizer tokenizer,
-//                              Tokenizer::Load("spm.model"));
+//                              Tokenizer::Load("models/Llama-3.2-1B"));
 //   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
 //                              tokenizer.Encode("Hello world."));
 class Tokenizer {
  public:
-  // Reads the model file at `model_path` (loading the SentencePiece module
-  // on first use; see ModuleSearchPath()).
+  // A directory or a file named *.json is a Hugging Face tokenizer: the
+  // directory's tokenizer.json (and tokenizer_config.json for BOS / EOS /
+  // PAD / UNK), with HfTokenizer::Load()'s errors (NOT_FOUND without
+  // tokenizer.json; UNIMPLEMENTED for a type it does not have, naming the
+  // field). Encode() adds no special tokens (the text corpus adds BOS /
+  // EOS itself).
+  // Anything else is a SentencePiece model file (loading the SentencePiece
+  // module on first use; see ModuleSearchPath()).
   // Errors: NOT_FOUND when the file does not exist; INVALID_ARGUMENT when it
   // is not a regular file or not a SentencePiece model; others from the file
   // system. Messages start with `model_path`. FAILED_PRECONDITION when the
@@ -64,6 +75,12 @@ class Tokenizer {
   // Errors: INTERNAL if SentencePiece fails (it does not for a loaded
   // model).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
+
+  // Encode() with the byte span of `text` each id comes from (HF
+  // tokenizers only: Note [Offsets] in hf_tokenizer.cc). Errors:
+  // UNIMPLEMENTED for a SentencePiece model; else Encode()'s.
+  absl::Status EncodeWithSpans(absl::string_view text, std::vector<int32_t>* ids,
+                               std::vector<std::pair<size_t, size_t>>* spans) const;
 
   // The text of `ids`. Errors: OUT_OF_RANGE for an id outside
   // [0, vocab_size()); INTERNAL if SentencePiece fails.
@@ -93,6 +110,9 @@ class Tokenizer {
 
   std::string path_;
   std::unique_ptr<void, ProcessorDeleter> processor_;  // module-owned type
+  // Set for a HF tokenizer (then no processor_); immutable, so shared by
+  // moves. A pointer keeps hf_tokenizer.h out of this header.
+  std::shared_ptr<const HfTokenizer> hf_;
   int64_t vocab_size_ = 0;
   int32_t unk_id_ = -1;
   int32_t bos_id_ = -1;

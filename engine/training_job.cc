@@ -160,8 +160,11 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (s.data.tokens.empty() == s.data.text.empty()) {
     return absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text");
   }
-  if (!s.data.text.empty() && s.data.tokenizer.empty()) {
-    return absl::InvalidArgumentError("data.tokenizer: required with data.text (a SentencePiece model)");
+  if (!s.data.text.empty() && s.data.tokenizer.empty() && s.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer: required with data.text and model.preset (a model directory's "
+        "tokenizer.json, the file, or a SentencePiece model); with model.hf_dir the "
+        "directory's tokenizer.json is the default");
   }
   MEGATRAIN_RETURN_IF_ERROR(InRange("data.eval_fraction", s.data.eval_fraction, 0, 0.5));
   if (!s.data.eval_tokens.empty() && s.data.eval_fraction > 0) {
@@ -373,7 +376,9 @@ absl::Status TrainingJobImpl::PrepareData() {
   }
   TokenizeOptions t;
   t.input_paths = {spec_.data.text};
-  t.tokenizer_model = spec_.data.tokenizer;
+  // Default: the model directory's tokenizer.json (ValidateJobSpec
+  // ensures one of the two is set).
+  t.tokenizer_model = spec_.data.tokenizer.empty() ? spec_.model.hf_dir : spec_.data.tokenizer;
   t.vocab_size = config_.vocab_size;
   t.output_dir = train_tokens_;
   t.overwrite = true;

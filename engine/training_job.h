@@ -37,7 +37,9 @@ struct DataSpec {
   std::string tokens;     // a token shard file or a directory of *.mtt shards
   std::string eval_tokens;  // optional held-out shards (then eval_fraction = 0)
   std::string text;       // plain text or JSONL {"text": ...}; needs tokenizer
-  std::string tokenizer;  // SentencePiece model (with `text`)
+  // With `text`: a HF tokenizer (directory with tokenizer.json, or the
+  // file) or a SentencePiece .model; default: model.hf_dir's tokenizer.json.
+  std::string tokenizer;
   double eval_fraction = 0.0;  // held-out share of documents, [0, 0.5]
   uint64_t shuffle_seed = 1234;
 };

@@ -1,5 +1,7 @@
 // megatrain-tokenize: text, JSONL or SFT JSONL -> token shards (the
-// documented format of docs/data-format.md), with a SentencePiece model.
+// documented format of docs/data-format.md), with a Hugging Face tokenizer
+// (a model directory with tokenizer.json, or the file) or a SentencePiece
+// model.
 // Also reached as `megatrain tokenize ...` (the CLI runs this program).
 #include <cstdio>
 
@@ -11,14 +13,28 @@ int main(int argc, char** argv) {
   megatrain::engine::TokenizeOptions o;
   std::string format = "auto";
   bool json = false;
-  CLI::App app{"megatrain tokenize: write token shards from text with a SentencePiece model"};
+  CLI::App app{"megatrain tokenize: write token shards from text with a HF tokenizer.json "
+               "or a SentencePiece model"};
   app.name("megatrain tokenize");
   app.add_option("inputs", o.input_paths, "Text (.txt, documents separated by blank lines) "
                                           "or JSONL ({\"text\": ...}) files")
       ->required();
-  app.add_option("--tokenizer", o.tokenizer_model, "SentencePiece model file")->required();
+  app.add_option("--tokenizer", o.tokenizer_model,
+                 "HF model directory (its tokenizer.json and tokenizer_config.json), a "
+                 "tokenizer.json file, or a SentencePiece .model file")
+      ->required();
   app.add_option("--out", o.output_dir, "Output directory for the shards")->required();
-  app.add_option("--format", format, "auto | text | jsonl | sft")->capture_default_str();
+  app.add_option("--format", format,
+                 "auto | text | jsonl | sft | chat (the output of python3 -m "
+                 "megatrain_client.chat_template; needs a HF tokenizer)")
+      ->capture_default_str();
+  std::string long_documents = "truncate";
+  app.add_option("--max_document_tokens", o.max_document_tokens,
+                 "Documents longer than this are truncated or dropped (--long_documents); "
+                 "0: no limit. For SFT/chat use the job's seq_len");
+  app.add_option("--long_documents", long_documents, "truncate | drop")->capture_default_str();
+  app.add_flag("--train_on_all_turns", o.train_on_all_turns,
+               "chat: train on every token, not only the assistant turns");
   app.add_option("--text_field", o.text_field, "JSONL field holding the text")->capture_default_str();
   app.add_option("--vocab_size", o.vocab_size, "Model vocabulary (ids must be below it; 0: the tokenizer's)");
   app.add_option("--eval_fraction", o.eval_fraction, "Share of documents held out, [0, 0.5]");
@@ -40,9 +56,20 @@ int main(int argc, char** argv) {
     o.format = CorpusFormat::kJsonl;
   } else if (format == "sft") {
     o.format = CorpusFormat::kSftJsonl;
+  } else if (format == "chat") {
+    o.format = CorpusFormat::kChatJsonl;
   } else {
-    std::fprintf(stderr, "megatrain tokenize: --format: unknown '%s' (auto|text|jsonl|sft)\n",
+    std::fprintf(stderr, "megatrain tokenize: --format: unknown '%s' (auto|text|jsonl|sft|chat)\n",
                  format.c_str());
+    return 2;
+  }
+  if (long_documents == "truncate") {
+    o.long_documents = megatrain::engine::LongDocumentRule::kTruncate;
+  } else if (long_documents == "drop") {
+    o.long_documents = megatrain::engine::LongDocumentRule::kDrop;
+  } else {
+    std::fprintf(stderr, "megatrain tokenize: --long_documents: unknown '%s' (truncate|drop)\n",
+                 long_documents.c_str());
     return 2;
   }
   auto report = megatrain::engine::TokenizeToShards(o);
@@ -50,17 +77,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "megatrain tokenize: %s\n", report.status().ToString().c_str());
     return 1;
   }
+  const double mb_per_s =
+      report->seconds > 0 ? static_cast<double>(report->input_bytes) / 1e6 / report->seconds : 0;
   if (json) {
     nlohmann::json j{{"documents", report->documents},
                      {"tokens", report->tokens},
                      {"eval_documents", report->eval_documents},
                      {"eval_tokens", report->eval_tokens},
                      {"skipped_documents", report->skipped_documents},
+                     {"masked_tokens", report->masked_tokens},
+                     {"truncated_documents", report->truncated_documents},
+                     {"dropped_documents", report->dropped_documents},
                      {"bytes_written", report->bytes_written},
                      {"shards", report->shards},
                      {"eval_shards", report->eval_shards},
                      {"vocab_size", report->vocab_size},
-                     {"eos_id", report->eos_id}};
+                     {"eos_id", report->eos_id},
+                     {"input_bytes", report->input_bytes},
+                     {"seconds", report->seconds},
+                     {"mb_per_s", mb_per_s}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%llu documents, %llu tokens in %zu shard(s) under %s",
@@ -72,7 +107,13 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(report->eval_documents),
                   static_cast<unsigned long long>(report->eval_tokens));
     }
-    std::printf("\n");
+    if (report->truncated_documents + report->dropped_documents > 0) {
+      std::printf("; over --max_document_tokens: %llu truncated, %llu dropped",
+                  static_cast<unsigned long long>(report->truncated_documents),
+                  static_cast<unsigned long long>(report->dropped_documents));
+    }
+    std::printf("; %.2f MB in %.2f s (%.1f MB/s)\n",
+                static_cast<double>(report->input_bytes) / 1e6, report->seconds, mb_per_s);
   }
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/sentencepiece_model.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -402,6 +403,182 @@ TEST(TextCorpusSftTest, BadExamplesNameFileLineAndField) {
   EXPECT_THAT(TokenizeToShards(options),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("add_bos: applies to text only")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// A model directory's tokenizer.json (a fixture made by the `tokenizers`
+// library): documents become exactly the ids tokenizers gives (the fixture's
+// expected.json), BOS / EOS come from tokenizer_config.json, and the report
+// records the input size and time (throughput).
+TEST(TextCorpusHfTest, ModelDirectoryTokenizerGivesTokenizersIds) {
+  const std::string fixture = "tests/testdata/tokenizers/llama3-bpe";
+  std::ifstream in(fixture + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const std::string dir = testing::MakeTempDir("text_corpus_hf");
+  // Two single-line documents from the fixture's hard cases.
+  const nlohmann::json& a = expected.at("cases").at(11);  // "don't I'll we've ..."
+  const nlohmann::json& b = expected.at("cases").at(16);  // emoji
+  WriteFile(dir + "/in.jsonl",
+            nlohmann::json{{"text", a.at("text")}}.dump() + "\n" +
+                nlohmann::json{{"text", b.at("text")}}.dump() + "\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/in.jsonl"};
+  options.tokenizer_model = fixture;  // the directory
+  options.output_dir = dir + "/out";
+  options.add_bos = true;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  std::vector<int32_t> want_a = a.at("ids").get<std::vector<int32_t>>();
+  std::vector<int32_t> want_b = b.at("ids").get<std::vector<int32_t>>();
+  want_a.insert(want_a.begin(), 0);  // <|begin_of_text|>
+  want_b.insert(want_b.begin(), 0);
+  EXPECT_THAT(ReadDocs(report->shards.at(0)), ElementsAre(want_a, want_b));
+  EXPECT_EQ(report->eos_id, 4);  // <|eot_id|> in tokenizer_config.json
+  EXPECT_EQ(report->vocab_size, 2000);
+  EXPECT_EQ(report->input_bytes, FileSize(dir + "/in.jsonl"));
+  EXPECT_GT(report->seconds, 0);
+}
+
+TEST(TextCorpusHfTest, DirectoryWithoutTokenizerJsonIsNotFound) {
+  const std::string dir = testing::MakeTempDir("text_corpus_hf_missing");
+  WriteFile(dir + "/in.txt", "some text\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/in.txt"};
+  options.tokenizer_model = dir;
+  options.output_dir = dir + "/out";
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("tokenizer_model"), HasSubstr("tokenizer.json"))));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// Chat-format SFT against transformers: the conversations of the fixtures
+// (rendered by apply_chat_template, with assistant masks from the
+// templates' {% generation %} blocks), as megatrain_client.chat_template
+// renders them (tests/python/chat_template_test.py checks the text and
+// wrote chat_spans.json), must give transformers' ids and assistant masks.
+TEST(TextCorpusChatTest, ChatFormatGivesTransformersIdsAndMasks) {
+  std::ifstream spans_in("tests/testdata/tokenizers/chat_spans.json");
+  const nlohmann::json all_spans = nlohmann::json::parse(spans_in);
+  int checked = 0;
+  for (const std::string name :
+       {"llama3-bpe", "qwen2-bpe", "llama2-spm-legacy", "mistral-spm-metaspace"}) {
+    const std::string fixture = "tests/testdata/tokenizers/" + name;
+    std::ifstream in(fixture + "/expected.json");
+    const nlohmann::json chats = nlohmann::json::parse(in).at("chats");
+    const std::string dir = testing::MakeTempDir("text_corpus_chat");
+    std::string jsonl;
+    for (size_t i = 0; i < chats.size(); ++i) {
+      jsonl += nlohmann::json{{"text", chats[i].at("rendered")},
+                              {"assistant_spans", all_spans.at(name).at(i)}}
+                   .dump() +
+               "\n";
+    }
+    WriteFile(dir + "/chat.jsonl", jsonl);
+    TokenizeOptions options;
+    options.input_paths = {dir + "/chat.jsonl"};
+    options.format = CorpusFormat::kChatJsonl;
+    options.tokenizer_model = fixture;
+    options.output_dir = dir + "/out";
+    absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+    ASSERT_THAT(report, IsOk()) << name;
+    const std::vector<std::vector<int32_t>> docs = ReadDocs(report->shards.at(0));
+    const std::vector<std::vector<int32_t>> masks = ReadDocs(report->shards.at(0) + ".mask");
+    ASSERT_EQ(docs.size(), chats.size());
+    ASSERT_EQ(masks.size(), chats.size());
+    for (size_t i = 0; i < chats.size(); ++i) {
+      EXPECT_EQ(docs[i], chats[i].at("ids").get<std::vector<int32_t>>()) << name << " chat " << i;
+      EXPECT_EQ(masks[i], chats[i].at("assistant_masks").get<std::vector<int32_t>>())
+          << name << " chat " << i;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12);
+}
+
+TEST(TextCorpusChatTest, TrainOnAllTurnsAndBadSpans) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  const std::string dir = testing::MakeTempDir("text_corpus_chat_bad");
+  WriteFile(dir + "/chat.jsonl", R"({"text": "<|im_start|>user\nhi<|im_end|>", "assistant_spans": []})"
+                                 "\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/chat.jsonl"};
+  options.format = CorpusFormat::kChatJsonl;
+  options.tokenizer_model = fixture;
+  options.output_dir = dir + "/all";
+  options.train_on_all_turns = true;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->masked_tokens, 0u);
+
+  WriteFile(dir + "/bad.jsonl", R"({"text": "abc", "assistant_spans": [[2, 9]]})"
+                                "\n");
+  options.input_paths = {dir + "/bad.jsonl"};
+  options.output_dir = dir + "/bad";
+  options.train_on_all_turns = false;
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("bad.jsonl:1"), HasSubstr("assistant_spans[0]"))));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// Conversations over max_document_tokens: truncated (with their mask) or
+// dropped, and counted.
+TEST(TextCorpusChatTest, LongConversationsAreTruncatedOrDroppedAndCounted) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  std::ifstream in(fixture + "/expected.json");
+  const nlohmann::json chats = nlohmann::json::parse(in).at("chats");
+  std::ifstream spans_in("tests/testdata/tokenizers/chat_spans.json");
+  const nlohmann::json spans = nlohmann::json::parse(spans_in).at("qwen2-bpe");
+  const std::string dir = testing::MakeTempDir("text_corpus_chat_long");
+  std::string jsonl;
+  for (size_t i = 0; i < chats.size(); ++i) {
+    jsonl += nlohmann::json{{"text", chats[i].at("rendered")}, {"assistant_spans", spans.at(i)}}
+                 .dump() + "\n";
+  }
+  WriteFile(dir + "/chat.jsonl", jsonl);
+  // The three conversations have 48, 83 and 81 tokens.
+  TokenizeOptions options;
+  options.input_paths = {dir + "/chat.jsonl"};
+  options.format = CorpusFormat::kChatJsonl;
+  options.tokenizer_model = fixture;
+  options.max_document_tokens = 64;
+  options.output_dir = dir + "/truncate";
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->truncated_documents, 2u);
+  EXPECT_EQ(report->documents, 3u);
+  const auto docs = ReadDocs(report->shards.at(0));
+  const auto masks = ReadDocs(report->shards.at(0) + kLossMaskSuffix);
+  ASSERT_EQ(docs.size(), 3u);
+  std::vector<int32_t> want = chats[1].at("ids").get<std::vector<int32_t>>();
+  want.resize(64);
+  EXPECT_EQ(docs[1], want);
+  std::vector<int32_t> want_mask = chats[1].at("assistant_masks").get<std::vector<int32_t>>();
+  want_mask.resize(64);
+  EXPECT_EQ(masks[1], want_mask);
+
+  options.long_documents = LongDocumentRule::kDrop;
+  options.output_dir = dir + "/drop";
+  report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->dropped_documents, 2u);
+  EXPECT_EQ(report->documents, 1u);
 }
 
 }  // namespace

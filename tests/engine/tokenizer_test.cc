@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/sentencepiece_model.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -123,12 +124,47 @@ TEST(TokenizerLoadTest, NotAModelIsInvalidArgument) {
                                                   "model"))));
 }
 
-TEST(TokenizerLoadTest, DirectoryIsInvalidArgument) {
+// A directory is a HF model directory: without tokenizer.json it is
+// NOT_FOUND, naming the file.
+TEST(TokenizerLoadTest, DirectoryWithoutTokenizerJsonIsNotFound) {
   const std::string dir = testing::MakeTempDir("tokenizer_test");
   EXPECT_THAT(Tokenizer::Load(dir),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kNotFound,
                        ::testing::AllOf(HasSubstr(dir),
-                                        HasSubstr("not a regular file"))));
+                                        HasSubstr("tokenizer.json"))));
+}
+
+// A HF directory or its tokenizer.json loads the HF tokenizer (no
+// SentencePiece module needed, so this runs in sanitizer builds too): the
+// ids are those of the `tokenizers` library (fixture), from several threads
+// at once (each thread has its own word cache).
+TEST(TokenizerLoadTest, HfDirectoryAndFileGiveTokenizersIds) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  std::ifstream in(fixture + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  for (const std::string& path : {fixture, fixture + "/tokenizer.json"}) {
+    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(path);
+    ASSERT_THAT(tokenizer, IsOk());
+    EXPECT_EQ(tokenizer->vocab_size(), 2000);
+    EXPECT_EQ(tokenizer->eos_id(), 2);  // <|im_end|>
+    EXPECT_EQ(tokenizer->pad_id(), 0);  // <|endoftext|>
+    EXPECT_EQ(tokenizer->bos_id(), -1);  // null in tokenizer_config.json
+    std::vector<std::thread> threads;
+    std::vector<int> mismatches(4, 0);
+    for (size_t thread_idx = 0; thread_idx < mismatches.size(); ++thread_idx) {
+      threads.emplace_back([&, thread_idx] {
+        for (const auto& c : expected.at("cases")) {
+          absl::StatusOr<std::vector<int32_t>> ids =
+              tokenizer->Encode(c.at("text").get<std::string>());
+          if (!ids.ok() || *ids != c.at("ids").get<std::vector<int32_t>>()) {
+            ++mismatches[thread_idx];
+          }
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    EXPECT_THAT(mismatches, ::testing::Each(0)) << path;
+  }
 }
 
 }  // namespace

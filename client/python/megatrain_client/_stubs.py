@@ -1,0 +1,58 @@
+"""The gRPC stubs of proto/megatrain/v1, generated from the .proto files.
+
+Generated on first import with Debian's protoc and grpc_python_plugin
+(packages protobuf-compiler and protobuf-compiler-grpc) into a cache
+directory keyed by the protos' content, so the stubs never drift from
+proto/. Set MEGATRAIN_CLIENT_STUBS to a directory that already holds
+megatrain/v1/*_pb2*.py to skip generation (e.g. where protoc is absent).
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+_PROTO_ROOT = os.path.abspath(
+    os.environ.get("MEGATRAIN_PROTO_DIR",
+                   os.path.join(os.path.dirname(__file__), "..", "..", "..", "proto")))
+_PROTOS = ["megatrain/v1/job.proto", "megatrain/v1/checkpoint.proto",
+           "megatrain/v1/server.proto"]
+
+
+def _generate():
+    digest = hashlib.sha256()
+    for p in _PROTOS:
+        with open(os.path.join(_PROTO_ROOT, p), "rb") as f:
+            digest.update(f.read())
+    cache = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    out = os.path.join(cache, "megatrain_client", digest.hexdigest()[:16])
+    if os.path.exists(os.path.join(out, "megatrain", "v1", "server_pb2_grpc.py")):
+        return out
+    protoc = shutil.which("protoc")
+    plugin = shutil.which("grpc_python_plugin")
+    if protoc is None or plugin is None:
+        raise ImportError("megatrain_client: protoc and grpc_python_plugin are needed to generate "
+                          "the stubs (apt-get install protobuf-compiler protobuf-compiler-grpc), "
+                          "or set MEGATRAIN_CLIENT_STUBS")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(out))
+    subprocess.run([protoc, "-I", _PROTO_ROOT, "--python_out", tmp, "--grpc_python_out", tmp,
+                    "--plugin=protoc-gen-grpc_python=" + plugin] + _PROTOS, check=True)
+    try:
+        os.rename(tmp, out)  # atomic: concurrent importers see all files or none
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    return out
+
+
+_dir = os.environ.get("MEGATRAIN_CLIENT_STUBS") or _generate()
+if _dir not in sys.path:
+    sys.path.insert(0, _dir)
+
+from megatrain.v1 import checkpoint_pb2, checkpoint_pb2_grpc  # noqa: E402
+from megatrain.v1 import job_pb2, job_pb2_grpc  # noqa: E402
+from megatrain.v1 import server_pb2, server_pb2_grpc  # noqa: E402
+
+__all__ = ["checkpoint_pb2", "checkpoint_pb2_grpc", "job_pb2", "job_pb2_grpc", "server_pb2",
+           "server_pb2_grpc"]
