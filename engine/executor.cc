@@ -30,19 +30,9 @@
 namespace megatrain::engine {
 namespace {
 
-// Largest block that visits a device slot: layers, head, and the embedding
-// table only when it doubles as lm_head.
-int64_t MaxSlotNumel(const ModelLayout& layout, bool tied) {
-  int64_t max_numel = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
-    if (i == layout.embedding_block() && !tied) continue;
-    max_numel = std::max(max_numel, layout.blocks[i].numel);
-  }
-  return max_numel;
-}
-
 // Pinned staging per gradient slot: the largest slot block or the
-// embedding's d hidden_0, fp32 (Note [Gradient landing] in grad_lander.h).
+// embedding's d hidden_0, fp32 (Note [Gradient landing] in grad_lander.h;
+// Note [Executor memory plan] in executor.h counts the same).
 size_t GradStagingBytes(int64_t max_numel, const ExecutorOptions& o, int64_t hidden_size) {
   return std::max<size_t>(max_numel * 4, static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4);
 }
@@ -149,7 +139,7 @@ class StreamingExecutor::Impl {
 
 absl::Status StreamingExecutor::Impl::Init() {
   const ModelConfig& config = env_.config;
-  const int64_t max_numel = MaxSlotNumel(env_.layout, config.tie_word_embeddings);
+  const int64_t max_numel = PlanExecutorMemory(config, options_).max_slot_numel;
   chunk_tokens_ = options_.loss_chunk_tokens > 0
                       ? options_.loss_chunk_tokens
                       : std::max<int64_t>(64, (int64_t{256} << 20) / (4 * config.vocab_size));

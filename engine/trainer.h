@@ -34,10 +34,11 @@
 // Note [Embedding rows on demand]
 // The embedding's gradient is final last of all (its scatter-add ends
 // backward) while the next forward needs the embedding first, for the
-// gather of its input rows. A whole-table update there (V*C parameters,
-// ~60 ms for a 128k x 2048 table) would leave the GPU idle, so the
-// embedding update is row by row: the optimizer thread updates the rows in
-// the background, last in its priority order, and the executor's row gate
+// gather of its input rows. A whole-table update there (V*C parameters)
+// would leave the GPU idle, so the embedding update is row by row
+// (EmbeddingUpdater, optim/embedding_updater.h): the optimizer thread
+// updates the rows in the background, last in its priority order, and the
+// executor's row gate
 // (StreamingExecutor::SetEmbeddingRowGate) first updates, on the pool, just
 // the rows the next micro-batch gathers, claiming each row with an atomic
 // state (pending -> in progress -> done) so that every row is updated
@@ -51,7 +52,7 @@
 //
 // Note [Embedding lookahead]
 // The row gate's work is memory-bound AdamW on every distinct row the next
-// micro-batch reads (~15k rows x C for 8 x 2048 random tokens), on the
+// micro-batch reads (up to B*T rows x C), on the
 // GPU's critical path between two passes. Most of those rows have a zero
 // gradient in the step that just ended (untied embeddings: only the rows
 // of the step's own tokens get one), and the AdamW update of a row with a
@@ -77,8 +78,9 @@
 //
 // Note [Optimizer slices]
 // A queued block update runs as slices of at most
-// TrainerOptions::optimizer_slice_elements parameters (16 M, about 4 ms of
-// AdamW on 16 cores), each a separate entry of the priority queue, so that the
+// TrainerOptions::optimizer_slice_elements parameters (default 16 M;
+// docs/performance.md has its time), each a separate entry of the
+// priority queue (OptimizerQueue, optim/optimizer_queue.h), so that the
 // update the next forward needs first (layer 0's, queued last of all when
 // backward ends) waits for at most one slice of a later layer, not for
 // that layer's whole update. The split does not change the result (AdamW
@@ -137,9 +139,11 @@ class TrainerTestHooks;
 struct ForwardBackwardResult;
 
 // Testing only: makes one step non-finite, to exercise Note [Non-finite
-// steps] without a diverging model. Never set from a job file or an RPC;
-// TrainingJob sets it from the debug environment variable
-// MEGATRAIN_DEBUG_POISON_STEP (training_job.h).
+// steps] without a diverging model, through the trainer's test hooks
+// (MakeNonFiniteInjector, trainer_test_hooks.h), never through branches in
+// the step. Never set from a job file or an RPC; TrainingJob sets it from
+// the debug environment variable MEGATRAIN_DEBUG_POISON_STEP
+// (training_job.h).
 struct NonFiniteInjection {
   enum class Kind {
     kLoss,      // every block's gradient and the loss become NaN, as a NaN

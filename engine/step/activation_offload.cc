@@ -11,7 +11,7 @@ absl::StatusOr<std::unique_ptr<ActivationOffload>> ActivationOffload::Create(
   const int64_t c = env->config.hidden_size, num_layers = env->layout.num_layers();
   if (num_layers <= 1) return o;
   const int64_t layer_bytes = micro_batch * seq_len * c * 4;
-  const size_t host_bytes = static_cast<size_t>(PinnedBytes(num_layers, layer_bytes));
+  const size_t host_bytes = static_cast<size_t>((num_layers - 1) * layer_bytes);
   absl::StatusOr<HostBuffer> host = HostBuffer::Allocate(host_bytes, env->runtime->is_cuda());
   if (!host.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -25,11 +25,11 @@ absl::StatusOr<std::unique_ptr<ActivationOffload>> ActivationOffload::Create(
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(env->runtime->device());
   for (int k = 0; k < 2; ++k) {
     o->device_[k] = at::empty({micro_batch, seq_len, c}, fp32);
+    o->device_bytes_ += static_cast<int64_t>(o->device_[k].nbytes());
     o->loaded_[k] = env->runtime->CreateEvent();
     o->free_[k] = env->runtime->CreateEvent();
   }
   o->ready_ = env->runtime->CreateEvent();
-  o->device_bytes_ = DeviceBytes(num_layers, layer_bytes);
   return o;
 }
 

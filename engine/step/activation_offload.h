@@ -42,14 +42,6 @@ class ActivationOffload {
                                                                    int64_t micro_batch,
                                                                    int64_t seq_len);
 
-  // Bytes Create allocates for `num_layers` layers of [B, T, C] fp32.
-  static int64_t PinnedBytes(int64_t num_layers, int64_t layer_bytes) {
-    return num_layers > 1 ? (num_layers - 1) * layer_bytes : 0;
-  }
-  static int64_t DeviceBytes(int64_t num_layers, int64_t layer_bytes) {
-    return num_layers > 1 ? 2 * layer_bytes : 0;
-  }
-
   // Enqueues the copy of layer `layer`'s input `x` (produced on kCompute)
   // to its host slot on kD2H; keeps `x` alive until RetireCopies.
   void Save(int64_t layer, const at::Tensor& x);

@@ -21,14 +21,6 @@ void AccumulateInto(const BlockLayout& bl, const at::Tensor& dst,
   }
 }
 
-int64_t DeviceGradAccumulator::DeviceBytes(const ModelLayout& layout, int64_t resident_layers) {
-  int64_t bytes = 0;
-  for (const int64_t block : layout.StreamedDenseBlocks(resident_layers)) {
-    bytes += layout.blocks[block].numel * 4;
-  }
-  return bytes;
-}
-
 bool DeviceGradAccumulator::Prepare(size_t micro_batches) {
   if (!enabled_ || micro_batches < 2) return false;
   if (!buffers_.empty()) return true;
@@ -38,7 +30,7 @@ bool DeviceGradAccumulator::Prepare(size_t micro_batches) {
     const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(env_->runtime->device());
     for (const int64_t block : layout.StreamedDenseBlocks(resident_layers_)) {
       buffers_[block] = at::zeros({layout.blocks[block].numel}, fp32);
-      device_bytes_ += layout.blocks[block].numel * 4;
+      device_bytes_ += static_cast<int64_t>(buffers_[block].nbytes());
     }
   } catch (const std::exception& e) {
     buffers_.clear();

@@ -34,9 +34,6 @@ class DeviceGradAccumulator {
   DeviceGradAccumulator(StepEnv* env, bool enabled, int64_t resident_layers)
       : env_(env), enabled_(enabled), resident_layers_(resident_layers) {}
 
-  // Device bytes of the buffers for `layout` past `resident_layers`.
-  static int64_t DeviceBytes(const ModelLayout& layout, int64_t resident_layers);
-
   // Whether a pass of `micro_batches` sums on the device, allocating the
   // buffers the first time (zeroed, so that alignment gaps stay zero). On
   // device out of memory, turns itself off for good and says so once on

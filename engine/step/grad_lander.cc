@@ -22,14 +22,15 @@ absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(StepEnv* env, int
   MEGATRAIN_ASSIGN_OR_RETURN(g->norm_host_, HostBuffer::Allocate(num_slots * sizeof(double), pin));
   for (int r = 0; r < num_slots; ++r) {
     g->slots_.push_back(at::zeros({max_numel}, fp32));
+    g->device_bytes_ += static_cast<int64_t>(g->slots_.back().nbytes());
     g->slot_kind_.push_back(-1);
     MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(staging_bytes, pin));
+    g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
     g->staging_.push_back(std::move(buf));
     g->grad_ready_.push_back(env->runtime->CreateEvent());
     g->staged_.push_back(env->runtime->CreateEvent());
   }
-  g->device_bytes_ = DeviceBytes(num_slots, max_numel);
-  g->pinned_bytes_ = static_cast<int64_t>(staging_bytes) * num_slots;
+  g->pinned_bytes_ += static_cast<int64_t>(g->norm_host_.bytes());
   {
     absl::MutexLock lock(&g->mu_);
     g->staging_busy_.assign(num_slots, false);

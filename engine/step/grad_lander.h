@@ -94,10 +94,6 @@ class GradLander {
   // landing. The caller has drained the streams.
   ~GradLander();
 
-  static int64_t DeviceBytes(int num_slots, int64_t max_numel) {
-    return static_cast<int64_t>(num_slots) * 4 * max_numel;
-  }
-
   // Starts a pass: `contributions` per block (StepPlan), the callback, and
   // whether the store's embedding gradient is already zero for its first
   // scatter (StreamingExecutor::AssumeEmbeddingGradZero).
@@ -130,6 +126,8 @@ class GradLander {
   // After a failed pass (streams synchronised): drains and frees every slot.
   void Reset();
 
+  // Bytes of the device gradient slots; of the pinned staging and norm
+  // buffers.
   int64_t device_bytes() const { return device_bytes_; }
   int64_t pinned_bytes() const { return pinned_bytes_; }
 

@@ -13,7 +13,7 @@ absl::StatusOr<std::unique_ptr<InputStager>> InputStager::Create(StepEnv* env,
   std::unique_ptr<InputStager> s(new InputStager(env, micro_batch, seq_len));
   MEGATRAIN_ASSIGN_OR_RETURN(
       s->staging_,
-      HostBuffer::Allocate(PinnedBytes(micro_batch, seq_len, env->config.hidden_size),
+      HostBuffer::Allocate(micro_batch * seq_len * (env->config.hidden_size * 4 + 8),
                            env->runtime->is_cuda()));
   s->ready_ = env->runtime->CreateEvent();
   s->done_ = env->runtime->CreateEvent();

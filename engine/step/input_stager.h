@@ -51,11 +51,6 @@ class InputStager {
   static absl::StatusOr<std::unique_ptr<InputStager>> Create(StepEnv* env, int64_t micro_batch,
                                                              int64_t seq_len);
 
-  // Pinned bytes Create allocates.
-  static int64_t PinnedBytes(int64_t micro_batch, int64_t seq_len, int64_t hidden_size) {
-    return micro_batch * seq_len * (hidden_size * 4 + 8);
-  }
-
   void SetRowGate(RowGate gate) { row_gate_ = std::move(gate); }
 
   // Stages `mb` and enqueues its upload; kCompute waits for it. With

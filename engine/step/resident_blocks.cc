@@ -24,17 +24,6 @@ std::vector<int64_t> ResidentBlockList(const ModelLayout& layout, int64_t reside
 
 }  // namespace
 
-int64_t ResidentBlocks::DeviceBytes(const ModelLayout& layout, int64_t resident_layers,
-                                    bool resident_embedding, at::ScalarType compute_dtype) {
-  const int64_t esize = compute_dtype == at::kBFloat16 ? 2 : 4;
-  int64_t bytes = 0;
-  for (const int64_t block : ResidentBlockList(layout, resident_layers, resident_embedding)) {
-    const int64_t numel = layout.blocks[block].numel;
-    bytes += numel * (16 + (HasComputeCopy(layout, block, compute_dtype) ? esize : 0));
-  }
-  return bytes;
-}
-
 ResidentBlocks::ResidentBlocks(StepEnv* env, int64_t resident_layers, bool resident_embedding)
     : env_(env) {
   const ModelLayout& layout = env->layout;
@@ -52,9 +41,12 @@ ResidentBlocks::ResidentBlocks(StepEnv* env, int64_t resident_layers, bool resid
     b.weights = HasComputeCopy(layout, block, env->compute_dtype)
                     ? at::empty({numel}, fp32.dtype(env->compute_dtype))
                     : b.master;
+    for (const at::Tensor* t : {&b.master, &b.exp_avg, &b.exp_avg_sq, &b.grad}) {
+      device_bytes_ += static_cast<int64_t>(t->nbytes());
+    }
+    if (!b.weights.is_same(b.master)) device_bytes_ += static_cast<int64_t>(b.weights.nbytes());
     blocks_state_.push_back(std::move(b));
   }
-  device_bytes_ = DeviceBytes(layout, resident_layers, resident_embedding, env->compute_dtype);
 }
 
 at::Tensor ResidentBlocks::EmbeddingTable() const {

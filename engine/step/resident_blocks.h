@@ -29,11 +29,6 @@ class ResidentBlocks {
   // exceptions on device out of memory.
   ResidentBlocks(StepEnv* env, int64_t resident_layers, bool resident_embedding);
 
-  // Device bytes of that state: 16 per parameter (master, moments,
-  // gradient) plus the compute-dtype copy of decoder layers under bf16.
-  static int64_t DeviceBytes(const ModelLayout& layout, int64_t resident_layers,
-                             bool resident_embedding, at::ScalarType compute_dtype);
-
   // Blocks in index order (StreamingExecutor::resident_blocks()).
   const std::vector<int64_t>& blocks() const { return blocks_; }
   bool empty() const { return blocks_.empty(); }
@@ -59,6 +54,7 @@ class ResidentBlocks {
   absl::Status SyncToStore(bool grads);
   absl::Status LoadFromStore();
 
+  // Bytes of the device tensors held.
   int64_t device_bytes() const { return device_bytes_; }
 
  private:

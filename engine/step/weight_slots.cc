@@ -9,15 +9,10 @@ WeightSlots::WeightSlots(StepEnv* env, int num_slots, int64_t max_numel) : env_(
   const auto options = at::TensorOptions().dtype(env->compute_dtype).device(env->runtime->device());
   for (int k = 0; k < num_slots; ++k) {
     slots_.push_back(at::empty({max_numel}, options));
+    device_bytes_ += static_cast<int64_t>(slots_.back().nbytes());
     weights_ready_.push_back(env->runtime->CreateEvent());
     slot_free_.push_back(env->runtime->CreateEvent());
   }
-  device_bytes_ = DeviceBytes(num_slots, max_numel, env->compute_dtype);
-}
-
-int64_t WeightSlots::DeviceBytes(int num_slots, int64_t max_numel, at::ScalarType dtype) {
-  const int64_t esize = dtype == at::kBFloat16 ? 2 : 4;
-  return static_cast<int64_t>(num_slots) * esize * max_numel;
 }
 
 void WeightSlots::BeginPass(const std::vector<int64_t>& blocks) {

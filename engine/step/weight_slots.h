@@ -32,9 +32,6 @@ class WeightSlots {
   // compute dtype. Throws LibTorch's exceptions (the executor maps them).
   WeightSlots(StepEnv* env, int num_slots, int64_t max_numel);
 
-  // Device bytes the slots of `num_slots` x `max_numel` elements take.
-  static int64_t DeviceBytes(int num_slots, int64_t max_numel, at::ScalarType dtype);
-
   // Starts a pass whose uses are `blocks` (StepPlan::weight_uses).
   void BeginPass(const std::vector<int64_t>& blocks);
 
@@ -46,6 +43,7 @@ class WeightSlots {
   // it; issues the loads that waited for it.
   void Release(int use);
 
+  // Bytes of the slots' device buffers.
   int64_t device_bytes() const { return device_bytes_; }
 
  private:
