@@ -34,7 +34,8 @@ namespace {
 // embedding's d hidden_0, fp32 (Note [Gradient landing] in grad_lander.h;
 // Note [Executor memory plan] in executor.h counts the same).
 size_t GradStagingBytes(int64_t max_numel, const ExecutorOptions& o, int64_t hidden_size) {
-  return std::max<size_t>(max_numel * 4, static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4);
+  const size_t layer_input_bytes = static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4;
+  return std::max<size_t>(max_numel * 4, layer_input_bytes);
 }
 
 // The state of one pass that actions hand to each other.
@@ -234,7 +235,8 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     const StepPlan plan = PlanStep(env_.layout, PlanOptions(mbs.size(), backward));
     lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
     slots_->BeginPass(plan.weight_uses);
-    pass.loss_total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(env_.runtime->device()));
+    pass.loss_total =
+        at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(env_.runtime->device()));
     for (const StepAction& action : plan.actions) Execute(action, pass);
     pass.EndMicroBatch();
     const StepClock::time_point drain_start = StepClock::now();
@@ -420,12 +422,16 @@ void StreamingExecutor::Impl::EmbeddingBackward(const StepAction& a, PassState& 
 }
 
 void StreamingExecutor::Impl::AccumulatedGradDone(int64_t block) {
-  if (lander_->contributions().Count(block).final) lander_->LandWhole(block, accumulator_.buffer(block));
+  if (lander_->contributions().Count(block).final) {
+    lander_->LandWhole(block, accumulator_.buffer(block));
+  }
 }
 
 void StreamingExecutor::Impl::ResidentGradDone(size_t index) {
   const int64_t block = resident_->blocks()[index];
-  if (lander_->contributions().Count(block).final) lander_->LandResidentNorm(block, resident_->grad(index));
+  if (lander_->contributions().Count(block).final) {
+    lander_->LandResidentNorm(block, resident_->grad(index));
+  }
 }
 
 void StreamingExecutor::Impl::FillStats(size_t micro_batches, StepClock::time_point start,
@@ -552,7 +558,9 @@ absl::Status StreamingExecutor::SyncResidentToStore(bool grads) {
   return impl_->resident().SyncToStore(grads);
 }
 
-absl::Status StreamingExecutor::LoadResidentFromStore() { return impl_->resident().LoadFromStore(); }
+absl::Status StreamingExecutor::LoadResidentFromStore() {
+  return impl_->resident().LoadFromStore();
+}
 
 const std::vector<int64_t>& StreamingExecutor::resident_blocks() const {
   return impl_->resident().blocks();

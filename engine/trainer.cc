@@ -241,8 +241,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
   // A resident embedding is updated on the device instead.
   if (!t->resident_embedding_) {
-    t->embedding_ = EmbeddingUpdater::Create(t->store_.get(), t->adamw_.get(), queue, t->pool_.get(),
-                                             t->critical_pool_.get(), options.debug_keep_lookahead);
+    t->embedding_ =
+        EmbeddingUpdater::Create(t->store_.get(), t->adamw_.get(), queue, t->pool_.get(),
+                                 t->critical_pool_.get(), options.debug_keep_lookahead);
   }
   if (EmbeddingUpdater* emb = t->embedding_.get(); emb != nullptr) {
     t->executor_->SetEmbeddingRowGate(
@@ -275,7 +276,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     }
   }
   absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
-      micro_batches, [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); });
+      micro_batches,
+      [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); });
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();

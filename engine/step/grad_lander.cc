@@ -143,8 +143,8 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     // The block's gradient so far is this one: its norm, on the device
     // (compute-stream work, timed as such).
     const int norm_token = env_->timer.Begin(StreamKind::kCompute);
-    at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel},
-                                    at::TensorOptions().dtype(at::kFloat).device(runtime->device()));
+    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
+    at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel}, fp32);
     task.keep_alive_norm = compat::VectorNormFp64(flat);
     env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
   }

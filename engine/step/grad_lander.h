@@ -106,7 +106,8 @@ class GradLander {
   // copies `grads` (one per parameter of `bl`; undefined ones skipped)
   // into it. Enqueued on kCompute. Returns the slot for LandSlot.
   int AcquireSlot();
-  void FillSlot(int slot, const BlockLayout& bl, BlockKind kind, absl::Span<const at::Tensor> grads);
+  void FillSlot(int slot, const BlockLayout& bl, BlockKind kind,
+                absl::Span<const at::Tensor> grads);
   // Lands `block`'s gradient contribution held in `slot`.
   void LandSlot(int slot, int64_t block);
   // Lands `block`'s whole gradient of the pass, `sum` ([numel] fp32,
