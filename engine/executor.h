@@ -2,7 +2,8 @@
 // weights live in host memory, one block at a time on the device.
 //
 // Note [Streaming pipeline]
-// Per optimizer step the executor plans the sequence of block uses: for each
+// Per optimizer step the executor plans the sequence of block uses (a
+// StepPlan, Note [Step plan] in step/step_plan.h): for each
 // micro-batch, the decoder layers 0..L-1 (forward), the head (final norm,
 // lm_head, loss and its backward; with tied embeddings the embedding block
 // too), then layers L-1..0 again (backward). The embedding lookup and its
@@ -41,8 +42,7 @@
 //
 // Note [Activation offload]
 // At long sequence lengths the saved layer inputs dominate device memory
-// (L * B * T * C * 4 bytes: 4 GiB for llama-1b at 32k tokens, 64 GiB at
-// 512k). With ExecutorOptions::offload_activations, forward copies each
+// (L * B * T * C * 4 bytes; docs/performance.md has the sizes). With ExecutorOptions::offload_activations, forward copies each
 // saved input (layers 0..L-2; the last layer's input is needed right after
 // the head) to a pinned host buffer on kD2H as soon as it exists, and
 // frees the device copy once that copy is done (the compute stream waits on
@@ -54,9 +54,9 @@
 // Note [Resident layers]
 // Between two steps the next forward needs decoder layer 0 first, and its
 // update is the last of the step to become possible: its gradient is final
-// only when backward ends, then it crosses PCIe (D2H, 4.4 ms for llama-1b's
-// 61 M fp32 values), the CPU runs AdamW on it (~15 ms) and the bf16 copy
-// crosses back (H2D, 2.2 ms), all while the GPU waits. With
+// only when backward ends, then it crosses PCIe (D2H), the CPU runs AdamW
+// on it and the compute copy crosses back (H2D), all while the GPU waits
+// (docs/performance.md has the times). With
 // ExecutorOptions::resident_layers = N the first N decoder layers never
 // leave the device: their weights (compute dtype), fp32 master weights,
 // AdamW moments and fp32 gradient live in device memory (18 bytes per
@@ -74,13 +74,13 @@
 // written (a resume).
 //
 // Note [Device gradient accumulation]
-// With several micro-batches per step, every streamed block's gradient
-// used to leave the device once per micro-batch: the first contribution
-// straight into the store, the later ones into pinned staging, added there
-// by the host (3 x 4 bytes of host memory traffic per parameter and
-// micro-batch). With small micro-batches (1 x 2048 for llama-1b: ~8 ms of
-// backward per layer) that D2H and the host adds, not the link's H2D,
-// paced the pass. With ExecutorOptions::device_grad_accumulation the
+// With several micro-batches per step and host landing, every streamed
+// block's gradient leaves the device once per micro-batch: the first
+// contribution straight into the store, the later ones into pinned
+// staging, added there by the host (3 x 4 bytes of host memory traffic
+// per parameter and micro-batch). With small micro-batches that D2H and
+// the host adds, not the link's H2D, pace the pass (docs/performance.md).
+// With ExecutorOptions::device_grad_accumulation the
 // executor keeps an fp32 gradient buffer per streamed dense block
 // (decoder layers and the head; 4 bytes per parameter, allocated at the
 // first pass with more than one micro-batch) and adds each micro-batch's
@@ -159,11 +159,48 @@ struct ExecutorOptions {
   bool device_grad_accumulation = false;
 };
 
+// Note [Executor memory plan]
+// The memory an executor allocates, by kind, in bytes, computed from the
+// model and the options alone: the executor's parts allocate exactly these
+// buffers (tests/engine/executor_parity_test.cc checks it against what
+// they hold), and admission (EstimateFootprint in training_job.h) and its
+// out-of-memory advice read the same numbers, so that the estimate cannot
+// drift from the allocation.
+struct ExecutorMemoryPlan {
+  int64_t max_slot_numel = 0;  // elements of the largest block that visits a device slot
+  // Device memory.
+  int64_t weight_slot_bytes = 0;     // num_weight_slots x max_slot_numel, compute dtype
+  int64_t grad_slot_bytes = 0;       // num_grad_slots x max_slot_numel, fp32
+  int64_t activation_ring_bytes = 0;  // offload: 2 x [B, T, C] fp32 (Note [Activation offload])
+  int64_t resident_bytes = 0;        // Notes [Resident layers] and [Resident embedding]
+  // Note [Device gradient accumulation]: allocated at the first pass with
+  // more than one micro-batch; 0 when off.
+  int64_t grad_accumulation_bytes = 0;
+  // Pinned host memory.
+  int64_t grad_staging_bytes = 0;     // num_grad_slots x (max(max_slot_numel, B*T*C) fp32
+                                      // + one fp64 norm)
+  int64_t input_staging_bytes = 0;    // B*T x (C fp32 + one int64 label)
+  int64_t activation_offload_bytes = 0;  // (L-1) x [B, T, C] fp32, offload only
+
+  // Every device buffer (the accumulation buffers included).
+  int64_t device_bytes() const {
+    return weight_slot_bytes + grad_slot_bytes + activation_ring_bytes + resident_bytes +
+           grad_accumulation_bytes;
+  }
+  int64_t pinned_bytes() const {
+    return grad_staging_bytes + input_staging_bytes + activation_offload_bytes;
+  }
+};
+
+// The memory plan of an executor for `config` with `options` (which must
+// pass StreamingExecutor::Create's checks). No allocation; thread-safe.
+ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options);
+
 // Called once per block per ForwardBackward, on the executor's accumulator
 // thread, when the block's gradient in the host store is final:
 // (block index, squared L2 norm of that gradient; fp32 values summed in
 // fp64, computed on the device for blocks whose gradient came in one piece,
-// Note [Gradient landing] in executor.cc).
+// Note [Gradient landing] in step/grad_lander.h).
 using BlockFinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
 
 // What one ForwardBackward produced.
@@ -269,10 +306,12 @@ class StreamingExecutor {
   absl::Status LoadResidentFromStore();
 
   const ExecutorOptions& options() const { return options_; }
-  // Device bytes held by weight and gradient slots, resident blocks and
-  // (once allocated) the device gradient accumulation buffers.
+  // Device bytes the executor holds: weight and gradient slots, the
+  // activation ring, resident blocks and (once allocated) the device
+  // gradient accumulation buffers (Note [Executor memory plan]).
   int64_t slot_device_bytes() const;
-  // Pinned host bytes of the staging buffers.
+  // Pinned host bytes of its staging buffers (gradients, input, offloaded
+  // activations).
   int64_t staging_host_bytes() const;
 
  private:

@@ -80,7 +80,7 @@ HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config, const HostSto
   if (options.optimizer_state) b.grad = b.exp_avg = b.exp_avg_sq = numel * 4;
   if (options.streaming_bf16) b.streaming = numel * 2;
   // Pinned: what the device reads (streaming copy or master) and the
-  // gradients it writes (Note [Gradient landing] in executor.cc).
+  // gradients it writes (Note [Gradient landing] in step/grad_lander.h).
   if (options.pin) b.pinned = (options.streaming_bf16 ? b.streaming : b.master) + b.grad;
   return b;
 }

@@ -34,10 +34,11 @@
 // Note [Embedding rows on demand]
 // The embedding's gradient is final last of all (its scatter-add ends
 // backward) while the next forward needs the embedding first, for the
-// gather of its input rows. A whole-table update there (V*C parameters,
-// ~60 ms for a 128k x 2048 table) would leave the GPU idle, so the
-// embedding update is row by row: the optimizer thread updates the rows in
-// the background, last in its priority order, and the executor's row gate
+// gather of its input rows. A whole-table update there (V*C parameters)
+// would leave the GPU idle, so the embedding update is row by row
+// (EmbeddingUpdater, optim/embedding_updater.h): the optimizer thread
+// updates the rows in the background, last in its priority order, and the
+// executor's row gate
 // (StreamingExecutor::SetEmbeddingRowGate) first updates, on the pool, just
 // the rows the next micro-batch gathers, claiming each row with an atomic
 // state (pending -> in progress -> done) so that every row is updated
@@ -51,7 +52,7 @@
 //
 // Note [Embedding lookahead]
 // The row gate's work is memory-bound AdamW on every distinct row the next
-// micro-batch reads (~15k rows x C for 8 x 2048 random tokens), on the
+// micro-batch reads (up to B*T rows x C), on the
 // GPU's critical path between two passes. Most of those rows have a zero
 // gradient in the step that just ended (untied embeddings: only the rows
 // of the step's own tokens get one), and the AdamW update of a row with a
@@ -77,8 +78,9 @@
 //
 // Note [Optimizer slices]
 // A queued block update runs as slices of at most
-// TrainerOptions::optimizer_slice_elements parameters (16 M, about 4 ms of
-// AdamW on 16 cores), each a separate entry of the priority queue, so that the
+// TrainerOptions::optimizer_slice_elements parameters (default 16 M;
+// docs/performance.md has its time), each a separate entry of the
+// priority queue (OptimizerQueue, optim/optimizer_queue.h), so that the
 // update the next forward needs first (layer 0's, queued last of all when
 // backward ends) waits for at most one slice of a later layer, not for
 // that layer's whole update. The split does not change the result (AdamW
@@ -110,18 +112,12 @@
 #ifndef MEGATRAIN_ENGINE_TRAINER_H_
 #define MEGATRAIN_ENGINE_TRAINER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <deque>
-#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/adamw.h"
 #include "engine/batch.h"
@@ -135,13 +131,19 @@
 namespace megatrain::engine {
 
 class DeviceRuntime;
+class EmbeddingUpdater;
+class OptimizerQueue;
 class StreamingExecutor;
 class ThreadPool;
+class TrainerTestHooks;
+struct ForwardBackwardResult;
 
 // Testing only: makes one step non-finite, to exercise Note [Non-finite
-// steps] without a diverging model. Never set from a job file or an RPC;
-// TrainingJob sets it from the debug environment variable
-// MEGATRAIN_DEBUG_POISON_STEP (training_job.h).
+// steps] without a diverging model, through the trainer's test hooks
+// (MakeNonFiniteInjector, trainer_test_hooks.h), never through branches in
+// the step. Never set from a job file or an RPC; TrainingJob sets it from
+// the debug environment variable MEGATRAIN_DEBUG_POISON_STEP
+// (training_job.h).
 struct NonFiniteInjection {
   enum class Kind {
     kLoss,      // every block's gradient and the loss become NaN, as a NaN
@@ -294,10 +296,10 @@ class Trainer {
   // Optimizer steps taken (the next step is step() + 1).
   int64_t step() const { return step_; }
   // Settable on resume; drops the embedding lookahead.
-  void set_step(int64_t step) {
-    step_ = step;
-    gate_lookahead_ = nullptr;
-  }
+  void set_step(int64_t step);
+  // Testing only: replaces the test hooks (TrainerTestHooks; null: none).
+  // Call between steps.
+  void SetTestHooks(std::unique_ptr<TrainerTestHooks> hooks);
   std::string device_name() const;
   bool is_cuda() const;
   // Device bytes of the weight/gradient slots; pinned staging bytes.
@@ -305,17 +307,26 @@ class Trainer {
   int64_t staging_host_bytes() const;
 
  private:
+  // What one step's callbacks share (Step, OnBlockFinal, FinishStep).
+  struct StepState;
+
   Trainer() = default;
   // The store's AdamW buffers for elements [offset, offset + count) of
   // `block` (bf16_params null without a streaming copy).
   AdamWBuffers StoreBuffers(int64_t block, int64_t offset, int64_t count) const;
-  // Queues AdamW of `block` for update number `step` on the optimizer thread.
+  // Queues AdamW of `block` for update number `step` on the optimizer
+  // queue, in slices (Note [Optimizer slices]).
   void ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale);
-  void OptimizerLoop();
-  // The executor's weight gate: waits until `block` has no pending update.
-  void WaitBlock(int64_t block);
-  // Waits for the CPU optimizer's queued updates only.
-  absl::Status WaitForCpuOptimizer();
+  // The embedding's update: row by row when the updater exists (Note
+  // [Embedding rows on demand]), else as one block.
+  void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
+  // The executor's callback: `block`'s gradient is final (accumulator
+  // thread). Records its norm; without clipping queues its update.
+  void OnBlockFinal(StepState& s, int64_t block, double grad_sq);
+  // After ForwardBackward: norm, finiteness, the updates (or the skip).
+  absl::StatusOr<StepResult> FinishStep(StepState& s, const ForwardBackwardResult& fb);
+  // Schedules the resident blocks' update approved in `s` on the device.
+  absl::Status ScheduleResident(StepState& s, float grad_scale);
   // Copies the resident layers back to the store if an update since the
   // last copy made the device's state newer.
   absl::Status SyncResidentIfNewer();
@@ -323,34 +334,6 @@ class Trainer {
   absl::Status ReloadResidentIfStoreChanged();
   // Index of `block` in the executor's resident_blocks(), else -1.
   int64_t ResidentIndexOf(int64_t block) const;
-  // Queues the embedding's update row by row (Note [Embedding rows on
-  // demand]).
-  void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
-  // Updates embedding row `row` unless another thread has claimed it; then
-  // waits until it is done. For the pending embedding update only.
-  void UpdateEmbeddingRow(int64_t row);
-  // The executor's row gate: points row_sources[i] at the current value
-  // of row token_ids[i] (the store's, updated first if pending, or the
-  // lookahead's).
-  void GateEmbeddingRows(absl::Span<const int32_t> token_ids, absl::Span<const float*> row_sources);
-
-  // Note [Embedding lookahead]: the rows of a future micro-batch that step
-  // `step` leaves with a zero gradient, and their values after it.
-  enum class LookaheadState { kIdle, kQueued, kRunning, kDone, kCancelled };
-  struct Lookahead {
-    int64_t step = 0;                  // the update it anticipates
-    double lr = 0;
-    std::vector<int32_t> rows;         // distinct rows
-    std::vector<float> values;         // [rows.size(), C] fp32: row after update `step`
-    std::vector<int32_t> slot_of_row;  // [V]: index into rows, or -1
-    LookaheadState state = LookaheadState::kIdle;  // guarded by Trainer::mu_
-  };
-  // Queues the lookahead of step `step` for `next_input_ids`.
-  void QueueLookahead(int64_t step, double lr, absl::Span<const MicroBatch> micro_batches,
-                      absl::Span<const int32_t> next_input_ids);
-  void RunLookahead(Lookahead& la);
-  // Cancels `la` if still queued, waits for it if running.
-  void FinishLookahead(Lookahead& la);
 
   TrainerOptions options_;
   std::unique_ptr<ThreadPool> pool_;            // the optimizer's
@@ -358,14 +341,20 @@ class Trainer {
   // accumulation, the rows of the embedding gate) gets its own threads, so
   // that it never queues behind optimizer chunks.
   std::unique_ptr<ThreadPool> critical_pool_;
-  bool emb_grad_zero_next_ = false;  // see AssumeEmbeddingGradZero
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<DeviceRuntime> runtime_;
   std::unique_ptr<StreamingExecutor> executor_;
   std::unique_ptr<CpuAdamW> adamw_;
   std::unique_ptr<LrSchedule> schedule_;
+  // Destroyed (drained) first by ~Trainer: its tasks use the updater, the
+  // AdamW kernel and the store.
+  std::unique_ptr<OptimizerQueue> queue_;
+  // Row-wise embedding updates (Notes [Embedding rows on demand] and
+  // [Embedding lookahead]); null when the embedding updates as one block
+  // (resident, or not one [V, C] table).
+  std::unique_ptr<EmbeddingUpdater> embedding_;
+  std::unique_ptr<TrainerTestHooks> hooks_;  // null but in tests
   int64_t step_ = 0;
-  bool debug_nonfinite_done_ = false;  // the injection fires once
   // Note [Resident layers] in executor.h: the number of them; whether the
   // device holds updates the store lacks; whether store() was handed out
   // since the last reload (the caller may have written it).
@@ -374,47 +363,6 @@ class Trainer {
   bool device_grad_accumulation_ = false;
   bool resident_device_newer_ = false;
   bool resident_store_changed_ = false;
-
-  absl::Mutex mu_;
-  // A queued update. The optimizer thread runs the one of the lowest
-  // (step, order) first: blocks are numbered in forward order, so that is
-  // the update needed soonest (earliest deadline first; Note [Optimizer
-  // overlap]). The row-wise embedding update has order num_blocks: after
-  // the head, before any update of a later step.
-  // A lookahead (Note [Embedding lookahead]) has order -1: before its
-  // step's updates, after the previous step's. Slices (Note [Optimizer
-  // slices]) of one block run in order.
-  struct UpdateTask {
-    int64_t step = 0;
-    int64_t order = 0;
-    int64_t slice = 0;
-    std::function<void()> run;
-  };
-  std::deque<UpdateTask> tasks_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> pending_ ABSL_GUARDED_BY(mu_);  // per block: queued or running tasks
-  int64_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status optimizer_error_ ABSL_GUARDED_BY(mu_);
-  double optimizer_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // since last Step()
-  std::thread optimizer_thread_;
-
-  // The pending row-wise embedding update (Note [Embedding rows on demand]).
-  // Row states: 0 pending, 1 being updated, 2 done. The parameters are
-  // written before emb_rows_pending_ is set (under mu_) and read after it
-  // is seen set.
-  std::unique_ptr<std::atomic<uint8_t>[]> emb_row_state_;
-  int64_t emb_rows_ = 0;       // V when row-wise updates apply, else 0
-  int64_t emb_row_width_ = 0;  // C
-  int64_t emb_step_ = 0;
-  double emb_lr_ = 0;
-  float emb_grad_scale_ = 1.0f;
-  bool emb_rows_pending_ ABSL_GUARDED_BY(mu_) = false;
-
-  Lookahead lookahead_[2];                 // by step parity
-  Lookahead* gate_lookahead_ = nullptr;    // for the next row gate; step thread only
-  std::vector<uint8_t> touched_;           // [V] scratch of QueueLookahead
-  int64_t gate_rows_ = 0;                  // rows the gates updated in this step
-  int64_t lookahead_rows_ = 0;             // rows the gathers read from a lookahead
 };
 
 

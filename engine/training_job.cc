@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
+#include "engine/executor.h"
 #include "engine/hf_model.h"
 #include "engine/host_store.h"
 #include "engine/lr_schedule.h"
@@ -74,52 +75,40 @@ int64_t DeviceSavedLayers(const JobSpec& spec, const ModelConfig& config) {
   return spec.train.offload_activations && layers > 1 ? 3 : layers;
 }
 
-// Pinned host bytes of train.offload_activations: the inputs of layers
-// 0..L-2, [B, T, C] fp32 each (as StreamingExecutor allocates them).
-int64_t ActivationOffloadBytes(const JobSpec& spec, const ModelConfig& config) {
-  if (!spec.train.offload_activations || config.num_hidden_layers < 2) return 0;
-  return (config.num_hidden_layers - 1) * spec.train.micro_batch * spec.train.seq_len *
-         config.hidden_size * 4;
-}
-
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   MemoryFootprint f;
   f.params = config.ParamCount();
   f.host = HostStore::EstimateBytes(config, StoreOptions(spec, /*pin=*/true));
-  const ModelLayout layout = ModelLayout::Create(config);
-  int64_t max_block = 0;
-  for (size_t b = 1; b < layout.blocks.size(); ++b) max_block = std::max(max_block, layout.blocks[b].numel);
-  if (config.tie_word_embeddings) max_block = std::max(max_block, layout.blocks[0].numel);
   const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
-  // Pinned staging: 2 gradient buffers + the activation upload buffer
-  // (+ the offloaded layer inputs with train.offload_activations).
-  f.activation_offload_bytes = ActivationOffloadBytes(spec, config);
-  f.host.staging = 2 * std::max(max_block * esize, tokens * config.hidden_size * 4) +
-                   tokens * (config.hidden_size * 4 + 8) + f.activation_offload_bytes;
+  // The executor's buffers exactly as it allocates them (Note [Executor
+  // memory plan] in executor.h), with the trainer's auto settings on a GPU
+  // (embedding and accumulation buffers as upper bounds: they stay on the
+  // host when the device is too small for them; the CPU has none of them,
+  // but the estimate is for a GPU).
+  ExecutorOptions exec;
+  exec.compute_dtype = spec.train.compute_dtype;
+  exec.micro_batch = spec.train.micro_batch;
+  exec.seq_len = spec.train.seq_len;
+  exec.offload_activations = spec.train.offload_activations;
+  exec.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  exec.resident_embedding = !config.tie_word_embeddings;
+  exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
+  const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
+  f.activation_offload_bytes = plan.activation_offload_bytes;
+  f.host.staging = plan.pinned_bytes();
   f.embedding_lookahead_bytes = config.tie_word_embeddings ? 0 : 2 * tokens * config.hidden_size * 4;
   f.host_total_bytes = f.host.Total() + f.embedding_lookahead_bytes;
-  // Device: 3 weight + 2 gradient slots, saved layer inputs (fp32), and the
-  // working set of one layer's recompute + backward (~12 [B,T,max(C,F)]
-  // tensors, a rough bound).
-  // As the trainer's auto settings choose on a GPU (embedding and
-  // accumulation buffers as upper bounds: they stay on the host when the
-  // device is too small for them).
-  const int resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
-  for (int64_t l = 0; l < resident_layers; ++l) {
-    f.device_resident_bytes +=
-        layout.blocks[layout.layer_block(l)].numel * (16 + (esize == 2 ? 2 : 0));
-  }
-  if (!config.tie_word_embeddings) f.device_resident_bytes += 16 * config.vocab_size * config.hidden_size;
-  if (spec.train.gradient_accumulation_steps > 1) {
-    for (const int64_t block : layout.StreamedDenseBlocks(resident_layers)) {
-      f.device_resident_bytes += 4 * layout.blocks[block].numel;
-    }
-  }
-  f.device_estimate_bytes = 5 * max_block * esize +
-                            DeviceSavedLayers(spec, config) * tokens * config.hidden_size * 4 +
-                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
-                            f.device_resident_bytes;
+  f.device_resident_bytes = plan.resident_bytes + plan.grad_accumulation_bytes;
+  // Device: the plan, the saved layer inputs outside it (fp32; with
+  // offload the ring of two is in the plan), and the working set of one
+  // layer's recompute + backward (~12 [B,T,max(C,F)] tensors, a rough
+  // bound).
+  const int64_t saved_outside_plan =
+      DeviceSavedLayers(spec, config) - (plan.activation_ring_bytes > 0 ? 2 : 0);
+  f.device_estimate_bytes = plan.device_bytes() +
+                            saved_outside_plan * tokens * config.hidden_size * 4 +
+                            12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
   return f;
 }
 

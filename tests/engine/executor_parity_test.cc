@@ -282,3 +282,48 @@ TEST(DeviceRuntimeTest, RefusesUnknownDevice) {
 
 }  // namespace
 }  // namespace megatrain::engine
+
+namespace megatrain::engine {
+namespace {
+
+// Note [Executor memory plan]: what the executor's parts hold equals the
+// plan admission reads, in every mode (the accumulation buffers once a
+// pass with several micro-batches allocated them).
+TEST(ExecutorTest, HoldsExactlyItsMemoryPlan) {
+  for (const Variant& variant : testing::Variants()) {
+    for (const ParityMode& mode : testing::ParityModes(2)) {
+      if (mode.resident_embedding && variant.config.tie_word_embeddings) continue;
+      SCOPED_TRACE(variant.name + " " + mode.name);
+      const ModelConfig& config = variant.config;
+      HostStoreOptions store_options;
+      store_options.streaming_bf16 = mode.dtype == ComputeDtype::kBf16;
+      auto store = HostStore::Create(config, store_options);
+      ASSERT_THAT(store, IsOk());
+      auto runtime = DeviceRuntime::Create("cpu");
+      ASSERT_THAT(runtime, IsOk());
+      auto pool = ThreadPool::Create(2);
+      ExecutorOptions options;
+      options.compute_dtype = mode.dtype;
+      options.micro_batch = 2;
+      options.seq_len = 6;
+      options.offload_activations = mode.offload_activations;
+      options.resident_layers = mode.resident_layers;
+      options.resident_embedding = mode.resident_embedding;
+      options.device_grad_accumulation = mode.device_grad_accumulation;
+      auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+      ASSERT_THAT(executor, IsOk());
+      const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
+      EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
+      EXPECT_EQ((*executor)->slot_device_bytes(), plan.device_bytes() - plan.grad_accumulation_bytes);
+      ASSERT_THAT((*executor)->ForwardBackward(MakeBatches(mode.micro_batches, 2, 6, config.vocab_size, 9)),
+                  IsOk());
+      const bool accumulated = mode.device_grad_accumulation && mode.micro_batches > 1;
+      EXPECT_EQ((*executor)->slot_device_bytes(),
+                plan.device_bytes() - (accumulated ? 0 : plan.grad_accumulation_bytes));
+      if (mode.offload_activations) EXPECT_GT(plan.activation_offload_bytes, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace megatrain::engine

@@ -142,9 +142,11 @@ TEST(EstimateFootprintTest, CountsBytesPerParameter) {
   auto f = EstimateFootprint(s);
   ASSERT_THAT(f, IsOk());
   // 4 (master) + 4 (grad) + 8 (AdamW moments) + 2 (bf16 copy) bytes/param,
-  // plus alignment padding and staging (< 2%).
+  // plus alignment padding and staging (< 3%: the executor's memory plan
+  // counts the two fp32 gradient staging buffers of the largest block,
+  // 2 x 4 x 525 M bytes for llama-8b's head, Note [Executor memory plan]).
   EXPECT_GT(f->host_total_bytes, 18 * f->params);
-  EXPECT_LT(f->host_total_bytes, 18.4 * f->params);
+  EXPECT_LT(f->host_total_bytes, 18.6 * f->params);
 }
 
 TEST(EstimateFootprintTest, CountsTheEmbeddingLookaheadBuffers) {

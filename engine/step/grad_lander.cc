@@ -1,0 +1,300 @@
+// Gradient landing and the accumulator thread (Note [Gradient landing] in
+// grad_lander.h).
+#include "engine/step/grad_lander.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/adamw.h"
+#include "engine/layers.h"
+#include "engine/status_macros.h"
+#include "engine/torch_compat.h"
+
+namespace megatrain::engine {
+
+absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(StepEnv* env, int num_slots,
+                                                               int64_t max_numel,
+                                                               size_t staging_bytes) {
+  std::unique_ptr<GradLander> g(new GradLander(env));
+  const bool pin = env->runtime->is_cuda();
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(env->runtime->device());
+  MEGATRAIN_ASSIGN_OR_RETURN(g->norm_host_, HostBuffer::Allocate(num_slots * sizeof(double), pin));
+  for (int r = 0; r < num_slots; ++r) {
+    g->slots_.push_back(at::zeros({max_numel}, fp32));
+    g->device_bytes_ += static_cast<int64_t>(g->slots_.back().nbytes());
+    g->slot_kind_.push_back(-1);
+    MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(staging_bytes, pin));
+    g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
+    g->staging_.push_back(std::move(buf));
+    g->grad_ready_.push_back(env->runtime->CreateEvent());
+    g->staged_.push_back(env->runtime->CreateEvent());
+  }
+  g->pinned_bytes_ += static_cast<int64_t>(g->norm_host_.bytes());
+  {
+    absl::MutexLock lock(&g->mu_);
+    g->staging_busy_.assign(num_slots, false);
+  }
+  GradLander* raw = g.get();
+  g->accumulator_ = std::thread([raw] { raw->Loop(); });
+  return g;
+}
+
+GradLander::~GradLander() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (accumulator_.joinable()) accumulator_.join();
+}
+
+void GradLander::BeginPass(const std::vector<int64_t>& contributions, FinalCallback on_block_final,
+                           bool embedding_grad_zero) {
+  // The previous pass drained: the accumulator thread is idle.
+  contributions_.Begin(contributions);
+  known_sq_.assign(contributions.size(), -1.0);
+  on_block_final_ = std::move(on_block_final);
+  embedding_grad_zero_ = embedding_grad_zero;
+}
+
+int GradLander::AcquireSlot() {
+  const int r = next_slot_;
+  next_slot_ = (next_slot_ + 1) % static_cast<int>(slots_.size());
+  const StepClock::time_point start = StepClock::now();
+  absl::MutexLock lock(&mu_);
+  auto free = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !staging_busy_[r] || !error_.ok();
+  };
+  mu_.Await(absl::Condition(&free));
+  staging_busy_[r] = true;
+  env_->grad_wait_seconds += SecondsSince(start);
+  return r;
+}
+
+void GradLander::FillSlot(int slot, const BlockLayout& bl, BlockKind kind,
+                          absl::Span<const at::Tensor> grads) {
+  if (slot_kind_[slot] != static_cast<int>(kind)) slots_[slot].zero_();
+  slot_kind_[slot] = static_cast<int>(kind);
+  std::vector<at::Tensor> g = BindBlockParams(bl, slots_[slot]);
+  for (size_t i = 0; i < g.size() && i < grads.size(); ++i) {
+    if (grads[i].defined()) g[i].copy_(grads[i]);
+  }
+}
+
+void GradLander::LandSlot(int slot, int64_t block) {
+  Offload(slot, block, env_->layout.blocks[block].numel, slots_[slot].data_ptr<float>(), {},
+          Task::Kind::kDense, {}, /*whole=*/false);
+}
+
+void GradLander::LandWhole(int64_t block, const at::Tensor& sum) {
+  const int r = AcquireSlot();
+  Offload(r, block, env_->layout.blocks[block].numel, sum.data_ptr<float>(), {},
+          Task::Kind::kDense, {}, /*whole=*/true);
+}
+
+void GradLander::LandEmbeddingRows(int64_t block, const at::Tensor& grad_hidden,
+                                   std::vector<int32_t> rows) {
+  const int r = AcquireSlot();
+  at::Tensor dx = grad_hidden.to(at::kFloat).contiguous();
+  Offload(r, block, dx.numel(), dx.data_ptr<float>(), dx, Task::Kind::kEmbeddingRows,
+          std::move(rows), /*whole=*/false);
+}
+
+void GradLander::LandResidentNorm(int64_t block, const at::Tensor& grad) {
+  // A grad slot lends its pinned norm word and events; nothing else crosses.
+  DeviceRuntime* runtime = env_->runtime;
+  const int r = AcquireSlot();
+  Task task;
+  task.kind = Task::Kind::kResidentNorm;
+  task.slot = r;
+  task.block = block;
+  task.first = task.final = true;
+  const int norm_token = env_->timer.Begin(StreamKind::kCompute);
+  task.keep_alive_norm = compat::VectorNormFp64(grad);
+  env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
+  runtime->Record(StreamKind::kCompute, *grad_ready_[r]);
+  runtime->Wait(StreamKind::kD2H, *grad_ready_[r]);
+  runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + r,
+                            task.keep_alive_norm.data_ptr(), sizeof(double));
+  runtime->Record(StreamKind::kD2H, *staged_[r]);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* device_src,
+                         at::Tensor keep_alive, Task::Kind kind, std::vector<int32_t> rows,
+                         bool whole) {
+  DeviceRuntime* runtime = env_->runtime;
+  Task task;
+  task.kind = kind;
+  task.slot = slot;
+  task.block = block;
+  task.numel = numel;
+  if (whole) {  // counted by the caller as its contributions were summed
+    task.first = task.final = true;
+  } else {
+    const GradContributions::Mark mark = contributions_.Count(block);
+    task.first = mark.first;
+    task.final = mark.final;
+  }
+  task.direct = kind == Task::Kind::kDense && task.first;
+  task.grad_zero = embedding_grad_zero_;
+  if (task.direct) {
+    // The block's gradient so far is this one: its norm, on the device
+    // (compute-stream work, timed as such).
+    const int norm_token = env_->timer.Begin(StreamKind::kCompute);
+    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
+    at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel}, fp32);
+    task.keep_alive_norm = compat::VectorNormFp64(flat);
+    env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
+  }
+  runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
+  runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
+  const int64_t bytes = numel * 4;
+  void* dst = task.direct ? static_cast<void*>(env_->store->grad(block)) : staging_[slot].data();
+  const int token = env_->timer.Begin(StreamKind::kD2H);
+  runtime->CopyDeviceToHost(dst, device_src, static_cast<size_t>(bytes));
+  if (task.direct) {
+    runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + slot,
+                              task.keep_alive_norm.data_ptr(), sizeof(double));
+  }
+  env_->timer.End(StreamKind::kD2H, token);
+  runtime->Record(StreamKind::kD2H, *staged_[slot]);
+  env_->d2h_bytes += bytes;
+  task.rows = std::move(rows);
+  task.keep_alive = std::move(keep_alive);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+void GradLander::Loop() {
+  while (true) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stop_ and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      task_running_ = true;
+    }
+    absl::Status status;
+    try {
+      Run(task);
+    } catch (const std::exception& e) {
+      status = StatusFromException(e);
+    }
+    task.keep_alive.reset();
+    task.keep_alive_norm.reset();
+    absl::MutexLock lock(&mu_);
+    staging_busy_[task.slot] = false;
+    task_running_ = false;
+    if (!status.ok() && error_.ok()) error_ = status;
+  }
+}
+
+void GradLander::Run(Task& task) {
+  env_->runtime->HostWait(*staged_[task.slot]);
+  const double* norms = static_cast<const double*>(norm_host_.data());
+  if (task.kind == Task::Kind::kResidentNorm) {
+    if (on_block_final_) on_block_final_(task.block, norms[task.slot] * norms[task.slot]);
+    return;
+  }
+  float* grad = env_->store->grad(task.block);
+  const float* src = static_cast<const float*>(staging_[task.slot].data());
+  // Squared norm of the block's gradient so far, when known without a pass
+  // over the whole block.
+  double& known_sq = known_sq_[task.block];
+  if (task.kind == Task::Kind::kEmbeddingRows) {
+    ScatterRows(task, grad, src, known_sq);
+  } else if (!task.direct) {  // a later micro-batch's contribution
+    env_->pool->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) grad[i] += src[i];
+    });
+    known_sq = -1;
+  } else {
+    known_sq = norms[task.slot] * norms[task.slot];
+  }
+  if (!task.final || !on_block_final_) return;
+  const double sq = known_sq >= 0 && std::isfinite(known_sq)
+                        ? known_sq
+                        : SumOfSquares(grad, env_->store->block_numel(task.block), env_->pool);
+  on_block_final_(task.block, sq);
+}
+
+void GradLander::ScatterRows(const Task& task, float* grad, const float* src, double& known_sq) {
+  // Embedding backward: grad[token] += d hidden[position]. Positions are
+  // grouped by token (ascending within a group, the order the sum takes
+  // for every element), so that each group's row is written by one
+  // thread and every read and write is a whole contiguous row.
+  const int64_t c = env_->config.hidden_size;
+  const int64_t block_numel = env_->store->block_numel(task.block);
+  ThreadPool* pool = env_->pool;
+  // The previous update of the table may still be reading its gradient
+  // (Note [Embedding rows on demand] in trainer.h).
+  if (env_->weight_gate) env_->weight_gate(task.block);
+  if (task.first && !task.grad_zero) {
+    pool->ParallelFor(block_numel, 1 << 16, [&](int64_t begin, int64_t end) {
+      std::memset(grad + begin, 0, (end - begin) * 4);
+    });
+  }
+  if (task.first) known_sq = 0;  // a zero table (untied), not tied's dense part
+  const int64_t positions = static_cast<int64_t>(task.rows.size());
+  std::vector<int64_t> keys(positions);  // token << 32 | position
+  for (int64_t p = 0; p < positions; ++p) keys[p] = (static_cast<int64_t>(task.rows[p]) << 32) | p;
+  std::sort(keys.begin(), keys.end());
+  std::vector<int64_t> group_start;  // into keys, one per distinct token, then positions
+  for (int64_t i = 0; i < positions; ++i) {
+    if (i == 0 || (keys[i] >> 32) != (keys[i - 1] >> 32)) group_start.push_back(i);
+  }
+  const int64_t groups = static_cast<int64_t>(group_start.size());
+  group_start.push_back(positions);
+  // The table's squared norm changes only in the rows this scatter
+  // touches, so it is updated from their sums before and after instead
+  // of a pass over the whole [V, C] table.
+  const bool track = known_sq >= 0;
+  const bool need_before = track && !task.first;
+  std::vector<double> sq_before(need_before ? groups : 0), sq_after(track ? groups : 0);
+  auto row_sq = [c](const float* g) {
+    double acc = 0;
+    for (int64_t j = 0; j < c; ++j) acc += static_cast<double>(g[j]) * g[j];
+    return acc;
+  };
+  pool->ParallelFor(groups, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      float* dst = grad + (keys[group_start[g]] >> 32) * c;
+      if (need_before) sq_before[g] = row_sq(dst);
+      for (int64_t k = group_start[g]; k < group_start[g + 1]; ++k) {
+        const float* row = src + (keys[k] & 0xffffffff) * c;
+        for (int64_t j = 0; j < c; ++j) dst[j] += row[j];
+      }
+      if (track) sq_after[g] = row_sq(dst);
+    }
+  });
+  if (track) {
+    double before = 0, after = 0;
+    for (const double v : sq_before) before += v;
+    for (const double v : sq_after) after += v;
+    known_sq += after - before;
+  }
+}
+
+absl::Status GradLander::Drain() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !task_running_;
+  };
+  mu_.Await(absl::Condition(&idle));
+  absl::Status status = error_;
+  error_ = absl::OkStatus();
+  return status;
+}
+
+void GradLander::Reset() {
+  (void)Drain();
+  absl::MutexLock lock(&mu_);
+  staging_busy_.assign(slots_.size(), false);
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,192 @@
+// Gradient landing: block gradients from the device into the host store,
+// with the accumulator thread that finishes them on the host.
+//
+// Note [Gradient landing]
+// A dense block's first contribution of a pass is copied (fp32) straight
+// into the store's gradient, so with one micro-batch per step the host
+// does no gradient work at all; its squared norm is computed on the device
+// and copied beside it. Later contributions land in pinned staging and are
+// added on the host, in micro-batch order. The embedding's contribution
+// (d hidden_0, [B*T, C] fp32) lands in staging and is scatter-added by
+// token. A resident block's final gradient stays on the device: only its
+// squared norm crosses. When a block's last contribution has landed, the
+// accumulator thread calls the pass's BlockFinalCallback with its squared
+// norm, fp32 values summed in fp64 (known without a pass over the block
+// where the device computed it or the scatter tracked it).
+//
+//   kCompute: gradient into slot r -> record grad_ready(r)
+//   kD2H:     wait grad_ready(r) -> copy to the store or staging r
+//                                -> record staged(r)
+//   host:     accumulator thread waits staged(r) -> grad += staging (fp32)
+//             -> slot r free again
+//
+// Ownership: owns the device gradient slots, the pinned staging and norm
+// buffers, their events and the accumulator thread (joined by the
+// destructor, which the executor calls after the streams drained). Uses
+// the StepEnv (store, runtime, pool, timer, d2h_bytes, weight gate).
+// Thread-safety: every method on the enqueuing thread; the accumulator
+// thread runs the landings and the callback. Streams: kCompute (slot
+// fills, norms), kD2H (copies).
+#ifndef MEGATRAIN_ENGINE_STEP_GRAD_LANDER_H_
+#define MEGATRAIN_ENGINE_STEP_GRAD_LANDER_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "engine/host_buffer.h"
+#include "engine/param_layout.h"
+#include "engine/step/step_env.h"
+
+namespace megatrain::engine {
+
+// Per pass and block: how many gradient contributions are still to come,
+// and whether the first has been seen (the first overwrites, later ones
+// add). Enqueuing thread only.
+class GradContributions {
+ public:
+  void Begin(const std::vector<int64_t>& per_block) {
+    remaining_ = per_block;
+    seen_.assign(per_block.size(), false);
+  }
+  bool seen(int64_t block) const { return seen_[block]; }
+  struct Mark {
+    bool first = false;  // the block's first contribution of the pass
+    bool final = false;  // its last
+  };
+  // Counts one contribution of `block`.
+  Mark Count(int64_t block) {
+    Mark mark;
+    mark.first = !seen_[block];
+    seen_[block] = true;
+    mark.final = --remaining_[block] == 0;
+    return mark;
+  }
+
+ private:
+  std::vector<int64_t> remaining_;
+  std::vector<bool> seen_;
+};
+
+class GradLander {
+ public:
+  // Called once per block per pass on the accumulator thread when the
+  // block's gradient is final (StreamingExecutor's BlockFinalCallback).
+  using FinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
+
+  // Allocates `num_slots` device gradient buffers of `max_numel` fp32 and
+  // as many pinned staging buffers of `staging_bytes`, and starts the
+  // accumulator thread. RESOURCE_EXHAUSTED for pinned memory; LibTorch
+  // exceptions for device memory.
+  static absl::StatusOr<std::unique_ptr<GradLander>> Create(StepEnv* env, int num_slots,
+                                                            int64_t max_numel,
+                                                            size_t staging_bytes);
+  // Stops and joins the accumulator thread after it ran every queued
+  // landing. The caller has drained the streams.
+  ~GradLander();
+
+  // Starts a pass: `contributions` per block (StepPlan), the callback, and
+  // whether the store's embedding gradient is already zero for its first
+  // scatter (StreamingExecutor::AssumeEmbeddingGradZero).
+  void BeginPass(const std::vector<int64_t>& contributions, FinalCallback on_block_final,
+                 bool embedding_grad_zero);
+  GradContributions& contributions() { return contributions_; }
+
+  // The bind-zero-copy sequence: waits for a free gradient slot, zeroes it
+  // when it last held another kind of block (alignment gaps stay zero),
+  // copies `grads` (one per parameter of `bl`; undefined ones skipped)
+  // into it. Enqueued on kCompute. Returns the slot for LandSlot.
+  int AcquireSlot();
+  void FillSlot(int slot, const BlockLayout& bl, BlockKind kind,
+                absl::Span<const at::Tensor> grads);
+  // Lands `block`'s gradient contribution held in `slot`.
+  void LandSlot(int slot, int64_t block);
+  // Lands `block`'s whole gradient of the pass, `sum` ([numel] fp32,
+  // device; Note [Device gradient accumulation] in executor.h).
+  void LandWhole(int64_t block, const at::Tensor& sum);
+  // Lands the embedding's contribution, d hidden_0 `grad_hidden` ([B, T,
+  // C], device; sent as fp32) for the tokens `rows` ([B*T]): scatter-added
+  // on the host.
+  void LandEmbeddingRows(int64_t block, const at::Tensor& grad_hidden, std::vector<int32_t> rows);
+  // A resident block's final gradient `grad` ([numel] fp32, device): only
+  // its squared norm crosses, in order with the landed blocks'.
+  void LandResidentNorm(int64_t block, const at::Tensor& grad);
+
+  // Waits until every landing of the pass ran; returns the first error of
+  // the accumulator thread (and clears it).
+  absl::Status Drain();
+  // After a failed pass (streams synchronised): drains and frees every slot.
+  void Reset();
+
+  // Bytes of the device gradient slots; of the pinned staging and norm
+  // buffers.
+  int64_t device_bytes() const { return device_bytes_; }
+  int64_t pinned_bytes() const { return pinned_bytes_; }
+
+ private:
+  struct Task {
+    // kResidentNorm: only the squared norm of a resident block's final
+    // gradient (norm_host_[slot]).
+    enum class Kind { kDense, kEmbeddingRows, kResidentNorm } kind = Kind::kDense;
+    int slot = 0;               // grad slot (device buffer + pinned staging)
+    int64_t block = 0;
+    int64_t numel = 0;          // elements in staging (dense) or rows*C
+    bool first = false;         // first contribution of the pass: overwrite
+    bool final = false;         // last contribution of the pass
+    bool direct = false;        // already in the store's gradient (dense, first);
+                                // norm_host_[slot] then holds its L2 norm
+    bool grad_zero = false;     // kEmbeddingRows: the store's gradient is already zero
+    std::vector<int32_t> rows;  // token ids of kEmbeddingRows, [B*T]
+    at::Tensor keep_alive;      // device tensors read by the D2H copies
+    at::Tensor keep_alive_norm;
+  };
+
+  explicit GradLander(StepEnv* env) : env_(env) {}
+  // Enqueues the D2H copy of `numel` fp32 at `device_src` (in slot `slot`,
+  // whose device work is enqueued) and queues its host task.
+  void Offload(int slot, int64_t block, int64_t numel, const float* device_src,
+               at::Tensor keep_alive, Task::Kind kind, std::vector<int32_t> rows, bool whole);
+  void Loop();
+  void Run(Task& task);
+  // The host half of an embedding landing: the scatter-add by token.
+  void ScatterRows(const Task& task, float* grad, const float* src, double& known_sq);
+
+  StepEnv* env_;
+  std::vector<at::Tensor> slots_;                        // [max numel] fp32, device
+  std::vector<int> slot_kind_;                           // BlockKind last written, -1 none
+  std::vector<HostBuffer> staging_;                      // pinned, fp32
+  HostBuffer norm_host_;                                 // pinned, double per grad slot
+  std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;  // per slot, on kCompute
+  std::vector<std::unique_ptr<DeviceEvent>> staged_;      // per slot, on kD2H
+  int next_slot_ = 0;
+  int64_t device_bytes_ = 0, pinned_bytes_ = 0;
+
+  // Per pass.
+  GradContributions contributions_;  // enqueuing thread
+  bool embedding_grad_zero_ = false;  // enqueuing thread
+  FinalCallback on_block_final_;      // set before the pass's first task
+  // Per block: squared norm of its gradient so far in this pass, -1 when
+  // unknown (accumulator thread only; reset at the start of a pass).
+  std::vector<double> known_sq_;
+
+  absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> staging_busy_ ABSL_GUARDED_BY(mu_);
+  bool task_running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::thread accumulator_;
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_STEP_GRAD_LANDER_H_

@@ -1,0 +1,49 @@
+// The executor's memory plan (Note [Executor memory plan] in executor.h).
+#include <algorithm>
+
+#include "engine/executor.h"
+#include "engine/param_layout.h"
+
+namespace megatrain::engine {
+
+ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options) {
+  const ModelLayout layout = ModelLayout::Create(config);
+  ExecutorMemoryPlan plan;
+  // Largest block that visits a device slot: layers, head, and the
+  // embedding table only when it doubles as lm_head.
+  for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
+    if (i == layout.embedding_block() && !config.tie_word_embeddings) continue;
+    plan.max_slot_numel = std::max(plan.max_slot_numel, layout.blocks[i].numel);
+  }
+  const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
+  const int64_t tokens = options.micro_batch * options.seq_len;
+  const int64_t layer_input_bytes = tokens * config.hidden_size * 4;  // [B, T, C] fp32
+  plan.weight_slot_bytes = options.num_weight_slots * esize * plan.max_slot_numel;
+  plan.grad_slot_bytes = options.num_grad_slots * int64_t{4} * plan.max_slot_numel;
+  // Gradient staging receives a slot's block or the embedding's d hidden_0.
+  plan.grad_staging_bytes =
+      options.num_grad_slots * (std::max(plan.max_slot_numel * 4, layer_input_bytes) +
+                                static_cast<int64_t>(sizeof(double)));
+  plan.input_staging_bytes = tokens * (config.hidden_size * 4 + 8);
+  if (options.offload_activations && layout.num_layers() > 1) {
+    plan.activation_offload_bytes = (layout.num_layers() - 1) * layer_input_bytes;
+    plan.activation_ring_bytes = 2 * layer_input_bytes;
+  }
+  // Resident blocks: fp32 master, gradient and two moments (16 bytes per
+  // element), plus the compute-dtype copy of decoder layers under bf16
+  // (the embedding is read in fp32).
+  for (int64_t l = 0; l < options.resident_layers; ++l) {
+    plan.resident_bytes += layout.blocks[layout.layer_block(l)].numel * (16 + (esize == 2 ? 2 : 0));
+  }
+  if (options.resident_embedding) {
+    plan.resident_bytes += layout.blocks[layout.embedding_block()].numel * 16;
+  }
+  if (options.device_grad_accumulation) {
+    for (const int64_t block : layout.StreamedDenseBlocks(options.resident_layers)) {
+      plan.grad_accumulation_bytes += layout.blocks[block].numel * 4;
+    }
+  }
+  return plan;
+}
+
+}  // namespace megatrain::engine

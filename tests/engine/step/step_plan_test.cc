@@ -1,0 +1,201 @@
+// The step planner (engine/step/step_plan.h): the exact plan of the
+// default schedule in a few modes, and for every option combination the
+// invariants the executor relies on, checked against an independent
+// statement of the legacy block-use order.
+#include "engine/step/step_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/parity.h"
+
+namespace megatrain::engine {
+namespace {
+
+ModelLayout Layout(int64_t layers, bool tied) {
+  ModelConfig config = testing::SmallLlama();
+  config.num_hidden_layers = layers;
+  config.tie_word_embeddings = tied;
+  return ModelLayout::Create(config);
+}
+
+TEST(StepPlanTest, PlainPassIsForwardHeadBackwardEmbeddingPerMicroBatch) {
+  const ModelLayout layout = Layout(2, /*tied=*/false);
+  StepPlanOptions o;
+  const StepPlan plan = PlanStep(layout, o);
+  EXPECT_EQ(DescribePlan(plan),
+            "m0 upload B0 host\n"
+            "m0 forward L0 use0 keep\n"
+            "m0 forward L1 use1 keep\n"
+            "m0 head B3 use2 grad:host\n"
+            "m0 backward L1 use3 grad:host\n"
+            "m0 backward L0 use4 grad:host\n"
+            "m0 embedding-backward B0 host grad:host\n");
+  EXPECT_THAT(plan.weight_uses, ::testing::ElementsAre(1, 2, 3, 2, 1));
+  EXPECT_THAT(plan.contributions, ::testing::ElementsAre(1, 1, 1, 1));
+}
+
+TEST(StepPlanTest, EvaluationHasNoBackwardAndSavesNothing) {
+  const ModelLayout layout = Layout(2, /*tied=*/true);
+  StepPlanOptions o;
+  o.backward = false;
+  o.tied_embeddings = true;
+  o.micro_batches = 2;
+  EXPECT_EQ(DescribePlan(PlanStep(layout, o)),
+            "m0 upload B0 host\n"
+            "m0 forward L0 use0\n"
+            "m0 forward L1 use1\n"
+            "m0 head B3 tied-use2 use3\n"
+            "m1 upload B0 host\n"
+            "m1 forward L0 use4\n"
+            "m1 forward L1 use5\n"
+            "m1 head B3 tied-use6 use7\n");
+}
+
+TEST(StepPlanTest, OffloadPrefetchesOneLayerAheadAndResidentLayersHaveNoUses) {
+  const ModelLayout layout = Layout(4, /*tied=*/false);
+  StepPlanOptions o;
+  o.offload_activations = true;
+  o.resident_layers = 1;
+  o.resident_embedding = true;
+  o.device_grad_accumulation = true;
+  o.micro_batches = 2;
+  const StepPlan plan = PlanStep(layout, o);
+  const std::string m0 =
+      "m0 upload B0 resident\n"
+      "m0 forward L0 resident offload\n"
+      "m0 forward L1 use0 offload\n"
+      "m0 forward L2 use1 offload\n"
+      "m0 forward L3 use2 keep\n"
+      "m0 prefetch L2\n"
+      "m0 head B5 use3 grad:device-acc\n"
+      "m0 backward L3 use4 grad:device-acc\n"
+      "m0 backward L2 use5 grad:device-acc prefetch L1 from-host\n"
+      "m0 backward L1 use6 grad:device-acc prefetch L0 from-host\n"
+      "m0 backward L0 resident grad:resident from-host\n"
+      "m0 embedding-backward B0 resident grad:resident\n";
+  EXPECT_EQ(DescribePlan(plan).substr(0, m0.size()), m0);
+  EXPECT_EQ(plan.weight_uses.size(), 14u);  // 7 per micro-batch
+  EXPECT_THAT(plan.contributions, ::testing::Each(2));
+}
+
+TEST(StepPlanTest, TiedEmbeddingCountsTwoContributionsPerMicroBatch) {
+  const ModelLayout layout = Layout(2, /*tied=*/true);
+  StepPlanOptions o;
+  o.tied_embeddings = true;
+  o.micro_batches = 3;
+  const StepPlan plan = PlanStep(layout, o);
+  EXPECT_THAT(plan.contributions, ::testing::ElementsAre(6, 3, 3, 3));
+}
+
+// The block uses of the executor before the plan existed (Note [Streaming
+// pipeline]): per micro-batch the streamed layers forward, the embedding
+// when tied, the head, and with backward the streamed layers in reverse.
+std::vector<int64_t> LegacyUses(const ModelLayout& layout, const StepPlanOptions& o) {
+  std::vector<int64_t> blocks;
+  const int64_t layers = layout.num_layers();
+  for (int m = 0; m < o.micro_batches; ++m) {
+    for (int64_t l = o.resident_layers; l < layers; ++l) blocks.push_back(layout.layer_block(l));
+    if (o.tied_embeddings) blocks.push_back(layout.embedding_block());
+    blocks.push_back(layout.head_block());
+    if (!o.backward) continue;
+    for (int64_t l = layers - 1; l >= o.resident_layers; --l) blocks.push_back(layout.layer_block(l));
+  }
+  return blocks;
+}
+
+// Checks the invariants of one plan; returns "" or the first violation.
+std::string CheckInvariants(const ModelLayout& layout, const StepPlanOptions& o,
+                            const StepPlan& plan) {
+  if (plan.weight_uses != LegacyUses(layout, o)) return "weight uses differ from the legacy order";
+  int next_use = 0;  // uses appear in order, each once (tied_use before use)
+  std::vector<std::vector<int>> prefetched(o.micro_batches,
+                                           std::vector<int>(layout.num_layers(), 0));
+  for (const StepAction& a : plan.actions) {
+    const std::string where = absl::StrCat("m", a.micro_batch, " L", a.layer, ": ");
+    if (a.tied_use >= 0 && a.tied_use != next_use++) return where + "tied use out of order";
+    if (a.use >= 0 && a.use != next_use++) return where + "use out of order";
+    const bool resident_layer = a.layer >= 0 && a.layer < o.resident_layers;
+    if ((a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward) &&
+        resident_layer != (a.weights == WeightsFrom::kResident)) {
+      return where + "weights source";
+    }
+    if (a.kind == ActionKind::kBackward) {
+      const GradTo want = resident_layer               ? GradTo::kResident
+                          : o.device_grad_accumulation ? GradTo::kDeviceAccumulator
+                                                       : GradTo::kHost;
+      if (a.grad_to != want) return where + "gradient sink";
+      const bool offloaded = o.offload_activations && a.layer < layout.num_layers() - 1;
+      if (a.input_offloaded != offloaded) return where + "input_offloaded";
+      if (offloaded && prefetched[a.micro_batch][a.layer] != 1) return where + "not prefetched";
+    }
+    const int64_t p = a.kind == ActionKind::kPrefetchInput ? a.layer : a.prefetch_layer;
+    if (p >= 0 && ++prefetched[a.micro_batch][p] > 1) return where + "prefetched twice";
+    if (a.kind == ActionKind::kForward && o.backward &&
+        (a.save == SaveInput::kOffload) != (o.offload_activations && a.layer < layout.num_layers() - 1)) {
+      return where + "offload choice";
+    }
+    if (a.kind == ActionKind::kForward && !o.backward && a.save != SaveInput::kNone) {
+      return where + "saves without backward";
+    }
+  }
+  if (next_use != static_cast<int>(plan.weight_uses.size())) return "unused weight uses";
+  return "";
+}
+
+TEST(StepPlanTest, EveryOptionCombinationKeepsTheInvariants) {
+  int plans = 0;
+  for (const int64_t layers : {1, 2, 4}) {
+    for (const bool tied : {false, true}) {
+      const ModelLayout layout = Layout(layers, tied);
+      for (int bits = 0; bits < 32; ++bits) {
+        StepPlanOptions o;
+        o.tied_embeddings = tied;
+        o.backward = bits & 1;
+        o.offload_activations = bits & 2;
+        o.resident_embedding = (bits & 4) && !tied;
+        o.device_grad_accumulation = (bits & 8) && o.backward;
+        o.micro_batches = bits & 16 ? 3 : 1;
+        for (const int64_t resident : {int64_t{0}, int64_t{1}, layers}) {
+          o.resident_layers = resident;
+          SCOPED_TRACE(absl::StrCat("layers ", layers, " tied ", tied, " bits ", bits,
+                                    " resident ", resident));
+          const StepPlan plan = PlanStep(layout, o);
+          EXPECT_EQ(CheckInvariants(layout, o, plan), "");
+          ++plans;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(plans, 3 * 2 * 32 * 3);
+}
+
+TEST(AssignWeightSlotsTest, ReusesABlockStillInItsSlot) {
+  // Layers 1, 2, head 3, then backward 2, 1 with three slots: the last
+  // layer stays loaded across forward, head and backward.
+  const std::vector<WeightSlotUse> uses = AssignWeightSlots({1, 2, 3, 2, 1}, 3);
+  ASSERT_EQ(uses.size(), 5u);
+  EXPECT_TRUE(uses[0].load && uses[1].load && uses[2].load);
+  EXPECT_FALSE(uses[3].load);  // block 2 still in slot 1
+  EXPECT_EQ(uses[3].slot, 1);
+  EXPECT_EQ(uses[3].prev_user, 1);
+  EXPECT_FALSE(uses[4].load);  // block 1 still in slot 0
+  EXPECT_EQ(uses[4].prev_user, 0);
+}
+
+TEST(AssignWeightSlotsTest, LoadsRoundTheRingWhenBlocksDiffer) {
+  const std::vector<WeightSlotUse> uses = AssignWeightSlots({1, 2, 3, 4, 5}, 3);
+  ASSERT_EQ(uses.size(), 5u);
+  for (const WeightSlotUse& u : uses) EXPECT_TRUE(u.load);
+  EXPECT_EQ(uses[3].slot, 0);
+  EXPECT_EQ(uses[3].prev_user, 0);
+  EXPECT_EQ(uses[4].slot, 1);
+  EXPECT_EQ(uses[4].prev_user, 1);
+}
+
+}  // namespace
+}  // namespace megatrain::engine
