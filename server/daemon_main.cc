@@ -25,6 +25,9 @@ int RunDaemonMain(int argc, char** argv,
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  // SIGHUP's default action kills the process; a closing terminal or a
+  // habitual `kill -HUP` must not. It is collected and logged (below).
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A client that hangs up must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
@@ -52,6 +55,9 @@ int RunDaemonMain(int argc, char** argv,
   app.add_option("--tls_key", options.tls_key, "PEM private key for TLS");
   app.add_option("--tls_client_ca", options.tls_client_ca,
                  "PEM CA bundle: require client certificates (mutual TLS)");
+  app.add_flag("--allow_cleartext_tokens", options.allow_cleartext_tokens,
+               "With --auth_tokens, serve a non-loopback --listen without TLS: bearer tokens "
+               "then cross the network in clear");
   app.add_option("--data_roots", options.data_roots,
                  "Comma-separated directories jobs may read (model.hf_dir, data.*) "
                  "(default: anywhere without --auth_tokens, <state_dir>/data with it)");
@@ -117,7 +123,14 @@ int RunDaemonMain(int argc, char** argv,
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  while (true) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    LogInfo(
+        "received SIGHUP: ignored (megatraind reloads nothing: flags, the tokens file and "
+        "the TLS files are read at start, so restart it to change them; the audit log is "
+        "appended with O_APPEND, rotate it with logrotate's copytruncate)");
+  }
   LogInfo(absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"));
   if (!(*daemon)->Shutdown(absl::Seconds(shutdown_timeout_seconds))) {
     // Jobs still run on their threads: destroying the daemon would wait for
