@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -40,7 +41,7 @@ int RunDaemonMain(int argc, char** argv,
   app.option_defaults()->always_capture_default();
   app.add_option("--listen", options.listen, "gRPC address host:port");
   app.add_option("--metrics_listen", options.metrics_listen,
-                 "HTTP address of /metrics (empty: off)");
+                 "HTTP address of /metrics ('' or 'off': no metrics listener)");
   app.add_option("--state_dir", options.state_dir,
                  "Directory of the job database, locks and default job outputs")
       ->required();
@@ -84,12 +85,21 @@ int RunDaemonMain(int argc, char** argv,
                  "Seconds SIGTERM waits for running jobs to checkpoint");
   app.add_option("--measure_link_bandwidth", options.measure_link_bandwidth,
                  "Measure PCIe bandwidth at start-up");
+  // CLI11 reads "--metrics_listen=" (an empty value) as a flag without its
+  // value and takes the next argument instead; "off" is what it means.
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (arg == "--metrics_listen=") arg = "--metrics_listen=off";
+  }
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
   try {
-    app.parse(argc, argv);
+    app.parse(argc, arg_pointers.data());
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  if (options.metrics_listen == "off") options.metrics_listen.clear();
   if (!host_memory_budget.empty()) {
     absl::StatusOr<int64_t> bytes = ParseByteSize(host_memory_budget, "--host_memory_budget");
     if (!bytes.ok()) {

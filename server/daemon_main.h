@@ -4,7 +4,7 @@
 //
 // Flags (see docs/api.md, "Running the daemon"):
 //   --listen=127.0.0.1:50051       gRPC address
-//   --metrics_listen=127.0.0.1:9400  /metrics address ("" disables)
+//   --metrics_listen=127.0.0.1:9400  /metrics address ("" or "off" disables)
 //   --state_dir=DIR                  required
 //   --device=auto|cpu|cuda|cuda:N[,...]
 //   --host_memory_budget=SIZE        e.g. 512GiB; default 80% of RAM
