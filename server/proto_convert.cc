@@ -46,7 +46,8 @@ absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
   for (const auto& [key, value] : spec.labels()) {
     MEGATRAIN_RETURN_IF_ERROR(CheckLength("labels (a key)", key, kMaxLabelKeyLength));
     MEGATRAIN_RETURN_IF_ERROR(
-        CheckLength(absl::StrCat("labels.", key), value, kMaxLabelValueLength));
+        CheckLength(absl::StrCat("labels.", EscapeControlCharacters(key)), value,
+                    kMaxLabelValueLength));
   }
   return absl::OkStatus();
 }
