@@ -348,6 +348,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   AuditLogOptions audit_options;
   audit_options.jsonl_path = audit_jsonl;
   audit_options.space_check_dir = state_dir.string();
+  audit_options.min_free_bytes = opt.state_dir_min_free_bytes;
   MEGATRAIN_ASSIGN_OR_RETURN(p.audit, AuditLog::Open(p.store.get(), std::move(audit_options)));
 
   // Metrics, NVML, link bandwidth.

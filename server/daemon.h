@@ -90,6 +90,10 @@ struct DaemonOptions {
   // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
   // unary calls always find threads.
   int max_watch_streams = 64;
+  // Mutating calls are refused with RESOURCE_EXHAUSTED while the state
+  // directory's file system has less than this free, in bytes (Note [Audit
+  // fail closed], audit_log.h). Not a flag; tests raise it.
+  int64_t state_dir_min_free_bytes = int64_t{1} << 20;
   int max_running_jobs_per_user = 0;     // 0: no limit
   int max_queued_jobs_per_user = 100;    // 0: no limit
   int max_queued_jobs = 10000;           // 0: no limit

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include <grpcpp/impl/client_unary_call.h>
@@ -635,6 +636,29 @@ TEST_F(DaemonHardeningTest, NonLoopbackWithTokensNeedsTlsOrAnExplicitFlag) {
   options_.allow_cleartext_tokens = true;
   StartDaemon();
   EXPECT_GT(daemon_->grpc_port(), 0);
+}
+
+TEST_F(DaemonHardeningTest, NearlyFullStateDiskRefusesMutatingCallsWithResourceExhausted) {
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  const std::string job_id = Submit(*alice, Spec("before"));
+  ASSERT_TRUE(daemon_->Shutdown(kTimeout));
+  daemon_.reset();
+  // No file system has this much free: the state disk counts as full.
+  options_.state_dir_min_free_bytes = std::numeric_limits<int64_t>::max();
+  StartDaemon();
+  alice = Connect(kAliceToken);
+  EXPECT_THAT(SubmitStatus(*alice, Spec("after")),
+              GrpcStatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                           "mutating calls are refused until space is freed"));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id);
+  v1::Job job;
+  EXPECT_THAT(alice->jobs().CancelJob(alice->NewContext(kTimeout).get(), cancel, &job),
+              GrpcStatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "state directory"));
+  // Reads go on.
+  EXPECT_EQ(GetJob(*alice, job_id).id(), job_id);
+  ExpectServing(*alice);
 }
 
 }  // namespace

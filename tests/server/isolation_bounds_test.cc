@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
