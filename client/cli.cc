@@ -60,8 +60,8 @@ class Cli {
 
   // Prints `status` as "megatrain: CODE: message"; returns the exit code.
   int Fail(const absl::Status& status) {
-    err_ << "megatrain: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
-         << "\n";
+    err_ << "megatrain: " << absl::StatusCodeToString(status.code()) << ": "
+         << Printable(status.message()) << "\n";
     return kExitError;
   }
 
@@ -166,7 +166,7 @@ class Cli {
       out_ << JobToJson(job).dump(2) << "\n";
     } else {
       out_ << job.id() << ": " << StateName(job.state());
-      if (!job.error_message().empty()) out_ << " (" << job.error_message() << ")";
+      if (!job.error_message().empty()) out_ << " (" << Printable(job.error_message()) << ")";
       out_ << "\n";
     }
     return kExitOk;
@@ -183,7 +183,7 @@ class Cli {
     if (json_) {
       out_ << CheckpointToJson(checkpoint).dump(2) << "\n";
     } else {
-      out_ << checkpoint.id() << " written to " << checkpoint.dir() << "\n";
+      out_ << Printable(checkpoint.id()) << " written to " << Printable(checkpoint.dir()) << "\n";
     }
     return kExitOk;
   }
@@ -223,7 +223,8 @@ class Cli {
       out_ << json{{"checkpoint_id", checkpoint_id}, {"out_dir", response.out_dir()}}.dump(2)
            << "\n";
     } else {
-      out_ << "exported " << checkpoint_id << " to " << response.out_dir() << "\n";
+      out_ << "exported " << Printable(checkpoint_id) << " to " << Printable(response.out_dir())
+           << "\n";
     }
     return kExitOk;
   }
@@ -328,7 +329,7 @@ class Cli {
       out_ << JobToJson(*job).dump(2) << "\n";
     } else if (!json_) {
       out_ << job->id() << " ended " << StateName(job->state());
-      if (!job->error_message().empty()) out_ << ": " << job->error_message();
+      if (!job->error_message().empty()) out_ << ": " << Printable(job->error_message());
       out_ << "\n";
     }
     if (job->state() != v1::JOB_STATE_SUCCEEDED) {
@@ -396,8 +397,8 @@ class Cli {
       if (status.ok()) break;
       if (!absl::IsUnavailable(status) || reconnects >= kMaxReconnects) return status;
       ++reconnects;
-      err_ << "megatrain: connection lost (" << status.message() << "); reconnecting ("
-           << reconnects << "/" << kMaxReconnects << ")\n";
+      err_ << "megatrain: connection lost (" << Printable(status.message())
+           << "); reconnecting (" << reconnects << "/" << kMaxReconnects << ")\n";
       // Back off: the daemon may be draining (UNAVAILABLE while still up).
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(200 << reconnects, 5000)));
     }

@@ -159,10 +159,34 @@ json StatusToJson(const v1::ServerStatus& status) {
           {"caller_role", status.caller_role()}};
 }
 
+std::string Printable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte != 0x7f) {
+      out.push_back(c);
+    } else if (c == '\n') {
+      out.append("\\n");
+    } else if (c == '\r') {
+      out.append("\\r");
+    } else if (c == '\t') {
+      out.append("\\t");
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
 namespace {
 
-// Left-aligned columns separated by two spaces.
-std::string Table(const std::vector<std::vector<std::string>>& rows) {
+// Left-aligned columns separated by two spaces; every cell through
+// Printable.
+std::string Table(std::vector<std::vector<std::string>> rows) {
+  for (auto& row : rows) {
+    for (std::string& cell : row) cell = Printable(cell);
+  }
   std::vector<size_t> widths;
   for (const auto& row : rows) {
     widths.resize(std::max(widths.size(), row.size()), 0);
@@ -234,7 +258,7 @@ std::string JobTable(const v1::ListJobsResponse& jobs) {
   }
   std::string out = Table(rows);
   if (!jobs.next_page_token().empty()) {
-    absl::StrAppend(&out, "(more: --page_token ", jobs.next_page_token(), ")\n");
+    absl::StrAppend(&out, "(more: --page_token ", Printable(jobs.next_page_token()), ")\n");
   }
   return out;
 }
@@ -316,10 +340,11 @@ std::string AuditTable(const v1::ListAuditRecordsResponse& records) {
 }
 
 std::string StatusText(const v1::ServerStatus& status) {
-  std::string out = absl::StrCat("megatraind ", status.version(), " (since ",
+  std::string out = absl::StrCat("megatraind ", Printable(status.version()), " (since ",
                                  FormatTime(status.start_time_unix_ms()), ")",
                                  status.draining() ? ", DRAINING" : "", "\n");
-  absl::StrAppend(&out, "caller: ", status.caller(), " (", status.caller_role(), "), auth ",
+  absl::StrAppend(&out, "caller: ", Printable(status.caller()), " (",
+                  Printable(status.caller_role()), "), auth ",
                   status.auth_enabled() ? "on" : "off", ", preemption ",
                   status.preemption_enabled() ? "on" : "off", "\n");
   const v1::HostMemory& memory = status.host_memory();
@@ -348,7 +373,10 @@ std::string StatusText(const v1::ServerStatus& status) {
   return out;
 }
 
-std::string EventLine(const v1::JobEvent& event) {
+namespace {
+
+// EventLine before escaping.
+std::string RawEventLine(const v1::JobEvent& event) {
   switch (event.kind_case()) {
     case v1::JobEvent::kStateChange:
       return absl::StrCat(event.job_id(), " ", StateName(event.state_change().state()), ": ",
@@ -367,6 +395,10 @@ std::string EventLine(const v1::JobEvent& event) {
   }
 }
 
+}  // namespace
+
+std::string EventLine(const v1::JobEvent& event) { return Printable(RawEventLine(event)); }
+
 std::string ProgressLine(const std::string& job_id, const v1::JobEvent::Step& step,
                          const std::string& eval_loss) {
   std::string line = absl::StrFormat("%s step %d/%d  loss %.4f", job_id, step.step(),
@@ -376,7 +408,7 @@ std::string ProgressLine(const std::string& job_id, const v1::JobEvent::Step& st
   if (step.mfu() > 0) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * step.mfu()));
   absl::StrAppend(&line, "  ETA ", HumanDuration(step.eta_seconds()));
   if (step.skipped()) absl::StrAppend(&line, "  (skipped: non-finite loss)");
-  return line;
+  return Printable(line);
 }
 
 }  // namespace megatrain::client

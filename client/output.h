@@ -20,6 +20,12 @@
 //                 "code" ("OK", "PERMISSION_DENIED", ...), "message",
 //                 "detail"}...], "next_page_token"}
 //
+// Escaping: every string the daemon sends (job names, labels, owners, paths,
+// messages, audit rows) may come from another user; the human forms print
+// it through Printable, so that a name holding "\n" or a terminal escape
+// sequence cannot forge lines or drive the reader's terminal. JSON output
+// is escaped by the JSON encoder.
+//
 // Thread-safety: pure functions.
 #ifndef MEGATRAIN_CLIENT_OUTPUT_H_
 #define MEGATRAIN_CLIENT_OUTPUT_H_
@@ -28,11 +34,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/string_view.h"
+
 #include "megatrain/v1/checkpoint.pb.h"
 #include "megatrain/v1/job.pb.h"
 #include "megatrain/v1/server.pb.h"
 
 namespace megatrain::client {
+
+// `text` with every ASCII control character (0x00-0x1f, 0x7f, ESC
+// included) written as \n, \r, \t or \xNN; other bytes kept.
+std::string Printable(absl::string_view text);
 
 // "QUEUED", "RUNNING", ... ("UNSPECIFIED" for 0).
 std::string StateName(v1::JobState state);

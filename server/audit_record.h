@@ -15,9 +15,16 @@
 
 namespace megatrain::server {
 
-// Longest `message` and `detail` kept, in bytes (longer ones are cut and end
-// with "..."): a record stays small whatever a client sends.
-inline constexpr size_t kMaxAuditTextBytes = 1024;
+// Longest value kept of each field, in bytes (AuditLog::Record cuts longer
+// ones, ending them with "..."): a record stays small whatever a client
+// sends, also for calls refused before authentication. The user, role and
+// method come from the daemon, the rest from the caller.
+inline constexpr size_t kMaxAuditTextBytes = 1024;   // message, detail
+inline constexpr size_t kMaxAuditUserBytes = 64;     // user (auth.h names are at most 64)
+inline constexpr size_t kMaxAuditRoleBytes = 16;     // role
+inline constexpr size_t kMaxAuditPeerBytes = 128;    // peer
+inline constexpr size_t kMaxAuditMethodBytes = 64;   // method
+inline constexpr size_t kMaxAuditTargetBytes = 160;  // target, job_id (ids: 128 + "...")
 
 // One audited call.
 struct AuditRecord {

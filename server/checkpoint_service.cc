@@ -4,8 +4,25 @@
 #include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/rpc_call.h"
+#include "server/strict_parse.h"
 
 namespace megatrain::server {
+
+void CheckpointServiceImpl::ParseRequestsStrictly() {
+  constexpr absl::string_view kService = "megatrain.v1.CheckpointService";
+  MarkMethodStreamed(
+      MethodIndex(kService, "CreateCheckpoint", v1::CreateCheckpointRequest::descriptor()),
+      NewStrictUnaryHandler(this, &CheckpointServiceImpl::CreateCheckpoint));
+  MarkMethodStreamed(
+      MethodIndex(kService, "ListCheckpoints", v1::ListCheckpointsRequest::descriptor()),
+      NewStrictUnaryHandler(this, &CheckpointServiceImpl::ListCheckpoints));
+  MarkMethodStreamed(
+      MethodIndex(kService, "ExportCheckpoint", v1::ExportCheckpointRequest::descriptor()),
+      NewStrictUnaryHandler(this, &CheckpointServiceImpl::ExportCheckpoint));
+  MarkMethodStreamed(
+      MethodIndex(kService, "DeleteCheckpoint", v1::DeleteCheckpointRequest::descriptor()),
+      NewStrictUnaryHandler(this, &CheckpointServiceImpl::DeleteCheckpoint));
+}
 
 grpc::Status CheckpointServiceImpl::CreateCheckpoint(grpc::ServerContext* context,
                                                      const v1::CreateCheckpointRequest* request,
@@ -14,6 +31,8 @@ grpc::Status CheckpointServiceImpl::CreateCheckpoint(grpc::ServerContext* contex
   call.set_audit_target(request->job_id());
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<CheckpointRecord> checkpoint = manager_->CreateCheckpoint(
       *caller, request->job_id(), call.deadline(), [context] { return context->IsCancelled(); });
   if (!checkpoint.ok()) return call.Finish(checkpoint.status());
@@ -28,6 +47,8 @@ grpc::Status CheckpointServiceImpl::ListCheckpoints(grpc::ServerContext* context
   RpcCall call("ListCheckpoints", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<std::vector<CheckpointRecord>> checkpoints =
       manager_->ListCheckpoints(*caller, request->job_id());
   if (!checkpoints.ok()) return call.Finish(checkpoints.status());
@@ -46,6 +67,8 @@ grpc::Status CheckpointServiceImpl::ExportCheckpoint(grpc::ServerContext* contex
       absl::StrCat("out_dir=", request->out_dir(), " dtype=", request->dtype()));
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::Status status = manager_->ExportCheckpoint(*caller, request->checkpoint_id(),
                                                    request->out_dir(), request->dtype());
   if (status.ok()) response->set_out_dir(request->out_dir());
@@ -59,6 +82,8 @@ grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* contex
   call.set_audit_target(request->checkpoint_id());
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   return call.Finish(manager_->DeleteCheckpoint(*caller, request->checkpoint_id()));
 }
 

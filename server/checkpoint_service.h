@@ -18,7 +18,9 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
  public:
   CheckpointServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics,
                         AuditLog* audit)
-      : manager_(manager), auth_(auth), metrics_(metrics), audit_(audit) {}
+      : manager_(manager), auth_(auth), metrics_(metrics), audit_(audit) {
+    ParseRequestsStrictly();
+  }
 
   // Blocks until the checkpoint is written, the call's deadline passes or
   // the client goes away.
@@ -36,6 +38,10 @@ class CheckpointServiceImpl final : public v1::CheckpointService::Service {
                                 v1::DeleteCheckpointResponse* response) override;
 
  private:
+  // Re-registers every method so that a request that does not parse is
+  // INVALID_ARGUMENT (Note [Malformed requests], strict_parse.h).
+  void ParseRequestsStrictly();
+
   JobManager* const manager_;
   const Authenticator* const auth_;
   ServerMetrics* const metrics_;

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -102,6 +103,55 @@ absl::StatusOr<PathPolicy> MakePathPolicy(const DaemonOptions& options, bool aut
   return PathPolicy::Create(data, output);
 }
 
+// FAILED_PRECONDITION when the secret file `path` (a tokens file, a TLS
+// key) may be read or written by users other than its owner and group
+// (any "other" permission bit, or group write). NOT_FOUND when missing.
+absl::Status CheckSecretFileMode(const std::string& path, absl::string_view flag) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(flag, ": cannot read '", path, "': ", std::strerror(errno)));
+  }
+  if ((info.st_mode & (S_IRWXO | S_IWGRP)) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: '%s' has mode %04o: other users could read or change this secret; run "
+      "'chmod 600 %s' (owned by the user megatraind runs as)",
+      flag, path, info.st_mode & 07777, path));
+}
+
+// Makes `path` mode `mode` when it exists with more permissions (an earlier
+// version, or umask, made it readable by others). Logs what it did.
+absl::Status RestrictMode(const fs::path& path, mode_t mode) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0) return absl::OkStatus();  // not there (yet)
+  if ((info.st_mode & 07777 & ~mode) == 0) return absl::OkStatus();
+  if (::chmod(path.c_str(), mode) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--state_dir: cannot chmod %04o '%s': %s", mode, path.string(), std::strerror(errno)));
+  }
+  LogInfo(absl::StrFormat("made %s mode %04o (was %04o)", path.string(), mode,
+                          info.st_mode & 07777));
+  return absl::OkStatus();
+}
+
+// The state directory 0700; megatrain.db, its WAL and shared-memory files
+// 0600 (created empty with that mode when missing, so that SQLite, which
+// gives the WAL the database's mode, never makes them readable by others).
+absl::Status SecureStateDir(const fs::path& state_dir) {
+  MEGATRAIN_RETURN_IF_ERROR(RestrictMode(state_dir, 0700));
+  const fs::path db = state_dir / "megatrain.db";
+  const int fd = ::open(db.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir: cannot open '", db.string(), "': ", std::strerror(errno)));
+  }
+  ::close(fd);
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    MEGATRAIN_RETURN_IF_ERROR(RestrictMode(fs::path(db.string() + suffix), 0600));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
@@ -123,6 +173,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   }
   grpc::SslServerCredentialsOptions ssl;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MEGATRAIN_RETURN_IF_ERROR(CheckSecretFileMode(options.tls_key, "--tls_key"));
   MEGATRAIN_ASSIGN_OR_RETURN(pair.private_key, ReadFile(options.tls_key, "--tls_key"));
   MEGATRAIN_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(options.tls_cert, "--tls_cert"));
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
@@ -138,7 +189,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 // process dies (also on kill -9).
 absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
   const std::string path = (fs::path(state_dir) / "megatraind.lock").string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("--state_dir: cannot open '", path, "': ", std::strerror(errno)));
@@ -249,6 +300,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
         "addresses (127.0.0.1, ::1, localhost); give --auth_tokens to listen on ",
         listen.host));
   }
+  if (!opt.auth_tokens.empty() && !IsLoopbackHost(listen.host) && opt.tls_cert.empty() &&
+      !opt.allow_cleartext_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", opt.listen, ": with --auth_tokens and without TLS, bearer tokens would "
+        "cross the network in clear; give --tls_cert and --tls_key, or pass "
+        "--allow_cleartext_tokens to accept that (a trusted network, or TLS terminated in "
+        "front of the daemon)"));
+  }
   if (opt.state_dir.empty()) return absl::InvalidArgumentError("--state_dir: required");
   MEGATRAIN_RETURN_IF_ERROR(CheckLimits(opt));
   MEGATRAIN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
@@ -256,6 +315,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   if (opt.auth_tokens.empty()) {
     p.auth = Authenticator::AllowAll();
   } else {
+    MEGATRAIN_RETURN_IF_ERROR(CheckSecretFileMode(opt.auth_tokens, "--auth_tokens"));
     MEGATRAIN_ASSIGN_OR_RETURN(p.auth, Authenticator::FromTokensFile(opt.auth_tokens));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<std::string> devices,
@@ -277,13 +337,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
         absl::StrCat("--state_dir: cannot create '", state_dir.string(), "': ", ec.message()));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(p.lock_fd, LockStateDir(state_dir.string()));
+  MEGATRAIN_RETURN_IF_ERROR(RestrictMode(state_dir / "megatraind.lock", 0600));
+  MEGATRAIN_RETURN_IF_ERROR(SecureStateDir(state_dir));
   MEGATRAIN_ASSIGN_OR_RETURN(p.store, JobStore::Open((state_dir / "megatrain.db").string()));
   MEGATRAIN_ASSIGN_OR_RETURN(PathPolicy path_policy,
                              MakePathPolicy(opt, p.auth->enabled(), state_dir));
   std::string audit_jsonl = opt.audit_log;
   if (audit_jsonl.empty()) audit_jsonl = (state_dir / "audit.jsonl").string();
   if (audit_jsonl == "off") audit_jsonl.clear();
-  MEGATRAIN_ASSIGN_OR_RETURN(p.audit, AuditLog::Open(p.store.get(), audit_jsonl));
+  AuditLogOptions audit_options;
+  audit_options.jsonl_path = audit_jsonl;
+  audit_options.space_check_dir = state_dir.string();
+  audit_options.min_free_bytes = opt.state_dir_min_free_bytes;
+  MEGATRAIN_ASSIGN_OR_RETURN(p.audit, AuditLog::Open(p.store.get(), std::move(audit_options)));
 
   // Metrics, NVML, link bandwidth.
   p.metrics = std::make_unique<ServerMetrics>();
@@ -387,13 +453,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  // gRPC sets SO_REUSEPORT by default: a second daemon could then bind the
+  // same address and take half of the connections. Off, its bind fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(p.job_service.get());
   builder.RegisterService(p.checkpoint_service.get());
   builder.RegisterService(p.server_service.get());
   p.grpc_server = builder.BuildAndStart();
   if (p.grpc_server == nullptr || p.grpc_port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--listen: cannot bind ", opt.listen, " (in use or not a local address?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "--listen: cannot bind ", opt.listen,
+        ": the address is in use (another megatraind, or another program, listens on it) or "
+        "is not an address of this machine; stop the other process or choose another "
+        "--listen"));
   }
   p.grpc_host = listen.host;
   grpc::HealthCheckServiceInterface* health = p.grpc_server->GetHealthCheckService();
@@ -401,7 +473,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
 
   // /metrics.
   if (!opt.metrics_listen.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(p.http, MetricsHttpServer::Start(opt.metrics_listen, p.metrics.get()));
+    MEGATRAIN_ASSIGN_OR_RETURN(p.http,
+                               MetricsHttpServer::Start(opt.metrics_listen, p.metrics.get()));
   }
   LogInfo(absl::StrCat("megatraind ", kVersion, ": devices ", absl::StrJoin(devices, ","),
                        ", host memory budget ", budget, " bytes, auth ",

@@ -4,10 +4,18 @@
 // device's PCIe bandwidth, and serves gRPC (JobService, CheckpointService,
 // ServerService, grpc.health.v1 and reflection) and /metrics over HTTP.
 //
-// Security: without --auth_tokens every caller is the admin "local", so the
-// gRPC listener must be a loopback address (127.0.0.0/8, ::1, localhost);
-// Start refuses anything else. TLS (--tls_cert/--tls_key, optionally
-// --tls_client_ca for mutual TLS) protects tokens on the wire. The /metrics
+// Security (docs/operations.md, "Security" states the threat model):
+// without --auth_tokens every caller is the admin "local", so the gRPC
+// listener must be a loopback address (127.0.0.0/8, ::1, localhost); Start
+// refuses anything else. TLS (--tls_cert/--tls_key, optionally
+// --tls_client_ca for mutual TLS) protects tokens on the wire; with
+// --auth_tokens a non-loopback listener without TLS is refused unless
+// --allow_cleartext_tokens is given. The tokens file and the TLS key must not
+// be readable by others (FAILED_PRECONDITION naming the file and the
+// chmod). The state directory is made 0700 and the database, its WAL, the
+// lock file and the audit log 0600. The gRPC port is bound without
+// SO_REUSEPORT, so a second daemon on the same address fails to start
+// (UNAVAILABLE) instead of silently sharing the port. The /metrics
 // listener serves numbers only (no job names or users) and is not
 // restricted. Jobs read and write only under --data_roots / --output_roots
 // (path_policy.h; with --auth_tokens they default to <state_dir>/data and
@@ -61,6 +69,10 @@ struct DaemonOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // With auth_tokens, a non-loopback `listen` without TLS is refused unless
+  // this is set: the operator states that bearer tokens may cross the
+  // network in clear (a trusted network, or TLS terminated in front).
+  bool allow_cleartext_tokens = false;
   // Comma-separated absolute directories jobs may read from / write to
   // (path_policy.h). Empty: unrestricted without auth_tokens; with
   // auth_tokens, <state_dir>/data and <state_dir>/jobs (created). The
@@ -78,6 +90,10 @@ struct DaemonOptions {
   // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
   // unary calls always find threads.
   int max_watch_streams = 64;
+  // Mutating calls are refused with RESOURCE_EXHAUSTED while the state
+  // directory's file system has less than this free, in bytes (Note [Audit
+  // fail closed], audit_log.h). Not a flag; tests raise it.
+  int64_t state_dir_min_free_bytes = int64_t{1} << 20;
   int max_running_jobs_per_user = 0;     // 0: no limit
   int max_queued_jobs_per_user = 100;    // 0: no limit
   int max_queued_jobs = 10000;           // 0: no limit
@@ -90,8 +106,10 @@ class Daemon {
  public:
   // Starts everything; returns once both listeners accept connections.
   // INVALID_ARGUMENT for bad options (naming the flag); FAILED_PRECONDITION
-  // when another daemon holds the state directory; UNAVAILABLE when an
-  // address cannot be bound; errors of the store, tokens file and TLS files.
+  // when another daemon holds the state directory or a secret file is
+  // readable by others; UNAVAILABLE when an address cannot be bound (also
+  // when another process listens on it); errors of the store, tokens file
+  // and TLS files.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options,
                                                        std::unique_ptr<EngineBackend> backend);
   // Shutdown(absl::InfiniteDuration()) unless already shut down.

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -25,6 +26,9 @@ int RunDaemonMain(int argc, char** argv,
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  // SIGHUP's default action kills the process; a closing terminal or a
+  // habitual `kill -HUP` must not. It is collected and logged (below).
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A client that hangs up must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
@@ -37,7 +41,7 @@ int RunDaemonMain(int argc, char** argv,
   app.option_defaults()->always_capture_default();
   app.add_option("--listen", options.listen, "gRPC address host:port");
   app.add_option("--metrics_listen", options.metrics_listen,
-                 "HTTP address of /metrics (empty: off)");
+                 "HTTP address of /metrics ('' or 'off': no metrics listener)");
   app.add_option("--state_dir", options.state_dir,
                  "Directory of the job database, locks and default job outputs")
       ->required();
@@ -52,6 +56,9 @@ int RunDaemonMain(int argc, char** argv,
   app.add_option("--tls_key", options.tls_key, "PEM private key for TLS");
   app.add_option("--tls_client_ca", options.tls_client_ca,
                  "PEM CA bundle: require client certificates (mutual TLS)");
+  app.add_flag("--allow_cleartext_tokens", options.allow_cleartext_tokens,
+               "With --auth_tokens, serve a non-loopback --listen without TLS: bearer tokens "
+               "then cross the network in clear");
   app.add_option("--data_roots", options.data_roots,
                  "Comma-separated directories jobs may read (model.hf_dir, data.*) "
                  "(default: anywhere without --auth_tokens, <state_dir>/data with it)");
@@ -78,12 +85,21 @@ int RunDaemonMain(int argc, char** argv,
                  "Seconds SIGTERM waits for running jobs to checkpoint");
   app.add_option("--measure_link_bandwidth", options.measure_link_bandwidth,
                  "Measure PCIe bandwidth at start-up");
+  // CLI11 reads "--metrics_listen=" (an empty value) as a flag without its
+  // value and takes the next argument instead; "off" is what it means.
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (arg == "--metrics_listen=") arg = "--metrics_listen=off";
+  }
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
   try {
-    app.parse(argc, argv);
+    app.parse(argc, arg_pointers.data());
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  if (options.metrics_listen == "off") options.metrics_listen.clear();
   if (!host_memory_budget.empty()) {
     absl::StatusOr<int64_t> bytes = ParseByteSize(host_memory_budget, "--host_memory_budget");
     if (!bytes.ok()) {
@@ -117,7 +133,14 @@ int RunDaemonMain(int argc, char** argv,
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  while (true) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    LogInfo(
+        "received SIGHUP: ignored (megatraind reloads nothing: flags, the tokens file and "
+        "the TLS files are read at start, so restart it to change them; the audit log is "
+        "appended with O_APPEND, rotate it with logrotate's copytruncate)");
+  }
   LogInfo(absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"));
   if (!(*daemon)->Shutdown(absl::Seconds(shutdown_timeout_seconds))) {
     // Jobs still run on their threads: destroying the daemon would wait for

@@ -4,7 +4,7 @@
 //
 // Flags (see docs/api.md, "Running the daemon"):
 //   --listen=127.0.0.1:50051       gRPC address
-//   --metrics_listen=127.0.0.1:9400  /metrics address ("" disables)
+//   --metrics_listen=127.0.0.1:9400  /metrics address ("" or "off" disables)
 //   --state_dir=DIR                  required
 //   --device=auto|cpu|cuda|cuda:N[,...]
 //   --host_memory_budget=SIZE        e.g. 512GiB; default 80% of RAM
@@ -14,6 +14,11 @@
 //   --measure_link_bandwidth=true|false
 //   --data_roots=DIR[,DIR] --output_roots=DIR[,DIR] --audit_log=FILE|off
 //   --max_message_bytes=SIZE --max_threads=N --max_watch_streams=N
+//   --allow_cleartext_tokens
+//
+// Signals: SIGTERM and SIGINT drain and exit (below). SIGHUP is logged and
+// otherwise ignored: nothing is reloaded (restart to change flags or the
+// tokens file). SIGPIPE is ignored.
 //
 // On start it prints one line to stdout, for scripts:
 //   megatraind: ready grpc=127.0.0.1:50051 metrics=127.0.0.1:9400
@@ -32,7 +37,7 @@ namespace megatrain::server {
 
 // Runs megatraind. `make_backend` is called once, after the flags parse.
 // Must be called from main() before any other thread exists (it blocks
-// SIGTERM/SIGINT in all threads and waits for them with sigwait).
+// SIGTERM/SIGINT/SIGHUP in all threads and waits for them with sigwait).
 int RunDaemonMain(int argc, char** argv,
                   const std::function<std::unique_ptr<EngineBackend>()>& make_backend);
 

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/rpc_call.h"
+#include "server/strict_parse.h"
 
 namespace megatrain::server {
 
@@ -59,6 +60,24 @@ class JobServiceImpl::WatchSlot {
   absl::Status refusal_;
 };
 
+void JobServiceImpl::ParseRequestsStrictly() {
+  constexpr absl::string_view kService = "megatrain.v1.JobService";
+  MarkMethodStreamed(MethodIndex(kService, "SubmitJob", v1::SubmitJobRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &JobServiceImpl::SubmitJob));
+  MarkMethodStreamed(MethodIndex(kService, "GetJob", v1::GetJobRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &JobServiceImpl::GetJob));
+  MarkMethodStreamed(MethodIndex(kService, "ListJobs", v1::ListJobsRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &JobServiceImpl::ListJobs));
+  MarkMethodStreamed(MethodIndex(kService, "CancelJob", v1::CancelJobRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &JobServiceImpl::CancelJob));
+  MarkMethodStreamed(MethodIndex(kService, "SuspendJob", v1::SuspendJobRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &JobServiceImpl::SuspendJob));
+  MarkMethodStreamed(MethodIndex(kService, "ResumeJob", v1::ResumeJobRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &JobServiceImpl::ResumeJob));
+  MarkMethodStreamed(MethodIndex(kService, "WatchJob", v1::WatchJobRequest::descriptor()),
+                     NewStrictServerStreamingHandler(this, &JobServiceImpl::StreamEvents));
+}
+
 int JobServiceImpl::watch_streams() const {
   std::lock_guard<std::mutex> lock(watch_mu_);
   return watch_streams_;
@@ -77,6 +96,8 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                      " request_id=", request->request_id()));
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<JobRequest> job_request = JobRequestFromProto(request->spec());
   if (!job_request.ok()) return call.Finish(job_request.status());
   absl::StatusOr<JobRecord> job =
@@ -92,6 +113,8 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
   RpcCall call("GetJob", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<JobRecord> job = manager_->Get(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
   JobToProto(*job, response);
@@ -104,6 +127,8 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
   RpcCall call("ListJobs", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<std::vector<JobState>> states = JobStatesFromProto(request->states());
   if (!states.ok()) return call.Finish(states.status());
   JobQuery query;
@@ -124,6 +149,8 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
   call.set_audit_target(request->job_id());
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<JobRecord> job = manager_->Cancel(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
   JobToProto(*job, response);
@@ -136,6 +163,8 @@ grpc::Status JobServiceImpl::SuspendJob(grpc::ServerContext* context,
   call.set_audit_target(request->job_id());
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<JobRecord> job = manager_->Suspend(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
   JobToProto(*job, response);
@@ -148,6 +177,8 @@ grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context,
   call.set_audit_target(request->job_id());
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   absl::StatusOr<JobRecord> job = manager_->Resume(*caller, request->job_id());
   if (!job.ok()) return call.Finish(job.status());
   JobToProto(*job, response);
@@ -157,9 +188,17 @@ grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  return StreamEvents(context, request, writer);
+}
+
+grpc::Status JobServiceImpl::StreamEvents(grpc::ServerContext* context,
+                                          const v1::WatchJobRequest* request,
+                                          grpc::internal::WriterInterface<v1::JobEvent>* writer) {
   RpcCall call("WatchJob", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   WatchSlot slot(this, caller->name);
   if (!slot.acquired()) return call.Finish(slot.refusal());
   int64_t after_seq = request->after_seq();

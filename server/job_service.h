@@ -42,7 +42,9 @@ class JobServiceImpl final : public v1::JobService::Service {
         max_watch_streams_(max_watch_streams),
         max_watch_streams_per_user_(max_watch_streams_per_user > 0
                                         ? max_watch_streams_per_user
-                                        : (3 * max_watch_streams + 3) / 4) {}
+                                        : (3 * max_watch_streams + 3) / 4) {
+    ParseRequestsStrictly();
+  }
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -71,6 +73,14 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   class WatchSlot;
+
+  // Re-registers every method so that a request that does not parse is
+  // INVALID_ARGUMENT (Note [Malformed requests], strict_parse.h).
+  void ParseRequestsStrictly();
+  // WatchJob's body, writing to any stream (the generated ServerWriter or
+  // the one of strict_parse.h).
+  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                            grpc::internal::WriterInterface<v1::JobEvent>* writer);
 
   JobManager* const manager_;
   const Authenticator* const auth_;

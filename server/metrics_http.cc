@@ -4,19 +4,56 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/net_util.h"
 
 namespace megatrain::server {
 
+namespace {
+
+// httplib takes timeouts as (seconds, microseconds).
+std::pair<time_t, time_t> SecondsAndMicros(absl::Duration duration) {
+  const int64_t micros = absl::ToInt64Microseconds(duration);
+  return {static_cast<time_t>(micros / 1'000'000), static_cast<time_t>(micros % 1'000'000)};
+}
+
+}  // namespace
+
+// Note [Metrics listener limits]
+// /metrics is served to anyone who can reach --metrics_listen, so a client
+// must not be able to starve Prometheus: every connection gets one thread
+// of a fixed pool (httplib's default pool has max(8, cores - 1) threads and
+// an idle client holds one until its read times out, 5 s by default), and
+// reads and writes have short timeouts. Keep-alive connections are closed
+// after kMaxKeepAliveRequests requests so that no client keeps a thread
+// for good.
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& listen, ServerMetrics* metrics) {
+    const std::string& listen, ServerMetrics* metrics, MetricsHttpOptions options) {
   absl::StatusOr<HostPort> address = ParseHostPort(listen, "--metrics_listen");
   if (!address.ok()) return address.status();
+  if (options.max_connections < 1 || options.header_read_timeout <= absl::ZeroDuration() ||
+      options.write_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "metrics listener: max_connections and the timeouts must be positive");
+  }
+  // Requests one keep-alive connection may make before it is closed.
+  constexpr size_t kMaxKeepAliveRequests = 100;
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->http_ = std::make_unique<httplib::Server>();
+  const int threads = options.max_connections;
+  server->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const auto [read_s, read_us] = SecondsAndMicros(options.header_read_timeout);
+  server->http_->set_read_timeout(read_s, read_us);
+  const auto [write_s, write_us] = SecondsAndMicros(options.write_timeout);
+  server->http_->set_write_timeout(write_s, write_us);
+  server->http_->set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(options.header_read_timeout)));
+  server->http_->set_keep_alive_max_count(kMaxKeepAliveRequests);
+  server->http_->set_payload_max_length(4096);  // GET only: no body is needed
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would
   // let a second daemon bind the same port silently.
   server->http_->set_socket_options([](socket_t sock) {

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/logging.h"
 
 namespace megatrain::server {
 
@@ -20,13 +22,108 @@ absl::Status CheckAbsolute(absl::string_view field, const std::string& path) {
   if (path.empty() || std::filesystem::path(path).is_absolute()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": must be an absolute path on the daemon's machine (the CLI resolves relative "
-             "paths against the job file's directory), got '",
-      path, "'"));
+             "paths against the job file's directory), got ",
+      QuoteForError(path)));
+}
+
+// The strings of a JobSpec against Note [String caps].
+absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("spec.name", spec.name(), kMaxJobNameBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.preset", spec.model().preset(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.hf_dir", spec.model().hf_dir(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokens", spec.data().tokens(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("data.eval_tokens", spec.data().eval_tokens(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.text", spec.data().text(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokenizer", spec.data().tokenizer(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("optimizer.schedule", spec.optimizer().schedule(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("output_dir", spec.output_dir(), kMaxPathBytes));
+  if (spec.labels_size() > kMaxLabels) {
+    return absl::InvalidArgumentError(absl::StrCat("labels: at most ", kMaxLabels,
+                                                   " labels, got ", spec.labels_size()));
+  }
+  for (const auto& [key, value] : spec.labels()) {
+    MEGATRAIN_RETURN_IF_ERROR(CheckLength("labels (a key)", key, kMaxLabelKeyLength));
+    MEGATRAIN_RETURN_IF_ERROR(
+        CheckLength(absl::StrCat("labels.", EscapeControlCharacters(key)), value,
+                    kMaxLabelValueLength));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
+absl::Status CheckLength(absl::string_view field, absl::string_view value, size_t max_bytes) {
+  if (value.size() <= max_bytes) return absl::OkStatus();
+  // Why 32: enough to recognise the value, little enough to echo.
+  constexpr size_t kQuotedPrefixBytes = 32;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", value.size(), " bytes, more than the ", max_bytes,
+                   " allowed (starts ", QuoteForError(value.substr(0, kQuotedPrefixBytes)), ")"));
+}
+
+absl::Status CheckRequestBounds(const v1::SubmitJobRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("request_id", request.request_id(), kMaxRequestIdLength));
+  return CheckJobSpecBounds(request.spec());
+}
+
+absl::Status CheckRequestBounds(const v1::GetJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ListJobsRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("page_token", request.page_token(), kMaxPageTokenBytes));
+  return CheckLength("owner", request.owner(), kMaxUserNameBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::CancelJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::SuspendJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ResumeJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::WatchJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::CreateCheckpointRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ListCheckpointsRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ExportCheckpointRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("checkpoint_id", request.checkpoint_id(), kMaxIdBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("out_dir", request.out_dir(), kMaxPathBytes));
+  return CheckLength("dtype", request.dtype(), kMaxKeywordBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::DeleteCheckpointRequest& request) {
+  return CheckLength("checkpoint_id", request.checkpoint_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::GetMetricsRequest& request) {
+  return CheckLength("name_prefix", request.name_prefix(), kMaxMetricPrefixBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ListAuditRecordsRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("user", request.user(), kMaxUserNameBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("job_id", request.job_id(), kMaxIdBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("method", request.method(), kMaxKeywordBytes));
+  return CheckLength("page_token", request.page_token(), kMaxPageTokenBytes);
+}
+
 absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckJobSpecBounds(in));
   JobRequest request;
   engine::JobSpec& spec = request.spec;
   spec.name = in.name();

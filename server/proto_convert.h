@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
@@ -31,7 +33,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // output_dir: the CLI resolves them against the job file), a global_batch
 // that is not a positive multiple of micro_batch or disagrees with
 // gradient_accumulation_steps. Everything else is checked by
-// ValidateJobRequest and the engine's ValidateJobSpec.
+// ValidateJobRequest and the engine's ValidateJobSpec. Strings over the caps
+// of Note [String caps] are INVALID_ARGUMENT, checked first.
 absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& spec);
 
 // The stored request as a JobSpec message (every field set explicitly).
@@ -46,6 +49,45 @@ void AuditRecordToProto(const AuditRecord& record, v1::AuditRecord* out);
 // unknown value.
 absl::StatusOr<std::vector<JobState>> JobStatesFromProto(
     const google::protobuf::RepeatedField<int>& states);
+
+// Note [String caps]
+// Every string a caller sends has a maximum length, checked here, at the
+// RPC boundary, before anything is stored, logged or echoed: a hostile
+// client cannot grow the database, the audit log or another user's listing
+// with one request. The caps are in bytes and far above any legitimate use
+// (job ids are "job-000001", user names at most 64 bytes); docs/api.md
+// ("Limits") lists them. A string over its cap is INVALID_ARGUMENT naming
+// the field, its length and the cap; the message quotes at most
+// kMaxQuotedInputBytes of it (QuoteForError, logging.h).
+// Labels and request_id use the caps of server/job.h (kMaxLabels,
+// kMaxLabelKeyLength, kMaxLabelValueLength, kMaxRequestIdLength).
+inline constexpr size_t kMaxIdBytes = 128;            // job_id, checkpoint_id
+inline constexpr size_t kMaxJobNameBytes = 256;       // JobSpec.name
+inline constexpr size_t kMaxPathBytes = 4096;         // every path (PATH_MAX on Linux)
+inline constexpr size_t kMaxPageTokenBytes = 256;     // page_token
+inline constexpr size_t kMaxUserNameBytes = 64;       // owner / user filters (auth.h names)
+inline constexpr size_t kMaxKeywordBytes = 64;        // preset, schedule, dtype, method filter
+inline constexpr size_t kMaxMetricPrefixBytes = 256;  // GetMetricsRequest.name_prefix
+
+// INVALID_ARGUMENT "`field`: N bytes, more than the M allowed (starts
+// '...')" when `value` is longer than `max_bytes`; OK otherwise.
+absl::Status CheckLength(absl::string_view field, absl::string_view value, size_t max_bytes);
+
+// The caps of Note [String caps] for each request (INVALID_ARGUMENT naming
+// the field). JobRequestFromProto checks the JobSpec's own strings.
+absl::Status CheckRequestBounds(const v1::SubmitJobRequest& request);
+absl::Status CheckRequestBounds(const v1::GetJobRequest& request);
+absl::Status CheckRequestBounds(const v1::ListJobsRequest& request);
+absl::Status CheckRequestBounds(const v1::CancelJobRequest& request);
+absl::Status CheckRequestBounds(const v1::SuspendJobRequest& request);
+absl::Status CheckRequestBounds(const v1::ResumeJobRequest& request);
+absl::Status CheckRequestBounds(const v1::WatchJobRequest& request);
+absl::Status CheckRequestBounds(const v1::CreateCheckpointRequest& request);
+absl::Status CheckRequestBounds(const v1::ListCheckpointsRequest& request);
+absl::Status CheckRequestBounds(const v1::ExportCheckpointRequest& request);
+absl::Status CheckRequestBounds(const v1::DeleteCheckpointRequest& request);
+absl::Status CheckRequestBounds(const v1::GetMetricsRequest& request);
+absl::Status CheckRequestBounds(const v1::ListAuditRecordsRequest& request);
 
 }  // namespace megatrain::server
 

@@ -23,6 +23,15 @@ absl::Status CheckDeadline(absl::Time deadline, absl::Time now) {
       " before the daemon started it; nothing was done"));
 }
 
+absl::Status CapStatusMessage(const absl::Status& status) {
+  if (status.message().size() <= kMaxStatusMessageBytes) return status;
+  constexpr absl::string_view kCut = "... (message cut)";
+  size_t end = kMaxStatusMessageBytes - kCut.size();
+  const absl::string_view message = status.message();
+  while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
+  return absl::Status(status.code(), absl::StrCat(message.substr(0, end), kCut));
+}
+
 absl::StatusOr<Principal> RpcCall::Start() {
   const auto& metadata = context_->client_metadata();
   auto it = metadata.find("authorization");
@@ -38,6 +47,11 @@ absl::StatusOr<Principal> RpcCall::Start() {
   if (context_->IsCancelled()) {
     return absl::CancelledError("the client cancelled the call before the daemon started it");
   }
+  // Note [Audit fail closed] (audit_log.h): no mutating call without its record.
+  if (audit_ != nullptr) {
+    absl::Status writable = audit_->CheckWritable();
+    if (!writable.ok()) return writable;
+  }
   return caller;
 }
 
@@ -47,7 +61,8 @@ void RpcCall::set_audit_target(absl::string_view target) {
   audit_job_id_ = std::string(target.substr(0, target.find('/')));
 }
 
-grpc::Status RpcCall::Finish(const absl::Status& status) {
+grpc::Status RpcCall::Finish(const absl::Status& full_status) {
+  const absl::Status status = CapStatusMessage(full_status);
   metrics_->RecordRpc(method_, status.code(), absl::ToDoubleSeconds(absl::Now() - start_));
   if (status.code() == absl::StatusCode::kInternal || status.code() == absl::StatusCode::kUnknown) {
     LogError(absl::StrCat(method_, ": ", status.ToString()));

@@ -16,6 +16,11 @@
 //     return call.Finish(absl::OkStatus());
 //   }
 //
+// Bounds (Note [String caps], proto_convert.h): handlers check their
+// request with CheckRequestBounds right after Start; Finish cuts every error
+// message to kMaxStatusMessageBytes, so that no reply echoes more than that
+// of a caller's input whatever the layer below quoted.
+//
 // Thread-safety: one RpcCall per call, used on the handler's thread.
 #ifndef MEGATRAIN_SERVER_RPC_CALL_H_
 #define MEGATRAIN_SERVER_RPC_CALL_H_
@@ -41,6 +46,15 @@ namespace megatrain::server {
 // margin the daemon cannot tell the two apart.
 inline constexpr absl::Duration kMinCallTimeLeft = absl::Milliseconds(5);
 
+// Longest error message a reply carries, in bytes; longer ones are cut and
+// say so. Why 1 KiB: a message names a field, a value and a reason; a path
+// cap (4096) quoted twice would otherwise be echoed whole.
+inline constexpr size_t kMaxStatusMessageBytes = 1024;
+
+// `status` with its message cut to kMaxStatusMessageBytes (on a UTF-8
+// boundary, ending "... (message cut)"); the code is kept.
+absl::Status CapStatusMessage(const absl::Status& status);
+
 // DEADLINE_EXCEEDED when less than kMinCallTimeLeft remains between `now`
 // and `deadline` (so also when it passed): the client has given up, or will
 // before any answer reaches it, so the call must do nothing. Thread-safe.
@@ -61,7 +75,9 @@ class RpcCall {
 
   // Authenticates the caller (UNAUTHENTICATED), then refuses the call when
   // its deadline has passed (DEADLINE_EXCEEDED) or the client cancelled it
-  // (CANCELLED). The handler must do no work unless this is OK.
+  // (CANCELLED), and an audited call when the audit log cannot record it
+  // (RESOURCE_EXHAUSTED, UNAVAILABLE; AuditLog::CheckWritable). The handler
+  // must do no work unless this is OK.
   absl::StatusOr<Principal> Start();
 
   // What an audited call acts on: a job id or a checkpoint id
@@ -72,7 +88,7 @@ class RpcCall {
 
   // Records the call's metrics (and logs INTERNAL / UNKNOWN errors), writes
   // the audit record of an audited call, and returns `status` as a
-  // grpc::Status. Call exactly once.
+  // grpc::Status, its message cut by CapStatusMessage. Call exactly once.
   grpc::Status Finish(const absl::Status& status);
 
   // The call's deadline; absl::InfiniteFuture() when it has none.

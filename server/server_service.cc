@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/rpc_call.h"
+#include "server/strict_parse.h"
 
 namespace megatrain::server {
 namespace {
@@ -77,6 +78,18 @@ void FamilyToProto(const prometheus::MetricFamily& in, v1::MetricFamily* out) {
 
 }  // namespace
 
+void ServerServiceImpl::ParseRequestsStrictly() {
+  constexpr absl::string_view kService = "megatrain.v1.ServerService";
+  MarkMethodStreamed(
+      MethodIndex(kService, "GetServerStatus", v1::GetServerStatusRequest::descriptor()),
+      NewStrictUnaryHandler(this, &ServerServiceImpl::GetServerStatus));
+  MarkMethodStreamed(MethodIndex(kService, "GetMetrics", v1::GetMetricsRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &ServerServiceImpl::GetMetrics));
+  MarkMethodStreamed(
+      MethodIndex(kService, "ListAuditRecords", v1::ListAuditRecordsRequest::descriptor()),
+      NewStrictUnaryHandler(this, &ServerServiceImpl::ListAuditRecords));
+}
+
 grpc::Status ServerServiceImpl::GetServerStatus(grpc::ServerContext* context,
                                                 const v1::GetServerStatusRequest* request,
                                                 v1::ServerStatus* response) {
@@ -135,6 +148,8 @@ grpc::Status ServerServiceImpl::GetMetrics(grpc::ServerContext* context,
   RpcCall call("GetMetrics", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   std::vector<prometheus::MetricFamily> families = metrics_->Collect();
   std::vector<prometheus::MetricFamily> selected;
   for (prometheus::MetricFamily& family : families) {
@@ -152,6 +167,8 @@ grpc::Status ServerServiceImpl::ListAuditRecords(grpc::ServerContext* context,
   RpcCall call("ListAuditRecords", context, *auth_, metrics_);
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
+  absl::Status bounds = CheckRequestBounds(*request);
+  if (!bounds.ok()) return call.Finish(bounds);
   AuditQuery query;
   query.user = request->user();
   query.job_id = request->job_id();

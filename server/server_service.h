@@ -40,7 +40,9 @@ class ServerServiceImpl final : public v1::ServerService::Service {
         auth_(auth),
         metrics_(metrics),
         nvml_(nvml),
-        audit_(audit) {}
+        audit_(audit) {
+    ParseRequestsStrictly();
+  }
 
   grpc::Status GetServerStatus(grpc::ServerContext* context,
                                const v1::GetServerStatusRequest* request,
@@ -53,6 +55,10 @@ class ServerServiceImpl final : public v1::ServerService::Service {
                                 v1::ListAuditRecordsResponse* response) override;
 
  private:
+  // Re-registers every method so that a request that does not parse is
+  // INVALID_ARGUMENT (Note [Malformed requests], strict_parse.h).
+  void ParseRequestsStrictly();
+
   const ServerFacts facts_;
   JobManager* const manager_;
   const Authenticator* const auth_;

@@ -13,6 +13,7 @@ tokens="$WORK/tokens.yaml"
   echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
   echo "  - {name: root, role: admin, token_sha256: $(printf root-secret | "$CLI_BIN" hash-token)}"
 } >"$tokens"
+chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
 
 log "without --auth_tokens a non-loopback --listen is refused"
 rc=0

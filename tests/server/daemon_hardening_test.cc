@@ -8,11 +8,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <thread>
+
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/audit_log.h"
+#include "server/proto_convert.h"
 #include "server/rpc_call.h"
 #include "tests/server/daemon_harness.h"
 
@@ -24,6 +33,7 @@ using ::megatrain::server::testing::FakeEngineBackend;
 using ::megatrain::server::testing::GrpcStatusIs;
 using ::megatrain::server::testing::kAliceToken;
 using ::megatrain::server::testing::kHarnessTimeout;
+using ::megatrain::server::testing::MakeTempDir;
 using ::megatrain::server::testing::kRootToken;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
@@ -413,6 +423,242 @@ TEST_F(DaemonHardeningTest, AuditJsonLinesFileRecordsMutatingCalls) {
   EXPECT_THAT(lines[1], HasSubstr("\"target\":\"" + job_id + "\""));
   EXPECT_THAT(lines[1], HasSubstr("\"code\":\"OK\""));
   EXPECT_THAT(lines[1], ::testing::ContainsRegex("\"time\":\"20[0-9-]+T[0-9:.]+Z\""));
+}
+
+// --- issue 14: nothing unbounded from untrusted callers ---
+
+// A call of `method` ("/megatrain.v1.JobService/GetJob") carrying `payload`
+// as its request bytes, whatever they are.
+grpc::Status RawCall(client::Connection& connection, const std::string& method,
+                     const std::string& payload) {
+  grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::Slice slice(payload);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      connection.channel().get(), rpc, connection.NewContext(kTimeout).get(), request, &response);
+}
+
+TEST_F(DaemonHardeningTest, MalformedRequestIsInvalidArgumentOnEveryMethod) {
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  // Field 1, length-delimited, claims 5 bytes but 2 follow: does not parse.
+  const std::string truncated("\x0a\x05" "ab", 4);
+  const std::vector<std::pair<std::string, std::string>> methods = {
+      {"/megatrain.v1.JobService/SubmitJob", "megatrain.v1.SubmitJobRequest"},
+      {"/megatrain.v1.JobService/GetJob", "megatrain.v1.GetJobRequest"},
+      {"/megatrain.v1.JobService/ListJobs", "megatrain.v1.ListJobsRequest"},
+      {"/megatrain.v1.JobService/CancelJob", "megatrain.v1.CancelJobRequest"},
+      {"/megatrain.v1.JobService/SuspendJob", "megatrain.v1.SuspendJobRequest"},
+      {"/megatrain.v1.JobService/ResumeJob", "megatrain.v1.ResumeJobRequest"},
+      {"/megatrain.v1.JobService/WatchJob", "megatrain.v1.WatchJobRequest"},
+      {"/megatrain.v1.CheckpointService/CreateCheckpoint", "megatrain.v1.CreateCheckpointRequest"},
+      {"/megatrain.v1.CheckpointService/ListCheckpoints", "megatrain.v1.ListCheckpointsRequest"},
+      {"/megatrain.v1.CheckpointService/ExportCheckpoint", "megatrain.v1.ExportCheckpointRequest"},
+      {"/megatrain.v1.CheckpointService/DeleteCheckpoint", "megatrain.v1.DeleteCheckpointRequest"},
+      {"/megatrain.v1.ServerService/GetServerStatus", "megatrain.v1.GetServerStatusRequest"},
+      {"/megatrain.v1.ServerService/GetMetrics", "megatrain.v1.GetMetricsRequest"},
+      {"/megatrain.v1.ServerService/ListAuditRecords", "megatrain.v1.ListAuditRecordsRequest"},
+  };
+  for (const auto& [method, type] : methods) {
+    EXPECT_THAT(RawCall(*alice, method, truncated),
+                GrpcStatusIs(grpc::StatusCode::INVALID_ARGUMENT,
+                             "the request is not a valid " + type + " message"))
+        << method;
+  }
+  // Well-formed bytes still reach the handlers (an empty GetServerStatus
+  // request; a GetJob naming no job).
+  EXPECT_TRUE(RawCall(*alice, "/megatrain.v1.ServerService/GetServerStatus", "").ok());
+  EXPECT_THAT(RawCall(*alice, "/megatrain.v1.JobService/GetJob", std::string("\x0a\x03job", 5)),
+              GrpcStatusIs(grpc::StatusCode::NOT_FOUND, "job"));
+  ExpectServing(*alice);
+}
+
+TEST_F(DaemonHardeningTest, OverlongStringsAreInvalidArgumentAndNeverStored) {
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  auto root = Connect(kRootToken);
+  const std::string huge(1 << 20, 'j');  // 1 MiB, under --max_message_bytes
+  v1::GetJobRequest get;
+  get.set_job_id(huge);
+  v1::Job job;
+  grpc::Status status = alice->jobs().GetJob(alice->NewContext(kTimeout).get(), get, &job);
+  EXPECT_THAT(status, GrpcStatusIs(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "job_id: 1048576 bytes, more than the 128 allowed"));
+  EXPECT_LT(status.error_message().size(), 300u) << "the reply echoes the input";
+
+  v1::JobSpec spec = Spec("x");
+  spec.set_name(std::string(kMaxJobNameBytes + 1, 'n'));
+  EXPECT_THAT(SubmitStatus(*alice, spec),
+              GrpcStatusIs(grpc::StatusCode::INVALID_ARGUMENT, "spec.name: 257 bytes"));
+  spec = Spec("x");
+  spec.mutable_data()->set_tokens("/" + std::string(kMaxPathBytes, 'p'));
+  EXPECT_THAT(SubmitStatus(*alice, spec),
+              GrpcStatusIs(grpc::StatusCode::INVALID_ARGUMENT, "data.tokens: 4097 bytes"));
+  v1::ListJobsRequest list;
+  list.set_page_token(std::string(kMaxPageTokenBytes + 1, 't'));
+  v1::ListJobsResponse jobs;
+  EXPECT_THAT(alice->jobs().ListJobs(alice->NewContext(kTimeout).get(), list, &jobs),
+              GrpcStatusIs(grpc::StatusCode::INVALID_ARGUMENT, "page_token: 257 bytes"));
+
+  // Nothing was created; the refused CancelJob's audit record holds at most
+  // the target cap of its 1 MiB id.
+  ASSERT_TRUE(alice->jobs().ListJobs(alice->NewContext(kTimeout).get(), {}, &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 0);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(huge);
+  EXPECT_THAT(alice->jobs().CancelJob(alice->NewContext(kTimeout).get(), cancel, &job),
+              GrpcStatusIs(grpc::StatusCode::INVALID_ARGUMENT, "job_id: 1048576 bytes"));
+  v1::ListAuditRecordsResponse audit;
+  ASSERT_TRUE(root->server()
+                  .ListAuditRecords(root->NewContext(kTimeout).get(), {}, &audit)
+                  .ok());
+  ASSERT_GE(audit.records_size(), 1);
+  const v1::AuditRecord& record = audit.records(0);
+  EXPECT_EQ(record.method(), "CancelJob");
+  EXPECT_EQ(record.code(), "INVALID_ARGUMENT");
+  EXPECT_LE(record.target().size(), kMaxAuditTargetBytes);
+  EXPECT_LE(record.job_id().size(), kMaxAuditTargetBytes);
+  EXPECT_LE(record.message().size(), kMaxAuditTextBytes);
+}
+
+TEST_F(DaemonHardeningTest, RefusedAuthenticationRecordsAreRateLimitedPerPeer) {
+  StartDaemon();
+  auto intruder = Connect("wrong-token");
+  auto root = Connect(kRootToken);
+  constexpr int kCalls = 60;
+  const absl::Time start = absl::Now();
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("job-000001");
+  for (int call_idx = 0; call_idx < kCalls; ++call_idx) {
+    v1::Job job;
+    ASSERT_THAT(intruder->jobs().CancelJob(intruder->NewContext(kTimeout).get(), cancel, &job),
+                GrpcStatusIs(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token"));
+  }
+  // Refills during the loop (one per kRefusedAuthRefill) may add a few.
+  const int64_t refills = (absl::Now() - start) / kRefusedAuthRefill + 1;
+  v1::ListAuditRecordsRequest request;
+  request.set_page_size(1000);
+  v1::ListAuditRecordsResponse audit;
+  ASSERT_TRUE(root->server()
+                  .ListAuditRecords(root->NewContext(kTimeout).get(), request, &audit)
+                  .ok());
+  int refused = 0;
+  for (const v1::AuditRecord& record : audit.records()) {
+    if (record.code() == "UNAUTHENTICATED") ++refused;
+  }
+  EXPECT_GE(refused, kRefusedAuthBurst);
+  EXPECT_LE(refused, kRefusedAuthBurst + refills);
+  // Authenticated calls are recorded as ever.
+  const std::string job_id = Submit(*root, Spec("after-the-flood"));
+  ASSERT_TRUE(root->server()
+                  .ListAuditRecords(root->NewContext(kTimeout).get(), request, &audit)
+                  .ok());
+  EXPECT_EQ(audit.records(0).target(), job_id);
+}
+
+TEST_F(DaemonHardeningTest, MutatingCallsAreRefusedWhileTheAuditLogCannotBeWritten) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  options_.audit_log = "/dev/full";  // every write fails with ENOSPC
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  // The first call goes ahead (nothing has failed yet); its record fails.
+  const std::string job_id = Submit(*alice, Spec("first"));
+  EXPECT_THAT(SubmitStatus(*alice, Spec("second")),
+              GrpcStatusIs(grpc::StatusCode::UNAVAILABLE, "the audit log cannot record"));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id);
+  v1::Job job;
+  EXPECT_THAT(alice->jobs().CancelJob(alice->NewContext(kTimeout).get(), cancel, &job),
+              GrpcStatusIs(grpc::StatusCode::UNAVAILABLE, "No space left on device"));
+  // Reads still work; the job was not cancelled.
+  EXPECT_NE(GetJob(*alice, job_id).state(), v1::JOB_STATE_CANCELLED);
+  ExpectServing(*alice);
+}
+
+TEST_F(DaemonHardeningTest, SecondDaemonOnTheSameAddressFailsToStart) {
+  StartDaemon();
+  DaemonOptions second = options_;
+  second.state_dir = MakeTempDir();  // another state dir: only the port is shared
+  second.listen = address_;
+  EXPECT_THAT(Daemon::Start(second, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("cannot bind " + address_ + ": the address is in use")));
+  auto alice = Connect(kAliceToken);
+  ExpectServing(*alice);
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat info;
+  EXPECT_EQ(::stat(path.c_str(), &info), 0) << path;
+  return info.st_mode & 07777;
+}
+
+TEST_F(DaemonHardeningTest, StateDirectoryDatabaseAndLogsAreOwnerOnly) {
+  fs::permissions(state_dir_, fs::perms::all);  // 0777, as a careless operator might
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  Submit(*alice, Spec("modes"));
+  EXPECT_EQ(ModeOf(state_dir_), 0700u);
+  for (const char* name : {"megatrain.db", "megatraind.lock", "audit.jsonl"}) {
+    EXPECT_EQ(ModeOf(state_dir_ + "/" + name), 0600u) << name;
+  }
+  for (const char* name : {"megatrain.db-wal", "megatrain.db-shm"}) {
+    if (fs::exists(state_dir_ + "/" + name)) {
+      EXPECT_EQ(ModeOf(state_dir_ + "/" + name) & 077, 0u) << name;
+    }
+  }
+}
+
+TEST_F(DaemonHardeningTest, SecretFilesOthersMayReadAreRefusedNamingTheFix) {
+  fs::permissions(options_.auth_tokens, fs::perms::others_read, fs::perm_options::add);
+  EXPECT_THAT(Daemon::Start(options_, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("--auth_tokens: '" + options_.auth_tokens +
+                                 "' has mode 0604: other users could read or change this "
+                                 "secret; run 'chmod 600 " + options_.auth_tokens + "'")));
+  fs::permissions(options_.auth_tokens, fs::perms::owner_read | fs::perms::owner_write);
+  options_.tls_cert = state_dir_ + "/server.pem";
+  options_.tls_key = state_dir_ + "/server.key";
+  std::ofstream(options_.tls_key) << "not read: its mode is checked first\n";
+  fs::permissions(options_.tls_key, fs::perms::owner_read | fs::perms::owner_write |
+                                        fs::perms::group_read | fs::perms::others_read);
+  EXPECT_THAT(Daemon::Start(options_, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("--tls_key: '" + options_.tls_key + "' has mode 0644")));
+}
+
+TEST_F(DaemonHardeningTest, NonLoopbackWithTokensNeedsTlsOrAnExplicitFlag) {
+  options_.listen = "0.0.0.0:0";
+  EXPECT_THAT(Daemon::Start(options_, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--allow_cleartext_tokens")));
+  options_.allow_cleartext_tokens = true;
+  StartDaemon();
+  EXPECT_GT(daemon_->grpc_port(), 0);
+}
+
+TEST_F(DaemonHardeningTest, NearlyFullStateDiskRefusesMutatingCallsWithResourceExhausted) {
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  const std::string job_id = Submit(*alice, Spec("before"));
+  ASSERT_TRUE(daemon_->Shutdown(kTimeout));
+  daemon_.reset();
+  // No file system has this much free: the state disk counts as full.
+  options_.state_dir_min_free_bytes = std::numeric_limits<int64_t>::max();
+  StartDaemon();
+  alice = Connect(kAliceToken);
+  EXPECT_THAT(SubmitStatus(*alice, Spec("after")),
+              GrpcStatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                           "mutating calls are refused until space is freed"));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id);
+  v1::Job job;
+  EXPECT_THAT(alice->jobs().CancelJob(alice->NewContext(kTimeout).get(), cancel, &job),
+              GrpcStatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "state directory"));
+  // Reads go on.
+  EXPECT_EQ(GetJob(*alice, job_id).id(), job_id);
+  ExpectServing(*alice);
 }
 
 }  // namespace

@@ -75,6 +75,9 @@ class DaemonHarness : public ::testing::Test {
                           << DigestHex(Sha256(kBobToken)) << "}\n"
                           << "  - {name: root, role: admin, token_sha256: "
                           << DigestHex(Sha256(kRootToken)) << "}\n";
+    // The daemon refuses a tokens file others may read.
+    std::filesystem::permissions(tokens, std::filesystem::perms::owner_read |
+                                             std::filesystem::perms::owner_write);
     options_.listen = "127.0.0.1:0";
     options_.metrics_listen = "";
     options_.state_dir = state_dir_;

@@ -440,6 +440,9 @@ class AuthDaemonTest : public DaemonTest {
                           << DigestHex(Sha256("bob-secret")) << "}\n"
                           << "  - {name: root, role: admin, token_sha256: "
                           << DigestHex(Sha256("root-secret")) << "}\n";
+    // The daemon refuses a tokens file others may read.
+    std::filesystem::permissions(tokens, std::filesystem::perms::owner_read |
+                                             std::filesystem::perms::owner_write);
     options_.auth_tokens = tokens;
     // With auth on, jobs read only under --data_roots (the job files'
     // data/ lives in jobs_dir_).
@@ -538,8 +541,12 @@ TEST_F(AuthDaemonTest, UsersManageOnlyTheirJobsAdminsAll) {
   EXPECT_TRUE(status["auth_enabled"].get<bool>());
 }
 
-TEST_F(AuthDaemonTest, WithAuthAnyAddressMayBeServed) {
+TEST_F(AuthDaemonTest, WithAuthAnyAddressMayBeServedOnceCleartextTokensAreAllowed) {
   options_.listen = "0.0.0.0:0";
+  EXPECT_THAT(Daemon::Start(options_, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bearer tokens would cross the network in clear")));
+  options_.allow_cleartext_tokens = true;
   StartDaemon();
   EXPECT_GT(daemon_->grpc_port(), 0);
 }

@@ -6,9 +6,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/metrics_http.h"
 #include "tests/testing/status_matchers.h"
 
@@ -190,6 +200,89 @@ TEST(MetricsHttpTest, BusyPortIsUnavailable) {
       MetricsHttpServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), &metrics);
   EXPECT_THAT(second, ::megatrain::testing::StatusIs(absl::StatusCode::kUnavailable,
                                                      HasSubstr("--metrics_listen")));
+}
+
+// A TCP connection to 127.0.0.1:`port` (closed by the destructor); -1 when
+// connect fails (a test failure).
+class LoopbackSocket {
+ public:
+  explicit LoopbackSocket(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      ADD_FAILURE() << "connect 127.0.0.1:" << port << ": " << std::strerror(errno);
+    }
+    // Every read below ends within 10 s whatever the server does.
+    timeval timeout{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+  ~LoopbackSocket() { ::close(fd_); }
+  LoopbackSocket(const LoopbackSocket&) = delete;
+  LoopbackSocket& operator=(const LoopbackSocket&) = delete;
+
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // recv's result: 0 when the server closed the connection.
+  ssize_t Receive() {
+    char buffer[256];
+    return ::recv(fd_, buffer, sizeof(buffer), 0);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+TEST(MetricsHttpTest, ScrapeAnswersWithinASecondWhileSixteenSlowClientsAreConnected) {
+  ServerMetrics metrics;
+  metrics.RecordStep("cpu", Step(5));
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", &metrics);
+  ASSERT_THAT(server, IsOk());
+  // Slowloris: each sends part of a request line and headers, then stalls.
+  // httplib's default pool (max(8, cores - 1) threads, 5 s per read) would
+  // give all its threads to them.
+  std::vector<std::unique_ptr<LoopbackSocket>> slow;
+  for (int client_idx = 0; client_idx < 16; ++client_idx) {
+    slow.push_back(std::make_unique<LoopbackSocket>((*server)->port()));
+    slow.back()->Send("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
+  }
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_connection_timeout(1, 0);
+  client.set_read_timeout(1, 0);
+  const absl::Time start = absl::Now();
+  httplib::Result result = client.Get("/metrics");
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 200);
+  EXPECT_THAT(result->body, HasSubstr("megatrain_tokens_total 5"));
+  EXPECT_LT(took, absl::Seconds(1));
+}
+
+TEST(MetricsHttpTest, ClientThatSendsNothingIsDisconnectedAfterTheHeaderReadTimeout) {
+  ServerMetrics metrics;
+  MetricsHttpOptions options;
+  options.header_read_timeout = absl::Milliseconds(200);
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", &metrics, options);
+  ASSERT_THAT(server, IsOk());
+  LoopbackSocket idle((*server)->port());
+  idle.Send("GET /metr");
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(idle.Receive(), 0) << "the server should close the connection";
+  // 200 ms plus scheduling; far below the socket's 10 s receive timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(MetricsHttpTest, BadOptionsAreInvalidArgument) {
+  ServerMetrics metrics;
+  MetricsHttpOptions options;
+  options.max_connections = 0;
+  EXPECT_THAT(MetricsHttpServer::Start("127.0.0.1:0", &metrics, options),
+              ::megatrain::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("max_connections")));
 }
 
 }  // namespace
