@@ -853,6 +853,7 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
     const bool track = known_sq >= 0;
     const bool need_before = track && !task.first;
     std::vector<double> sq_before(need_before ? groups : 0), sq_after(track ? groups : 0);
+    const int64_t padding_idx = config_.EmbeddingPaddingIdx();
     auto row_sq = [c](const float* g) {
       double acc = 0;
       for (int64_t j = 0; j < c; ++j) acc += static_cast<double>(g[j]) * g[j];
@@ -860,6 +861,8 @@ void StreamingExecutor::Impl::RunTask(AccumTask& task) {
     };
     pool_->ParallelFor(groups, 16, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
+        // HF nn.Embedding(padding_idx): lookups of pad_token_id add nothing.
+        if ((keys[group_start[g]] >> 32) == padding_idx) continue;
         float* dst = grad + (keys[group_start[g]] >> 32) * c;
         if (need_before) sq_before[g] = row_sq(dst);
         for (int64_t k = group_start[g]; k < group_start[g + 1]; ++k) {
@@ -1250,7 +1253,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
         AccumulateInPlace(layout_.blocks[emb], emb, rb.grad,
                           {at::embedding_dense_backward(grad_y.to(at::kFloat).reshape({-1, c}),
                                                         up.ids, config_.vocab_size,
-                                                        /*padding_idx=*/-1,
+                                                        config_.EmbeddingPaddingIdx(),
                                                         /*scale_grad_by_freq=*/false)});
         timer_.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
         ResidentGradDone(static_cast<size_t>(emb_resident_));
