@@ -773,7 +773,26 @@ ModelConfig Llama3Shape(int64_t hidden, int64_t intermediate, int64_t layers, in
 
 }  // namespace
 
-std::vector<std::string> PresetNames() { return {"tiny", "llama-1b", "llama-3b", "llama-8b"}; }
+// Published config.json fields of google/gemma-2-2b and
+// microsoft/Phi-3-mini-4k-instruct, parsed like any HF directory.
+constexpr char kGemma2_2bConfig[] = R"({"model_type": "gemma2", "vocab_size": 256000,
+    "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": true, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0})";
+constexpr char kPhi3MiniConfig[] = R"({"model_type": "phi3", "vocab_size": 32064,
+    "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+    "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "rope_scaling": null, "sliding_window": 2047, "hidden_act": "silu",
+    "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 32000,
+    "pad_token_id": 32000})";
+
+std::vector<std::string> PresetNames() {
+  return {"tiny", "llama-1b", "llama-3b", "llama-8b", "gemma2-2b", "phi3-mini"};
+}
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   if (name == "tiny") {
@@ -798,6 +817,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   if (name == "llama-1b") return Llama3Shape(2048, 8192, 16, 32, 8);
   if (name == "llama-3b") return Llama3Shape(3072, 8192, 28, 24, 8);
   if (name == "llama-8b") return Llama3Shape(4096, 14336, 32, 32, 8);
+  if (name == "gemma2-2b") return ParseHfConfig(kGemma2_2bConfig, "preset gemma2-2b");
+  if (name == "phi3-mini") return ParseHfConfig(kPhi3MiniConfig, "preset phi3-mini");
   return absl::InvalidArgumentError(absl::StrCat("model.preset: unknown '", name,
                                                  "' (known: ", absl::StrJoin(PresetNames(), ", "),
                                                  ")"));

@@ -193,8 +193,9 @@ absl::StatusOr<ModelConfig> LoadHfConfigFile(const std::string& path);
 // Built-in shapes: "tiny" (a ~0.9M-parameter model for tests and the demo),
 // "llama-1b", "llama-3b", "llama-8b" (Llama-3.2-1B / 3B and Llama-3.1-8B
 // shapes, identical to ../shared/bench/torch_baselines.py: untied, rope_theta
-// 500000, rms_norm_eps 1e-6). INVALID_ARGUMENT for an unknown name, listing
-// the known ones.
+// 500000, rms_norm_eps 1e-6), "gemma2-2b" (google/gemma-2-2b's config.json)
+// and "phi3-mini" (microsoft/Phi-3-mini-4k-instruct's). INVALID_ARGUMENT for
+// an unknown name, listing the known ones.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 
 // Names accepted by PresetConfig.

@@ -309,6 +309,17 @@ TEST(ParseHfConfigTest, RefusesBadFamilyFieldsNamingThem) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pad_token_id")));
 }
 
+TEST(PresetConfigTest, FamilyPresetsHavePublishedParameterCounts) {
+  auto gemma = PresetConfig("gemma2-2b");
+  ASSERT_THAT(gemma, IsOk());
+  EXPECT_EQ(gemma->ParamCount(), 2614341888);  // google/gemma-2-2b
+  EXPECT_EQ(gemma->AttentionType(0), LayerType::kSlidingAttention);
+  auto phi = PresetConfig("phi3-mini");
+  ASSERT_THAT(phi, IsOk());
+  EXPECT_EQ(phi->ParamCount(), 3821079552);  // microsoft/Phi-3-mini-4k-instruct
+  EXPECT_EQ(phi->sliding_window, 2047);
+}
+
 TEST(ModelLayoutTest, FamiliesHaveTheirHfTensors) {
   auto gemma2 = LoadHfConfigFile(FixtureConfig("gemma2"));
   auto phi3 = LoadHfConfigFile(FixtureConfig("phi3"));
