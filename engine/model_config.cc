@@ -657,7 +657,10 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
     for (const char* inherited : {"bos_token_id", "eos_token_id", "torch_dtype", "tie_word_embeddings"}) {
       if (!text.contains(inherited) && j.contains(inherited)) text[inherited] = j[inherited];
     }
-    return ParseHfConfig(text.dump(), absl::StrCat(source, ": text_config"));
+    MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig c,
+                               ParseHfConfig(text.dump(), absl::StrCat(source, ": text_config")));
+    c.multimodal_checkpoint = true;
+    return c;
   }
   FieldReader r(j, source);
   ModelConfig c;

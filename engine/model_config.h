@@ -141,6 +141,11 @@ struct ModelConfig {
   // (gate rows first); layers.cc views them as the separate projections.
   bool fused_qkv = false;
   bool fused_gate_up = false;
+  // Read from a multimodal `gemma3` config (its text_config): the
+  // checkpoint's text tensors sit under a language_model prefix and the
+  // vision tower's beside them (LoadHfWeights maps and skips them). Exports
+  // are plain gemma3_text (Gemma3ForCausalLM).
+  bool multimodal_checkpoint = false;
 
   // Checks every field (positive sizes, divisibility of heads, known
   // activation). Returns INVALID_ARGUMENT naming the field and value.

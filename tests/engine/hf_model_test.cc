@@ -598,5 +598,42 @@ TEST(HfModelTest, PhiSeparateProjectionsAreUnexpected) {
                        HasSubstr("unexpected tensor 'model.layers.0.self_attn.q_proj.weight'")));
 }
 
+TEST(HfModelTest, Gemma3MultimodalCheckpointLoadsItsTextTower) {
+  // A gemma3 (image-text) checkpoint as transformers 5 names it: the text
+  // tower under model.language_model., the vision tower beside it.
+  auto config = LoadHfConfig(FixtureDir("gemma3_text"));
+  ASSERT_THAT(config, IsOk());
+  std::unique_ptr<HostStore> source = MakeStore(*config, 0);
+  ASSERT_THAT(LoadHfWeights(FixtureDir("gemma3_text"), source.get()), IsOk());
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  {
+    absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(dir + "/model.safetensors");
+    ASSERT_THAT(writer, IsOk());
+    for (int64_t block = 0; block < source->num_blocks(); ++block) {
+      for (const ParamSpec& p : source->layout().blocks[block].params) {
+        const std::string name = "model.language_model." + p.hf_name.substr(6);  // after "model."
+        ASSERT_THAT(writer->AddFloat32(name, SafetensorsDtype::kF32, p.shape,
+                                       source->master(block) + p.offset),
+                    IsOk());
+      }
+    }
+    std::vector<float> vision(16, 1.0f);
+    ASSERT_THAT(writer->AddFloat32("model.vision_tower.patch_embed.weight", SafetensorsDtype::kF32,
+                                   {4, 4}, vision.data()),
+                IsOk());
+    ASSERT_THAT(writer->Finish(), IsOk());
+  }
+  ModelConfig multimodal = *config;
+  multimodal.multimodal_checkpoint = true;
+  std::unique_ptr<HostStore> loaded = MakeStore(multimodal, 0);
+  ASSERT_THAT(LoadHfWeights(dir, loaded.get()), IsOk());
+  ExpectMastersBitIdentical(*source, *loaded);
+  // Read as a text model, the same file is refused, naming the tensor.
+  std::unique_ptr<HostStore> text_only = MakeStore(*config, 0);
+  EXPECT_THAT(LoadHfWeights(dir, text_only.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected tensor 'model.language_model.")));
+}
+
 }  // namespace
 }  // namespace megatrain::engine

@@ -261,6 +261,7 @@ TEST(ParseHfConfigTest, ReadsTransformers4FamilyConfigs) {
       "num_key_value_heads": 1, "head_dim": 32}, "vision_config": {}})");
   ASSERT_THAT(multimodal, IsOk());
   EXPECT_EQ(multimodal->model_type, "gemma3_text");
+  EXPECT_TRUE(multimodal->multimodal_checkpoint);
 
   EXPECT_THAT(ParseHfConfig(R"({"model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072,
       "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
