@@ -6,7 +6,9 @@ megatrain-logits scored (PREFIX.json) and compares the logits with the
 engine's (PREFIX.logits.f32, fp32 [T, V]). Prints one JSON line and exits 1
 when the norm-relative difference exceeds --tolerance (default 2e-2, the
 project's bf16 tolerance; an fp32 export scored in fp32 on both sides agrees
-to ~1e-5).
+to ~1e-5). The load must report no missing, unexpected or mismatched keys
+(transformers' output_loading_info); attention is eager, the reference
+arithmetic (soft-capped Gemma 2 needs it).
 
   python3 deploy/check-hf-export.py --model DIR --engine PREFIX [--dtype bf16|fp32]
 """
@@ -34,7 +36,11 @@ def main():
     # bf16 is compared as the engine computes it and as PyTorch users train:
     # fp32 weights under bf16 autocast (fp32 residual stream), not a model
     # cast to bf16 wholesale.
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device).eval()
+    model, info = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    model = model.to(device).eval()
+    key_problems = {k: sorted(map(str, info.get(k, []))) for k in
+                    ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(k)}
     ids = torch.tensor([meta["input_ids"]], device=device)
     with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16,
                                          enabled=args.dtype == "bf16"):
@@ -48,7 +54,8 @@ def main():
     out = {"model": args.model, "tokens": t, "vocab": v, "relative_error": diff,
            "argmax_agreement": agree, "engine_loss": meta.get("loss"),
            "transformers_loss": their_loss,
-           "tolerance": args.tolerance, "ok": diff <= args.tolerance}
+           "model_type": model.config.model_type, "key_problems": key_problems,
+           "tolerance": args.tolerance, "ok": diff <= args.tolerance and not key_problems}
     print(json.dumps(out))
     return 0 if out["ok"] else 1
 

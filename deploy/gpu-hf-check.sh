@@ -4,8 +4,14 @@
 #   import: small random models of each supported architecture, written by
 #           transformers' save_pretrained, scored by megatrain-logits and by
 #           transformers on the same held-out tokens;
+#   reload: each imported model exported again by the engine
+#           (megatrain-logits --export, fp32), reloaded by transformers with
+#           no missing or unexpected keys and compared likewise;
 #   export: an HF directory written by `megatrain export` (EXPORT_DIR, e.g.
 #           the demo's), loaded by AutoModelForCausalLM and compared likewise.
+# Families: llama, mistral, qwen2, qwen3, gemma2 (soft-capping, sliding
+# layers), gemma3_text (local/global RoPE), phi3 (fused tensors, partial
+# rotary, LongRoPE past original_max_position_embeddings).
 # Needs the build of deploy/gpu-check.sh (build-gpu/). Prints one JSON line
 # per check; exits non-zero if any check fails.
 set -uo pipefail
@@ -21,7 +27,9 @@ status=0
 python3 - "$WORK" <<'PY'
 import sys, torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
+                          Phi3Config, Phi3ForCausalLM)
 out = sys.argv[1]
 common = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
               num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
@@ -33,6 +41,19 @@ models = {
   "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=32, tie_word_embeddings=False)),
   "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=False)),
   "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=48, tie_word_embeddings=True)),
+  "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(head_dim=32, query_pre_attn_scalar=32,
+             sliding_window=32, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+             hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=0)),
+  "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, dict(head_dim=32, query_pre_attn_scalar=32,
+                  sliding_window=32, rope_local_base_freq=10000.0, rope_theta=1000000.0,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                  tie_word_embeddings=True, pad_token_id=0)),
+  # seq_len 96 > original_max_position_embeddings 64: the long factors.
+  "phi3": (Phi3Config, Phi3ForCausalLM, dict(partial_rotary_factor=0.75,
+           original_max_position_embeddings=64, sliding_window=48, pad_token_id=0,
+           rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(12)],
+                         "long_factor": [1.5 + 0.25 * i for i in range(12)]},
+           tie_word_embeddings=False)),
 }
 for name, (cfg_cls, model_cls, extra) in models.items():
     cfg = cfg_cls(**common, **extra)
@@ -43,14 +64,18 @@ for name, (cfg_cls, model_cls, extra) in models.items():
             elif p.dim() == 1: p.normal_(0, 0.1)
     model.save_pretrained(f"{out}/hf-{name}", safe_serialization=True)
 PY
-for name in ${ARCHS:-llama mistral qwen2 qwen3}; do
+for name in ${ARCHS:-llama mistral qwen2 qwen3 gemma2 gemma3_text phi3}; do
   for dtype in fp32 bf16; do
     tol=1e-4; [ "$dtype" = bf16 ] && tol=2e-2
+    export_args=(); [ "$dtype" = fp32 ] && export_args=(--export "$WORK/export-$name")
     "$logits" --model "$WORK/hf-$name" --tokens "$tokens" --seq_len 96 --device cuda \
-      --compute_dtype "$dtype" --out "$WORK/engine-$name-$dtype" >/dev/null || status=1
+      --compute_dtype "$dtype" --out "$WORK/engine-$name-$dtype" "${export_args[@]}" >/dev/null || status=1
     python3 deploy/check-hf-export.py --model "$WORK/hf-$name" --engine "$WORK/engine-$name-$dtype" \
       --dtype "$dtype" --tolerance "$tol" | sed "s/^/{\"check\": \"import-$name-$dtype\", \"r\": /; s/$/}/" || status=1
   done
+  # The engine's fp32 export of the same model, reloaded by transformers.
+  python3 deploy/check-hf-export.py --model "$WORK/export-$name" --engine "$WORK/engine-$name-fp32" \
+    --dtype fp32 --tolerance 1e-4 | sed "s/^/{\"check\": \"reload-$name-fp32\", \"r\": /; s/$/}/" || status=1
 done
 if [ -n "${EXPORT_DIR:-}" ]; then
   "$logits" --model "$EXPORT_DIR" --tokens "$tokens" --seq_len 96 --device cuda --compute_dtype bf16 \

@@ -415,7 +415,8 @@ void StreamingExecutor::Impl::EmbeddingBackward(const StepAction& a, PassState& 
   AccumulateInto(env_.layout.blocks[a.block], resident_->grad(index),
                  {at::embedding_dense_backward(p.grad_y.to(at::kFloat).reshape({-1, c}),
                                                p.input.ids, env_.config.vocab_size,
-                                               /*padding_idx=*/-1, /*scale_grad_by_freq=*/false)},
+                                               env_.config.EmbeddingPaddingIdx(),
+                                               /*scale_grad_by_freq=*/false)},
                  FirstContribution(a.block));
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
   ResidentGradDone(static_cast<size_t>(index));

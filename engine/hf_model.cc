@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -114,8 +115,31 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   const ModelLayout& layout = store->layout();
   const ModelConfig& config = store->config();
 
-  // 1. Nothing in the files that the layout does not know.
-  for (const std::string& name : model.TensorNames()) {
+  // 1. Nothing in the files that the layout does not know. A multimodal
+  // Gemma 3 checkpoint names its text tensors under a language_model prefix
+  // (transformers 5: model.language_model.X; 4: language_model.model.X and
+  // language_model.lm_head.weight); file_names maps the layout's names to
+  // the file's, and the vision tower is skipped.
+  std::map<std::string, std::string> file_names;
+  for (const std::string& file_name : model.TensorNames()) {
+    std::string name = file_name;
+    if (config.multimodal_checkpoint) {
+      if (absl::StartsWith(name, "vision_tower.") || absl::StartsWith(name, "model.vision_tower.") ||
+          absl::StartsWith(name, "multi_modal_projector.") ||
+          absl::StartsWith(name, "model.multi_modal_projector.")) {
+        continue;
+      }
+      for (const auto& [prefix, replacement] :
+           {std::pair<const char*, const char*>{"model.language_model.", "model."},
+            {"language_model.model.", "model."},
+            {"language_model.lm_head.", "lm_head."}}) {
+        if (absl::StartsWith(name, prefix)) {
+          name = absl::StrCat(replacement, name.substr(std::strlen(prefix)));
+          break;
+        }
+      }
+      file_names[name] = file_name;
+    }
     if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
     if (config.tie_word_embeddings && name == "lm_head.weight") continue;
     int64_t block_idx = 0;
@@ -138,7 +162,9 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   std::vector<Planned> plan;
   auto check_tensor = [&](const std::string& name, const std::vector<int64_t>& expected_shape,
                           SafetensorsModel::TensorRef* ref) -> absl::Status {
-    absl::StatusOr<SafetensorsModel::TensorRef> found = model.Find(name);
+    auto mapped = file_names.find(name);
+    absl::StatusOr<SafetensorsModel::TensorRef> found =
+        model.Find(mapped == file_names.end() ? name : mapped->second);
     if (!found.ok()) {
       return absl::NotFoundError(
           absl::StrFormat("%s: tensor '%s' is missing (expected shape %s from config.json)", hf_dir,
@@ -171,7 +197,9 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   // A tied model's lm_head.weight, if the files carry one anyway.
   SafetensorsModel::TensorRef tied_head;
   const ParamSpec* embedding = layout.blocks[layout.embedding_block()].Find("embed_tokens.weight");
-  const bool has_tied_head = config.tie_word_embeddings && model.Contains("lm_head.weight");
+  const bool has_tied_head =
+      config.tie_word_embeddings &&
+      (model.Contains("lm_head.weight") || file_names.count("lm_head.weight") > 0);
   if (has_tied_head) {
     MEGATRAIN_RETURN_IF_ERROR(check_tensor("lm_head.weight", embedding->shape, &tied_head));
   }

@@ -16,7 +16,11 @@
 // file and the directory fsync'd, then renamed.
 //
 // Name mapping: the host store's layout already uses HF tensor names
-// (param_layout.h), so import and export are name lookups.
+// (param_layout.h), so import and export are name lookups. A multimodal
+// Gemma 3 checkpoint (config.multimodal_checkpoint) is read through its
+// text tower: `model.language_model.X` / `language_model.model.X` are the
+// layout's `model.X`, the vision tower and projector are skipped; it is
+// exported as a text-only gemma3_text model.
 //
 // Tied embeddings (`tie_word_embeddings: true`): the layout has no
 // `lm_head.weight`; exports omit it (as save_pretrained does). On import, a

@@ -1,4 +1,4 @@
-// Parameter layout of Llama-family models (HF modeling_llama.py names).
+// Parameter layout of the dense families (HF modeling_*.py names).
 #include "engine/param_layout.h"
 
 #include "absl/strings/str_cat.h"
@@ -59,27 +59,46 @@ ModelLayout ModelLayout::Create(const ModelConfig& c) {
   for (int64_t layer_idx = 0; layer_idx < c.num_hidden_layers; ++layer_idx) {
     BlockBuilder b(BlockKind::kDecoderLayer, layer_idx,
                    absl::StrCat("model.layers.", layer_idx, "."));
-    b.Add("input_layernorm.weight", {c.hidden_size}, /*is_norm=*/true);
-    b.Add("self_attn.q_proj.weight", {q_dim, c.hidden_size});
-    if (c.HasQkvBias()) b.Add("self_attn.q_proj.bias", {q_dim}, false, /*is_bias=*/true);
-    b.Add("self_attn.k_proj.weight", {kv_dim, c.hidden_size});
-    if (c.HasQkvBias()) b.Add("self_attn.k_proj.bias", {kv_dim}, false, true);
-    b.Add("self_attn.v_proj.weight", {kv_dim, c.hidden_size});
-    if (c.HasQkvBias()) b.Add("self_attn.v_proj.bias", {kv_dim}, false, true);
+    // Norm weights of Gemma's (1 + w) kind are stored zero-centred: they
+    // start at 0 (is_bias) where Llama's start at 1 (is_norm).
+    const bool zero_centred = c.norm_kind == NormKind::kRmsOnePlusWeight;
+    auto add_norm = [&](const char* name, int64_t size) {
+      b.Add(name, {size}, /*is_norm=*/!zero_centred, /*is_bias=*/zero_centred);
+    };
+    add_norm("input_layernorm.weight", c.hidden_size);
+    if (c.fused_qkv) {  // Phi-3: q, k, v rows of one tensor
+      b.Add("self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, c.hidden_size});
+    } else {
+      b.Add("self_attn.q_proj.weight", {q_dim, c.hidden_size});
+      if (c.HasQkvBias()) b.Add("self_attn.q_proj.bias", {q_dim}, false, /*is_bias=*/true);
+      b.Add("self_attn.k_proj.weight", {kv_dim, c.hidden_size});
+      if (c.HasQkvBias()) b.Add("self_attn.k_proj.bias", {kv_dim}, false, true);
+      b.Add("self_attn.v_proj.weight", {kv_dim, c.hidden_size});
+      if (c.HasQkvBias()) b.Add("self_attn.v_proj.bias", {kv_dim}, false, true);
+    }
     b.Add("self_attn.o_proj.weight", {c.hidden_size, q_dim});
     if (c.HasOutputBias()) b.Add("self_attn.o_proj.bias", {c.hidden_size}, false, true);
     if (c.qk_norm) {
-      b.Add("self_attn.q_norm.weight", {c.head_dim}, true);
-      b.Add("self_attn.k_norm.weight", {c.head_dim}, true);
+      add_norm("self_attn.q_norm.weight", c.head_dim);
+      add_norm("self_attn.k_norm.weight", c.head_dim);
     }
-    b.Add("post_attention_layernorm.weight", {c.hidden_size}, true);
-    b.Add("mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size});
-    b.Add("mlp.up_proj.weight", {c.intermediate_size, c.hidden_size});
+    add_norm("post_attention_layernorm.weight", c.hidden_size);
+    if (c.sandwich_norms) {  // Gemma 2/3
+      add_norm("pre_feedforward_layernorm.weight", c.hidden_size);
+      add_norm("post_feedforward_layernorm.weight", c.hidden_size);
+    }
+    if (c.fused_gate_up) {  // Phi-3: gate rows, then up rows
+      b.Add("mlp.gate_up_proj.weight", {2 * c.intermediate_size, c.hidden_size});
+    } else {
+      b.Add("mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size});
+      b.Add("mlp.up_proj.weight", {c.intermediate_size, c.hidden_size});
+    }
     b.Add("mlp.down_proj.weight", {c.hidden_size, c.intermediate_size});
     layout.blocks.push_back(b.Build());
   }
   BlockBuilder head(BlockKind::kHead, -1, "");
-  head.Add("model.norm.weight", {c.hidden_size}, true);
+  const bool zero_centred = c.norm_kind == NormKind::kRmsOnePlusWeight;
+  head.Add("model.norm.weight", {c.hidden_size}, !zero_centred, zero_centred);
   if (!c.tie_word_embeddings) head.Add("lm_head.weight", {c.vocab_size, c.hidden_size});
   layout.blocks.push_back(head.Build());
   return layout;

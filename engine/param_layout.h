@@ -8,7 +8,10 @@
 // parameter view is 256-byte aligned in fp32.
 //
 // Names are Hugging Face's (`model.layers.3.self_attn.q_proj.weight`), so
-// safetensors import/export is a name lookup. Shapes are PyTorch's
+// safetensors import/export is a name lookup. Families whose checkpoints
+// fuse projections (Phi-3 `qkv_proj`, `gate_up_proj`) keep the fused tensor
+// as one parameter; layers.cc views it as the separate projections, so the
+// split on load and the fusion on export are exact by construction. Shapes are PyTorch's
 // (nn.Linear weight is [out_features, in_features]), row-major.
 #ifndef MEGATRAIN_ENGINE_PARAM_LAYOUT_H_
 #define MEGATRAIN_ENGINE_PARAM_LAYOUT_H_
@@ -36,7 +39,8 @@ struct ParamSpec {
   int64_t offset = 0;          // elements from the block start
   int64_t numel = 0;           // product of shape
   bool is_norm = false;        // RMSNorm weight (initialised to ones)
-  bool is_bias = false;        // bias (initialised to zeros)
+  bool is_bias = false;        // initialised to zeros: a bias, or a zero-
+                               // centred (1 + w) RMSNorm weight (Gemma)
 };
 
 // The parameters of one block.

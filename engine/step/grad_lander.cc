@@ -256,6 +256,7 @@ void GradLander::ScatterRows(const Task& task, float* grad, const float* src, do
   const bool track = known_sq >= 0;
   const bool need_before = track && !task.first;
   std::vector<double> sq_before(need_before ? groups : 0), sq_after(track ? groups : 0);
+  const int64_t padding_idx = env_->config.EmbeddingPaddingIdx();
   auto row_sq = [c](const float* g) {
     double acc = 0;
     for (int64_t j = 0; j < c; ++j) acc += static_cast<double>(g[j]) * g[j];
@@ -263,6 +264,8 @@ void GradLander::ScatterRows(const Task& task, float* grad, const float* src, do
   };
   pool->ParallelFor(groups, 16, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
+      // HF nn.Embedding(padding_idx): lookups of pad_token_id add nothing.
+      if ((keys[group_start[g]] >> 32) == padding_idx) continue;
       float* dst = grad + (keys[group_start[g]] >> 32) * c;
       if (need_before) sq_before[g] = row_sq(dst);
       for (int64_t k = group_start[g]; k < group_start[g + 1]; ++k) {

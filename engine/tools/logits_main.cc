@@ -2,7 +2,8 @@
 // as raw little-endian fp32 [T, V] with a JSON sidecar (the tokens, shape,
 // loss), so that another implementation (transformers, in
 // deploy/check-hf-export.py) can be compared with the engine on the same
-// input.
+// input. With --export DIR it also writes the loaded model back out as an
+// fp32 HF directory (ExportHfDirectory), for the reload check.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,7 +17,7 @@
 
 int main(int argc, char** argv) {
   namespace engine = megatrain::engine;
-  std::string model, tokens_path, out, device = "cpu", dtype = "fp32";
+  std::string model, tokens_path, out, export_dir, device = "cpu", dtype = "fp32";
   int64_t seq_len = 128, offset = 0;
   CLI::App app{"megatrain-logits: engine logits of one token window"};
   app.add_option("--model", model, "HF model directory (config.json + safetensors) or preset")->required();
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu | cuda | cuda:N");
   app.add_option("--compute_dtype", dtype, "fp32 | tf32 | bf16");
   app.add_option("--out", out, "Output prefix: OUT.logits.f32 and OUT.json")->required();
+  app.add_option("--export", export_dir, "Also export the model as an fp32 HF directory here");
   CLI11_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
@@ -56,6 +58,12 @@ int main(int argc, char** argv) {
   if (!trainer.ok()) return fail(trainer.status());
   if (std::filesystem::is_directory(model)) {
     if (auto s = engine::LoadHfWeights(model, &(*trainer)->store()); !s.ok()) return fail(s);
+  }
+  if (!export_dir.empty()) {
+    if (auto s = engine::ExportHfDirectory((*trainer)->store(), export_dir, engine::ExportDtype::kFp32);
+        !s.ok()) {
+      return fail(s);
+    }
   }
   auto logits = (*trainer)->Logits(mb);
   if (!logits.ok()) return fail(logits.status());

@@ -488,5 +488,152 @@ TEST(HfModelTest, ParseExportDtype) {
                        HasSubstr("dtype: must be bf16 or fp32, got 'int8'")));
 }
 
+// --- Families beyond Llama, on the tiny models transformers wrote
+// (tests/testdata/hf/<family>/, make_hf_fixtures.py). ---
+
+std::string FixtureDir(const std::string& family) {
+  return std::string(MEGATRAIN_TESTDATA_DIR) + "/hf/" + family;
+}
+
+class HfFamilyRoundTripTest : public ::testing::TestWithParam<std::string> {};
+
+// Load what save_pretrained wrote, export fp32: the same tensor names
+// (Gemma's four norms, Phi-3's fused qkv_proj / gate_up_proj), shapes and
+// bytes as transformers' file, and a config.json the engine reads back to
+// the same architecture.
+TEST_P(HfFamilyRoundTripTest, ExportHasTransformersNamesAndBytes) {
+  const std::string dir = FixtureDir(GetParam());
+  auto config = LoadHfConfig(dir);
+  ASSERT_THAT(config, IsOk());
+  std::unique_ptr<HostStore> store = MakeStore(*config, 0);
+  ASSERT_THAT(LoadHfWeights(dir, store.get()), IsOk());
+  const std::string out = testing::MakeTempDir("hf_model_test") + "/export";
+  ASSERT_THAT(ExportHfDirectory(*store, out, ExportDtype::kFp32), IsOk());
+
+  auto original = SafetensorsModel::Open(dir);
+  auto exported = SafetensorsModel::Open(out);
+  ASSERT_THAT(original, IsOk());
+  ASSERT_THAT(exported, IsOk());
+  EXPECT_EQ(exported->TensorNames(), original->TensorNames());
+  for (const std::string& name : original->TensorNames()) {
+    auto a = original->Find(name);
+    auto b = exported->Find(name);
+    ASSERT_THAT(b, IsOk()) << name;
+    EXPECT_EQ(b->info->shape, a->info->shape) << name;
+    absl::Span<const uint8_t> bytes_a = a->file->Data(*a->info), bytes_b = b->file->Data(*b->info);
+    EXPECT_TRUE(bytes_a.size() == bytes_b.size() &&
+                std::memcmp(bytes_a.data(), bytes_b.data(), bytes_a.size()) == 0)
+        << name;
+  }
+  auto again = LoadHfConfig(out);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->model_type, config->model_type);
+  EXPECT_EQ(again->ParamCount(), config->ParamCount());
+  EXPECT_EQ(again->layer_types, config->layer_types);
+  EXPECT_EQ(again->norm_kind, config->norm_kind);
+  EXPECT_EQ(again->attn_logit_softcapping, config->attn_logit_softcapping);
+  EXPECT_EQ(again->final_logit_softcapping, config->final_logit_softcapping);
+  EXPECT_EQ(again->rope_local_base_freq, config->rope_local_base_freq);
+  EXPECT_EQ(again->partial_rotary_factor, config->partial_rotary_factor);
+  EXPECT_EQ(again->rope_scaling.type, config->rope_scaling.type);
+  EXPECT_EQ(again->rope_scaling.long_factor, config->rope_scaling.long_factor);
+  EXPECT_EQ(again->rope_scaling.original_max_position_embeddings,
+            config->rope_scaling.original_max_position_embeddings);
+  EXPECT_EQ(again->EmbeddingPaddingIdx(), config->EmbeddingPaddingIdx());
+  std::unique_ptr<HostStore> reloaded = MakeStore(*again, 0);
+  ASSERT_THAT(LoadHfWeights(out, reloaded.get()), IsOk());
+  ExpectMastersBitIdentical(*store, *reloaded);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfFamilyRoundTripTest,
+                         ::testing::Values("gemma2", "gemma3_text", "phi3", "phi3_longrope"));
+
+TEST(HfModelTest, GemmaMissingPostFeedforwardNormIsNotFoundNamingIt) {
+  auto config = LoadHfConfig(FixtureDir("gemma2"));
+  ASSERT_THAT(config, IsOk());
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  std::unique_ptr<HostStore> source = MakeStore(*config, /*seed=*/21);
+  Mutation m;
+  m.omit = "model.layers.1.post_feedforward_layernorm.weight";
+  WriteModel(dir, *source, m);
+  std::unique_ptr<HostStore> loaded = MakeStore(*config, 0);
+  EXPECT_THAT(LoadHfWeights(dir, loaded.get()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("'model.layers.1.post_feedforward_layernorm.weight'"),
+                             HasSubstr("[32]"))));
+}
+
+TEST(HfModelTest, PhiFusedTensorOfAnotherHeadDimIsRefusedNamingIt) {
+  // config.json says head_dim 8; a checkpoint made with head_dim 16 has a
+  // qkv_proj of (4 + 2 * 2) * 16 rows.
+  auto config = LoadHfConfig(FixtureDir("phi3"));
+  ASSERT_THAT(config, IsOk());
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  std::unique_ptr<HostStore> source = MakeStore(*config, /*seed=*/22);
+  Mutation m;
+  m.omit = "model.layers.0.self_attn.qkv_proj.weight";
+  m.extra_name = "model.layers.0.self_attn.qkv_proj.weight";
+  m.extra_shape = {128, 32};
+  WriteModel(dir, *source, m);
+  std::unique_ptr<HostStore> loaded = MakeStore(*config, 0);
+  EXPECT_THAT(LoadHfWeights(dir, loaded.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'model.layers.0.self_attn.qkv_proj.weight'"),
+                             HasSubstr("shape [128, 32]"), HasSubstr("expects [64, 32]"))));
+}
+
+TEST(HfModelTest, PhiSeparateProjectionsAreUnexpected) {
+  // A Llama-style q_proj in a Phi-3 checkpoint is not silently ignored.
+  auto config = LoadHfConfig(FixtureDir("phi3"));
+  ASSERT_THAT(config, IsOk());
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  std::unique_ptr<HostStore> source = MakeStore(*config, /*seed=*/23);
+  Mutation m;
+  m.extra_name = "model.layers.0.self_attn.q_proj.weight";
+  m.extra_shape = {32, 32};
+  WriteModel(dir, *source, m);
+  std::unique_ptr<HostStore> loaded = MakeStore(*config, 0);
+  EXPECT_THAT(LoadHfWeights(dir, loaded.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected tensor 'model.layers.0.self_attn.q_proj.weight'")));
+}
+
+TEST(HfModelTest, Gemma3MultimodalCheckpointLoadsItsTextTower) {
+  // A gemma3 (image-text) checkpoint as transformers 5 names it: the text
+  // tower under model.language_model., the vision tower beside it.
+  auto config = LoadHfConfig(FixtureDir("gemma3_text"));
+  ASSERT_THAT(config, IsOk());
+  std::unique_ptr<HostStore> source = MakeStore(*config, 0);
+  ASSERT_THAT(LoadHfWeights(FixtureDir("gemma3_text"), source.get()), IsOk());
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  {
+    absl::StatusOr<SafetensorsWriter> writer = SafetensorsWriter::Create(dir + "/model.safetensors");
+    ASSERT_THAT(writer, IsOk());
+    for (int64_t block = 0; block < source->num_blocks(); ++block) {
+      for (const ParamSpec& p : source->layout().blocks[block].params) {
+        const std::string name = "model.language_model." + p.hf_name.substr(6);  // after "model."
+        ASSERT_THAT(writer->AddFloat32(name, SafetensorsDtype::kF32, p.shape,
+                                       source->master(block) + p.offset),
+                    IsOk());
+      }
+    }
+    std::vector<float> vision(16, 1.0f);
+    ASSERT_THAT(writer->AddFloat32("model.vision_tower.patch_embed.weight", SafetensorsDtype::kF32,
+                                   {4, 4}, vision.data()),
+                IsOk());
+    ASSERT_THAT(writer->Finish(), IsOk());
+  }
+  ModelConfig multimodal = *config;
+  multimodal.multimodal_checkpoint = true;
+  std::unique_ptr<HostStore> loaded = MakeStore(multimodal, 0);
+  ASSERT_THAT(LoadHfWeights(dir, loaded.get()), IsOk());
+  ExpectMastersBitIdentical(*source, *loaded);
+  // Read as a text model, the same file is refused, naming the tensor.
+  std::unique_ptr<HostStore> text_only = MakeStore(*config, 0);
+  EXPECT_THAT(LoadHfWeights(dir, text_only.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected tensor 'model.language_model.")));
+}
+
 }  // namespace
 }  // namespace megatrain::engine

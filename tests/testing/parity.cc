@@ -59,6 +59,54 @@ std::vector<Variant> Variants() {
   qwen3.qk_norm = true;
   qwen3.head_dim = 24;  // != hidden / heads, as in real Qwen3 models
   out.push_back({"qwen3_qk_norm", qwen3});
+  // Gemma 2: (1 + w) norms, four per layer, embedding scale, GeGLU, soft-
+  // capped attention (caps small enough to bend the scores) and logits,
+  // alternating sliding layers, tied, a padding row.
+  ModelConfig gemma2 = SmallLlama();
+  gemma2.model_type = "gemma2";
+  gemma2.norm_kind = NormKind::kRmsOnePlusWeight;
+  gemma2.sandwich_norms = true;
+  gemma2.scale_embeddings = true;
+  gemma2.hidden_activation = MlpActivation::kGeluTanh;
+  gemma2.query_pre_attn_scalar = 24;  // != head_dim
+  gemma2.attn_logit_softcapping = 2.0;
+  gemma2.final_logit_softcapping = 3.0;
+  gemma2.sliding_window = 5;
+  gemma2.layer_types = {LayerType::kSlidingAttention, LayerType::kFullAttention,
+                        LayerType::kSlidingAttention};
+  gemma2.tie_word_embeddings = true;
+  gemma2.has_pad_token_id = true;
+  gemma2.pad_token_id = 3;
+  out.push_back({"gemma2_softcap_tied", gemma2});
+  // Gemma 3: + (1 + w) q/k norms, local RoPE base on sliding layers and a
+  // scaled global one, no soft-capping; untied.
+  ModelConfig gemma3 = gemma2;
+  gemma3.model_type = "gemma3_text";
+  gemma3.qk_norm = true;
+  gemma3.attn_logit_softcapping = 0;
+  gemma3.final_logit_softcapping = 0;
+  gemma3.rope_theta = 1e6;
+  gemma3.rope_local_base_freq = 10000;
+  gemma3.rope_scaling.type = RopeScalingType::kLinear;
+  gemma3.rope_scaling.factor = 4;
+  gemma3.layer_types = {LayerType::kSlidingAttention, LayerType::kSlidingAttention,
+                        LayerType::kFullAttention};
+  gemma3.tie_word_embeddings = false;
+  out.push_back({"gemma3_local_global_rope", gemma3});
+  // Phi-3: fused qkv / gate_up, half the head rotated, LongRoPE past its
+  // original length (long factors, attention factor), sliding window.
+  ModelConfig phi3 = SmallLlama();
+  phi3.model_type = "phi3";
+  phi3.fused_qkv = true;
+  phi3.fused_gate_up = true;
+  phi3.partial_rotary_factor = 0.5;
+  phi3.max_position_embeddings = 32;
+  phi3.rope_scaling.type = RopeScalingType::kLongRope;
+  phi3.rope_scaling.original_max_position_embeddings = 8;  // < seq_len 12
+  phi3.rope_scaling.short_factor = {1.0, 1.2, 1.4, 1.6};
+  phi3.rope_scaling.long_factor = {1.5, 3.0, 6.0, 12.0};
+  phi3.sliding_window = 7;
+  out.push_back({"phi3_fused_longrope", phi3});
   return out;
 }
 

@@ -26,7 +26,9 @@ struct Variant {
 inline void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 // llama, llama3 (tied, rope scaling, bias), mistral (sliding window),
-// qwen2 (qkv bias), qwen3 (q/k norm, head_dim != C/H).
+// qwen2 (qkv bias), qwen3 (q/k norm, head_dim != C/H), gemma2 (soft-capping,
+// tied, padding row), gemma3_text (local/global RoPE, q/k norms), phi3
+// (fused projections, partial rotary, LongRoPE).
 std::vector<Variant> Variants();
 
 // Deterministic micro-batches ([b*t] each) with every 7th label ignored.
