@@ -109,6 +109,12 @@ absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
   if (db != nullptr) absl::StrAppend(&message, " (", sqlite3_errmsg(db), ")");
   if (rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB) return absl::DataLossError(message);
   if ((rc & 0xff) == SQLITE_CONSTRAINT) return absl::AlreadyExistsError(message);
+  // A full disk is the operator's to fix, a busy or locked database passes:
+  // neither is a bug (issue 14), so neither is INTERNAL.
+  if ((rc & 0xff) == SQLITE_FULL) return absl::ResourceExhaustedError(message);
+  if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
+    return absl::UnavailableError(message);
+  }
   return absl::InternalError(message);
 }
 

@@ -13,6 +13,7 @@
 
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tmpfs.h"
 
 namespace megatrain::server {
 namespace {
@@ -463,6 +464,33 @@ TEST_F(JobStoreTest, WritesFailClearlyAfterTheFileWasDeleted) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("was deleted while megatraind runs"),
                              HasSubstr("restore the file from a backup"))));
+}
+
+}  // namespace
+}  // namespace megatrain::server
+
+namespace megatrain::server {
+namespace {
+
+// Issue 14: a database on a full disk is RESOURCE_EXHAUSTED (the operator's
+// to fix), never INTERNAL. A real ENOSPC from a 512 KiB tmpfs: SQLite maps
+// it to SQLITE_FULL.
+TEST(JobStoreDiskFullTest, InsertOnAFullDiskIsResourceExhausted) {
+  std::string why_not;
+  std::unique_ptr<megatrain::testing::ScopedTmpfs> disk =
+      megatrain::testing::ScopedTmpfs::Mount(512 << 10, &why_not);
+  if (disk == nullptr) GTEST_SKIP() << why_not;
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open((std::filesystem::path(disk->path()) / "megatrain.db").string());
+  ASSERT_THAT(store, IsOk());
+  absl::Status status;
+  // Each job carries ~8 KiB of labels: the disk fills within 64 inserts.
+  for (int64_t seq = 1; seq <= 64 && status.ok(); ++seq) {
+    JobRecord job = MakeJob(seq, "alice");
+    for (int l = 0; l < 32; ++l) job.request.labels[absl::StrCat("k", l)] = std::string(250, 'v');
+    status = (*store)->InsertJob(job, JobEvent::StateChange(job.id, job.state, "submitted")).status();
+  }
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("sqlite")));
 }
 
 }  // namespace
