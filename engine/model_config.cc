@@ -451,8 +451,15 @@ json RopeScalingJson(const ModelConfig& c) {
 // Gemma 2/3 fields of config.json.
 void AddGemmaFields(const ModelConfig& c, json* j) {
   (*j)["hidden_activation"] = ActivationName(c.hidden_activation);
-  (*j)["query_pre_attn_scalar"] =
+  // transformers 5's Gemma configs type the field as int and refuse 256.0:
+  // an integral value is written as an integer.
+  const double scalar =
       c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+  if (scalar == std::floor(scalar) && std::fabs(scalar) < 9.0e15) {
+    (*j)["query_pre_attn_scalar"] = static_cast<int64_t>(scalar);
+  } else {
+    (*j)["query_pre_attn_scalar"] = scalar;
+  }
   auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
   (*j)["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
   (*j)["final_logit_softcapping"] = cap(c.final_logit_softcapping);

@@ -184,6 +184,16 @@ std::string FixtureConfig(const std::string& family) {
 
 // Configs as transformers 5.17's save_pretrained wrote them (rope_parameters,
 // layer_types).
+// transformers 5 types Gemma's query_pre_attn_scalar as int and refuses
+// 16.0 (seen in deploy/gpu-hf-check.sh's reload of an export).
+TEST(ParseHfConfigTest, ExportWritesAnIntegralQueryPreAttnScalarAsAnInteger) {
+  auto gemma2 = LoadHfConfigFile(FixtureConfig("gemma2"));
+  ASSERT_THAT(gemma2, IsOk());
+  const std::string json = gemma2->ToHfConfigJson();
+  EXPECT_THAT(json, HasSubstr("\"query_pre_attn_scalar\": 16"));
+  EXPECT_THAT(json, ::testing::Not(HasSubstr("\"query_pre_attn_scalar\": 16.0")));
+}
+
 TEST(ParseHfConfigTest, ReadsTransformers5FamilyConfigs) {
   auto gemma2 = LoadHfConfigFile(FixtureConfig("gemma2"));
   ASSERT_THAT(gemma2, IsOk());

@@ -755,6 +755,10 @@ class HangingBackend final : public EngineBackend {
       const std::string& output_dir) override {
     return fake_->ListCheckpoints(output_dir);
   }
+  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                          bool check_data) override {
+    return fake_->VerifyCheckpoint(checkpoint_dir, check_data);
+  }
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override {
     return fake_->ExportHfModel(checkpoint_dir, out_dir, dtype);
