@@ -1,6 +1,12 @@
 // See metrics_http.h.
 #include "server/metrics_http.h"
 
+// httplib's default listen backlog is 5: a burst of connections (16 slow
+// clients, then a scrape) overflowed the kernel's accept queue and the
+// scrape's SYN waited for a retransmit (1 s). 128 is the kernel's classic
+// SOMAXCONN; connections beyond the worker threads wait in it, not in SYN
+// retries.
+#define CPPHTTPLIB_LISTEN_BACKLOG 128
 #include <httplib.h>
 #include <sys/socket.h>
 

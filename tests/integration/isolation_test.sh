@@ -12,6 +12,7 @@ tokens="$WORK/tokens.yaml"
   echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
   echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
 } >"$tokens"
+chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
 data=$(realpath "$WORK")/data
 mkdir -p "$data/alice" "$data/bob" "$WORK/out"
 cp -r "$TINY_DATA" "$data/alice/tiny"
