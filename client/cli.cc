@@ -136,7 +136,8 @@ class Cli {
     v1::GetJobRequest request;
     request.set_job_id(job_id);
     v1::Job job;
-    absl::Status status = FromGrpcStatus(connection_->jobs().GetJob(Context().get(), request, &job));
+    absl::Status status =
+        FromGrpcStatus(connection_->jobs().GetJob(Context().get(), request, &job));
     if (!status.ok()) return Fail(status);
     out_ << (json_ ? JobToJson(job).dump(2) + "\n" : JobDetails(job));
     return kExitOk;
@@ -265,8 +266,8 @@ class Cli {
     v1::ListAuditRecordsResponse records;
     while (true) {
       v1::ListAuditRecordsResponse page;
-      absl::Status status = FromGrpcStatus(
-          connection_->server().ListAuditRecords(Context().get(), request, &page));
+      absl::Status status =
+          FromGrpcStatus(connection_->server().ListAuditRecords(Context().get(), request, &page));
       if (!status.ok()) return Fail(status);
       for (v1::AuditRecord& record : *page.mutable_records()) {
         *records.add_records() = std::move(record);
@@ -397,15 +398,16 @@ class Cli {
       if (status.ok()) break;
       if (!absl::IsUnavailable(status) || reconnects >= kMaxReconnects) return status;
       ++reconnects;
-      err_ << "megatrain: connection lost (" << Printable(status.message())
-           << "); reconnecting (" << reconnects << "/" << kMaxReconnects << ")\n";
+      err_ << "megatrain: connection lost (" << Printable(status.message()) << "); reconnecting ("
+           << reconnects << "/" << kMaxReconnects << ")\n";
       // Back off: the daemon may be draining (UNAVAILABLE while still up).
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(200 << reconnects, 5000)));
     }
     v1::GetJobRequest request;
     request.set_job_id(job_id);
     v1::Job job;
-    absl::Status status = FromGrpcStatus(connection_->jobs().GetJob(Context().get(), request, &job));
+    absl::Status status =
+        FromGrpcStatus(connection_->jobs().GetJob(Context().get(), request, &job));
     if (!status.ok()) return status;
     return job;
   }
@@ -494,9 +496,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   audit->add_option("--page_size", page_size, "Records per page (default 50, at most 1000)");
   audit->add_option("--page_token", page_token, "Continue from a previous page");
   audit->add_flag("--all", all, "Fetch every page");
-  CLI::App* hash_token =
-      app.add_subcommand("hash-token", "Print the SHA-256 of a token read from stdin, for the "
-                                       "daemon's --auth_tokens file");
+  CLI::App* hash_token = app.add_subcommand("hash-token",
+                                            "Print the SHA-256 of a token read from stdin, for the "
+                                            "daemon's --auth_tokens file");
 
   try {
     app.parse(argc, argv);
@@ -511,8 +513,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     token = std::string(absl::StripAsciiWhitespace(token));
     unsigned char digest[SHA256_DIGEST_LENGTH];
     SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
-    out << absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest),
-                                                    sizeof(digest)))
+    out << absl::BytesToHexString(
+               absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)))
         << "\n";
     return kExitOk;
   }

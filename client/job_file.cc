@@ -151,7 +151,8 @@ absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std
     if (setter == nullptr) {
       std::vector<std::string> known;
       for (const auto& [name, field] : fields) known.push_back(name);
-      return reader.Error(path, absl::StrCat("unknown key (known: ", absl::StrJoin(known, ", "), ")"));
+      return reader.Error(path,
+                          absl::StrCat("unknown key (known: ", absl::StrJoin(known, ", "), ")"));
     }
     absl::Status status = (*setter)(entry.second, path);
     if (!status.ok()) return status;
@@ -160,14 +161,14 @@ absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std
 }
 
 // Field helpers: bind a Reader method to a proto setter.
-#define MEGATRAIN_JOB_FIELD(name, kind, setter)                            \
-  {                                                                        \
-    name, [&](const YAML::Node& node, const std::string& path) {           \
-      auto value = reader.kind(node, path);                                \
-      if (!value.ok()) return value.status();                              \
-      setter(*value);                                                      \
-      return absl::OkStatus();                                             \
-    }                                                                      \
+#define MEGATRAIN_JOB_FIELD(name, kind, setter)                  \
+  {                                                              \
+    name, [&](const YAML::Node& node, const std::string& path) { \
+      auto value = reader.kind(node, path);                      \
+      if (!value.ok()) return value.status();                    \
+      setter(*value);                                            \
+      return absl::OkStatus();                                   \
+    }                                                            \
   }
 
 }  // namespace
@@ -227,7 +228,8 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          } else if (*value == "bf16") {
            train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
          } else {
-           return reader.Error(path, absl::StrCat("must be fp32, tf32 or bf16, got '", *value, "'"));
+           return reader.Error(path,
+                               absl::StrCat("must be fp32, tf32 or bf16, got '", *value, "'"));
          }
          return absl::OkStatus();
        }},

@@ -143,7 +143,8 @@ absl::StatusOr<v1::Job> GetJob(Connection& connection, const std::string& job_id
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   v1::Job job;
-  grpc::Status status = connection.jobs().GetJob(connection.NewContext(timeout).get(), request, &job);
+  grpc::Status status =
+      connection.jobs().GetJob(connection.NewContext(timeout).get(), request, &job);
   if (!status.ok()) return FromGrpcStatus(status);
   return job;
 }
@@ -153,7 +154,9 @@ int64_t WatchStreams(Connection& connection, absl::Duration timeout) {
   v1::GetMetricsRequest request;
   request.set_name_prefix("megatrain_watch_streams");
   v1::GetMetricsResponse response;
-  if (!connection.server().GetMetrics(connection.NewContext(timeout).get(), request, &response).ok()) {
+  if (!connection.server()
+           .GetMetrics(connection.NewContext(timeout).get(), request, &response)
+           .ok()) {
     return -1;
   }
   for (const v1::MetricFamily& family : response.families()) {
@@ -216,7 +219,8 @@ absl::StatusOr<ProcessSample> SampleProcess(int pid) {
 
 absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::ostream& log) {
   if (options.clients < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--clients: must be >= 1, got ", options.clients));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--clients: must be >= 1, got ", options.clients));
   }
   if (options.watch_fraction < 0 || options.watch_fraction > 1) {
     return absl::InvalidArgumentError(
@@ -250,11 +254,11 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
   absl::StatusOr<v1::Job> job = GetJob(main, report.job_id, options.call_timeout);
   if (!job.ok()) return job.status();
   if (job->state() != v1::JOB_STATE_RUNNING) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", report.job_id, " is not RUNNING; the load test measures a training job"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", report.job_id, " is not RUNNING; the load test measures a training job"));
   }
-  log << "measuring " << report.job_id << " alone for "
-      << absl::FormatDuration(options.baseline) << "\n";
+  log << "measuring " << report.job_id << " alone for " << absl::FormatDuration(options.baseline)
+      << "\n";
   absl::Time t0 = absl::Now();
   const int64_t tokens0 = job->progress().tokens();
   absl::SleepFor(options.baseline);
@@ -341,7 +345,8 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
     std::vector<double> all;
     for (const ClientResult& result : results) {
       auto it = result.latency_ms.find(method);
-      if (it != result.latency_ms.end()) all.insert(all.end(), it->second.begin(), it->second.end());
+      if (it != result.latency_ms.end())
+        all.insert(all.end(), it->second.begin(), it->second.end());
     }
     std::sort(all.begin(), all.end());
     method_report.p50_ms = Quantile(all, 0.5);
@@ -398,10 +403,12 @@ std::string FormatLoadTestReport(const LoadTestReport& report) {
 json LoadTestReportToJson(const LoadTestReport& report) {
   json methods = json::object();
   for (const auto& [method, m] : report.methods) {
-    methods[method] = {{"calls", m.calls},   {"errors", m.errors},
+    methods[method] = {{"calls", m.calls},
+                       {"errors", m.errors},
                        {"errors_by_code", m.errors_by_code},
                        {"first_error", m.first_error},
-                       {"p50_ms", m.p50_ms}, {"p99_ms", m.p99_ms},
+                       {"p50_ms", m.p50_ms},
+                       {"p99_ms", m.p99_ms},
                        {"max_ms", m.max_ms}};
   }
   auto process = [](const ProcessSample& p) {

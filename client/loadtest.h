@@ -82,7 +82,7 @@ struct LoadTestReport {
   std::string job_id;
   int clients = 0;
   int watchers = 0;
-  double seconds = 0;  // load phase as run
+  double seconds = 0;                           // load phase as run
   std::map<std::string, MethodReport> methods;  // "ListJobs", "GetJob", "WatchJob"
   int64_t watch_events = 0;                     // events received by all watchers
   bool measured_process = false;

@@ -21,8 +21,9 @@ int main(int argc, char** argv) {
   LoadTestOptions options;
   double seconds = 60, baseline_seconds = 10, watch_hold_seconds = 5, poll_interval_ms = 0;
   bool json = false;
-  CLI::App app{"megatrain-loadtest: concurrent ListJobs/GetJob/WatchJob clients against "
-               "megatraind while a job trains"};
+  CLI::App app{
+      "megatrain-loadtest: concurrent ListJobs/GetJob/WatchJob clients against "
+      "megatraind while a job trains"};
   app.option_defaults()->always_capture_default();
   app.add_option("--server", options.connection.server, "Daemon address host:port")
       ->envname("MEGATRAIN_SERVER");

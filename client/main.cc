@@ -20,7 +20,8 @@ int RunTokenize(int argc, char** argv) {
   std::vector<std::filesystem::path> candidates;
   if (!ec) {
     candidates.push_back(self.parent_path() / "megatrain-tokenize");
-    candidates.push_back(self.parent_path() / ".." / "engine" / "megatrain-tokenize");  // build tree
+    candidates.push_back(self.parent_path() / ".." / "engine" /
+                         "megatrain-tokenize");  // build tree
   }
   for (const auto& path : candidates) {
     if (!std::filesystem::exists(path)) continue;
@@ -30,7 +31,8 @@ int RunTokenize(int argc, char** argv) {
     for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
     args.push_back(nullptr);
     execv(program.c_str(), args.data());
-    std::cerr << "megatrain tokenize: cannot run " << program << ": " << std::strerror(errno) << "\n";
+    std::cerr << "megatrain tokenize: cannot run " << program << ": " << std::strerror(errno)
+              << "\n";
     return 1;
   }
   std::cerr << "megatrain tokenize: megatrain-tokenize not found beside " << self << "\n";

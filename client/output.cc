@@ -84,7 +84,8 @@ json CheckpointToJson(const v1::Checkpoint& checkpoint) {
 }
 
 json EventToJson(const v1::JobEvent& event) {
-  json j = {{"seq", event.seq()}, {"job_id", event.job_id()}, {"time_unix_ms", event.time_unix_ms()}};
+  json j = {
+      {"seq", event.seq()}, {"job_id", event.job_id()}, {"time_unix_ms", event.time_unix_ms()}};
   switch (event.kind_case()) {
     case v1::JobEvent::kStateChange:
       j["kind"] = "state";
@@ -228,8 +229,10 @@ std::string Thousands(double value) {
 
 std::string HumanBytes(int64_t bytes) {
   const double value = static_cast<double>(bytes);
-  if (value >= 1024.0 * 1024 * 1024 * 1024) return absl::StrFormat("%.2f TiB", value / (1024.0 * 1024 * 1024 * 1024));
-  if (value >= 1024.0 * 1024 * 1024) return absl::StrFormat("%.2f GiB", value / (1024.0 * 1024 * 1024));
+  if (value >= 1024.0 * 1024 * 1024 * 1024)
+    return absl::StrFormat("%.2f TiB", value / (1024.0 * 1024 * 1024 * 1024));
+  if (value >= 1024.0 * 1024 * 1024)
+    return absl::StrFormat("%.2f GiB", value / (1024.0 * 1024 * 1024));
   if (value >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", value / (1024.0 * 1024));
   if (value >= 1024.0) return absl::StrFormat("%.1f KiB", value / 1024.0);
   return absl::StrCat(bytes, " B");
@@ -248,13 +251,12 @@ std::string JobTable(const v1::ListJobsResponse& jobs) {
   std::vector<std::vector<std::string>> rows = {
       {"ID", "NAME", "OWNER", "STATE", "PRIORITY", "STEP", "LOSS", "DEVICE", "SUBMITTED"}};
   for (const v1::Job& job : jobs.jobs()) {
-    rows.push_back({job.id(), job.spec().name(), job.owner(), StateName(job.state()),
-                    absl::StrCat(job.spec().priority()),
-                    absl::StrCat(job.progress().step(), "/", job.progress().max_steps()),
-                    job.progress().step() > 0 ? absl::StrFormat("%.4f", job.progress().loss())
-                                              : "-",
-                    job.device().empty() ? "-" : job.device(),
-                    FormatTime(job.create_time_unix_ms())});
+    rows.push_back(
+        {job.id(), job.spec().name(), job.owner(), StateName(job.state()),
+         absl::StrCat(job.spec().priority()),
+         absl::StrCat(job.progress().step(), "/", job.progress().max_steps()),
+         job.progress().step() > 0 ? absl::StrFormat("%.4f", job.progress().loss()) : "-",
+         job.device().empty() ? "-" : job.device(), FormatTime(job.create_time_unix_ms())});
   }
   std::string out = Table(rows);
   if (!jobs.next_page_token().empty()) {
@@ -283,7 +285,8 @@ std::string JobDetails(const v1::Job& job) {
   if (job.state() == v1::JOB_STATE_RUNNING && job.progress().eta_seconds() > 0) {
     rows.push_back({"ETA:", HumanDuration(job.progress().eta_seconds())});
   }
-  if (job.queue_position() > 0) rows.push_back({"queue position:", absl::StrCat(job.queue_position())});
+  if (job.queue_position() > 0)
+    rows.push_back({"queue position:", absl::StrCat(job.queue_position())});
   if (!job.device().empty()) rows.push_back({"device:", job.device()});
   rows.push_back({"host memory:", HumanBytes(job.host_memory_bytes())});
   rows.push_back({"submitted:", FormatTime(job.create_time_unix_ms())});
@@ -299,27 +302,28 @@ std::string JobDetails(const v1::Job& job) {
 std::string CheckpointTable(const v1::ListCheckpointsResponse& checkpoints) {
   std::vector<std::vector<std::string>> rows = {{"ID", "STEP", "SIZE", "WRITTEN", "DIR"}};
   for (const v1::Checkpoint& checkpoint : checkpoints.checkpoints()) {
-    rows.push_back({checkpoint.id(), absl::StrCat(checkpoint.step()), HumanBytes(checkpoint.bytes()),
-                    FormatTime(checkpoint.create_time_unix_ms()), checkpoint.dir()});
+    rows.push_back({checkpoint.id(), absl::StrCat(checkpoint.step()),
+                    HumanBytes(checkpoint.bytes()), FormatTime(checkpoint.create_time_unix_ms()),
+                    checkpoint.dir()});
   }
   return Table(rows);
 }
 
 json AuditRecordToJson(const v1::AuditRecord& record) {
-  return {{"seq", record.seq()},
-          {"time", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
-                                    absl::FromUnixMillis(record.time_unix_ms()),
-                                    absl::UTCTimeZone())},
-          {"time_unix_ms", record.time_unix_ms()},
-          {"user", record.user()},
-          {"role", record.role()},
-          {"peer", record.peer()},
-          {"method", record.method()},
-          {"target", record.target()},
-          {"job_id", record.job_id()},
-          {"code", record.code()},
-          {"message", record.message()},
-          {"detail", record.detail()}};
+  return {
+      {"seq", record.seq()},
+      {"time", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(record.time_unix_ms()),
+                                absl::UTCTimeZone())},
+      {"time_unix_ms", record.time_unix_ms()},
+      {"user", record.user()},
+      {"role", record.role()},
+      {"peer", record.peer()},
+      {"method", record.method()},
+      {"target", record.target()},
+      {"job_id", record.job_id()},
+      {"code", record.code()},
+      {"message", record.message()},
+      {"detail", record.detail()}};
 }
 
 std::string AuditTable(const v1::ListAuditRecordsResponse& records) {
@@ -330,11 +334,11 @@ std::string AuditTable(const v1::ListAuditRecordsResponse& records) {
     // One line per record: the first line of the message, cut at 80.
     message = message.substr(0, message.find('\n'));
     if (message.size() > 80) message = message.substr(0, 77) + "...";
-    rows.push_back({absl::FormatTime("%Y-%m-%d %H:%M:%S",
-                                     absl::FromUnixMillis(record.time_unix_ms()),
-                                     absl::UTCTimeZone()),
-                    record.user().empty() ? "-" : record.user(), record.method(),
-                    record.target().empty() ? "-" : record.target(), record.code(), message});
+    rows.push_back(
+        {absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(record.time_unix_ms()),
+                          absl::UTCTimeZone()),
+         record.user().empty() ? "-" : record.user(), record.method(),
+         record.target().empty() ? "-" : record.target(), record.code(), message});
   }
   return Table(rows);
 }
@@ -344,13 +348,12 @@ std::string StatusText(const v1::ServerStatus& status) {
                                  FormatTime(status.start_time_unix_ms()), ")",
                                  status.draining() ? ", DRAINING" : "", "\n");
   absl::StrAppend(&out, "caller: ", Printable(status.caller()), " (",
-                  Printable(status.caller_role()), "), auth ",
-                  status.auth_enabled() ? "on" : "off", ", preemption ",
-                  status.preemption_enabled() ? "on" : "off", "\n");
+                  Printable(status.caller_role()), "), auth ", status.auth_enabled() ? "on" : "off",
+                  ", preemption ", status.preemption_enabled() ? "on" : "off", "\n");
   const v1::HostMemory& memory = status.host_memory();
   absl::StrAppend(&out, "host memory: ", HumanBytes(memory.reserved_bytes()), " reserved of ",
-                  HumanBytes(memory.budget_bytes()), " budget (", HumanBytes(memory.physical_bytes()),
-                  " physical)\n");
+                  HumanBytes(memory.budget_bytes()), " budget (",
+                  HumanBytes(memory.physical_bytes()), " physical)\n");
   const v1::QueueStatus& queue = status.queue();
   absl::StrAppend(&out, "jobs: ", queue.queued(), " queued, ", queue.running(), " running, ",
                   queue.suspending() + queue.suspended(), " suspended, ", queue.succeeded(),
@@ -362,7 +365,8 @@ std::string StatusText(const v1::ServerStatus& status) {
                                   : std::string("-");
     };
     rows.push_back({device.name(), device.job_id().empty() ? "-" : device.job_id(),
-                    rate(device.pcie_h2d_bytes_per_second()), rate(device.pcie_d2h_bytes_per_second()),
+                    rate(device.pcie_h2d_bytes_per_second()),
+                    rate(device.pcie_d2h_bytes_per_second()),
                     device.memory_total_bytes() > 0
                         ? absl::StrCat(HumanBytes(device.memory_used_bytes()), " / ",
                                        HumanBytes(device.memory_total_bytes()))

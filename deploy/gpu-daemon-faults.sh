@@ -7,11 +7,11 @@
 #   * the daemon's PCIe byte counters against NVML's PCIe byte counters over
 #     a llama-1b job (issue #6: within 10%): the growth of
 #     megatrain_pcie_link_estimate_bytes_total (the engine's copies as link
-#     bytes, server/pcie_link_model.h) against that of
+#     bytes, server/core/pcie_link_model.h) against that of
 #     megatrain_nvml_pcie_bytes_total, rx and tx, between the job's first and
 #     last scrape; the payload counters (megatrain_pcie_bytes_total h2d
 #     against rx, d2h against tx) for reference; also, for reference only, the
-#     old comparison with NVML's 20 ms throughput gauge (server/nvml.h,
+#     old comparison with NVML's 20 ms throughput gauge (server/core/nvml.h,
 #     Note [NVML PCIe counters]).
 #   * a llama-1b job with train.offload_activations (1 x 8192) trains;
 # Prints OOM_CHECK / AFTER_OOM_JOB / OFFLOAD_JOB / PCIE_CHECK / PCIE_GAUGE lines. Needs

@@ -2,7 +2,7 @@
 # Long-context sweep on a GPU machine (docs/performance.md, "Long context"):
 # megatrain-bench at micro-batch 1 with growing sequence lengths, saved
 # layer inputs offloaded to pinned host memory (--offload_activations,
-# Note [Activation offload] in engine/executor.h), until a length fails
+# Note [Activation offload] in engine/step/executor.h), until a length fails
 # (device or host out of memory) or the time budget is spent. The first
 # length also runs without offload, to show what offload saves.
 #

@@ -6,7 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   # build tools
-  cmake ninja-build g++ pkg-config clang
+  cmake ninja-build g++ pkg-config clang clang-format
   # libFuzzer and sanitizer runtimes for clang (deploy/run-fuzzers.sh)
   libclang-rt-dev
   # engine (OpenBLAS: Debian's LibTorch otherwise calls the reference BLAS, ~10x slower)

@@ -102,9 +102,10 @@ void EmbeddingUpdater::GateRows(absl::Span<const int32_t> token_ids,
       lookahead_rows_ += static_cast<int64_t>(all - rows.size());
     }
     if (!pending) rows.clear();
-    critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) UpdateRow(rows[i]);
-    });
+    critical_pool_->ParallelFor(static_cast<int64_t>(rows.size()), 16,
+                                [&](int64_t begin, int64_t end) {
+                                  for (int64_t i = begin; i < end; ++i) UpdateRow(rows[i]);
+                                });
     gate_rows_ += static_cast<int64_t>(rows.size());
   }
   for (size_t i = 0; i < token_ids.size(); ++i) {
@@ -199,7 +200,8 @@ absl::Status EmbeddingUpdater::RunLookahead(Lookahead& la) {
 
 void EmbeddingUpdater::FinishLookahead(Lookahead& la) {
   absl::MutexLock lock(&mu_);
-  if (la.state == LookaheadState::kQueued && !keep_lookahead_) la.state = LookaheadState::kCancelled;
+  if (la.state == LookaheadState::kQueued && !keep_lookahead_)
+    la.state = LookaheadState::kCancelled;
   auto settled = [&la]() {
     return la.state != LookaheadState::kRunning && la.state != LookaheadState::kQueued;
   };

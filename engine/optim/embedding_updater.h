@@ -26,11 +26,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "engine/adamw.h"
-#include "engine/batch.h"
-#include "engine/host_store.h"
+#include "engine/optim/adamw.h"
+#include "engine/io/batch.h"
+#include "engine/store/host_store.h"
 #include "engine/optim/optimizer_queue.h"
-#include "engine/thread_pool.h"
+#include "engine/runtime/thread_pool.h"
 
 namespace megatrain::engine {
 
@@ -79,11 +79,11 @@ class EmbeddingUpdater {
   // The rows of a future micro-batch that step `step` leaves with a zero
   // gradient, and their values after it.
   struct Lookahead {
-    int64_t step = 0;                  // the update it anticipates
+    int64_t step = 0;  // the update it anticipates
     double lr = 0;
-    std::vector<int32_t> rows;         // distinct rows
-    std::vector<float> values;         // [rows.size(), C] fp32: row after update `step`
-    std::vector<int32_t> slot_of_row;  // [V]: index into rows, or -1
+    std::vector<int32_t> rows;                     // distinct rows
+    std::vector<float> values;                     // [rows.size(), C] fp32: row after update `step`
+    std::vector<int32_t> slot_of_row;              // [V]: index into rows, or -1
     LookaheadState state = LookaheadState::kIdle;  // guarded by mu_
   };
 

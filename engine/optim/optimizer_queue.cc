@@ -5,7 +5,7 @@
 #include <chrono>
 #include <tuple>
 
-#include "engine/thread_pool.h"
+#include "engine/runtime/thread_pool.h"
 
 namespace megatrain::engine {
 
@@ -43,10 +43,11 @@ void OptimizerQueue::Loop(int nice) {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;
-      auto next = std::min_element(tasks_.begin(), tasks_.end(), [](const Entry& a, const Entry& b) {
-        return std::tie(a.key.step, a.key.order, a.key.slice) <
-               std::tie(b.key.step, b.key.order, b.key.slice);
-      });
+      auto next =
+          std::min_element(tasks_.begin(), tasks_.end(), [](const Entry& a, const Entry& b) {
+            return std::tie(a.key.step, a.key.order, a.key.slice) <
+                   std::tie(b.key.step, b.key.order, b.key.slice);
+          });
       entry = std::move(*next);
       tasks_.erase(next);
     }

@@ -5,8 +5,9 @@
 
 namespace megatrain::engine {
 
-absl::StatusOr<std::unique_ptr<ActivationOffload>> ActivationOffload::Create(
-    StepEnv* env, int64_t micro_batch, int64_t seq_len) {
+absl::StatusOr<std::unique_ptr<ActivationOffload>> ActivationOffload::Create(StepEnv* env,
+                                                                             int64_t micro_batch,
+                                                                             int64_t seq_len) {
   std::unique_ptr<ActivationOffload> o(new ActivationOffload(env));
   const int64_t c = env->config.hidden_size, num_layers = env->layout.num_layers();
   if (num_layers <= 1) return o;
@@ -14,11 +15,11 @@ absl::StatusOr<std::unique_ptr<ActivationOffload>> ActivationOffload::Create(
   const size_t host_bytes = static_cast<size_t>((num_layers - 1) * layer_bytes);
   absl::StatusOr<HostBuffer> host = HostBuffer::Allocate(host_bytes, env->runtime->is_cuda());
   if (!host.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "train.offload_activations: cannot allocate ", host_bytes,
-        " bytes of pinned host memory for ", num_layers - 1,
-        " saved layer inputs of micro_batch x seq_len x hidden_size fp32: ",
-        host.status().message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("train.offload_activations: cannot allocate ", host_bytes,
+                     " bytes of pinned host memory for ", num_layers - 1,
+                     " saved layer inputs of micro_batch x seq_len x hidden_size fp32: ",
+                     host.status().message()));
   }
   o->host_ = std::move(*host);
   for (int64_t l = 0; l + 1 < num_layers; ++l) o->offloaded_.push_back(env->runtime->CreateEvent());
@@ -58,8 +59,8 @@ at::Tensor ActivationOffload::Prefetch(int64_t layer) {
   const int k = static_cast<int>(layer % 2);
   at::Tensor& dst = device_[k];
   const size_t bytes = static_cast<size_t>(dst.numel()) * 4;
-  runtime->Wait(StreamKind::kH2D, *free_[k]);             // its previous reader is done
-  runtime->Wait(StreamKind::kH2D, *offloaded_[layer]);    // the host copy is complete
+  runtime->Wait(StreamKind::kH2D, *free_[k]);           // its previous reader is done
+  runtime->Wait(StreamKind::kH2D, *offloaded_[layer]);  // the host copy is complete
   const int token = env_->timer.Begin(StreamKind::kH2D);
   runtime->CopyHostToDevice(dst.data_ptr(), static_cast<const char*>(host_.data()) + layer * bytes,
                             bytes);

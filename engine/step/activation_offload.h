@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/host_buffer.h"
+#include "engine/runtime/host_buffer.h"
 #include "engine/step/step_env.h"
 
 namespace megatrain::engine {
@@ -64,12 +64,12 @@ class ActivationOffload {
   explicit ActivationOffload(StepEnv* env) : env_(env) {}
 
   StepEnv* env_;
-  HostBuffer host_;                                         // pinned [L-1, B*T*C] fp32
-  std::vector<std::unique_ptr<DeviceEvent>> offloaded_;     // per layer, on kD2H
-  std::array<at::Tensor, 2> device_;                        // [B, T, C] fp32
-  std::array<std::unique_ptr<DeviceEvent>, 2> loaded_;      // on kH2D
-  std::array<std::unique_ptr<DeviceEvent>, 2> free_;        // on kCompute
-  std::unique_ptr<DeviceEvent> ready_;                      // on kCompute
+  HostBuffer host_;                                      // pinned [L-1, B*T*C] fp32
+  std::vector<std::unique_ptr<DeviceEvent>> offloaded_;  // per layer, on kD2H
+  std::array<at::Tensor, 2> device_;                     // [B, T, C] fp32
+  std::array<std::unique_ptr<DeviceEvent>, 2> loaded_;   // on kH2D
+  std::array<std::unique_ptr<DeviceEvent>, 2> free_;     // on kCompute
+  std::unique_ptr<DeviceEvent> ready_;                   // on kCompute
   // Offloaded inputs whose D2H copy may still be reading them.
   std::deque<std::pair<int64_t, at::Tensor>> in_flight_;
   int64_t device_bytes_ = 0;

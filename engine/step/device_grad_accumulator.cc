@@ -3,8 +3,8 @@
 
 #include <cstdio>
 
-#include "engine/layers.h"
-#include "engine/torch_compat.h"
+#include "engine/model/layers.h"
+#include "engine/runtime/torch_compat.h"
 
 namespace megatrain::engine {
 

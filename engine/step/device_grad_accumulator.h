@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/param_layout.h"
+#include "engine/model/param_layout.h"
 #include "engine/step/step_env.h"
 
 namespace megatrain::engine {

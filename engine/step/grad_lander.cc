@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/adamw.h"
-#include "engine/layers.h"
-#include "engine/status_macros.h"
-#include "engine/torch_compat.h"
+#include "engine/optim/adamw.h"
+#include "engine/model/layers.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/runtime/torch_compat.h"
 
 namespace megatrain::engine {
 
@@ -62,9 +62,8 @@ int GradLander::AcquireSlot() {
   next_slot_ = (next_slot_ + 1) % static_cast<int>(slots_.size());
   const StepClock::time_point start = StepClock::now();
   absl::MutexLock lock(&mu_);
-  auto free = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !staging_busy_[r] || !error_.ok();
-  };
+  auto free = [this, r]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !staging_busy_[r] || !error_.ok(); };
   mu_.Await(absl::Condition(&free));
   staging_busy_[r] = true;
   env_->grad_wait_seconds += SecondsSince(start);
@@ -88,8 +87,8 @@ void GradLander::LandSlot(int slot, int64_t block) {
 
 void GradLander::LandWhole(int64_t block, const at::Tensor& sum) {
   const int r = AcquireSlot();
-  Offload(r, block, env_->layout.blocks[block].numel, sum.data_ptr<float>(), {},
-          Task::Kind::kDense, {}, /*whole=*/true);
+  Offload(r, block, env_->layout.blocks[block].numel, sum.data_ptr<float>(), {}, Task::Kind::kDense,
+          {}, /*whole=*/true);
 }
 
 void GradLander::LandEmbeddingRows(int64_t block, const at::Tensor& grad_hidden,
@@ -285,9 +284,8 @@ void GradLander::ScatterRows(const Task& task, float* grad, const float* src, do
 
 absl::Status GradLander::Drain() {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && !task_running_;
-  };
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !task_running_; };
   mu_.Await(absl::Condition(&idle));
   absl::Status status = error_;
   error_ = absl::OkStatus();

@@ -43,8 +43,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "engine/host_buffer.h"
-#include "engine/param_layout.h"
+#include "engine/runtime/host_buffer.h"
+#include "engine/model/param_layout.h"
 #include "engine/step/step_env.h"
 
 namespace megatrain::engine {
@@ -137,7 +137,7 @@ class GradLander {
     // kResidentNorm: only the squared norm of a resident block's final
     // gradient (norm_host_[slot]).
     enum class Kind { kDense, kEmbeddingRows, kResidentNorm } kind = Kind::kDense;
-    int slot = 0;               // grad slot (device buffer + pinned staging)
+    int slot = 0;  // grad slot (device buffer + pinned staging)
     int64_t block = 0;
     int64_t numel = 0;          // elements in staging (dense) or rows*C
     bool first = false;         // first contribution of the pass: overwrite
@@ -161,17 +161,17 @@ class GradLander {
   void ScatterRows(const Task& task, float* grad, const float* src, double& known_sq);
 
   StepEnv* env_;
-  std::vector<at::Tensor> slots_;                        // [max numel] fp32, device
-  std::vector<int> slot_kind_;                           // BlockKind last written, -1 none
-  std::vector<HostBuffer> staging_;                      // pinned, fp32
-  HostBuffer norm_host_;                                 // pinned, double per grad slot
+  std::vector<at::Tensor> slots_;                         // [max numel] fp32, device
+  std::vector<int> slot_kind_;                            // BlockKind last written, -1 none
+  std::vector<HostBuffer> staging_;                       // pinned, fp32
+  HostBuffer norm_host_;                                  // pinned, double per grad slot
   std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;  // per slot, on kCompute
   std::vector<std::unique_ptr<DeviceEvent>> staged_;      // per slot, on kD2H
   int next_slot_ = 0;
   int64_t device_bytes_ = 0, pinned_bytes_ = 0;
 
   // Per pass.
-  GradContributions contributions_;  // enqueuing thread
+  GradContributions contributions_;   // enqueuing thread
   bool embedding_grad_zero_ = false;  // enqueuing thread
   FinalCallback on_block_final_;      // set before the pass's first task
   // Per block: squared norm of its gradient so far in this pass, -1 when

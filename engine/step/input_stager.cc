@@ -3,18 +3,16 @@
 
 #include <cstring>
 
-#include "engine/status_macros.h"
+#include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
 
-absl::StatusOr<std::unique_ptr<InputStager>> InputStager::Create(StepEnv* env,
-                                                                 int64_t micro_batch,
+absl::StatusOr<std::unique_ptr<InputStager>> InputStager::Create(StepEnv* env, int64_t micro_batch,
                                                                  int64_t seq_len) {
   std::unique_ptr<InputStager> s(new InputStager(env, micro_batch, seq_len));
   MEGATRAIN_ASSIGN_OR_RETURN(
-      s->staging_,
-      HostBuffer::Allocate(micro_batch * seq_len * (env->config.hidden_size * 4 + 8),
-                           env->runtime->is_cuda()));
+      s->staging_, HostBuffer::Allocate(micro_batch * seq_len * (env->config.hidden_size * 4 + 8),
+                                        env->runtime->is_cuda()));
   s->ready_ = env->runtime->CreateEvent();
   s->done_ = env->runtime->CreateEvent();
   return s;
@@ -28,7 +26,8 @@ UploadedInput InputStager::UploadIds(const MicroBatch& mb, const at::Tensor& tab
     ids_host[r] = mb.input_ids[r];
     ids_host[rows + r] = mb.labels[r];
   }
-  at::Tensor both = at::empty({2, rows}, at::TensorOptions().dtype(at::kLong).device(runtime->device()));
+  at::Tensor both =
+      at::empty({2, rows}, at::TensorOptions().dtype(at::kLong).device(runtime->device()));
   runtime->Record(StreamKind::kCompute, *ready_);  // allocation usable
   runtime->Wait(StreamKind::kH2D, *ready_);
   const int token = env_->timer.Begin(StreamKind::kH2D);
@@ -80,8 +79,10 @@ UploadedInput InputStager::Upload(const MicroBatch& mb, const at::Tensor& reside
       labels[r] = mb.labels[r];
     }
   });
-  at::Tensor x = at::empty({b_, t_, c}, at::TensorOptions().dtype(at::kFloat).device(runtime->device()));
-  at::Tensor y = at::empty({b_, t_}, at::TensorOptions().dtype(at::kLong).device(runtime->device()));
+  at::Tensor x =
+      at::empty({b_, t_, c}, at::TensorOptions().dtype(at::kFloat).device(runtime->device()));
+  at::Tensor y =
+      at::empty({b_, t_}, at::TensorOptions().dtype(at::kLong).device(runtime->device()));
   runtime->Record(StreamKind::kCompute, *ready_);  // allocations usable
   runtime->Wait(StreamKind::kH2D, *ready_);
   const int token = env_->timer.Begin(StreamKind::kH2D);

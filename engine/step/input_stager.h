@@ -27,8 +27,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/batch.h"
-#include "engine/host_buffer.h"
+#include "engine/io/batch.h"
+#include "engine/runtime/host_buffer.h"
 #include "engine/step/step_env.h"
 
 namespace megatrain::engine {
@@ -43,8 +43,8 @@ struct UploadedInput {
 class InputStager {
  public:
   // See StreamingExecutor::EmbeddingRowGate.
-  using RowGate =
-      std::function<void(absl::Span<const int32_t> token_ids, absl::Span<const float*> row_sources)>;
+  using RowGate = std::function<void(absl::Span<const int32_t> token_ids,
+                                     absl::Span<const float*> row_sources)>;
 
   // Allocates the pinned buffer for [B*T*C] fp32 + [B*T] int64.
   // RESOURCE_EXHAUSTED when pinned memory runs out.

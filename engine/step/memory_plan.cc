@@ -1,8 +1,8 @@
 // The executor's memory plan (Note [Executor memory plan] in executor.h).
 #include <algorithm>
 
-#include "engine/executor.h"
-#include "engine/param_layout.h"
+#include "engine/step/executor.h"
+#include "engine/model/param_layout.h"
 
 namespace megatrain::engine {
 
@@ -22,8 +22,8 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   plan.grad_slot_bytes = options.num_grad_slots * int64_t{4} * plan.max_slot_numel;
   // Gradient staging receives a slot's block or the embedding's d hidden_0.
   plan.grad_staging_bytes =
-      options.num_grad_slots * (std::max(plan.max_slot_numel * 4, layer_input_bytes) +
-                                static_cast<int64_t>(sizeof(double)));
+      options.num_grad_slots *
+      (std::max(plan.max_slot_numel * 4, layer_input_bytes) + static_cast<int64_t>(sizeof(double)));
   plan.input_staging_bytes = tokens * (config.hidden_size * 4 + 8);
   if (options.offload_activations && layout.num_layers() > 1) {
     plan.activation_offload_bytes = (layout.num_layers() - 1) * layer_input_bytes;

@@ -2,8 +2,8 @@
 #include "engine/step/resident_blocks.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/layers.h"
-#include "engine/tensor_adamw.h"
+#include "engine/model/layers.h"
+#include "engine/optim/tensor_adamw.h"
 
 namespace megatrain::engine {
 namespace {
@@ -59,9 +59,8 @@ at::Tensor ResidentBlocks::EmbeddingTable() const {
 
 absl::Status ResidentBlocks::Schedule(const AdamWStepParams& hp, std::vector<bool> apply) {
   if (apply.size() != blocks_state_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("resident update: ", apply.size(),
-                                                   " flags for ", blocks_state_.size(),
-                                                   " resident blocks"));
+    return absl::InvalidArgumentError(absl::StrCat("resident update: ", apply.size(), " flags for ",
+                                                   blocks_state_.size(), " resident blocks"));
   }
   if (update_.has_value()) {
     return absl::FailedPreconditionError(

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/adamw.h"
+#include "engine/optim/adamw.h"
 #include "engine/step/step_env.h"
 
 namespace megatrain::engine {

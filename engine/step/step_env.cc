@@ -6,16 +6,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/torch_compat.h"
+#include "engine/runtime/torch_compat.h"
 
 namespace megatrain::engine {
 
 absl::Status StatusFromException(const std::exception& e) {
   const std::string what = e.what();
   if (compat::IsOutOfMemory(e)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "device out of memory (try a smaller train.micro_batch or train.seq_len): ",
-        what.substr(0, what.find('\n'))));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("device out of memory (try a smaller train.micro_batch or train.seq_len): ",
+                     what.substr(0, what.find('\n'))));
   }
   return absl::InternalError(absl::StrCat("engine: ", what.substr(0, 2000)));
 }

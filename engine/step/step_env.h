@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/device_runtime.h"
-#include "engine/host_store.h"
-#include "engine/param_layout.h"
-#include "engine/precision.h"
-#include "engine/thread_pool.h"
+#include "engine/runtime/device_runtime.h"
+#include "engine/store/host_store.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/precision.h"
+#include "engine/runtime/thread_pool.h"
 
 namespace megatrain::engine {
 

@@ -37,14 +37,14 @@ class MicroBatchPlanner {
     head.block = layout_.head_block();
     if (options_.tied_embeddings) head.tied_use = Use(layout_.embedding_block());
     head.use = Use(head.block);
-    head.grad_to = !options_.backward                 ? GradTo::kNone
+    head.grad_to = !options_.backward                  ? GradTo::kNone
                    : options_.device_grad_accumulation ? GradTo::kDeviceAccumulator
-                                                      : GradTo::kHost;
+                                                       : GradTo::kHost;
     Add(head);
     if (!options_.backward) return;
     for (int64_t l = num_layers - 1; l >= 0; --l) {
       StepAction a = LayerAction(ActionKind::kBackward, m, l);
-      a.grad_to = a.weights == WeightsFrom::kResident    ? GradTo::kResident
+      a.grad_to = a.weights == WeightsFrom::kResident ? GradTo::kResident
                   : options_.device_grad_accumulation ? GradTo::kDeviceAccumulator
                                                       : GradTo::kHost;
       // One layer ahead: the next layer's offloaded input comes back while
@@ -95,22 +95,32 @@ class MicroBatchPlanner {
 
 const char* KindName(ActionKind kind) {
   switch (kind) {
-    case ActionKind::kUpload: return "upload";
-    case ActionKind::kForward: return "forward";
-    case ActionKind::kPrefetchInput: return "prefetch";
-    case ActionKind::kHead: return "head";
-    case ActionKind::kBackward: return "backward";
-    case ActionKind::kEmbeddingBackward: return "embedding-backward";
+    case ActionKind::kUpload:
+      return "upload";
+    case ActionKind::kForward:
+      return "forward";
+    case ActionKind::kPrefetchInput:
+      return "prefetch";
+    case ActionKind::kHead:
+      return "head";
+    case ActionKind::kBackward:
+      return "backward";
+    case ActionKind::kEmbeddingBackward:
+      return "embedding-backward";
   }
   return "?";
 }
 
 const char* GradName(GradTo to) {
   switch (to) {
-    case GradTo::kNone: return "";
-    case GradTo::kHost: return " grad:host";
-    case GradTo::kDeviceAccumulator: return " grad:device-acc";
-    case GradTo::kResident: return " grad:resident";
+    case GradTo::kNone:
+      return "";
+    case GradTo::kHost:
+      return " grad:host";
+    case GradTo::kDeviceAccumulator:
+      return " grad:device-acc";
+    case GradTo::kResident:
+      return " grad:resident";
   }
   return "?";
 }

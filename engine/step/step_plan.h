@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/param_layout.h"
+#include "engine/model/param_layout.h"
 
 namespace megatrain::engine {
 
@@ -74,17 +74,17 @@ enum class SaveInput { kNone, kKeep, kOffload };
 
 struct StepAction {
   ActionKind kind = ActionKind::kUpload;
-  int micro_batch = 0;           // index into the pass's micro-batches
-  int64_t layer = -1;            // decoder layer (kForward, kBackward, kPrefetchInput)
-  int64_t block = -1;            // the block whose weights / gradient it uses
+  int micro_batch = 0;  // index into the pass's micro-batches
+  int64_t layer = -1;   // decoder layer (kForward, kBackward, kPrefetchInput)
+  int64_t block = -1;   // the block whose weights / gradient it uses
   WeightsFrom weights = WeightsFrom::kSlot;
-  int use = -1;                  // index into StepPlan::weight_uses (kSlot), else -1
-  int tied_use = -1;             // kHead, tied embeddings: the embedding table's use
+  int use = -1;                       // index into StepPlan::weight_uses (kSlot), else -1
+  int tied_use = -1;                  // kHead, tied embeddings: the embedding table's use
   SaveInput save = SaveInput::kNone;  // kForward
   GradTo grad_to = GradTo::kNone;     // kHead (head block), kBackward, kEmbeddingBackward
-  int64_t prefetch_layer = -1;   // kBackward: offloaded input brought back meanwhile
-  bool input_offloaded = false;  // kBackward: its input comes back from host memory
-  bool last_layer = false;       // kForward: the last decoder layer
+  int64_t prefetch_layer = -1;        // kBackward: offloaded input brought back meanwhile
+  bool input_offloaded = false;       // kBackward: its input comes back from host memory
+  bool last_layer = false;            // kForward: the last decoder layer
 };
 
 struct StepPlan {
@@ -107,9 +107,9 @@ StepPlan PlanStep(const ModelLayout& layout, const StepPlanOptions& options);
 // One use of a block's weights on the device.
 struct WeightSlotUse {
   int64_t block = 0;
-  int slot = 0;          // device weight slot
-  bool load = false;     // copy host -> slot before the use
-  int prev_user = -1;    // previous use of the same slot, -1 if none
+  int slot = 0;        // device weight slot
+  bool load = false;   // copy host -> slot before the use
+  int prev_user = -1;  // previous use of the same slot, -1 if none
 };
 
 // Assigns `num_slots` device slots to the uses `blocks` (in use order): a

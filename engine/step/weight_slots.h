@@ -51,11 +51,11 @@ class WeightSlots {
   void IssueLoads();
 
   StepEnv* env_;
-  std::vector<at::Tensor> slots_;                           // [max numel] compute dtype
+  std::vector<at::Tensor> slots_;                            // [max numel] compute dtype
   std::vector<std::unique_ptr<DeviceEvent>> weights_ready_;  // per slot, on kH2D
   std::vector<std::unique_ptr<DeviceEvent>> slot_free_;      // per slot, on kCompute
   std::vector<WeightSlotUse> uses_;
-  int next_load_ = 0;        // next use whose load is not issued yet
+  int next_load_ = 0;  // next use whose load is not issued yet
   std::vector<bool> released_;
   int64_t device_bytes_ = 0;
 };

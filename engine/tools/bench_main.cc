@@ -5,9 +5,9 @@
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
-#include "engine/bench.h"
-#include "engine/host_buffer.h"
-#include "engine/optimizer_bench.h"
+#include "engine/job/bench.h"
+#include "engine/runtime/host_buffer.h"
+#include "engine/optim/optimizer_bench.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
@@ -16,27 +16,33 @@ int main(int argc, char** argv) {
   int64_t params = 50'000'000;
   int bf16_offset = 0;
   CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
-  app.add_option("--model", o.model, "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini) or HF model dir");
+  app.add_option(
+      "--model", o.model,
+      "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini) or HF model dir");
   app.add_option("--device", o.device, "cpu | cuda | cuda:N");
   app.add_option("--micro_batch", o.micro_batch, "sequences per forward/backward");
   app.add_option("--seq_len", o.seq_len, "tokens per sequence");
-  app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps, "micro-batches per step");
+  app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
+                 "micro-batches per step");
   app.add_option("--steps", o.steps, "measured optimizer steps");
   app.add_option("--warmup", o.warmup, "unmeasured steps first");
   app.add_option("--compute_dtype", o.compute_dtype, "fp32 | tf32 | bf16");
   app.add_option("--data", o.data, "fixed (one random batch repeated) | random");
   app.add_option("--lr", o.lr, "AdamW learning rate (constant)");
-  app.add_option("--max_grad_norm", o.max_grad_norm, "global-norm clipping (0: off, as the baselines)");
+  app.add_option("--max_grad_norm", o.max_grad_norm,
+                 "global-norm clipping (0: off, as the baselines)");
   app.add_option("--peak_tflops", o.peak_tflops, "dense bf16 peak TFLOP/s for MFU (0: omit)");
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--weight_slots", o.num_weight_slots, "device weight buffers (>= 3)");
   app.add_option("--seed", o.seed, "weight and data seed");
-  app.add_option("--optimizer_nice", o.optimizer_nice,
-                 "nice value of the CPU AdamW threads (> 0: critical-path host work preempts them)");
+  app.add_option(
+      "--optimizer_nice", o.optimizer_nice,
+      "nice value of the CPU AdamW threads (> 0: critical-path host work preempts them)");
   app.add_option("--critical_threads", o.critical_threads,
                  "threads for host work on the GPU's critical path (0: all cores, <= 16)");
-  app.add_option("--optimizer_slice_elements", o.optimizer_slice_elements,
-                 "parameters per queued AdamW task (the next forward's block waits for at most one)");
+  app.add_option(
+      "--optimizer_slice_elements", o.optimizer_slice_elements,
+      "parameters per queued AdamW task (the next forward's block waits for at most one)");
   app.add_option("--resident_layers", o.resident_layers,
                  "decoder layers kept on the device with their AdamW state (-1: auto, 2 on CUDA)");
   app.add_option("--resident_embedding", o.resident_embedding,

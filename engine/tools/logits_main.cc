@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "CLI/CLI.hpp"
-#include "engine/hf_model.h"
-#include "engine/token_shard.h"
-#include "engine/trainer.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/token_shard.h"
+#include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   std::string model, tokens_path, out, export_dir, device = "cpu", dtype = "fp32";
   int64_t seq_len = 128, offset = 0;
   CLI::App app{"megatrain-logits: engine logits of one token window"};
-  app.add_option("--model", model, "HF model directory (config.json + safetensors) or preset")->required();
+  app.add_option("--model", model, "HF model directory (config.json + safetensors) or preset")
+      ->required();
   app.add_option("--tokens", tokens_path, "Token shard file (.mtt)")->required();
   app.add_option("--offset", offset, "First token of the window in the shard");
   app.add_option("--seq_len", seq_len, "Window length T");
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
     if (auto s = engine::LoadHfWeights(model, &(*trainer)->store()); !s.ok()) return fail(s);
   }
   if (!export_dir.empty()) {
-    if (auto s = engine::ExportHfDirectory((*trainer)->store(), export_dir, engine::ExportDtype::kFp32);
+    if (auto s =
+            engine::ExportHfDirectory((*trainer)->store(), export_dir, engine::ExportDtype::kFp32);
         !s.ok()) {
       return fail(s);
     }

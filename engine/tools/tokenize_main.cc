@@ -6,18 +6,20 @@
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
-#include "engine/text_corpus.h"
+#include "engine/io/text_corpus.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
   megatrain::engine::TokenizeOptions o;
   std::string format = "auto";
   bool json = false;
-  CLI::App app{"megatrain tokenize: write token shards from text with a HF tokenizer.json "
-               "or a SentencePiece model"};
+  CLI::App app{
+      "megatrain tokenize: write token shards from text with a HF tokenizer.json "
+      "or a SentencePiece model"};
   app.name("megatrain tokenize");
-  app.add_option("inputs", o.input_paths, "Text (.txt, documents separated by blank lines) "
-                                          "or JSONL ({\"text\": ...}) files")
+  app.add_option("inputs", o.input_paths,
+                 "Text (.txt, documents separated by blank lines) "
+                 "or JSONL ({\"text\": ...}) files")
       ->required();
   app.add_option("--tokenizer", o.tokenizer_model,
                  "HF model directory (its tokenizer.json and tokenizer_config.json), a "
@@ -35,8 +37,10 @@ int main(int argc, char** argv) {
   app.add_option("--long_documents", long_documents, "truncate | drop")->capture_default_str();
   app.add_flag("--train_on_all_turns", o.train_on_all_turns,
                "chat: train on every token, not only the assistant turns");
-  app.add_option("--text_field", o.text_field, "JSONL field holding the text")->capture_default_str();
-  app.add_option("--vocab_size", o.vocab_size, "Model vocabulary (ids must be below it; 0: the tokenizer's)");
+  app.add_option("--text_field", o.text_field, "JSONL field holding the text")
+      ->capture_default_str();
+  app.add_option("--vocab_size", o.vocab_size,
+                 "Model vocabulary (ids must be below it; 0: the tokenizer's)");
   app.add_option("--eval_fraction", o.eval_fraction, "Share of documents held out, [0, 0.5]");
   app.add_option("--eval_out", o.eval_output_dir, "Output directory of the held-out shards");
   app.add_option("--split_seed", o.split_seed, "Seed of the held-out split");
@@ -112,8 +116,8 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(report->truncated_documents),
                   static_cast<unsigned long long>(report->dropped_documents));
     }
-    std::printf("; %.2f MB in %.2f s (%.1f MB/s)\n",
-                static_cast<double>(report->input_bytes) / 1e6, report->seconds, mb_per_s);
+    std::printf("; %.2f MB in %.2f s (%.1f MB/s)\n", static_cast<double>(report->input_bytes) / 1e6,
+                report->seconds, mb_per_s);
   }
   return 0;
 }

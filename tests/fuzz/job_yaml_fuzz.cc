@@ -32,7 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "client/job_file.h"
 #include "megatrain/v1/job.pb.h"
-#include "server/job.h"
+#include "server/core/job.h"
 #include "tests/fuzz/jobspec_fuzz_util.h"
 
 namespace {
@@ -55,9 +55,7 @@ std::string DeterministicBytes(const megatrain::v1::JobSpec& spec) {
   return bytes;
 }
 
-bool EmptyOrAbsolute(const std::string& path) {
-  return path.empty() || path.front() == '/';
-}
+bool EmptyOrAbsolute(const std::string& path) { return path.empty() || path.front() == '/'; }
 
 }  // namespace
 

@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "megatrain/v1/job.pb.h"
-#include "server/job.h"
-#include "server/proto_convert.h"
+#include "server/core/job.h"
+#include "server/rpc/proto_convert.h"
 
 namespace megatrain::fuzz {
 
@@ -27,8 +27,8 @@ inline void Check(bool condition) {
 // (ERROR, not fatal), which mutated inputs hit all the time. Call from
 // LLVMFuzzerInitialize.
 inline void QuietProtobufLogs() {
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
-                                     const std::string&) {});
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
 }
 
 // What the daemon does with a submitted spec: JobRequestFromProto, then

@@ -1,11 +1,11 @@
 // libFuzzer target for the daemon's side of SubmitJob: bytes ->
 // megatrain.v1.JobSpec (ParseFromString, as gRPC does) -> JobRequestFromProto
-// (server/proto_convert.cc) -> ValidateJobRequest (server/job.cc), and the
-// JSON form in which the job store keeps a request (server/job_request_json.cc).
+// (server/rpc/proto_convert.cc) -> ValidateJobRequest (server/core/job.cc), and the
+// JSON form in which the job store keeps a request (server/core/job_request_json.cc).
 //
-// Not covered: the engine's ValidateJobSpec (engine/training_job.cc). It is
+// Not covered: the engine's ValidateJobSpec (engine/job/training_job.cc). It is
 // compiled with the trainer, so linking it would put LibTorch into this
-// build; tests/engine/training_job_test.cc covers it. Without it, specs with
+// build; tests/engine/job/training_job_test.cc covers it. Without it, specs with
 // non-finite numbers reach the JSON checks here, which the daemon never
 // stores (ValidateJobSpec refuses them); the checks allow for that.
 //
@@ -26,9 +26,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "megatrain/v1/job.pb.h"
-#include "server/job.h"
-#include "server/job_request_json.h"
-#include "server/proto_convert.h"
+#include "server/core/job.h"
+#include "server/core/job_request_json.h"
+#include "server/rpc/proto_convert.h"
 #include "tests/fuzz/jobspec_fuzz_util.h"
 
 namespace {

@@ -4,7 +4,7 @@
     python3 tests/fuzz/make_corpus.py [out_dir]   # default: tests/fuzz/corpus
 
 Files named valid_* must parse; invalid_* must be refused. The C++ tests
-(tests/engine/safetensors_test.cc, token_shard_test.cc) check exactly that,
+(tests/engine/io/safetensors_test.cc, token_shard_test.cc) check exactly that,
 so this script doubles as an independent implementation of both formats
 (safetensors per the huggingface/safetensors README; token shards per
 docs/data-format.md), with its own XXH64
@@ -14,7 +14,7 @@ The job spec seeds: job_yaml_fuzz gets the shipped examples/jobs/*.yaml
 (example_*, valid) and variants; jobspec_proto_fuzz gets megatrain.v1.JobSpec
 messages in protobuf wire format, written by the small encoder below from
 proto/megatrain/v1/job.proto's field numbers. For those, valid_* means the
-daemon's conversion accepts the spec (tests/server/job_file_test.cc and
+daemon's conversion accepts the spec (tests/client/job_file_test.cc and
 spec_convert_test.cc check the names). Standard library only; deterministic
 output (fixed contents, no randomness).
 """

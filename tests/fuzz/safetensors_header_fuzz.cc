@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 
 namespace {
 
@@ -46,18 +46,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const SafetensorsTensorInfo& info : header->tensors) {
       Check(info.data_begin == expected_begin);
       Check(info.data_end >= info.data_begin);
-      Check(info.size_bytes() == static_cast<uint64_t>(info.num_elements) *
-                                     SafetensorsDtypeSizeBytes(info.dtype));
+      Check(info.size_bytes() ==
+            static_cast<uint64_t>(info.num_elements) * SafetensorsDtypeSizeBytes(info.dtype));
       expected_begin = info.data_end;
-      const absl::Span<const uint8_t> tensor_bytes = bytes.subspan(
-          header->data_offset_bytes + info.data_begin, info.size_bytes());
+      const absl::Span<const uint8_t> tensor_bytes =
+          bytes.subspan(header->data_offset_bytes + info.data_begin, info.size_bytes());
       Check(tensor_bytes.size() == info.size_bytes());
       // Bound the conversion buffer: huge empty-shape tricks cannot reach
       // here (bytes are real), but keep the fuzzer's memory small anyway.
       if (info.num_elements <= (1 << 20)) {
         floats.resize(static_cast<size_t>(info.num_elements));
-        if (ConvertToFloat32(info.dtype, tensor_bytes, absl::MakeSpan(floats))
-                .ok() &&
+        if (ConvertToFloat32(info.dtype, tensor_bytes, absl::MakeSpan(floats)).ok() &&
             !floats.empty()) {
           g_sink = floats.front() + floats.back();
         }
@@ -67,15 +66,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     // A prefix that stops inside the header must never parse.
     if (header->data_offset_bytes > 0) {
-      Check(!ParseSafetensorsHeader(
-                 bytes.first(static_cast<size_t>(header->data_offset_bytes) - 1),
-                 size, "fuzz.safetensors")
+      Check(!ParseSafetensorsHeader(bytes.first(static_cast<size_t>(header->data_offset_bytes) - 1),
+                                    size, "fuzz.safetensors")
                  .ok());
     }
   }
 
-  (void)ParseSafetensorsIndex(
-      std::string_view(reinterpret_cast<const char*>(data), size),
-      "fuzz.index.json");
+  (void)ParseSafetensorsIndex(std::string_view(reinterpret_cast<const char*>(data), size),
+                              "fuzz.index.json");
   return 0;
 }

@@ -6,7 +6,7 @@
 # succeeds, and megatrain_skipped_steps_total counts it; a fail job ends
 # FAILED with a message naming step 3 and the policy; the daemon then runs
 # the job queued behind the failed one. (Weights and AdamW moments staying
-# bit-identical over a skip is checked in tests/engine/trainer_test.cc.)
+# bit-identical over a skip is checked in tests/engine/step/trainer_test.cc.)
 source "$(dirname "$0")/lib.sh"
 
 # nan_job NAME MAX_STEPS POLICY: a tiny job file with train.nan_policy set.

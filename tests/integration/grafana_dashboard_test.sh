@@ -10,7 +10,7 @@
 #     with targets (rows excepted: they hold no query), unique refIds,
 #     template variables defined, the provisioning files agreeing with the
 #     dashboard's data source uid;
-#   - names: every megatrain_ metric is registered in server/metrics.cc and
+#   - names: every megatrain_ metric is registered in server/core/metrics.cc and
 #     every megatrain: series recorded in deploy/prometheus-rules.yml;
 #   - live: the template variables resolve to this daemon; every target expr,
 #     with $job, $instance, $__rate_interval, $__interval and $__range
@@ -44,7 +44,7 @@ NVML_CPU = "NVML is sampled for CUDA devices only; this daemon runs --device=cpu
 # empty result is expected and is not a failure. Nothing here is faked.
 PARSE_ONLY_ON_CPU = {
     "megatrain_pcie_link_bandwidth_bytes_per_second":
-        "link bandwidth is measured at start-up for CUDA devices only (server/daemon.cc)",
+        "link bandwidth is measured at start-up for CUDA devices only (server/rpc/daemon.cc)",
     "megatrain_pcie_utilization_ratio":
         "needs the measured link bandwidth, which only CUDA devices have",
     "megatrain_nvml_pcie_bytes_total": NVML_CPU,
@@ -154,7 +154,7 @@ def static():
                   f"panel '{panel.get('title')}' {t.get('refId')}: unknown variable ${name}")
 
     # Metric names: registered by the daemon or recorded by the rules.
-    with open(f"{source_dir}/server/metrics.cc") as f:
+    with open(f"{source_dir}/server/core/metrics.cc") as f:
         exported = set(re.findall(r'\.Name\("(megatrain_\w+)"\)', f.read()))
     with open(f"{source_dir}/deploy/prometheus-rules.yml") as f:
         recorded = set(re.findall(r"record:\s*(megatrain:[\w:]+)", f.read()))
@@ -169,7 +169,7 @@ def static():
             used.add(name)
             base = re.sub(r"_(bucket|sum|count)$", "", name)
             check(name in exported or name in recorded or base in exported,
-                  f"panel '{panel.get('title')}': {name} is neither exported (server/metrics.cc) "
+                  f"panel '{panel.get('title')}': {name} is neither exported (server/core/metrics.cc) "
                   f"nor recorded (deploy/prometheus-rules.yml)")
         for name in re.findall(r"\b([a-z_]+)\{", bare):
             check(name.startswith("megatrain") or name in FOREIGN_METRICS,

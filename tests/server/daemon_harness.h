@@ -26,8 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
-#include "server/auth.h"
-#include "server/daemon.h"
+#include "server/core/auth.h"
+#include "server/rpc/daemon.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
 
@@ -76,8 +76,8 @@ class DaemonHarness : public ::testing::Test {
                           << "  - {name: root, role: admin, token_sha256: "
                           << DigestHex(Sha256(kRootToken)) << "}\n";
     // The daemon refuses a tokens file others may read.
-    std::filesystem::permissions(tokens, std::filesystem::perms::owner_read |
-                                             std::filesystem::perms::owner_write);
+    std::filesystem::permissions(
+        tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     options_.listen = "127.0.0.1:0";
     options_.metrics_listen = "";
     options_.state_dir = state_dir_;

@@ -193,7 +193,8 @@ class FakeTrainingJob final : public engine::TrainingJob {
       }
       std::sort(existing.begin(), existing.end());
       const int64_t excess = static_cast<int64_t>(existing.size()) - spec_.checkpoint.keep_last;
-      for (int64_t old_idx = 0; old_idx < excess; ++old_idx) fs::remove_all(existing[old_idx].second);
+      for (int64_t old_idx = 0; old_idx < excess; ++old_idx)
+        fs::remove_all(existing[old_idx].second);
     }
   }
 
@@ -214,17 +215,21 @@ absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
         absl::StrCat("train.micro_batch: must be in [1, 4096], got ", spec.train.micro_batch));
   }
   if (spec.train.seq_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("train.seq_len: must be >= 1, got ", spec.train.seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.seq_len: must be >= 1, got ", spec.train.seq_len));
   }
   if (spec.train.gradient_accumulation_steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("train.gradient_accumulation_steps: must be >= 1, got ",
-                                                   spec.train.gradient_accumulation_steps));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.gradient_accumulation_steps: must be >= 1, got ",
+                     spec.train.gradient_accumulation_steps));
   }
   if (spec.train.max_steps <= 0 && spec.train.max_tokens <= 0) {
-    return absl::InvalidArgumentError("train.max_steps: one of max_steps and max_tokens must be > 0");
+    return absl::InvalidArgumentError(
+        "train.max_steps: one of max_steps and max_tokens must be > 0");
   }
   if (!(spec.optimizer.lr > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer.lr: must be > 0, got ", spec.optimizer.lr));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.lr: must be > 0, got ", spec.optimizer.lr));
   }
   if (spec.optimizer.schedule != "cosine" && spec.optimizer.schedule != "linear" &&
       spec.optimizer.schedule != "constant") {

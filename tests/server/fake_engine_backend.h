@@ -1,6 +1,6 @@
 // FakeEngineBackend: a test double of server::EngineBackend for the server's
 // unit tests (scheduler, RPC layer, CLI). NOT used by the daemon: megatraind
-// links the real engine (server/engine_backend.cc).
+// links the real engine (server/core/engine_backend.cc).
 //
 // Its jobs "train" without any model: step k reports loss 5 * exp(-0.05 k),
 // 1024 tokens and 10 ms; checkpoints are directories <output_dir>/step-<k>
@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/engine_backend.h"
+#include "server/core/engine_backend.h"
 
 namespace megatrain::server::testing {
 
@@ -64,9 +64,9 @@ class FakeJobControl {
   friend class FakeTrainingJob;
   std::mutex mu_;
   std::condition_variable cv_;
-  int64_t permits_ = 0;     // guarded by mu_
-  int64_t steps_done_ = 0;  // guarded by mu_
-  bool ended_ = false;      // guarded by mu_
+  int64_t permits_ = 0;                                // guarded by mu_
+  int64_t steps_done_ = 0;                             // guarded by mu_
+  bool ended_ = false;                                 // guarded by mu_
   std::optional<engine::TrainingJob::StopKind> stop_;  // guarded by mu_
   bool checkpoint_requested_ = false;                  // guarded by mu_
 };

@@ -1,11 +1,11 @@
-// A fake libnvidia-ml for tests/server/nvml_test.cc: the NVML entry points
-// server/nvml.cc calls, over two scripted devices, plus FakeNvml* functions
+// A fake libnvidia-ml for tests/server/core/nvml_test.cc: the NVML entry points
+// server/core/nvml.cc calls, over two scripted devices, plus FakeNvml* functions
 // that the test (dlopen()ing the same file) uses to script them. Built as a
 // shared library; with FAKE_NVML_NO_FIELD_VALUES it lacks
 // nvmlDeviceGetFieldValues, like a pre-R550 driver.
 //
 // Field values are written with the layout of nvml.h (R550+), declared here
-// independently of server/nvml.cc: fieldId u32 @0, scopeId u32 @4,
+// independently of server/core/nvml.cc: fieldId u32 @0, scopeId u32 @4,
 // timestamp i64 @8, latencyUsec i64 @16, valueType i32 @24, nvmlReturn u32
 // @28, value (8-byte union) @32; 40 bytes.
 //
@@ -36,7 +36,7 @@ struct FieldValue {
 static_assert(sizeof(FieldValue) == 40, "nvmlFieldValue_t is 40 bytes");
 
 struct Script {
-  int value_type = 3;          // NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+  int value_type = 3;            // NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
   std::vector<uint64_t> values;  // one per read; the last one repeats
   std::vector<int> returns;      // per-field nvmlReturn per read; the last repeats
   size_t next = 0;

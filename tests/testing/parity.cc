@@ -9,10 +9,10 @@
 #include <memory>
 #include <random>
 
-#include "engine/device_runtime.h"
-#include "engine/executor.h"
-#include "engine/host_store.h"
-#include "engine/thread_pool.h"
+#include "engine/runtime/device_runtime.h"
+#include "engine/step/executor.h"
+#include "engine/store/host_store.h"
+#include "engine/runtime/thread_pool.h"
 #include "tests/testing/reference_llama.h"
 #include "tests/testing/status_matchers.h"
 
@@ -135,15 +135,10 @@ struct ExecutorUnderTest {
 };
 
 // Null (with a recorded failure) when any part cannot be created.
-std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& config,
-                                                         const std::string& device,
-                                                         ComputeDtype dtype, double init_range,
-                                                         int64_t b, int64_t t,
-                                                         int64_t loss_chunk_tokens,
-                                                         bool offload_activations,
-                                                         int resident_layers,
-                                                         bool resident_embedding,
-                                                         bool device_grad_accumulation) {
+std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
+    const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
+    int64_t b, int64_t t, int64_t loss_chunk_tokens, bool offload_activations, int resident_layers,
+    bool resident_embedding, bool device_grad_accumulation) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -177,9 +172,9 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(const ModelConfig& conf
 
 }  // namespace
 
-ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
-                       int micro_batches, int64_t b, int64_t t, bool offload_activations,
-                       int resident_layers, bool resident_embedding,
+ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
+                       double init_range, int micro_batches, int64_t b, int64_t t,
+                       bool offload_activations, int resident_layers, bool resident_embedding,
                        bool device_grad_accumulation) {
   ParityResult out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
@@ -272,10 +267,10 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
     GTEST_SKIP() << "a tied embedding is never resident (refusal: "
                     "ExecutorTest.RefusesBadOptionsNamingTheField)";
   }
-  ParityResult r = RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2,
-                             mode.micro_batches, 2, 12, mode.offload_activations,
-                             mode.resident_layers, mode.resident_embedding,
-                             mode.device_grad_accumulation);
+  ParityResult r =
+      RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
+                mode.offload_activations, mode.resident_layers, mode.resident_embedding,
+                mode.device_grad_accumulation);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
@@ -286,10 +281,9 @@ GradientRun RunGradients(const ModelConfig& config, const std::string& device, C
                          bool offload_activations, int resident_layers, bool resident_embedding,
                          bool device_grad_accumulation) {
   GradientRun out;
-  std::unique_ptr<ExecutorUnderTest> under_test =
-      MakeExecutorUnderTest(config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0,
-                            offload_activations, resident_layers, resident_embedding,
-                            device_grad_accumulation);
+  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
+      config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations,
+      resident_layers, resident_embedding, device_grad_accumulation);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -298,8 +292,7 @@ GradientRun RunGradients(const ModelConfig& config, const std::string& device, C
   if (!result.ok()) return out;
   EXPECT_THAT(executor->SyncResidentToStore(/*grads=*/true), IsOk());
   for (int64_t blk = 0; blk < store->num_blocks(); ++blk) {
-    out.grads.insert(out.grads.end(), store->grad(blk),
-                     store->grad(blk) + store->block_numel(blk));
+    out.grads.insert(out.grads.end(), store->grad(blk), store->grad(blk) + store->block_numel(blk));
   }
   out.loss = result->loss();
   out.stats = result->stats;

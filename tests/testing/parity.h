@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/batch.h"
-#include "engine/model_config.h"
-#include "engine/precision.h"
-#include "engine/stats.h"
+#include "engine/io/batch.h"
+#include "engine/model/model_config.h"
+#include "engine/model/precision.h"
+#include "engine/runtime/stats.h"
 
 namespace megatrain::testing {
 
@@ -45,20 +45,19 @@ struct ParityResult {
 // Runs ForwardBackward over `micro_batches` micro-batches of [b, t] on
 // `device` and the reference on the concatenated batch. With
 // `resident_layers` > 0 the first layers stay on the device (Note [Resident
-// layers] in engine/executor.h), with `resident_embedding` the embedding
+// layers] in engine/step/executor.h), with `resident_embedding` the embedding
 // too (Note [Resident embedding]), and their gradient is read back with
 // SyncResidentToStore; with `device_grad_accumulation` micro-batches are
 // summed on the device (Note [Device gradient accumulation]).
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
-                       engine::ComputeDtype dtype, double init_range, int micro_batches,
-                       int64_t b, int64_t t, bool offload_activations = false,
-                       int resident_layers = 0, bool resident_embedding = false,
-                       bool device_grad_accumulation = false);
+                       engine::ComputeDtype dtype, double init_range, int micro_batches, int64_t b,
+                       int64_t t, bool offload_activations = false, int resident_layers = 0,
+                       bool resident_embedding = false, bool device_grad_accumulation = false);
 
 // One way of running the executor against the reference: compute dtype,
 // micro-batches per pass, activation offload, resident layers and
-// embedding, device gradient accumulation (resident embedding skipped for tied variants, whose embedding cannot be resident:
-// ExecutorTest.RefusesBadOptionsNamingTheField checks the refusal).
+// embedding, device gradient accumulation (resident embedding skipped for tied variants, whose
+// embedding cannot be resident: ExecutorTest.RefusesBadOptionsNamingTheField checks the refusal).
 struct ParityMode {
   std::string name;  // part of the test name, e.g. "Bf16WithActivationOffload"
   engine::ComputeDtype dtype = engine::ComputeDtype::kFp32;
@@ -98,9 +97,8 @@ struct GradientRun {
 };
 GradientRun RunGradients(const engine::ModelConfig& config, const std::string& device,
                          engine::ComputeDtype dtype, double init_range, int micro_batches,
-                         int64_t b, int64_t t, bool offload_activations,
-                         int resident_layers = 0, bool resident_embedding = false,
-                         bool device_grad_accumulation = false);
+                         int64_t b, int64_t t, bool offload_activations, int resident_layers = 0,
+                         bool resident_embedding = false, bool device_grad_accumulation = false);
 
 }  // namespace megatrain::testing
 

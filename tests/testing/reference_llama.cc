@@ -78,7 +78,9 @@ double RopeMagnitude(const ModelConfig& c) {
   if (rs.type != engine::RopeScalingType::kLongRope) return 1.0;
   if (rs.attention_factor > 0) return rs.attention_factor;
   const double s = double(c.max_position_embeddings) / rs.original_max_position_embeddings;
-  return s <= 1 ? 1.0 : std::sqrt(1 + std::log(s) / std::log(double(rs.original_max_position_embeddings)));
+  return s <= 1
+             ? 1.0
+             : std::sqrt(1 + std::log(s) / std::log(double(rs.original_max_position_embeddings)));
 }
 
 at::Tensor GatedActivation(const ModelConfig& c, const at::Tensor& gate) {
@@ -178,7 +180,7 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
     }
     const at::Tensor& lc = sliding ? local_cos : cos;
     const at::Tensor& ls = sliding ? local_sin : sin;
-    q = Rope(q.permute({0, 2, 1, 3}), lc, ls);                       // [B, H, T, Dh]
+    q = Rope(q.permute({0, 2, 1, 3}), lc, ls);  // [B, H, T, Dh]
     k = Rope(k.permute({0, 2, 1, 3}), lc, ls).index_select(1, kv_index);
     v = v.permute({0, 2, 1, 3}).index_select(1, kv_index);
     at::Tensor scores = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(2, 3)) * scale;
@@ -209,8 +211,8 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
   return logits;
 }
 
-at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p, const at::Tensor& input_ids,
-                         const at::Tensor& labels, bool bf16) {
+at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p,
+                         const at::Tensor& input_ids, const at::Tensor& labels, bool bf16) {
   at::Tensor logits = ReferenceLogits(c, p, input_ids, bf16);
   logits = logits.view({logits.size(0) * logits.size(1), -1});
   at::Tensor flat_labels = labels.reshape({-1});

@@ -1,5 +1,5 @@
 // A monolithic LibTorch autograd implementation of the Llama-family decoder,
-// written independently of engine/layers.cc (explicit attention matrix, RoPE
+// written independently of engine/model/layers.cc (explicit attention matrix, RoPE
 // on split halves with frequencies in double precision, GQA by head index),
 // used as the numerical reference for every engine path.
 #ifndef MEGATRAIN_TESTS_TESTING_REFERENCE_LLAMA_H_
@@ -10,8 +10,8 @@
 #include <map>
 #include <string>
 
-#include "engine/host_store.h"
-#include "engine/model_config.h"
+#include "engine/store/host_store.h"
+#include "engine/model/model_config.h"
 
 namespace megatrain::testing {
 

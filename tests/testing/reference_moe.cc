@@ -168,13 +168,14 @@ at::Tensor ReferenceMoeMlp(const MoeConfig& m, const MoeTensorMap& p, const std:
 
 at::Tensor ReferenceLoadBalancingLoss(const std::vector<at::Tensor>& router_logits,
                                       int64_t num_experts, int64_t top_k) {
-  at::Tensor all = at::cat(router_logits, 0);                         // [L'N, E]
+  at::Tensor all = at::cat(router_logits, 0);  // [L'N, E]
   at::Tensor probs = at::softmax(all, -1);
-  at::Tensor selected = std::get<1>(at::topk(probs, top_k, -1));      // [L'N, k]
+  at::Tensor selected = std::get<1>(at::topk(probs, top_k, -1));           // [L'N, k]
   at::Tensor one_hot = at::one_hot(selected, num_experts).to(at::kFloat);  // [L'N, k, E]
-  at::Tensor tokens_per_expert = one_hot.mean(0);                     // [k, E]
-  at::Tensor prob_per_expert = probs.mean(0);                         // [E]
-  return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(num_experts);
+  at::Tensor tokens_per_expert = one_hot.mean(0);                          // [k, E]
+  at::Tensor prob_per_expert = probs.mean(0);                              // [E]
+  return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() *
+         static_cast<double>(num_experts);
 }
 
 ReferenceMoeResult ReferenceMoeForward(const MoeModelConfig& mc, const MoeTensorMap& p,
@@ -201,7 +202,8 @@ ReferenceMoeResult ReferenceMoeForward(const MoeModelConfig& mc, const MoeTensor
     x = x + y.view({b, t, c.hidden_size});
   }
   at::Tensor normed = Norm(x, P(p, "model.norm.weight"), c.rms_norm_eps);
-  at::Tensor head = c.tie_word_embeddings ? P(p, "model.embed_tokens.weight") : P(p, "lm_head.weight");
+  at::Tensor head =
+      c.tie_word_embeddings ? P(p, "model.embed_tokens.weight") : P(p, "lm_head.weight");
   r.logits = at::matmul(normed, head.t());
   at::Tensor flat = r.logits.view({b * t, -1});
   at::Tensor flat_labels = labels.reshape({-1});
@@ -209,8 +211,8 @@ ReferenceMoeResult ReferenceMoeForward(const MoeModelConfig& mc, const MoeTensor
   at::Tensor picked =
       at::log_softmax(flat, -1).gather(1, flat_labels.clamp_min(0).unsqueeze(1)).squeeze(1);
   r.ce_loss = -(picked * mask).sum() / mask.sum();
-  r.aux_loss = ReferenceLoadBalancingLoss(r.router_logits, mc.moe.num_experts,
-                                          mc.moe.num_experts_per_tok);
+  r.aux_loss =
+      ReferenceLoadBalancingLoss(r.router_logits, mc.moe.num_experts, mc.moe.num_experts_per_tok);
   r.loss = r.ce_loss + mc.moe.router_aux_loss_coef * r.aux_loss;
   return r;
 }

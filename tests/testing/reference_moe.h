@@ -1,6 +1,6 @@
 // A monolithic LibTorch autograd implementation of the MoE families
 // (mixtral, qwen2_moe, qwen3_moe, gpt_oss), written independently of
-// engine/moe_layers.cc the way transformers computes them: routing weights
+// engine/model/moe_layers.cc the way transformers computes them: routing weights
 // and experts by a loop over experts with index_add_ (no sorting), explicit
 // attention matrices with the sink column appended, RoPE (YaRN included) in
 // double precision, GQA by head index. The numerical reference for the MoE
@@ -13,18 +13,18 @@
 #include <string>
 #include <vector>
 
-#include "engine/hf_moe_names.h"
-#include "engine/moe_config.h"
+#include "engine/io/hf_moe_names.h"
+#include "engine/model/moe_config.h"
 
 namespace megatrain::testing {
 
 // Result of one forward pass, differentiable w.r.t. the parameters.
 struct ReferenceMoeResult {
-  at::Tensor logits;                       // [B, T, V] fp32
-  at::Tensor ce_loss;                      // [] mean token cross-entropy (labels != -100)
-  at::Tensor aux_loss;                     // [] HF load_balancing_loss_func
-  at::Tensor loss;                         // [] ce_loss + router_aux_loss_coef * aux_loss
-  std::vector<at::Tensor> router_logits;   // per MoE layer, [B*T, E] fp32
+  at::Tensor logits;                      // [B, T, V] fp32
+  at::Tensor ce_loss;                     // [] mean token cross-entropy (labels != -100)
+  at::Tensor aux_loss;                    // [] HF load_balancing_loss_func
+  at::Tensor loss;                        // [] ce_loss + router_aux_loss_coef * aux_loss
+  std::vector<at::Tensor> router_logits;  // per MoE layer, [B*T, E] fp32
 };
 
 // fp32 forward of the model on input_ids [B, T] int64 with labels [B, T]

@@ -21,11 +21,10 @@ namespace megatrain::testing {
 namespace {
 
 constexpr const char* kWords[] = {
-    "the",    "a",       "model", "learns", "from",  "data",    "every",
-    "step",   "small",   "large", "token",  "window", "shard",  "batch",
-    "loss",   "falls",   "slowly", "quickly", "and",  "then",   "we",
-    "save",   "it",      "again", "on",     "host",  "memory",  "while",
-    "gpu",    "streams", "layers", "in",
+    "the",    "a",       "model",  "learns", "from",  "data",    "every",  "step",
+    "small",  "large",   "token",  "window", "shard", "batch",   "loss",   "falls",
+    "slowly", "quickly", "and",    "then",   "we",    "save",    "it",     "again",
+    "on",     "host",    "memory", "while",  "gpu",   "streams", "layers", "in",
 };
 constexpr int kNumWords = sizeof(kWords) / sizeof(kWords[0]);
 
@@ -47,8 +46,7 @@ std::string TinyCorpusSentence(int index) {
   return sentence;
 }
 
-absl::StatusOr<std::string> TrainTinySentencePieceModel(const std::string& dir,
-                                                        int vocab_size) {
+absl::StatusOr<std::string> TrainTinySentencePieceModel(const std::string& dir, int vocab_size) {
   const std::string corpus = dir + "/spm_corpus.txt";
   {
     std::ofstream out(corpus, std::ios::trunc);
@@ -75,8 +73,7 @@ absl::StatusOr<std::string> TrainTinySentencePieceModel(const std::string& dir,
   argv.push_back(nullptr);
   // spm_train logs to stderr; keep it (the test log shows it on failure).
   pid_t pid = 0;
-  const int spawn_error =
-      ::posix_spawnp(&pid, "spm_train", nullptr, nullptr, argv.data(), environ);
+  const int spawn_error = ::posix_spawnp(&pid, "spm_train", nullptr, nullptr, argv.data(), environ);
   if (spawn_error == ENOENT) {
     return absl::NotFoundError(
         "spm_train not found on PATH (Debian package `sentencepiece`, "
@@ -88,19 +85,17 @@ absl::StatusOr<std::string> TrainTinySentencePieceModel(const std::string& dir,
   }
   int wait_status = 0;
   if (::waitpid(pid, &wait_status, 0) != pid) {
-    return absl::InternalError(
-        absl::StrCat("waitpid spm_train: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("waitpid spm_train: ", std::strerror(errno)));
   }
   if (!WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0) {
-    return absl::InternalError(
-        absl::StrCat("spm_train failed (wait status ", wait_status, ")"));
+    return absl::InternalError(absl::StrCat("spm_train failed (wait status ", wait_status, ")"));
   }
   return prefix + ".model";
 }
 
 const absl::StatusOr<std::string>& SharedTinySentencePieceModel() {
-  static const absl::StatusOr<std::string>* const model = new absl::StatusOr<std::string>(
-      TrainTinySentencePieceModel(MakeTempDir("tiny_spm"), 100));
+  static const absl::StatusOr<std::string>* const model =
+      new absl::StatusOr<std::string>(TrainTinySentencePieceModel(MakeTempDir("tiny_spm"), 100));
   return *model;
 }
 

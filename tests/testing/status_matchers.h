@@ -31,8 +31,7 @@ MATCHER_P2(StatusIs, code, message_matcher,
            "has code " + std::string(absl::StatusCodeToString(code))) {
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status is " << s.ToString();
-  return s.code() == code &&
-         ::testing::Matches(message_matcher)(std::string(s.message()));
+  return s.code() == code && ::testing::Matches(message_matcher)(std::string(s.message()));
 }
 
 #define MEGATRAIN_ASSERT_OK(expr) ASSERT_THAT((expr), ::megatrain::testing::IsOk())

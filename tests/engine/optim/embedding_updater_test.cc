@@ -66,8 +66,8 @@ TEST(EmbeddingUpdaterTest, GateAndBackgroundRowsEqualTheWholeTableUpdate) {
   const int64_t emb = f.store->layout().embedding_block();
   const int64_t c = f.config.hidden_size;
   const std::vector<float> want = f.WholeTableUpdate(1, 1e-2, 0.5f);
-  auto updater = EmbeddingUpdater::Create(f.store.get(), f.adamw.get(), f.queue.get(),
-                                          f.pool.get(), f.critical.get(), false);
+  auto updater = EmbeddingUpdater::Create(f.store.get(), f.adamw.get(), f.queue.get(), f.pool.get(),
+                                          f.critical.get(), false);
   ASSERT_NE(updater, nullptr);
   // Hold the optimizer thread so that the gate, not the background task,
   // updates the gathered rows.
@@ -98,8 +98,8 @@ TEST(EmbeddingUpdaterTest, LookaheadRowsEqualTheNextUpdateOfUntouchedRows) {
   Fixture f;
   const int64_t emb = f.store->layout().embedding_block();
   const int64_t c = f.config.hidden_size;
-  auto updater = EmbeddingUpdater::Create(f.store.get(), f.adamw.get(), f.queue.get(),
-                                          f.pool.get(), f.critical.get(), /*keep_lookahead=*/true);
+  auto updater = EmbeddingUpdater::Create(f.store.get(), f.adamw.get(), f.queue.get(), f.pool.get(),
+                                          f.critical.get(), /*keep_lookahead=*/true);
   ASSERT_NE(updater, nullptr);
   // Step 1 touches rows 1 and 2 only: their gradients stay, the others are
   // zero, as after a scatter of those tokens.

@@ -36,12 +36,12 @@ TEST(OptimizerQueueTest, RunsTheLowestKeyFirst) {
       return absl::OkStatus();
     };
   };
-  queue.Push({2, 0, 0}, 0, record(5));   // a later step
-  queue.Push({1, 3, 0}, 3, record(3));   // the head
-  queue.Push({1, 1, 1}, 1, record(2));   // layer 0's second slice
-  queue.Push({1, 1, 0}, 1, record(1));   // layer 0's first slice
-  queue.Push({1, -1, 0}, -1, record(0)); // a lookahead: before its step's updates
-  queue.Push({1, 4, 0}, 0, record(4));   // the row-wise embedding: last of its step
+  queue.Push({2, 0, 0}, 0, record(5));    // a later step
+  queue.Push({1, 3, 0}, 3, record(3));    // the head
+  queue.Push({1, 1, 1}, 1, record(2));    // layer 0's second slice
+  queue.Push({1, 1, 0}, 1, record(1));    // layer 0's first slice
+  queue.Push({1, -1, 0}, -1, record(0));  // a lookahead: before its step's updates
+  queue.Push({1, 4, 0}, 0, record(4));    // the row-wise embedding: last of its step
   release.Notify();
   EXPECT_THAT(queue.WaitAll(), IsOk());
   absl::MutexLock lock(&mu);

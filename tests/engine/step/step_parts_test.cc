@@ -9,13 +9,13 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/device_runtime.h"
-#include "engine/host_store.h"
+#include "engine/runtime/device_runtime.h"
+#include "engine/store/host_store.h"
 #include "engine/step/device_grad_accumulator.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/step_env.h"
 #include "engine/step/weight_slots.h"
-#include "engine/thread_pool.h"
+#include "engine/runtime/thread_pool.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
 

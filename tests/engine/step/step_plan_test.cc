@@ -103,7 +103,8 @@ std::vector<int64_t> LegacyUses(const ModelLayout& layout, const StepPlanOptions
     if (o.tied_embeddings) blocks.push_back(layout.embedding_block());
     blocks.push_back(layout.head_block());
     if (!o.backward) continue;
-    for (int64_t l = layers - 1; l >= o.resident_layers; --l) blocks.push_back(layout.layer_block(l));
+    for (int64_t l = layers - 1; l >= o.resident_layers; --l)
+      blocks.push_back(layout.layer_block(l));
   }
   return blocks;
 }
@@ -136,7 +137,8 @@ std::string CheckInvariants(const ModelLayout& layout, const StepPlanOptions& o,
     const int64_t p = a.kind == ActionKind::kPrefetchInput ? a.layer : a.prefetch_layer;
     if (p >= 0 && ++prefetched[a.micro_batch][p] > 1) return where + "prefetched twice";
     if (a.kind == ActionKind::kForward && o.backward &&
-        (a.save == SaveInput::kOffload) != (o.offload_activations && a.layer < layout.num_layers() - 1)) {
+        (a.save == SaveInput::kOffload) !=
+            (o.offload_activations && a.layer < layout.num_layers() - 1)) {
       return where + "offload choice";
     }
     if (a.kind == ActionKind::kForward && !o.backward && a.save != SaveInput::kNone) {
@@ -162,8 +164,8 @@ TEST(StepPlanTest, EveryOptionCombinationKeepsTheInvariants) {
         o.micro_batches = bits & 16 ? 3 : 1;
         for (const int64_t resident : {int64_t{0}, int64_t{1}, layers}) {
           o.resident_layers = resident;
-          SCOPED_TRACE(absl::StrCat("layers ", layers, " tied ", tied, " bits ", bits,
-                                    " resident ", resident));
+          SCOPED_TRACE(absl::StrCat("layers ", layers, " tied ", tied, " bits ", bits, " resident ",
+                                    resident));
           const StepPlan plan = PlanStep(layout, o);
           EXPECT_EQ(CheckInvariants(layout, o, plan), "");
           ++plans;

@@ -20,9 +20,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "server/job_manager.h"
-#include "server/job_store.h"
-#include "server/metrics.h"
+#include "server/core/job_manager.h"
+#include "server/core/job_store.h"
+#include "server/core/metrics.h"
 #include "tests/server/fake_engine_backend.h"
 
 namespace megatrain::server {
@@ -117,9 +117,10 @@ int Run(int jobs, int users, int gets) {
     }
     position_sum += job->queue_position;
   }
-  std::printf("%d jobs from %d users (1 running, %d queued); %d GetJob of random queued jobs "
-              "(mean queue_position %.0f)\n\n",
-              jobs, users, jobs - 1, gets, static_cast<double>(position_sum) / gets);
+  std::printf(
+      "%d jobs from %d users (1 running, %d queued); %d GetJob of random queued jobs "
+      "(mean queue_position %.0f)\n\n",
+      jobs, users, jobs - 1, gets, static_cast<double>(position_sum) / gets);
   std::printf("| %-40s | %6s | %8s | %8s | %8s |\n", "call", "n", "p50 ms", "p99 ms", "max ms");
   std::printf("|%s|%s|%s|%s|%s|\n", std::string(42, '-').c_str(), std::string(8, '-').c_str(),
               std::string(10, '-').c_str(), std::string(10, '-').c_str(),

@@ -1,0 +1,339 @@
+// Hugging Face model directories in and out of the host store (see
+// hf_model.h).
+#include "engine/io/hf_model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/io/mapped_file.h"
+#include "engine/model/param_layout.h"
+#include "engine/io/safetensors.h"
+#include "engine/runtime/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain::engine {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kConfigFileName[] = "config.json";
+constexpr char kGenerationConfigFileName[] = "generation_config.json";
+constexpr char kSingleFileName[] = "model.safetensors";
+constexpr char kIndexFileName[] = "model.safetensors.index.json";
+
+// Elements compared per chunk when checking a tied lm_head.weight against
+// the embedding: 256 KiB of fp32, a bounded buffer whatever the vocabulary.
+constexpr size_t kCompareChunkElements = size_t{1} << 16;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::Status ErrnoError(int error_number, const std::string& path, const char* operation) {
+  return absl::ErrnoToStatus(error_number, absl::StrFormat("%s: %s", path, operation));
+}
+
+// Writes `text` to `path` atomically (temporary file, fsync, rename).
+absl::Status WriteTextFile(const std::string& path, std::string_view text) {
+  MEGATRAIN_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+  MEGATRAIN_RETURN_IF_ERROR(out.Append(
+      absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
+  return out.Commit();
+}
+
+// One tensor to export: a view of the store's master.
+struct ExportTensor {
+  const ParamSpec* param = nullptr;
+  const float* data = nullptr;  // [param->numel] fp32, the store's master
+  int64_t size_bytes = 0;       // in the exported dtype
+};
+
+// Zeroes the master of `block` outside its parameters (alignment padding).
+void ZeroPadding(const BlockLayout& block, float* master) {
+  int64_t covered_end = 0;
+  for (const ParamSpec& p : block.params) {
+    if (p.offset > covered_end) std::fill(master + covered_end, master + p.offset, 0.0f);
+    covered_end = std::max(covered_end, p.offset + p.numel);
+  }
+  if (block.numel > covered_end) std::fill(master + covered_end, master + block.numel, 0.0f);
+}
+
+// Checks a tied model's lm_head.weight against the (already loaded)
+// embedding, chunk by chunk, bit for bit after conversion to fp32.
+absl::Status CheckTiedHead(const SafetensorsModel::TensorRef& head, const float* embedding,
+                           int64_t numel) {
+  const size_t element_bytes = SafetensorsDtypeSizeBytes(head.info->dtype);
+  const absl::Span<const uint8_t> bytes = head.file->Data(*head.info);
+  std::vector<float> chunk(std::min(static_cast<size_t>(numel), kCompareChunkElements));
+  for (size_t begin = 0; begin < static_cast<size_t>(numel); begin += chunk.size()) {
+    const size_t count = std::min(chunk.size(), static_cast<size_t>(numel) - begin);
+    MEGATRAIN_RETURN_IF_ERROR(ConvertToFloat32(
+        head.info->dtype, bytes.subspan(begin * element_bytes, count * element_bytes),
+        absl::Span<float>(chunk.data(), count)));
+    if (std::memcmp(chunk.data(), embedding + begin, count * sizeof(float)) != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tie_word_embeddings is true but tensor 'lm_head.weight' differs from "
+          "'model.embed_tokens.weight' (first difference in elements [%u, %u)); set "
+          "tie_word_embeddings to false in config.json to train an untied head",
+          head.file->path(), begin, begin + count));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
+  if (name == "bf16" || name == "bfloat16") return ExportDtype::kBf16;
+  if (name == "fp32" || name == "float32") return ExportDtype::kFp32;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: must be bf16 or fp32, got '", name, "'"));
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& hf_dir) {
+  return LoadHfConfigFile(JoinPath(hf_dir, kConfigFileName));
+}
+
+absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
+  if (store == nullptr) return absl::InvalidArgumentError("LoadHfWeights: store is null");
+  MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsModel model, SafetensorsModel::Open(hf_dir));
+  const ModelLayout& layout = store->layout();
+  const ModelConfig& config = store->config();
+
+  // 1. Nothing in the files that the layout does not know. A multimodal
+  // Gemma 3 checkpoint names its text tensors under a language_model prefix
+  // (transformers 5: model.language_model.X; 4: language_model.model.X and
+  // language_model.lm_head.weight); file_names maps the layout's names to
+  // the file's, and the vision tower is skipped.
+  std::map<std::string, std::string> file_names;
+  for (const std::string& file_name : model.TensorNames()) {
+    std::string name = file_name;
+    if (config.multimodal_checkpoint) {
+      if (absl::StartsWith(name, "vision_tower.") ||
+          absl::StartsWith(name, "model.vision_tower.") ||
+          absl::StartsWith(name, "multi_modal_projector.") ||
+          absl::StartsWith(name, "model.multi_modal_projector.")) {
+        continue;
+      }
+      for (const auto& [prefix, replacement] :
+           {std::pair<const char*, const char*>{"model.language_model.", "model."},
+            {"language_model.model.", "model."},
+            {"language_model.lm_head.", "lm_head."}}) {
+        if (absl::StartsWith(name, prefix)) {
+          name = absl::StrCat(replacement, name.substr(std::strlen(prefix)));
+          break;
+        }
+      }
+      file_names[name] = file_name;
+    }
+    if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
+    if (config.tie_word_embeddings && name == "lm_head.weight") continue;
+    int64_t block_idx = 0;
+    const ParamSpec* param = nullptr;
+    if (!layout.FindHfName(name, &block_idx, &param)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: unexpected tensor '%s' (not part of a %s model with this config.json: "
+          "%d layers%s)",
+          hf_dir, name, config.model_type, config.num_hidden_layers,
+          config.tie_word_embeddings ? ", tied embeddings" : ""));
+    }
+  }
+
+  // 2. Every layout tensor present, with the right shape and a dtype we read.
+  struct Planned {
+    SafetensorsModel::TensorRef ref;
+    float* dst = nullptr;  // [numel] fp32 in the store's master
+    int64_t numel = 0;
+  };
+  std::vector<Planned> plan;
+  auto check_tensor = [&](const std::string& name, const std::vector<int64_t>& expected_shape,
+                          SafetensorsModel::TensorRef* ref) -> absl::Status {
+    auto mapped = file_names.find(name);
+    absl::StatusOr<SafetensorsModel::TensorRef> found =
+        model.Find(mapped == file_names.end() ? name : mapped->second);
+    if (!found.ok()) {
+      return absl::NotFoundError(
+          absl::StrFormat("%s: tensor '%s' is missing (expected shape %s from config.json)", hf_dir,
+                          name, ShapeString(expected_shape)));
+    }
+    if (found->info->shape != expected_shape) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tensor '%s': shape %s in %s, config.json expects %s", hf_dir, name,
+          ShapeString(found->info->shape), found->file->path(), ShapeString(expected_shape)));
+    }
+    const SafetensorsDtype dtype = found->info->dtype;
+    if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBF16 &&
+        dtype != SafetensorsDtype::kF16) {
+      return absl::UnimplementedError(
+          absl::StrFormat("%s: tensor '%s' has dtype %s; only F32, BF16 and F16 are supported",
+                          found->file->path(), name, SafetensorsDtypeName(dtype)));
+    }
+    *ref = *found;
+    return absl::OkStatus();
+  };
+  for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
+    for (const ParamSpec& p : layout.blocks[block_idx].params) {
+      Planned planned;
+      MEGATRAIN_RETURN_IF_ERROR(check_tensor(p.hf_name, p.shape, &planned.ref));
+      planned.dst = store->master(block_idx) + p.offset;
+      planned.numel = p.numel;
+      plan.push_back(planned);
+    }
+  }
+  // A tied model's lm_head.weight, if the files carry one anyway.
+  SafetensorsModel::TensorRef tied_head;
+  const ParamSpec* embedding = layout.blocks[layout.embedding_block()].Find("embed_tokens.weight");
+  const bool has_tied_head = config.tie_word_embeddings && (model.Contains("lm_head.weight") ||
+                                                            file_names.count("lm_head.weight") > 0);
+  if (has_tied_head) {
+    MEGATRAIN_RETURN_IF_ERROR(check_tensor("lm_head.weight", embedding->shape, &tied_head));
+  }
+
+  // 3. Convert from the mappings into place.
+  for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
+    ZeroPadding(layout.blocks[block_idx], store->master(block_idx));
+  }
+  for (const Planned& planned : plan) {
+    MEGATRAIN_RETURN_IF_ERROR(Annotate(
+        ConvertToFloat32(planned.ref.info->dtype, planned.ref.file->Data(*planned.ref.info),
+                         absl::Span<float>(planned.dst, static_cast<size_t>(planned.numel))),
+        absl::StrFormat("%s: tensor '%s'", planned.ref.file->path(), planned.ref.info->name)));
+  }
+  if (has_tied_head) {
+    MEGATRAIN_RETURN_IF_ERROR(CheckTiedHead(
+        tied_head, store->master(layout.embedding_block()) + embedding->offset, embedding->numel));
+  }
+  store->RefreshAllStreamingCopies();
+  return absl::OkStatus();
+}
+
+absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_dir,
+                               ExportDtype dtype, int64_t max_shard_bytes) {
+  if (max_shard_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_shard_bytes: must be >= 1, got ", max_shard_bytes));
+  }
+  // Split out_dir into parent and name, ignoring trailing slashes.
+  std::string target = out_dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  const size_t slash = target.rfind('/');
+  const std::string parent =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : target.substr(0, slash));
+  const std::string name = slash == std::string::npos ? target : target.substr(slash + 1);
+  if (name.empty() || name == "." || name == ".." || name == "/") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: must name a directory to create, got '", out_dir, "'"));
+  }
+
+  std::error_code ec;
+  if (std::filesystem::exists(target, ec)) {
+    if (!std::filesystem::is_directory(target, ec) || !std::filesystem::is_empty(target, ec)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(target,
+                       ": already exists and is not an empty directory; remove it or export "
+                       "elsewhere"));
+    }
+  }
+  std::filesystem::create_directories(parent, ec);
+  if (ec) return ErrnoError(ec.value(), parent, "create directory");
+
+  // Leftovers of an export to the same place that crashed.
+  const std::string temp_prefix = absl::StrCat(".", name, ".tmp.");
+  for (std::filesystem::directory_iterator it(parent, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (absl::StartsWith(it->path().filename().string(), temp_prefix)) {
+      (void)RemoveTree(it->path().string());
+    }
+  }
+
+  std::string temp_dir = JoinPath(parent, absl::StrCat(temp_prefix, "XXXXXX"));
+  if (::mkdtemp(temp_dir.data()) == nullptr) {
+    return ErrnoError(errno, temp_dir, "create temporary directory");
+  }
+  RemoveTreeGuard guard(temp_dir);
+
+  // config.json and generation_config.json.
+  ModelConfig config = store.config();
+  config.torch_dtype = dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
+  MEGATRAIN_RETURN_IF_ERROR(
+      WriteTextFile(JoinPath(temp_dir, kConfigFileName), config.ToHfConfigJson()));
+  Json generation = {{"_from_model_config", true},
+                     {"bos_token_id", config.bos_token_id},
+                     {"eos_token_id", config.eos_token_id}};
+  MEGATRAIN_RETURN_IF_ERROR(
+      WriteTextFile(JoinPath(temp_dir, kGenerationConfigFileName), generation.dump(2)));
+
+  // Shard assignment in HF order.
+  const SafetensorsDtype file_dtype =
+      dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
+  const int64_t element_bytes = static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype));
+  std::vector<std::vector<ExportTensor>> shards;
+  int64_t shard_bytes = 0;
+  int64_t total_bytes = 0;
+  for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
+    for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
+      ExportTensor tensor;
+      tensor.param = &p;
+      tensor.data = store.master(block_idx) + p.offset;
+      tensor.size_bytes = p.numel * element_bytes;
+      if (shards.empty() ||
+          (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
+        shards.emplace_back();
+        shard_bytes = 0;
+      }
+      shards.back().push_back(tensor);
+      shard_bytes += tensor.size_bytes;
+      total_bytes += tensor.size_bytes;
+    }
+  }
+
+  Json weight_map = Json::object();
+  for (size_t shard_idx = 0; shard_idx < shards.size(); ++shard_idx) {
+    const std::string file_name =
+        shards.size() == 1
+            ? std::string(kSingleFileName)
+            : absl::StrFormat("model-%05d-of-%05d.safetensors", shard_idx + 1, shards.size());
+    MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                               SafetensorsWriter::Create(JoinPath(temp_dir, file_name)));
+    for (const ExportTensor& tensor : shards[shard_idx]) {
+      MEGATRAIN_RETURN_IF_ERROR(
+          writer.AddFloat32(tensor.param->hf_name, file_dtype, tensor.param->shape, tensor.data));
+      weight_map[tensor.param->hf_name] = file_name;
+    }
+    MEGATRAIN_RETURN_IF_ERROR(writer.Finish());
+  }
+  if (shards.size() > 1) {
+    Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(temp_dir, kIndexFileName), index.dump(2)));
+  }
+
+  // Publish: the directory's entries are durable, then the rename is.
+  MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(temp_dir));
+  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
+    const int rename_errno = errno;
+    if (rename_errno == ENOTEMPTY || rename_errno == EEXIST) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(target, ": appeared and is not empty; export not published"));
+    }
+    return ErrnoError(rename_errno, target, "rename exported directory into place");
+  }
+  guard.Release();
+  return FsyncDirectory(parent);
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,623 @@
+// TokenizeToShards: text, JSONL and SFT JSONL to token shards (formats in
+// text_corpus.h and docs/data-format.md).
+#include "engine/io/text_corpus.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/io/data_loader.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/io/token_shard.h"
+#include "engine/io/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain::engine {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Suffix of a loss-mask file's name after its shard's: "x.mtt.mask".
+constexpr char kMaskFileSuffix[] = ".mtt.mask";
+
+absl::Status FileSystemError(const std::error_code& ec, absl::string_view context) {
+  // std::filesystem reports errno values in the generic/system category.
+  return absl::ErrnoToStatus(ec.value(), absl::StrCat(context, ": ", ec.message()));
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 ? static_cast<uint64_t>(info.st_size) : 0;
+}
+
+// Whether `name` is a shard or mask of series `prefix`: "<prefix>-*.mtt" or
+// "<prefix>-*.mtt.mask".
+bool IsSeriesFile(absl::string_view name, absl::string_view prefix) {
+  return absl::StartsWith(name, absl::StrCat(prefix, "-")) &&
+         (absl::EndsWith(name, kTokenShardSuffix) || absl::EndsWith(name, kMaskFileSuffix));
+}
+
+// Creates `dir` (with parents) and makes sure it holds no shard of series
+// `prefix`, deleting them when `overwrite`.
+absl::Status PrepareOutputDir(const std::string& dir, absl::string_view field,
+                              absl::string_view prefix, bool overwrite) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", dir));
+  std::vector<fs::path> existing;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (IsSeriesFile(it->path().filename().string(), prefix)) {
+      existing.push_back(it->path());
+    }
+  }
+  if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", dir));
+  if (existing.empty()) return absl::OkStatus();
+  if (!overwrite) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(field, ": ", dir, " already holds shards of prefix '", prefix, "' (e.g. ",
+                     existing.front().filename().string(), "); remove them or set overwrite"));
+  }
+  for (const fs::path& path : existing) {
+    fs::remove(path, ec);
+    if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", path.string()));
+  }
+  return absl::OkStatus();
+}
+
+// Writes one series of shards `<dir>/<prefix>-NNNNN.mtt` (and, with masks,
+// `<shard>.mask`), starting a new shard when one reaches max_shard_tokens.
+class ShardSeries {
+ public:
+  ShardSeries(std::string dir, std::string prefix, uint64_t vocab_size, bool with_mask,
+              uint64_t max_shard_tokens)
+      : dir_(std::move(dir)),
+        prefix_(std::move(prefix)),
+        vocab_size_(vocab_size),
+        with_mask_(with_mask),
+        max_shard_tokens_(max_shard_tokens) {}
+
+  // Appends one non-empty document; `mask` (0/1 per token) only with masks.
+  absl::Status Append(absl::Span<const int32_t> tokens, absl::Span<const int32_t> mask) {
+    if (!writer_.has_value()) MEGATRAIN_RETURN_IF_ERROR(OpenNext());
+    MEGATRAIN_RETURN_IF_ERROR(writer_->AppendDocument(tokens));
+    if (with_mask_) MEGATRAIN_RETURN_IF_ERROR(mask_writer_->AppendDocument(mask));
+    ++documents_;
+    tokens_ += tokens.size();
+    if (writer_->num_tokens() >= max_shard_tokens_) return CloseCurrent();
+    return absl::OkStatus();
+  }
+
+  // Finishes the open shard, if any.
+  absl::Status Finish() { return writer_.has_value() ? CloseCurrent() : absl::OkStatus(); }
+
+  const std::vector<std::string>& paths() const { return paths_; }
+  uint64_t documents() const { return documents_; }
+  uint64_t tokens() const { return tokens_; }
+  uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  absl::Status OpenNext() {
+    const std::string path =
+        absl::StrFormat("%s/%s-%05d%s", dir_, prefix_, paths_.size(), kTokenShardSuffix);
+    MEGATRAIN_ASSIGN_OR_RETURN(writer_,
+                               TokenShardWriter::Create(path, {.vocab_size = vocab_size_}));
+    if (with_mask_) {
+      MEGATRAIN_ASSIGN_OR_RETURN(
+          mask_writer_, TokenShardWriter::Create(path + kLossMaskSuffix, {.vocab_size = 2}));
+    }
+    paths_.push_back(path);
+    return absl::OkStatus();
+  }
+
+  absl::Status CloseCurrent() {
+    const std::string& path = paths_.back();
+    // The mask first: a shard never exists without its mask.
+    if (with_mask_) {
+      MEGATRAIN_RETURN_IF_ERROR(mask_writer_->Finish());
+      bytes_written_ += FileSize(path + kLossMaskSuffix);
+      mask_writer_.reset();
+    }
+    MEGATRAIN_RETURN_IF_ERROR(writer_->Finish());
+    bytes_written_ += FileSize(path);
+    writer_.reset();
+    return absl::OkStatus();
+  }
+
+  std::string dir_;
+  std::string prefix_;
+  uint64_t vocab_size_;
+  bool with_mask_;
+  uint64_t max_shard_tokens_;
+  std::optional<TokenShardWriter> writer_;       // the open shard
+  std::optional<TokenShardWriter> mask_writer_;  // its mask
+  std::vector<std::string> paths_;
+  uint64_t documents_ = 0;
+  uint64_t tokens_ = 0;
+  uint64_t bytes_written_ = 0;
+};
+
+// Routes documents to the training or the held-out series.
+class DocumentSink {
+ public:
+  DocumentSink(const TokenizeOptions& options, ShardSeries* train, ShardSeries* eval)
+      : options_(options), train_(train), eval_(eval) {}
+
+  // Adds the next document (empty ones are counted and dropped).
+  absl::Status Add(absl::Span<const int32_t> tokens, absl::Span<const int32_t> mask) {
+    const uint64_t doc_idx = next_doc_idx_++;
+    if (tokens.empty()) {
+      ++skipped_;
+      return absl::OkStatus();
+    }
+    // Long documents (TokenizeOptions::max_document_tokens): keep the first
+    // max tokens (and their mask) or drop the document; both counted.
+    const uint64_t max_tokens = options_.max_document_tokens;
+    if (max_tokens > 0 && tokens.size() > max_tokens) {
+      if (options_.long_documents == LongDocumentRule::kDrop) {
+        ++dropped_long_;
+        return absl::OkStatus();
+      }
+      ++truncated_long_;
+      tokens = tokens.subspan(0, max_tokens);
+      if (!mask.empty()) mask = mask.subspan(0, max_tokens);
+    }
+    for (int32_t value : mask) masked_tokens_ += value == 0;
+    const bool held_out =
+        eval_ != nullptr && IsHeldOutDocument(doc_idx, options_.split_seed, options_.eval_fraction);
+    return (held_out ? eval_ : train_)->Append(tokens, mask);
+  }
+
+  uint64_t skipped() const { return skipped_; }
+  uint64_t masked_tokens() const { return masked_tokens_; }
+  uint64_t truncated_long() const { return truncated_long_; }
+  uint64_t dropped_long() const { return dropped_long_; }
+
+ private:
+  const TokenizeOptions& options_;
+  ShardSeries* train_;
+  ShardSeries* eval_;  // nullptr: no split
+  uint64_t next_doc_idx_ = 0;
+  uint64_t skipped_ = 0;
+  uint64_t masked_tokens_ = 0;
+  uint64_t truncated_long_ = 0;
+  uint64_t dropped_long_ = 0;
+};
+
+// Opens an input file for reading.
+absl::StatusOr<std::ifstream> OpenInput(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (status.type() == fs::file_type::not_found) {
+    return absl::NotFoundError(absl::StrCat("input_paths: ", path, ": no such file"));
+  }
+  if (fs::is_directory(status)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_paths: ", path, ": is a directory; name the files"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("input_paths: ", path, ": cannot open"));
+  }
+  return in;
+}
+
+// Reads `path` line by line; calls `on_line(line, line_number)` (from 1,
+// without the line break or a trailing '\r').
+template <typename OnLine>
+absl::Status ForEachLine(const std::string& path, OnLine&& on_line) {
+  MEGATRAIN_ASSIGN_OR_RETURN(std::ifstream in, OpenInput(path));
+  std::string line;
+  uint64_t line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    MEGATRAIN_RETURN_IF_ERROR(on_line(absl::string_view(line), line_number));
+  }
+  if (in.bad()) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": read failed after line ", line_number));
+  }
+  return absl::OkStatus();
+}
+
+bool IsBlank(absl::string_view line) {
+  return line.find_first_not_of(" \t\r\f\v") == absl::string_view::npos;
+}
+
+// Tokenizes one document's text; prepends BOS when asked (not to an empty
+// document, which stays empty and is skipped).
+absl::StatusOr<std::vector<int32_t>> EncodeDocument(const Tokenizer& tokenizer,
+                                                    absl::string_view text, bool add_bos) {
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(text));
+  if (add_bos && !ids.empty()) ids.insert(ids.begin(), tokenizer.bos_id());
+  return ids;
+}
+
+absl::Status ReadPlainText(const std::string& path, const Tokenizer& tokenizer, bool add_bos,
+                           DocumentSink& sink) {
+  std::string text;  // the current document, lines joined with '\n'
+  bool in_document = false;
+  const auto flush = [&]() -> absl::Status {
+    if (!in_document) return absl::OkStatus();
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<int32_t> ids, EncodeDocument(tokenizer, text, add_bos));
+    text.clear();
+    in_document = false;
+    return sink.Add(ids, {});
+  };
+  MEGATRAIN_RETURN_IF_ERROR(
+      ForEachLine(path, [&](absl::string_view line, uint64_t) -> absl::Status {
+        if (IsBlank(line)) return flush();
+        if (in_document) text.push_back('\n');
+        text.append(line.data(), line.size());
+        in_document = true;
+        return absl::OkStatus();
+      }));
+  return flush();
+}
+
+// Parses one JSONL line into an object; the message says why not.
+absl::StatusOr<nlohmann::json> ParseJsonObject(absl::string_view line) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(line.begin(), line.end());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
+  }
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a JSON object, got ", json.type_name()));
+  }
+  return json;
+}
+
+// Calls on_object(json, where) for every non-blank line of the JSONL file
+// `path`, `where` being "path:line"; a line that is not a JSON object is an
+// INVALID_ARGUMENT naming it.
+template <typename OnObject>
+absl::Status ForEachJsonObject(const std::string& path, OnObject&& on_object) {
+  return ForEachLine(path, [&](absl::string_view line, uint64_t line_number) -> absl::Status {
+    if (IsBlank(line)) return absl::OkStatus();
+    const std::string where = absl::StrCat(path, ":", line_number);
+    absl::StatusOr<nlohmann::json> json = ParseJsonObject(line);
+    if (!json.ok()) return Annotate(json.status(), where);
+    return on_object(*json, where);
+  });
+}
+
+absl::Status ReadJsonl(const std::string& path, const Tokenizer& tokenizer,
+                       const std::string& text_field, bool add_bos, DocumentSink& sink) {
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        const auto it = json.find(text_field);
+        if (it == json.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"", text_field, "\" is missing"));
+        }
+        if (!it->is_string()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": field \"", text_field, "\" must be a string, got ", it->type_name()));
+        }
+        MEGATRAIN_ASSIGN_OR_RETURN(
+            std::vector<int32_t> ids,
+            EncodeDocument(tokenizer, it->get_ref<const std::string&>(), add_bos));
+        return sink.Add(ids, {});
+      });
+}
+
+// One SFT example: ids and their loss mask (0/1).
+absl::Status ParseSftExample(const nlohmann::json& json, uint64_t id_limit, bool vocab_known,
+                             std::vector<int32_t>& ids, std::vector<int32_t>& mask) {
+  const auto input_ids = json.find("input_ids");
+  if (input_ids == json.end()) {
+    return absl::InvalidArgumentError("field \"input_ids\" is missing");
+  }
+  if (!input_ids->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field \"input_ids\" must be an array of token ids, got ", input_ids->type_name()));
+  }
+  ids.clear();
+  for (size_t pos = 0; pos < input_ids->size(); ++pos) {
+    const nlohmann::json& value = (*input_ids)[pos];
+    const bool in_range = value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                          static_cast<uint64_t>(value.get<int64_t>()) < id_limit;
+    if (!in_range) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input_ids[", pos, "] = ", value.dump(), " is not an integer in [0, ",
+                       id_limit, ")", vocab_known ? " (vocab_size)" : " (int32 range)"));
+    }
+    ids.push_back(static_cast<int32_t>(value.get<int64_t>()));
+  }
+  const auto labels = json.find("labels");
+  const auto loss_mask = json.find("loss_mask");
+  if (labels != json.end() && loss_mask != json.end()) {
+    return absl::InvalidArgumentError("has both \"labels\" and \"loss_mask\"; give at most one");
+  }
+  mask.assign(ids.size(), 1);
+  const auto check_length = [&](const nlohmann::json& array,
+                                absl::string_view name) -> absl::Status {
+    if (!array.is_array() || array.size() != ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("field \"", name, "\" must be an array of ",
+                                                     ids.size(), " values (one per input id), got ",
+                                                     array.is_array()
+                                                         ? absl::StrCat(array.size(), " values")
+                                                         : std::string(array.type_name())));
+    }
+    return absl::OkStatus();
+  };
+  if (labels != json.end()) {
+    MEGATRAIN_RETURN_IF_ERROR(check_length(*labels, "labels"));
+    for (size_t pos = 0; pos < ids.size(); ++pos) {
+      const nlohmann::json& value = (*labels)[pos];
+      if (value.is_number_integer() && value.get<int64_t>() == kIgnoreLabel) {
+        mask[pos] = 0;
+      } else if (!value.is_number_integer() || value.get<int64_t>() != ids[pos]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("labels[", pos, "] = ", value.dump(), " must be -100 or input_ids[", pos,
+                         "] = ", ids[pos], " (labels are not shifted; the loader shifts them)"));
+      }
+    }
+  }
+  if (loss_mask != json.end()) {
+    MEGATRAIN_RETURN_IF_ERROR(check_length(*loss_mask, "loss_mask"));
+    for (size_t pos = 0; pos < ids.size(); ++pos) {
+      const nlohmann::json& value = (*loss_mask)[pos];
+      if (value.is_boolean()) {
+        mask[pos] = value.get<bool>() ? 1 : 0;
+      } else if (value.is_number_integer() &&
+                 (value.get<int64_t>() == 0 || value.get<int64_t>() == 1)) {
+        mask[pos] = static_cast<int32_t>(value.get<int64_t>());
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("loss_mask[", pos, "] = ", value.dump(), " must be 0, 1 or a bool"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadSftJsonl(const std::string& path, uint64_t vocab_size, DocumentSink& sink) {
+  const uint64_t id_limit = vocab_size != 0 ? vocab_size : kTokenShardMaxVocabSize;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> mask;
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        MEGATRAIN_RETURN_IF_ERROR(
+            Annotate(ParseSftExample(json, id_limit, vocab_size != 0, ids, mask), where));
+        return sink.Add(ids, mask);
+      });
+}
+
+// transformers' char_to_token: the first token whose span holds `pos`.
+std::optional<size_t> TokenAt(const std::vector<std::pair<size_t, size_t>>& spans, size_t pos) {
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].first <= pos && pos < spans[i].second) return i;
+  }
+  return std::nullopt;
+}
+
+// Note [Chat loss mask]
+// transformers' apply_chat_template(return_assistant_tokens_mask=True)
+// marks, for each {% generation %} span [start, end) of the rendered text,
+// the tokens from char_to_token(start) through char_to_token(end - 1)
+// (to the last token when that is None or 0), and stops at the first span
+// whose start has no token. Positions are characters there and bytes here:
+// `end - 1` becomes the first byte of the span's last character, so that a
+// character split over several byte-level tokens resolves to the first of
+// them, as char_to_token does.
+std::vector<int32_t> ChatLossMask(absl::string_view text,
+                                  const std::vector<std::pair<size_t, size_t>>& token_spans,
+                                  const std::vector<std::pair<size_t, size_t>>& assistant_spans) {
+  std::vector<int32_t> mask(token_spans.size(), 0);
+  for (const auto& [start, end] : assistant_spans) {
+    const std::optional<size_t> first = TokenAt(token_spans, start);
+    if (!first.has_value()) break;
+    size_t last_char = end > start ? end - 1 : start;
+    while (last_char > start && (static_cast<unsigned char>(text[last_char]) & 0xC0) == 0x80) {
+      --last_char;
+    }
+    const std::optional<size_t> last = TokenAt(token_spans, last_char);
+    const size_t stop = last.has_value() && *last != 0 ? *last + 1 : mask.size();
+    for (size_t t = *first; t < stop; ++t) mask[t] = 1;
+  }
+  return mask;
+}
+
+// Chat JSONL (megatrain_client.chat_template's output): {"text": rendered,
+// "assistant_spans": [[start, end], ...]} (UTF-8 byte offsets).
+absl::Status ReadChatJsonl(const std::string& path, const Tokenizer& tokenizer,
+                           bool train_on_all_turns, DocumentSink& sink) {
+  std::vector<int32_t> ids;
+  std::vector<std::pair<size_t, size_t>> token_spans;
+  return ForEachJsonObject(
+      path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        const auto text = json.find("text");
+        if (text == json.end() || !text->is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"text\" must be a string"));
+        }
+        const std::string& rendered = text->get_ref<const std::string&>();
+        std::vector<std::pair<size_t, size_t>> assistant_spans;
+        const auto spans = json.find("assistant_spans");
+        if (spans == json.end() || !spans->is_array()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field \"assistant_spans\" must be an array"));
+        }
+        for (size_t k = 0; k < spans->size(); ++k) {
+          const nlohmann::json& span = (*spans)[k];
+          if (!span.is_array() || span.size() != 2 || !span[0].is_number_unsigned() ||
+              !span[1].is_number_unsigned() || span[0].get<uint64_t>() > span[1].get<uint64_t>() ||
+              span[1].get<uint64_t>() > rendered.size()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ": assistant_spans[", k, "] = ", span.dump(),
+                             " must be [start, end] with 0 <= start <= end <= ", rendered.size()));
+          }
+          assistant_spans.emplace_back(span[0].get<size_t>(), span[1].get<size_t>());
+        }
+        MEGATRAIN_RETURN_IF_ERROR(
+            Annotate(tokenizer.EncodeWithSpans(rendered, &ids, &token_spans), where));
+        std::vector<int32_t> mask = train_on_all_turns
+                                        ? std::vector<int32_t>(ids.size(), 1)
+                                        : ChatLossMask(rendered, token_spans, assistant_spans);
+        return sink.Add(ids, mask);
+      });
+}
+
+absl::Status ValidateOptions(const TokenizeOptions& options) {
+  if (options.input_paths.empty()) {
+    return absl::InvalidArgumentError("input_paths: is empty; name a file");
+  }
+  if (options.output_dir.empty()) {
+    return absl::InvalidArgumentError("output_dir: is empty");
+  }
+  if (options.shard_prefix.empty() || options.shard_prefix.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_prefix: must be a non-empty file name prefix "
+                     "without '/', got '",
+                     options.shard_prefix, "'"));
+  }
+  if (options.max_shard_tokens < 1) {
+    return absl::InvalidArgumentError("max_shard_tokens: must be at least 1");
+  }
+  if (!(options.eval_fraction >= 0.0 && options.eval_fraction <= 0.5)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_fraction: must be in [0, 0.5], got ", options.eval_fraction));
+  }
+  if (options.vocab_size < 0 ||
+      static_cast<uint64_t>(options.vocab_size) > kTokenShardMaxVocabSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size: must be in [0, 2^31], got ", options.vocab_size));
+  }
+  const bool sft = options.format == CorpusFormat::kSftJsonl;
+  if (options.train_on_all_turns && options.format != CorpusFormat::kChatJsonl) {
+    return absl::InvalidArgumentError("train_on_all_turns: applies to the chat format only");
+  }
+  if (!sft && options.tokenizer_model.empty()) {
+    return absl::InvalidArgumentError(
+        "tokenizer_model: required to tokenize text (plain text or JSONL); "
+        "only SFT JSONL (pre-tokenized) can do without");
+  }
+  if ((sft || options.format == CorpusFormat::kChatJsonl) && options.add_bos) {
+    return absl::InvalidArgumentError(
+        "add_bos: applies to text only; SFT input_ids are written as given");
+  }
+  if (options.text_field.empty()) {
+    return absl::InvalidArgumentError("text_field: is empty");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) {
+  MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(options));
+  const bool chat = options.format == CorpusFormat::kChatJsonl;
+  // Both write a loss mask beside each shard.
+  const bool sft = options.format == CorpusFormat::kSftJsonl || chat;
+
+  std::optional<Tokenizer> tokenizer;
+  if (!options.tokenizer_model.empty()) {
+    absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(options.tokenizer_model);
+    if (!loaded.ok()) return Annotate(loaded.status(), "tokenizer_model");
+    tokenizer = *std::move(loaded);
+  }
+  if (options.add_bos && tokenizer->bos_id() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("add_bos: the tokenizer ", options.tokenizer_model, " has no BOS piece"));
+  }
+
+  TokenizeReport report;
+  if (sft && !chat) {
+    report.vocab_size = options.vocab_size != 0 ? options.vocab_size
+                        : tokenizer.has_value() ? tokenizer->vocab_size()
+                                                : 0;
+  } else {
+    report.vocab_size = tokenizer->vocab_size();
+  }
+  report.eos_id = tokenizer.has_value() ? tokenizer->eos_id() : -1;
+
+  const std::string eval_dir =
+      options.eval_output_dir.empty() ? options.output_dir + "/eval" : options.eval_output_dir;
+  const bool split = options.eval_fraction > 0.0;
+  if (split &&
+      fs::path(eval_dir).lexically_normal() == fs::path(options.output_dir).lexically_normal()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_output_dir: must differ from output_dir ", options.output_dir,
+                     " (a loader reading output_dir would train on the held-out shards)"));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      PrepareOutputDir(options.output_dir, "output_dir", options.shard_prefix, options.overwrite));
+  if (split) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        PrepareOutputDir(eval_dir, "eval_output_dir", options.shard_prefix, options.overwrite));
+  }
+
+  const uint64_t vocab_size = static_cast<uint64_t>(report.vocab_size);
+  ShardSeries train(options.output_dir, options.shard_prefix, vocab_size, sft,
+                    options.max_shard_tokens);
+  ShardSeries eval(eval_dir, options.shard_prefix, vocab_size, sft, options.max_shard_tokens);
+  DocumentSink sink(options, &train, split ? &eval : nullptr);
+
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& path : options.input_paths) {
+    std::error_code size_error;
+    const uintmax_t input_bytes = fs::file_size(path, size_error);
+    if (!size_error) report.input_bytes += input_bytes;
+    CorpusFormat format = options.format;
+    if (format == CorpusFormat::kAuto) {
+      format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl : CorpusFormat::kPlainText;
+    }
+    switch (format) {
+      case CorpusFormat::kPlainText:
+        MEGATRAIN_RETURN_IF_ERROR(ReadPlainText(path, *tokenizer, options.add_bos, sink));
+        break;
+      case CorpusFormat::kJsonl:
+        MEGATRAIN_RETURN_IF_ERROR(
+            ReadJsonl(path, *tokenizer, options.text_field, options.add_bos, sink));
+        break;
+      case CorpusFormat::kSftJsonl:
+        MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
+        break;
+      case CorpusFormat::kChatJsonl:
+        MEGATRAIN_RETURN_IF_ERROR(
+            ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
+        break;
+      case CorpusFormat::kAuto:
+        break;  // resolved above
+    }
+  }
+  MEGATRAIN_RETURN_IF_ERROR(train.Finish());
+  MEGATRAIN_RETURN_IF_ERROR(eval.Finish());
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  report.documents = train.documents();
+  report.tokens = train.tokens();
+  report.eval_documents = eval.documents();
+  report.eval_tokens = eval.tokens();
+  report.skipped_documents = sink.skipped();
+  report.masked_tokens = sink.masked_tokens();
+  report.truncated_documents = sink.truncated_long();
+  report.dropped_documents = sink.dropped_long();
+  report.bytes_written = train.bytes_written() + eval.bytes_written();
+  report.shards = train.paths();
+  report.eval_shards = eval.paths();
+  if (report.documents + report.eval_documents == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_paths: no document with tokens in ", options.input_paths.size(),
+                     " file(s) (", report.skipped_documents, " empty documents); nothing written"));
+  }
+  return report;
+}
+
+}  // namespace megatrain::engine

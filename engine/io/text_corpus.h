@@ -1,0 +1,158 @@
+// Converts text corpora and SFT data into token shards (engine/io/token_shard.h)
+// that DataLoader reads: the library behind `megatrain tokenize`.
+//
+// Input formats (docs/data-format.md, "Text corpora"):
+//   * Plain text: documents are separated by one or more blank lines (lines
+//     holding only spaces, tabs or '\r'); a file without blank lines is one
+//     document. A document's text is its lines joined with '\n'.
+//   * JSONL: one JSON object per line with a string field "text" (the name
+//     is an option); blank lines are skipped. Each object is one document.
+//   * SFT JSONL: one JSON object per line with "input_ids" (token ids) and
+//     at most one of "labels" (same length; -100 = not trained, else equal
+//     to the input id) and "loss_mask" (same length; 1 / true = trained,
+//     0 / false = not). Neither: every token is trained. Written as a token
+//     shard plus a loss-mask shard `<shard>.mask` (same format, ids 0/1).
+//
+// Text is tokenized with a Hugging Face tokenizer.json or a SentencePiece
+// model (engine/io/tokenizer.h: a directory or *.json is the former); no BOS
+// (unless asked) and no EOS is written: DataLoader puts an EOS after every
+// document when it packs them.
+#ifndef MEGATRAIN_ENGINE_TEXT_CORPUS_H_
+#define MEGATRAIN_ENGINE_TEXT_CORPUS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace megatrain::engine {
+
+// How TokenizeToShards reads an input file.
+enum class CorpusFormat {
+  kAuto,       // per file: "*.jsonl" is kJsonl, anything else kPlainText
+  kPlainText,  // documents separated by blank lines
+  kJsonl,      // {"text": ...} per line
+  kSftJsonl,   // {"input_ids": [...], "labels" | "loss_mask": [...]} per line
+  kChatJsonl,  // {"text": rendered chat, "assistant_spans": [[start, end], ...]}
+               // per line (client/python/megatrain_client/chat_template.py);
+               // needs a HF tokenizer; written with a loss mask that is 1 on
+               // the tokens of the spans (Note [Chat loss mask] in the .cc)
+};
+
+// What TokenizeToShards does with a document over max_document_tokens.
+enum class LongDocumentRule {
+  kTruncate,  // keep its first max_document_tokens tokens (and mask)
+  kDrop,      // leave it out
+};
+
+// Options of TokenizeToShards. Field names are the CLI's flag names.
+struct TokenizeOptions {
+  // Input files, read in this order; documents are numbered across them
+  // from 0 in reading order (the numbering the held-out split hashes).
+  std::vector<std::string> input_paths;
+  // How to read them (kAuto decides per file by its name).
+  CorpusFormat format = CorpusFormat::kAuto;
+  // HF tokenizer (model directory with tokenizer.json, or the file) or
+  // SentencePiece .model. Required for text (kPlainText, kJsonl, kAuto); for
+  // kSftJsonl optional, and then only gives vocab_size.
+  std::string tokenizer_model;
+  // JSONL: the field that holds a document's text.
+  std::string text_field = "text";
+  // Text formats: start every document with the model's BOS id.
+  bool add_bos = false;
+  // kChatJsonl: train on every token (mask all 1), not only assistant turns.
+  bool train_on_all_turns = false;
+  // Documents (all formats) longer than this many tokens are truncated or
+  // dropped by `long_documents`, and counted in the report; 0 = no limit.
+  // For SFT and chat data set it to the job's seq_len so that a
+  // conversation is never split over two training windows.
+  uint64_t max_document_tokens = 0;
+  LongDocumentRule long_documents = LongDocumentRule::kTruncate;
+  // kSftJsonl: ids must be below it, and it is written into the shards;
+  // 0 = the tokenizer's vocab_size, or unknown (ids up to 2^31 - 1; uint32
+  // shards) without a tokenizer. Text formats use the tokenizer's and
+  // ignore this field.
+  int64_t vocab_size = 0;
+
+  // Directory for the training shards `<shard_prefix>-NNNNN.mtt` (created,
+  // with parents, if missing).
+  std::string output_dir;
+  // File name prefix of the shards (no '/'); the same in eval_output_dir.
+  std::string shard_prefix = "train";
+  // A shard is closed once it holds at least this many tokens; documents
+  // are never split, so a shard may exceed it by one document. Shards are
+  // built in memory (2 or 4 bytes per token, plus the same again for an SFT
+  // mask), so this bounds memory use.
+  uint64_t max_shard_tokens = 100'000'000;
+  // Replace existing `<shard_prefix>-*.mtt` shards (and masks) in the output
+  // directories. false: refuse to write over them.
+  bool overwrite = false;
+
+  // Held-out split: documents with IsHeldOutDocument(doc_idx, split_seed,
+  // eval_fraction) (engine/io/data_loader.h) go to shards in eval_output_dir
+  // instead, for DataLoaderOptions::eval_tokens. In [0, 0.5].
+  double eval_fraction = 0.0;
+  uint64_t split_seed = 1234;
+  // Default: `<output_dir>/eval` (a subdirectory, so that a DataLoader given
+  // output_dir does not read the held-out shards for training).
+  std::string eval_output_dir;
+};
+
+// What TokenizeToShards wrote.
+struct TokenizeReport {
+  uint64_t documents = 0;                // training documents written
+  uint64_t tokens = 0;                   // their tokens (BOS included, if added)
+  uint64_t eval_documents = 0;           // held-out documents written
+  uint64_t eval_tokens = 0;              // their tokens
+  uint64_t skipped_documents = 0;        // documents with no tokens, not written
+  uint64_t masked_tokens = 0;            // SFT: tokens with loss mask 0 (both sets)
+  uint64_t truncated_documents = 0;      // over max_document_tokens, truncated
+  uint64_t dropped_documents = 0;        // over max_document_tokens, left out
+  uint64_t bytes_written = 0;            // all shard and mask files, in bytes
+  uint64_t input_bytes = 0;              // sizes of the input files, in bytes
+  double seconds = 0;                    // reading, tokenizing and writing, wall
+                                         // clock (input_bytes / seconds: throughput)
+  std::vector<std::string> shards;       // training shard paths, in order
+  std::vector<std::string> eval_shards;  // held-out shard paths
+  int64_t vocab_size = 0;                // written into the shards; 0 = unknown
+  int64_t eos_id = -1;                   // the tokenizer's EOS (for DataLoaderOptions);
+                                         // -1 without a tokenizer or when it has none
+};
+
+// Reads every input, tokenizes it and writes token shards (atomically, one
+// file at a time: a failure leaves the shards finished so far, never a
+// partial file).
+//
+// Thread-safety: reentrant; calls writing to different directories may run
+// concurrently.
+//
+// Errors:
+//   INVALID_ARGUMENT: a bad option (named: "input_paths", "output_dir",
+//     "eval_fraction", ...); an input that is a directory; a bad JSONL line
+//     ("<file>:<line>: ..." saying what is wrong: invalid JSON, not an
+//     object, missing or non-string text field, bad input_ids / labels /
+//     loss_mask, an id outside [0, vocab_size)); inputs with no tokens at
+//     all.
+//   NOT_FOUND: an input file or the tokenizer model does not exist.
+//   ALREADY_EXISTS: an output directory already holds shards with this
+//     prefix and overwrite is false.
+//   Others from the file system (RESOURCE_EXHAUSTED when the disk is full),
+//     naming the path.
+//
+// Example:
+//   TokenizeOptions options;
+//   options.input_paths = {"corpus.jsonl"};
+//   options.tokenizer_model = "spm.model";
+//   options.output_dir = "data/tokens";
+//   options.eval_fraction = 0.01;
+//   MEGATRAIN_ASSIGN_OR_RETURN(TokenizeReport report,
+//                              TokenizeToShards(options));
+//   // Then DataLoaderOptions: tokens = "data/tokens", eval_tokens =
+//   // "data/tokens/eval", eos_id = report.eos_id, vocab_size >=
+//   // report.vocab_size.
+absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_TEXT_CORPUS_H_

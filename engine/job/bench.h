@@ -1,0 +1,61 @@
+// megatrain-bench: trains a model for a few steps on synthetic tokens and
+// reports throughput, phase times and memory as JSON (docs/performance.md).
+// The library part lives here so the binary is a thin main.
+#ifndef MEGATRAIN_ENGINE_BENCH_H_
+#define MEGATRAIN_ENGINE_BENCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace megatrain::engine {
+
+struct BenchOptions {
+  std::string model = "tiny";  // preset name or HF model directory (config.json,
+                               // and its safetensors weights when present)
+  std::string device = "cpu";  // cpu | cuda | cuda:N
+  int64_t micro_batch = 8;     // B
+  int64_t seq_len = 128;       // T
+  int64_t gradient_accumulation_steps = 1;
+  int64_t steps = 10;  // measured steps
+  int64_t warmup = 2;  // unmeasured steps first
+  std::string compute_dtype = "fp32";
+  std::string data = "fixed";  // fixed: one random batch repeated; random: fresh each step
+  double lr = 3e-3;            // AdamW peak lr (constant schedule)
+  double max_grad_norm = 1.0;  // global-norm clipping; 0 = off (as the PyTorch baselines)
+  double peak_tflops = 0;      // bf16 dense peak for MFU; 0 = not reported
+  int threads = 0;             // CPU threads; 0 = all
+  int num_weight_slots = 3;
+  bool offload_activations = false;                     // Note [Activation offload] in executor.h
+  int optimizer_nice = 10;                              // TrainerOptions::optimizer_nice
+  int critical_threads = 0;                             // TrainerOptions::critical_threads
+  int64_t optimizer_slice_elements = int64_t{1} << 24;  // TrainerOptions::optimizer_slice_elements
+  bool embedding_lookahead = true;                      // pass Trainer::Step the next batch's ids
+                                                        // (Note [Embedding lookahead] in trainer.h)
+  int resident_layers = -1;           // TrainerOptions::resident_layers (-1 = auto)
+  int resident_embedding = -1;        // TrainerOptions::resident_embedding (-1 = auto)
+  int device_grad_accumulation = -1;  // TrainerOptions::device_grad_accumulation (-1 = auto)
+  uint64_t seed = 0;
+  bool json = false;  // only the final JSON line on stdout
+};
+
+// Runs the benchmark; progress lines go to stderr (stdout with !json), the
+// returned string is the final one-line JSON object with tokens_per_s,
+// step_seconds, loss_first, loss_last, phase seconds (h2d, compute, d2h,
+// optimizer, optimizer_exposed (compute-stream idle caused by the gates),
+// gpu_idle, and the enqueue thread's gate_wait, grad_wait and drain waits;
+// medians over measured steps), h2d_bytes and d2h_bytes per step, the last
+// step's gate_rows and lookahead_rows (Note [Embedding lookahead] in
+// trainer.h), resident_layers (the resolved TrainerOptions::resident_layers;
+// Note [Resident layers] in executor.h), resident_embedding and
+// device_grad_accumulation (resolved; Notes [Resident embedding] and
+// [Device gradient accumulation] in executor.h), host_bytes by kind, peak_gpu_bytes,
+// model_tflops, mfu;
+// on CUDA also the link's pinned copy bandwidth measured before the run
+// (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.
+absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_BENCH_H_

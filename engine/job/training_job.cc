@@ -1,0 +1,599 @@
+// The job-level training loop (training_job.h): model, data, trainer,
+// evaluation and checkpoints of one job.
+#include "engine/job/training_job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/data_loader.h"
+#include "engine/step/executor.h"
+#include "engine/io/hf_model.h"
+#include "engine/store/host_store.h"
+#include "engine/optim/lr_schedule.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/io/text_corpus.h"
+#include "engine/step/trainer.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status InRange(absl::string_view field, double value, double lo, double hi,
+                     bool lo_open = false) {
+  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", value));
+}
+
+absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", value));
+}
+
+absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
+  if (!model.preset.empty()) return PresetConfig(model.preset);
+  absl::StatusOr<ModelConfig> config = LoadHfConfig(model.hf_dir);
+  if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
+  return config;
+}
+
+int64_t MaxSteps(const JobSpec& spec) {
+  if (spec.train.max_steps > 0) return spec.train.max_steps;
+  const int64_t tokens_per_step =
+      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
+  return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
+}
+
+HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
+  HostStoreOptions o;
+  o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16;
+  o.pin = pin;
+  return o;
+}
+
+// Layer inputs saved for backward that stay on the device: all L of them,
+// or with train.offload_activations the last layer's plus the ring of two
+// device buffers that brings the others back (Note [Activation offload] in
+// executor.h; nothing is offloaded when L = 1).
+int64_t DeviceSavedLayers(const JobSpec& spec, const ModelConfig& config) {
+  const int64_t layers = config.num_hidden_layers;
+  return spec.train.offload_activations && layers > 1 ? 3 : layers;
+}
+
+MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
+  MemoryFootprint f;
+  f.params = config.ParamCount();
+  f.host = HostStore::EstimateBytes(config, StoreOptions(spec, /*pin=*/true));
+  const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
+  const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
+  // The executor's buffers exactly as it allocates them (Note [Executor
+  // memory plan] in executor.h), with the trainer's auto settings on a GPU
+  // (embedding and accumulation buffers as upper bounds: they stay on the
+  // host when the device is too small for them; the CPU has none of them,
+  // but the estimate is for a GPU).
+  ExecutorOptions exec;
+  exec.compute_dtype = spec.train.compute_dtype;
+  exec.micro_batch = spec.train.micro_batch;
+  exec.seq_len = spec.train.seq_len;
+  exec.offload_activations = spec.train.offload_activations;
+  exec.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  exec.resident_embedding = !config.tie_word_embeddings;
+  exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
+  const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
+  f.activation_offload_bytes = plan.activation_offload_bytes;
+  f.host.staging = plan.pinned_bytes();
+  f.embedding_lookahead_bytes =
+      config.tie_word_embeddings ? 0 : 2 * tokens * config.hidden_size * 4;
+  f.host_total_bytes = f.host.Total() + f.embedding_lookahead_bytes;
+  f.device_resident_bytes = plan.resident_bytes + plan.grad_accumulation_bytes;
+  // Device: the plan, the saved layer inputs outside it (fp32; with
+  // offload the ring of two is in the plan), and the working set of one
+  // layer's recompute + backward (~12 [B,T,max(C,F)] tensors, a rough
+  // bound).
+  const int64_t saved_outside_plan =
+      DeviceSavedLayers(spec, config) - (plan.activation_ring_bytes > 0 ? 2 : 0);
+  f.device_estimate_bytes =
+      plan.device_bytes() + saved_outside_plan * tokens * config.hidden_size * 4 +
+      12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
+  return f;
+}
+
+std::string GiB(int64_t bytes) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+// The debug knob of training_job.h: MEGATRAIN_DEBUG_POISON_STEP=<step>[:loss|:grad].
+constexpr char kPoisonStepEnv[] = "MEGATRAIN_DEBUG_POISON_STEP";
+
+absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
+  NonFiniteInjection inject;
+  const char* env = std::getenv(kPoisonStepEnv);
+  if (env == nullptr || *env == '\0') return inject;
+  absl::string_view text(env);
+  absl::string_view kind = "loss";
+  if (const size_t colon = text.find(':'); colon != absl::string_view::npos) {
+    kind = text.substr(colon + 1);
+    text = text.substr(0, colon);
+  }
+  if (!absl::SimpleAtoi(text, &inject.step) || inject.step < 1 ||
+      (kind != "loss" && kind != "grad")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kPoisonStepEnv, ": expected <step>[:loss|:grad] with step >= 1, got '", env, "'"));
+  }
+  inject.kind =
+      kind == "grad" ? NonFiniteInjection::Kind::kGradient : NonFiniteInjection::Kind::kLoss;
+  return inject;
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& s) {
+  if (s.model.preset.empty() == s.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir");
+  }
+  if (!s.model.preset.empty()) MEGATRAIN_RETURN_IF_ERROR(PresetConfig(s.model.preset).status());
+  if (s.data.tokens.empty() == s.data.text.empty()) {
+    return absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text");
+  }
+  if (!s.data.text.empty() && s.data.tokenizer.empty() && s.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer: required with data.text and model.preset (a model directory's "
+        "tokenizer.json, the file, or a SentencePiece model); with model.hf_dir the "
+        "directory's tokenizer.json is the default");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(InRange("data.eval_fraction", s.data.eval_fraction, 0, 0.5));
+  if (!s.data.eval_tokens.empty() && s.data.eval_fraction > 0) {
+    return absl::InvalidArgumentError(
+        "data.eval_fraction: must be 0 when data.eval_tokens gives the held-out set");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.micro_batch", s.train.micro_batch, 1, 4096));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.seq_len", s.train.seq_len, 1, 1 << 20));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.gradient_accumulation_steps",
+                                       s.train.gradient_accumulation_steps, 1, 1 << 16));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.max_steps", s.train.max_steps, 0, int64_t{1} << 40));
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("train.max_tokens", s.train.max_tokens, 0, int64_t{1} << 60));
+  if (s.train.max_steps == 0 && s.train.max_tokens == 0) {
+    return absl::InvalidArgumentError(
+        "train.max_steps: set train.max_steps or train.max_tokens (> 0)");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(InRange("train.max_grad_norm", s.train.max_grad_norm, 0, 1e9));
+  if (s.train.nan_policy != NanPolicy::kSkip && s.train.nan_policy != NanPolicy::kFail) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(s.train.nan_policy)));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.lr", s.optimizer.lr, 0, 1, /*lo_open=*/true));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta1", s.optimizer.beta1, 0, 0.999999));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta2", s.optimizer.beta2, 0, 0.999999999));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.eps", s.optimizer.eps, 0, 1));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.weight_decay", s.optimizer.weight_decay, 0, 10));
+  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.min_lr_ratio", s.optimizer.min_lr_ratio, 0, 1));
+  MEGATRAIN_RETURN_IF_ERROR(ParseLrScheduleKind(s.optimizer.schedule).status());
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("optimizer.warmup_steps", s.optimizer.warmup_steps, 0, MaxSteps(s)));
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("eval.every_steps", s.eval.every_steps, 0, int64_t{1} << 40));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("eval.batches", s.eval.batches, 1, 1 << 20));
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("checkpoint.every_steps", s.checkpoint.every_steps, 0, int64_t{1} << 40));
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("checkpoint.keep_last", s.checkpoint.keep_last, 1, 1 << 20));
+  MEGATRAIN_RETURN_IF_ERROR(
+      IntInRange("checkpoint.keep_every", s.checkpoint.keep_every, 0, int64_t{1} << 40));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  return FootprintOf(spec, config);
+}
+
+absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spec,
+                                                              absl::string_view hf_config_json) {
+  if (spec.model.hf_dir.empty()) return EstimateFootprint(spec);
+  absl::StatusOr<ModelConfig> config =
+      ParseHfConfig(hf_config_json, (fs::path(spec.model.hf_dir) / "config.json").string());
+  if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
+  return FootprintOf(spec, *config);
+}
+
+absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
+                                      const ModelConfig& config) {
+  if (!absl::IsResourceExhausted(status) ||
+      !absl::StartsWith(status.message(), "device out of memory")) {
+    return status;
+  }
+  const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
+  const int64_t layer_bytes = tokens * config.hidden_size * 4;
+  const int64_t saved_layers = DeviceSavedLayers(spec, config);
+  const MemoryFootprint f = FootprintOf(spec, config);
+  std::string advice;
+  if (spec.train.micro_batch > 1) {
+    advice = absl::StrCat(
+        "try train.micro_batch: ", spec.train.micro_batch / 2,
+        " with train.gradient_accumulation_steps: ", 2 * spec.train.gradient_accumulation_steps,
+        " (same global batch) or a shorter train.seq_len");
+  } else {
+    advice = "train.micro_batch is already 1: try a shorter train.seq_len";
+  }
+  if (!spec.train.offload_activations && config.num_hidden_layers > 1) {
+    const int64_t offloaded = config.num_hidden_layers - 1;
+    absl::StrAppend(&advice, "; or train.offload_activations: true (", offloaded, " x ", tokens,
+                    " x ", config.hidden_size, " x 4 B = ", GiB(offloaded * layer_bytes),
+                    " of them in pinned host memory instead)");
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(
+          status.message(), "; job: train.micro_batch ", spec.train.micro_batch,
+          " x train.seq_len ", spec.train.seq_len, " = ", tokens,
+          " tokens per micro-batch; layer inputs saved for backward (activation "
+          "checkpointing is always on",
+          saved_layers < config.num_hidden_layers
+              ? absl::StrCat("; train.offload_activations keeps ", config.num_hidden_layers - 1,
+                             " in pinned host memory and these on the device")
+              : "",
+          ") ", saved_layers, " x ", tokens, " x ", config.hidden_size,
+          " x 4 B = ", GiB(saved_layers * layer_bytes), ", device estimate ",
+          GiB(f.device_estimate_bytes), " (", GiB(f.device_resident_bytes),
+          " of it resident layers, embedding and gradient buffers at most); ", advice));
+}
+
+std::string JobSpecToJson(const JobSpec& s) {
+  nlohmann::json j;
+  j["name"] = s.name;
+  j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
+  j["data"] = {{"tokens", s.data.tokens},
+               {"eval_tokens", s.data.eval_tokens},
+               {"text", s.data.text},
+               {"tokenizer", s.data.tokenizer},
+               {"eval_fraction", s.data.eval_fraction},
+               {"shuffle_seed", s.data.shuffle_seed}};
+  j["train"] = {{"micro_batch", s.train.micro_batch},
+                {"seq_len", s.train.seq_len},
+                {"gradient_accumulation_steps", s.train.gradient_accumulation_steps},
+                {"max_steps", s.train.max_steps},
+                {"max_tokens", s.train.max_tokens},
+                {"compute_dtype", ComputeDtypeName(s.train.compute_dtype)},
+                {"max_grad_norm", s.train.max_grad_norm},
+                {"seed", s.train.seed},
+                {"nan_policy", NanPolicyName(s.train.nan_policy)},
+                {"offload_activations", s.train.offload_activations}};
+  j["optimizer"] = {{"lr", s.optimizer.lr},
+                    {"beta1", s.optimizer.beta1},
+                    {"beta2", s.optimizer.beta2},
+                    {"eps", s.optimizer.eps},
+                    {"weight_decay", s.optimizer.weight_decay},
+                    {"warmup_steps", s.optimizer.warmup_steps},
+                    {"schedule", s.optimizer.schedule},
+                    {"min_lr_ratio", s.optimizer.min_lr_ratio}};
+  j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
+  j["checkpoint"] = {{"every_steps", s.checkpoint.every_steps},
+                     {"keep_last", s.checkpoint.keep_last},
+                     {"keep_every", s.checkpoint.keep_every}};
+  j["output_dir"] = s.output_dir;
+  return j.dump();
+}
+
+double PeakBf16Flops(const std::string& device_name) {
+  if (const char* env = std::getenv("MEGATRAIN_PEAK_TFLOPS")) {
+    const double tflops = std::atof(env);
+    if (tflops > 0) return tflops * 1e12;
+  }
+  if (absl::StrContains(device_name, "H100") || absl::StrContains(device_name, "H200"))
+    return 989e12;
+  if (absl::StrContains(device_name, "A100")) return 312e12;
+  return 0;
+}
+
+namespace {
+
+class TrainingJobImpl final : public TrainingJob {
+ public:
+  TrainingJobImpl(JobSpec spec, ModelConfig config) : spec_(std::move(spec)), config_(config) {}
+
+  absl::Status Init(const std::string& device, const std::optional<std::string>& resume_from);
+  absl::StatusOr<JobOutcome> Run(JobObserver* observer) override {
+    absl::StatusOr<JobOutcome> outcome = RunSteps(observer);
+    if (!outcome.ok()) return ExplainDeviceOutOfMemory(outcome.status(), spec_, config_);
+    return outcome;
+  }
+  void RequestStop(StopKind kind) override {
+    absl::MutexLock lock(&mu_);
+    stop_ = kind;
+  }
+  void RequestCheckpoint() override {
+    absl::MutexLock lock(&mu_);
+    checkpoint_requested_ = true;
+  }
+  int64_t step() const override { return trainer_->step(); }
+  int64_t max_steps() const override { return max_steps_; }
+  MemoryFootprint footprint() const override { return footprint_; }
+
+ private:
+  absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
+  absl::Status PrepareData();
+  absl::Status WriteCheckpointNow(JobObserver* observer);
+
+  JobSpec spec_;
+  ModelConfig config_;
+  int64_t max_steps_ = 0;
+  MemoryFootprint footprint_;
+  std::unique_ptr<Trainer> trainer_;
+  std::optional<DataLoader> loader_;
+  // The next step's batches, read one step ahead so that each step knows
+  // the next one's token ids (Note [Embedding lookahead] in trainer.h),
+  // and the loader's cursor before them: the one a checkpoint records.
+  std::vector<MicroBatch> next_batches_;
+  std::optional<DataCursor> consumed_cursor_;
+  std::vector<MicroBatch> eval_batches_;
+  std::string train_tokens_, eval_tokens_;
+  int64_t eos_id_ = 0;
+
+  absl::Mutex mu_;
+  std::optional<StopKind> stop_ ABSL_GUARDED_BY(mu_);
+  bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Text input is tokenized once into <output_dir>/data/{train,eval}; a
+// resumed job finds the shards there and reuses them.
+absl::Status TrainingJobImpl::PrepareData() {
+  eos_id_ = config_.eos_token_id;
+  if (!spec_.data.tokens.empty()) {
+    train_tokens_ = spec_.data.tokens;
+    eval_tokens_ = spec_.data.eval_tokens;
+    return absl::OkStatus();
+  }
+  const fs::path data_dir = fs::path(spec_.output_dir) / "data";
+  train_tokens_ = (data_dir / "train").string();
+  const bool with_eval = spec_.data.eval_fraction > 0;
+  if (with_eval) eval_tokens_ = (data_dir / "eval").string();
+  const fs::path report_path = data_dir / "tokenize.json";
+  if (fs::exists(report_path)) {
+    std::ifstream in(report_path);
+    nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!report.is_discarded() && report.contains("eos_id")) {
+      eos_id_ = report["eos_id"].get<int64_t>();
+      return absl::OkStatus();
+    }
+  }
+  TokenizeOptions t;
+  t.input_paths = {spec_.data.text};
+  // Default: the model directory's tokenizer.json (ValidateJobSpec
+  // ensures one of the two is set).
+  t.tokenizer_model = spec_.data.tokenizer.empty() ? spec_.model.hf_dir : spec_.data.tokenizer;
+  t.vocab_size = config_.vocab_size;
+  t.output_dir = train_tokens_;
+  t.overwrite = true;
+  t.eval_fraction = spec_.data.eval_fraction;
+  t.split_seed = spec_.data.shuffle_seed;
+  if (with_eval) t.eval_output_dir = eval_tokens_;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(t);
+  if (!report.ok()) return Annotate(report.status(), "data.text");
+  eos_id_ = report->eos_id;
+  std::ofstream out(report_path);
+  out << nlohmann::json{{"documents", report->documents},
+                        {"tokens", report->tokens},
+                        {"eval_documents", report->eval_documents},
+                        {"eos_id", report->eos_id}}
+             .dump();
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJobImpl::Init(const std::string& device,
+                                   const std::optional<std::string>& resume_from) {
+  max_steps_ = MaxSteps(spec_);
+  MEGATRAIN_ASSIGN_OR_RETURN(footprint_, EstimateFootprint(spec_));
+  std::error_code ec;
+  fs::create_directories(spec_.output_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("output_dir: cannot create '", spec_.output_dir, "': ", ec.message()));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(PrepareData());
+  DataLoaderOptions d;
+  d.tokens = train_tokens_;
+  d.eval_tokens = eval_tokens_;
+  d.seq_len = spec_.train.seq_len;
+  d.vocab_size = config_.vocab_size;
+  d.eos_id = eos_id_;
+  d.eval_fraction = spec_.data.text.empty() ? spec_.data.eval_fraction : 0.0;
+  d.shuffle_seed = spec_.data.shuffle_seed;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(d);
+  if (!loader.ok()) return Annotate(loader.status(), "data");
+  loader_.emplace(std::move(*loader));
+  if (spec_.eval.every_steps > 0) {
+    absl::StatusOr<std::vector<MicroBatch>> eval =
+        loader_->EvalBatches(spec_.train.micro_batch, spec_.eval.batches);
+    if (!eval.ok()) return Annotate(eval.status(), "eval");
+    eval_batches_ = std::move(*eval);
+  }
+
+  TrainerOptions t;
+  t.device = device;
+  t.compute_dtype = spec_.train.compute_dtype;
+  t.micro_batch = spec_.train.micro_batch;
+  t.seq_len = spec_.train.seq_len;
+  t.adamw.lr = spec_.optimizer.lr;
+  t.adamw.beta1 = spec_.optimizer.beta1;
+  t.adamw.beta2 = spec_.optimizer.beta2;
+  t.adamw.eps = spec_.optimizer.eps;
+  t.adamw.weight_decay = spec_.optimizer.weight_decay;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.schedule.kind, ParseLrScheduleKind(spec_.optimizer.schedule));
+  t.schedule.warmup_steps = spec_.optimizer.warmup_steps;
+  t.schedule.total_steps = max_steps_;
+  t.schedule.min_lr_ratio = spec_.optimizer.min_lr_ratio;
+  t.max_grad_norm = spec_.train.max_grad_norm;
+  t.nan_policy = spec_.train.nan_policy;
+  t.offload_activations = spec_.train.offload_activations;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
+  if (t.debug_nonfinite.step > 0) {
+    std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",
+                 kPoisonStepEnv, std::getenv(kPoisonStepEnv),
+                 static_cast<long long>(t.debug_nonfinite.step));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, t, spec_.train.seed));
+  if (!spec_.model.hf_dir.empty()) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()), "model.hf_dir"));
+  }
+  if (resume_from.has_value()) {
+    absl::StatusOr<CheckpointState> state = ReadCheckpoint(*resume_from, &trainer_->store());
+    if (!state.ok()) return Annotate(state.status(), "resume");
+    // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
+    // only from its own checkpoints (one without an id predates ids).
+    if (!spec_.job_id.empty() && !state->job_id.empty() && state->job_id != spec_.job_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("resume: ", *resume_from, " belongs to job ", state->job_id, ", not to job ",
+                       spec_.job_id, "; refusing to resume from it"));
+    }
+    trainer_->set_step(state->step);
+    absl::StatusOr<DataCursor> cursor = DataCursor::FromJson(state->data_cursor_json);
+    if (!cursor.ok()) return Annotate(cursor.status(), absl::StrCat(*resume_from, ": data cursor"));
+    MEGATRAIN_RETURN_IF_ERROR(Annotate(loader_->RestoreCursor(*cursor), "resume"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
+  const auto start = std::chrono::steady_clock::now();
+  MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
+  CheckpointState state;
+  state.step = trainer_->step();
+  state.rng_state = spec_.train.seed;
+  state.job_id = spec_.job_id;
+  state.data_cursor_json = (consumed_cursor_ ? *consumed_cursor_ : loader_->cursor()).ToJson();
+  state.job_spec_json = JobSpecToJson(spec_);
+  state.schedule_json = nlohmann::json{
+      {"schedule", spec_.optimizer.schedule},
+      {"warmup_steps", spec_.optimizer.warmup_steps},
+      {"total_steps", max_steps_},
+      {"min_lr_ratio", spec_.optimizer.min_lr_ratio},
+      {"peak_lr",
+       spec_.optimizer.lr}}.dump();
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      CheckpointInfo info,
+      WriteCheckpoint(trainer_->store(), state, spec_.output_dir, spec_.checkpoint));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (observer != nullptr) observer->OnCheckpointWritten(info, seconds);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
+  const double flops_per_token = config_.TrainFlopsPerToken(spec_.train.seq_len);
+  const double peak = PeakBf16Flops(trainer_->device_name());
+  int64_t last_checkpoint_step = -1;
+  int64_t consecutive_skipped = 0;  // kMaxConsecutiveSkippedSteps
+  while (trainer_->step() < max_steps_) {
+    std::optional<StopKind> stop;
+    bool checkpoint_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stop = stop_;
+      checkpoint_now = std::exchange(checkpoint_requested_, false);
+    }
+    if (stop == StopKind::kCancel) {
+      MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
+      return JobOutcome::kCancelled;
+    }
+    if (stop == StopKind::kSuspend) {
+      if (last_checkpoint_step != trainer_->step()) {
+        MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+      }
+      return JobOutcome::kSuspended;
+    }
+    if (checkpoint_now) {
+      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+      last_checkpoint_step = trainer_->step();
+    }
+    auto read_batches = [&]() -> absl::StatusOr<std::vector<MicroBatch>> {
+      std::vector<MicroBatch> out;
+      for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
+        absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
+        if (!batch.ok()) return Annotate(batch.status(), "data");
+        out.push_back(std::move(*batch));
+      }
+      return out;
+    };
+    std::vector<MicroBatch> batches = std::move(next_batches_);
+    next_batches_.clear();
+    consumed_cursor_.reset();
+    if (batches.empty()) {
+      MEGATRAIN_ASSIGN_OR_RETURN(batches, read_batches());
+    }
+    if (trainer_->step() + 1 < max_steps_) {
+      DataCursor before = loader_->cursor();
+      MEGATRAIN_ASSIGN_OR_RETURN(next_batches_, read_batches());
+      consumed_cursor_ = std::move(before);
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        StepResult r,
+        trainer_->Step(batches, next_batches_.empty()
+                                    ? absl::Span<const int32_t>()
+                                    : absl::MakeConstSpan(next_batches_[0].input_ids)));
+    StepReport report;
+    report.step = trainer_->step();
+    report.max_steps = max_steps_;
+    report.loss = r.loss;
+    report.grad_norm = r.grad_norm;
+    report.lr = r.lr;
+    report.skipped = r.skipped;
+    report.stats = r.stats;
+    report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
+    report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
+    if (observer != nullptr) observer->OnStep(report);
+    consecutive_skipped = r.skipped ? consecutive_skipped + 1 : 0;
+    if (consecutive_skipped >= kMaxConsecutiveSkippedSteps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          kMaxConsecutiveSkippedSteps,
+          " steps in a row had a non-finite loss or gradient norm "
+          "and were skipped (train.nan_policy: skip); the last applied step is ",
+          trainer_->step(), "; the model has likely diverged (try a lower optimizer.lr)"));
+    }
+    if (r.skipped && !r.partial) continue;  // nothing changed: no eval, no checkpoint
+    const int64_t step = trainer_->step();
+    if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
+        (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
+      MEGATRAIN_ASSIGN_OR_RETURN(double eval_loss, trainer_->Evaluate(eval_batches_));
+      if (observer != nullptr) observer->OnEval(step, eval_loss);
+    }
+    if (spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0 &&
+        step < max_steps_) {
+      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+      last_checkpoint_step = step;
+    }
+  }
+  if (last_checkpoint_step != trainer_->step()) {
+    MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+  }
+  return JobOutcome::kSucceeded;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
+    const JobSpec& spec, const std::string& device, const std::optional<std::string>& resume_from) {
+  MEGATRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  if (spec.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  auto job = std::make_unique<TrainingJobImpl>(spec, config);
+  MEGATRAIN_RETURN_IF_ERROR(ExplainDeviceOutOfMemory(job->Init(device, resume_from), spec, config));
+  return std::unique_ptr<TrainingJob>(std::move(job));
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,392 @@
+// Dense decoder layer math (see layers.h for sources and precision rules).
+#include "engine/model/layers.h"
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "engine/runtime/torch_compat.h"
+
+namespace megatrain::engine {
+namespace {
+
+// Inverse RoPE frequencies [Dr/2] fp32 for base `theta`, with `rs` applied
+// (HF modeling_rope_utils.py: _compute_default_rope_parameters,
+// _compute_linear_scaling_rope_parameters, _compute_llama3_parameters,
+// _compute_longrope_parameters). LongRoPE picks its factors by seq_len.
+at::Tensor InverseFrequencies(const ModelConfig& c, double theta, const RopeScaling& rs,
+                              int64_t seq_len) {
+  const int64_t dim = c.RotaryDim();
+  at::Tensor exponent = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / dim;
+  if (rs.type == RopeScalingType::kLongRope) {
+    const std::vector<double>& f =
+        seq_len > rs.original_max_position_embeddings ? rs.long_factor : rs.short_factor;
+    at::Tensor ext = at::tensor(std::vector<float>(f.begin(), f.end()));
+    return 1.0 / (ext * at::pow(theta, exponent));
+  }
+  at::Tensor inv_freq = 1.0 / at::pow(theta, exponent);
+  if (rs.type == RopeScalingType::kLinear) return inv_freq / rs.factor;
+  if (rs.type == RopeScalingType::kLlama3) {
+    const double old_len = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_freq_wavelen = old_len / rs.low_freq_factor;
+    const double high_freq_wavelen = old_len / rs.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / rs.factor, inv_freq);
+    at::Tensor smooth =
+        (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled;
+    at::Tensor is_medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+    return at::where(is_medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+
+// LongRoPE's factor on cos and sin (HF _compute_longrope_parameters): the
+// configured attention_factor, else sqrt(1 + ln(s) / ln(original)) with
+// s = max_position_embeddings / original_max_position_embeddings.
+double RopeAttentionFactor(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != RopeScalingType::kLongRope) return 1.0;
+  if (rs.attention_factor > 0) return rs.attention_factor;
+  const double original = static_cast<double>(rs.original_max_position_embeddings);
+  const double s = static_cast<double>(c.max_position_embeddings) / original;
+  return s <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(s) / std::log(original));
+}
+
+// cos and sin [T, Dr] fp32 of positions [0, T).
+std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& inv_freq, int64_t seq_len,
+                                             double factor, const at::Device& device) {
+  at::Tensor positions = at::arange(seq_len, at::kLong).to(at::kFloat);  // [T]
+  at::Tensor freqs = at::outer(positions, inv_freq);                     // [T, Dr/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);                          // [T, Dr]
+  if (factor == 1.0) return {emb.cos().to(device), emb.sin().to(device)};
+  return {(emb.cos() * factor).to(device), (emb.sin() * factor).to(device)};
+}
+
+// HF rotate_half: cat(-x2, x1) over the last dimension.
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// x [B, heads, T, Dh]; cos, sin [T, Dr] fp32, cast to x's dtype as in HF.
+// With Dr < Dh only the first Dr dimensions rotate (HF Phi-3
+// apply_rotary_pos_emb: q_rot, q_pass).
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor c = cos.to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
+  at::Tensor s = sin.to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
+  const int64_t rotary = cos.size(-1);
+  if (rotary == x.size(-1)) return x * c + RotateHalf(x) * s;
+  at::Tensor x_rot = x.narrow(-1, 0, rotary);
+  at::Tensor x_pass = x.narrow(-1, rotary, x.size(-1) - rotary);
+  return at::cat({x_rot * c + RotateHalf(x_rot) * s, x_pass}, -1);
+}
+
+// The gated MLP's activation (HF ACT2FN: silu, gelu_pytorch_tanh, gelu).
+at::Tensor Activation(const at::Tensor& x, MlpActivation a) {
+  switch (a) {
+    case MlpActivation::kSilu:
+      return at::silu(x);
+    case MlpActivation::kGeluTanh:
+      return at::gelu(x, "tanh");
+    case MlpActivation::kGelu:
+      return at::gelu(x);
+  }
+  return at::silu(x);
+}
+
+// cap * tanh(x / cap) (HF Gemma2: logits / cap, tanh, * cap).
+at::Tensor SoftCap(const at::Tensor& x, double cap) { return at::tanh(x / cap) * cap; }
+
+// HF repeat_kv: [B, KV, T, Dh] -> [B, KV*n_rep, T, Dh].
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv, n_rep, t, d}).reshape({b, kv * n_rep, t, d});
+}
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+}
+
+}  // namespace
+
+RopeCache BuildRopeCache(const ModelConfig& config, int64_t seq_len, const at::Device& device) {
+  RopeCache cache;
+  std::tie(cache.cos, cache.sin) =
+      RopeTables(InverseFrequencies(config, config.rope_theta, config.rope_scaling, seq_len),
+                 seq_len, RopeAttentionFactor(config), device);
+  if (config.rope_local_base_freq > 0) {  // Gemma 3 sliding layers: unscaled
+    std::tie(cache.local_cos, cache.local_sin) =
+        RopeTables(InverseFrequencies(config, config.rope_local_base_freq, RopeScaling(), seq_len),
+                   seq_len, 1.0, device);
+  }
+  return cache;
+}
+
+at::Tensor BuildAttentionMask(const ModelConfig& config, int64_t seq_len,
+                              const at::Device& device) {
+  if (!config.AnySlidingLayer() || config.sliding_window <= 0 || config.sliding_window >= seq_len) {
+    return at::Tensor();
+  }
+  // Query q attends to key k iff 0 <= q - k < sliding_window (HF
+  // masking_utils sliding_window_overlay combined with causal).
+  at::Tensor q = at::arange(seq_len, at::kLong).unsqueeze(1);
+  at::Tensor k = at::arange(seq_len, at::kLong).unsqueeze(0);
+  at::Tensor distance = q - k;
+  return (distance >= 0).logical_and(distance < config.sliding_window).to(device);
+}
+
+std::vector<at::Tensor> DecoderLayerWeights::List() const {
+  std::vector<at::Tensor> out;
+  // Fused tensors stand for their row views.
+  const bool fused_qkv = qkv_proj.defined(), fused_mlp = gate_up_proj.defined();
+  for (const at::Tensor* t :
+       {&input_layernorm, &qkv_proj, &q_proj, &q_bias, &k_proj, &k_bias, &v_proj, &v_bias, &o_proj,
+        &o_bias, &q_norm, &k_norm, &post_attention_layernorm, &pre_feedforward_layernorm,
+        &post_feedforward_layernorm, &gate_up_proj, &gate_proj, &up_proj, &down_proj}) {
+    if (fused_qkv && (t == &q_proj || t == &k_proj || t == &v_proj)) continue;
+    if (fused_mlp && (t == &gate_proj || t == &up_proj)) continue;
+    if (t->defined()) out.push_back(*t);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> BindBlockParams(const BlockLayout& block, const at::Tensor& flat) {
+  std::vector<at::Tensor> out;
+  out.reserve(block.params.size());
+  for (const ParamSpec& p : block.params) {
+    out.push_back(flat.narrow(0, p.offset, p.numel).view(p.shape));
+  }
+  return out;
+}
+
+DecoderLayerWeights DecoderLayerWeightsFromParams(const BlockLayout& block,
+                                                  const std::vector<at::Tensor>& params) {
+  DecoderLayerWeights w;
+  w.layer_idx = block.layer_idx;
+  const std::pair<const char*, at::Tensor*> slots[] = {
+      {"input_layernorm.weight", &w.input_layernorm},
+      {"self_attn.qkv_proj.weight", &w.qkv_proj},
+      {"mlp.gate_up_proj.weight", &w.gate_up_proj},
+      {"pre_feedforward_layernorm.weight", &w.pre_feedforward_layernorm},
+      {"post_feedforward_layernorm.weight", &w.post_feedforward_layernorm},
+      {"self_attn.q_proj.weight", &w.q_proj},
+      {"self_attn.q_proj.bias", &w.q_bias},
+      {"self_attn.k_proj.weight", &w.k_proj},
+      {"self_attn.k_proj.bias", &w.k_bias},
+      {"self_attn.v_proj.weight", &w.v_proj},
+      {"self_attn.v_proj.bias", &w.v_bias},
+      {"self_attn.o_proj.weight", &w.o_proj},
+      {"self_attn.o_proj.bias", &w.o_bias},
+      {"self_attn.q_norm.weight", &w.q_norm},
+      {"self_attn.k_norm.weight", &w.k_norm},
+      {"post_attention_layernorm.weight", &w.post_attention_layernorm},
+      {"mlp.gate_proj.weight", &w.gate_proj},
+      {"mlp.up_proj.weight", &w.up_proj},
+      {"mlp.down_proj.weight", &w.down_proj},
+  };
+  for (size_t i = 0; i < block.params.size(); ++i) {
+    for (const auto& [name, slot] : slots) {
+      if (block.params[i].local_name == name) *slot = params[i];
+    }
+  }
+  if (w.qkv_proj.defined()) {  // rows: q [H*Dh], k [KV*Dh], v [KV*Dh]
+    const int64_t q_rows = w.o_proj.size(1);
+    const int64_t kv_rows = (w.qkv_proj.size(0) - q_rows) / 2;
+    w.q_proj = w.qkv_proj.narrow(0, 0, q_rows);
+    w.k_proj = w.qkv_proj.narrow(0, q_rows, kv_rows);
+    w.v_proj = w.qkv_proj.narrow(0, q_rows + kv_rows, kv_rows);
+  }
+  if (w.gate_up_proj.defined()) {  // rows: gate [F], up [F]
+    const int64_t f = w.gate_up_proj.size(0) / 2;
+    w.gate_proj = w.gate_up_proj.narrow(0, 0, f);
+    w.up_proj = w.gate_up_proj.narrow(0, f, f);
+  }
+  return w;
+}
+
+DecoderLayerWeights BindDecoderLayerWeights(const BlockLayout& block, const at::Tensor& flat) {
+  return DecoderLayerWeightsFromParams(block, BindBlockParams(block, flat));
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  at::Tensor normed = (xf * at::rsqrt(variance + eps)).to(x.scalar_type());
+  return weight * normed;
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, NormKind kind) {
+  if (kind == NormKind::kRms) return RmsNorm(x, weight, eps);
+  // HF Gemma2RMSNorm: (x_hat * (1 + w.float())).type_as(x), all in fp32.
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (normed * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+}
+
+at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               double scale, double cap, int64_t window) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
+  // Queries per block: kAttentionChunkBytes of fp32 scores against all T keys.
+  const int64_t chunk = std::max<int64_t>(1, kAttentionChunkBytes / (4 * b * h * t));
+  std::vector<at::Tensor> outputs;
+  for (int64_t start = 0; start < t; start += chunk) {
+    const int64_t n = std::min(chunk, t - start);
+    // Keys this block can see: [key_begin, start + n).
+    const int64_t key_begin = window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
+    const int64_t keys = start + n - key_begin;
+    at::Tensor kc = k.narrow(2, key_begin, keys), vc = v.narrow(2, key_begin, keys);
+    at::Tensor scores = at::matmul(q.narrow(2, start, n), kc.transpose(-2, -1)) * scale;
+    scores = SoftCap(scores, cap).to(at::kFloat);  // [B, H, n, S]
+    at::Tensor qi = at::arange(start, start + n, q.options().dtype(at::kLong)).unsqueeze(1);
+    at::Tensor ki = at::arange(key_begin, start + n, q.options().dtype(at::kLong)).unsqueeze(0);
+    at::Tensor blocked = ki > qi;
+    if (window > 0) blocked = blocked.logical_or(qi - ki >= window);
+    scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
+    at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
+    outputs.push_back(at::matmul(probs, vc));  // [B, H, n, Dh]
+  }
+  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 2);
+}
+
+namespace {
+
+// Attention sub-layer: n1 [B, T, C] compute dtype -> [B, T, C] (o_proj
+// output, compute dtype).
+at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, const at::Tensor& n1,
+                          const RopeCache& rope, const at::Tensor& attention_mask,
+                          at::ScalarType cd) {
+  const int64_t b = n1.size(0), t = n1.size(1);
+  const int64_t h = c.num_attention_heads, kv = c.num_key_value_heads, dh = c.head_dim;
+  const bool sliding = c.AttentionType(w.layer_idx) == LayerType::kSlidingAttention;
+  at::Tensor q = Linear(n1, w.q_proj, w.q_bias).view({b, t, h, dh});   // [B, T, H, Dh]
+  at::Tensor k = Linear(n1, w.k_proj, w.k_bias).view({b, t, kv, dh});  // [B, T, KV, Dh]
+  at::Tensor v = Linear(n1, w.v_proj, w.v_bias).view({b, t, kv, dh});
+  if (c.qk_norm) {  // Qwen3, Gemma 3: per-head RMSNorm over Dh before RoPE
+    q = RmsNorm(q, w.q_norm, c.rms_norm_eps, c.norm_kind).to(cd);
+    k = RmsNorm(k, w.k_norm, c.rms_norm_eps, c.norm_kind).to(cd);
+  }
+  const bool local_rope = sliding && rope.local_cos.defined();
+  const at::Tensor& cos = local_rope ? rope.local_cos : rope.cos;
+  const at::Tensor& sin = local_rope ? rope.local_sin : rope.sin;
+  q = ApplyRope(q.transpose(1, 2), cos, sin);  // [B, H, T, Dh]
+  k = ApplyRope(k.transpose(1, 2), cos, sin);  // [B, KV, T, Dh]
+  v = v.transpose(1, 2);
+  k = RepeatKv(k, h / kv);  // [B, H, T, Dh]
+  v = RepeatKv(v, h / kv);
+  at::Tensor attn;
+  if (c.attn_logit_softcapping > 0) {  // Note [Soft-capped attention]
+    attn = SoftcappedAttention(q, k, v, c.AttentionScale(), c.attn_logit_softcapping,
+                               sliding ? c.sliding_window : 0);
+  } else {
+    attn = compat::ScaledDotProductAttention(q, k, v, sliding ? attention_mask : at::Tensor(),
+                                             /*is_causal=*/true, c.AttentionScale());
+  }                                                     // [B, H, T, Dh]
+  attn = attn.transpose(1, 2).reshape({b, t, h * dh});  // [B, T, H*Dh]
+  return Linear(attn, w.o_proj, w.o_bias);
+}
+
+}  // namespace
+
+at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& w,
+                               const at::Tensor& x_in, const RopeCache& rope,
+                               const at::Tensor& attention_mask, at::ScalarType cd) {
+  at::Tensor x = x_in;
+  if (c.scale_embeddings && w.layer_idx == 0) {  // Note [Embedding scale]
+    const double normalizer =
+        at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)), at::kDouble)
+            .to(cd)
+            .item<double>();
+    x = x * normalizer;
+  }
+  const NormKind kind = c.norm_kind;
+  const double eps = c.rms_norm_eps;
+
+  // Attention block.
+  at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);       // [B, T, C]
+  at::Tensor attn = AttentionBlock(c, w, n1, rope, attention_mask, cd);  // [B, T, C]
+  if (c.sandwich_norms) attn = RmsNorm(attn, w.post_attention_layernorm, eps, kind);
+  at::Tensor hidden = x + attn;  // fp32 [B, T, C]
+
+  // MLP block (gated: SwiGLU or GeGLU).
+  const at::Tensor& pre_mlp_norm =
+      c.sandwich_norms ? w.pre_feedforward_layernorm : w.post_attention_layernorm;
+  at::Tensor n2 = RmsNorm(hidden, pre_mlp_norm, eps, kind).to(cd);
+  at::Tensor gate = Activation(at::linear(n2, w.gate_proj), c.hidden_activation);  // [B, T, F]
+  at::Tensor mlp = at::linear(gate * at::linear(n2, w.up_proj), w.down_proj);      // [B, T, C]
+  if (c.sandwich_norms) mlp = RmsNorm(mlp, w.post_feedforward_layernorm, eps, kind);
+  return hidden + mlp;
+}
+
+HeadResult HeadForwardBackward(const ModelConfig& c, const at::Tensor& hidden,
+                               const at::Tensor& labels, const at::Tensor& norm_weight,
+                               const at::Tensor& lm_head, double loss_scale, int64_t chunk_tokens,
+                               at::ScalarType cd) {
+  const int64_t rows = hidden.size(0) * hidden.size(1);
+  const int64_t width = hidden.size(2);
+  at::Tensor h_leaf = hidden.detach().requires_grad_(true);
+  at::Tensor norm_leaf = norm_weight.detach().requires_grad_(true);
+  at::Tensor normed =
+      RmsNorm(h_leaf, norm_leaf, c.rms_norm_eps, c.norm_kind).to(cd).view({rows, width});
+  at::Tensor normed_values = normed.detach();
+  at::Tensor flat_labels = labels.reshape({rows});
+
+  at::Tensor head_leaf = lm_head.detach().requires_grad_(true);
+  at::Tensor grad_normed = at::empty_like(normed_values);  // [B*T, C]
+  // dW summed over chunks in fp32, rounded to the compute dtype once.
+  at::Tensor grad_head = at::zeros(lm_head.sizes(), lm_head.options().dtype(at::kFloat));
+  at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(at::kDouble));
+  for (int64_t start = 0; start < rows; start += chunk_tokens) {
+    const int64_t n = std::min(chunk_tokens, rows - start);
+    at::Tensor x = normed_values.narrow(0, start, n).detach().requires_grad_(true);  // [N, C]
+    at::Tensor logits = at::matmul(x, head_leaf.t()).to(at::kFloat);                 // [N, V]
+    if (c.final_logit_softcapping > 0) logits = SoftCap(logits, c.final_logit_softcapping);
+    at::Tensor loss = at::cross_entropy_loss(logits, flat_labels.narrow(0, start, n),
+                                             /*weight=*/{}, at::Reduction::Sum,
+                                             /*ignore_index=*/-100);
+    auto grads = torch::autograd::grad({loss * loss_scale}, {x, head_leaf});
+    grad_normed.narrow(0, start, n).copy_(grads[0]);
+    grad_head.add_(grads[1]);
+    loss_sum.add_(loss.detach());
+  }
+  auto grads = torch::autograd::grad({normed}, {h_leaf, norm_leaf}, {grad_normed});
+  HeadResult out;
+  out.loss_sum = loss_sum;
+  out.grad_hidden = grads[0];
+  out.grad_norm = grads[1];
+  out.grad_lm_head = grad_head.to(cd);
+  return out;
+}
+
+at::Tensor HeadLogits(const ModelConfig& c, const at::Tensor& hidden, const at::Tensor& norm_weight,
+                      const at::Tensor& lm_head, at::ScalarType cd) {
+  at::Tensor normed =
+      RmsNorm(hidden, norm_weight, c.rms_norm_eps, c.norm_kind).to(cd);  // [B, T, C]
+  at::Tensor logits = at::matmul(normed, lm_head.t()).to(at::kFloat);    // [B, T, V]
+  return c.final_logit_softcapping > 0 ? SoftCap(logits, c.final_logit_softcapping) : logits;
+}
+
+at::Tensor HeadLoss(const ModelConfig& c, const at::Tensor& hidden, const at::Tensor& labels,
+                    const at::Tensor& norm_weight, const at::Tensor& lm_head, int64_t chunk_tokens,
+                    at::ScalarType cd) {
+  const int64_t rows = hidden.size(0) * hidden.size(1);
+  at::Tensor normed =
+      RmsNorm(hidden, norm_weight, c.rms_norm_eps, c.norm_kind).to(cd).view({rows, -1});
+  at::Tensor flat_labels = labels.reshape({rows});
+  at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(at::kDouble));
+  for (int64_t start = 0; start < rows; start += chunk_tokens) {
+    const int64_t n = std::min(chunk_tokens, rows - start);
+    at::Tensor logits = at::matmul(normed.narrow(0, start, n), lm_head.t()).to(at::kFloat);
+    if (c.final_logit_softcapping > 0) logits = SoftCap(logits, c.final_logit_softcapping);
+    loss_sum.add_(at::cross_entropy_loss(logits, flat_labels.narrow(0, start, n), {},
+                                         at::Reduction::Sum, -100));
+  }
+  return loss_sum;
+}
+
+}  // namespace megatrain::engine

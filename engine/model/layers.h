@@ -1,0 +1,189 @@
+// Stateless layer functions of the dense decoder families (Llama, Mistral,
+// Qwen2/3, Gemma 2/3, Phi-3). A layer is a
+// function of its weights, bound at call time as views into a flat device
+// buffer, and its input activations: no module objects and no autograd graph
+// that outlives one call.
+//
+// Dimension legend for engine/ (written once): B micro_batch, T seq_len,
+// C hidden_size, F intermediate_size, H attention heads, KV key/value heads,
+// Dh head_dim, L layers, V vocab_size, N tokens in a chunk. Tensors are
+// row-major; nn.Linear weights are [out, in].
+//
+// Precision: the residual stream between layers is fp32 (as in HF models
+// under bf16 autocast with fp32 weights); matmuls and attention run in the
+// compute dtype (bf16, or fp32 with or without TF32); RMSNorm statistics are
+// fp32 (HF LlamaRMSNorm).
+//
+// Formulas: HF transformers models/llama/modeling_llama.py (RMSNorm, RoPE
+// rotate_half, repeat_kv, SwiGLU MLP), models/qwen3/modeling_qwen3.py
+// (q_norm/k_norm), models/mistral (sliding window),
+// models/gemma2/modular_gemma2.py (Gemma2RMSNorm (1 + w), sandwich norms,
+// embedding normalizer, query_pre_attn_scalar, soft-capping),
+// models/gemma3/modular_gemma3.py (local/global RoPE, q/k norms),
+// models/phi3/modular_phi3.py (fused projections, partial rotary), and
+// modeling_rope_utils.py (_compute_llama3_parameters,
+// _compute_longrope_parameters).
+//
+// Every family difference is read from ModelConfig fields (norm_kind,
+// hidden_activation, sandwich_norms, layer_types, ...), never from
+// model_type.
+//
+// Note [Embedding scale]: Gemma multiplies the embedding output by
+// sqrt(hidden_size) rounded to the activation dtype (HF: `normalizer =
+// torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)`). The engine
+// applies it at the start of decoder layer 0 (DecoderLayerWeights::layer_idx
+// == 0), rounded to the compute dtype, so that the embedding stays a plain
+// row lookup on every path (host gather, resident gather, scatter-add
+// backward) and its gradient comes out of layer 0's autograd already scaled.
+//
+// Note [Soft-capped attention]: cap * tanh(scores / cap) between QK^T and
+// the softmax (Gemma 2) cannot be expressed to LibTorch's fused
+// scaled_dot_product_attention, so those layers run SoftcappedAttention:
+// scores in the compute dtype for a block of queries at a time against only
+// the keys it can see (causal, and the window on sliding layers), capped,
+// masked, softmax in fp32, probabilities back in the compute dtype for PV
+// (HF eager_attention_forward). Forward memory is bounded by
+// kAttentionChunkBytes per block; backward (autograd over one layer's
+// recomputation) keeps the blocks' capped scores and probabilities, about
+// 3 x B*H*T*T/2 fp32 for one layer at a time. Layers without soft-capping
+// use the fused kernel.
+#ifndef MEGATRAIN_ENGINE_LAYERS_H_
+#define MEGATRAIN_ENGINE_LAYERS_H_
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/model/param_layout.h"
+
+namespace megatrain::engine {
+
+// Bytes of fp32 attention scores one block of queries may hold in
+// SoftcappedAttention (Note [Soft-capped attention]).
+inline constexpr int64_t kAttentionChunkBytes = int64_t{256} << 20;
+
+// RoPE tables for positions [0, T): cos and sin, [T, Dr] fp32 (Dr =
+// config.RotaryDim()), on the device, already multiplied by the LongRoPE
+// attention factor. local_cos / local_sin: the tables of sliding layers when
+// they have their own base (rope_local_base_freq > 0), else undefined.
+struct RopeCache {
+  at::Tensor cos;
+  at::Tensor sin;
+  at::Tensor local_cos;
+  at::Tensor local_sin;
+};
+
+// Builds RoPE tables, applying `rope_scaling` (linear, llama3 or longrope)
+// to the inverse frequencies inv_freq[i] = rope_theta^(-2i/Dr). LongRoPE
+// uses long_factor when seq_len > original_max_position_embeddings, as HF's
+// longrope_frequency_update does for positions [0, seq_len).
+RopeCache BuildRopeCache(const ModelConfig& config, int64_t seq_len, const at::Device& device);
+
+// Attention mask for the config's sliding layers: undefined when no layer
+// slides over a window shorter than seq_len, else a boolean [T, T]
+// sliding-window causal mask (true = attend). Full-attention layers ignore
+// it (plain causal).
+at::Tensor BuildAttentionMask(const ModelConfig& config, int64_t seq_len, const at::Device& device);
+
+// Views of one decoder layer's weights inside a flat buffer. Absent
+// parameters (biases, q/k norms, Gemma's extra norms) are undefined tensors.
+// With fused checkpoint tensors (Phi-3) qkv_proj / gate_up_proj are the
+// parameters and q/k/v_proj, gate/up_proj are row views of them.
+struct DecoderLayerWeights {
+  int64_t layer_idx = -1;   // from the block (Note [Embedding scale])
+  at::Tensor qkv_proj;      // [(H+2KV)*Dh, C] when fused
+  at::Tensor gate_up_proj;  // [2F, C] when fused
+  at::Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [C], sandwich_norms
+  at::Tensor input_layernorm;                                        // [C]
+  at::Tensor q_proj, q_bias;                                         // [H*Dh, C], [H*Dh]
+  at::Tensor k_proj, k_bias;                                         // [KV*Dh, C], [KV*Dh]
+  at::Tensor v_proj, v_bias;                                         // [KV*Dh, C], [KV*Dh]
+  at::Tensor o_proj, o_bias;                                         // [C, H*Dh], [C]
+  at::Tensor q_norm, k_norm;                                         // [Dh]
+  at::Tensor post_attention_layernorm;                               // [C]
+  at::Tensor gate_proj, up_proj;                                     // [F, C]
+  at::Tensor down_proj;                                              // [C, F]
+
+  // The defined tensors in layout order (for autograd::grad).
+  std::vector<at::Tensor> List() const;
+};
+
+// Views into `flat` ([block.numel], any dtype, any device) following the
+// layout of a decoder-layer block. `flat` must outlive the views.
+DecoderLayerWeights BindDecoderLayerWeights(const BlockLayout& block, const at::Tensor& flat);
+
+// The same from per-parameter tensors in layout order (e.g. autograd leaves).
+DecoderLayerWeights DecoderLayerWeightsFromParams(const BlockLayout& block,
+                                                  const std::vector<at::Tensor>& params);
+
+// Views of `flat` for every parameter of `block`, in layout order.
+std::vector<at::Tensor> BindBlockParams(const BlockLayout& block, const at::Tensor& flat);
+
+// HF LlamaRMSNorm: x * rsqrt(mean(x^2, -1) + eps) computed in fp32, cast to
+// x's dtype, times `weight`. x [..., D], weight [D]. Result dtype follows
+// type promotion of weight and x's dtype.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// RMSNorm of either kind: kRms is RmsNorm above; kRmsOnePlusWeight is HF
+// Gemma2RMSNorm, (x_hat * (1 + weight)) in fp32, cast to x's dtype.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, NormKind kind);
+
+// Causal attention with cap * tanh(scores / cap) (Note [Soft-capped
+// attention]). q [B, H, T, Dh], k and v [B, H, T, Dh] (kv heads already
+// repeated), all in one dtype; window > 0 limits query i to keys
+// (i - window, i]. Returns [B, H, T, Dh] in q's dtype. Differentiable.
+at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               double scale, double cap, int64_t window);
+
+// One decoder layer: x [B, T, C] fp32 -> [B, T, C] fp32 (Llama form):
+//   h = x + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = RMSNorm(x)
+//   y = h + down(act(gate(n2)) * up(n2))                    n2 = RMSNorm(h)
+// With sandwich_norms (Gemma) the sub-layer outputs are normalised too:
+//   h = x + post_attention_norm(attn(...)), n2 = pre_feedforward_norm(h),
+//   y = h + post_feedforward_norm(mlp(n2)).
+// Layer 0 first scales x (Note [Embedding scale]); sliding layers use
+// `attention_mask` and rope's local tables. Weights must already be in
+// `compute_dtype` on x's device.
+at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeights& w,
+                               const at::Tensor& x, const RopeCache& rope,
+                               const at::Tensor& attention_mask, at::ScalarType compute_dtype);
+
+// Result of the head (final norm + lm_head + cross-entropy) on a micro-batch.
+struct HeadResult {
+  at::Tensor loss_sum;      // [] fp64 on the device: sum of token losses
+                            // (nats) over labels != -100; read it at the
+                            // end of the step to avoid a host sync here
+  at::Tensor grad_hidden;   // [B, T, C] fp32: d(loss_scale * loss_sum)/d hidden
+  at::Tensor grad_norm;     // [C] compute dtype
+  at::Tensor grad_lm_head;  // [V, C] compute dtype
+};
+
+// Final RMSNorm, lm_head, soft-capping of the logits when
+// final_logit_softcapping > 0 (in fp32), and token cross-entropy
+// (ignore_index -100) with
+// their backward, computing logits `chunk_tokens` rows at a time so that the
+// [B*T, V] logits never exist at once. Gradients are of
+// loss_scale * loss_sum (the executor passes 1 / counted tokens of the
+// global batch). hidden [B, T, C] fp32; labels [B, T] int64; norm_weight
+// [C] and lm_head [V, C] in compute dtype.
+HeadResult HeadForwardBackward(const ModelConfig& config, const at::Tensor& hidden,
+                               const at::Tensor& labels, const at::Tensor& norm_weight,
+                               const at::Tensor& lm_head, double loss_scale, int64_t chunk_tokens,
+                               at::ScalarType compute_dtype);
+
+// Logits of every position: hidden [B, T, C] fp32 -> [B, T, V] fp32
+// (final RMSNorm and lm_head in the compute dtype, then widened and
+// soft-capped when final_logit_softcapping > 0).
+at::Tensor HeadLogits(const ModelConfig& config, const at::Tensor& hidden,
+                      const at::Tensor& norm_weight, const at::Tensor& lm_head,
+                      at::ScalarType compute_dtype);
+
+// Loss only (evaluation): returns the loss sum, [] fp64 on the device.
+at::Tensor HeadLoss(const ModelConfig& config, const at::Tensor& hidden, const at::Tensor& labels,
+                    const at::Tensor& norm_weight, const at::Tensor& lm_head, int64_t chunk_tokens,
+                    at::ScalarType compute_dtype);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_LAYERS_H_

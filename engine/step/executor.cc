@@ -1,0 +1,580 @@
+// The streaming executor (Note [Streaming pipeline] in executor.h): the
+// plan of a pass (engine/step/step_plan.h) run by a short loop over the
+// executor's parts (engine/step/: weight slots, input staging, activation
+// offload, gradient landing, device gradient accumulation, resident
+// blocks). docs/architecture.md draws them.
+#include "engine/step/executor.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/layers.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/step/activation_offload.h"
+#include "engine/step/device_grad_accumulator.h"
+#include "engine/step/grad_lander.h"
+#include "engine/step/input_stager.h"
+#include "engine/step/resident_blocks.h"
+#include "engine/step/step_env.h"
+#include "engine/step/step_plan.h"
+#include "engine/step/weight_slots.h"
+#include "engine/runtime/torch_compat.h"
+
+namespace megatrain::engine {
+namespace {
+
+// Pinned staging per gradient slot: the largest slot block or the
+// embedding's d hidden_0, fp32 (Note [Gradient landing] in grad_lander.h;
+// Note [Executor memory plan] in executor.h counts the same).
+size_t GradStagingBytes(int64_t max_numel, const ExecutorOptions& o, int64_t hidden_size) {
+  const size_t layer_input_bytes = static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4;
+  return std::max<size_t>(max_numel * 4, layer_input_bytes);
+}
+
+// The state of one pass that actions hand to each other.
+struct PassState {
+  absl::Span<const MicroBatch> micro_batches;
+  double loss_scale = 0;  // 1 / counted tokens of the global batch
+  std::vector<float>* logits = nullptr;
+  at::Tensor loss_total;  // [] fp64, device
+  // The current micro-batch.
+  UploadedInput input;            // x moved out into `x`; labels, ids
+  at::Tensor x;                   // [B, T, C] fp32: the hidden state
+  at::Tensor grad_y;              // [B, T, C]: d loss / d (current layer's output)
+  std::vector<at::Tensor> saved;  // [L] layer inputs kept for backward (or undefined)
+
+  void EndMicroBatch() {
+    input = UploadedInput();
+    x.reset();
+    grad_y.reset();
+    saved.clear();
+  }
+};
+
+}  // namespace
+
+class StreamingExecutor::Impl {
+ public:
+  Impl(HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options)
+      : env_(store, runtime, pool, options.compute_dtype),
+        options_(options),
+        accumulator_(&env_, options.device_grad_accumulation, options.resident_layers) {}
+
+  ~Impl() {
+    // The parts' destructors (the gradient lander's joins its thread after
+    // running what is queued) need idle streams.
+    try {
+      env_.runtime->Synchronize();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "megatrain: executor shutdown: %s\n", e.what());
+    }
+  }
+
+  absl::Status Init();
+  absl::StatusOr<ForwardBackwardResult> Run(absl::Span<const MicroBatch> micro_batches,
+                                            bool backward, const BlockFinalCallback& on_block_final,
+                                            std::vector<float>* logits = nullptr);
+  int64_t slot_device_bytes() const {
+    return slots_->device_bytes() + lander_->device_bytes() +
+           (offload_ ? offload_->device_bytes() : 0) + resident_->device_bytes() +
+           accumulator_.device_bytes();
+  }
+  int64_t staging_host_bytes() const {
+    return lander_->pinned_bytes() + inputs_->pinned_bytes() +
+           (offload_ ? offload_->pinned_bytes() : 0);
+  }
+  void SetWeightGate(std::function<void(int64_t)> gate) { env_.weight_gate = std::move(gate); }
+  void SetEmbeddingRowGate(EmbeddingRowGate gate) { inputs_->SetRowGate(std::move(gate)); }
+  void AssumeEmbeddingGradZero(bool zero) { assume_embedding_grad_zero_ = zero; }
+  ResidentBlocks& resident() { return *resident_; }
+
+ private:
+  absl::Status ValidateBatches(absl::Span<const MicroBatch> mbs, int64_t* counted) const;
+  StepPlanOptions PlanOptions(size_t micro_batches, bool backward);
+  void Execute(const StepAction& a, PassState& p);
+  void Upload(const StepAction& a, PassState& p);
+  void ForwardLayer(const StepAction& a, PassState& p);
+  void Head(const StepAction& a, PassState& p);
+  // The head's loss and backward; lands the head's (and a tied
+  // embedding's lm_head) gradient.
+  void HeadBackward(const StepAction& a, PassState& p, const std::vector<at::Tensor>& head_params,
+                    const at::Tensor& lm_head);
+  void BackwardLayer(const StepAction& a, PassState& p);
+  // Activation checkpointing: recomputes the layer's forward from `input`
+  // with autograd local to the layer; returns the gradients of its
+  // parameters (in BindBlockParams order) and, last, of `input`.
+  std::vector<at::Tensor> RecomputeAndBackward(const BlockLayout& bl, const at::Tensor& flat,
+                                               const at::Tensor& input, const at::Tensor& grad_y);
+  void EmbeddingBackward(const StepAction& a, PassState& p);
+  // A contribution to `block`'s device sum is in place; on the last one
+  // of the pass the sum lands in the store.
+  void AccumulatedGradDone(int64_t block);
+  // Resident block `index`'s contribution is in place; on the last one its
+  // squared norm goes to the host.
+  void ResidentGradDone(size_t index);
+  bool FirstContribution(int64_t block) { return !lander_->contributions().seen(block); }
+  void FillStats(size_t micro_batches, StepClock::time_point start, StepStats* stats);
+  void ResetAfterError();
+
+  StepEnv env_;  // first: every part points to it
+  ExecutorOptions options_;
+  int64_t chunk_tokens_ = 0;
+  RopeCache rope_;
+  at::Tensor attention_mask_;
+  std::unique_ptr<WeightSlots> slots_;
+  std::unique_ptr<GradLander> lander_;
+  std::unique_ptr<InputStager> inputs_;
+  std::unique_ptr<ActivationOffload> offload_;  // null without activation offload
+  std::unique_ptr<ResidentBlocks> resident_;
+  DeviceGradAccumulator accumulator_;
+  bool assume_embedding_grad_zero_ = false;  // for the current/next Run only
+};
+
+absl::Status StreamingExecutor::Impl::Init() {
+  const ModelConfig& config = env_.config;
+  const int64_t max_numel = PlanExecutorMemory(config, options_).max_slot_numel;
+  chunk_tokens_ = options_.loss_chunk_tokens > 0
+                      ? options_.loss_chunk_tokens
+                      : std::max<int64_t>(64, (int64_t{256} << 20) / (4 * config.vocab_size));
+  try {
+    const at::Device device = env_.runtime->device();
+    auto scope = env_.runtime->Use(StreamKind::kCompute);
+    compat::SetAllowTf32(options_.compute_dtype == ComputeDtype::kTf32);
+    rope_ = BuildRopeCache(config, options_.seq_len, device);
+    attention_mask_ = BuildAttentionMask(config, options_.seq_len, device);
+    slots_ = std::make_unique<WeightSlots>(&env_, options_.num_weight_slots, max_numel);
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        lander_, GradLander::Create(&env_, options_.num_grad_slots, max_numel,
+                                    GradStagingBytes(max_numel, options_, config.hidden_size)));
+    MEGATRAIN_ASSIGN_OR_RETURN(inputs_,
+                               InputStager::Create(&env_, options_.micro_batch, options_.seq_len));
+    if (options_.offload_activations) {
+      MEGATRAIN_ASSIGN_OR_RETURN(
+          offload_, ActivationOffload::Create(&env_, options_.micro_batch, options_.seq_len));
+    }
+    resident_ = std::make_unique<ResidentBlocks>(&env_, options_.resident_layers,
+                                                 options_.resident_embedding);
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return resident_->LoadFromStore();
+}
+
+absl::Status StreamingExecutor::Impl::ValidateBatches(absl::Span<const MicroBatch> mbs,
+                                                      int64_t* counted) const {
+  if (mbs.empty()) return absl::InvalidArgumentError("batch: no micro-batches");
+  const size_t n = static_cast<size_t>(options_.micro_batch * options_.seq_len);
+  const int32_t vocab = static_cast<int32_t>(env_.config.vocab_size);
+  *counted = 0;
+  for (size_t m = 0; m < mbs.size(); ++m) {
+    const MicroBatch& mb = mbs[m];
+    if (mb.input_ids.size() != n || mb.labels.size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch ", m, ": expected ", n,
+                       " input_ids and labels (micro_batch x seq_len), got ", mb.input_ids.size(),
+                       " and ", mb.labels.size()));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (mb.input_ids[i] < 0 || mb.input_ids[i] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch ", m, ": input_ids[", i,
+                                                       "] = ", mb.input_ids[i],
+                                                       " is outside [0, vocab_size=", vocab, ")"));
+      }
+      const int32_t label = mb.labels[i];
+      if (label == kIgnoreLabel) continue;
+      if (label < 0 || label >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("micro-batch ", m, ": labels[", i, "] = ", label,
+                         " is outside [0, vocab_size=", vocab, ") and is not -100"));
+      }
+      ++*counted;
+    }
+  }
+  return absl::OkStatus();
+}
+
+StepPlanOptions StreamingExecutor::Impl::PlanOptions(size_t micro_batches, bool backward) {
+  StepPlanOptions o;
+  o.micro_batches = static_cast<int>(micro_batches);
+  o.backward = backward;
+  o.tied_embeddings = env_.config.tie_word_embeddings;
+  o.resident_layers = options_.resident_layers;
+  o.resident_embedding = options_.resident_embedding;
+  o.offload_activations = options_.offload_activations;
+  // Note [Device gradient accumulation] in executor.h (allocates the
+  // buffers at the first pass that uses them).
+  o.device_grad_accumulation = backward && accumulator_.Prepare(micro_batches);
+  return o;
+}
+
+// The pass: validate, plan, run the plan's actions in order, read the
+// loss, drain. The plan fixes the order of work (Note [Step plan]).
+absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
+    absl::Span<const MicroBatch> mbs, bool backward, const BlockFinalCallback& on_block_final,
+    std::vector<float>* logits) {
+  ForwardBackwardResult result;
+  MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
+  const StepClock::time_point start = StepClock::now();
+  env_.BeginPass();
+  PassState pass;
+  pass.micro_batches = mbs;
+  pass.loss_scale = result.counted_tokens > 0 ? 1.0 / result.counted_tokens : 0.0;
+  pass.logits = logits;
+  try {
+    env_.runtime->ResetPeak();
+    auto compute = env_.runtime->Use(StreamKind::kCompute);
+    env_.timer.MarkStart();
+    resident_->ApplyPending();  // the update the trainer asked for after the last pass
+    const StepPlan plan = PlanStep(env_.layout, PlanOptions(mbs.size(), backward));
+    lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
+    slots_->BeginPass(plan.weight_uses);
+    pass.loss_total =
+        at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(env_.runtime->device()));
+    for (const StepAction& action : plan.actions) Execute(action, pass);
+    pass.EndMicroBatch();
+    const StepClock::time_point drain_start = StepClock::now();
+    result.loss_sum = pass.loss_total.item<double>();  // host sync: end of the pass
+    env_.runtime->Synchronize();
+    MEGATRAIN_RETURN_IF_ERROR(lander_->Drain());
+    result.stats.drain_seconds = SecondsSince(drain_start);
+  } catch (const std::exception& e) {
+    assume_embedding_grad_zero_ = false;
+    ResetAfterError();
+    return StatusFromException(e);
+  }
+  inputs_->EndPass();
+  assume_embedding_grad_zero_ = false;
+  FillStats(mbs.size(), start, &result.stats);
+  return result;
+}
+
+void StreamingExecutor::Impl::Execute(const StepAction& a, PassState& p) {
+  switch (a.kind) {
+    case ActionKind::kUpload:
+      return Upload(a, p);
+    case ActionKind::kForward:
+      return ForwardLayer(a, p);
+    case ActionKind::kPrefetchInput:
+      p.saved[a.layer] = offload_->Prefetch(a.layer);
+      return;
+    case ActionKind::kHead:
+      return Head(a, p);
+    case ActionKind::kBackward:
+      return BackwardLayer(a, p);
+    case ActionKind::kEmbeddingBackward:
+      return EmbeddingBackward(a, p);
+  }
+}
+
+void StreamingExecutor::Impl::Upload(const StepAction& a, PassState& p) {
+  p.EndMicroBatch();  // the previous micro-batch's tensors go first
+  const at::Tensor table =
+      a.weights == WeightsFrom::kResident ? resident_->EmbeddingTable() : at::Tensor();
+  p.input = inputs_->Upload(p.micro_batches[a.micro_batch], table);
+  p.x = std::move(p.input.x);
+  p.saved.assign(env_.layout.num_layers(), at::Tensor());
+}
+
+void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
+  at::NoGradGuard no_grad;
+  const bool resident = a.weights == WeightsFrom::kResident;
+  at::Tensor flat = resident ? resident_->weights(a.layer) : slots_->Acquire(a.use);
+  if (a.save == SaveInput::kOffload) {
+    offload_->Save(a.layer, p.x);
+  } else if (a.save == SaveInput::kKeep) {
+    p.saved[a.layer] = p.x;
+  }
+  const int token = env_.timer.Begin(StreamKind::kCompute);
+  p.x = DecoderLayerForward(env_.config, BindDecoderLayerWeights(env_.layout.blocks[a.block], flat),
+                            p.x, rope_, attention_mask_, env_.compute_dtype);
+  env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
+  if (!resident) slots_->Release(a.use);
+  // Free offloaded inputs once their copy is done: the compute stream
+  // waits for the copy issued one layer earlier (long done).
+  if (offload_) offload_->RetireCopies(a.last_layer);
+}
+
+void StreamingExecutor::Impl::Head(const StepAction& a, PassState& p) {
+  const ModelLayout& layout = env_.layout;
+  const bool tied = a.tied_use >= 0;
+  at::Tensor emb_flat = tied ? slots_->Acquire(a.tied_use) : at::Tensor();
+  at::Tensor head_flat = slots_->Acquire(a.use);
+  std::vector<at::Tensor> head_params = BindBlockParams(layout.blocks[a.block], head_flat);
+  at::Tensor lm_head =
+      tied ? BindBlockParams(layout.blocks[layout.embedding_block()], emb_flat)[0] : head_params[1];
+  if (a.grad_to != GradTo::kNone) {
+    HeadBackward(a, p, head_params, lm_head);
+  } else {
+    const int token = env_.timer.Begin(StreamKind::kCompute);
+    at::NoGradGuard no_grad;
+    p.loss_total.add_(HeadLoss(env_.config, p.x, p.input.labels, head_params[0], lm_head,
+                               chunk_tokens_, env_.compute_dtype));
+    if (p.logits != nullptr) {
+      at::Tensor l = HeadLogits(env_.config, p.x, head_params[0], lm_head, env_.compute_dtype)
+                         .to(at::kCPU)
+                         .contiguous();
+      p.logits->assign(l.data_ptr<float>(), l.data_ptr<float>() + l.numel());
+    }
+    env_.timer.End(StreamKind::kCompute, token);
+  }
+  slots_->Release(a.use);
+  if (tied) slots_->Release(a.tied_use);
+  p.x.reset();
+}
+
+void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
+                                           const std::vector<at::Tensor>& head_params,
+                                           const at::Tensor& lm_head) {
+  const ModelLayout& layout = env_.layout;
+  const int64_t head = a.block, emb = layout.embedding_block();
+  const bool tied = a.tied_use >= 0;
+  const BlockLayout& bl = layout.blocks[head];
+  const int token = env_.timer.Begin(StreamKind::kCompute);
+  HeadResult hr = HeadForwardBackward(env_.config, p.x, p.input.labels, head_params[0], lm_head,
+                                      p.loss_scale, chunk_tokens_, env_.compute_dtype);
+  p.loss_total.add_(hr.loss_sum);
+  p.grad_y = hr.grad_hidden;
+  // Head block gradient: final norm (+ lm_head when untied).
+  const std::vector<at::Tensor> grads = {hr.grad_norm, tied ? at::Tensor() : hr.grad_lm_head};
+  if (a.grad_to == GradTo::kDeviceAccumulator) {
+    AccumulateInto(bl, accumulator_.buffer(head), grads, FirstContribution(head));
+    env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
+    AccumulatedGradDone(head);
+  } else {
+    const int r = lander_->AcquireSlot();
+    lander_->FillSlot(r, bl, BlockKind::kHead, grads);
+    env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
+    lander_->LandSlot(r, head);
+  }
+  if (tied) {  // lm_head's gradient belongs to the embedding block
+    const int r = lander_->AcquireSlot();
+    lander_->FillSlot(r, layout.blocks[emb], BlockKind::kEmbedding, {hr.grad_lm_head});
+    lander_->LandSlot(r, emb);
+  }
+  // An empty compute interval after the landings, so that the idle-gap
+  // breakdown (PhaseTimer::ComputeGaps) counts their waits as "other".
+  env_.timer.End(StreamKind::kCompute, env_.timer.Begin(StreamKind::kCompute));
+}
+
+std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const BlockLayout& bl,
+                                                                      const at::Tensor& flat,
+                                                                      const at::Tensor& input,
+                                                                      const at::Tensor& grad_y) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& p : BindBlockParams(bl, flat)) {
+    leaves.push_back(p.detach().requires_grad_(true));
+  }
+  at::Tensor x_leaf = input.detach().requires_grad_(true);
+  std::vector<at::Tensor> inputs = leaves;
+  inputs.push_back(x_leaf);
+  at::Tensor y = DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf,
+                                     rope_, attention_mask_, env_.compute_dtype);
+  return torch::autograd::grad({y}, inputs, {grad_y});
+}
+
+void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
+  const BlockLayout& bl = env_.layout.blocks[a.block];
+  const bool resident = a.weights == WeightsFrom::kResident;
+  at::Tensor flat = resident ? resident_->weights(a.layer) : slots_->Acquire(a.use);
+  const int r = a.grad_to == GradTo::kHost ? lander_->AcquireSlot() : -1;
+  // The next layer's offloaded input comes back while this layer runs.
+  if (a.prefetch_layer >= 0) p.saved[a.prefetch_layer] = offload_->Prefetch(a.prefetch_layer);
+  if (a.input_offloaded) offload_->WaitLoaded(a.layer);
+  const int token = env_.timer.Begin(StreamKind::kCompute);
+  std::vector<at::Tensor> grads = RecomputeAndBackward(bl, flat, p.saved[a.layer], p.grad_y);
+  if (a.grad_to == GradTo::kResident) {
+    // Accumulated in place, fp32, in micro-batch order: the host's adds.
+    AccumulateInto(bl, resident_->grad(a.layer), grads, FirstContribution(a.block));
+  } else if (a.grad_to == GradTo::kDeviceAccumulator) {
+    AccumulateInto(bl, accumulator_.buffer(a.block), grads, FirstContribution(a.block));
+  } else {
+    lander_->FillSlot(r, bl, BlockKind::kDecoderLayer, grads);
+  }
+  p.grad_y = grads.back();
+  p.saved[a.layer].reset();
+  if (a.input_offloaded) offload_->MarkFree(a.layer);
+  env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
+  if (a.grad_to == GradTo::kResident) return ResidentGradDone(static_cast<size_t>(a.layer));
+  slots_->Release(a.use);
+  if (a.grad_to == GradTo::kDeviceAccumulator) return AccumulatedGradDone(a.block);
+  lander_->LandSlot(r, a.block);
+}
+
+void StreamingExecutor::Impl::EmbeddingBackward(const StepAction& a, PassState& p) {
+  if (a.grad_to != GradTo::kResident) {
+    // On the host: scatter-add of d hidden_0 by token.
+    lander_->LandEmbeddingRows(a.block, p.grad_y, p.micro_batches[a.micro_batch].input_ids);
+    return;
+  }
+  // On the device (Note [Resident embedding]): the rows of d hidden_0
+  // summed by token into the table's gradient, [V, C] fp32, accumulated
+  // like a layer's.
+  const int index = resident_->embedding_index();
+  const int token = env_.timer.Begin(StreamKind::kCompute);
+  const int64_t c = env_.config.hidden_size;
+  AccumulateInto(
+      env_.layout.blocks[a.block], resident_->grad(index),
+      {at::embedding_dense_backward(p.grad_y.to(at::kFloat).reshape({-1, c}), p.input.ids,
+                                    env_.config.vocab_size, env_.config.EmbeddingPaddingIdx(),
+                                    /*scale_grad_by_freq=*/false)},
+      FirstContribution(a.block));
+  env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
+  ResidentGradDone(static_cast<size_t>(index));
+}
+
+void StreamingExecutor::Impl::AccumulatedGradDone(int64_t block) {
+  if (lander_->contributions().Count(block).final) {
+    lander_->LandWhole(block, accumulator_.buffer(block));
+  }
+}
+
+void StreamingExecutor::Impl::ResidentGradDone(size_t index) {
+  const int64_t block = resident_->blocks()[index];
+  if (lander_->contributions().Count(block).final) {
+    lander_->LandResidentNorm(block, resident_->grad(index));
+  }
+}
+
+void StreamingExecutor::Impl::FillStats(size_t micro_batches, StepClock::time_point start,
+                                        StepStats* stats) {
+  PhaseTimer& timer = env_.timer;
+  const auto seconds = timer.Seconds();
+  stats->step_seconds = SecondsSince(start);
+  stats->compute_seconds = seconds[static_cast<int>(StreamKind::kCompute)];
+  stats->h2d_seconds = seconds[static_cast<int>(StreamKind::kH2D)];
+  stats->d2h_seconds = seconds[static_cast<int>(StreamKind::kD2H)];
+  stats->gpu_idle_seconds = std::max(0.0, stats->step_seconds - stats->compute_seconds);
+  stats->optimizer_exposed_seconds = timer.WaitIdleSeconds();
+  stats->gate_wait_seconds = env_.gate_wait_seconds;
+  stats->grad_wait_seconds = env_.grad_wait_seconds;
+  const std::array<double, 4> gaps = timer.ComputeGaps();
+  stats->gap_start_seconds = gaps[0];
+  stats->gap_forward_seconds = gaps[1];
+  stats->gap_head_seconds = gaps[2];
+  stats->gap_backward_seconds = gaps[3];
+  stats->h2d_bytes = env_.h2d_bytes;
+  stats->d2h_bytes = env_.d2h_bytes;
+  stats->tokens = static_cast<int64_t>(micro_batches) * options_.micro_batch * options_.seq_len;
+  stats->peak_device_bytes = env_.runtime->PeakAllocatedBytes();
+}
+
+void StreamingExecutor::Impl::ResetAfterError() {
+  try {
+    env_.runtime->Synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "megatrain: executor reset: %s\n", e.what());
+  }
+  lander_->Reset();
+  inputs_->EndPass();
+}
+
+StreamingExecutor::StreamingExecutor(std::unique_ptr<Impl> impl, const ExecutorOptions& options)
+    : impl_(std::move(impl)), options_(options) {}
+
+StreamingExecutor::~StreamingExecutor() = default;
+
+absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
+    HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options) {
+  if (options.micro_batch < 1 || options.micro_batch > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.micro_batch: must be in [1, 4096], got ", options.micro_batch));
+  }
+  if (options.seq_len < 1 || options.seq_len > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.seq_len: must be in [1, 1048576], got ", options.seq_len));
+  }
+  if (options.num_weight_slots < 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.num_weight_slots: must be >= 3, got ", options.num_weight_slots));
+  }
+  if (options.num_grad_slots < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));
+  }
+  if (options.resident_layers < 0 || options.resident_layers > store->layout().num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.resident_layers: must be in [0, num_hidden_layers=", store->layout().num_layers(),
+        "], got ", options.resident_layers));
+  }
+  if (options.resident_embedding) {
+    const ModelLayout& layout = store->layout();
+    const BlockLayout& emb = layout.blocks[layout.embedding_block()];
+    if (store->config().tie_word_embeddings) {
+      return absl::InvalidArgumentError(
+          "executor.resident_embedding: needs untied embeddings (tie_word_embeddings is true: "
+          "the table is also lm_head and streams with the head)");
+    }
+    if (emb.params.size() != 1 || emb.params[0].shape.size() != 2 || emb.params[0].offset != 0) {
+      return absl::InvalidArgumentError(
+          "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "
+          "table");
+    }
+  }
+  if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
+    return absl::FailedPreconditionError(
+        "executor: bf16 compute needs a host store with a bf16 streaming copy");
+  }
+  if (options.compute_dtype != ComputeDtype::kBf16 && store->options().streaming_bf16) {
+    return absl::FailedPreconditionError(
+        "executor: fp32/tf32 compute streams the fp32 master; the store has a bf16 copy");
+  }
+  auto impl = std::make_unique<Impl>(store, runtime, pool, options);
+  MEGATRAIN_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<StreamingExecutor>(new StreamingExecutor(std::move(impl), options));
+}
+
+absl::StatusOr<ForwardBackwardResult> StreamingExecutor::ForwardBackward(
+    absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final) {
+  return impl_->Run(micro_batches, /*backward=*/true, on_block_final);
+}
+
+absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
+    absl::Span<const MicroBatch> micro_batches) {
+  return impl_->Run(micro_batches, /*backward=*/false, {});
+}
+
+void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
+  impl_->SetWeightGate(std::move(gate));
+}
+
+void StreamingExecutor::AssumeEmbeddingGradZero(bool zero) { impl_->AssumeEmbeddingGradZero(zero); }
+
+void StreamingExecutor::SetEmbeddingRowGate(EmbeddingRowGate gate) {
+  impl_->SetEmbeddingRowGate(std::move(gate));
+}
+
+absl::StatusOr<std::vector<float>> StreamingExecutor::Logits(const MicroBatch& micro_batch) {
+  std::vector<float> logits;
+  MEGATRAIN_RETURN_IF_ERROR(
+      impl_->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false, {}, &logits).status());
+  return logits;
+}
+
+absl::Status StreamingExecutor::ScheduleResidentUpdate(const AdamWStepParams& hp,
+                                                       std::vector<bool> apply) {
+  return impl_->resident().Schedule(hp, std::move(apply));
+}
+
+absl::Status StreamingExecutor::SyncResidentToStore(bool grads) {
+  return impl_->resident().SyncToStore(grads);
+}
+
+absl::Status StreamingExecutor::LoadResidentFromStore() {
+  return impl_->resident().LoadFromStore();
+}
+
+const std::vector<int64_t>& StreamingExecutor::resident_blocks() const {
+  return impl_->resident().blocks();
+}
+
+int64_t StreamingExecutor::slot_device_bytes() const { return impl_->slot_device_bytes(); }
+int64_t StreamingExecutor::staging_host_bytes() const { return impl_->staging_host_bytes(); }
+
+}  // namespace megatrain::engine

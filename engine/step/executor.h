@@ -1,0 +1,326 @@
+// The streaming executor: forward and backward of a Llama-family model whose
+// weights live in host memory, one block at a time on the device.
+//
+// Note [Streaming pipeline]
+// Per optimizer step the executor plans the sequence of block uses (a
+// StepPlan, Note [Step plan] in step/step_plan.h): for each
+// micro-batch, the decoder layers 0..L-1 (forward), the head (final norm,
+// lm_head, loss and its backward; with tied embeddings the embedding block
+// too), then layers L-1..0 again (backward). The embedding lookup and its
+// backward run on the host (a gather of B*T rows from the fp32 master and a
+// scatter-add into its gradient), so the [V, C] table never crosses PCIe
+// unless it is tied to lm_head (or on the device: Note [Resident
+// embedding]).
+//
+//   kH2D:     load(use i+K-1) into slot (i+K-1)%K ... waits slot_free
+//   kCompute: wait weights_ready(i) -> layer math -> record slot_free(i)
+//                                               -> record grad_ready(r)
+//   kD2H:     wait grad_ready(r) -> copy grads to pinned staging r
+//                                -> record staged(r)
+//   host:     accumulator thread waits staged(r) -> grad += staging (fp32)
+//             -> slot r free again; when a block's last contribution of
+//             the step lands, calls on_block_final(block).
+//
+// K device weight slots (default 3) hold compute-dtype copies of blocks; a
+// block still resident in a slot is not loaded again (the last layer's
+// forward, head and backward share one load). Forward keeps only the input
+// activation of every layer ([B, T, C] fp32, on the device); backward
+// recomputes a layer's forward from it with autograd local to that layer
+// (activation checkpointing), so no autograd graph spans layers.
+//
+// Gradients leave the device in fp32: a block's first contribution of the
+// step is copied straight into the store's gradient (no host work: with one
+// micro-batch per step nothing is accumulated on the host at all), the
+// others land in pinned staging and are added there on the host, so gradient accumulation over M
+// micro-batches yields the gradient of the whole global batch. The loss is the mean over all
+// counted tokens of the global batch: every micro-batch's backward is scaled by 1 / (counted tokens
+// of the global batch).
+//
+// Host synchronisation points inside ForwardBackward: waiting for the
+// pinned activation upload buffer before rewriting it (once per
+// micro-batch), reading the loss at the end, and the final drain.
+//
+// Note [Activation offload]
+// At long sequence lengths the saved layer inputs dominate device memory
+// (L * B * T * C * 4 bytes; docs/performance.md has the sizes). With
+// ExecutorOptions::offload_activations, forward copies each saved input (layers 0..L-2; the last
+// layer's input is needed right after the head) to a pinned host buffer on kD2H as soon as it
+// exists, and frees the device copy once that copy is done (the compute stream waits on it one
+// layer later, so it never stalls in practice). Backward brings the inputs back on kH2D into a ring
+// of two device buffers, one layer ahead (layer L-2's during the head), so the copy overlaps the
+// previous layer's backward. The values are bit-identical to keeping them on the device.
+//
+// Note [Resident layers]
+// Between two steps the next forward needs decoder layer 0 first, and its
+// update is the last of the step to become possible: its gradient is final
+// only when backward ends, then it crosses PCIe (D2H), the CPU runs AdamW
+// on it and the compute copy crosses back (H2D), all while the GPU waits
+// (docs/performance.md has the times). With
+// ExecutorOptions::resident_layers = N the first N decoder layers never
+// leave the device: their weights (compute dtype), fp32 master weights,
+// AdamW moments and fp32 gradient live in device memory (18 bytes per
+// parameter with bf16 compute, 16 with fp32), gradient accumulation over
+// micro-batches happens there (the same fp32 adds in the same order as on
+// the host, so the gradient is bit-identical), and their AdamW runs on the
+// device (TensorAdamWStep: the CPU kernel's factors and order, equal to a
+// few ulp). Their squared gradient norm still reaches on_block_final, in
+// the usual order, as a scalar copied to the host. The update the trainer
+// asks for (ScheduleResidentUpdate) is enqueued at the start of the next
+// pass, on the compute stream before its first layer, and timed as compute.
+// The host store's copies of these layers (master, moments, streaming
+// copy, gradient) are not kept current: SyncResidentToStore writes them
+// back (checkpoints), LoadResidentFromStore reads them after the store was
+// written (a resume).
+//
+// Note [Device gradient accumulation]
+// With several micro-batches per step and host landing, every streamed
+// block's gradient leaves the device once per micro-batch: the first
+// contribution straight into the store, the later ones into pinned
+// staging, added there by the host (3 x 4 bytes of host memory traffic
+// per parameter and micro-batch). With small micro-batches that D2H and
+// the host adds, not the link's H2D, pace the pass (docs/performance.md).
+// With ExecutorOptions::device_grad_accumulation the
+// executor keeps an fp32 gradient buffer per streamed dense block
+// (decoder layers and the head; 4 bytes per parameter, allocated at the
+// first pass with more than one micro-batch) and adds each micro-batch's
+// contribution there, in micro-batch order, with the same fp32 adds the
+// host did (so the gradient is bit for bit the same); the block's sum then
+// lands in the store once, with its squared norm computed on the device.
+// A pass with one micro-batch does not use it. If the allocation fails
+// (device memory), the executor falls back to host accumulation and says
+// so once on stderr.
+//
+// Note [Resident embedding]
+// The embedding's chain is the other one at the step boundary: the host
+// gathers the next micro-batch's rows from the fp32 master (after the row
+// gate has updated them, Note [Embedding rows on demand] in trainer.h) and
+// uploads [B, T, C] fp32 before layer 0 can start, and the last backward
+// ends with dx ([B, T, C] fp32) crossing to the host for the scatter-add.
+// With ExecutorOptions::resident_embedding (untied embeddings only: a tied
+// table is lm_head and streams with the head) the [V, C] table joins the
+// resident blocks (after the resident layers, in their order) with its
+// fp32 master, AdamW moments and fp32 gradient on the device (16 bytes per
+// parameter; it is read in fp32, so there is no compute-dtype copy):
+// forward gathers its rows on the device (at::embedding; only the token
+// ids and labels cross PCIe), backward's dx is summed into the gradient
+// with at::embedding_dense_backward (sorted by token, deterministic on CUDA;
+// fp32 like the host's scatter-add, but not necessarily in the same order,
+// so equal to rounding rather than bit for bit) and the whole-table AdamW
+// runs on the device with the resident layers'. Nothing of the embedding
+// then waits on the host between two passes.
+//
+// Thread-safety: one executor is driven by one thread at a time. The
+// on_block_final callback runs on the executor's accumulator thread.
+#ifndef MEGATRAIN_ENGINE_EXECUTOR_H_
+#define MEGATRAIN_ENGINE_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/optim/adamw.h"
+#include "engine/io/batch.h"
+#include "engine/runtime/device_runtime.h"
+#include "engine/store/host_store.h"
+#include "engine/model/precision.h"
+#include "engine/runtime/stats.h"
+#include "engine/runtime/thread_pool.h"
+
+namespace megatrain::engine {
+
+struct ExecutorOptions {
+  ComputeDtype compute_dtype = ComputeDtype::kFp32;
+  int64_t micro_batch = 1;        // B
+  int64_t seq_len = 128;          // T
+  int num_weight_slots = 3;       // K device weight buffers, >= 3
+  int num_grad_slots = 2;         // device gradient buffers = pinned staging buffers, >= 2
+  int64_t loss_chunk_tokens = 0;  // rows of logits at a time; 0 = auto (~256 MiB fp32)
+  // Activation offload (Note [Activation offload]): the saved input of every
+  // decoder layer but the last ([B, T, C] fp32, B*T*C*4 bytes each) goes to
+  // pinned host memory during forward and comes back, one layer ahead,
+  // during backward. Costs (L-1)*B*T*C*4 bytes of pinned host memory and as
+  // many bytes each way over PCIe per micro-batch; saves them on the device.
+  bool offload_activations = false;
+  // Decoder layers 0..resident_layers-1 stay on the device with their AdamW
+  // state (Note [Resident layers]); in [0, num_hidden_layers].
+  int resident_layers = 0;
+  // The embedding table stays on the device with its AdamW state (Note
+  // [Resident embedding]): V * C * 16 bytes of device memory. Untied
+  // embeddings only.
+  bool resident_embedding = false;
+  // Streamed blocks' gradients summed over micro-batches on the device
+  // (Note [Device gradient accumulation]): 4 bytes per streamed decoder-layer
+  // and head parameter of device memory, from the first pass with more
+  // than one micro-batch.
+  bool device_grad_accumulation = false;
+};
+
+// Note [Executor memory plan]
+// The memory an executor allocates, by kind, in bytes, computed from the
+// model and the options alone: the executor's parts allocate exactly these
+// buffers (tests/engine/step/executor_parity_test.cc checks it against what
+// they hold), and admission (EstimateFootprint in training_job.h) and its
+// out-of-memory advice read the same numbers, so that the estimate cannot
+// drift from the allocation.
+struct ExecutorMemoryPlan {
+  int64_t max_slot_numel = 0;  // elements of the largest block that visits a device slot
+  // Device memory.
+  int64_t weight_slot_bytes = 0;      // num_weight_slots x max_slot_numel, compute dtype
+  int64_t grad_slot_bytes = 0;        // num_grad_slots x max_slot_numel, fp32
+  int64_t activation_ring_bytes = 0;  // offload: 2 x [B, T, C] fp32 (Note [Activation offload])
+  int64_t resident_bytes = 0;         // Notes [Resident layers] and [Resident embedding]
+  // Note [Device gradient accumulation]: allocated at the first pass with
+  // more than one micro-batch; 0 when off.
+  int64_t grad_accumulation_bytes = 0;
+  // Pinned host memory.
+  int64_t grad_staging_bytes = 0;        // num_grad_slots x (max(max_slot_numel, B*T*C) fp32
+                                         // + one fp64 norm)
+  int64_t input_staging_bytes = 0;       // B*T x (C fp32 + one int64 label)
+  int64_t activation_offload_bytes = 0;  // (L-1) x [B, T, C] fp32, offload only
+
+  // Every device buffer (the accumulation buffers included).
+  int64_t device_bytes() const {
+    return weight_slot_bytes + grad_slot_bytes + activation_ring_bytes + resident_bytes +
+           grad_accumulation_bytes;
+  }
+  int64_t pinned_bytes() const {
+    return grad_staging_bytes + input_staging_bytes + activation_offload_bytes;
+  }
+};
+
+// The memory plan of an executor for `config` with `options` (which must
+// pass StreamingExecutor::Create's checks). No allocation; thread-safe.
+ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options);
+
+// Called once per block per ForwardBackward, on the executor's accumulator
+// thread, when the block's gradient in the host store is final:
+// (block index, squared L2 norm of that gradient; fp32 values summed in
+// fp64, computed on the device for blocks whose gradient came in one piece,
+// Note [Gradient landing] in step/grad_lander.h).
+using BlockFinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
+
+// What one ForwardBackward produced.
+struct ForwardBackwardResult {
+  double loss_sum = 0;         // sum of token losses over the global batch (nats)
+  int64_t counted_tokens = 0;  // labels != -100 in the global batch
+  double loss() const { return counted_tokens > 0 ? loss_sum / counted_tokens : 0.0; }
+  StepStats stats;  // phases and bytes (optimizer fields left 0)
+};
+
+class StreamingExecutor {
+ public:
+  // Allocates device slots and pinned staging for `store`'s model. `store`,
+  // `runtime` and `pool` must outlive the executor. Errors:
+  // INVALID_ARGUMENT for bad options (naming the field);
+  // RESOURCE_EXHAUSTED when device or pinned memory runs out.
+  static absl::StatusOr<std::unique_ptr<StreamingExecutor>> Create(HostStore* store,
+                                                                   DeviceRuntime* runtime,
+                                                                   ThreadPool* pool,
+                                                                   const ExecutorOptions& options);
+
+  ~StreamingExecutor();
+
+  // Forward + backward over the micro-batches of one optimizer step (each
+  // [B, T] as in options). Overwrites the store's gradients with the
+  // gradient of the mean loss over all counted tokens. `on_block_final`
+  // (may be empty) is called once per block, on the accumulator thread, as
+  // soon as that block's gradient is final (BlockFinalCallback). Reads the master weights (for
+  // the embedding) and the streaming copies; the caller must not change them
+  // until this returns.
+  // Errors: INVALID_ARGUMENT for a token id or label out of range or a
+  // wrong size (naming micro-batch and position); RESOURCE_EXHAUSTED for
+  // device out of memory (suggesting a smaller micro_batch); INTERNAL for
+  // CUDA or LibTorch failures. After an error the gradients are undefined;
+  // weights are untouched.
+  absl::StatusOr<ForwardBackwardResult> ForwardBackward(
+      absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final = {});
+
+  // Forward only; returns loss sum and counted tokens (stats: bytes, time).
+  absl::StatusOr<ForwardBackwardResult> Evaluate(absl::Span<const MicroBatch> micro_batches);
+
+  // Forward only; the logits of every position of one micro-batch,
+  // [B, T, V] fp32 row-major in host memory (B*T*V*4 bytes: meant for
+  // checks against other implementations, not for training-size batches).
+  absl::StatusOr<std::vector<float>> Logits(const MicroBatch& micro_batch);
+
+  // Installs a gate called (on the enqueuing thread) before the executor
+  // reads a block's host weights: before the H2D copy of its streaming
+  // copy and before the host gather of embedding rows. The trainer uses it
+  // to let the CPU optimizer of the previous step finish block by block
+  // while this pass already runs (Note [Optimizer overlap] in trainer.h).
+  // The compute stream's idle time while the enqueuing thread waits in it
+  // is reported as optimizer_exposed_seconds (the host time as
+  // gate_wait_seconds).
+  void SetWeightGate(std::function<void(int64_t block)> wait_until_ready);
+
+  // Installs a gate for the embedding rows a micro-batch gathers, called
+  // (on the enqueuing thread) with the micro-batch's token ids [B*T] before
+  // the host gather, in place of the weight gate of the embedding block.
+  // The gate sets row_sources[i] (row_sources.size() == token_ids.size())
+  // to the C fp32 values that row token_ids[i] has after every pending
+  // update: the store's row once it is current, or a copy of that value
+  // held elsewhere (the trainer's lookahead, Note [Embedding lookahead] in
+  // trainer.h), valid until the gather is done. The weight gate still
+  // guards every read of the whole table (tied lm_head) and every write of
+  // its gradient (Note [Embedding rows on demand] in trainer.h). Waits in
+  // it count as in the weight gate.
+  using EmbeddingRowGate = std::function<void(absl::Span<const int32_t> token_ids,
+                                              absl::Span<const float*> row_sources)>;
+  void SetEmbeddingRowGate(EmbeddingRowGate gate);
+
+  // The caller guarantees that the embedding block's gradient in the store
+  // is all zero when the next ForwardBackward's scatter-add into it (untied
+  // embeddings) begins, so that scatter skips zeroing the whole [V, C]
+  // table (Note [Embedding rows on demand] in trainer.h). Applies to the
+  // next ForwardBackward only; default false.
+  void AssumeEmbeddingGradZero(bool zero);
+
+  // The blocks kept on the device (Notes [Resident layers] and [Resident
+  // embedding]), in the order ScheduleResidentUpdate's flags use: decoder
+  // layers 0..resident_layers-1, then the embedding when resident.
+  const std::vector<int64_t>& resident_blocks() const;
+
+  // Note [Resident layers]: asks for the AdamW update `hp` (step, lr,
+  // grad_scale and the optimizer's constants) of every resident block
+  // resident_blocks()[i] with apply[i] (apply.size() ==
+  // resident_blocks().size()), enqueued at the start of the next
+  // ForwardBackward, Evaluate, Logits or SyncResidentToStore. The update
+  // spends the blocks' gradients. Errors: INVALID_ARGUMENT for a wrong
+  // apply size; FAILED_PRECONDITION when an update is already waiting
+  // (nothing is changed then).
+  absl::Status ScheduleResidentUpdate(const AdamWStepParams& hp, std::vector<bool> apply);
+
+  // Writes the resident blocks' master weights, AdamW moments and streaming
+  // copy (bf16 compute) into the store, and their gradient too when `grads`
+  // (the gradient of the last ForwardBackward, unless an update has spent
+  // it), after enqueuing a waiting update. Blocks until the copies are
+  // done. Errors: INTERNAL for CUDA or LibTorch failures.
+  absl::Status SyncResidentToStore(bool grads);
+
+  // Reads the resident blocks' master weights, AdamW moments and streaming
+  // copy from the store, after the caller changed it (a resume, loaded
+  // weights); drops a waiting update. Blocks until done. Errors: INTERNAL.
+  absl::Status LoadResidentFromStore();
+
+  const ExecutorOptions& options() const { return options_; }
+  // Device bytes the executor holds: weight and gradient slots, the
+  // activation ring, resident blocks and (once allocated) the device
+  // gradient accumulation buffers (Note [Executor memory plan]).
+  int64_t slot_device_bytes() const;
+  // Pinned host bytes of its staging buffers (gradients, input, offloaded
+  // activations).
+  int64_t staging_host_bytes() const;
+
+ private:
+  class Impl;
+  explicit StreamingExecutor(std::unique_ptr<Impl> impl, const ExecutorOptions& options);
+  std::unique_ptr<Impl> impl_;
+  ExecutorOptions options_;
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_EXECUTOR_H_

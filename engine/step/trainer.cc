@@ -1,0 +1,391 @@
+// Optimizer steps over the streaming executor.
+#include "engine/step/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/device_runtime.h"
+#include "engine/step/executor.h"
+#include "engine/optim/embedding_updater.h"
+#include "engine/optim/optimizer_queue.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/runtime/thread_pool.h"
+#include "engine/step/trainer_test_hooks.h"
+
+namespace megatrain::engine {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// INVALID_ARGUMENT naming the first option out of range.
+absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& options) {
+  if (options.optimizer_nice < 0 || options.optimizer_nice > 19) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer_nice: must be in [0, 19] (only lowering the priority needs no privilege), got ",
+        options.optimizer_nice));
+  }
+  if (options.critical_threads < 0 || options.critical_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("critical_threads: must be in [0, 1024], got ", options.critical_threads));
+  }
+  if (options.resident_layers < -1 || options.resident_layers > config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident_layers: must be -1 (auto) or in [0, num_hidden_layers=", config.num_hidden_layers,
+        "], got ", options.resident_layers));
+  }
+  if (options.resident_embedding < -1 || options.resident_embedding > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident_embedding: must be -1 (auto), 0 or 1, got ", options.resident_embedding));
+  }
+  if (options.resident_embedding == 1 && config.tie_word_embeddings) {
+    return absl::InvalidArgumentError(
+        "resident_embedding: needs untied embeddings (tie_word_embeddings is true: the table is "
+        "also lm_head and streams with the head)");
+  }
+  if (options.device_grad_accumulation < -1 || options.device_grad_accumulation > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
+                     options.device_grad_accumulation));
+  }
+  if (options.optimizer_slice_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer_slice_elements: must be >= 1, got ",
+                                                   options.optimizer_slice_elements));
+  }
+  return absl::OkStatus();
+}
+
+// The executor's options for `options` on `runtime` with `store`'s model,
+// the auto choices resolved (Notes [Resident layers], [Resident embedding]
+// and [Device gradient accumulation] in executor.h).
+ExecutorOptions ResolveExecutorOptions(const TrainerOptions& options, const HostStore& store,
+                                       const DeviceRuntime& runtime) {
+  const ModelConfig& config = store.config();
+  ExecutorOptions exec;
+  exec.compute_dtype = options.compute_dtype;
+  exec.micro_batch = options.micro_batch;
+  exec.seq_len = options.seq_len;
+  exec.num_weight_slots = options.num_weight_slots;
+  exec.loss_chunk_tokens = options.loss_chunk_tokens;
+  exec.offload_activations = options.offload_activations;
+  exec.resident_layers = ResolveResidentLayers(config, options.resident_layers, runtime.is_cuda());
+  exec.resident_embedding = ResolveResidentEmbedding(config, options.resident_embedding,
+                                                     runtime.is_cuda() ? runtime.TotalBytes() : 0);
+  if (options.device_grad_accumulation >= 0) {
+    exec.device_grad_accumulation = options.device_grad_accumulation == 1;
+  } else if (runtime.is_cuda()) {
+    const ModelLayout& layout = store.layout();
+    int64_t numel = 0;
+    for (const int64_t block : layout.StreamedDenseBlocks(exec.resident_layers)) {
+      numel += layout.blocks[block].numel;
+    }
+    exec.device_grad_accumulation =
+        4.0 * static_cast<double>(numel) <=
+        kDeviceGradAccumulationMaxFraction * static_cast<double>(runtime.TotalBytes());
+  }
+  return exec;
+}
+
+}  // namespace
+
+// What one step's callbacks share. The executor's callback writes it on
+// the accumulator thread; ForwardBackward returns after its last call, so
+// the step thread reads it afterwards without a lock.
+struct Trainer::StepState {
+  int64_t step = 0;  // the step's number
+  double lr = 0;
+  bool overlap = false;          // clipping off: updates queued as gradients become final
+  std::vector<double> block_sq;  // per block: squared gradient norm
+  bool stopped = false;          // a non-finite block gradient was seen (overlap)
+  int64_t blocks_updated = 0;    // updates queued during backward (overlap)
+  // Resident blocks whose update this step applies (overlap: those final
+  // before any non-finite block), enqueued on the device after the pass.
+  std::vector<bool> resident_apply;
+};
+
+Trainer::~Trainer() {
+  queue_.reset();     // runs every queued update first
+  executor_.reset();  // drains the device before the store goes away
+}
+
+AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count) const {
+  AdamWBuffers buffers;
+  buffers.params = store_->master(block) + offset;
+  buffers.grads = store_->grad(block) + offset;
+  buffers.exp_avg = store_->exp_avg(block) + offset;
+  buffers.exp_avg_sq = store_->exp_avg_sq(block) + offset;
+  bf16_bits* bf16 = store_->streaming_bf16(block);
+  buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
+  buffers.num_elements = count;
+  return buffers;
+}
+
+void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale) {
+  // Note [Optimizer slices]: one task per slice, each accounted separately.
+  const int64_t numel = store_->block_numel(block);
+  const int64_t slice = options_.optimizer_slice_elements;
+  const int64_t slices = std::max<int64_t>(1, (numel + slice - 1) / slice);
+  for (int64_t k = 0; k < slices; ++k) {
+    const int64_t begin = k * slice;
+    const int64_t count = std::min(numel - begin, slice);
+    queue_->Push({step, block, k}, block, [this, block, step, lr, grad_scale, begin, count] {
+      return adamw_->Step(StoreBuffers(block, begin, count), step, lr, grad_scale);
+    });
+  }
+}
+
+void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale) {
+  if (embedding_ == nullptr) {
+    ScheduleUpdate(store_->layout().embedding_block(), step, lr, grad_scale);
+  } else {
+    embedding_->ScheduleUpdate(step, lr, grad_scale);
+  }
+}
+
+absl::Status Trainer::SyncResidentIfNewer() {
+  if (!resident_device_newer_) return absl::OkStatus();
+  MEGATRAIN_RETURN_IF_ERROR(executor_->SyncResidentToStore(/*grads=*/false));
+  resident_device_newer_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::WaitForOptimizer() {
+  MEGATRAIN_RETURN_IF_ERROR(queue_->WaitAll());
+  return SyncResidentIfNewer();
+}
+
+HostStore& Trainer::store() {
+  if (!executor_->resident_blocks().empty()) {
+    // Hand out current values even to a caller that skipped
+    // WaitForOptimizer (the resident blocks never wait on the CPU queue);
+    // an error surfaces at the next Step.
+    queue_->RecordError(SyncResidentIfNewer());
+    resident_store_changed_ = true;
+  }
+  return *store_;
+}
+
+absl::Status Trainer::ReloadResidentIfStoreChanged() {
+  if (!resident_store_changed_) return absl::OkStatus();
+  MEGATRAIN_RETURN_IF_ERROR(executor_->LoadResidentFromStore());
+  resident_store_changed_ = false;
+  return absl::OkStatus();
+}
+
+int64_t Trainer::ResidentIndexOf(int64_t block) const {
+  const std::vector<int64_t>& blocks = executor_->resident_blocks();
+  const auto it = std::find(blocks.begin(), blocks.end(), block);
+  return it == blocks.end() ? -1 : it - blocks.begin();
+}
+
+void Trainer::set_step(int64_t step) {
+  step_ = step;
+  if (embedding_ != nullptr) embedding_->DropLookahead();
+}
+
+void Trainer::SetTestHooks(std::unique_ptr<TrainerTestHooks> hooks) { hooks_ = std::move(hooks); }
+
+int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda) {
+  if (option >= 0) return option;
+  // Layers 0 and 1, whose updates would otherwise start every step on the
+  // critical path; at least one layer keeps streaming.
+  return cuda ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2)) : 0;
+}
+
+bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes) {
+  if (option >= 0) return option == 1;
+  if (device_total_bytes <= 0 || config.tie_word_embeddings) return false;
+  const double bytes = 16.0 * static_cast<double>(config.vocab_size) * config.hidden_size;
+  return bytes <= kResidentEmbeddingMaxFraction * static_cast<double>(device_total_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
+                                                         const TrainerOptions& options,
+                                                         uint64_t seed) {
+  MEGATRAIN_RETURN_IF_ERROR(config.Validate());
+  MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(config, options));
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->options_ = options;
+  t->pool_ = ThreadPool::Create(options.threads, options.optimizer_nice);
+  t->critical_pool_ = ThreadPool::Create(
+      options.critical_threads > 0
+          ? options.critical_threads
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
+  MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
+  HostStoreOptions store_options;
+  store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;
+  store_options.pin = t->runtime_->is_cuda();
+  MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
+  t->store_->InitializeWeights(seed);
+  const ExecutorOptions exec = ResolveExecutorOptions(options, *t->store_, *t->runtime_);
+  t->resident_layers_ = exec.resident_layers;
+  t->resident_embedding_ = exec.resident_embedding;
+  t->device_grad_accumulation_ = exec.device_grad_accumulation;
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      t->executor_,
+      StreamingExecutor::Create(t->store_.get(), t->runtime_.get(), t->critical_pool_.get(), exec));
+  MEGATRAIN_ASSIGN_OR_RETURN(CpuAdamW adamw, CpuAdamW::Create(options.adamw, t->pool_.get()));
+  t->adamw_ = std::make_unique<CpuAdamW>(std::move(adamw));
+  LrScheduleOptions schedule = options.schedule;
+  schedule.peak_lr = options.adamw.lr;
+  MEGATRAIN_ASSIGN_OR_RETURN(LrSchedule lr, LrSchedule::Create(schedule));
+  t->schedule_ = std::make_unique<LrSchedule>(std::move(lr));
+  t->queue_ = std::make_unique<OptimizerQueue>(t->store_->num_blocks(), options.optimizer_nice);
+  t->hooks_ = MakeNonFiniteInjector(options.debug_nonfinite, t->store_.get(), t->pool_.get());
+  OptimizerQueue* queue = t->queue_.get();
+  t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
+  // A resident embedding is updated on the device instead.
+  if (!t->resident_embedding_) {
+    t->embedding_ =
+        EmbeddingUpdater::Create(t->store_.get(), t->adamw_.get(), queue, t->pool_.get(),
+                                 t->critical_pool_.get(), options.debug_keep_lookahead);
+  }
+  if (EmbeddingUpdater* emb = t->embedding_.get(); emb != nullptr) {
+    t->executor_->SetEmbeddingRowGate(
+        [emb](absl::Span<const int32_t> ids, absl::Span<const float*> sources) {
+          emb->GateRows(ids, sources);
+        });
+  }
+  return t;
+}
+
+absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batches,
+                                         absl::Span<const int32_t> next_input_ids) {
+  const auto start = std::chrono::steady_clock::now();
+  MEGATRAIN_RETURN_IF_ERROR(queue_->error());
+  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
+  StepState s;
+  s.step = step_ + 1;
+  s.lr = schedule_->LrAt(s.step);
+  s.overlap = options_.max_grad_norm <= 0;
+  s.block_sq.assign(store_->num_blocks(), 0.0);
+  s.resident_apply.assign(executor_->resident_blocks().size(), false);
+  if (hooks_ != nullptr) hooks_->BeginStep(s.step);
+  // The previous step's row-wise embedding update leaves the table's
+  // gradient zero (it completes before this step's scatter, which waits).
+  executor_->AssumeEmbeddingGradZero(embedding_ != nullptr && embedding_->TakeGradZero());
+  if (embedding_ != nullptr) {
+    embedding_->ResetCounters();
+    if (!next_input_ids.empty() && !config().tie_word_embeddings) {
+      embedding_->QueueLookahead(s.step, s.lr, micro_batches, next_input_ids);
+    }
+  }
+  absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
+      micro_batches,
+      [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); });
+  // The lookahead this step's gathers could use is spent (Note [Embedding
+  // lookahead]).
+  if (embedding_ != nullptr) embedding_->EndGather();
+  if (!fb.ok()) {
+    if (embedding_ != nullptr) embedding_->AfterStep(s.step, /*applied=*/false);
+    return fb.status();
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(StepResult result, FinishStep(s, *fb));
+  result.stats = fb->stats;
+  if (embedding_ != nullptr) {
+    result.stats.gate_rows = embedding_->gate_rows();
+    result.stats.lookahead_rows = embedding_->lookahead_rows();
+  }
+  // CPU time of the updates that finished since the previous Step().
+  result.stats.optimizer_seconds = queue_->TakeBusySeconds();
+  result.stats.step_seconds = SecondsSince(start);
+  result.stats.gpu_idle_seconds =
+      std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);
+  return result;
+}
+
+void Trainer::OnBlockFinal(StepState& s, int64_t block, double grad_sq) {
+  const int64_t resident = ResidentIndexOf(block);
+  const double sq = hooks_ != nullptr ? hooks_->BlockFinal(block, resident >= 0, grad_sq) : grad_sq;
+  s.block_sq[block] = sq;
+  if (!s.overlap) return;
+  // Note [Non-finite steps]: the first non-finite block stops the step.
+  if (!std::isfinite(sq)) s.stopped = true;
+  if (s.stopped) return;
+  if (resident >= 0) {
+    s.resident_apply[resident] = true;
+  } else if (block == store_->layout().embedding_block()) {
+    ScheduleEmbeddingUpdate(s.step, s.lr, 1.0f);
+  } else {
+    ScheduleUpdate(block, s.step, s.lr, 1.0f);
+  }
+  ++s.blocks_updated;
+}
+
+absl::Status Trainer::ScheduleResident(StepState& s, float grad_scale) {
+  if (std::find(s.resident_apply.begin(), s.resident_apply.end(), true) == s.resident_apply.end()) {
+    return absl::OkStatus();
+  }
+  MEGATRAIN_RETURN_IF_ERROR(executor_->ScheduleResidentUpdate(
+      MakeAdamWStepParams(options_.adamw, s.step, s.lr, grad_scale), s.resident_apply));
+  resident_device_newer_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::FinishStep(StepState& s, const ForwardBackwardResult& fb) {
+  // Overlap: the resident layers approved during backward are updated even
+  // if a later block turns out non-finite (as the CPU blocks queued before
+  // it are; Note [Non-finite steps]).
+  if (s.overlap) MEGATRAIN_RETURN_IF_ERROR(ScheduleResident(s, 1.0f));
+  StepResult result;
+  result.loss = hooks_ != nullptr ? hooks_->Loss(fb.loss()) : fb.loss();
+  result.counted_tokens = fb.counted_tokens;
+  result.lr = s.lr;
+  double total_sq = 0;
+  for (const double sq : s.block_sq) total_sq += sq;
+  result.grad_norm = std::sqrt(total_sq);
+  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm) && !s.stopped;
+  if (finite && !s.overlap) {
+    const float grad_scale = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
+    s.resident_apply.assign(s.resident_apply.size(), true);
+    MEGATRAIN_RETURN_IF_ERROR(ScheduleResident(s, grad_scale));
+    // Forward order, so that the next step's first layers are ready first.
+    if (!resident_embedding_) ScheduleEmbeddingUpdate(s.step, s.lr, grad_scale);
+    for (int64_t l = resident_layers_; l < store_->layout().num_layers(); ++l) {
+      ScheduleUpdate(store_->layout().layer_block(l), s.step, s.lr, grad_scale);
+    }
+    ScheduleUpdate(store_->layout().head_block(), s.step, s.lr, grad_scale);
+  }
+  // Blocks updated before a non-finite one (clipping off) have used the
+  // step number in their AdamW bias correction: the step counts.
+  result.skipped = !finite;
+  result.partial = !finite && s.blocks_updated > 0;
+  if (finite || result.partial) ++step_;
+  if (embedding_ != nullptr) embedding_->AfterStep(s.step, finite);
+  result.step = step_;
+  if (!finite && options_.nan_policy == NanPolicy::kFail) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", s.step, ": loss ", result.loss, ", gradient norm ", result.grad_norm,
+        ": not finite (train.nan_policy: fail)",
+        result.partial ? absl::StrCat("; ", s.blocks_updated, " of ", store_->num_blocks(),
+                                      " blocks were updated before the non-finite gradient")
+                       : "; the update was not applied",
+        ". Master weights hold no non-finite value"));
+  }
+  return result;
+}
+
+absl::StatusOr<double> Trainer::Evaluate(absl::Span<const MicroBatch> micro_batches) {
+  MEGATRAIN_RETURN_IF_ERROR(queue_->WaitAll());
+  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
+  MEGATRAIN_ASSIGN_OR_RETURN(ForwardBackwardResult r, executor_->Evaluate(micro_batches));
+  return r.loss();
+}
+
+absl::StatusOr<std::vector<float>> Trainer::Logits(const MicroBatch& micro_batch) {
+  MEGATRAIN_RETURN_IF_ERROR(queue_->WaitAll());
+  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
+  return executor_->Logits(micro_batch);
+}
+
+std::string Trainer::device_name() const { return runtime_->name(); }
+bool Trainer::is_cuda() const { return runtime_->is_cuda(); }
+int64_t Trainer::slot_device_bytes() const { return executor_->slot_device_bytes(); }
+int64_t Trainer::staging_host_bytes() const { return executor_->staging_host_bytes(); }
+
+}  // namespace megatrain::engine

@@ -1,0 +1,165 @@
+// Host store allocation, byte accounting and initialisation.
+#include "engine/store/host_store.h"
+
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/status_macros.h"
+
+namespace megatrain::engine {
+namespace {
+
+// Blocks start at 4 KiB boundaries in every arena (1024 fp32 elements).
+constexpr int64_t kBlockAlignElements = 1024;
+
+int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+std::vector<int64_t> BlockOffsets(const ModelLayout& layout, int64_t* total) {
+  std::vector<int64_t> offsets;
+  int64_t n = 0;
+  for (const BlockLayout& b : layout.blocks) {
+    offsets.push_back(n);
+    n += AlignUp(b.numel, kBlockAlignElements);
+  }
+  *total = n;
+  return offsets;
+}
+
+// Counter-based normal samples: element i of stream `key` depends only on
+// (key, i), so initialisation is identical for any thread split.
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// FNV-1a: a stable string hash (std::hash is implementation-defined).
+uint64_t Fnv1a64(absl::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Box-Muller on two 53-bit uniforms derived from (key, index).
+float NormalSample(uint64_t key, uint64_t index) {
+  const uint64_t a = SplitMix64(key ^ SplitMix64(2 * index));
+  const uint64_t b = SplitMix64(key ^ SplitMix64(2 * index + 1));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+// Runs fn(begin, end) over [0, n) on up to hardware_concurrency threads.
+template <typename Fn>
+void ParallelChunks(int64_t n, Fn fn) {
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n / (1 << 20)));
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> workers;
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t begin = t * chunk, end = std::min(n, begin + chunk);
+    if (begin < end) workers.emplace_back([=] { fn(begin, end); });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
+}  // namespace
+
+HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
+                                        const HostStoreOptions& options) {
+  const ModelLayout layout = ModelLayout::Create(config);
+  int64_t numel = 0;
+  BlockOffsets(layout, &numel);
+  HostStoreBytes b;
+  b.master = numel * 4;
+  if (options.optimizer_state) b.grad = b.exp_avg = b.exp_avg_sq = numel * 4;
+  if (options.streaming_bf16) b.streaming = numel * 2;
+  // Pinned: what the device reads (streaming copy or master) and the
+  // gradients it writes (Note [Gradient landing] in step/grad_lander.h).
+  if (options.pin) b.pinned = (options.streaming_bf16 ? b.streaming : b.master) + b.grad;
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& config,
+                                                             const HostStoreOptions& options) {
+  MEGATRAIN_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<HostStore> store(new HostStore(config, ModelLayout::Create(config), options));
+  store->block_offsets_ = BlockOffsets(store->layout_, &store->arena_numel_);
+  const size_t fp32_bytes = static_cast<size_t>(store->arena_numel_) * 4;
+  const bool pin_master = options.pin && !options.streaming_bf16;
+  MEGATRAIN_ASSIGN_OR_RETURN(store->master_, HostBuffer::Allocate(fp32_bytes, pin_master));
+  if (options.optimizer_state) {
+    MEGATRAIN_ASSIGN_OR_RETURN(store->grad_, HostBuffer::Allocate(fp32_bytes, options.pin));
+    MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_, HostBuffer::Allocate(fp32_bytes, false));
+    MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_sq_, HostBuffer::Allocate(fp32_bytes, false));
+  }
+  if (options.streaming_bf16) {
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        store->streaming_,
+        HostBuffer::Allocate(static_cast<size_t>(store->arena_numel_) * 2, options.pin));
+  }
+  return store;
+}
+
+HostStoreBytes HostStore::bytes() const {
+  HostStoreBytes b;
+  b.master = static_cast<int64_t>(master_.bytes());
+  b.grad = static_cast<int64_t>(grad_.bytes());
+  b.exp_avg = static_cast<int64_t>(exp_avg_.bytes());
+  b.exp_avg_sq = static_cast<int64_t>(exp_avg_sq_.bytes());
+  b.streaming = static_cast<int64_t>(streaming_.bytes());
+  for (const HostBuffer* buf : {&master_, &grad_, &exp_avg_, &exp_avg_sq_, &streaming_}) {
+    if (buf->pinned()) b.pinned += static_cast<int64_t>(buf->bytes());
+  }
+  return b;
+}
+
+void HostStore::InitializeWeights(uint64_t seed, double initializer_range) {
+  for (int64_t block = 0; block < num_blocks(); ++block) {
+    float* w = master(block);
+    std::fill(w, w + block_numel(block), 0.0f);
+    for (const ParamSpec& p : layout_.blocks[block].params) {
+      float* dst = w + p.offset;
+      if (p.is_norm) {
+        std::fill(dst, dst + p.numel, 1.0f);
+      } else if (!p.is_bias) {
+        // One stream per tensor, keyed by seed and HF name.
+        const uint64_t key = SplitMix64(seed ^ Fnv1a64(p.hf_name));
+        const float scale = static_cast<float>(initializer_range);
+        ParallelChunks(p.numel, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) dst[i] = scale * NormalSample(key, i);
+        });
+      }
+    }
+  }
+  RefreshAllStreamingCopies();
+}
+
+void HostStore::RefreshStreamingCopy(int64_t block) {
+  bf16_bits* dst = streaming_bf16(block);
+  if (dst == nullptr) return;
+  const float* src = master(block);
+  ParallelChunks(block_numel(block), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = FloatToBf16(src[i]);
+  });
+}
+
+void HostStore::RefreshAllStreamingCopies() {
+  for (int64_t block = 0; block < num_blocks(); ++block) RefreshStreamingCopy(block);
+}
+
+void HostStore::ZeroGrads() {
+  if (grad_.data() == nullptr) return;
+  ParallelChunks(arena_numel_, [&](int64_t begin, int64_t end) {
+    std::fill(static_cast<float*>(grad_.data()) + begin, static_cast<float*>(grad_.data()) + end,
+              0.0f);
+  });
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,119 @@
+// The host-memory model store: every byte of model state lives here.
+//
+// Per block (embedding, each decoder layer, head; see param_layout.h) there
+// is one contiguous flat buffer per kind:
+//   master      fp32 master weights                         4 B/param
+//   grad        fp32 gradients, accumulated over micro-batches 4 B/param
+//   exp_avg     fp32 AdamW first moment                      4 B/param
+//   exp_avg_sq  fp32 AdamW second moment                     4 B/param
+//   streaming   bf16 copy of master, what the device reads   2 B/param
+//               (bf16 compute only; fp32/tf32 stream the master itself)
+// Each kind is one mmap'd arena with blocks at 4 KiB-aligned offsets. The
+// arenas the device copies from (streaming, or master when it is streamed)
+// and into (grad) are pinned when a CUDA device is used (Note [Pinned host
+// memory]).
+//
+// Thread-safety: the store itself is immutable after Create(); the memory
+// of different blocks may be read and written concurrently by different
+// threads. Ordering between the device pipeline and the CPU optimizer on one
+// block is the executor's job (see executor.h).
+#ifndef MEGATRAIN_ENGINE_HOST_STORE_H_
+#define MEGATRAIN_ENGINE_HOST_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/runtime/bf16.h"
+#include "engine/runtime/host_buffer.h"
+#include "engine/model/model_config.h"
+#include "engine/model/param_layout.h"
+#include "engine/runtime/stats.h"
+
+namespace megatrain::engine {
+
+struct HostStoreOptions {
+  bool streaming_bf16 = false;  // keep a bf16 streaming copy (bf16 compute)
+  bool pin = false;             // pin the arenas the device reads and the gradients
+  bool optimizer_state = true;  // allocate grad, exp_avg and exp_avg_sq
+};
+
+class HostStore {
+ public:
+  // Allocates the arenas (zeroed). Errors: INVALID_ARGUMENT / UNIMPLEMENTED
+  // from config.Validate(); RESOURCE_EXHAUSTED when memory cannot be mapped
+  // or pinned (with the bytes asked for).
+  static absl::StatusOr<std::unique_ptr<HostStore>> Create(const ModelConfig& config,
+                                                           const HostStoreOptions& options);
+
+  // Bytes Create() would allocate, by kind, without allocating: the numbers
+  // used for admission control.
+  static HostStoreBytes EstimateBytes(const ModelConfig& config, const HostStoreOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelLayout& layout() const { return layout_; }
+  const HostStoreOptions& options() const { return options_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(layout_.blocks.size()); }
+  int64_t block_numel(int64_t block) const { return layout_.blocks[block].numel; }
+
+  // Flat fp32 buffers of `block`, block_numel(block) elements each.
+  float* master(int64_t block) const { return At<float>(master_, block); }
+  float* grad(int64_t block) const { return At<float>(grad_, block); }
+  float* exp_avg(int64_t block) const { return At<float>(exp_avg_, block); }
+  float* exp_avg_sq(int64_t block) const { return At<float>(exp_avg_sq_, block); }
+  // bf16 streaming copy; nullptr unless options().streaming_bf16.
+  bf16_bits* streaming_bf16(int64_t block) const {
+    return options_.streaming_bf16 ? At<bf16_bits>(streaming_, block) : nullptr;
+  }
+  // What the device copies for `block`: the bf16 copy or the fp32 master.
+  const void* streaming_data(int64_t block) const {
+    return options_.streaming_bf16 ? static_cast<const void*>(streaming_bf16(block))
+                                   : static_cast<const void*>(master(block));
+  }
+  // Size of streaming_data(block), in bytes.
+  int64_t streaming_bytes(int64_t block) const {
+    return block_numel(block) * (options_.streaming_bf16 ? 2 : 4);
+  }
+  bool streaming_pinned() const {
+    return options_.streaming_bf16 ? streaming_.pinned() : master_.pinned();
+  }
+
+  // Bytes held, by kind.
+  HostStoreBytes bytes() const;
+
+  // HF-style initialisation (modeling_llama.py `_init_weights`): Linear and
+  // Embedding weights ~ N(0, initializer_range^2), RMSNorm weights 1, biases 0;
+  // padding 0. Deterministic for a seed, independent of thread count.
+  // Refreshes the streaming copy.
+  void InitializeWeights(uint64_t seed, double initializer_range = 0.02);
+
+  // Rewrites the bf16 streaming copy of `block` from its master (round to
+  // nearest even). No-op without a bf16 copy.
+  void RefreshStreamingCopy(int64_t block);
+  void RefreshAllStreamingCopies();
+
+  // Sets every gradient to zero.
+  void ZeroGrads();
+
+ private:
+  HostStore(ModelConfig config, ModelLayout layout, HostStoreOptions options)
+      : config_(std::move(config)), layout_(std::move(layout)), options_(options) {}
+
+  template <typename T>
+  T* At(const HostBuffer& arena, int64_t block) const {
+    if (arena.data() == nullptr) return nullptr;
+    return static_cast<T*>(arena.data()) + block_offsets_[block];
+  }
+
+  ModelConfig config_;
+  ModelLayout layout_;
+  HostStoreOptions options_;
+  std::vector<int64_t> block_offsets_;  // elements from the arena start
+  int64_t arena_numel_ = 0;
+  HostBuffer master_, grad_, exp_avg_, exp_avg_sq_, streaming_;
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_HOST_STORE_H_

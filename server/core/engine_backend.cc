@@ -1,0 +1,85 @@
+// NewEngineBackend: EngineBackend over the real engine (engine/job/training_job.h).
+// The only server file that calls engine functions, so that megatrain_server
+// builds and tests without megatrain_engine; this file is in the library
+// megatrain_server_engine.
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/device_info.h"
+#include "server/core/engine_backend.h"
+
+namespace megatrain::server {
+namespace {
+
+// Runs `fn`, mapping any exception that escapes the engine to INTERNAL (the
+// engine should catch its own; this is the last line).
+template <typename Fn>
+auto Guard(absl::string_view what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": engine threw: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(what, ": engine threw an unknown exception"));
+  }
+}
+
+class RealEngineBackend final : public EngineBackend {
+ public:
+  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
+    return Guard("ValidateJobSpec", [&] { return engine::ValidateJobSpec(spec); });
+  }
+
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {
+    return Guard("EstimateFootprint", [&] { return engine::EstimateFootprint(spec); });
+  }
+
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
+      const engine::JobSpec& spec, const std::string& hf_config_json) override {
+    return Guard("EstimateFootprint",
+                 [&] { return engine::EstimateFootprintFromHfConfig(spec, hf_config_json); });
+  }
+
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) override {
+    return Guard("TrainingJob::Create",
+                 [&] { return engine::TrainingJob::Create(spec, device, resume_from); });
+  }
+
+  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) override {
+    return Guard("ListCheckpoints", [&] { return engine::ListCheckpoints(output_dir); });
+  }
+
+  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                          bool check_data) override {
+    return Guard("VerifyCheckpoint",
+                 [&] { return engine::VerifyCheckpoint(checkpoint_dir, check_data); });
+  }
+
+  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const std::string& dtype) override {
+    return Guard("ExportHfModel",
+                 [&] { return engine::ExportHfModel(checkpoint_dir, out_dir, dtype); });
+  }
+
+  int CudaDeviceCount() override { return engine::CudaDeviceCount(); }
+
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) override {
+    return Guard("MeasureLinkBandwidth", [&]() -> absl::StatusOr<LinkBandwidth> {
+      absl::StatusOr<engine::LinkBandwidthMeasurement> m = engine::MeasureLinkBandwidth(
+          device, /*bytes_per_copy=*/256 << 20, /*repeats=*/8, between_directions);
+      if (!m.ok()) return m.status();
+      return LinkBandwidth{m->h2d_bytes_per_second, m->d2h_bytes_per_second,
+                           m->bytes_copied_each_way};
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<EngineBackend> NewEngineBackend() { return std::make_unique<RealEngineBackend>(); }
+
+}  // namespace megatrain::server

@@ -1,0 +1,106 @@
+// EngineBackend: the only door from the server to the training engine
+// (engine/job/training_job.h). The job manager calls the engine through this
+// interface so that the scheduler, the store and the RPC layer can be
+// tested with a fake engine (tests/server/fake_engine_backend.h); the daemon
+// uses NewEngineBackend() (server/core/engine_backend.cc, library
+// megatrain_server_engine), which forwards to the engine's functions.
+//
+// Thread-safety: implementations must allow every method to be called
+// concurrently from any thread.
+#ifndef MEGATRAIN_SERVER_ENGINE_BACKEND_H_
+#define MEGATRAIN_SERVER_ENGINE_BACKEND_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/job/training_job.h"
+
+namespace megatrain::server {
+
+// Host <-> device copy bandwidth of one device's link, bytes per second.
+struct LinkBandwidth {
+  double h2d_bytes_per_second = 0;
+  double d2h_bytes_per_second = 0;
+  // Payload the measurement copied each way, bytes.
+  int64_t bytes_copied_each_way = 0;
+};
+
+class EngineBackend {
+ public:
+  virtual ~EngineBackend() = default;
+
+  // engine::ValidateJobSpec: INVALID_ARGUMENT naming the field path,
+  // UNIMPLEMENTED for an unsupported architecture.
+  virtual absl::Status ValidateJobSpec(const engine::JobSpec& spec) = 0;
+
+  // engine::EstimateFootprint: bytes the job needs (reads config.json for
+  // model.hf_dir: NOT_FOUND / INVALID_ARGUMENT for a missing or bad file).
+  virtual absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(
+      const engine::JobSpec& spec) = 0;
+
+  // As EstimateFootprint, but sizes an hf_dir model from `hf_config_json`
+  // (its config.json, already read by the caller: Note [Input preflight] in
+  // path_policy.h) instead of opening the file; a preset spec ignores it.
+  // The default, for fakes that read no files, calls EstimateFootprint.
+  virtual absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
+      const engine::JobSpec& spec, const std::string& hf_config_json) {
+    (void)hf_config_json;
+    return EstimateFootprint(spec);
+  }
+
+  // engine::TrainingJob::Create: builds the job on `device`, resuming from
+  // the checkpoint directory `resume_from` when given (spec.job_id set: a
+  // checkpoint naming another job is refused). May take long (loads
+  // the model); called on the job's own thread.
+  virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) = 0;
+
+  // engine::ListCheckpoints: complete checkpoints under `output_dir`, oldest
+  // first; NOT_FOUND when the directory is missing.
+  virtual absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) = 0;
+
+  // engine::VerifyCheckpoint: the checkpoint's step, job id (state.json) and
+  // manifest hash; with `check_data` every file is read and checked against
+  // its XXH64. DATA_LOSS naming the file for anything that does not verify;
+  // NOT_FOUND for a missing directory.
+  virtual absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                                  bool check_data) = 0;
+
+  // engine::ExportHfModel.
+  virtual absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                                     const std::string& dtype) = 0;
+
+  // Number of CUDA devices usable by this process (0 without CUDA).
+  virtual int CudaDeviceCount() = 0;
+
+  // Measures the host <-> device bandwidth of `device` with pinned buffers
+  // (takes about a second): H2D copies, then `between_directions` (when
+  // set; on the calling thread), then D2H copies. UNIMPLEMENTED where not
+  // available (CPU).
+  virtual absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) = 0;
+};
+
+// The engine itself (defined in server/core/engine_backend.cc, library
+// megatrain_server_engine, which links megatrain_engine).
+std::unique_ptr<EngineBackend> NewEngineBackend();
+
+// Expands the --device flag into the devices jobs are scheduled on:
+// "cpu" -> {"cpu"}; "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
+// `cuda_device_count`); "auto" -> every CUDA device, or {"cpu"} when there is
+// none; a comma-separated list of the above is also accepted ("cuda:0,cuda:2").
+// INVALID_ARGUMENT naming --device for anything else or a missing device.
+absl::StatusOr<std::vector<std::string>> ResolveDevices(absl::string_view flag,
+                                                        int cuda_device_count);
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_ENGINE_BACKEND_H_

@@ -1,0 +1,1234 @@
+// See job_manager.h.
+#include "server/core/job_manager.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "engine/io/dir_fd.h"
+#include "engine/runtime/status_macros.h"
+#include "server/core/job_request_json.h"
+#include "server/core/logging.h"
+
+namespace megatrain::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Largest batch of events one WaitEvents returns.
+constexpr int kMaxEventsPerBatch = 1000;
+// Watchers re-check cancellation and deadlines at least this often.
+constexpr absl::Duration kMaxWaitSlice = absl::Seconds(1);
+// Queued jobs a scheduling pass reads at a time.
+constexpr int kSchedulePageSize = 32;
+// Weight of the newest step in the step-time average used for the ETA.
+constexpr double kEtaSmoothing = 0.2;
+
+std::string FormatBytes(int64_t bytes) {
+  const double gib = static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+  if (gib >= 1.0) return absl::StrFormat("%.2f GiB (%d bytes)", gib, bytes);
+  return absl::StrFormat("%.2f MiB (%d bytes)", bytes / (1024.0 * 1024.0), bytes);
+}
+
+// Steps of the run: max_steps, or max_tokens over the tokens of one step.
+int64_t PlannedSteps(const engine::JobSpec& spec) {
+  if (spec.train.max_steps > 0) return spec.train.max_steps;
+  const int64_t tokens_per_step =
+      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
+  if (spec.train.max_tokens > 0 && tokens_per_step > 0) {
+    return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
+  }
+  return 0;
+}
+
+engine::TrainingJob::StopKind StopKindFor(bool cancel) {
+  return cancel ? engine::TrainingJob::StopKind::kCancel : engine::TrainingJob::StopKind::kSuspend;
+}
+
+}  // namespace
+
+// Why a running job was asked to stop.
+enum class StopReason { kNone, kCancel, kSuspend, kPreempt, kShutdown };
+
+// A job holding a device. Owned by JobManager::active_; fields guarded by
+// JobManager::mu_ except where noted.
+struct JobManager::Active {
+  std::string job_id;
+  std::string owner;
+  std::string device;
+  int32_t priority = 0;
+  int64_t reserved_bytes = 0;
+  // Set by the job thread once Create returns; Run() is called on it without
+  // the lock (only that thread resets it).
+  std::unique_ptr<engine::TrainingJob> job;
+  StopReason stop = StopReason::kNone;
+  bool checkpoint_requested = false;
+  std::string preempted_for;  // job id that caused kPreempt
+  std::string last_checkpoint_dir;
+  std::thread thread;
+};
+
+// Forwards one job's progress to the store, the watchers and the metrics.
+// Called on the job's thread only.
+class JobManager::Observer : public engine::JobObserver {
+ public:
+  Observer(JobManager* manager, Active* active, const JobRecord& job)
+      : manager_(manager),
+        active_(active),
+        job_id_(job.id),
+        owner_(job.owner),
+        device_(active->device),
+        progress_(job.progress) {
+    if (progress_.max_steps == 0) progress_.max_steps = PlannedSteps(job.request.spec);
+  }
+
+  void OnStep(const engine::StepReport& report) override {
+    if (report.stats.step_seconds > 0) {
+      avg_step_seconds_ = avg_step_seconds_ == 0 ? report.stats.step_seconds
+                                                 : (1 - kEtaSmoothing) * avg_step_seconds_ +
+                                                       kEtaSmoothing * report.stats.step_seconds;
+    }
+    if (report.max_steps > 0) progress_.max_steps = report.max_steps;
+    progress_.step = report.step;
+    if (!report.skipped) progress_.loss = report.loss;
+    progress_.tokens_per_s = report.tokens_per_s;
+    progress_.mfu = report.mfu;
+    progress_.tokens += report.stats.tokens;
+    progress_.eta_seconds =
+        progress_.max_steps > report.step
+            ? static_cast<double>(progress_.max_steps - report.step) * avg_step_seconds_
+            : 0;
+    JobEvent event;
+    event.job_id = job_id_;
+    event.time_unix_ms = NowUnixMs();
+    event.kind = JobEvent::Kind::kStep;
+    event.step = report.step;
+    event.max_steps = progress_.max_steps;
+    event.loss = report.loss;
+    event.grad_norm = report.grad_norm;
+    event.lr = report.lr;
+    event.tokens_per_s = report.tokens_per_s;
+    event.mfu = report.mfu;
+    event.skipped = report.skipped;
+    event.step_seconds = report.stats.step_seconds;
+    event.eta_seconds = progress_.eta_seconds;
+    Persist(event);
+    manager_->metrics_->RecordStep(device_, report);
+  }
+
+  void OnEval(int64_t step, double eval_loss) override {
+    progress_.eval_loss = eval_loss;
+    JobEvent event;
+    event.job_id = job_id_;
+    event.time_unix_ms = NowUnixMs();
+    event.kind = JobEvent::Kind::kEval;
+    event.step = step;
+    event.eval_loss = eval_loss;
+    Persist(event);
+    manager_->metrics_->RecordEval(device_, eval_loss);
+  }
+
+  // Note [Checkpoint ownership]: the record makes the checkpoint the job's.
+  void OnCheckpointWritten(const engine::CheckpointInfo& info, double seconds) override {
+    const int64_t step = info.step;
+    const std::string& checkpoint_dir = info.dir;
+    CheckpointRecord checkpoint;
+    checkpoint.job_id = job_id_;
+    checkpoint.step = step;
+    checkpoint.dir = checkpoint_dir;
+    checkpoint.bytes = info.bytes;
+    checkpoint.create_time_unix_ms = NowUnixMs();
+    checkpoint.write_seconds = seconds;
+    checkpoint.owner = owner_;
+    checkpoint.manifest_xxh64 = info.manifest_xxh64;
+    absl::Status status = manager_->store_->RecordCheckpoint(checkpoint);
+    if (!status.ok())
+      LogError(absl::StrCat(job_id_, ": recording checkpoint: ", status.ToString()));
+    manager_->ForgetVanishedCheckpoints(job_id_, step);
+    {
+      std::lock_guard<std::mutex> lock(manager_->mu_);
+      active_->last_checkpoint_dir = checkpoint_dir;
+    }
+    JobEvent event;
+    event.job_id = job_id_;
+    event.time_unix_ms = checkpoint.create_time_unix_ms;
+    event.kind = JobEvent::Kind::kCheckpoint;
+    event.step = step;
+    event.checkpoint_dir = checkpoint_dir;
+    event.checkpoint_seconds = seconds;
+    absl::StatusOr<int64_t> seq = manager_->store_->AppendEvent(event);
+    if (!seq.ok()) LogError(absl::StrCat(job_id_, ": recording event: ", seq.status().ToString()));
+    manager_->metrics_->RecordCheckpoint(seconds);
+    manager_->NotifyEvents();
+  }
+
+ private:
+  void Persist(const JobEvent& event) {
+    absl::StatusOr<int64_t> seq = manager_->store_->UpdateProgress(job_id_, progress_, event);
+    if (!seq.ok()) {
+      LogError(absl::StrCat(job_id_, ": recording progress: ", seq.status().ToString()));
+    }
+    manager_->NotifyEvents();
+  }
+
+  JobManager* const manager_;
+  Active* const active_;
+  const std::string job_id_;
+  const std::string owner_;
+  const std::string device_;
+  JobProgress progress_;
+  double avg_step_seconds_ = 0;
+};
+
+JobManager::JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
+                       ServerMetrics* metrics)
+    : options_(std::move(options)), store_(store), backend_(backend), metrics_(metrics) {}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions options,
+                                                               JobStore* store,
+                                                               EngineBackend* backend,
+                                                               ServerMetrics* metrics) {
+  if (options.devices.empty()) return absl::InvalidArgumentError("job manager: no devices");
+  if (options.host_memory_budget_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_memory_budget: must be > 0, got ", options.host_memory_budget_bytes));
+  }
+  std::unique_ptr<JobManager> manager(new JobManager(std::move(options), store, backend, metrics));
+  MEGATRAIN_RETURN_IF_ERROR(manager->CheckStoreMatchesJobsDir());
+  MEGATRAIN_RETURN_IF_ERROR(manager->Recover());
+  std::lock_guard<std::mutex> lock(manager->mu_);
+  manager->RefreshGaugesLocked();
+  manager->ScheduleLocked();
+  return manager;
+}
+
+JobManager::~JobManager() {
+  // A bounded drain would leave threads that use `this`; wait for them.
+  Drain(absl::InfiniteDuration());
+}
+
+absl::Status JobManager::Recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> running,
+                             store_->JobsInState(JobState::kRunning));
+  for (JobRecord& job : running) {
+    job.resume_from = LatestCheckpointDir(job);
+    job.device.clear();
+    const std::string message =
+        job.resume_from.empty()
+            ? "re-queued after a daemon restart; no checkpoint, starting over"
+            : absl::StrCat("re-queued after a daemon restart; resumes from ", job.resume_from);
+    LogInfo(absl::StrCat(job.id, ": ", message));
+    MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kQueued, message).status());
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> suspending,
+                             store_->JobsInState(JobState::kSuspending));
+  for (JobRecord& job : suspending) {
+    job.resume_from = LatestCheckpointDir(job);
+    job.device.clear();
+    MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspended,
+                                               "suspended (the daemon restarted while suspending)")
+                                  .status());
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Submission and queries.
+
+absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const JobRequest& request,
+                                                 absl::string_view request_id, bool* found) {
+  *found = false;
+  if (request_id.empty()) return JobRecord();
+  MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> existing,
+                             store_->FindByRequestId(caller.name, request_id));
+  if (!existing.has_value()) return JobRecord();
+  JobRequest normalized = request;
+  if (normalized.spec.output_dir.empty()) {
+    normalized.spec.output_dir = (fs::path(options_.jobs_dir) / existing->id).string();
+  }
+  if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
+                                                 "' was already used for job ", existing->id,
+                                                 " with a different spec"));
+  }
+  *found = true;
+  FillQueuePositions({&*existing});
+  return *std::move(existing);
+}
+
+absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& caller,
+                                                              const JobRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(ValidateJobRequest(request));
+  MEGATRAIN_RETURN_IF_ERROR(backend_->ValidateJobSpec(request.spec));
+  // The policy first: a refusal must not depend on (and so reveal) what
+  // lies at a path the caller may not read (Note [Per-user data roots]).
+  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(request.spec, caller.name));
+  MEGATRAIN_ASSIGN_OR_RETURN(JobInputs inputs, PreflightJobInputs(request.spec));
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      engine::MemoryFootprint footprint,
+      backend_->EstimateFootprintFromHfConfig(request.spec, inputs.hf_config_json.value_or("")));
+  if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
+    const engine::HostStoreBytes& host = footprint.host;
+    const std::string offload = footprint.activation_offload_bytes > 0
+                                    ? absl::StrCat(", of which train.offload_activations ",
+                                                   footprint.activation_offload_bytes)
+                                    : "";
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job needs ", FormatBytes(footprint.host_total_bytes), " of host memory for ",
+        footprint.params, " parameters (master ", host.master, ", grad ", host.grad, ", exp_avg ",
+        host.exp_avg, ", exp_avg_sq ", host.exp_avg_sq, ", streaming ", host.streaming,
+        ", staging ", host.staging, offload, " bytes) but --host_memory_budget is ",
+        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon"));
+  }
+  return footprint;
+}
+
+absl::Status JobManager::CheckJobLimitsLocked(const std::string& owner, int64_t joining) {
+  // Note [Job limits].
+  if (options_.max_queued_jobs_per_user > 0) {
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t live, store_->CountLiveJobs(owner));
+    if (live + joining > options_.max_queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("user '", owner, "' already has ", live,
+                       " jobs queued, running or suspended (--max_queued_jobs_per_user=",
+                       options_.max_queued_jobs_per_user, ")"));
+    }
+  }
+  if (options_.max_queued_jobs > 0) {
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t live, store_->CountLiveJobs(""));
+    if (live + joining > options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full: ", live,
+          " jobs queued, running or suspended (--max_queued_jobs=", options_.max_queued_jobs, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest request,
+                                             absl::string_view request_id) {
+  if (request_id.size() > kMaxRequestIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: at most ", kMaxRequestIdLength,
+                                                   " characters, got ", request_id.size()));
+  }
+  if (draining()) return absl::UnavailableError("the daemon is shutting down; submit later");
+  // Note [Lock-free admission]: everything that reads files runs here,
+  // before mu_.
+  bool repeat = false;
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
+  if (repeat) return existing;
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
+
+  JobRecord job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return absl::UnavailableError("the daemon is shutting down; submit later");
+    // Again under the lock: a concurrent call with the same request_id may
+    // have inserted it meanwhile (the store reads are quick and indexed).
+    MEGATRAIN_ASSIGN_OR_RETURN(existing, FindRepeat(caller, request, request_id, &repeat));
+    if (repeat) return existing;
+    MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(caller.name, 1));
+
+    MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, store_->NextJobSeq());
+    job.seq = seq;
+    job.id = JobIdForSeq(seq);
+    job.owner = caller.name;
+    job.request_id = std::string(request_id);
+    job.request = std::move(request);
+    const bool default_output_dir = job.request.spec.output_dir.empty();
+    if (default_output_dir) {
+      job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
+    }
+    // Issue 14: output directories are exclusive (one indexed query).
+    MEGATRAIN_RETURN_IF_ERROR(CheckOutputDirExclusive(caller, job.request.spec.output_dir,
+                                                      /*explicit_dir=*/!default_output_dir));
+    job.state = JobState::kQueued;
+    job.create_time_unix_ms = NowUnixMs();
+    job.progress.max_steps = PlannedSteps(job.request.spec);
+    job.host_memory_bytes = footprint.host_total_bytes;
+    job.message = absl::StrCat("submitted by ", caller.name);
+    MEGATRAIN_RETURN_IF_ERROR(
+        store_->InsertJob(job, JobEvent::StateChange(job.id, JobState::kQueued, job.message))
+            .status());
+    LogInfo(absl::StrCat(job.id, ": submitted by ", caller.name, " (", job.request.spec.name,
+                         ", priority ", job.request.priority, ", host memory ",
+                         FormatBytes(job.host_memory_bytes), ")"));
+    ScheduleLocked();  // refreshes the gauges
+  }
+  NotifyEvents();
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(job.id));
+  FillQueuePositions({&stored});
+  return stored;
+}
+
+absl::StatusOr<JobRecord> JobManager::LoadForCaller(const Principal& caller,
+                                                    absl::string_view job_id) {
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+  MEGATRAIN_RETURN_IF_ERROR(CheckOwnerAccess(caller, job.owner, absl::StrCat("job ", job.id)));
+  return job;
+}
+
+void JobManager::FillQueuePositions(std::vector<JobRecord*> jobs) {
+  // One indexed count per queued job (JobStore::QueuePosition): the cost
+  // follows the position, and no queued row is parsed.
+  for (JobRecord* job : jobs) {
+    job->queue_position = 0;
+    if (job->state != JobState::kQueued) continue;
+    absl::StatusOr<int64_t> position = store_->QueuePosition(job->id);
+    if (position.ok()) job->queue_position = *position;
+  }
+}
+
+absl::StatusOr<JobRecord> JobManager::Get(const Principal& caller, absl::string_view job_id) {
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  FillQueuePositions({&job});
+  return job;
+}
+
+absl::StatusOr<JobPage> JobManager::List(const Principal& caller, JobQuery query) {
+  if (!caller.is_admin()) {
+    if (!query.owner.empty() && query.owner != caller.name) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "owner: user '", caller.name, "' may only list their own jobs, not '", query.owner, "'"));
+    }
+    query.owner = caller.name;
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(query));
+  std::vector<JobRecord*> jobs;
+  for (JobRecord& job : page.jobs) jobs.push_back(&job);
+  FillQueuePositions(std::move(jobs));
+  return page;
+}
+
+// ---------------------------------------------------------------------------
+// Control.
+
+absl::StatusOr<int64_t> JobManager::TransitionLocked(JobRecord& job, JobState state,
+                                                     std::string message) {
+  job.state = state;
+  job.message = message;
+  if (IsTerminal(state)) job.end_time_unix_ms = NowUnixMs();
+  if (state != JobState::kFailed) job.error_code = absl::StatusCode::kOk;
+  absl::StatusOr<int64_t> seq =
+      store_->UpdateState(job, JobEvent::StateChange(job.id, state, std::move(message)));
+  NotifyEvents();
+  return seq;
+}
+
+absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  switch (job.state) {
+    case JobState::kQueued:
+    case JobState::kSuspended:
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(job, JobState::kCancelled, absl::StrCat("cancelled by ", caller.name))
+              .status());
+      LogInfo(absl::StrCat(job.id, ": cancelled by ", caller.name));
+      RefreshGaugesLocked();
+      ScheduleLocked();
+      break;
+    case JobState::kRunning:
+    case JobState::kSuspending: {
+      auto it = active_.find(job.id);
+      if (it != active_.end() && it->second->stop != StopReason::kCancel) {
+        Active& active = *it->second;
+        active.stop = StopReason::kCancel;
+        if (active.job != nullptr) active.job->RequestStop(StopKindFor(true));
+        MEGATRAIN_RETURN_IF_ERROR(
+            TransitionLocked(job, job.state,
+                             absl::StrCat("cancel requested by ", caller.name,
+                                          "; stops at the next step boundary"))
+                .status());
+        LogInfo(absl::StrCat(job.id, ": cancel requested by ", caller.name));
+      }
+      break;
+    }
+    case JobState::kCancelled:
+      break;  // idempotent
+    case JobState::kSucceeded:
+    case JobState::kFailed:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
+  return updated;
+}
+
+absl::StatusOr<JobRecord> JobManager::Suspend(const Principal& caller, absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  switch (job.state) {
+    case JobState::kQueued:
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(job, JobState::kSuspended, absl::StrCat("held by ", caller.name))
+              .status());
+      RefreshGaugesLocked();
+      ScheduleLocked();
+      break;
+    case JobState::kRunning: {
+      auto it = active_.find(job.id);
+      if (it == active_.end()) return absl::InternalError(absl::StrCat(job.id, ": not active"));
+      Active& active = *it->second;
+      if (active.stop == StopReason::kCancel) {
+        return absl::FailedPreconditionError(absl::StrCat("job ", job.id, " is being cancelled"));
+      }
+      active.stop = StopReason::kSuspend;
+      if (active.job != nullptr) active.job->RequestStop(StopKindFor(false));
+      MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspending,
+                                                 absl::StrCat("suspend requested by ", caller.name,
+                                                              "; checkpoints at the next step"))
+                                    .status());
+      LogInfo(absl::StrCat(job.id, ": suspend requested by ", caller.name));
+      RefreshGaugesLocked();
+      break;
+    }
+    case JobState::kSuspending:
+    case JobState::kSuspended:
+      break;  // idempotent
+    case JobState::kSucceeded:
+    case JobState::kFailed:
+    case JobState::kCancelled:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
+  FillQueuePositions({&updated});
+  return updated;
+}
+
+absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  switch (job.state) {
+    case JobState::kSuspended: {
+      if (draining_) return absl::UnavailableError("the daemon is shutting down; resume later");
+      // The job already counts (Note [Job limits]); a limit lowered since
+      // it was suspended (a restart with other flags) still holds.
+      MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
+      job.resume_from = LatestCheckpointDir(job);
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(job, JobState::kQueued,
+                           absl::StrCat("resumed by ", caller.name,
+                                        job.resume_from.empty()
+                                            ? std::string()
+                                            : absl::StrCat("; continues from ", job.resume_from)))
+              .status());
+      LogInfo(absl::StrCat(job.id, ": resumed by ", caller.name));
+      RefreshGaugesLocked();
+      ScheduleLocked();
+      break;
+    }
+    case JobState::kQueued:
+    case JobState::kRunning:
+      break;  // idempotent
+    case JobState::kSuspending:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " is still SUSPENDING; resume it once it is SUSPENDED"));
+    case JobState::kSucceeded:
+    case JobState::kFailed:
+    case JobState::kCancelled:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
+  FillQueuePositions({&updated});
+  return updated;
+}
+
+// ---------------------------------------------------------------------------
+// Scheduling (Note [Scheduling policy]).
+
+void JobManager::ScheduleLocked() {
+  ReapThreadsLocked();
+  if (draining_) return;
+  // Nothing can start without a free device; only a preemption could help.
+  const bool any_free_device =
+      std::any_of(options_.devices.begin(), options_.devices.end(),
+                  [this](const std::string& device) { return job_on_device_[device].empty(); });
+  if (!any_free_device && !options_.preemption) {
+    RefreshGaugesLocked();
+    return;
+  }
+  std::map<std::string, int> running_by_owner;
+  for (const auto& [id, active] : active_) ++running_by_owner[active->owner];
+  // The queue is read a page at a time: a pass usually stops at its first
+  // job (no free device), so its cost does not follow the queue's length.
+  std::optional<JobStore::QueueCursor> cursor;
+  bool stop = false;
+  while (!stop) {
+    absl::StatusOr<std::vector<JobRecord>> page = store_->QueuedJobsPage(cursor, kSchedulePageSize);
+    if (!page.ok()) {
+      LogError(absl::StrCat("scheduler: reading the queue: ", page.status().ToString()));
+      break;
+    }
+    if (page->empty()) break;
+    cursor = JobStore::QueueCursor{page->back().request.priority, page->back().seq};
+    const bool last_page = page->size() < static_cast<size_t>(kSchedulePageSize);
+    for (JobRecord& job : *page) {
+      if (options_.max_running_jobs_per_user > 0 &&
+          running_by_owner[job.owner] >= options_.max_running_jobs_per_user) {
+        continue;
+      }
+      std::string free_device;
+      for (const std::string& device : options_.devices) {
+        if (job_on_device_[device].empty()) {
+          free_device = device;
+          break;
+        }
+      }
+      const bool fits =
+          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
+      if (free_device.empty() || !fits) {
+        if (options_.preemption) MaybePreemptLocked(job);
+        stop = true;
+        break;
+      }
+      ++running_by_owner[job.owner];
+      StartLocked(std::move(job), free_device);
+    }
+    if (last_page) break;
+  }
+  RefreshGaugesLocked();
+}
+
+void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
+  Active* victim = nullptr;
+  for (const auto& [id, active] : active_) {
+    if (active->stop == StopReason::kPreempt) return;  // one preemption at a time
+    if (active->stop != StopReason::kNone || active->priority >= waiting.request.priority) continue;
+    // Lowest priority first; among equals the later submission.
+    if (victim == nullptr || active->priority < victim->priority ||
+        (active->priority == victim->priority && active->job_id > victim->job_id)) {
+      victim = active.get();
+    }
+  }
+  if (victim == nullptr) return;
+  // Only when stopping the victim lets `waiting` start (it frees a device
+  // in any case; the memory must fit too).
+  const bool fits_after = reserved_bytes_ - victim->reserved_bytes + waiting.host_memory_bytes <=
+                          options_.host_memory_budget_bytes;
+  if (!fits_after) return;
+  victim->stop = StopReason::kPreempt;
+  victim->preempted_for = waiting.id;
+  if (victim->job != nullptr) victim->job->RequestStop(StopKindFor(false));
+  LogInfo(absl::StrCat(victim->job_id, ": preempted by ", waiting.id, " (priority ",
+                       waiting.request.priority, " > ", victim->priority, ")"));
+  JobEvent note = JobEvent::StateChange(
+      victim->job_id, JobState::kRunning,
+      absl::StrCat("preempted by ", waiting.id, "; checkpoints at the next step and re-queues"));
+  absl::StatusOr<int64_t> seq = store_->AppendEvent(note);
+  if (!seq.ok()) LogError(seq.status().ToString());
+  NotifyEvents();
+}
+
+void JobManager::StartLocked(JobRecord job, const std::string& device) {
+  job.device = device;
+  job.start_time_unix_ms = NowUnixMs();
+  const std::string message = job.resume_from.empty()
+                                  ? absl::StrCat("started on ", device)
+                                  : absl::StrCat("resuming on ", device, " from ", job.resume_from);
+  absl::StatusOr<int64_t> seq = TransitionLocked(job, JobState::kRunning, message);
+  if (!seq.ok()) {
+    LogError(absl::StrCat(job.id, ": cannot start: ", seq.status().ToString()));
+    return;
+  }
+  LogInfo(absl::StrCat(job.id, ": ", message));
+  auto active = std::make_unique<Active>();
+  active->job_id = job.id;
+  active->owner = job.owner;
+  active->device = device;
+  active->priority = job.request.priority;
+  active->reserved_bytes = job.host_memory_bytes;
+  active->last_checkpoint_dir = job.resume_from;
+  reserved_bytes_ += job.host_memory_bytes;
+  job_on_device_[device] = job.id;
+  Active* raw = active.get();
+  active_[job.id] = std::move(active);
+  raw->thread = std::thread(&JobManager::RunJob, this, raw, std::move(job));
+}
+
+void JobManager::RunJob(Active* active, JobRecord job) {
+  // No exception may leave this thread (STYLE: errors).
+  absl::StatusOr<engine::JobOutcome> outcome = absl::InternalError("job did not run");
+  try {
+    std::error_code ec;
+    // Again at start: the roots may have changed since submission (a
+    // restart with other flags), or a directory on the way may have become
+    // a symbolic link (Note [Path checks] in path_policy.h).
+    absl::Status paths = options_.path_policy.CheckJobSpec(job.request.spec, job.owner);
+    if (!paths.ok()) {
+      outcome = paths;
+    } else if (fs::create_directories(job.request.spec.output_dir, ec); ec) {
+      outcome = absl::FailedPreconditionError(absl::StrCat(
+          "output_dir: cannot create '", job.request.spec.output_dir, "': ", ec.message()));
+    } else if (absl::StatusOr<std::string> intact = SelectResumeCheckpoint(job); !intact.ok()) {
+      outcome = intact.status();
+    } else {
+      std::optional<std::string> resume_from;
+      if (!intact->empty()) resume_from = *intact;
+      engine::JobSpec spec = job.request.spec;
+      spec.job_id = job.id;  // written into its checkpoints, required of resume_from
+      absl::StatusOr<std::unique_ptr<engine::TrainingJob>> created =
+          backend_->CreateJob(spec, active->device, resume_from);
+      if (!created.ok()) {
+        outcome = created.status();
+      } else {
+        engine::TrainingJob* training_job = created->get();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          active->job = std::move(*created);
+          if (active->stop != StopReason::kNone) {
+            training_job->RequestStop(StopKindFor(active->stop == StopReason::kCancel));
+          }
+          if (active->checkpoint_requested) training_job->RequestCheckpoint();
+        }
+        metrics_->SetHostStore(active->device, training_job->footprint().host);
+        Observer observer(this, active, job);
+        outcome = training_job->Run(&observer);
+      }
+    }
+  } catch (const std::exception& e) {
+    outcome = absl::InternalError(absl::StrCat("engine threw: ", e.what()));
+  } catch (...) {
+    outcome = absl::InternalError("engine threw an unknown exception");
+  }
+  // Free the job's memory before releasing its reservation.
+  std::unique_ptr<engine::TrainingJob> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished = std::move(active->job);
+  }
+  finished.reset();
+  FinishJob(active, outcome);
+}
+
+void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string job_id = active->job_id;
+  const std::string device = active->device;
+  absl::StatusOr<JobRecord> loaded = store_->GetJob(job_id);
+  if (loaded.ok()) {
+    JobRecord& job = *loaded;
+    job.device.clear();
+    JobState state = JobState::kFailed;
+    std::string message;
+    if (outcome.ok()) {
+      switch (*outcome) {
+        case engine::JobOutcome::kSucceeded:
+          state = JobState::kSucceeded;
+          message = absl::StrCat("finished at step ", job.progress.step);
+          break;
+        case engine::JobOutcome::kCancelled:
+          state = JobState::kCancelled;
+          message = absl::StrCat("cancelled at step ", job.progress.step);
+          break;
+        case engine::JobOutcome::kSuspended: {
+          const std::string checkpoint = !active->last_checkpoint_dir.empty()
+                                             ? active->last_checkpoint_dir
+                                             : LatestCheckpointDir(job);
+          job.resume_from = checkpoint;
+          switch (active->stop) {
+            case StopReason::kCancel:
+              state = JobState::kCancelled;
+              message = absl::StrCat("cancelled at step ", job.progress.step);
+              break;
+            case StopReason::kPreempt:
+              state = JobState::kQueued;
+              message = absl::StrCat("preempted by ", active->preempted_for,
+                                     "; re-queued, resumes from ", checkpoint);
+              break;
+            case StopReason::kShutdown:
+              state = JobState::kQueued;
+              message = absl::StrCat("daemon shut down; re-queued, resumes from ", checkpoint);
+              break;
+            case StopReason::kSuspend:
+            case StopReason::kNone:
+              state = JobState::kSuspended;
+              message = absl::StrCat("suspended at step ", job.progress.step, "; checkpoint ",
+                                     checkpoint);
+              break;
+          }
+          break;
+        }
+      }
+    } else {
+      state = JobState::kFailed;
+      job.error_code = outcome.status().code();
+      message = std::string(outcome.status().message());
+    }
+    absl::StatusOr<int64_t> seq = TransitionLocked(job, state, message);
+    if (!seq.ok()) LogError(absl::StrCat(job_id, ": recording the end: ", seq.status().ToString()));
+    LogInfo(absl::StrCat(job_id, ": ", JobStateName(state), ": ", message));
+  } else {
+    LogError(absl::StrCat(job_id, ": reading the job at its end: ", loaded.status().ToString()));
+  }
+  metrics_->ClearDevice(device);
+  reserved_bytes_ -= active->reserved_bytes;
+  job_on_device_[device].clear();
+  finished_threads_.push_back(std::move(active->thread));
+  active_.erase(job_id);  // destroys *active
+  if (active_.empty()) idle_cv_.notify_all();
+  ScheduleLocked();
+}
+
+void JobManager::ReapThreadsLocked() {
+  // Joining a finished thread is quick; a thread never joins itself.
+  std::vector<std::thread> keep;
+  for (std::thread& thread : finished_threads_) {
+    if (thread.get_id() == std::this_thread::get_id()) {
+      keep.push_back(std::move(thread));
+    } else if (thread.joinable()) {
+      thread.join();
+    }
+  }
+  finished_threads_ = std::move(keep);
+}
+
+void JobManager::RefreshGaugesLocked() {
+  absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
+  if (counts.ok()) metrics_->SetJobCounts(*counts);
+  metrics_->SetHostMemory(options_.host_memory_budget_bytes, reserved_bytes_);
+}
+
+// ---------------------------------------------------------------------------
+// Events.
+
+void JobManager::NotifyEvents() {
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    ++event_generation_;
+  }
+  events_cv_.notify_all();
+}
+
+absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl::string_view job_id,
+                                                  int64_t after_seq, absl::Duration max_wait) {
+  MEGATRAIN_RETURN_IF_ERROR(LoadForCaller(caller, job_id).status());
+  const absl::Time deadline = absl::Now() + max_wait;
+  while (true) {
+    int64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (stopped_) return absl::UnavailableError("the daemon is shutting down");
+      generation = event_generation_;
+    }
+    // Read the state before the events: the terminal state and its event are
+    // committed together, so a terminal state read first guarantees that the
+    // listing below contains the final event.
+    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+    EventBatch batch;
+    MEGATRAIN_ASSIGN_OR_RETURN(batch.events,
+                               store_->ListEvents(job_id, after_seq, kMaxEventsPerBatch));
+    if (!batch.events.empty()) return batch;
+    if (IsTerminal(job.state)) {
+      batch.finished = true;
+      return batch;
+    }
+    std::unique_lock<std::mutex> lock(events_mu_);
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return batch;
+    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now),
+                        [&] { return stopped_ || event_generation_ != generation; });
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints.
+
+absl::StatusOr<std::vector<CheckpointRecord>> JobManager::RecordedCheckpoints(
+    const JobRecord& job) {
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
+                             store_->ListCheckpoints(job.id));
+  // Only the recorded path is looked at (no directory scan): a record whose
+  // directory is gone (retention, deleted by hand) is not listed.
+  std::vector<CheckpointRecord> present;
+  for (CheckpointRecord& checkpoint : recorded) {
+    std::error_code ec;
+    if (fs::is_directory(checkpoint.dir, ec)) present.push_back(std::move(checkpoint));
+  }
+  return present;
+}
+
+void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step) {
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job_id);
+  if (!recorded.ok()) return;
+  for (const CheckpointRecord& checkpoint : *recorded) {
+    std::error_code ec;
+    if (checkpoint.step == written_step || fs::exists(checkpoint.dir, ec)) continue;
+    absl::Status status = store_->DeleteCheckpoint(job_id, checkpoint.step);
+    if (!status.ok()) {
+      LogWarning(absl::StrCat(job_id, ": forgetting ", checkpoint.dir, ": ", status.ToString()));
+    }
+  }
+}
+
+std::string JobManager::LatestCheckpointDir(const JobRecord& job) {
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = RecordedCheckpoints(job);
+  if (!checkpoints.ok()) {
+    LogWarning(absl::StrCat(job.id, ": listing checkpoints: ", checkpoints.status().ToString()));
+    return job.resume_from;
+  }
+  if (checkpoints->empty()) return "";
+  return checkpoints->back().dir;
+}
+
+absl::Status JobManager::VerifyAgainstRecord(const CheckpointRecord& record,
+                                             const engine::CheckpointInfo& found) {
+  if (found.step != record.step) {
+    return absl::DataLossError(absl::StrCat(record.dir, "/state.json: step ", found.step,
+                                            ", but it was recorded as step ", record.step));
+  }
+  const bool legacy = record.manifest_xxh64 == 0;  // recorded before schema version 3
+  if (found.job_id.empty() ? !legacy : found.job_id != record.job_id) {
+    return absl::DataLossError(absl::StrCat(record.dir, "/state.json: names job '", found.job_id,
+                                            "', but job ", record.job_id,
+                                            " wrote this checkpoint; it was replaced since"));
+  }
+  if (!legacy && found.manifest_xxh64 != record.manifest_xxh64) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s/manifest.json: XXH64 %016x, but %016x was recorded when job %s wrote it; it was "
+        "replaced since",
+        record.dir, found.manifest_xxh64, record.manifest_xxh64, record.job_id));
+  }
+  return absl::OkStatus();
+}
+
+std::string JobManager::QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
+                                             const absl::Status& why) {
+  std::string moved_to;
+  std::error_code ec;
+  if (fs::exists(record.dir, ec)) {
+    const fs::path dir(record.dir);
+    fs::path target = dir.parent_path() / absl::StrCat("quarantined-", dir.filename().string());
+    if (fs::exists(target, ec)) {
+      target += absl::StrCat(".", NowUnixMs());
+    }
+    fs::rename(dir, target, ec);
+    moved_to = ec ? absl::StrCat("could not be moved aside (", ec.message(), ")")
+                  : absl::StrCat("quarantined as ", target.string());
+  } else {
+    moved_to = "is gone";
+  }
+  const std::string message = absl::StrCat("checkpoint ", CheckpointId(job.id, record.step),
+                                           " failed verification at resume (", why.message(),
+                                           "); it ", moved_to, " and is no longer listed");
+  LogWarning(absl::StrCat(job.id, ": ", message));
+  absl::Status forgotten = store_->DeleteCheckpoint(job.id, record.step);
+  if (!forgotten.ok()) LogError(absl::StrCat(job.id, ": ", forgotten.ToString()));
+  absl::StatusOr<int64_t> seq =
+      store_->AppendEvent(JobEvent::StateChange(job.id, job.state, message));
+  if (!seq.ok()) LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
+  NotifyEvents();
+  return absl::StrCat(record.dir, ": ", why.message(), " (", moved_to, ")");
+}
+
+absl::StatusOr<std::string> JobManager::SelectResumeCheckpoint(const JobRecord& job) {
+  if (job.resume_from.empty()) return std::string();
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
+                             store_->ListCheckpoints(job.id));
+  // Newest first, from the one the job was to resume from downwards.
+  int64_t max_step = INT64_MAX;
+  for (const CheckpointRecord& record : recorded) {
+    if (record.dir == job.resume_from) max_step = record.step;
+  }
+  std::vector<std::string> failures;
+  for (auto it = recorded.rbegin(); it != recorded.rend(); ++it) {
+    if (it->step > max_step) continue;
+    absl::StatusOr<engine::CheckpointInfo> found =
+        backend_->VerifyCheckpoint(it->dir, /*check_data=*/true);
+    absl::Status verified = found.ok() ? VerifyAgainstRecord(*it, *found) : found.status();
+    if (verified.ok()) {
+      if (!failures.empty()) {
+        const std::string message = absl::StrCat("resuming from the newest intact checkpoint ",
+                                                 CheckpointId(job.id, it->step));
+        absl::StatusOr<int64_t> seq =
+            store_->AppendEvent(JobEvent::StateChange(job.id, job.state, message));
+        if (!seq.ok()) LogError(absl::StrCat(job.id, ": ", seq.status().ToString()));
+        LogInfo(absl::StrCat(job.id, ": ", message));
+      }
+      return it->dir;
+    }
+    failures.push_back(QuarantineCheckpoint(job, *it, verified));
+  }
+  if (failures.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "job ", job.id, ": resume_from '", job.resume_from,
+        "' is not a checkpoint recorded for this job and it has no other; refusing to resume "
+        "from an unrecorded directory"));
+  }
+  return absl::DataLossError(absl::StrCat(
+      "job ", job.id, ": no intact checkpoint to resume from: ", absl::StrJoin(failures, "; ")));
+}
+
+absl::Status JobManager::CheckOutputDirExclusive(const Principal& caller,
+                                                 const std::string& output_dir, bool explicit_dir) {
+  const std::string dir = NormalizeOutputDir(output_dir);
+  const std::string jobs_dir = NormalizeOutputDir(options_.jobs_dir);
+  const auto overlaps = [](const std::string& a, const std::string& b) {
+    return a == b || absl::StartsWith(a, b == "/" ? b : b + "/") ||
+           absl::StartsWith(b, a == "/" ? a : a + "/");
+  };
+  if (explicit_dir && !jobs_dir.empty() && overlaps(dir, jobs_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output_dir: '", output_dir, "' overlaps the daemon's jobs directory '", jobs_dir,
+        "', which holds the default output directories; leave output_dir empty to get one "
+        "there"));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> other, store_->FindOutputDirOverlap(dir));
+  if (!other.has_value()) return absl::OkStatus();
+  // Whose directory it is only for those who may see that job.
+  const bool visible = caller.is_admin() || other->owner == caller.name;
+  const std::string whose =
+      visible ? absl::StrCat("the output directory '", other->request.spec.output_dir, "' of job ",
+                             other->id)
+              : std::string("another job's output directory");
+  return absl::InvalidArgumentError(absl::StrCat("output_dir: '", output_dir,
+                                                 "' equals, contains or lies inside ", whose,
+                                                 "; output directories are exclusive to one job"));
+}
+
+absl::Status JobManager::CheckStoreMatchesJobsDir() {
+  MEGATRAIN_ASSIGN_OR_RETURN(auto counts, store_->CountByState());
+  int64_t jobs = 0;
+  for (const auto& [state, count] : counts) jobs += count;
+  if (jobs > 0 || options_.jobs_dir.empty()) return absl::OkStatus();
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(options_.jobs_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t seq = 0;
+    if (absl::StartsWith(name, "job-") && absl::SimpleAtoi(name.substr(4), &seq)) {
+      found.push_back(name);
+    }
+  }
+  if (found.empty()) return absl::OkStatus();
+  std::sort(found.begin(), found.end());
+  const size_t shown = std::min<size_t>(found.size(), 3);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the job database is empty, but ", options_.jobs_dir, " holds ", found.size(),
+      " job directories (", absl::StrJoin(found.begin(), found.begin() + shown, ", "),
+      found.size() > shown ? ", ..." : "",
+      "): the database under --state_dir was deleted or replaced. Starting would reuse "
+      "those job ids and give their checkpoints to new jobs. Restore the database from a "
+      "backup, or move the job directories out of ",
+      options_.jobs_dir, " (e.g. to ", options_.jobs_dir,
+      ".orphaned), then start megatraind again"));
+}
+
+absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
+    const Principal& caller, absl::string_view job_id, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  int64_t after_seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+    auto it = active_.find(job.id);
+    if (job.state != JobState::kRunning || it == active_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job.id, " is ", JobStateName(job.state), "; only RUNNING jobs checkpoint"));
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(after_seq, store_->LastEventSeq(job.id));
+    Active& active = *it->second;
+    active.checkpoint_requested = true;
+    if (active.job != nullptr) active.job->RequestCheckpoint();
+    LogInfo(absl::StrCat(job.id, ": checkpoint requested by ", caller.name));
+  }
+  while (true) {
+    int64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (stopped_) return absl::UnavailableError("the daemon is shutting down");
+      generation = event_generation_;
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobEvent> events,
+                               store_->ListEvents(job_id, after_seq, kMaxEventsPerBatch));
+    for (const JobEvent& event : events) {
+      after_seq = event.seq;
+      if (event.kind == JobEvent::Kind::kCheckpoint) {
+        CheckpointRecord checkpoint;
+        checkpoint.job_id = std::string(job_id);
+        checkpoint.step = event.step;
+        checkpoint.dir = event.checkpoint_dir;
+        checkpoint.create_time_unix_ms = event.time_unix_ms;
+        checkpoint.write_seconds = event.checkpoint_seconds;
+        return checkpoint;
+      }
+      if (event.kind == JobEvent::Kind::kStateChange && event.state != JobState::kRunning &&
+          event.state != JobState::kSuspending) {
+        return absl::AbortedError(absl::StrCat("job ", job_id, " became ",
+                                               JobStateName(event.state),
+                                               " before writing the checkpoint"));
+      }
+    }
+    if (!events.empty()) continue;
+    if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", job_id,
+                       ": no checkpoint written before the deadline; the "
+                       "request stays pending until the next step boundary"));
+    }
+    std::unique_lock<std::mutex> lock(events_mu_);
+    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, kMaxWaitSlice)),
+                        [&] { return stopped_ || event_generation_ != generation; });
+  }
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> JobManager::ListCheckpoints(
+    const Principal& caller, absl::string_view job_id) {
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
+  return RecordedCheckpoints(job);
+}
+
+absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& caller,
+                                                            absl::string_view checkpoint_id,
+                                                            JobRecord* job) {
+  MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
+  MEGATRAIN_ASSIGN_OR_RETURN(*job, LoadForCaller(caller, parsed.first));
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, RecordedCheckpoints(*job));
+  for (CheckpointRecord& checkpoint : checkpoints) {
+    if (checkpoint.step == parsed.second) return std::move(checkpoint);
+  }
+  return absl::NotFoundError(absl::StrCat("checkpoint '", checkpoint_id, "' not found (job ",
+                                          job->id, " has ", checkpoints.size(),
+                                          " recorded checkpoints)"));
+}
+
+absl::Status JobManager::ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
+                                          const std::string& out_dir, const std::string& dtype) {
+  if (draining()) return absl::UnavailableError("the daemon is shutting down");
+  // Access first: a caller learns nothing about other users' checkpoints.
+  MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
+  MEGATRAIN_RETURN_IF_ERROR(LoadForCaller(caller, parsed.first).status());
+  const std::string export_dtype = dtype.empty() ? "bf16" : dtype;
+  if (export_dtype != "bf16" && export_dtype != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype: must be 'bf16' or 'fp32', got '", dtype, "'"));
+  }
+  const fs::path out(out_dir);
+  if (out_dir.empty() || !out.is_absolute()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: must be an absolute path, got '", out_dir, "'"));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckWrite("out_dir", out_dir));
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: '", out_dir, "' exists and is not an empty directory"));
+  }
+  JobRecord job;
+  MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint,
+                             FindCheckpoint(caller, checkpoint_id, &job));
+  // The directory must still hold what the job wrote (manifest and state
+  // only; the export verifies the weights it reads).
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::CheckpointInfo found,
+                             backend_->VerifyCheckpoint(checkpoint.dir, /*check_data=*/false));
+  MEGATRAIN_RETURN_IF_ERROR(VerifyAgainstRecord(checkpoint, found));
+  LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", out_dir, " (", export_dtype, ") for ",
+                       caller.name));
+  return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
+}
+
+absl::Status JobManager::RemoveCheckpointDir(const JobRecord& job, const std::string& dir) {
+  // Note [Directory descriptors] in engine/io/dir_fd.h: reached from the job's
+  // output directory one component at a time, never through a link.
+  const fs::path output_dir = fs::path(job.request.spec.output_dir).lexically_normal();
+  const fs::path relative = fs::path(dir).lexically_normal().lexically_relative(output_dir);
+  if (relative.empty() || *relative.begin() == ".." || relative.is_absolute() ||
+      !relative.has_filename()) {
+    return absl::InternalError(absl::StrCat("checkpoint directory '", dir,
+                                            "' is not inside the job's output_dir '",
+                                            output_dir.string(), "'"));
+  }
+  absl::StatusOr<engine::DirFd> parent =
+      relative.has_parent_path()
+          ? engine::DirFd::OpenBeneath(output_dir.string(), relative.parent_path().string(),
+                                       engine::DirFd::Create::kNo)
+          : engine::DirFd::Open(output_dir.string());
+  if (!parent.ok()) return parent.status();
+  return parent->RemoveTreeAt(relative.filename().string());
+}
+
+absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
+                                          absl::string_view checkpoint_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobRecord job;
+  MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint,
+                             FindCheckpoint(caller, checkpoint_id, &job));
+  if ((job.state == JobState::kQueued || job.state == JobState::kSuspended) &&
+      job.resume_from == checkpoint.dir) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", checkpoint_id, "' is where ",
+                                                      JobStateName(job.state), " job ", job.id,
+                                                      " resumes from"));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(RemoveCheckpointDir(job, checkpoint.dir));
+  LogInfo(absl::StrCat(checkpoint_id, ": deleted by ", caller.name));
+  return store_->DeleteCheckpoint(job.id, checkpoint.step);
+}
+
+// ---------------------------------------------------------------------------
+// Status and shutdown.
+
+absl::StatusOr<ManagerStatus> JobManager::GetStatus() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ManagerStatus status;
+  for (const std::string& device : options_.devices) {
+    status.devices.push_back(DeviceState{device, job_on_device_[device]});
+  }
+  status.host_memory_budget_bytes = options_.host_memory_budget_bytes;
+  status.host_memory_reserved_bytes = reserved_bytes_;
+  MEGATRAIN_ASSIGN_OR_RETURN(status.jobs_by_state, store_->CountByState());
+  status.draining = draining_;
+  return status;
+}
+
+bool JobManager::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+bool JobManager::Drain(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!draining_) {
+    draining_ = true;
+    for (auto& [id, active] : active_) {
+      // A user's suspend or cancel stands; everything else checkpoints and
+      // re-queues.
+      if (active->stop == StopReason::kNone || active->stop == StopReason::kPreempt) {
+        active->stop = StopReason::kShutdown;
+        if (active->job != nullptr) active->job->RequestStop(StopKindFor(false));
+        LogInfo(absl::StrCat(id, ": checkpointing for shutdown"));
+      }
+    }
+  }
+  bool idle = true;
+  if (timeout == absl::InfiniteDuration()) {
+    idle_cv_.wait(lock, [this] { return active_.empty(); });
+  } else {
+    idle = idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                             [this] { return active_.empty(); });
+  }
+  if (idle) ReapThreadsLocked();
+  lock.unlock();
+  {
+    std::lock_guard<std::mutex> events_lock(events_mu_);
+    stopped_ = true;
+  }
+  events_cv_.notify_all();
+  return idle;
+}
+
+}  // namespace megatrain::server

@@ -1,0 +1,350 @@
+// JobManager: the daemon's core. Owns the queue and the running jobs:
+// admission (validation, host-memory footprint against the budget, per-user
+// limits), scheduling (priority, then FIFO; one job per device; optional
+// preemption), the job threads that drive engine::TrainingJob through an
+// EngineBackend, the event log and its watchers, checkpoints, crash recovery
+// and the SIGTERM drain. It never mentions gRPC or protobuf: the RPC
+// handlers (job_service.cc, ...) convert requests and call it.
+//
+// Note [Scheduling policy]
+// Queued jobs are ordered by priority (highest first), then by submission
+// order (JobRecord.seq), also for jobs re-queued after a preemption or
+// restart. A scheduling pass walks that order and starts each job on a free
+// device while its host-memory footprint fits the remaining budget
+// (--host_memory_budget minus the footprints of the running jobs). A job
+// whose owner is at --max_running_jobs_per_user is skipped (others may pass
+// it). The first job that finds no free device or not enough memory stops
+// the pass: smaller jobs behind it do not overtake it, so big jobs are not
+// starved. With preemption on, that job may instead suspend the running job
+// of lowest priority below its own (one preemption at a time; only when that
+// frees enough for it); the preempted job writes a checkpoint at its next
+// step boundary and goes back to the queue, resuming from that checkpoint.
+// Passes run after every submit, resume, cancel and job end.
+//
+// Note [Job limits]
+// --max_queued_jobs_per_user and --max_queued_jobs count every job that is
+// not terminal (QUEUED, RUNNING, SUSPENDING, SUSPENDED): suspending a job or
+// letting it start does not free room for more. Submit is refused with
+// RESOURCE_EXHAUSTED when the new job would exceed either; ResumeJob checks
+// them too (the job already counts, so this only refuses when a limit was
+// lowered since, e.g. by a restart with other flags). Counts are indexed
+// store queries (JobStore::CountLiveJobs).
+//
+// Note [Lock-free admission]
+// mu_ guards the scheduler's state and is taken by every control call, the
+// job threads and the drain, so nothing that may wait on a file system runs
+// under it. Submit validates the spec, checks its paths
+// (PathPolicy::CheckJobSpec), examines its inputs and reads config.json
+// (PreflightJobInputs: non-blocking opens, fstat checks, size caps) and
+// sizes the job before taking mu_; under mu_ it only re-checks request_id
+// and the limits and inserts the job (indexed store queries). A FIFO,
+// device node or hung file given as an input so fails or stalls that one
+// request, never other users' calls nor the drain (--shutdown_timeout).
+// Get and List never take mu_, and queue positions are indexed counts
+// (JobStore::QueuePosition); a scheduling pass reads the queue a page at a
+// time and stops at the first job that cannot start. Not yet moved out:
+// listing a job's checkpoints on disk (Resume, FinishJob, Recover,
+// DeleteCheckpoint) and deleting a checkpoint still run under mu_.
+//
+// Note [Crash recovery]
+// Every transition is committed to the JobStore before it takes effect. On
+// start-up, jobs found RUNNING (the daemon died under them) are re-queued to
+// resume from their newest recorded checkpoint (or from scratch when there
+// is none); SUSPENDING ones become SUSPENDED. A store with no job beside a
+// jobs_dir holding job directories refuses to start (the database was lost;
+// ids would be reused).
+//
+// Note [Checkpoint ownership]
+// A checkpoint belongs to the job that wrote it, not to the directory it
+// lies in: when a job writes one (JobObserver::OnCheckpointWritten), its
+// record (job id, owner, step, path, XXH64 of manifest.json) goes into the
+// store, and listing, export, deletion and resume use only those records
+// (a stat of the recorded path, never a directory scan). The engine writes
+// the job id into the checkpoint's state.json and refuses to resume from a
+// checkpoint naming another job. Output directories are exclusive: Submit
+// refuses an output_dir that equals, contains or lies inside another job's
+// (any user, any state) or the jobs directory. Records from before schema
+// version 3 (no manifest hash; their state.json names no job) are legacy:
+// trusted as recorded, by path and step only.
+//
+// Note [Resume verification]
+// Before a job resumes, its thread verifies the recorded checkpoints newest
+// first, from the one it was to resume from down (engine::VerifyCheckpoint
+// with check_data: every file against its XXH64, then against the record).
+// One that fails is quarantined (renamed quarantined-step-N, its record
+// dropped, an event appended) and the next older one is tried; when none is
+// intact the job fails with DATA_LOSS naming each file and why. This reads
+// the checkpoint once more than the restore does: the price of never
+// handing the engine a damaged or foreign checkpoint (and of knowing which
+// older one to fall back to before the model is built).
+//
+// Thread-safety: every public method is thread-safe. Lock order: mu_, then
+// events_mu_, then the store's own mutex. Ownership: the store, backend and
+// metrics are borrowed and must outlive the manager; the manager owns one
+// thread per running job and joins them in Drain() / its destructor.
+#ifndef MEGATRAIN_SERVER_JOB_MANAGER_H_
+#define MEGATRAIN_SERVER_JOB_MANAGER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/auth.h"
+#include "server/core/engine_backend.h"
+#include "server/core/job.h"
+#include "server/core/job_store.h"
+#include "server/core/metrics.h"
+#include "server/core/path_policy.h"
+
+namespace megatrain::server {
+
+struct JobManagerOptions {
+  // Default output directories are <jobs_dir>/<job id>.
+  std::string jobs_dir;
+  // Devices jobs run on, one job each at a time ("cpu", "cuda:0", ...).
+  std::vector<std::string> devices;
+  // Host memory all running jobs may need together, in bytes (> 0).
+  int64_t host_memory_budget_bytes = 0;
+  // Running jobs per user; 0: no limit.
+  int max_running_jobs_per_user = 0;
+  // Non-terminal jobs (queued, running, suspended) per user; 0: no limit.
+  // Submissions beyond it are refused with RESOURCE_EXHAUSTED (Note [Job
+  // limits]).
+  int max_queued_jobs_per_user = 100;
+  // Non-terminal jobs in all; 0: no limit.
+  int max_queued_jobs = 10000;
+  // Higher-priority jobs may suspend running lower-priority ones.
+  bool preemption = false;
+  // Where jobs may read and write (--data_roots, --output_roots): checked
+  // at submission, again when a job starts, and for export directories;
+  // "{user}" data roots are filled with the job's owner (Note [Per-user
+  // data roots] in path_policy.h).
+  // When it restricts writes, its output roots must include jobs_dir (the
+  // default output directories).
+  PathPolicy path_policy = PathPolicy::Unrestricted();
+};
+
+// A batch of a job's events for a watcher.
+struct EventBatch {
+  std::vector<JobEvent> events;
+  // True when the job is terminal and every event was delivered: the watch
+  // is over.
+  bool finished = false;
+};
+
+// One device and the job on it.
+struct DeviceState {
+  std::string name;
+  std::string job_id;  // empty when idle
+};
+
+// Snapshot for GetServerStatus.
+struct ManagerStatus {
+  std::vector<DeviceState> devices;
+  int64_t host_memory_budget_bytes = 0;
+  int64_t host_memory_reserved_bytes = 0;
+  std::map<JobState, int64_t> jobs_by_state;
+  bool draining = false;
+};
+
+class JobManager {
+ public:
+  // Recovers jobs interrupted by a crash (Note [Crash recovery]) and runs a
+  // first scheduling pass. INVALID_ARGUMENT for bad options (no devices, a
+  // budget <= 0); errors of the store.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(JobManagerOptions options,
+                                                            JobStore* store, EngineBackend* backend,
+                                                            ServerMetrics* metrics);
+  // Drains (see Drain) and joins every job thread.
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Queues a job owned by `caller`. With a non-empty `request_id`, a repeat
+  // returns the job the first call created. Errors: INVALID_ARGUMENT naming
+  // the field path (spec, priority, labels, request_id; a ".." in a path;
+  // an output_dir overlapping another job's or the jobs directory, Note
+  // [Checkpoint ownership]);
+  // PERMISSION_DENIED naming the field for a path outside the roots of
+  // options.path_policy; UNIMPLEMENTED
+  // (architecture); INVALID_ARGUMENT naming the field and path for an input
+  // that is a FIFO, socket or device node, or a config.json that is too
+  // large (Note [Input preflight] in path_policy.h); NOT_FOUND for a
+  // missing config.json; RESOURCE_EXHAUSTED when the footprint exceeds the
+  // budget (message gives both numbers) or a job limit is reached (Note
+  // [Job limits]);
+  // ALREADY_EXISTS when request_id was used with a different spec;
+  // UNAVAILABLE while draining.
+  absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
+                                   absl::string_view request_id);
+
+  // NOT_FOUND for an unknown id; PERMISSION_DENIED for another user's job.
+  absl::StatusOr<JobRecord> Get(const Principal& caller, absl::string_view job_id);
+
+  // One page of jobs, newest first. A user's query is limited to their own
+  // jobs (query.owner empty or their name; another name: PERMISSION_DENIED);
+  // an admin's empty owner means everyone. INVALID_ARGUMENT for a bad
+  // page_size or page_token.
+  absl::StatusOr<JobPage> List(const Principal& caller, JobQuery query);
+
+  // See CancelJob / SuspendJob / ResumeJob in job.proto for the transitions;
+  // FAILED_PRECONDITION for a state that does not allow it; ResumeJob is
+  // UNAVAILABLE while draining and RESOURCE_EXHAUSTED when its owner is
+  // over a job limit (Note [Job limits]). Return the job after the change.
+  absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id);
+  absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id);
+  absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id);
+
+  // Blocks until job `job_id` has events with seq > after_seq, its watch is
+  // over (EventBatch.finished), or `max_wait` passes (empty batch). Returns
+  // at most 1000 events. UNAVAILABLE once the manager has drained.
+  absl::StatusOr<EventBatch> WaitEvents(const Principal& caller, absl::string_view job_id,
+                                        int64_t after_seq, absl::Duration max_wait);
+
+  // Asks running job `job_id` for a checkpoint and waits until one is
+  // written. FAILED_PRECONDITION when the job is not RUNNING; ABORTED when it
+  // stops first; DEADLINE_EXCEEDED at `deadline`; CANCELLED when
+  // `cancelled()` turns true (polled about once a second).
+  absl::StatusOr<CheckpointRecord> CreateCheckpoint(const Principal& caller,
+                                                    absl::string_view job_id, absl::Time deadline,
+                                                    const std::function<bool()>& cancelled);
+
+  // Recorded checkpoints of `job_id` whose directories exist, oldest first
+  // (Note [Checkpoint ownership]; a directory nobody recorded is never
+  // listed).
+  absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(const Principal& caller,
+                                                                absl::string_view job_id);
+
+  // Writes checkpoint `checkpoint_id` as an HF model directory `out_dir`.
+  // INVALID_ARGUMENT for a malformed id, a relative or non-empty out_dir, a
+  // ".." in it or a dtype other than "", "bf16", "fp32"; PERMISSION_DENIED
+  // for another user's checkpoint or an out_dir outside the output roots;
+  // NOT_FOUND for an unknown checkpoint (not recorded); DATA_LOSS when its
+  // directory no longer holds what the job wrote; errors of the engine's
+  // export.
+  absl::Status ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
+                                const std::string& out_dir, const std::string& dtype);
+
+  // Deletes a recorded checkpoint's directory and record. NOT_FOUND for one
+  // that is not recorded; FAILED_PRECONDITION when a QUEUED or SUSPENDED
+  // job will resume from it.
+  absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id);
+
+  absl::StatusOr<ManagerStatus> GetStatus();
+
+  // SIGTERM: refuses new work from now on (UNAVAILABLE), asks every running
+  // job to write a checkpoint and stop, re-queues them to resume on the next
+  // start, then wakes all watchers (UNAVAILABLE). Returns true when all job
+  // threads ended within `timeout`, false otherwise (they keep running; the
+  // caller should then exit the process without destroying the manager).
+  // Idempotent.
+  bool Drain(absl::Duration timeout);
+
+  // True once Drain has started.
+  bool draining() const;
+
+ private:
+  struct Active;
+  class Observer;
+
+  JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
+             ServerMetrics* metrics);
+
+  absl::Status Recover();
+  // The job `caller` created earlier with `request_id` (*found true), or
+  // an empty record (*found false; also for an empty request_id).
+  // ALREADY_EXISTS when that job has a different spec. Takes no lock.
+  absl::StatusOr<JobRecord> FindRepeat(const Principal& caller, const JobRequest& request,
+                                       absl::string_view request_id, bool* found);
+  // Validation, path policy, input preflight and footprint of a new job
+  // (Note [Lock-free admission]): must be called without mu_. Errors as
+  // Submit's.
+  absl::StatusOr<engine::MemoryFootprint> AdmitSpec(const Principal& caller,
+                                                    const JobRequest& request);
+  // RESOURCE_EXHAUSTED when `joining` more jobs of `owner` would exceed a
+  // job limit (Note [Job limits]).
+  absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining);
+  // Loads a job and checks that `caller` may access it.
+  absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
+  // Fills queue_position of QUEUED jobs.
+  void FillQueuePositions(std::vector<JobRecord*> jobs);
+  // Note [Checkpoint ownership]. Newest recorded checkpoint directory of
+  // `job` that exists; "" when none (job.resume_from when the store fails).
+  std::string LatestCheckpointDir(const JobRecord& job);
+  // The recorded checkpoints of `job` whose directories exist, oldest first.
+  absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
+  // Drops the records of `job_id` (but `written_step`'s) whose directories
+  // are gone: the engine's retention deleted them.
+  void ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step);
+  // DATA_LOSS naming the file unless `found` (read from record.dir) is the
+  // checkpoint the record describes: same step, its state names the job
+  // (none for a legacy record), same manifest hash (unless legacy).
+  static absl::Status VerifyAgainstRecord(const CheckpointRecord& record,
+                                          const engine::CheckpointInfo& found);
+  // Note [Resume verification]. The checkpoint directory `job` resumes from:
+  // "" for a fresh start; DATA_LOSS naming every file when no recorded
+  // checkpoint is intact. Reads whole checkpoints: call without mu_.
+  absl::StatusOr<std::string> SelectResumeCheckpoint(const JobRecord& job);
+  // Renames record.dir to quarantined-<name>, forgets the record and
+  // appends an event; returns "<dir>: <why> (<what was done>)".
+  std::string QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
+                                   const absl::Status& why);
+  // INVALID_ARGUMENT naming output_dir when `output_dir` overlaps another
+  // job's (equal, inside, containing; any owner and state; the other job is
+  // named only to its owner and admins) or, when `explicit_dir`, jobs_dir.
+  absl::Status CheckOutputDirExclusive(const Principal& caller, const std::string& output_dir,
+                                       bool explicit_dir);
+  // FAILED_PRECONDITION when the store has no job but jobs_dir holds job
+  // directories (the database was lost: ids would be reused).
+  absl::Status CheckStoreMatchesJobsDir();
+  absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
+                                                  absl::string_view checkpoint_id, JobRecord* job);
+
+  // Removes checkpoint directory `dir` of `job` through a descriptor of the
+  // job's output_dir without following links (engine/io/dir_fd.h). INTERNAL
+  // when `dir` is not below output_dir; FAILED_PRECONDITION when a link is
+  // in the way.
+  absl::Status RemoveCheckpointDir(const JobRecord& job, const std::string& dir);
+
+  void ScheduleLocked();
+  void MaybePreemptLocked(const JobRecord& waiting);
+  void StartLocked(JobRecord job, const std::string& device);
+  void RunJob(Active* active, JobRecord job);
+  void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome);
+  void ReapThreadsLocked();
+  void RefreshGaugesLocked();
+  absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message);
+  void NotifyEvents();
+
+  const JobManagerOptions options_;
+  JobStore* const store_;
+  EngineBackend* const backend_;
+  ServerMetrics* const metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;                        // active_ became empty
+  std::map<std::string, std::unique_ptr<Active>> active_;  // by job id; guarded by mu_
+  std::map<std::string, std::string> job_on_device_;       // device -> job id; guarded by mu_
+  std::vector<std::thread> finished_threads_;              // to join; guarded by mu_
+  int64_t reserved_bytes_ = 0;                             // guarded by mu_
+  bool draining_ = false;                                  // guarded by mu_
+
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  int64_t event_generation_ = 0;  // bumped on every new event; guarded by events_mu_
+  bool stopped_ = false;          // drained; guarded by events_mu_
+};
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_JOB_MANAGER_H_

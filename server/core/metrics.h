@@ -1,0 +1,214 @@
+// ServerMetrics: every Prometheus metric family of the daemon, in one
+// prometheus-cpp Registry, fed from the engine's plain stats snapshots
+// (engine/runtime/stats.h: the engine never sees prometheus-cpp) and from the job
+// manager, the RPC handlers and NVML.
+//
+// Families (prefix megatrain_, base units; labels of bounded cardinality
+// only: `device` is one of the --device list, `method` one of the RPCs,
+// `code` one of the 17 status codes; never a job id or user):
+//
+//   megatrain_tokens_total                         counter   tokens trained
+//   megatrain_steps_total                          counter   optimizer steps
+//   megatrain_skipped_steps_total                  counter   non-finite steps skipped
+//   megatrain_step_duration_seconds                histogram wall time per step
+//   megatrain_phase_seconds_total{phase}           counter   h2d, compute, d2h,
+//                                                            optimizer, optimizer_exposed,
+//                                                            gpu_idle
+//   megatrain_pcie_bytes_total{direction}          counter   h2d, d2h bytes copied
+//   megatrain_pcie_bandwidth_bytes_per_second{device,direction}
+//                                                  gauge     achieved in the latest step:
+//                                                            bytes / busy seconds of the
+//                                                            copy stream
+//   megatrain_pcie_link_bandwidth_bytes_per_second{device,direction}
+//                                                  gauge     measured at start-up
+//   megatrain_pcie_utilization_ratio{device,direction}
+//                                                  gauge     latest step: bytes /
+//                                                            (step seconds x link
+//                                                            bandwidth), [0, 1]
+//   megatrain_nvml_pcie_bytes_total{device,direction=tx|rx}
+//                                                  counter   NVML's PCIe byte counters
+//                                                            (link level: payload and
+//                                                            headers), from 0 at daemon
+//                                                            start; compare its rate with
+//                                                            megatrain_pcie_bytes_total's
+//                                                            (Note [NVML PCIe counters])
+//   megatrain_pcie_link_estimate_bytes_total{device,direction=tx|rx}
+//                                                  counter   the engine's copies as link
+//                                                            bytes (payload, headers, read
+//                                                            requests): comparable with
+//                                                            megatrain_nvml_pcie_bytes_total
+//                                                            (Note [PCIe link model])
+//   megatrain_pcie_link_model_ratio{device,kind}   gauge     the model's link bytes per
+//                                                            payload byte: kind =
+//                                                            rx_per_h2d_byte, ...
+//   megatrain_pcie_link_model_calibrated{device}   gauge     1: measured at start-up,
+//                                                            0: the defaults
+//   megatrain_nvml_pcie_counter_late_reads_total{device}
+//                                                  counter   reads of a 32-bit NVML byte
+//                                                            counter late enough to have
+//                                                            missed a wrap
+//   megatrain_nvml_pcie_throughput_bytes_per_second{device,direction=tx|rx}
+//                                                  gauge     NVML, one 20 ms window per
+//                                                            scrape: not comparable with
+//                                                            byte counters
+//   megatrain_gpu_memory_used_bytes{device}        gauge     NVML
+//   megatrain_gpu_memory_total_bytes{device}       gauge     NVML
+//   megatrain_gpu_memory_peak_bytes{device}        gauge     engine, latest step
+//   megatrain_host_store_bytes{kind}               gauge     running jobs' host model
+//                                                            store: master, grad,
+//                                                            exp_avg, exp_avg_sq,
+//                                                            streaming, staging
+//   megatrain_host_pinned_bytes                    gauge     of which page-locked
+//   megatrain_host_memory_budget_bytes             gauge     --host_memory_budget
+//   megatrain_host_memory_reserved_bytes           gauge     footprints of running jobs
+//   megatrain_mfu_ratio{device}                    gauge     latest step, [0, 1]
+//   megatrain_tokens_per_second{device}            gauge     latest step
+//   megatrain_training_loss{device}                gauge     latest step
+//   megatrain_eval_loss{device}                    gauge     latest eval
+//   megatrain_jobs{state}                          gauge     jobs per state
+//   megatrain_queue_depth                          gauge     QUEUED jobs
+//   megatrain_checkpoint_duration_seconds          histogram time to write a checkpoint
+//   megatrain_rpcs_total{method,code}              counter   finished RPCs
+//   megatrain_rpc_duration_seconds{method}         histogram RPC latency
+//   megatrain_watch_streams                        gauge     WatchJob streams open now
+//   megatrain_build_info{version}                  gauge     always 1
+//
+// Thread-safety: every method is thread-safe (prometheus-cpp metrics are
+// atomic; the per-device maps have their own mutex).
+#ifndef MEGATRAIN_SERVER_METRICS_H_
+#define MEGATRAIN_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "engine/runtime/stats.h"
+#include "engine/job/training_job.h"
+#include "server/core/engine_backend.h"
+#include "server/core/job.h"
+#include "server/core/pcie_link_model.h"
+
+namespace megatrain::server {
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // One finished step of the job on `device`.
+  void RecordStep(const std::string& device, const engine::StepReport& report);
+  // One evaluation of the job on `device`.
+  void RecordEval(const std::string& device, double eval_loss);
+  // One checkpoint written, taking `seconds`.
+  void RecordCheckpoint(double seconds);
+
+  // Host store of the job running on `device` (replaces the previous value).
+  void SetHostStore(const std::string& device, const engine::HostStoreBytes& bytes);
+  // The job on `device` ended: drops its host store and zeroes its
+  // per-step gauges (loss, MFU, tokens/s, achieved bandwidth).
+  void ClearDevice(const std::string& device);
+
+  void SetHostMemory(int64_t budget_bytes, int64_t reserved_bytes);
+  void SetJobCounts(const std::map<JobState, int64_t>& counts);
+  void SetLinkBandwidth(const std::string& device, const LinkBandwidth& bandwidth);
+  // The PCIe link model of `device` (replaces the defaults, which apply
+  // to a device until this is called).
+  void SetPcieLinkModel(const std::string& device, const PcieLinkModel& model);
+  void SetGpuMemory(const std::string& device, int64_t used_bytes, int64_t total_bytes);
+  void SetNvmlPcieThroughput(const std::string& device, double tx_bytes_per_second,
+                             double rx_bytes_per_second);
+  // NVML's PCIe byte totals of `device` (NvmlSample: cumulative, never
+  // decreasing) and its late reads: the counters advance by the growth
+  // since the previous call (the first call adds the whole totals).
+  void SetNvmlPcieBytes(const std::string& device, uint64_t tx_bytes, uint64_t rx_bytes,
+                        int64_t late_reads);
+
+  // One finished RPC.
+  void RecordRpc(absl::string_view method, absl::StatusCode code, double seconds);
+  // WatchJob streams open now.
+  void SetWatchStreams(int streams);
+
+  // `hook` runs before every Collect() (e.g. to sample NVML). Set once,
+  // before concurrent use.
+  void SetPreCollectHook(std::function<void()> hook);
+
+  // Runs the pre-collect hook and snapshots every family.
+  std::vector<prometheus::MetricFamily> Collect();
+  // Collect() in the Prometheus text format 0.0.4.
+  std::string TextExposition();
+  // Serialises `families` in the Prometheus text format 0.0.4.
+  static std::string ToText(const std::vector<prometheus::MetricFamily>& families);
+
+ private:
+  void UpdateHostStoreGaugesLocked();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::function<void()> pre_collect_hook_;
+
+  prometheus::Counter* tokens_total_;
+  prometheus::Counter* steps_total_;
+  prometheus::Counter* skipped_steps_total_;
+  prometheus::Histogram* step_duration_seconds_;
+  prometheus::Family<prometheus::Counter>* phase_seconds_total_;
+  prometheus::Counter* h2d_bytes_total_;
+  prometheus::Counter* d2h_bytes_total_;
+  prometheus::Family<prometheus::Gauge>* pcie_bandwidth_;
+  prometheus::Family<prometheus::Gauge>* pcie_link_bandwidth_;
+  prometheus::Family<prometheus::Gauge>* pcie_utilization_;
+  prometheus::Family<prometheus::Gauge>* nvml_pcie_throughput_;
+  prometheus::Family<prometheus::Counter>* nvml_pcie_bytes_total_;
+  prometheus::Family<prometheus::Counter>* nvml_pcie_counter_late_reads_total_;
+  prometheus::Family<prometheus::Counter>* pcie_link_estimate_bytes_total_;
+  prometheus::Family<prometheus::Gauge>* pcie_link_model_ratio_;
+  prometheus::Family<prometheus::Gauge>* pcie_link_model_calibrated_;
+  prometheus::Family<prometheus::Gauge>* gpu_memory_used_;
+  prometheus::Family<prometheus::Gauge>* gpu_memory_total_;
+  prometheus::Family<prometheus::Gauge>* gpu_memory_peak_;
+  prometheus::Family<prometheus::Gauge>* host_store_bytes_;
+  prometheus::Gauge* host_pinned_bytes_;
+  prometheus::Gauge* host_memory_budget_bytes_;
+  prometheus::Gauge* host_memory_reserved_bytes_;
+  prometheus::Family<prometheus::Gauge>* mfu_;
+  prometheus::Family<prometheus::Gauge>* tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>* training_loss_;
+  prometheus::Family<prometheus::Gauge>* eval_loss_;
+  prometheus::Family<prometheus::Gauge>* jobs_;
+  prometheus::Gauge* queue_depth_;
+  prometheus::Histogram* checkpoint_duration_seconds_;
+  prometheus::Family<prometheus::Counter>* rpcs_total_;
+  prometheus::Family<prometheus::Histogram>* rpc_duration_seconds_;
+  prometheus::Gauge* watch_streams_;
+
+  std::mutex mu_;
+  std::map<std::string, engine::HostStoreBytes> host_store_by_device_;  // guarded by mu_
+  std::map<std::string, LinkBandwidth> link_by_device_;                 // guarded by mu_
+  std::map<std::string, PcieLinkModel> link_model_by_device_;           // guarded by mu_
+  // The NVML totals last added to the counters, per device.
+  struct NvmlPcieTotals {
+    uint64_t tx_bytes = 0;
+    uint64_t rx_bytes = 0;
+    int64_t late_reads = 0;
+  };
+  std::map<std::string, NvmlPcieTotals> nvml_pcie_by_device_;  // guarded by mu_
+};
+
+// "OK", "INVALID_ARGUMENT", ... (the canonical code name).
+std::string StatusCodeName(absl::StatusCode code);
+
+}  // namespace megatrain::server
+
+#endif  // MEGATRAIN_SERVER_METRICS_H_

@@ -1,0 +1,156 @@
+// See daemon_main.h.
+#include "server/rpc/daemon_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/rpc/daemon.h"
+#include "server/core/logging.h"
+#include "server/core/net_util.h"
+
+namespace megatrain::server {
+
+int RunDaemonMain(int argc, char** argv,
+                  const std::function<std::unique_ptr<EngineBackend>()>& make_backend) {
+  // Block the shutdown signals before any thread starts: every thread
+  // inherits the mask, and this thread collects them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  // SIGHUP's default action kills the process; a closing terminal or a
+  // habitual `kill -HUP` must not. It is collected and logged (below).
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that hangs up must not kill the daemon.
+  signal(SIGPIPE, SIG_IGN);
+
+  DaemonOptions options;
+  std::string host_memory_budget;
+  std::string max_message_bytes = "16MiB";
+  double shutdown_timeout_seconds = 600;
+  CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--listen", options.listen, "gRPC address host:port");
+  app.add_option("--metrics_listen", options.metrics_listen,
+                 "HTTP address of /metrics ('' or 'off': no metrics listener)");
+  app.add_option("--state_dir", options.state_dir,
+                 "Directory of the job database, locks and default job outputs")
+      ->required();
+  app.add_option("--device", options.device, "auto | cpu | cuda | cuda:N, comma-separated");
+  app.add_option("--host_memory_budget", host_memory_budget,
+                 "Host memory all running jobs may need together, e.g. 512GiB "
+                 "(default: 80% of physical memory)");
+  app.add_option("--auth_tokens", options.auth_tokens,
+                 "YAML file of users, roles and token SHA-256 hashes (default: auth off, "
+                 "loopback only)");
+  app.add_option("--tls_cert", options.tls_cert, "PEM certificate chain for TLS");
+  app.add_option("--tls_key", options.tls_key, "PEM private key for TLS");
+  app.add_option("--tls_client_ca", options.tls_client_ca,
+                 "PEM CA bundle: require client certificates (mutual TLS)");
+  app.add_flag("--allow_cleartext_tokens", options.allow_cleartext_tokens,
+               "With --auth_tokens, serve a non-loopback --listen without TLS: bearer tokens "
+               "then cross the network in clear");
+  app.add_option("--data_roots", options.data_roots,
+                 "Comma-separated directories jobs may read (model.hf_dir, data.*) "
+                 "(default: anywhere without --auth_tokens, <state_dir>/data with it)");
+  app.add_option("--output_roots", options.output_roots,
+                 "Comma-separated directories jobs and exports may write (default: anywhere "
+                 "without --auth_tokens, <state_dir>/jobs with it; <state_dir>/jobs always)");
+  app.add_option("--audit_log", options.audit_log,
+                 "JSON-lines audit log file (default <state_dir>/audit.jsonl; 'off': only "
+                 "the database table)");
+  app.add_option("--max_message_bytes", max_message_bytes,
+                 "Largest gRPC message received or sent, e.g. 16MiB");
+  app.add_option("--max_threads", options.max_threads,
+                 "Most threads of the gRPC server (calls beyond: RESOURCE_EXHAUSTED)");
+  app.add_option("--max_watch_streams", options.max_watch_streams,
+                 "Most concurrent WatchJob streams (at most --max_threads / 2)");
+  app.add_option("--max_running_jobs_per_user", options.max_running_jobs_per_user,
+                 "Running jobs per user (0: no limit)");
+  app.add_option("--max_queued_jobs_per_user", options.max_queued_jobs_per_user,
+                 "Queued jobs per user (0: no limit)");
+  app.add_option("--max_queued_jobs", options.max_queued_jobs, "Queued jobs in all (0: no limit)");
+  app.add_flag("--preemption", options.preemption,
+               "Let higher-priority jobs suspend running lower-priority ones");
+  app.add_option("--shutdown_timeout", shutdown_timeout_seconds,
+                 "Seconds SIGTERM waits for running jobs to checkpoint");
+  app.add_option("--measure_link_bandwidth", options.measure_link_bandwidth,
+                 "Measure PCIe bandwidth at start-up");
+  // CLI11 reads "--metrics_listen=" (an empty value) as a flag without its
+  // value and takes the next argument instead; "off" is what it means.
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (arg == "--metrics_listen=") arg = "--metrics_listen=off";
+  }
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
+  try {
+    app.parse(argc, arg_pointers.data());
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (options.metrics_listen == "off") options.metrics_listen.clear();
+  if (!host_memory_budget.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(host_memory_budget, "--host_memory_budget");
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    options.host_memory_budget_bytes = *bytes;
+  }
+
+  {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(max_message_bytes, "--max_message_bytes");
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    options.max_message_bytes = *bytes;
+  }
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, make_backend());
+  if (!daemon.ok()) {
+    LogError(absl::StrCat("megatraind cannot start: ", daemon.status().ToString()));
+    return 1;
+  }
+  std::string metrics = "off";
+  if ((*daemon)->metrics_port() != 0) {
+    absl::StatusOr<HostPort> address = ParseHostPort(options.metrics_listen, "--metrics_listen");
+    metrics = FormatHostPort(address.ok() ? address->host : "127.0.0.1", (*daemon)->metrics_port());
+  }
+  std::printf("megatraind: ready grpc=%s metrics=%s\n", (*daemon)->grpc_address().c_str(),
+              metrics.c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  while (true) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    LogInfo(
+        "received SIGHUP: ignored (megatraind reloads nothing: flags, the tokens file and "
+        "the TLS files are read at start, so restart it to change them; the audit log is "
+        "appended with O_APPEND, rotate it with logrotate's copytruncate)");
+  }
+  LogInfo(absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"));
+  if (!(*daemon)->Shutdown(absl::Seconds(shutdown_timeout_seconds))) {
+    // Jobs still run on their threads: destroying the daemon would wait for
+    // them. Leave without destructors; the store is consistent (every
+    // transition is committed) and the next start re-queues the jobs.
+    std::fflush(stderr);
+    _exit(3);
+  }
+  daemon->reset();
+  return 0;
+}
+
+}  // namespace megatrain::server

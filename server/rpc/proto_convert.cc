@@ -1,0 +1,391 @@
+// See proto_convert.h.
+#include "server/rpc/proto_convert.h"
+
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/status_macros.h"
+#include "server/core/logging.h"
+
+namespace megatrain::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+namespace {
+
+absl::Status CheckAbsolute(absl::string_view field, const std::string& path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   ": must be an absolute path on the daemon's machine (the CLI resolves relative "
+                   "paths against the job file's directory), got ",
+                   QuoteForError(path)));
+}
+
+// The strings of a JobSpec against Note [String caps].
+absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("spec.name", spec.name(), kMaxJobNameBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.preset", spec.model().preset(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.hf_dir", spec.model().hf_dir(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokens", spec.data().tokens(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("data.eval_tokens", spec.data().eval_tokens(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.text", spec.data().text(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokenizer", spec.data().tokenizer(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("optimizer.schedule", spec.optimizer().schedule(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("output_dir", spec.output_dir(), kMaxPathBytes));
+  if (spec.labels_size() > kMaxLabels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("labels: at most ", kMaxLabels, " labels, got ", spec.labels_size()));
+  }
+  for (const auto& [key, value] : spec.labels()) {
+    MEGATRAIN_RETURN_IF_ERROR(CheckLength("labels (a key)", key, kMaxLabelKeyLength));
+    MEGATRAIN_RETURN_IF_ERROR(CheckLength(absl::StrCat("labels.", EscapeControlCharacters(key)),
+                                          value, kMaxLabelValueLength));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckLength(absl::string_view field, absl::string_view value, size_t max_bytes) {
+  if (value.size() <= max_bytes) return absl::OkStatus();
+  // Why 32: enough to recognise the value, little enough to echo.
+  constexpr size_t kQuotedPrefixBytes = 32;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", value.size(), " bytes, more than the ", max_bytes,
+                   " allowed (starts ", QuoteForError(value.substr(0, kQuotedPrefixBytes)), ")"));
+}
+
+absl::Status CheckRequestBounds(const v1::SubmitJobRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("request_id", request.request_id(), kMaxRequestIdLength));
+  return CheckJobSpecBounds(request.spec());
+}
+
+absl::Status CheckRequestBounds(const v1::GetJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ListJobsRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("page_token", request.page_token(), kMaxPageTokenBytes));
+  return CheckLength("owner", request.owner(), kMaxUserNameBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::CancelJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::SuspendJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ResumeJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::WatchJobRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::CreateCheckpointRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ListCheckpointsRequest& request) {
+  return CheckLength("job_id", request.job_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ExportCheckpointRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("checkpoint_id", request.checkpoint_id(), kMaxIdBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("out_dir", request.out_dir(), kMaxPathBytes));
+  return CheckLength("dtype", request.dtype(), kMaxKeywordBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::DeleteCheckpointRequest& request) {
+  return CheckLength("checkpoint_id", request.checkpoint_id(), kMaxIdBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::GetMetricsRequest& request) {
+  return CheckLength("name_prefix", request.name_prefix(), kMaxMetricPrefixBytes);
+}
+
+absl::Status CheckRequestBounds(const v1::ListAuditRecordsRequest& request) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("user", request.user(), kMaxUserNameBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("job_id", request.job_id(), kMaxIdBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("method", request.method(), kMaxKeywordBytes));
+  return CheckLength("page_token", request.page_token(), kMaxPageTokenBytes);
+}
+
+absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckJobSpecBounds(in));
+  JobRequest request;
+  engine::JobSpec& spec = request.spec;
+  spec.name = in.name();
+  spec.model.preset = in.model().preset();
+  spec.model.hf_dir = in.model().hf_dir();
+
+  const v1::DataSpec& data = in.data();
+  spec.data.tokens = data.tokens();
+  spec.data.eval_tokens = data.eval_tokens();
+  spec.data.text = data.text();
+  spec.data.tokenizer = data.tokenizer();
+  if (data.has_eval_fraction()) spec.data.eval_fraction = data.eval_fraction();
+  if (data.has_shuffle_seed()) spec.data.shuffle_seed = data.shuffle_seed();
+
+  const v1::TrainSpec& train = in.train();
+  if (train.has_micro_batch()) spec.train.micro_batch = train.micro_batch();
+  if (train.has_seq_len()) spec.train.seq_len = train.seq_len();
+  if (train.has_gradient_accumulation_steps()) {
+    spec.train.gradient_accumulation_steps = train.gradient_accumulation_steps();
+  }
+  if (train.has_global_batch()) {
+    const int64_t global_batch = train.global_batch();
+    const int64_t micro_batch = spec.train.micro_batch;
+    if (global_batch <= 0 || micro_batch <= 0 || global_batch % micro_batch != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.global_batch: must be a positive multiple of train.micro_batch (",
+                       micro_batch, "), got ", global_batch));
+    }
+    const int64_t steps = global_batch / micro_batch;
+    if (train.has_gradient_accumulation_steps() && train.gradient_accumulation_steps() != steps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.gradient_accumulation_steps: ", train.gradient_accumulation_steps(),
+                       " disagrees with train.global_batch / train.micro_batch = ", global_batch,
+                       " / ", micro_batch, " = ", steps, "; give one of the two"));
+    }
+    spec.train.gradient_accumulation_steps = steps;
+  }
+  spec.train.max_steps = train.max_steps();
+  spec.train.max_tokens = train.max_tokens();
+  switch (train.compute_dtype()) {
+    case v1::COMPUTE_DTYPE_UNSPECIFIED:
+    case v1::COMPUTE_DTYPE_FP32:
+      spec.train.compute_dtype = engine::ComputeDtype::kFp32;
+      break;
+    case v1::COMPUTE_DTYPE_TF32:
+      spec.train.compute_dtype = engine::ComputeDtype::kTf32;
+      break;
+    case v1::COMPUTE_DTYPE_BF16:
+      spec.train.compute_dtype = engine::ComputeDtype::kBf16;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("train.compute_dtype: unknown value ",
+                                                     static_cast<int>(train.compute_dtype())));
+  }
+  if (train.has_max_grad_norm()) spec.train.max_grad_norm = train.max_grad_norm();
+  spec.train.seed = train.seed();
+  switch (train.nan_policy()) {
+    case v1::NAN_POLICY_UNSPECIFIED:
+    case v1::NAN_POLICY_SKIP:
+      spec.train.nan_policy = engine::NanPolicy::kSkip;
+      break;
+    case v1::NAN_POLICY_FAIL:
+      spec.train.nan_policy = engine::NanPolicy::kFail;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(train.nan_policy())));
+  }
+  if (train.has_offload_activations()) {
+    spec.train.offload_activations = train.offload_activations();
+  }
+
+  const v1::OptimizerSpec& optimizer = in.optimizer();
+  if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
+  if (optimizer.has_beta1()) spec.optimizer.beta1 = optimizer.beta1();
+  if (optimizer.has_beta2()) spec.optimizer.beta2 = optimizer.beta2();
+  if (optimizer.has_eps()) spec.optimizer.eps = optimizer.eps();
+  spec.optimizer.weight_decay = optimizer.weight_decay();
+  spec.optimizer.warmup_steps = optimizer.warmup_steps();
+  if (!optimizer.schedule().empty()) spec.optimizer.schedule = optimizer.schedule();
+  spec.optimizer.min_lr_ratio = optimizer.min_lr_ratio();
+
+  spec.eval.every_steps = in.eval().every_steps();
+  if (in.eval().has_batches()) spec.eval.batches = in.eval().batches();
+
+  spec.checkpoint.every_steps = in.checkpoint().every_steps();
+  if (in.checkpoint().has_keep_last()) spec.checkpoint.keep_last = in.checkpoint().keep_last();
+  spec.checkpoint.keep_every = in.checkpoint().keep_every();
+
+  spec.output_dir = in.output_dir();
+  request.priority = in.priority();
+  request.labels = std::map<std::string, std::string>(in.labels().begin(), in.labels().end());
+
+  for (const auto& [field, path] :
+       {std::pair<absl::string_view, const std::string&>{"model.hf_dir", spec.model.hf_dir},
+        {"data.tokens", spec.data.tokens},
+        {"data.text", spec.data.text},
+        {"data.tokenizer", spec.data.tokenizer},
+        {"output_dir", spec.output_dir}}) {
+    absl::Status status = CheckAbsolute(field, path);
+    if (!status.ok()) return status;
+  }
+  return request;
+}
+
+void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
+  const engine::JobSpec& spec = request.spec;
+  out->set_name(spec.name);
+  out->mutable_model()->set_preset(spec.model.preset);
+  out->mutable_model()->set_hf_dir(spec.model.hf_dir);
+  v1::DataSpec* data = out->mutable_data();
+  data->set_tokens(spec.data.tokens);
+  data->set_eval_tokens(spec.data.eval_tokens);
+  data->set_text(spec.data.text);
+  data->set_tokenizer(spec.data.tokenizer);
+  data->set_eval_fraction(spec.data.eval_fraction);
+  data->set_shuffle_seed(spec.data.shuffle_seed);
+  v1::TrainSpec* train = out->mutable_train();
+  train->set_micro_batch(spec.train.micro_batch);
+  train->set_seq_len(spec.train.seq_len);
+  train->set_gradient_accumulation_steps(spec.train.gradient_accumulation_steps);
+  train->set_max_steps(spec.train.max_steps);
+  train->set_max_tokens(spec.train.max_tokens);
+  switch (spec.train.compute_dtype) {
+    case engine::ComputeDtype::kFp32:
+      train->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+      break;
+    case engine::ComputeDtype::kTf32:
+      train->set_compute_dtype(v1::COMPUTE_DTYPE_TF32);
+      break;
+    case engine::ComputeDtype::kBf16:
+      train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+      break;
+  }
+  train->set_max_grad_norm(spec.train.max_grad_norm);
+  train->set_seed(spec.train.seed);
+  train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
+                                                                          : v1::NAN_POLICY_SKIP);
+  train->set_offload_activations(spec.train.offload_activations);
+  v1::OptimizerSpec* optimizer = out->mutable_optimizer();
+  optimizer->set_lr(spec.optimizer.lr);
+  optimizer->set_beta1(spec.optimizer.beta1);
+  optimizer->set_beta2(spec.optimizer.beta2);
+  optimizer->set_eps(spec.optimizer.eps);
+  optimizer->set_weight_decay(spec.optimizer.weight_decay);
+  optimizer->set_warmup_steps(spec.optimizer.warmup_steps);
+  optimizer->set_schedule(spec.optimizer.schedule);
+  optimizer->set_min_lr_ratio(spec.optimizer.min_lr_ratio);
+  out->mutable_eval()->set_every_steps(spec.eval.every_steps);
+  out->mutable_eval()->set_batches(spec.eval.batches);
+  out->mutable_checkpoint()->set_every_steps(spec.checkpoint.every_steps);
+  out->mutable_checkpoint()->set_keep_last(spec.checkpoint.keep_last);
+  out->mutable_checkpoint()->set_keep_every(spec.checkpoint.keep_every);
+  out->set_output_dir(spec.output_dir);
+  out->set_priority(request.priority);
+  for (const auto& [key, value] : request.labels) (*out->mutable_labels())[key] = value;
+}
+
+void JobToProto(const JobRecord& job, v1::Job* out) {
+  out->set_id(job.id);
+  out->set_owner(job.owner);
+  JobRequestToProto(job.request, out->mutable_spec());
+  out->set_state(static_cast<v1::JobState>(job.state));
+  out->set_request_id(job.request_id);
+  out->set_create_time_unix_ms(job.create_time_unix_ms);
+  out->set_start_time_unix_ms(job.start_time_unix_ms);
+  out->set_end_time_unix_ms(job.end_time_unix_ms);
+  v1::JobProgress* progress = out->mutable_progress();
+  progress->set_step(job.progress.step);
+  progress->set_max_steps(job.progress.max_steps);
+  progress->set_loss(job.progress.loss);
+  if (job.progress.eval_loss.has_value()) progress->set_eval_loss(*job.progress.eval_loss);
+  progress->set_tokens_per_s(job.progress.tokens_per_s);
+  progress->set_mfu(job.progress.mfu);
+  progress->set_tokens(job.progress.tokens);
+  progress->set_eta_seconds(job.progress.eta_seconds);
+  out->set_device(job.device);
+  out->set_host_memory_bytes(job.host_memory_bytes);
+  if (job.state == JobState::kFailed && job.error_code != absl::StatusCode::kOk) {
+    out->set_error_code(absl::StatusCodeToString(job.error_code));
+  }
+  out->set_error_message(job.message);
+  out->set_resume_from(job.resume_from);
+  out->set_queue_position(job.queue_position);
+}
+
+void JobEventToProto(const JobEvent& event, v1::JobEvent* out) {
+  out->set_seq(event.seq);
+  out->set_job_id(event.job_id);
+  out->set_time_unix_ms(event.time_unix_ms);
+  switch (event.kind) {
+    case JobEvent::Kind::kStateChange: {
+      v1::JobEvent::StateChange* change = out->mutable_state_change();
+      change->set_state(static_cast<v1::JobState>(event.state));
+      change->set_message(event.message);
+      break;
+    }
+    case JobEvent::Kind::kStep: {
+      v1::JobEvent::Step* step = out->mutable_step();
+      step->set_step(event.step);
+      step->set_max_steps(event.max_steps);
+      step->set_loss(event.loss);
+      step->set_grad_norm(event.grad_norm);
+      step->set_lr(event.lr);
+      step->set_tokens_per_s(event.tokens_per_s);
+      step->set_mfu(event.mfu);
+      step->set_skipped(event.skipped);
+      step->set_step_seconds(event.step_seconds);
+      step->set_eta_seconds(event.eta_seconds);
+      break;
+    }
+    case JobEvent::Kind::kEval: {
+      v1::JobEvent::Eval* eval = out->mutable_eval();
+      eval->set_step(event.step);
+      eval->set_eval_loss(event.eval_loss);
+      break;
+    }
+    case JobEvent::Kind::kCheckpoint: {
+      v1::JobEvent::CheckpointWritten* checkpoint = out->mutable_checkpoint();
+      checkpoint->set_checkpoint_id(CheckpointId(event.job_id, event.step));
+      checkpoint->set_step(event.step);
+      checkpoint->set_dir(event.checkpoint_dir);
+      checkpoint->set_seconds(event.checkpoint_seconds);
+      break;
+    }
+  }
+}
+
+void CheckpointToProto(const CheckpointRecord& checkpoint, v1::Checkpoint* out) {
+  out->set_id(CheckpointId(checkpoint.job_id, checkpoint.step));
+  out->set_job_id(checkpoint.job_id);
+  out->set_step(checkpoint.step);
+  out->set_dir(checkpoint.dir);
+  out->set_bytes(checkpoint.bytes);
+  out->set_create_time_unix_ms(checkpoint.create_time_unix_ms);
+  out->set_write_seconds(checkpoint.write_seconds);
+}
+
+void AuditRecordToProto(const AuditRecord& record, v1::AuditRecord* out) {
+  out->set_seq(record.seq);
+  out->set_time_unix_ms(record.time_unix_ms);
+  out->set_user(record.user);
+  out->set_role(record.role);
+  out->set_peer(record.peer);
+  out->set_method(record.method);
+  out->set_target(record.target);
+  out->set_job_id(record.job_id);
+  out->set_code(absl::StatusCodeToString(record.code));
+  out->set_message(record.message);
+  out->set_detail(record.detail);
+}
+
+absl::StatusOr<std::vector<JobState>> JobStatesFromProto(
+    const google::protobuf::RepeatedField<int>& states) {
+  std::vector<JobState> result;
+  for (int state : states) {
+    if (state < static_cast<int>(JobState::kQueued) ||
+        state > static_cast<int>(JobState::kCancelled)) {
+      return absl::InvalidArgumentError(absl::StrCat("states: unknown job state ", state));
+    }
+    result.push_back(static_cast<JobState>(state));
+  }
+  return result;
+}
+
+}  // namespace megatrain::server

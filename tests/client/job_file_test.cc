@@ -1,0 +1,255 @@
+// Tests of client/job_file.h: YAML job files -> megatrain.v1.JobSpec. (The
+// client has no test folder of its own in this tree; its unit tests live
+// beside the server's.)
+#include "client/job_file.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/server/fake_engine_backend.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace megatrain::client {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kTiny[] = R"yaml(
+name: tiny
+model:
+  preset: tiny
+data:
+  tokens: data/tiny
+train:
+  micro_batch: 8
+  seq_len: 128
+  gradient_accumulation_steps: 1
+  max_steps: 60
+  compute_dtype: fp32
+optimizer:
+  lr: 3.0e-3
+  weight_decay: 0.0
+  warmup_steps: 5
+  schedule: cosine
+checkpoint:
+  every_steps: 20
+  keep_last: 2
+priority: 0
+)yaml";
+
+TEST(JobFileTest, ParsesTheIssueExample) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(kTiny, "/jobs", "tiny.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->name(), "tiny");
+  EXPECT_EQ(spec->model().preset(), "tiny");
+  EXPECT_EQ(spec->data().tokens(), "/jobs/data/tiny");
+  EXPECT_EQ(spec->train().micro_batch(), 8);
+  EXPECT_EQ(spec->train().seq_len(), 128);
+  EXPECT_EQ(spec->train().gradient_accumulation_steps(), 1);
+  EXPECT_EQ(spec->train().max_steps(), 60);
+  EXPECT_EQ(spec->train().compute_dtype(), v1::COMPUTE_DTYPE_FP32);
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 3.0e-3);
+  EXPECT_TRUE(spec->optimizer().has_lr());
+  EXPECT_EQ(spec->optimizer().warmup_steps(), 5);
+  EXPECT_EQ(spec->optimizer().schedule(), "cosine");
+  EXPECT_EQ(spec->checkpoint().every_steps(), 20);
+  EXPECT_EQ(spec->checkpoint().keep_last(), 2);
+  EXPECT_EQ(spec->priority(), 0);
+  // Keys not given stay unset (the engine default applies).
+  EXPECT_FALSE(spec->train().has_max_grad_norm());
+  EXPECT_FALSE(spec->train().has_offload_activations());
+  EXPECT_FALSE(spec->optimizer().has_beta2());
+}
+
+TEST(JobFileTest, ShippedExampleParsesAndPointsAtItsData) {
+  // ctest runs from the source root (megatrain_cc_test WORKING_DIRECTORY).
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile("examples/jobs/tiny.yaml");
+  ASSERT_THAT(spec, IsOk());
+  const std::filesystem::path expected =
+      std::filesystem::absolute("examples/jobs/data/tiny").lexically_normal();
+  EXPECT_EQ(spec->data().tokens(), expected.string());
+  EXPECT_EQ(spec->train().max_steps(), 60);
+}
+
+TEST(JobFileTest, AbsolutePathsAreKeptAndRelativeOnesNormalised) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+      "model: {hf_dir: ../models/llama}\ndata: {text: /corpus.txt, tokenizer: ./spm.model}\n"
+      "output_dir: out\n",
+      "/home/a/jobs", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->model().hf_dir(), "/home/a/models/llama");
+  EXPECT_EQ(spec->data().text(), "/corpus.txt");
+  EXPECT_EQ(spec->data().tokenizer(), "/home/a/jobs/spm.model");
+  EXPECT_EQ(spec->output_dir(), "/home/a/jobs/out");
+}
+
+TEST(JobFileTest, OptionalKeysAndLabels) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+      "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "
+      "seed: 7, nan_policy: fail, offload_activations: true}\n"
+      "optimizer: {beta1: 0.8, beta2: 0.99, eps: 1e-6, min_lr_ratio: 0.1}\n"
+      "eval: {every_steps: 10, batches: 2}\n"
+      "data: {eval_fraction: 0.05, shuffle_seed: 3}\n"
+      "checkpoint: {keep_every: 100}\n"
+      "labels: {team: nlp, exp: '42'}\npriority: -5\n",
+      "/", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->train().global_batch(), 32);
+  EXPECT_EQ(spec->train().max_tokens(), 100000);
+  EXPECT_EQ(spec->train().compute_dtype(), v1::COMPUTE_DTYPE_BF16);
+  EXPECT_TRUE(spec->train().has_max_grad_norm());
+  EXPECT_EQ(spec->train().max_grad_norm(), 0);
+  EXPECT_EQ(spec->train().seed(), 7u);
+  EXPECT_EQ(spec->train().nan_policy(), v1::NAN_POLICY_FAIL);
+  EXPECT_TRUE(spec->train().has_offload_activations());
+  EXPECT_TRUE(spec->train().offload_activations());
+  EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.99);
+  EXPECT_EQ(spec->eval().batches(), 2);
+  EXPECT_DOUBLE_EQ(spec->data().eval_fraction(), 0.05);
+  EXPECT_EQ(spec->checkpoint().keep_every(), 100);
+  EXPECT_EQ(spec->labels().at("exp"), "42");
+  EXPECT_EQ(spec->priority(), -5);
+}
+
+TEST(JobFileTest, OffloadActivationsIsABool) {
+  for (bool offload : {true, false}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+        absl::StrCat("train:\n  offload_activations: ", offload ? "true" : "false", "\n"), "/jobs",
+        "job.yaml");
+    ASSERT_THAT(spec, IsOk());
+    EXPECT_TRUE(spec->train().has_offload_activations());  // an explicit false is kept too
+    EXPECT_EQ(spec->train().offload_activations(), offload);
+  }
+}
+
+struct BadFileCase {
+  std::string name;
+  std::string yaml;
+  std::string message;
+};
+
+class BadJobFileTest : public ::testing::TestWithParam<BadFileCase> {};
+
+TEST_P(BadJobFileTest, IsInvalidArgumentNamingTheKey) {
+  EXPECT_THAT(
+      ParseJobYaml(GetParam().yaml, "/jobs", "job.yaml"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job.yaml: " + GetParam().message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadJobFileTest,
+    ::testing::Values(
+        BadFileCase{"UnknownTopLevelKey", "name: a\nmodle: {preset: tiny}\n",
+                    "modle: unknown key (known: name, model, data, train"},
+        BadFileCase{"UnknownNestedKey", "train: {micro_btch: 8}\n",
+                    "train.micro_btch: unknown key (known: micro_batch, seq_len"},
+        BadFileCase{"UnknownOptimizerKey", "optimizer: {learning_rate: 0.1}\n",
+                    "optimizer.learning_rate: unknown key"},
+        BadFileCase{"IntegerExpected", "train: {micro_batch: eight}\n",
+                    "train.micro_batch: expected an integer, got 'eight'"},
+        BadFileCase{"FractionForInteger", "train: {max_steps: 1.5}\n",
+                    "train.max_steps: expected an integer, got '1.5'"},
+        BadFileCase{"NumberExpected", "optimizer: {lr: fast}\n",
+                    "optimizer.lr: expected a number, got 'fast'"},
+        BadFileCase{"BadNanPolicy", "train: {nan_policy: maybe}\n",
+                    "train.nan_policy: must be skip or fail, got 'maybe'"},
+        BadFileCase{"IntegerForBool", "train: {offload_activations: 3}\n",
+                    "train.offload_activations: expected true or false, got '3'"},
+        BadFileCase{"StringForBool", "train: {offload_activations: \"always\"}\n",
+                    "train.offload_activations: expected true or false, got 'always'"},
+        BadFileCase{"ListForBool", "train: {offload_activations: [true]}\n",
+                    "train.offload_activations: expected a single value"},
+        BadFileCase{"BadComputeDtype", "train: {compute_dtype: fp16}\n",
+                    "train.compute_dtype: must be fp32, tf32 or bf16, got 'fp16'"},
+        BadFileCase{"SectionNotAMapping", "train: 5\n", "train: expected a mapping of keys"},
+        BadFileCase{"ListForScalar", "name: [a, b]\n", "name: expected a single value"},
+        BadFileCase{"MissingValue", "name:\n", "name: missing value"},
+        BadFileCase{"BothModelSources", "model: {preset: tiny, hf_dir: /m}\n",
+                    "model: give one of preset and hf_dir, not both"},
+        BadFileCase{"NegativeSeed", "train: {seed: -1}\n", "train.seed: must be >= 0, got -1"},
+        BadFileCase{"LabelsNotAMapping", "labels: [a]\n", "labels: expected a mapping"},
+        BadFileCase{"NotAMappingAtAll", "- a\n", "job file: expected a mapping of keys"},
+        BadFileCase{"BadYaml", "train: {micro_batch: 8\n", "bad YAML"}),
+    [](const ::testing::TestParamInfo<BadFileCase>& info) { return info.param.name; });
+
+TEST(JobFileTest, MissingFileIsNotFound) {
+  EXPECT_THAT(LoadJobFile("/nonexistent/job.yaml"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/job.yaml")));
+}
+
+TEST(JobFileTest, LoadResolvesAgainstTheFilesDirectory) {
+  const std::filesystem::path dir = server::testing::MakeTempDir();
+  std::ofstream(dir / "job.yaml") << "model: {preset: tiny}\ndata: {tokens: shards}\n";
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile((dir / "job.yaml").string());
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->data().tokens(), (dir / "shards").string());
+}
+
+// Regression (job_yaml_fuzz): yaml-cpp passes bytes that are not UTF-8
+// through, the CLI sent them in proto3 string fields, and the daemon refused
+// the whole request as unparsable instead of the file naming the key.
+TEST(JobFileTest, ValueThatIsNotUtf8IsInvalidArgumentNamingTheKey) {
+  EXPECT_THAT(ParseJobYaml("name: caf\xe9\nmodel: {preset: tiny}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: name: not UTF-8 text (byte 3 of the value)")));
+  EXPECT_THAT(ParseJobYaml("data: {tokens: /data/\xff}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: data.tokens: not UTF-8 text")));
+  // A UTF-16 surrogate written as UTF-8 bytes (yaml-cpp refuses "\ud800").
+  EXPECT_THAT(ParseJobYaml("labels: {team: \"\xed\xa0\x80\"}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: labels.team: not UTF-8 text")));
+  EXPECT_THAT(ParseJobYaml("labels: {\xc0\x80: a}\n", "/jobs", "job.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: labels key: not UTF-8 text")));
+}
+
+TEST(JobFileTest, Utf8ValuesSurviveTheWire) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
+      "name: \"caf\u00e9 \\u2713 \\U0010FFFF\"\nlabels: {team: \"\xf0\x9f\x98\x80\"}\n", "/jobs",
+      "job.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->name(), "caf\u00e9 \u2713 \U0010FFFF");
+  std::string bytes;
+  ASSERT_TRUE(spec->SerializeToString(&bytes));
+  v1::JobSpec received;
+  ASSERT_TRUE(received.ParseFromString(bytes));
+  EXPECT_EQ(received.name(), spec->name());
+  EXPECT_EQ(received.labels().at("team"), "\xf0\x9f\x98\x80");
+}
+
+// The fuzz seeds (tests/fuzz/make_corpus.py): valid_* parse, invalid_* are
+// refused with INVALID_ARGUMENT naming the file.
+TEST(JobFileCorpusTest, SeedsParseAsTheirNamesSay) {
+  const std::string dir = std::string(MEGATRAIN_FUZZ_CORPUS_DIR) + "/job_yaml_fuzz";
+  const std::vector<std::string> names = megatrain::testing::ListDir(dir);
+  ASSERT_FALSE(names.empty()) << dir;
+  int valid = 0;
+  for (const std::string& name : names) {
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(text, "/jobs", name);
+    if (name.rfind("valid_", 0) == 0) {
+      EXPECT_THAT(spec, IsOk()) << name;
+      ++valid;
+    } else {
+      EXPECT_THAT(spec.status(),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(name + ": ")))
+          << name;
+    }
+  }
+  EXPECT_GT(valid, 0);
+}
+
+}  // namespace
+}  // namespace megatrain::client

@@ -1,0 +1,147 @@
+// Tests of engine/io/dir_fd.h (Note [Directory descriptors]): entries are
+// created, renamed and removed below a held descriptor; a symbolic link
+// swapped into the tree fails the call and nothing outside is touched; a
+// tree holding links to outside is removed without following them.
+#include "engine/io/dir_fd.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace megatrain::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::ListDir;
+using ::megatrain::testing::MakeTempDir;
+using ::megatrain::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// <base>/job        the job's directory (the DirFd root)
+// <base>/outside    a directory with a file the tests must never touch
+class DirFdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::canonical(MakeTempDir()).string();
+    job_ = base_ + "/job";
+    outside_ = base_ + "/outside";
+    fs::create_directories(job_);
+    fs::create_directories(outside_);
+    std::ofstream(outside_ + "/keep") << "precious";
+  }
+
+  void ExpectOutsideUntouched() {
+    EXPECT_THAT(ListDir(outside_), ElementsAre("keep"));
+    std::ifstream in(outside_ + "/keep");
+    std::string text;
+    in >> text;
+    EXPECT_EQ(text, "precious");
+  }
+
+  std::string base_, job_, outside_;
+};
+
+TEST_F(DirFdTest, CreatesRenamesAndRemovesBeneathTheRoot) {
+  absl::StatusOr<DirFd> checkpoints =
+      DirFd::OpenBeneath(job_, "checkpoints/tmp", DirFd::Create::kYes);
+  ASSERT_THAT(checkpoints, IsOk());
+  EXPECT_EQ(checkpoints->path(), job_ + "/checkpoints/tmp");
+  absl::StatusOr<int> fd = checkpoints->CreateFileAt("a.bin");
+  ASSERT_THAT(fd, IsOk());
+  ASSERT_EQ(::write(*fd, "xy", 2), 2);
+  ::close(*fd);
+  EXPECT_THAT(checkpoints->CreateFileAt("a.bin"),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("a.bin")));
+  ASSERT_THAT(checkpoints->RenameAt("a.bin", *checkpoints, "b.bin"), IsOk());
+  EXPECT_THAT(ListDir(job_ + "/checkpoints/tmp"), ElementsAre("b.bin"));
+  // IoPath resolves through the descriptor.
+  EXPECT_TRUE(fs::exists(checkpoints->IoPath("b.bin")));
+  ASSERT_THAT(checkpoints->Fsync(), IsOk());
+  absl::StatusOr<DirFd> parent = DirFd::OpenBeneath(job_, "checkpoints", DirFd::Create::kNo);
+  ASSERT_THAT(parent, IsOk());
+  ASSERT_THAT(parent->RemoveTreeAt("tmp"), IsOk());
+  EXPECT_THAT(ListDir(job_ + "/checkpoints"), ElementsAre());
+  EXPECT_THAT(parent->RemoveTreeAt("tmp"), IsOk());  // missing is fine
+}
+
+TEST_F(DirFdTest, SymlinkSwappedInFailsAndNothingOutsideIsWritten) {
+  fs::create_directory_symlink(outside_, job_ + "/checkpoints");
+  for (DirFd::Create create : {DirFd::Create::kNo, DirFd::Create::kYes}) {
+    EXPECT_THAT(DirFd::OpenBeneath(job_, "checkpoints", create),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr(job_ + "/checkpoints: open directory")));
+    EXPECT_THAT(DirFd::OpenBeneath(job_, "checkpoints/step-1", create),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  }
+  absl::StatusOr<DirFd> job = DirFd::Open(job_);
+  ASSERT_THAT(job, IsOk());
+  // A file name that is a link is not written through either.
+  fs::create_symlink(outside_ + "/keep", job_ + "/state.json");
+  EXPECT_THAT(job->CreateFileAt("state.json"),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("state.json")));
+  ExpectOutsideUntouched();
+}
+
+TEST_F(DirFdTest, HeldDescriptorIgnoresALaterSwapOfItsPath) {
+  absl::StatusOr<DirFd> checkpoints = DirFd::OpenBeneath(job_, "checkpoints", DirFd::Create::kYes);
+  ASSERT_THAT(checkpoints, IsOk());
+  // The directory is moved away and a link to outside takes its place.
+  fs::rename(job_ + "/checkpoints", job_ + "/moved");
+  fs::create_directory_symlink(outside_, job_ + "/checkpoints");
+  absl::StatusOr<int> fd = checkpoints->CreateFileAt("new.bin");
+  ASSERT_THAT(fd, IsOk());
+  ::close(*fd);
+  std::ofstream(checkpoints->IoPath("via-io-path")) << "x";
+  EXPECT_THAT(ListDir(job_ + "/moved"), ElementsAre("new.bin", "via-io-path"));
+  ExpectOutsideUntouched();
+}
+
+TEST_F(DirFdTest, RemoveTreeRemovesLinksWithoutFollowingThem) {
+  absl::StatusOr<DirFd> job = DirFd::Open(job_);
+  ASSERT_THAT(job, IsOk());
+  fs::create_directories(job_ + "/doomed/inner");
+  std::ofstream(job_ + "/doomed/inner/file") << "x";
+  fs::create_directory_symlink(outside_, job_ + "/doomed/to-outside");
+  fs::create_directory_symlink(outside_, job_ + "/doomed/inner/to-outside");
+  fs::create_symlink(outside_ + "/keep", job_ + "/doomed/keep-link");
+  ASSERT_THAT(job->RemoveTreeAt("doomed"), IsOk());
+  EXPECT_THAT(ListDir(job_), ElementsAre());
+  // A link given as the tree itself is removed as a link.
+  fs::create_directory_symlink(outside_, job_ + "/link-tree");
+  ASSERT_THAT(job->RemoveTreeAt("link-tree"), IsOk());
+  EXPECT_THAT(ListDir(job_), ElementsAre());
+  ExpectOutsideUntouched();
+}
+
+TEST_F(DirFdTest, RefusesComponentsThatClimbOrNest) {
+  absl::StatusOr<DirFd> job = DirFd::Open(job_);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_THAT(DirFd::OpenBeneath(job_, "../outside", DirFd::Create::kNo),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one path component")));
+  EXPECT_THAT(job->CreateFileAt("a/b"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one path component")));
+  EXPECT_THAT(job->RemoveTreeAt(".."),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one path component")));
+  EXPECT_THAT(job->RenameAt("x", *job, "."),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one path component")));
+  EXPECT_THAT(DirFd::Open("relative"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute path")));
+  fs::create_directory_symlink(job_, base_ + "/job-link");
+  EXPECT_THAT(DirFd::Open(base_ + "/job-link"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("job-link")));
+  EXPECT_THAT(DirFd::Open(base_ + "/missing"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+  ExpectOutsideUntouched();
+}
+
+}  // namespace
+}  // namespace megatrain::engine

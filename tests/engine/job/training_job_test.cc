@@ -1,0 +1,566 @@
+// TrainingJob: validation of job specs, a job trained to completion with
+// checkpoints and eval, suspend + resume continuing exactly, and cancel.
+// Faults: a non-finite step skipped or failing per train.nan_policy (through
+// the MEGATRAIN_DEBUG_POISON_STEP knob), a model that only yields NaN, a
+// full disk while checkpointing (a real ENOSPC on a small tmpfs, as root),
+// and the device out-of-memory message.
+#include "engine/job/training_job.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+
+#include "engine/io/checkpoint.h"
+#include "engine/runtime/device_info.h"
+#include "engine/store/host_store.h"
+#include "engine/model/param_layout.h"
+#include "engine/io/token_shard.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tmpfs.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// 40 documents drawn from 4 repeated patterns, so the model can learn.
+std::string WriteDataset() {
+  const std::string dir = testing::MakeTempDir("tokens");
+  auto writer = TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = 512});
+  EXPECT_THAT(writer, IsOk());
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> patterns(4);
+  for (auto& p : patterns) {
+    for (int i = 0; i < 24; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 500));
+  }
+  for (int d = 0; d < 40; ++d) EXPECT_THAT(writer->AppendDocument(patterns[d % 4]), IsOk());
+  EXPECT_THAT(writer->Finish(), IsOk());
+  return dir;
+}
+
+JobSpec TinySpec(const std::string& tokens, const std::string& output_dir) {
+  JobSpec s;
+  s.name = "test";
+  s.model.preset = "tiny";
+  s.data.tokens = tokens;
+  s.data.eval_fraction = 0.1;
+  s.train.micro_batch = 2;
+  s.train.seq_len = 16;
+  s.train.max_steps = 8;
+  s.optimizer.lr = 3e-3;
+  s.optimizer.warmup_steps = 2;
+  s.eval.every_steps = 4;
+  s.eval.batches = 2;
+  s.checkpoint.every_steps = 2;
+  s.checkpoint.keep_last = 2;
+  s.output_dir = output_dir;
+  return s;
+}
+
+// Records what the job reports; can ask for a stop at a given step.
+class Recorder : public JobObserver {
+ public:
+  void OnStep(const StepReport& r) override {
+    reports.push_back(r);
+    if (r.skipped) return;
+    losses.push_back(r.loss);
+    if (job != nullptr && r.step == stop_at) job->RequestStop(stop_kind);
+  }
+  void OnEval(int64_t step, double loss) override { evals.push_back(loss); }
+  void OnCheckpoint(int64_t step, const std::string& dir, double) override {
+    checkpoint_steps.push_back(step);
+  }
+  std::vector<StepReport> reports;    // every step, skipped ones too
+  std::vector<double> losses, evals;  // losses of applied steps
+  std::vector<int64_t> checkpoint_steps;
+  TrainingJob* job = nullptr;
+  int64_t stop_at = -1;
+  TrainingJob::StopKind stop_kind = TrainingJob::StopKind::kSuspend;
+};
+
+TEST(ValidateJobSpecTest, NamesTheBadField) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.train.micro_batch = 0;
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.micro_batch: must be in [1, 4096], got 0")));
+  s = TinySpec("x", "/tmp/out");
+  s.model.hf_dir = "/models/x";
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("exactly one of model.preset")));
+  s = TinySpec("x", "/tmp/out");
+  s.model.preset = "gpt-5";
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.preset")));
+  s = TinySpec("x", "/tmp/out");
+  s.optimizer.schedule = "exponential";
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.schedule")));
+  s = TinySpec("x", "/tmp/out");
+  s.optimizer.warmup_steps = 100;
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.warmup_steps")));
+  s = TinySpec("x", "/tmp/out");
+  s.data.text = "corpus.txt";
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data")));
+  s = TinySpec("x", "/tmp/out");
+  s.train.max_steps = 0;
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.max_steps")));
+  s = TinySpec("x", "/tmp/out");
+  s.train.nan_policy = static_cast<NanPolicy>(7);
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("train.nan_policy: unknown value 7")));
+  EXPECT_THAT(ValidateJobSpec(TinySpec("x", "/tmp/out")), IsOk());
+}
+
+TEST(NanPolicyTest, ParsesItsOwnNames) {
+  for (NanPolicy policy : {NanPolicy::kSkip, NanPolicy::kFail}) {
+    auto parsed = ParseNanPolicy(NanPolicyName(policy));
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(*parsed, policy);
+  }
+  EXPECT_THAT(ParseNanPolicy("retry"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.nan_policy: must be skip or fail, got 'retry'")));
+}
+
+TEST(EstimateFootprintTest, CountsBytesPerParameter) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-8b";
+  s.train.compute_dtype = ComputeDtype::kBf16;
+  auto f = EstimateFootprint(s);
+  ASSERT_THAT(f, IsOk());
+  // 4 (master) + 4 (grad) + 8 (AdamW moments) + 2 (bf16 copy) bytes/param,
+  // plus alignment padding and staging (< 3%: the executor's memory plan
+  // counts the two fp32 gradient staging buffers of the largest block,
+  // 2 x 4 x 525 M bytes for llama-8b's head, Note [Executor memory plan]).
+  EXPECT_GT(f->host_total_bytes, 18 * f->params);
+  EXPECT_LT(f->host_total_bytes, 18.6 * f->params);
+}
+
+TEST(EstimateFootprintTest, CountsTheEmbeddingLookaheadBuffers) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-1b";  // untied
+  s.train.micro_batch = 8;
+  s.train.seq_len = 2048;
+  auto f = EstimateFootprint(s);
+  ASSERT_THAT(f, IsOk());
+  // Two buffers of at most B x T rows of C fp32: 2 x 16384 x 2048 x 4 B.
+  EXPECT_EQ(f->embedding_lookahead_bytes, int64_t{2} * 16384 * 2048 * 4);
+  EXPECT_EQ(f->host_total_bytes, f->host.Total() + f->embedding_lookahead_bytes);
+}
+
+// What the auto settings keep on a GPU: two resident decoder layers (16 B
+// of fp32 state + 2 B bf16 per parameter), the untied embedding (16 B per
+// parameter) and, with gradient accumulation, the streamed blocks' fp32
+// gradients (4 B per parameter).
+TEST(EstimateFootprintTest, CountsTheResidentDeviceState) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-1b";  // untied, 16 layers of 60,821,504 parameters
+  s.train.compute_dtype = ComputeDtype::kBf16;
+  auto one = EstimateFootprint(s);
+  ASSERT_THAT(one, IsOk());
+  const int64_t layer = 60821504, table = int64_t{128256} * 2048;
+  EXPECT_EQ(one->device_resident_bytes, 2 * layer * 18 + table * 16);
+  s.train.gradient_accumulation_steps = 4;
+  auto four = EstimateFootprint(s);
+  ASSERT_THAT(four, IsOk());
+  // 14 streamed layers and the head (final norm + lm_head).
+  EXPECT_EQ(four->device_resident_bytes - one->device_resident_bytes,
+            4 * (14 * layer + 2048 + table));
+  EXPECT_EQ(four->device_estimate_bytes - one->device_estimate_bytes,
+            four->device_resident_bytes - one->device_resident_bytes);
+}
+
+TEST(EstimateFootprintTest, ActivationOffloadAddsItsPinnedBuffers) {
+  // The long-context case: llama-1b, one sequence of 262144 tokens.
+  JobSpec s = TinySpec("x", "/tmp/out");
+  s.model.preset = "llama-1b";
+  s.train.micro_batch = 1;
+  s.train.seq_len = 262144;
+  s.train.compute_dtype = ComputeDtype::kBf16;
+  auto without = EstimateFootprint(s);
+  ASSERT_THAT(without, IsOk());
+  EXPECT_EQ(without->activation_offload_bytes, 0);
+  s.train.offload_activations = true;
+  auto with = EstimateFootprint(s);
+  ASSERT_THAT(with, IsOk());
+  // (L-1) x B x T x C x 4 bytes: 15 x 1 x 262144 x 2048 x 4 = 30 GiB.
+  const int64_t offload = int64_t{15} * 262144 * 2048 * 4;
+  EXPECT_EQ(with->activation_offload_bytes, offload);
+  EXPECT_EQ(with->host.staging, without->host.staging + offload);
+  EXPECT_EQ(with->host_total_bytes, without->host_total_bytes + offload);
+  // On the device 3 saved inputs (the last layer's and the ring of two)
+  // remain of 16.
+  EXPECT_EQ(without->device_estimate_bytes - with->device_estimate_bytes,
+            int64_t{13} * 262144 * 2048 * 4);
+}
+
+TEST(JobSpecToJsonTest, RecordsOffloadActivations) {
+  JobSpec s = TinySpec("x", "/tmp/out");
+  EXPECT_THAT(JobSpecToJson(s), HasSubstr("\"offload_activations\":false"));
+  s.train.offload_activations = true;
+  EXPECT_THAT(JobSpecToJson(s), HasSubstr("\"offload_activations\":true"));
+}
+
+TEST(TrainingJobTest, TrainsToCompletionWithCheckpointsAndEval) {
+  const std::string out = testing::MakeTempDir("job");
+  auto job = TrainingJob::Create(TinySpec(WriteDataset(), out), "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  auto outcome = (*job)->Run(&rec);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+  ASSERT_EQ(rec.losses.size(), 8u);
+  EXPECT_LT(rec.losses.back(), rec.losses.front());
+  EXPECT_EQ(rec.evals.size(), 2u);  // steps 4 and 8
+  EXPECT_EQ(rec.checkpoint_steps, (std::vector<int64_t>{2, 4, 6, 8}));
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 2u);  // keep_last 2
+  EXPECT_EQ((*listed)[1].step, 8);
+}
+
+TEST(TrainingJobTest, ResumeRefusesACheckpointOfAnotherJob) {
+  const std::string data = WriteDataset();
+  const std::string out = testing::MakeTempDir("owned");
+  JobSpec spec = TinySpec(data, out);
+  spec.job_id = "job-000001";
+  {
+    auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    Recorder rec;
+    rec.job = job->get();
+    rec.stop_at = 2;
+    ASSERT_THAT((*job)->Run(&rec), IsOk());
+  }
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  const std::string dir = listed->back().dir;
+  absl::StatusOr<CheckpointInfo> verified = VerifyCheckpoint(dir, /*check_data=*/false);
+  ASSERT_THAT(verified, IsOk());
+  EXPECT_EQ(verified->job_id, "job-000001");
+
+  JobSpec other = TinySpec(data, testing::MakeTempDir("intruder"));
+  other.job_id = "job-000002";
+  EXPECT_THAT(
+      TrainingJob::Create(other, "cpu", dir),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("belongs to job job-000001"), HasSubstr("not to job job-000002"))));
+  // Its own job and a standalone run (no id) may resume from it.
+  EXPECT_THAT(TrainingJob::Create(spec, "cpu", dir), IsOk());
+  EXPECT_THAT(TrainingJob::Create(TinySpec(data, out), "cpu", dir), IsOk());
+}
+
+TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
+  const std::string data = WriteDataset();
+  Recorder straight;
+  {
+    auto job =
+        TrainingJob::Create(TinySpec(data, testing::MakeTempDir("straight")), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    ASSERT_THAT((*job)->Run(&straight), IsOk());
+  }
+  const std::string out = testing::MakeTempDir("suspended");
+  Recorder first;
+  {
+    auto job = TrainingJob::Create(TinySpec(data, out), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    first.job = job->get();
+    first.stop_at = 3;  // not a checkpoint step: suspend writes one
+    auto outcome = (*job)->Run(&first);
+    ASSERT_THAT(outcome, IsOk());
+    EXPECT_EQ(*outcome, JobOutcome::kSuspended);
+  }
+  ASSERT_EQ(first.losses.size(), 3u);
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  EXPECT_EQ(listed->back().step, 3);
+  Recorder second;
+  auto job = TrainingJob::Create(TinySpec(data, out), "cpu", listed->back().dir);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ((*job)->step(), 3);
+  ASSERT_THAT((*job)->Run(&second), IsOk());
+  ASSERT_EQ(second.losses.size(), 5u);
+  // Same weights, optimizer state, schedule and data cursor: the losses of
+  // steps 4..8 are bit-identical to the uninterrupted run's.
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << i;
+}
+
+// train.offload_activations reaches the executor and changes nothing but
+// where the saved layer inputs live: on the CPU the offloaded values come
+// back bit-identical (Note [Activation offload] in engine/step/executor.h), so
+// every step's loss and eval loss match the job without it exactly.
+TEST(TrainingJobTest, OffloadActivationsTrainsToTheSameLosses) {
+  const std::string data = WriteDataset();
+  Recorder plain;
+  {
+    auto job =
+        TrainingJob::Create(TinySpec(data, testing::MakeTempDir("plain")), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    EXPECT_EQ((*job)->footprint().activation_offload_bytes, 0);
+    ASSERT_THAT((*job)->Run(&plain), IsOk());
+  }
+  JobSpec spec = TinySpec(data, testing::MakeTempDir("offload"));
+  spec.train.offload_activations = true;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  // tiny: 4 layers, hidden 128; the inputs of layers 0..2 go to the host.
+  EXPECT_EQ((*job)->footprint().activation_offload_bytes, 3 * 2 * 16 * 128 * 4);
+  Recorder offloaded;
+  auto outcome = (*job)->Run(&offloaded);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+  ASSERT_EQ(offloaded.losses.size(), 8u);
+  EXPECT_EQ(offloaded.losses, plain.losses);
+  EXPECT_EQ(offloaded.evals, plain.evals);
+  // The offload traffic shows in the step stats: 3 layer inputs each way
+  // per micro-batch on top of the plain job's bytes.
+  ASSERT_EQ(offloaded.reports.size(), plain.reports.size());
+  const int64_t moved = 3 * 2 * 16 * 128 * 4;
+  EXPECT_EQ(offloaded.reports[0].stats.d2h_bytes, plain.reports[0].stats.d2h_bytes + moved);
+  EXPECT_EQ(offloaded.reports[0].stats.h2d_bytes, plain.reports[0].stats.h2d_bytes + moved);
+}
+
+TEST(TrainingJobTest, CancelStopsWithoutFinishing) {
+  auto job = TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("cancel")), "cpu",
+                                 std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  rec.job = job->get();
+  rec.stop_at = 1;
+  rec.stop_kind = TrainingJob::StopKind::kCancel;
+  auto outcome = (*job)->Run(&rec);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kCancelled);
+  EXPECT_EQ(rec.losses.size(), 1u);
+}
+
+// The daemon's GPU path without the daemon: the tiny example's shapes in
+// bf16 on CUDA with eval and checkpoints every few steps. Skipped without a
+// CUDA device.
+TEST(TrainingJobTest, TrainsOnCudaWithEvalAndCheckpoints) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("cuda"));
+  spec.train.micro_batch = 8;
+  spec.train.seq_len = 128;
+  spec.train.max_steps = 60;
+  spec.train.compute_dtype = ComputeDtype::kBf16;
+  spec.eval.every_steps = 20;
+  spec.checkpoint.every_steps = 20;
+  auto job = TrainingJob::Create(spec, "cuda:0", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  auto outcome = (*job)->Run(&rec);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+  EXPECT_EQ(rec.losses.size(), 60u);
+  EXPECT_LT(rec.losses.back(), rec.losses.front());
+  EXPECT_EQ(rec.evals.size(), 3u);
+}
+
+TEST(TrainingJobTest, MissingDataIsAnErrorNamingTheField) {
+  EXPECT_THAT(TrainingJob::Create(TinySpec("/nonexistent/tokens", testing::MakeTempDir("missing")),
+                                  "cpu", std::nullopt),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("data")));
+}
+
+// Sets MEGATRAIN_DEBUG_POISON_STEP (training_job.h) for one scope.
+class ScopedPoisonStep {
+ public:
+  explicit ScopedPoisonStep(const char* value) { setenv("MEGATRAIN_DEBUG_POISON_STEP", value, 1); }
+  ~ScopedPoisonStep() { unsetenv("MEGATRAIN_DEBUG_POISON_STEP"); }
+};
+
+TEST(TrainingJobNanTest, SkipPolicySkipsThePoisonedStepAndFinishes) {
+  for (const char* knob : {"3", "3:grad"}) {
+    ScopedPoisonStep poison(knob);
+    JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("nan-skip"));
+    spec.train.max_steps = 6;
+    ASSERT_EQ(spec.train.nan_policy, NanPolicy::kSkip);  // the default
+    auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    Recorder rec;
+    auto outcome = (*job)->Run(&rec);
+    ASSERT_THAT(outcome, IsOk()) << knob;
+    EXPECT_EQ(*outcome, JobOutcome::kSucceeded);
+    EXPECT_EQ((*job)->step(), 6);
+    // 7 attempts: the third was skipped and reported with the last applied
+    // step's number; skipped steps do not count towards max_steps.
+    ASSERT_EQ(rec.reports.size(), 7u) << knob;
+    std::vector<int64_t> steps;
+    for (const StepReport& r : rec.reports) steps.push_back(r.skipped ? -r.step : r.step);
+    EXPECT_THAT(steps, ElementsAre(1, 2, -2, 3, 4, 5, 6)) << knob;
+    for (double loss : rec.losses) EXPECT_TRUE(std::isfinite(loss)) << knob;
+    EXPECT_EQ(rec.checkpoint_steps, (std::vector<int64_t>{2, 4, 6})) << knob;
+  }
+}
+
+TEST(TrainingJobNanTest, FailPolicyFailsNamingTheStep) {
+  ScopedPoisonStep poison("3");
+  JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("nan-fail"));
+  spec.train.nan_policy = NanPolicy::kFail;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  EXPECT_THAT((*job)->Run(&rec),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("step 3: loss nan"), HasSubstr("not finite"),
+                             HasSubstr("train.nan_policy: fail"))));
+  EXPECT_EQ(rec.losses.size(), 2u);
+  EXPECT_EQ((*job)->step(), 2);
+}
+
+TEST(TrainingJobNanTest, MalformedDebugKnobIsInvalidArgument) {
+  ScopedPoisonStep poison("soon");
+  EXPECT_THAT(TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("knob")), "cpu",
+                                  std::nullopt),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MEGATRAIN_DEBUG_POISON_STEP: expected <step>[:loss|:grad]")));
+}
+
+// A model whose weights hold a NaN (here: a checkpoint written from a
+// poisoned store) yields NaN at every step: skipping would never advance,
+// so the job fails after kMaxConsecutiveSkippedSteps.
+TEST(TrainingJobNanTest, EndlessNonFiniteStepsFailAfterTheLimit) {
+  const std::string data = WriteDataset();
+  JobSpec spec = TinySpec(data, testing::MakeTempDir("nan-endless"));
+  spec.train.max_steps = 2;
+  {
+    auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    ASSERT_THAT((*job)->Run(nullptr), IsOk());
+  }
+  auto listed = ListCheckpoints(spec.output_dir);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  auto config = ReadCheckpointConfig(listed->back().dir);
+  ASSERT_THAT(config, IsOk());
+  auto store = HostStore::Create(*config, {});
+  ASSERT_THAT(store, IsOk());
+  auto state = ReadCheckpoint(listed->back().dir, store->get());
+  ASSERT_THAT(state, IsOk());
+  (*store)->master((*store)->layout().head_block())[0] = NAN;
+  const std::string poisoned_dir = testing::MakeTempDir("nan-poisoned");
+  auto poisoned = WriteCheckpoint(**store, *state, poisoned_dir, spec.checkpoint);
+  ASSERT_THAT(poisoned, IsOk());
+
+  spec.train.max_steps = 100;
+  auto job = TrainingJob::Create(spec, "cpu", poisoned->dir);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  EXPECT_THAT((*job)->Run(&rec),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("20 steps in a row"), HasSubstr("last applied step is 2"))));
+  EXPECT_EQ(rec.reports.size(), static_cast<size_t>(kMaxConsecutiveSkippedSteps));
+  EXPECT_TRUE(rec.losses.empty());
+}
+
+// Bytes of one checkpoint of `config`: three tensor files (the 64-byte
+// header, the block table and fp32 data each) plus JSON files (< 64 KiB).
+int64_t CheckpointBytes(const ModelConfig& config) {
+  const ModelLayout layout = ModelLayout::Create(config);
+  int64_t numel = 0;
+  for (const BlockLayout& block : layout.blocks) numel += block.numel;
+  return 3 * (64 + 8 * static_cast<int64_t>(layout.blocks.size()) + 4 * numel) + (64 << 10);
+}
+
+// A real ENOSPC: output_dir on a tmpfs with room for one checkpoint and a
+// half. The checkpoint of step 2 fits; step 4's does not. The job fails
+// with RESOURCE_EXHAUSTED naming the file and ENOSPC, the partial directory
+// is gone, and step 2's checkpoint still verifies (XXH64 manifest).
+TEST(TrainingJobDiskFullTest, CheckpointOnAFullDiskFailsAndKeepsTheEarlierOne) {
+  auto config = PresetConfig("tiny");
+  ASSERT_THAT(config, IsOk());
+  std::string why_not;
+  std::unique_ptr<testing::ScopedTmpfs> disk =
+      testing::ScopedTmpfs::Mount(CheckpointBytes(*config) * 3 / 2, &why_not);
+  if (disk == nullptr) GTEST_SKIP() << why_not;
+  JobSpec spec = TinySpec(WriteDataset(), disk->path() + "/out");
+  spec.checkpoint.keep_last = 1;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  const std::string root = spec.output_dir + "/checkpoints";
+  const absl::StatusOr<JobOutcome> outcome = (*job)->Run(&rec);
+  std::cout << outcome.status() << "\n";  // what the job's FAILED state shows
+  EXPECT_THAT(
+      outcome,
+      StatusIs(
+          absl::StatusCode::kResourceExhausted,
+          AllOf(HasSubstr("writing checkpoint step-00000004: " + root + "/.tmp-step-00000004."),
+                HasSubstr("No space left on device (ENOSPC)"), HasSubstr("was removed"),
+                HasSubstr("earlier checkpoints are intact (newest: " + root + "/step-00000002)"))));
+  EXPECT_EQ(rec.checkpoint_steps, (std::vector<int64_t>{2}));
+  EXPECT_THAT(testing::ListDir(root), ElementsAre("step-00000002"));
+  auto store = HostStore::Create(*config, {});
+  ASSERT_THAT(store, IsOk());
+  auto state = ReadCheckpoint(root + "/step-00000002", store->get());
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->step, 2);
+}
+
+TEST(ExplainDeviceOutOfMemoryTest, AddsTheShapeTheActivationsAndASmallerMicroBatch) {
+  // The job of the GPU check in docs/operations.md ("Faults and recovery").
+  JobSpec spec = TinySpec("/data", "/out");
+  spec.model.preset = "llama-1b";
+  spec.train.micro_batch = 64;
+  spec.train.seq_len = 8192;
+  spec.train.compute_dtype = ComputeDtype::kBf16;
+  auto config = PresetConfig("llama-1b");
+  ASSERT_THAT(config, IsOk());
+  const absl::Status oom = absl::ResourceExhaustedError(
+      "device out of memory (try a smaller train.micro_batch or train.seq_len): CUDA out of "
+      "memory. Tried to allocate 64.00 GiB");
+  const absl::Status explained = ExplainDeviceOutOfMemory(oom, spec, *config);
+  EXPECT_THAT(explained,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(std::string(oom.message())),
+                             HasSubstr("train.micro_batch 64 x train.seq_len 8192 = 524288 tokens"),
+                             HasSubstr("activation checkpointing is always on"),
+                             HasSubstr("try train.micro_batch: 32 with "
+                                       "train.gradient_accumulation_steps: 2"),
+                             HasSubstr("or train.offload_activations: true (15 x 524288 x 2048 "
+                                       "x 4 B = 60.00 GiB of them in pinned host memory "
+                                       "instead)"))));
+  std::cout << explained.message() << "\n";  // the expected message of the GPU check
+
+  // With offload on, 3 saved inputs stay on the device and it is not
+  // suggested again.
+  spec.train.offload_activations = true;
+  const absl::Status offloaded = ExplainDeviceOutOfMemory(oom, spec, *config);
+  EXPECT_THAT(offloaded,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("train.offload_activations keeps 15 in pinned host memory"),
+                             HasSubstr(") 3 x 524288 x 2048 x 4 B = 12.00 GiB"))));
+  EXPECT_THAT(offloaded.message(), ::testing::Not(HasSubstr("or train.offload_activations: true")));
+  spec.train.offload_activations = false;
+
+  spec.train.micro_batch = 1;
+  EXPECT_THAT(ExplainDeviceOutOfMemory(oom, spec, *config),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("train.micro_batch is already 1: try a shorter train.seq_len")));
+  // Anything else is returned as it was: other codes, host memory, a full disk.
+  for (const absl::Status& other :
+       {absl::OkStatus(), absl::InternalError("engine: device out of memory"),
+        absl::ResourceExhaustedError("/out/x: write: No space left on device (ENOSPC)")}) {
+    EXPECT_EQ(ExplainDeviceOutOfMemory(other, spec, *config), other);
+  }
+}
+
+}  // namespace
+}  // namespace megatrain::engine

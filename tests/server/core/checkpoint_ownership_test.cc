@@ -1,0 +1,391 @@
+// Tests of issue 14's storage isolation in the job manager (Notes
+// [Checkpoint ownership] and [Resume verification] in server/core/job_manager.h)
+// with the fake engine: output directories are exclusive, checkpoints are
+// listed, exported, deleted and resumed from records only, a forged or
+// replaced checkpoint is never used, a corrupt newest checkpoint is
+// quarantined and the job resumes from the older one, and a lost database is
+// noticed.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/core/job_manager.h"
+#include "server/core/job_store.h"
+#include "tests/server/fake_engine_backend.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+using ::megatrain::server::testing::FakeEngineBackend;
+using ::megatrain::server::testing::FakeJobControl;
+using ::megatrain::server::testing::MakeTempDir;
+using ::megatrain::server::testing::WriteFakeCheckpoint;
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Bound of every wait: a failure is a hang caught early, not flakiness.
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+const Principal kAlice{"alice", Role::kUser};
+const Principal kBob{"bob", Role::kUser};
+const Principal kAdmin{"root", Role::kAdmin};
+
+JobRequest Request(const std::string& name, int64_t max_steps = 4,
+                   const std::string& output_dir = "") {
+  JobRequest request;
+  request.spec.name = name;
+  request.spec.model.preset = "tiny";
+  request.spec.data.tokens = "/data/tiny";
+  request.spec.train.max_steps = max_steps;
+  request.spec.output_dir = output_dir;
+  return request;
+}
+
+class CheckpointOwnershipTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = MakeTempDir();
+    out_dir_ = MakeTempDir();
+    db_path_ = (fs::path(state_dir_) / "megatrain.db").string();
+    options_.jobs_dir = (fs::path(state_dir_) / "jobs").string();
+    options_.devices = {"cpu"};
+    options_.host_memory_budget_bytes = 64 << 20;
+    auto store = JobStore::Open(db_path_);
+    ASSERT_THAT(store, IsOk());
+    store_ = *std::move(store);
+  }
+
+  void TearDown() override {
+    if (manager_ != nullptr) manager_->Drain(kTimeout);
+  }
+
+  void StartManager() {
+    auto manager = JobManager::Create(options_, store_.get(), &backend_, &metrics_);
+    ASSERT_THAT(manager, IsOk());
+    manager_ = *std::move(manager);
+  }
+
+  JobRecord Submit(const Principal& who, JobRequest request) {
+    absl::StatusOr<JobRecord> job = manager_->Submit(who, std::move(request), "");
+    EXPECT_THAT(job, IsOk());
+    return job.ok() ? *job : JobRecord();
+  }
+
+  // Follows `job_id`'s events until one satisfies `done` or the watch ends.
+  std::vector<JobEvent> WaitFor(const std::string& job_id,
+                                const std::function<bool(const JobEvent&)>& done) {
+    std::vector<JobEvent> seen;
+    int64_t after_seq = 0;
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<EventBatch> batch =
+          manager_->WaitEvents(kAdmin, job_id, after_seq, deadline - absl::Now());
+      if (!batch.ok()) {
+        ADD_FAILURE() << batch.status();
+        return seen;
+      }
+      for (const JobEvent& event : batch->events) {
+        seen.push_back(event);
+        after_seq = event.seq;
+        if (done(event)) return seen;
+      }
+      if (batch->finished) return seen;
+    }
+    ADD_FAILURE() << "timed out waiting on " << job_id;
+    return seen;
+  }
+
+  static std::function<bool(const JobEvent&)> StateIs(JobState state) {
+    return [state](const JobEvent& event) {
+      return event.kind == JobEvent::Kind::kStateChange && event.state == state;
+    };
+  }
+
+  // Runs a fresh job of alice to the end (checkpoints at steps 2 and 4).
+  JobRecord RunToEnd(const std::string& name) {
+    JobRequest request = Request(name, 4);
+    request.spec.checkpoint.every_steps = 2;
+    request.spec.checkpoint.keep_last = 5;
+    JobRecord job = Submit(kAlice, std::move(request));
+    WaitFor(job.id, StateIs(JobState::kSucceeded));
+    return job;
+  }
+
+  // Inserts a job of `owner` that a daemon left SUSPENDED with checkpoints
+  // at `steps` recorded, resuming from the last one.
+  JobRecord SuspendedJobWithCheckpoints(const std::string& owner, std::vector<int64_t> steps) {
+    JobRecord job;
+    job.seq = 1;
+    job.id = JobIdForSeq(1);
+    job.owner = owner;
+    job.request = Request("suspended", 8);
+    job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
+    job.state = JobState::kSuspended;
+    job.create_time_unix_ms = NowUnixMs();
+    job.host_memory_bytes = 1 << 20;
+    for (int64_t step : steps) {
+      const engine::CheckpointInfo info = WriteFakeCheckpoint(
+          absl::StrCat(job.request.spec.output_dir, "/step-", step), step, job.id);
+      CheckpointRecord record;
+      record.job_id = job.id;
+      record.step = step;
+      record.dir = info.dir;
+      record.owner = owner;
+      record.manifest_xxh64 = info.manifest_xxh64;
+      EXPECT_THAT(store_->RecordCheckpoint(record), IsOk());
+      job.resume_from = info.dir;
+    }
+    EXPECT_THAT(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "suspended")),
+                IsOk());
+    return job;
+  }
+
+  static void Corrupt(const std::string& checkpoint_dir) {
+    std::ofstream(fs::path(checkpoint_dir) / "state", std::ios::trunc) << "garbage";
+  }
+
+  std::string state_dir_;
+  std::string out_dir_;
+  std::string db_path_;
+  JobManagerOptions options_;
+  FakeEngineBackend backend_;
+  ServerMetrics metrics_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+// --- Output directories are exclusive ---------------------------------------
+
+TEST_F(CheckpointOwnershipTest, SubmitRefusesAnotherUsersOutputDirWithoutNamingTheJob) {
+  StartManager();
+  const JobRecord alice = Submit(kAlice, Request("a", 2, out_dir_ + "/run"));
+  for (const std::string& dir :
+       {out_dir_ + "/run", out_dir_ + "/run/", out_dir_ + "/run/sub", out_dir_}) {
+    EXPECT_THAT(manager_->Submit(kBob, Request("b", 2, dir), ""),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("output_dir:"), HasSubstr("another job's output"),
+                               Not(HasSubstr(alice.id)))))
+        << dir;
+  }
+  // A sibling that only shares a prefix of the name is fine.
+  EXPECT_THAT(manager_->Submit(kBob, Request("b", 2, out_dir_ + "/run2"), ""), IsOk());
+}
+
+TEST_F(CheckpointOwnershipTest, SubmitNamesTheOverlappingJobToItsOwnerAndAdmins) {
+  StartManager();
+  const JobRecord first = Submit(kAlice, Request("a", 2, out_dir_ + "/run"));
+  WaitFor(first.id, StateIs(JobState::kSucceeded));  // any state counts
+  for (const Principal& who : {kAlice, kAdmin}) {
+    EXPECT_THAT(manager_->Submit(who, Request("again", 2, out_dir_ + "/run"), ""),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("output_dir:"), HasSubstr("of job " + first.id))));
+  }
+}
+
+TEST_F(CheckpointOwnershipTest, SubmitRefusesOutputDirsInTheJobsDirectory) {
+  StartManager();
+  // Another job's default directory, and one a future job will get.
+  const JobRecord first = Submit(kAlice, Request("a", 2));
+  for (const std::string& dir : {first.request.spec.output_dir, options_.jobs_dir + "/job-000099",
+                                 options_.jobs_dir, state_dir_}) {
+    EXPECT_THAT(manager_->Submit(kBob, Request("b", 2, dir), ""),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("output_dir:"), HasSubstr("jobs directory"))))
+        << dir;
+  }
+}
+
+// --- Checkpoints are the records' ---------------------------------------------
+
+TEST_F(CheckpointOwnershipTest, ListShowsOnlyRecordedCheckpointsNotForgedOnes) {
+  StartManager();
+  const JobRecord job = RunToEnd("a");
+  // Dropped in by someone else: right name, right place, no record.
+  WriteFakeCheckpoint(job.request.spec.output_dir + "/step-9", 9, job.id);
+  absl::StatusOr<std::vector<CheckpointRecord>> listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].step, 2);
+  EXPECT_EQ((*listed)[1].step, 4);
+  EXPECT_EQ((*listed)[1].owner, "alice");
+  EXPECT_NE((*listed)[1].manifest_xxh64, 0u);
+
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, CheckpointId(job.id, 9), out_dir_ + "/x", ""),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("2 recorded checkpoints")));
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, CheckpointId(job.id, 9)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
+  EXPECT_TRUE(fs::exists(job.request.spec.output_dir + "/step-9"));
+}
+
+TEST_F(CheckpointOwnershipTest, ExportAndDeleteUseTheRecords) {
+  StartManager();
+  const JobRecord job = RunToEnd("a");
+  MEGATRAIN_ASSERT_OK(
+      manager_->ExportCheckpoint(kAlice, CheckpointId(job.id, 4), out_dir_ + "/hf", "bf16"));
+  EXPECT_TRUE(fs::exists(out_dir_ + "/hf/config.json"));
+  MEGATRAIN_ASSERT_OK(manager_->DeleteCheckpoint(kAlice, CheckpointId(job.id, 2)));
+  EXPECT_FALSE(fs::exists(job.request.spec.output_dir + "/step-2"));
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
+  ASSERT_THAT(recorded, IsOk());
+  ASSERT_EQ(recorded->size(), 1u);
+  EXPECT_EQ((*recorded)[0].step, 4);
+}
+
+TEST_F(CheckpointOwnershipTest, ExportRefusesACheckpointReplacedAfterItWasRecorded) {
+  StartManager();
+  const JobRecord job = RunToEnd("a");
+  // Same step, same place, written by another job: its state names that job.
+  WriteFakeCheckpoint(job.request.spec.output_dir + "/step-4", 4, "job-000077");
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, CheckpointId(job.id, 4), out_dir_ + "/hf", ""),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("names job 'job-000077'"), HasSubstr("step-4/state.json"))));
+  EXPECT_FALSE(fs::exists(out_dir_ + "/hf/config.json"));
+}
+
+TEST_F(CheckpointOwnershipTest, RetentionForgetsTheRecordsOfDeletedCheckpoints) {
+  StartManager();
+  JobRequest request = Request("a", 6);
+  request.spec.checkpoint.every_steps = 2;
+  request.spec.checkpoint.keep_last = 1;  // the fake deletes older step-* dirs
+  const JobRecord job = Submit(kAlice, std::move(request));
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
+  ASSERT_THAT(recorded, IsOk());
+  ASSERT_EQ(recorded->size(), 1u);
+  EXPECT_EQ((*recorded)[0].step, 6);
+}
+
+// --- Resume -------------------------------------------------------------------
+
+TEST_F(CheckpointOwnershipTest, CrashRecoveryIgnoresAForgedNewerCheckpoint) {
+  JobRecord job = SuspendedJobWithCheckpoints("alice", {2});
+  MEGATRAIN_ASSERT_OK(store_->UpdateState(
+      [&] {
+        JobRecord running = job;
+        running.state = JobState::kRunning;
+        return running;
+      }(),
+      JobEvent::StateChange(job.id, JobState::kRunning, "started")));
+  WriteFakeCheckpoint(job.request.spec.output_dir + "/step-6", 6, job.id);  // no record
+  StartManager();
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->resume_from, job.request.spec.output_dir + "/step-2");
+  EXPECT_EQ(control->job_id, job.id);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(CheckpointOwnershipTest, CorruptNewestCheckpointIsQuarantinedAndTheOlderOneResumes) {
+  const JobRecord job = SuspendedJobWithCheckpoints("alice", {2, 4});
+  Corrupt(job.request.spec.output_dir + "/step-4");
+  StartManager();
+  MEGATRAIN_ASSERT_OK(manager_->Resume(kAlice, job.id).status());
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->resume_from, job.request.spec.output_dir + "/step-2");
+  EXPECT_EQ(control->start_step, 2);
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+
+  EXPECT_FALSE(fs::exists(job.request.spec.output_dir + "/step-4"));
+  EXPECT_TRUE(fs::exists(job.request.spec.output_dir + "/quarantined-step-4/state"));
+  bool quarantined_event = false;
+  for (const JobEvent& event : events) {
+    quarantined_event =
+        quarantined_event || (absl::StrContains(event.message, "failed verification at resume") &&
+                              absl::StrContains(event.message, "quarantined as"));
+  }
+  EXPECT_TRUE(quarantined_event);
+  // The quarantined one is no longer the job's.
+  absl::StatusOr<std::vector<CheckpointRecord>> listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  for (const CheckpointRecord& checkpoint : *listed) {
+    EXPECT_NE(checkpoint.dir, job.request.spec.output_dir + "/step-4");
+  }
+}
+
+TEST_F(CheckpointOwnershipTest, ResumeQuarantinesACheckpointNamingAnotherJob) {
+  const JobRecord job = SuspendedJobWithCheckpoints("alice", {2, 4});
+  // The newest one replaced by another job's checkpoint of the same step.
+  WriteFakeCheckpoint(job.request.spec.output_dir + "/step-4", 4, "job-000042");
+  StartManager();
+  MEGATRAIN_ASSERT_OK(manager_->Resume(kAlice, job.id).status());
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->start_step, 2);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  EXPECT_TRUE(fs::exists(job.request.spec.output_dir + "/quarantined-step-4"));
+}
+
+TEST_F(CheckpointOwnershipTest, AllCheckpointsCorruptFailsWithDataLossNamingTheFiles) {
+  const JobRecord job = SuspendedJobWithCheckpoints("alice", {2, 4});
+  Corrupt(job.request.spec.output_dir + "/step-2");
+  Corrupt(job.request.spec.output_dir + "/step-4");
+  StartManager();
+  MEGATRAIN_ASSERT_OK(manager_->Resume(kAlice, job.id).status());
+  WaitFor(job.id, StateIs(JobState::kFailed));
+  absl::StatusOr<JobRecord> failed = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(failed, IsOk());
+  EXPECT_EQ(failed->state, JobState::kFailed);
+  EXPECT_EQ(failed->error_code, absl::StatusCode::kDataLoss);
+  EXPECT_THAT(failed->message, AllOf(HasSubstr("no intact checkpoint"), HasSubstr("step-4/state"),
+                                     HasSubstr("step-2/state"), HasSubstr("quarantined as")));
+  EXPECT_EQ(backend_.created_count(), 0);  // the engine never saw them
+}
+
+TEST_F(CheckpointOwnershipTest, LegacyRecordWithoutHashOrJobIdStillResumes) {
+  // A record from schema version 2 (no manifest hash) of a checkpoint whose
+  // state names no job (format 1 before job ids).
+  JobRecord job = SuspendedJobWithCheckpoints("alice", {});
+  const engine::CheckpointInfo info =
+      WriteFakeCheckpoint(job.request.spec.output_dir + "/step-3", 3, "");
+  CheckpointRecord legacy;
+  legacy.job_id = job.id;
+  legacy.step = 3;
+  legacy.dir = info.dir;
+  MEGATRAIN_ASSERT_OK(store_->RecordCheckpoint(legacy));
+  job.resume_from = info.dir;
+  MEGATRAIN_ASSERT_OK(
+      store_->UpdateState(job, JobEvent::StateChange(job.id, job.state, "suspended")));
+  StartManager();
+  MEGATRAIN_ASSERT_OK(manager_->Resume(kAlice, job.id).status());
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->start_step, 3);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+}
+
+// --- The database ---------------------------------------------------------------
+
+TEST_F(CheckpointOwnershipTest, EmptyStoreBesideJobDirectoriesRefusesToStart) {
+  fs::create_directories(options_.jobs_dir + "/job-000001");
+  fs::create_directories(options_.jobs_dir + "/job-000002");
+  EXPECT_THAT(JobManager::Create(options_, store_.get(), &backend_, &metrics_),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("job database is empty"), HasSubstr("2 job directories"),
+                             HasSubstr("job-000001, job-000002"),
+                             HasSubstr("Restore the database from a backup"))));
+}
+
+TEST_F(CheckpointOwnershipTest, SubmitFailsClearlyWhenTheDatabaseWasDeleted) {
+  StartManager();
+  fs::remove(db_path_);
+  EXPECT_THAT(manager_->Submit(kAlice, Request("a"), ""),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(db_path_), HasSubstr("was deleted while megatraind runs"),
+                             HasSubstr("refusing to write"))));
+}
+
+}  // namespace
+}  // namespace megatrain::server

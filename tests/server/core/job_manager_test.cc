@@ -1,0 +1,937 @@
+// Tests of server/core/job_manager.h with the fake engine (fake_engine_backend.h):
+// queue order, admission, per-user limits, control transitions, events,
+// checkpoints, preemption, crash recovery and the SIGTERM drain. Jobs are
+// gated where timing matters: the test grants each step, and waits on the
+// event log (WaitEvents) or on the fake's condition variables, never on
+// sleeps. Every wait is bounded by kTimeout.
+#include "server/core/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/server/fake_engine_backend.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::server {
+namespace {
+
+using ::megatrain::server::testing::FakeEngineBackend;
+using ::megatrain::server::testing::FakeJobControl;
+using ::megatrain::server::testing::MakeTempDir;
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Bound of every wait: far above what any step here takes, so that a
+// failure is a hang caught early rather than flakiness.
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+const Principal kAlice{"alice", Role::kUser};
+const Principal kBob{"bob", Role::kUser};
+const Principal kAdmin{"root", Role::kAdmin};
+
+JobRequest Request(const std::string& name, int64_t max_steps = 5, int32_t priority = 0) {
+  JobRequest request;
+  request.spec.name = name;
+  request.spec.model.preset = "tiny";
+  request.spec.data.tokens = "/data/tiny";
+  request.spec.train.max_steps = max_steps;
+  request.priority = priority;
+  return request;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = MakeTempDir();
+    options_.jobs_dir = (std::filesystem::path(state_dir_) / "jobs").string();
+    options_.devices = {"cpu"};
+    options_.host_memory_budget_bytes = 64 << 20;
+    OpenStore();
+  }
+
+  void TearDown() override {
+    if (manager_ != nullptr) {
+      // Release gated jobs so that the drain can finish.
+      manager_->Drain(kTimeout);
+    }
+  }
+
+  void OpenStore() {
+    auto store = JobStore::Open((std::filesystem::path(state_dir_) / "megatrain.db").string());
+    ASSERT_THAT(store, IsOk());
+    store_ = *std::move(store);
+  }
+
+  void StartManager() {
+    auto manager = JobManager::Create(options_, store_.get(), &backend_, &metrics_);
+    ASSERT_THAT(manager, IsOk());
+    manager_ = *std::move(manager);
+  }
+
+  JobRecord Submit(const Principal& who, JobRequest request, const std::string& request_id = "") {
+    absl::StatusOr<JobRecord> job = manager_->Submit(who, std::move(request), request_id);
+    EXPECT_THAT(job, IsOk());
+    return job.ok() ? *job : JobRecord();
+  }
+
+  // Follows `job_id`'s events until `done` holds for one or the watch ends.
+  // Returns the events seen. Fails the test on timeout.
+  std::vector<JobEvent> WaitFor(const std::string& job_id,
+                                const std::function<bool(const JobEvent&)>& done) {
+    std::vector<JobEvent> seen;
+    int64_t after_seq = 0;
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<EventBatch> batch =
+          manager_->WaitEvents(kAdmin, job_id, after_seq, deadline - absl::Now());
+      if (!batch.ok()) {
+        ADD_FAILURE() << batch.status();
+        return seen;
+      }
+      for (const JobEvent& event : batch->events) {
+        seen.push_back(event);
+        after_seq = event.seq;
+        if (done(event)) return seen;
+      }
+      if (batch->finished) return seen;
+    }
+    ADD_FAILURE() << "timed out waiting on " << job_id;
+    return seen;
+  }
+
+  static std::function<bool(const JobEvent&)> StateIs(JobState state) {
+    return [state](const JobEvent& event) {
+      return event.kind == JobEvent::Kind::kStateChange && event.state == state;
+    };
+  }
+
+  // A checkpoint of `job` at `step` as the daemon records one it saw written
+  // (Note [Checkpoint ownership]): a fake checkpoint directory plus its record.
+  CheckpointRecord RecordFakeCheckpoint(const JobRecord& job, int64_t step) {
+    const engine::CheckpointInfo info = testing::WriteFakeCheckpoint(
+        absl::StrCat(job.request.spec.output_dir, "/step-", step), step, job.id);
+    CheckpointRecord record;
+    record.job_id = job.id;
+    record.step = step;
+    record.dir = info.dir;
+    record.owner = job.owner;
+    record.manifest_xxh64 = info.manifest_xxh64;
+    EXPECT_THAT(store_->RecordCheckpoint(record), IsOk());
+    return record;
+  }
+
+  JobState StateOf(const std::string& job_id) {
+    absl::StatusOr<JobRecord> job = manager_->Get(kAdmin, job_id);
+    EXPECT_THAT(job, IsOk());
+    return job.ok() ? job->state : JobState::kFailed;
+  }
+
+  std::string state_dir_;
+  JobManagerOptions options_;
+  FakeEngineBackend backend_;
+  ServerMetrics metrics_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, SubmittedJobRunsToSucceededWithFallingLoss) {
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("tiny", 10));
+  EXPECT_EQ(job.id, "job-000001");
+  EXPECT_EQ(job.owner, "alice");
+  EXPECT_EQ(job.request.spec.output_dir, options_.jobs_dir + "/job-000001");
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+  std::vector<double> losses;
+  for (const JobEvent& event : events) {
+    if (event.kind == JobEvent::Kind::kStep) losses.push_back(event.loss);
+  }
+  ASSERT_EQ(losses.size(), 10u);
+  for (size_t step_idx = 1; step_idx < losses.size(); ++step_idx) {
+    EXPECT_LT(losses[step_idx], losses[step_idx - 1]);
+  }
+  absl::StatusOr<JobRecord> done = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(done, IsOk());
+  EXPECT_EQ(done->state, JobState::kSucceeded);
+  EXPECT_EQ(done->progress.step, 10);
+  EXPECT_EQ(done->progress.tokens, 10 * 1024);
+  EXPECT_GT(done->end_time_unix_ms, 0);
+  EXPECT_THAT(metrics_.TextExposition(), HasSubstr("megatrain_tokens_total 10240"));
+}
+
+TEST_F(JobManagerTest, WatchOfTerminalJobReplaysHistoryThenFinishes) {
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("tiny", 3));
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  absl::StatusOr<EventBatch> all = manager_->WaitEvents(kAlice, job.id, 0, kTimeout);
+  ASSERT_THAT(all, IsOk());
+  ASSERT_FALSE(all->events.empty());
+  EXPECT_EQ(all->events.front().state, JobState::kQueued);
+  absl::StatusOr<EventBatch> rest =
+      manager_->WaitEvents(kAlice, job.id, all->events.back().seq, kTimeout);
+  ASSERT_THAT(rest, IsOk());
+  EXPECT_TRUE(rest->events.empty());
+  EXPECT_TRUE(rest->finished);
+}
+
+TEST_F(JobManagerTest, QueueRunsByPriorityThenFifo) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord blocker = Submit(kAlice, Request("blocker", 1));
+  std::shared_ptr<FakeJobControl> first = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(first, nullptr);
+  JobRecord low = Submit(kAlice, Request("low", 1, 0));
+  JobRecord high1 = Submit(kBob, Request("high1", 1, 5));
+  JobRecord high2 = Submit(kAlice, Request("high2", 1, 5));
+  EXPECT_EQ(manager_->Get(kAdmin, high1.id)->queue_position, 1);
+  EXPECT_EQ(manager_->Get(kAdmin, high2.id)->queue_position, 2);
+  EXPECT_EQ(manager_->Get(kAdmin, low.id)->queue_position, 3);
+
+  first->AllowSteps(1);
+  for (int job_idx = 2; job_idx <= 4; ++job_idx) {
+    std::shared_ptr<FakeJobControl> next = backend_.WaitForCreated(job_idx, kTimeout);
+    ASSERT_NE(next, nullptr);
+    next->AllowSteps(1);
+  }
+  WaitFor(low.id, StateIs(JobState::kSucceeded));
+  EXPECT_THAT(backend_.created_names(), ElementsAre("blocker", "high1", "high2", "low"));
+}
+
+TEST_F(JobManagerTest, OneJobPerDevice) {
+  backend_.gated = true;
+  options_.devices = {"cuda:0", "cuda:1"};
+  StartManager();
+  JobRecord a = Submit(kAlice, Request("a"));
+  JobRecord b = Submit(kBob, Request("b"));
+  JobRecord c = Submit(kBob, Request("c"));
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  EXPECT_EQ(StateOf(a.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(b.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(c.id), JobState::kQueued);
+  EXPECT_EQ(backend_.created_count(), 2);
+  absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  ASSERT_EQ(status->devices.size(), 2u);
+  EXPECT_EQ(status->devices[0].job_id, a.id);
+  EXPECT_EQ(status->devices[1].job_id, b.id);
+  // Job threads create their engines concurrently: compare as a set.
+  EXPECT_THAT((std::vector<std::string>{backend_.WaitForCreated(1, kTimeout)->device,
+                                        backend_.WaitForCreated(2, kTimeout)->device}),
+              ::testing::UnorderedElementsAre("cuda:0", "cuda:1"));
+}
+
+TEST_F(JobManagerTest, PerUserRunningLimitLetsOthersPass) {
+  backend_.gated = true;
+  options_.devices = {"cuda:0", "cuda:1"};
+  options_.max_running_jobs_per_user = 1;
+  StartManager();
+  JobRecord alice1 = Submit(kAlice, Request("alice1"));
+  JobRecord alice2 = Submit(kAlice, Request("alice2"));
+  JobRecord bob1 = Submit(kBob, Request("bob1"));
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  EXPECT_EQ(StateOf(alice1.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(alice2.id), JobState::kQueued);
+  EXPECT_EQ(StateOf(bob1.id), JobState::kRunning);
+}
+
+TEST_F(JobManagerTest, PerUserQueueLimitIsResourceExhausted) {
+  backend_.gated = true;
+  options_.max_queued_jobs_per_user = 3;  // counts the running job too (Note [Job limits])
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  Submit(kAlice, Request("q1"));
+  Submit(kAlice, Request("q2"));
+  EXPECT_THAT(manager_->Submit(kAlice, Request("q3"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended")));
+  Submit(kBob, Request("bob"));  // other users are not affected
+}
+
+TEST_F(JobManagerTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
+  backend_.footprint_bytes_by_preset["huge"] = int64_t{1} << 40;
+  StartManager();
+  JobRequest request = Request("huge");
+  request.spec.model.preset = "huge";
+  EXPECT_THAT(
+      manager_->Submit(kAlice, request, ""),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               ::testing::AllOf(HasSubstr("1099511627776 bytes"),
+                                HasSubstr("--host_memory_budget is 64.00 MiB (67108864 bytes)"))));
+}
+
+TEST_F(JobManagerTest, ActivationOffloadCountsAgainstTheBudget) {
+  // 1 MiB of model state (the fake's default) fits 64 MiB; with 1 GiB of
+  // pinned offload buffers (train.offload_activations) it never can.
+  backend_.activation_offload_bytes = int64_t{1} << 30;
+  StartManager();
+  Submit(kAlice, Request("no-offload"));
+  JobRequest request = Request("offload");
+  request.spec.train.offload_activations = true;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("job needs 1.00 GiB"),
+                                        HasSubstr("staging 1073741824, of which "
+                                                  "train.offload_activations 1073741824 bytes"),
+                                        HasSubstr("it can never run on this daemon"))));
+}
+
+TEST_F(JobManagerTest, JobThatFitsLaterWaitsForMemory) {
+  backend_.gated = true;
+  options_.devices = {"cuda:0", "cuda:1"};
+  options_.host_memory_budget_bytes = 3 << 20;
+  backend_.footprint_bytes_by_preset["mid"] = 2 << 20;
+  StartManager();
+  JobRequest request = Request("first", 1);
+  request.spec.model.preset = "mid";
+  JobRecord first = Submit(kAlice, request);
+  request.spec.name = "second";
+  JobRecord second = Submit(kBob, request);
+  std::shared_ptr<FakeJobControl> first_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(first_control, nullptr);
+  // A device is free, but 2 MiB + 2 MiB > 3 MiB.
+  EXPECT_EQ(StateOf(second.id), JobState::kQueued);
+  EXPECT_EQ(backend_.created_count(), 1);
+  first_control->AllowSteps(1);
+  std::shared_ptr<FakeJobControl> second_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(second_control, nullptr);
+  second_control->AllowSteps(1);
+  WaitFor(second.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(JobManagerTest, ResubmitWithSameRequestIdReturnsTheSameJob) {
+  StartManager();
+  JobRecord first = Submit(kAlice, Request("tiny"), "req-42");
+  JobRecord again = Submit(kAlice, Request("tiny"), "req-42");
+  EXPECT_EQ(again.id, first.id);
+  JobRecord other = Submit(kBob, Request("tiny"), "req-42");  // keys are per user
+  EXPECT_NE(other.id, first.id);
+  EXPECT_THAT(manager_->Submit(kAlice, Request("different"), "req-42"),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("request_id 'req-42' was already used for job job-000001")));
+  EXPECT_THAT(manager_->Submit(kAlice, Request("tiny"), std::string(200, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("request_id")));
+}
+
+TEST_F(JobManagerTest, InvalidSpecIsRefusedWithTheEnginesMessage) {
+  StartManager();
+  JobRequest request = Request("bad");
+  request.spec.train.micro_batch = 0;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.micro_batch: must be in [1, 4096], got 0")));
+  request = Request("bad");
+  request.priority = 2000;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("priority")));
+}
+
+TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord running = Submit(kAlice, Request("running", 100));
+  JobRecord queued = Submit(kAlice, Request("queued"));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(2);
+  ASSERT_TRUE(control->WaitForStep(2, kTimeout));
+
+  absl::StatusOr<JobRecord> cancelled = manager_->Cancel(kAlice, queued.id);
+  ASSERT_THAT(cancelled, IsOk());
+  EXPECT_EQ(cancelled->state, JobState::kCancelled);
+
+  absl::StatusOr<JobRecord> stopping = manager_->Cancel(kAlice, running.id);
+  ASSERT_THAT(stopping, IsOk());
+  EXPECT_EQ(stopping->state, JobState::kRunning);  // until the step boundary
+  WaitFor(running.id, StateIs(JobState::kCancelled));
+  EXPECT_EQ(StateOf(running.id), JobState::kCancelled);
+  // Idempotent on CANCELLED.
+  EXPECT_THAT(manager_->Cancel(kAlice, running.id), IsOk());
+}
+
+TEST_F(JobManagerTest, CancelOfFinishedJobIsFailedPrecondition) {
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("done", 2));
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  EXPECT_THAT(manager_->Cancel(kAlice, job.id), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                         HasSubstr("already ended SUCCEEDED")));
+  EXPECT_THAT(manager_->Suspend(kAlice, job.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended")));
+  EXPECT_THAT(manager_->Resume(kAlice, job.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already ended")));
+}
+
+TEST_F(JobManagerTest, SuspendCheckpointsAndResumeContinuesFromIt) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("long", 6));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(3);
+  ASSERT_TRUE(control->WaitForStep(3, kTimeout));
+
+  absl::StatusOr<JobRecord> suspending = manager_->Suspend(kAlice, job.id);
+  ASSERT_THAT(suspending, IsOk());
+  EXPECT_EQ(suspending->state, JobState::kSuspending);
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSuspended));
+  absl::StatusOr<JobRecord> suspended = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(suspended, IsOk());
+  EXPECT_EQ(suspended->state, JobState::kSuspended);
+  const std::string checkpoint = options_.jobs_dir + "/job-000001/step-3";
+  EXPECT_EQ(suspended->resume_from, checkpoint);
+  EXPECT_TRUE(suspended->device.empty());
+  EXPECT_EQ(manager_->GetStatus()->host_memory_reserved_bytes, 0);
+
+  absl::StatusOr<JobRecord> resumed = manager_->Resume(kAlice, job.id);
+  ASSERT_THAT(resumed, IsOk());
+  std::shared_ptr<FakeJobControl> again = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->resume_from, checkpoint);
+  EXPECT_EQ(again->start_step, 3);
+  again->AllowSteps(3);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  EXPECT_EQ(manager_->Get(kAlice, job.id)->progress.step, 6);
+}
+
+TEST_F(JobManagerTest, SuspendQueuedJobHoldsItAndResumeRequeues) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  JobRecord waiting = Submit(kAlice, Request("waiting"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  EXPECT_EQ(manager_->Suspend(kAlice, waiting.id)->state, JobState::kSuspended);
+  EXPECT_EQ(manager_->Resume(kAlice, waiting.id)->state, JobState::kQueued);
+}
+
+TEST_F(JobManagerTest, CreateCheckpointWaitsForTheCheckpoint) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("ckpt", 10));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(4);
+  ASSERT_TRUE(control->WaitForStep(4, kTimeout));
+  absl::StatusOr<CheckpointRecord> checkpoint =
+      manager_->CreateCheckpoint(kAlice, job.id, absl::Now() + kTimeout, [] { return false; });
+  ASSERT_THAT(checkpoint, IsOk());
+  EXPECT_EQ(checkpoint->step, 4);
+  auto listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].dir, options_.jobs_dir + "/job-000001/step-4");
+  EXPECT_GT((*listed)[0].create_time_unix_ms, 0);
+}
+
+TEST_F(JobManagerTest, CreateCheckpointOfQueuedJobIsFailedPrecondition) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  JobRecord queued = Submit(kAlice, Request("queued"));
+  EXPECT_THAT(manager_->CreateCheckpoint(kAlice, queued.id, absl::Now() + kTimeout, nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only RUNNING jobs")));
+}
+
+TEST_F(JobManagerTest, ExportAndDeleteCheckpoints) {
+  StartManager();
+  JobRequest request = Request("tiny", 4);
+  request.spec.checkpoint.every_steps = 2;
+  JobRecord job = Submit(kAlice, request);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  auto listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 2u);  // step-2, step-4 (the final one)
+
+  const std::string out = MakeTempDir() + "/export";
+  MEGATRAIN_EXPECT_OK(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", out, ""));
+  EXPECT_TRUE(std::filesystem::exists(out + "/config.json"));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", out, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not an empty directory")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", "rel/dir", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-4", out + "2", "fp16"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kAlice, "job-000001/step-3", out + "2", ""),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-000001/step-3")));
+  EXPECT_THAT(manager_->ExportCheckpoint(kBob, "job-000001/step-4", out + "2", ""),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("another user")));
+
+  MEGATRAIN_EXPECT_OK(manager_->DeleteCheckpoint(kAlice, "job-000001/step-2"));
+  listed = manager_->ListCheckpoints(kAlice, job.id);
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ(listed->size(), 1u);
+}
+
+TEST_F(JobManagerTest, EngineCreateErrorFailsTheJobWithItsCode) {
+  backend_.fail_create_name = "oom";
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("oom"));
+  WaitFor(job.id, StateIs(JobState::kFailed));
+  absl::StatusOr<JobRecord> failed = manager_->Get(kAlice, job.id);
+  ASSERT_THAT(failed, IsOk());
+  EXPECT_EQ(failed->state, JobState::kFailed);
+  EXPECT_EQ(failed->error_code, absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(failed->message, HasSubstr("fake: out of memory"));
+}
+
+TEST_F(JobManagerTest, UsersSeeOnlyTheirJobsAdminsAll) {
+  StartManager();
+  JobRecord alice_job = Submit(kAlice, Request("a"));
+  JobRecord bob_job = Submit(kBob, Request("b"));
+  EXPECT_THAT(manager_->Get(kBob, alice_job.id),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to another user")));
+  EXPECT_THAT(manager_->Cancel(kBob, alice_job.id),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("another user")));
+  EXPECT_THAT(manager_->Get(kAdmin, alice_job.id), IsOk());
+  EXPECT_THAT(manager_->Get(kAlice, "job-000999"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-000999")));
+
+  auto mine = manager_->List(kBob, JobQuery());
+  ASSERT_THAT(mine, IsOk());
+  ASSERT_EQ(mine->jobs.size(), 1u);
+  EXPECT_EQ(mine->jobs[0].id, bob_job.id);
+  JobQuery others;
+  others.owner = "alice";
+  EXPECT_THAT(manager_->List(kBob, others),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("own jobs")));
+  auto all = manager_->List(kAdmin, JobQuery());
+  ASSERT_THAT(all, IsOk());
+  EXPECT_EQ(all->jobs.size(), 2u);
+  auto alices = manager_->List(kAdmin, others);
+  ASSERT_THAT(alices, IsOk());
+  ASSERT_EQ(alices->jobs.size(), 1u);
+  EXPECT_EQ(alices->jobs[0].owner, "alice");
+}
+
+TEST_F(JobManagerTest, PaginationCoversEveryJobOnce) {
+  backend_.gated = true;  // keep them queued: only the first runs
+  StartManager();
+  for (int job_idx = 0; job_idx < 7; ++job_idx) Submit(kAlice, Request(absl::StrCat("j", job_idx)));
+  JobQuery query;
+  query.page_size = 3;
+  std::vector<std::string> ids;
+  for (int page_idx = 0; page_idx < 10; ++page_idx) {  // bounded
+    auto page = manager_->List(kAlice, query);
+    ASSERT_THAT(page, IsOk());
+    for (const JobRecord& job : page->jobs) ids.push_back(job.id);
+    if (page->next_page_token.empty()) break;
+    query.page_token = page->next_page_token;
+  }
+  EXPECT_THAT(ids, ElementsAre("job-000007", "job-000006", "job-000005", "job-000004", "job-000003",
+                               "job-000002", "job-000001"));
+}
+
+TEST_F(JobManagerTest, HigherPriorityJobPreemptsLowerOne) {
+  backend_.gated = true;
+  options_.preemption = true;
+  StartManager();
+  JobRecord low = Submit(kAlice, Request("low", 5, 0));
+  std::shared_ptr<FakeJobControl> low_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(low_control, nullptr);
+  low_control->AllowSteps(2);
+  ASSERT_TRUE(low_control->WaitForStep(2, kTimeout));
+
+  JobRecord high = Submit(kBob, Request("high", 1, 10));
+  // The low job checkpoints at its step boundary and goes back to the queue.
+  std::vector<JobEvent> events = WaitFor(low.id, [](const JobEvent& event) {
+    return event.kind == JobEvent::Kind::kStateChange && event.state == JobState::kQueued &&
+           absl::StrContains(event.message, "preempted");
+  });
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back().message, HasSubstr("preempted by job-000002; re-queued, resumes from"));
+  std::shared_ptr<FakeJobControl> high_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(high_control, nullptr);
+  EXPECT_EQ(high_control->spec_name, "high");
+  high_control->AllowSteps(1);
+  WaitFor(high.id, StateIs(JobState::kSucceeded));
+
+  std::shared_ptr<FakeJobControl> low_again = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(low_again, nullptr);
+  EXPECT_EQ(low_again->start_step, 2);
+  low_again->AllowSteps(3);
+  WaitFor(low.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(JobManagerTest, WithoutPreemptionHighPriorityWaits) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("low", 5, 0));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord high = Submit(kBob, Request("high", 1, 10));
+  EXPECT_EQ(StateOf(high.id), JobState::kQueued);
+  EXPECT_EQ(high.queue_position, 1);
+}
+
+TEST_F(JobManagerTest, RestartRequeuesRunningJobsFromTheirLastCheckpoint) {
+  // A daemon "crashed" with job-000001 RUNNING and a checkpoint at step 4 on
+  // disk: the store is left exactly as the dead process wrote it.
+  JobRecord job;
+  job.seq = 1;
+  job.id = "job-000001";
+  job.owner = "alice";
+  job.request = Request("crashed", 6);
+  job.request.spec.output_dir = options_.jobs_dir + "/job-000001";
+  job.state = JobState::kRunning;
+  job.device = "cpu";
+  job.create_time_unix_ms = NowUnixMs();
+  job.host_memory_bytes = 1 << 20;
+  MEGATRAIN_ASSERT_OK(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "started")));
+  RecordFakeCheckpoint(job, 4);
+
+  StartManager();
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->resume_from, job.request.spec.output_dir + "/step-4");
+  EXPECT_EQ(control->start_step, 4);
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+  bool requeued = false;
+  for (const JobEvent& event : events) {
+    requeued = requeued ||
+               (event.kind == JobEvent::Kind::kStateChange && event.state == JobState::kQueued &&
+                absl::StrContains(event.message, "after a daemon restart"));
+  }
+  EXPECT_TRUE(requeued);
+}
+
+TEST_F(JobManagerTest, DrainCheckpointsAndRequeuesRunningJobs) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("long", 10));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(2);
+  ASSERT_TRUE(control->WaitForStep(2, kTimeout));
+
+  EXPECT_TRUE(manager_->Drain(kTimeout));
+  EXPECT_TRUE(manager_->draining());
+  absl::StatusOr<JobRecord> after = store_->GetJob(job.id);
+  ASSERT_THAT(after, IsOk());
+  EXPECT_EQ(after->state, JobState::kQueued);
+  EXPECT_EQ(after->resume_from, options_.jobs_dir + "/job-000001/step-2");
+  EXPECT_THAT(manager_->Submit(kAlice, Request("late"), ""),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  EXPECT_THAT(manager_->WaitEvents(kAlice, job.id, 0, kTimeout),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+
+  // The next daemon picks it up from the checkpoint.
+  manager_.reset();
+  backend_.gated = false;
+  StartManager();
+  std::shared_ptr<FakeJobControl> resumed = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step, 2);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(JobManagerTest, CreateRejectsBadOptions) {
+  options_.devices.clear();
+  EXPECT_THAT(JobManager::Create(options_, store_.get(), &backend_, &metrics_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no devices")));
+  options_.devices = {"cpu"};
+  options_.host_memory_budget_bytes = 0;
+  EXPECT_THAT(JobManager::Create(options_, store_.get(), &backend_, &metrics_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--host_memory_budget")));
+}
+
+TEST(ResolveDevicesTest, ExpandsTheDeviceFlag) {
+  EXPECT_THAT(*ResolveDevices("cpu", 2), ElementsAre("cpu"));
+  EXPECT_THAT(*ResolveDevices("auto", 0), ElementsAre("cpu"));
+  EXPECT_THAT(*ResolveDevices("auto", 2), ElementsAre("cuda:0", "cuda:1"));
+  EXPECT_THAT(*ResolveDevices("cuda", 1), ElementsAre("cuda:0"));
+  EXPECT_THAT(*ResolveDevices("cuda:1,cuda:0,cuda:1", 2), ElementsAre("cuda:1", "cuda:0"));
+  EXPECT_THAT(ResolveDevices("cuda:2", 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:2 is not available")));
+  EXPECT_THAT(ResolveDevices("tpu", 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+}
+
+// ---------------------------------------------------------------------------
+// Issue 14: admission without file I/O under the lock, limits that hold.
+
+// Runs `fn` on its own thread and waits at most kTimeout for it: a call that
+// blocks fails the test instead of hanging it. The thread is detached on
+// timeout (the test has failed by then).
+template <typename T>
+std::optional<T> CallWithin(std::function<T()> fn) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(fn));
+  std::future<T> result = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (result.wait_for(absl::ToChronoNanoseconds(kTimeout)) != std::future_status::ready) {
+    ADD_FAILURE() << "call did not return within " << kTimeout;
+    return std::nullopt;
+  }
+  return result.get();
+}
+
+std::string MakeFifo(const std::string& dir, const std::string& name) {
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  return path;
+}
+
+TEST_F(JobManagerTest, FifoAsDataPathFailsThatSubmitNamingThePath) {
+  StartManager();
+  const std::string fifo = MakeFifo(MakeTempDir(), "tokens.fifo");
+  JobRequest request = Request("fifo");
+  request.spec.data.tokens = fifo;
+  std::optional<absl::StatusOr<JobRecord>> submitted =
+      CallWithin<absl::StatusOr<JobRecord>>([&] { return manager_->Submit(kAlice, request, ""); });
+  ASSERT_TRUE(submitted.has_value());
+  EXPECT_THAT(*submitted, StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("data.tokens: '" + fifo + "' is a FIFO")));
+  // Nothing was queued; others proceed.
+  JobRecord bob = Submit(kBob, Request("bob"));
+  EXPECT_THAT(manager_->Get(kBob, bob.id), IsOk());
+}
+
+TEST_F(JobManagerTest, FifoAsModelConfigFailsThatSubmitWithinBoundedTime) {
+  StartManager();
+  const std::string hf_dir = MakeTempDir();
+  const std::string config = MakeFifo(hf_dir, "config.json");
+  JobRequest request = Request("fifo-config");
+  request.spec.model.preset.clear();
+  request.spec.model.hf_dir = hf_dir;
+  // A blocking open of a FIFO without a writer never returns: the test
+  // fails on the deadline rather than hanging if that regresses.
+  std::optional<absl::StatusOr<JobRecord>> submitted =
+      CallWithin<absl::StatusOr<JobRecord>>([&] { return manager_->Submit(kAlice, request, ""); });
+  ASSERT_TRUE(submitted.has_value());
+  EXPECT_THAT(*submitted, StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("model.hf_dir: '" + config + "' is a FIFO")));
+}
+
+TEST_F(JobManagerTest, ModelConfigMissingOrTooLargeIsRefused) {
+  StartManager();
+  const std::string hf_dir = MakeTempDir();
+  JobRequest request = Request("config");
+  request.spec.model.preset.clear();
+  request.spec.model.hf_dir = hf_dir;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json' does not exist")));
+  const std::string config = hf_dir + "/config.json";
+  { std::ofstream create(config); }
+  std::filesystem::resize_file(config, kMaxHfConfigBytes + 1);
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat(kMaxHfConfigBytes + 1, " bytes; at most"))));
+}
+
+// Forwards to a FakeEngineBackend, but ValidateJobSpec of a spec named
+// "hung" blocks until Release(): a stand-in for a hung file system under a
+// submission.
+class HangingBackend final : public EngineBackend {
+ public:
+  explicit HangingBackend(FakeEngineBackend* fake) : fake_(fake) {}
+
+  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
+    if (spec.name == "hung") {
+      std::unique_lock<std::mutex> lock(mu_);
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return released_; });
+    }
+    return fake_->ValidateJobSpec(spec);
+  }
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {
+    return fake_->EstimateFootprint(spec);
+  }
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) override {
+    return fake_->CreateJob(spec, device, resume_from);
+  }
+  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) override {
+    return fake_->ListCheckpoints(output_dir);
+  }
+  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                          bool check_data) override {
+    return fake_->VerifyCheckpoint(checkpoint_dir, check_data);
+  }
+  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const std::string& dtype) override {
+    return fake_->ExportHfModel(checkpoint_dir, out_dir, dtype);
+  }
+  int CudaDeviceCount() override { return 0; }
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) override {
+    return fake_->MeasureLinkBandwidth(device, between_directions);
+  }
+
+  bool WaitEntered(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return entered_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  FakeEngineBackend* const fake_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false;   // guarded by mu_
+  bool released_ = false;  // guarded by mu_
+};
+
+TEST_F(JobManagerTest, HungSubmissionStallsNeitherOtherUsersNorTheDrain) {
+  HangingBackend hanging(&backend_);
+  auto created = JobManager::Create(options_, store_.get(), &hanging, &metrics_);
+  ASSERT_THAT(created, IsOk());
+  std::unique_ptr<JobManager> manager = *std::move(created);
+  std::promise<absl::StatusOr<JobRecord>> hung_result;
+  std::thread hung_submit(
+      [&] { hung_result.set_value(manager->Submit(kAlice, Request("hung"), "")); });
+  ASSERT_TRUE(hanging.WaitEntered(kTimeout));
+
+  // While alice's submission is stuck, bob's calls complete.
+  std::optional<absl::StatusOr<JobRecord>> bob = CallWithin<absl::StatusOr<JobRecord>>(
+      [&] { return manager->Submit(kBob, Request("bob", 1), ""); });
+  ASSERT_TRUE(bob.has_value());
+  ASSERT_THAT(*bob, IsOk());
+  std::optional<absl::StatusOr<JobRecord>> got =
+      CallWithin<absl::StatusOr<JobRecord>>([&] { return manager->Get(kBob, (*bob)->id); });
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(*got, IsOk());
+  // So does the drain, within its timeout.
+  std::optional<bool> drained = CallWithin<bool>([&] { return manager->Drain(kTimeout); });
+  ASSERT_TRUE(drained.has_value());
+  EXPECT_TRUE(*drained);
+
+  hanging.Release();
+  hung_submit.join();
+  EXPECT_THAT(hung_result.get_future().get(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+}
+
+TEST_F(JobManagerTest, JobLimitsCountQueuedSuspendedAndRunningJobs) {
+  backend_.gated = true;
+  options_.max_queued_jobs_per_user = 3;
+  options_.max_queued_jobs = 4;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord held = Submit(kAlice, Request("held"));
+  ASSERT_THAT(manager_->Suspend(kAlice, held.id), IsOk());
+  Submit(kAlice, Request("queued"));
+  EXPECT_THAT(manager_->Submit(kAlice, Request("one-more"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended "
+                                 "(--max_queued_jobs_per_user=3)")));
+  Submit(kBob, Request("bob"));
+  EXPECT_THAT(manager_->Submit(kBob, Request("bob2"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("the queue is full: 4 jobs queued, running or suspended "
+                                 "(--max_queued_jobs=4)")));
+}
+
+TEST_F(JobManagerTest, ResumeIsRefusedWhenALoweredLimitIsExceeded) {
+  backend_.gated = true;
+  options_.max_queued_jobs_per_user = 3;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord first = Submit(kAlice, Request("held1"));
+  JobRecord second = Submit(kAlice, Request("held2"));
+  ASSERT_THAT(manager_->Suspend(kAlice, first.id), IsOk());
+  ASSERT_THAT(manager_->Suspend(kAlice, second.id), IsOk());
+  // Restart with a lower limit: the three jobs stay, no new one may join.
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+  options_.max_queued_jobs_per_user = 2;
+  StartManager();
+  EXPECT_THAT(manager_->Resume(kAlice, first.id),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("user 'alice' already has 3 jobs queued, running or suspended")));
+  EXPECT_EQ(StateOf(first.id), JobState::kSuspended);
+  // Once one ends, the other may resume.
+  ASSERT_THAT(manager_->Cancel(kAlice, second.id), IsOk());
+  EXPECT_THAT(manager_->Resume(kAlice, first.id), IsOk());
+}
+
+TEST_F(JobManagerTest, QueuePositionsFollowPriorityThenSubmission) {
+  backend_.gated = true;
+  StartManager();
+  Submit(kAlice, Request("running"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRecord low = Submit(kAlice, Request("low", 5, 0));
+  JobRecord high = Submit(kBob, Request("high", 5, 10));
+  JobRecord low2 = Submit(kAlice, Request("low2", 5, 0));
+  EXPECT_EQ(manager_->Get(kAlice, low.id)->queue_position, 2);
+  EXPECT_EQ(manager_->Get(kBob, high.id)->queue_position, 1);
+  EXPECT_EQ(manager_->Get(kAlice, low2.id)->queue_position, 3);
+  ASSERT_THAT(manager_->Cancel(kBob, high.id), IsOk());
+  EXPECT_EQ(manager_->Get(kAlice, low2.id)->queue_position, 2);
+  EXPECT_EQ(manager_->Get(kBob, high.id)->queue_position, 0);
+}
+
+TEST_F(JobManagerTest, PerUserDataRootRefusesAnotherUsersDataWithoutItsSize) {
+  const std::string data = MakeTempDir();
+  std::filesystem::create_directories(data + "/alice");
+  std::filesystem::create_directories(data + "/bob");
+  { std::ofstream(data + "/bob/secret.bin") << std::string(12345, 'x'); }
+  auto policy = PathPolicy::Create({data + "/{user}"}, {});
+  ASSERT_THAT(policy, IsOk());
+  options_.path_policy = *policy;
+  StartManager();
+  JobRequest mine = Request("mine");
+  mine.spec.data.tokens = data + "/alice/tokens";
+  EXPECT_THAT(manager_->Submit(kAlice, mine, ""), IsOk());
+  JobRequest theirs = Request("theirs");
+  theirs.spec.data.tokens = data + "/bob/secret.bin";
+  absl::StatusOr<JobRecord> refused = manager_->Submit(kAlice, theirs, "");
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kPermissionDenied,
+                                HasSubstr("data.tokens: '" + data +
+                                          "/bob/secret.bin' is "
+                                          "outside the daemon's data roots (" +
+                                          data + "/{user}; --data_roots)")));
+  EXPECT_FALSE(absl::StrContains(refused.status().message(), "12345"));
+  // The same refusal for a path that does not exist: nothing is revealed.
+  theirs.spec.data.tokens = data + "/bob/nothing.bin";
+  EXPECT_THAT(manager_->Submit(kAlice, theirs, ""),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("outside the daemon's")));
+  EXPECT_THAT(manager_->Submit(kBob, theirs, ""), IsOk());
+}
+
+TEST_F(JobManagerTest, DeleteCheckpointRemovesALinkSwappedInWithoutFollowingIt) {
+  StartManager();
+  // Two recorded checkpoints (step-2 and step-4): deletes act on records
+  // only (checkpoint_ownership_test), so both halves below need one.
+  JobRequest request = Request("tiny", 4);
+  request.spec.checkpoint.every_steps = 2;
+  JobRecord job = Submit(kAlice, request);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+  // Someone with write access to the job's directory swaps step-2 for a
+  // link to another user's data.
+  const std::string victim = MakeTempDir();
+  std::ofstream(victim + "/precious") << "keep";
+  const std::string step_dir = job.request.spec.output_dir + "/step-2";
+  std::filesystem::remove_all(step_dir);
+  std::filesystem::create_directory_symlink(victim, step_dir);
+  MEGATRAIN_EXPECT_OK(manager_->DeleteCheckpoint(kAlice, "job-000001/step-2"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(step_dir)));
+  EXPECT_TRUE(std::filesystem::exists(victim + "/precious"));
+  // A link in place of the output directory itself fails the delete.
+  const std::string output_dir = job.request.spec.output_dir;
+  std::filesystem::rename(output_dir, output_dir + ".moved");
+  std::filesystem::create_directory_symlink(output_dir + ".moved", output_dir);
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, "job-000001/step-4"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_TRUE(std::filesystem::exists(output_dir + ".moved/step-4"));
+}
+
+}  // namespace
+}  // namespace megatrain::server

@@ -1,0 +1,359 @@
+// Tests of the spec conversions: megatrain.v1.JobSpec -> JobRequest
+// (server/rpc/proto_convert.h), its inverse, the store's JSON form
+// (server/core/job_request_json.h) and the server-side field checks
+// (ValidateJobRequest). One test per invalid case, each naming its field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/job.h"
+#include "server/core/job_request_json.h"
+#include "server/rpc/proto_convert.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace megatrain::server {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+v1::JobSpec TinySpec() {
+  v1::JobSpec spec;
+  spec.set_name("tiny");
+  spec.mutable_model()->set_preset("tiny");
+  spec.mutable_data()->set_tokens("/repo/examples/jobs/data/tiny");
+  spec.mutable_train()->set_micro_batch(8);
+  spec.mutable_train()->set_seq_len(128);
+  spec.mutable_train()->set_gradient_accumulation_steps(1);
+  spec.mutable_train()->set_max_steps(60);
+  spec.mutable_train()->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+  spec.mutable_optimizer()->set_lr(3.0e-3);
+  spec.mutable_optimizer()->set_weight_decay(0.0);
+  spec.mutable_optimizer()->set_warmup_steps(5);
+  spec.mutable_optimizer()->set_schedule("cosine");
+  spec.mutable_checkpoint()->set_every_steps(20);
+  spec.mutable_checkpoint()->set_keep_last(2);
+  spec.set_priority(3);
+  (*spec.mutable_labels())["team"] = "nlp";
+  return spec;
+}
+
+TEST(SpecConvertTest, ConvertsEveryGivenField) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  const engine::JobSpec& spec = request->spec;
+  EXPECT_EQ(spec.name, "tiny");
+  EXPECT_EQ(spec.model.preset, "tiny");
+  EXPECT_EQ(spec.data.tokens, "/repo/examples/jobs/data/tiny");
+  EXPECT_EQ(spec.train.micro_batch, 8);
+  EXPECT_EQ(spec.train.seq_len, 128);
+  EXPECT_EQ(spec.train.max_steps, 60);
+  EXPECT_EQ(spec.train.compute_dtype, engine::ComputeDtype::kFp32);
+  EXPECT_DOUBLE_EQ(spec.optimizer.lr, 3e-3);
+  EXPECT_EQ(spec.optimizer.warmup_steps, 5);
+  EXPECT_EQ(spec.optimizer.schedule, "cosine");
+  EXPECT_EQ(spec.checkpoint.every_steps, 20);
+  EXPECT_EQ(spec.checkpoint.keep_last, 2);
+  EXPECT_EQ(request->priority, 3);
+  EXPECT_EQ(request->labels.at("team"), "nlp");
+}
+
+TEST(SpecConvertTest, AbsentOptionalFieldsKeepEngineDefaults) {
+  v1::JobSpec minimal;
+  minimal.mutable_model()->set_preset("tiny");
+  minimal.mutable_train()->set_max_steps(10);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(minimal);
+  ASSERT_THAT(request, IsOk());
+  const engine::JobSpec defaults;
+  const engine::JobSpec& spec = request->spec;
+  EXPECT_EQ(spec.train.micro_batch, defaults.train.micro_batch);
+  EXPECT_EQ(spec.train.seq_len, defaults.train.seq_len);
+  EXPECT_EQ(spec.train.gradient_accumulation_steps, defaults.train.gradient_accumulation_steps);
+  EXPECT_DOUBLE_EQ(spec.train.max_grad_norm, defaults.train.max_grad_norm);
+  EXPECT_EQ(spec.train.nan_policy, defaults.train.nan_policy);
+  EXPECT_FALSE(spec.train.offload_activations);
+  EXPECT_EQ(spec.train.offload_activations, defaults.train.offload_activations);
+  EXPECT_DOUBLE_EQ(spec.optimizer.lr, defaults.optimizer.lr);
+  EXPECT_DOUBLE_EQ(spec.optimizer.beta2, defaults.optimizer.beta2);
+  EXPECT_DOUBLE_EQ(spec.optimizer.eps, defaults.optimizer.eps);
+  EXPECT_EQ(spec.optimizer.schedule, defaults.optimizer.schedule);
+  EXPECT_EQ(spec.eval.batches, defaults.eval.batches);
+  EXPECT_EQ(spec.checkpoint.keep_last, defaults.checkpoint.keep_last);
+  EXPECT_EQ(spec.data.shuffle_seed, defaults.data.shuffle_seed);
+  EXPECT_EQ(spec.train.compute_dtype, engine::ComputeDtype::kFp32);
+}
+
+TEST(SpecConvertTest, ExplicitZeroOfOptionalFieldIsKept) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_max_grad_norm(0);  // clipping off
+  spec.mutable_checkpoint()->set_keep_last(0);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_DOUBLE_EQ(request->spec.train.max_grad_norm, 0);
+  EXPECT_EQ(request->spec.checkpoint.keep_last, 0);
+}
+
+TEST(SpecConvertTest, GlobalBatchSetsGradientAccumulation) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->clear_gradient_accumulation_steps();
+  spec.mutable_train()->set_global_batch(32);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.train.gradient_accumulation_steps, 4);
+}
+
+TEST(SpecConvertTest, GlobalBatchNotMultipleOfMicroBatchIsInvalid) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->clear_gradient_accumulation_steps();
+  spec.mutable_train()->set_global_batch(20);
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.global_batch: must be a positive multiple of "
+                                 "train.micro_batch (8), got 20")));
+}
+
+TEST(SpecConvertTest, GlobalBatchDisagreeingWithAccumulationIsInvalid) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_gradient_accumulation_steps(3);
+  spec.mutable_train()->set_global_batch(32);
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.gradient_accumulation_steps: 3 disagrees")));
+}
+
+TEST(SpecConvertTest, UnknownComputeDtypeIsInvalid) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_compute_dtype(static_cast<v1::ComputeDtype>(42));
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.compute_dtype: unknown value 42")));
+}
+
+TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_nan_policy(v1::NAN_POLICY_FAIL);
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.train.nan_policy, engine::NanPolicy::kFail);
+  v1::JobSpec back;
+  JobRequestToProto(*request, &back);
+  EXPECT_EQ(back.train().nan_policy(), v1::NAN_POLICY_FAIL);
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->spec.train.nan_policy, engine::NanPolicy::kFail);
+
+  spec.mutable_train()->set_nan_policy(static_cast<v1::NanPolicy>(7));
+  EXPECT_THAT(JobRequestFromProto(spec), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  HasSubstr("train.nan_policy: unknown value 7")));
+}
+
+TEST(SpecConvertTest, OffloadActivationsConvertsBothWays) {
+  for (bool offload : {true, false}) {
+    v1::JobSpec spec = TinySpec();
+    spec.mutable_train()->set_offload_activations(offload);
+    absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+    ASSERT_THAT(request, IsOk());
+    EXPECT_EQ(request->spec.train.offload_activations, offload);
+    v1::JobSpec back;
+    JobRequestToProto(*request, &back);
+    EXPECT_TRUE(back.train().has_offload_activations());
+    EXPECT_EQ(back.train().offload_activations(), offload);
+    const std::string json = JobRequestToJson(*request);
+    EXPECT_THAT(json,
+                HasSubstr(absl::StrCat("\"offload_activations\":", offload ? "true" : "false")));
+    absl::StatusOr<JobRequest> parsed = JobRequestFromJson(json);
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(parsed->spec.train.offload_activations, offload);
+  }
+}
+
+TEST(SpecConvertTest, StoredJsonWithoutOffloadActivationsIsOff) {
+  // Jobs stored before train.offload_activations existed ran without it.
+  absl::StatusOr<JobRequest> old = JobRequestFromJson(R"({"train": {"micro_batch": 4}})");
+  ASSERT_THAT(old, IsOk());
+  EXPECT_FALSE(old->spec.train.offload_activations);
+  // Not a bool: the stored form is corrupt (nlohmann's type error).
+  EXPECT_THAT(JobRequestFromJson(R"({"train": {"offload_activations": 3}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("type must be boolean")));
+}
+
+TEST(SpecConvertTest, StoredJsonWithTheOldBoolKeepsItsMeaning) {
+  // Jobs stored before nan_policy replaced train.skip_nonfinite_steps.
+  absl::StatusOr<JobRequest> old_fail =
+      JobRequestFromJson(R"({"train": {"skip_nonfinite_steps": false}})");
+  ASSERT_THAT(old_fail, IsOk());
+  EXPECT_EQ(old_fail->spec.train.nan_policy, engine::NanPolicy::kFail);
+  absl::StatusOr<JobRequest> old_skip =
+      JobRequestFromJson(R"({"train": {"skip_nonfinite_steps": true}})");
+  ASSERT_THAT(old_skip, IsOk());
+  EXPECT_EQ(old_skip->spec.train.nan_policy, engine::NanPolicy::kSkip);
+  EXPECT_THAT(JobRequestFromJson(R"({"train": {"nan_policy": "retry"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.nan_policy")));
+}
+
+class RelativePathTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RelativePathTest, IsInvalidNamingTheField) {
+  v1::JobSpec spec = TinySpec();
+  const std::string& field = GetParam();
+  if (field == "model.hf_dir") {
+    spec.mutable_model()->clear_preset();
+    spec.mutable_model()->set_hf_dir("models/llama");
+  } else if (field == "data.tokens") {
+    spec.mutable_data()->set_tokens("data/tiny");
+  } else if (field == "data.text") {
+    spec.mutable_data()->set_text("corpus.txt");
+  } else if (field == "data.tokenizer") {
+    spec.mutable_data()->set_tokenizer("spm.model");
+  } else {
+    spec.set_output_dir("out");
+  }
+  EXPECT_THAT(JobRequestFromProto(spec), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  HasSubstr(field + ": must be an absolute path")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fields, RelativePathTest,
+                         ::testing::Values("model.hf_dir", "data.tokens", "data.text",
+                                           "data.tokenizer", "output_dir"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (c == '.') c = '_';
+                           }
+                           return name;
+                         });
+
+TEST(SpecConvertTest, ToProtoAndBackIsIdentity) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  v1::JobSpec proto;
+  JobRequestToProto(*request, &proto);
+  absl::StatusOr<JobRequest> again = JobRequestFromProto(proto);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(JobRequestToJson(*again), JobRequestToJson(*request));
+}
+
+TEST(SpecConvertTest, JsonRoundTripKeepsEveryField) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  request->spec.train.compute_dtype = engine::ComputeDtype::kBf16;
+  request->spec.data.eval_fraction = 0.1;
+  request->spec.train.seed = 77;
+  request->spec.train.offload_activations = true;
+  const std::string json = JobRequestToJson(*request);
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(json);
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(JobRequestToJson(*parsed), json);
+  EXPECT_EQ(parsed->spec.train.compute_dtype, engine::ComputeDtype::kBf16);
+  EXPECT_TRUE(parsed->spec.train.offload_activations);
+}
+
+TEST(SpecConvertTest, CorruptJsonIsDataLoss) {
+  EXPECT_THAT(JobRequestFromJson("{not json"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("")));
+  EXPECT_THAT(JobRequestFromJson(R"({"train": {"compute_dtype": "fp8"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.compute_dtype")));
+}
+
+TEST(ValidateJobRequestTest, AcceptsTheTinyJob) {
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(request, IsOk());
+  EXPECT_THAT(ValidateJobRequest(*request), IsOk());
+}
+
+TEST(ValidateJobRequestTest, PriorityOutOfRangeIsInvalid) {
+  JobRequest request;
+  request.priority = 5000;
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("priority: must be in [-1000, 1000], got 5000")));
+}
+
+TEST(ValidateJobRequestTest, TooManyLabelsIsInvalid) {
+  JobRequest request;
+  for (int label_idx = 0; label_idx <= kMaxLabels; ++label_idx) {
+    request.labels[absl::StrCat("k", label_idx)] = "v";
+  }
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels: at most 32")));
+}
+
+TEST(ValidateJobRequestTest, BadLabelKeyIsInvalid) {
+  JobRequest request;
+  request.labels["Team Name"] = "v";
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels: key 'Team Name'")));
+}
+
+TEST(ValidateJobRequestTest, LongLabelValueIsInvalid) {
+  JobRequest request;
+  request.labels["team"] = std::string(300, 'x');
+  EXPECT_THAT(ValidateJobRequest(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labels.team: value")));
+}
+
+TEST(JobStatesFromProtoTest, RejectsUnspecifiedState) {
+  google::protobuf::RepeatedField<int> states;
+  states.Add(v1::JOB_STATE_UNSPECIFIED);
+  EXPECT_THAT(JobStatesFromProto(states), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   HasSubstr("states: unknown job state 0")));
+}
+
+TEST(CheckpointIdTest, RoundTripsAndRejectsMalformedIds) {
+  EXPECT_EQ(CheckpointId("job-000001", 20), "job-000001/step-20");
+  auto parsed = ParseCheckpointId("job-000001/step-20");
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->first, "job-000001");
+  EXPECT_EQ(parsed->second, 20);
+  for (const char* bad : {"job-000001", "job-000001/20", "/step-3", "job-1/step-x"}) {
+    EXPECT_THAT(ParseCheckpointId(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("checkpoint_id")))
+        << bad;
+  }
+}
+
+TEST(GrpcStatusTest, KeepsCodeAndMessage) {
+  grpc::Status status = ToGrpcStatus(absl::ResourceExhaustedError("too big"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(), "too big");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+// The fuzz seeds (tests/fuzz/make_corpus.py, an independent encoder of the
+// wire format): valid_* convert and pass ValidateJobRequest; invalid_* fail
+// to parse or are refused with INVALID_ARGUMENT.
+TEST(SpecConvertCorpusTest, SeedsConvertAsTheirNamesSay) {
+  const std::string dir = std::string(MEGATRAIN_FUZZ_CORPUS_DIR) + "/jobspec_proto_fuzz";
+  const std::vector<std::string> names = megatrain::testing::ListDir(dir);
+  ASSERT_FALSE(names.empty()) << dir;
+  int valid = 0;
+  for (const std::string& name : names) {
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    v1::JobSpec spec;
+    const bool parsed = spec.ParseFromString(bytes);
+    absl::Status status = absl::InvalidArgumentError("does not parse");
+    if (parsed) {
+      absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+      status = request.ok() ? ValidateJobRequest(*request) : request.status();
+    }
+    if (name.rfind("valid_", 0) == 0) {
+      EXPECT_TRUE(parsed) << name;
+      EXPECT_THAT(status, IsOk()) << name;
+      ++valid;
+    } else {
+      EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_)) << name;
+    }
+  }
+  EXPECT_GT(valid, 0);
+}
+
+}  // namespace
+}  // namespace megatrain::server
