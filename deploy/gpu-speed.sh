@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: builds megatrain-bench (deploy/gpu-build.sh) and
 # measures a matrix of configurations, each beside resident PyTorch
-# (shared/bench/torch_baselines.py, copied into the repo for the call) at the
+# (shared/bench/torch_baselines.py for Llama presets, copied into the repo for
+# the call; deploy/family_baseline.py for the other families) at the
 # same clipping, in the same call. Prints deploy/bench-compare.py's table.
 #
 #   deploy/gpu-speed.sh "llama-1b:8:1:0 llama-1b:8:1:1 llama-3b:8:4:1" [bench args...]
@@ -36,11 +37,18 @@ for c in $configs; do
     2> "$OUT/bench-$preset-$mb-$accum-$clip.log" | tee -a "$OUT/speed.jsonl"
   bmb=$mb; [ "$accum" != 1 ] && bmb=8
   key="$preset:$bmb:$clip"
-  if [ -f shared/bench/torch_baselines.py ] && [ -z "${baseline_done[$key]:-}" ]; then
+  if [ -z "${baseline_done[$key]:-}" ]; then
     baseline_done[$key]=1
     cflag=""; [ "$clip" = 1 ] && cflag=--clip
-    python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" --micro-batch "$bmb" \
-      --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl"
+    case "$preset" in
+      llama-*)
+        [ -f shared/bench/torch_baselines.py ] &&
+          python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
+            --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl" ;;
+      *)  # the other families' presets: transformers of the same shape
+        python3 deploy/family_baseline.py --preset "$preset" --micro-batch "$bmb" --seq "$SEQ_LEN" \
+          $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl" ;;
+    esac
   fi
 done
 python3 deploy/bench-compare.py "$OUT/speed.jsonl" | tee "$OUT/speed.txt"

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Resident PyTorch (transformers) training throughput for the engine's
+non-Llama presets, measured the way shared/bench/torch_baselines.py measures
+the Llama ones: the whole model and fused AdamW on the GPU, bf16 autocast
+over fp32 master weights, activation checkpointing per layer (the engine
+recomputes too), random token ids, the median step after warm-up. Prints one
+JSON line with the keys deploy/bench-compare.py reads (mode "resident").
+
+The configs are the engine's presets (engine/model/model_config.cc
+kGemma2_2bConfig, kPhi3MiniConfig), so both sides train the same shapes.
+Gemma 2 runs transformers' "eager" attention: it is the implementation that
+applies attn_logit_softcapping (SDPA has no soft-capping), as transformers
+recommends for training Gemma 2; the other families run "sdpa".
+
+  python3 deploy/family_baseline.py --preset gemma2-2b --micro-batch 8 --seq 2048 --clip
+"""
+import argparse
+import json
+import time
+
+import torch
+
+PRESETS = {
+    "gemma2-2b": dict(model_type="gemma2", vocab_size=256000, hidden_size=2304,
+                      intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, max_position_embeddings=8192,
+                      rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                      query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                      final_logit_softcapping=30.0, tie_word_embeddings=True),
+    "phi3-mini": dict(model_type="phi3", vocab_size=32064, hidden_size=3072,
+                      intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, max_position_embeddings=4096,
+                      original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, rope_scaling=None, sliding_window=2047,
+                      hidden_act="silu", tie_word_embeddings=False),
+}
+
+
+def build(preset, ckpt):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(PRESETS[preset])
+    cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    impl = "eager" if cfg.model_type == "gemma2" else "sdpa"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+    if ckpt:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    return cfg, model, impl
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", choices=list(PRESETS), required=True)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-ckpt", action="store_true", help="no activation checkpointing")
+    ap.add_argument("--clip", action="store_true", help="clip_grad_norm_ at 1.0 before opt.step()")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    cfg, model, impl = build(args.preset, not args.no_ckpt)
+    n_params = sum(p.numel() for p in model.parameters())
+    model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    ids = torch.randint(0, cfg.vocab_size, (args.steps + args.warmup, args.micro_batch, args.seq))
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(args.steps + args.warmup):
+        x = ids[i].to(dev, non_blocking=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    t = sorted(times[args.warmup:])[len(times[args.warmup:]) // 2]
+    tokens = args.micro_batch * args.seq
+    print(json.dumps(dict(mode="resident", preset=args.preset, attn_implementation=impl,
+                          params_b=round(n_params / 1e9, 3), seq=args.seq,
+                          micro_batch=args.micro_batch, ckpt=not args.no_ckpt, clip=args.clip,
+                          step_s_median=round(t, 4), tokens_per_s=round(tokens / t, 1),
+                          peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                          loss=float(loss))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
