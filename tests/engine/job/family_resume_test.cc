@@ -6,9 +6,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "nlohmann/json.hpp"
 
 #include "engine/io/checkpoint.h"
 #include "engine/io/token_shard.h"
@@ -37,6 +41,21 @@ std::string WriteDataset() {
   return dir;
 }
 
+// The fixture's directory, or for Phi-3 a copy whose config.json has
+// eos_token_id 2: the fixtures keep Phi-3's real 32000, beyond their tiny
+// vocab_size 128, which a job rightly refuses (data.eos_id).
+std::string ModelDir(const std::string& family) {
+  const std::filesystem::path fixture =
+      std::filesystem::path(MEGATRAIN_TESTDATA_DIR) / "hf" / family;
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(fixture / "config.json"));
+  if (config.value("eos_token_id", 0) < config.value("vocab_size", 0)) return fixture.string();
+  const std::filesystem::path dir = testing::MakeTempDir("family_model");
+  config["eos_token_id"] = 2;
+  std::ofstream(dir / "config.json") << config.dump(2);
+  std::filesystem::copy_file(fixture / "model.safetensors", dir / "model.safetensors");
+  return dir.string();
+}
+
 // 8 fp32 steps of [2, 24] (past the fixtures' sliding_window 8 and
 // phi3_longrope's original_max_position_embeddings 16), with clipping,
 // warmup, a cosine schedule, weight decay and eval.
@@ -44,7 +63,7 @@ JobSpec FamilySpec(const std::string& family, const std::string& tokens,
                    const std::string& output_dir) {
   JobSpec s;
   s.name = "resume-" + family;
-  s.model.hf_dir = std::string(MEGATRAIN_TESTDATA_DIR) + "/hf/" + family;
+  s.model.hf_dir = ModelDir(family);
   s.data.tokens = tokens;
   s.data.eval_fraction = 0.1;
   s.train.micro_batch = 2;
