@@ -45,7 +45,7 @@ struct Result {
 // made from `q`, `k`, `v`, with upstream gradient `grad_out` (fp32).
 template <typename Fn>
 Result RunAttention(Fn attention, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-           const at::Tensor& grad_out, at::ScalarType dtype) {
+                    const at::Tensor& grad_out, at::ScalarType dtype) {
   at::Tensor ql = q.to(dtype).requires_grad_(true), kl = k.to(dtype).requires_grad_(true);
   at::Tensor vl = v.to(dtype).requires_grad_(true);
   at::Tensor out = attention(ql, kl, vl);
@@ -71,7 +71,8 @@ TEST_P(SoftcappedAttentionTest, MatchesMonolithicAttentionOverSeveralBlocks) {
       },
       q, k, v, grad_out, dtype);
   // The reference reads the same (rounded) inputs, in fp32 throughout.
-  Result ref = RunAttention([&](const at::Tensor& a, const at::Tensor& b,
+  Result ref =
+      RunAttention([&](const at::Tensor& a, const at::Tensor& b,
                        const at::Tensor& c) { return MonolithicAttention(a, b, c, window); },
                    q.to(dtype), k.to(dtype), v.to(dtype), grad_out, at::kFloat);
   // fp32: only the summation order differs (1e-5 relative, the project's
