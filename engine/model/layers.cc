@@ -242,8 +242,8 @@ namespace {
 // Queries per block of SoftcappedAttention: `max_chunk_bytes` of fp32 scores
 // against all T keys (at least one query).
 int64_t SoftcapQueriesPerBlock(const at::Tensor& q, int64_t max_chunk_bytes) {
-  const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
-  return std::max<int64_t>(1, max_chunk_bytes / (4 * b * h * t));
+  const int64_t row_bytes = std::max<int64_t>(1, 4 * q.size(0) * q.size(1) * q.size(2));
+  return std::max<int64_t>(1, max_chunk_bytes / row_bytes);
 }
 
 // Keys block [start, start + n) of queries can see: [key_begin, start + n).
