@@ -2,6 +2,7 @@
 #include "engine/model/layers.h"
 
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -73,17 +74,24 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// x [B, heads, T, Dh]; cos, sin [T, Dr] fp32, cast to x's dtype as in HF.
-// With Dr < Dh only the first Dr dimensions rotate (HF Phi-3
-// apply_rotary_pos_emb: q_rot, q_pass).
+// x [B, heads, T, Dh] compute dtype; cos, sin [T, Dr] fp32. Note [RoPE
+// precision]: the rotation is computed in fp32 and rounded to x's dtype
+// once. HF builds cos and sin in fp32 and casts them to the dtype of the
+// hidden states, which under autocast with fp32 weights (the engine's
+// precision model, layers.h) is the fp32 residual stream; q and k (bf16
+// matmul outputs) times fp32 cos promote to fp32, and SDPA's autocast
+// rounds the result to bf16. Rounding cos, sin and each product to bf16
+// instead would add three roundings per element. With Dr < Dh only the
+// first Dr dimensions rotate (HF Phi-3 apply_rotary_pos_emb: q_rot, q_pass).
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  at::Tensor c = cos.to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
-  at::Tensor s = sin.to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
+  at::Tensor c = cos.to(at::kFloat).unsqueeze(0).unsqueeze(0);  // [1, 1, T, Dr]
+  at::Tensor s = sin.to(at::kFloat).unsqueeze(0).unsqueeze(0);
+  at::Tensor xf = x.to(at::kFloat);
   const int64_t rotary = cos.size(-1);
-  if (rotary == x.size(-1)) return x * c + RotateHalf(x) * s;
-  at::Tensor x_rot = x.narrow(-1, 0, rotary);
+  if (rotary == x.size(-1)) return (xf * c + RotateHalf(xf) * s).to(x.scalar_type());
+  at::Tensor x_rot = xf.narrow(-1, 0, rotary);
   at::Tensor x_pass = x.narrow(-1, rotary, x.size(-1) - rotary);
-  return at::cat({x_rot * c + RotateHalf(x_rot) * s, x_pass}, -1);
+  return at::cat({(x_rot * c + RotateHalf(x_rot) * s).to(x.scalar_type()), x_pass}, -1);
 }
 
 // The gated MLP's activation (HF ACT2FN: silu, gelu_pytorch_tanh, gelu).
@@ -229,29 +237,116 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, No
   return (normed * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
 }
 
+namespace {
+
+// Queries per block of SoftcappedAttention: `max_chunk_bytes` of fp32 scores
+// against all T keys (at least one query).
+int64_t SoftcapQueriesPerBlock(const at::Tensor& q, int64_t max_chunk_bytes) {
+  const int64_t row_bytes = std::max<int64_t>(1, 4 * q.size(0) * q.size(1) * q.size(2));
+  return std::max<int64_t>(1, max_chunk_bytes / row_bytes);
+}
+
+// Keys block [start, start + n) of queries can see: [key_begin, start + n).
+int64_t SoftcapKeyBegin(int64_t start, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
+}
+
+// One block of soft-capped attention: queries q_block [B, H, n, Dh] at
+// positions [start, start + n) against keys / values [B, H, S, Dh] at
+// positions [key_begin, start + n). Scores and the cap in the compute dtype,
+// mask and softmax in fp32, probabilities back in the compute dtype for PV
+// (HF eager_attention_forward). Returns [B, H, n, Dh].
+at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor& k_seen,
+                                    const at::Tensor& v_seen, int64_t start, int64_t key_begin,
+                                    double scale, double cap, int64_t window) {
+  const int64_t n = q_block.size(2);
+  at::Tensor scores = at::matmul(q_block, k_seen.transpose(-2, -1)) * scale;
+  scores = SoftCap(scores, cap).to(at::kFloat);  // [B, H, n, S]
+  const at::TensorOptions positions = q_block.options().dtype(at::kLong);
+  at::Tensor qi = at::arange(start, start + n, positions).unsqueeze(1);
+  at::Tensor ki = at::arange(key_begin, start + n, positions).unsqueeze(0);
+  at::Tensor blocked = ki > qi;
+  if (window > 0) blocked = blocked.logical_or(qi - ki >= window);
+  scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
+  at::Tensor probs = at::softmax(scores, -1).to(q_block.scalar_type());
+  return at::matmul(probs, v_seen);  // [B, H, n, Dh]
+}
+
+// Note [Soft-capped attention] backward: forward keeps only q, k, v; the
+// backward recomputes one block of queries at a time under autograd and
+// takes its gradient before the next, so no more than one block's scores
+// and probabilities (and their gradients) exist at once. dK and dV gather
+// the blocks' contributions in fp32 and are rounded once.
+struct SoftcappedAttentionFunction : public torch::autograd::Function<SoftcappedAttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, double scale, double cap,
+                            int64_t window, int64_t max_chunk_bytes) {
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["cap"] = cap;
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["max_chunk_bytes"] = max_chunk_bytes;
+    const int64_t t = q.size(2), chunk = SoftcapQueriesPerBlock(q, max_chunk_bytes);
+    at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);  // [B, H, T, Dh]
+    for (int64_t start = 0; start < t; start += chunk) {
+      const int64_t n = std::min(chunk, t - start), key_begin = SoftcapKeyBegin(start, window);
+      const int64_t keys = start + n - key_begin;
+      out.narrow(2, start, n)
+          .copy_(SoftcappedAttentionBlock(q.narrow(2, start, n), k.narrow(2, key_begin, keys),
+                                          v.narrow(2, key_begin, keys), start, key_begin, scale,
+                                          cap, window));
+    }
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const double cap = ctx->saved_data["cap"].toDouble();
+    const int64_t window = ctx->saved_data["window"].toInt();
+    const int64_t t = q.size(2);
+    const int64_t chunk = SoftcapQueriesPerBlock(q, ctx->saved_data["max_chunk_bytes"].toInt());
+    const at::Tensor grad_out = grad_outputs[0].to(q.scalar_type());
+    at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
+    at::Tensor grad_k = at::zeros(k.sizes(), k.options().dtype(at::kFloat));
+    at::Tensor grad_v = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
+    at::AutoGradMode enable_grad(true);
+    for (int64_t start = 0; start < t; start += chunk) {
+      const int64_t n = std::min(chunk, t - start), key_begin = SoftcapKeyBegin(start, window);
+      const int64_t keys = start + n - key_begin;
+      at::Tensor q_block = q.narrow(2, start, n).detach().requires_grad_(true);
+      at::Tensor k_seen = k.narrow(2, key_begin, keys).detach().requires_grad_(true);
+      at::Tensor v_seen = v.narrow(2, key_begin, keys).detach().requires_grad_(true);
+      at::Tensor out =
+          SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window);
+      auto grads =
+          torch::autograd::grad({out}, {q_block, k_seen, v_seen}, {grad_out.narrow(2, start, n)});
+      grad_q.narrow(2, start, n).copy_(grads[0]);
+      grad_k.narrow(2, key_begin, keys).add_(grads[1]);
+      grad_v.narrow(2, key_begin, keys).add_(grads[2]);
+    }
+    return {grad_q,
+            grad_k.to(k.scalar_type()),
+            grad_v.to(v.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, double cap, int64_t window) {
-  const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
-  // Queries per block: kAttentionChunkBytes of fp32 scores against all T keys.
-  const int64_t chunk = std::max<int64_t>(1, kAttentionChunkBytes / (4 * b * h * t));
-  std::vector<at::Tensor> outputs;
-  for (int64_t start = 0; start < t; start += chunk) {
-    const int64_t n = std::min(chunk, t - start);
-    // Keys this block can see: [key_begin, start + n).
-    const int64_t key_begin = window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
-    const int64_t keys = start + n - key_begin;
-    at::Tensor kc = k.narrow(2, key_begin, keys), vc = v.narrow(2, key_begin, keys);
-    at::Tensor scores = at::matmul(q.narrow(2, start, n), kc.transpose(-2, -1)) * scale;
-    scores = SoftCap(scores, cap).to(at::kFloat);  // [B, H, n, S]
-    at::Tensor qi = at::arange(start, start + n, q.options().dtype(at::kLong)).unsqueeze(1);
-    at::Tensor ki = at::arange(key_begin, start + n, q.options().dtype(at::kLong)).unsqueeze(0);
-    at::Tensor blocked = ki > qi;
-    if (window > 0) blocked = blocked.logical_or(qi - ki >= window);
-    scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
-    at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
-    outputs.push_back(at::matmul(probs, vc));  // [B, H, n, Dh]
-  }
-  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 2);
+  return SoftcappedAttention(q, k, v, scale, cap, window, kAttentionChunkBytes);
+}
+
+at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               double scale, double cap, int64_t window, int64_t max_chunk_bytes) {
+  return SoftcappedAttentionFunction::apply(q, k, v, scale, cap, window, max_chunk_bytes);
 }
 
 namespace {

@@ -42,11 +42,15 @@
 // scores in the compute dtype for a block of queries at a time against only
 // the keys it can see (causal, and the window on sliding layers), capped,
 // masked, softmax in fp32, probabilities back in the compute dtype for PV
-// (HF eager_attention_forward). Forward memory is bounded by
-// kAttentionChunkBytes per block; backward (autograd over one layer's
-// recomputation) keeps the blocks' capped scores and probabilities, about
-// 3 x B*H*T*T/2 fp32 for one layer at a time. Layers without soft-capping
-// use the fused kernel.
+// (HF eager_attention_forward). It is an autograd function that saves only
+// q, k and v: its backward recomputes one block at a time and takes that
+// block's gradient before the next (FlashAttention's recomputation, Dao et
+// al. 2022, section 3.1, at block rather than tile granularity). So no
+// [B, H, T, T] tensor exists in forward or backward: forward holds one
+// block's scores (<= kAttentionChunkBytes fp32), backward one block's
+// recomputed graph and its gradients (about 6 x kAttentionChunkBytes) plus
+// fp32 accumulators for dK and dV ([B, H, T, Dh] each). Layers without
+// soft-capping use the fused kernel.
 #ifndef MEGATRAIN_ENGINE_LAYERS_H_
 #define MEGATRAIN_ENGINE_LAYERS_H_
 
@@ -60,7 +64,10 @@
 namespace megatrain::engine {
 
 // Bytes of fp32 attention scores one block of queries may hold in
-// SoftcappedAttention (Note [Soft-capped attention]).
+// SoftcappedAttention (Note [Soft-capped attention]): 256 MiB keeps the
+// blocks large enough for efficient matmuls (Gemma-2-2B, B = 1, H = 8,
+// T = 8192: 1024 queries per block) while bounding backward's transient
+// memory to ~1.5 GiB whatever T is.
 inline constexpr int64_t kAttentionChunkBytes = int64_t{256} << 20;
 
 // RoPE tables for positions [0, T): cos and sin, [T, Dr] fp32 (Dr =
@@ -132,9 +139,14 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, No
 // Causal attention with cap * tanh(scores / cap) (Note [Soft-capped
 // attention]). q [B, H, T, Dh], k and v [B, H, T, Dh] (kv heads already
 // repeated), all in one dtype; window > 0 limits query i to keys
-// (i - window, i]. Returns [B, H, T, Dh] in q's dtype. Differentiable.
+// (i - window, i]. Returns [B, H, T, Dh] in q's dtype. Differentiable (recomputing backward).
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, double cap, int64_t window);
+
+// The same with blocks of `max_chunk_bytes` of fp32 scores (> 0) instead of
+// kAttentionChunkBytes: tests use it to get several blocks at short T.
+at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               double scale, double cap, int64_t window, int64_t max_chunk_bytes);
 
 // One decoder layer: x [B, T, C] fp32 -> [B, T, C] fp32 (Llama form):
 //   h = x + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = RMSNorm(x)

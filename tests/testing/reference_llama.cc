@@ -2,7 +2,11 @@
 #include "tests/testing/reference_llama.h"
 
 #include <cmath>
+#include <optional>
 #include <vector>
+
+#include "engine/runtime/torch_compat.h"  // MEGATRAIN_TORCH_AT_LEAST
+#include "tests/testing/fused_attention_emulation.h"
 
 namespace megatrain::testing {
 namespace {
@@ -62,12 +66,14 @@ at::Tensor InvFreq(const ModelConfig& c, double theta, const engine::RopeScaling
 }
 
 // x [B, heads, T, Dh]: rotate pairs (i, i + Dr/2) of the first Dr = 2 *
-// cos.size(-1) dimensions by angle pos * inv_freq[i]; the rest pass.
+// cos.size(-1) dimensions by angle pos * inv_freq[i]; the rest pass. In
+// fp32, rounded to x's dtype once (HF under autocast: fp32 cos and sin
+// promote the bf16 q and k).
 at::Tensor Rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = cos.size(-1);
-  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  at::Tensor c = cos.to(x.scalar_type()), s = sin.to(x.scalar_type());
-  at::Tensor rotated = at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor x1 = xf.narrow(-1, 0, half), x2 = xf.narrow(-1, half, half);
+  at::Tensor rotated = at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
   if (2 * half == x.size(-1)) return rotated;
   return at::cat({rotated, x.narrow(-1, 2 * half, x.size(-1) - 2 * half)}, -1);
 }
@@ -99,6 +105,31 @@ at::Tensor GatedActivation(const ModelConfig& c, const at::Tensor& gate) {
 
 }  // namespace
 
+at::Tensor ReferenceAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& allowed, bool sliding, double scale, double softcap,
+                              AttentionRounding rounding) {
+  const bool reduced = q.scalar_type() != at::kFloat;
+  if (reduced && softcap <= 0 && rounding == AttentionRounding::kFusedKernel) {
+    return FusedAttentionEmulation(q, k, v, allowed, scale);
+  }
+#if MEGATRAIN_TORCH_AT_LEAST(2, 1)
+  if (reduced && softcap <= 0 && rounding == AttentionRounding::kLibTorch) {
+    std::optional<at::Tensor> mask;
+    if (sliding) mask = allowed;
+    return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
+                                            /*is_causal=*/!sliding, scale);
+  }
+#endif
+  at::Tensor scores = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(2, 3)) * scale;
+  if (softcap > 0) scores = softcap * at::tanh(scores / softcap);
+  scores = scores.masked_fill(allowed.logical_not(), -1e30);
+  at::Tensor probs = at::softmax(scores, -1);  // [B, H, T, T] fp32
+  if (rounding == AttentionRounding::kFp32) {
+    return at::matmul(probs, v.to(at::kFloat)).to(q.scalar_type());
+  }
+  return at::matmul(probs.to(q.scalar_type()), v);
+}
+
 ReferenceParams ParamsFromStore(const engine::HostStore& store) {
   ReferenceParams params;
   const engine::ModelLayout& layout = store.layout();
@@ -116,6 +147,11 @@ ReferenceParams ParamsFromStore(const engine::HostStore& store) {
 
 at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
                            const at::Tensor& input_ids, bool bf16) {
+  return ReferenceLogits(c, p, input_ids, bf16, AttentionRounding::kLibTorch);
+}
+
+at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
+                           const at::Tensor& input_ids, bool bf16, AttentionRounding attention) {
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
   const int64_t h = c.num_attention_heads, kv = c.num_key_value_heads, dh = c.head_dim;
   const at::ScalarType cd = bf16 ? at::kBFloat16 : at::kFloat;
@@ -183,13 +219,9 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
     q = Rope(q.permute({0, 2, 1, 3}), lc, ls);  // [B, H, T, Dh]
     k = Rope(k.permute({0, 2, 1, 3}), lc, ls).index_select(1, kv_index);
     v = v.permute({0, 2, 1, 3}).index_select(1, kv_index);
-    at::Tensor scores = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(2, 3)) * scale;
-    if (c.attn_logit_softcapping > 0) {
-      scores = c.attn_logit_softcapping * at::tanh(scores / c.attn_logit_softcapping);
-    }
-    scores = scores.masked_fill((sliding ? windowed : causal).logical_not(), -1e30);
-    at::Tensor probs = at::softmax(scores, -1).to(cd);
-    at::Tensor attn = at::matmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h * dh});
+    at::Tensor attn = ReferenceAttention(q, k, v, sliding ? windowed : causal, sliding, scale,
+                                         c.attn_logit_softcapping, attention);  // [B, H, T, Dh]
+    attn = attn.permute({0, 2, 1, 3}).reshape({b, t, h * dh});
     at::Tensor attn_out = Proj(attn, "self_attn.o_proj");
     if (c.sandwich_norms) attn_out = Norm(c, attn_out, W("post_attention_layernorm.weight"), bf16);
     x = x + attn_out.to(at::kFloat);
@@ -213,7 +245,13 @@ at::Tensor ReferenceLogits(const ModelConfig& c, const ReferenceParams& p,
 
 at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p,
                          const at::Tensor& input_ids, const at::Tensor& labels, bool bf16) {
-  at::Tensor logits = ReferenceLogits(c, p, input_ids, bf16);
+  return ReferenceLoss(c, p, input_ids, labels, bf16, AttentionRounding::kLibTorch);
+}
+
+at::Tensor ReferenceLoss(const ModelConfig& c, const ReferenceParams& p,
+                         const at::Tensor& input_ids, const at::Tensor& labels, bool bf16,
+                         AttentionRounding attention) {
+  at::Tensor logits = ReferenceLogits(c, p, input_ids, bf16, attention);
   logits = logits.view({logits.size(0) * logits.size(1), -1});
   at::Tensor flat_labels = labels.reshape({-1});
   at::Tensor mask = flat_labels != -100;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/runtime/bf16.h"
 #include "engine/store/host_store.h"
@@ -634,6 +635,37 @@ TEST(HfModelTest, Gemma3MultimodalCheckpointLoadsItsTextTower) {
   EXPECT_THAT(LoadHfWeights(dir, text_only.get()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("unexpected tensor 'model.language_model.")));
+}
+
+// A Gemma checkpoint whose projections or q/k norms were made with another
+// head_dim than config.json's (16) is refused naming the tensor and both
+// shapes, not reshaped.
+TEST(HfModelTest, GemmaTensorsOfAnotherHeadDimAreRefusedNamingThem) {
+  struct Case {
+    const char* family;
+    const char* tensor;
+    std::vector<int64_t> shape;  // as made with head_dim 8
+    const char* expected;
+  };
+  for (const Case& c :
+       {Case{"gemma2", "model.layers.2.self_attn.q_proj.weight", {32, 32}, "expects [64, 32]"},
+        Case{"gemma3_text", "model.layers.0.self_attn.k_norm.weight", {8}, "expects [16]"}}) {
+    SCOPED_TRACE(c.tensor);
+    auto config = LoadHfConfig(FixtureDir(c.family));
+    ASSERT_THAT(config, IsOk());
+    const std::string dir = testing::MakeTempDir("hf_model_test");
+    std::unique_ptr<HostStore> source = MakeStore(*config, /*seed=*/24);
+    Mutation m;
+    m.omit = c.tensor;
+    m.extra_name = c.tensor;
+    m.extra_shape = c.shape;
+    WriteModel(dir, *source, m);
+    std::unique_ptr<HostStore> loaded = MakeStore(*config, 0);
+    EXPECT_THAT(
+        LoadHfWeights(dir, loaded.get()),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(absl::StrCat("'", c.tensor, "'")), HasSubstr(c.expected))));
+  }
 }
 
 }  // namespace

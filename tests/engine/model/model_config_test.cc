@@ -299,6 +299,25 @@ TEST(ParseHfConfigTest, RefusesBadFamilyFieldsNamingThem) {
                                          R"(, "rope_scaling": {"type": "su"}})")),
               StatusIs(absl::StatusCode::kUnimplemented,
                        HasSubstr("rope_scaling.rope_type: 'su' is not supported")));
+  // An unknown rope_scaling type on a Gemma 3 global layer, in either the
+  // legacy or the transformers 5 spelling, names the field.
+  EXPECT_THAT(ParseHfConfig(absl::StrCat(R"({"model_type": "gemma3_text", )", base,
+                                         R"(, "rope_scaling": {"rope_type": "dynamic",
+                                         "factor": 2.0}})")),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("rope_scaling.rope_type: 'dynamic' is not supported")));
+  EXPECT_THAT(
+      ParseHfConfig(absl::StrCat(R"({"model_type": "gemma3_text", )", base,
+                                 R"(, "rope_parameters": {"full_attention": {"rope_type": "yarn",
+                                 "rope_theta": 1000000.0, "factor": 8.0}, "sliding_attention":
+                                 {"rope_type": "default", "rope_theta": 10000.0}}})")),
+      StatusIs(absl::StatusCode::kUnimplemented,
+               HasSubstr("rope_parameters.full_attention.rope_type: 'yarn' is not supported")));
+  // head_dim inconsistent with the rotary fraction: Phi-3 rotates
+  // head_dim * partial_rotary_factor dimensions, which must be even.
+  EXPECT_THAT(ParseHfConfig(absl::StrCat(R"({"model_type": "phi3", )", base,
+                                         R"(, "head_dim": 6, "partial_rotary_factor": 0.5})")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("partial_rotary_factor")));
   EXPECT_THAT(ParseHfConfig(absl::StrCat(R"({"model_type": "gemma2", )", base,
                                          R"(, "layer_types": ["full_attention"]})")),
               StatusIs(absl::StatusCode::kInvalidArgument,
