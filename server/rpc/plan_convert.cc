@@ -48,6 +48,28 @@ absl::Status MachineFromProto(const v1::PlanMachine& m, PlanMachineOverrides* ou
   return absl::OkStatus();
 }
 
+// memory.nvme_tier's names (engine::ParseNvmeTierMode's: megatrain_server
+// links no engine library, so the three names are spelled here too).
+absl::StatusOr<engine::NvmeTierMode> TierFromName(absl::string_view name) {
+  if (name == "off") return engine::NvmeTierMode::kOff;
+  if (name == "moments") return engine::NvmeTierMode::kMoments;
+  if (name == "auto") return engine::NvmeTierMode::kAuto;
+  return absl::InvalidArgumentError(
+      absl::StrCat("memory.nvme_tier: must be off, moments or auto, got '", name, "'"));
+}
+
+const char* TierName(engine::NvmeTierMode mode) {
+  switch (mode) {
+    case engine::NvmeTierMode::kMoments:
+      return "moments";
+    case engine::NvmeTierMode::kAuto:
+      return "auto";
+    case engine::NvmeTierMode::kOff:
+      break;
+  }
+  return "off";
+}
+
 }  // namespace
 
 absl::StatusOr<PlanInputs> PlanInputsFromProto(const v1::PlanJobRequest& request) {
@@ -77,7 +99,7 @@ absl::StatusOr<PlanInputs> PlanInputsFromProto(const v1::PlanJobRequest& request
   in.model.family = request.family();
   in.model.param_count = request.param_count();
   if (!request.nvme_tier().empty()) {
-    absl::StatusOr<engine::NvmeTierMode> tier = engine::ParseNvmeTierMode(request.nvme_tier());
+    absl::StatusOr<engine::NvmeTierMode> tier = TierFromName(request.nvme_tier());
     if (!tier.ok()) return tier.status();
     in.spec.memory.nvme_tier = *tier;
   }
@@ -88,7 +110,7 @@ absl::StatusOr<PlanInputs> PlanInputsFromProto(const v1::PlanJobRequest& request
 void JobPlanToProto(const engine::JobPlan& plan, const engine::PlanMachine& machine,
                     v1::PlanJobResponse* out) {
   out->set_params(plan.params);
-  out->set_nvme_tier(std::string(engine::NvmeTierModeName(plan.nvme_tier)));
+  out->set_nvme_tier(TierName(plan.nvme_tier));
   out->set_host_bytes(plan.tiers.host_bytes);
   out->set_pinned_bytes(plan.tiers.pinned_bytes);
   out->set_device_bytes(plan.tiers.device_bytes);
