@@ -162,9 +162,13 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
              : std::string(", everything in host memory"));
   } else {
     plan.verdict = absl::StrCat("does not fit: ", shortfall);
-    if (!tier && tiered_short.empty()) {
+    // What the tier would need: the shortfall with NVMe enough for it.
+    PlanMachine with_nvme = machine;
+    with_nvme.nvme_bytes = std::max(machine.nvme_bytes, tiered.nvme_bytes);
+    if (!tier && Shortfall(tiered, with_nvme).empty()) {
       absl::StrAppend(&plan.verdict, "; fits with memory.nvme_tier: moments (host ",
-                      Bytes(tiered.host_total_bytes), ", NVMe ", Bytes(tiered.nvme_bytes), ")");
+                      Bytes(tiered.host_total_bytes), ", NVMe ", Bytes(tiered.nvme_bytes),
+                      tiered_short.empty() ? ")" : " needed)");
     } else if (!tier) {
       absl::StrAppend(&plan.verdict, "; with the moments on NVMe still: ", tiered_short);
     }
