@@ -92,6 +92,34 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   return p;
 }
 
+// `f` with the trainer's auto choices on a device of `gpu_bytes`
+// (Notes [Resident embedding] and [Device gradient accumulation] in
+// step/executor.h): EstimateFootprint counts both at their upper bound, a
+// plan knows the device. Host bytes do not change (the store keeps all).
+MemoryFootprint ForDevice(const MemoryFootprint& f, const JobSpec& spec, const ModelConfig& config,
+                          int64_t gpu_bytes) {
+  if (gpu_bytes <= 0) return f;
+  MemoryFootprint out = f;
+  const ModelLayout layout = ModelLayout::Create(config);
+  if (!config.tie_word_embeddings && !ResolveResidentEmbedding(config, -1, gpu_bytes)) {
+    const int64_t bytes = 16 * layout.blocks[layout.embedding_block()].numel;
+    out.device_estimate_bytes -= bytes;
+    out.device_resident_bytes -= bytes;
+  }
+  int64_t streamed = 0;
+  for (const int64_t block :
+       layout.StreamedDenseBlocks(ResolveResidentLayers(config, -1, /*cuda=*/true))) {
+    streamed += layout.blocks[block].numel;
+  }
+  if (spec.train.gradient_accumulation_steps > 1 &&
+      4.0 * static_cast<double>(streamed) >
+          kDeviceGradAccumulationMaxFraction * static_cast<double>(gpu_bytes)) {
+    out.device_estimate_bytes -= 4 * streamed;
+    out.device_resident_bytes -= 4 * streamed;
+  }
+  return out;
+}
+
 TierBytes TiersOf(const MemoryFootprint& f) {
   TierBytes t;
   t.host_bytes = f.host_total_bytes;
@@ -130,7 +158,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   JobSpec in_ram = spec;
   in_ram.memory.nvme_tier = NvmeTierMode::kOff;
-  const MemoryFootprint ram = EstimateFootprintForConfig(in_ram, config);
+  const MemoryFootprint ram =
+      ForDevice(EstimateFootprintForConfig(in_ram, config), spec, config, machine.gpu_memory_bytes);
   const MemoryFootprint tiered = WithNvmeMoments(ram);
   JobPlan plan;
   plan.params = ram.params;
@@ -144,8 +173,12 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
       plan.nvme_tier = NvmeTierMode::kMoments;
       break;
     case NvmeTierMode::kAuto:
-      plan.nvme_tier =
-          ram_short.empty() || !tiered_short.empty() ? NvmeTierMode::kOff : NvmeTierMode::kMoments;
+      // Only for the host: the tier moves nothing off the device.
+      plan.nvme_tier = ram.host_total_bytes > machine.host_memory_bytes &&
+                               tiered.host_total_bytes <= machine.host_memory_bytes &&
+                               tiered.nvme_bytes <= machine.nvme_bytes
+                           ? NvmeTierMode::kMoments
+                           : NvmeTierMode::kOff;
       break;
   }
   const bool tier = plan.nvme_tier == NvmeTierMode::kMoments;
