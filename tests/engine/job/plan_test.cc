@@ -104,6 +104,25 @@ TEST(PlanTest, ProjectionMatchesTheMeasuredLlama8bStep) {
   EXPECT_EQ(plan->projection.tokens, 8 * 2048);
 }
 
+TEST(PlanTest, DeviceBytesFollowTheTrainersAutoChoicesForTheGpu) {
+  // 70B with accumulation: its streamed gradients (4 B/param, 280 GB) are
+  // far over a quarter of an H200, so the trainer keeps them on the host;
+  // the job's own footprint counts them as an upper bound.
+  JobSpec spec = Llama8bSpec();
+  spec.train.gradient_accumulation_steps = 8;
+  const ModelConfig config = *ConfigForParamCount("llama", 70e9);
+  PlanMachine machine = DefaultPlanMachine();
+  machine.host_memory_bytes = int64_t{2} << 40;
+  const absl::StatusOr<JobPlan> plan = PlanJob(spec, config, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const MemoryFootprint upper = EstimateFootprintForConfig(spec, config);
+  EXPECT_GT(upper.device_estimate_bytes, machine.gpu_memory_bytes);
+  EXPECT_LT(plan->tiers.device_bytes, machine.gpu_memory_bytes);
+  EXPECT_LT(plan->tiers.device_bytes, upper.device_estimate_bytes - 4 * int64_t{60'000'000'000});
+  EXPECT_EQ(plan->tiers.host_bytes, upper.host_total_bytes);  // the store keeps everything
+  EXPECT_TRUE(plan->fits) << plan->verdict;
+}
+
 TEST(PlanTest, RejectsANegativeRateNamingTheField) {
   PlanMachine machine = DefaultPlanMachine();
   machine.nvme_write_bytes_per_second = -1;
