@@ -1,6 +1,7 @@
 // The NVMe tier: AdamW moments (exp_avg, exp_avg_sq) kept in files on a
 // local SSD instead of host memory, read ahead in the optimizer's order and
-// written behind it through pinned buffers of a bounded size.
+// written behind it through staging buffers of a bounded size (page-locked
+// on request, for device copies; the CPU optimizer does not need it).
 //
 // Note [NVMe tier]
 // The optimizer touches each moment once per step: read, update, write.
@@ -51,7 +52,7 @@ inline constexpr int64_t kNvmeTierChunkElements = int64_t{1} << 22;
 inline constexpr int64_t kNvmeTierBuffers = 3;
 
 // Pinned host bytes of the tier's staging: kNvmeTierBuffers x 2 moments x
-// kNvmeTierChunkElements x 4 B = 192 MiB, whatever the model.
+// kNvmeTierChunkElements x 4 B = 96 MiB, whatever the model.
 constexpr int64_t NvmeTierStagingBytes() {
   return kNvmeTierBuffers * 2 * kNvmeTierChunkElements * 4;
 }
