@@ -25,6 +25,7 @@
 #include "client/connection.h"
 #include "client/job_file.h"
 #include "client/output.h"
+#include "client/plan_command.h"
 
 namespace megatrain::client {
 namespace {
@@ -496,6 +497,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   audit->add_option("--page_size", page_size, "Records per page (default 50, at most 1000)");
   audit->add_option("--page_token", page_token, "Continue from a previous page");
   audit->add_flag("--all", all, "Fetch every page");
+  PlanArgs plan_args;
+  CLI::App* plan = AddPlanCommand(&app, &plan_args);
   CLI::App* hash_token = app.add_subcommand("hash-token",
                                             "Print the SHA-256 of a token read from stdin, for the "
                                             "daemon's --auth_tokens file");
@@ -526,6 +529,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   if (!created.ok()) {
     err << "megatrain: " << created.status().message() << "\n";
     return kExitUsage;
+  }
+  if (plan->parsed()) {
+    return RunPlan(plan_args, **created,
+                   timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::Seconds(30), json,
+                   out, err);
   }
   Cli cli(out, err, interactive, json, absl::Seconds(timeout_seconds), *std::move(created));
   if (submit->parsed()) return cli.Submit(file, wait, request_id);

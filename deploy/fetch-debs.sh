@@ -17,6 +17,8 @@ PACKAGES=(
   libsentencepiece-dev libsentencepiece0
   # HF tokenizer.json: PCRE2 and ICU
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72 icu-devtools
+  # NVMe tier: io_uring
+  liburing-dev liburing2
   # server and client
   libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 libc-ares-dev libc-ares2 libre2-dev libre2-9
   libprotobuf-dev libprotobuf-lite32 libprotobuf32 libprotoc32 protobuf-compiler protobuf-compiler-grpc

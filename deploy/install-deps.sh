@@ -13,6 +13,8 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
   # HF tokenizer.json: PCRE2 (Split regexes), ICU (NF* normalizers)
   libpcre2-dev libicu-dev
+  # NVMe tier: io_uring (engine/store/nvme_tier.cc)
+  liburing-dev
   # server and client
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   prometheus-cpp-dev libcpp-httplib-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev libssl-dev

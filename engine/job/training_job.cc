@@ -110,7 +110,7 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   f.device_estimate_bytes =
       plan.device_bytes() + saved_outside_plan * tokens * config.hidden_size * 4 +
       12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
-  return f;
+  return spec.memory.nvme_tier == NvmeTierMode::kMoments ? WithNvmeMoments(f) : f;
 }
 
 std::string GiB(int64_t bytes) {
@@ -177,6 +177,11 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(s.train.nan_policy)));
   }
+  if (s.memory.nvme_tier != NvmeTierMode::kOff && s.memory.nvme_tier != NvmeTierMode::kMoments &&
+      s.memory.nvme_tier != NvmeTierMode::kAuto) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory.nvme_tier: unknown value ", static_cast<int>(s.memory.nvme_tier)));
+  }
   MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.lr", s.optimizer.lr, 0, 1, /*lo_open=*/true));
   MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta1", s.optimizer.beta1, 0, 0.999999));
   MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta2", s.optimizer.beta2, 0, 0.999999999));
@@ -195,6 +200,20 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   MEGATRAIN_RETURN_IF_ERROR(
       IntInRange("checkpoint.keep_every", s.checkpoint.keep_every, 0, int64_t{1} << 40));
   return absl::OkStatus();
+}
+
+MemoryFootprint WithNvmeMoments(const MemoryFootprint& f) {
+  if (f.nvme_bytes > 0) return f;
+  MemoryFootprint tiered = f;
+  tiered.nvme_bytes = f.host.exp_avg + f.host.exp_avg_sq;
+  tiered.host.exp_avg = tiered.host.exp_avg_sq = 0;
+  tiered.host.staging += NvmeTierStagingBytes();
+  tiered.host_total_bytes = tiered.host.Total() + tiered.embedding_lookahead_bytes;
+  return tiered;
+}
+
+MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config) {
+  return FootprintOf(spec, config);
 }
 
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {

@@ -23,6 +23,7 @@
 #include "engine/optim/nan_policy.h"
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
+#include "engine/store/nvme_tier.h"
 
 namespace megatrain::engine {
 
@@ -86,6 +87,11 @@ struct CheckpointSpec {
   int64_t keep_every = 0;   // also keep every N-th step (0 = none)
 };
 
+// Where the job's state lives (Note [NVMe tier] in engine/store/nvme_tier.h).
+struct MemorySpec {
+  NvmeTierMode nvme_tier = NvmeTierMode::kOff;  // memory.nvme_tier
+};
+
 // A whole job, as submitted.
 struct JobSpec {
   std::string name;
@@ -95,6 +101,7 @@ struct JobSpec {
   OptimizerSpec optimizer;
   EvalSpec eval;
   CheckpointSpec checkpoint;
+  MemorySpec memory;
   std::string output_dir;  // checkpoints and exports go under it
   // The daemon's id of the job ("job-000012"): written into every checkpoint
   // (state.json "job_id") and required of a checkpoint it resumes from. Set
@@ -136,8 +143,19 @@ struct MemoryFootprint {
   // (Note [Embedding lookahead] in trainer.h): 2 x B x T x C fp32 at most,
   // 0 with tied embeddings. Part of host_total_bytes, not of host.
   int64_t embedding_lookahead_bytes = 0;
+  // Bytes in files on the NVMe tier (memory.nvme_tier: moments): the two
+  // AdamW moments, host.exp_avg and host.exp_avg_sq then 0 and host.staging
+  // counting the tier's NvmeTierStagingBytes(). 0 without the tier.
+  int64_t nvme_bytes = 0;
 };
 
+// `f` (computed with everything in host memory) with the AdamW moments
+// moved to the NVMe tier (Note [NVMe tier]): the one place that turns the
+// all-in-RAM footprint into the tiered one. Idempotent.
+MemoryFootprint WithNvmeMoments(const MemoryFootprint& f);
+
+// The footprint of `spec` with its model given as `config` (reads no file).
+MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config);
 // Computes the footprint of `spec`'s model (reads config.json for hf_dir).
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec);
 // As EstimateFootprint, with an hf_dir model's config.json given as

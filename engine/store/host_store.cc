@@ -78,7 +78,8 @@ HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
   BlockOffsets(layout, &numel);
   HostStoreBytes b;
   b.master = numel * 4;
-  if (options.optimizer_state) b.grad = b.exp_avg = b.exp_avg_sq = numel * 4;
+  if (options.optimizer_state) b.grad = numel * 4;
+  if (options.optimizer_state && options.moments_in_host) b.exp_avg = b.exp_avg_sq = numel * 4;
   if (options.streaming_bf16) b.streaming = numel * 2;
   // Pinned: what the device reads (streaming copy or master) and the
   // gradients it writes (Note [Gradient landing] in step/grad_lander.h).
@@ -96,6 +97,8 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
   MEGATRAIN_ASSIGN_OR_RETURN(store->master_, HostBuffer::Allocate(fp32_bytes, pin_master));
   if (options.optimizer_state) {
     MEGATRAIN_ASSIGN_OR_RETURN(store->grad_, HostBuffer::Allocate(fp32_bytes, options.pin));
+  }
+  if (options.optimizer_state && options.moments_in_host) {
     MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_, HostBuffer::Allocate(fp32_bytes, false));
     MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_sq_, HostBuffer::Allocate(fp32_bytes, false));
   }

@@ -37,6 +37,10 @@ struct HostStoreOptions {
   bool streaming_bf16 = false;  // keep a bf16 streaming copy (bf16 compute)
   bool pin = false;             // pin the arenas the device reads and the gradients
   bool optimizer_state = true;  // allocate grad, exp_avg and exp_avg_sq
+  // With optimizer_state: keep exp_avg and exp_avg_sq here (false: they
+  // live on the NVMe tier, Note [NVMe tier] in nvme_tier.h, and exp_avg()
+  // and exp_avg_sq() are nullptr).
+  bool moments_in_host = true;
 };
 
 class HostStore {
@@ -56,6 +60,11 @@ class HostStore {
   const HostStoreOptions& options() const { return options_; }
   int64_t num_blocks() const { return static_cast<int64_t>(layout_.blocks.size()); }
   int64_t block_numel(int64_t block) const { return layout_.blocks[block].numel; }
+  // Elements from an arena's start to `block` (a multiple of 1024), and the
+  // elements of one arena: the same in every arena and in the NVMe tier's
+  // files.
+  int64_t block_offset(int64_t block) const { return block_offsets_[block]; }
+  int64_t arena_numel() const { return arena_numel_; }
 
   // Flat fp32 buffers of `block`, block_numel(block) elements each.
   float* master(int64_t block) const { return At<float>(master_, block); }

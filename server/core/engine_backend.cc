@@ -34,6 +34,12 @@ class RealEngineBackend final : public EngineBackend {
     return Guard("EstimateFootprint", [&] { return engine::EstimateFootprint(spec); });
   }
 
+  absl::StatusOr<engine::JobPlan> PlanJob(const engine::PlanModel& model,
+                                          const engine::JobSpec& spec,
+                                          const engine::PlanMachine& machine) override {
+    return Guard("PlanJob", [&] { return engine::PlanJobForModel(model, spec, machine); });
+  }
+
   absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
       const engine::JobSpec& spec, const std::string& hf_config_json) override {
     return Guard("EstimateFootprint",

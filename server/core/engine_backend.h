@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/job/plan.h"
 #include "engine/job/training_job.h"
 
 namespace megatrain::server {
@@ -52,6 +53,16 @@ class EngineBackend {
       const engine::JobSpec& spec, const std::string& hf_config_json) {
     (void)hf_config_json;
     return EstimateFootprint(spec);
+  }
+
+  // engine::PlanJobForModel: where `spec`'s bytes go on `machine`, whether
+  // it fits and its projected step time. The default, for fakes,
+  // UNIMPLEMENTED.
+  virtual absl::StatusOr<engine::JobPlan> PlanJob(const engine::PlanModel& model,
+                                                  const engine::JobSpec& spec,
+                                                  const engine::PlanMachine& machine) {
+    (void)model, (void)spec, (void)machine;
+    return absl::UnimplementedError("PlanJob: not available without the engine");
   }
 
   // engine::TrainingJob::Create: builds the job on `device`, resuming from

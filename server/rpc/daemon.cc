@@ -368,6 +368,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   facts.physical_memory_bytes = physical_bytes;
   facts.auth_enabled = p.auth->enabled();
   facts.preemption_enabled = opt.preemption;
+  facts.backend = p.backend.get();
+  facts.nvme_budget_bytes = opt.nvme_budget_bytes;
   for (const std::string& device : devices) {
     if (!opt.measure_link_bandwidth || device == "cpu") continue;
     // NVML's PCIe counters around each direction of the probe calibrate the

@@ -63,6 +63,9 @@ struct DaemonOptions {
   // Host memory all running jobs may need together; 0: 80% of physical
   // memory.
   int64_t host_memory_budget_bytes = 0;
+  // --nvme_budget: the NVMe tier's capacity PlanJob plans with (bytes; 0:
+  // no tier). Jobs do not use the tier yet (docs/operations.md).
+  int64_t nvme_budget_bytes = 0;
   // Tokens file (auth.h); empty: auth off, loopback only.
   std::string auth_tokens;
   // PEM files for TLS; cert and key go together; client CA enables mTLS.

@@ -34,7 +34,7 @@ int RunDaemonMain(int argc, char** argv,
   signal(SIGPIPE, SIG_IGN);
 
   DaemonOptions options;
-  std::string host_memory_budget;
+  std::string host_memory_budget, nvme_budget;
   std::string max_message_bytes = "16MiB";
   double shutdown_timeout_seconds = 600;
   CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
@@ -49,6 +49,9 @@ int RunDaemonMain(int argc, char** argv,
   app.add_option("--host_memory_budget", host_memory_budget,
                  "Host memory all running jobs may need together, e.g. 512GiB "
                  "(default: 80% of physical memory)");
+  app.add_option("--nvme_budget", nvme_budget,
+                 "Local SSD space for the NVMe tier, e.g. 4TB: what `megatrain plan` assumes "
+                 "(default 0: no tier; jobs do not use the tier yet)");
   app.add_option("--auth_tokens", options.auth_tokens,
                  "YAML file of users, roles and token SHA-256 hashes (default: auth off, "
                  "loopback only)");
@@ -107,6 +110,14 @@ int RunDaemonMain(int argc, char** argv,
       return 2;
     }
     options.host_memory_budget_bytes = *bytes;
+  }
+  if (!nvme_budget.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(nvme_budget, "--nvme_budget");
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    options.nvme_budget_bytes = *bytes;
   }
 
   {

@@ -5,6 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/core/plan_machine.h"
+#include "server/rpc/plan_convert.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/rpc_call.h"
 #include "server/rpc/strict_parse.h"
@@ -88,6 +90,43 @@ void ServerServiceImpl::ParseRequestsStrictly() {
   MarkMethodStreamed(
       MethodIndex(kService, "ListAuditRecords", v1::ListAuditRecordsRequest::descriptor()),
       NewStrictUnaryHandler(this, &ServerServiceImpl::ListAuditRecords));
+  MarkMethodStreamed(MethodIndex(kService, "PlanJob", v1::PlanJobRequest::descriptor()),
+                     NewStrictUnaryHandler(this, &ServerServiceImpl::PlanJob));
+}
+
+grpc::Status ServerServiceImpl::PlanJob(grpc::ServerContext* context,
+                                        const v1::PlanJobRequest* request,
+                                        v1::PlanJobResponse* response) {
+  RpcCall call("PlanJob", context, *auth_, metrics_);
+  absl::StatusOr<Principal> caller = call.Start();
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<PlanInputs> in = PlanInputsFromProto(*request);
+  if (!in.ok()) return call.Finish(in.status());
+  if (facts_.backend == nullptr) {
+    return call.Finish(absl::UnimplementedError("PlanJob: this daemon has no engine"));
+  }
+  absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
+  if (!status.ok()) return call.Finish(status.status());
+  DaemonMachine daemon;
+  daemon.host_memory_budget_bytes = status->host_memory_budget_bytes;
+  daemon.nvme_budget_bytes = facts_.nvme_budget_bytes;
+  if (!status->devices.empty()) {
+    const std::string& device = status->devices.front().name;
+    auto link = facts_.link_bandwidth.find(device);
+    if (link != facts_.link_bandwidth.end()) {
+      daemon.h2d_bytes_per_second = link->second.h2d_bytes_per_second;
+      daemon.d2h_bytes_per_second = link->second.d2h_bytes_per_second;
+    }
+    if (nvml_ != nullptr) {
+      std::optional<NvmlSample> sample = nvml_->Sample(device);
+      if (sample.has_value()) daemon.gpu_memory_bytes = sample->memory_total_bytes;
+    }
+  }
+  const engine::PlanMachine machine = ResolvePlanMachine(in->machine, daemon);
+  absl::StatusOr<engine::JobPlan> plan = facts_.backend->PlanJob(in->model, in->spec, machine);
+  if (!plan.ok()) return call.Finish(plan.status());
+  JobPlanToProto(*plan, machine, response);
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::Status ServerServiceImpl::GetServerStatus(grpc::ServerContext* context,

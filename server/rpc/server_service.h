@@ -28,6 +28,10 @@ struct ServerFacts {
   bool auth_enabled = false;
   bool preemption_enabled = false;
   std::map<std::string, LinkBandwidth> link_bandwidth;  // by device; measured at start-up
+  int64_t nvme_budget_bytes = 0;                        // --nvme_budget (0: no NVMe tier)
+  // PlanJob's door to the engine (not owned; outlives the service); null:
+  // PlanJob is UNIMPLEMENTED.
+  EngineBackend* backend = nullptr;
 };
 
 class ServerServiceImpl final : public v1::ServerService::Service {
@@ -53,6 +57,9 @@ class ServerServiceImpl final : public v1::ServerService::Service {
   grpc::Status ListAuditRecords(grpc::ServerContext* context,
                                 const v1::ListAuditRecordsRequest* request,
                                 v1::ListAuditRecordsResponse* response) override;
+  // Any authenticated caller; starts nothing (plan_convert.h, engine/job/plan.h).
+  grpc::Status PlanJob(grpc::ServerContext* context, const v1::PlanJobRequest* request,
+                       v1::PlanJobResponse* response) override;
 
  private:
   // Re-registers every method so that a request that does not parse is

@@ -21,3 +21,9 @@ add_test(NAME integration_isolation
           $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(integration_isolation PROPERTIES LABELS integration TIMEOUT 900)
+# Issue 19: `megatrain plan` against the real daemon and engine.
+add_test(NAME integration_plan
+  COMMAND bash ${_it_dir}/plan_test.sh
+          $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(integration_plan PROPERTIES LABELS integration TIMEOUT 300)

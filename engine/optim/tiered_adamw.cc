@@ -1,0 +1,71 @@
+// AdamW with the moments on the NVMe tier (tiered_adamw.h).
+#include "engine/optim/tiered_adamw.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/status_macros.h"
+
+namespace megatrain::engine {
+
+absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
+                             NvmeMomentFiles& moments, const std::vector<int64_t>& blocks,
+                             int64_t step, double lr, float grad_scale) {
+  if (moments.numel() != store.arena_numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("NVMe tier: moment files hold ", moments.numel(),
+                                                   " elements, the store ", store.arena_numel()));
+  }
+  std::vector<MomentRange> ranges;
+  ranges.reserve(blocks.size());
+  for (const int64_t block : blocks) {
+    ranges.push_back({store.block_offset(block), store.block_numel(block)});
+  }
+  // Chunks come in the order of `ranges`: the chunk's block is the first
+  // range from the current one on that holds its offset.
+  size_t block_idx = 0;
+  return moments.ForEachChunk(
+      ranges, [&](const MomentRange& chunk, float* exp_avg, float* exp_avg_sq) {
+        while (block_idx < ranges.size() &&
+               (chunk.offset < ranges[block_idx].offset ||
+                chunk.offset >= ranges[block_idx].offset + ranges[block_idx].count)) {
+          ++block_idx;
+        }
+        if (block_idx == ranges.size()) {
+          return absl::InternalError(absl::StrCat("NVMe tier: chunk at ", chunk.offset,
+                                                  " outside the blocks of the pass"));
+        }
+        const int64_t block = blocks[block_idx];
+        const int64_t begin = chunk.offset - store.block_offset(block);
+        AdamWBuffers buffers;
+        buffers.params = store.master(block) + begin;
+        buffers.grads = store.grad(block) + begin;
+        buffers.exp_avg = exp_avg;
+        buffers.exp_avg_sq = exp_avg_sq;
+        bf16_bits* bf16 = store.streaming_bf16(block);
+        buffers.bf16_params = bf16 != nullptr ? bf16 + begin : nullptr;
+        buffers.num_elements = chunk.count;
+        return adamw.Step(buffers, step, lr, grad_scale);
+      });
+}
+
+absl::Status CopyMomentsToHost(NvmeMomentFiles& moments, const HostStore& store, float* exp_avg,
+                               float* exp_avg_sq) {
+  for (int64_t block = 0; block < store.num_blocks(); ++block) {
+    const int64_t offset = store.block_offset(block);
+    const int64_t n = store.block_numel(block);
+    MEGATRAIN_RETURN_IF_ERROR(moments.Read(MomentKind::kExpAvg, offset, n, exp_avg + offset));
+    MEGATRAIN_RETURN_IF_ERROR(moments.Read(MomentKind::kExpAvgSq, offset, n, exp_avg_sq + offset));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyMomentsFromHost(NvmeMomentFiles& moments, const HostStore& store,
+                                 const float* exp_avg, const float* exp_avg_sq) {
+  for (int64_t block = 0; block < store.num_blocks(); ++block) {
+    const int64_t offset = store.block_offset(block);
+    const int64_t n = store.block_numel(block);
+    MEGATRAIN_RETURN_IF_ERROR(moments.Write(MomentKind::kExpAvg, offset, n, exp_avg + offset));
+    MEGATRAIN_RETURN_IF_ERROR(moments.Write(MomentKind::kExpAvgSq, offset, n, exp_avg_sq + offset));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,153 @@
+// The NVMe tier: AdamW moments (exp_avg, exp_avg_sq) kept in files on a
+// local SSD instead of host memory, read ahead in the optimizer's order and
+// written behind it through staging buffers of a bounded size (page-locked
+// on request, for device copies; the CPU optimizer does not need it).
+//
+// Note [NVMe tier]
+// The optimizer touches each moment once per step: read, update, write.
+// Keeping them on an SSD costs 8 bytes per parameter of reads and 8 of
+// writes per step and saves 8 bytes per parameter of host memory (of the
+// 18 a bf16 job keeps: docs/operations.md "Sizing host memory"). The files
+// use the host store's layout (blocks at 4 KiB-aligned offsets, fp32), so
+// every block and every chunk of kNvmeTierChunkElements starts on a 4 KiB
+// boundary and O_DIRECT reads and writes need no bounce. The staging is
+// kNvmeTierBuffers sets of one chunk per moment: while the optimizer
+// updates chunk i, chunk i+1 is being read and chunk i-1 written
+// (NvmeTierStagingBytes(), a constant independent of the model).
+#ifndef MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
+#define MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/runtime/host_buffer.h"
+
+namespace megatrain::engine {
+
+// Which optimizer state a job keeps on the NVMe tier (job file
+// `memory.nvme_tier`).
+enum class NvmeTierMode {
+  kOff,      // everything in host memory (the default)
+  kMoments,  // exp_avg and exp_avg_sq in files under the daemon's --nvme_dir
+  kAuto,     // kMoments only when the job does not fit the host budget otherwise
+};
+
+// "off", "moments", "auto".
+absl::string_view NvmeTierModeName(NvmeTierMode mode);
+// Inverse of NvmeTierModeName; INVALID_ARGUMENT naming memory.nvme_tier
+// and the value otherwise.
+absl::StatusOr<NvmeTierMode> ParseNvmeTierMode(absl::string_view name);
+
+// fp32 elements of one moment per chunk (16 MiB): large enough for the
+// SSD's full sequential rate, small enough that the staging stays bounded.
+inline constexpr int64_t kNvmeTierChunkElements = int64_t{1} << 22;
+// Buffer sets in flight: one being read, one being updated, one being written.
+inline constexpr int64_t kNvmeTierBuffers = 3;
+
+// Pinned host bytes of the tier's staging: kNvmeTierBuffers x 2 moments x
+// kNvmeTierChunkElements x 4 B = 96 MiB, whatever the model.
+constexpr int64_t NvmeTierStagingBytes() {
+  return kNvmeTierBuffers * 2 * kNvmeTierChunkElements * 4;
+}
+
+// Which moment file.
+enum class MomentKind { kExpAvg = 0, kExpAvgSq = 1 };
+
+// A run of fp32 elements of both moment files, `offset` elements from the
+// start; `offset` a multiple of 1024 (4 KiB), as the host store's block
+// offsets are.
+struct MomentRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+// The two moment files of one job: <dir>/exp_avg.bin and
+// <dir>/exp_avg_sq.bin, `numel` fp32 each (the host store's arena_numel:
+// blocks at their store offsets). I/O goes through io_uring (liburing)
+// where the kernel allows it, else pread/pwrite; with O_DIRECT where the
+// file system takes it (not tmpfs), else through the page cache
+// (direct() says which; the caller logs it).
+//
+// Ownership: owns the two file descriptors, the ring and the staging
+// buffers; the files stay on disk after destruction (the job directory's
+// owner removes them). Thread-safety: none; one pass at a time, from one
+// thread (the optimizer's).
+class NvmeMomentFiles {
+ public:
+  // Creates (or truncates and zero-extends) the two files under `dir`
+  // (which must exist), `numel` elements each (sparse: no bytes written).
+  // `pin_staging` page-locks the staging (for device copies; the CPU
+  // optimizer does not need it). `chunk_elements` (a multiple of 1024;
+  // tests use small ones to make many chunks) sizes the staging:
+  // kNvmeTierBuffers x 2 x chunk_elements fp32. Errors: INVALID_ARGUMENT
+  // for numel or chunk_elements <= 0 or not a multiple of 1024; NOT_FOUND / PERMISSION_DENIED /
+  // RESOURCE_EXHAUSTED naming the file when it cannot be created or sized.
+  static absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> Create(
+      const std::string& dir, int64_t numel, bool pin_staging,
+      int64_t chunk_elements = kNvmeTierChunkElements);
+  ~NvmeMomentFiles();
+  NvmeMomentFiles(const NvmeMomentFiles&) = delete;
+  NvmeMomentFiles& operator=(const NvmeMomentFiles&) = delete;
+
+  const std::string& path(MomentKind kind) const { return files_[static_cast<int>(kind)].path; }
+  int64_t numel() const { return numel_; }
+  bool direct() const { return direct_; }             // O_DIRECT in use
+  bool io_uring() const { return ring_ != nullptr; }  // io_uring in use (else pread/pwrite)
+
+  // Called once per chunk of a pass, in order, with the chunk's range and
+  // its two moments ([range.count] fp32 each, in staging); may modify them.
+  using ChunkFn =
+      std::function<absl::Status(const MomentRange& range, float* exp_avg, float* exp_avg_sq)>;
+
+  // One optimizer pass: splits `ranges` into chunks of at most
+  // chunk_elements, reads chunk i+1 while `fn` runs on chunk i and
+  // writes chunk i back behind it (Note [NVMe tier]); returns once every
+  // write has completed. Errors: `fn`'s error (later chunks not run, the
+  // ones before it written); DATA_LOSS naming the file and offset for a
+  // short read (a truncated file) or a failed read; RESOURCE_EXHAUSTED
+  // (ENOSPC, EDQUOT) or INTERNAL for a failed write, naming the file.
+  // After an I/O error the files' contents are undefined: the job fails
+  // and resumes from its last checkpoint, which does not use them.
+  absl::Status ForEachChunk(const std::vector<MomentRange>& ranges, const ChunkFn& fn);
+
+  // Synchronous copies of `count` elements at `offset` (multiples of 1024
+  // but the count of the last block), for checkpoints and resume. Errors as
+  // ForEachChunk.
+  absl::Status Read(MomentKind kind, int64_t offset, int64_t count, float* dst);
+  absl::Status Write(MomentKind kind, int64_t offset, int64_t count, const float* src);
+
+  // Bytes written to / read from the two files since creation (SSD wear:
+  // the job reports the writes per step).
+  int64_t bytes_written() const { return bytes_written_.load(); }
+  int64_t bytes_read() const { return bytes_read_.load(); }
+
+ private:
+  struct File {
+    std::string path;
+    int fd = -1;
+  };
+  struct Ring;  // liburing's io_uring, kept out of this header
+  NvmeMomentFiles() = default;
+
+  absl::Status SyncIo(bool write, MomentKind kind, int64_t offset, int64_t bytes, void* buf);
+
+  File files_[2];
+  int64_t numel_ = 0;
+  int64_t chunk_elements_ = kNvmeTierChunkElements;
+  bool direct_ = false;
+  Ring* ring_ = nullptr;
+  HostBuffer staging_;  // kNvmeTierBuffers x 2 x chunk_elements_ fp32
+  std::atomic<int64_t> bytes_written_{0};
+  std::atomic<int64_t> bytes_read_{0};
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
