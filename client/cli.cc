@@ -84,7 +84,7 @@ class Cli {
          << Printable(status.message()) << "\n";
     if (absl::IsUnavailable(status) && IsConnectFailure(status.message())) {
       err_ << "megatrain: no megatraind answered at " << Printable(server_)
-           << ". Start one (`megatraind --listen " << Printable(server_)
+           << ". Start one (`megatraind --state_dir=DIR --listen=" << Printable(server_)
            << "`, or `systemctl start megatraind`; docs/operations.md), or point --server or "
               "MEGATRAIN_SERVER at a running one.\n";
     }

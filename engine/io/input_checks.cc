@@ -149,6 +149,18 @@ absl::StatusOr<std::vector<TokenShardHeaderFacts>> ReadTokenShardHeaders(const s
 }
 
 absl::Status CheckHfWeightHeaders(const std::string& hf_dir, const ModelConfig& config) {
+  // SafetensorsModel::Open opens files with a blocking open(2): refuse any
+  // *.safetensors / *.json entry that is not a regular file first (stat(2)
+  // never opens, so a FIFO cannot stall the caller).
+  std::error_code ec;
+  for (fs::directory_iterator it(hf_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!absl::EndsWith(name, ".safetensors") && !absl::EndsWith(name, ".json")) continue;
+    struct stat info {};
+    if (::stat(it->path().c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(it->path().string(), ": not a regular file"));
+    }
+  }
   absl::StatusOr<SafetensorsModel> model = SafetensorsModel::Open(hf_dir);
   if (!model.ok()) return model.status();
   const std::vector<int64_t> expected = {config.vocab_size, config.hidden_size};

@@ -44,7 +44,9 @@ struct TokenShardHeaderFacts {
 //   UNIMPLEMENTED: a version newer than this reader.
 absl::StatusOr<std::vector<TokenShardHeaderFacts>> ReadTokenShardHeaders(const std::string& path);
 
-// Opens the safetensors files of `hf_dir` (model.safetensors, or the index
+// Refuses a *.safetensors or *.json entry of `hf_dir` that is not a regular
+// file (INVALID_ARGUMENT; checked with stat(2), which never opens it), then
+// opens the safetensors files of `hf_dir` (model.safetensors, or the index
 // and its shards: SafetensorsModel::Open, which maps them, parses the
 // headers and checks the offsets against the file sizes, reading no tensor
 // data) and checks the embedding's shape against `config`

@@ -294,7 +294,7 @@ TEST(CliContractTest, VersionHelpBadInputAndNoDaemon) {
   EXPECT_EQ(down.code, client::kExitError);
   EXPECT_THAT(down.err, HasSubstr("UNAVAILABLE"));
   EXPECT_THAT(down.err, HasSubstr("no megatraind answered at 127.0.0.1:1"));
-  EXPECT_THAT(down.err, HasSubstr("megatraind --listen 127.0.0.1:1"));
+  EXPECT_THAT(down.err, HasSubstr("megatraind --state_dir=DIR --listen=127.0.0.1:1"));
 }
 
 TEST_F(DaemonTest, InvalidSpecsAreRefusedNamingTheField) {
