@@ -62,8 +62,10 @@ absl::Status CheckSubmission(const engine::JobSpec& spec, const JobInputs& input
   const std::string config_json = inputs.hf_config_json.value_or("");
   absl::StatusOr<EngineBackend::ModelLimits> limits = backend->ModelLimitsOf(spec, config_json);
   if (!limits.ok()) {
-    return spec.model.hf_dir.empty() ? Refuse("model.preset", limits.status())
-                                     : Refuse("model.hf_dir", limits.status());
+    // The config's own code: UNIMPLEMENTED for an unsupported architecture.
+    return absl::Status(limits.status().code(),
+                        absl::StrCat(spec.model.hf_dir.empty() ? "model.preset" : "model.hf_dir",
+                                     ": ", limits.status().message()));
   }
   if (limits->max_position_embeddings > 0 && spec.train.seq_len > limits->max_position_embeddings &&
       !spec.train.allow_seq_len_above_max_position_embeddings) {

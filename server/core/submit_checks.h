@@ -13,7 +13,9 @@
 //     data.eval_tokens);
 //   - train.seq_len above the model's max_position_embeddings needs
 //     train.allow_seq_len_above_max_position_embeddings.
-// Every refusal is INVALID_ARGUMENT and starts with the field's name. The
+// Every refusal is INVALID_ARGUMENT and starts with the field's name
+// (a config.json the engine cannot parse keeps its code: UNIMPLEMENTED for
+// an unsupported architecture). The
 // checks read headers only (at most engine::kMaxCheckedShards shard files of
 // 64 bytes each, and safetensors headers), run before the job manager takes
 // its lock (Note [Lock-free admission] in job_manager.h), after the path
