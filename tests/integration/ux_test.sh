@@ -63,9 +63,14 @@ expect_refused "train.seq_len: 4096 is above the model's max_position_embeddings
 mkdir -p "$WORK/hf"
 cp "$SOURCE_DIR/tests/testdata/hf/llama/config.json" "$SOURCE_DIR/tests/testdata/hf/llama/model.safetensors" "$WORK/hf/"
 truncate -s -64 "$WORK/hf/model.safetensors"
+# The fixture's vocab_size is 128 and max_position_embeddings 64: data and
+# seq_len that fit it, so that the weights are what is refused.
+"$CLI_BIN" tokenize --format sft --vocab_size 128 --tokenizer "$SOURCE_DIR/examples/data/tiny-spm.model" \
+  "$WORK/sft.jsonl" --out "$WORK/small" >/dev/null || fail "tokenize --format sft (128)"
 hf=$(write_job hf 10)
-sed -i "s|preset: tiny|hf_dir: $WORK/hf|" "$hf"
-expect_refused "model.hf_dir: " "$hf"
+sed -i -e "s|preset: tiny|hf_dir: $WORK/hf|" -e "s|tokens: .*|tokens: $WORK/small|" \
+  -e "s|seq_len: 128|seq_len: 8|" "$hf"
+expect_refused "model.hf_dir: $WORK/hf/model.safetensors" "$hf"
 
 log "forced cancel of a running job"
 big=$(write_job big 100000 "")
