@@ -3,7 +3,8 @@
 # licence-text corpus (examples/data/README.md): examples/jobs/data/tiny/
 # (training) and examples/jobs/data/tiny-eval/ (about 10% of the documents
 # held out), tokenized with examples/data/tiny-spm.model (vocab 512, the
-# `tiny` preset's).
+# `tiny` preset's). Gives the committed shards byte for byte (checked with
+# cmp on Debian 12's SentencePiece).
 #
 #   examples/make-tiny-data.sh [OUT_DIR]   # default: examples/jobs/data
 #
