@@ -270,7 +270,8 @@ TEST_F(DaemonTest, CancelSuspendResumeThroughTheCli) {
   // Status text is not an error: error_message only for FAILED.
   json job_after = ParseJson(Cli({"--server", address_, "get", "job-000001", "--json"}));
   EXPECT_EQ(job_after["error_message"], "");
-  EXPECT_THAT(job_after["status_message"].get<std::string>(), HasSubstr("forced cancel"));
+  EXPECT_THAT(job_after["status_message"].get<std::string>(), HasSubstr("cancel"));
+  EXPECT_THAT(watch.out, HasSubstr("forced cancel requested by"));
   // Checkpoint of a job that is not RUNNING fails at once.
   CliResult checkpoint = Cli({"--server", address_, "checkpoint", "job-000001"});
   EXPECT_EQ(checkpoint.code, client::kExitError);
