@@ -74,7 +74,7 @@ expect_refused "model.hf_dir: $WORK/hf/model.safetensors" "$hf"
 
 log "forced cancel of a running job"
 big=$(write_job big 100000 "")
-sed -i "s|micro_batch: 8|micro_batch: 16|; s|seq_len: 128|seq_len: 1024|" "$big"
+sed -i "s|micro_batch: 8|micro_batch: 4|; s|seq_len: 128|seq_len: 512|" "$big"
 job=$(cli --json submit "$big" | jq -r .id)
 wait_for_event "$job" '.kind == "step" and .step >= 1' 300 || fail "no step of $job"
 expect_cli_error FAILED_PRECONDITION "only SUSPENDED jobs resume" resume "$job"
