@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -28,7 +29,22 @@
 #include "client/plan_command.h"
 
 namespace megatrain::client {
+
+#ifndef MEGATRAIN_VERSION
+#error "MEGATRAIN_VERSION must be defined by the build (client/CMakeLists.txt)"
+#endif
+const char* Version() { return MEGATRAIN_VERSION; }
+
 namespace {
+
+// Whether an UNAVAILABLE message is gRPC's "could not connect" (no daemon
+// listening, or a wrong address) rather than a daemon that is draining.
+bool IsConnectFailure(absl::string_view message) {
+  return absl::StrContains(message, "failed to connect") ||
+         absl::StrContains(message, "Connection refused") ||
+         absl::StrContains(message, "DNS resolution failed") ||
+         absl::StrContains(message, "Socket closed");
+}
 
 using nlohmann::json;
 
@@ -51,19 +67,35 @@ std::string RandomRequestId() {
 class Cli {
  public:
   Cli(std::ostream& out, std::ostream& err, bool interactive, bool json, absl::Duration timeout,
-      std::unique_ptr<Connection> connection)
+      std::string server, std::unique_ptr<Connection> connection)
       : out_(out),
         err_(err),
         interactive_(interactive),
         json_(json),
         timeout_(timeout),
+        server_(std::move(server)),
         connection_(std::move(connection)) {}
 
-  // Prints `status` as "megatrain: CODE: message"; returns the exit code.
+  // Prints `status` as "megatrain: CODE: message"; returns the exit code:
+  // kExitUsage for bad input (INVALID_ARGUMENT, here or from the daemon),
+  // kExitError otherwise. A daemon that does not answer gets a hint naming
+  // the address tried and how to start or point at one.
   int Fail(const absl::Status& status) {
     err_ << "megatrain: " << absl::StatusCodeToString(status.code()) << ": "
          << Printable(status.message()) << "\n";
-    return kExitError;
+    if (absl::IsUnavailable(status) && IsConnectFailure(status.message())) {
+      err_ << "megatrain: no megatraind answered at " << Printable(server_)
+           << ". Start one (`megatraind --state_dir=DIR --listen=" << Printable(server_)
+           << "`, or `systemctl start megatraind`; docs/operations.md), or point --server or "
+              "MEGATRAIN_SERVER at a running one.\n";
+    }
+    return absl::IsInvalidArgument(status) ? kExitUsage : kExitError;
+  }
+
+  // A job file that cannot be loaded is bad input, whatever the code.
+  int FailInput(const absl::Status& status) {
+    Fail(status);
+    return kExitUsage;
   }
 
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration fallback = kDefaultTimeout) {
@@ -72,7 +104,7 @@ class Cli {
 
   int Submit(const std::string& file, bool wait, std::string request_id) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobFile(file);
-    if (!spec.ok()) return Fail(spec.status());
+    if (!spec.ok()) return FailInput(spec.status());
     v1::SubmitJobRequest request;
     *request.mutable_spec() = *std::move(spec);
     request.set_request_id(request_id.empty() ? RandomRequestId() : request_id);
@@ -144,14 +176,15 @@ class Cli {
     return kExitOk;
   }
 
-  // cancel / suspend / resume.
-  int Control(const std::string& verb, const std::string& job_id) {
+  // cancel / suspend / resume; `force` for cancel only.
+  int Control(const std::string& verb, const std::string& job_id, bool force = false) {
     v1::Job job;
     grpc::Status grpc_status;
     auto context = Context();
     if (verb == "cancel") {
       v1::CancelJobRequest request;
       request.set_job_id(job_id);
+      request.set_force(force);
       grpc_status = connection_->jobs().CancelJob(context.get(), request, &job);
     } else if (verb == "suspend") {
       v1::SuspendJobRequest request;
@@ -168,7 +201,7 @@ class Cli {
       out_ << JobToJson(job).dump(2) << "\n";
     } else {
       out_ << job.id() << ": " << StateName(job.state());
-      if (!job.error_message().empty()) out_ << " (" << Printable(job.error_message()) << ")";
+      if (!job.status_message().empty()) out_ << " (" << Printable(job.status_message()) << ")";
       out_ << "\n";
     }
     return kExitOk;
@@ -178,7 +211,8 @@ class Cli {
     v1::CreateCheckpointRequest request;
     request.set_job_id(job_id);
     v1::Checkpoint checkpoint;
-    if (!json_) err_ << "waiting for " << job_id << " to reach a step boundary...\n";
+    // The daemon refuses a job that is not RUNNING at once
+    // (FAILED_PRECONDITION); a running one answers at its next step.
     absl::Status status = FromGrpcStatus(connection_->checkpoints().CreateCheckpoint(
         Context(kCheckpointTimeout).get(), request, &checkpoint));
     if (!status.ok()) return Fail(status);
@@ -331,7 +365,7 @@ class Cli {
       out_ << JobToJson(*job).dump(2) << "\n";
     } else if (!json_) {
       out_ << job->id() << " ended " << StateName(job->state());
-      if (!job->error_message().empty()) out_ << ": " << Printable(job->error_message());
+      if (!job->status_message().empty()) out_ << ": " << Printable(job->status_message());
       out_ << "\n";
     }
     if (job->state() != v1::JOB_STATE_SUCCEEDED) {
@@ -418,6 +452,7 @@ class Cli {
   const bool interactive_;
   const bool json_;
   const absl::Duration timeout_;  // zero: per-command defaults
+  const std::string server_;      // the address dialled, for messages
   std::unique_ptr<Connection> connection_;
 };
 
@@ -429,8 +464,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   bool json = false;
   double timeout_seconds = 0;
 
-  CLI::App app{"megatrain: submit and manage training jobs on a megatraind daemon"};
+  CLI::App app{
+      "megatrain: submit and manage training jobs on a megatraind daemon\n"
+      "  megatrain tokenize ...  turns text, JSONL or chat JSONL into token shards locally\n"
+      "                          (no daemon; `megatrain tokenize --help`; docs/data-format.md)"};
   app.name("megatrain");
+  app.set_version_flag("--version", std::string("megatrain ") + Version());
   // Global flags may also follow the subcommand.
   app.fallthrough();
   app.require_subcommand(1, 1);
@@ -470,6 +509,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   watch->add_option("job", job_id, "Job id")->required();
   CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
   cancel->add_option("job", job_id, "Job id")->required();
+  bool force = false;
+  cancel->add_flag("--force", force,
+                   "Abandon the running step (lost) instead of finishing it; stops in seconds");
   CLI::App* suspend = app.add_subcommand("suspend", "Checkpoint a job and release its device");
   suspend->add_option("job", job_id, "Job id")->required();
   CLI::App* resume = app.add_subcommand("resume", "Queue a suspended job again");
@@ -535,12 +577,13 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::Seconds(30), json,
                    out, err);
   }
-  Cli cli(out, err, interactive, json, absl::Seconds(timeout_seconds), *std::move(created));
+  Cli cli(out, err, interactive, json, absl::Seconds(timeout_seconds), connection.server,
+          *std::move(created));
   if (submit->parsed()) return cli.Submit(file, wait, request_id);
   if (list->parsed()) return cli.List(states, owner, page_size, page_token, all);
   if (get->parsed()) return cli.Get(job_id);
   if (watch->parsed()) return cli.Watch(job_id);
-  if (cancel->parsed()) return cli.Control("cancel", job_id);
+  if (cancel->parsed()) return cli.Control("cancel", job_id, force);
   if (suspend->parsed()) return cli.Control("suspend", job_id);
   if (resume->parsed()) return cli.Control("resume", job_id);
   if (checkpoint->parsed()) return cli.CreateCheckpoint(job_id);

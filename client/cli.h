@@ -6,8 +6,11 @@
 // --token.
 //
 // Exit codes: 0 success; 1 the server (or connection) returned an error,
-// printed as "megatrain: CODE: message"; 2 bad usage; 3 the job ended in a
-// state other than SUCCEEDED (submit --wait, watch).
+// printed as "megatrain: CODE: message"; 2 bad usage or bad input (a flag,
+// a job file that does not load, or INVALID_ARGUMENT from the daemon); 3 the
+// job ended in a state other than SUCCEEDED (submit --wait, watch).
+// `megatrain tokenize ...` (main.cc) runs the local megatrain-tokenize tool;
+// `megatrain --version` prints the version.
 //
 // Thread-safety: RunCli may run concurrently with itself (no globals) except
 // that it reads the environment.
@@ -20,8 +23,11 @@ namespace megatrain::client {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;
-inline constexpr int kExitUsage = 2;
+inline constexpr int kExitUsage = 2;  // also bad input (INVALID_ARGUMENT)
 inline constexpr int kExitJobNotSucceeded = 3;
+
+// The version of this build (CMake's PROJECT_VERSION), as `--version` prints.
+const char* Version();
 
 // Runs one command. `argv[0]` is the program name. Output goes to `out`,
 // errors and progress notes to `err`. `interactive` (stdout is a terminal)

@@ -256,6 +256,8 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          return absl::OkStatus();
        }},
       MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
+      MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
+                          train->set_allow_seq_len_above_max_position_embeddings),
   };
   const Fields optimizer_fields = {
       MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),

@@ -10,6 +10,7 @@
 // (no running job, daemon unreachable); 2 bad flags.
 #include <algorithm>
 #include <iostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
       "megatrain-loadtest: concurrent ListJobs/GetJob/WatchJob clients against "
       "megatraind while a job trains"};
   app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", std::string("megatrain-loadtest ") + MEGATRAIN_VERSION);
   app.add_option("--server", options.connection.server, "Daemon address host:port")
       ->envname("MEGATRAIN_SERVER");
   app.add_option("--token", options.connection.token, "Bearer token")->envname("MEGATRAIN_TOKEN");

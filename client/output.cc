@@ -68,6 +68,7 @@ json JobToJson(const v1::Job& job) {
           {"host_memory_bytes", job.host_memory_bytes()},
           {"error_code", job.error_code()},
           {"error_message", job.error_message()},
+          {"status_message", job.status_message()},
           {"resume_from", job.resume_from()},
           {"queue_position", job.queue_position()},
           {"spec", spec}};
@@ -277,7 +278,10 @@ std::string JobDetails(const v1::Job& job) {
   if (job.progress().step() > 0) {
     rows.push_back({"loss:", absl::StrFormat("%.4f", job.progress().loss())});
     rows.push_back({"tokens/s:", Thousands(job.progress().tokens_per_s())});
-    rows.push_back({"MFU:", absl::StrFormat("%.1f%%", 100 * job.progress().mfu())});
+    // MFU is 0 where it does not apply (a CPU device: no bf16 peak).
+    rows.push_back({"MFU:", job.progress().mfu() > 0
+                                ? absl::StrFormat("%.1f%%", 100 * job.progress().mfu())
+                                : std::string("n/a (no bf16 peak known: CPU or unknown GPU)")});
   }
   if (job.progress().has_eval_loss()) {
     rows.push_back({"eval loss:", absl::StrFormat("%.4f", job.progress().eval_loss())});
@@ -295,7 +299,7 @@ std::string JobDetails(const v1::Job& job) {
   rows.push_back({"output dir:", job.spec().output_dir()});
   if (!job.resume_from().empty()) rows.push_back({"resume from:", job.resume_from()});
   if (!job.error_code().empty()) rows.push_back({"error:", job.error_code()});
-  if (!job.error_message().empty()) rows.push_back({"message:", job.error_message()});
+  if (!job.status_message().empty()) rows.push_back({"message:", job.status_message()});
   return Table(rows);
 }
 

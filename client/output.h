@@ -7,7 +7,8 @@
 //                 "end_time_unix_ms", "progress": {"step", "max_steps",
 //                 "loss", "eval_loss" (null before the first eval),
 //                 "tokens_per_s", "mfu", "tokens", "eta_seconds"}, "device",
-//                 "host_memory_bytes", "error_code", "error_message",
+//                 "host_memory_bytes", "error_code", "error_message" (FAILED
+//                 only), "status_message" (the latest note, any state),
 //                 "resume_from", "queue_position", "spec": {job.proto JSON}}
 //   job list:    {"jobs": [job...], "next_page_token"}
 //   checkpoint:  {"id", "job_id", "step", "dir", "bytes",

@@ -3,6 +3,7 @@
 #include "engine/job/training_job.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -328,10 +329,22 @@ class TrainingJobImpl final : public TrainingJob {
   absl::Status Init(const std::string& device, const std::optional<std::string>& resume_from);
   absl::StatusOr<JobOutcome> Run(JobObserver* observer) override {
     absl::StatusOr<JobOutcome> outcome = RunSteps(observer);
+    if (!outcome.ok() && abandon_step_.load(std::memory_order_relaxed)) {
+      // A forced cancel abandoned a training or eval pass: that step is
+      // lost, and whatever the pass failed with, the job ends cancelled
+      // once the optimizer's queued work has drained.
+      absl::Status drained = trainer_->WaitForOptimizer();
+      if (!drained.ok()) std::fprintf(stderr, "megatrain: %s\n", drained.ToString().c_str());
+      return JobOutcome::kCancelled;
+    }
     if (!outcome.ok()) return ExplainDeviceOutOfMemory(outcome.status(), spec_, config_);
     return outcome;
   }
   void RequestStop(StopKind kind) override {
+    if (kind == StopKind::kForceCancel) {
+      abandon_step_.store(true, std::memory_order_relaxed);
+      kind = StopKind::kCancel;
+    }
     absl::MutexLock lock(&mu_);
     stop_ = kind;
   }
@@ -365,6 +378,8 @@ class TrainingJobImpl final : public TrainingJob {
 
   absl::Mutex mu_;
   std::optional<StopKind> stop_ ABSL_GUARDED_BY(mu_);
+  // Set once by a forced cancel; read by the executor between plan actions.
+  std::atomic<bool> abandon_step_{false};
   bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -459,6 +474,7 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   t.max_grad_norm = spec_.train.max_grad_norm;
   t.nan_policy = spec_.train.nan_policy;
   t.offload_activations = spec_.train.offload_activations;
+  t.abandon_step = &abandon_step_;
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",

@@ -63,6 +63,10 @@ struct TrainSpec {
   // memory and as many bytes each way over PCIe per micro-batch. For long
   // sequences; bit-identical results.
   bool offload_activations = false;
+  // seq_len above the model's max_position_embeddings (config.json) is
+  // refused at submission unless this is set (server/core/submit_checks.h):
+  // RoPE then runs past the positions the model was trained on.
+  bool allow_seq_len_above_max_position_embeddings = false;
 };
 
 struct OptimizerSpec {
@@ -243,7 +247,12 @@ class TrainingJob {
   //     kMaxConsecutiveSkippedSteps skipped steps in a row under skip.
   virtual absl::StatusOr<JobOutcome> Run(JobObserver* observer) = 0;
 
-  enum class StopKind { kCancel, kSuspend };
+  // kCancel and kSuspend take effect at the next step boundary;
+  // kForceCancel (a cancel that does not wait) also abandons the running
+  // step between two of its blocks (Note [Abandoned steps] in
+  // engine/step/executor.h), losing that step's work: Run() then returns
+  // kCancelled within about one block's compute time.
+  enum class StopKind { kCancel, kSuspend, kForceCancel };
   virtual void RequestStop(StopKind kind) = 0;
   // Asks for a checkpoint at the next step boundary.
   virtual void RequestCheckpoint() = 0;

@@ -58,6 +58,10 @@ struct PassState {
   }
 };
 
+// Thrown between plan actions when ExecutorOptions::abandon_step is set
+// (Note [Abandoned steps] in executor.h); caught in Run only.
+struct StepAbandoned {};
+
 }  // namespace
 
 class StreamingExecutor::Impl {
@@ -237,13 +241,24 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     slots_->BeginPass(plan.weight_uses);
     pass.loss_total =
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(env_.runtime->device()));
-    for (const StepAction& action : plan.actions) Execute(action, pass);
+    for (const StepAction& action : plan.actions) {
+      // Note [Abandoned steps] in executor.h: the one place a pass checks.
+      if (options_.abandon_step != nullptr &&
+          options_.abandon_step->load(std::memory_order_relaxed)) {
+        throw StepAbandoned();
+      }
+      Execute(action, pass);
+    }
     pass.EndMicroBatch();
     const StepClock::time_point drain_start = StepClock::now();
     result.loss_sum = pass.loss_total.item<double>();  // host sync: end of the pass
     env_.runtime->Synchronize();
     MEGATRAIN_RETURN_IF_ERROR(lander_->Drain());
     result.stats.drain_seconds = SecondsSince(drain_start);
+  } catch (const StepAbandoned&) {
+    assume_embedding_grad_zero_ = false;
+    ResetAfterError();
+    return absl::CancelledError("step abandoned (forced cancel)");
   } catch (const std::exception& e) {
     assume_embedding_grad_zero_ = false;
     ResetAfterError();

@@ -114,6 +114,7 @@
 #ifndef MEGATRAIN_ENGINE_EXECUTOR_H_
 #define MEGATRAIN_ENGINE_EXECUTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -156,6 +157,12 @@ struct ExecutorOptions {
   // and head parameter of device memory, from the first pass with more
   // than one micro-batch.
   bool device_grad_accumulation = false;
+  // Note [Abandoned steps]: when not null and set (by another thread), a
+  // pass stops before its next plan action and returns CANCELLED; the pass's
+  // gradients are lost and the host store may hold a partly landed step, so
+  // the caller must not train on (only drop) the executor afterwards. Used
+  // by a forced cancel (TrainingJob::StopKind::kForceCancel). Not owned.
+  const std::atomic<bool>* abandon_step = nullptr;
 };
 
 // Note [Executor memory plan]

@@ -73,6 +73,7 @@ ExecutorOptions ResolveExecutorOptions(const TrainerOptions& options, const Host
   exec.num_weight_slots = options.num_weight_slots;
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
+  exec.abandon_step = options.abandon_step;
   exec.resident_layers = ResolveResidentLayers(config, options.resident_layers, runtime.is_cuda());
   exec.resident_embedding = ResolveResidentEmbedding(config, options.resident_embedding,
                                                      runtime.is_cuda() ? runtime.TotalBytes() : 0);

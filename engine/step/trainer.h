@@ -112,6 +112,7 @@
 #ifndef MEGATRAIN_ENGINE_TRAINER_H_
 #define MEGATRAIN_ENGINE_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -184,6 +185,9 @@ struct TrainerOptions {
   int64_t loss_chunk_tokens = 0;     // 0 = auto
   bool offload_activations = false;  // saved layer inputs in pinned host memory
                                      // (Note [Activation offload] in executor.h)
+  // Set by another thread to abandon the running step (Note [Abandoned
+  // steps] in executor.h): Step() then returns CANCELLED. Not owned.
+  const std::atomic<bool>* abandon_step = nullptr;
   // Decoder layers kept on the device with their AdamW state, updated there
   // (Note [Resident layers] in executor.h); -1 = auto: on CUDA 2 (at most
   // num_hidden_layers - 1), on the CPU 0. Otherwise in [0, num_hidden_layers].

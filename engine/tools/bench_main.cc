@@ -3,6 +3,7 @@
 // torch::optim::AdamW. See docs/performance.md.
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "CLI/CLI.hpp"
 #include "engine/job/bench.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   int64_t params = 50'000'000;
   int bf16_offset = 0;
   CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
+  app.set_version_flag("--version", std::string("megatrain-bench ") + MEGATRAIN_VERSION);
   app.add_option(
       "--model", o.model,
       "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini) or HF model dir");

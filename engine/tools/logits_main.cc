@@ -6,6 +6,7 @@
 // fp32 HF directory (ExportHfDirectory), for the reload check.
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <filesystem>
 #include <fstream>
 
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   std::string model, tokens_path, out, export_dir, device = "cpu", dtype = "fp32";
   int64_t seq_len = 128, offset = 0;
   CLI::App app{"megatrain-logits: engine logits of one token window"};
+  app.set_version_flag("--version", std::string("megatrain-logits ") + MEGATRAIN_VERSION);
   app.add_option("--model", model, "HF model directory (config.json + safetensors) or preset")
       ->required();
   app.add_option("--tokens", tokens_path, "Token shard file (.mtt)")->required();

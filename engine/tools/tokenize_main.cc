@@ -4,6 +4,7 @@
 // model.
 // Also reached as `megatrain tokenize ...` (the CLI runs this program).
 #include <cstdio>
+#include <string>
 
 #include "CLI/CLI.hpp"
 #include "engine/io/text_corpus.h"
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
       "megatrain tokenize: write token shards from text with a HF tokenizer.json "
       "or a SentencePiece model"};
   app.name("megatrain tokenize");
+  app.set_version_flag("--version", std::string("megatrain tokenize ") + MEGATRAIN_VERSION);
   app.add_option("inputs", o.input_paths,
                  "Text (.txt, documents separated by blank lines) "
                  "or JSONL ({\"text\": ...}) files")

@@ -5,6 +5,8 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "engine/io/input_checks.h"
+#include "engine/model/model_config.h"
 #include "engine/runtime/device_info.h"
 #include "server/core/engine_backend.h"
 
@@ -68,6 +70,31 @@ class RealEngineBackend final : public EngineBackend {
                              const std::string& dtype) override {
     return Guard("ExportHfModel",
                  [&] { return engine::ExportHfModel(checkpoint_dir, out_dir, dtype); });
+  }
+
+  absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
+                                            const std::string& hf_config_json) override {
+    return Guard("ModelLimitsOf", [&]() -> absl::StatusOr<ModelLimits> {
+      absl::StatusOr<engine::ModelConfig> config = spec.model.hf_dir.empty()
+                                                       ? engine::PresetConfig(spec.model.preset)
+                                                       : engine::ParseHfConfig(hf_config_json);
+      if (!config.ok()) return config.status();
+      return ModelLimits{config->vocab_size, config->max_position_embeddings};
+    });
+  }
+
+  absl::StatusOr<std::vector<engine::TokenShardHeaderFacts>> ReadTokenShardHeaders(
+      const std::string& path) override {
+    return Guard("ReadTokenShardHeaders", [&] { return engine::ReadTokenShardHeaders(path); });
+  }
+
+  absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
+                                    const std::string& hf_config_json) override {
+    return Guard("CheckHfWeightHeaders", [&]() -> absl::Status {
+      absl::StatusOr<engine::ModelConfig> config = engine::ParseHfConfig(hf_config_json);
+      if (!config.ok()) return config.status();
+      return engine::CheckHfWeightHeaders(hf_dir, *config);
+    });
   }
 
   int CudaDeviceCount() override { return engine::CudaDeviceCount(); }

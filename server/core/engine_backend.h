@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/job/plan.h"
+#include "engine/io/input_checks.h"
 #include "engine/job/training_job.h"
 
 namespace megatrain::server {
@@ -63,6 +64,34 @@ class EngineBackend {
                                                   const engine::PlanMachine& machine) {
     (void)model, (void)spec, (void)machine;
     return absl::UnimplementedError("PlanJob: not available without the engine");
+  // Note [Submit checks] (server/core/submit_checks.h). The defaults, for
+  // fakes that read no files, know nothing (zeros) and find nothing wrong.
+  //
+  // The model's vocab_size and max_position_embeddings: from
+  // `hf_config_json` (model.hf_dir's config.json, read by PreflightJobInputs)
+  // or the preset; INVALID_ARGUMENT / UNIMPLEMENTED as engine::ParseHfConfig.
+  struct ModelLimits {
+    int64_t vocab_size = 0;               // 0: unknown
+    int64_t max_position_embeddings = 0;  // 0: unknown
+  };
+  virtual absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
+                                                    const std::string& hf_config_json) {
+    (void)spec;
+    (void)hf_config_json;
+    return ModelLimits{};
+  }
+  // engine::ReadTokenShardHeaders.
+  virtual absl::StatusOr<std::vector<engine::TokenShardHeaderFacts>> ReadTokenShardHeaders(
+      const std::string& path) {
+    (void)path;
+    return std::vector<engine::TokenShardHeaderFacts>{};
+  }
+  // engine::CheckHfWeightHeaders with the model of `hf_config_json`.
+  virtual absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
+                                            const std::string& hf_config_json) {
+    (void)hf_dir;
+    (void)hf_config_json;
+    return absl::OkStatus();
   }
 
   // engine::TrainingJob::Create: builds the job on `device`, resuming from

@@ -19,6 +19,7 @@
 #include "engine/runtime/status_macros.h"
 #include "server/core/job_request_json.h"
 #include "server/core/logging.h"
+#include "server/core/submit_checks.h"
 
 namespace megatrain::server {
 namespace {
@@ -275,6 +276,7 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
   // lies at a path the caller may not read (Note [Per-user data roots]).
   MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(request.spec, caller.name));
   MEGATRAIN_ASSIGN_OR_RETURN(JobInputs inputs, PreflightJobInputs(request.spec));
+  MEGATRAIN_RETURN_IF_ERROR(CheckSubmission(request.spec, inputs, backend_));
   MEGATRAIN_ASSIGN_OR_RETURN(
       engine::MemoryFootprint footprint,
       backend_->EstimateFootprintFromHfConfig(request.spec, inputs.hf_config_json.value_or("")));
@@ -426,7 +428,8 @@ absl::StatusOr<int64_t> JobManager::TransitionLocked(JobRecord& job, JobState st
   return seq;
 }
 
-absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::string_view job_id) {
+absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::string_view job_id,
+                                             bool force) {
   std::lock_guard<std::mutex> lock(mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
   switch (job.state) {
@@ -442,14 +445,19 @@ absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::stri
     case JobState::kRunning:
     case JobState::kSuspending: {
       auto it = active_.find(job.id);
-      if (it != active_.end() && it->second->stop != StopReason::kCancel) {
+      if (it != active_.end() && (it->second->stop != StopReason::kCancel || force)) {
         Active& active = *it->second;
         active.stop = StopReason::kCancel;
-        if (active.job != nullptr) active.job->RequestStop(StopKindFor(true));
+        if (active.job != nullptr) {
+          active.job->RequestStop(force ? engine::TrainingJob::StopKind::kForceCancel
+                                        : StopKindFor(true));
+        }
         MEGATRAIN_RETURN_IF_ERROR(
-            TransitionLocked(job, job.state,
-                             absl::StrCat("cancel requested by ", caller.name,
-                                          "; stops at the next step boundary"))
+            TransitionLocked(
+                job, job.state,
+                absl::StrCat(
+                    force ? "forced cancel requested by " : "cancel requested by ", caller.name,
+                    force ? "; abandons the running step" : "; stops at the next step boundary"))
                 .status());
         LogInfo(absl::StrCat(job.id, ": cancel requested by ", caller.name));
       }
@@ -532,7 +540,8 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
     }
     case JobState::kQueued:
     case JobState::kRunning:
-      break;  // idempotent
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job.id, " is ", JobStateName(job.state), "; only SUSPENDED jobs resume"));
     case JobState::kSuspending:
       return absl::FailedPreconditionError(
           absl::StrCat("job ", job.id, " is still SUSPENDING; resume it once it is SUSPENDED"));
@@ -635,7 +644,9 @@ void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
 
 void JobManager::StartLocked(JobRecord job, const std::string& device) {
   job.device = device;
-  job.start_time_unix_ms = NowUnixMs();
+  // The first start: a resumed or re-queued job keeps it (queue time and
+  // run time stay readable from create, start and end times).
+  if (job.start_time_unix_ms == 0) job.start_time_unix_ms = NowUnixMs();
   const std::string message = job.resume_from.empty()
                                   ? absl::StrCat("started on ", device)
                                   : absl::StrCat("resuming on ", device, " from ", job.resume_from);

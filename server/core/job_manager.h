@@ -201,7 +201,11 @@ class JobManager {
   // FAILED_PRECONDITION for a state that does not allow it; ResumeJob is
   // UNAVAILABLE while draining and RESOURCE_EXHAUSTED when its owner is
   // over a job limit (Note [Job limits]). Return the job after the change.
-  absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id);
+  // With `force`, a running job also abandons its current step (losing
+  // only that step) instead of finishing it: TrainingJob::StopKind::
+  // kForceCancel; a forced cancel may follow a plain one.
+  absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id,
+                                   bool force = false);
   absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id);
   absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id);
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace megatrain::server {
@@ -38,6 +39,9 @@ Histogram::BucketBoundaries RpcBuckets() {
   for (double bound = 0.0005; bound < 700; bound *= 4) bounds.push_back(bound);
   return bounds;
 }
+
+// Note [Not applicable on the CPU] in metrics.h.
+bool IsCpuDevice(const std::string& device) { return absl::StartsWith(device, "cpu"); }
 
 }  // namespace
 
@@ -79,12 +83,10 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
        {"h2d", "compute", "d2h", "optimizer", "optimizer_exposed", "gpu_idle"}) {
     phase_seconds_total_->Add({{"phase", phase}});
   }
-  auto& pcie_bytes = BuildCounter()
-                         .Name("megatrain_pcie_bytes_total")
-                         .Help("Bytes copied over PCIe, by direction (h2d, d2h).")
-                         .Register(r);
-  h2d_bytes_total_ = &pcie_bytes.Add({{"direction", "h2d"}});
-  d2h_bytes_total_ = &pcie_bytes.Add({{"direction", "d2h"}});
+  pcie_bytes_total_ = &BuildCounter()
+                           .Name("megatrain_pcie_bytes_total")
+                           .Help("Bytes copied over PCIe, by direction (h2d, d2h).")
+                           .Register(r);
   pcie_bandwidth_ =
       &BuildGauge()
            .Name("megatrain_pcie_bandwidth_bytes_per_second")
@@ -244,8 +246,13 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   add("optimizer", stats.optimizer_seconds);
   add("optimizer_exposed", stats.optimizer_exposed_seconds);
   add("gpu_idle", stats.gpu_idle_seconds);
-  h2d_bytes_total_->Increment(static_cast<double>(std::max<int64_t>(stats.h2d_bytes, 0)));
-  d2h_bytes_total_->Increment(static_cast<double>(std::max<int64_t>(stats.d2h_bytes, 0)));
+  tokens_per_second_->Add({{"device", device}}).Set(report.tokens_per_s);
+  if (!report.skipped) training_loss_->Add({{"device", device}}).Set(report.loss);
+  if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
+  pcie_bytes_total_->Add({{"direction", "h2d"}})
+      .Increment(static_cast<double>(std::max<int64_t>(stats.h2d_bytes, 0)));
+  pcie_bytes_total_->Add({{"direction", "d2h"}})
+      .Increment(static_cast<double>(std::max<int64_t>(stats.d2h_bytes, 0)));
 
   LinkBandwidth link;
   PcieLinkModel model;  // the defaults until SetPcieLinkModel
@@ -278,8 +285,6 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
     gpu_memory_peak_->Add({{"device", device}}).Set(static_cast<double>(stats.peak_device_bytes));
   }
   mfu_->Add({{"device", device}}).Set(report.mfu);
-  tokens_per_second_->Add({{"device", device}}).Set(report.tokens_per_s);
-  if (!report.skipped) training_loss_->Add({{"device", device}}).Set(report.loss);
 }
 
 void ServerMetrics::RecordEval(const std::string& device, double eval_loss) {
@@ -303,8 +308,9 @@ void ServerMetrics::ClearDevice(const std::string& device) {
     UpdateHostStoreGaugesLocked();
   }
   const prometheus::Labels labels = {{"device", device}};
-  mfu_->Add(labels).Set(0);
   tokens_per_second_->Add(labels).Set(0);
+  if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
+  mfu_->Add(labels).Set(0);
   for (const char* direction : {"h2d", "d2h"}) {
     pcie_bandwidth_->Add({{"device", device}, {"direction", direction}}).Set(0);
   }

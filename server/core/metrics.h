@@ -109,7 +109,11 @@ class ServerMetrics {
   ServerMetrics(const ServerMetrics&) = delete;
   ServerMetrics& operator=(const ServerMetrics&) = delete;
 
-  // One finished step of the job on `device`.
+  // One finished step of the job on `device`. Note [Not applicable on the
+  // CPU]: a "cpu" device has no PCIe link and no bf16 peak, so its steps
+  // add no PCIe series (megatrain_pcie_*: its "copies" are memcpys) and no
+  // megatrain_mfu_ratio series; absent series, not zeros, say "not
+  // applicable" (a CPU-only daemon exports none of them).
   void RecordStep(const std::string& device, const engine::StepReport& report);
   // One evaluation of the job on `device`.
   void RecordEval(const std::string& device, double eval_loss);
@@ -164,8 +168,9 @@ class ServerMetrics {
   prometheus::Counter* skipped_steps_total_;
   prometheus::Histogram* step_duration_seconds_;
   prometheus::Family<prometheus::Counter>* phase_seconds_total_;
-  prometheus::Counter* h2d_bytes_total_;
-  prometheus::Counter* d2h_bytes_total_;
+  // megatrain_pcie_bytes_total{direction}; children made at the first GPU
+  // step (Note [Not applicable on the CPU]).
+  prometheus::Family<prometheus::Counter>* pcie_bytes_total_;
   prometheus::Family<prometheus::Gauge>* pcie_bandwidth_;
   prometheus::Family<prometheus::Gauge>* pcie_link_bandwidth_;
   prometheus::Family<prometheus::Gauge>* pcie_utilization_;

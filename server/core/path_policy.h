@@ -144,8 +144,9 @@ struct JobInputs {
 };
 
 // Note [Input preflight]: examines the inputs of `spec` (after the path
-// policy allowed them). An input that does not exist yet is left to the
-// job's start (the data may be written before the job runs), except
+// policy allowed them). An input that does not exist yet is left to
+// CheckSubmission (Note [Submit checks] in submit_checks.h, which refuses
+// it), except
 // model.hf_dir's config.json, which sizes the job now. INVALID_ARGUMENT
 // naming the field and the path for a FIFO, socket or device node, a
 // model.hf_dir that is not a directory or a config.json that is not a

@@ -39,6 +39,7 @@
 #include "server/core/metrics_http.h"
 #include "server/core/net_util.h"
 #include "server/core/nvml.h"
+#include "server/core/output_group.h"
 #include "server/core/path_policy.h"
 #include "server/core/pcie_link_model.h"
 #include "server/rpc/server_service.h"
@@ -341,6 +342,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   MEGATRAIN_ASSIGN_OR_RETURN(p.lock_fd, LockStateDir(state_dir.string()));
   MEGATRAIN_RETURN_IF_ERROR(RestrictMode(state_dir / "megatraind.lock", 0600));
   MEGATRAIN_RETURN_IF_ERROR(SecureStateDir(state_dir));
+  if (!opt.output_group.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(gid_t gid, ResolveOutputGroup(opt.output_group));
+    MEGATRAIN_RETURN_IF_ERROR(
+        ShareOutputsWithGroup(state_dir.string(), (state_dir / "jobs").string(), gid));
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(p.store, JobStore::Open((state_dir / "megatrain.db").string()));
   MEGATRAIN_ASSIGN_OR_RETURN(PathPolicy path_policy,
                              MakePathPolicy(opt, p.auth->enabled(), state_dir));

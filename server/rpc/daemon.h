@@ -85,6 +85,10 @@ struct DaemonOptions {
   // JSON-lines copy of the audit log; empty: <state_dir>/audit.jsonl;
   // "off": none (the SQLite table is always written).
   std::string audit_log;
+  // --output_group: a Unix group that may read job outputs (checkpoints,
+  // exports under <state_dir>/jobs); empty: the daemon's user only
+  // (server/core/output_group.h).
+  std::string output_group;
   // Largest gRPC message received or sent, in bytes (a request or response
   // beyond it fails with RESOURCE_EXHAUSTED).
   int64_t max_message_bytes = int64_t{16} << 20;

@@ -39,6 +39,7 @@ int RunDaemonMain(int argc, char** argv,
   double shutdown_timeout_seconds = 600;
   CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
   app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", std::string("megatraind ") + kVersion);
   app.add_option("--listen", options.listen, "gRPC address host:port");
   app.add_option("--metrics_listen", options.metrics_listen,
                  "HTTP address of /metrics ('' or 'off': no metrics listener)");
@@ -71,6 +72,9 @@ int RunDaemonMain(int argc, char** argv,
   app.add_option("--audit_log", options.audit_log,
                  "JSON-lines audit log file (default <state_dir>/audit.jsonl; 'off': only "
                  "the database table)");
+  app.add_option("--output_group", options.output_group,
+                 "Unix group that may read job outputs under <state_dir>/jobs (checkpoints, "
+                 "exports): state dir 0710, jobs dir 02750, umask 027 (default: owner only)");
   app.add_option("--max_message_bytes", max_message_bytes,
                  "Largest gRPC message received or sent, e.g. 16MiB");
   app.add_option("--max_threads", options.max_threads,

@@ -151,7 +151,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
   if (!caller.ok()) return call.Finish(caller.status());
   absl::Status bounds = CheckRequestBounds(*request);
   if (!bounds.ok()) return call.Finish(bounds);
-  absl::StatusOr<JobRecord> job = manager_->Cancel(*caller, request->job_id());
+  absl::StatusOr<JobRecord> job = manager_->Cancel(*caller, request->job_id(), request->force());
   if (!job.ok()) return call.Finish(job.status());
   JobToProto(*job, response);
   return call.Finish(absl::OkStatus());

@@ -194,6 +194,10 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   if (train.has_offload_activations()) {
     spec.train.offload_activations = train.offload_activations();
   }
+  if (train.has_allow_seq_len_above_max_position_embeddings()) {
+    spec.train.allow_seq_len_above_max_position_embeddings =
+        train.allow_seq_len_above_max_position_embeddings();
+  }
 
   const v1::OptimizerSpec& optimizer = in.optimizer();
   if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
@@ -262,6 +266,8 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
                                                                           : v1::NAN_POLICY_SKIP);
   train->set_offload_activations(spec.train.offload_activations);
+  train->set_allow_seq_len_above_max_position_embeddings(
+      spec.train.allow_seq_len_above_max_position_embeddings);
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);
   optimizer->set_beta1(spec.optimizer.beta1);
@@ -304,7 +310,10 @@ void JobToProto(const JobRecord& job, v1::Job* out) {
   if (job.state == JobState::kFailed && job.error_code != absl::StatusCode::kOk) {
     out->set_error_code(absl::StatusCodeToString(job.error_code));
   }
-  out->set_error_message(job.message);
+  // Note [Status text]: error_message only for FAILED; the latest note of
+  // any state is status_message.
+  if (job.state == JobState::kFailed) out->set_error_message(job.message);
+  out->set_status_message(job.message);
   out->set_resume_from(job.resume_from);
   out->set_queue_position(job.queue_position);
 }

@@ -53,6 +53,10 @@ PARSE_ONLY_ON_CPU = {
     "megatrain_gpu_memory_total_bytes": NVML_CPU,
     "megatrain_gpu_memory_peak_bytes":
         "the CPU runtime reports no device peak (set only when > 0)",
+    "megatrain_mfu_ratio": "not applicable on the CPU: no series (server/core/metrics.h)",
+    "megatrain_pcie_bytes_total": "not applicable on the CPU: no series (server/core/metrics.h)",
+    "megatrain_pcie_bandwidth_bytes_per_second":
+        "not applicable on the CPU: no series (server/core/metrics.h)",
 }
 # Grafana's built-in variables, substituted in the live check. The values
 # mirror Grafana's rules for this test's Prometheus (scrape interval 1 s):

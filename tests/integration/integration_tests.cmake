@@ -8,7 +8,7 @@
 set(_it_dir ${CMAKE_CURRENT_SOURCE_DIR}/integration)
 foreach(_it cli_flow crash_resume auth prometheus grafana_dashboard tls fault_nan fault_kill_checkpoint
            fault_sigterm fault_disk_full storage_isolation
-           python_client isolation_ops)
+           python_client isolation_ops ux)
   add_test(NAME integration_${_it}
     COMMAND bash ${_it_dir}/${_it}_test.sh
             $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
@@ -27,3 +27,10 @@ add_test(NAME integration_plan
           $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(integration_plan PROPERTIES LABELS integration TIMEOUT 300)
+# Issue 20: `cmake --install` to a temporary prefix, then the installed
+# daemon, CLI and SentencePiece module run from there.
+add_test(NAME integration_install
+  COMMAND bash ${_it_dir}/install_test.sh
+          $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(integration_install PROPERTIES LABELS integration TIMEOUT 900)

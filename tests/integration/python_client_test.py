@@ -82,9 +82,12 @@ with Client(addr, token=token, timeout_s=120) as c:
             break
     check(c.get(long["id"])["state"] == "JOB_STATE_SUSPENDED", "the job is SUSPENDED")
     check(c.resume(long["id"])["state"] in ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING"), "resume()")
-    c.cancel(long["id"])
+    expect_error(grpc.StatusCode.FAILED_PRECONDITION, "only SUSPENDED jobs resume", c.resume,
+                 long["id"])
+    c.cancel(long["id"], force=True)
     final = c.wait(long["id"], progress=False)
-    check(final["state"] == "JOB_STATE_CANCELLED", "cancel() ends CANCELLED")
+    check(final["state"] == "JOB_STATE_CANCELLED", "cancel(force=True) ends CANCELLED")
+    check(not final.get("error_message"), "no status text in error_message")
 
     expect_error(grpc.StatusCode.NOT_FOUND, "job-999999", c.get, "job-999999")
     bad = spec("bad", 10)

@@ -90,7 +90,7 @@ class FakeTrainingJob final : public engine::TrainingJob {
     {
       std::lock_guard<std::mutex> lock(control_->mu_);
       // A cancel wins over a suspend.
-      if (!control_->stop_.has_value() || kind == StopKind::kCancel) control_->stop_ = kind;
+      if (!control_->stop_.has_value() || kind != StopKind::kSuspend) control_->stop_ = kind;
     }
     control_->cv_.notify_all();
   }

@@ -59,6 +59,11 @@ class FakeJobControl {
   std::string spec_name;
   std::string job_id;      // spec.job_id
   int64_t start_step = 0;  // parsed from resume_from
+  // The stop the job was last asked for (kForceCancel kept as such).
+  std::optional<engine::TrainingJob::StopKind> last_stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
 
  private:
   friend class FakeTrainingJob;

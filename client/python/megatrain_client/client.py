@@ -160,8 +160,12 @@ class Client:
             if not token:
                 return jobs
 
-    def cancel(self, job_id):
-        return _to_dict(self._call(self._jobs.CancelJob, job_pb2.CancelJobRequest(job_id=job_id)))
+    def cancel(self, job_id, force=False):
+        """Cancels a job. A running one stops at its next step boundary; with
+        force=True it abandons the running step (losing only that step) and
+        stops within seconds."""
+        return _to_dict(self._call(self._jobs.CancelJob,
+                                   job_pb2.CancelJobRequest(job_id=job_id, force=force)))
 
     def suspend(self, job_id):
         return _to_dict(self._call(self._jobs.SuspendJob, job_pb2.SuspendJobRequest(job_id=job_id)))

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <thread>
+#include <chrono>
 
 #include "engine/io/checkpoint.h"
 #include "engine/runtime/device_info.h"
@@ -348,6 +350,37 @@ TEST(TrainingJobTest, CancelStopsWithoutFinishing) {
   ASSERT_THAT(outcome, IsOk());
   EXPECT_EQ(*outcome, JobOutcome::kCancelled);
   EXPECT_EQ(rec.losses.size(), 1u);
+}
+
+// A forced cancel (Note [Abandoned steps] in executor.h) from another
+// thread while steps run: the job ends kCancelled, whichever step it hit.
+TEST(TrainingJobTest, ForcedCancelEndsTheJobCancelled) {
+  JobSpec spec = TinySpec(WriteDataset(), testing::MakeTempDir("force-cancel"));
+  spec.train.max_steps = 1000;
+  spec.checkpoint.every_steps = 0;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  Recorder rec;
+  rec.job = job->get();
+  rec.stop_at = 2;
+  rec.stop_kind = TrainingJob::StopKind::kForceCancel;
+  auto outcome = (*job)->Run(&rec);
+  ASSERT_THAT(outcome, IsOk());
+  EXPECT_EQ(*outcome, JobOutcome::kCancelled);
+  EXPECT_EQ(rec.losses.size(), 2u);
+
+  auto racing = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(racing, IsOk());
+  Recorder quiet;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (*racing)->RequestStop(TrainingJob::StopKind::kForceCancel);
+  });
+  auto raced = (*racing)->Run(&quiet);
+  canceller.join();
+  ASSERT_THAT(raced, IsOk());
+  EXPECT_EQ(*raced, JobOutcome::kCancelled);
+  EXPECT_LT(quiet.losses.size(), 1000u);
 }
 
 // The daemon's GPU path without the daemon: the tiny example's shapes in

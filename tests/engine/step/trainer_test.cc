@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -316,6 +317,30 @@ TEST(TrainerTest, LossFallsOnAFixedBatch) {
   auto eval = (*trainer)->Evaluate(batches);
   ASSERT_THAT(eval, IsOk());
   EXPECT_LT(*eval, first);
+}
+
+// Note [Abandoned steps] in executor.h: with the flag set, a step and an
+// eval pass stop before their first action and return CANCELLED; nothing
+// was landed, so the weights and AdamW state are bit for bit unchanged.
+TEST(TrainerTest, AbandonedStepReturnsCancelledAndChangesNothing) {
+  const ModelConfig config = SmallLlama();
+  std::atomic<bool> abandon{false};
+  TrainerOptions o = Options(1.0);
+  o.abandon_step = &abandon;
+  auto trainer = Trainer::Create(config, o, 1);
+  ASSERT_THAT(trainer, IsOk());
+  const auto batches = MakeBatches(1, kB, kT, config.vocab_size, 3);
+  ASSERT_THAT((*trainer)->Step(batches), IsOk());
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  const std::vector<float> before = AllState((*trainer)->store());
+  abandon.store(true);
+  EXPECT_THAT((*trainer)->Step(batches),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("step abandoned (forced cancel)")));
+  EXPECT_THAT((*trainer)->Evaluate(batches),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("step abandoned")));
+  EXPECT_EQ((*trainer)->step(), 1);
+  ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(BitIdentical(AllState((*trainer)->store()), before));
 }
 
 TEST(TrainerTest, NonFiniteLossSkipsStepAndKeepsWeights) {

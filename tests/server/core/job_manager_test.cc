@@ -361,6 +361,59 @@ TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
   EXPECT_THAT(manager_->Cancel(kAlice, running.id), IsOk());
 }
 
+TEST_F(JobManagerTest, ForcedCancelAsksTheJobToAbandonItsStep) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord running = Submit(kAlice, Request("running", 100));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(1);
+  ASSERT_TRUE(control->WaitForStep(1, kTimeout));
+  // (The gated fake ends at any stop request, so a plain cancel before the
+  // forced one would race with it; the manager passes `force` on either way.)
+  absl::StatusOr<JobRecord> forced = manager_->Cancel(kAlice, running.id, /*force=*/true);
+  ASSERT_THAT(forced, IsOk());
+  EXPECT_THAT(forced->message, HasSubstr("forced cancel requested by alice"));
+  EXPECT_EQ(control->last_stop(), engine::TrainingJob::StopKind::kForceCancel);
+  WaitFor(running.id, StateIs(JobState::kCancelled));
+}
+
+TEST_F(JobManagerTest, ResumeOfAJobThatIsNotSuspendedIsFailedPrecondition) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord running = Submit(kAlice, Request("running", 100));
+  JobRecord queued = Submit(kAlice, Request("queued"));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  EXPECT_THAT(manager_->Resume(kAlice, running.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is RUNNING; only SUSPENDED jobs resume")));
+  EXPECT_THAT(manager_->Resume(kAlice, queued.id),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is QUEUED; only SUSPENDED jobs resume")));
+  EXPECT_THAT(
+      manager_->CreateCheckpoint(kAlice, queued.id, absl::Now() + kTimeout, nullptr),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only RUNNING jobs checkpoint")));
+}
+
+TEST_F(JobManagerTest, ResumedJobKeepsItsFirstStartTime) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("long", 6));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(1);
+  ASSERT_TRUE(control->WaitForStep(1, kTimeout));
+  const int64_t first_start = manager_->Get(kAlice, job.id)->start_time_unix_ms;
+  ASSERT_GT(first_start, 0);
+  ASSERT_THAT(manager_->Suspend(kAlice, job.id), IsOk());
+  WaitFor(job.id, StateIs(JobState::kSuspended));
+  absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_THAT(manager_->Resume(kAlice, job.id), IsOk());
+  // Created again: StartLocked has run (it starts the job's thread).
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  EXPECT_EQ(manager_->Get(kAlice, job.id)->start_time_unix_ms, first_start);
+}
+
 TEST_F(JobManagerTest, CancelOfFinishedJobIsFailedPrecondition) {
   StartManager();
   JobRecord job = Submit(kAlice, Request("done", 2));

@@ -306,5 +306,24 @@ TEST(MetricsHttpTest, BadOptionsAreInvalidArgument) {
                                              HasSubstr("max_connections")));
 }
 
+// Note [Not applicable on the CPU] in metrics.h: a CPU step's memcpy
+// "copies" and its zero MFU make no series at all.
+TEST(MetricsTest, CpuStepsExportNoPcieOrMfuSeries) {
+  ServerMetrics metrics;
+  metrics.RecordStep("cpu", Step(1024));  // 1000 B "H2D", MFU 0.4 in the report
+  std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_tokens_per_second{device=\"cpu\"}"));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_pcie_bytes_total{")));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_pcie_bandwidth_bytes_per_second{")));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_pcie_link_estimate_bytes_total{")));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_mfu_ratio{")));
+  metrics.ClearDevice("cpu");
+  EXPECT_THAT(metrics.TextExposition(), Not(HasSubstr("megatrain_mfu_ratio{")));
+  metrics.RecordStep("cuda:0", Step(1024));
+  text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"h2d\"} 1000"));
+  EXPECT_THAT(text, HasSubstr("megatrain_mfu_ratio{device=\"cuda:0\"} 0.4"));
+}
+
 }  // namespace
 }  // namespace megatrain::server

@@ -39,6 +39,7 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 
@@ -228,7 +229,7 @@ TEST_F(DaemonTest, ListPaginatesAndAllFollowsPages) {
   CliResult bad_state = Cli({"--server", address_, "list", "--state", "sleeping"});
   EXPECT_EQ(bad_state.code, client::kExitUsage);
   CliResult bad_token = Cli({"--server", address_, "list", "--page_token", "zzz"});
-  EXPECT_EQ(bad_token.code, client::kExitError);
+  EXPECT_EQ(bad_token.code, client::kExitUsage);  // bad input
   EXPECT_THAT(bad_token.err, HasSubstr("INVALID_ARGUMENT: page_token"));
 }
 
@@ -254,11 +255,47 @@ TEST_F(DaemonTest, CancelSuspendResumeThroughTheCli) {
   ASSERT_NE(resumed, nullptr);
   EXPECT_EQ(resumed->start_step, 1);
 
-  CliResult cancel = Cli({"--server", address_, "cancel", "job-000001"});
+  // Issue 20: resume of a job that is not SUSPENDED fails at once.
+  CliResult again = Cli({"--server", address_, "resume", "job-000001"});
+  EXPECT_EQ(again.code, client::kExitError);
+  EXPECT_THAT(again.err, HasSubstr("FAILED_PRECONDITION: job job-000001 is"));
+  EXPECT_THAT(again.err, HasSubstr("only SUSPENDED jobs resume"));
+
+  CliResult cancel = Cli({"--server", address_, "cancel", "--force", "job-000001"});
   ASSERT_EQ(cancel.code, 0) << cancel.err;
   CliResult watch = Cli({"--server", address_, "watch", "job-000001"});
   EXPECT_EQ(watch.code, client::kExitJobNotSucceeded);
   EXPECT_THAT(watch.out, HasSubstr("ended CANCELLED"));
+  EXPECT_EQ(resumed->last_stop(), engine::TrainingJob::StopKind::kForceCancel);
+  // Status text is not an error: error_message only for FAILED.
+  json job_after = ParseJson(Cli({"--server", address_, "get", "job-000001", "--json"}));
+  EXPECT_EQ(job_after["error_message"], "");
+  EXPECT_THAT(job_after["status_message"].get<std::string>(), HasSubstr("cancel"));
+  EXPECT_THAT(watch.out, HasSubstr("forced cancel requested by"));
+  // Checkpoint of a job that is not RUNNING fails at once.
+  CliResult checkpoint = Cli({"--server", address_, "checkpoint", "job-000001"});
+  EXPECT_EQ(checkpoint.code, client::kExitError);
+  EXPECT_THAT(checkpoint.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(checkpoint.err, Not(HasSubstr("waiting")));
+}
+
+// Issue 20: the CLI's contract without a daemon: --version, `tokenize` in
+// --help, a job file that does not load is bad input (2), and a daemon that
+// is down gets a message naming the address tried and how to start one.
+TEST(CliContractTest, VersionHelpBadInputAndNoDaemon) {
+  CliResult version = Cli({"--version"});
+  EXPECT_EQ(version.code, 0);
+  EXPECT_THAT(version.out, HasSubstr(std::string("megatrain ") + client::Version()));
+  CliResult help = Cli({"--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_THAT(help.out, HasSubstr("megatrain tokenize"));
+  CliResult missing_file = Cli({"--server", "127.0.0.1:1", "submit", "/nonexistent/job.yaml"});
+  EXPECT_EQ(missing_file.code, client::kExitUsage);
+  CliResult down = Cli({"--server", "127.0.0.1:1", "--timeout", "5", "list"});
+  EXPECT_EQ(down.code, client::kExitError);
+  EXPECT_THAT(down.err, HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(down.err, HasSubstr("no megatraind answered at 127.0.0.1:1"));
+  EXPECT_THAT(down.err, HasSubstr("megatraind --state_dir=DIR --listen=127.0.0.1:1"));
 }
 
 TEST_F(DaemonTest, InvalidSpecsAreRefusedNamingTheField) {
@@ -270,7 +307,7 @@ TEST_F(DaemonTest, InvalidSpecsAreRefusedNamingTheField) {
   const std::string zero = absl::StrCat(jobs_dir_, "/zero.yaml");
   std::ofstream(zero) << "model: {preset: tiny}\ntrain: {micro_batch: 0, max_steps: 5}\n";
   CliResult engine_refusal = Cli({"--server", address_, "submit", zero});
-  EXPECT_EQ(engine_refusal.code, client::kExitError);
+  EXPECT_EQ(engine_refusal.code, client::kExitUsage);
   EXPECT_THAT(engine_refusal.err,
               HasSubstr("INVALID_ARGUMENT: train.micro_batch: must be in [1, 4096], got 0"));
 
@@ -278,19 +315,19 @@ TEST_F(DaemonTest, InvalidSpecsAreRefusedNamingTheField) {
   std::ofstream(not_bool) << "model: {preset: tiny}\n"
                           << "train: {offload_activations: 3, max_steps: 5}\n";
   CliResult bad_bool = Cli({"--server", address_, "submit", not_bool});
-  EXPECT_EQ(bad_bool.code, client::kExitError);
+  EXPECT_EQ(bad_bool.code, client::kExitUsage);
   EXPECT_THAT(bad_bool.err,
               HasSubstr("INVALID_ARGUMENT: " + not_bool +
                         ": train.offload_activations: expected true or false, got '3'"));
 
   CliResult unknown_key = Cli({"--server", address_, "submit", WriteJob("typo", "trian: {}\n")});
-  EXPECT_EQ(unknown_key.code, client::kExitError);
+  EXPECT_EQ(unknown_key.code, client::kExitUsage);
   EXPECT_THAT(unknown_key.err, HasSubstr("trian: unknown key"));
 
   const std::string global = absl::StrCat(jobs_dir_, "/global.yaml");
   std::ofstream(global) << "model: {preset: tiny}\ntrain: {global_batch: 12, max_steps: 5}\n";
   CliResult conversion = Cli({"--server", address_, "submit", global});
-  EXPECT_EQ(conversion.code, client::kExitError);
+  EXPECT_EQ(conversion.code, client::kExitUsage);
   EXPECT_THAT(conversion.err, HasSubstr("INVALID_ARGUMENT: train.global_batch"));
 }
 
