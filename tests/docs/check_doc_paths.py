@@ -18,7 +18,7 @@ import sys
 
 TOP_DIRS = ("engine/", "server/", "client/", "proto/", "tests/", "docs/", "deploy/",
             "examples/", "cmake/")
-TOP_FILES = ("README.md", "CMakeLists.txt", "STYLE.md", ".clang-format", ".gitignore")
+TOP_FILES = ("README.md", "CMakeLists.txt", ".clang-format", ".gitignore")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
