@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/io/token_shard.h"
+#include "engine/spec/job_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {
@@ -461,10 +462,8 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) 
     return absl::InvalidArgumentError(absl::StrCat("data.eos_id: must be in [0, vocab_size ",
                                                    options.vocab_size, "), got ", options.eos_id));
   }
-  if (!(options.eval_fraction >= 0.0 && options.eval_fraction <= 0.5)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.eval_fraction: must be in [0, 0.5], got ", options.eval_fraction));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("data.eval_fraction", options.eval_fraction, kEvalFractionRange));
   if (!options.eval_tokens.empty() && options.eval_fraction != 0.0) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.eval_fraction: must be 0 with data.eval_tokens (a separate "

@@ -22,6 +22,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/io/token_shard.h"
 #include "engine/io/tokenizer.h"
+#include "engine/spec/job_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {
@@ -490,10 +491,8 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
   if (options.max_shard_tokens < 1) {
     return absl::InvalidArgumentError("max_shard_tokens: must be at least 1");
   }
-  if (!(options.eval_fraction >= 0.0 && options.eval_fraction <= 0.5)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eval_fraction: must be in [0, 0.5], got ", options.eval_fraction));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("eval_fraction", options.eval_fraction, kEvalFractionRange));
   if (options.vocab_size < 0 ||
       static_cast<uint64_t>(options.vocab_size) > kTokenShardMaxVocabSize) {
     return absl::InvalidArgumentError(

@@ -31,32 +31,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status InRange(absl::string_view field, double value, double lo, double hi,
-                     bool lo_open = false) {
-  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", value));
-}
-
-absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
-  if (value >= lo && value <= hi) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", value));
-}
-
 absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
   if (!model.preset.empty()) return PresetConfig(model.preset);
   absl::StatusOr<ModelConfig> config = LoadHfConfig(model.hf_dir);
   if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
   return config;
-}
-
-int64_t MaxSteps(const JobSpec& spec) {
-  if (spec.train.max_steps > 0) return spec.train.max_steps;
-  const int64_t tokens_per_step =
-      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
-  return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
 }
 
 HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
@@ -142,61 +121,6 @@ absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
 
 }  // namespace
 
-absl::Status ValidateJobSpec(const JobSpec& s) {
-  if (s.model.preset.empty() == s.model.hf_dir.empty()) {
-    return absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir");
-  }
-  if (!s.model.preset.empty()) MEGATRAIN_RETURN_IF_ERROR(PresetConfig(s.model.preset).status());
-  if (s.data.tokens.empty() == s.data.text.empty()) {
-    return absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text");
-  }
-  if (!s.data.text.empty() && s.data.tokenizer.empty() && s.model.hf_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "data.tokenizer: required with data.text and model.preset (a model directory's "
-        "tokenizer.json, the file, or a SentencePiece model); with model.hf_dir the "
-        "directory's tokenizer.json is the default");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(InRange("data.eval_fraction", s.data.eval_fraction, 0, 0.5));
-  if (!s.data.eval_tokens.empty() && s.data.eval_fraction > 0) {
-    return absl::InvalidArgumentError(
-        "data.eval_fraction: must be 0 when data.eval_tokens gives the held-out set");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.micro_batch", s.train.micro_batch, 1, 4096));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.seq_len", s.train.seq_len, 1, 1 << 20));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.gradient_accumulation_steps",
-                                       s.train.gradient_accumulation_steps, 1, 1 << 16));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.max_steps", s.train.max_steps, 0, int64_t{1} << 40));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("train.max_tokens", s.train.max_tokens, 0, int64_t{1} << 60));
-  if (s.train.max_steps == 0 && s.train.max_tokens == 0) {
-    return absl::InvalidArgumentError(
-        "train.max_steps: set train.max_steps or train.max_tokens (> 0)");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(InRange("train.max_grad_norm", s.train.max_grad_norm, 0, 1e9));
-  if (s.train.nan_policy != NanPolicy::kSkip && s.train.nan_policy != NanPolicy::kFail) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(s.train.nan_policy)));
-  }
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.lr", s.optimizer.lr, 0, 1, /*lo_open=*/true));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta1", s.optimizer.beta1, 0, 0.999999));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta2", s.optimizer.beta2, 0, 0.999999999));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.eps", s.optimizer.eps, 0, 1));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.weight_decay", s.optimizer.weight_decay, 0, 10));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.min_lr_ratio", s.optimizer.min_lr_ratio, 0, 1));
-  MEGATRAIN_RETURN_IF_ERROR(ParseLrScheduleKind(s.optimizer.schedule).status());
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("optimizer.warmup_steps", s.optimizer.warmup_steps, 0, MaxSteps(s)));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("eval.every_steps", s.eval.every_steps, 0, int64_t{1} << 40));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("eval.batches", s.eval.batches, 1, 1 << 20));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("checkpoint.every_steps", s.checkpoint.every_steps, 0, int64_t{1} << 40));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("checkpoint.keep_last", s.checkpoint.keep_last, 1, 1 << 20));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("checkpoint.keep_every", s.checkpoint.keep_every, 0, int64_t{1} << 40));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   return FootprintOf(spec, config);
@@ -251,42 +175,6 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
           " x 4 B = ", GiB(saved_layers * layer_bytes), ", device estimate ",
           GiB(f.device_estimate_bytes), " (", GiB(f.device_resident_bytes),
           " of it resident layers, embedding and gradient buffers at most); ", advice));
-}
-
-std::string JobSpecToJson(const JobSpec& s) {
-  nlohmann::json j;
-  j["name"] = s.name;
-  j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
-  j["data"] = {{"tokens", s.data.tokens},
-               {"eval_tokens", s.data.eval_tokens},
-               {"text", s.data.text},
-               {"tokenizer", s.data.tokenizer},
-               {"eval_fraction", s.data.eval_fraction},
-               {"shuffle_seed", s.data.shuffle_seed}};
-  j["train"] = {{"micro_batch", s.train.micro_batch},
-                {"seq_len", s.train.seq_len},
-                {"gradient_accumulation_steps", s.train.gradient_accumulation_steps},
-                {"max_steps", s.train.max_steps},
-                {"max_tokens", s.train.max_tokens},
-                {"compute_dtype", ComputeDtypeName(s.train.compute_dtype)},
-                {"max_grad_norm", s.train.max_grad_norm},
-                {"seed", s.train.seed},
-                {"nan_policy", NanPolicyName(s.train.nan_policy)},
-                {"offload_activations", s.train.offload_activations}};
-  j["optimizer"] = {{"lr", s.optimizer.lr},
-                    {"beta1", s.optimizer.beta1},
-                    {"beta2", s.optimizer.beta2},
-                    {"eps", s.optimizer.eps},
-                    {"weight_decay", s.optimizer.weight_decay},
-                    {"warmup_steps", s.optimizer.warmup_steps},
-                    {"schedule", s.optimizer.schedule},
-                    {"min_lr_ratio", s.optimizer.min_lr_ratio}};
-  j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
-  j["checkpoint"] = {{"every_steps", s.checkpoint.every_steps},
-                     {"keep_last", s.checkpoint.keep_last},
-                     {"keep_every", s.checkpoint.keep_every}};
-  j["output_dir"] = s.output_dir;
-  return j.dump();
 }
 
 double PeakBf16Flops(const std::string& device_name) {
