@@ -216,6 +216,19 @@ class TrainingJobImpl final : public TrainingJob {
   absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
   absl::Status PrepareData();
   absl::Status WriteCheckpointNow(JobObserver* observer);
+  // One step boundary's requests: a stop ends the run (after a checkpoint
+  // for a suspend not yet checkpointed), a checkpoint request is served.
+  // Returns the outcome when the run must end.
+  absl::StatusOr<std::optional<JobOutcome>> ServeRequests(JobObserver* observer,
+                                                          int64_t* last_checkpoint_step);
+  // gradient_accumulation_steps micro-batches from the training data.
+  absl::StatusOr<std::vector<MicroBatch>> ReadStepBatches();
+  // This step's batches (read ahead by the previous step, or now), and the
+  // next step's, read ahead into next_batches_ unless this is the last step.
+  absl::StatusOr<std::vector<MicroBatch>> TakeStepBatches();
+  StepReport ReportOf(const StepResult& result, double flops_per_token, double peak) const;
+  // Periodic eval and checkpoint after applied step `step`.
+  absl::Status AfterStep(JobObserver* observer, int64_t step, int64_t* last_checkpoint_step);
 
   JobSpec spec_;
   ModelConfig config_;
@@ -382,69 +395,103 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<JobOutcome>> TrainingJobImpl::ServeRequests(
+    JobObserver* observer, int64_t* last_checkpoint_step) {
+  std::optional<StopKind> stop;
+  bool checkpoint_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stop = stop_;
+    checkpoint_now = std::exchange(checkpoint_requested_, false);
+  }
+  if (stop == StopKind::kCancel) {
+    MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
+    return JobOutcome::kCancelled;
+  }
+  if (stop == StopKind::kSuspend) {
+    if (*last_checkpoint_step != trainer_->step()) {
+      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+    }
+    return JobOutcome::kSuspended;
+  }
+  if (checkpoint_now) {
+    MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+    *last_checkpoint_step = trainer_->step();
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::vector<MicroBatch>> TrainingJobImpl::ReadStepBatches() {
+  std::vector<MicroBatch> out;
+  for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
+    absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
+    if (!batch.ok()) return Annotate(batch.status(), "data");
+    out.push_back(std::move(*batch));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<MicroBatch>> TrainingJobImpl::TakeStepBatches() {
+  std::vector<MicroBatch> batches = std::move(next_batches_);
+  next_batches_.clear();
+  consumed_cursor_.reset();
+  if (batches.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(batches, ReadStepBatches());
+  }
+  if (trainer_->step() + 1 < max_steps_) {
+    DataCursor before = loader_->cursor();
+    MEGATRAIN_ASSIGN_OR_RETURN(next_batches_, ReadStepBatches());
+    consumed_cursor_ = std::move(before);
+  }
+  return batches;
+}
+
+StepReport TrainingJobImpl::ReportOf(const StepResult& r, double flops_per_token,
+                                     double peak) const {
+  StepReport report;
+  report.step = trainer_->step();
+  report.max_steps = max_steps_;
+  report.loss = r.loss;
+  report.grad_norm = r.grad_norm;
+  report.lr = r.lr;
+  report.skipped = r.skipped;
+  report.stats = r.stats;
+  report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
+  report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
+  return report;
+}
+
+absl::Status TrainingJobImpl::AfterStep(JobObserver* observer, int64_t step,
+                                        int64_t* last_checkpoint_step) {
+  if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
+      (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
+    MEGATRAIN_ASSIGN_OR_RETURN(double eval_loss, trainer_->Evaluate(eval_batches_));
+    if (observer != nullptr) observer->OnEval(step, eval_loss);
+  }
+  if (spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0 &&
+      step < max_steps_) {
+    MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+    *last_checkpoint_step = step;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
   const double flops_per_token = config_.TrainFlopsPerToken(spec_.train.seq_len);
   const double peak = PeakBf16Flops(trainer_->device_name());
   int64_t last_checkpoint_step = -1;
   int64_t consecutive_skipped = 0;  // kMaxConsecutiveSkippedSteps
   while (trainer_->step() < max_steps_) {
-    std::optional<StopKind> stop;
-    bool checkpoint_now = false;
-    {
-      absl::MutexLock lock(&mu_);
-      stop = stop_;
-      checkpoint_now = std::exchange(checkpoint_requested_, false);
-    }
-    if (stop == StopKind::kCancel) {
-      MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
-      return JobOutcome::kCancelled;
-    }
-    if (stop == StopKind::kSuspend) {
-      if (last_checkpoint_step != trainer_->step()) {
-        MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
-      }
-      return JobOutcome::kSuspended;
-    }
-    if (checkpoint_now) {
-      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
-      last_checkpoint_step = trainer_->step();
-    }
-    auto read_batches = [&]() -> absl::StatusOr<std::vector<MicroBatch>> {
-      std::vector<MicroBatch> out;
-      for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
-        absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
-        if (!batch.ok()) return Annotate(batch.status(), "data");
-        out.push_back(std::move(*batch));
-      }
-      return out;
-    };
-    std::vector<MicroBatch> batches = std::move(next_batches_);
-    next_batches_.clear();
-    consumed_cursor_.reset();
-    if (batches.empty()) {
-      MEGATRAIN_ASSIGN_OR_RETURN(batches, read_batches());
-    }
-    if (trainer_->step() + 1 < max_steps_) {
-      DataCursor before = loader_->cursor();
-      MEGATRAIN_ASSIGN_OR_RETURN(next_batches_, read_batches());
-      consumed_cursor_ = std::move(before);
-    }
+    MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobOutcome> outcome,
+                               ServeRequests(observer, &last_checkpoint_step));
+    if (outcome.has_value()) return *outcome;
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<MicroBatch> batches, TakeStepBatches());
     MEGATRAIN_ASSIGN_OR_RETURN(
         StepResult r,
         trainer_->Step(batches, next_batches_.empty()
                                     ? absl::Span<const int32_t>()
                                     : absl::MakeConstSpan(next_batches_[0].input_ids)));
-    StepReport report;
-    report.step = trainer_->step();
-    report.max_steps = max_steps_;
-    report.loss = r.loss;
-    report.grad_norm = r.grad_norm;
-    report.lr = r.lr;
-    report.skipped = r.skipped;
-    report.stats = r.stats;
-    report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
-    report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
-    if (observer != nullptr) observer->OnStep(report);
+    if (observer != nullptr) observer->OnStep(ReportOf(r, flops_per_token, peak));
     consecutive_skipped = r.skipped ? consecutive_skipped + 1 : 0;
     if (consecutive_skipped >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -454,17 +501,7 @@ absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
           trainer_->step(), "; the model has likely diverged (try a lower optimizer.lr)"));
     }
     if (r.skipped && !r.partial) continue;  // nothing changed: no eval, no checkpoint
-    const int64_t step = trainer_->step();
-    if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
-        (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
-      MEGATRAIN_ASSIGN_OR_RETURN(double eval_loss, trainer_->Evaluate(eval_batches_));
-      if (observer != nullptr) observer->OnEval(step, eval_loss);
-    }
-    if (spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0 &&
-        step < max_steps_) {
-      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
-      last_checkpoint_step = step;
-    }
+    MEGATRAIN_RETURN_IF_ERROR(AfterStep(observer, trainer_->step(), &last_checkpoint_step));
   }
   if (last_checkpoint_step != trainer_->step()) {
     MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
