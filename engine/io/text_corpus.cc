@@ -519,6 +519,39 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
 
 }  // namespace
 
+namespace {
+
+// Reads one input file in its format (kAuto: by extension) into `sink`.
+// `tokenizer` is empty only for kSftJsonl, whose ids are given.
+absl::Status ReadInputFile(const std::string& path, const TokenizeOptions& options,
+                           const std::optional<Tokenizer>& tokenizer, uint64_t vocab_size,
+                           DocumentSink& sink) {
+  CorpusFormat format = options.format;
+  if (format == CorpusFormat::kAuto) {
+    format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl : CorpusFormat::kPlainText;
+  }
+  switch (format) {
+    case CorpusFormat::kPlainText:
+      MEGATRAIN_RETURN_IF_ERROR(ReadPlainText(path, *tokenizer, options.add_bos, sink));
+      break;
+    case CorpusFormat::kJsonl:
+      MEGATRAIN_RETURN_IF_ERROR(
+          ReadJsonl(path, *tokenizer, options.text_field, options.add_bos, sink));
+      break;
+    case CorpusFormat::kSftJsonl:
+      MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
+      break;
+    case CorpusFormat::kChatJsonl:
+      MEGATRAIN_RETURN_IF_ERROR(ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
+      break;
+    case CorpusFormat::kAuto:
+      break;  // resolved above
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(options));
   const bool chat = options.format == CorpusFormat::kChatJsonl;
@@ -573,28 +606,7 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
     std::error_code size_error;
     const uintmax_t input_bytes = fs::file_size(path, size_error);
     if (!size_error) report.input_bytes += input_bytes;
-    CorpusFormat format = options.format;
-    if (format == CorpusFormat::kAuto) {
-      format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl : CorpusFormat::kPlainText;
-    }
-    switch (format) {
-      case CorpusFormat::kPlainText:
-        MEGATRAIN_RETURN_IF_ERROR(ReadPlainText(path, *tokenizer, options.add_bos, sink));
-        break;
-      case CorpusFormat::kJsonl:
-        MEGATRAIN_RETURN_IF_ERROR(
-            ReadJsonl(path, *tokenizer, options.text_field, options.add_bos, sink));
-        break;
-      case CorpusFormat::kSftJsonl:
-        MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
-        break;
-      case CorpusFormat::kChatJsonl:
-        MEGATRAIN_RETURN_IF_ERROR(
-            ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
-        break;
-      case CorpusFormat::kAuto:
-        break;  // resolved above
-    }
+    MEGATRAIN_RETURN_IF_ERROR(ReadInputFile(path, options, tokenizer, vocab_size, sink));
   }
   MEGATRAIN_RETURN_IF_ERROR(train.Finish());
   MEGATRAIN_RETURN_IF_ERROR(eval.Finish());
