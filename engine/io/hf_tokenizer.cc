@@ -1041,6 +1041,77 @@ absl::Status HfTokenizer::Impl::Normalize(Piece* piece) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// ByteLevel: every byte of every piece becomes its printable stand-in
+// (GPT-2's bytes_to_unicode), offsets following the bytes.
+void MapBytesToUnicode(std::vector<Piece>* pieces_out) {
+  std::vector<Piece>& pieces = *pieces_out;
+  const ByteLevelTable& table = ByteLevel();
+  for (Piece& p : pieces) {
+    std::string mapped;
+    std::vector<uint32_t> offsets;
+    mapped.reserve(p.text.size() * 2);
+    offsets.reserve(p.text.size() * 2);
+    const bool track = !p.offsets.empty();
+    for (size_t k = 0; k < p.text.size(); ++k) {
+      const std::string& c = table.byte_to_utf8[static_cast<unsigned char>(p.text[k])];
+      mapped += c;
+      if (track) offsets.insert(offsets.end(), c.size(), p.offsets[k]);
+    }
+    p.text = std::move(mapped);
+    p.offsets = std::move(offsets);
+  }
+}
+
+// Metaspace: spaces become step.replacement, which is prepended per
+// step.prepend_scheme; with step.split, each piece is split before every
+// replacement (MergedWithNext).
+void ApplyMetaspace(const PreTokenizerStep& step, std::vector<Piece>* pieces_out) {
+  std::vector<Piece>& pieces = *pieces_out;
+  for (Piece& p : pieces) {
+    if (p.text.find(' ') != std::string::npos) {
+      std::string replaced;
+      std::vector<uint32_t> offsets;
+      const bool track = !p.offsets.empty();
+      for (size_t k = 0; k < p.text.size(); ++k) {
+        if (p.text[k] == ' ') {
+          replaced += step.replacement;
+          if (track) offsets.insert(offsets.end(), step.replacement.size(), p.offsets[k]);
+        } else {
+          replaced.push_back(p.text[k]);
+          if (track) offsets.push_back(p.offsets[k]);
+        }
+      }
+      p.text = std::move(replaced);
+      p.offsets = std::move(offsets);
+    }
+    const bool starts =
+        absl::string_view(p.text).substr(0, step.replacement.size()) == step.replacement;
+    if (!starts && (step.prepend_scheme == PrependScheme::kAlways ||
+                    (step.prepend_scheme == PrependScheme::kFirst && p.at_start))) {
+      InsertBytes(&p, 0, step.replacement);
+    }
+  }
+  if (step.split) {
+    // MergedWithNext on every replacement character.
+    std::vector<Piece> next;
+    for (Piece& p : pieces) {
+      size_t start = 0;
+      size_t pos = p.text.find(step.replacement, 1);
+      while (pos != std::string::npos) {
+        next.push_back(p.Sub(start, pos - start));
+        start = pos;
+        pos = p.text.find(step.replacement, pos + step.replacement.size());
+      }
+      next.push_back(p.Sub(start, p.text.size() - start));
+    }
+    pieces = std::move(next);
+  }
+}
+
+}  // namespace
+
 absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* words) const {
   std::vector<Piece> pieces;
   pieces.push_back(std::move(piece));
@@ -1060,63 +1131,11 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* wor
           MEGATRAIN_RETURN_IF_ERROR(
               SplitPieces(*step.regex, false, SplitBehavior::kIsolated, &pieces));
         }
-        const ByteLevelTable& table = ByteLevel();
-        for (Piece& p : pieces) {
-          std::string mapped;
-          std::vector<uint32_t> offsets;
-          mapped.reserve(p.text.size() * 2);
-          offsets.reserve(p.text.size() * 2);
-          const bool track = !p.offsets.empty();
-          for (size_t k = 0; k < p.text.size(); ++k) {
-            const std::string& c = table.byte_to_utf8[static_cast<unsigned char>(p.text[k])];
-            mapped += c;
-            if (track) offsets.insert(offsets.end(), c.size(), p.offsets[k]);
-          }
-          p.text = std::move(mapped);
-          p.offsets = std::move(offsets);
-        }
+        MapBytesToUnicode(&pieces);
         break;
       }
       case K::kMetaspace: {
-        for (Piece& p : pieces) {
-          if (p.text.find(' ') != std::string::npos) {
-            std::string replaced;
-            std::vector<uint32_t> offsets;
-            const bool track = !p.offsets.empty();
-            for (size_t k = 0; k < p.text.size(); ++k) {
-              if (p.text[k] == ' ') {
-                replaced += step.replacement;
-                if (track) offsets.insert(offsets.end(), step.replacement.size(), p.offsets[k]);
-              } else {
-                replaced.push_back(p.text[k]);
-                if (track) offsets.push_back(p.offsets[k]);
-              }
-            }
-            p.text = std::move(replaced);
-            p.offsets = std::move(offsets);
-          }
-          const bool starts =
-              absl::string_view(p.text).substr(0, step.replacement.size()) == step.replacement;
-          if (!starts && (step.prepend_scheme == PrependScheme::kAlways ||
-                          (step.prepend_scheme == PrependScheme::kFirst && p.at_start))) {
-            InsertBytes(&p, 0, step.replacement);
-          }
-        }
-        if (step.split) {
-          // MergedWithNext on every replacement character.
-          std::vector<Piece> next;
-          for (Piece& p : pieces) {
-            size_t start = 0;
-            size_t pos = p.text.find(step.replacement, 1);
-            while (pos != std::string::npos) {
-              next.push_back(p.Sub(start, pos - start));
-              start = pos;
-              pos = p.text.find(step.replacement, pos + step.replacement.size());
-            }
-            next.push_back(p.Sub(start, p.text.size() - start));
-          }
-          pieces = std::move(next);
-        }
+        ApplyMetaspace(step, &pieces);
         break;
       }
     }
