@@ -388,6 +388,15 @@ void InsertBytes(Piece* p, size_t pos, const std::string& bytes) {
   p->offsets.insert(p->offsets.begin() + pos, bytes.size(), offset);
 }
 
+// One symbol of a word during BPE: a doubly linked list over a vector, so
+// that a merge unlinks its right symbol in O(1).
+struct BpeSymbol {
+  int32_t id;
+  int32_t prev, next;  // indices; -1 at the ends
+  uint32_t len;        // bytes of the word
+  bool removed;
+};
+
 }  // namespace
 
 struct HfTokenizer::Impl {
@@ -425,6 +434,11 @@ struct HfTokenizer::Impl {
   // Appends (id, bytes of `word` it covers) per token.
   void Bpe(absl::string_view word, std::vector<std::pair<int32_t, uint32_t>>* tokens) const;
   void BpeUncached(absl::string_view word, std::vector<std::pair<int32_t, uint32_t>>* tokens) const;
+  // BpeUncached's two phases: the word's characters as symbols (with
+  // continuing_subword_prefix / end_of_word_suffix, byte fallback and
+  // <unk>), then the merges, lowest rank and leftmost first.
+  std::vector<BpeSymbol> InitialSymbols(absl::string_view word) const;
+  void ApplyMerges(std::vector<BpeSymbol>* symbols) const;
   // `spans` null: no offsets are tracked (Note [Offsets]).
   absl::Status EncodeSegment(Piece piece, std::vector<int32_t>* ids,
                              std::vector<std::pair<size_t, size_t>>* spans) const;
@@ -1180,22 +1194,8 @@ void HfTokenizer::Impl::Bpe(absl::string_view word,
 // models/bpe/model.rs merge_word + word.rs merge_all: characters to ids
 // (byte fallback or <unk> for unknown ones), then repeatedly apply the
 // lowest-ranked merge present, leftmost first.
-void HfTokenizer::Impl::BpeUncached(absl::string_view word,
-                                    std::vector<std::pair<int32_t, uint32_t>>* ids) const {
-  if (ignore_merges) {
-    auto it = vocab.find(word);
-    if (it != vocab.end()) {
-      ids->push_back({it->second, static_cast<uint32_t>(word.size())});
-      return;
-    }
-  }
-  struct Symbol {
-    int32_t id;
-    int32_t prev, next;  // indices; -1 at the ends
-    uint32_t len;        // bytes of `word`
-    bool removed;
-  };
-  std::vector<Symbol> symbols;
+std::vector<BpeSymbol> HfTokenizer::Impl::InitialSymbols(absl::string_view word) const {
+  std::vector<BpeSymbol> symbols;
   symbols.reserve(word.size());
   int32_t pending_unk = -1;  // a fused <unk> not yet added
   uint32_t pending_unk_len = 0;
@@ -1239,7 +1239,11 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word,
     i += len;
   }
   if (pending_unk >= 0) add(pending_unk, pending_unk_len);
+  return symbols;
+}
 
+void HfTokenizer::Impl::ApplyMerges(std::vector<BpeSymbol>* symbols_out) const {
+  std::vector<BpeSymbol>& symbols = *symbols_out;
   struct Merge {
     int32_t rank, pos, new_id;
     bool operator<(const Merge& o) const {  // max-heap: lowest rank, then leftmost, on top
@@ -1259,9 +1263,9 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word,
   while (!queue.empty()) {
     const Merge top = queue.top();
     queue.pop();
-    Symbol& cur = symbols[top.pos];
+    BpeSymbol& cur = symbols[top.pos];
     if (cur.removed || cur.next < 0) continue;
-    const Symbol right = symbols[cur.next];
+    const BpeSymbol right = symbols[cur.next];
     const auto* m = find_merge(cur.id, right.id);
     if (m == nullptr || m->second != top.new_id) continue;  // stale entry
     symbols[cur.next].removed = true;
@@ -1280,7 +1284,20 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word,
       }
     }
   }
-  for (const Symbol& s : symbols) {
+}
+
+void HfTokenizer::Impl::BpeUncached(absl::string_view word,
+                                    std::vector<std::pair<int32_t, uint32_t>>* ids) const {
+  if (ignore_merges) {
+    auto it = vocab.find(word);
+    if (it != vocab.end()) {
+      ids->push_back({it->second, static_cast<uint32_t>(word.size())});
+      return;
+    }
+  }
+  std::vector<BpeSymbol> symbols = InitialSymbols(word);
+  ApplyMerges(&symbols);
+  for (const BpeSymbol& s : symbols) {
     if (!s.removed) ids->push_back({s.id, s.len});
   }
 }
