@@ -1148,10 +1148,9 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* wor
         MapBytesToUnicode(&pieces);
         break;
       }
-      case K::kMetaspace: {
+      case K::kMetaspace:
         ApplyMetaspace(step, &pieces);
         break;
-      }
     }
   }
   for (Piece& p : pieces) {
@@ -1397,32 +1396,96 @@ absl::Status HfTokenizer::Impl::EncodeAll(absl::string_view text, bool add_speci
 
 namespace {
 
+// ByteLevel decoder: every token to bytes (a token with a char outside the
+// table stays as its UTF-8), all joined, then lossy UTF-8.
+void DecodeByteLevel(std::vector<std::string>* tokens) {
+  const ByteLevelTable& table = ByteLevel();
+  std::string bytes;
+  for (const std::string& t : *tokens) {
+    std::string tb;
+    bool ok = true;
+    for (size_t i = 0; i < t.size() && ok;) {
+      size_t len = 0;
+      const uint32_t cp = DecodeUtf8At(t, i, &len);
+      auto it = table.char_to_byte.find(cp);
+      if (it == table.char_to_byte.end())
+        ok = false;
+      else
+        tb.push_back(static_cast<char>(it->second));
+      i += len;
+    }
+    bytes += ok ? tb : t;
+  }
+  *tokens = {Utf8Lossy(bytes)};
+}
+
+// ByteFallback decoder: runs of <0xXX> tokens become their bytes, or one
+// U+FFFD per byte when the run is not valid UTF-8.
+void DecodeByteFallback(std::vector<std::string>* tokens) {
+  std::vector<std::string> out;
+  std::string pending;
+  auto flush = [&]() {
+    if (pending.empty()) return;
+    if (FindInvalidUtf8(pending) == std::string::npos) {
+      out.push_back(pending);
+    } else {
+      for (size_t k = 0; k < pending.size(); ++k) out.push_back("\xEF\xBF\xBD");
+    }
+    pending.clear();
+  };
+  for (std::string& t : *tokens) {
+    int byte = -1;
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      byte = std::stoi(t.substr(3, 2), nullptr, 16);
+    }
+    if (byte >= 0) {
+      pending.push_back(static_cast<char>(byte));
+    } else {
+      flush();
+      out.push_back(std::move(t));
+    }
+  }
+  flush();
+  *tokens = std::move(out);
+}
+
+// Strip decoder: up to strip_start leading and strip_stop trailing
+// strip_char code points off every token.
+void DecodeStrip(const DecoderStep& step, std::vector<std::string>* tokens) {
+  for (std::string& t : *tokens) {
+    std::vector<std::pair<size_t, uint32_t>> chars;  // (byte offset, code point)
+    for (size_t i = 0; i < t.size();) {
+      size_t len = 0;
+      chars.push_back({i, DecodeUtf8At(t, i, &len)});
+      i += len;
+    }
+    size_t start_cut = 0, stop_cut = chars.size();
+    for (size_t k = 0; k < std::min(step.strip_start, chars.size()); ++k) {
+      if (chars[k].second != step.strip_char) break;
+      start_cut = k + 1;
+    }
+    for (size_t k = 0; k < std::min(step.strip_stop, chars.size()); ++k) {
+      if (chars[chars.size() - 1 - k].second != step.strip_char) break;
+      stop_cut = chars.size() - 1 - k;
+    }
+    if (start_cut >= stop_cut) {
+      t.clear();
+    } else {
+      const size_t b0 = chars[start_cut].first;
+      const size_t b1 = stop_cut < chars.size() ? chars[stop_cut].first : t.size();
+      t = t.substr(b0, b1 - b0);
+    }
+  }
+}
+
 void DecodeStep(const DecoderStep& step, std::vector<std::string>* tokens) {
   using K = DecoderStep::Kind;
   switch (step.kind) {
-    case K::kByteLevel: {
-      // Every token to bytes (a token with a char outside the table stays
-      // as its UTF-8), all joined, then lossy UTF-8.
-      const ByteLevelTable& table = ByteLevel();
-      std::string bytes;
-      for (const std::string& t : *tokens) {
-        std::string tb;
-        bool ok = true;
-        for (size_t i = 0; i < t.size() && ok;) {
-          size_t len = 0;
-          const uint32_t cp = DecodeUtf8At(t, i, &len);
-          auto it = table.char_to_byte.find(cp);
-          if (it == table.char_to_byte.end())
-            ok = false;
-          else
-            tb.push_back(static_cast<char>(it->second));
-          i += len;
-        }
-        bytes += ok ? tb : t;
-      }
-      *tokens = {Utf8Lossy(bytes)};
+    case K::kByteLevel:
+      DecodeByteLevel(tokens);
       break;
-    }
     case K::kMetaspace:
       for (size_t i = 0; i < tokens->size(); ++i) {
         const bool drop = i == 0 && step.prepend_scheme != PrependScheme::kNever;
@@ -1432,64 +1495,14 @@ void DecodeStep(const DecoderStep& step, std::vector<std::string>* tokens) {
     case K::kReplace:
       for (std::string& t : *tokens) t = absl::StrReplaceAll(t, {{step.pattern, step.content}});
       break;
-    case K::kByteFallback: {
-      std::vector<std::string> out;
-      std::string pending;
-      auto flush = [&]() {
-        if (pending.empty()) return;
-        if (FindInvalidUtf8(pending) == std::string::npos) {
-          out.push_back(pending);
-        } else {
-          for (size_t k = 0; k < pending.size(); ++k) out.push_back("\xEF\xBF\xBD");
-        }
-        pending.clear();
-      };
-      for (std::string& t : *tokens) {
-        int byte = -1;
-        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-            std::isxdigit(static_cast<unsigned char>(t[3])) &&
-            std::isxdigit(static_cast<unsigned char>(t[4]))) {
-          byte = std::stoi(t.substr(3, 2), nullptr, 16);
-        }
-        if (byte >= 0) {
-          pending.push_back(static_cast<char>(byte));
-        } else {
-          flush();
-          out.push_back(std::move(t));
-        }
-      }
-      flush();
-      *tokens = std::move(out);
+    case K::kByteFallback:
+      DecodeByteFallback(tokens);
       break;
-    }
     case K::kFuse:
       *tokens = {absl::StrJoin(*tokens, "")};
       break;
     case K::kStrip:
-      for (std::string& t : *tokens) {
-        std::vector<std::pair<size_t, uint32_t>> chars;  // (byte offset, code point)
-        for (size_t i = 0; i < t.size();) {
-          size_t len = 0;
-          chars.push_back({i, DecodeUtf8At(t, i, &len)});
-          i += len;
-        }
-        size_t start_cut = 0, stop_cut = chars.size();
-        for (size_t k = 0; k < std::min(step.strip_start, chars.size()); ++k) {
-          if (chars[k].second != step.strip_char) break;
-          start_cut = k + 1;
-        }
-        for (size_t k = 0; k < std::min(step.strip_stop, chars.size()); ++k) {
-          if (chars[chars.size() - 1 - k].second != step.strip_char) break;
-          stop_cut = chars.size() - 1 - k;
-        }
-        if (start_cut >= stop_cut) {
-          t.clear();
-        } else {
-          const size_t b0 = chars[start_cut].first;
-          const size_t b1 = stop_cut < chars.size() ? chars[stop_cut].first : t.size();
-          t = t.substr(b0, b1 - b0);
-        }
-      }
+      DecodeStrip(step, tokens);
       break;
   }
 }
