@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/spec/job_spec.h"
+#include "engine/spec/lr_schedule_kind.h"
 
 namespace megatrain::server::testing {
 
@@ -234,11 +235,9 @@ absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer.lr: must be > 0, got ", spec.optimizer.lr));
   }
-  if (spec.optimizer.schedule != "cosine" && spec.optimizer.schedule != "linear" &&
-      spec.optimizer.schedule != "constant") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.schedule: must be cosine, linear or constant, got '",
-                     spec.optimizer.schedule, "'"));
+  if (absl::Status status = engine::ParseLrScheduleKind(spec.optimizer.schedule).status();
+      !status.ok()) {
+    return status;
   }
   if (spec.data.tokens.empty() == spec.data.text.empty()) {
     return absl::InvalidArgumentError("data: give exactly one of tokens and text");
