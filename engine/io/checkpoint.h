@@ -39,9 +39,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/store/host_store.h"
+#include "engine/io/checkpoint_info.h"
 #include "engine/model/model_config.h"
-#include "engine/job/training_job.h"
+#include "engine/spec/job_spec.h"
+#include "engine/store/host_store.h"
 
 namespace megatrain::engine {
 
@@ -134,17 +135,9 @@ absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir
 // INVALID_ARGUMENT / UNIMPLEMENTED from ParseHfConfig.
 absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_dir);
 
-// ListCheckpoints, VerifyCheckpoint and ExportHfModel (declared in
-// training_job.h) are implemented in checkpoint.cc:
-//   ListCheckpoints(output_dir): the `step-*` directories under
-//     `<output_dir>/checkpoints`, oldest (lowest step) first, with the bytes
-//     of their files; `.tmp-*` directories are skipped. An output_dir without
-//     a `checkpoints` directory has none. NOT_FOUND when output_dir is
-//     missing.
-//   ExportHfModel(checkpoint_dir, out_dir, dtype): reads the checkpoint's
-//     config.json and master weights (verified) into a store without
-//     optimizer state and writes them with ExportHfDirectory (shards of at
-//     most 5 GB). `dtype` as ParseExportDtype ("bf16" | "fp32").
+// ListCheckpoints, VerifyCheckpoint and ExportHfModel are declared in
+// checkpoint_info.h (torch-free, for the server) and implemented in
+// checkpoint.cc.
 
 }  // namespace megatrain::engine
 

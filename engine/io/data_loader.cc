@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/io/token_shard.h"
+#include "engine/spec/job_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {
@@ -442,7 +443,10 @@ DataLoader::DataLoader(DataLoader&&) noexcept = default;
 DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 DataLoader::~DataLoader() = default;
 
-absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) {
+namespace {
+
+// The options' own fields, before any file is opened.
+absl::Status CheckLoaderOptions(const DataLoaderOptions& options) {
   if (options.tokens.empty()) {
     return absl::InvalidArgumentError(
         "data.tokens: is empty; name a token shard or a directory of *.mtt "
@@ -461,17 +465,67 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) 
     return absl::InvalidArgumentError(absl::StrCat("data.eos_id: must be in [0, vocab_size ",
                                                    options.vocab_size, "), got ", options.eos_id));
   }
-  if (!(options.eval_fraction >= 0.0 && options.eval_fraction <= 0.5)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.eval_fraction: must be in [0, 0.5], got ", options.eval_fraction));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("data.eval_fraction", options.eval_fraction, kEvalFractionRange));
   if (!options.eval_tokens.empty() && options.eval_fraction != 0.0) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.eval_fraction: must be 0 with data.eval_tokens (a separate "
                      "eval set), got ",
                      options.eval_fraction));
   }
+  return absl::OkStatus();
+}
 
+// Without data.eval_tokens: holds out the documents IsHeldOutDocument picks
+// (by a hash of the document index and shuffle_seed), keeping at least one
+// non-empty document on each side when eval_fraction > 0.
+absl::Status SplitByHash(const Source& train, const DataLoaderOptions& options,
+                         std::vector<uint64_t>* train_docs, std::vector<uint64_t>* eval_docs) {
+  uint64_t lowest = 0;   // non-empty document with the smallest hash
+  uint64_t highest = 0;  // and with the largest
+  double lowest_hash = 2.0;
+  double highest_hash = -1.0;
+  uint64_t non_empty = 0;
+  for (uint64_t doc_idx = 0; doc_idx < train.docs.size(); ++doc_idx) {
+    if (train.docs[doc_idx].size == 0) continue;
+    ++non_empty;
+    const double hash = HeldOutHash(doc_idx, options.shuffle_seed);
+    if (hash < lowest_hash) {
+      lowest = doc_idx;
+      lowest_hash = hash;
+    }
+    if (hash > highest_hash) {
+      highest = doc_idx;
+      highest_hash = hash;
+    }
+    if (IsHeldOutDocument(doc_idx, options.shuffle_seed, options.eval_fraction)) {
+      eval_docs->push_back(doc_idx);
+    } else {
+      train_docs->push_back(doc_idx);
+    }
+  }
+  if (options.eval_fraction > 0.0) {
+    if (non_empty < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("data.eval_fraction: %g needs at least 2 non-empty documents to "
+                          "hold one out, %s has %u",
+                          options.eval_fraction, options.tokens, non_empty));
+    }
+    if (eval_docs->empty()) {
+      eval_docs->push_back(lowest);
+      train_docs->erase(std::find(train_docs->begin(), train_docs->end(), lowest));
+    } else if (train_docs->empty()) {
+      train_docs->push_back(highest);
+      eval_docs->erase(std::find(eval_docs->begin(), eval_docs->end(), highest));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckLoaderOptions(options));
   auto state = std::make_unique<State>();
   state->options = options;
   MEGATRAIN_ASSIGN_OR_RETURN(state->train_source,
@@ -490,49 +544,8 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) 
       }
     }
   } else {
-    // Split by hash; keep at least one document on each side.
-    uint64_t lowest = 0;   // non-empty document with the smallest hash
-    uint64_t highest = 0;  // and with the largest
-    double lowest_hash = 2.0;
-    double highest_hash = -1.0;
-    uint64_t non_empty = 0;
-    for (uint64_t doc_idx = 0; doc_idx < train.docs.size(); ++doc_idx) {
-      if (train.docs[doc_idx].size == 0) continue;
-      ++non_empty;
-      const double hash = HeldOutHash(doc_idx, options.shuffle_seed);
-      if (hash < lowest_hash) {
-        lowest = doc_idx;
-        lowest_hash = hash;
-      }
-      if (hash > highest_hash) {
-        highest = doc_idx;
-        highest_hash = hash;
-      }
-      if (IsHeldOutDocument(doc_idx, options.shuffle_seed, options.eval_fraction)) {
-        state->eval_docs.push_back(doc_idx);
-      } else {
-        state->train_docs.push_back(doc_idx);
-      }
-    }
-    if (options.eval_fraction > 0.0) {
-      if (non_empty < 2) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("data.eval_fraction: %g needs at least 2 non-empty documents to "
-                            "hold one out, %s has %u",
-                            options.eval_fraction, options.tokens, non_empty));
-      }
-      if (state->eval_docs.empty()) {
-        state->eval_docs.push_back(lowest);
-        state->train_docs.erase(
-            std::find(state->train_docs.begin(), state->train_docs.end(), lowest));
-      } else if (state->train_docs.empty()) {
-        state->train_docs.push_back(highest);
-        state->eval_docs.erase(
-            std::find(state->eval_docs.begin(), state->eval_docs.end(), highest));
-      }
-    }
+    MEGATRAIN_RETURN_IF_ERROR(SplitByHash(train, options, &state->train_docs, &state->eval_docs));
   }
-
   for (uint64_t doc_idx : state->train_docs) {
     state->num_train_tokens += train.docs[doc_idx].size;
   }

@@ -388,6 +388,15 @@ void InsertBytes(Piece* p, size_t pos, const std::string& bytes) {
   p->offsets.insert(p->offsets.begin() + pos, bytes.size(), offset);
 }
 
+// One symbol of a word during BPE: a doubly linked list over a vector, so
+// that a merge unlinks its right symbol in O(1).
+struct BpeSymbol {
+  int32_t id;
+  int32_t prev, next;  // indices; -1 at the ends
+  uint32_t len;        // bytes of the word
+  bool removed;
+};
+
 }  // namespace
 
 struct HfTokenizer::Impl {
@@ -425,6 +434,11 @@ struct HfTokenizer::Impl {
   // Appends (id, bytes of `word` it covers) per token.
   void Bpe(absl::string_view word, std::vector<std::pair<int32_t, uint32_t>>* tokens) const;
   void BpeUncached(absl::string_view word, std::vector<std::pair<int32_t, uint32_t>>* tokens) const;
+  // BpeUncached's two phases: the word's characters as symbols (with
+  // continuing_subword_prefix / end_of_word_suffix, byte fallback and
+  // <unk>), then the merges, lowest rank and leftmost first.
+  std::vector<BpeSymbol> InitialSymbols(absl::string_view word) const;
+  void ApplyMerges(std::vector<BpeSymbol>* symbols) const;
   // `spans` null: no offsets are tracked (Note [Offsets]).
   absl::Status EncodeSegment(Piece piece, std::vector<int32_t>* ids,
                              std::vector<std::pair<size_t, size_t>>* spans) const;
@@ -1041,6 +1055,77 @@ absl::Status HfTokenizer::Impl::Normalize(Piece* piece) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// ByteLevel: every byte of every piece becomes its printable stand-in
+// (GPT-2's bytes_to_unicode), offsets following the bytes.
+void MapBytesToUnicode(std::vector<Piece>* pieces_out) {
+  std::vector<Piece>& pieces = *pieces_out;
+  const ByteLevelTable& table = ByteLevel();
+  for (Piece& p : pieces) {
+    std::string mapped;
+    std::vector<uint32_t> offsets;
+    mapped.reserve(p.text.size() * 2);
+    offsets.reserve(p.text.size() * 2);
+    const bool track = !p.offsets.empty();
+    for (size_t k = 0; k < p.text.size(); ++k) {
+      const std::string& c = table.byte_to_utf8[static_cast<unsigned char>(p.text[k])];
+      mapped += c;
+      if (track) offsets.insert(offsets.end(), c.size(), p.offsets[k]);
+    }
+    p.text = std::move(mapped);
+    p.offsets = std::move(offsets);
+  }
+}
+
+// Metaspace: spaces become step.replacement, which is prepended per
+// step.prepend_scheme; with step.split, each piece is split before every
+// replacement (MergedWithNext).
+void ApplyMetaspace(const PreTokenizerStep& step, std::vector<Piece>* pieces_out) {
+  std::vector<Piece>& pieces = *pieces_out;
+  for (Piece& p : pieces) {
+    if (p.text.find(' ') != std::string::npos) {
+      std::string replaced;
+      std::vector<uint32_t> offsets;
+      const bool track = !p.offsets.empty();
+      for (size_t k = 0; k < p.text.size(); ++k) {
+        if (p.text[k] == ' ') {
+          replaced += step.replacement;
+          if (track) offsets.insert(offsets.end(), step.replacement.size(), p.offsets[k]);
+        } else {
+          replaced.push_back(p.text[k]);
+          if (track) offsets.push_back(p.offsets[k]);
+        }
+      }
+      p.text = std::move(replaced);
+      p.offsets = std::move(offsets);
+    }
+    const bool starts =
+        absl::string_view(p.text).substr(0, step.replacement.size()) == step.replacement;
+    if (!starts && (step.prepend_scheme == PrependScheme::kAlways ||
+                    (step.prepend_scheme == PrependScheme::kFirst && p.at_start))) {
+      InsertBytes(&p, 0, step.replacement);
+    }
+  }
+  if (step.split) {
+    // MergedWithNext on every replacement character.
+    std::vector<Piece> next;
+    for (Piece& p : pieces) {
+      size_t start = 0;
+      size_t pos = p.text.find(step.replacement, 1);
+      while (pos != std::string::npos) {
+        next.push_back(p.Sub(start, pos - start));
+        start = pos;
+        pos = p.text.find(step.replacement, pos + step.replacement.size());
+      }
+      next.push_back(p.Sub(start, p.text.size() - start));
+    }
+    pieces = std::move(next);
+  }
+}
+
+}  // namespace
+
 absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* words) const {
   std::vector<Piece> pieces;
   pieces.push_back(std::move(piece));
@@ -1060,65 +1145,12 @@ absl::Status HfTokenizer::Impl::PreTokenize(Piece piece, std::vector<Piece>* wor
           MEGATRAIN_RETURN_IF_ERROR(
               SplitPieces(*step.regex, false, SplitBehavior::kIsolated, &pieces));
         }
-        const ByteLevelTable& table = ByteLevel();
-        for (Piece& p : pieces) {
-          std::string mapped;
-          std::vector<uint32_t> offsets;
-          mapped.reserve(p.text.size() * 2);
-          offsets.reserve(p.text.size() * 2);
-          const bool track = !p.offsets.empty();
-          for (size_t k = 0; k < p.text.size(); ++k) {
-            const std::string& c = table.byte_to_utf8[static_cast<unsigned char>(p.text[k])];
-            mapped += c;
-            if (track) offsets.insert(offsets.end(), c.size(), p.offsets[k]);
-          }
-          p.text = std::move(mapped);
-          p.offsets = std::move(offsets);
-        }
+        MapBytesToUnicode(&pieces);
         break;
       }
-      case K::kMetaspace: {
-        for (Piece& p : pieces) {
-          if (p.text.find(' ') != std::string::npos) {
-            std::string replaced;
-            std::vector<uint32_t> offsets;
-            const bool track = !p.offsets.empty();
-            for (size_t k = 0; k < p.text.size(); ++k) {
-              if (p.text[k] == ' ') {
-                replaced += step.replacement;
-                if (track) offsets.insert(offsets.end(), step.replacement.size(), p.offsets[k]);
-              } else {
-                replaced.push_back(p.text[k]);
-                if (track) offsets.push_back(p.offsets[k]);
-              }
-            }
-            p.text = std::move(replaced);
-            p.offsets = std::move(offsets);
-          }
-          const bool starts =
-              absl::string_view(p.text).substr(0, step.replacement.size()) == step.replacement;
-          if (!starts && (step.prepend_scheme == PrependScheme::kAlways ||
-                          (step.prepend_scheme == PrependScheme::kFirst && p.at_start))) {
-            InsertBytes(&p, 0, step.replacement);
-          }
-        }
-        if (step.split) {
-          // MergedWithNext on every replacement character.
-          std::vector<Piece> next;
-          for (Piece& p : pieces) {
-            size_t start = 0;
-            size_t pos = p.text.find(step.replacement, 1);
-            while (pos != std::string::npos) {
-              next.push_back(p.Sub(start, pos - start));
-              start = pos;
-              pos = p.text.find(step.replacement, pos + step.replacement.size());
-            }
-            next.push_back(p.Sub(start, p.text.size() - start));
-          }
-          pieces = std::move(next);
-        }
+      case K::kMetaspace:
+        ApplyMetaspace(step, &pieces);
         break;
-      }
     }
   }
   for (Piece& p : pieces) {
@@ -1161,22 +1193,8 @@ void HfTokenizer::Impl::Bpe(absl::string_view word,
 // models/bpe/model.rs merge_word + word.rs merge_all: characters to ids
 // (byte fallback or <unk> for unknown ones), then repeatedly apply the
 // lowest-ranked merge present, leftmost first.
-void HfTokenizer::Impl::BpeUncached(absl::string_view word,
-                                    std::vector<std::pair<int32_t, uint32_t>>* ids) const {
-  if (ignore_merges) {
-    auto it = vocab.find(word);
-    if (it != vocab.end()) {
-      ids->push_back({it->second, static_cast<uint32_t>(word.size())});
-      return;
-    }
-  }
-  struct Symbol {
-    int32_t id;
-    int32_t prev, next;  // indices; -1 at the ends
-    uint32_t len;        // bytes of `word`
-    bool removed;
-  };
-  std::vector<Symbol> symbols;
+std::vector<BpeSymbol> HfTokenizer::Impl::InitialSymbols(absl::string_view word) const {
+  std::vector<BpeSymbol> symbols;
   symbols.reserve(word.size());
   int32_t pending_unk = -1;  // a fused <unk> not yet added
   uint32_t pending_unk_len = 0;
@@ -1220,7 +1238,11 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word,
     i += len;
   }
   if (pending_unk >= 0) add(pending_unk, pending_unk_len);
+  return symbols;
+}
 
+void HfTokenizer::Impl::ApplyMerges(std::vector<BpeSymbol>* symbols_out) const {
+  std::vector<BpeSymbol>& symbols = *symbols_out;
   struct Merge {
     int32_t rank, pos, new_id;
     bool operator<(const Merge& o) const {  // max-heap: lowest rank, then leftmost, on top
@@ -1240,9 +1262,9 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word,
   while (!queue.empty()) {
     const Merge top = queue.top();
     queue.pop();
-    Symbol& cur = symbols[top.pos];
+    BpeSymbol& cur = symbols[top.pos];
     if (cur.removed || cur.next < 0) continue;
-    const Symbol right = symbols[cur.next];
+    const BpeSymbol right = symbols[cur.next];
     const auto* m = find_merge(cur.id, right.id);
     if (m == nullptr || m->second != top.new_id) continue;  // stale entry
     symbols[cur.next].removed = true;
@@ -1261,7 +1283,20 @@ void HfTokenizer::Impl::BpeUncached(absl::string_view word,
       }
     }
   }
-  for (const Symbol& s : symbols) {
+}
+
+void HfTokenizer::Impl::BpeUncached(absl::string_view word,
+                                    std::vector<std::pair<int32_t, uint32_t>>* ids) const {
+  if (ignore_merges) {
+    auto it = vocab.find(word);
+    if (it != vocab.end()) {
+      ids->push_back({it->second, static_cast<uint32_t>(word.size())});
+      return;
+    }
+  }
+  std::vector<BpeSymbol> symbols = InitialSymbols(word);
+  ApplyMerges(&symbols);
+  for (const BpeSymbol& s : symbols) {
     if (!s.removed) ids->push_back({s.id, s.len});
   }
 }
@@ -1361,32 +1396,96 @@ absl::Status HfTokenizer::Impl::EncodeAll(absl::string_view text, bool add_speci
 
 namespace {
 
+// ByteLevel decoder: every token to bytes (a token with a char outside the
+// table stays as its UTF-8), all joined, then lossy UTF-8.
+void DecodeByteLevel(std::vector<std::string>* tokens) {
+  const ByteLevelTable& table = ByteLevel();
+  std::string bytes;
+  for (const std::string& t : *tokens) {
+    std::string tb;
+    bool ok = true;
+    for (size_t i = 0; i < t.size() && ok;) {
+      size_t len = 0;
+      const uint32_t cp = DecodeUtf8At(t, i, &len);
+      auto it = table.char_to_byte.find(cp);
+      if (it == table.char_to_byte.end())
+        ok = false;
+      else
+        tb.push_back(static_cast<char>(it->second));
+      i += len;
+    }
+    bytes += ok ? tb : t;
+  }
+  *tokens = {Utf8Lossy(bytes)};
+}
+
+// ByteFallback decoder: runs of <0xXX> tokens become their bytes, or one
+// U+FFFD per byte when the run is not valid UTF-8.
+void DecodeByteFallback(std::vector<std::string>* tokens) {
+  std::vector<std::string> out;
+  std::string pending;
+  auto flush = [&]() {
+    if (pending.empty()) return;
+    if (FindInvalidUtf8(pending) == std::string::npos) {
+      out.push_back(pending);
+    } else {
+      for (size_t k = 0; k < pending.size(); ++k) out.push_back("\xEF\xBF\xBD");
+    }
+    pending.clear();
+  };
+  for (std::string& t : *tokens) {
+    int byte = -1;
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      byte = std::stoi(t.substr(3, 2), nullptr, 16);
+    }
+    if (byte >= 0) {
+      pending.push_back(static_cast<char>(byte));
+    } else {
+      flush();
+      out.push_back(std::move(t));
+    }
+  }
+  flush();
+  *tokens = std::move(out);
+}
+
+// Strip decoder: up to strip_start leading and strip_stop trailing
+// strip_char code points off every token.
+void DecodeStrip(const DecoderStep& step, std::vector<std::string>* tokens) {
+  for (std::string& t : *tokens) {
+    std::vector<std::pair<size_t, uint32_t>> chars;  // (byte offset, code point)
+    for (size_t i = 0; i < t.size();) {
+      size_t len = 0;
+      chars.push_back({i, DecodeUtf8At(t, i, &len)});
+      i += len;
+    }
+    size_t start_cut = 0, stop_cut = chars.size();
+    for (size_t k = 0; k < std::min(step.strip_start, chars.size()); ++k) {
+      if (chars[k].second != step.strip_char) break;
+      start_cut = k + 1;
+    }
+    for (size_t k = 0; k < std::min(step.strip_stop, chars.size()); ++k) {
+      if (chars[chars.size() - 1 - k].second != step.strip_char) break;
+      stop_cut = chars.size() - 1 - k;
+    }
+    if (start_cut >= stop_cut) {
+      t.clear();
+    } else {
+      const size_t b0 = chars[start_cut].first;
+      const size_t b1 = stop_cut < chars.size() ? chars[stop_cut].first : t.size();
+      t = t.substr(b0, b1 - b0);
+    }
+  }
+}
+
 void DecodeStep(const DecoderStep& step, std::vector<std::string>* tokens) {
   using K = DecoderStep::Kind;
   switch (step.kind) {
-    case K::kByteLevel: {
-      // Every token to bytes (a token with a char outside the table stays
-      // as its UTF-8), all joined, then lossy UTF-8.
-      const ByteLevelTable& table = ByteLevel();
-      std::string bytes;
-      for (const std::string& t : *tokens) {
-        std::string tb;
-        bool ok = true;
-        for (size_t i = 0; i < t.size() && ok;) {
-          size_t len = 0;
-          const uint32_t cp = DecodeUtf8At(t, i, &len);
-          auto it = table.char_to_byte.find(cp);
-          if (it == table.char_to_byte.end())
-            ok = false;
-          else
-            tb.push_back(static_cast<char>(it->second));
-          i += len;
-        }
-        bytes += ok ? tb : t;
-      }
-      *tokens = {Utf8Lossy(bytes)};
+    case K::kByteLevel:
+      DecodeByteLevel(tokens);
       break;
-    }
     case K::kMetaspace:
       for (size_t i = 0; i < tokens->size(); ++i) {
         const bool drop = i == 0 && step.prepend_scheme != PrependScheme::kNever;
@@ -1396,64 +1495,14 @@ void DecodeStep(const DecoderStep& step, std::vector<std::string>* tokens) {
     case K::kReplace:
       for (std::string& t : *tokens) t = absl::StrReplaceAll(t, {{step.pattern, step.content}});
       break;
-    case K::kByteFallback: {
-      std::vector<std::string> out;
-      std::string pending;
-      auto flush = [&]() {
-        if (pending.empty()) return;
-        if (FindInvalidUtf8(pending) == std::string::npos) {
-          out.push_back(pending);
-        } else {
-          for (size_t k = 0; k < pending.size(); ++k) out.push_back("\xEF\xBF\xBD");
-        }
-        pending.clear();
-      };
-      for (std::string& t : *tokens) {
-        int byte = -1;
-        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-            std::isxdigit(static_cast<unsigned char>(t[3])) &&
-            std::isxdigit(static_cast<unsigned char>(t[4]))) {
-          byte = std::stoi(t.substr(3, 2), nullptr, 16);
-        }
-        if (byte >= 0) {
-          pending.push_back(static_cast<char>(byte));
-        } else {
-          flush();
-          out.push_back(std::move(t));
-        }
-      }
-      flush();
-      *tokens = std::move(out);
+    case K::kByteFallback:
+      DecodeByteFallback(tokens);
       break;
-    }
     case K::kFuse:
       *tokens = {absl::StrJoin(*tokens, "")};
       break;
     case K::kStrip:
-      for (std::string& t : *tokens) {
-        std::vector<std::pair<size_t, uint32_t>> chars;  // (byte offset, code point)
-        for (size_t i = 0; i < t.size();) {
-          size_t len = 0;
-          chars.push_back({i, DecodeUtf8At(t, i, &len)});
-          i += len;
-        }
-        size_t start_cut = 0, stop_cut = chars.size();
-        for (size_t k = 0; k < std::min(step.strip_start, chars.size()); ++k) {
-          if (chars[k].second != step.strip_char) break;
-          start_cut = k + 1;
-        }
-        for (size_t k = 0; k < std::min(step.strip_stop, chars.size()); ++k) {
-          if (chars[chars.size() - 1 - k].second != step.strip_char) break;
-          stop_cut = chars.size() - 1 - k;
-        }
-        if (start_cut >= stop_cut) {
-          t.clear();
-        } else {
-          const size_t b0 = chars[start_cut].first;
-          const size_t b1 = stop_cut < chars.size() ? chars[stop_cut].first : t.size();
-          t = t.substr(b0, b1 - b0);
-        }
-      }
+      DecodeStrip(step, tokens);
       break;
   }
 }

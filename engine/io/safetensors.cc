@@ -349,8 +349,12 @@ absl::Status ConvertToFloat32(SafetensorsDtype dtype, absl::Span<const uint8_t> 
 // ---------------------------------------------------------------------------
 // Header parser
 
-absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
-    absl::Span<const uint8_t> file_bytes_prefix, uint64_t file_size, std::string_view source) {
+namespace {
+
+// The 8-byte length prefix and the sizes it implies (header, data offset
+// and size in `header`), checked against the file and the prefix given.
+absl::Status ParseLengthPrefix(absl::Span<const uint8_t> file_bytes_prefix, uint64_t file_size,
+                               std::string_view source, SafetensorsHeader* header) {
   if (file_bytes_prefix.size() > file_size) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: prefix of %u bytes is longer than the file size %u", source,
@@ -366,27 +370,74 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     return absl::OutOfRangeError(absl::StrFormat("%s: need the first 8 bytes of the file, got %u",
                                                  source, file_bytes_prefix.size()));
   }
-  SafetensorsHeader header;
-  header.header_size_bytes = LoadLe64(file_bytes_prefix.data());
-  if (header.header_size_bytes > kSafetensorsMaxHeaderBytes) {
+  header->header_size_bytes = LoadLe64(file_bytes_prefix.data());
+  if (header->header_size_bytes > kSafetensorsMaxHeaderBytes) {
     return absl::DataLossError(
         absl::StrFormat("%s: header length %u bytes (at offset 0) exceeds the %u-byte limit",
-                        source, header.header_size_bytes, kSafetensorsMaxHeaderBytes));
+                        source, header->header_size_bytes, kSafetensorsMaxHeaderBytes));
   }
-  header.data_offset_bytes = kLengthPrefixBytes + header.header_size_bytes;
-  if (header.data_offset_bytes > file_size) {
+  header->data_offset_bytes = kLengthPrefixBytes + header->header_size_bytes;
+  if (header->data_offset_bytes > file_size) {
     return absl::DataLossError(
         absl::StrFormat("%s: header length %u bytes (at offset 0) runs past the end of the "
                         "%u-byte file (truncated?)",
-                        source, header.header_size_bytes, file_size));
+                        source, header->header_size_bytes, file_size));
   }
-  if (file_bytes_prefix.size() < header.data_offset_bytes) {
+  if (file_bytes_prefix.size() < header->data_offset_bytes) {
     return absl::OutOfRangeError(
         absl::StrFormat("%s: need the first %u bytes of the file to parse the header, got %u",
-                        source, header.data_offset_bytes, file_bytes_prefix.size()));
+                        source, header->data_offset_bytes, file_bytes_prefix.size()));
   }
-  header.data_size_bytes = file_size - header.data_offset_bytes;
+  header->data_size_bytes = file_size - header->data_offset_bytes;
+  return absl::OkStatus();
+}
 
+// Sorted by offsets, the tensors must tile the data section: each starts
+// where the previous one ended (reference: Metadata::validate).
+absl::Status CheckTensorsTileData(SafetensorsHeader* header, std::string_view source) {
+  std::sort(header->tensors.begin(), header->tensors.end(),
+            [](const SafetensorsTensorInfo& a, const SafetensorsTensorInfo& b) {
+              return std::tie(a.data_begin, a.data_end, a.name) <
+                     std::tie(b.data_begin, b.data_end, b.name);
+            });
+  uint64_t expected_begin = 0;
+  const SafetensorsTensorInfo* previous = nullptr;
+  for (const SafetensorsTensorInfo& info : header->tensors) {
+    if (info.data_begin < expected_begin) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: tensor '%s': data_offsets [%u, %u] overlap tensor '%s' "
+                          "[%u, %u]",
+                          source, info.name, info.data_begin, info.data_end, previous->name,
+                          previous->data_begin, previous->data_end));
+    }
+    if (info.data_begin > expected_begin) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: tensor '%s': data_offsets [%u, %u] leave a hole of %u bytes "
+          "after %s (data section offset %u)",
+          source, info.name, info.data_begin, info.data_end, info.data_begin - expected_begin,
+          previous == nullptr ? std::string("the header")
+                              : absl::StrFormat("tensor '%s'", previous->name),
+          expected_begin));
+    }
+    expected_begin = info.data_end;
+    previous = &info;
+  }
+  if (expected_begin != header->data_size_bytes) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: %u bytes after the last tensor are described by no tensor (data "
+                        "section of %u bytes, tensors end at %u; file offset %u)",
+                        source, header->data_size_bytes - expected_begin, header->data_size_bytes,
+                        expected_begin, header->data_offset_bytes + expected_begin));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
+    absl::Span<const uint8_t> file_bytes_prefix, uint64_t file_size, std::string_view source) {
+  SafetensorsHeader header;
+  MEGATRAIN_RETURN_IF_ERROR(ParseLengthPrefix(file_bytes_prefix, file_size, source, &header));
   const std::string_view text(
       reinterpret_cast<const char*>(file_bytes_prefix.data()) + kLengthPrefixBytes,
       static_cast<size_t>(header.header_size_bytes));
@@ -414,42 +465,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     header.tensors.push_back(std::move(info));
   }
 
-  // Sorted by offsets, the tensors must tile the data section: each starts
-  // where the previous one ended (reference: Metadata::validate).
-  std::sort(header.tensors.begin(), header.tensors.end(),
-            [](const SafetensorsTensorInfo& a, const SafetensorsTensorInfo& b) {
-              return std::tie(a.data_begin, a.data_end, a.name) <
-                     std::tie(b.data_begin, b.data_end, b.name);
-            });
-  uint64_t expected_begin = 0;
-  const SafetensorsTensorInfo* previous = nullptr;
-  for (const SafetensorsTensorInfo& info : header.tensors) {
-    if (info.data_begin < expected_begin) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: tensor '%s': data_offsets [%u, %u] overlap tensor '%s' "
-                          "[%u, %u]",
-                          source, info.name, info.data_begin, info.data_end, previous->name,
-                          previous->data_begin, previous->data_end));
-    }
-    if (info.data_begin > expected_begin) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: tensor '%s': data_offsets [%u, %u] leave a hole of %u bytes "
-          "after %s (data section offset %u)",
-          source, info.name, info.data_begin, info.data_end, info.data_begin - expected_begin,
-          previous == nullptr ? std::string("the header")
-                              : absl::StrFormat("tensor '%s'", previous->name),
-          expected_begin));
-    }
-    expected_begin = info.data_end;
-    previous = &info;
-  }
-  if (expected_begin != header.data_size_bytes) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: %u bytes after the last tensor are described by no tensor (data "
-                        "section of %u bytes, tensors end at %u; file offset %u)",
-                        source, header.data_size_bytes - expected_begin, header.data_size_bytes,
-                        expected_begin, header.data_offset_bytes + expected_begin));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(CheckTensorsTileData(&header, source));
   return header;
 }
 

@@ -22,6 +22,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/io/token_shard.h"
 #include "engine/io/tokenizer.h"
+#include "engine/spec/job_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {
@@ -490,10 +491,8 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
   if (options.max_shard_tokens < 1) {
     return absl::InvalidArgumentError("max_shard_tokens: must be at least 1");
   }
-  if (!(options.eval_fraction >= 0.0 && options.eval_fraction <= 0.5)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eval_fraction: must be in [0, 0.5], got ", options.eval_fraction));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("eval_fraction", options.eval_fraction, kEvalFractionRange));
   if (options.vocab_size < 0 ||
       static_cast<uint64_t>(options.vocab_size) > kTokenShardMaxVocabSize) {
     return absl::InvalidArgumentError(
@@ -514,6 +513,39 @@ absl::Status ValidateOptions(const TokenizeOptions& options) {
   }
   if (options.text_field.empty()) {
     return absl::InvalidArgumentError("text_field: is empty");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+
+// Reads one input file in its format (kAuto: by extension) into `sink`.
+// `tokenizer` is empty only for kSftJsonl, whose ids are given.
+absl::Status ReadInputFile(const std::string& path, const TokenizeOptions& options,
+                           const std::optional<Tokenizer>& tokenizer, uint64_t vocab_size,
+                           DocumentSink& sink) {
+  CorpusFormat format = options.format;
+  if (format == CorpusFormat::kAuto) {
+    format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl : CorpusFormat::kPlainText;
+  }
+  switch (format) {
+    case CorpusFormat::kPlainText:
+      MEGATRAIN_RETURN_IF_ERROR(ReadPlainText(path, *tokenizer, options.add_bos, sink));
+      break;
+    case CorpusFormat::kJsonl:
+      MEGATRAIN_RETURN_IF_ERROR(
+          ReadJsonl(path, *tokenizer, options.text_field, options.add_bos, sink));
+      break;
+    case CorpusFormat::kSftJsonl:
+      MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
+      break;
+    case CorpusFormat::kChatJsonl:
+      MEGATRAIN_RETURN_IF_ERROR(ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
+      break;
+    case CorpusFormat::kAuto:
+      break;  // resolved above
   }
   return absl::OkStatus();
 }
@@ -574,28 +606,7 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
     std::error_code size_error;
     const uintmax_t input_bytes = fs::file_size(path, size_error);
     if (!size_error) report.input_bytes += input_bytes;
-    CorpusFormat format = options.format;
-    if (format == CorpusFormat::kAuto) {
-      format = absl::EndsWith(path, ".jsonl") ? CorpusFormat::kJsonl : CorpusFormat::kPlainText;
-    }
-    switch (format) {
-      case CorpusFormat::kPlainText:
-        MEGATRAIN_RETURN_IF_ERROR(ReadPlainText(path, *tokenizer, options.add_bos, sink));
-        break;
-      case CorpusFormat::kJsonl:
-        MEGATRAIN_RETURN_IF_ERROR(
-            ReadJsonl(path, *tokenizer, options.text_field, options.add_bos, sink));
-        break;
-      case CorpusFormat::kSftJsonl:
-        MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
-        break;
-      case CorpusFormat::kChatJsonl:
-        MEGATRAIN_RETURN_IF_ERROR(
-            ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
-        break;
-      case CorpusFormat::kAuto:
-        break;  // resolved above
-    }
+    MEGATRAIN_RETURN_IF_ERROR(ReadInputFile(path, options, tokenizer, vocab_size, sink));
   }
   MEGATRAIN_RETURN_IF_ERROR(train.Finish());
   MEGATRAIN_RETURN_IF_ERROR(eval.Finish());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
 
@@ -156,11 +157,12 @@ std::vector<uint32_t> TokenShardView::DocumentAsUint32(uint64_t doc_idx) const {
 // ---------------------------------------------------------------------------
 // Parser
 
-absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
-                                               std::string_view source,
-                                               TokenShardParseOptions options) {
-  const uint64_t file_size = bytes.size();
-  const uint8_t* data = bytes.data();
+namespace {
+
+// Phase 1: the header is whole, has the magic and a version this build
+// reads, and matches its checksum (before any other field is trusted).
+absl::Status CheckHeaderIntegrity(const uint8_t* data, uint64_t file_size,
+                                  std::string_view source) {
   if (file_size < kTokenShardHeaderBytes) {
     return absl::DataLossError(
         absl::StrFormat("%s: file is %u bytes, shorter than the %u-byte token shard header "
@@ -173,17 +175,16 @@ absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
         absl::CHexEscape(
             absl::string_view(reinterpret_cast<const char*>(data), sizeof(kTokenShardMagic)))));
   }
-  TokenShardView view;
-  view.version_ = LoadLe32(data + kVersionOffset);
-  if (view.version_ == 0) {
+  const uint32_t version = LoadLe32(data + kVersionOffset);
+  if (version == 0) {
     return absl::DataLossError(
         absl::StrFormat("%s: byte %u: version 0 is invalid", source, kVersionOffset));
   }
-  if (view.version_ > kTokenShardVersion) {
+  if (version > kTokenShardVersion) {
     return absl::UnimplementedError(
         absl::StrFormat("%s: byte %u: token shard version %u is newer than this build "
                         "reads (%u)",
-                        source, kVersionOffset, view.version_, kTokenShardVersion));
+                        source, kVersionOffset, version, kTokenShardVersion));
   }
   const uint64_t stored_header_xxh64 = LoadLe64(data + kHeaderChecksumOffset);
   const uint64_t header_xxh64 = XXH64(data, kHeaderChecksumOffset, kXxhSeed);
@@ -193,7 +194,11 @@ absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
         "(XXH64 0x%016x): corrupt header",
         source, kHeaderChecksumOffset, stored_header_xxh64, kHeaderChecksumOffset, header_xxh64));
   }
+  return absl::OkStatus();
+}
 
+// Phase 2: token dtype, flags, reserved field and vocabulary size are valid.
+absl::Status CheckHeaderFields(const uint8_t* data, std::string_view source) {
   const uint32_t token_dtype = LoadLe32(data + kTokenDtypeOffset);
   if (token_dtype != static_cast<uint32_t>(TokenDtype::kUint16) &&
       token_dtype != static_cast<uint32_t>(TokenDtype::kUint32)) {
@@ -201,15 +206,13 @@ absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
         absl::StrFormat("%s: byte %u: token_dtype %u is invalid (2 = uint16, 4 = uint32)", source,
                         kTokenDtypeOffset, token_dtype));
   }
-  view.token_dtype_ = static_cast<TokenDtype>(token_dtype);
   const uint32_t flags = LoadLe32(data + kFlagsOffset);
   if ((flags & ~kTokenShardFlagBodyChecksum) != 0) {
     return absl::DataLossError(
         absl::StrFormat("%s: byte %u: unknown flags 0x%08x", source, kFlagsOffset, flags));
   }
-  view.has_body_checksum_ = (flags & kTokenShardFlagBodyChecksum) != 0;
-  view.body_xxh64_ = LoadLe64(data + kBodyChecksumOffset);
-  if (!view.has_body_checksum_ && view.body_xxh64_ != 0) {
+  const bool has_body_checksum = (flags & kTokenShardFlagBodyChecksum) != 0;
+  if (!has_body_checksum && LoadLe64(data + kBodyChecksumOffset) != 0) {
     return absl::DataLossError(absl::StrFormat(
         "%s: byte %u: body checksum set but flags say there is none", source, kBodyChecksumOffset));
   }
@@ -218,51 +221,57 @@ absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
     return absl::DataLossError(absl::StrFormat("%s: byte %u: reserved field is 0x%08x, must be 0",
                                                source, kReservedOffset, reserved));
   }
-  view.vocab_size_ = LoadLe64(data + kVocabSizeOffset);
-  if (view.vocab_size_ > kTokenShardMaxVocabSize ||
-      (view.token_dtype_ == TokenDtype::kUint16 &&
-       (view.vocab_size_ == 0 || view.vocab_size_ > 65536))) {
+  const uint64_t vocab_size = LoadLe64(data + kVocabSizeOffset);
+  if (vocab_size > kTokenShardMaxVocabSize ||
+      (token_dtype == static_cast<uint32_t>(TokenDtype::kUint16) &&
+       (vocab_size == 0 || vocab_size > 65536))) {
     return absl::DataLossError(
         absl::StrFormat("%s: byte %u: vocab_size %u is invalid for token_dtype %u (uint16 "
                         "needs [1, 65536], any dtype at most 2^31)",
-                        source, kVocabSizeOffset, view.vocab_size_, token_dtype));
+                        source, kVocabSizeOffset, vocab_size, token_dtype));
   }
+  return absl::OkStatus();
+}
 
-  // Sizes. Bound the counts by the file size first so no product overflows.
-  view.num_tokens_ = LoadLe64(data + kNumTokensOffset);
-  view.num_documents_ = LoadLe64(data + kNumDocumentsOffset);
+// Phase 3: the counts fit the file and the file is exactly the header, the
+// offsets and the tokens. Returns the tokens' byte offset in the file.
+absl::StatusOr<uint64_t> CheckSizes(uint64_t file_size, uint64_t num_documents, uint64_t num_tokens,
+                                    uint64_t token_bytes, std::string_view source) {
+  // Bound the counts by the file size first so no product overflows.
   const uint64_t body_bytes = file_size - kTokenShardHeaderBytes;
   const uint64_t max_documents = body_bytes / 8;  // each needs an offset
-  const uint64_t max_tokens = body_bytes / view.token_bytes();
-  if (view.num_documents_ >= max_documents || view.num_tokens_ > max_tokens) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: bytes %u and %u: %u documents and %u tokens cannot fit in a "
-                        "%u-byte file (truncated?)",
-                        source, kNumDocumentsOffset, kNumTokensOffset, view.num_documents_,
-                        view.num_tokens_, file_size));
+  const uint64_t max_tokens = body_bytes / token_bytes;
+  if (num_documents >= max_documents || num_tokens > max_tokens) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: bytes %u and %u: %u documents and %u tokens cannot fit in a "
+        "%u-byte file (truncated?)",
+        source, kNumDocumentsOffset, kNumTokensOffset, num_documents, num_tokens, file_size));
   }
-  const uint64_t offsets_bytes = 8 * (view.num_documents_ + 1);
+  const uint64_t offsets_bytes = 8 * (num_documents + 1);
   const uint64_t tokens_offset = kTokenShardHeaderBytes + offsets_bytes;
   // Both terms are <= body_bytes, so the sum cannot overflow.
-  const uint64_t expected_size = tokens_offset + view.token_bytes() * view.num_tokens_;
+  const uint64_t expected_size = tokens_offset + token_bytes * num_tokens;
   if (expected_size != file_size) {
     return absl::DataLossError(absl::StrFormat(
         "%s: file is %u bytes, but the header (%u documents, %u tokens of %u "
         "bytes) needs %u: %s",
-        source, file_size, view.num_documents_, view.num_tokens_, view.token_bytes(), expected_size,
+        source, file_size, num_documents, num_tokens, token_bytes, expected_size,
         expected_size > file_size ? "truncated token body" : "trailing bytes after the tokens"));
   }
-  view.doc_offsets_ = data + kTokenShardHeaderBytes;
-  view.tokens_ = data + tokens_offset;
+  return tokens_offset;
+}
 
-  // Document boundaries: 0, non-decreasing, ending at num_tokens.
-  uint64_t previous = LoadLe64(view.doc_offsets_);
+// Phase 4: document boundaries start at 0, never decrease and end at
+// num_tokens.
+absl::Status CheckDocOffsets(const uint8_t* doc_offsets, uint64_t num_documents,
+                             uint64_t num_tokens, std::string_view source) {
+  uint64_t previous = LoadLe64(doc_offsets);
   if (previous != 0) {
     return absl::DataLossError(absl::StrFormat("%s: byte %u: doc_offsets[0] = %u, must be 0",
                                                source, kTokenShardHeaderBytes, previous));
   }
-  for (uint64_t doc_idx = 1; doc_idx <= view.num_documents_; ++doc_idx) {
-    const uint64_t offset = LoadLe64(view.doc_offsets_ + 8 * doc_idx);
+  for (uint64_t doc_idx = 1; doc_idx <= num_documents; ++doc_idx) {
+    const uint64_t offset = LoadLe64(doc_offsets + 8 * doc_idx);
     if (offset < previous) {
       return absl::DataLossError(absl::StrFormat(
           "%s: byte %u: doc_offsets[%u] = %u is below doc_offsets[%u] = %u "
@@ -271,36 +280,70 @@ absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
     }
     previous = offset;
   }
-  if (previous != view.num_tokens_) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: byte %u: doc_offsets[%u] = %u, must equal num_tokens %u", source,
-                        kTokenShardHeaderBytes + 8 * view.num_documents_, view.num_documents_,
-                        previous, view.num_tokens_));
+  if (previous != num_tokens) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: byte %u: doc_offsets[%u] = %u, must equal num_tokens %u", source,
+        kTokenShardHeaderBytes + 8 * num_documents, num_documents, previous, num_tokens));
   }
+  return absl::OkStatus();
+}
 
+// Phase 5 (TokenShardParseOptions::verify_body): the body matches its
+// checksum and every id is below the vocabulary (or the int32 limit).
+absl::Status VerifyBody(const TokenShardView& view, const uint8_t* data, uint64_t file_size,
+                        uint64_t tokens_offset, std::string_view source) {
+  const uint64_t body_bytes = file_size - kTokenShardHeaderBytes;
+  const uint8_t* tokens = data + tokens_offset;
+  if (view.has_body_checksum()) {
+    const uint64_t body_xxh64 = XXH64(data + kTokenShardHeaderBytes, body_bytes, kXxhSeed);
+    if (body_xxh64 != view.body_xxh64()) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: byte %u: body checksum 0x%016x does not match bytes [%u, %u) "
+                          "(XXH64 0x%016x): corrupt offsets or tokens",
+                          source, kBodyChecksumOffset, view.body_xxh64(), kTokenShardHeaderBytes,
+                          file_size, body_xxh64));
+    }
+  }
+  // Ids must be below vocab_size, or fit int32 when it is unknown.
+  const uint64_t id_limit = view.vocab_size() != 0 ? view.vocab_size() : kTokenShardMaxVocabSize;
+  const uint64_t token_idx = view.token_dtype() == TokenDtype::kUint16
+                                 ? FindIdAtOrAbove<uint16_t>(tokens, view.num_tokens(), id_limit)
+                                 : FindIdAtOrAbove<uint32_t>(tokens, view.num_tokens(), id_limit);
+  if (token_idx < view.num_tokens()) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: byte %u: token %u = %u is not below %s %u", source,
+        tokens_offset + view.token_bytes() * token_idx, token_idx, view.token(token_idx),
+        view.vocab_size() != 0 ? "vocab_size" : "the int32 limit", id_limit));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenShardView> ParseTokenShard(absl::Span<const uint8_t> bytes,
+                                               std::string_view source,
+                                               TokenShardParseOptions options) {
+  const uint64_t file_size = bytes.size();
+  const uint8_t* data = bytes.data();
+  MEGATRAIN_RETURN_IF_ERROR(CheckHeaderIntegrity(data, file_size, source));
+  MEGATRAIN_RETURN_IF_ERROR(CheckHeaderFields(data, source));
+  TokenShardView view;
+  view.version_ = LoadLe32(data + kVersionOffset);
+  view.token_dtype_ = static_cast<TokenDtype>(LoadLe32(data + kTokenDtypeOffset));
+  view.has_body_checksum_ = (LoadLe32(data + kFlagsOffset) & kTokenShardFlagBodyChecksum) != 0;
+  view.body_xxh64_ = LoadLe64(data + kBodyChecksumOffset);
+  view.vocab_size_ = LoadLe64(data + kVocabSizeOffset);
+  view.num_tokens_ = LoadLe64(data + kNumTokensOffset);
+  view.num_documents_ = LoadLe64(data + kNumDocumentsOffset);
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      const uint64_t tokens_offset,
+      CheckSizes(file_size, view.num_documents_, view.num_tokens_, view.token_bytes(), source));
+  view.doc_offsets_ = data + kTokenShardHeaderBytes;
+  view.tokens_ = data + tokens_offset;
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckDocOffsets(view.doc_offsets_, view.num_documents_, view.num_tokens_, source));
   if (options.verify_body) {
-    if (view.has_body_checksum_) {
-      const uint64_t body_xxh64 = XXH64(data + kTokenShardHeaderBytes, body_bytes, kXxhSeed);
-      if (body_xxh64 != view.body_xxh64_) {
-        return absl::DataLossError(
-            absl::StrFormat("%s: byte %u: body checksum 0x%016x does not match bytes [%u, %u) "
-                            "(XXH64 0x%016x): corrupt offsets or tokens",
-                            source, kBodyChecksumOffset, view.body_xxh64_, kTokenShardHeaderBytes,
-                            file_size, body_xxh64));
-      }
-    }
-    // Ids must be below vocab_size, or fit int32 when it is unknown.
-    const uint64_t id_limit = view.vocab_size_ != 0 ? view.vocab_size_ : kTokenShardMaxVocabSize;
-    const uint64_t token_idx =
-        view.token_dtype_ == TokenDtype::kUint16
-            ? FindIdAtOrAbove<uint16_t>(view.tokens_, view.num_tokens_, id_limit)
-            : FindIdAtOrAbove<uint32_t>(view.tokens_, view.num_tokens_, id_limit);
-    if (token_idx < view.num_tokens_) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: byte %u: token %u = %u is not below %s %u", source,
-          tokens_offset + view.token_bytes() * token_idx, token_idx, view.token(token_idx),
-          view.vocab_size_ != 0 ? "vocab_size" : "the int32 limit", id_limit));
-    }
+    MEGATRAIN_RETURN_IF_ERROR(VerifyBody(view, data, file_size, tokens_offset, source));
   }
   return view;
 }

@@ -32,32 +32,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status InRange(absl::string_view field, double value, double lo, double hi,
-                     bool lo_open = false) {
-  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", value));
-}
-
-absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
-  if (value >= lo && value <= hi) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", value));
-}
-
 absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
   if (!model.preset.empty()) return PresetConfig(model.preset);
   absl::StatusOr<ModelConfig> config = LoadHfConfig(model.hf_dir);
   if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
   return config;
-}
-
-int64_t MaxSteps(const JobSpec& spec) {
-  if (spec.train.max_steps > 0) return spec.train.max_steps;
-  const int64_t tokens_per_step =
-      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
-  return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
 }
 
 HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
@@ -143,80 +122,6 @@ absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
 
 }  // namespace
 
-absl::Status ValidateJobSpec(const JobSpec& s) {
-  if (s.model.preset.empty() == s.model.hf_dir.empty()) {
-    return absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir");
-  }
-  if (!s.model.preset.empty()) MEGATRAIN_RETURN_IF_ERROR(PresetConfig(s.model.preset).status());
-  if (s.data.tokens.empty() == s.data.text.empty()) {
-    return absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text");
-  }
-  if (!s.data.text.empty() && s.data.tokenizer.empty() && s.model.hf_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "data.tokenizer: required with data.text and model.preset (a model directory's "
-        "tokenizer.json, the file, or a SentencePiece model); with model.hf_dir the "
-        "directory's tokenizer.json is the default");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(InRange("data.eval_fraction", s.data.eval_fraction, 0, 0.5));
-  if (!s.data.eval_tokens.empty() && s.data.eval_fraction > 0) {
-    return absl::InvalidArgumentError(
-        "data.eval_fraction: must be 0 when data.eval_tokens gives the held-out set");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.micro_batch", s.train.micro_batch, 1, 4096));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.seq_len", s.train.seq_len, 1, 1 << 20));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.gradient_accumulation_steps",
-                                       s.train.gradient_accumulation_steps, 1, 1 << 16));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.max_steps", s.train.max_steps, 0, int64_t{1} << 40));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("train.max_tokens", s.train.max_tokens, 0, int64_t{1} << 60));
-  if (s.train.max_steps == 0 && s.train.max_tokens == 0) {
-    return absl::InvalidArgumentError(
-        "train.max_steps: set train.max_steps or train.max_tokens (> 0)");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(InRange("train.max_grad_norm", s.train.max_grad_norm, 0, 1e9));
-  if (s.train.nan_policy != NanPolicy::kSkip && s.train.nan_policy != NanPolicy::kFail) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(s.train.nan_policy)));
-  }
-  if (s.memory.nvme_tier != NvmeTierMode::kOff && s.memory.nvme_tier != NvmeTierMode::kMoments &&
-      s.memory.nvme_tier != NvmeTierMode::kAuto) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory.nvme_tier: unknown value ", static_cast<int>(s.memory.nvme_tier)));
-  }
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.lr", s.optimizer.lr, 0, 1, /*lo_open=*/true));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta1", s.optimizer.beta1, 0, 0.999999));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.beta2", s.optimizer.beta2, 0, 0.999999999));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.eps", s.optimizer.eps, 0, 1));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.weight_decay", s.optimizer.weight_decay, 0, 10));
-  MEGATRAIN_RETURN_IF_ERROR(InRange("optimizer.min_lr_ratio", s.optimizer.min_lr_ratio, 0, 1));
-  MEGATRAIN_RETURN_IF_ERROR(ParseLrScheduleKind(s.optimizer.schedule).status());
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("optimizer.warmup_steps", s.optimizer.warmup_steps, 0, MaxSteps(s)));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("eval.every_steps", s.eval.every_steps, 0, int64_t{1} << 40));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("eval.batches", s.eval.batches, 1, 1 << 20));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("checkpoint.every_steps", s.checkpoint.every_steps, 0, int64_t{1} << 40));
-  MEGATRAIN_RETURN_IF_ERROR(IntInRange("checkpoint.keep_last", s.checkpoint.keep_last, 1, 1 << 20));
-  MEGATRAIN_RETURN_IF_ERROR(
-      IntInRange("checkpoint.keep_every", s.checkpoint.keep_every, 0, int64_t{1} << 40));
-  return absl::OkStatus();
-}
-
-MemoryFootprint WithNvmeMoments(const MemoryFootprint& f) {
-  if (f.nvme_bytes > 0) return f;
-  MemoryFootprint tiered = f;
-  tiered.nvme_bytes = f.host.exp_avg + f.host.exp_avg_sq;
-  tiered.host.exp_avg = tiered.host.exp_avg_sq = 0;
-  tiered.host.staging += NvmeTierStagingBytes();
-  tiered.host_total_bytes = tiered.host.Total() + tiered.embedding_lookahead_bytes;
-  return tiered;
-}
-
-MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config) {
-  return FootprintOf(spec, config);
-}
-
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   return FootprintOf(spec, config);
@@ -273,42 +178,6 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
           " of it resident layers, embedding and gradient buffers at most); ", advice));
 }
 
-std::string JobSpecToJson(const JobSpec& s) {
-  nlohmann::json j;
-  j["name"] = s.name;
-  j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
-  j["data"] = {{"tokens", s.data.tokens},
-               {"eval_tokens", s.data.eval_tokens},
-               {"text", s.data.text},
-               {"tokenizer", s.data.tokenizer},
-               {"eval_fraction", s.data.eval_fraction},
-               {"shuffle_seed", s.data.shuffle_seed}};
-  j["train"] = {{"micro_batch", s.train.micro_batch},
-                {"seq_len", s.train.seq_len},
-                {"gradient_accumulation_steps", s.train.gradient_accumulation_steps},
-                {"max_steps", s.train.max_steps},
-                {"max_tokens", s.train.max_tokens},
-                {"compute_dtype", ComputeDtypeName(s.train.compute_dtype)},
-                {"max_grad_norm", s.train.max_grad_norm},
-                {"seed", s.train.seed},
-                {"nan_policy", NanPolicyName(s.train.nan_policy)},
-                {"offload_activations", s.train.offload_activations}};
-  j["optimizer"] = {{"lr", s.optimizer.lr},
-                    {"beta1", s.optimizer.beta1},
-                    {"beta2", s.optimizer.beta2},
-                    {"eps", s.optimizer.eps},
-                    {"weight_decay", s.optimizer.weight_decay},
-                    {"warmup_steps", s.optimizer.warmup_steps},
-                    {"schedule", s.optimizer.schedule},
-                    {"min_lr_ratio", s.optimizer.min_lr_ratio}};
-  j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
-  j["checkpoint"] = {{"every_steps", s.checkpoint.every_steps},
-                     {"keep_last", s.checkpoint.keep_last},
-                     {"keep_every", s.checkpoint.keep_every}};
-  j["output_dir"] = s.output_dir;
-  return j.dump();
-}
-
 double PeakBf16Flops(const std::string& device_name) {
   if (const char* env = std::getenv("MEGATRAIN_PEAK_TFLOPS")) {
     const double tflops = std::atof(env);
@@ -360,6 +229,19 @@ class TrainingJobImpl final : public TrainingJob {
   absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
   absl::Status PrepareData();
   absl::Status WriteCheckpointNow(JobObserver* observer);
+  // One step boundary's requests: a stop ends the run (after a checkpoint
+  // for a suspend not yet checkpointed), a checkpoint request is served.
+  // Returns the outcome when the run must end.
+  absl::StatusOr<std::optional<JobOutcome>> ServeRequests(JobObserver* observer,
+                                                          int64_t* last_checkpoint_step);
+  // gradient_accumulation_steps micro-batches from the training data.
+  absl::StatusOr<std::vector<MicroBatch>> ReadStepBatches();
+  // This step's batches (read ahead by the previous step, or now), and the
+  // next step's, read ahead into next_batches_ unless this is the last step.
+  absl::StatusOr<std::vector<MicroBatch>> TakeStepBatches();
+  StepReport ReportOf(const StepResult& result, double flops_per_token, double peak) const;
+  // Periodic eval and checkpoint after applied step `step`.
+  absl::Status AfterStep(JobObserver* observer, int64_t step, int64_t* last_checkpoint_step);
 
   JobSpec spec_;
   ModelConfig config_;
@@ -529,69 +411,103 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<JobOutcome>> TrainingJobImpl::ServeRequests(
+    JobObserver* observer, int64_t* last_checkpoint_step) {
+  std::optional<StopKind> stop;
+  bool checkpoint_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stop = stop_;
+    checkpoint_now = std::exchange(checkpoint_requested_, false);
+  }
+  if (stop == StopKind::kCancel) {
+    MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
+    return JobOutcome::kCancelled;
+  }
+  if (stop == StopKind::kSuspend) {
+    if (*last_checkpoint_step != trainer_->step()) {
+      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+    }
+    return JobOutcome::kSuspended;
+  }
+  if (checkpoint_now) {
+    MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+    *last_checkpoint_step = trainer_->step();
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::vector<MicroBatch>> TrainingJobImpl::ReadStepBatches() {
+  std::vector<MicroBatch> out;
+  for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
+    absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
+    if (!batch.ok()) return Annotate(batch.status(), "data");
+    out.push_back(std::move(*batch));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<MicroBatch>> TrainingJobImpl::TakeStepBatches() {
+  std::vector<MicroBatch> batches = std::move(next_batches_);
+  next_batches_.clear();
+  consumed_cursor_.reset();
+  if (batches.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(batches, ReadStepBatches());
+  }
+  if (trainer_->step() + 1 < max_steps_) {
+    DataCursor before = loader_->cursor();
+    MEGATRAIN_ASSIGN_OR_RETURN(next_batches_, ReadStepBatches());
+    consumed_cursor_ = std::move(before);
+  }
+  return batches;
+}
+
+StepReport TrainingJobImpl::ReportOf(const StepResult& r, double flops_per_token,
+                                     double peak) const {
+  StepReport report;
+  report.step = trainer_->step();
+  report.max_steps = max_steps_;
+  report.loss = r.loss;
+  report.grad_norm = r.grad_norm;
+  report.lr = r.lr;
+  report.skipped = r.skipped;
+  report.stats = r.stats;
+  report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
+  report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
+  return report;
+}
+
+absl::Status TrainingJobImpl::AfterStep(JobObserver* observer, int64_t step,
+                                        int64_t* last_checkpoint_step) {
+  if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
+      (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
+    MEGATRAIN_ASSIGN_OR_RETURN(double eval_loss, trainer_->Evaluate(eval_batches_));
+    if (observer != nullptr) observer->OnEval(step, eval_loss);
+  }
+  if (spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0 &&
+      step < max_steps_) {
+    MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
+    *last_checkpoint_step = step;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
   const double flops_per_token = config_.TrainFlopsPerToken(spec_.train.seq_len);
   const double peak = PeakBf16Flops(trainer_->device_name());
   int64_t last_checkpoint_step = -1;
   int64_t consecutive_skipped = 0;  // kMaxConsecutiveSkippedSteps
   while (trainer_->step() < max_steps_) {
-    std::optional<StopKind> stop;
-    bool checkpoint_now = false;
-    {
-      absl::MutexLock lock(&mu_);
-      stop = stop_;
-      checkpoint_now = std::exchange(checkpoint_requested_, false);
-    }
-    if (stop == StopKind::kCancel) {
-      MEGATRAIN_RETURN_IF_ERROR(trainer_->WaitForOptimizer());
-      return JobOutcome::kCancelled;
-    }
-    if (stop == StopKind::kSuspend) {
-      if (last_checkpoint_step != trainer_->step()) {
-        MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
-      }
-      return JobOutcome::kSuspended;
-    }
-    if (checkpoint_now) {
-      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
-      last_checkpoint_step = trainer_->step();
-    }
-    auto read_batches = [&]() -> absl::StatusOr<std::vector<MicroBatch>> {
-      std::vector<MicroBatch> out;
-      for (int64_t m = 0; m < spec_.train.gradient_accumulation_steps; ++m) {
-        absl::StatusOr<MicroBatch> batch = loader_->NextTrainBatch(spec_.train.micro_batch);
-        if (!batch.ok()) return Annotate(batch.status(), "data");
-        out.push_back(std::move(*batch));
-      }
-      return out;
-    };
-    std::vector<MicroBatch> batches = std::move(next_batches_);
-    next_batches_.clear();
-    consumed_cursor_.reset();
-    if (batches.empty()) {
-      MEGATRAIN_ASSIGN_OR_RETURN(batches, read_batches());
-    }
-    if (trainer_->step() + 1 < max_steps_) {
-      DataCursor before = loader_->cursor();
-      MEGATRAIN_ASSIGN_OR_RETURN(next_batches_, read_batches());
-      consumed_cursor_ = std::move(before);
-    }
+    MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobOutcome> outcome,
+                               ServeRequests(observer, &last_checkpoint_step));
+    if (outcome.has_value()) return *outcome;
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<MicroBatch> batches, TakeStepBatches());
     MEGATRAIN_ASSIGN_OR_RETURN(
         StepResult r,
         trainer_->Step(batches, next_batches_.empty()
                                     ? absl::Span<const int32_t>()
                                     : absl::MakeConstSpan(next_batches_[0].input_ids)));
-    StepReport report;
-    report.step = trainer_->step();
-    report.max_steps = max_steps_;
-    report.loss = r.loss;
-    report.grad_norm = r.grad_norm;
-    report.lr = r.lr;
-    report.skipped = r.skipped;
-    report.stats = r.stats;
-    report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
-    report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
-    if (observer != nullptr) observer->OnStep(report);
+    if (observer != nullptr) observer->OnStep(ReportOf(r, flops_per_token, peak));
     consecutive_skipped = r.skipped ? consecutive_skipped + 1 : 0;
     if (consecutive_skipped >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -601,17 +517,7 @@ absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
           trainer_->step(), "; the model has likely diverged (try a lower optimizer.lr)"));
     }
     if (r.skipped && !r.partial) continue;  // nothing changed: no eval, no checkpoint
-    const int64_t step = trainer_->step();
-    if (spec_.eval.every_steps > 0 && !eval_batches_.empty() &&
-        (step % spec_.eval.every_steps == 0 || step == max_steps_)) {
-      MEGATRAIN_ASSIGN_OR_RETURN(double eval_loss, trainer_->Evaluate(eval_batches_));
-      if (observer != nullptr) observer->OnEval(step, eval_loss);
-    }
-    if (spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0 &&
-        step < max_steps_) {
-      MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));
-      last_checkpoint_step = step;
-    }
+    MEGATRAIN_RETURN_IF_ERROR(AfterStep(observer, trainer_->step(), &last_checkpoint_step));
   }
   if (last_checkpoint_step != trainer_->step()) {
     MEGATRAIN_RETURN_IF_ERROR(WriteCheckpointNow(observer));

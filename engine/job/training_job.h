@@ -3,9 +3,9 @@
 // Trainer (host store + streaming executor + CPU AdamW), its data loader and
 // its checkpoints; the server owns queueing, persistence, auth and metrics.
 //
-// Field names follow the job file (examples/jobs/tiny.yaml) and the proto
-// (proto/megatrain/v1/job.proto): `train.micro_batch`, `optimizer.lr`, ...;
-// error messages name the field by that path.
+// The job spec itself (JobSpec, ValidateJobSpec, MaxSteps, its JSON) is the
+// job-spec library, engine/spec/ (included here); checkpoints' listing,
+// verification and export are engine/io/checkpoint_info.h.
 #ifndef MEGATRAIN_ENGINE_TRAINING_JOB_H_
 #define MEGATRAIN_ENGINE_TRAINING_JOB_H_
 
@@ -19,107 +19,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/io/checkpoint_info.h"
 #include "engine/model/model_config.h"
-#include "engine/optim/nan_policy.h"
-#include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
-#include "engine/store/nvme_tier.h"
+#include "engine/spec/job_spec.h"
+#include "engine/spec/job_spec_json.h"
 
 namespace megatrain::engine {
-
-// Where the model comes from: exactly one of `preset` and `hf_dir`.
-struct ModelSource {
-  std::string preset;  // "tiny", "llama-1b", ... (PresetConfig)
-  std::string hf_dir;  // HF directory: config.json + safetensors
-};
-
-// Where the training data comes from: exactly one of `tokens` and `text`.
-struct DataSpec {
-  std::string tokens;       // a token shard file or a directory of *.mtt shards
-  std::string eval_tokens;  // optional held-out shards (then eval_fraction = 0)
-  std::string text;         // plain text or JSONL {"text": ...}; needs tokenizer
-  // With `text`: a HF tokenizer (directory with tokenizer.json, or the
-  // file) or a SentencePiece .model; default: model.hf_dir's tokenizer.json.
-  std::string tokenizer;
-  double eval_fraction = 0.0;  // held-out share of documents, [0, 0.5]
-  uint64_t shuffle_seed = 1234;
-};
-
-struct TrainSpec {
-  int64_t micro_batch = 8;                  // sequences per forward/backward
-  int64_t seq_len = 128;                    // tokens per sequence
-  int64_t gradient_accumulation_steps = 1;  // micro-batches per step
-  int64_t max_steps = 0;                    // optimizer steps (0: use max_tokens)
-  int64_t max_tokens = 0;                   // tokens (0: use max_steps)
-  ComputeDtype compute_dtype = ComputeDtype::kFp32;
-  double max_grad_norm = 1.0;  // global-norm clipping; 0 = off
-  uint64_t seed = 0;           // weight init and RNG
-  // NaN/inf loss or gradient norm: skip the step (default) or fail the job
-  // (engine/optim/nan_policy.h; Note [Non-finite steps] in trainer.h).
-  NanPolicy nan_policy = NanPolicy::kSkip;
-  // Saved layer inputs in pinned host memory during forward, back one layer
-  // ahead in backward (Note [Activation offload] in executor.h): costs
-  // (L-1) * micro_batch * seq_len * hidden_size * 4 bytes of pinned host
-  // memory and as many bytes each way over PCIe per micro-batch. For long
-  // sequences; bit-identical results.
-  bool offload_activations = false;
-  // seq_len above the model's max_position_embeddings (config.json) is
-  // refused at submission unless this is set (server/core/submit_checks.h):
-  // RoPE then runs past the positions the model was trained on.
-  bool allow_seq_len_above_max_position_embeddings = false;
-};
-
-struct OptimizerSpec {
-  double lr = 3e-4;  // peak learning rate
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  int64_t warmup_steps = 0;
-  std::string schedule = "cosine";  // cosine | linear | constant
-  double min_lr_ratio = 0.0;        // final lr / peak lr
-};
-
-struct EvalSpec {
-  int64_t every_steps = 0;  // 0 = no periodic eval
-  int64_t batches = 4;      // micro-batches per eval
-};
-
-struct CheckpointSpec {
-  int64_t every_steps = 0;  // 0 = only on request / suspend / end
-  int64_t keep_last = 2;    // newest checkpoints kept
-  int64_t keep_every = 0;   // also keep every N-th step (0 = none)
-};
-
-// Where the job's state lives (Note [NVMe tier] in engine/store/nvme_tier.h).
-struct MemorySpec {
-  NvmeTierMode nvme_tier = NvmeTierMode::kOff;  // memory.nvme_tier
-};
-
-// A whole job, as submitted.
-struct JobSpec {
-  std::string name;
-  ModelSource model;
-  DataSpec data;
-  TrainSpec train;
-  OptimizerSpec optimizer;
-  EvalSpec eval;
-  CheckpointSpec checkpoint;
-  MemorySpec memory;
-  std::string output_dir;  // checkpoints and exports go under it
-  // The daemon's id of the job ("job-000012"): written into every checkpoint
-  // (state.json "job_id") and required of a checkpoint it resumes from. Set
-  // by the daemon when the job starts, never taken from the user (not in
-  // the job file or the proto); empty for a standalone run, which writes no
-  // id and resumes from any checkpoint.
-  std::string job_id;
-};
-
-// Checks every field. INVALID_ARGUMENT naming the field path and the value
-// ("train.micro_batch: must be in [1, 4096], got 0"); UNIMPLEMENTED for an
-// unsupported architecture. Does not touch the file system. `output_dir`
-// may still be empty here (the server assigns one); Create() needs it.
-absl::Status ValidateJobSpec(const JobSpec& spec);
 
 // Host and device memory a job needs, in bytes. See docs/operations.md for
 // the bytes-per-parameter table: fp32 master 4, fp32 gradient 4, AdamW
@@ -182,8 +88,6 @@ struct StepReport {
                          // is then the last applied step's number
   StepStats stats;       // phases, bytes of this step
 };
-
-struct CheckpointInfo;  // below
 
 // Receives job progress. Called on the job's thread; must not block long.
 class JobObserver {
@@ -287,52 +191,14 @@ class TrainingJob {
 absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
                                       const ModelConfig& config);
 
-// The job spec as JSON (field names as in the job file), stored in
-// checkpoints so a checkpoint describes how it was made.
-std::string JobSpecToJson(const JobSpec& spec);
-
 // Dense bf16 peak of a device, in FLOP/s, for MFU (NVIDIA datasheets:
 // H100/H200 SXM 989e12, A100 312e12); 0 when unknown (MFU not reported).
 // MEGATRAIN_PEAK_TFLOPS in the environment overrides it.
 double PeakBf16Flops(const std::string& device_name);
 
-// A checkpoint written by a job (see docs/checkpoint-format.md).
-struct CheckpointInfo {
-  std::string dir;
-  int64_t step = 0;
-  int64_t bytes = 0;
-  // The job id its state.json names; empty for a checkpoint written without
-  // one (a standalone run or a format-1 checkpoint from before job ids).
-  // Filled by WriteCheckpoint and VerifyCheckpoint, not by ListCheckpoints.
-  std::string job_id;
-  // XXH64 (seed 0) of its manifest.json: identifies the checkpoint's whole
-  // content (the manifest holds every other file's XXH64). Filled by
-  // WriteCheckpoint and VerifyCheckpoint, 0 from ListCheckpoints.
-  uint64_t manifest_xxh64 = 0;
-};
-
 inline void JobObserver::OnCheckpointWritten(const CheckpointInfo& info, double seconds) {
   OnCheckpoint(info.step, info.dir, seconds);
 }
-
-// Checks checkpoint `checkpoint_dir` (a `step-*` directory) without loading
-// it: manifest.json parses, state.json matches its size and XXH64 and
-// parses, and its step equals the manifest's. With `check_data`, every
-// other file listed in the manifest is read whole and must match its size
-// and XXH64 (reads the whole checkpoint once). Returns its step, job id and
-// manifest hash (dir and bytes filled too).
-// Errors: NOT_FOUND when the directory is missing; DATA_LOSS naming the file
-// for anything that does not verify; UNIMPLEMENTED for a newer format.
-// Implemented in checkpoint.cc.
-absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir, bool check_data);
-
-// Checkpoints under `output_dir`, oldest first. NOT_FOUND if it is missing.
-absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& output_dir);
-
-// Writes checkpoint `checkpoint_dir` as an HF model directory `out_dir`
-// (config.json, safetensors shards <= 5 GB, index). `dtype` "bf16" | "fp32".
-absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
-                           const std::string& dtype);
 
 }  // namespace megatrain::engine
 

@@ -124,8 +124,8 @@ struct PaddedTail {
 // How a vector kernel writes the bf16 streaming copy. kStreaming uses
 // non-temporal stores: nothing on the host reads that copy (the GPU's DMA
 // does, later), so its cache lines need not be read for ownership first,
-// which saves 2 of the 32 bytes of memory traffic per parameter (~5% of
-// the update on a memory-bound host; docs/performance.md). The kernel
+// which saves 2 of the 32 bytes of memory traffic per parameter (the gain
+// on a memory-bound host is measured in docs/performance.md). The kernel
 // fences (_mm_sfence) before returning, so the stores are ordered before
 // whatever publishes the update.
 enum class Bf16Store { kNone, kPlain, kStreaming };

@@ -7,29 +7,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/job_spec.h"
 
 namespace megatrain::engine {
-
-std::string_view LrScheduleKindName(LrScheduleKind kind) {
-  switch (kind) {
-    case LrScheduleKind::kCosine:
-      return "cosine";
-    case LrScheduleKind::kLinear:
-      return "linear";
-    case LrScheduleKind::kConstant:
-      return "constant";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<LrScheduleKind> ParseLrScheduleKind(std::string_view name) {
-  for (LrScheduleKind kind :
-       {LrScheduleKind::kCosine, LrScheduleKind::kLinear, LrScheduleKind::kConstant}) {
-    if (name == LrScheduleKindName(kind)) return kind;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("optimizer.schedule: unknown '", std::string(name),
-                                                 "' (expected cosine|linear|constant)"));
-}
 
 absl::StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleOptions& options) {
   if (!std::isfinite(options.peak_lr) || options.peak_lr < 0.0) {
@@ -45,9 +25,10 @@ absl::StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleOptions& options) 
         absl::StrCat("optimizer.warmup_steps: must be in [0, total_steps=", options.total_steps,
                      "], got ", options.warmup_steps));
   }
-  if (!(options.min_lr_ratio >= 0.0 && options.min_lr_ratio <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.min_lr_ratio: must be in [0, 1], got ", options.min_lr_ratio));
+  if (absl::Status status =
+          CheckRealInRange("optimizer.min_lr_ratio", options.min_lr_ratio, kMinLrRatioRange);
+      !status.ok()) {
+    return status;
   }
   return LrSchedule(options);
 }

@@ -9,23 +9,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/spec/lr_schedule_kind.h"
 
 namespace megatrain::engine {
-
-// Shape of the schedule after warmup.
-enum class LrScheduleKind {
-  kCosine,    // half-cosine from peak to min over (warmup, total]
-  kLinear,    // straight line from peak to min over (warmup, total]
-  kConstant,  // peak after warmup
-};
-
-// "cosine", "linear" or "constant".
-std::string_view LrScheduleKindName(LrScheduleKind kind);
-
-// Parses a LrScheduleKindName() spelling (exact, lower case). Errors:
-// INVALID_ARGUMENT "optimizer.schedule: unknown 'x' (expected
-// cosine|linear|constant)".
-absl::StatusOr<LrScheduleKind> ParseLrScheduleKind(std::string_view name);
 
 // Options of a schedule. Step numbers count optimizer updates from 1.
 struct LrScheduleOptions {

@@ -20,7 +20,7 @@ namespace megatrain::engine {
 // defined and not `params` itself, receives the updated parameters in its
 // dtype (bf16: rounded to nearest even, as FloatToBf16). Enqueued on the
 // device's current stream without a host synchronisation; about 10
-// elementwise kernels (~1 ms for 61 M parameters on an H200). Throws
+// elementwise kernels (timing in docs/performance.md). Throws
 // c10::Error on a device failure (the caller converts it). Not
 // thread-safe for the same tensors.
 void TensorAdamWStep(const AdamWStepParams& hp, const at::Tensor& params, const at::Tensor& grads,

@@ -49,27 +49,6 @@ struct NvmeMomentFiles::Ring {
   struct io_uring ring;
 };
 
-absl::string_view NvmeTierModeName(NvmeTierMode mode) {
-  switch (mode) {
-    case NvmeTierMode::kOff:
-      return "off";
-    case NvmeTierMode::kMoments:
-      return "moments";
-    case NvmeTierMode::kAuto:
-      return "auto";
-  }
-  return "off";
-}
-
-absl::StatusOr<NvmeTierMode> ParseNvmeTierMode(absl::string_view name) {
-  for (const NvmeTierMode mode :
-       {NvmeTierMode::kOff, NvmeTierMode::kMoments, NvmeTierMode::kAuto}) {
-    if (name == NvmeTierModeName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("memory.nvme_tier: must be off, moments or auto, got '", name, "'"));
-}
-
 namespace {
 
 // The outstanding I/O of one pass: at most one read or one write per

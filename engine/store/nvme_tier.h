@@ -27,23 +27,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/spec/nvme_tier_mode.h"
 #include "engine/runtime/host_buffer.h"
 
 namespace megatrain::engine {
-
-// Which optimizer state a job keeps on the NVMe tier (job file
-// `memory.nvme_tier`).
-enum class NvmeTierMode {
-  kOff,      // everything in host memory (the default)
-  kMoments,  // exp_avg and exp_avg_sq in files under the daemon's --nvme_dir
-  kAuto,     // kMoments only when the job does not fit the host budget otherwise
-};
-
-// "off", "moments", "auto".
-absl::string_view NvmeTierModeName(NvmeTierMode mode);
-// Inverse of NvmeTierModeName; INVALID_ARGUMENT naming memory.nvme_tier
-// and the value otherwise.
-absl::StatusOr<NvmeTierMode> ParseNvmeTierMode(absl::string_view name);
 
 // fp32 elements of one moment per chunk (16 MiB): large enough for the
 // SSD's full sequential rate, small enough that the staging stays bounded.

@@ -11,13 +11,17 @@
 #include "engine/optim/optimizer_bench.h"
 #include "nlohmann/json.hpp"
 
-int main(int argc, char** argv) {
-  megatrain::engine::BenchOptions o;
-  bool optimizer_only = false;
-  int64_t params = 50'000'000;
-  int bf16_offset = 0;
-  CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
-  app.set_version_flag("--version", std::string("megatrain-bench ") + MEGATRAIN_VERSION);
+namespace {
+
+// Modes beside the training benchmark.
+struct OtherModes {
+  bool optimizer_only = false;  // time CPU AdamW vs torch::optim::AdamW
+  int64_t params = 50'000'000;  // parameters for --optimizer_only
+  int bf16_offset = 0;          // --optimizer_only: bf16 copy misalignment
+  double pinned_gib = 0;        // > 0: only time pinning this many GiB
+};
+
+void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option(
       "--model", o.model,
       "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini) or HF model dir");
@@ -37,6 +41,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--weight_slots", o.num_weight_slots, "device weight buffers (>= 3)");
   app.add_option("--seed", o.seed, "weight and data seed");
+  app.add_flag("--offload_activations", o.offload_activations,
+               "keep saved layer inputs in pinned host memory (long sequences)");
+  app.add_flag("--json", o.json, "print only the final JSON line on stdout");
+}
+
+// The trainer's scheduling and placement knobs.
+void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option(
       "--optimizer_nice", o.optimizer_nice,
       "nice value of the CPU AdamW threads (> 0: critical-path host work preempts them)");
@@ -58,60 +69,75 @@ int main(int argc, char** argv) {
   app.add_option("--embedding_lookahead", o.embedding_lookahead,
                  "give each step the next batch's token ids, so the embedding rows it reads "
                  "are updated off the critical path (true | false)");
-  app.add_flag("--offload_activations", o.offload_activations,
-               "keep saved layer inputs in pinned host memory (long sequences)");
-  app.add_flag("--json", o.json, "print only the final JSON line on stdout");
-  app.add_flag("--optimizer_only", optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
-  app.add_option("--params", params, "parameters for --optimizer_only");
-  app.add_option("--bf16_offset", bf16_offset,
+}
+
+void AddOtherModes(CLI::App& app, OtherModes& m) {
+  app.add_flag("--optimizer_only", m.optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
+  app.add_option("--params", m.params, "parameters for --optimizer_only");
+  app.add_option("--bf16_offset", m.bf16_offset,
                  "--optimizer_only: bf16 copy this many elements past a 64-byte boundary "
                  "(1: plain stores instead of streaming ones, for an A/B)")
       ->check(CLI::Range(0, 31));
-  double pinned_gib = 0;
-  app.add_option("--pinned_gib", pinned_gib,
+  app.add_option("--pinned_gib", m.pinned_gib,
                  "only time allocating and registering (pinning) this many GiB of host memory");
+}
+
+int RunPinnedOnly(double pinned_gib) {
+  const auto start = std::chrono::steady_clock::now();
+  auto buffer = megatrain::engine::HostBuffer::Allocate(
+      static_cast<size_t>(pinned_gib * (1ull << 30)), /*pin=*/true);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!buffer.ok()) {
+    std::fprintf(stderr, "megatrain-bench: %s\n", buffer.status().ToString().c_str());
+    return 1;
+  }
+  nlohmann::json j;
+  j["pinned_bytes"] = buffer->bytes();
+  j["allocate_and_register_seconds"] = seconds;
+  j["gib_per_s"] = pinned_gib / seconds;
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+int RunOptimizerOnly(const OtherModes& m, int threads) {
+  megatrain::engine::OptimizerBenchOptions opt;
+  opt.params = m.params;
+  opt.threads = threads;
+  opt.bf16_offset_elements = m.bf16_offset;
+  auto r = megatrain::engine::RunOptimizerBenchmark(opt);
+  if (!r.ok()) {
+    std::fprintf(stderr, "megatrain-bench: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  nlohmann::json j;
+  j["params"] = r->params;
+  j["threads"] = r->threads;
+  j["torch_threads"] = r->torch_threads;
+  j["kernel"] = r->kernel_variant;
+  j["adamw_seconds_per_step"] = r->adamw_seconds_per_step;
+  j["adamw_params_per_s"] = r->adamw_params_per_s;
+  j["torch_adamw_seconds_per_step"] = r->torch_adamw_seconds_per_step;
+  j["torch_adamw_params_per_s"] = r->torch_adamw_params_per_s;
+  j["speedup"] = r->speedup;
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  megatrain::engine::BenchOptions o;
+  OtherModes modes;
+  CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
+  app.set_version_flag("--version", std::string("megatrain-bench ") + MEGATRAIN_VERSION);
+  AddTrainingOptions(app, o);
+  AddTrainerKnobs(app, o);
+  AddOtherModes(app, modes);
   CLI11_PARSE(app, argc, argv);
 
-  if (pinned_gib > 0) {
-    const auto start = std::chrono::steady_clock::now();
-    auto buffer = megatrain::engine::HostBuffer::Allocate(
-        static_cast<size_t>(pinned_gib * (1ull << 30)), /*pin=*/true);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!buffer.ok()) {
-      std::fprintf(stderr, "megatrain-bench: %s\n", buffer.status().ToString().c_str());
-      return 1;
-    }
-    nlohmann::json j;
-    j["pinned_bytes"] = buffer->bytes();
-    j["allocate_and_register_seconds"] = seconds;
-    j["gib_per_s"] = pinned_gib / seconds;
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
-  if (optimizer_only) {
-    megatrain::engine::OptimizerBenchOptions opt;
-    opt.params = params;
-    opt.threads = o.threads;
-    opt.bf16_offset_elements = bf16_offset;
-    auto r = megatrain::engine::RunOptimizerBenchmark(opt);
-    if (!r.ok()) {
-      std::fprintf(stderr, "megatrain-bench: %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    nlohmann::json j;
-    j["params"] = r->params;
-    j["threads"] = r->threads;
-    j["torch_threads"] = r->torch_threads;
-    j["kernel"] = r->kernel_variant;
-    j["adamw_seconds_per_step"] = r->adamw_seconds_per_step;
-    j["adamw_params_per_s"] = r->adamw_params_per_s;
-    j["torch_adamw_seconds_per_step"] = r->torch_adamw_seconds_per_step;
-    j["torch_adamw_params_per_s"] = r->torch_adamw_params_per_s;
-    j["speedup"] = r->speedup;
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
+  if (modes.pinned_gib > 0) return RunPinnedOnly(modes.pinned_gib);
+  if (modes.optimizer_only) return RunOptimizerOnly(modes, o.threads);
   auto result = megatrain::engine::RunTrainingBenchmark(o);
   if (!result.ok()) {
     std::fprintf(stderr, "megatrain-bench: %s\n", result.status().ToString().c_str());

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   double gib = 4;
   int passes = 2;
   CLI::App app{"megatrain-nvme-bench: NVMe tier pass rates on a directory's disk"};
+  app.set_version_flag("--version", std::string("megatrain-nvme-bench ") + MEGATRAIN_VERSION);
   app.add_option("--dir", dir, "Directory on the SSD (the daemon's --nvme_dir)")->required();
   app.add_option("--gib", gib, "Size of each moment file, GiB")->capture_default_str();
   app.add_option("--passes", passes, "Timed passes")->capture_default_str();

@@ -41,17 +41,6 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.2f MiB (%d bytes)", bytes / (1024.0 * 1024.0), bytes);
 }
 
-// Steps of the run: max_steps, or max_tokens over the tokens of one step.
-int64_t PlannedSteps(const engine::JobSpec& spec) {
-  if (spec.train.max_steps > 0) return spec.train.max_steps;
-  const int64_t tokens_per_step =
-      spec.train.micro_batch * spec.train.seq_len * spec.train.gradient_accumulation_steps;
-  if (spec.train.max_tokens > 0 && tokens_per_step > 0) {
-    return (spec.train.max_tokens + tokens_per_step - 1) / tokens_per_step;
-  }
-  return 0;
-}
-
 engine::TrainingJob::StopKind StopKindFor(bool cancel) {
   return cancel ? engine::TrainingJob::StopKind::kCancel : engine::TrainingJob::StopKind::kSuspend;
 }
@@ -90,7 +79,7 @@ class JobManager::Observer : public engine::JobObserver {
         owner_(job.owner),
         device_(active->device),
         progress_(job.progress) {
-    if (progress_.max_steps == 0) progress_.max_steps = PlannedSteps(job.request.spec);
+    if (progress_.max_steps == 0) progress_.max_steps = engine::MaxSteps(job.request.spec);
   }
 
   void OnStep(const engine::StepReport& report) override {
@@ -357,7 +346,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
                                                       /*explicit_dir=*/!default_output_dir));
     job.state = JobState::kQueued;
     job.create_time_unix_ms = NowUnixMs();
-    job.progress.max_steps = PlannedSteps(job.request.spec);
+    job.progress.max_steps = engine::MaxSteps(job.request.spec);
     job.host_memory_bytes = footprint.host_total_bytes;
     job.message = absl::StrCat("submitted by ", caller.name);
     MEGATRAIN_RETURN_IF_ERROR(

@@ -1,6 +1,6 @@
 // JobRequest <-> JSON text, the form in which the job store keeps a job's
-// spec. Field names are those of engine::JobSpec / job.proto; compute_dtype
-// is "fp32" | "tf32" | "bf16".
+// spec: the spec's JSON object (engine/spec/job_spec_json.h, the one writer
+// and reader of the spec) with the request's "priority" and "labels" added.
 //
 // Thread-safety: pure functions.
 #ifndef MEGATRAIN_SERVER_JOB_REQUEST_JSON_H_

@@ -121,31 +121,19 @@ absl::Status CheckRequestBounds(const v1::ListAuditRecordsRequest& request) {
   return CheckLength("page_token", request.page_token(), kMaxPageTokenBytes);
 }
 
-absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
-  MEGATRAIN_RETURN_IF_ERROR(CheckJobSpecBounds(in));
-  JobRequest request;
-  engine::JobSpec& spec = request.spec;
-  spec.name = in.name();
-  spec.model.preset = in.model().preset();
-  spec.model.hf_dir = in.model().hf_dir();
+namespace {
 
-  const v1::DataSpec& data = in.data();
-  spec.data.tokens = data.tokens();
-  spec.data.eval_tokens = data.eval_tokens();
-  spec.data.text = data.text();
-  spec.data.tokenizer = data.tokenizer();
-  if (data.has_eval_fraction()) spec.data.eval_fraction = data.eval_fraction();
-  if (data.has_shuffle_seed()) spec.data.shuffle_seed = data.shuffle_seed();
-
-  const v1::TrainSpec& train = in.train();
-  if (train.has_micro_batch()) spec.train.micro_batch = train.micro_batch();
-  if (train.has_seq_len()) spec.train.seq_len = train.seq_len();
+// train.micro_batch, seq_len and gradient_accumulation_steps, the latter
+// possibly given as train.global_batch (then it must agree).
+absl::Status BatchShapeFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
+  if (train.has_micro_batch()) train_spec->micro_batch = train.micro_batch();
+  if (train.has_seq_len()) train_spec->seq_len = train.seq_len();
   if (train.has_gradient_accumulation_steps()) {
-    spec.train.gradient_accumulation_steps = train.gradient_accumulation_steps();
+    train_spec->gradient_accumulation_steps = train.gradient_accumulation_steps();
   }
   if (train.has_global_batch()) {
     const int64_t global_batch = train.global_batch();
-    const int64_t micro_batch = spec.train.micro_batch;
+    const int64_t micro_batch = train_spec->micro_batch;
     if (global_batch <= 0 || micro_batch <= 0 || global_batch % micro_batch != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("train.global_batch: must be a positive multiple of train.micro_batch (",
@@ -158,47 +146,59 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
                        " disagrees with train.global_batch / train.micro_batch = ", global_batch,
                        " / ", micro_batch, " = ", steps, "; give one of the two"));
     }
-    spec.train.gradient_accumulation_steps = steps;
+    train_spec->gradient_accumulation_steps = steps;
   }
-  spec.train.max_steps = train.max_steps();
-  spec.train.max_tokens = train.max_tokens();
+  return absl::OkStatus();
+}
+
+// The rest of the train section: length, precision, clipping, NaN policy.
+absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
+  MEGATRAIN_RETURN_IF_ERROR(BatchShapeFromProto(train, train_spec));
+  train_spec->max_steps = train.max_steps();
+  train_spec->max_tokens = train.max_tokens();
   switch (train.compute_dtype()) {
     case v1::COMPUTE_DTYPE_UNSPECIFIED:
     case v1::COMPUTE_DTYPE_FP32:
-      spec.train.compute_dtype = engine::ComputeDtype::kFp32;
+      train_spec->compute_dtype = engine::ComputeDtype::kFp32;
       break;
     case v1::COMPUTE_DTYPE_TF32:
-      spec.train.compute_dtype = engine::ComputeDtype::kTf32;
+      train_spec->compute_dtype = engine::ComputeDtype::kTf32;
       break;
     case v1::COMPUTE_DTYPE_BF16:
-      spec.train.compute_dtype = engine::ComputeDtype::kBf16;
+      train_spec->compute_dtype = engine::ComputeDtype::kBf16;
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("train.compute_dtype: unknown value ",
                                                      static_cast<int>(train.compute_dtype())));
   }
-  if (train.has_max_grad_norm()) spec.train.max_grad_norm = train.max_grad_norm();
-  spec.train.seed = train.seed();
+  if (train.has_max_grad_norm()) train_spec->max_grad_norm = train.max_grad_norm();
+  train_spec->seed = train.seed();
   switch (train.nan_policy()) {
     case v1::NAN_POLICY_UNSPECIFIED:
     case v1::NAN_POLICY_SKIP:
-      spec.train.nan_policy = engine::NanPolicy::kSkip;
+      train_spec->nan_policy = engine::NanPolicy::kSkip;
       break;
     case v1::NAN_POLICY_FAIL:
-      spec.train.nan_policy = engine::NanPolicy::kFail;
+      train_spec->nan_policy = engine::NanPolicy::kFail;
       break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(train.nan_policy())));
   }
   if (train.has_offload_activations()) {
-    spec.train.offload_activations = train.offload_activations();
+    train_spec->offload_activations = train.offload_activations();
   }
   if (train.has_allow_seq_len_above_max_position_embeddings()) {
-    spec.train.allow_seq_len_above_max_position_embeddings =
+    train_spec->allow_seq_len_above_max_position_embeddings =
         train.allow_seq_len_above_max_position_embeddings();
   }
+  return absl::OkStatus();
+}
 
+// The optimizer, eval and checkpoint sections (unset optional fields keep
+// the spec's defaults).
+void OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* spec_out) {
+  engine::JobSpec& spec = *spec_out;
   const v1::OptimizerSpec& optimizer = in.optimizer();
   if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
   if (optimizer.has_beta1()) spec.optimizer.beta1 = optimizer.beta1();
@@ -215,11 +215,10 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   spec.checkpoint.every_steps = in.checkpoint().every_steps();
   if (in.checkpoint().has_keep_last()) spec.checkpoint.keep_last = in.checkpoint().keep_last();
   spec.checkpoint.keep_every = in.checkpoint().keep_every();
+}
 
-  spec.output_dir = in.output_dir();
-  request.priority = in.priority();
-  request.labels = std::map<std::string, std::string>(in.labels().begin(), in.labels().end());
-
+// Paths are resolved by the CLI: the daemon takes absolute ones only.
+absl::Status CheckAbsolutePaths(const engine::JobSpec& spec) {
   for (const auto& [field, path] :
        {std::pair<absl::string_view, const std::string&>{"model.hf_dir", spec.model.hf_dir},
         {"data.tokens", spec.data.tokens},
@@ -229,6 +228,34 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
     absl::Status status = CheckAbsolute(field, path);
     if (!status.ok()) return status;
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckJobSpecBounds(in));
+  JobRequest request;
+  engine::JobSpec& spec = request.spec;
+  spec.name = in.name();
+  spec.model.preset = in.model().preset();
+  spec.model.hf_dir = in.model().hf_dir();
+
+  const v1::DataSpec& data = in.data();
+  spec.data.tokens = data.tokens();
+  spec.data.eval_tokens = data.eval_tokens();
+  spec.data.text = data.text();
+  spec.data.tokenizer = data.tokenizer();
+  if (data.has_eval_fraction()) spec.data.eval_fraction = data.eval_fraction();
+  if (data.has_shuffle_seed()) spec.data.shuffle_seed = data.shuffle_seed();
+
+  MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
+  OptimizerEvalCheckpointFromProto(in, &spec);
+  spec.output_dir = in.output_dir();
+  request.priority = in.priority();
+  request.labels = std::map<std::string, std::string>(in.labels().begin(), in.labels().end());
+
+  MEGATRAIN_RETURN_IF_ERROR(CheckAbsolutePaths(spec));
   return request;
 }
 

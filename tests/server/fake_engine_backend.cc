@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "engine/spec/job_spec.h"
+#include "engine/spec/lr_schedule_kind.h"
 
 namespace megatrain::server::testing {
 
@@ -210,9 +212,11 @@ absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
   if (spec.model.preset.empty() == spec.model.hf_dir.empty()) {
     return absl::InvalidArgumentError("model: give exactly one of preset and hf_dir");
   }
-  if (spec.train.micro_batch < 1 || spec.train.micro_batch > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.micro_batch: must be in [1, 4096], got ", spec.train.micro_batch));
+  // The engine's bound and message (Note [One place per bound] in job_spec.h).
+  if (absl::Status status = engine::CheckIntInRange("train.micro_batch", spec.train.micro_batch,
+                                                    engine::kMicroBatchRange);
+      !status.ok()) {
+    return status;
   }
   if (spec.train.seq_len < 1) {
     return absl::InvalidArgumentError(
@@ -231,11 +235,9 @@ absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer.lr: must be > 0, got ", spec.optimizer.lr));
   }
-  if (spec.optimizer.schedule != "cosine" && spec.optimizer.schedule != "linear" &&
-      spec.optimizer.schedule != "constant") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.schedule: must be cosine, linear or constant, got '",
-                     spec.optimizer.schedule, "'"));
+  if (absl::Status status = engine::ParseLrScheduleKind(spec.optimizer.schedule).status();
+      !status.ok()) {
+    return status;
   }
   if (spec.data.tokens.empty() == spec.data.text.empty()) {
     return absl::InvalidArgumentError("data: give exactly one of tokens and text");

@@ -15,7 +15,8 @@
 // when each step happens, without sleeps.
 //
 // Validation mimics a few of the engine's checks, each naming its field:
-// exactly one of model.preset / model.hf_dir, train.micro_batch in [1, 4096],
+// exactly one of model.preset / model.hf_dir, train.micro_batch in
+// engine::kMicroBatchRange (the engine's check, from engine/spec/),
 // seq_len and gradient_accumulation_steps >= 1, max_steps or max_tokens > 0,
 // optimizer.lr > 0, a known optimizer.schedule, exactly one of data.tokens /
 // data.text, a known preset (tiny, llama-*, or a key of

@@ -255,6 +255,69 @@ TEST(SpecConvertTest, JsonRoundTripKeepsEveryField) {
   EXPECT_TRUE(parsed->spec.train.offload_activations);
 }
 
+// Written by JobRequestToJson at commit 33c2300 (before the spec's JSON
+// moved to engine/spec/job_spec_json.cc) for the request below: the job
+// store holds these bytes, so they must not change.
+TEST(SpecConvertTest, StoreJsonEqualsTheFormerWriter) {
+  JobRequest r;
+  engine::JobSpec& s = r.spec;
+  s.name = "gold \"q\" \xc3\xa9";
+  s.model.preset = "tiny";
+  s.model.hf_dir = "/m/hf";
+  s.data.tokens = "/d/tok";
+  s.data.eval_tokens = "/d/eval";
+  s.data.text = "/d/t.jsonl";
+  s.data.tokenizer = "/d/tok.model";
+  s.data.eval_fraction = 0.125;
+  s.data.shuffle_seed = 18446744073709551615ull;
+  s.train.micro_batch = 3;
+  s.train.seq_len = 77;
+  s.train.gradient_accumulation_steps = 5;
+  s.train.max_steps = 11;
+  s.train.max_tokens = 123456789012;
+  s.train.compute_dtype = engine::ComputeDtype::kBf16;
+  s.train.max_grad_norm = 0.3;
+  s.train.seed = 42;
+  s.train.nan_policy = engine::NanPolicy::kFail;
+  s.train.offload_activations = true;
+  s.optimizer.lr = 1e-4;
+  s.optimizer.beta1 = 0.8;
+  s.optimizer.beta2 = 0.99;
+  s.optimizer.eps = 1e-6;
+  s.optimizer.weight_decay = 0.1;
+  s.optimizer.warmup_steps = 7;
+  s.optimizer.schedule = "linear";
+  s.optimizer.min_lr_ratio = 0.1;
+  s.eval.every_steps = 9;
+  s.eval.batches = 2;
+  s.checkpoint.every_steps = 4;
+  s.checkpoint.keep_last = 3;
+  s.checkpoint.keep_every = 8;
+  s.output_dir = "/o/ut";
+  s.job_id = "job-000001";  // not stored
+  r.priority = -5;
+  r.labels = {{"team", "a"}, {"b", "x\ny"}};
+  const std::string former =
+      "{\"checkpoint\":{\"every_steps\":4,\"keep_every\":8,\"keep_last\":3},\"data\":{"
+      "\"eval_fraction\":0.125,\"eval_tokens\":\"/d/eval\",\"shuffle_seed\":18446744073"
+      "709551615,\"text\":\"/d/t.jsonl\",\"tokenizer\":\"/d/tok.model\",\"tokens\":\"/d"
+      "/tok\"},\"eval\":{\"batches\":2,\"every_steps\":9},\"labels\":{\"b\":\"x\\ny\","
+      "\"team\":\"a\"},\"model\":{\"hf_dir\":\"/m/hf\",\"preset\":\"tiny\"},\"name\":\""
+      "gold \\\"q\\\" \xc3\xa9\",\"optimizer\":{\"beta1\":0.8,\"beta2\":0.99,\"eps\":1e"
+      "-06,\"lr\":0.0001,\"min_lr_ratio\":0.1,\"schedule\":\"linear\",\"warmup_steps\":"
+      "7,\"weight_decay\":0.1},\"output_dir\":\"/o/ut\",\"priority\":-5,\"train\":{\"co"
+      "mpute_dtype\":\"bf16\",\"gradient_accumulation_steps\":5,\"max_grad_norm\":0.3,"
+      "\"max_steps\":11,\"max_tokens\":123456789012,\"micro_batch\":3,\"nan_policy\":\""
+      "fail\",\"offload_activations\":true,\"seed\":42,\"seq_len\":77}}";
+  EXPECT_EQ(JobRequestToJson(r), former);
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(former);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->priority, -5);
+  EXPECT_EQ(parsed->labels, r.labels);
+  parsed->spec.job_id = s.job_id;
+  EXPECT_EQ(JobRequestToJson(*parsed), former);
+}
+
 TEST(SpecConvertTest, CorruptJsonIsDataLoss) {
   EXPECT_THAT(JobRequestFromJson("{not json"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("")));

@@ -1,0 +1,127 @@
+// See job_spec.h.
+#include "engine/spec/job_spec.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/model_config.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/spec/lr_schedule_kind.h"
+
+namespace megatrain::engine {
+namespace {
+
+// Exactly one of each pair of fields, and the tokenizer that text needs.
+absl::Status CheckSources(const JobSpec& s) {
+  if (s.model.preset.empty() == s.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir");
+  }
+  if (!s.model.preset.empty()) MEGATRAIN_RETURN_IF_ERROR(PresetConfig(s.model.preset).status());
+  if (s.data.tokens.empty() == s.data.text.empty()) {
+    return absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text");
+  }
+  if (!s.data.text.empty() && s.data.tokenizer.empty() && s.model.hf_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer: required with data.text and model.preset (a model directory's "
+        "tokenizer.json, the file, or a SentencePiece model); with model.hf_dir the "
+        "directory's tokenizer.json is the default");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("data.eval_fraction", s.data.eval_fraction, kEvalFractionRange));
+  if (!s.data.eval_tokens.empty() && s.data.eval_fraction > 0) {
+    return absl::InvalidArgumentError(
+        "data.eval_fraction: must be 0 when data.eval_tokens gives the held-out set");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTrain(const TrainSpec& t) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.micro_batch", t.micro_batch, kMicroBatchRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", t.seq_len, kSeqLenRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.gradient_accumulation_steps",
+                                            t.gradient_accumulation_steps,
+                                            kGradientAccumulationStepsRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.max_steps", t.max_steps, kMaxStepsRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.max_tokens", t.max_tokens, kMaxTokensRange));
+  if (t.max_steps == 0 && t.max_tokens == 0) {
+    return absl::InvalidArgumentError(
+        "train.max_steps: set train.max_steps or train.max_tokens (> 0)");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("train.max_grad_norm", t.max_grad_norm, kMaxGradNormRange));
+  if (t.nan_policy != NanPolicy::kSkip && t.nan_policy != NanPolicy::kFail) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(t.nan_policy)));
+  }
+  return absl::OkStatus();
+}
+
+// After CheckTrain: warmup_steps is bounded by the run's length.
+absl::Status CheckOptimizer(const JobSpec& s) {
+  const OptimizerSpec& o = s.optimizer;
+  MEGATRAIN_RETURN_IF_ERROR(CheckRealInRange("optimizer.lr", o.lr, kLrRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckRealInRange("optimizer.beta1", o.beta1, kBeta1Range));
+  MEGATRAIN_RETURN_IF_ERROR(CheckRealInRange("optimizer.beta2", o.beta2, kBeta2Range));
+  MEGATRAIN_RETURN_IF_ERROR(CheckRealInRange("optimizer.eps", o.eps, kEpsRange));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("optimizer.weight_decay", o.weight_decay, kWeightDecayRange));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckRealInRange("optimizer.min_lr_ratio", o.min_lr_ratio, kMinLrRatioRange));
+  MEGATRAIN_RETURN_IF_ERROR(ParseLrScheduleKind(o.schedule).status());
+  return CheckIntInRange("optimizer.warmup_steps", o.warmup_steps, IntRange{0, MaxSteps(s)});
+}
+
+absl::Status CheckEvalAndCheckpoint(const JobSpec& s) {
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckIntInRange("eval.every_steps", s.eval.every_steps, kEvalEveryStepsRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("eval.batches", s.eval.batches, kEvalBatchesRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("checkpoint.every_steps", s.checkpoint.every_steps,
+                                            kCheckpointEveryStepsRange));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckIntInRange("checkpoint.keep_last", s.checkpoint.keep_last, kCheckpointKeepLastRange));
+  return CheckIntInRange("checkpoint.keep_every", s.checkpoint.keep_every,
+                         kCheckpointKeepEveryRange);
+}
+
+}  // namespace
+
+absl::Status CheckIntInRange(absl::string_view field, int64_t value, IntRange range) {
+  if (value >= range.min && value <= range.max) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be in [", range.min, ", ", range.max, "], got ", value));
+}
+
+absl::Status CheckRealInRange(absl::string_view field, double value, RealRange range) {
+  const bool above_min = range.min_open ? value > range.min : value >= range.min;
+  if (std::isfinite(value) && above_min && value <= range.max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be in ", range.min_open ? "(" : "[",
+                                                 range.min, ", ", range.max, "], got ", value));
+}
+
+int64_t MaxSteps(const JobSpec& spec) {
+  const TrainSpec& t = spec.train;
+  if (t.max_steps > 0) return t.max_steps;
+  int64_t tokens_per_step = 0;
+  if (t.max_tokens <= 0 || t.micro_batch < 1 || t.seq_len < 1 ||
+      t.gradient_accumulation_steps < 1 ||
+      __builtin_mul_overflow(t.micro_batch, t.seq_len, &tokens_per_step) ||
+      __builtin_mul_overflow(tokens_per_step, t.gradient_accumulation_steps, &tokens_per_step)) {
+    return 0;
+  }
+  // ceil(max_tokens / tokens_per_step), without forming max_tokens + divisor.
+  return t.max_tokens / tokens_per_step + (t.max_tokens % tokens_per_step != 0 ? 1 : 0);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckSources(spec));
+  MEGATRAIN_RETURN_IF_ERROR(CheckTrain(spec.train));
+  const NvmeTierMode tier = spec.memory.nvme_tier;
+  if (tier != NvmeTierMode::kOff && tier != NvmeTierMode::kMoments && tier != NvmeTierMode::kAuto) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory.nvme_tier: unknown value ", static_cast<int>(tier)));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(CheckOptimizer(spec));
+  return CheckEvalAndCheckpoint(spec);
+}
+
+}  // namespace megatrain::engine

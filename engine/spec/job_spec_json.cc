@@ -1,0 +1,185 @@
+// See job_spec_json.h.
+#include "engine/spec/job_spec_json.h"
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain::engine {
+namespace {
+
+using nlohmann::json;
+
+// Reads j[key] into *out when present and not null; throws json::exception
+// for a value of the wrong type.
+template <typename T>
+void Get(const json& j, const char* key, T* out) {
+  auto it = j.find(key);
+  if (it != j.end() && !it->is_null()) *out = it->get<T>();
+}
+
+// j[key] when it is an object, else an empty object (a missing section
+// keeps its defaults).
+const json& Section(const json& j, const char* key) {
+  static const json* empty = new json(json::object());
+  auto it = j.find(key);
+  return (it != j.end() && it->is_object()) ? *it : *empty;
+}
+
+// Fields added after the format was pinned (job_spec_test's former-writer
+// bytes) are written only when they differ from their default, so that a
+// default spec keeps its bytes and older readers see what they know.
+json TrainToJson(const TrainSpec& t) {
+  json j = {{"micro_batch", t.micro_batch},
+            {"seq_len", t.seq_len},
+            {"gradient_accumulation_steps", t.gradient_accumulation_steps},
+            {"max_steps", t.max_steps},
+            {"max_tokens", t.max_tokens},
+            {"compute_dtype", ComputeDtypeName(t.compute_dtype)},
+            {"max_grad_norm", t.max_grad_norm},
+            {"seed", t.seed},
+            {"nan_policy", NanPolicyName(t.nan_policy)},
+            {"offload_activations", t.offload_activations}};
+  if (t.allow_seq_len_above_max_position_embeddings) {
+    j["allow_seq_len_above_max_position_embeddings"] = true;
+  }
+  return j;
+}
+
+json OptimizerToJson(const OptimizerSpec& o) {
+  return {{"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"warmup_steps", o.warmup_steps},
+          {"schedule", o.schedule},
+          {"min_lr_ratio", o.min_lr_ratio}};
+}
+
+void ModelAndDataFromJson(const json& j, JobSpec* spec) {
+  const json& model = Section(j, "model");
+  Get(model, "preset", &spec->model.preset);
+  Get(model, "hf_dir", &spec->model.hf_dir);
+  const json& data = Section(j, "data");
+  Get(data, "tokens", &spec->data.tokens);
+  Get(data, "eval_tokens", &spec->data.eval_tokens);
+  Get(data, "text", &spec->data.text);
+  Get(data, "tokenizer", &spec->data.tokenizer);
+  Get(data, "eval_fraction", &spec->data.eval_fraction);
+  Get(data, "shuffle_seed", &spec->data.shuffle_seed);
+}
+
+absl::Status TrainFromJson(const json& j, TrainSpec* t) {
+  const json& train = Section(j, "train");
+  Get(train, "micro_batch", &t->micro_batch);
+  Get(train, "seq_len", &t->seq_len);
+  Get(train, "gradient_accumulation_steps", &t->gradient_accumulation_steps);
+  Get(train, "max_steps", &t->max_steps);
+  Get(train, "max_tokens", &t->max_tokens);
+  std::string dtype = ComputeDtypeName(t->compute_dtype);
+  Get(train, "compute_dtype", &dtype);
+  absl::StatusOr<ComputeDtype> compute_dtype = ParseComputeDtype(dtype);
+  if (!compute_dtype.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", compute_dtype.status().message()));
+  }
+  t->compute_dtype = *compute_dtype;
+  Get(train, "max_grad_norm", &t->max_grad_norm);
+  Get(train, "seed", &t->seed);
+  // Specs written before nan_policy replaced the bool skip_nonfinite_steps.
+  bool skip_nonfinite_steps = t->nan_policy == NanPolicy::kSkip;
+  Get(train, "skip_nonfinite_steps", &skip_nonfinite_steps);
+  std::string nan_policy = skip_nonfinite_steps ? "skip" : "fail";
+  Get(train, "nan_policy", &nan_policy);
+  absl::StatusOr<NanPolicy> policy = ParseNanPolicy(nan_policy);
+  if (!policy.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", policy.status().message()));
+  }
+  t->nan_policy = *policy;
+  // Absent in specs written before the field existed: off, as they ran.
+  Get(train, "offload_activations", &t->offload_activations);
+  Get(train, "allow_seq_len_above_max_position_embeddings",
+      &t->allow_seq_len_above_max_position_embeddings);
+  return absl::OkStatus();
+}
+
+absl::Status MemoryFromJson(const json& j, MemorySpec* m) {
+  std::string tier(NvmeTierModeName(m->nvme_tier));
+  Get(Section(j, "memory"), "nvme_tier", &tier);
+  absl::StatusOr<NvmeTierMode> mode = ParseNvmeTierMode(tier);
+  if (!mode.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", mode.status().message()));
+  }
+  m->nvme_tier = *mode;
+  return absl::OkStatus();
+}
+
+void OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
+  const json& optimizer = Section(j, "optimizer");
+  Get(optimizer, "lr", &spec->optimizer.lr);
+  Get(optimizer, "beta1", &spec->optimizer.beta1);
+  Get(optimizer, "beta2", &spec->optimizer.beta2);
+  Get(optimizer, "eps", &spec->optimizer.eps);
+  Get(optimizer, "weight_decay", &spec->optimizer.weight_decay);
+  Get(optimizer, "warmup_steps", &spec->optimizer.warmup_steps);
+  Get(optimizer, "schedule", &spec->optimizer.schedule);
+  Get(optimizer, "min_lr_ratio", &spec->optimizer.min_lr_ratio);
+  const json& eval = Section(j, "eval");
+  Get(eval, "every_steps", &spec->eval.every_steps);
+  Get(eval, "batches", &spec->eval.batches);
+  const json& checkpoint = Section(j, "checkpoint");
+  Get(checkpoint, "every_steps", &spec->checkpoint.every_steps);
+  Get(checkpoint, "keep_last", &spec->checkpoint.keep_last);
+  Get(checkpoint, "keep_every", &spec->checkpoint.keep_every);
+}
+
+}  // namespace
+
+json JobSpecToJsonObject(const JobSpec& s) {
+  json j;
+  j["name"] = s.name;
+  j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
+  j["data"] = {{"tokens", s.data.tokens},
+               {"eval_tokens", s.data.eval_tokens},
+               {"text", s.data.text},
+               {"tokenizer", s.data.tokenizer},
+               {"eval_fraction", s.data.eval_fraction},
+               {"shuffle_seed", s.data.shuffle_seed}};
+  j["train"] = TrainToJson(s.train);
+  j["optimizer"] = OptimizerToJson(s.optimizer);
+  j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
+  j["checkpoint"] = {{"every_steps", s.checkpoint.every_steps},
+                     {"keep_last", s.checkpoint.keep_last},
+                     {"keep_every", s.checkpoint.keep_every}};
+  if (s.memory.nvme_tier != NvmeTierMode::kOff) {
+    j["memory"] = {{"nvme_tier", std::string(NvmeTierModeName(s.memory.nvme_tier))}};
+  }
+  j["output_dir"] = s.output_dir;
+  return j;
+}
+
+std::string JobSpecToJson(const JobSpec& spec) { return JobSpecToJsonObject(spec).dump(); }
+
+absl::Status JobSpecFromJsonObject(const json& j, JobSpec* spec) {
+  if (!j.is_object()) return absl::DataLossError("job spec JSON: not an object");
+  try {
+    Get(j, "name", &spec->name);
+    ModelAndDataFromJson(j, spec);
+    if (absl::Status status = TrainFromJson(j, &spec->train); !status.ok()) return status;
+    OptimizerEvalCheckpointFromJson(j, spec);
+    if (absl::Status status = MemoryFromJson(j, &spec->memory); !status.ok()) return status;
+    Get(j, "output_dir", &spec->output_dir);
+  } catch (const json::exception& e) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> JobSpecFromJson(absl::string_view text) {
+  const json j = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::DataLossError("job spec JSON: does not parse");
+  JobSpec spec;
+  if (absl::Status status = JobSpecFromJsonObject(j, &spec); !status.ok()) return status;
+  return spec;
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,234 @@
+// Tests of the job-spec library (engine/spec/): validation with one bound per
+// field, MaxSteps, and the JSON writer and reader, whose bytes must stay what
+// checkpoints (state.json "job_spec_json") and the server's job store already
+// hold. Torch-free: built with and without the engine.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "engine/spec/job_spec.h"
+#include "engine/spec/job_spec_json.h"
+#include "engine/spec/lr_schedule_kind.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+JobSpec TinyJob() {
+  JobSpec spec;
+  spec.model.preset = "tiny";
+  spec.data.tokens = "/data/train.mtt";
+  spec.train.max_steps = 10;
+  return spec;
+}
+
+// Every field away from its default (the values of the golden text below).
+JobSpec EveryFieldSet() {
+  JobSpec s;
+  s.name = "gold \"q\" \xc3\xa9";
+  s.model.preset = "tiny";
+  s.model.hf_dir = "/m/hf";
+  s.data.tokens = "/d/tok";
+  s.data.eval_tokens = "/d/eval";
+  s.data.text = "/d/t.jsonl";
+  s.data.tokenizer = "/d/tok.model";
+  s.data.eval_fraction = 0.125;
+  s.data.shuffle_seed = 18446744073709551615ull;
+  s.train.micro_batch = 3;
+  s.train.seq_len = 77;
+  s.train.gradient_accumulation_steps = 5;
+  s.train.max_steps = 11;
+  s.train.max_tokens = 123456789012;
+  s.train.compute_dtype = ComputeDtype::kBf16;
+  s.train.max_grad_norm = 0.3;
+  s.train.seed = 42;
+  s.train.nan_policy = NanPolicy::kFail;
+  s.train.offload_activations = true;
+  s.optimizer.lr = 1e-4;
+  s.optimizer.beta1 = 0.8;
+  s.optimizer.beta2 = 0.99;
+  s.optimizer.eps = 1e-6;
+  s.optimizer.weight_decay = 0.1;
+  s.optimizer.warmup_steps = 7;
+  s.optimizer.schedule = "linear";
+  s.optimizer.min_lr_ratio = 0.1;
+  s.eval.every_steps = 9;
+  s.eval.batches = 2;
+  s.checkpoint.every_steps = 4;
+  s.checkpoint.keep_last = 3;
+  s.checkpoint.keep_every = 8;
+  s.output_dir = "/o/ut";
+  s.job_id = "job-000001";
+  return s;
+}
+
+// Written by the two writers this library replaced (engine/job/
+// training_job.cc and server/core/job_request_json.cc, identical but for the
+// server's priority and labels) at commit 33c2300, for EveryFieldSet() and
+// for a default JobSpec. Checkpoints and job stores hold these bytes.
+constexpr char kEveryFieldSetJson[] =
+    R"({"checkpoint":{"every_steps":4,"keep_every":8,"keep_last":3},)"
+    R"("data":{"eval_fraction":0.125,"eval_tokens":"/d/eval","shuffle_seed":18446744073709551615,)"
+    R"("text":"/d/t.jsonl","tokenizer":"/d/tok.model","tokens":"/d/tok"},)"
+    R"("eval":{"batches":2,"every_steps":9},"model":{"hf_dir":"/m/hf","preset":"tiny"},)"
+    "\"name\":\"gold \\\"q\\\" \xc3\xa9\","
+    R"("optimizer":{"beta1":0.8,"beta2":0.99,"eps":1e-06,"lr":0.0001,"min_lr_ratio":0.1,)"
+    R"("schedule":"linear","warmup_steps":7,"weight_decay":0.1},"output_dir":"/o/ut",)"
+    R"("train":{"compute_dtype":"bf16","gradient_accumulation_steps":5,"max_grad_norm":0.3,)"
+    R"("max_steps":11,"max_tokens":123456789012,"micro_batch":3,"nan_policy":"fail",)"
+    R"("offload_activations":true,"seed":42,"seq_len":77}})";
+constexpr char kDefaultJson[] =
+    R"({"checkpoint":{"every_steps":0,"keep_every":0,"keep_last":2},)"
+    R"("data":{"eval_fraction":0.0,"eval_tokens":"","shuffle_seed":1234,"text":"",)"
+    R"("tokenizer":"","tokens":""},"eval":{"batches":4,"every_steps":0},)"
+    R"("model":{"hf_dir":"","preset":""},"name":"",)"
+    R"("optimizer":{"beta1":0.9,"beta2":0.95,"eps":1e-08,"lr":0.0003,"min_lr_ratio":0.0,)"
+    R"("schedule":"cosine","warmup_steps":0,"weight_decay":0.0},"output_dir":"",)"
+    R"("train":{"compute_dtype":"fp32","gradient_accumulation_steps":1,"max_grad_norm":1.0,)"
+    R"("max_steps":0,"max_tokens":0,"micro_batch":8,"nan_policy":"skip",)"
+    R"("offload_activations":false,"seed":0,"seq_len":128}})";
+
+TEST(JobSpecJsonTest, WriterOutputEqualsTheFormerWriters) {
+  EXPECT_EQ(JobSpecToJson(EveryFieldSet()), kEveryFieldSetJson);
+  EXPECT_EQ(JobSpecToJson(JobSpec()), kDefaultJson);
+}
+
+TEST(JobSpecJsonTest, FormerTextReadsBackToTheSameSpec) {
+  absl::StatusOr<JobSpec> spec = JobSpecFromJson(kEveryFieldSetJson);
+  ASSERT_THAT(spec.status(), IsOk());
+  EXPECT_TRUE(spec->job_id.empty());  // never in the JSON
+  spec->job_id = "job-000001";
+  EXPECT_EQ(JobSpecToJson(*spec), kEveryFieldSetJson);
+  EXPECT_EQ(spec->data.shuffle_seed, 18446744073709551615ull);
+  EXPECT_EQ(spec->train.compute_dtype, ComputeDtype::kBf16);
+  EXPECT_EQ(spec->train.nan_policy, NanPolicy::kFail);
+  EXPECT_TRUE(spec->train.offload_activations);
+  EXPECT_EQ(spec->optimizer.schedule, "linear");
+  EXPECT_EQ(spec->checkpoint.keep_every, 8);
+}
+
+TEST(JobSpecJsonTest, OlderSpellingsKeepTheirMeaning) {
+  // Before train.nan_policy: the bool skip_nonfinite_steps; before
+  // train.offload_activations: absent, off.
+  absl::StatusOr<JobSpec> fail =
+      JobSpecFromJson(R"({"train": {"skip_nonfinite_steps": false, "micro_batch": 4}})");
+  ASSERT_THAT(fail.status(), IsOk());
+  EXPECT_EQ(fail->train.nan_policy, NanPolicy::kFail);
+  EXPECT_FALSE(fail->train.offload_activations);
+  EXPECT_EQ(fail->train.micro_batch, 4);
+  EXPECT_EQ(fail->train.seq_len, TrainSpec().seq_len);  // missing: default
+  absl::StatusOr<JobSpec> skip = JobSpecFromJson(R"({"train": {"skip_nonfinite_steps": true}})");
+  ASSERT_THAT(skip.status(), IsOk());
+  EXPECT_EQ(skip->train.nan_policy, NanPolicy::kSkip);
+}
+
+TEST(JobSpecJsonTest, CorruptTextIsDataLossNamingTheProblem) {
+  EXPECT_THAT(JobSpecFromJson("{not json"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job spec JSON: does not parse")));
+  EXPECT_THAT(JobSpecFromJson("[1, 2]"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not an object")));
+  EXPECT_THAT(JobSpecFromJson(R"({"train": {"compute_dtype": "fp8"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.compute_dtype")));
+  EXPECT_THAT(JobSpecFromJson(R"({"train": {"nan_policy": "retry"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.nan_policy")));
+  EXPECT_THAT(JobSpecFromJson(R"({"train": {"micro_batch": "eight"}})"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job spec JSON: ")));
+}
+
+TEST(JobSpecJsonTest, ObjectFormTakesExtraKeysOfTheCaller) {
+  nlohmann::json j = JobSpecToJsonObject(TinyJob());
+  j["priority"] = 5;
+  JobSpec spec;
+  ASSERT_THAT(JobSpecFromJsonObject(j, &spec), IsOk());
+  EXPECT_EQ(JobSpecToJson(spec), JobSpecToJson(TinyJob()));
+}
+
+TEST(ValidateJobSpecTest, AcceptsTheTinyJob) { EXPECT_THAT(ValidateJobSpec(TinyJob()), IsOk()); }
+
+TEST(ValidateJobSpecTest, MicroBatchOutsideItsRangeNamesTheBound) {
+  JobSpec spec = TinyJob();
+  spec.train.micro_batch = 0;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.micro_batch: must be in [1, 4096], got 0")));
+  spec.train.micro_batch = kMicroBatchRange.max + 1;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 4097")));
+  spec.train.micro_batch = kMicroBatchRange.max;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(ValidateJobSpecTest, RealBoundsRefuseNanAndNameAnOpenEnd) {
+  JobSpec spec = TinyJob();
+  spec.optimizer.lr = 0;
+  EXPECT_THAT(ValidateJobSpec(spec), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("optimizer.lr: must be in (0, 1], got 0")));
+  spec = TinyJob();
+  spec.data.eval_fraction = std::nan("");
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.eval_fraction: must be in [0, 0.5]")));
+}
+
+TEST(ValidateJobSpecTest, WarmupIsBoundedByTheRunsSteps) {
+  JobSpec spec = TinyJob();
+  spec.optimizer.warmup_steps = 11;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("optimizer.warmup_steps: must be in [0, 10], got 11")));
+}
+
+TEST(ValidateJobSpecTest, UnknownScheduleAndPresetAreRefused) {
+  JobSpec spec = TinyJob();
+  spec.optimizer.schedule = "step";
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.schedule")));
+  spec = TinyJob();
+  spec.model.preset = "no-such-model";
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-such-model")));
+}
+
+TEST(MaxStepsTest, MaxStepsWinsElseTokensRoundUpToWholeSteps) {
+  JobSpec spec = TinyJob();
+  EXPECT_EQ(MaxSteps(spec), 10);
+  spec.train.max_steps = 0;
+  spec.train.micro_batch = 2;
+  spec.train.seq_len = 8;
+  spec.train.gradient_accumulation_steps = 3;  // 48 tokens per step
+  spec.train.max_tokens = 96;
+  EXPECT_EQ(MaxSteps(spec), 2);
+  spec.train.max_tokens = 97;
+  EXPECT_EQ(MaxSteps(spec), 3);
+}
+
+TEST(MaxStepsTest, NothingToRunOrABadShapeIsZero) {
+  JobSpec spec = TinyJob();
+  spec.train.max_steps = 0;
+  EXPECT_EQ(MaxSteps(spec), 0);  // neither max_steps nor max_tokens
+  spec.train.max_tokens = 100;
+  spec.train.micro_batch = 0;
+  EXPECT_EQ(MaxSteps(spec), 0);
+  spec.train.micro_batch = int64_t{1} << 40;
+  spec.train.seq_len = int64_t{1} << 30;  // the product overflows int64
+  EXPECT_EQ(MaxSteps(spec), 0);
+}
+
+TEST(LrScheduleKindTest, NamesParseBack) {
+  for (LrScheduleKind kind :
+       {LrScheduleKind::kCosine, LrScheduleKind::kLinear, LrScheduleKind::kConstant}) {
+    absl::StatusOr<LrScheduleKind> parsed = ParseLrScheduleKind(LrScheduleKindName(kind));
+    ASSERT_THAT(parsed.status(), IsOk());
+    EXPECT_EQ(*parsed, kind);
+  }
+}
+
+}  // namespace
+}  // namespace megatrain::engine
