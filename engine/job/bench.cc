@@ -74,6 +74,11 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   topt.resident_layers = o.resident_layers;
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.step_schedule, ParseStepSchedule(o.schedule, "--schedule"));
+  topt.wave = o.wave;
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.activation_placement,
+                             ParseActivationPlacement(o.activations, "--activations"));
+  topt.gradient_accumulation_steps = o.gradient_accumulation_steps;
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -89,6 +94,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       o.model.c_str(), config.ParamCount() / 1e9, trainer->device_name().c_str(),
       o.compute_dtype.c_str(), static_cast<long>(o.micro_batch), static_cast<long>(o.seq_len),
       static_cast<long>(o.gradient_accumulation_steps));
+  std::fprintf(progress, "megatrain-bench: schedule %s\n",
+               trainer->schedule_choice().Describe().c_str());
 
   std::mt19937_64 rng(o.seed + 1);
   std::vector<MicroBatch> fixed;
@@ -174,6 +181,11 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   j["resident_layers"] = trainer->resident_layers();
   j["resident_embedding"] = trainer->resident_embedding();
   j["device_grad_accumulation"] = trainer->device_grad_accumulation();
+  const ScheduleChoice& choice = trainer->schedule_choice();
+  j["schedule"] = StepScheduleName(choice.schedule);
+  j["wave"] = choice.wave;
+  j["activations"] = choice.offload_activations ? "host" : "device";
+  j["schedule_choice"] = choice.Describe();
   j["gate_rows"] = last.gate_rows;
   j["lookahead_rows"] = last.lookahead_rows;
   j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;

@@ -18,6 +18,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/data_loader.h"
 #include "engine/step/executor.h"
+#include "engine/step/schedule_choice.h"
 #include "engine/io/hf_model.h"
 #include "engine/store/host_store.h"
 #include "engine/optim/lr_schedule.h"
@@ -66,13 +67,33 @@ HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
   return o;
 }
 
-// Layer inputs saved for backward that stay on the device: all L of them,
-// or with train.offload_activations the last layer's plus the ring of two
-// device buffers that brings the others back (Note [Activation offload] in
-// executor.h; nothing is offloaded when L = 1).
+// Whether the spec asks for the saved layer inputs in pinned host memory.
+bool OffloadsActivations(const JobSpec& spec) {
+  return spec.train.offload_activations || spec.train.activations == "host";
+}
+
+// Micro-batches whose layer inputs are saved at once: the layer-major wave
+// (train.schedule layer-major, or auto with accumulation on a GPU: Note
+// [Schedule choice] in step/schedule_choice.h), else 1. Auto's own move of
+// the inputs to host memory when they do not fit the device is not
+// foreseen here.
+int64_t SavedMicroBatches(const JobSpec& spec) {
+  const int64_t accumulation = spec.train.gradient_accumulation_steps;
+  const bool layer_major =
+      spec.train.schedule == "layer-major" ||
+      (spec.train.schedule == "auto" && (accumulation > 1 || spec.train.wave > 0));
+  if (!layer_major) return 1;
+  return spec.train.wave > 0 ? std::min(spec.train.wave, accumulation) : accumulation;
+}
+
+// Layer inputs saved for backward that stay on the device: all L of them
+// per saved micro-batch, or with offload the last layer's of each plus
+// the ring of two device buffers that brings the others back (Note
+// [Activation offload] in executor.h; nothing is offloaded when L = 1).
 int64_t DeviceSavedLayers(const JobSpec& spec, const ModelConfig& config) {
   const int64_t layers = config.num_hidden_layers;
-  return spec.train.offload_activations && layers > 1 ? 3 : layers;
+  const int64_t saved = SavedMicroBatches(spec);
+  return OffloadsActivations(spec) && layers > 1 ? saved + 2 : saved * layers;
 }
 
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
@@ -90,7 +111,11 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   exec.compute_dtype = spec.train.compute_dtype;
   exec.micro_batch = spec.train.micro_batch;
   exec.seq_len = spec.train.seq_len;
-  exec.offload_activations = spec.train.offload_activations;
+  exec.offload_activations = OffloadsActivations(spec);
+  if (SavedMicroBatches(spec) > 1) {
+    exec.schedule = StepSchedule::kLayerMajor;
+    exec.wave = static_cast<int>(SavedMicroBatches(spec));
+  }
   exec.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
   exec.resident_embedding = !config.tie_word_embeddings;
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
@@ -142,6 +167,27 @@ absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
 
 }  // namespace
 
+namespace {
+
+// train.schedule, train.wave and train.activations (Note [Schedule choice]).
+absl::Status ValidateTrainSchedule(const TrainSpec& t) {
+  MEGATRAIN_ASSIGN_OR_RETURN(const std::optional<StepSchedule> schedule,
+                             ParseStepSchedule(t.schedule, "train.schedule"));
+  MEGATRAIN_RETURN_IF_ERROR(ParseActivationPlacement(t.activations, "train.activations").status());
+  MEGATRAIN_RETURN_IF_ERROR(IntInRange("train.wave", t.wave, 0, 4096));
+  if (t.wave > 1 && schedule == StepSchedule::kMicroBatchMajor) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.wave: ", t.wave, " micro-batches per wave needs train.schedule: layer-major"));
+  }
+  if (t.offload_activations && t.activations == "device") {
+    return absl::InvalidArgumentError(
+        "train.activations: 'device' contradicts train.offload_activations: true");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const JobSpec& s) {
   if (s.model.preset.empty() == s.model.hf_dir.empty()) {
     return absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir");
@@ -173,6 +219,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
         "train.max_steps: set train.max_steps or train.max_tokens (> 0)");
   }
   MEGATRAIN_RETURN_IF_ERROR(InRange("train.max_grad_norm", s.train.max_grad_norm, 0, 1e9));
+  MEGATRAIN_RETURN_IF_ERROR(ValidateTrainSchedule(s.train));
   if (s.train.nan_policy != NanPolicy::kSkip && s.train.nan_policy != NanPolicy::kFail) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(s.train.nan_policy)));
@@ -230,7 +277,7 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
   } else {
     advice = "train.micro_batch is already 1: try a shorter train.seq_len";
   }
-  if (!spec.train.offload_activations && config.num_hidden_layers > 1) {
+  if (!OffloadsActivations(spec) && config.num_hidden_layers > 1) {
     const int64_t offloaded = config.num_hidden_layers - 1;
     absl::StrAppend(&advice, "; or train.offload_activations: true (", offloaded, " x ", tokens,
                     " x ", config.hidden_size, " x 4 B = ", GiB(offloaded * layer_bytes),
@@ -272,7 +319,10 @@ std::string JobSpecToJson(const JobSpec& s) {
                 {"max_grad_norm", s.train.max_grad_norm},
                 {"seed", s.train.seed},
                 {"nan_policy", NanPolicyName(s.train.nan_policy)},
-                {"offload_activations", s.train.offload_activations}};
+                {"offload_activations", s.train.offload_activations},
+                {"schedule", s.train.schedule},
+                {"wave", s.train.wave},
+                {"activations", s.train.activations}};
   j["optimizer"] = {{"lr", s.optimizer.lr},
                     {"beta1", s.optimizer.beta1},
                     {"beta2", s.optimizer.beta2},
@@ -323,6 +373,9 @@ class TrainingJobImpl final : public TrainingJob {
   int64_t step() const override { return trainer_->step(); }
   int64_t max_steps() const override { return max_steps_; }
   MemoryFootprint footprint() const override { return footprint_; }
+  std::string schedule_description() const override {
+    return trainer_->schedule_choice().Describe();
+  }
 
  private:
   absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
@@ -440,6 +493,13 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   t.max_grad_norm = spec_.train.max_grad_norm;
   t.nan_policy = spec_.train.nan_policy;
   t.offload_activations = spec_.train.offload_activations;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.step_schedule,
+                             ParseStepSchedule(spec_.train.schedule, "train.schedule"));
+  t.wave = static_cast<int>(spec_.train.wave);
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      t.activation_placement,
+      ParseActivationPlacement(spec_.train.activations, "train.activations"));
+  t.gradient_accumulation_steps = spec_.train.gradient_accumulation_steps;
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",

@@ -62,6 +62,14 @@ struct TrainSpec {
   // memory and as many bytes each way over PCIe per micro-batch. For long
   // sequences; bit-identical results.
   bool offload_activations = false;
+  // The step schedule (issue 16; Note [Schedule choice] in
+  // engine/step/schedule_choice.h): "auto" | "micro-batch-major" |
+  // "layer-major"; layer-major micro-batches per wave (0 = auto); where the
+  // saved layer inputs live, "auto" | "device" | "host" (offload_activations
+  // true means "host"). Auto picks from the plan's sizes on the device.
+  std::string schedule = "auto";
+  int64_t wave = 0;
+  std::string activations = "auto";
 };
 
 struct OptimizerSpec {
@@ -233,6 +241,9 @@ class TrainingJob {
   virtual int64_t step() const = 0;
   virtual int64_t max_steps() const = 0;
   virtual MemoryFootprint footprint() const = 0;
+  // The step schedule the trainer chose, one line (ScheduleChoice::Describe
+  // in engine/step/schedule_choice.h); empty when not known.
+  virtual std::string schedule_description() const { return ""; }
 };
 
 // Adds the job's numbers to a device out-of-memory error: `status` is

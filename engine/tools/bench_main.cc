@@ -58,6 +58,16 @@ int main(int argc, char** argv) {
                  "are updated off the critical path (true | false)");
   app.add_flag("--offload_activations", o.offload_activations,
                "keep saved layer inputs in pinned host memory (long sequences)");
+  app.add_option("--schedule", o.schedule,
+                 "order of a step's work: auto (layer-major on CUDA with accumulation > 1), "
+                 "micro-batch-major or layer-major (each layer fetched once per wave)")
+      ->check(CLI::IsMember({"auto", "micro-batch-major", "layer-major"}));
+  app.add_option("--wave", o.wave,
+                 "layer-major micro-batches per wave (0: auto, all of the step when they fit)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--activations", o.activations,
+                 "where saved layer inputs live: auto (device when the wave fits), device, host")
+      ->check(CLI::IsMember({"auto", "device", "host"}));
   app.add_flag("--json", o.json, "print only the final JSON line on stdout");
   app.add_flag("--optimizer_only", optimizer_only, "time CPU AdamW vs torch::optim::AdamW");
   app.add_option("--params", params, "parameters for --optimizer_only");

@@ -29,7 +29,10 @@ std::string JobRequestToJson(const JobRequest& request) {
                 {"max_grad_norm", spec.train.max_grad_norm},
                 {"seed", spec.train.seed},
                 {"nan_policy", engine::NanPolicyName(spec.train.nan_policy)},
-                {"offload_activations", spec.train.offload_activations}};
+                {"offload_activations", spec.train.offload_activations},
+                {"schedule", spec.train.schedule},
+                {"wave", spec.train.wave},
+                {"activations", spec.train.activations}};
   j["optimizer"] = {{"lr", spec.optimizer.lr},
                     {"beta1", spec.optimizer.beta1},
                     {"beta2", spec.optimizer.beta2},
@@ -109,6 +112,10 @@ absl::StatusOr<JobRequest> JobRequestFromJson(absl::string_view text) {
     spec.train.nan_policy = *policy;
     // Absent in jobs stored before the field existed: off, as they ran.
     Get(train, "offload_activations", &spec.train.offload_activations);
+    // Absent before issue 16: auto.
+    Get(train, "schedule", &spec.train.schedule);
+    Get(train, "wave", &spec.train.wave);
+    Get(train, "activations", &spec.train.activations);
     const json& optimizer = Section(j, "optimizer");
     Get(optimizer, "lr", &spec.optimizer.lr);
     Get(optimizer, "beta1", &spec.optimizer.beta1);

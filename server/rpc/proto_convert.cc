@@ -194,6 +194,9 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   if (train.has_offload_activations()) {
     spec.train.offload_activations = train.offload_activations();
   }
+  if (train.has_schedule()) spec.train.schedule = train.schedule();
+  if (train.has_wave()) spec.train.wave = train.wave();
+  if (train.has_activations()) spec.train.activations = train.activations();
 
   const v1::OptimizerSpec& optimizer = in.optimizer();
   if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
@@ -262,6 +265,9 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
                                                                           : v1::NAN_POLICY_SKIP);
   train->set_offload_activations(spec.train.offload_activations);
+  train->set_schedule(spec.train.schedule);
+  train->set_wave(spec.train.wave);
+  train->set_activations(spec.train.activations);
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);
   optimizer->set_beta1(spec.optimizer.beta1);
