@@ -106,9 +106,12 @@ class StreamingExecutor::Impl {
   void Upload(const StepAction& a, PassState& p);
   void ForwardLayer(const StepAction& a, PassState& p);
   // GradTo::kSlotSum: `grads` of `a.block` into its open gradient slot
-  // (the first contribution opens it); the last lands the sum.
-  void SlotSum(const StepAction& a, PassState& p, BlockKind kind,
+  // (the first contribution opens it). Returns whether it was the last:
+  // the caller then lands the sum with LandSlotSum, outside its compute
+  // interval (as the other landings).
+  bool SlotSum(const StepAction& a, PassState& p, BlockKind kind,
                const std::vector<at::Tensor>& grads);
+  void LandSlotSum(const StepAction& a, PassState& p);
   void Head(const StepAction& a, PassState& p);
   // The head's loss and backward; lands the head's (and a tied
   // embedding's lm_head) gradient.
@@ -371,8 +374,9 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
   // Head block gradient: final norm (+ lm_head when untied).
   const std::vector<at::Tensor> grads = {hr.grad_norm, tied ? at::Tensor() : hr.grad_lm_head};
   if (a.grad_to == GradTo::kSlotSum) {
-    SlotSum(a, p, BlockKind::kHead, grads);
+    const bool last = SlotSum(a, p, BlockKind::kHead, grads);
     env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
+    if (last) LandSlotSum(a, p);
   } else if (a.grad_to == GradTo::kDeviceAccumulator) {
     AccumulateInto(bl, accumulator_.buffer(head), grads, FirstContribution(head));
     env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
@@ -423,8 +427,9 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
   std::vector<at::Tensor> grads = RecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
+  bool slot_sum_last = false;
   if (a.grad_to == GradTo::kSlotSum) {
-    SlotSum(a, p, BlockKind::kDecoderLayer, grads);
+    slot_sum_last = SlotSum(a, p, BlockKind::kDecoderLayer, grads);
   } else if (a.grad_to == GradTo::kResident) {
     // Accumulated in place, fp32, in micro-batch order: the host's adds.
     AccumulateInto(bl, resident_->grad(a.layer), grads, FirstContribution(a.block));
@@ -439,12 +444,15 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
   if (a.grad_to == GradTo::kResident) return ResidentGradDone(static_cast<size_t>(a.layer));
   slots_->Release(a.use);
-  if (a.grad_to == GradTo::kSlotSum) return;
+  if (a.grad_to == GradTo::kSlotSum) {
+    if (slot_sum_last) LandSlotSum(a, p);
+    return;
+  }
   if (a.grad_to == GradTo::kDeviceAccumulator) return AccumulatedGradDone(a.block);
   lander_->LandSlot(r, a.block);
 }
 
-void StreamingExecutor::Impl::SlotSum(const StepAction& a, PassState& p, BlockKind kind,
+bool StreamingExecutor::Impl::SlotSum(const StepAction& a, PassState& p, BlockKind kind,
                                       const std::vector<at::Tensor>& grads) {
   const BlockLayout& bl = env_.layout.blocks[a.block];
   int& slot = p.open_grad_slot[a.block];
@@ -455,10 +463,13 @@ void StreamingExecutor::Impl::SlotSum(const StepAction& a, PassState& p, BlockKi
   } else {
     lander_->AddToSlot(slot, bl, grads);
   }
-  if (mark.final) {
-    lander_->LandSlotWhole(slot, a.block);
-    slot = -1;
-  }
+  return mark.final;
+}
+
+void StreamingExecutor::Impl::LandSlotSum(const StepAction& a, PassState& p) {
+  int& slot = p.open_grad_slot[a.block];
+  lander_->LandSlotWhole(slot, a.block);
+  slot = -1;
 }
 
 void StreamingExecutor::Impl::EmbeddingBackward(const StepAction& a, PassState& p) {
