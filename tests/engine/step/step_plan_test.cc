@@ -273,8 +273,12 @@ std::string CheckLayerMajor(const ModelLayout& layout, const StepPlanOptions& o,
       last_m[a.block] = a.micro_batch;
     }
     if ((a.grad_to == GradTo::kSlotSum) && (!one_wave || a.weights == WeightsFrom::kResident ||
-                                            o.tied_embeddings && a.kind == ActionKind::kHead)) {
+                                            (o.tied_embeddings && a.kind == ActionKind::kHead))) {
       return where + "slot sum";
+    }
+    if (one_wave && a.kind == ActionKind::kBackward && a.weights == WeightsFrom::kSlot &&
+        a.grad_to != GradTo::kSlotSum) {
+      return where + "streamed layer without a slot sum in one wave";
     }
     if (a.kind == ActionKind::kBackward && a.input_offloaded &&
         prefetched[a.micro_batch][a.layer] != 1) {
