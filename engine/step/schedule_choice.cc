@@ -78,8 +78,8 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   return choice;
 }
 
-absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(std::string_view text,
-                                                              std::string_view field) {
+absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
+                                                              absl::string_view field) {
   if (text.empty() || text == "auto") return std::optional<StepSchedule>();
   if (text == "micro-batch-major") return std::optional(StepSchedule::kMicroBatchMajor);
   if (text == "layer-major") return std::optional(StepSchedule::kLayerMajor);
@@ -87,8 +87,8 @@ absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(std::string_view t
       absl::StrCat(field, ": expected auto, micro-batch-major or layer-major, got '", text, "'"));
 }
 
-absl::StatusOr<ActivationPlacement> ParseActivationPlacement(std::string_view text,
-                                                             std::string_view field) {
+absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
+                                                             absl::string_view field) {
   if (text.empty() || text == "auto") return ActivationPlacement::kAuto;
   if (text == "device") return ActivationPlacement::kDevice;
   if (text == "host") return ActivationPlacement::kHost;

@@ -40,9 +40,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
 #include "engine/step/step_plan.h"
 
@@ -97,11 +97,11 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
 
 // "auto" (empty), "micro-batch-major", "layer-major"; INVALID_ARGUMENT
 // naming `field` otherwise.
-absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(std::string_view text,
-                                                              std::string_view field);
+absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
+                                                              absl::string_view field);
 // "auto", "device", "host"; INVALID_ARGUMENT naming `field` otherwise.
-absl::StatusOr<ActivationPlacement> ParseActivationPlacement(std::string_view text,
-                                                             std::string_view field);
+absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
+                                                             absl::string_view field);
 const char* ActivationPlacementName(ActivationPlacement placement);
 
 }  // namespace megatrain::engine

@@ -62,15 +62,15 @@ bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-struct Run {
+struct TrainingRun {
   std::vector<StepResult> results;  // every step's (ok ones)
   absl::Status error;               // the first failed step's
   std::vector<float> state;         // AllState at the end
   ScheduleChoice choice;
 };
 
-Run Train(const TrainerOptions& o, const std::vector<std::vector<MicroBatch>>& steps) {
-  Run run;
+TrainingRun Train(const TrainerOptions& o, const std::vector<std::vector<MicroBatch>>& steps) {
+  TrainingRun run;
   auto trainer = Trainer::Create(SmallLlama(), o, /*seed=*/5);
   EXPECT_THAT(trainer, IsOk());
   if (!trainer.ok()) return run;
@@ -97,7 +97,7 @@ std::vector<std::vector<MicroBatch>> Steps(int accumulation, int count) {
 }
 
 // Both runs' step results and final state agree bit for bit.
-void ExpectSameRun(const Run& mbm, const Run& lm) {
+void ExpectSameRun(const TrainingRun& mbm, const TrainingRun& lm) {
   ASSERT_EQ(mbm.results.size(), lm.results.size());
   for (size_t s = 0; s < mbm.results.size(); ++s) {
     EXPECT_EQ(mbm.results[s].loss, lm.results[s].loss) << "step " << s;
@@ -126,8 +126,8 @@ TEST_P(LayerMajorTrainerTest, EndsBitIdenticalToMicroBatchMajor) {
   lm.wave = wave;
   lm.activation_placement = host ? ActivationPlacement::kHost : ActivationPlacement::kDevice;
   const auto steps = Steps(accumulation, 3);
-  const Run a = Train(mbm, steps);
-  const Run b = Train(lm, steps);
+  const TrainingRun a = Train(mbm, steps);
+  const TrainingRun b = Train(lm, steps);
   EXPECT_EQ(b.choice.schedule, StepSchedule::kLayerMajor);
   EXPECT_EQ(b.choice.wave, wave > 0 ? std::min(wave, accumulation) : accumulation);
   EXPECT_EQ(b.choice.offload_activations, host);
@@ -173,8 +173,8 @@ TEST_P(LayerMajorNanTest, PoisonedStepEndsAsUnderMicroBatchMajor) {
   TrainerOptions lm = mbm;
   lm.step_schedule = StepSchedule::kLayerMajor;
   const auto steps = Steps(3, 3);
-  const Run a = Train(mbm, steps);
-  const Run b = Train(lm, steps);
+  const TrainingRun a = Train(mbm, steps);
+  const TrainingRun b = Train(lm, steps);
   ExpectSameRun(a, b);
   if (policy == NanPolicy::kFail) {
     EXPECT_THAT(b.error,
