@@ -175,6 +175,7 @@ TEST(EstimateFootprintTest, CountsTheResidentDeviceState) {
   const int64_t layer = 60821504, table = int64_t{128256} * 2048;
   EXPECT_EQ(one->device_resident_bytes, 2 * layer * 18 + table * 16);
   s.train.gradient_accumulation_steps = 4;
+  s.train.schedule = "micro-batch-major";
   auto four = EstimateFootprint(s);
   ASSERT_THAT(four, IsOk());
   // 14 streamed layers and the head (final norm + lm_head).
@@ -182,6 +183,13 @@ TEST(EstimateFootprintTest, CountsTheResidentDeviceState) {
             4 * (14 * layer + 2048 + table));
   EXPECT_EQ(four->device_estimate_bytes - one->device_estimate_bytes,
             four->device_resident_bytes - one->device_resident_bytes);
+  // Layer-major (auto's choice with accumulation on a GPU) keeps the
+  // saved inputs of all 4 micro-batches: 3 x 16 more [2, 16, 2048] fp32.
+  s.train.schedule = "auto";
+  auto layer_major = EstimateFootprint(s);
+  ASSERT_THAT(layer_major, IsOk());
+  EXPECT_EQ(layer_major->device_estimate_bytes - four->device_estimate_bytes,
+            3 * 16 * 2 * 16 * 2048 * 4);
 }
 
 TEST(EstimateFootprintTest, ActivationOffloadAddsItsPinnedBuffers) {

@@ -66,6 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, LayerMajorParityTest,
 // micro-batch order, so fp32 gradients and loss are bit for bit those of
 // micro-batch-major; a tied embedding (lm_head and row parts summed in
 // another order) only to rounding.
+// ~10 s on 2 cores: 8 variants x 6 cases x both schedules, the point of
+// the test being that no variant or mode breaks the summation order.
 TEST(LayerMajorTest, Fp32IsBitIdenticalToMicroBatchMajor) {
   struct Case {
     int micro_batches, wave;
@@ -107,8 +109,9 @@ TEST(LayerMajorTest, Fp32IsBitIdenticalToMicroBatchMajor) {
       }
       // The streamed weights cross the link once per wave, not once per
       // micro-batch (the only other H2D is the same input rows and
-      // offloaded activations).
-      if (c.micro_batches > 1 && c.offload == false) {
+      // offloaded activations). With resident layers the few streamed
+      // blocks of these 3-layer models stay in the 3 weight slots anyway.
+      if (c.micro_batches > 1 && !c.offload && c.resident_layers == 0) {
         EXPECT_LT(lm.stats.h2d_bytes, mbm.stats.h2d_bytes);
       }
     }
