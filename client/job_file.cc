@@ -258,6 +258,9 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
       MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
       MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
                           train->set_allow_seq_len_above_max_position_embeddings),
+      MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
+      MEGATRAIN_JOB_FIELD("wave", Int, train->set_wave),
+      MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
   };
   const Fields optimizer_fields = {
       MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),

@@ -25,7 +25,7 @@ def main():
             torch[(j["mode"], j["preset"], j["micro_batch"], j["seq"], bool(j.get("clip")))] = j
         elif "tokens_per_s" in j and "model" in j:
             ours.append(j)
-    cols = ["model", "micro-batch x seq", "accum", "clip", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
+    cols = ["model", "micro-batch x seq", "accum", "clip", "schedule", "H2D GB/step", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
             "ratio", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
             "peak GPU GB"]
     rows = []
@@ -39,6 +39,10 @@ def main():
         rows.append([
             o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o.get("gradient_accumulation_steps", 1)}',
             f'{o.get("max_grad_norm", 0):g}',
+            # Issue 16: the order of work the run used (and its wave).
+            (o["schedule"] + (f' w{o["wave"]}' if o["schedule"] == "layer-major" else "")
+             + (" host-act" if o.get("activations") == "host" else "")) if "schedule" in o else "-",
+            f'{o.get("h2d_bytes", 0) / 1e9:.1f}',
             f'{o["tokens_per_s"]:,.0f}',
             f'{o["model_tflops"]:.0f}', f'{base["tokens_per_s"]:,.0f}' if base else "-",
             f'{o["tokens_per_s"] / base["tokens_per_s"]:.2f}' if base else "-",

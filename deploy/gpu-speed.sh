@@ -5,10 +5,12 @@
 # the call; deploy/family_baseline.py for the other families) at the
 # same clipping, in the same call. Prints deploy/bench-compare.py's table.
 #
-#   deploy/gpu-speed.sh "llama-1b:8:1:0 llama-1b:8:1:1 llama-3b:8:4:1" [bench args...]
+#   deploy/gpu-speed.sh "llama-1b:8:1:0 llama-1b:8:1:1 llama-3b:8:4:1:layer-major" [bench args...]
 #
-# Each configuration is PRESET:MICRO_BATCH:ACCUMULATION:CLIP (CLIP 1 clips at
-# 1.0 as a default job does, 0 does not). The baseline runs once per preset,
+# Each configuration is PRESET:MICRO_BATCH:ACCUMULATION:CLIP[:SCHEDULE[:WAVE]]
+# (CLIP 1 clips at 1.0 as a default job does, 0 does not; SCHEDULE auto
+# (default), micro-batch-major or layer-major, passed as --schedule; WAVE the
+# layer-major --wave, 0 = auto). The baseline runs once per preset,
 # micro-batch and clipping, at micro-batch 8 for accumulation runs.
 # Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), BUILD_DIR (build-gpu),
 # SKIP_BUILD (0). Results: $OUT/speed.jsonl, $OUT/speed.txt.
@@ -29,12 +31,14 @@ fi
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 declare -A baseline_done
 for c in $configs; do
-  IFS=: read -r preset mb accum clip <<<"$c"
+  IFS=: read -r preset mb accum clip schedule wave <<<"$c"
+  schedule=${schedule:-auto}; wave=${wave:-0}
   norm=0; [ "$clip" = 1 ] && norm=1.0
   "$BUILD_DIR"/engine/megatrain-bench --model="$preset" --device=cuda --compute_dtype=bf16 \
     --micro_batch="$mb" --seq_len="$SEQ_LEN" --gradient_accumulation_steps="$accum" \
-    --max_grad_norm="$norm" --steps="${STEPS:-4}" --warmup="${WARMUP:-2}" --data=random --json "$@" \
-    2> "$OUT/bench-$preset-$mb-$accum-$clip.log" | tee -a "$OUT/speed.jsonl"
+    --max_grad_norm="$norm" --steps="${STEPS:-4}" --warmup="${WARMUP:-2}" --data=random --json \
+    --schedule="$schedule" --wave="$wave" "$@" \
+    2> "$OUT/bench-$preset-$mb-$accum-$clip-$schedule-$wave.log" | tee -a "$OUT/speed.jsonl"
   bmb=$mb; [ "$accum" != 1 ] && bmb=8
   key="$preset:$bmb:$clip"
   if [ -z "${baseline_done[$key]:-}" ]; then

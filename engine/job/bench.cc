@@ -73,6 +73,11 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
   topt.resident_layers = o.resident_layers;
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.step_schedule, ParseStepSchedule(o.schedule, "--schedule"));
+  topt.wave = o.wave;
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.activation_placement,
+                             ParseActivationPlacement(o.activations, "--activations"));
+  topt.gradient_accumulation_steps = o.gradient_accumulation_steps;
   return topt;
 }
 
@@ -133,6 +138,11 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["model"] = o.model;
   (*j)["params"] = config.ParamCount();
   (*j)["device"] = trainer.device_name();
+  const ScheduleChoice& choice = trainer.schedule_choice();
+  (*j)["schedule"] = StepScheduleName(choice.schedule);
+  (*j)["wave"] = choice.wave;
+  (*j)["activations"] = choice.offload_activations ? "host" : "device";
+  (*j)["schedule_choice"] = choice.Describe();
   (*j)["compute_dtype"] = o.compute_dtype;
   (*j)["micro_batch"] = o.micro_batch;
   (*j)["seq_len"] = o.seq_len;
@@ -250,6 +260,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       o.model.c_str(), config.ParamCount() / 1e9, trainer->device_name().c_str(),
       o.compute_dtype.c_str(), static_cast<long>(o.micro_batch), static_cast<long>(o.seq_len),
       static_cast<long>(o.gradient_accumulation_steps));
+  std::fprintf(progress, "megatrain-bench: schedule %s\n",
+               trainer->schedule_choice().Describe().c_str());
   MEGATRAIN_ASSIGN_OR_RETURN(BenchRun run, RunSteps(o, config, *trainer, progress));
 
   const double step_median = Median(run.samples.step);

@@ -36,6 +36,11 @@ struct BenchOptions {
   int resident_layers = -1;           // TrainerOptions::resident_layers (-1 = auto)
   int resident_embedding = -1;        // TrainerOptions::resident_embedding (-1 = auto)
   int device_grad_accumulation = -1;  // TrainerOptions::device_grad_accumulation (-1 = auto)
+  // Note [Schedule choice] in step/schedule_choice.h: auto |
+  // micro-batch-major | layer-major; wave (0 = auto); auto | device | host.
+  std::string schedule = "auto";
+  int wave = 0;
+  std::string activations = "auto";
   uint64_t seed = 0;
   bool json = false;  // only the final JSON line on stdout
 };
@@ -50,7 +55,9 @@ struct BenchOptions {
 // trainer.h), resident_layers (the resolved TrainerOptions::resident_layers;
 // Note [Resident layers] in executor.h), resident_embedding and
 // device_grad_accumulation (resolved; Notes [Resident embedding] and
-// [Device gradient accumulation] in executor.h), host_bytes by kind, peak_gpu_bytes,
+// [Device gradient accumulation] in executor.h), the resolved schedule, wave and
+// activations ("device" | "host") with schedule_choice (the one-line reason;
+// Note [Schedule choice] in step/schedule_choice.h), host_bytes by kind, peak_gpu_bytes,
 // model_tflops, mfu;
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.

@@ -19,6 +19,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/data_loader.h"
 #include "engine/step/executor.h"
+#include "engine/step/schedule_choice.h"
 #include "engine/io/hf_model.h"
 #include "engine/store/host_store.h"
 #include "engine/optim/lr_schedule.h"
@@ -46,13 +47,33 @@ HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
   return o;
 }
 
-// Layer inputs saved for backward that stay on the device: all L of them,
-// or with train.offload_activations the last layer's plus the ring of two
-// device buffers that brings the others back (Note [Activation offload] in
-// executor.h; nothing is offloaded when L = 1).
+// Whether the spec asks for the saved layer inputs in pinned host memory.
+bool OffloadsActivations(const JobSpec& spec) {
+  return spec.train.offload_activations || spec.train.activations == "host";
+}
+
+// Micro-batches whose layer inputs are saved at once: the layer-major wave
+// (train.schedule layer-major, or auto with accumulation on a GPU: Note
+// [Schedule choice] in step/schedule_choice.h), else 1. Auto's own move of
+// the inputs to host memory when they do not fit the device is not
+// foreseen here.
+int64_t SavedMicroBatches(const JobSpec& spec) {
+  const int64_t accumulation = spec.train.gradient_accumulation_steps;
+  const bool layer_major =
+      spec.train.schedule == "layer-major" ||
+      (spec.train.schedule == "auto" && (accumulation > 1 || spec.train.wave > 0));
+  if (!layer_major) return 1;
+  return spec.train.wave > 0 ? std::min(spec.train.wave, accumulation) : accumulation;
+}
+
+// Layer inputs saved for backward that stay on the device: all L of them
+// per saved micro-batch, or with offload the last layer's of each plus
+// the ring of two device buffers that brings the others back (Note
+// [Activation offload] in executor.h; nothing is offloaded when L = 1).
 int64_t DeviceSavedLayers(const JobSpec& spec, const ModelConfig& config) {
   const int64_t layers = config.num_hidden_layers;
-  return spec.train.offload_activations && layers > 1 ? 3 : layers;
+  const int64_t saved = SavedMicroBatches(spec);
+  return OffloadsActivations(spec) && layers > 1 ? saved + 2 : saved * layers;
 }
 
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
@@ -70,7 +91,11 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   exec.compute_dtype = spec.train.compute_dtype;
   exec.micro_batch = spec.train.micro_batch;
   exec.seq_len = spec.train.seq_len;
-  exec.offload_activations = spec.train.offload_activations;
+  exec.offload_activations = OffloadsActivations(spec);
+  if (SavedMicroBatches(spec) > 1) {
+    exec.schedule = StepSchedule::kLayerMajor;
+    exec.wave = static_cast<int>(SavedMicroBatches(spec));
+  }
   exec.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
   exec.resident_embedding = !config.tie_word_embeddings;
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
@@ -155,7 +180,7 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
   } else {
     advice = "train.micro_batch is already 1: try a shorter train.seq_len";
   }
-  if (!spec.train.offload_activations && config.num_hidden_layers > 1) {
+  if (!OffloadsActivations(spec) && config.num_hidden_layers > 1) {
     const int64_t offloaded = config.num_hidden_layers - 1;
     absl::StrAppend(&advice, "; or train.offload_activations: true (", offloaded, " x ", tokens,
                     " x ", config.hidden_size, " x 4 B = ", GiB(offloaded * layer_bytes),
@@ -224,6 +249,9 @@ class TrainingJobImpl final : public TrainingJob {
   int64_t step() const override { return trainer_->step(); }
   int64_t max_steps() const override { return max_steps_; }
   MemoryFootprint footprint() const override { return footprint_; }
+  std::string schedule_description() const override {
+    return trainer_->schedule_choice().Describe();
+  }
 
  private:
   absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
@@ -357,6 +385,13 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   t.nan_policy = spec_.train.nan_policy;
   t.offload_activations = spec_.train.offload_activations;
   t.abandon_step = &abandon_step_;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.step_schedule,
+                             ParseStepSchedule(spec_.train.schedule, "train.schedule"));
+  t.wave = static_cast<int>(spec_.train.wave);
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      t.activation_placement,
+      ParseActivationPlacement(spec_.train.activations, "train.activations"));
+  t.gradient_accumulation_steps = spec_.train.gradient_accumulation_steps;
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",

@@ -164,6 +164,9 @@ class TrainingJob {
   virtual int64_t step() const = 0;
   virtual int64_t max_steps() const = 0;
   virtual MemoryFootprint footprint() const = 0;
+  // The step schedule the trainer chose, one line (ScheduleChoice::Describe
+  // in engine/step/schedule_choice.h); empty when not known.
+  virtual std::string schedule_description() const { return ""; }
 };
 
 // Adds the job's numbers to a device out-of-memory error: `status` is

@@ -35,6 +35,32 @@ absl::Status CheckSources(const JobSpec& s) {
   return absl::OkStatus();
 }
 
+// train.schedule, train.wave and train.activations (Note [Schedule choice]
+// in engine/step/schedule_choice.h, whose ParseStepSchedule and
+// ParseActivationPlacement map the same spellings to the executor's enums).
+absl::Status CheckTrainSchedule(const TrainSpec& t) {
+  if (!t.schedule.empty() && t.schedule != "auto" && t.schedule != "micro-batch-major" &&
+      t.schedule != "layer-major") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.schedule: expected auto, micro-batch-major or layer-major, got '", t.schedule, "'"));
+  }
+  if (!t.activations.empty() && t.activations != "auto" && t.activations != "device" &&
+      t.activations != "host") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.activations: expected auto, device or host, got '", t.activations, "'"));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.wave", t.wave, kWaveRange));
+  if (t.wave > 1 && t.schedule == "micro-batch-major") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.wave: ", t.wave, " micro-batches per wave needs train.schedule: layer-major"));
+  }
+  if (t.offload_activations && t.activations == "device") {
+    return absl::InvalidArgumentError(
+        "train.activations: 'device' contradicts train.offload_activations: true");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckTrain(const TrainSpec& t) {
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.micro_batch", t.micro_batch, kMicroBatchRange));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", t.seq_len, kSeqLenRange));
@@ -53,7 +79,7 @@ absl::Status CheckTrain(const TrainSpec& t) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(t.nan_policy)));
   }
-  return absl::OkStatus();
+  return CheckTrainSchedule(t);
 }
 
 // After CheckTrain: warmup_steps is bounded by the run's length.

@@ -72,6 +72,14 @@ struct TrainSpec {
   // refused at submission unless this is set (server/core/submit_checks.h):
   // RoPE then runs past the positions the model was trained on.
   bool allow_seq_len_above_max_position_embeddings = false;
+  // The step schedule (issue 16; Note [Schedule choice] in
+  // engine/step/schedule_choice.h): "auto" | "micro-batch-major" |
+  // "layer-major"; layer-major micro-batches per wave (0 = auto); where the
+  // saved layer inputs live, "auto" | "device" | "host" (offload_activations
+  // true means "host"). Auto picks from the plan's sizes on the device.
+  std::string schedule = "auto";
+  int64_t wave = 0;
+  std::string activations = "auto";
 };
 
 struct OptimizerSpec {
@@ -143,6 +151,8 @@ struct RealRange {
 inline constexpr IntRange kMicroBatchRange{1, 4096};
 inline constexpr IntRange kSeqLenRange{1, int64_t{1} << 20};
 inline constexpr IntRange kGradientAccumulationStepsRange{1, int64_t{1} << 16};
+// Layer-major micro-batches per wave; 0 lets the trainer choose.
+inline constexpr IntRange kWaveRange{0, 4096};
 inline constexpr IntRange kMaxStepsRange{0, int64_t{1} << 40};
 inline constexpr IntRange kMaxTokensRange{0, int64_t{1} << 60};
 inline constexpr IntRange kEvalEveryStepsRange{0, int64_t{1} << 40};

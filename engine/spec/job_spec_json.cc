@@ -42,6 +42,9 @@ json TrainToJson(const TrainSpec& t) {
   if (t.allow_seq_len_above_max_position_embeddings) {
     j["allow_seq_len_above_max_position_embeddings"] = true;
   }
+  if (t.schedule != "auto") j["schedule"] = t.schedule;
+  if (t.wave != 0) j["wave"] = t.wave;
+  if (t.activations != "auto") j["activations"] = t.activations;
   return j;
 }
 
@@ -99,6 +102,9 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   Get(train, "offload_activations", &t->offload_activations);
   Get(train, "allow_seq_len_above_max_position_embeddings",
       &t->allow_seq_len_above_max_position_embeddings);
+  Get(train, "schedule", &t->schedule);
+  Get(train, "wave", &t->wave);
+  Get(train, "activations", &t->activations);
   return absl::OkStatus();
 }
 

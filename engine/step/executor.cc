@@ -38,24 +38,26 @@ size_t GradStagingBytes(int64_t max_numel, const ExecutorOptions& o, int64_t hid
   return std::max<size_t>(max_numel * 4, layer_input_bytes);
 }
 
+// What one micro-batch's actions hand to each other (several are in
+// flight under the layer-major schedule, Note [Layer-major schedule]).
+struct MicroBatchState {
+  UploadedInput input;            // x moved out into `x`; labels, ids
+  at::Tensor x;                   // [B, T, C] fp32: the hidden state
+  at::Tensor grad_y;              // [B, T, C]: d loss / d (current layer's output)
+  std::vector<at::Tensor> saved;  // [L] layer inputs kept for backward (or undefined)
+};
+
 // The state of one pass that actions hand to each other.
 struct PassState {
   absl::Span<const MicroBatch> micro_batches;
   double loss_scale = 0;  // 1 / counted tokens of the global batch
   std::vector<float>* logits = nullptr;
-  at::Tensor loss_total;  // [] fp64, device
-  // The current micro-batch.
-  UploadedInput input;            // x moved out into `x`; labels, ids
-  at::Tensor x;                   // [B, T, C] fp32: the hidden state
-  at::Tensor grad_y;              // [B, T, C]: d loss / d (current layer's output)
-  std::vector<at::Tensor> saved;  // [L] layer inputs kept for backward (or undefined)
+  at::Tensor loss_total;                     // [] fp64, device
+  std::vector<MicroBatchState> micro_batch;  // [M]; reset when its last action is done
+  std::vector<int> open_grad_slot;           // per block: its GradTo::kSlotSum slot, or -1
 
-  void EndMicroBatch() {
-    input = UploadedInput();
-    x.reset();
-    grad_y.reset();
-    saved.clear();
-  }
+  MicroBatchState& at(int m) { return micro_batch[m]; }
+  void EndMicroBatch(int m) { micro_batch[m] = MicroBatchState(); }
 };
 
 // Thrown between plan actions when ExecutorOptions::abandon_step is set
@@ -102,9 +104,18 @@ class StreamingExecutor::Impl {
  private:
   absl::Status ValidateBatches(absl::Span<const MicroBatch> mbs, int64_t* counted) const;
   StepPlanOptions PlanOptions(size_t micro_batches, bool backward);
+  // Layer-major: micro-batches per wave in a pass of `micro_batches`.
+  int Wave(size_t micro_batches) const;
   void Execute(const StepAction& a, PassState& p);
   void Upload(const StepAction& a, PassState& p);
   void ForwardLayer(const StepAction& a, PassState& p);
+  // GradTo::kSlotSum: `grads` of `a.block` into its open gradient slot
+  // (the first contribution opens it). Returns whether it was the last:
+  // the caller then lands the sum with LandSlotSum, outside its compute
+  // interval (as the other landings).
+  bool SlotSum(const StepAction& a, PassState& p, BlockKind kind,
+               const std::vector<at::Tensor>& grads);
+  void LandSlotSum(const StepAction& a, PassState& p);
   void Head(const StepAction& a, PassState& p);
   // The head's loss and backward; lands the head's (and a tied
   // embedding's lm_head) gradient.
@@ -160,8 +171,9 @@ absl::Status StreamingExecutor::Impl::Init() {
     MEGATRAIN_ASSIGN_OR_RETURN(inputs_,
                                InputStager::Create(&env_, options_.micro_batch, options_.seq_len));
     if (options_.offload_activations) {
+      const int wave = options_.schedule == StepSchedule::kLayerMajor ? options_.wave : 1;
       MEGATRAIN_ASSIGN_OR_RETURN(
-          offload_, ActivationOffload::Create(&env_, options_.micro_batch, options_.seq_len));
+          offload_, ActivationOffload::Create(&env_, options_.micro_batch, options_.seq_len, wave));
     }
     resident_ = std::make_unique<ResidentBlocks>(&env_, options_.resident_layers,
                                                  options_.resident_embedding);
@@ -212,10 +224,21 @@ StepPlanOptions StreamingExecutor::Impl::PlanOptions(size_t micro_batches, bool 
   o.resident_layers = options_.resident_layers;
   o.resident_embedding = options_.resident_embedding;
   o.offload_activations = options_.offload_activations;
+  o.schedule = options_.schedule;
+  o.wave = Wave(micro_batches);
+  // Layer-major with one wave sums in the gradient slots (GradTo::kSlotSum):
+  // no accumulation buffers.
+  const bool slot_sum = o.schedule == StepSchedule::kLayerMajor &&
+                        o.wave == static_cast<int>(micro_batches) && micro_batches > 1;
   // Note [Device gradient accumulation] in executor.h (allocates the
   // buffers at the first pass that uses them).
-  o.device_grad_accumulation = backward && accumulator_.Prepare(micro_batches);
+  o.device_grad_accumulation = backward && !slot_sum && accumulator_.Prepare(micro_batches);
   return o;
+}
+
+int StreamingExecutor::Impl::Wave(size_t micro_batches) const {
+  if (options_.schedule != StepSchedule::kLayerMajor) return 1;
+  return static_cast<int>(std::min<size_t>(options_.wave, micro_batches));
 }
 
 // The pass: validate, plan, run the plan's actions in order, read the
@@ -231,6 +254,8 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   pass.micro_batches = mbs;
   pass.loss_scale = result.counted_tokens > 0 ? 1.0 / result.counted_tokens : 0.0;
   pass.logits = logits;
+  pass.micro_batch.resize(mbs.size());
+  pass.open_grad_slot.assign(env_.layout.blocks.size(), -1);
   try {
     env_.runtime->ResetPeak();
     auto compute = env_.runtime->Use(StreamKind::kCompute);
@@ -249,7 +274,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
       }
       Execute(action, pass);
     }
-    pass.EndMicroBatch();
+    pass.micro_batch.clear();
     const StepClock::time_point drain_start = StepClock::now();
     result.loss_sum = pass.loss_total.item<double>();  // host sync: end of the pass
     env_.runtime->Synchronize();
@@ -277,7 +302,7 @@ void StreamingExecutor::Impl::Execute(const StepAction& a, PassState& p) {
     case ActionKind::kForward:
       return ForwardLayer(a, p);
     case ActionKind::kPrefetchInput:
-      p.saved[a.layer] = offload_->Prefetch(a.layer);
+      p.at(a.micro_batch).saved[a.layer] = offload_->Prefetch(a.layer, a.micro_batch);
       return;
     case ActionKind::kHead:
       return Head(a, p);
@@ -289,26 +314,28 @@ void StreamingExecutor::Impl::Execute(const StepAction& a, PassState& p) {
 }
 
 void StreamingExecutor::Impl::Upload(const StepAction& a, PassState& p) {
-  p.EndMicroBatch();  // the previous micro-batch's tensors go first
   const at::Tensor table =
       a.weights == WeightsFrom::kResident ? resident_->EmbeddingTable() : at::Tensor();
-  p.input = inputs_->Upload(p.micro_batches[a.micro_batch], table);
-  p.x = std::move(p.input.x);
-  p.saved.assign(env_.layout.num_layers(), at::Tensor());
+  MicroBatchState& mb = p.at(a.micro_batch);
+  mb.input = inputs_->Upload(p.micro_batches[a.micro_batch], table);
+  mb.x = std::move(mb.input.x);
+  mb.saved.assign(env_.layout.num_layers(), at::Tensor());
 }
 
 void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
   at::NoGradGuard no_grad;
   const bool resident = a.weights == WeightsFrom::kResident;
   at::Tensor flat = resident ? resident_->weights(a.layer) : slots_->Acquire(a.use);
+  MicroBatchState& mb = p.at(a.micro_batch);
   if (a.save == SaveInput::kOffload) {
-    offload_->Save(a.layer, p.x);
+    offload_->Save(a.layer, a.micro_batch, mb.x);
   } else if (a.save == SaveInput::kKeep) {
-    p.saved[a.layer] = p.x;
+    mb.saved[a.layer] = mb.x;
   }
   const int token = env_.timer.Begin(StreamKind::kCompute);
-  p.x = DecoderLayerForward(env_.config, BindDecoderLayerWeights(env_.layout.blocks[a.block], flat),
-                            p.x, rope_, attention_mask_, env_.compute_dtype);
+  mb.x =
+      DecoderLayerForward(env_.config, BindDecoderLayerWeights(env_.layout.blocks[a.block], flat),
+                          mb.x, rope_, attention_mask_, env_.compute_dtype);
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
   if (!resident) slots_->Release(a.use);
   // Free offloaded inputs once their copy is done: the compute stream
@@ -324,15 +351,16 @@ void StreamingExecutor::Impl::Head(const StepAction& a, PassState& p) {
   std::vector<at::Tensor> head_params = BindBlockParams(layout.blocks[a.block], head_flat);
   at::Tensor lm_head =
       tied ? BindBlockParams(layout.blocks[layout.embedding_block()], emb_flat)[0] : head_params[1];
+  MicroBatchState& mb = p.at(a.micro_batch);
   if (a.grad_to != GradTo::kNone) {
     HeadBackward(a, p, head_params, lm_head);
   } else {
     const int token = env_.timer.Begin(StreamKind::kCompute);
     at::NoGradGuard no_grad;
-    p.loss_total.add_(HeadLoss(env_.config, p.x, p.input.labels, head_params[0], lm_head,
+    p.loss_total.add_(HeadLoss(env_.config, mb.x, mb.input.labels, head_params[0], lm_head,
                                chunk_tokens_, env_.compute_dtype));
     if (p.logits != nullptr) {
-      at::Tensor l = HeadLogits(env_.config, p.x, head_params[0], lm_head, env_.compute_dtype)
+      at::Tensor l = HeadLogits(env_.config, mb.x, head_params[0], lm_head, env_.compute_dtype)
                          .to(at::kCPU)
                          .contiguous();
       p.logits->assign(l.data_ptr<float>(), l.data_ptr<float>() + l.numel());
@@ -341,7 +369,8 @@ void StreamingExecutor::Impl::Head(const StepAction& a, PassState& p) {
   }
   slots_->Release(a.use);
   if (tied) slots_->Release(a.tied_use);
-  p.x.reset();
+  mb.x.reset();
+  if (a.grad_to == GradTo::kNone) p.EndMicroBatch(a.micro_batch);
 }
 
 void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
@@ -351,14 +380,19 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
   const int64_t head = a.block, emb = layout.embedding_block();
   const bool tied = a.tied_use >= 0;
   const BlockLayout& bl = layout.blocks[head];
+  MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
-  HeadResult hr = HeadForwardBackward(env_.config, p.x, p.input.labels, head_params[0], lm_head,
+  HeadResult hr = HeadForwardBackward(env_.config, mb.x, mb.input.labels, head_params[0], lm_head,
                                       p.loss_scale, chunk_tokens_, env_.compute_dtype);
   p.loss_total.add_(hr.loss_sum);
-  p.grad_y = hr.grad_hidden;
+  mb.grad_y = hr.grad_hidden;
   // Head block gradient: final norm (+ lm_head when untied).
   const std::vector<at::Tensor> grads = {hr.grad_norm, tied ? at::Tensor() : hr.grad_lm_head};
-  if (a.grad_to == GradTo::kDeviceAccumulator) {
+  if (a.grad_to == GradTo::kSlotSum) {
+    const bool last = SlotSum(a, p, BlockKind::kHead, grads);
+    env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
+    if (last) LandSlotSum(a, p);
+  } else if (a.grad_to == GradTo::kDeviceAccumulator) {
     AccumulateInto(bl, accumulator_.buffer(head), grads, FirstContribution(head));
     env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
     AccumulatedGradDone(head);
@@ -399,12 +433,19 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   const bool resident = a.weights == WeightsFrom::kResident;
   at::Tensor flat = resident ? resident_->weights(a.layer) : slots_->Acquire(a.use);
   const int r = a.grad_to == GradTo::kHost ? lander_->AcquireSlot() : -1;
-  // The next layer's offloaded input comes back while this layer runs.
-  if (a.prefetch_layer >= 0) p.saved[a.prefetch_layer] = offload_->Prefetch(a.prefetch_layer);
-  if (a.input_offloaded) offload_->WaitLoaded(a.layer);
+  // The next action's offloaded input comes back while this one runs.
+  if (a.prefetch_layer >= 0) {
+    p.at(a.prefetch_micro_batch).saved[a.prefetch_layer] =
+        offload_->Prefetch(a.prefetch_layer, a.prefetch_micro_batch);
+  }
+  if (a.input_offloaded) offload_->WaitLoaded(a.layer, a.micro_batch);
+  MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
-  std::vector<at::Tensor> grads = RecomputeAndBackward(bl, flat, p.saved[a.layer], p.grad_y);
-  if (a.grad_to == GradTo::kResident) {
+  std::vector<at::Tensor> grads = RecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
+  bool slot_sum_last = false;
+  if (a.grad_to == GradTo::kSlotSum) {
+    slot_sum_last = SlotSum(a, p, BlockKind::kDecoderLayer, grads);
+  } else if (a.grad_to == GradTo::kResident) {
     // Accumulated in place, fp32, in micro-batch order: the host's adds.
     AccumulateInto(bl, resident_->grad(a.layer), grads, FirstContribution(a.block));
   } else if (a.grad_to == GradTo::kDeviceAccumulator) {
@@ -412,20 +453,46 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   } else {
     lander_->FillSlot(r, bl, BlockKind::kDecoderLayer, grads);
   }
-  p.grad_y = grads.back();
-  p.saved[a.layer].reset();
-  if (a.input_offloaded) offload_->MarkFree(a.layer);
+  mb.grad_y = grads.back();
+  mb.saved[a.layer].reset();
+  if (a.input_offloaded) offload_->MarkFree(a.layer, a.micro_batch);
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
   if (a.grad_to == GradTo::kResident) return ResidentGradDone(static_cast<size_t>(a.layer));
   slots_->Release(a.use);
+  if (a.grad_to == GradTo::kSlotSum) {
+    if (slot_sum_last) LandSlotSum(a, p);
+    return;
+  }
   if (a.grad_to == GradTo::kDeviceAccumulator) return AccumulatedGradDone(a.block);
   lander_->LandSlot(r, a.block);
+}
+
+bool StreamingExecutor::Impl::SlotSum(const StepAction& a, PassState& p, BlockKind kind,
+                                      const std::vector<at::Tensor>& grads) {
+  const BlockLayout& bl = env_.layout.blocks[a.block];
+  int& slot = p.open_grad_slot[a.block];
+  const GradContributions::Mark mark = lander_->contributions().Count(a.block);
+  if (mark.first) {
+    slot = lander_->AcquireSlot();
+    lander_->FillSlot(slot, bl, kind, grads);
+  } else {
+    lander_->AddToSlot(slot, bl, grads);
+  }
+  return mark.final;
+}
+
+void StreamingExecutor::Impl::LandSlotSum(const StepAction& a, PassState& p) {
+  int& slot = p.open_grad_slot[a.block];
+  lander_->LandSlotWhole(slot, a.block);
+  slot = -1;
 }
 
 void StreamingExecutor::Impl::EmbeddingBackward(const StepAction& a, PassState& p) {
   if (a.grad_to != GradTo::kResident) {
     // On the host: scatter-add of d hidden_0 by token.
-    lander_->LandEmbeddingRows(a.block, p.grad_y, p.micro_batches[a.micro_batch].input_ids);
+    lander_->LandEmbeddingRows(a.block, p.at(a.micro_batch).grad_y,
+                               p.micro_batches[a.micro_batch].input_ids);
+    p.EndMicroBatch(a.micro_batch);
     return;
   }
   // On the device (Note [Resident embedding]): the rows of d hidden_0
@@ -436,11 +503,13 @@ void StreamingExecutor::Impl::EmbeddingBackward(const StepAction& a, PassState& 
   const int64_t c = env_.config.hidden_size;
   AccumulateInto(
       env_.layout.blocks[a.block], resident_->grad(index),
-      {at::embedding_dense_backward(p.grad_y.to(at::kFloat).reshape({-1, c}), p.input.ids,
-                                    env_.config.vocab_size, env_.config.EmbeddingPaddingIdx(),
+      {at::embedding_dense_backward(p.at(a.micro_batch).grad_y.to(at::kFloat).reshape({-1, c}),
+                                    p.at(a.micro_batch).input.ids, env_.config.vocab_size,
+                                    env_.config.EmbeddingPaddingIdx(),
                                     /*scale_grad_by_freq=*/false)},
       FirstContribution(a.block));
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
+  p.EndMicroBatch(a.micro_batch);
   ResidentGradDone(static_cast<size_t>(index));
 }
 
@@ -531,6 +600,10 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
           "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "
           "table");
     }
+  }
+  if (options.schedule == StepSchedule::kLayerMajor && (options.wave < 1 || options.wave > 4096)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.wave: must be in [1, 4096] with the layer-major schedule, got ", options.wave));
   }
   if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
     return absl::FailedPreconditionError(

@@ -129,6 +129,7 @@
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
 #include "engine/runtime/thread_pool.h"
+#include "engine/step/step_plan.h"
 
 namespace megatrain::engine {
 
@@ -163,6 +164,13 @@ struct ExecutorOptions {
   // the caller must not train on (only drop) the executor afterwards. Used
   // by a forced cancel (TrainingJob::StopKind::kForceCancel). Not owned.
   const std::atomic<bool>* abandon_step = nullptr;
+  // The order of a pass's work (Note [Layer-major schedule] in
+  // step/step_plan.h). Layer-major runs the micro-batches in waves of
+  // `wave` (in [1, 4096]; a pass with fewer micro-batches is one wave):
+  // the saved inputs of a wave (wave x L x [B, T, C] fp32) stay on the
+  // device, or with offload_activations take wave x (L-1) host slots.
+  StepSchedule schedule = StepSchedule::kMicroBatchMajor;
+  int wave = 1;
 };
 
 // Note [Executor memory plan]
@@ -186,7 +194,8 @@ struct ExecutorMemoryPlan {
   int64_t grad_staging_bytes = 0;        // num_grad_slots x (max(max_slot_numel, B*T*C) fp32
                                          // + one fp64 norm)
   int64_t input_staging_bytes = 0;       // B*T x (C fp32 + one int64 label)
-  int64_t activation_offload_bytes = 0;  // (L-1) x [B, T, C] fp32, offload only
+  int64_t activation_offload_bytes = 0;  // W x (L-1) x [B, T, C] fp32, offload only
+                                         // (W: the layer-major wave, else 1)
 
   // Every device buffer (the accumulation buffers included).
   int64_t device_bytes() const {

@@ -10,6 +10,7 @@
 #include "engine/model/layers.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/torch_compat.h"
+#include "engine/step/device_grad_accumulator.h"
 
 namespace megatrain::engine {
 
@@ -83,6 +84,15 @@ void GradLander::FillSlot(int slot, const BlockLayout& bl, BlockKind kind,
 void GradLander::LandSlot(int slot, int64_t block) {
   Offload(slot, block, env_->layout.blocks[block].numel, slots_[slot].data_ptr<float>(), {},
           Task::Kind::kDense, {}, /*whole=*/false);
+}
+
+void GradLander::AddToSlot(int slot, const BlockLayout& bl, const std::vector<at::Tensor>& grads) {
+  AccumulateInto(bl, slots_[slot].narrow(0, 0, bl.numel), grads, /*first=*/false);
+}
+
+void GradLander::LandSlotWhole(int slot, int64_t block) {
+  Offload(slot, block, env_->layout.blocks[block].numel, slots_[slot].data_ptr<float>(), {},
+          Task::Kind::kDense, {}, /*whole=*/true);
 }
 
 void GradLander::LandWhole(int64_t block, const at::Tensor& sum) {

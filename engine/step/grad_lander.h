@@ -110,6 +110,13 @@ class GradLander {
                 absl::Span<const at::Tensor> grads);
   // Lands `block`'s gradient contribution held in `slot`.
   void LandSlot(int slot, int64_t block);
+  // Adds a later contribution `grads` of `bl` to what FillSlot put in
+  // `slot` (AccumulateInto's fp32 adds; GradTo::kSlotSum, Note
+  // [Layer-major schedule] in step_plan.h). Enqueued on kCompute.
+  void AddToSlot(int slot, const BlockLayout& bl, const std::vector<at::Tensor>& grads);
+  // Lands `block`'s whole gradient of the pass, summed in `slot` (the
+  // caller counted its contributions).
+  void LandSlotWhole(int slot, int64_t block);
   // Lands `block`'s whole gradient of the pass, `sum` ([numel] fp32,
   // device; Note [Device gradient accumulation] in executor.h).
   void LandWhole(int64_t block, const at::Tensor& sum);

@@ -26,7 +26,8 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
       (std::max(plan.max_slot_numel * 4, layer_input_bytes) + static_cast<int64_t>(sizeof(double)));
   plan.input_staging_bytes = tokens * (config.hidden_size * 4 + 8);
   if (options.offload_activations && layout.num_layers() > 1) {
-    plan.activation_offload_bytes = (layout.num_layers() - 1) * layer_input_bytes;
+    const int64_t wave = options.schedule == StepSchedule::kLayerMajor ? options.wave : 1;
+    plan.activation_offload_bytes = wave * (layout.num_layers() - 1) * layer_input_bytes;
     plan.activation_ring_bytes = 2 * layer_input_bytes;
   }
   // Resident blocks: fp32 master, gradient and two moments (16 bytes per

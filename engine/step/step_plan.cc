@@ -1,31 +1,26 @@
-// The default step schedule (Note [Step plan] in step_plan.h).
+// The step schedules (Notes [Step plan] and [Layer-major schedule] in
+// step_plan.h).
 #include "engine/step/step_plan.h"
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
 namespace megatrain::engine {
 namespace {
 
-// Builds the actions of one micro-batch and appends their weight uses.
-class MicroBatchPlanner {
+// Builds the actions of a pass and appends their weight uses: Plan(m) is
+// one micro-batch of the micro-batch-major schedule, PlanWave the
+// layer-major one (Note [Layer-major schedule] in step_plan.h).
+class Planner {
  public:
-  MicroBatchPlanner(const ModelLayout& layout, const StepPlanOptions& options, StepPlan* plan)
+  Planner(const ModelLayout& layout, const StepPlanOptions& options, StepPlan* plan)
       : layout_(layout), options_(options), plan_(plan) {}
 
   void Plan(int m) {
-    StepAction upload = Action(ActionKind::kUpload, m);
-    upload.block = layout_.embedding_block();
-    upload.weights = options_.resident_embedding ? WeightsFrom::kResident : WeightsFrom::kHostStore;
-    Add(upload);
+    Add(Upload(m));
     const int64_t num_layers = layout_.num_layers();
-    for (int64_t l = 0; l < num_layers; ++l) {
-      StepAction a = LayerAction(ActionKind::kForward, m, l);
-      a.save = !options_.backward ? SaveInput::kNone
-               : Offloaded(l)     ? SaveInput::kOffload
-                                  : SaveInput::kKeep;
-      a.last_layer = l + 1 == num_layers;
-      Add(a);
-    }
+    for (int64_t l = 0; l < num_layers; ++l) Add(Forward(m, l));
     // The input of the first offloaded layer backward needs comes back
     // during the head.
     if (options_.backward && Offloaded(num_layers - 2)) {
@@ -33,34 +28,92 @@ class MicroBatchPlanner {
       a.layer = num_layers - 2;
       Add(a);
     }
+    Add(Head(m, /*slot_sum=*/false));
+    if (!options_.backward) return;
+    for (int64_t l = num_layers - 1; l >= 0; --l) {
+      StepAction a = Backward(m, l, /*slot_sum=*/false);
+      // One layer ahead: the next layer's offloaded input comes back while
+      // this layer's backward runs (layer L-2's came back during the head).
+      if (l < num_layers - 1 && Offloaded(l - 1)) {
+        a.prefetch_layer = l - 1;
+        a.prefetch_micro_batch = m;
+      }
+      Add(a);
+    }
+    Add(EmbeddingBackward(m));
+  }
+
+  // Micro-batches [begin, end) layer by layer. `slot_sum`: the wave is the
+  // whole pass, so a block's contributions are consecutive (GradTo::kSlotSum).
+  void PlanWave(int begin, int end, bool slot_sum) {
+    const int64_t num_layers = layout_.num_layers();
+    for (int m = begin; m < end; ++m) Add(Upload(m));
+    for (int64_t l = 0; l < num_layers; ++l) {
+      for (int m = begin; m < end; ++m) Add(Forward(m, l));
+    }
+    for (int m = begin; m < end; ++m) Add(Head(m, slot_sum));
+    if (!options_.backward) return;
+    // Each backward brings back the next backward's offloaded input (one
+    // action ahead; the ring of two alternates).
+    std::vector<StepAction> backward;
+    for (int64_t l = num_layers - 1; l >= 0; --l) {
+      for (int m = begin; m < end; ++m) backward.push_back(Backward(m, l, slot_sum));
+    }
+    for (size_t i = 0; i + 1 < backward.size(); ++i) {
+      const StepAction& next = backward[i + 1];
+      if (!next.input_offloaded) continue;
+      backward[i].prefetch_layer = next.layer;
+      backward[i].prefetch_micro_batch = next.micro_batch;
+    }
+    for (const StepAction& a : backward) Add(a);
+    for (int m = begin; m < end; ++m) Add(EmbeddingBackward(m));
+  }
+
+ private:
+  StepAction Upload(int m) {
+    StepAction a = Action(ActionKind::kUpload, m);
+    a.block = layout_.embedding_block();
+    a.weights = options_.resident_embedding ? WeightsFrom::kResident : WeightsFrom::kHostStore;
+    return a;
+  }
+  StepAction Forward(int m, int64_t l) {
+    StepAction a = LayerAction(ActionKind::kForward, m, l);
+    a.save = !options_.backward ? SaveInput::kNone
+             : Offloaded(l)     ? SaveInput::kOffload
+                                : SaveInput::kKeep;
+    a.last_layer = l + 1 == layout_.num_layers();
+    return a;
+  }
+  StepAction Head(int m, bool slot_sum) {
     StepAction head = Action(ActionKind::kHead, m);
     head.block = layout_.head_block();
     if (options_.tied_embeddings) head.tied_use = Use(layout_.embedding_block());
     head.use = Use(head.block);
-    head.grad_to = !options_.backward                  ? GradTo::kNone
-                   : options_.device_grad_accumulation ? GradTo::kDeviceAccumulator
-                                                       : GradTo::kHost;
-    Add(head);
-    if (!options_.backward) return;
-    for (int64_t l = num_layers - 1; l >= 0; --l) {
-      StepAction a = LayerAction(ActionKind::kBackward, m, l);
-      a.grad_to = a.weights == WeightsFrom::kResident ? GradTo::kResident
-                  : options_.device_grad_accumulation ? GradTo::kDeviceAccumulator
-                                                      : GradTo::kHost;
-      // One layer ahead: the next layer's offloaded input comes back while
-      // this layer's backward runs (layer L-2's came back during the head).
-      if (l < num_layers - 1 && Offloaded(l - 1)) a.prefetch_layer = l - 1;
-      a.input_offloaded = Offloaded(l);
-      Add(a);
-    }
+    // Tied: the lm_head landings between the heads need the other gradient
+    // slot, so the head block does not hold one across them.
+    head.grad_to = !options_.backward                      ? GradTo::kNone
+                   : slot_sum && !options_.tied_embeddings ? GradTo::kSlotSum
+                                                           : StreamedGradTo();
+    return head;
+  }
+  StepAction Backward(int m, int64_t l, bool slot_sum) {
+    StepAction a = LayerAction(ActionKind::kBackward, m, l);
+    a.grad_to = a.weights == WeightsFrom::kResident ? GradTo::kResident
+                : slot_sum                          ? GradTo::kSlotSum
+                                                    : StreamedGradTo();
+    a.input_offloaded = Offloaded(l);
+    return a;
+  }
+  StepAction EmbeddingBackward(int m) {
     StepAction emb = Action(ActionKind::kEmbeddingBackward, m);
     emb.block = layout_.embedding_block();
     emb.weights = options_.resident_embedding ? WeightsFrom::kResident : WeightsFrom::kHostStore;
     emb.grad_to = options_.resident_embedding ? GradTo::kResident : GradTo::kHost;
-    Add(emb);
+    return emb;
   }
-
- private:
+  GradTo StreamedGradTo() const {
+    return options_.device_grad_accumulation ? GradTo::kDeviceAccumulator : GradTo::kHost;
+  }
   bool Offloaded(int64_t layer) const {
     return options_.offload_activations && layer >= 0 && layer < layout_.num_layers() - 1;
   }
@@ -121,16 +174,31 @@ const char* GradName(GradTo to) {
       return " grad:device-acc";
     case GradTo::kResident:
       return " grad:resident";
+    case GradTo::kSlotSum:
+      return " grad:slot-sum";
   }
   return "?";
 }
 
 }  // namespace
 
+const char* StepScheduleName(StepSchedule schedule) {
+  return schedule == StepSchedule::kLayerMajor ? "layer-major" : "micro-batch-major";
+}
+
 StepPlan PlanStep(const ModelLayout& layout, const StepPlanOptions& options) {
   StepPlan plan;
-  MicroBatchPlanner planner(layout, options, &plan);
-  for (int m = 0; m < options.micro_batches; ++m) planner.Plan(m);
+  Planner planner(layout, options, &plan);
+  const int m_count = options.micro_batches;
+  if (options.schedule == StepSchedule::kLayerMajor) {
+    const int wave = options.wave <= 0 ? m_count : std::min(options.wave, m_count);
+    const bool slot_sum = options.backward && wave == m_count && m_count > 1;
+    for (int begin = 0; begin < m_count; begin += wave) {
+      planner.PlanWave(begin, std::min(begin + wave, m_count), slot_sum);
+    }
+  } else {
+    for (int m = 0; m < m_count; ++m) planner.Plan(m);
+  }
   plan.contributions.assign(layout.blocks.size(), options.micro_batches);
   if (options.tied_embeddings) plan.contributions[layout.embedding_block()] *= 2;
   return plan;
@@ -178,7 +246,12 @@ std::string DescribePlan(const StepPlan& plan) {
     if (a.save == SaveInput::kKeep) absl::StrAppend(&out, " keep");
     if (a.save == SaveInput::kOffload) absl::StrAppend(&out, " offload");
     absl::StrAppend(&out, GradName(a.grad_to));
-    if (a.prefetch_layer >= 0) absl::StrAppend(&out, " prefetch L", a.prefetch_layer);
+    if (a.prefetch_layer >= 0) {
+      absl::StrAppend(&out, " prefetch L", a.prefetch_layer);
+      if (a.prefetch_micro_batch != a.micro_batch) {
+        absl::StrAppend(&out, " m", a.prefetch_micro_batch);
+      }
+    }
     if (a.input_offloaded) absl::StrAppend(&out, " from-host");
     absl::StrAppend(&out, "\n");
   }

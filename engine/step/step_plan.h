@@ -20,6 +20,28 @@
 // order on kH2D (weight loads interleaved with activation prefetches) and
 // the ring of gradient slots follow it.
 //
+// Note [Layer-major schedule]
+// StepSchedule::kLayerMajor (issue 16) runs the micro-batches of a step in
+// waves of W (StepPlanOptions::wave): upload every micro-batch of the
+// wave, then each layer forward for all of them before the next layer,
+// the head for each, each layer backward (L-1 down to 0) for all of them,
+// and the embedding backward for each. A streamed layer is then fetched
+// once per wave for forward and once for backward (consecutive uses of a
+// block share one load, AssignWeightSlots), instead of once per
+// micro-batch: with W = A the H2D bytes of a step are those of one
+// micro-batch-major pass. Every block still receives its contributions in
+// micro-batch order (m0, m1, ... within a wave, waves in order), so the
+// fp32 sums are those of micro-batch-major bit for bit, with one exception:
+// a tied embedding sums its lm_head parts (in the head) and its row parts
+// (after layer 0) in a different order (equal to rounding). With one wave
+// (W >= micro_batches > 1) a streamed block's W contributions are
+// consecutive and are summed in one gradient slot (GradTo::kSlotSum, the
+// device accumulator's adds) before landing once: the device holds a
+// gradient buffer only for the block in flight. The saved layer inputs of
+// the wave ([W, L] x [B, T, C] fp32) stay on the device, or with
+// offload_activations go to pinned host memory ((L-1) x W host slots; the
+// backward brings each back one action ahead into the ring of two).
+//
 // Thread-safety: plain values; PlanStep is thread-compatible.
 #ifndef MEGATRAIN_ENGINE_STEP_STEP_PLAN_H_
 #define MEGATRAIN_ENGINE_STEP_STEP_PLAN_H_
@@ -32,6 +54,16 @@
 
 namespace megatrain::engine {
 
+// The order of the micro-batches' work in a pass.
+enum class StepSchedule {
+  kMicroBatchMajor,  // each micro-batch through every layer, then the next
+  kLayerMajor,       // every micro-batch of a wave through a layer, then the next
+                     // layer (Note [Layer-major schedule])
+};
+
+// "micro-batch-major" / "layer-major" (the job spec's and the bench's words).
+const char* StepScheduleName(StepSchedule schedule);
+
 // What the options of one pass ask for (ExecutorOptions plus the pass).
 struct StepPlanOptions {
   int micro_batches = 1;                  // M >= 1
@@ -41,6 +73,8 @@ struct StepPlanOptions {
   bool resident_embedding = false;        // embedding table on the device
   bool offload_activations = false;       // Note [Activation offload] in executor.h
   bool device_grad_accumulation = false;  // in this pass (M > 1 and buffers allocated)
+  StepSchedule schedule = StepSchedule::kMicroBatchMajor;
+  int wave = 0;  // layer-major: micro-batches per wave, <= 0 = all M of the pass
 };
 
 enum class ActionKind {
@@ -67,6 +101,8 @@ enum class GradTo {
   kHost,               // a gradient slot, D2H, into the store (added on the host)
   kDeviceAccumulator,  // summed on the device; lands once, at the last contribution
   kResident,           // a resident block's device gradient
+  kSlotSum,            // layer-major, one wave: summed in one gradient slot over the
+                       // block's consecutive contributions; lands once, at the last
 };
 
 // What a forward does with its layer input (activation checkpointing).
@@ -83,6 +119,7 @@ struct StepAction {
   SaveInput save = SaveInput::kNone;  // kForward
   GradTo grad_to = GradTo::kNone;     // kHead (head block), kBackward, kEmbeddingBackward
   int64_t prefetch_layer = -1;        // kBackward: offloaded input brought back meanwhile
+  int prefetch_micro_batch = -1;      // kBackward: the micro-batch of prefetch_layer's input
   bool input_offloaded = false;       // kBackward: its input comes back from host memory
   bool last_layer = false;            // kForward: the last decoder layer
 };
@@ -97,11 +134,15 @@ struct StepPlan {
   std::vector<int64_t> contributions;
 };
 
-// The default schedule: for each micro-batch, upload, forward through the
-// layers, the head, backward through the layers in reverse, the embedding
-// backward (Note [Streaming pipeline] in executor.h). Resident layers have
-// no weight uses. Preconditions (checked by StreamingExecutor::Create):
-// resident_layers in [0, L]; resident_embedding only untied.
+// The plan of `options.schedule`. Micro-batch-major (the default): for each
+// micro-batch, upload, forward through the layers, the head, backward
+// through the layers in reverse, the embedding backward (Note [Streaming
+// pipeline] in executor.h). Layer-major: Note [Layer-major schedule].
+// Resident layers have no weight uses. kPrefetchInput and prefetch_layer
+// name an offloaded input by (layer, micro-batch); its host slot is
+// (micro_batch % wave, layer). Preconditions (checked by
+// StreamingExecutor::Create): resident_layers in [0, L]; resident_embedding
+// only untied.
 StepPlan PlanStep(const ModelLayout& layout, const StepPlanOptions& options);
 
 // One use of a block's weights on the device.

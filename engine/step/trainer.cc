@@ -62,9 +62,13 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
 
 // The executor's options for `options` on `runtime` with `store`'s model,
 // the auto choices resolved (Notes [Resident layers], [Resident embedding]
-// and [Device gradient accumulation] in executor.h).
-ExecutorOptions ResolveExecutorOptions(const TrainerOptions& options, const HostStore& store,
-                                       const DeviceRuntime& runtime) {
+// and [Device gradient accumulation] in executor.h, [Schedule choice] in
+// schedule_choice.h); the schedule goes to `*choice`. INVALID_ARGUMENT for
+// bad schedule options.
+absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& options,
+                                                       const HostStore& store,
+                                                       const DeviceRuntime& runtime,
+                                                       ScheduleChoice* choice) {
   const ModelConfig& config = store.config();
   ExecutorOptions exec;
   exec.compute_dtype = options.compute_dtype;
@@ -89,6 +93,21 @@ ExecutorOptions ResolveExecutorOptions(const TrainerOptions& options, const Host
         4.0 * static_cast<double>(numel) <=
         kDeviceGradAccumulationMaxFraction * static_cast<double>(runtime.TotalBytes());
   }
+  ScheduleRequest request;
+  request.schedule = options.step_schedule;
+  request.wave = options.wave;
+  request.activations =
+      options.offload_activations ? ActivationPlacement::kHost : options.activation_placement;
+  request.gradient_accumulation_steps = options.gradient_accumulation_steps;
+  ExecutorOptions base = exec;
+  base.offload_activations = false;
+  MEGATRAIN_ASSIGN_OR_RETURN(*choice,
+                             ChooseSchedule(config, request, options.micro_batch, options.seq_len,
+                                            runtime.is_cuda() ? runtime.TotalBytes() : 0,
+                                            PlanExecutorMemory(config, base).device_bytes()));
+  exec.schedule = choice->schedule;
+  exec.wave = choice->wave;
+  exec.offload_activations = choice->offload_activations;
   return exec;
 }
 
@@ -223,7 +242,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   store_options.pin = t->runtime_->is_cuda();
   MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
   t->store_->InitializeWeights(seed);
-  const ExecutorOptions exec = ResolveExecutorOptions(options, *t->store_, *t->runtime_);
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      const ExecutorOptions exec,
+      ResolveExecutorOptions(options, *t->store_, *t->runtime_, &t->schedule_choice_));
   t->resident_layers_ = exec.resident_layers;
   t->resident_embedding_ = exec.resident_embedding;
   t->device_grad_accumulation_ = exec.device_grad_accumulation;

@@ -115,6 +115,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,7 @@
 #include "engine/optim/nan_policy.h"
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
+#include "engine/step/schedule_choice.h"
 
 namespace megatrain::engine {
 
@@ -205,6 +207,16 @@ struct TrainerOptions {
   // most kDeviceGradAccumulationMaxFraction of the device's memory; 0 =
   // off; 1 = on.
   int device_grad_accumulation = -1;
+  // The step schedule (issue 16; Note [Schedule choice] in
+  // schedule_choice.h): order (empty = auto), layer-major wave (0 = auto)
+  // and where the saved layer inputs live (offload_activations true
+  // forces kHost), chosen for `gradient_accumulation_steps` micro-batches
+  // per Step (the number the caller passes; Step accepts others, in waves
+  // of the chosen size).
+  std::optional<StepSchedule> step_schedule;
+  int wave = 0;
+  ActivationPlacement activation_placement = ActivationPlacement::kAuto;
+  int64_t gradient_accumulation_steps = 1;
 };
 
 // Auto's limit for TrainerOptions::device_grad_accumulation, over the
@@ -295,6 +307,9 @@ class Trainer {
   // the device (the resolved TrainerOptions::device_grad_accumulation; the
   // executor may still fall back to the host if the buffers do not fit).
   bool device_grad_accumulation() const { return device_grad_accumulation_; }
+  // The resolved step schedule (TrainerOptions::step_schedule, wave,
+  // activation_placement; Note [Schedule choice] in schedule_choice.h).
+  const ScheduleChoice& schedule_choice() const { return schedule_choice_; }
   const ModelConfig& config() const { return store_->config(); }
   const TrainerOptions& options() const { return options_; }
   // Optimizer steps taken (the next step is step() + 1).
@@ -365,6 +380,7 @@ class Trainer {
   int resident_layers_ = 0;
   bool resident_embedding_ = false;
   bool device_grad_accumulation_ = false;
+  ScheduleChoice schedule_choice_;
   bool resident_device_newer_ = false;
   bool resident_store_changed_ = false;
 };

@@ -69,6 +69,16 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--embedding_lookahead", o.embedding_lookahead,
                  "give each step the next batch's token ids, so the embedding rows it reads "
                  "are updated off the critical path (true | false)");
+  app.add_option("--schedule", o.schedule,
+                 "order of a step's work: auto (layer-major on CUDA with accumulation > 1), "
+                 "micro-batch-major or layer-major (each layer fetched once per wave)")
+      ->check(CLI::IsMember({"auto", "micro-batch-major", "layer-major"}));
+  app.add_option("--wave", o.wave,
+                 "layer-major micro-batches per wave (0: auto, all of the step when they fit)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--activations", o.activations,
+                 "where saved layer inputs live: auto (device when the wave fits), device, host")
+      ->check(CLI::IsMember({"auto", "device", "host"}));
 }
 
 void AddOtherModes(CLI::App& app, OtherModes& m) {

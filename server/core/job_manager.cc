@@ -695,6 +695,14 @@ void JobManager::RunJob(Active* active, JobRecord job) {
           if (active->checkpoint_requested) training_job->RequestCheckpoint();
         }
         metrics_->SetHostStore(active->device, training_job->footprint().host);
+        // Issue 16: the step schedule the trainer chose, in the job's events.
+        if (const std::string schedule = training_job->schedule_description(); !schedule.empty()) {
+          absl::StatusOr<int64_t> seq = store_->AppendEvent(JobEvent::StateChange(
+              job.id, JobState::kRunning, absl::StrCat("schedule: ", schedule)));
+          if (!seq.ok())
+            LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
+          NotifyEvents();
+        }
         Observer observer(this, active, job);
         outcome = training_job->Run(&observer);
       }

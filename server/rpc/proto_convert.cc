@@ -192,6 +192,9 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
     train_spec->allow_seq_len_above_max_position_embeddings =
         train.allow_seq_len_above_max_position_embeddings();
   }
+  if (train.has_schedule()) train_spec->schedule = train.schedule();
+  if (train.has_wave()) train_spec->wave = train.wave();
+  if (train.has_activations()) train_spec->activations = train.activations();
   return absl::OkStatus();
 }
 
@@ -295,6 +298,9 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_offload_activations(spec.train.offload_activations);
   train->set_allow_seq_len_above_max_position_embeddings(
       spec.train.allow_seq_len_above_max_position_embeddings);
+  train->set_schedule(spec.train.schedule);
+  train->set_wave(spec.train.wave);
+  train->set_activations(spec.train.activations);
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);
   optimizer->set_beta1(spec.optimizer.beta1);

@@ -93,6 +93,19 @@ TEST(JobFileTest, AbsolutePathsAreKeptAndRelativeOnesNormalised) {
   EXPECT_EQ(spec->output_dir(), "/home/a/jobs/out");
 }
 
+TEST(JobFileTest, StepScheduleKeys) {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobYaml("train: {schedule: layer-major, wave: 4, activations: device}\n", "/", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->train().schedule(), "layer-major");
+  EXPECT_EQ(spec->train().wave(), 4);
+  EXPECT_EQ(spec->train().activations(), "device");
+  absl::StatusOr<v1::JobSpec> absent = ParseJobYaml("train: {micro_batch: 2}\n", "/", "j.yaml");
+  ASSERT_THAT(absent, IsOk());
+  EXPECT_FALSE(absent->train().has_schedule());
+  EXPECT_FALSE(absent->train().has_wave());
+}
+
 TEST(JobFileTest, OptionalKeysAndLabels) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
       "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "

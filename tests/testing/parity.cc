@@ -138,7 +138,7 @@ struct ExecutorUnderTest {
 std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
     const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
     int64_t b, int64_t t, int64_t loss_chunk_tokens, bool offload_activations, int resident_layers,
-    bool resident_embedding, bool device_grad_accumulation) {
+    bool resident_embedding, bool device_grad_accumulation, StepSchedule schedule, int wave) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -162,6 +162,8 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
   options.resident_layers = resident_layers;
   options.resident_embedding = resident_embedding;
   options.device_grad_accumulation = device_grad_accumulation;
+  options.schedule = schedule;
+  options.wave = wave;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -175,12 +177,13 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
 ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                        double init_range, int micro_batches, int64_t b, int64_t t,
                        bool offload_activations, int resident_layers, bool resident_embedding,
-                       bool device_grad_accumulation) {
+                       bool device_grad_accumulation, StepSchedule schedule, int wave) {
   ParityResult out;
-  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
-      config, device, dtype, init_range, b, t,
-      /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
-      offload_activations, resident_layers, resident_embedding, device_grad_accumulation);
+  std::unique_ptr<ExecutorUnderTest> under_test =
+      MakeExecutorUnderTest(config, device, dtype, init_range, b, t,
+                            /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
+                            offload_activations, resident_layers, resident_embedding,
+                            device_grad_accumulation, schedule, wave);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -260,6 +263,27 @@ std::vector<ParityMode> ParityModes(int plain_micro_batches) {
   };
 }
 
+std::vector<ParityMode> LayerMajorParityModes() {
+  constexpr ComputeDtype kFp32 = ComputeDtype::kFp32, kBf16 = ComputeDtype::kBf16;
+  constexpr StepSchedule kLm = StepSchedule::kLayerMajor;
+  // name, dtype, micro-batches, offload, resident layers, resident
+  // embedding, device accumulation, schedule, wave.
+  return {
+      {"Fp32Accumulation1", kFp32, 1, false, 0, false, false, kLm, 1},
+      {"Fp32Accumulation3", kFp32, 3, false, 0, false, false, kLm, 3},
+      {"Bf16Accumulation4", kBf16, 4, false, 0, false, false, kLm, 4},
+      {"Fp32Accumulation4Wave3", kFp32, 4, false, 0, false, false, kLm, 3},
+      {"Fp32WithActivationOffloadWave2", kFp32, 4, true, 0, false, false, kLm, 2},
+      {"Bf16WithActivationOffload", kBf16, 3, true, 0, false, false, kLm, 3},
+      {"Fp32WithResidentLayers", kFp32, 3, false, 2, false, false, kLm, 3},
+      {"Bf16WithResidentLayersWave3", kBf16, 4, false, 1, false, false, kLm, 3},
+      {"Fp32WithResidentEmbedding", kFp32, 3, true, 1, true, false, kLm, 3},
+      {"Bf16WithResidentEmbedding", kBf16, 3, false, 0, true, false, kLm, 3},
+      {"Fp32WithDeviceAccumulationWave2", kFp32, 4, false, 0, false, true, kLm, 2},
+      {"Bf16WithDeviceAccumulationWave2", kBf16, 3, false, 1, false, true, kLm, 2},
+  };
+}
+
 void ExpectParity(const Variant& variant, const std::string& device, const ParityMode& mode) {
   const bool bf16 = mode.dtype == ComputeDtype::kBf16;
   const double tolerance = bf16 ? 2e-2 : 1e-5;
@@ -270,7 +294,7 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
   ParityResult r =
       RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
                 mode.offload_activations, mode.resident_layers, mode.resident_embedding,
-                mode.device_grad_accumulation);
+                mode.device_grad_accumulation, mode.schedule, mode.wave);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
@@ -279,11 +303,11 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
 GradientRun RunGradients(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                          double init_range, int micro_batches, int64_t b, int64_t t,
                          bool offload_activations, int resident_layers, bool resident_embedding,
-                         bool device_grad_accumulation) {
+                         bool device_grad_accumulation, StepSchedule schedule, int wave) {
   GradientRun out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations,
-      resident_layers, resident_embedding, device_grad_accumulation);
+      resident_layers, resident_embedding, device_grad_accumulation, schedule, wave);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();

@@ -13,6 +13,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
+#include "engine/step/step_plan.h"
 
 namespace megatrain::testing {
 
@@ -49,10 +50,14 @@ struct ParityResult {
 // too (Note [Resident embedding]), and their gradient is read back with
 // SyncResidentToStore; with `device_grad_accumulation` micro-batches are
 // summed on the device (Note [Device gradient accumulation]).
+// `schedule` and `wave` choose the order of work (Note [Layer-major
+// schedule] in engine/step/step_plan.h).
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches, int64_t b,
                        int64_t t, bool offload_activations = false, int resident_layers = 0,
-                       bool resident_embedding = false, bool device_grad_accumulation = false);
+                       bool resident_embedding = false, bool device_grad_accumulation = false,
+                       engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
+                       int wave = 1);
 
 // One way of running the executor against the reference: compute dtype,
 // micro-batches per pass, activation offload, resident layers and
@@ -66,6 +71,8 @@ struct ParityMode {
   int resident_layers = 0;
   bool resident_embedding = false;
   bool device_grad_accumulation = false;
+  engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor;
+  int wave = 1;  // layer-major micro-batches per wave
 };
 
 // The modes both parity suites run: plain fp32 and bf16 with
@@ -78,6 +85,11 @@ struct ParityMode {
 // gradients summed on the device (Note [Device gradient accumulation]; two
 // in fp32, three with a resident layer in bf16).
 std::vector<ParityMode> ParityModes(int plain_micro_batches);
+
+// The same kinds of modes under the layer-major schedule (Note [Layer-major
+// schedule]): accumulation 1, 3 and 4, waves of all and of fewer
+// micro-batches, activations on the device and offloaded.
+std::vector<ParityMode> LayerMajorParityModes();
 
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
 // weights init range 0.2 for fp32, 0.02 for bf16), then the loss and every
@@ -98,7 +110,9 @@ struct GradientRun {
 GradientRun RunGradients(const engine::ModelConfig& config, const std::string& device,
                          engine::ComputeDtype dtype, double init_range, int micro_batches,
                          int64_t b, int64_t t, bool offload_activations, int resident_layers = 0,
-                         bool resident_embedding = false, bool device_grad_accumulation = false);
+                         bool resident_embedding = false, bool device_grad_accumulation = false,
+                         engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
+                         int wave = 1);
 
 }  // namespace megatrain::testing
 

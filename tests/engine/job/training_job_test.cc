@@ -177,6 +177,7 @@ TEST(EstimateFootprintTest, CountsTheResidentDeviceState) {
   const int64_t layer = 60821504, table = int64_t{128256} * 2048;
   EXPECT_EQ(one->device_resident_bytes, 2 * layer * 18 + table * 16);
   s.train.gradient_accumulation_steps = 4;
+  s.train.schedule = "micro-batch-major";
   auto four = EstimateFootprint(s);
   ASSERT_THAT(four, IsOk());
   // 14 streamed layers and the head (final norm + lm_head).
@@ -184,6 +185,13 @@ TEST(EstimateFootprintTest, CountsTheResidentDeviceState) {
             4 * (14 * layer + 2048 + table));
   EXPECT_EQ(four->device_estimate_bytes - one->device_estimate_bytes,
             four->device_resident_bytes - one->device_resident_bytes);
+  // Layer-major (auto's choice with accumulation on a GPU) keeps the
+  // saved inputs of all 4 micro-batches: 3 x 16 more [2, 16, 2048] fp32.
+  s.train.schedule = "auto";
+  auto layer_major = EstimateFootprint(s);
+  ASSERT_THAT(layer_major, IsOk());
+  EXPECT_EQ(layer_major->device_estimate_bytes - four->device_estimate_bytes,
+            3 * 16 * 2 * 16 * 2048 * 4);
 }
 
 TEST(EstimateFootprintTest, ActivationOffloadAddsItsPinnedBuffers) {
@@ -336,6 +344,94 @@ TEST(TrainingJobTest, OffloadActivationsTrainsToTheSameLosses) {
   const int64_t moved = 3 * 2 * 16 * 128 * 4;
   EXPECT_EQ(offloaded.reports[0].stats.d2h_bytes, plain.reports[0].stats.d2h_bytes + moved);
   EXPECT_EQ(offloaded.reports[0].stats.h2d_bytes, plain.reports[0].stats.h2d_bytes + moved);
+}
+
+// Issue 16: a layer-major job (waves of 2 of 3 micro-batches, activations
+// in pinned host memory) suspended mid-run and resumed from its checkpoint
+// gives, bit for bit, the losses of an uninterrupted micro-batch-major job
+// (Note [Layer-major schedule] in engine/step/step_plan.h).
+TEST(TrainingJobTest, LayerMajorSuspendThenResumeMatchesMicroBatchMajor) {
+  const std::string data = WriteDataset();
+  auto spec_for = [&](const std::string& out, const std::string& schedule) {
+    JobSpec spec = TinySpec(data, out);
+    spec.train.gradient_accumulation_steps = 3;
+    spec.train.max_steps = 4;
+    spec.train.schedule = schedule;
+    if (schedule == "layer-major") {
+      spec.train.wave = 2;
+      spec.train.activations = "host";
+    }
+    return spec;
+  };
+  Recorder straight;
+  {
+    auto job = TrainingJob::Create(
+        spec_for(testing::MakeTempDir("lm-straight"), "micro-batch-major"), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    EXPECT_EQ((*job)->schedule_description(), "micro-batch-major, activations on the device");
+    ASSERT_THAT((*job)->Run(&straight), IsOk());
+  }
+  ASSERT_EQ(straight.losses.size(), 4u);
+  const std::string out = testing::MakeTempDir("lm-suspended");
+  Recorder first;
+  {
+    auto job = TrainingJob::Create(spec_for(out, "layer-major"), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    EXPECT_EQ((*job)->schedule_description(),
+              "layer-major, wave 2, activations in pinned host memory");
+    // tiny: 4 layers, hidden 128; 2 micro-batches x 3 offloaded inputs.
+    EXPECT_EQ((*job)->footprint().activation_offload_bytes, 2 * 3 * 2 * 16 * 128 * 4);
+    first.job = job->get();
+    first.stop_at = 3;  // not a checkpoint step: suspend writes one
+    auto outcome = (*job)->Run(&first);
+    ASSERT_THAT(outcome, IsOk());
+    EXPECT_EQ(*outcome, JobOutcome::kSuspended);
+  }
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  EXPECT_EQ(listed->back().step, 3);
+  Recorder second;
+  auto job = TrainingJob::Create(spec_for(out, "layer-major"), "cpu", listed->back().dir);
+  ASSERT_THAT(job, IsOk());
+  ASSERT_THAT((*job)->Run(&second), IsOk());
+  std::vector<double> resumed = first.losses;
+  resumed.insert(resumed.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(resumed, straight.losses);
+  ASSERT_LE(second.evals.size(), straight.evals.size());
+  EXPECT_EQ(second.evals,
+            std::vector<double>(straight.evals.end() - second.evals.size(), straight.evals.end()));
+}
+
+TEST(ValidateJobSpecTest, NamesTheBadScheduleField) {
+  JobSpec s = TinySpec("/tmp/tokens", "/tmp/out");
+  s.train.schedule = "layer_major";
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("train.schedule: expected auto, "
+                                                     "micro-batch-major or layer-major, got "
+                                                     "'layer_major'")));
+  s.train.schedule = "micro-batch-major";
+  s.train.wave = 4;
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.wave: 4 micro-batches per wave needs train.schedule: "
+                                 "layer-major")));
+  s.train.schedule = "auto";
+  s.train.wave = 5000;
+  EXPECT_THAT(ValidateJobSpec(s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.wave")));
+  s.train.wave = 0;
+  s.train.activations = "gpu";
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("train.activations: expected auto, device "
+                                                     "or host, got 'gpu'")));
+  s.train.activations = "device";
+  s.train.offload_activations = true;
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("train.activations: 'device' contradicts")));
+  s.train.activations = "host";
+  EXPECT_THAT(ValidateJobSpec(s), IsOk());
+  EXPECT_THAT(JobSpecToJson(s), HasSubstr("\"activations\":\"host\""));
 }
 
 TEST(TrainingJobTest, CancelStopsWithoutFinishing) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/model/model_config.h"
 #include "tests/testing/parity.h"
@@ -65,6 +66,47 @@ TEST(ExecutorCudaTest, ActivationOffloadMatchesKeepingInputsOnDevice) {
   // lengths (docs/performance.md), not here: the allocator's peak counts
   // what the previous run left cached (e.g. cuBLAS workspaces of its streams).
 }
+
+// Note [Layer-major schedule] on CUDA: waves, the offload ring shared by
+// the micro-batches of a wave and the gradient slot sums, against the
+// layer-major run's own micro-batch-major counterpart (same kernels on the
+// same inputs: at most the fused attention backward's run-to-run noise) on
+// a model large enough for the copies to take real time.
+TEST(ExecutorCudaTest, LayerMajorMatchesMicroBatchMajor) {
+  if (!HostPinningAvailable()) GTEST_SKIP() << "no CUDA device";
+  ModelConfig config = ::megatrain::testing::SmallLlama();
+  config.num_hidden_layers = 12;
+  config.hidden_size = 256;
+  config.intermediate_size = 512;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 4;
+  config.head_dim = 32;
+  const int64_t b = 4, t = 512;
+  for (const auto& [micro_batches, wave, offload] :
+       {std::tuple{4, 4, false}, std::tuple{4, 4, true}, std::tuple{3, 2, true}}) {
+    SCOPED_TRACE(
+        absl::StrCat("micro-batches ", micro_batches, " wave ", wave, " offload ", offload));
+    testing::GradientRun mbm = testing::RunGradients(config, "cuda", ComputeDtype::kFp32, 0.05,
+                                                     micro_batches, b, t, offload);
+    testing::GradientRun lm =
+        testing::RunGradients(config, "cuda", ComputeDtype::kFp32, 0.05, micro_batches, b, t,
+                              offload, 0, false, false, StepSchedule::kLayerMajor, wave);
+    ASSERT_FALSE(mbm.grads.empty());
+    ASSERT_EQ(mbm.grads.size(), lm.grads.size());
+    at::Tensor x = at::from_blob(mbm.grads.data(), {static_cast<int64_t>(mbm.grads.size())});
+    at::Tensor y = at::from_blob(lm.grads.data(), {static_cast<int64_t>(lm.grads.size())});
+    EXPECT_LT(::megatrain::testing::RelativeError(y, x), 1e-5);
+    EXPECT_NEAR(lm.loss, mbm.loss, 1e-6 * std::abs(mbm.loss));
+    EXPECT_LT(lm.stats.h2d_bytes, mbm.stats.h2d_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LayerMajor, ExecutorParityCudaTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::Variants()),
+                                            ::testing::ValuesIn(testing::LayerMajorParityModes())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityCudaTest,
                          ::testing::Combine(::testing::ValuesIn(testing::Variants()),

@@ -47,6 +47,77 @@ INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityTest,
                            return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
                          });
 
+// Note [Layer-major schedule]: the layer-major plan against the monolithic
+// reference in every kind of mode.
+class LayerMajorParityTest : public ::testing::TestWithParam<std::tuple<Variant, ParityMode>> {};
+
+TEST_P(LayerMajorParityTest, MatchesReferenceOnCpu) {
+  ::megatrain::testing::ExpectParity(std::get<0>(GetParam()), "cpu", std::get<1>(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LayerMajorParityTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::Variants()),
+                                            ::testing::ValuesIn(testing::LayerMajorParityModes())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
+                         });
+
+// Note [Layer-major schedule]: every block receives its contributions in
+// micro-batch order, so fp32 gradients and loss are bit for bit those of
+// micro-batch-major; a tied embedding (lm_head and row parts summed in
+// another order) only to rounding.
+// ~10 s on 2 cores: 8 variants x 6 cases x both schedules, the point of
+// the test being that no variant or mode breaks the summation order.
+TEST(LayerMajorTest, Fp32IsBitIdenticalToMicroBatchMajor) {
+  struct Case {
+    int micro_batches, wave;
+    bool offload;
+    int resident_layers;
+    bool device_grad_accumulation;
+  };
+  const std::vector<Case> cases = {
+      {1, 1, false, 0, false}, {3, 3, false, 0, false}, {4, 4, true, 0, false},
+      {4, 2, false, 1, false}, {3, 2, true, 0, true},   {4, 3, false, 2, true},
+  };
+  for (const Variant& variant : testing::Variants()) {
+    const ModelLayout layout = ModelLayout::Create(variant.config);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(variant.name, " micro-batches ", c.micro_batches, " wave ", c.wave,
+                                " offload ", c.offload, " resident ", c.resident_layers,
+                                " device accumulation ", c.device_grad_accumulation));
+      auto run = [&](StepSchedule schedule) {
+        return testing::RunGradients(variant.config, "cpu", ComputeDtype::kFp32, 0.2,
+                                     c.micro_batches, 2, 12, c.offload, c.resident_layers, false,
+                                     c.device_grad_accumulation, schedule, c.wave);
+      };
+      const testing::GradientRun mbm = run(StepSchedule::kMicroBatchMajor);
+      const testing::GradientRun lm = run(StepSchedule::kLayerMajor);
+      ASSERT_FALSE(mbm.grads.empty());
+      ASSERT_EQ(mbm.grads.size(), lm.grads.size());
+      EXPECT_EQ(mbm.loss, lm.loss);
+      const int64_t emb_numel = layout.blocks[layout.embedding_block()].numel;
+      const bool tied_exception = variant.config.tie_word_embeddings && c.micro_batches > 1;
+      // RunGradients concatenates the blocks in order: the embedding first.
+      const int64_t exact_from = tied_exception ? emb_numel : 0;
+      EXPECT_EQ(std::memcmp(mbm.grads.data() + exact_from, lm.grads.data() + exact_from,
+                            (mbm.grads.size() - exact_from) * 4),
+                0);
+      if (tied_exception) {
+        at::Tensor a = at::from_blob(const_cast<float*>(mbm.grads.data()), {emb_numel});
+        at::Tensor b = at::from_blob(const_cast<float*>(lm.grads.data()), {emb_numel});
+        EXPECT_LT(RelativeError(b, a), 1e-6);  // fp32 sums in another order
+      }
+      // The streamed weights cross the link once per wave, not once per
+      // micro-batch (the only other H2D is the same input rows and
+      // offloaded activations). With resident layers the few streamed
+      // blocks of these 3-layer models stay in the 3 weight slots anyway.
+      if (c.micro_batches > 1 && !c.offload && c.resident_layers == 0) {
+        EXPECT_LT(lm.stats.h2d_bytes, mbm.stats.h2d_bytes);
+      }
+    }
+  }
+}
+
 TEST(ExecutorTest, LogitsMatchReference) {
   const ModelConfig config = SmallLlama();
   auto store = HostStore::Create(config, {});
@@ -265,6 +336,14 @@ TEST(ExecutorTest, RefusesBadOptionsNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("executor.resident_layers: must be in [0, num_hidden_layers=3]")));
   options.resident_layers = 0;
+  options.schedule = StepSchedule::kLayerMajor;
+  options.wave = 0;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.wave: must be in [1, 4096] with the layer-major "
+                                 "schedule, got 0")));
+  options.schedule = StepSchedule::kMicroBatchMajor;
+  options.wave = 1;
   ModelConfig tied = SmallLlama();
   tied.tie_word_embeddings = true;
   auto tied_store = HostStore::Create(tied, {});
@@ -294,9 +373,17 @@ namespace {
 // plan admission reads, in every mode (the accumulation buffers once a
 // pass with several micro-batches allocated them).
 TEST(ExecutorTest, HoldsExactlyItsMemoryPlan) {
+  std::vector<ParityMode> modes = testing::ParityModes(2);
+  for (const ParityMode& mode : testing::LayerMajorParityModes()) modes.push_back(mode);
   for (const Variant& variant : testing::Variants()) {
-    for (const ParityMode& mode : testing::ParityModes(2)) {
+    for (const ParityMode& mode : modes) {
       if (mode.resident_embedding && variant.config.tie_word_embeddings) continue;
+      // The layer-major modes' buffers do not depend on the family: an
+      // untied and a tied variant keep the test short.
+      if (mode.schedule == StepSchedule::kLayerMajor && variant.name != "llama" &&
+          variant.name != "llama3_tied_bias") {
+        continue;
+      }
       SCOPED_TRACE(variant.name + " " + mode.name);
       const ModelConfig& config = variant.config;
       HostStoreOptions store_options;
@@ -314,6 +401,8 @@ TEST(ExecutorTest, HoldsExactlyItsMemoryPlan) {
       options.resident_layers = mode.resident_layers;
       options.resident_embedding = mode.resident_embedding;
       options.device_grad_accumulation = mode.device_grad_accumulation;
+      options.schedule = mode.schedule;
+      options.wave = mode.wave;
       auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
       ASSERT_THAT(executor, IsOk());
       const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
@@ -323,7 +412,10 @@ TEST(ExecutorTest, HoldsExactlyItsMemoryPlan) {
       ASSERT_THAT(
           (*executor)->ForwardBackward(MakeBatches(mode.micro_batches, 2, 6, config.vocab_size, 9)),
           IsOk());
-      const bool accumulated = mode.device_grad_accumulation && mode.micro_batches > 1;
+      // Layer-major with one wave sums in the gradient slots instead.
+      const bool slot_sum =
+          mode.schedule == StepSchedule::kLayerMajor && mode.wave >= mode.micro_batches;
+      const bool accumulated = mode.device_grad_accumulation && mode.micro_batches > 1 && !slot_sum;
       EXPECT_EQ((*executor)->slot_device_bytes(),
                 plan.device_bytes() - (accumulated ? 0 : plan.grad_accumulation_bytes));
       if (mode.offload_activations) EXPECT_GT(plan.activation_offload_bytes, 0);

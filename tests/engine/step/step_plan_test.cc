@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,165 @@ TEST(StepPlanTest, EveryOptionCombinationKeepsTheInvariants) {
     }
   }
   EXPECT_EQ(plans, 3 * 2 * 32 * 3);
+}
+
+// Device weight loads of a plan with three slots.
+int Loads(const StepPlan& plan) {
+  int loads = 0;
+  for (const WeightSlotUse& u : AssignWeightSlots(plan.weight_uses, 3)) loads += u.load;
+  return loads;
+}
+
+// Note [Layer-major schedule]: every micro-batch through a layer before
+// the next; consecutive uses of a block share one load.
+TEST(StepPlanTest, LayerMajorRunsEveryMicroBatchThroughALayerBeforeTheNext) {
+  const ModelLayout layout = Layout(2, /*tied=*/false);
+  StepPlanOptions o;
+  o.schedule = StepSchedule::kLayerMajor;
+  o.micro_batches = 2;
+  const StepPlan plan = PlanStep(layout, o);
+  EXPECT_EQ(DescribePlan(plan),
+            "m0 upload B0 host\n"
+            "m1 upload B0 host\n"
+            "m0 forward L0 use0 keep\n"
+            "m1 forward L0 use1 keep\n"
+            "m0 forward L1 use2 keep\n"
+            "m1 forward L1 use3 keep\n"
+            "m0 head B3 use4 grad:slot-sum\n"
+            "m1 head B3 use5 grad:slot-sum\n"
+            "m0 backward L1 use6 grad:slot-sum\n"
+            "m1 backward L1 use7 grad:slot-sum\n"
+            "m0 backward L0 use8 grad:slot-sum\n"
+            "m1 backward L0 use9 grad:slot-sum\n"
+            "m0 embedding-backward B0 host grad:host\n"
+            "m1 embedding-backward B0 host grad:host\n");
+  EXPECT_THAT(plan.contributions, ::testing::ElementsAre(2, 2, 2, 2));
+  // L0, L1 and the head, once each (both layers are still in their slots
+  // for backward): the loads of one micro-batch-major micro-batch.
+  EXPECT_EQ(Loads(plan), 3);
+}
+
+TEST(StepPlanTest, LayerMajorWavesOffloadAndPrefetchOneActionAhead) {
+  const ModelLayout layout = Layout(3, /*tied=*/false);
+  StepPlanOptions o;
+  o.schedule = StepSchedule::kLayerMajor;
+  o.micro_batches = 3;
+  o.wave = 2;
+  o.offload_activations = true;
+  o.device_grad_accumulation = true;
+  const StepPlan plan = PlanStep(layout, o);
+  const std::string wave0 =
+      "m0 upload B0 host\n"
+      "m1 upload B0 host\n"
+      "m0 forward L0 use0 offload\n"
+      "m1 forward L0 use1 offload\n"
+      "m0 forward L1 use2 offload\n"
+      "m1 forward L1 use3 offload\n"
+      "m0 forward L2 use4 keep\n"
+      "m1 forward L2 use5 keep\n"
+      "m0 head B4 use6 grad:device-acc\n"
+      "m1 head B4 use7 grad:device-acc\n"
+      "m0 backward L2 use8 grad:device-acc\n"
+      "m1 backward L2 use9 grad:device-acc prefetch L1 m0\n"
+      "m0 backward L1 use10 grad:device-acc prefetch L1 m1 from-host\n"
+      "m1 backward L1 use11 grad:device-acc prefetch L0 m0 from-host\n"
+      "m0 backward L0 use12 grad:device-acc prefetch L0 m1 from-host\n"
+      "m1 backward L0 use13 grad:device-acc from-host\n"
+      "m0 embedding-backward B0 host grad:host\n"
+      "m1 embedding-backward B0 host grad:host\n"
+      "m2 upload B0 host\n";
+  EXPECT_EQ(DescribePlan(plan).substr(0, wave0.size()), wave0);
+  EXPECT_THAT(plan.contributions, ::testing::Each(3));
+}
+
+// Invariants of a layer-major plan: the legacy plan's actions per
+// micro-batch in some order, every block's gradient contributions in
+// micro-batch order (what makes the sums bit-identical), offloaded inputs
+// prefetched exactly once before their backward, slot sums only with one
+// wave, and the weights loaded once per wave.
+std::string CheckLayerMajor(const ModelLayout& layout, const StepPlanOptions& o,
+                            const StepPlan& plan) {
+  StepPlanOptions legacy_options = o;
+  legacy_options.schedule = StepSchedule::kMicroBatchMajor;
+  const StepPlan legacy = PlanStep(layout, legacy_options);
+  // The same actions but the prefetches (layer-major issues them all from
+  // backward actions).
+  auto count = [](const StepPlan& p) {
+    return std::count_if(p.actions.begin(), p.actions.end(),
+                         [](const StepAction& a) { return a.kind != ActionKind::kPrefetchInput; });
+  };
+  if (count(plan) != count(legacy)) return "action count";
+  if (plan.contributions != legacy.contributions) return "contributions";
+  const int wave = o.wave <= 0 ? o.micro_batches : std::min(o.wave, o.micro_batches);
+  const bool one_wave = wave == o.micro_batches && o.micro_batches > 1 && o.backward;
+  std::vector<int> last_m(layout.blocks.size(), -1);
+  std::vector<std::vector<int>> prefetched(o.micro_batches,
+                                           std::vector<int>(layout.num_layers(), 0));
+  int next_use = 0;
+  for (const StepAction& a : plan.actions) {
+    const std::string where = absl::StrCat("m", a.micro_batch, " L", a.layer, ": ");
+    if (a.tied_use >= 0 && a.tied_use != next_use++) return where + "tied use out of order";
+    if (a.use >= 0 && a.use != next_use++) return where + "use out of order";
+    if (a.grad_to != GradTo::kNone && a.kind != ActionKind::kEmbeddingBackward) {
+      if (a.micro_batch < last_m[a.block]) return where + "contribution out of micro-batch order";
+      last_m[a.block] = a.micro_batch;
+    }
+    if ((a.grad_to == GradTo::kSlotSum) && (!one_wave || a.weights == WeightsFrom::kResident ||
+                                            (o.tied_embeddings && a.kind == ActionKind::kHead))) {
+      return where + "slot sum";
+    }
+    if (one_wave && a.kind == ActionKind::kBackward && a.weights == WeightsFrom::kSlot &&
+        a.grad_to != GradTo::kSlotSum) {
+      return where + "streamed layer without a slot sum in one wave";
+    }
+    if (a.kind == ActionKind::kBackward && a.input_offloaded &&
+        prefetched[a.micro_batch][a.layer] != 1) {
+      return where + "not prefetched";
+    }
+    const int64_t p = a.kind == ActionKind::kPrefetchInput ? a.layer : a.prefetch_layer;
+    const int pm = a.kind == ActionKind::kPrefetchInput ? a.micro_batch : a.prefetch_micro_batch;
+    if (p >= 0 && ++prefetched[pm][p] > 1) return where + "prefetched twice";
+    if (p >= 0 && pm / wave != a.micro_batch / wave) return where + "prefetch across waves";
+  }
+  if (next_use != static_cast<int>(plan.weight_uses.size())) return "unused weight uses";
+  // The weights cross the link once per wave: as many loads as a
+  // micro-batch-major pass of one micro-batch per wave.
+  StepPlanOptions per_wave = legacy_options;
+  per_wave.micro_batches = (o.micro_batches + wave - 1) / wave;
+  if (Loads(plan) != Loads(PlanStep(layout, per_wave))) {
+    return absl::StrCat("loads ", Loads(plan), ", want ", Loads(PlanStep(layout, per_wave)));
+  }
+  return "";
+}
+
+TEST(StepPlanTest, LayerMajorKeepsTheInvariantsInEveryCombination) {
+  int plans = 0;
+  for (const int64_t layers : {1, 2, 4}) {
+    for (const bool tied : {false, true}) {
+      const ModelLayout layout = Layout(layers, tied);
+      for (int bits = 0; bits < 16; ++bits) {
+        for (const int micro_batches : {1, 3, 4}) {
+          for (const int wave : {0, 1, 2, 3}) {
+            StepPlanOptions o;
+            o.schedule = StepSchedule::kLayerMajor;
+            o.tied_embeddings = tied;
+            o.backward = bits & 1;
+            o.offload_activations = bits & 2;
+            o.resident_embedding = (bits & 4) && !tied;
+            o.device_grad_accumulation = (bits & 8) && o.backward;
+            o.micro_batches = micro_batches;
+            o.wave = wave;
+            o.resident_layers = layers > 1 ? 1 : 0;
+            SCOPED_TRACE(absl::StrCat("layers ", layers, " tied ", tied, " bits ", bits, " M ",
+                                      micro_batches, " wave ", wave));
+            EXPECT_EQ(CheckLayerMajor(layout, o, PlanStep(layout, o)), "");
+            ++plans;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(plans, 3 * 2 * 16 * 3 * 4);
 }
 
 TEST(AssignWeightSlotsTest, ReusesABlockStillInItsSlot) {

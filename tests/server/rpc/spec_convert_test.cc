@@ -154,6 +154,36 @@ TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
                                                   HasSubstr("train.nan_policy: unknown value 7")));
 }
 
+// Issue 16: train.schedule, train.wave and train.activations go through
+// the proto and the stored JSON unchanged (validated by the engine); a job
+// stored before them reads back as auto.
+TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_schedule("layer-major");
+  spec.mutable_train()->set_wave(3);
+  spec.mutable_train()->set_activations("host");
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.train.schedule, "layer-major");
+  EXPECT_EQ(request->spec.train.wave, 3);
+  EXPECT_EQ(request->spec.train.activations, "host");
+  v1::JobSpec back;
+  JobRequestToProto(*request, &back);
+  EXPECT_EQ(back.train().schedule(), "layer-major");
+  EXPECT_EQ(back.train().wave(), 3);
+  EXPECT_EQ(back.train().activations(), "host");
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->spec.train.schedule, "layer-major");
+  EXPECT_EQ(parsed->spec.train.wave, 3);
+  EXPECT_EQ(parsed->spec.train.activations, "host");
+  absl::StatusOr<JobRequest> plain = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ(plain->spec.train.schedule, "auto");
+  EXPECT_EQ(plain->spec.train.wave, 0);
+  EXPECT_EQ(plain->spec.train.activations, "auto");
+}
+
 TEST(SpecConvertTest, OffloadActivationsConvertsBothWays) {
   for (bool offload : {true, false}) {
     v1::JobSpec spec = TinySpec();
