@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/io/dir_fd.h"
 #include "engine/io/mapped_file.h"
 #include "engine/model/param_layout.h"
 #include "engine/io/safetensors.h"
@@ -106,7 +107,12 @@ absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
 }
 
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& hf_dir) {
-  return LoadHfConfigFile(JoinPath(hf_dir, kConfigFileName));
+  // Note [Confined reads] in dir_fd.h. HF configs are a few KiB; 4 MiB is
+  // the daemon's cap at submission too (kMaxHfConfigBytes).
+  constexpr int64_t kMaxConfigBytes = int64_t{4} << 20;
+  const std::string path = JoinPath(hf_dir, kConfigFileName);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, kMaxConfigBytes));
+  return ParseHfConfig(text, path);
 }
 
 absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {

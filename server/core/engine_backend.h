@@ -74,6 +74,17 @@ class EngineBackend {
   virtual absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
                                                                   bool check_data) = 0;
 
+  // Removes checkpoint directory `checkpoint_dir`, which lies below
+  // `output_dir`, through a descriptor of `output_dir` without following
+  // symbolic links (Note [Directory descriptors] in engine/io/dir_fd.h). A
+  // missing directory is OK. INTERNAL when `checkpoint_dir` is not below
+  // `output_dir`; FAILED_PRECONDITION when a link is in the way; others
+  // from errno. May take as long as the file system: never call it under a
+  // lock others wait on. The default (server/core/job_manager.cc) is the
+  // one the daemon uses; tests override it to stand in for a slow disk.
+  virtual absl::Status RemoveCheckpointDir(const std::string& output_dir,
+                                           const std::string& checkpoint_dir);
+
   // engine::ExportHfModel.
   virtual absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                                      const std::string& dtype) = 0;

@@ -70,6 +70,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/io/dir_fd.h"
 #include "engine/job/training_job.h"
 
 namespace megatrain::server {
@@ -107,6 +108,17 @@ class PathPolicy {
   // data.tokens, data.eval_tokens, data.text and data.tokenizer are read;
   // output_dir is written. The first refusal is returned.
   absl::Status CheckJobSpec(const engine::JobSpec& spec, absl::string_view user = "") const;
+
+  // Note [Confined reads] in engine/io/dir_fd.h, at a job's start (after
+  // CheckJobSpec): rewrites the input paths of `spec` (model.hf_dir,
+  // data.*) to their resolved form (ResolvePathBeneath) and returns the
+  // confinement the engine reads them under: the data roots of `user`
+  // (links inside them that stay inside followed; "/" when reads are
+  // unrestricted) and spec->output_dir (no links), each held open from now
+  // on. Errors of ResolvePathBeneath and ReadConfinement::Create (naming
+  // the field or the root).
+  absl::StatusOr<engine::ReadConfinement> ConfineJobReads(engine::JobSpec* spec,
+                                                          absl::string_view user) const;
 
   // Every root as refusals name it: resolved roots, then (data) the
   // "{user}" roots as written; empty when that kind is unrestricted.

@@ -77,6 +77,13 @@ absl::Status CheckLimits(const DaemonOptions& options) {
         "--max_watch_streams: must be in [1, --max_threads / 2 = ", options.max_threads / 2,
         "], got ", options.max_watch_streams));
   }
+  if (options.max_watch_streams_per_user < 0 ||
+      options.max_watch_streams_per_user > options.max_watch_streams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_watch_streams_per_user: must be in [0, --max_watch_streams = ",
+                     options.max_watch_streams, "] (0: three quarters of it), got ",
+                     options.max_watch_streams_per_user));
+  }
   return absl::OkStatus();
 }
 
@@ -439,7 +446,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
 
   // gRPC.
   p.job_service = std::make_unique<JobServiceImpl>(p.manager.get(), p.auth.get(), p.metrics.get(),
-                                                   p.audit.get(), opt.max_watch_streams);
+                                                   p.audit.get(), opt.max_watch_streams,
+                                                   opt.max_watch_streams_per_user);
   p.checkpoint_service = std::make_unique<CheckpointServiceImpl>(p.manager.get(), p.auth.get(),
                                                                  p.metrics.get(), p.audit.get());
   p.server_service =

@@ -90,6 +90,10 @@ struct DaemonOptions {
   // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
   // unary calls always find threads.
   int max_watch_streams = 64;
+  // Most concurrent WatchJob streams of one user, in [0, max_watch_streams];
+  // 0: three quarters of max_watch_streams, rounded up (48 of 64), so that
+  // one user cannot take every stream from the others.
+  int max_watch_streams_per_user = 0;
   // Mutating calls are refused with RESOURCE_EXHAUSTED while the state
   // directory's file system has less than this free, in bytes (Note [Audit
   // fail closed], audit_log.h). Not a flag; tests raise it.
