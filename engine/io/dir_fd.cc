@@ -294,6 +294,44 @@ absl::StatusOr<struct stat> DirFd::StatAt(absl::string_view name) const {
   return info;
 }
 
+absl::StatusOr<std::string> DirFd::ReadFileAt(absl::string_view name, int64_t max_bytes) const {
+  const std::string file_path = Join(path_, name);
+  if (absl::Status status = CheckComponent(name); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file_path, ": ", status.message()));
+  }
+  int fd;
+  do {
+    fd = ::openat(fd_, std::string(name).c_str(), kInputOpenFlags | O_NOFOLLOW);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return FromErrno(errno, file_path, "open file");
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(file_path, ": not a regular file"));
+  }
+  if (info.st_size > max_bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_path, ": ", info.st_size, " bytes; at most ", max_bytes, " are read"));
+  }
+  std::string text(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::pread(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      return FromErrno(error, file_path, "read");
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(done);
+  return text;
+}
+
 absl::Status DirFd::Fsync() const {
   if (::fsync(fd_) != 0) return FromErrno(errno, path_, "fsync directory");
   return absl::OkStatus();

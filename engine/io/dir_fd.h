@@ -102,6 +102,12 @@ class DirFd {
   // when missing.
   absl::StatusOr<struct stat> StatAt(absl::string_view name) const;
 
+  // The contents of regular file `name` (opened O_NOFOLLOW | O_NONBLOCK,
+  // so a link or FIFO is refused without blocking), at most `max_bytes`.
+  // NOT_FOUND when missing; FAILED_PRECONDITION for a link or a
+  // non-regular file; INVALID_ARGUMENT when larger than `max_bytes`.
+  absl::StatusOr<std::string> ReadFileAt(absl::string_view name, int64_t max_bytes) const;
+
   // fsync(2) of the directory: its entries' changes become durable.
   absl::Status Fsync() const;
 
