@@ -373,9 +373,9 @@ absl::StatusOr<int> ReadConfinement::OpenFile(const std::string& path) const {
     return absl::PermissionDeniedError(
         absl::StrCat(path, ": lies outside the directories this job may read (", RootList(), ")"));
   }
-  std::string relative = path.substr(grant->path == "/" ? 1 : grant->path.size());
-  while (!relative.empty() && relative.front() == '/') relative.erase(0, 1);
-  if (relative.empty()) relative = ".";
+  absl::string_view below = absl::string_view(path).substr(grant->path.size());
+  while (!below.empty() && below.front() == '/') below.remove_prefix(1);
+  const std::string relative = below.empty() ? std::string(".") : std::string(below);
   const std::string escaped = absl::StrCat(
       path, ": resolves outside ", grant->path,
       grant->follow_links ? " (a symbolic link leads out of it; was one swapped in after the job "

@@ -105,7 +105,7 @@ class DeadlineSocketStream final : public httplib::Stream {
       AddressOf(address, ip, port);
     }
   }
-  httplib::socket_t socket() const override { return sock_; }
+  socket_t socket() const override { return sock_; }
 
  private:
   absl::Duration ReadWait() const { return std::min(read_timeout_, deadline_ - absl::Now()); }
@@ -130,7 +130,7 @@ class MetricsHttpServer::DeadlineServer final : public httplib::Server {
 
  private:
   // Called by httplib on a pool thread for each accepted connection.
-  bool process_and_close_socket(httplib::socket_t sock) override {
+  bool process_and_close_socket(socket_t sock) override {
     DeadlineSocketStream stream(sock, absl::Now() + options_.request_timeout,
                                 options_.header_read_timeout, options_.write_timeout);
     bool connection_closed = false;

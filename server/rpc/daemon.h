@@ -136,9 +136,12 @@ class Daemon {
 
   // SIGTERM sequence: health reports NOT_SERVING and new work is refused
   // (UNAVAILABLE); every running job writes a checkpoint and is re-queued;
-  // then the listeners close. Returns false when jobs were still running
-  // after `drain_timeout` (the caller should exit without destroying the
-  // daemon). Idempotent.
+  // then the listeners close. Returns within about `drain_timeout` + 1 s
+  // whatever the jobs and RPC handlers do: false when jobs were still
+  // running after `drain_timeout`, or RPC handlers (cancelled) had not
+  // returned by then, e.g. blocked in file I/O (the caller should exit
+  // without destroying the daemon, whose destructor would wait for them).
+  // Idempotent.
   bool Shutdown(absl::Duration drain_timeout);
 
  private:
