@@ -19,10 +19,11 @@
 // the path, what it resolves to and the roots. So a symbolic link inside a
 // root that points outside it is refused.
 //
-// Checks run at submission and again when a job starts (JobManager), which
-// narrows, but does not close, the window in which a user with write access
-// inside a root could swap a checked directory for a symbolic link; the
-// engine opens input files with ordinary open(2). The files the daemon
+// Checks run at submission and again when a job starts (JobManager); the
+// window after them, in which a user with write access inside a root could
+// swap a checked file or directory for a symbolic link, is closed by
+// opening every input below its root at use time (ConfineJobReads; Note
+// [Confined reads] in engine/io/dir_fd.h). The files the daemon
 // itself creates, renames and deletes in a job's output directory go
 // through a descriptor of that directory without following symbolic links
 // (engine/io/dir_fd.h, Note [Directory descriptors]). Run the daemon as a
