@@ -120,7 +120,8 @@ class DeadlineSocketStream final : public httplib::Stream {
 }  // namespace
 
 // An httplib server that serves one request per connection and closes it
-// by request_timeout after accepting it (Note [Metrics listener limits]).
+// request_timeout after a thread began serving it (Note [Metrics listener
+// limits]).
 // httplib times each read and write but not a request as a whole; it lets
 // a subclass replace the per-connection loop (its TLS server does) and
 // hands the parsed request to the handlers through process_request.

@@ -8,8 +8,8 @@
 // slow they are; beyond it, new connections wait in the accept queue. A
 // client that sends nothing for header_read_timeout is disconnected; a
 // response write that makes no progress for write_timeout is abandoned; and
-// every connection is closed once request_timeout has passed since it was
-// accepted, whatever it sends: a client that trickles one byte just inside
+// every connection is closed once request_timeout has passed since a
+// thread began serving it, whatever it sends: a client that trickles one byte just inside
 // header_read_timeout holds a thread for at most request_timeout. Each
 // connection serves one request (no keep-alive), so the deadline bounds a
 // thread's whole time with one client.
@@ -43,8 +43,8 @@ struct MetricsHttpOptions {
   absl::Duration header_read_timeout = absl::Seconds(2);
   // A response write that makes no progress for this long is abandoned.
   absl::Duration write_timeout = absl::Seconds(5);
-  // A connection is closed this long after it was accepted, request read or
-  // not, response written or not. Why 5 s: a scrape (a few hundred bytes
+  // A connection is closed this long after a thread began serving it,
+  // request read or not, response written or not. Why 5 s: a scrape (a few hundred bytes
   // in, tens of KiB out) takes milliseconds; Prometheus' default scrape
   // timeout is 10 s, so a scrape that would miss 5 s is lost anyway.
   absl::Duration request_timeout = absl::Seconds(5);
