@@ -120,6 +120,12 @@ CheckpointSpec KeepAll() {
   return spec;
 }
 
+CheckpointSpec KeepLast(int64_t count) {
+  CheckpointSpec spec;
+  spec.keep_last = count;
+  return spec;
+}
+
 void FlipByte(const std::string& path, std::streamoff offset) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
   ASSERT_TRUE(file.good()) << path;
