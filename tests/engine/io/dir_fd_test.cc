@@ -233,7 +233,8 @@ TEST_F(ReadConfinementTest, FifoIsRefusedWithoutBlocking) {
 TEST_F(ReadConfinementTest, ScopeEndsWithItsObject) {
   {
     ScopedReadConfinement scope(&*confinement_);
-    EXPECT_THAT(OpenInputFile(outside_ + "/keep"), StatusIs(absl::StatusCode::kPermissionDenied));
+    EXPECT_THAT(OpenInputFile(outside_ + "/keep"),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lies outside")));
   }
   absl::StatusOr<int> fd = OpenInputFile(outside_ + "/keep");
   ASSERT_THAT(fd, IsOk());
