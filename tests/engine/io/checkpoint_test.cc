@@ -349,12 +349,12 @@ TEST(CheckpointTest, OnlyRecordedEntriesAreDeleted) {
   std::filesystem::create_directories(root + "/.tmp-step-00000003.Ab12Cd");
   {
     std::ifstream in(root + "/.ledger.json");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t at = text.find("\"temporaries\": [");
-    ASSERT_NE(at, std::string::npos) << text;
-    text.insert(at + std::strlen("\"temporaries\": ["), "\".tmp-step-00000003.Ab12Cd\",");
-    std::ofstream(root + "/.ledger.json", std::ios::trunc) << text;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_NE(text.find("\"step-00000002\""), std::string::npos) << text;
   }
+  std::ofstream(root + "/.ledger.json", std::ios::trunc)
+      << R"({"format": "megatrain-checkpoint-ledger", "version": 1,
+             "checkpoints": ["step-00000002"], "temporaries": [".tmp-step-00000003.Ab12Cd"]})";
 
   ASSERT_THAT(WriteCheckpoint(*store, StateAt(4), output_dir, KeepLast(1)), IsOk());
 
