@@ -560,8 +560,9 @@ bool Daemon::Shutdown(absl::Duration drain_timeout) {
     p.handlers_done.wait();
   } else if (p.handlers_done.wait_for(absl::ToChronoNanoseconds(wait)) !=
              std::future_status::ready) {
-    LogError("shutdown: RPC handlers still running after the shutdown timeout (blocked in file "
-             "I/O?)");
+    LogError(
+        "shutdown: RPC handlers still running after the shutdown timeout (blocked in file "
+        "I/O?)");
     return false;
   }
   if (p.http != nullptr) p.http->Stop();

@@ -664,7 +664,6 @@ TEST_F(DaemonHardeningTest, NearlyFullStateDiskRefusesMutatingCallsWithResourceE
   ExpectServing(*alice);
 }
 
-
 // --shutdown_timeout always applies: an RPC handler blocked in file I/O
 // (here a checkpoint removal held by the fake backend, a stand-in for a
 // hung disk) does not hold Shutdown past its timeout.
@@ -680,8 +679,8 @@ TEST_F(DaemonHardeningTest, ShutdownReturnsWithinItsTimeoutWhileAHandlerIsBlocke
     v1::JobEvent event;
     bool succeeded = false;
     while (!succeeded && reader->Read(&event)) {
-      succeeded = event.has_state_change() &&
-                  event.state_change().state() == v1::JOB_STATE_SUCCEEDED;
+      succeeded =
+          event.has_state_change() && event.state_change().state() == v1::JOB_STATE_SUCCEEDED;
     }
     ASSERT_TRUE(succeeded);
     context->TryCancel();
@@ -704,7 +703,7 @@ TEST_F(DaemonHardeningTest, ShutdownReturnsWithinItsTimeoutWhileAHandlerIsBlocke
     request.set_checkpoint_id(job_id + "/step-2");
     v1::DeleteCheckpointResponse response;
     (void)alice->checkpoints().DeleteCheckpoint(alice->NewContext(kTimeout).get(), request,
-                                               &response);
+                                                &response);
   });
   {
     std::unique_lock<std::mutex> lock(mu);

@@ -10,6 +10,9 @@
 namespace megatrain::server::testing {
 namespace {
 
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
 class WatchLimitsTest : public DaemonHarness {
  protected:
   // One watch stream on its own connection; the history's first event has
