@@ -544,12 +544,15 @@ bool Daemon::Shutdown(absl::Duration drain_timeout) {
   // hung file system under a submission) does not return when cancelled:
   // the wait for the handlers is bounded too, so that --shutdown_timeout
   // always applies (the caller then exits without destructors).
-  const absl::Time calls_deadline = std::min(absl::Now() + absl::Seconds(5), deadline);
-  p.grpc_server->Shutdown(absl::ToChronoTime(std::max(calls_deadline, absl::Now())));
+  const absl::Time calls_deadline =
+      std::max(std::min(absl::Now() + absl::Seconds(5), deadline), absl::Now());
   auto stopped = std::make_shared<std::promise<void>>();
   p.handlers_done = stopped->get_future().share();
   grpc::Server* server = p.grpc_server.get();
-  std::thread([server, stopped] {
+  // grpc's Shutdown itself waits for the handlers after cancelling them, so
+  // both run on a thread of their own.
+  std::thread([server, stopped, calls_deadline] {
+    server->Shutdown(absl::ToChronoTime(calls_deadline));
     server->Wait();
     stopped->set_value();
   }).detach();
