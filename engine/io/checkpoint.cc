@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string_view>
 #include <system_error>
@@ -142,25 +143,99 @@ absl::StatusOr<std::vector<StepDir>> ListStepDirs(const std::string& root) {
   return dirs;
 }
 
-// Removes every `.tmp-*` entry of `root`: crashed writes and deletions.
-// Through the descriptor; a link is removed as a link (dir_fd.h).
-void RemoveTempEntries(const DirFd& root) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(root.IoPath(), ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (absl::StartsWith(name, kTempPrefix)) names.push_back(name);
-  }
-  for (const std::string& name : names) (void)root.RemoveTreeAt(name);
-}
-
 // `status` with the descriptor path `io_path` (DirFd::IoPath) in its
 // message replaced by the path it stands for.
 absl::Status ShowPath(const absl::Status& status, const std::string& io_path,
                       const std::string& path) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrReplaceAll(status.message(), {{io_path, path}}));
+}
+
+// Note [Checkpoint ledger]
+// Retention and the cleanup of crashed writes delete only entries that the
+// writer itself recorded, never entries found by their names: a user's own
+// `step-00000001` or `.tmp-step-...` in output_dir/checkpoints is left
+// alone. `checkpoints/.ledger.json` lists the checkpoints the writer
+// published ("checkpoints") and the temporaries it made and has not yet
+// removed ("temporaries"); it is rewritten atomically (and fsync'd) before
+// each temporary is made or a checkpoint is moved aside for deletion, and
+// after each publication and removal. A temporary made by mkdtemp is
+// recorded just after it exists: a crash in that instant leaves one empty
+// directory behind. A missing or malformed ledger counts as empty (nothing
+// is deleted); checkpoints written before the ledger existed are never
+// deleted by retention. Entries are reached through the directory's
+// descriptor without following links (dir_fd.h), so an edited ledger can
+// make the writer delete nothing outside checkpoints/.
+constexpr char kLedgerFile[] = ".ledger.json";
+// A ledger lists a few names per retained checkpoint; 1 MiB is thousands.
+constexpr int64_t kMaxLedgerBytes = int64_t{1} << 20;
+
+struct Ledger {
+  std::set<std::string> checkpoints;  // "step-N" names, published
+  std::set<std::string> temporaries;  // ".tmp-*" names, made and not removed
+};
+
+// The ledger of `root`; empty when missing or malformed (Note [Checkpoint
+// ledger]: nothing unrecorded is ever deleted).
+Ledger ReadLedger(const DirFd& root) {
+  Ledger ledger;
+  absl::StatusOr<std::string> text = root.ReadFileAt(kLedgerFile, kMaxLedgerBytes);
+  if (!text.ok()) return ledger;
+  const Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return ledger;
+  const auto names = [&j](const char* key, auto&& valid, std::set<std::string>& out) {
+    if (!j.contains(key) || !j[key].is_array()) return;
+    for (const Json& name : j[key]) {
+      if (name.is_string() && valid(name.get<std::string>())) out.insert(name.get<std::string>());
+    }
+  };
+  names(
+      "checkpoints", [](const std::string& name) { return StepFromDirName(name) >= 0; },
+      ledger.checkpoints);
+  names(
+      "temporaries",
+      [](const std::string& name) {
+        return absl::StartsWith(name, kTempPrefix) && name.find('/') == std::string::npos;
+      },
+      ledger.temporaries);
+  return ledger;
+}
+
+// Replaces the ledger of `root` atomically and durably.
+absl::Status WriteLedger(const DirFd& root, const Ledger& ledger) {
+  const Json j = {{"format", "megatrain-checkpoint-ledger"},
+                  {"version", 1},
+                  {"checkpoints", ledger.checkpoints},
+                  {"temporaries", ledger.temporaries}};
+  const std::string text = j.dump(2);
+  absl::StatusOr<AtomicFileWriter> out = AtomicFileWriter::Create(root.IoPath(kLedgerFile));
+  if (!out.ok()) return ShowPath(out.status(), root.IoPath(), root.path());
+  absl::Status written = out->Append(
+      absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  if (written.ok()) written = out->Commit();
+  return ShowPath(written, root.IoPath(), root.path());
+}
+
+// Six random letters and digits, for a temporary's name (like mkdtemp's).
+std::string RandomSuffix() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device device;
+  std::string suffix(6, 'X');
+  for (char& c : suffix) c = kAlphabet[device() % (sizeof(kAlphabet) - 1)];
+  return suffix;
+}
+
+// Removes the recorded temporaries of `ledger` (crashed writes and
+// deletions) and forgets those that are gone.
+void RemoveRecordedTemporaries(const DirFd& root, Ledger& ledger) {
+  for (auto it = ledger.temporaries.begin(); it != ledger.temporaries.end();) {
+    if (root.RemoveTreeAt(*it).ok()) {
+      it = ledger.temporaries.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 // Sum of the sizes of the regular files directly in `dir`, in bytes.
@@ -293,14 +368,21 @@ absl::Status ReplaceDirectory(const DirFd& root, const std::string& temp_name,
   return absl::OkStatus();
 }
 
-// Deletes the checkpoints that `retention` does not keep; `written_step`
-// is always kept.
+// Deletes the recorded checkpoints (Note [Checkpoint ledger]) that
+// `retention` does not keep; `written_step` is always kept. Updates and
+// writes `ledger`.
 absl::Status ApplyRetention(const DirFd& root_fd, int64_t written_step,
-                            const CheckpointSpec& retention) {
+                            const CheckpointSpec& retention, Ledger& ledger) {
   const std::string& root = root_fd.path();
-  absl::StatusOr<std::vector<StepDir>> listed = ListStepDirs(root_fd.IoPath());
-  if (!listed.ok()) return ShowPath(listed.status(), root_fd.IoPath(), root);
-  const std::vector<StepDir>& dirs = *listed;
+  std::vector<StepDir> dirs;
+  for (const std::string& name : ledger.checkpoints) {
+    // Only directories the writer made: a link put in their place is left
+    // alone (and forgotten when gone).
+    absl::StatusOr<struct stat> info = root_fd.StatAt(name);
+    if (info.ok() && S_ISDIR(info->st_mode)) dirs.push_back({StepFromDirName(name), name});
+  }
+  std::sort(dirs.begin(), dirs.end(),
+            [](const StepDir& a, const StepDir& b) { return a.step < b.step; });
   std::set<int64_t> keep = {written_step};
   const size_t keep_last = static_cast<size_t>(retention.keep_last);
   for (size_t idx = dirs.size() > keep_last ? dirs.size() - keep_last : 0; idx < dirs.size();
@@ -311,23 +393,26 @@ absl::Status ApplyRetention(const DirFd& root_fd, int64_t written_step,
   for (const StepDir& dir : dirs) {
     if (keep.contains(dir.step)) continue;
     if (retention.keep_every > 0 && dir.step > 0 && dir.step % retention.keep_every == 0) continue;
-    // Only directories the writer made: a link named like one is left alone.
-    absl::StatusOr<struct stat> info = root_fd.StatAt(dir.name);
-    if (!info.ok() || !S_ISDIR(info->st_mode)) continue;
-    // Rename first: a crash mid-delete leaves a `.tmp-*` directory (ignored,
-    // cleaned by the next write), never a half-deleted `step-*`.
-    const std::string doomed_name = absl::StrCat(kTempPrefix, "delete-", dir.name);
-    if (::renameat(root_fd.fd(), dir.name.c_str(), root_fd.fd(), doomed_name.c_str()) != 0) {
-      return ErrnoError(errno, JoinPath(root, dir.name), "move aside for deletion");
-    }
-    doomed.push_back(doomed_name);
+    doomed.push_back(dir.name);
   }
   if (doomed.empty()) return absl::OkStatus();
-  MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
+  // Recorded as temporaries before the renames: a crash mid-delete leaves
+  // a recorded `.tmp-*` directory (removed by the next write), never a
+  // half-deleted `step-*`.
   for (const std::string& name : doomed) {
-    (void)root_fd.RemoveTreeAt(name);  // a leftover is removed by the next write
+    ledger.checkpoints.erase(name);
+    ledger.temporaries.insert(absl::StrCat(kTempPrefix, "delete-", name));
   }
-  return absl::OkStatus();
+  MEGATRAIN_RETURN_IF_ERROR(WriteLedger(root_fd, ledger));
+  for (const std::string& name : doomed) {
+    const std::string doomed_name = absl::StrCat(kTempPrefix, "delete-", name);
+    if (::renameat(root_fd.fd(), name.c_str(), root_fd.fd(), doomed_name.c_str()) != 0) {
+      return ErrnoError(errno, JoinPath(root, name), "move aside for deletion");
+    }
+  }
+  MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
+  RemoveRecordedTemporaries(root_fd, ledger);  // a leftover is removed by the next write
+  return WriteLedger(root_fd, ledger);
 }
 
 // ---------------------------------------------------------------------------
@@ -650,17 +735,27 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
       DirFd root_fd, DirFd::OpenBeneath(output_dir, kCheckpointsSubdir, DirFd::Create::kYes));
   const std::string& root = root_fd.path();
   MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(output_dir));
-  RemoveTempEntries(root_fd);
+  // Note [Checkpoint ledger]: only what this writer recorded is deleted.
+  Ledger ledger = ReadLedger(root_fd);
+  RemoveRecordedTemporaries(root_fd, ledger);
 
   const std::string name = CheckpointDirName(state.step);
-  std::string temp_io = root_fd.IoPath(absl::StrCat(kTempPrefix, name, ".XXXXXX"));
-  if (::mkdtemp(temp_io.data()) == nullptr) {
-    return Annotate(ErrnoError(errno, JoinPath(root, absl::StrCat(kTempPrefix, name, ".XXXXXX")),
-                               "create temporary directory"),
+  // Named and recorded first, created after (Note [Checkpoint ledger]): no
+  // instant in which the temporary exists unrecorded. The aside name is
+  // recorded too: a replacement of step `name` may leave the old checkpoint
+  // there.
+  const std::string temp_name = absl::StrCat(kTempPrefix, name, ".", RandomSuffix());
+  const std::string aside_name = absl::StrCat(kTempPrefix, "delete-", name);
+  ledger.temporaries.insert(temp_name);
+  ledger.temporaries.insert(aside_name);
+  MEGATRAIN_RETURN_IF_ERROR(
+      Annotate(WriteLedger(root_fd, ledger), absl::StrCat("writing checkpoint ", name)));
+  const std::string temp_dir = JoinPath(root, temp_name);
+  if (::mkdirat(root_fd.fd(), temp_name.c_str(), 0755) != 0) {
+    return Annotate(ErrnoError(errno, temp_dir, "create temporary directory"),
                     absl::StrCat("writing checkpoint ", name));
   }
-  const std::string temp_name = std::filesystem::path(temp_io).filename().string();
-  const std::string temp_dir = JoinPath(root, temp_name);
+  const std::string temp_io = root_fd.IoPath(temp_name);
   RemoveTreeGuard temp_guard(temp_io);
   MEGATRAIN_ASSIGN_OR_RETURN(DirFd temp_fd, root_fd.OpenChild(temp_name, DirFd::Create::kNo));
   const std::string temp_fd_io = temp_fd.IoPath();
@@ -704,8 +799,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   const std::string final_dir = JoinPath(root, name);
   if (root_fd.StatAt(name).ok()) {
     // The old checkpoint ends up at temp_dir (exchange) or at the aside
-    // path; both are `.tmp-*` and removed below or by the next write.
-    const std::string aside_name = absl::StrCat(kTempPrefix, "delete-", name);
+    // path; both are recorded `.tmp-*` and removed below or by the next write.
     MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(root_fd, temp_name, name, aside_name));
     MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
     (void)root_fd.RemoveTreeAt(aside_name);
@@ -726,9 +820,17 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   info.job_id = state.job_id;
   info.manifest_xxh64 = manifest_entry.xxh64;
 
+  // The temporary is gone (renamed, or removed by temp_guard now).
+  temp_guard.Release();
+  (void)root_fd.RemoveTreeAt(temp_name);
+  ledger.checkpoints.insert(name);
+  RemoveRecordedTemporaries(root_fd, ledger);
   MEGATRAIN_RETURN_IF_ERROR(
-      Annotate(ApplyRetention(root_fd, state.step, retention),
+      Annotate(ApplyRetention(root_fd, state.step, retention, ledger),
                absl::StrCat(final_dir, " was written, but deleting older checkpoints failed")));
+  MEGATRAIN_RETURN_IF_ERROR(Annotate(
+      WriteLedger(root_fd, ledger),
+      absl::StrCat(final_dir, " was written, but recording it in ", kLedgerFile, " failed")));
   return info;
 }
 

@@ -13,8 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
 namespace {
@@ -121,6 +124,40 @@ absl::Status RemoveContents(int dir_fd, const std::string& path, int depth) {
   }
   ::closedir(dir);  // closes dir_fd
   return status;
+}
+
+// The calling thread's confinement (ScopedReadConfinement); nullptr: none.
+thread_local const ReadConfinement* current_confinement = nullptr;
+
+// `status`, or on a descriptor that is not a regular file, INVALID_ARGUMENT
+// (and the descriptor closed). Clears O_NONBLOCK on success.
+absl::StatusOr<int> RegularFileOnly(int fd, const std::string& path) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(error, absl::StrCat(path, ": fstat"));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISFIFO(info.st_mode)                           ? "a FIFO"
+                       : S_ISSOCK(info.st_mode)                         ? "a socket"
+                       : S_ISDIR(info.st_mode)                          ? "a directory"
+                       : S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode) ? "a device node"
+                                                                        : "not a file";
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file (", kind, ")"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+constexpr int kInputOpenFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+
+// True when `path` is `root` or lies below it (lexically).
+bool IsBelow(absl::string_view path, absl::string_view root) {
+  if (root == "/") return absl::StartsWith(path, "/");
+  return path == root || (absl::StartsWith(path, root) && path[root.size()] == '/');
 }
 
 }  // namespace
@@ -257,6 +294,44 @@ absl::StatusOr<struct stat> DirFd::StatAt(absl::string_view name) const {
   return info;
 }
 
+absl::StatusOr<std::string> DirFd::ReadFileAt(absl::string_view name, int64_t max_bytes) const {
+  const std::string file_path = Join(path_, name);
+  if (absl::Status status = CheckComponent(name); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file_path, ": ", status.message()));
+  }
+  int fd;
+  do {
+    fd = ::openat(fd_, std::string(name).c_str(), kInputOpenFlags | O_NOFOLLOW);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return FromErrno(errno, file_path, "open file");
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(file_path, ": not a regular file"));
+  }
+  if (info.st_size > max_bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_path, ": ", info.st_size, " bytes; at most ", max_bytes, " are read"));
+  }
+  std::string text(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::pread(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      return FromErrno(error, file_path, "read");
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(done);
+  return text;
+}
+
 absl::Status DirFd::Fsync() const {
   if (::fsync(fd_) != 0) return FromErrno(errno, path_, "fsync directory");
   return absl::OkStatus();
@@ -266,6 +341,125 @@ std::string DirFd::IoPath(absl::string_view name) const {
   std::string io_path = absl::StrCat("/proc/self/fd/", fd_);
   if (!name.empty()) absl::StrAppend(&io_path, "/", name);
   return io_path;
+}
+
+absl::StatusOr<ReadConfinement> ReadConfinement::Create(const std::vector<Root>& roots) {
+  std::vector<Grant> grants;
+  for (const Root& root : roots) {
+    std::string path = root.path;
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    MEGATRAIN_ASSIGN_OR_RETURN(DirFd dir, DirFd::Open(path));
+    grants.push_back(Grant{std::move(path), std::move(dir), root.follow_links});
+  }
+  return ReadConfinement(std::move(grants));
+}
+
+std::string ReadConfinement::RootList() const {
+  std::vector<std::string> paths;
+  for (const Grant& grant : grants_) paths.push_back(grant.path);
+  return absl::StrJoin(paths, ", ");
+}
+
+absl::StatusOr<int> ReadConfinement::OpenFile(const std::string& path) const {
+  // The longest root the path lies in.
+  const Grant* grant = nullptr;
+  for (const Grant& candidate : grants_) {
+    if (IsBelow(path, candidate.path) &&
+        (grant == nullptr || candidate.path.size() > grant->path.size())) {
+      grant = &candidate;
+    }
+  }
+  if (grant == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": lies outside the directories this job may read (", RootList(), ")"));
+  }
+  absl::string_view below = absl::string_view(path).substr(grant->path.size());
+  while (!below.empty() && below.front() == '/') below.remove_prefix(1);
+  const std::string relative = below.empty() ? std::string(".") : std::string(below);
+  const std::string escaped = absl::StrCat(
+      path, ": resolves outside ", grant->path,
+      grant->follow_links ? " (a symbolic link leads out of it; was one swapped in after the job "
+                            "was checked?)"
+                          : " or through a symbolic link (links are never followed there)");
+#ifdef SYS_openat2
+  struct open_how how {};
+  how.flags = kInputOpenFlags;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  if (!grant->follow_links) how.resolve |= RESOLVE_NO_SYMLINKS;
+  int fd;
+  do {
+    fd = static_cast<int>(
+        ::syscall(SYS_openat2, grant->dir.fd(), relative.c_str(), &how, sizeof(how)));
+  } while (fd < 0 && errno == EINTR);
+  if (fd >= 0) return RegularFileOnly(fd, path);
+  if (errno == EXDEV || errno == ELOOP) return absl::PermissionDeniedError(escaped);
+  if (errno != ENOSYS && errno != EPERM) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": open"));
+  }
+#endif
+  // No openat2: open through the root's descriptor, then check where the
+  // opened file really is (Note [Confined reads]).
+  const int flags = kInputOpenFlags | (grant->follow_links ? 0 : O_NOFOLLOW);
+  int opened;
+  do {
+    opened = ::openat(grant->dir.fd(), relative.c_str(), flags);
+  } while (opened < 0 && errno == EINTR);
+  if (opened < 0) {
+    if (errno == ELOOP) return absl::PermissionDeniedError(escaped);
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": open"));
+  }
+  char real[4096];
+  const std::string link = absl::StrCat("/proc/self/fd/", opened);
+  const ssize_t length = ::readlink(link.c_str(), real, sizeof(real) - 1);
+  if (length <= 0 || !IsBelow(absl::string_view(real, static_cast<size_t>(length)), grant->path)) {
+    ::close(opened);
+    return absl::PermissionDeniedError(escaped);
+  }
+  return RegularFileOnly(opened, path);
+}
+
+ScopedReadConfinement::ScopedReadConfinement(const ReadConfinement* confinement)
+    : previous_(current_confinement) {
+  current_confinement = confinement;
+}
+
+ScopedReadConfinement::~ScopedReadConfinement() { current_confinement = previous_; }
+
+absl::StatusOr<int> OpenInputFile(const std::string& path) {
+  if (current_confinement != nullptr) return current_confinement->OpenFile(path);
+  int fd;
+  do {
+    fd = ::open(path.c_str(), kInputOpenFlags);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": open"));
+  return RegularFileOnly(fd, path);
+}
+
+absl::StatusOr<std::string> ReadInputFile(const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<int> fd = OpenInputFile(path);
+  if (!fd.ok()) return fd.status();
+  struct stat info {};
+  if (::fstat(*fd, &info) != 0 || info.st_size > max_bytes) {
+    ::close(*fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", info.st_size, " bytes; at most ", max_bytes, " are read"));
+  }
+  std::string text(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(*fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(*fd);
+      return absl::ErrnoToStatus(error, absl::StrCat(path, ": read"));
+    }
+    if (n == 0) break;  // shrank since fstat
+    done += static_cast<size_t>(n);
+  }
+  ::close(*fd);
+  text.resize(done);
+  return text;
 }
 
 }  // namespace megatrain::engine

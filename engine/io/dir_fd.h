@@ -34,7 +34,9 @@
 
 #include <sys/stat.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -100,6 +102,12 @@ class DirFd {
   // when missing.
   absl::StatusOr<struct stat> StatAt(absl::string_view name) const;
 
+  // The contents of regular file `name` (opened O_NOFOLLOW | O_NONBLOCK,
+  // so a link or FIFO is refused without blocking), at most `max_bytes`.
+  // NOT_FOUND when missing; FAILED_PRECONDITION for a link or a
+  // non-regular file; INVALID_ARGUMENT when larger than `max_bytes`.
+  absl::StatusOr<std::string> ReadFileAt(absl::string_view name, int64_t max_bytes) const;
+
   // fsync(2) of the directory: its entries' changes become durable.
   absl::Status Fsync() const;
 
@@ -117,6 +125,101 @@ class DirFd {
   int fd_ = -1;
   std::string path_;
 };
+
+// Note [Confined reads]
+// The daemon checks a job's input paths (model.hf_dir, data.*) at submission
+// and at start, but the engine opens them later, by path. A user who can
+// write inside a data root could swap a checked file or directory for a
+// symbolic link in between and make the job read another user's data (or
+// a FIFO, which would block the open). So the job's thread carries a
+// ReadConfinement while it builds and runs the job (ScopedReadConfinement),
+// and every input file the engine reads is opened with OpenInputFile,
+// which, under a confinement:
+//   - finds the root the path lies in (lexically: the daemon hands the
+//     engine paths already resolved below their roots);
+//   - opens it relative to that root's descriptor, held open since the job
+//     started, with openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), plus
+//     RESOLVE_NO_SYMLINKS for a root that allows no links (the job's
+//     output_dir): a link that leads out of the root fails the open, and
+//     nothing outside is ever opened. Where the kernel lacks openat2 the
+//     file is opened by path and the descriptor's own path
+//     (/proc/self/fd/N) must lie below the root, which checks the opened
+//     file itself and so has no race either;
+//   - refuses a path that lies below no root (PERMISSION_DENIED).
+// Always (with or without a confinement) the open is O_NONBLOCK | O_NOCTTY
+// and the descriptor must be a regular file (INVALID_ARGUMENT otherwise),
+// so a FIFO, socket or device node never blocks the job nor is read.
+// Symbolic links inside a data root that stay inside it (a Hugging Face
+// cache's snapshots/ -> blobs/) keep working; absolute links are refused
+// by RESOLVE_BENEATH. Readers that hand a path to a library (SentencePiece)
+// pass "/proc/self/fd/N" of the opened file, which reopens that very file.
+class ReadConfinement {
+ public:
+  // One directory reads may reach: `path` absolute and already resolved
+  // (no symbolic link on the way, as PathPolicy resolves roots); with
+  // `follow_links`, links below it that stay below it are followed.
+  struct Root {
+    std::string path;
+    bool follow_links = true;
+  };
+
+  // Opens every root (O_DIRECTORY; its final component must not be a link)
+  // and holds the descriptors, so that later renames of the roots' paths
+  // change nothing. Errors as DirFd::Open, naming the root.
+  static absl::StatusOr<ReadConfinement> Create(const std::vector<Root>& roots);
+
+  ReadConfinement(ReadConfinement&&) noexcept = default;
+  ReadConfinement& operator=(ReadConfinement&&) noexcept = default;
+
+  // Opens regular file `path` (absolute, lexically below a root) read-only
+  // as Note [Confined reads] describes; the caller owns the descriptor
+  // (blocking mode, O_CLOEXEC). PERMISSION_DENIED naming the path when it
+  // lies below no root or resolves out of its root (a link swapped in);
+  // INVALID_ARGUMENT when it is not a regular file; NOT_FOUND when
+  // missing; others from errno.
+  absl::StatusOr<int> OpenFile(const std::string& path) const;
+
+  // The roots, for messages.
+  std::string RootList() const;
+
+ private:
+  struct Grant {
+    std::string path;  // the root, without a trailing '/' (except "/")
+    DirFd dir;
+    bool follow_links = true;
+  };
+  explicit ReadConfinement(std::vector<Grant> grants) : grants_(std::move(grants)) {}
+
+  std::vector<Grant> grants_;
+};
+
+// Makes `confinement` the calling thread's for OpenInputFile until
+// destroyed (then the previous one is restored). `confinement` must
+// outlive the scope. Not copyable; use on one thread.
+class ScopedReadConfinement {
+ public:
+  explicit ScopedReadConfinement(const ReadConfinement* confinement);
+  ~ScopedReadConfinement();
+  ScopedReadConfinement(const ScopedReadConfinement&) = delete;
+  ScopedReadConfinement& operator=(const ScopedReadConfinement&) = delete;
+
+ private:
+  const ReadConfinement* previous_;
+};
+
+// Opens input file `path` for reading (Note [Confined reads]): through the
+// calling thread's ReadConfinement when one is set, else by path; always
+// non-blocking at open and refused unless a regular file. The caller owns
+// the descriptor. Errors: NOT_FOUND, PERMISSION_DENIED ("<path>: open:
+// ..." from errno, or outside the job's roots), INVALID_ARGUMENT ("<path>:
+// not a regular file (a FIFO)"), others from errno; messages start with
+// `path`.
+absl::StatusOr<int> OpenInputFile(const std::string& path);
+
+// The whole of input file `path` (OpenInputFile), at most `max_bytes`
+// (INVALID_ARGUMENT naming the size and the cap beyond). Errors as
+// OpenInputFile, or from read(2).
+absl::StatusOr<std::string> ReadInputFile(const std::string& path, int64_t max_bytes);
 
 }  // namespace megatrain::engine
 

@@ -17,10 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "engine/io/dir_fd.h"
 #include "engine/io/mapped_file.h"
 #include "engine/model/param_layout.h"
 #include "engine/io/safetensors.h"
@@ -106,7 +109,12 @@ absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
 }
 
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& hf_dir) {
-  return LoadHfConfigFile(JoinPath(hf_dir, kConfigFileName));
+  // Note [Confined reads] in dir_fd.h. HF configs are a few KiB; 4 MiB is
+  // the daemon's cap at submission too (kMaxHfConfigBytes).
+  constexpr int64_t kMaxConfigBytes = int64_t{4} << 20;
+  const std::string path = JoinPath(hf_dir, kConfigFileName);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, kMaxConfigBytes));
+  return ParseHfConfig(text, path);
 }
 
 absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
@@ -240,100 +248,127 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
         absl::StrCat("out_dir: must name a directory to create, got '", out_dir, "'"));
   }
 
+  // Note [Directory descriptors] in dir_fd.h: the parent is opened once
+  // (its last component not a link); everything below it is reached through
+  // that descriptor, never through a symbolic link, so a link swapped in
+  // fails the export and nothing outside the parent is written or deleted.
   std::error_code ec;
-  if (std::filesystem::exists(target, ec)) {
-    if (!std::filesystem::is_directory(target, ec) || !std::filesystem::is_empty(target, ec)) {
+  const std::string parent_path = std::filesystem::absolute(parent, ec).lexically_normal().string();
+  if (ec) return ErrnoError(ec.value(), parent, "resolve directory");
+  std::filesystem::create_directories(parent_path, ec);
+  if (ec) return ErrnoError(ec.value(), parent_path, "create directory");
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd parent_fd, DirFd::Open(parent_path));
+  if (absl::StatusOr<struct stat> existing = parent_fd.StatAt(name); existing.ok()) {
+    bool empty_dir = false;
+    if (S_ISDIR(existing->st_mode)) {
+      MEGATRAIN_ASSIGN_OR_RETURN(DirFd target_fd, parent_fd.OpenChild(name, DirFd::Create::kNo));
+      empty_dir = std::filesystem::is_empty(target_fd.IoPath(), ec) && !ec;
+    }
+    if (!empty_dir) {
       return absl::AlreadyExistsError(
           absl::StrCat(target,
                        ": already exists and is not an empty directory; remove it or export "
                        "elsewhere"));
     }
+  } else if (!absl::IsNotFound(existing.status())) {
+    return existing.status();
   }
-  std::filesystem::create_directories(parent, ec);
-  if (ec) return ErrnoError(ec.value(), parent, "create directory");
 
-  // Leftovers of an export to the same place that crashed.
+  // A crashed export leaves its `.<name>.tmp.XXXXXX` directory behind; it
+  // is not looked for by name (a user's own file could be named so) and
+  // never deleted here.
   const std::string temp_prefix = absl::StrCat(".", name, ".tmp.");
-  for (std::filesystem::directory_iterator it(parent, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    if (absl::StartsWith(it->path().filename().string(), temp_prefix)) {
-      (void)RemoveTree(it->path().string());
-    }
+  std::string temp_io = parent_fd.IoPath(absl::StrCat(temp_prefix, "XXXXXX"));
+  if (::mkdtemp(temp_io.data()) == nullptr) {
+    return ErrnoError(errno, JoinPath(parent_path, absl::StrCat(temp_prefix, "XXXXXX")),
+                      "create temporary directory");
   }
+  const std::string temp_name = std::filesystem::path(temp_io).filename().string();
+  bool published = false;
+  absl::Cleanup remove_temp = [&] {
+    if (!published) (void)parent_fd.RemoveTreeAt(temp_name);
+  };
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd temp_fd, parent_fd.OpenChild(temp_name, DirFd::Create::kNo));
+  // Files are created by path through the descriptor (AtomicFileWriter:
+  // O_EXCL temporaries, renamed within the directory).
+  const std::string temp_dir = temp_fd.IoPath();
 
-  std::string temp_dir = JoinPath(parent, absl::StrCat(temp_prefix, "XXXXXX"));
-  if (::mkdtemp(temp_dir.data()) == nullptr) {
-    return ErrnoError(errno, temp_dir, "create temporary directory");
-  }
-  RemoveTreeGuard guard(temp_dir);
+  absl::Status written = [&]() -> absl::Status {
+    // config.json and generation_config.json.
+    ModelConfig config = store.config();
+    config.torch_dtype = dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
+    MEGATRAIN_RETURN_IF_ERROR(
+        WriteTextFile(JoinPath(temp_dir, kConfigFileName), config.ToHfConfigJson()));
+    Json generation = {{"_from_model_config", true},
+                       {"bos_token_id", config.bos_token_id},
+                       {"eos_token_id", config.eos_token_id}};
+    MEGATRAIN_RETURN_IF_ERROR(
+        WriteTextFile(JoinPath(temp_dir, kGenerationConfigFileName), generation.dump(2)));
 
-  // config.json and generation_config.json.
-  ModelConfig config = store.config();
-  config.torch_dtype = dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
-  MEGATRAIN_RETURN_IF_ERROR(
-      WriteTextFile(JoinPath(temp_dir, kConfigFileName), config.ToHfConfigJson()));
-  Json generation = {{"_from_model_config", true},
-                     {"bos_token_id", config.bos_token_id},
-                     {"eos_token_id", config.eos_token_id}};
-  MEGATRAIN_RETURN_IF_ERROR(
-      WriteTextFile(JoinPath(temp_dir, kGenerationConfigFileName), generation.dump(2)));
-
-  // Shard assignment in HF order.
-  const SafetensorsDtype file_dtype =
-      dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
-  const int64_t element_bytes = static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype));
-  std::vector<std::vector<ExportTensor>> shards;
-  int64_t shard_bytes = 0;
-  int64_t total_bytes = 0;
-  for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
-    for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
-      ExportTensor tensor;
-      tensor.param = &p;
-      tensor.data = store.master(block_idx) + p.offset;
-      tensor.size_bytes = p.numel * element_bytes;
-      if (shards.empty() ||
-          (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
-        shards.emplace_back();
-        shard_bytes = 0;
+    // Shard assignment in HF order.
+    const SafetensorsDtype file_dtype =
+        dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
+    const int64_t element_bytes = static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype));
+    std::vector<std::vector<ExportTensor>> shards;
+    int64_t shard_bytes = 0;
+    int64_t total_bytes = 0;
+    for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
+      for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
+        ExportTensor tensor;
+        tensor.param = &p;
+        tensor.data = store.master(block_idx) + p.offset;
+        tensor.size_bytes = p.numel * element_bytes;
+        if (shards.empty() ||
+            (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
+          shards.emplace_back();
+          shard_bytes = 0;
+        }
+        shards.back().push_back(tensor);
+        shard_bytes += tensor.size_bytes;
+        total_bytes += tensor.size_bytes;
       }
-      shards.back().push_back(tensor);
-      shard_bytes += tensor.size_bytes;
-      total_bytes += tensor.size_bytes;
     }
-  }
 
-  Json weight_map = Json::object();
-  for (size_t shard_idx = 0; shard_idx < shards.size(); ++shard_idx) {
-    const std::string file_name =
-        shards.size() == 1
-            ? std::string(kSingleFileName)
-            : absl::StrFormat("model-%05d-of-%05d.safetensors", shard_idx + 1, shards.size());
-    MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsWriter writer,
-                               SafetensorsWriter::Create(JoinPath(temp_dir, file_name)));
-    for (const ExportTensor& tensor : shards[shard_idx]) {
-      MEGATRAIN_RETURN_IF_ERROR(
-          writer.AddFloat32(tensor.param->hf_name, file_dtype, tensor.param->shape, tensor.data));
-      weight_map[tensor.param->hf_name] = file_name;
+    Json weight_map = Json::object();
+    for (size_t shard_idx = 0; shard_idx < shards.size(); ++shard_idx) {
+      const std::string file_name =
+          shards.size() == 1
+              ? std::string(kSingleFileName)
+              : absl::StrFormat("model-%05d-of-%05d.safetensors", shard_idx + 1, shards.size());
+      MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                                 SafetensorsWriter::Create(JoinPath(temp_dir, file_name)));
+      for (const ExportTensor& tensor : shards[shard_idx]) {
+        MEGATRAIN_RETURN_IF_ERROR(
+            writer.AddFloat32(tensor.param->hf_name, file_dtype, tensor.param->shape, tensor.data));
+        weight_map[tensor.param->hf_name] = file_name;
+      }
+      MEGATRAIN_RETURN_IF_ERROR(writer.Finish());
     }
-    MEGATRAIN_RETURN_IF_ERROR(writer.Finish());
-  }
-  if (shards.size() > 1) {
-    Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(temp_dir, kIndexFileName), index.dump(2)));
+    if (shards.size() > 1) {
+      Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+      MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(temp_dir, kIndexFileName), index.dump(2)));
+    }
+    return absl::OkStatus();
+  }();
+  if (!written.ok()) {
+    // Name the temporary directory by its path, not the descriptor's.
+    return absl::Status(
+        written.code(),
+        absl::StrReplaceAll(written.message(), {{temp_dir, JoinPath(parent_path, temp_name)}}));
   }
 
   // Publish: the directory's entries are durable, then the rename is.
-  MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(temp_dir));
-  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
+  MEGATRAIN_RETURN_IF_ERROR(temp_fd.Fsync());
+  if (::renameat(parent_fd.fd(), temp_name.c_str(), parent_fd.fd(), name.c_str()) != 0) {
     const int rename_errno = errno;
-    if (rename_errno == ENOTEMPTY || rename_errno == EEXIST) {
+    if (rename_errno == ENOTEMPTY || rename_errno == EEXIST || rename_errno == ENOTDIR) {
       return absl::AlreadyExistsError(
-          absl::StrCat(target, ": appeared and is not empty; export not published"));
+          absl::StrCat(target, ": appeared and is not an empty directory; export not published"));
     }
     return ErrnoError(rename_errno, target, "rename exported directory into place");
   }
-  guard.Release();
-  return FsyncDirectory(parent);
+  published = true;
+  return parent_fd.Fsync();
 }
 
 }  // namespace megatrain::engine

@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "engine/io/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -458,25 +459,14 @@ absl::Status Unsupported(const std::string& field, const std::string& type, cons
 }
 
 absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) {
-      return absl::NotFoundError(absl::StrCat(path.string(), ": no such file"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", ec.message()));
+  // Note [Confined reads] in engine/io/dir_fd.h: below the job's roots, never
+  // a FIFO or device.
+  absl::StatusOr<std::string> text =
+      ReadInputFile(path.string(), static_cast<int64_t>(kMaxTokenizerFileBytes));
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat(path.string(), ": no such file"));
   }
-  if (size > kMaxTokenizerFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": ", size, " bytes, over the 1 GiB limit"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": read failed"));
-  }
-  return buffer.str();
+  return text;
 }
 
 absl::StatusOr<SplitBehavior> ParseBehavior(const std::string& s, const std::string& field) {

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/io/dir_fd.h"
 
 namespace megatrain::engine {
 namespace {
@@ -58,12 +59,14 @@ std::string DirectoryOf(const std::string& path) {
 // MappedFile
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoError(errno, path, "open");
+  // Note [Confined reads] in dir_fd.h: below the job's roots when the thread
+  // has a confinement; never blocks on a FIFO; regular files only.
+  absl::StatusOr<int> opened = OpenInputFile(path);
+  if (!opened.ok()) return opened.status();
+  return OpenDescriptor(*opened, path);
+}
 
+absl::StatusOr<MappedFile> MappedFile::OpenDescriptor(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int error_number = errno;

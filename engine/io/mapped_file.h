@@ -51,7 +51,14 @@ class MappedFile {
   // directory); RESOURCE_EXHAUSTED when the mapping fails for lack of address
   // space or memory; other errno values mapped by absl::ErrnoToStatus. Every
   // message starts with `path`.
+  // Opened with OpenInputFile (Note [Confined reads] in dir_fd.h): below
+  // the calling thread's ReadConfinement when it has one (PERMISSION_DENIED
+  // outside it), and a FIFO or device node is refused without blocking.
   static absl::StatusOr<MappedFile> Open(const std::string& path);
+
+  // Maps the file open as `fd`, which it takes over (closed in every case);
+  // `path` names it in messages. Errors as Open.
+  static absl::StatusOr<MappedFile> OpenDescriptor(int fd, const std::string& path);
 
   // An empty mapping: size() 0, path() "". Moved-from objects are empty too.
   MappedFile() = default;

@@ -3,6 +3,7 @@
 #include "engine/io/text_corpus.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/io/data_loader.h"
+#include "engine/io/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/io/token_shard.h"
 #include "engine/io/tokenizer.h"
@@ -208,9 +210,18 @@ absl::StatusOr<std::ifstream> OpenInput(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat("input_paths: ", path, ": is a directory; name the files"));
   }
-  std::ifstream in(path, std::ios::binary);
+  // Note [Confined reads] in engine/io/dir_fd.h: opened below the job's
+  // roots (never a FIFO); the stream reopens that very file through
+  // /proc/self/fd.
+  absl::StatusOr<int> fd = OpenInputFile(path);
+  if (!fd.ok()) {
+    return absl::Status(fd.status().code(), absl::StrCat("input_paths: ", fd.status().message()));
+  }
+  std::ifstream in(absl::StrCat("/proc/self/fd/", *fd), std::ios::binary);
+  const int open_errno = errno;
+  ::close(*fd);
   if (!in.is_open()) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("input_paths: ", path, ": cannot open"));
+    return absl::ErrnoToStatus(open_errno, absl::StrCat("input_paths: ", path, ": cannot open"));
   }
   return in;
 }

@@ -28,6 +28,7 @@
 // absl::string_view is its own class).
 #include "engine/io/tokenizer.h"
 
+#include "engine/io/dir_fd.h"
 #include "engine/io/hf_tokenizer.h"
 #include "engine/runtime/status_macros.h"
 
@@ -198,29 +199,30 @@ absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& model_path) {
     tokenizer.hf_ = std::make_shared<const HfTokenizer>(std::move(hf));
     return tokenizer;
   }
-  // Check the file ourselves: SentencePiece's codes for a missing file vary
-  // between versions, and it throws on a directory.
-  struct stat info;
-  if (::stat(model_path.c_str(), &info) != 0) {
-    const int error = errno;
-    if (error == ENOENT) {
-      return absl::NotFoundError(
-          absl::StrCat(model_path, ": SentencePiece model not found (no such file)"));
-    }
-    return absl::ErrnoToStatus(error,
-                               absl::StrCat(model_path, ": cannot read SentencePiece model"));
+  // Open the file ourselves (Note [Confined reads] in dir_fd.h: below the
+  // job's roots, never a FIFO), and let SentencePiece read that very file
+  // through /proc/self/fd. Also, its codes for a missing file vary between
+  // versions, and it throws on a directory.
+  absl::StatusOr<int> fd = OpenInputFile(model_path);
+  if (absl::IsNotFound(fd.status())) {
+    return absl::NotFoundError(
+        absl::StrCat(model_path, ": SentencePiece model not found (no such file)"));
   }
-  if (!S_ISREG(info.st_mode)) {
+  if (absl::IsInvalidArgument(fd.status())) {
     return absl::InvalidArgumentError(
-        absl::StrCat(model_path, ": not a regular file (expected a SentencePiece .model)"));
+        absl::StrCat(fd.status().message(), " (expected a SentencePiece .model)"));
   }
+  if (!fd.ok()) return fd.status();
+  const std::string fd_path = absl::StrCat("/proc/self/fd/", *fd);
   const absl::StatusOr<SpmModule>& module = Module();
   if (!module.ok()) {
+    ::close(*fd);
     return absl::Status(module.status().code(),
                         absl::StrCat(model_path, ": ", module.status().message()));
   }
   char error[kErrorBytes] = "";
-  void* processor = module->load(model_path.c_str(), error, sizeof(error));
+  void* processor = module->load(fd_path.c_str(), error, sizeof(error));
+  ::close(*fd);
   if (processor == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(model_path, ": not a valid SentencePiece model (", error, ")"));

@@ -19,8 +19,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/job/plan.h"
 #include "engine/io/input_checks.h"
+#include "engine/job/plan.h"
 #include "engine/job/training_job.h"
 
 namespace megatrain::server {
@@ -64,82 +64,95 @@ class EngineBackend {
                                                   const engine::PlanMachine& machine) {
     (void)model, (void)spec, (void)machine;
     return absl::UnimplementedError("PlanJob: not available without the engine");
-    // Note [Submit checks] (server/core/submit_checks.h). The defaults, for
-    // fakes that read no files, know nothing (zeros) and find nothing wrong.
-    //
-    // The model's vocab_size and max_position_embeddings: from
-    // `hf_config_json` (model.hf_dir's config.json, read by PreflightJobInputs)
-    // or the preset; INVALID_ARGUMENT / UNIMPLEMENTED as engine::ParseHfConfig.
-    struct ModelLimits {
-      int64_t vocab_size = 0;               // 0: unknown
-      int64_t max_position_embeddings = 0;  // 0: unknown
-    };
-    virtual absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
-                                                      const std::string& hf_config_json) {
-      (void)spec;
-      (void)hf_config_json;
-      return ModelLimits{};
-    }
-    // engine::ReadTokenShardHeaders.
-    virtual absl::StatusOr<std::vector<engine::TokenShardHeaderFacts>> ReadTokenShardHeaders(
-        const std::string& path) {
-      (void)path;
-      return std::vector<engine::TokenShardHeaderFacts>{};
-    }
-    // engine::CheckHfWeightHeaders with the model of `hf_config_json`.
-    virtual absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
-                                              const std::string& hf_config_json) {
-      (void)hf_dir;
-      (void)hf_config_json;
-      return absl::OkStatus();
-    }
+  }
 
-    // engine::TrainingJob::Create: builds the job on `device`, resuming from
-    // the checkpoint directory `resume_from` when given (spec.job_id set: a
-    // checkpoint naming another job is refused). May take long (loads
-    // the model); called on the job's own thread.
-    virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
-        const engine::JobSpec& spec, const std::string& device,
-        const std::optional<std::string>& resume_from) = 0;
-
-    // engine::ListCheckpoints: complete checkpoints under `output_dir`, oldest
-    // first; NOT_FOUND when the directory is missing.
-    virtual absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
-        const std::string& output_dir) = 0;
-
-    // engine::VerifyCheckpoint: the checkpoint's step, job id (state.json) and
-    // manifest hash; with `check_data` every file is read and checked against
-    // its XXH64. DATA_LOSS naming the file for anything that does not verify;
-    // NOT_FOUND for a missing directory.
-    virtual absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(
-        const std::string& checkpoint_dir, bool check_data) = 0;
-
-    // engine::ExportHfModel.
-    virtual absl::Status ExportHfModel(const std::string& checkpoint_dir,
-                                       const std::string& out_dir, const std::string& dtype) = 0;
-
-    // Number of CUDA devices usable by this process (0 without CUDA).
-    virtual int CudaDeviceCount() = 0;
-
-    // Measures the host <-> device bandwidth of `device` with pinned buffers
-    // (takes about a second): H2D copies, then `between_directions` (when
-    // set; on the calling thread), then D2H copies. UNIMPLEMENTED where not
-    // available (CPU).
-    virtual absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
-        const std::string& device, const std::function<void()>& between_directions) = 0;
+  // Note [Submit checks] (server/core/submit_checks.h). The defaults, for
+  // fakes that read no files, know nothing (zeros) and find nothing wrong.
+  //
+  // The model's vocab_size and max_position_embeddings: from
+  // `hf_config_json` (model.hf_dir's config.json, read by PreflightJobInputs)
+  // or the preset; INVALID_ARGUMENT / UNIMPLEMENTED as engine::ParseHfConfig.
+  struct ModelLimits {
+    int64_t vocab_size = 0;               // 0: unknown
+    int64_t max_position_embeddings = 0;  // 0: unknown
   };
+  virtual absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
+                                                    const std::string& hf_config_json) {
+    (void)spec;
+    (void)hf_config_json;
+    return ModelLimits{};
+  }
+  // engine::ReadTokenShardHeaders.
+  virtual absl::StatusOr<std::vector<engine::TokenShardHeaderFacts>> ReadTokenShardHeaders(
+      const std::string& path) {
+    (void)path;
+    return std::vector<engine::TokenShardHeaderFacts>{};
+  }
+  // engine::CheckHfWeightHeaders with the model of `hf_config_json`.
+  virtual absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
+                                            const std::string& hf_config_json) {
+    (void)hf_dir;
+    (void)hf_config_json;
+    return absl::OkStatus();
+  }
 
-  // The engine itself (defined in server/core/engine_backend.cc, library
-  // megatrain_server_engine, which links megatrain_engine).
-  std::unique_ptr<EngineBackend> NewEngineBackend();
+  // engine::TrainingJob::Create: builds the job on `device`, resuming from
+  // the checkpoint directory `resume_from` when given (spec.job_id set: a
+  // checkpoint naming another job is refused). May take long (loads
+  // the model); called on the job's own thread.
+  virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) = 0;
 
-  // Expands the --device flag into the devices jobs are scheduled on:
-  // "cpu" -> {"cpu"}; "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
-  // `cuda_device_count`); "auto" -> every CUDA device, or {"cpu"} when there is
-  // none; a comma-separated list of the above is also accepted ("cuda:0,cuda:2").
-  // INVALID_ARGUMENT naming --device for anything else or a missing device.
-  absl::StatusOr<std::vector<std::string>> ResolveDevices(absl::string_view flag,
-                                                          int cuda_device_count);
+  // engine::ListCheckpoints: complete checkpoints under `output_dir`, oldest
+  // first; NOT_FOUND when the directory is missing.
+  virtual absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) = 0;
+
+  // engine::VerifyCheckpoint: the checkpoint's step, job id (state.json) and
+  // manifest hash; with `check_data` every file is read and checked against
+  // its XXH64. DATA_LOSS naming the file for anything that does not verify;
+  // NOT_FOUND for a missing directory.
+  virtual absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
+                                                                  bool check_data) = 0;
+
+  // Removes checkpoint directory `checkpoint_dir`, which lies below
+  // `output_dir`, through a descriptor of `output_dir` without following
+  // symbolic links (Note [Directory descriptors] in engine/io/dir_fd.h). A
+  // missing directory is OK. INTERNAL when `checkpoint_dir` is not below
+  // `output_dir`; FAILED_PRECONDITION when a link is in the way; others
+  // from errno. May take as long as the file system: never call it under a
+  // lock others wait on. The default (server/core/job_manager.cc) is the
+  // one the daemon uses; tests override it to stand in for a slow disk.
+  virtual absl::Status RemoveCheckpointDir(const std::string& output_dir,
+                                           const std::string& checkpoint_dir);
+
+  // engine::ExportHfModel.
+  virtual absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                                     const std::string& dtype) = 0;
+
+  // Number of CUDA devices usable by this process (0 without CUDA).
+  virtual int CudaDeviceCount() = 0;
+
+  // Measures the host <-> device bandwidth of `device` with pinned buffers
+  // (takes about a second): H2D copies, then `between_directions` (when
+  // set; on the calling thread), then D2H copies. UNIMPLEMENTED where not
+  // available (CPU).
+  virtual absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) = 0;
+};
+
+// The engine itself (defined in server/core/engine_backend.cc, library
+// megatrain_server_engine, which links megatrain_engine).
+std::unique_ptr<EngineBackend> NewEngineBackend();
+
+// Expands the --device flag into the devices jobs are scheduled on:
+// "cpu" -> {"cpu"}; "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
+// `cuda_device_count`); "auto" -> every CUDA device, or {"cpu"} when there is
+// none; a comma-separated list of the above is also accepted ("cuda:0,cuda:2").
+// INVALID_ARGUMENT naming --device for anything else or a missing device.
+absl::StatusOr<std::vector<std::string>> ResolveDevices(absl::string_view flag,
+                                                        int cuda_device_count);
 
 }  // namespace megatrain::server
 

@@ -680,8 +680,16 @@ void JobManager::RunJob(Active* active, JobRecord job) {
       if (!intact->empty()) resume_from = *intact;
       engine::JobSpec spec = job.request.spec;
       spec.job_id = job.id;  // written into its checkpoints, required of resume_from
+      // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
+      // opens on this thread, now and while it runs, stays below the roots.
+      absl::StatusOr<engine::ReadConfinement> confinement =
+          options_.path_policy.ConfineJobReads(&spec, job.owner);
+      std::optional<engine::ScopedReadConfinement> confined;
+      if (confinement.ok()) confined.emplace(&*confinement);
       absl::StatusOr<std::unique_ptr<engine::TrainingJob>> created =
-          backend_->CreateJob(spec, active->device, resume_from);
+          confinement.ok()
+              ? backend_->CreateJob(spec, active->device, resume_from)
+              : absl::StatusOr<std::unique_ptr<engine::TrainingJob>>(confinement.status());
       if (!created.ok()) {
         outcome = created.status();
       } else {
@@ -860,7 +868,8 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobManager::RecordedCheckpoints(
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
                              store_->ListCheckpoints(job.id));
   // Only the recorded path is looked at (no directory scan): a record whose
-  // directory is gone (retention, deleted by hand) is not listed.
+  // directory is gone (retention, deleted by hand) is not listed. A stat
+  // per record: never called under mu_ (Note [Lock-free admission]).
   std::vector<CheckpointRecord> present;
   for (CheckpointRecord& checkpoint : recorded) {
     std::error_code ec;
@@ -883,7 +892,7 @@ void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t wr
 }
 
 std::string JobManager::LatestCheckpointDir(const JobRecord& job) {
-  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = RecordedCheckpoints(job);
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = store_->ListCheckpoints(job.id);
   if (!checkpoints.ok()) {
     LogWarning(absl::StrCat(job.id, ": listing checkpoints: ", checkpoints.status().ToString()));
     return job.resume_from;
@@ -1150,41 +1159,58 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller, absl::string_
   return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
 }
 
-absl::Status JobManager::RemoveCheckpointDir(const JobRecord& job, const std::string& dir) {
+absl::Status EngineBackend::RemoveCheckpointDir(const std::string& output_dir,
+                                                const std::string& checkpoint_dir) {
   // Note [Directory descriptors] in engine/io/dir_fd.h: reached from the job's
   // output directory one component at a time, never through a link.
-  const fs::path output_dir = fs::path(job.request.spec.output_dir).lexically_normal();
-  const fs::path relative = fs::path(dir).lexically_normal().lexically_relative(output_dir);
+  const fs::path root = fs::path(output_dir).lexically_normal();
+  const fs::path relative = fs::path(checkpoint_dir).lexically_normal().lexically_relative(root);
   if (relative.empty() || *relative.begin() == ".." || relative.is_absolute() ||
       !relative.has_filename()) {
-    return absl::InternalError(absl::StrCat("checkpoint directory '", dir,
-                                            "' is not inside the job's output_dir '",
-                                            output_dir.string(), "'"));
+    return absl::InternalError(absl::StrCat("checkpoint directory '", checkpoint_dir,
+                                            "' is not inside the job's output_dir '", root.string(),
+                                            "'"));
   }
   absl::StatusOr<engine::DirFd> parent =
       relative.has_parent_path()
-          ? engine::DirFd::OpenBeneath(output_dir.string(), relative.parent_path().string(),
+          ? engine::DirFd::OpenBeneath(root.string(), relative.parent_path().string(),
                                        engine::DirFd::Create::kNo)
-          : engine::DirFd::Open(output_dir.string());
+          : engine::DirFd::Open(root.string());
+  if (absl::IsNotFound(parent.status())) return absl::OkStatus();
   if (!parent.ok()) return parent.status();
   return parent->RemoveTreeAt(relative.filename().string());
 }
 
 absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
                                           absl::string_view checkpoint_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  // Access and existence without mu_ (a stat of the recorded directory).
   JobRecord job;
   MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint,
                              FindCheckpoint(caller, checkpoint_id, &job));
-  if ((job.state == JobState::kQueued || job.state == JobState::kSuspended) &&
-      job.resume_from == checkpoint.dir) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", checkpoint_id, "' is where ",
-                                                      JobStateName(job.state), " job ", job.id,
-                                                      " resumes from"));
+  {
+    // Under mu_ only the store: the job's state now, then the record goes,
+    // so that no resume chosen from here on can pick this checkpoint.
+    std::lock_guard<std::mutex> lock(mu_);
+    MEGATRAIN_ASSIGN_OR_RETURN(job, store_->GetJob(job.id));
+    if ((job.state == JobState::kQueued || job.state == JobState::kSuspended) &&
+        job.resume_from == checkpoint.dir) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint '", checkpoint_id,
+                                                        "' is where ", JobStateName(job.state),
+                                                        " job ", job.id, " resumes from"));
+    }
+    MEGATRAIN_RETURN_IF_ERROR(store_->DeleteCheckpoint(job.id, checkpoint.step));
   }
-  MEGATRAIN_RETURN_IF_ERROR(RemoveCheckpointDir(job, checkpoint.dir));
+  // The files without mu_: a slow or hung file system stalls this call only.
+  absl::Status removed = backend_->RemoveCheckpointDir(job.request.spec.output_dir, checkpoint.dir);
+  if (!removed.ok()) {
+    // Recorded again, so that the owner can retry the delete; a partly
+    // removed checkpoint fails verification at resume and is quarantined.
+    absl::Status recorded = store_->RecordCheckpoint(checkpoint);
+    if (!recorded.ok()) LogError(absl::StrCat(checkpoint_id, ": ", recorded.ToString()));
+    return removed;
+  }
   LogInfo(absl::StrCat(checkpoint_id, ": deleted by ", caller.name));
-  return store_->DeleteCheckpoint(job.id, checkpoint.step);
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------

@@ -42,9 +42,11 @@
 // request, never other users' calls nor the drain (--shutdown_timeout).
 // Get and List never take mu_, and queue positions are indexed counts
 // (JobStore::QueuePosition); a scheduling pass reads the queue a page at a
-// time and stops at the first job that cannot start. Not yet moved out:
-// listing a job's checkpoints on disk (Resume, FinishJob, Recover,
-// DeleteCheckpoint) and deleting a checkpoint still run under mu_.
+// time and stops at the first job that cannot start. Checkpoints likewise:
+// under mu_ a checkpoint is chosen from its records only (no stat of its
+// directory; SelectResumeCheckpoint verifies it on the job's thread), and
+// ListCheckpoints, ExportCheckpoint and DeleteCheckpoint look at the
+// directories, and DeleteCheckpoint removes one, without mu_.
 //
 // Note [Crash recovery]
 // Every transition is committed to the JobStore before it takes effect. On
@@ -283,7 +285,9 @@ class JobManager {
   // Fills queue_position of QUEUED jobs.
   void FillQueuePositions(std::vector<JobRecord*> jobs);
   // Note [Checkpoint ownership]. Newest recorded checkpoint directory of
-  // `job` that exists; "" when none (job.resume_from when the store fails).
+  // `job`, from the store only (no file I/O: called under mu_; a directory
+  // that has vanished is found out by SelectResumeCheckpoint at start); ""
+  // when none (job.resume_from when the store fails).
   std::string LatestCheckpointDir(const JobRecord& job);
   // The recorded checkpoints of `job` whose directories exist, oldest first.
   absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
@@ -313,12 +317,6 @@ class JobManager {
   absl::Status CheckStoreMatchesJobsDir();
   absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
                                                   absl::string_view checkpoint_id, JobRecord* job);
-
-  // Removes checkpoint directory `dir` of `job` through a descriptor of the
-  // job's output_dir without following links (engine/io/dir_fd.h). INTERNAL
-  // when `dir` is not below output_dir; FAILED_PRECONDITION when a link is
-  // in the way.
-  absl::Status RemoveCheckpointDir(const JobRecord& job, const std::string& dir);
 
   void ScheduleLocked();
   void MaybePreemptLocked(const JobRecord& waiting);

@@ -6,12 +6,13 @@
 // served by a fixed pool of max_connections threads, so a scrape finds a
 // free thread while fewer than that many clients are connected, however
 // slow they are; beyond it, new connections wait in the accept queue. A
-// client that sends nothing for header_read_timeout (while its request
-// headers are read, or between keep-alive requests) is disconnected; a
-// response that cannot be written within write_timeout is abandoned. Known
-// gap: httplib times each read, not the whole request, so a client that
-// trickles one byte just inside header_read_timeout keeps its thread until
-// httplib's 8 KiB line caps end the request.
+// client that sends nothing for header_read_timeout is disconnected; a
+// response write that makes no progress for write_timeout is abandoned; and
+// every connection is closed once request_timeout has passed since a
+// thread began serving it, whatever it sends: a client that trickles one byte just inside
+// header_read_timeout holds a thread for at most request_timeout. Each
+// connection serves one request (no keep-alive), so the deadline bounds a
+// thread's whole time with one client.
 //
 // Thread-safety: Start/Stop from one thread; requests are served on
 // httplib's worker threads. Ownership: owns its listener thread; the
@@ -42,6 +43,11 @@ struct MetricsHttpOptions {
   absl::Duration header_read_timeout = absl::Seconds(2);
   // A response write that makes no progress for this long is abandoned.
   absl::Duration write_timeout = absl::Seconds(5);
+  // A connection is closed this long after a thread began serving it,
+  // request read or not, response written or not. Why 5 s: a scrape (a few hundred bytes
+  // in, tens of KiB out) takes milliseconds; Prometheus' default scrape
+  // timeout is 10 s, so a scrape that would miss 5 s is lost anyway.
+  absl::Duration request_timeout = absl::Seconds(5);
 };
 
 class MetricsHttpServer {
@@ -63,6 +69,8 @@ class MetricsHttpServer {
   void Stop();
 
  private:
+  class DeadlineServer;
+
   MetricsHttpServer() = default;
 
   std::unique_ptr<httplib::Server> http_;

@@ -234,6 +234,39 @@ absl::Status PathPolicy::CheckJobSpec(const engine::JobSpec& spec, absl::string_
   return CheckWrite("output_dir", spec.output_dir);
 }
 
+absl::StatusOr<engine::ReadConfinement> PathPolicy::ConfineJobReads(engine::JobSpec* spec,
+                                                                    absl::string_view user) const {
+  for (auto [field, path] :
+       {std::pair<const char*, std::string*>{"model.hf_dir", &spec->model.hf_dir},
+        {"data.tokens", &spec->data.tokens},
+        {"data.eval_tokens", &spec->data.eval_tokens},
+        {"data.text", &spec->data.text},
+        {"data.tokenizer", &spec->data.tokenizer}}) {
+    if (path->empty()) continue;
+    MEGATRAIN_ASSIGN_OR_RETURN(*path, ResolvePathBeneath(field, *path));
+  }
+  std::vector<engine::ReadConfinement::Root> roots;
+  if (shown_data_roots_.empty()) {
+    roots.push_back({"/", /*follow_links=*/true});
+  } else {
+    for (const std::string& root : data_roots_) roots.push_back({root, /*follow_links=*/true});
+    for (std::string& root : ResolveUserRoots(user_data_roots_, user)) {
+      roots.push_back({std::move(root), /*follow_links=*/true});
+    }
+  }
+  if (!spec->output_dir.empty()) {
+    roots.push_back({fs::path(spec->output_dir).lexically_normal().string(),
+                     /*follow_links=*/false});
+  }
+  absl::StatusOr<engine::ReadConfinement> confinement = engine::ReadConfinement::Create(roots);
+  if (!confinement.ok()) {
+    return absl::Status(confinement.status().code(),
+                        absl::StrCat("job start: opening the roots it reads below: ",
+                                     confinement.status().message()));
+  }
+  return confinement;
+}
+
 // ---------------------------------------------------------------------------
 // Note [Input preflight].
 

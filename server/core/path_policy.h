@@ -19,10 +19,11 @@
 // the path, what it resolves to and the roots. So a symbolic link inside a
 // root that points outside it is refused.
 //
-// Checks run at submission and again when a job starts (JobManager), which
-// narrows, but does not close, the window in which a user with write access
-// inside a root could swap a checked directory for a symbolic link; the
-// engine opens input files with ordinary open(2). The files the daemon
+// Checks run at submission and again when a job starts (JobManager); the
+// window after them, in which a user with write access inside a root could
+// swap a checked file or directory for a symbolic link, is closed by
+// opening every input below its root at use time (ConfineJobReads; Note
+// [Confined reads] in engine/io/dir_fd.h). The files the daemon
 // itself creates, renames and deletes in a job's output directory go
 // through a descriptor of that directory without following symbolic links
 // (engine/io/dir_fd.h, Note [Directory descriptors]). Run the daemon as a
@@ -70,6 +71,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/io/dir_fd.h"
 #include "engine/job/training_job.h"
 
 namespace megatrain::server {
@@ -107,6 +109,17 @@ class PathPolicy {
   // data.tokens, data.eval_tokens, data.text and data.tokenizer are read;
   // output_dir is written. The first refusal is returned.
   absl::Status CheckJobSpec(const engine::JobSpec& spec, absl::string_view user = "") const;
+
+  // Note [Confined reads] in engine/io/dir_fd.h, at a job's start (after
+  // CheckJobSpec): rewrites the input paths of `spec` (model.hf_dir,
+  // data.*) to their resolved form (ResolvePathBeneath) and returns the
+  // confinement the engine reads them under: the data roots of `user`
+  // (links inside them that stay inside followed; "/" when reads are
+  // unrestricted) and spec->output_dir (no links), each held open from now
+  // on. Errors of ResolvePathBeneath and ReadConfinement::Create (naming
+  // the field or the root).
+  absl::StatusOr<engine::ReadConfinement> ConfineJobReads(engine::JobSpec* spec,
+                                                          absl::string_view user) const;
 
   // Every root as refusals name it: resolved roots, then (data) the
   // "{user}" roots as written; empty when that kind is unrestricted.

@@ -11,7 +11,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
+#include <thread>
 #include <sstream>
 
 #include <grpc/grpc.h>
@@ -77,6 +79,13 @@ absl::Status CheckLimits(const DaemonOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_watch_streams: must be in [1, --max_threads / 2 = ", options.max_threads / 2,
         "], got ", options.max_watch_streams));
+  }
+  if (options.max_watch_streams_per_user < 0 ||
+      options.max_watch_streams_per_user > options.max_watch_streams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_watch_streams_per_user: must be in [0, --max_watch_streams = ",
+                     options.max_watch_streams, "] (0: three quarters of it), got ",
+                     options.max_watch_streams_per_user));
   }
   return absl::OkStatus();
 }
@@ -273,8 +282,13 @@ struct Daemon::Parts {
   std::string grpc_host;
   int grpc_port = 0;
   bool shut_down = false;
+  // Ready once grpc_server->Wait() returned (Shutdown); the server is not
+  // destroyed before.
+  std::shared_future<void> handlers_done;
 
   ~Parts() {
+    if (handlers_done.valid()) handlers_done.wait();
+    grpc_server.reset();
     if (lock_fd >= 0) ::close(lock_fd);
   }
 };
@@ -447,7 +461,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
 
   // gRPC.
   p.job_service = std::make_unique<JobServiceImpl>(p.manager.get(), p.auth.get(), p.metrics.get(),
-                                                   p.audit.get(), opt.max_watch_streams);
+                                                   p.audit.get(), opt.max_watch_streams,
+                                                   opt.max_watch_streams_per_user);
   p.checkpoint_service = std::make_unique<CheckpointServiceImpl>(p.manager.get(), p.auth.get(),
                                                                  p.metrics.get(), p.audit.get());
   p.server_service =
@@ -524,6 +539,7 @@ bool Daemon::Shutdown(absl::Duration drain_timeout) {
   if (p.shut_down) return true;
   p.shut_down = true;
   LogInfo("shutting down: refusing new work, checkpointing running jobs");
+  const absl::Time deadline = absl::Now() + drain_timeout;
   p.grpc_server->GetHealthCheckService()->SetServingStatus(false);
   const bool drained = p.manager->Drain(drain_timeout);
   if (!drained) {
@@ -531,9 +547,35 @@ bool Daemon::Shutdown(absl::Duration drain_timeout) {
     return false;
   }
   // Watchers end with UNAVAILABLE within a second of the drain; give
-  // in-flight unary calls a moment, then cancel what is left.
-  p.grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  p.grpc_server->Wait();
+  // in-flight unary calls a moment (at most 5 s, and not past the drain
+  // deadline), then cancel what is left. A handler blocked in file I/O (a
+  // hung file system under a submission) does not return when cancelled:
+  // the wait for the handlers is bounded too, so that --shutdown_timeout
+  // always applies (the caller then exits without destructors).
+  const absl::Time calls_deadline =
+      std::max(std::min(absl::Now() + absl::Seconds(5), deadline), absl::Now());
+  auto stopped = std::make_shared<std::promise<void>>();
+  p.handlers_done = stopped->get_future().share();
+  grpc::Server* server = p.grpc_server.get();
+  // grpc's Shutdown itself waits for the handlers after cancelling them, so
+  // both run on a thread of their own.
+  std::thread([server, stopped, calls_deadline] {
+    server->Shutdown(absl::ToChronoTime(calls_deadline));
+    server->Wait();
+    stopped->set_value();
+  }).detach();
+  // One second past the deadline for the cancelled calls to unwind.
+  const absl::Duration wait =
+      std::max(deadline - absl::Now(), absl::ZeroDuration()) + absl::Seconds(1);
+  if (wait == absl::InfiniteDuration()) {
+    p.handlers_done.wait();
+  } else if (p.handlers_done.wait_for(absl::ToChronoNanoseconds(wait)) !=
+             std::future_status::ready) {
+    LogError(
+        "shutdown: RPC handlers still running after the shutdown timeout (blocked in file "
+        "I/O?)");
+    return false;
+  }
   if (p.http != nullptr) p.http->Stop();
   LogInfo("shutdown complete");
   return true;

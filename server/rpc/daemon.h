@@ -97,6 +97,10 @@ struct DaemonOptions {
   // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
   // unary calls always find threads.
   int max_watch_streams = 64;
+  // Most concurrent WatchJob streams of one user, in [0, max_watch_streams];
+  // 0: three quarters of max_watch_streams, rounded up (48 of 64), so that
+  // one user cannot take every stream from the others.
+  int max_watch_streams_per_user = 0;
   // Mutating calls are refused with RESOURCE_EXHAUSTED while the state
   // directory's file system has less than this free, in bytes (Note [Audit
   // fail closed], audit_log.h). Not a flag; tests raise it.
@@ -139,9 +143,12 @@ class Daemon {
 
   // SIGTERM sequence: health reports NOT_SERVING and new work is refused
   // (UNAVAILABLE); every running job writes a checkpoint and is re-queued;
-  // then the listeners close. Returns false when jobs were still running
-  // after `drain_timeout` (the caller should exit without destroying the
-  // daemon). Idempotent.
+  // then the listeners close. Returns within about `drain_timeout` + 1 s
+  // whatever the jobs and RPC handlers do: false when jobs were still
+  // running after `drain_timeout`, or RPC handlers (cancelled) had not
+  // returned by then, e.g. blocked in file I/O (the caller should exit
+  // without destroying the daemon, whose destructor would wait for them).
+  // Idempotent.
   bool Shutdown(absl::Duration drain_timeout);
 
  private:

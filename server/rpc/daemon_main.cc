@@ -81,6 +81,9 @@ int RunDaemonMain(int argc, char** argv,
                  "Most threads of the gRPC server (calls beyond: RESOURCE_EXHAUSTED)");
   app.add_option("--max_watch_streams", options.max_watch_streams,
                  "Most concurrent WatchJob streams (at most --max_threads / 2)");
+  app.add_option("--max_watch_streams_per_user", options.max_watch_streams_per_user,
+                 "Most concurrent WatchJob streams of one user (at most --max_watch_streams; "
+                 "0: three quarters of it, rounded up)");
   app.add_option("--max_running_jobs_per_user", options.max_running_jobs_per_user,
                  "Running jobs per user (0: no limit)");
   app.add_option("--max_queued_jobs_per_user", options.max_queued_jobs_per_user,

@@ -34,3 +34,9 @@ add_test(NAME integration_install
           $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(integration_install PROPERTIES LABELS integration TIMEOUT 900)
+# Reads confined below the data roots at use time (issue 14).
+add_test(NAME integration_input_confinement
+  COMMAND bash ${_it_dir}/input_confinement_test.sh
+          $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(integration_input_confinement PROPERTIES LABELS integration TIMEOUT 900)

@@ -104,6 +104,14 @@ class FakeEngineBackend final : public EngineBackend {
                                                           bool check_data) override;
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override;
+  // Runs `before_remove_checkpoint` (when set; a stand-in for a slow disk),
+  // then the daemon's own removal (EngineBackend::RemoveCheckpointDir).
+  absl::Status RemoveCheckpointDir(const std::string& output_dir,
+                                   const std::string& checkpoint_dir) override {
+    if (before_remove_checkpoint) before_remove_checkpoint(checkpoint_dir);
+    return EngineBackend::RemoveCheckpointDir(output_dir, checkpoint_dir);
+  }
+  std::function<void(const std::string&)> before_remove_checkpoint;
   // Number of VerifyCheckpoint calls so far.
   int verify_calls();
   int CudaDeviceCount() override { return cuda_device_count; }

@@ -100,9 +100,11 @@ TEST_F(CheckpointPathsTest, RetentionAndCleanupRemoveLinksWithoutFollowingThem) 
   absl::StatusOr<CheckpointInfo> written = WriteCheckpoint(*store_, StateAt(2), job_, KeepLast(1));
   ASSERT_THAT(written, IsOk());
   EXPECT_EQ(written->dir, root + "/step-00000002");
-  // The temp link went as a link; the step link is not ours and stays;
-  // step 1 (a real directory) was retired by keep_last 1.
-  EXPECT_THAT(ListDir(root), ElementsAre("step-00000000", "step-00000002"));
+  // Neither link was recorded by the writer (Note [Checkpoint ledger]):
+  // both stay, unfollowed; step 1 (published by the writer) was retired by
+  // keep_last 1.
+  EXPECT_THAT(ListDir(root), ElementsAre(".ledger.json", ".tmp-step-00000000.abcdef",
+                                         "step-00000000", "step-00000002"));
   EXPECT_TRUE(fs::is_symlink(root + "/step-00000000"));
   ExpectOutsideUntouched();
 }

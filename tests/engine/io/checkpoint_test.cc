@@ -120,6 +120,12 @@ CheckpointSpec KeepAll() {
   return spec;
 }
 
+CheckpointSpec KeepLast(int64_t count) {
+  CheckpointSpec spec;
+  spec.keep_last = count;
+  return spec;
+}
+
 void FlipByte(const std::string& path, std::streamoff offset) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
   ASSERT_TRUE(file.good()) << path;
@@ -319,9 +325,44 @@ TEST(CheckpointTest, CrashLeavesPreviousCheckpointLoadable) {
   EXPECT_EQ(state->step, 2);
   ExpectBuffersBitIdentical(*step2, *restored);
 
-  // The next write cleans the leftovers.
+  // The next write leaves them alone: the writer did not record them (Note
+  // [Checkpoint ledger]; a user may have put them there).
   ASSERT_THAT(WriteCheckpoint(*step2, StateAt(3), output_dir, KeepAll()), IsOk());
-  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001", "step-00000002", "step-00000003"));
+  EXPECT_THAT(ListDir(root),
+              ElementsAre(".ledger.json", ".tmp-delete-step-00000000", ".tmp-step-00000003.Ab12Cd",
+                          "step-00000001", "step-00000002", "step-00000003"));
+}
+
+// Note [Checkpoint ledger]: a temporary the writer recorded (a crashed
+// write) is removed by the next write; one it did not record, and a
+// `step-*` directory it did not publish, are never deleted.
+TEST(CheckpointTest, OnlyRecordedEntriesAreDeleted) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  const std::string root = output_dir + "/checkpoints";
+  std::unique_ptr<HostStore> store = MakeStore(TinyConfig(), /*seed=*/26);
+  ASSERT_THAT(WriteCheckpoint(*store, StateAt(2), output_dir, KeepLast(1)), IsOk());
+  // Planted by a user: an older step and a temporary named like the writer's.
+  std::filesystem::create_directories(root + "/step-00000001");
+  std::ofstream(root + "/step-00000001/mine") << "mine";
+  std::filesystem::create_directories(root + "/.tmp-step-00000003.XyZ123");
+  // A crashed write of step 3, recorded in the ledger by the writer.
+  std::filesystem::create_directories(root + "/.tmp-step-00000003.Ab12Cd");
+  {
+    std::ifstream in(root + "/.ledger.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_NE(text.find("\"step-00000002\""), std::string::npos) << text;
+  }
+  std::ofstream(root + "/.ledger.json", std::ios::trunc)
+      << R"({"format": "megatrain-checkpoint-ledger", "version": 1,
+             "checkpoints": ["step-00000002"], "temporaries": [".tmp-step-00000003.Ab12Cd"]})";
+
+  ASSERT_THAT(WriteCheckpoint(*store, StateAt(4), output_dir, KeepLast(1)), IsOk());
+
+  // Step 2 (published by the writer) was retired by keep_last 1; the
+  // planted entries stay; the recorded leftover is gone.
+  EXPECT_THAT(ListDir(root), ElementsAre(".ledger.json", ".tmp-step-00000003.XyZ123",
+                                         "step-00000001", "step-00000004"));
+  EXPECT_THAT(ListDir(root + "/step-00000001"), ElementsAre("mine"));
 }
 
 // Bytes of one checkpoint of TinyConfig() (the sum of its files).
@@ -352,11 +393,11 @@ TEST(CheckpointDiskFullTest, EnospcRemovesThePartialCheckpointAndKeepsTheEarlier
           AllOf(HasSubstr("writing checkpoint step-00000002: " + root + "/.tmp-step-00000002."),
                 HasSubstr(": write: No space left on device (ENOSPC)"), HasSubstr("was removed"),
                 HasSubstr("earlier checkpoints are intact (newest: " + root + "/step-00000001)"))));
-  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001"));
+  EXPECT_THAT(ListDir(root), ElementsAre(".ledger.json", "step-00000001"));
   // Replacing an existing step on a full disk keeps the old one too.
   EXPECT_THAT(WriteCheckpoint(*step2, StateAt(1), output_dir, KeepAll()),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("(ENOSPC)")));
-  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001"));
+  EXPECT_THAT(ListDir(root), ElementsAre(".ledger.json", "step-00000001"));
   std::unique_ptr<HostStore> restored = MakeStore(TinyConfig(), /*seed=*/23);
   absl::StatusOr<CheckpointState> state = ReadCheckpoint(root + "/step-00000001", restored.get());
   ASSERT_THAT(state, IsOk());
@@ -386,7 +427,7 @@ TEST(CheckpointDiskFullTest, FileSizeLimitIsResourceExhaustedAndCleansUp) {
   EXPECT_THAT(written, StatusIs(absl::StatusCode::kResourceExhausted,
                                 AllOf(HasSubstr("/master.bin: write: File too large (EFBIG)"),
                                       HasSubstr("was removed"))));
-  EXPECT_THAT(ListDir(root), ElementsAre("step-00000001"));
+  EXPECT_THAT(ListDir(root), ElementsAre(".ledger.json", "step-00000001"));
   std::unique_ptr<HostStore> restored = MakeStore(TinyConfig(), /*seed=*/25);
   ASSERT_THAT(ReadCheckpoint(root + "/step-00000001", restored.get()), IsOk());
   ExpectBuffersBitIdentical(*step1, *restored);
@@ -407,7 +448,8 @@ TEST(CheckpointTest, RetentionKeepsLastKPlusEveryMth) {
   ASSERT_THAT(listed, IsOk());
   EXPECT_THAT(Steps(*listed), ElementsAre(3, 6, 7, 8));
   EXPECT_THAT(ListDir(output_dir + "/checkpoints"),
-              ElementsAre("step-00000003", "step-00000006", "step-00000007", "step-00000008"));
+              ElementsAre(".ledger.json", "step-00000003", "step-00000006", "step-00000007",
+                          "step-00000008"));
 }
 
 TEST(CheckpointTest, RewritingAStepReplacesIt) {
@@ -421,7 +463,7 @@ TEST(CheckpointTest, RewritingAStepReplacesIt) {
   absl::StatusOr<CheckpointInfo> info = WriteCheckpoint(*second, state, output_dir, KeepAll());
   ASSERT_THAT(info, IsOk());
 
-  EXPECT_THAT(ListDir(output_dir + "/checkpoints"), ElementsAre("step-00000005"));
+  EXPECT_THAT(ListDir(output_dir + "/checkpoints"), ElementsAre(".ledger.json", "step-00000005"));
   std::unique_ptr<HostStore> restored = MakeStore(TinyConfig(), /*seed=*/17);
   absl::StatusOr<CheckpointState> read = ReadCheckpoint(info->dir, restored.get());
   ASSERT_THAT(read, IsOk());

@@ -6,10 +6,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "tests/testing/status_matchers.h"
@@ -141,6 +143,104 @@ TEST_F(DirFdTest, RefusesComponentsThatClimbOrNest) {
   EXPECT_THAT(DirFd::Open(base_ + "/missing"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
   ExpectOutsideUntouched();
+}
+
+// --- Note [Confined reads] ----------------------------------------------------
+
+// <base>/data        a data root (links inside it allowed)
+// <base>/job         the job's output_dir (no links)
+// <base>/outside     another user's file
+class ReadConfinementTest : public DirFdTest {
+ protected:
+  void SetUp() override {
+    DirFdTest::SetUp();
+    data_ = base_ + "/data";
+    fs::create_directories(data_ + "/hf/blobs");
+    fs::create_directories(data_ + "/hf/snapshots");
+    std::ofstream(data_ + "/tokens.mtt") << "tokens";
+    std::ofstream(data_ + "/hf/blobs/abc") << "config";
+    fs::create_symlink("../blobs/abc", data_ + "/hf/snapshots/config.json");
+    std::ofstream(job_ + "/own") << "own";
+    absl::StatusOr<ReadConfinement> confinement =
+        ReadConfinement::Create({{data_, /*follow_links=*/true}, {job_, /*follow_links=*/false}});
+    ASSERT_THAT(confinement, IsOk());
+    confinement_.emplace(*std::move(confinement));
+  }
+
+  static std::string ReadAll(int fd) {
+    std::string text(64, '\0');
+    const ssize_t n = ::read(fd, text.data(), text.size());
+    ::close(fd);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return text;
+  }
+
+  std::string data_;
+  std::optional<ReadConfinement> confinement_;
+};
+
+TEST_F(ReadConfinementTest, ReadsFilesBelowTheRootsAndLinksThatStayInside) {
+  ScopedReadConfinement scope(&*confinement_);
+  absl::StatusOr<int> tokens = OpenInputFile(data_ + "/tokens.mtt");
+  ASSERT_THAT(tokens, IsOk());
+  EXPECT_EQ(ReadAll(*tokens), "tokens");
+  // A Hugging Face cache: snapshots/<file> -> ../blobs/<hash>, inside the root.
+  EXPECT_THAT(ReadInputFile(data_ + "/hf/snapshots/config.json", 1024), IsOk());
+  absl::StatusOr<int> own = OpenInputFile(job_ + "/own");
+  ASSERT_THAT(own, IsOk());
+  EXPECT_EQ(ReadAll(*own), "own");
+}
+
+TEST_F(ReadConfinementTest, LinkSwappedInThatLeadsOutIsPermissionDenied) {
+  // After the daemon checked data/tokens.mtt, it becomes a link to another
+  // user's file.
+  fs::remove(data_ + "/tokens.mtt");
+  fs::create_symlink(outside_ + "/keep", data_ + "/tokens.mtt");
+  ScopedReadConfinement scope(&*confinement_);
+  EXPECT_THAT(OpenInputFile(data_ + "/tokens.mtt"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr(data_ + "/tokens.mtt: resolves outside " + data_)));
+  // A relative link climbing out, and a swapped directory, likewise.
+  fs::create_symlink("../outside", data_ + "/dir");
+  EXPECT_THAT(ReadInputFile(data_ + "/dir/keep", 1024),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("resolves outside")));
+  ExpectOutsideUntouched();
+}
+
+TEST_F(ReadConfinementTest, OutputDirFollowsNoLinkAndPathsOutsideEveryRootAreRefused) {
+  fs::create_symlink(job_ + "/own", job_ + "/link");
+  ScopedReadConfinement scope(&*confinement_);
+  EXPECT_THAT(OpenInputFile(job_ + "/link"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("symbolic link")));
+  EXPECT_THAT(OpenInputFile(outside_ + "/keep"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("lies outside the directories this job may read")));
+}
+
+TEST_F(ReadConfinementTest, FifoIsRefusedWithoutBlocking) {
+  const std::string fifo = data_ + "/tokens.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  {
+    ScopedReadConfinement scope(&*confinement_);
+    EXPECT_THAT(OpenInputFile(fifo), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("not a regular file (a FIFO)")));
+  }
+  // Without a confinement too (the engine's CLI and tests).
+  EXPECT_THAT(ReadInputFile(fifo, 1024), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  HasSubstr("not a regular file (a FIFO)")));
+}
+
+TEST_F(ReadConfinementTest, ScopeEndsWithItsObject) {
+  {
+    ScopedReadConfinement scope(&*confinement_);
+    EXPECT_THAT(OpenInputFile(outside_ + "/keep"),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lies outside")));
+  }
+  absl::StatusOr<int> fd = OpenInputFile(outside_ + "/keep");
+  ASSERT_THAT(fd, IsOk());
+  EXPECT_EQ(ReadAll(*fd), "precious");
+  EXPECT_THAT(ReadInputFile(outside_ + "/keep", 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 3")));
 }
 
 }  // namespace

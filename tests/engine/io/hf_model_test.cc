@@ -470,15 +470,37 @@ TEST(HfModelTest, ExportRefusesNonEmptyDirectory) {
   EXPECT_THAT(ExportHfDirectory(*source, dir + "/empty", ExportDtype::kFp32), IsOk());
 }
 
-TEST(HfModelTest, ExportRemovesTemporaryDirectoryOfACrashedExport) {
+// Issue 14: temporaries are deleted only when the writer made them; a
+// user's entry named like one is left alone.
+TEST(HfModelTest, ExportLeavesAnEntryNamedLikeItsTemporaryAlone) {
   const std::string dir = testing::MakeTempDir("hf_model_test");
   std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/19);
   std::filesystem::create_directories(dir + "/.export.tmp.abc123");
-  std::ofstream(dir + "/.export.tmp.abc123/model.safetensors") << "partial";
+  std::ofstream(dir + "/.export.tmp.abc123/model.safetensors") << "mine";
 
   ASSERT_THAT(ExportHfDirectory(*source, dir + "/export", ExportDtype::kFp32), IsOk());
 
-  EXPECT_THAT(ListDir(dir), ::testing::ElementsAre("export"));
+  EXPECT_THAT(ListDir(dir), ::testing::ElementsAre(".export.tmp.abc123", "export"));
+  EXPECT_THAT(ListDir(dir + "/export"),
+              ::testing::ElementsAre("config.json", "generation_config.json", "model.safetensors"));
+}
+
+// Issue 14: an export never writes through a symbolic link at its target.
+TEST(HfModelTest, ExportRefusesASymbolicLinkAtItsTargetAndWritesNothingOutside) {
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  const std::string outside = testing::MakeTempDir("hf_model_test");
+  std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/20);
+  std::filesystem::create_directory_symlink(outside, dir + "/export");
+
+  EXPECT_THAT(ExportHfDirectory(*source, dir + "/export", ExportDtype::kFp32),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("not an empty directory")));
+  EXPECT_THAT(ListDir(outside), ::testing::IsEmpty());
+  // The export's parent itself a link: refused, nothing written through it.
+  std::filesystem::create_directory_symlink(outside, dir + "/parent");
+  EXPECT_THAT(ExportHfDirectory(*source, dir + "/parent/export", ExportDtype::kFp32),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_THAT(ListDir(outside), ::testing::IsEmpty());
+  EXPECT_THAT(ListDir(dir), ::testing::ElementsAre("export", "parent"));
 }
 
 TEST(HfModelTest, ParseExportDtype) {

@@ -635,7 +635,7 @@ TEST(TrainingJobDiskFullTest, CheckpointOnAFullDiskFailsAndKeepsTheEarlierOne) {
                 HasSubstr("No space left on device (ENOSPC)"), HasSubstr("was removed"),
                 HasSubstr("earlier checkpoints are intact (newest: " + root + "/step-00000002)"))));
   EXPECT_EQ(rec.checkpoint_steps, (std::vector<int64_t>{2}));
-  EXPECT_THAT(testing::ListDir(root), ElementsAre("step-00000002"));
+  EXPECT_THAT(testing::ListDir(root), ElementsAre(".ledger.json", "step-00000002"));
   auto store = HostStore::Create(*config, {});
   ASSERT_THAT(store, IsOk());
   auto state = ReadCheckpoint(root + "/step-00000002", store->get());

@@ -10,7 +10,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -241,6 +244,61 @@ TEST_F(CheckpointOwnershipTest, ExportAndDeleteUseTheRecords) {
   ASSERT_THAT(recorded, IsOk());
   ASSERT_EQ(recorded->size(), 1u);
   EXPECT_EQ((*recorded)[0].step, 4);
+}
+
+TEST_F(CheckpointOwnershipTest, DeleteRemovesTheFilesWithoutTheManagersLock) {
+  StartManager();
+  const JobRecord job = RunToEnd("a");
+  // The removal blocks (a hung disk) until released; meanwhile calls that
+  // take the job manager's lock must still be answered.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false;
+  bool released = false;
+  backend_.before_remove_checkpoint = [&](const std::string&) {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  };
+  std::thread deleter(
+      [&] { EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, CheckpointId(job.id, 2)), IsOk()); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(kTimeout), [&] { return entered; }));
+  }
+  // The record is gone before the files: nothing can resume from it now.
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
+  ASSERT_THAT(recorded, IsOk());
+  EXPECT_EQ(recorded->size(), 1u);
+  // GetStatus, Submit and Resume take the lock; a held lock would hang them.
+  EXPECT_THAT(manager_->GetStatus(), IsOk());
+  const JobRecord bob = Submit(kBob, Request("bob", 2));
+  EXPECT_FALSE(bob.id.empty());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  deleter.join();
+  EXPECT_FALSE(fs::exists(job.request.spec.output_dir + "/step-2"));
+  backend_.before_remove_checkpoint = nullptr;
+}
+
+TEST_F(CheckpointOwnershipTest, DeleteThatCannotRemoveTheFilesKeepsTheRecord) {
+  StartManager();
+  const JobRecord job = RunToEnd("a");
+  // The job's output_dir swapped for a symbolic link: the removal refuses
+  // to go through it, and the checkpoint stays recorded for a retry.
+  const std::string moved = out_dir_ + "/moved";
+  fs::rename(job.request.spec.output_dir, moved);
+  fs::create_directory_symlink(moved, job.request.spec.output_dir);
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, CheckpointId(job.id, 2)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_TRUE(fs::exists(moved + "/step-2"));
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
+  ASSERT_THAT(recorded, IsOk());
+  EXPECT_EQ(recorded->size(), 2u);
 }
 
 TEST_F(CheckpointOwnershipTest, ExportRefusesACheckpointReplacedAfterItWasRecorded) {

@@ -248,6 +248,7 @@ class LoopbackSocket {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
   }
+  int fd() const { return fd_; }
   // recv's result: 0 when the server closed the connection.
   ssize_t Receive() {
     char buffer[256];
@@ -297,6 +298,41 @@ TEST(MetricsHttpTest, ClientThatSendsNothingIsDisconnectedAfterTheHeaderReadTime
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+TEST(MetricsHttpTest, TricklingClientIsDisconnectedAtTheRequestTimeout) {
+  ServerMetrics metrics;
+  metrics.RecordStep("cpu", Step(9));
+  MetricsHttpOptions options;
+  options.max_connections = 1;  // the trickler holds the only thread
+  options.header_read_timeout = absl::Seconds(2);
+  options.request_timeout = absl::Milliseconds(500);
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", &metrics, options);
+  ASSERT_THAT(server, IsOk());
+  LoopbackSocket trickler((*server)->port());
+  const absl::Time start = absl::Now();
+  // One byte every 100 ms: each read is far inside header_read_timeout, so
+  // only the whole-request deadline can end it. 40 bytes take 4 s.
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaa";
+  bool closed = false;
+  for (size_t byte_idx = 0; byte_idx < request.size(); ++byte_idx) {
+    if (::send(trickler.fd(), request.data() + byte_idx, 1, MSG_NOSIGNAL) != 1) {
+      closed = true;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // the client's pace, not a wait for the server
+  }
+  if (!closed) EXPECT_EQ(trickler.Receive(), 0) << "the server should have closed the connection";
+  // 500 ms plus scheduling; well below the 4 s the trickle would take.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+
+  // The thread is free again: a scrape is answered.
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_read_timeout(2, 0);
+  httplib::Result result = client.Get("/metrics");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 200);
+  EXPECT_THAT(result->body, HasSubstr("megatrain_tokens_total 9"));
+}
+
 TEST(MetricsHttpTest, BadOptionsAreInvalidArgument) {
   ServerMetrics metrics;
   MetricsHttpOptions options;
@@ -304,6 +340,11 @@ TEST(MetricsHttpTest, BadOptionsAreInvalidArgument) {
   EXPECT_THAT(MetricsHttpServer::Start("127.0.0.1:0", &metrics, options),
               ::megatrain::testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                              HasSubstr("max_connections")));
+  options = MetricsHttpOptions();
+  options.request_timeout = absl::ZeroDuration();
+  EXPECT_THAT(MetricsHttpServer::Start("127.0.0.1:0", &metrics, options),
+              ::megatrain::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("timeouts must be positive")));
 }
 
 // Note [Not applicable on the CPU] in metrics.h: a CPU step's memcpy

@@ -10,9 +10,11 @@
 
 #include <sys/stat.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include <grpcpp/impl/client_unary_call.h>
@@ -660,6 +662,64 @@ TEST_F(DaemonHardeningTest, NearlyFullStateDiskRefusesMutatingCallsWithResourceE
   // Reads go on.
   EXPECT_EQ(GetJob(*alice, job_id).id(), job_id);
   ExpectServing(*alice);
+}
+
+// --shutdown_timeout always applies: an RPC handler blocked in file I/O
+// (here a checkpoint removal held by the fake backend, a stand-in for a
+// hung disk) does not hold Shutdown past its timeout.
+TEST_F(DaemonHardeningTest, ShutdownReturnsWithinItsTimeoutWhileAHandlerIsBlocked) {
+  StartDaemon(/*gated=*/false);
+  auto alice = Connect(kAliceToken);
+  const std::string job_id = Submit(*alice, Spec("short", 2));
+  {
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    auto context = alice->NewContext(kTimeout);
+    auto reader = alice->jobs().WatchJob(context.get(), request);
+    v1::JobEvent event;
+    bool succeeded = false;
+    while (!succeeded && reader->Read(&event)) {
+      succeeded =
+          event.has_state_change() && event.state_change().state() == v1::JOB_STATE_SUCCEEDED;
+    }
+    ASSERT_TRUE(succeeded);
+    context->TryCancel();
+    while (reader->Read(&event)) {
+    }
+    reader->Finish();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false;
+  bool released = false;
+  backend_->before_remove_checkpoint = [&](const std::string&) {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  };
+  std::thread deleter([&] {
+    v1::DeleteCheckpointRequest request;
+    request.set_checkpoint_id(job_id + "/step-2");
+    v1::DeleteCheckpointResponse response;
+    (void)alice->checkpoints().DeleteCheckpoint(alice->NewContext(kTimeout).get(), request,
+                                                &response);
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(kTimeout), [&] { return entered; }));
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(daemon_->Shutdown(absl::Seconds(1)));
+  // 1 s of timeout, 1 s for cancelled calls to unwind, and scheduling.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  deleter.join();
+  daemon_.reset();  // waits for the handler, now unblocked
 }
 
 }  // namespace

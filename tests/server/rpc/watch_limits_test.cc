@@ -10,6 +10,9 @@
 namespace megatrain::server::testing {
 namespace {
 
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
 class WatchLimitsTest : public DaemonHarness {
  protected:
   // One watch stream on its own connection; the history's first event has
@@ -80,6 +83,49 @@ TEST_F(WatchLimitsTest, OneUserCannotTakeEveryStream) {
     Close(alice_watchers[watcher_idx]);
   }
   EXPECT_TRUE(daemon_->WaitForWatchStreams(0, kHarnessTimeout)) << daemon_->watch_streams();
+}
+
+TEST_F(WatchLimitsTest, PerUserFlagSetsTheCap) {
+  options_.max_watch_streams = 4;
+  options_.max_watch_streams_per_user = 1;
+  StartDaemon(/*gated=*/true);
+  auto alice = Connect(kAliceToken);
+  auto bob = Connect(kBobToken);
+  const std::string alice_job = Submit(*alice, Spec("alice-job", 1000));
+  const std::string bob_job = Submit(*bob, Spec("bob-job", 1000));
+
+  Watcher first = Open(kAliceToken, alice_job);
+  v1::JobEvent event;
+  ASSERT_TRUE(first.reader->Read(&event));
+  ASSERT_TRUE(daemon_->WaitForWatchStreams(1, kHarnessTimeout)) << daemon_->watch_streams();
+  {
+    Watcher refused = Open(kAliceToken, alice_job);
+    EXPECT_FALSE(refused.reader->Read(&event));
+    EXPECT_THAT(refused.reader->Finish(),
+                GrpcStatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             "user 'alice' already has 1 WatchJob streams open (at most 1 per "
+                             "user)"));
+  }
+  Watcher bob_watcher = Open(kBobToken, bob_job);
+  EXPECT_TRUE(bob_watcher.reader->Read(&event));
+  ASSERT_TRUE(daemon_->WaitForWatchStreams(2, kHarnessTimeout)) << daemon_->watch_streams();
+  Close(first);
+  Close(bob_watcher);
+  EXPECT_TRUE(daemon_->WaitForWatchStreams(0, kHarnessTimeout)) << daemon_->watch_streams();
+}
+
+TEST_F(WatchLimitsTest, PerUserFlagAboveTheTotalIsRefusedAtStart) {
+  DaemonOptions options = options_;
+  options.max_watch_streams = 4;
+  options.max_watch_streams_per_user = 5;
+  EXPECT_THAT(Daemon::Start(options, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_watch_streams_per_user: must be in [0, "
+                                 "--max_watch_streams = 4]")));
+  options.max_watch_streams_per_user = -1;
+  EXPECT_THAT(Daemon::Start(options, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_watch_streams_per_user: must be in [0, ")));
 }
 
 }  // namespace
