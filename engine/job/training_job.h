@@ -30,6 +30,11 @@ namespace megatrain::engine {
 struct ModelSource {
   std::string preset;  // "tiny", "llama-1b", ... (PresetConfig)
   std::string hf_dir;  // HF directory: config.json + safetensors
+  // Mixture-of-experts models: the router's load-balancing loss on (true)
+  // or off (false) in place of config.json's `output_router_logits` (Note
+  // [Load-balancing loss across micro-batches] in engine/step/moe_block.h);
+  // unset keeps the config's. Set for a dense model: INVALID_ARGUMENT.
+  std::optional<bool> output_router_logits;
 };
 
 // Where the training data comes from: exactly one of `tokens` and `text`.
@@ -150,7 +155,9 @@ absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spe
 struct StepReport {
   int64_t step = 0;  // optimizer steps done, counted from 1
   int64_t max_steps = 0;
-  double loss = 0;       // mean over the global batch's counted tokens
+  double loss = 0;       // mean over the global batch's counted tokens (MoE
+                         // with the aux loss: + router_aux_loss_coef x aux)
+  double aux_loss = 0;   // MoE: mean load-balancing loss of a micro-batch
   double grad_norm = 0;  // before clipping
   double lr = 0;
   double tokens_per_s = 0;

@@ -333,7 +333,8 @@ absl::StatusOr<StepResult> Trainer::FinishStep(StepState& s, const ForwardBackwa
   // it are; Note [Non-finite steps]).
   if (s.overlap) MEGATRAIN_RETURN_IF_ERROR(ScheduleResident(s, 1.0f));
   StepResult result;
-  result.loss = hooks_ != nullptr ? hooks_->Loss(fb.loss()) : fb.loss();
+  result.loss = hooks_ != nullptr ? hooks_->Loss(fb.objective()) : fb.objective();
+  result.aux_loss = fb.aux_loss();
   result.counted_tokens = fb.counted_tokens;
   result.lr = s.lr;
   double total_sq = 0;

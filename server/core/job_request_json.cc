@@ -14,6 +14,9 @@ std::string JobRequestToJson(const JobRequest& request) {
   json j;
   j["name"] = spec.name;
   j["model"] = {{"preset", spec.model.preset}, {"hf_dir", spec.model.hf_dir}};
+  if (spec.model.output_router_logits.has_value()) {
+    j["model"]["output_router_logits"] = *spec.model.output_router_logits;
+  }
   j["data"] = {{"tokens", spec.data.tokens},
                {"eval_tokens", spec.data.eval_tokens},
                {"text", spec.data.text},
@@ -75,6 +78,9 @@ absl::StatusOr<JobRequest> JobRequestFromJson(absl::string_view text) {
     const json& model = Section(j, "model");
     Get(model, "preset", &spec.model.preset);
     Get(model, "hf_dir", &spec.model.hf_dir);
+    if (auto it = model.find("output_router_logits"); it != model.end() && it->is_boolean()) {
+      spec.model.output_router_logits = it->get<bool>();
+    }
     const json& data = Section(j, "data");
     Get(data, "tokens", &spec.data.tokens);
     Get(data, "eval_tokens", &spec.data.eval_tokens);

@@ -191,6 +191,10 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                         .Name("megatrain_training_loss")
                         .Help("Training loss of the latest step.")
                         .Register(r);
+  training_aux_loss_ = &BuildGauge()
+                            .Name("megatrain_training_aux_loss")
+                            .Help("Router load-balancing loss of the latest step (MoE models).")
+                            .Register(r);
   eval_loss_ =
       &BuildGauge().Name("megatrain_eval_loss").Help("Loss of the latest evaluation.").Register(r);
   jobs_ = &BuildGauge().Name("megatrain_jobs").Help("Jobs per state.").Register(r);
@@ -280,6 +284,9 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   mfu_->Add({{"device", device}}).Set(report.mfu);
   tokens_per_second_->Add({{"device", device}}).Set(report.tokens_per_s);
   if (!report.skipped) training_loss_->Add({{"device", device}}).Set(report.loss);
+  if (!report.skipped && report.aux_loss != 0) {
+    training_aux_loss_->Add({{"device", device}}).Set(report.aux_loss);
+  }
 }
 
 void ServerMetrics::RecordEval(const std::string& device, double eval_loss) {
