@@ -115,9 +115,9 @@ MoeTensorMap MoeParamsOfStore(const HostStore& store) {
 absl::Status LoadMoeHfWeights(const std::string& hf_dir, const SafetensorsModel& model,
                               HostStore* store) {
   const ModelLayout& layout = store->layout();
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      MoeTensorMap params,
-      Annotate(LoadMoeHfParams(MoeModelConfigOf(store->config()), model), hf_dir));
+  absl::StatusOr<MoeTensorMap> loaded = LoadMoeHfParams(MoeModelConfigOf(store->config()), model);
+  if (!loaded.ok()) return Annotate(loaded.status(), hf_dir);
+  MoeTensorMap params = *std::move(loaded);
   for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
     ZeroPadding(layout.blocks[block_idx], store->master(block_idx));
     for (const ParamSpec& p : layout.blocks[block_idx].params) {

@@ -1,8 +1,8 @@
 // The executor's MoE decoder layers (see moe_block.h).
 #include "engine/step/moe_block.h"
 
-#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <utility>
 

@@ -7,6 +7,11 @@
 //   (b) against the monolithic reference (tests/testing/reference_moe) with
 //       gradient accumulation, the aux loss on and off, fp32 and bf16;
 // plus export -> load round trips, checkpoint resume, and bad input.
+//
+// Built twice: moe_executor_test on the CPU runtime (CI) and
+// moe_executor_cuda_test (label gpu, MEGATRAIN_MOE_TEST_DEVICE="cuda"),
+// which runs the executor tests on CUDA (bf16 experts through
+// at::_grouped_mm there) and skips the device-independent ones.
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -29,6 +34,7 @@
 #include "engine/model/moe_config.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/device_runtime.h"
+#include "engine/runtime/host_buffer.h"
 #include "engine/runtime/thread_pool.h"
 #include "engine/step/executor.h"
 #include "engine/step/trainer.h"
@@ -47,7 +53,19 @@ using ::megatrain::testing::RelativeError;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
+#ifndef MEGATRAIN_MOE_TEST_DEVICE
+#define MEGATRAIN_MOE_TEST_DEVICE "cpu"
+#endif
+
+const std::string kDevice = MEGATRAIN_MOE_TEST_DEVICE;
+
 const char* const kFamilies[] = {"mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"};
+
+// Executor tests run on kDevice; the others only in the CPU build.
+#define MOE_REQUIRE_DEVICE() \
+  if (kDevice != "cpu" && !HostPinningAvailable()) GTEST_SKIP() << "no CUDA device"
+#define MOE_CPU_BUILD_ONLY() \
+  if (kDevice != "cpu") GTEST_SKIP() << "device-independent: runs in moe_executor_test"
 
 std::string FixtureDir(const std::string& family) {
   return std::string(MEGATRAIN_TESTDATA_DIR) + "/hf/" + family;
@@ -85,28 +103,41 @@ struct Rig {
   std::unique_ptr<StreamingExecutor> executor;
 };
 
+// The executor's modes beside plain streaming (executor.h notes).
+struct ExecutorMode {
+  std::string name = "streamed";
+  int resident_layers = 0;
+  bool offload_activations = false;
+  bool device_grad_accumulation = false;
+};
+
 Rig MakeRig(const ModelConfig& config, int64_t b, int64_t t, ComputeDtype dtype,
-            const std::string& hf_dir, double init_range = 0.2) {
+            const std::string& hf_dir, const ExecutorMode& mode = {}) {
   Rig rig;
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
+  store_options.pin = kDevice != "cpu";
   auto store = HostStore::Create(config, store_options);
   EXPECT_THAT(store, IsOk());
   if (!store.ok()) return rig;
   rig.store = std::move(*store);
   if (hf_dir.empty()) {
-    rig.store->InitializeWeights(17, init_range);
+    rig.store->InitializeWeights(17, 0.2);
   } else {
     EXPECT_THAT(LoadHfWeights(hf_dir, rig.store.get()), IsOk());
   }
-  auto runtime = DeviceRuntime::Create("cpu");
+  auto runtime = DeviceRuntime::Create(kDevice);
   EXPECT_THAT(runtime, IsOk());
+  if (!runtime.ok()) return rig;
   rig.runtime = std::move(*runtime);
   rig.pool = ThreadPool::Create(2);
   ExecutorOptions options;
   options.compute_dtype = dtype;
   options.micro_batch = b;
   options.seq_len = t;
+  options.resident_layers = mode.resident_layers;
+  options.offload_activations = mode.offload_activations;
+  options.device_grad_accumulation = mode.device_grad_accumulation;
   auto executor =
       StreamingExecutor::Create(rig.store.get(), rig.runtime.get(), rig.pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -152,6 +183,7 @@ double WorstGradError(const HostStore& store, const std::map<std::string, at::Te
 // every gradient. fp32 on both sides; the arithmetic differs in order only
 // (sorted dispatch, fused experts, recomputation), so 1e-5 relative.
 TEST(MoeExecutorTest, MatchesTransformersGoldenFilesForEveryFamily) {
+  MOE_REQUIRE_DEVICE();
   for (const std::string family : kFamilies) {
     SCOPED_TRACE(family);
     auto config = LoadHfConfig(FixtureDir(family));
@@ -236,6 +268,7 @@ struct ParityCase {
   std::string family;
   ComputeDtype dtype;
   bool aux_loss;
+  ExecutorMode mode;
 };
 
 // (b) Streamed vs the monolithic reference: M = 3 micro-batches of [2, 12]
@@ -244,7 +277,7 @@ struct ParityCase {
 // some experts get few or no tokens).
 void ExpectReferenceParity(const ParityCase& c) {
   SCOPED_TRACE(c.family + (c.dtype == ComputeDtype::kBf16 ? " bf16" : " fp32") +
-               (c.aux_loss ? " aux" : " no aux"));
+               (c.aux_loss ? " aux " : " no aux ") + c.mode.name);
   std::string text = ReadText(FixtureDir(c.family) + "/config.json");
   auto parsed = ParseHfConfig(text, c.family);
   ASSERT_THAT(parsed, IsOk());
@@ -253,11 +286,14 @@ void ExpectReferenceParity(const ParityCase& c) {
   const ModelConfig config = ModelConfigOf(moe);
   const int micro_batches = 3;
   const int64_t b = 2, t = 12;
-  Rig rig = MakeRig(config, b, t, c.dtype, "");
+  Rig rig = MakeRig(config, b, t, c.dtype, "", c.mode);
   ASSERT_NE(rig.executor, nullptr);
   std::vector<MicroBatch> batches = testing::MakeBatches(micro_batches, b, t, config.vocab_size, 7);
   auto result = rig.executor->ForwardBackward(batches);
   ASSERT_THAT(result, IsOk());
+  if (c.mode.resident_layers > 0) {
+    ASSERT_THAT(rig.executor->SyncResidentToStore(/*grads=*/true), IsOk());
+  }
   std::map<std::string, at::Tensor> params = LeavesOfStore(*rig.store);
   const ReferenceRun ref = RunReference(config, batches, b, t, &params);
   std::map<std::string, at::Tensor> ref_grads;
@@ -279,20 +315,47 @@ void ExpectReferenceParity(const ParityCase& c) {
 }
 
 TEST(MoeExecutorTest, Fp32MatchesReferenceWithAccumulationAndAuxLoss) {
-  for (const char* family : kFamilies) ExpectReferenceParity({family, ComputeDtype::kFp32, true});
+  MOE_REQUIRE_DEVICE();
+  for (const char* family : kFamilies) {
+    ExpectReferenceParity({family, ComputeDtype::kFp32, true, {}});
+  }
 }
 
 TEST(MoeExecutorTest, Fp32MatchesReferenceWithoutAuxLoss) {
-  for (const char* family : kFamilies) ExpectReferenceParity({family, ComputeDtype::kFp32, false});
+  MOE_REQUIRE_DEVICE();
+  for (const char* family : kFamilies) {
+    ExpectReferenceParity({family, ComputeDtype::kFp32, false, {}});
+  }
 }
 
 TEST(MoeExecutorTest, Bf16MatchesReferenceWithinBf16Tolerance) {
-  for (const char* family : kFamilies) ExpectReferenceParity({family, ComputeDtype::kBf16, true});
+  MOE_REQUIRE_DEVICE();
+  for (const char* family : kFamilies) {
+    ExpectReferenceParity({family, ComputeDtype::kBf16, true, {}});
+  }
+}
+
+// MoE blocks behind the executor's other modes: a resident first layer
+// with device gradient accumulation, and offloaded layer inputs.
+TEST(MoeExecutorTest, ResidentOffloadAndDeviceAccumulationMatchReference) {
+  MOE_REQUIRE_DEVICE();
+  ExecutorMode resident;
+  resident.name = "resident+device-accumulation";
+  resident.resident_layers = 1;
+  resident.device_grad_accumulation = true;
+  ExecutorMode offload;
+  offload.name = "offload";
+  offload.offload_activations = true;
+  for (const char* family : {"qwen2_moe", "gpt_oss"}) {
+    ExpectReferenceParity({family, ComputeDtype::kFp32, true, resident});
+    ExpectReferenceParity({family, ComputeDtype::kFp32, true, offload});
+  }
 }
 
 // Streamed runs are deterministic (Note [Deterministic MoE dispatch]):
 // two passes over the same batches give bit-identical gradients.
 TEST(MoeExecutorTest, GradientsAreBitwiseReproducible) {
+  MOE_REQUIRE_DEVICE();
   auto config = LoadHfConfig(FixtureDir("qwen2_moe"));
   ASSERT_THAT(config, IsOk());
   Rig rig = MakeRig(*config, 2, 12, ComputeDtype::kFp32, "");
@@ -320,6 +383,7 @@ TEST(MoeExecutorTest, GradientsAreBitwiseReproducible) {
 // for mixtral and qwen2/3_moe, fused for gpt_oss) and a config.json of the
 // family; loading the export gives back the masters bit for bit (fp32).
 TEST(MoeExecutorTest, ExportRoundTripsThroughTheHfLoader) {
+  MOE_CPU_BUILD_ONLY();
   for (const std::string family : kFamilies) {
     SCOPED_TRACE(family);
     auto config = LoadHfConfig(FixtureDir(family));
@@ -362,6 +426,7 @@ TEST(MoeExecutorTest, ExportRoundTripsThroughTheHfLoader) {
 // (16 bytes per parameter of master, gradient and moments), and the model
 // FLOPs count the k active ones.
 TEST(MoeExecutorTest, StoreAndFlopsCountExperts) {
+  MOE_CPU_BUILD_ONLY();
   auto config = LoadHfConfig(FixtureDir("mixtral"));
   ASSERT_THAT(config, IsOk());
   const MoeModelConfig moe = MoeModelConfigOf(*config);
@@ -382,6 +447,7 @@ TEST(MoeExecutorTest, StoreAndFlopsCountExperts) {
 // Bad input: an expert tensor missing from an HF directory names it; a
 // config the streamed path cannot train names the field.
 TEST(MoeExecutorTest, RefusesMissingExpertAndJitter) {
+  MOE_CPU_BUILD_ONLY();
   auto config = LoadHfConfig(FixtureDir("mixtral"));
   ASSERT_THAT(config, IsOk());
   auto store = HostStore::Create(*config, {});
@@ -435,6 +501,7 @@ TEST(MoeExecutorTest, RefusesMissingExpertAndJitter) {
 // weights and AdamW moments of 4 uninterrupted steps (experts included:
 // every expert is updated every step, with or without tokens).
 TEST(MoeExecutorTest, ResumeIsBitIdenticalToAnUninterruptedRun) {
+  MOE_CPU_BUILD_ONLY();
   auto config = LoadHfConfig(FixtureDir("qwen2_moe"));
   ASSERT_THAT(config, IsOk());
   TrainerOptions options;
@@ -489,6 +556,7 @@ TEST(MoeExecutorTest, ResumeIsBitIdenticalToAnUninterruptedRun) {
 // Unknown MoE families are refused naming model_type, through the same
 // parser the job spec's model.hf_dir uses.
 TEST(MoeExecutorTest, UnknownMoeFamilyIsRefusedNamingModelType) {
+  MOE_CPU_BUILD_ONLY();
   std::string text = ReadText(FixtureDir("mixtral") + "/config.json");
   const std::string from = "\"model_type\": \"mixtral\"";
   ASSERT_NE(text.find(from), std::string::npos);
