@@ -219,7 +219,8 @@ inline constexpr double kResidentEmbeddingMaxFraction = 1.0 / 8;
 bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes);
 
 // The decoder layers TrainerOptions::resident_layers `option` keeps on the
-// device (auto: min(2, num_hidden_layers - 1) on CUDA, none on the CPU).
+// device (auto: min(2, num_hidden_layers - 1) on CUDA, none on the CPU nor
+// for a mixture-of-experts model, whose layers hold every expert).
 int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda);
 
 struct StepResult {
