@@ -16,10 +16,9 @@ int main(int argc, char** argv) {
   int64_t params = 50'000'000;
   int bf16_offset = 0;
   CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
-  app.add_option(
-      "--model", o.model,
-      "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini, qwen3-moe-7b, "
-      "mixtral-7b) or HF model dir");
+  app.add_option("--model", o.model,
+                 "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini, qwen3-moe-7b, "
+                 "mixtral-7b) or HF model dir");
   app.add_option("--device", o.device, "cpu | cuda | cuda:N");
   app.add_option("--micro_batch", o.micro_batch, "sequences per forward/backward");
   app.add_option("--seq_len", o.seq_len, "tokens per sequence");
