@@ -193,6 +193,7 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
   const Fields model_fields = {
       MEGATRAIN_JOB_FIELD("preset", String, model->set_preset),
       MEGATRAIN_JOB_FIELD("hf_dir", Path, model->set_hf_dir),
+      MEGATRAIN_JOB_FIELD("output_router_logits", Bool, model->set_output_router_logits),
   };
   const Fields data_fields = {
       MEGATRAIN_JOB_FIELD("tokens", Path, data->set_tokens),

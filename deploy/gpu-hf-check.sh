@@ -11,7 +11,10 @@
 #           the demo's), loaded by AutoModelForCausalLM and compared likewise.
 # Families: llama, mistral, qwen2, qwen3, gemma2 (soft-capping, sliding
 # layers), gemma3_text (local/global RoPE), phi3 (fused tensors, partial
-# rotary, LongRoPE past original_max_position_embeddings).
+# rotary, LongRoPE past original_max_position_embeddings), and the
+# mixtures of experts mixtral, qwen2_moe (shared expert, a dense layer),
+# qwen3_moe and gpt_oss (sinks, sliding/full layers, clamped experts): their
+# exports are reloaded with transformers' per-expert / fused names.
 # Needs the build of deploy/gpu-check.sh (build-gpu/). Prints one JSON line
 # per check; exits non-zero if any check fails.
 set -uo pipefail
@@ -29,7 +32,9 @@ import sys, torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM,
-                          Phi3Config, Phi3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, GptOssConfig, GptOssForCausalLM)
 out = sys.argv[1]
 common = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
               num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
@@ -54,6 +59,20 @@ models = {
            rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(12)],
                          "long_factor": [1.5 + 0.25 * i for i in range(12)]},
            tie_word_embeddings=False)),
+  # Mixtures of experts (issue 17): 4 experts, top-2.
+  "mixtral": (MixtralConfig, MixtralForCausalLM, dict(num_local_experts=4, num_experts_per_tok=2,
+              sliding_window=None, tie_word_embeddings=False)),
+  "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=128, shared_expert_intermediate_size=256,
+                decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False,
+                tie_word_embeddings=False)),
+  "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(head_dim=32, num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
+                tie_word_embeddings=False)),
+  "gpt_oss": (GptOssConfig, GptOssForCausalLM, dict(head_dim=32, num_local_experts=4,
+              num_experts_per_tok=2, sliding_window=32,
+              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+              tie_word_embeddings=False)),
 }
 for name, (cfg_cls, model_cls, extra) in models.items():
     cfg = cfg_cls(**common, **extra)
@@ -64,7 +83,7 @@ for name, (cfg_cls, model_cls, extra) in models.items():
             elif p.dim() == 1: p.normal_(0, 0.1)
     model.save_pretrained(f"{out}/hf-{name}", safe_serialization=True)
 PY
-for name in ${ARCHS:-llama mistral qwen2 qwen3 gemma2 gemma3_text phi3}; do
+for name in ${ARCHS:-llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 mixtral qwen2_moe qwen3_moe gpt_oss}; do
   for dtype in fp32 bf16; do
     tol=1e-4; [ "$dtype" = bf16 ] && tol=2e-2
     export_args=(); [ "$dtype" = fp32 ] && export_args=(--export "$WORK/export-$name")

@@ -24,7 +24,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "engine/io/dir_fd.h"
+#include "engine/io/hf_moe_names.h"
 #include "engine/io/mapped_file.h"
+#include "engine/model/moe_layout.h"
 #include "engine/model/param_layout.h"
 #include "engine/io/safetensors.h"
 #include "engine/runtime/status_macros.h"
@@ -100,6 +102,41 @@ absl::Status CheckTiedHead(const SafetensorsModel::TensorRef& head, const float*
   return absl::OkStatus();
 }
 
+// The store's fp32 masters by HF name, as views (no copy).
+MoeTensorMap MoeParamsOfStore(const HostStore& store) {
+  MoeTensorMap out;
+  for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
+    for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
+      out[p.hf_name] = at::from_blob(store.master(block_idx) + p.offset, p.shape, at::kFloat);
+    }
+  }
+  return out;
+}
+
+// A MoE model (hf_moe_names.h: per-expert names, fused experts, MXFP4):
+// LoadMoeHfParams' three phases, then a copy into the store's masters.
+absl::Status LoadMoeHfWeights(const std::string& hf_dir, const SafetensorsModel& model,
+                              HostStore* store) {
+  const ModelLayout& layout = store->layout();
+  absl::StatusOr<MoeTensorMap> loaded = LoadMoeHfParams(MoeModelConfigOf(store->config()), model);
+  if (!loaded.ok()) return Annotate(loaded.status(), hf_dir);
+  MoeTensorMap params = *std::move(loaded);
+  for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
+    ZeroPadding(layout.blocks[block_idx], store->master(block_idx));
+    for (const ParamSpec& p : layout.blocks[block_idx].params) {
+      auto it = params.find(p.hf_name);
+      if (it == params.end()) {  // LoadMoeHfParams returns every parameter
+        return absl::InternalError(absl::StrCat(hf_dir, ": parameter '", p.hf_name, "' not read"));
+      }
+      std::memcpy(store->master(block_idx) + p.offset, it->second.contiguous().data_ptr<float>(),
+                  static_cast<size_t>(p.numel) * sizeof(float));
+      it->second = at::Tensor();  // release it early
+    }
+  }
+  store->RefreshAllStreamingCopies();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
@@ -122,6 +159,7 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsModel model, SafetensorsModel::Open(hf_dir));
   const ModelLayout& layout = store->layout();
   const ModelConfig& config = store->config();
+  if (config.moe != nullptr) return LoadMoeHfWeights(hf_dir, model, store);
 
   // 1. Nothing in the files that the layout does not know. A multimodal
   // Gemma 3 checkpoint names its text tensors under a language_model prefix
@@ -309,24 +347,46 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
     const SafetensorsDtype file_dtype =
         dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
     const int64_t element_bytes = static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype));
+    std::vector<ExportTensor> tensors;
+    // A MoE model's tensors are named and laid out as transformers writes
+    // them (ExportMoeHfTensors: per-expert for mixtral and qwen2/3_moe).
+    std::vector<std::pair<std::string, at::Tensor>> moe_tensors;
+    std::vector<ParamSpec> moe_specs;
+    if (config.moe != nullptr) {
+      MEGATRAIN_ASSIGN_OR_RETURN(
+          moe_tensors, ExportMoeHfTensors(MoeModelConfigOf(config), MoeParamsOfStore(store),
+                                          MoeExportFormat::kCheckpoint));
+      for (const auto& [hf_name, t] : moe_tensors) {
+        ParamSpec spec;
+        spec.hf_name = hf_name;
+        spec.shape = t.sizes().vec();
+        spec.numel = t.numel();
+        moe_specs.push_back(std::move(spec));
+      }
+      for (size_t i = 0; i < moe_specs.size(); ++i) {
+        tensors.push_back(ExportTensor{&moe_specs[i], moe_tensors[i].second.data_ptr<float>(),
+                                       moe_specs[i].numel * element_bytes});
+      }
+    } else {
+      for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
+        for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
+          tensors.push_back(
+              ExportTensor{&p, store.master(block_idx) + p.offset, p.numel * element_bytes});
+        }
+      }
+    }
     std::vector<std::vector<ExportTensor>> shards;
     int64_t shard_bytes = 0;
     int64_t total_bytes = 0;
-    for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
-      for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
-        ExportTensor tensor;
-        tensor.param = &p;
-        tensor.data = store.master(block_idx) + p.offset;
-        tensor.size_bytes = p.numel * element_bytes;
-        if (shards.empty() ||
-            (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
-          shards.emplace_back();
-          shard_bytes = 0;
-        }
-        shards.back().push_back(tensor);
-        shard_bytes += tensor.size_bytes;
-        total_bytes += tensor.size_bytes;
+    for (const ExportTensor& tensor : tensors) {
+      if (shards.empty() ||
+          (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
+        shards.emplace_back();
+        shard_bytes = 0;
       }
+      shards.back().push_back(tensor);
+      shard_bytes += tensor.size_bytes;
+      total_bytes += tensor.size_bytes;
     }
 
     Json weight_map = Json::object();

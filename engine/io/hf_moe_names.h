@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/moe_config.h"
+#include "engine/model/moe_layout.h"
 #include "engine/model/param_layout.h"
 #include "engine/io/safetensors.h"
 
@@ -44,27 +45,6 @@ namespace megatrain::engine {
 
 // Parameters by HF (transformers 5 in-memory) name: fp32, CPU, contiguous.
 using MoeTensorMap = std::map<std::string, at::Tensor>;
-
-// The block of decoder layer `layer_idx` (kind kDecoderLayer): attention
-// and norms as ModelLayout's dense layers, then `self_attn.sinks` [H]
-// (gpt_oss), then the MLP: a dense SwiGLU (`mlp.gate_proj.weight` ...) for
-// qwen2/3_moe's dense layers, else the router (`mlp.gate.weight` [E, C], or
-// gpt_oss `mlp.router.weight` [E, C] + `mlp.router.bias` [E]), the fused
-// experts (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, gpt_oss
-// biases `..._bias`), and qwen2_moe's shared expert
-// (`mlp.shared_expert.{gate,up,down}_proj.weight`,
-// `mlp.shared_expert_gate.weight` [1, C]). Offsets are aligned as
-// ModelLayout's (kParamAlignElements).
-BlockLayout MoeDecoderLayerBlock(const MoeModelConfig& config, int64_t layer_idx);
-
-// The model's streaming blocks for the host store and the executor:
-// embedding and head blocks as ModelLayout::Create(config.base) makes them,
-// decoder layers as MoeDecoderLayerBlock (mixed shapes for qwen2/3_moe).
-ModelLayout MoeModelLayout(const MoeModelConfig& config);
-
-// Every parameter of the model in HF order (embedding, layers, final norm,
-// lm_head unless tied), with hf_name and shape set.
-std::vector<ParamSpec> MoeModelParams(const MoeModelConfig& config);
 
 // Reads every parameter of `config` from `model` into fp32 (any float
 // dtype on disk, MXFP4 for gpt_oss experts), in three phases: every tensor

@@ -21,6 +21,7 @@
 #include "engine/step/executor.h"
 #include "engine/step/schedule_choice.h"
 #include "engine/io/hf_model.h"
+#include "engine/model/moe_layout.h"
 #include "engine/store/host_store.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/runtime/status_macros.h"
@@ -33,11 +34,28 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The job's model options on top of the config (model.output_router_logits).
+absl::StatusOr<ModelConfig> ApplyModelOptions(const ModelSource& model, ModelConfig config) {
+  if (!model.output_router_logits.has_value()) return config;
+  if (config.moe == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.output_router_logits: only mixture-of-experts models (mixtral, qwen2_moe, "
+        "qwen3_moe, gpt_oss) have a router; this model_type is '",
+        config.model_type, "'"));
+  }
+  MoeModelConfig moe = MoeModelConfigOf(config);
+  moe.moe.output_router_logits = *model.output_router_logits;
+  return ModelConfigOf(moe);
+}
+
 absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
-  if (!model.preset.empty()) return PresetConfig(model.preset);
+  if (!model.preset.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig preset, PresetConfig(model.preset));
+    return ApplyModelOptions(model, std::move(preset));
+  }
   absl::StatusOr<ModelConfig> config = LoadHfConfig(model.hf_dir);
   if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
-  return config;
+  return ApplyModelOptions(model, *std::move(config));
 }
 
 HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
@@ -503,6 +521,7 @@ StepReport TrainingJobImpl::ReportOf(const StepResult& r, double flops_per_token
   report.step = trainer_->step();
   report.max_steps = max_steps_;
   report.loss = r.loss;
+  report.aux_loss = r.aux_loss;
   report.grad_norm = r.grad_norm;
   report.lr = r.lr;
   report.skipped = r.skipped;

@@ -78,7 +78,9 @@ absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spe
 struct StepReport {
   int64_t step = 0;  // optimizer steps done, counted from 1
   int64_t max_steps = 0;
-  double loss = 0;       // mean over the global batch's counted tokens
+  double loss = 0;       // mean over the global batch's counted tokens (MoE
+                         // with the aux loss: + router_aux_loss_coef x aux)
+  double aux_loss = 0;   // MoE: mean load-balancing loss of a micro-batch
   double grad_norm = 0;  // before clipping
   double lr = 0;
   double tokens_per_s = 0;

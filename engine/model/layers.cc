@@ -484,4 +484,10 @@ at::Tensor HeadLoss(const ModelConfig& c, const at::Tensor& hidden, const at::Te
   return loss_sum;
 }
 
+at::Tensor DecoderAttention(const ModelConfig& c, const DecoderLayerWeights& w,
+                            const at::Tensor& n1, const RopeCache& rope,
+                            const at::Tensor& attention_mask, at::ScalarType cd) {
+  return AttentionBlock(c, w, n1, rope, attention_mask, cd);
+}
+
 }  // namespace megatrain::engine

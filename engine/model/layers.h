@@ -161,6 +161,15 @@ at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeig
                                const at::Tensor& x, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType compute_dtype);
 
+// The attention sub-layer of DecoderLayerForward, for layers that differ
+// from it only in their MLP (the MoE families, engine/model/moe_layers.h):
+// n1 [B, T, C] (the normed input, compute dtype) -> o_proj(attn(...))
+// [B, T, C] compute dtype, before any post-attention norm or residual.
+// `attention_mask` is used on the sliding layers of `config` (AttentionType).
+at::Tensor DecoderAttention(const ModelConfig& config, const DecoderLayerWeights& w,
+                            const at::Tensor& n1, const RopeCache& rope,
+                            const at::Tensor& attention_mask, at::ScalarType compute_dtype);
+
 // Result of the head (final norm + lm_head + cross-entropy) on a micro-batch.
 struct HeadResult {
   at::Tensor loss_sum;      // [] fp64 on the device: sum of token losses

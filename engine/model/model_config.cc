@@ -8,6 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/moe_config.h"
+#include "engine/model/moe_layout.h"
+#include "engine/model/param_layout.h"
 #include "engine/runtime/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -256,6 +259,7 @@ absl::Status ModelConfig::Validate() const {
     return absl::UnimplementedError(absl::StrCat(
         "model_type: '", model_type, "' is not supported (supported: ", SupportedFamilies(), ")"));
   }
+  if (moe != nullptr) MEGATRAIN_RETURN_IF_ERROR(moe->Validate(num_hidden_layers));
   MEGATRAIN_RETURN_IF_ERROR(Positive("vocab_size", vocab_size));
   MEGATRAIN_RETURN_IF_ERROR(Positive("hidden_size", hidden_size));
   MEGATRAIN_RETURN_IF_ERROR(Positive("intermediate_size", intermediate_size));
@@ -408,14 +412,17 @@ int64_t ModelConfig::LayerParamCount() const {
 }
 
 int64_t ModelConfig::ParamCount() const {
-  int64_t n = vocab_size * hidden_size + hidden_size;       // embedding + final norm
-  if (!tie_word_embeddings) n += vocab_size * hidden_size;  // lm_head
+  if (moe != nullptr) return ModelLayout::Create(*this).ParamCount();  // every expert
+  int64_t n = vocab_size * hidden_size + hidden_size;                  // embedding + final norm
+  if (!tie_word_embeddings) n += vocab_size * hidden_size;             // lm_head
   return n + num_hidden_layers * LayerParamCount();
 }
 
 double ModelConfig::TrainFlopsPerToken(int64_t seq_len) const {
+  const int64_t params =
+      moe != nullptr ? MoeActiveParamCount(MoeModelConfigOf(*this)) : ParamCount();
   const double n_non_embedding =
-      static_cast<double>(ParamCount()) - static_cast<double>(vocab_size * hidden_size);
+      static_cast<double>(params) - static_cast<double>(vocab_size * hidden_size);
   return 6.0 * n_non_embedding +
          12.0 * static_cast<double>(num_hidden_layers * hidden_size * seq_len);
 }
@@ -475,6 +482,7 @@ void AddGemmaFields(const ModelConfig& c, json* j) {
 }  // namespace
 
 std::string ModelConfig::ToHfConfigJson() const {
+  if (moe != nullptr) return MoeHfConfigJson(MoeModelConfigOf(*this));
   json j;
   const FamilyTraits* family = FindFamily(model_type);
   j["architectures"] = {family == nullptr ? "LlamaForCausalLM" : family->architecture};
@@ -656,6 +664,13 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": expected a JSON object"));
   }
+  // The MoE families parse their own fields and this function's on the
+  // dense family underneath (moe_config.h).
+  if (auto type = j.find("model_type");
+      type != j.end() && type->is_string() && IsMoeModelType(type->get<std::string>())) {
+    MEGATRAIN_ASSIGN_OR_RETURN(MoeModelConfig m, ParseMoeHfConfig(json_text, source));
+    return ModelConfigOf(m);
+  }
   // A multimodal Gemma 3 config: the text tower's fields are under
   // text_config (HF configuration_gemma3.py Gemma3Config).
   if (j.value("model_type", "") == "gemma3" && j.contains("text_config") &&
@@ -803,8 +818,30 @@ constexpr char kPhi3MiniConfig[] = R"({"model_type": "phi3", "vocab_size": 32064
     "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 32000,
     "pad_token_id": 32000})";
 
+// Mixture-of-experts benchmark shapes (issue 17): Qwen3-MoE-shaped, 7.4B
+// parameters of which 1.7B active (1.1B without the embedding and lm_head;
+// 16 layers, hidden 2048, 64 experts of intermediate 1024, top-8), and
+// Mixtral-shaped of similar total size (6.7B, 1.9B active; 16 layers,
+// hidden 2048, 8 experts of intermediate 8192, top-2). The aux loss is on, as in training.
+constexpr char kQwen3Moe7bConfig[] = R"({"model_type": "qwen3_moe", "vocab_size": 151936,
+    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 1024,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": true,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+    "output_router_logits": true, "router_aux_loss_coef": 0.001,
+    "bos_token_id": 151643, "eos_token_id": 151645})";
+constexpr char kMixtral7bConfig[] = R"({"model_type": "mixtral", "vocab_size": 32000,
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+    "output_router_logits": true, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2})";
+
 std::vector<std::string> PresetNames() {
-  return {"tiny", "llama-1b", "llama-3b", "llama-8b", "gemma2-2b", "phi3-mini"};
+  return {"tiny",      "llama-1b",  "llama-3b",     "llama-8b",
+          "gemma2-2b", "phi3-mini", "qwen3-moe-7b", "mixtral-7b"};
 }
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
@@ -832,6 +869,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   if (name == "llama-8b") return Llama3Shape(4096, 14336, 32, 32, 8);
   if (name == "gemma2-2b") return ParseHfConfig(kGemma2_2bConfig, "preset gemma2-2b");
   if (name == "phi3-mini") return ParseHfConfig(kPhi3MiniConfig, "preset phi3-mini");
+  if (name == "qwen3-moe-7b") return ParseHfConfig(kQwen3Moe7bConfig, "preset qwen3-moe-7b");
+  if (name == "mixtral-7b") return ParseHfConfig(kMixtral7bConfig, "preset mixtral-7b");
   return absl::InvalidArgumentError(absl::StrCat(
       "model.preset: unknown '", name, "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
 }

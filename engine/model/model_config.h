@@ -38,6 +38,7 @@
 #define MEGATRAIN_ENGINE_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,8 @@
 #include "absl/strings/string_view.h"
 
 namespace megatrain::engine {
+
+struct MoeConfig;  // engine/model/moe_config.h
 
 // RoPE frequency scaling (`rope_scaling` in config.json).
 enum class RopeScalingType { kNone, kLinear, kLlama3, kLongRope };
@@ -147,6 +150,13 @@ struct ModelConfig {
   // vision tower's beside them (LoadHfWeights maps and skips them). Exports
   // are plain gemma3_text (Gemma3ForCausalLM).
   bool multimodal_checkpoint = false;
+  // Mixture of experts (mixtral, qwen2_moe, qwen3_moe, gpt_oss;
+  // engine/model/moe_config.h), or null for a dense model. ParseHfConfig
+  // sets it for those model_types; the fields above then describe the
+  // dense family underneath (model_type mistral, qwen2, qwen3 or llama:
+  // attention, norms, embedding) and moe->model_type the HF family.
+  // ModelLayout, the store, the executor and HF import/export read it.
+  std::shared_ptr<const MoeConfig> moe;
 
   // Checks every field (positive sizes, divisibility of heads, known
   // activation). Returns INVALID_ARGUMENT naming the field and value.
@@ -174,11 +184,13 @@ struct ModelConfig {
   // Number of parameters of one decoder layer (elements).
   int64_t LayerParamCount() const;
   // Number of parameters of the whole model (elements), lm_head counted once
-  // when tied.
+  // when tied (every expert counted for a MoE model).
   int64_t ParamCount() const;
   // Model FLOPs per trained token for `seq_len`: 6 * (N - V*C) + 12*L*C*T
   // (forward + backward, PaLM appendix B; the input embedding is a lookup, no
-  // causal discount), matching ../shared/bench/torch_baselines.py.
+  // causal discount), matching ../shared/bench/torch_baselines.py. For a MoE
+  // model N counts the active parameters (the k routed experts a token
+  // visits, MoeActiveParamCount in engine/model/moe_layout.h).
   double TrainFlopsPerToken(int64_t seq_len) const;
 
   // The config as HF `config.json` text (architectures, model_type and the
@@ -187,6 +199,8 @@ struct ModelConfig {
 };
 
 // Parses HF `config.json` text. `source` names the file in error messages.
+// A MoE model_type (mixtral, qwen2_moe, qwen3_moe, gpt_oss) is parsed by
+// ParseMoeHfConfig and comes back with `moe` set.
 // Errors: INVALID_ARGUMENT for malformed JSON or a bad value (message names
 // the field); UNIMPLEMENTED for an unsupported `model_type`, `hidden_act` or
 // `rope_scaling.rope_type`.
@@ -200,7 +214,10 @@ absl::StatusOr<ModelConfig> LoadHfConfigFile(const std::string& path);
 // "llama-1b", "llama-3b", "llama-8b" (Llama-3.2-1B / 3B and Llama-3.1-8B
 // shapes, identical to ../shared/bench/torch_baselines.py: untied, rope_theta
 // 500000, rms_norm_eps 1e-6), "gemma2-2b" (google/gemma-2-2b's config.json)
-// and "phi3-mini" (microsoft/Phi-3-mini-4k-instruct's). INVALID_ARGUMENT for
+// and "phi3-mini" (microsoft/Phi-3-mini-4k-instruct's), and two mixture-of-
+// experts shapes for the benchmark: "qwen3-moe-7b" (Qwen3-MoE-shaped, 7.4B
+// total / 1.7B active) and "mixtral-7b" (Mixtral-shaped, 6.7B / 1.9B).
+// INVALID_ARGUMENT for
 // an unknown name, listing the known ones.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 

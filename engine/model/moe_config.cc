@@ -188,6 +188,28 @@ absl::Status ParseLayerTypes(const json& j, absl::string_view source, int64_t nu
   return absl::OkStatus();
 }
 
+// The dense attention (layers.cc DecoderAttention) reads a layer's window
+// from base.layer_types and base.sliding_window: set them from the
+// per-layer windows. Every family has one window for all its sliding
+// layers; UNIMPLEMENTED naming `layer_types` otherwise.
+absl::Status MarkSlidingLayers(const MoeConfig& m, absl::string_view source, ModelConfig* base) {
+  int64_t window = 0;
+  for (const int64_t w : m.layer_sliding_window) {
+    if (w > 0 && window > 0 && w != window) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": layer_types: sliding layers with different windows are not supported"));
+    }
+    if (w > 0) window = w;
+  }
+  if (window == 0) return absl::OkStatus();
+  base->sliding_window = window;
+  base->layer_types.clear();
+  for (const int64_t w : m.layer_sliding_window) {
+    base->layer_types.push_back(w > 0 ? LayerType::kSlidingAttention : LayerType::kFullAttention);
+  }
+  return absl::OkStatus();
+}
+
 // The MoE fields of each family, with HF's defaults (configuration_*.py).
 absl::Status ParseMoeFields(const json& j, absl::string_view source, const ModelConfig& base,
                             MoeConfig* m) {
@@ -338,6 +360,7 @@ absl::StatusOr<MoeModelConfig> ParseMoeHfConfig(absl::string_view json_text,
   MEGATRAIN_RETURN_IF_ERROR(r.String("model_type", &m.model_type));
   if (m.model_type.empty()) return r.Error("model_type", "missing");
   MEGATRAIN_ASSIGN_OR_RETURN(m.family, FamilyOf(m.model_type, source));
+  m.hf_config_json = j.dump();
 
   // Phase 1: the attention, norm and embedding fields through the dense
   // parser of the underlying family, on a copy without the MoE-only RoPE.
@@ -363,6 +386,7 @@ absl::StatusOr<MoeModelConfig> ParseMoeHfConfig(absl::string_view json_text,
     return r.Error("num_hidden_layers", absl::StrCat("must be <= ", kMaxLayers, ", got ", layers));
   }
   MEGATRAIN_RETURN_IF_ERROR(ParseLayerTypes(j, source, layers, out.base.sliding_window, &m));
+  MEGATRAIN_RETURN_IF_ERROR(MarkSlidingLayers(m, source, &out.base));
   absl::Status valid = m.Validate(layers);
   if (!valid.ok()) return Annotate(valid, source);
   return out;
@@ -374,6 +398,53 @@ absl::StatusOr<MoeModelConfig> LoadMoeHfConfigFile(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return ParseMoeHfConfig(buffer.str(), path);
+}
+
+std::string MoeHfConfigJson(const MoeModelConfig& config) {
+  const MoeConfig& m = config.moe;
+  json j;
+  if (!m.hf_config_json.empty()) {
+    j = json::parse(m.hf_config_json, nullptr, /*allow_exceptions=*/false);
+  }
+  if (!j.is_object()) {  // built in code: the dense fields, then the MoE ones
+    ModelConfig dense = config.base;
+    dense.moe.reset();
+    j = json::parse(dense.ToHfConfigJson());
+    const char* architecture = "MixtralForCausalLM";
+    switch (m.family) {
+      case MoeFamily::kMixtral:
+        j["num_local_experts"] = m.num_experts;
+        j["router_jitter_noise"] = m.router_jitter_noise;
+        break;
+      case MoeFamily::kQwen2Moe:
+      case MoeFamily::kQwen3Moe:
+        architecture =
+            m.family == MoeFamily::kQwen2Moe ? "Qwen2MoeForCausalLM" : "Qwen3MoeForCausalLM";
+        j["num_experts"] = m.num_experts;
+        j["moe_intermediate_size"] = m.moe_intermediate_size;
+        j["norm_topk_prob"] = m.norm_topk_prob;
+        j["decoder_sparse_step"] = m.decoder_sparse_step;
+        j["mlp_only_layers"] = m.mlp_only_layers;
+        if (m.family == MoeFamily::kQwen2Moe) {
+          j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+        }
+        break;
+      case MoeFamily::kGptOss:
+        architecture = "GptOssForCausalLM";
+        j["num_local_experts"] = m.num_experts;
+        j["swiglu_limit"] = m.swiglu_limit;
+        break;
+    }
+    j["architectures"] = {architecture};
+    j["model_type"] = m.model_type;
+    j["num_experts_per_tok"] = m.num_experts_per_tok;
+  }
+  const char* dtype_key =
+      j.contains("torch_dtype") && !j.contains("dtype") ? "torch_dtype" : "dtype";
+  j[dtype_key] = config.base.torch_dtype;
+  j["output_router_logits"] = m.output_router_logits;
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  return j.dump(2);
 }
 
 }  // namespace megatrain::engine

@@ -111,6 +111,10 @@ struct MoeConfig {
   // layer takes the dense config's `sliding_window`.
   std::vector<int64_t> layer_sliding_window;
   YarnRope yarn;
+  // The config.json object this was parsed from (ParseMoeHfConfig), written
+  // back by MoeHfConfigJson so that an export or checkpoint keeps every
+  // field transformers reads; empty for a config built in code.
+  std::string hf_config_json;
 
   // True when decoder layer `layer_idx` has a sparse MoE MLP (false: dense
   // SwiGLU of the model's `intermediate_size`). qwen2/3_moe rule
@@ -131,6 +135,14 @@ struct MoeModelConfig {
   ModelConfig base;
   MoeConfig moe;
 };
+
+// The config as HF `config.json` text that transformers' AutoConfig loads:
+// the parsed config.json (moe.hf_config_json) with `dtype` (or
+// `torch_dtype`, whichever it had) set to base.torch_dtype and
+// output_router_logits / router_aux_loss_coef set from `moe` (a job option
+// may change them); for a config built in code, base.ToHfConfigJson() with
+// the family's model_type, architecture and MoE fields.
+std::string MoeHfConfigJson(const MoeModelConfig& config);
 
 // True for the model_types this file parses.
 bool IsMoeModelType(absl::string_view model_type);

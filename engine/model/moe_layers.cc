@@ -64,6 +64,12 @@ at::Tensor AttentionBlock(const MoeModelConfig& config, const MoeDecoderLayerWei
   const int64_t b = x.size(0), t = x.size(1);
   const int64_t h = c.num_attention_heads, kv = c.num_key_value_heads, dh = c.head_dim;
   at::Tensor n1 = RmsNorm(x, d.input_layernorm.to(at::kFloat), c.rms_norm_eps).to(cd);
+  // mixtral and qwen2/3_moe attend as their dense families do (one
+  // implementation, layers.cc); config.base.layer_types marks the sliding
+  // layers (ParseMoeHfConfig). Only gpt_oss's sinks need the softmax below.
+  if (!w.sinks.defined()) {
+    return x + DecoderAttention(c, d, n1, rope, mask, cd).to(at::kFloat);
+  }
   at::Tensor q = Linear(n1, d.q_proj, d.q_bias).view({b, t, h, dh});
   at::Tensor k = Linear(n1, d.k_proj, d.k_bias).view({b, t, kv, dh});
   at::Tensor v = Linear(n1, d.v_proj, d.v_bias).view({b, t, kv, dh});
@@ -75,10 +81,7 @@ at::Tensor AttentionBlock(const MoeModelConfig& config, const MoeDecoderLayerWei
   k = RepeatKv(ApplyRope(k.transpose(1, 2), rope), h / kv);  // [B, H, T, Dh]
   v = RepeatKv(v.transpose(1, 2), h / kv);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  at::Tensor attn = w.sinks.defined()
-                        ? AttentionWithSinks(q, k, v, w.sinks, mask, scale)
-                        : compat::ScaledDotProductAttention(q, k, v, mask, /*is_causal=*/true,
-                                                            scale);  // [B, H, T, Dh]
+  at::Tensor attn = AttentionWithSinks(q, k, v, w.sinks, mask, scale);  // [B, H, T, Dh]
   attn = attn.transpose(1, 2).reshape({b, t, h * dh});
   return x + Linear(attn, d.o_proj, d.o_bias).to(at::kFloat);
 }

@@ -2,6 +2,7 @@
 #include "engine/model/param_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/moe_layout.h"
 
 namespace megatrain::engine {
 namespace {
@@ -51,6 +52,7 @@ const ParamSpec* BlockLayout::Find(absl::string_view local_name) const {
 }
 
 ModelLayout ModelLayout::Create(const ModelConfig& c) {
+  if (c.moe != nullptr) return MoeModelLayout(MoeModelConfigOf(c));  // moe_layout.h
   ModelLayout layout;
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;

@@ -22,6 +22,7 @@
 #define MEGATRAIN_ENGINE_SPEC_JOB_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,6 +37,12 @@ namespace megatrain::engine {
 struct ModelSource {
   std::string preset;  // "tiny", "llama-1b", ... (PresetConfig)
   std::string hf_dir;  // HF directory: config.json + safetensors
+  // Mixture-of-experts models: the router's load-balancing loss on (true)
+  // or off (false) in place of config.json's `output_router_logits` (Note
+  // [Load-balancing loss across micro-batches] in engine/step/moe_block.h);
+  // unset keeps the config's. Set for a dense model: INVALID_ARGUMENT when
+  // the model is resolved (EstimateFootprint, TrainingJob::Create).
+  std::optional<bool> output_router_logits;
 };
 
 // Where the training data comes from: exactly one of `tokens` and `text`.

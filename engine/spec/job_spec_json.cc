@@ -63,6 +63,9 @@ void ModelAndDataFromJson(const json& j, JobSpec* spec) {
   const json& model = Section(j, "model");
   Get(model, "preset", &spec->model.preset);
   Get(model, "hf_dir", &spec->model.hf_dir);
+  if (auto it = model.find("output_router_logits"); it != model.end() && !it->is_null()) {
+    spec->model.output_router_logits = it->get<bool>();
+  }
   const json& data = Section(j, "data");
   Get(data, "tokens", &spec->data.tokens);
   Get(data, "eval_tokens", &spec->data.eval_tokens);
@@ -144,6 +147,9 @@ json JobSpecToJsonObject(const JobSpec& s) {
   json j;
   j["name"] = s.name;
   j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
+  if (s.model.output_router_logits.has_value()) {
+    j["model"]["output_router_logits"] = *s.model.output_router_logits;
+  }
   j["data"] = {{"tokens", s.data.tokens},
                {"eval_tokens", s.data.eval_tokens},
                {"text", s.data.text},

@@ -21,6 +21,7 @@
 #include "engine/step/device_grad_accumulator.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/input_stager.h"
+#include "engine/step/moe_block.h"
 #include "engine/step/resident_blocks.h"
 #include "engine/step/step_env.h"
 #include "engine/step/step_plan.h"
@@ -148,6 +149,7 @@ class StreamingExecutor::Impl {
   std::unique_ptr<InputStager> inputs_;
   std::unique_ptr<ActivationOffload> offload_;  // null without activation offload
   std::unique_ptr<ResidentBlocks> resident_;
+  std::unique_ptr<MoeLayerRunner> moe_;  // MoE models only (engine/step/moe_block.h)
   DeviceGradAccumulator accumulator_;
   bool assume_embedding_grad_zero_ = false;  // for the current/next Run only
 };
@@ -177,6 +179,9 @@ absl::Status StreamingExecutor::Impl::Init() {
     }
     resident_ = std::make_unique<ResidentBlocks>(&env_, options_.resident_layers,
                                                  options_.resident_embedding);
+    if (config.moe != nullptr) {
+      moe_ = std::make_unique<MoeLayerRunner>(config, options_.seq_len, device);
+    }
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
@@ -262,6 +267,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     env_.timer.MarkStart();
     resident_->ApplyPending();  // the update the trainer asked for after the last pass
     const StepPlan plan = PlanStep(env_.layout, PlanOptions(mbs.size(), backward));
+    if (moe_) moe_->BeginPass(static_cast<int>(mbs.size()));
     lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
     slots_->BeginPass(plan.weight_uses);
     pass.loss_total =
@@ -277,6 +283,11 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     pass.micro_batch.clear();
     const StepClock::time_point drain_start = StepClock::now();
     result.loss_sum = pass.loss_total.item<double>();  // host sync: end of the pass
+    if (moe_ && moe_->aux_loss_enabled()) {  // Note [Load-balancing loss across micro-batches]
+      result.aux_loss_sum = moe_->AuxLossSum().item<double>();
+      result.aux_loss_terms = static_cast<int64_t>(mbs.size());
+      result.router_aux_loss_coef = moe_->router_aux_loss_coef();
+    }
     env_.runtime->Synchronize();
     MEGATRAIN_RETURN_IF_ERROR(lander_->Drain());
     result.stats.drain_seconds = SecondsSince(drain_start);
@@ -333,9 +344,11 @@ void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
     mb.saved[a.layer] = mb.x;
   }
   const int token = env_.timer.Begin(StreamKind::kCompute);
-  mb.x =
-      DecoderLayerForward(env_.config, BindDecoderLayerWeights(env_.layout.blocks[a.block], flat),
-                          mb.x, rope_, attention_mask_, env_.compute_dtype);
+  mb.x = moe_ ? moe_->Forward(a.micro_batch, env_.layout.blocks[a.block], flat, mb.x,
+                              env_.compute_dtype)
+              : DecoderLayerForward(env_.config,
+                                    BindDecoderLayerWeights(env_.layout.blocks[a.block], flat),
+                                    mb.x, rope_, attention_mask_, env_.compute_dtype);
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
   if (!resident) slots_->Release(a.use);
   // Free offloaded inputs once their copy is done: the compute stream
@@ -441,7 +454,10 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   if (a.input_offloaded) offload_->WaitLoaded(a.layer, a.micro_batch);
   MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
-  std::vector<at::Tensor> grads = RecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
+  std::vector<at::Tensor> grads =
+      moe_ ? moe_->RecomputeAndBackward(a.micro_batch, bl, flat, mb.saved[a.layer], mb.grad_y,
+                                        env_.compute_dtype)
+           : RecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
   bool slot_sum_last = false;
   if (a.grad_to == GradTo::kSlotSum) {
     slot_sum_last = SlotSum(a, p, BlockKind::kDecoderLayer, grads);
@@ -613,6 +629,7 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     return absl::FailedPreconditionError(
         "executor: fp32/tf32 compute streams the fp32 master; the store has a bf16 copy");
   }
+  MEGATRAIN_RETURN_IF_ERROR(CheckMoeTrainable(store->config()));
   auto impl = std::make_unique<Impl>(store, runtime, pool, options);
   MEGATRAIN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<StreamingExecutor>(new StreamingExecutor(std::move(impl), options));

@@ -223,6 +223,20 @@ struct ForwardBackwardResult {
   double loss_sum = 0;         // sum of token losses over the global batch (nats)
   int64_t counted_tokens = 0;  // labels != -100 in the global batch
   double loss() const { return counted_tokens > 0 ? loss_sum / counted_tokens : 0.0; }
+  // MoE models with the load-balancing loss on (Note [Load-balancing loss
+  // across micro-batches] in step/moe_block.h): sum over the micro-batches
+  // of each one's aux loss, how many were summed, and the coefficient the
+  // gradient used. All 0 otherwise.
+  double aux_loss_sum = 0;
+  int64_t aux_loss_terms = 0;
+  double router_aux_loss_coef = 0;
+  // Mean aux loss of one micro-batch (what transformers reports as
+  // `aux_loss` for one forward); 0 without the aux loss.
+  double aux_loss() const { return aux_loss_terms > 0 ? aux_loss_sum / aux_loss_terms : 0.0; }
+  // The objective whose gradient ForwardBackward takes: loss() +
+  // router_aux_loss_coef * aux_loss_sum (transformers' Trainer's loss of
+  // the step).
+  double objective() const { return loss() + router_aux_loss_coef * aux_loss_sum; }
   StepStats stats;  // phases and bytes (optimizer fields left 0)
 };
 

@@ -212,6 +212,9 @@ void Trainer::SetTestHooks(std::unique_ptr<TrainerTestHooks> hooks) { hooks_ = s
 
 int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda) {
   if (option >= 0) return option;
+  // A MoE layer holds every expert (gigabytes at 18 bytes per parameter
+  // on the device): resident MoE layers only when asked for.
+  if (config.moe != nullptr) return 0;
   // Layers 0 and 1, whose updates would otherwise start every step on the
   // critical path; at least one layer keeps streaming.
   return cuda ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2)) : 0;
@@ -355,7 +358,8 @@ absl::StatusOr<StepResult> Trainer::FinishStep(StepState& s, const ForwardBackwa
   // it are; Note [Non-finite steps]).
   if (s.overlap) MEGATRAIN_RETURN_IF_ERROR(ScheduleResident(s, 1.0f));
   StepResult result;
-  result.loss = hooks_ != nullptr ? hooks_->Loss(fb.loss()) : fb.loss();
+  result.loss = hooks_ != nullptr ? hooks_->Loss(fb.objective()) : fb.objective();
+  result.aux_loss = fb.aux_loss();
   result.counted_tokens = fb.counted_tokens;
   result.lr = s.lr;
   double total_sq = 0;

@@ -235,13 +235,18 @@ inline constexpr double kResidentEmbeddingMaxFraction = 1.0 / 8;
 bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes);
 
 // The decoder layers TrainerOptions::resident_layers `option` keeps on the
-// device (auto: min(2, num_hidden_layers - 1) on CUDA, none on the CPU).
+// device (auto: min(2, num_hidden_layers - 1) on CUDA, none on the CPU nor
+// for a mixture-of-experts model, whose layers hold every expert).
 int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda);
 
 struct StepResult {
-  int64_t step = 0;  // step() after this step: its number (from 1), or
-                     // the previous one's if skipped (unless partial)
-  double loss = 0;   // mean over counted tokens of the global batch
+  int64_t step = 0;     // step() after this step: its number (from 1), or
+                        // the previous one's if skipped (unless partial)
+  double loss = 0;      // mean over counted tokens of the global batch (for a MoE
+                        // model with the aux loss on, plus router_aux_loss_coef x
+                        // aux_loss summed over micro-batches: Note
+                        // [Load-balancing loss across micro-batches] in moe_block.h)
+  double aux_loss = 0;  // MoE: mean load-balancing loss of a micro-batch; 0 otherwise
   int64_t counted_tokens = 0;
   double grad_norm = 0;  // global L2 norm before clipping
   double lr = 0;         // learning rate used

@@ -193,6 +193,10 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                         .Name("megatrain_training_loss")
                         .Help("Training loss of the latest step.")
                         .Register(r);
+  training_aux_loss_ = &BuildGauge()
+                            .Name("megatrain_training_aux_loss")
+                            .Help("Router load-balancing loss of the latest step (MoE models).")
+                            .Register(r);
   eval_loss_ =
       &BuildGauge().Name("megatrain_eval_loss").Help("Loss of the latest evaluation.").Register(r);
   jobs_ = &BuildGauge().Name("megatrain_jobs").Help("Jobs per state.").Register(r);
@@ -248,6 +252,9 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   add("gpu_idle", stats.gpu_idle_seconds);
   tokens_per_second_->Add({{"device", device}}).Set(report.tokens_per_s);
   if (!report.skipped) training_loss_->Add({{"device", device}}).Set(report.loss);
+  if (!report.skipped && report.aux_loss != 0) {
+    training_aux_loss_->Add({{"device", device}}).Set(report.aux_loss);
+  }
   if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
   pcie_bytes_total_->Add({{"direction", "h2d"}})
       .Increment(static_cast<double>(std::max<int64_t>(stats.h2d_bytes, 0)));

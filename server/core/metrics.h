@@ -64,6 +64,7 @@
 //   megatrain_mfu_ratio{device}                    gauge     latest step, [0, 1]
 //   megatrain_tokens_per_second{device}            gauge     latest step
 //   megatrain_training_loss{device}                gauge     latest step
+//   megatrain_training_aux_loss{device}            gauge     latest step, MoE aux loss
 //   megatrain_eval_loss{device}                    gauge     latest eval
 //   megatrain_jobs{state}                          gauge     jobs per state
 //   megatrain_queue_depth                          gauge     QUEUED jobs
@@ -190,6 +191,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* mfu_;
   prometheus::Family<prometheus::Gauge>* tokens_per_second_;
   prometheus::Family<prometheus::Gauge>* training_loss_;
+  prometheus::Family<prometheus::Gauge>* training_aux_loss_;
   prometheus::Family<prometheus::Gauge>* eval_loss_;
   prometheus::Family<prometheus::Gauge>* jobs_;
   prometheus::Gauge* queue_depth_;

@@ -243,6 +243,9 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   spec.name = in.name();
   spec.model.preset = in.model().preset();
   spec.model.hf_dir = in.model().hf_dir();
+  if (in.model().has_output_router_logits()) {
+    spec.model.output_router_logits = in.model().output_router_logits();
+  }
 
   const v1::DataSpec& data = in.data();
   spec.data.tokens = data.tokens();
@@ -267,6 +270,12 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   out->set_name(spec.name);
   out->mutable_model()->set_preset(spec.model.preset);
   out->mutable_model()->set_hf_dir(spec.model.hf_dir);
+  if (spec.model.output_router_logits.has_value()) {
+    out->mutable_model()->set_output_router_logits(*spec.model.output_router_logits);
+  }
+  if (spec.model.output_router_logits.has_value()) {
+    out->mutable_model()->set_output_router_logits(*spec.model.output_router_logits);
+  }
   v1::DataSpec* data = out->mutable_data();
   data->set_tokens(spec.data.tokens);
   data->set_eval_tokens(spec.data.eval_tokens);

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""transformers' own training throughput on the MoE benchmark shapes (issue 17).
+
+The comparison point for `megatrain-bench --model qwen3-moe-7b|mixtral-7b`:
+the same model (the engine presets' config.json fields, engine/model/
+model_config.cc), trained resident in GPU memory by transformers with bf16
+autocast over fp32 master weights, fused AdamW, activation checkpointing
+(gradient_checkpointing_enable) and the router's load-balancing loss on
+(output_router_logits, as the presets set it). Random init, synthetic token
+ids. Prints one JSON line: tokens/s, model TFLOP/s on active parameters
+(6 * N_active * tokens + attention, the engine's TrainFlopsPerToken), peak
+GPU memory.
+
+Memory: fp32 weights, gradients and two AdamW moments are 16 bytes per
+parameter (7.4B -> ~118 GB), so this needs an H200 (139 GiB), not an H100.
+
+Example (the issue's workload: micro-batch 8 x 2048, accumulation 4):
+  python3 deploy/moe-torch-baseline.py --preset qwen3-moe-7b --micro_batch 8 --seq 2048 \
+      --accum 4 --steps 6
+"""
+import argparse, json, time
+import torch
+
+PRESETS = {
+    "qwen3-moe-7b": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=1024,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=64, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, output_router_logits=True, router_aux_loss_coef=0.001)),
+    "mixtral-7b": ("MixtralConfig", "MixtralForCausalLM", dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+        num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+        tie_word_embeddings=False, output_router_logits=True, router_aux_loss_coef=0.02)),
+}
+
+
+def active_params(model, cfg):
+    """Parameters one token uses: every tensor, experts counted k of E."""
+    experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+    n = 0
+    for name, p in model.named_parameters():
+        n += p.numel() * cfg.num_experts_per_tok // experts if ".experts." in name else p.numel()
+    return n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    ap.add_argument("--micro_batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--accum", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6, help="timed steps after 2 warm-up steps")
+    args = ap.parse_args()
+
+    import transformers
+    cfg_name, model_name, fields = PRESETS[args.preset]
+    cfg = getattr(transformers, cfg_name)(max_position_embeddings=max(args.seq, 8192), **fields)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = getattr(transformers, model_name)(cfg).to(dev)
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    n_active = active_params(model, cfg)
+    n_total = sum(p.numel() for p in model.parameters())
+    flops_per_token = (6 * (n_active - cfg.vocab_size * cfg.hidden_size)
+                       + 12 * cfg.num_hidden_layers * cfg.hidden_size * args.seq)
+
+    def step():
+        for _ in range(args.accum):
+            ids = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens = args.steps * args.accum * args.micro_batch * args.seq
+    print(json.dumps({
+        "preset": args.preset, "mode": "transformers-resident-ckpt-bf16-autocast",
+        "params": n_total, "active_params": n_active,
+        "micro_batch": args.micro_batch, "seq_len": args.seq, "accum": args.accum,
+        "tokens_per_s": tokens / seconds,
+        "model_tflops_per_s": tokens * flops_per_token / seconds / 1e12,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
