@@ -1,6 +1,7 @@
 // The job-level training loop (training_job.h): model, data, trainer,
 // evaluation and checkpoints of one job.
 #include "engine/job/training_job.h"
+#include "engine/store/nvme_tier.h"
 
 #include <algorithm>
 #include <atomic>
@@ -164,6 +165,20 @@ absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
 }
 
 }  // namespace
+
+MemoryFootprint WithNvmeMoments(const MemoryFootprint& f) {
+  if (f.nvme_bytes > 0) return f;
+  MemoryFootprint tiered = f;
+  tiered.nvme_bytes = f.host.exp_avg + f.host.exp_avg_sq;
+  tiered.host.exp_avg = tiered.host.exp_avg_sq = 0;
+  tiered.host.staging += NvmeTierStagingBytes();
+  tiered.host_total_bytes = tiered.host.Total() + tiered.embedding_lookahead_bytes;
+  return tiered;
+}
+
+MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config) {
+  return FootprintOf(spec, config);
+}
 
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
