@@ -158,8 +158,18 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   JobSpec in_ram = spec;
   in_ram.memory.nvme_tier = NvmeTierMode::kOff;
-  const MemoryFootprint ram =
+  MemoryFootprint ram =
       ForDevice(EstimateFootprintForConfig(in_ram, config), spec, config, machine.gpu_memory_bytes);
+  // Note [Schedule choice] in step/schedule_choice.h: with train.activations
+  // auto, the trainer moves the saved layer inputs to pinned host memory
+  // when they do not fit the device; the plan does the same.
+  if (machine.gpu_memory_bytes > 0 && ram.device_estimate_bytes > machine.gpu_memory_bytes &&
+      (spec.train.activations.empty() || spec.train.activations == "auto") &&
+      !spec.train.offload_activations) {
+    in_ram.train.activations = "host";
+    ram = ForDevice(EstimateFootprintForConfig(in_ram, config), in_ram, config,
+                    machine.gpu_memory_bytes);
+  }
   const MemoryFootprint tiered = WithNvmeMoments(ram);
   JobPlan plan;
   plan.params = ram.params;
