@@ -8,7 +8,9 @@
 #   deploy/run-sanitized-tests.sh
 #
 # Environment: BUILD_DIR (default <repo>/build-asan), JOBS (default nproc),
-# ENGINE_SANITIZE (default "io"; "off" skips the second phase),
+# ENGINE_SANITIZE (default "off"; "io" runs the second phase, not yet part of
+# CI: it has not been run to completion on a CI-sized machine, README "Not
+# built yet"),
 # ENGINE_BUILD_DIR (default <repo>/build-asan-engine).
 #
 # Second phase (ENGINE_SANITIZE=io): the engine's input-parsing tests
@@ -55,7 +57,7 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 ctest --test-dir "${BUILD_DIR}" -L cpu --output-on-failure -j "${JOBS}"
 echo "run-sanitized-tests: server unit tests passed under ASan + UBSan (${BUILD_DIR})"
 
-ENGINE_SANITIZE="${ENGINE_SANITIZE:-io}"
+ENGINE_SANITIZE="${ENGINE_SANITIZE:-off}"
 if [[ "${ENGINE_SANITIZE}" == "off" ]]; then exit 0; fi
 if [[ "${ENGINE_SANITIZE}" != "io" ]]; then
   echo "run-sanitized-tests: ENGINE_SANITIZE must be io or off, got '${ENGINE_SANITIZE}'" >&2
@@ -86,5 +88,5 @@ cmake --build "${ENGINE_BUILD_DIR}" -j "${JOBS}" --target "${ENGINE_TESTS[@]}"
 # some of the same inline globals (protobuf, fmt); not a bug of ours.
 export ASAN_OPTIONS="abort_on_error=1:detect_leaks=0:detect_container_overflow=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:check_initialization_order=1"
 ctest --test-dir "${ENGINE_BUILD_DIR}" --output-on-failure -j "${JOBS}" \
-  -R "^($(IFS='|'; echo "${ENGINE_TESTS[*]}"))\$"
+  --no-tests=error -R "^($(IFS='|'; echo "${ENGINE_TESTS[*]}"))\\."
 echo "run-sanitized-tests: engine input-parsing tests passed under ASan + UBSan (${ENGINE_BUILD_DIR})"
