@@ -9,6 +9,7 @@
 #include <limits>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "engine/runtime/torch_compat.h"
 
@@ -251,51 +252,99 @@ int64_t SoftcapKeyBegin(int64_t start, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
 }
 
+// Scores of a block before the cap's tanh: scores * scale / cap, as HF
+// computes them (matmul * scaling, then / softcap). When `scale` is a power
+// of two the product with it is exact in any float format, so one division
+// by cap / scale rounds exactly as the two steps do and saves a pass over
+// the block.
+at::Tensor ScaledScoresOverCap(const at::Tensor& scores, double scale, double cap) {
+  int exponent = 0;
+  if (std::frexp(scale, &exponent) == 0.5) return scores / (cap / scale);
+  return scores * scale / cap;
+}
+
 // One block of soft-capped attention: queries q_block [B, H, n, Dh] at
 // positions [start, start + n) against keys / values [B, H, S, Dh] at
-// positions [key_begin, start + n). Scores and the cap in the compute dtype,
-// mask and softmax in fp32, probabilities back in the compute dtype for PV
-// (HF eager_attention_forward). Returns [B, H, n, Dh].
+// positions [key_begin, start + n). Scores, the cap and the mask in the
+// compute dtype, softmax in fp32, probabilities back in the compute dtype
+// for PV (HF eager_attention_forward: softmax(..., dtype=float32) reads the
+// compute-dtype scores, so no fp32 copy of them is made here either).
+// Returns [B, H, n, Dh].
 at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor& k_seen,
                                     const at::Tensor& v_seen, int64_t start, int64_t key_begin,
                                     double scale, double cap, int64_t window) {
   const int64_t n = q_block.size(2);
-  at::Tensor scores = at::matmul(q_block, k_seen.transpose(-2, -1)) * scale;
-  scores = SoftCap(scores, cap).to(at::kFloat);  // [B, H, n, S]
+  at::Tensor scores = at::matmul(q_block, k_seen.transpose(-2, -1));
+  scores = at::tanh(ScaledScoresOverCap(scores, scale, cap)) * cap;  // [B, H, n, S]
   const at::TensorOptions positions = q_block.options().dtype(at::kLong);
   at::Tensor qi = at::arange(start, start + n, positions).unsqueeze(1);
   at::Tensor ki = at::arange(key_begin, start + n, positions).unsqueeze(0);
   at::Tensor blocked = ki > qi;
   if (window > 0) blocked = blocked.logical_or(qi - ki >= window);
-  scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
-  at::Tensor probs = at::softmax(scores, -1).to(q_block.scalar_type());
+  scores = scores.masked_fill(blocked, -std::numeric_limits<double>::infinity());
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q_block.scalar_type());
   return at::matmul(probs, v_seen);  // [B, H, n, Dh]
 }
 
-// Note [Soft-capped attention] backward: forward keeps only q, k, v; the
-// backward recomputes one block of queries at a time under autograd and
-// takes its gradient before the next, so no more than one block's scores
-// and probabilities (and their gradients) exist at once. dK and dV gather
-// the blocks' contributions in fp32 and are rounded once.
+// Bytes autograd keeps for one block of n queries against S keys when its
+// graph is kept from forward to backward (Note [Soft-capped attention]):
+// the tanh output and the probabilities in the compute dtype, the fp32
+// softmax output, and the [n, S] mask.
+int64_t SoftcapKeptBlockBytes(const at::Tensor& q, int64_t n, int64_t keys) {
+  const int64_t elements = q.size(0) * q.size(1) * n * keys;
+  return elements * (2 * static_cast<int64_t>(q.element_size()) + 4) + n * keys;
+}
+
+// Bytes of every block's kept graph for q [B, H, T, Dh].
+int64_t SoftcapKeptBytes(const at::Tensor& q, int64_t chunk, int64_t window) {
+  const int64_t t = q.size(2);
+  int64_t bytes = 0;
+  for (int64_t start = 0; start < t; start += chunk) {
+    const int64_t n = std::min(chunk, t - start);
+    bytes += SoftcapKeptBlockBytes(q, n, start + n - SoftcapKeyBegin(start, window));
+  }
+  return bytes;
+}
+
+// Note [Soft-capped attention] backward: when the caller will take a
+// gradient and every block's graph fits `max_kept_bytes`, forward runs each
+// block under autograd on detached leaves and keeps the graphs (the
+// recomputation of activation checkpointing then does the block's forward
+// only once); otherwise forward keeps only q, k and v, and the backward
+// recomputes one block of queries at a time under autograd and takes its
+// gradient before the next, so no more than one block's scores and
+// probabilities (and their gradients) exist at once. Either way dK and dV
+// gather the blocks' contributions in fp32 and are rounded once.
 struct SoftcappedAttentionFunction : public torch::autograd::Function<SoftcappedAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, double scale, double cap,
-                            int64_t window, int64_t max_chunk_bytes) {
+                            int64_t window, int64_t max_chunk_bytes, int64_t max_kept_bytes) {
     ctx->save_for_backward({q, k, v});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["cap"] = cap;
     ctx->saved_data["window"] = window;
     ctx->saved_data["max_chunk_bytes"] = max_chunk_bytes;
     const int64_t t = q.size(2), chunk = SoftcapQueriesPerBlock(q, max_chunk_bytes);
+    const bool keep = max_kept_bytes > 0 && SoftcapKeptBytes(q, chunk, window) <= max_kept_bytes;
+    at::AutoGradMode grad_mode(keep);
+    std::vector<at::Tensor> kept;  // per block: q_block, k_seen, v_seen leaves, output
     at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);  // [B, H, T, Dh]
     for (int64_t start = 0; start < t; start += chunk) {
       const int64_t n = std::min(chunk, t - start), key_begin = SoftcapKeyBegin(start, window);
       const int64_t keys = start + n - key_begin;
-      out.narrow(2, start, n)
-          .copy_(SoftcappedAttentionBlock(q.narrow(2, start, n), k.narrow(2, key_begin, keys),
-                                          v.narrow(2, key_begin, keys), start, key_begin, scale,
-                                          cap, window));
+      at::Tensor q_block = q.narrow(2, start, n), k_seen = k.narrow(2, key_begin, keys);
+      at::Tensor v_seen = v.narrow(2, key_begin, keys);
+      if (keep) {
+        q_block = q_block.detach().requires_grad_(true);
+        k_seen = k_seen.detach().requires_grad_(true);
+        v_seen = v_seen.detach().requires_grad_(true);
+      }
+      at::Tensor block =
+          SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window);
+      out.narrow(2, start, n).copy_(block.detach());
+      if (keep) kept.insert(kept.end(), {q_block, k_seen, v_seen, block});
     }
+    if (keep) ctx->saved_data["kept"] = kept;
     return out;
   }
 
@@ -308,21 +357,36 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
     const int64_t window = ctx->saved_data["window"].toInt();
     const int64_t t = q.size(2);
     const int64_t chunk = SoftcapQueriesPerBlock(q, ctx->saved_data["max_chunk_bytes"].toInt());
+    std::vector<at::Tensor> kept;
+    if (auto it = ctx->saved_data.find("kept"); it != ctx->saved_data.end()) {
+      kept = it->second.toTensorVector();
+      ctx->saved_data.erase(it);  // each block's graph is freed once used
+    }
     const at::Tensor grad_out = grad_outputs[0].to(q.scalar_type());
     at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
     at::Tensor grad_k = at::zeros(k.sizes(), k.options().dtype(at::kFloat));
     at::Tensor grad_v = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
     at::AutoGradMode enable_grad(true);
-    for (int64_t start = 0; start < t; start += chunk) {
+    size_t block_index = 0;
+    for (int64_t start = 0; start < t; start += chunk, ++block_index) {
       const int64_t n = std::min(chunk, t - start), key_begin = SoftcapKeyBegin(start, window);
       const int64_t keys = start + n - key_begin;
-      at::Tensor q_block = q.narrow(2, start, n).detach().requires_grad_(true);
-      at::Tensor k_seen = k.narrow(2, key_begin, keys).detach().requires_grad_(true);
-      at::Tensor v_seen = v.narrow(2, key_begin, keys).detach().requires_grad_(true);
-      at::Tensor out =
-          SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window);
+      at::Tensor q_block, k_seen, v_seen, out;
+      if (!kept.empty()) {
+        q_block = std::move(kept[4 * block_index]);
+        k_seen = std::move(kept[4 * block_index + 1]);
+        v_seen = std::move(kept[4 * block_index + 2]);
+        out = std::move(kept[4 * block_index + 3]);
+      } else {
+        q_block = q.narrow(2, start, n).detach().requires_grad_(true);
+        k_seen = k.narrow(2, key_begin, keys).detach().requires_grad_(true);
+        v_seen = v.narrow(2, key_begin, keys).detach().requires_grad_(true);
+        out =
+            SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window);
+      }
       auto grads =
           torch::autograd::grad({out}, {q_block, k_seen, v_seen}, {grad_out.narrow(2, start, n)});
+      out.reset();
       grad_q.narrow(2, start, n).copy_(grads[0]);
       grad_k.narrow(2, key_begin, keys).add_(grads[1]);
       grad_v.narrow(2, key_begin, keys).add_(grads[2]);
@@ -330,6 +394,7 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
     return {grad_q,
             grad_k.to(k.scalar_type()),
             grad_v.to(v.scalar_type()),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -341,12 +406,19 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
 
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, double cap, int64_t window) {
-  return SoftcappedAttention(q, k, v, scale, cap, window, kAttentionChunkBytes);
+  return SoftcappedAttention(q, k, v, scale, cap, window, kAttentionChunkBytes,
+                             kAttentionKeptBytes);
 }
 
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               double scale, double cap, int64_t window, int64_t max_chunk_bytes) {
-  return SoftcappedAttentionFunction::apply(q, k, v, scale, cap, window, max_chunk_bytes);
+                               double scale, double cap, int64_t window, int64_t max_chunk_bytes,
+                               int64_t max_kept_bytes) {
+  // Keep the graphs only when a gradient will be taken (the recomputation
+  // of activation checkpointing), never in a no-grad forward.
+  const bool backward_follows =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return SoftcappedAttentionFunction::apply(q, k, v, scale, cap, window, max_chunk_bytes,
+                                            backward_follows ? max_kept_bytes : int64_t{0});
 }
 
 namespace {

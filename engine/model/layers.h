@@ -42,14 +42,20 @@
 // scores in the compute dtype for a block of queries at a time against only
 // the keys it can see (causal, and the window on sliding layers), capped,
 // masked, softmax in fp32, probabilities back in the compute dtype for PV
-// (HF eager_attention_forward). It is an autograd function that saves only
-// q, k and v: its backward recomputes one block at a time and takes that
-// block's gradient before the next (FlashAttention's recomputation, Dao et
-// al. 2022, section 3.1, at block rather than tile granularity). So no
-// [B, H, T, T] tensor exists in forward or backward: forward holds one
-// block's scores (<= kAttentionChunkBytes fp32), backward one block's
-// recomputed graph and its gradients (about 6 x kAttentionChunkBytes) plus
-// fp32 accumulators for dK and dV ([B, H, T, Dh] each). Layers without
+// (HF eager_attention_forward). It is an autograd function over blocks of
+// queries (FlashAttention's recomputation idea, Dao et al. 2022, section
+// 3.1, at block rather than tile granularity). When a gradient follows (the
+// recomputation of activation checkpointing) and every block's graph fits
+// kAttentionKeptBytes, forward keeps the blocks' graphs and backward
+// differentiates them, so the block's forward runs once per recomputation;
+// otherwise forward saves only q, k and v and backward recomputes one block
+// at a time and takes that block's gradient before the next, so no
+// [B, H, T, T] tensor exists: forward holds one block's scores (<=
+// kAttentionChunkBytes fp32), backward one block's recomputed graph and its
+// gradients (about 6 x kAttentionChunkBytes). Both keep fp32 accumulators
+// for dK and dV ([B, H, T, Dh] each). With a power-of-two scale (Gemma 2's
+// query_pre_attn_scalar 256), scale and / cap are one division that rounds
+// as HF's two steps do. Layers without
 // soft-capping use the fused kernel.
 #ifndef MEGATRAIN_ENGINE_LAYERS_H_
 #define MEGATRAIN_ENGINE_LAYERS_H_
@@ -69,6 +75,13 @@ namespace megatrain::engine {
 // T = 8192: 1024 queries per block) while bounding backward's transient
 // memory to ~1.5 GiB whatever T is.
 inline constexpr int64_t kAttentionChunkBytes = int64_t{256} << 20;
+
+// Bytes of block graphs SoftcappedAttention may keep from its forward to its
+// backward when a gradient follows (Note [Soft-capped attention]): beyond
+// it the backward recomputes each block. 4 GiB holds Gemma-2-2B's causal
+// blocks at 8 x 2048 (about 1.4 GB) and at 1 x 8192 (about 2.2 GB); only one
+// layer's attention is differentiated at a time.
+inline constexpr int64_t kAttentionKeptBytes = int64_t{4} << 30;
 
 // RoPE tables for positions [0, T): cos and sin, [T, Dr] fp32 (Dr =
 // config.RotaryDim()), on the device, already multiplied by the LongRoPE
@@ -139,14 +152,18 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, No
 // Causal attention with cap * tanh(scores / cap) (Note [Soft-capped
 // attention]). q [B, H, T, Dh], k and v [B, H, T, Dh] (kv heads already
 // repeated), all in one dtype; window > 0 limits query i to keys
-// (i - window, i]. Returns [B, H, T, Dh] in q's dtype. Differentiable (recomputing backward).
+// (i - window, i]. Returns [B, H, T, Dh] in q's dtype. Differentiable.
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, double cap, int64_t window);
 
 // The same with blocks of `max_chunk_bytes` of fp32 scores (> 0) instead of
-// kAttentionChunkBytes: tests use it to get several blocks at short T.
+// kAttentionChunkBytes, and block graphs kept from forward to backward only
+// while they take at most `max_kept_bytes` (0: always recompute in
+// backward) instead of kAttentionKeptBytes: tests use it to get several
+// blocks at short T and either backward.
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               double scale, double cap, int64_t window, int64_t max_chunk_bytes);
+                               double scale, double cap, int64_t window, int64_t max_chunk_bytes,
+                               int64_t max_kept_bytes);
 
 // One decoder layer: x [B, T, C] fp32 -> [B, T, C] fp32 (Llama form):
 //   h = x + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = RMSNorm(x)

@@ -37,7 +37,8 @@ TEST(SoftcappedAttentionCudaTest, ForwardAndBackwardStayWithinTheirBlocks) {
   const int64_t before = (*runtime)->AllocatedBytes();
   (*runtime)->ResetPeak();
   at::Tensor out =
-      SoftcappedAttention(q, k, v, /*scale=*/0.125, /*cap=*/50.0, /*window=*/0, kChunkBytes);
+      SoftcappedAttention(q, k, v, /*scale=*/0.125, /*cap=*/50.0, /*window=*/0, kChunkBytes,
+                          /*max_kept_bytes=*/0);
   out.backward(grad_out);
   (*runtime)->Synchronize();
   const int64_t transient = (*runtime)->PeakAllocatedBytes() - before;

@@ -54,11 +54,15 @@ Result RunAttention(Fn attention, const at::Tensor& q, const at::Tensor& k, cons
           vl.grad().to(at::kFloat)};
 }
 
+// Kept block graphs (a gradient follows and they fit) or a backward that
+// recomputes each block (Note [Soft-capped attention]).
+constexpr int64_t kKeepAll = int64_t{1} << 40, kRecompute = 0;
+
 class SoftcappedAttentionTest
-    : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t>> {};
+    : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, int64_t>> {};
 
 TEST_P(SoftcappedAttentionTest, MatchesMonolithicAttentionOverSeveralBlocks) {
-  const auto [dtype, window] = GetParam();
+  const auto [dtype, window, max_kept_bytes] = GetParam();
   at::manual_seed(5);
   at::Tensor q = at::randn({kB, kH, kT, kDh}), k = at::randn({kB, kH, kT, kDh});
   at::Tensor v = at::randn({kB, kH, kT, kDh}), grad_out = at::randn({kB, kH, kT, kDh});
@@ -67,7 +71,7 @@ TEST_P(SoftcappedAttentionTest, MatchesMonolithicAttentionOverSeveralBlocks) {
   const int64_t chunk_bytes = 4 * kB * kH * kT * 10;
   Result ours = RunAttention(
       [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-        return SoftcappedAttention(a, b, c, kScale, kCap, window, chunk_bytes);
+        return SoftcappedAttention(a, b, c, kScale, kCap, window, chunk_bytes, max_kept_bytes);
       },
       q, k, v, grad_out, dtype);
   // The reference reads the same (rounded) inputs, in fp32 throughout.
@@ -88,11 +92,13 @@ TEST_P(SoftcappedAttentionTest, MatchesMonolithicAttentionOverSeveralBlocks) {
 
 INSTANTIATE_TEST_SUITE_P(DtypesAndWindows, SoftcappedAttentionTest,
                          ::testing::Combine(::testing::Values(at::kFloat, at::kBFloat16),
-                                            ::testing::Values(int64_t{0}, int64_t{9})),
+                                            ::testing::Values(int64_t{0}, int64_t{9}),
+                                            ::testing::Values(kKeepAll, kRecompute)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param) == at::kFloat ? "Fp32"
                                                                                     : "Bf16") +
-                                  (std::get<1>(info.param) > 0 ? "SlidingWindow" : "Causal");
+                                  (std::get<1>(info.param) > 0 ? "SlidingWindow" : "Causal") +
+                                  (std::get<2>(info.param) > 0 ? "KeptGraphs" : "Recomputed");
                          });
 
 // The block size changes nothing but the summation order: one block and
@@ -104,7 +110,7 @@ TEST(SoftcappedAttentionBlocksTest, OneBlockAndManyBlocksAgree) {
   auto with_chunk = [&](int64_t chunk_bytes) {
     return RunAttention(
         [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-          return SoftcappedAttention(a, b, c, kScale, kCap, /*window=*/5, chunk_bytes);
+          return SoftcappedAttention(a, b, c, kScale, kCap, /*window=*/5, chunk_bytes, kRecompute);
         },
         q, k, v, grad_out, at::kFloat);
   };
@@ -113,6 +119,58 @@ TEST(SoftcappedAttentionBlocksTest, OneBlockAndManyBlocksAgree) {
   EXPECT_LT(RelativeError(many.grad_q, one.grad_q), 1e-6);
   EXPECT_LT(RelativeError(many.grad_k, one.grad_k), 1e-6);
   EXPECT_LT(RelativeError(many.grad_v, one.grad_v), 1e-6);
+}
+
+// Keeping the blocks' graphs changes where backward gets its intermediates,
+// not what it computes: bit-identical outputs and gradients in fp32 and
+// bf16, several blocks and one. A budget smaller than the graphs falls
+// back to recomputation (also bit-identical).
+TEST(SoftcappedAttentionBlocksTest, KeptGraphsAndRecomputationAreBitIdentical) {
+  at::manual_seed(7);
+  at::Tensor q = at::randn({kB, kH, kT, kDh}), k = at::randn({kB, kH, kT, kDh});
+  at::Tensor v = at::randn({kB, kH, kT, kDh}), grad_out = at::randn({kB, kH, kT, kDh});
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t chunk_bytes : {kAttentionChunkBytes, 4 * kB * kH * kT * 10}) {
+      auto run = [&](int64_t max_kept_bytes) {
+        return RunAttention(
+            [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+              return SoftcappedAttention(a, b, c, kScale, kCap, /*window=*/9, chunk_bytes,
+                                         max_kept_bytes);
+            },
+            q.clone(), k.clone(), v.clone(), grad_out, dtype);
+      };
+      Result kept = run(kKeepAll), recomputed = run(kRecompute), too_small = run(64);
+      for (const Result* other : {&recomputed, &too_small}) {
+        EXPECT_TRUE(at::equal(kept.out, other->out)) << dtype << " " << chunk_bytes;
+        EXPECT_TRUE(at::equal(kept.grad_q, other->grad_q)) << dtype << " " << chunk_bytes;
+        EXPECT_TRUE(at::equal(kept.grad_k, other->grad_k)) << dtype << " " << chunk_bytes;
+        EXPECT_TRUE(at::equal(kept.grad_v, other->grad_v)) << dtype << " " << chunk_bytes;
+      }
+    }
+  }
+}
+
+// HF Gemma 2's eager attention in its own order of roundings: matmul,
+// * scaling, / softcap, tanh, * softcap, mask, softmax(dtype=float32) cast
+// back, PV. With a power-of-two scale, SoftcappedAttention's single division
+// by cap / scale must round identically: one block holding all T queries
+// (so both sides reduce over the same keys) gives bit-identical outputs.
+TEST(SoftcappedAttentionBlocksTest, PowerOfTwoScaleFoldRoundsAsHfEager) {
+  at::manual_seed(8);
+  constexpr double kFoldCap = 3.0;  // not a power of two: the division rounds
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor q = at::randn({kB, kH, kT, kDh}).to(dtype),
+               k = at::randn({kB, kH, kT, kDh}).to(dtype);
+    at::Tensor v = at::randn({kB, kH, kT, kDh}).to(dtype);
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * kScale;
+    scores = at::tanh(scores / kFoldCap) * kFoldCap;
+    at::Tensor qi = at::arange(kT).unsqueeze(1), ki = at::arange(kT).unsqueeze(0);
+    scores = scores.masked_fill(ki > qi, -std::numeric_limits<double>::infinity());
+    at::Tensor hf = at::matmul(at::softmax(scores, -1, at::kFloat).to(dtype), v);
+    at::Tensor ours = SoftcappedAttention(q, k, v, kScale, kFoldCap, /*window=*/0,
+                                          kAttentionChunkBytes, kRecompute);
+    EXPECT_TRUE(at::equal(ours, hf)) << dtype;
+  }
 }
 
 }  // namespace
