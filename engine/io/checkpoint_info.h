@@ -54,7 +54,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& o
 // reads the checkpoint's config.json and master weights (verified) into a
 // store without optimizer state and writes config.json, safetensors shards
 // of at most 5 GB and their index. `dtype` "bf16" | "fp32"
-// (ParseExportDtype).
+// (ParseExportDtype). `out_dir` is reached from "/" without following any
+// symbolic link (ExportHfDirectory in hf_model.h): pass it resolved.
 absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                            const std::string& dtype);
 

@@ -1154,9 +1154,14 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller, absl::string_
   MEGATRAIN_ASSIGN_OR_RETURN(engine::CheckpointInfo found,
                              backend_->VerifyCheckpoint(checkpoint.dir, /*check_data=*/false));
   MEGATRAIN_RETURN_IF_ERROR(VerifyAgainstRecord(checkpoint, found));
-  LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", out_dir, " (", export_dtype, ") for ",
+  // The export walks every component of the resolved path from "/" without
+  // following a link (engine::ExportHfDirectory): a link swapped in after
+  // CheckWrite fails the export instead of leading out of the root.
+  MEGATRAIN_ASSIGN_OR_RETURN(const std::string resolved_out,
+                             ResolvePathBeneath("out_dir", out_dir));
+  LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", resolved_out, " (", export_dtype, ") for ",
                        caller.name));
-  return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
+  return backend_->ExportHfModel(checkpoint.dir, resolved_out, export_dtype);
 }
 
 absl::Status EngineBackend::RemoveCheckpointDir(const std::string& output_dir,
