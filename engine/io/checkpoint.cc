@@ -162,8 +162,10 @@ absl::Status ShowPath(const absl::Status& status, const std::string& io_path,
 // after each publication and removal. A temporary made by mkdtemp is
 // recorded just after it exists: a crash in that instant leaves one empty
 // directory behind. A missing or malformed ledger counts as empty (nothing
-// is deleted); checkpoints written before the ledger existed are never
-// deleted by retention. Entries are reached through the directory's
+// is deleted); checkpoints written before the ledger existed are deleted
+// by retention only once the daemon adopted them from its job store's
+// records (AdoptRecordedCheckpoints, Note [Checkpoint adoption] in
+// checkpoint_info.h). Entries are reached through the directory's
 // descriptor without following links (dir_fd.h), so an edited ledger can
 // make the writer delete nothing outside checkpoints/.
 constexpr char kLedgerFile[] = ".ledger.json";
@@ -931,6 +933,34 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_di
         CheckDigest(file.path(), XXH64(file.data(), file.size(), kXxhSeed), entry));
   }
   return info;
+}
+
+absl::StatusOr<int64_t> AdoptRecordedCheckpoints(const std::string& output_dir,
+                                                 const std::vector<std::string>& checkpoint_dirs) {
+  absl::StatusOr<DirFd> root_fd =
+      DirFd::OpenBeneath(output_dir, kCheckpointsSubdir, DirFd::Create::kNo);
+  if (absl::IsNotFound(root_fd.status())) return 0;
+  if (!root_fd.ok()) return root_fd.status();
+  const std::filesystem::path root =
+      std::filesystem::path(JoinPath(output_dir, kCheckpointsSubdir)).lexically_normal();
+  Ledger ledger = ReadLedger(*root_fd);
+  int64_t adopted = 0;
+  for (const std::string& dir : checkpoint_dirs) {
+    std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+    if (!path.has_filename()) path = path.parent_path();  // a trailing '/
+    const std::string name = path.filename().string();
+    const int64_t step = StepFromDirName(name);
+    if (path.parent_path() != root || step < 0 || name != CheckpointDirName(step)) continue;
+    if (ledger.checkpoints.contains(name)) continue;
+    absl::StatusOr<struct stat> info = root_fd->StatAt(name);
+    if (!info.ok() || !S_ISDIR(info->st_mode)) continue;
+    ledger.checkpoints.insert(name);
+    ++adopted;
+  }
+  if (adopted == 0) return 0;
+  MEGATRAIN_RETURN_IF_ERROR(
+      Annotate(WriteLedger(*root_fd, ledger), "adopting recorded checkpoints"));
+  return adopted;
 }
 
 absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,

@@ -678,6 +678,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
     } else {
       std::optional<std::string> resume_from;
       if (!intact->empty()) resume_from = *intact;
+      AdoptRecordedCheckpoints(job);
       engine::JobSpec spec = job.request.spec;
       spec.job_id = job.id;  // written into its checkpoints, required of resume_from
       // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
@@ -876,6 +877,28 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobManager::RecordedCheckpoints(
     if (fs::is_directory(checkpoint.dir, ec)) present.push_back(std::move(checkpoint));
   }
   return present;
+}
+
+void JobManager::AdoptRecordedCheckpoints(const JobRecord& job) {
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
+  if (!recorded.ok()) {
+    LogError(absl::StrCat(job.id, ": adopting checkpoints: ", recorded.status().ToString()));
+    return;
+  }
+  if (recorded->empty()) return;
+  std::vector<std::string> dirs;
+  for (const CheckpointRecord& checkpoint : *recorded) dirs.push_back(checkpoint.dir);
+  absl::StatusOr<int64_t> adopted =
+      backend_->AdoptRecordedCheckpoints(job.request.spec.output_dir, dirs);
+  if (!adopted.ok()) {
+    // The job's own checkpoint write reports a broken directory; retention
+    // then simply keeps the unadopted checkpoints.
+    LogError(absl::StrCat(job.id, ": adopting checkpoints: ", adopted.status().ToString()));
+  } else if (*adopted > 0) {
+    LogInfo(absl::StrCat(job.id, ": ", *adopted,
+                         " recorded checkpoint(s) from before the checkpoint ledger now come "
+                         "under retention"));
+  }
 }
 
 void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step) {

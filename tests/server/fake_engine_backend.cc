@@ -379,6 +379,18 @@ absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> FakeEngineBackend::AdoptRecordedCheckpoints(
+    const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  adopt_calls_.emplace_back(output_dir, checkpoint_dirs);
+  return 0;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> FakeEngineBackend::adopt_calls() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return adopt_calls_;
+}
+
 absl::StatusOr<LinkBandwidth> FakeEngineBackend::MeasureLinkBandwidth(
     const std::string& device, const std::function<void()>& between_directions) {
   if (!link_bandwidth.has_value()) return absl::UnimplementedError("fake: no link");

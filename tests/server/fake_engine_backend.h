@@ -36,6 +36,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -104,6 +105,11 @@ class FakeEngineBackend final : public EngineBackend {
                                                           bool check_data) override;
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override;
+  // Records its arguments (adopt_calls) and adopts nothing.
+  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override;
+  // (output_dir, checkpoint_dirs) of every AdoptRecordedCheckpoints call.
+  std::vector<std::pair<std::string, std::vector<std::string>>> adopt_calls();
   // Runs `before_remove_checkpoint` (when set; a stand-in for a slow disk),
   // then the daemon's own removal (EngineBackend::RemoveCheckpointDir).
   absl::Status RemoveCheckpointDir(const std::string& output_dir,
@@ -132,8 +138,9 @@ class FakeEngineBackend final : public EngineBackend {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::shared_ptr<FakeJobControl>> created_;  // guarded by mu_
-  int verify_calls_ = 0;                                  // guarded by mu_
+  std::vector<std::shared_ptr<FakeJobControl>> created_;                       // guarded by mu_
+  int verify_calls_ = 0;                                                       // guarded by mu_
+  std::vector<std::pair<std::string, std::vector<std::string>>> adopt_calls_;  // guarded by mu_
 };
 
 // Writes a fake checkpoint of `step` written by `job_id` as `dir`
