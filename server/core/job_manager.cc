@@ -712,6 +712,15 @@ void JobManager::RunJob(Active* active, JobRecord job) {
             LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
           NotifyEvents();
         }
+        // Issue 20: what the long-document rule did to SFT / chat data
+        // (Note [Long conversations] in engine/job/training_job.cc).
+        if (const std::string data = training_job->data_description(); !data.empty()) {
+          absl::StatusOr<int64_t> seq =
+              store_->AppendEvent(JobEvent::StateChange(job.id, JobState::kRunning, data));
+          if (!seq.ok())
+            LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
+          NotifyEvents();
+        }
         Observer observer(this, active, job);
         outcome = training_job->Run(&observer);
       }

@@ -108,6 +108,8 @@ class FakeTrainingJob final : public engine::TrainingJob {
   int64_t step() const override { return step_; }
   int64_t max_steps() const override { return spec_.train.max_steps; }
   engine::MemoryFootprint footprint() const override { return footprint_; }
+  std::string data_description() const override { return data_description_; }
+  std::string data_description_;
 
  private:
   absl::StatusOr<engine::JobOutcome> RunLoop(engine::JobObserver* observer) {
@@ -311,8 +313,10 @@ absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJo
   }
   cv_.notify_all();
   if (!fail_create_name.empty() && spec.name == fail_create_name) return fail_create_status;
-  return std::unique_ptr<engine::TrainingJob>(
-      new FakeTrainingJob(spec, gated_now, step_duration_now, control, *footprint));
+  auto job =
+      std::make_unique<FakeTrainingJob>(spec, gated_now, step_duration_now, control, *footprint);
+  job->data_description_ = data_description;
+  return std::unique_ptr<engine::TrainingJob>(std::move(job));
 }
 
 absl::StatusOr<std::vector<engine::CheckpointInfo>> FakeEngineBackend::ListCheckpoints(

@@ -90,6 +90,8 @@ class FakeEngineBackend final : public EngineBackend {
   // Added to the footprint of a spec with train.offload_activations (as
   // host.staging and activation_offload_bytes, like the engine's estimate).
   int64_t activation_offload_bytes = 0;
+  // What every created job's data_description() returns.
+  std::string data_description;
   // CreateJob fails with this for specs named `fail_create_name`.
   std::string fail_create_name;
   absl::Status fail_create_status = absl::ResourceExhaustedError("fake: out of memory");

@@ -483,6 +483,23 @@ TEST_F(JobManagerTest, StartAdoptsTheJobsRecordedCheckpoints) {
   WaitFor(job.id, StateIs(JobState::kSucceeded));
 }
 
+// Issue 20 (Note [Long conversations]): the job's data description is one
+// of its events.
+TEST_F(JobManagerTest, DataDescriptionIsAnEvent) {
+  backend_.data_description =
+      "data: 10 training documents with loss masks, 3 longer than train.seq_len 64 (trained "
+      "across windows)";
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("chat", 2));
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+  int found = 0;
+  for (const JobEvent& event : events) {
+    found +=
+        event.kind == JobEvent::Kind::kStateChange && event.message == backend_.data_description;
+  }
+  EXPECT_EQ(found, 1);
+}
+
 TEST_F(JobManagerTest, SuspendQueuedJobHoldsItAndResumeRequeues) {
   backend_.gated = true;
   StartManager();
