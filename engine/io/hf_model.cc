@@ -138,6 +138,92 @@ absl::Status LoadMoeHfWeights(const std::string& hf_dir, const SafetensorsModel&
   return absl::OkStatus();
 }
 
+// The layout's names of a multimodal checkpoint's tensors, mapped to the
+// names in its files (empty for other checkpoints: the names agree).
+using FileNames = std::map<std::string, std::string>;
+
+// LoadHfWeights phase 1: every tensor in the files is one the layout knows
+// (INVALID_ARGUMENT naming the first that is not). A multimodal Gemma 3
+// checkpoint names its text tensors under a language_model prefix
+// (transformers 5: model.language_model.X; 4: language_model.model.X and
+// language_model.lm_head.weight); the returned map takes the layout's names
+// to the file's, and the vision tower is skipped.
+absl::StatusOr<FileNames> CheckNoUnknownTensors(const std::string& hf_dir,
+                                                const SafetensorsModel& model,
+                                                const ModelLayout& layout,
+                                                const ModelConfig& config) {
+  FileNames file_names;
+  for (const std::string& file_name : model.TensorNames()) {
+    std::string name = file_name;
+    if (config.multimodal_checkpoint) {
+      if (absl::StartsWith(name, "vision_tower.") ||
+          absl::StartsWith(name, "model.vision_tower.") ||
+          absl::StartsWith(name, "multi_modal_projector.") ||
+          absl::StartsWith(name, "model.multi_modal_projector.")) {
+        continue;
+      }
+      for (const auto& [prefix, replacement] :
+           {std::pair<const char*, const char*>{"model.language_model.", "model."},
+            {"language_model.model.", "model."},
+            {"language_model.lm_head.", "lm_head."}}) {
+        if (absl::StartsWith(name, prefix)) {
+          name = absl::StrCat(replacement, name.substr(std::strlen(prefix)));
+          break;
+        }
+      }
+      file_names[name] = file_name;
+    }
+    if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
+    if (config.tie_word_embeddings && name == "lm_head.weight") continue;
+    int64_t block_idx = 0;
+    const ParamSpec* param = nullptr;
+    if (!layout.FindHfName(name, &block_idx, &param)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: unexpected tensor '%s' (not part of a %s model with this config.json: "
+          "%d layers%s)",
+          hf_dir, name, config.model_type, config.num_hidden_layers,
+          config.tie_word_embeddings ? ", tied embeddings" : ""));
+    }
+  }
+  return file_names;
+}
+
+// One tensor LoadHfWeights converts: where in the files, where in the store.
+struct PlannedTensor {
+  SafetensorsModel::TensorRef ref;
+  float* dst = nullptr;  // [numel] fp32 in the store's master
+  int64_t numel = 0;
+};
+
+// LoadHfWeights phase 2 for one tensor: layout name `name` is in the files
+// (NOT_FOUND), with `expected_shape` (INVALID_ARGUMENT) and a dtype we read
+// (UNIMPLEMENTED).
+absl::StatusOr<SafetensorsModel::TensorRef> FindLayoutTensor(
+    const std::string& hf_dir, const SafetensorsModel& model, const FileNames& file_names,
+    const std::string& name, const std::vector<int64_t>& expected_shape) {
+  auto mapped = file_names.find(name);
+  absl::StatusOr<SafetensorsModel::TensorRef> found =
+      model.Find(mapped == file_names.end() ? name : mapped->second);
+  if (!found.ok()) {
+    return absl::NotFoundError(
+        absl::StrFormat("%s: tensor '%s' is missing (expected shape %s from config.json)", hf_dir,
+                        name, ShapeString(expected_shape)));
+  }
+  if (found->info->shape != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: tensor '%s': shape %s in %s, config.json expects %s", hf_dir, name,
+        ShapeString(found->info->shape), found->file->path(), ShapeString(expected_shape)));
+  }
+  const SafetensorsDtype dtype = found->info->dtype;
+  if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBF16 &&
+      dtype != SafetensorsDtype::kF16) {
+    return absl::UnimplementedError(
+        absl::StrFormat("%s: tensor '%s' has dtype %s; only F32, BF16 and F16 are supported",
+                        found->file->path(), name, SafetensorsDtypeName(dtype)));
+  }
+  return *found;
+}
+
 // Where an export goes: `root` (absolute, opened by path; the caller trusts
 // it) and below it `parent` ('/'-separated components, empty for the root
 // itself) holding the new directory `name`.
@@ -364,81 +450,17 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   const ModelConfig& config = store->config();
   if (config.moe != nullptr) return LoadMoeHfWeights(hf_dir, model, store);
 
-  // 1. Nothing in the files that the layout does not know. A multimodal
-  // Gemma 3 checkpoint names its text tensors under a language_model prefix
-  // (transformers 5: model.language_model.X; 4: language_model.model.X and
-  // language_model.lm_head.weight); file_names maps the layout's names to
-  // the file's, and the vision tower is skipped.
-  std::map<std::string, std::string> file_names;
-  for (const std::string& file_name : model.TensorNames()) {
-    std::string name = file_name;
-    if (config.multimodal_checkpoint) {
-      if (absl::StartsWith(name, "vision_tower.") ||
-          absl::StartsWith(name, "model.vision_tower.") ||
-          absl::StartsWith(name, "multi_modal_projector.") ||
-          absl::StartsWith(name, "model.multi_modal_projector.")) {
-        continue;
-      }
-      for (const auto& [prefix, replacement] :
-           {std::pair<const char*, const char*>{"model.language_model.", "model."},
-            {"language_model.model.", "model."},
-            {"language_model.lm_head.", "lm_head."}}) {
-        if (absl::StartsWith(name, prefix)) {
-          name = absl::StrCat(replacement, name.substr(std::strlen(prefix)));
-          break;
-        }
-      }
-      file_names[name] = file_name;
-    }
-    if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
-    if (config.tie_word_embeddings && name == "lm_head.weight") continue;
-    int64_t block_idx = 0;
-    const ParamSpec* param = nullptr;
-    if (!layout.FindHfName(name, &block_idx, &param)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: unexpected tensor '%s' (not part of a %s model with this config.json: "
-          "%d layers%s)",
-          hf_dir, name, config.model_type, config.num_hidden_layers,
-          config.tie_word_embeddings ? ", tied embeddings" : ""));
-    }
-  }
+  // 1. Nothing in the files that the layout does not know.
+  MEGATRAIN_ASSIGN_OR_RETURN(const FileNames file_names,
+                             CheckNoUnknownTensors(hf_dir, model, layout, config));
 
   // 2. Every layout tensor present, with the right shape and a dtype we read.
-  struct Planned {
-    SafetensorsModel::TensorRef ref;
-    float* dst = nullptr;  // [numel] fp32 in the store's master
-    int64_t numel = 0;
-  };
-  std::vector<Planned> plan;
-  auto check_tensor = [&](const std::string& name, const std::vector<int64_t>& expected_shape,
-                          SafetensorsModel::TensorRef* ref) -> absl::Status {
-    auto mapped = file_names.find(name);
-    absl::StatusOr<SafetensorsModel::TensorRef> found =
-        model.Find(mapped == file_names.end() ? name : mapped->second);
-    if (!found.ok()) {
-      return absl::NotFoundError(
-          absl::StrFormat("%s: tensor '%s' is missing (expected shape %s from config.json)", hf_dir,
-                          name, ShapeString(expected_shape)));
-    }
-    if (found->info->shape != expected_shape) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: tensor '%s': shape %s in %s, config.json expects %s", hf_dir, name,
-          ShapeString(found->info->shape), found->file->path(), ShapeString(expected_shape)));
-    }
-    const SafetensorsDtype dtype = found->info->dtype;
-    if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBF16 &&
-        dtype != SafetensorsDtype::kF16) {
-      return absl::UnimplementedError(
-          absl::StrFormat("%s: tensor '%s' has dtype %s; only F32, BF16 and F16 are supported",
-                          found->file->path(), name, SafetensorsDtypeName(dtype)));
-    }
-    *ref = *found;
-    return absl::OkStatus();
-  };
+  std::vector<PlannedTensor> plan;
   for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
     for (const ParamSpec& p : layout.blocks[block_idx].params) {
-      Planned planned;
-      MEGATRAIN_RETURN_IF_ERROR(check_tensor(p.hf_name, p.shape, &planned.ref));
+      PlannedTensor planned;
+      MEGATRAIN_ASSIGN_OR_RETURN(planned.ref,
+                                 FindLayoutTensor(hf_dir, model, file_names, p.hf_name, p.shape));
       planned.dst = store->master(block_idx) + p.offset;
       planned.numel = p.numel;
       plan.push_back(planned);
@@ -450,14 +472,15 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   const bool has_tied_head = config.tie_word_embeddings && (model.Contains("lm_head.weight") ||
                                                             file_names.count("lm_head.weight") > 0);
   if (has_tied_head) {
-    MEGATRAIN_RETURN_IF_ERROR(check_tensor("lm_head.weight", embedding->shape, &tied_head));
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        tied_head, FindLayoutTensor(hf_dir, model, file_names, "lm_head.weight", embedding->shape));
   }
 
   // 3. Convert from the mappings into place.
   for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
     ZeroPadding(layout.blocks[block_idx], store->master(block_idx));
   }
-  for (const Planned& planned : plan) {
+  for (const PlannedTensor& planned : plan) {
     MEGATRAIN_RETURN_IF_ERROR(Annotate(
         ConvertToFloat32(planned.ref.info->dtype, planned.ref.file->Data(*planned.ref.info),
                          absl::Span<float>(planned.dst, static_cast<size_t>(planned.numel))),

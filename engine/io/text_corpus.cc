@@ -647,6 +647,33 @@ absl::Status WriteReportFile(const DirFd& dir, const std::string& shown,
   return ShowPath(written, dir.IoPath(), shown);
 }
 
+// OpenOutputDir, then PrepareOutputDir, of `dir` (field `field`).
+absl::StatusOr<DirFd> OpenPreparedOutputDir(const TokenizeOptions& options, const std::string& dir,
+                                            absl::string_view field) {
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd dir_fd, OpenOutputDir(options.root, dir, field));
+  MEGATRAIN_RETURN_IF_ERROR(
+      PrepareOutputDir(dir_fd, dir, field, options.shard_prefix, options.overwrite));
+  return dir_fd;
+}
+
+// The counts and paths of a finished run into `report`.
+void FillReport(const TokenizeOptions& options, const ShardSeries& train, const ShardSeries& eval,
+                const DocumentSink& sink, TokenizeReport* report) {
+  report->documents = train.documents();
+  report->tokens = train.tokens();
+  report->eval_documents = eval.documents();
+  report->eval_tokens = eval.tokens();
+  report->skipped_documents = sink.skipped();
+  report->masked_tokens = sink.masked_tokens();
+  report->truncated_documents = sink.truncated_long();
+  report->dropped_documents = sink.dropped_long();
+  report->bytes_written = train.bytes_written() + eval.bytes_written();
+  report->shards = train.paths();
+  report->eval_shards = eval.paths();
+  report->max_document_tokens = options.max_document_tokens;
+  report->long_documents = options.long_documents;
+}
+
 }  // namespace
 
 absl::StatusOr<TokenizeReport> ReadTokenizeReport(const std::string& dir) {
@@ -721,14 +748,11 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
                      " (a loader reading output_dir would train on the held-out shards)"));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(DirFd train_fd,
-                             OpenOutputDir(options.root, options.output_dir, "output_dir"));
-  MEGATRAIN_RETURN_IF_ERROR(PrepareOutputDir(train_fd, options.output_dir, "output_dir",
-                                             options.shard_prefix, options.overwrite));
+                             OpenPreparedOutputDir(options, options.output_dir, "output_dir"));
   std::optional<DirFd> eval_fd;
   if (split) {
-    MEGATRAIN_ASSIGN_OR_RETURN(eval_fd, OpenOutputDir(options.root, eval_dir, "eval_output_dir"));
-    MEGATRAIN_RETURN_IF_ERROR(PrepareOutputDir(*eval_fd, eval_dir, "eval_output_dir",
-                                               options.shard_prefix, options.overwrite));
+    MEGATRAIN_ASSIGN_OR_RETURN(eval_fd,
+                               OpenPreparedOutputDir(options, eval_dir, "eval_output_dir"));
   }
 
   const uint64_t vocab_size = static_cast<uint64_t>(report.vocab_size);
@@ -749,19 +773,7 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   MEGATRAIN_RETURN_IF_ERROR(eval.Finish());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  report.documents = train.documents();
-  report.tokens = train.tokens();
-  report.eval_documents = eval.documents();
-  report.eval_tokens = eval.tokens();
-  report.skipped_documents = sink.skipped();
-  report.masked_tokens = sink.masked_tokens();
-  report.truncated_documents = sink.truncated_long();
-  report.dropped_documents = sink.dropped_long();
-  report.bytes_written = train.bytes_written() + eval.bytes_written();
-  report.shards = train.paths();
-  report.eval_shards = eval.paths();
-  report.max_document_tokens = options.max_document_tokens;
-  report.long_documents = options.long_documents;
+  FillReport(options, train, eval, sink, &report);
   report.masked = sft;
   if (report.documents + report.eval_documents == 0) {
     return absl::InvalidArgumentError(

@@ -103,13 +103,16 @@ absl::Status CheckEvalAndCheckpoint(const JobSpec& s) {
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("eval.batches", s.eval.batches, kEvalBatchesRange));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("checkpoint.every_steps", s.checkpoint.every_steps,
                                             kCheckpointEveryStepsRange));
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckIntInRange("checkpoint.keep_last", s.checkpoint.keep_last, kCheckpointKeepLastRange));
-  return CheckIntInRange("checkpoint.keep_every", s.checkpoint.keep_every,
-                         kCheckpointKeepEveryRange);
+  return CheckCheckpointRetention(s.checkpoint);
 }
 
 }  // namespace
+
+absl::Status CheckCheckpointRetention(const CheckpointSpec& checkpoint) {
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckIntInRange("checkpoint.keep_last", checkpoint.keep_last, kCheckpointKeepLastRange));
+  return CheckIntInRange("checkpoint.keep_every", checkpoint.keep_every, kCheckpointKeepEveryRange);
+}
 
 absl::Status CheckIntInRange(absl::string_view field, int64_t value, IntRange range) {
   if (value >= range.min && value <= range.max) return absl::OkStatus();
