@@ -35,6 +35,7 @@
 #include "engine/io/mapped_file.h"
 #include "engine/model/param_layout.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/checkpoint_retention.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {

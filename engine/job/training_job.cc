@@ -357,7 +357,9 @@ absl::Status TrainingJobImpl::PrepareData() {
     }
     return absl::OkStatus();
   }
-  const std::string root = fs::absolute(spec_.output_dir).lexically_normal().string();
+  std::error_code ec;
+  const std::string root = fs::absolute(spec_.output_dir, ec).lexically_normal().string();
+  if (ec) return Annotate(absl::ErrnoToStatus(ec.value(), spec_.output_dir), "output_dir");
   const fs::path data_dir = fs::path(root) / "data";
   train_tokens_ = (data_dir / "train").string();
   const bool with_eval = spec_.data.eval_fraction > 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/checkpoint_retention.h"
 #include "engine/spec/lr_schedule_kind.h"
 
 namespace megatrain::engine {

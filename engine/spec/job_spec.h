@@ -189,12 +189,6 @@ absl::Status CheckIntInRange(absl::string_view field, int64_t value, IntRange ra
 // infinities are refused.
 absl::Status CheckRealInRange(absl::string_view field, double value, RealRange range);
 
-// checkpoint.keep_last and checkpoint.keep_every against
-// kCheckpointKeepLastRange / kCheckpointKeepEveryRange: the one check of
-// the retention bounds, used by ValidateJobSpec and WriteCheckpoint.
-// INVALID_ARGUMENT as CheckIntInRange, naming the field.
-absl::Status CheckCheckpointRetention(const CheckpointSpec& checkpoint);
-
 // Optimizer steps the job runs: `train.max_steps` when > 0, else
 // `train.max_tokens` over the tokens of one step (micro_batch x seq_len x
 // gradient_accumulation_steps), rounded up. 0 when neither is set or the
