@@ -292,6 +292,36 @@ TEST(TrainingJobTest, DataDescriptionCountsLongConversations) {
   EXPECT_EQ((*plain)->data_description(), "");
 }
 
+// Issue 14: a data.text job writes its shards below output_dir through
+// directory descriptors; a link swapped in at output_dir/data fails the job
+// and nothing is written through it.
+TEST(TrainingJobTest, TextShardsNeverGoThroughALinkBelowOutputDir) {
+  const std::string dir = testing::MakeTempDir("text_job");
+  const std::string outside = testing::MakeTempDir("text_job");
+  {
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (int d = 0; d < 40; ++d) {
+      corpus << "the cat sat on the mat " << d % 4 << " and the dog ran far away\n\n";
+    }
+  }
+  JobSpec spec = TinySpec("", dir + "/out");
+  spec.data.text = dir + "/corpus.txt";
+  spec.data.tokenizer = "examples/data/tiny-spm.model";  // ctest runs in the source tree
+  std::filesystem::create_directories(dir + "/out");
+  std::filesystem::create_directory_symlink(outside, dir + "/out/data");
+
+  EXPECT_THAT(TrainingJob::Create(spec, "cpu", std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("data.text"), HasSubstr("symbolic link"))));
+  EXPECT_THAT(testing::ListDir(outside), ::testing::IsEmpty());
+
+  std::filesystem::remove(dir + "/out/data");
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_THAT(testing::ListDir(dir + "/out/data"), ElementsAre("eval", "tokenize.json", "train"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/out/data/train/train-00000.mtt"));
+}
+
 TEST(TrainingJobTest, ResumeRefusesACheckpointOfAnotherJob) {
   const std::string data = WriteDataset();
   const std::string out = testing::MakeTempDir("owned");
