@@ -35,6 +35,7 @@
 #include "engine/io/mapped_file.h"
 #include "engine/model/param_layout.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/checkpoint_retention.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {
@@ -162,8 +163,10 @@ absl::Status ShowPath(const absl::Status& status, const std::string& io_path,
 // after each publication and removal. A temporary made by mkdtemp is
 // recorded just after it exists: a crash in that instant leaves one empty
 // directory behind. A missing or malformed ledger counts as empty (nothing
-// is deleted); checkpoints written before the ledger existed are never
-// deleted by retention. Entries are reached through the directory's
+// is deleted); checkpoints written before the ledger existed are deleted
+// by retention only once the daemon adopted them from its job store's
+// records (AdoptRecordedCheckpoints, Note [Checkpoint adoption] in
+// checkpoint_info.h). Entries are reached through the directory's
 // descriptor without following links (dir_fd.h), so an edited ledger can
 // make the writer delete nothing outside checkpoints/.
 constexpr char kLedgerFile[] = ".ledger.json";
@@ -690,20 +693,16 @@ absl::Status RestoreTensorFile(const MappedFile& file, const Manifest& manifest,
 
 std::string CheckpointDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
-absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const CheckpointState& state,
-                                               const std::string& output_dir,
-                                               const CheckpointSpec& retention) {
+namespace {
+
+// WriteCheckpoint's argument checks (its Errors, but the file system's).
+absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& state,
+                                 const CheckpointSpec& retention) {
   if (state.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("state.step: must be >= 0, got ", state.step));
   }
-  if (retention.keep_last < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint.keep_last: must be >= 1, got ", retention.keep_last));
-  }
-  if (retention.keep_every < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint.keep_every: must be >= 0, got ", retention.keep_every));
-  }
+  // The bounds live in the spec library, once (kCheckpointKeepLastRange).
+  MEGATRAIN_RETURN_IF_ERROR(CheckCheckpointRetention(retention));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("schedule_json", state.schedule_json));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("data_cursor_json", state.data_cursor_json));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("job_spec_json", state.job_spec_json));
@@ -712,22 +711,97 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
     return absl::FailedPreconditionError(
         "WriteCheckpoint: the store has no optimizer state (AdamW moments) to save");
   }
+  return absl::OkStatus();
+}
 
-  // Note [Checkpoint publication]
-  // 1. Clean `.tmp-*` leftovers of crashed writes and deletions.
-  // 2. Write every file into `.tmp-step-N.XXXXXX/` (each fsync'd by
-  //    AtomicFileWriter), manifest.json last, then fsync that directory.
-  // 3. rename() it to `step-N` (or exchange with an existing `step-N`) and
-  //    fsync `checkpoints/`: before this fsync a crash shows the old state,
-  //    after it the new one; never a partial `step-N`.
-  // 4. Retention: rename doomed checkpoints to `.tmp-delete-*`, fsync,
-  //    delete.
-  //
-  // Every entry below `checkpoints/` is reached through its descriptor
-  // `root_fd`, never by following a symbolic link (Note [Directory
-  // descriptors] in dir_fd.h): a link swapped in fails the write and nothing
-  // outside is written or deleted. `root` and `temp_dir` name them in
-  // messages.
+// Writes every file of a checkpoint into `temp_fd` (manifest.json last),
+// then fsyncs it; `files` and `manifest_entry` receive their sizes and
+// digests. Messages name the files through the descriptor's path.
+absl::Status WriteCheckpointFiles(const HostStore& store, const CheckpointState& state,
+                                  const DirFd& temp_fd, std::map<std::string, ManifestEntry>* files,
+                                  ManifestEntry* manifest_entry) {
+  const std::string temp_fd_io = temp_fd.IoPath();
+  MEGATRAIN_ASSIGN_OR_RETURN((*files)[kConfigFile], WriteTextFile(temp_fd_io, kConfigFile,
+                                                                  store.config().ToHfConfigJson()));
+  MEGATRAIN_ASSIGN_OR_RETURN((*files)[kStateFile],
+                             WriteTextFile(temp_fd_io, kStateFile, StateJson(state)));
+  for (const TensorFileKind* kind : {&kMasterFile, &kExpAvgFile, &kExpAvgSqFile}) {
+    MEGATRAIN_ASSIGN_OR_RETURN((*files)[kind->file_name],
+                               WriteTensorFile(temp_fd_io, *kind, store));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      *manifest_entry, WriteTextFile(temp_fd_io, kManifestFile, ManifestJson(state.step, *files)));
+  return temp_fd.Fsync();
+}
+
+// After writing `temp_name` failed with `written`: removes it (freeing the
+// space a full disk needs) and returns `written` with what is left said:
+// whether the partial checkpoint is gone and the newest earlier one.
+absl::Status ExplainFailedWrite(const DirFd& root_fd, const std::string& name,
+                                const std::string& temp_name, const absl::Status& written) {
+  const std::string& root = root_fd.path();
+  const std::string temp_dir = JoinPath(root, temp_name);
+  const absl::Status removed = root_fd.RemoveTreeAt(temp_name);
+  absl::StatusOr<std::vector<StepDir>> earlier = ListStepDirs(root_fd.IoPath());
+  std::string left;
+  if (!earlier.ok() || earlier->empty()) {
+    left = "no earlier checkpoint exists";
+  } else {
+    left = absl::StrCat(
+        "earlier checkpoints are intact (newest: ", JoinPath(root, earlier->back().name), ")");
+  }
+  const std::string cleanup =
+      removed.ok() ? absl::StrCat("the partial checkpoint ", temp_dir, " was removed")
+                   : absl::StrCat("removing the partial checkpoint failed too (", removed.message(),
+                                  "; the next write removes it)");
+  return absl::Status(written.code(), absl::StrCat("writing checkpoint ", name, ": ",
+                                                   written.message(), "; ", cleanup, "; ", left));
+}
+
+// Note [Checkpoint publication] step 3: renames the written `temp_name` to
+// `name` (exchanging with an existing `name`) and fsyncs `checkpoints/`.
+// Afterwards `temp_name` is gone or holds the replaced checkpoint; the
+// caller removes it.
+absl::Status PublishCheckpoint(const DirFd& root_fd, const std::string& temp_name,
+                               const std::string& name, const std::string& aside_name) {
+  if (root_fd.StatAt(name).ok()) {
+    // The old checkpoint ends up at temp_name (exchange) or at the aside
+    // name; both are recorded `.tmp-*` and removed by the caller or by the
+    // next write.
+    MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(root_fd, temp_name, name, aside_name));
+    MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
+    (void)root_fd.RemoveTreeAt(aside_name);
+    return absl::OkStatus();
+  }
+  if (::renameat(root_fd.fd(), temp_name.c_str(), root_fd.fd(), name.c_str()) != 0) {
+    return ErrnoError(errno, JoinPath(root_fd.path(), name),
+                      "rename the new checkpoint into place");
+  }
+  return root_fd.Fsync();
+}
+
+}  // namespace
+
+// Note [Checkpoint publication]
+// 1. Clean `.tmp-*` leftovers of crashed writes and deletions.
+// 2. Write every file into `.tmp-step-N.XXXXXX/` (each fsync'd by
+//    AtomicFileWriter), manifest.json last, then fsync that directory.
+// 3. rename() it to `step-N` (or exchange with an existing `step-N`) and
+//    fsync `checkpoints/`: before this fsync a crash shows the old state,
+//    after it the new one; never a partial `step-N`.
+// 4. Retention: rename doomed checkpoints to `.tmp-delete-*`, fsync,
+//    delete.
+//
+// Every entry below `checkpoints/` is reached through its descriptor
+// `root_fd`, never by following a symbolic link (Note [Directory
+// descriptors] in dir_fd.h): a link swapped in fails the write and nothing
+// outside is written or deleted. `root` and `temp_dir` name them in
+// messages.
+absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const CheckpointState& state,
+                                               const std::string& output_dir,
+                                               const CheckpointSpec& retention) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckWriteArguments(store, state, retention));
+  // Note [Checkpoint publication] above.
   std::error_code ec;
   std::filesystem::create_directories(output_dir, ec);
   if (ec) return ErrnoError(ec.value(), output_dir, "create directory");
@@ -755,82 +829,40 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
     return Annotate(ErrnoError(errno, temp_dir, "create temporary directory"),
                     absl::StrCat("writing checkpoint ", name));
   }
-  const std::string temp_io = root_fd.IoPath(temp_name);
-  RemoveTreeGuard temp_guard(temp_io);
+  RemoveTreeGuard temp_guard(root_fd.IoPath(temp_name));
   MEGATRAIN_ASSIGN_OR_RETURN(DirFd temp_fd, root_fd.OpenChild(temp_name, DirFd::Create::kNo));
-  const std::string temp_fd_io = temp_fd.IoPath();
 
   std::map<std::string, ManifestEntry> files;
   ManifestEntry manifest_entry;
-  absl::Status written = [&]() -> absl::Status {
-    MEGATRAIN_ASSIGN_OR_RETURN(files[kConfigFile], WriteTextFile(temp_fd_io, kConfigFile,
-                                                                 store.config().ToHfConfigJson()));
-    MEGATRAIN_ASSIGN_OR_RETURN(files[kStateFile],
-                               WriteTextFile(temp_fd_io, kStateFile, StateJson(state)));
-    for (const TensorFileKind* kind : {&kMasterFile, &kExpAvgFile, &kExpAvgSqFile}) {
-      MEGATRAIN_ASSIGN_OR_RETURN(files[kind->file_name], WriteTensorFile(temp_fd_io, *kind, store));
-    }
-    MEGATRAIN_ASSIGN_OR_RETURN(
-        manifest_entry, WriteTextFile(temp_fd_io, kManifestFile, ManifestJson(state.step, files)));
-    return temp_fd.Fsync();
-  }();
-  written = ShowPath(written, temp_fd_io, temp_dir);
+  const absl::Status written =
+      ShowPath(WriteCheckpointFiles(store, state, temp_fd, &files, &manifest_entry),
+               temp_fd.IoPath(), temp_dir);
   if (!written.ok()) {
-    // Free the space now (a full disk is the likely cause) and say what is
-    // left: the earlier checkpoints were not touched.
+    // The earlier checkpoints were not touched.
     temp_guard.Release();
-    const absl::Status removed = root_fd.RemoveTreeAt(temp_name);
-    absl::StatusOr<std::vector<StepDir>> earlier = ListStepDirs(root_fd.IoPath());
-    std::string left;
-    if (!earlier.ok() || earlier->empty()) {
-      left = "no earlier checkpoint exists";
-    } else {
-      left = absl::StrCat(
-          "earlier checkpoints are intact (newest: ", JoinPath(root, earlier->back().name), ")");
-    }
-    const std::string cleanup =
-        removed.ok() ? absl::StrCat("the partial checkpoint ", temp_dir, " was removed")
-                     : absl::StrCat("removing the partial checkpoint failed too (",
-                                    removed.message(), "; the next write removes it)");
-    return absl::Status(written.code(), absl::StrCat("writing checkpoint ", name, ": ",
-                                                     written.message(), "; ", cleanup, "; ", left));
+    return ExplainFailedWrite(root_fd, name, temp_name, written);
   }
-
-  const std::string final_dir = JoinPath(root, name);
-  if (root_fd.StatAt(name).ok()) {
-    // The old checkpoint ends up at temp_dir (exchange) or at the aside
-    // path; both are recorded `.tmp-*` and removed below or by the next write.
-    MEGATRAIN_RETURN_IF_ERROR(ReplaceDirectory(root_fd, temp_name, name, aside_name));
-    MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
-    (void)root_fd.RemoveTreeAt(aside_name);
-    // temp_guard removes temp_dir, which now holds the old checkpoint.
-  } else {
-    if (::renameat(root_fd.fd(), temp_name.c_str(), root_fd.fd(), name.c_str()) != 0) {
-      return ErrnoError(errno, final_dir, "rename the new checkpoint into place");
-    }
-    temp_guard.Release();
-    MEGATRAIN_RETURN_IF_ERROR(root_fd.Fsync());
-  }
+  MEGATRAIN_RETURN_IF_ERROR(PublishCheckpoint(root_fd, temp_name, name, aside_name));
 
   CheckpointInfo info;
-  info.dir = final_dir;
+  info.dir = JoinPath(root, name);
   info.step = state.step;
   info.bytes = static_cast<int64_t>(manifest_entry.bytes);
   for (const auto& [file_name, entry] : files) info.bytes += static_cast<int64_t>(entry.bytes);
   info.job_id = state.job_id;
   info.manifest_xxh64 = manifest_entry.xxh64;
 
-  // The temporary is gone (renamed, or removed by temp_guard now).
+  // The temporary is gone (renamed) or holds the replaced checkpoint.
   temp_guard.Release();
   (void)root_fd.RemoveTreeAt(temp_name);
   ledger.checkpoints.insert(name);
   RemoveRecordedTemporaries(root_fd, ledger);
   MEGATRAIN_RETURN_IF_ERROR(
       Annotate(ApplyRetention(root_fd, state.step, retention, ledger),
-               absl::StrCat(final_dir, " was written, but deleting older checkpoints failed")));
+               absl::StrCat(info.dir, " was written, but deleting older checkpoints failed")));
   MEGATRAIN_RETURN_IF_ERROR(Annotate(
       WriteLedger(root_fd, ledger),
-      absl::StrCat(final_dir, " was written, but recording it in ", kLedgerFile, " failed")));
+      absl::StrCat(info.dir, " was written, but recording it in ", kLedgerFile, " failed")));
   return info;
 }
 
@@ -931,6 +963,34 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_di
         CheckDigest(file.path(), XXH64(file.data(), file.size(), kXxhSeed), entry));
   }
   return info;
+}
+
+absl::StatusOr<int64_t> AdoptRecordedCheckpoints(const std::string& output_dir,
+                                                 const std::vector<std::string>& checkpoint_dirs) {
+  absl::StatusOr<DirFd> root_fd =
+      DirFd::OpenBeneath(output_dir, kCheckpointsSubdir, DirFd::Create::kNo);
+  if (absl::IsNotFound(root_fd.status())) return 0;
+  if (!root_fd.ok()) return root_fd.status();
+  const std::filesystem::path root =
+      std::filesystem::path(JoinPath(output_dir, kCheckpointsSubdir)).lexically_normal();
+  Ledger ledger = ReadLedger(*root_fd);
+  int64_t adopted = 0;
+  for (const std::string& dir : checkpoint_dirs) {
+    std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+    if (!path.has_filename()) path = path.parent_path();  // a trailing '/
+    const std::string name = path.filename().string();
+    const int64_t step = StepFromDirName(name);
+    if (path.parent_path() != root || step < 0 || name != CheckpointDirName(step)) continue;
+    if (ledger.checkpoints.contains(name)) continue;
+    absl::StatusOr<struct stat> info = root_fd->StatAt(name);
+    if (!info.ok() || !S_ISDIR(info->st_mode)) continue;
+    ledger.checkpoints.insert(name);
+    ++adopted;
+  }
+  if (adopted == 0) return 0;
+  MEGATRAIN_RETURN_IF_ERROR(
+      Annotate(WriteLedger(*root_fd, ledger), "adopting recorded checkpoints"));
+  return adopted;
 }
 
 absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,

@@ -82,8 +82,9 @@ std::string CheckpointDirName(int64_t step);
 // Streams block by block from the store (no copy of the model in memory);
 // blocks until every byte is on disk (fsync).
 //
-// Errors: INVALID_ARGUMENT for state.step < 0, retention.keep_last < 1,
-// retention.keep_every < 0, or a state string that is not valid UTF-8
+// Errors: INVALID_ARGUMENT for state.step < 0, a retention outside the spec
+// library's bounds (CheckCheckpointRetention: keep_last in [1, 2^20],
+// keep_every in [0, 2^40]), or a state string that is not valid UTF-8
 // (naming the field); FAILED_PRECONDITION when the store has no optimizer
 // state; RESOURCE_EXHAUSTED when the disk is full or a file size limit is
 // hit (ENOSPC, EDQUOT, EFBIG); others from the file system, naming the path.

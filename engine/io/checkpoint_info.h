@@ -50,11 +50,32 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_di
 // NOT_FOUND when output_dir is missing.
 absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& output_dir);
 
+// Note [Checkpoint adoption]: records in `<output_dir>/checkpoints/
+// .ledger.json` (Note [Checkpoint ledger] in checkpoint.cc) the checkpoints
+// `checkpoint_dirs` that the daemon's job store records as this job's, so
+// that retention (keep_last / keep_every) applies to checkpoints written
+// before the ledger existed. The list comes from the job store, never from
+// a directory scan: a `step-*` directory a user put there stays unrecorded
+// and is never deleted. A directory is adopted only when it is
+// `<output_dir>/checkpoints/step-N` exactly (lexically), named as
+// CheckpointDirName names step N, and a real directory (not a symbolic
+// link) there now; others are skipped. Everything is reached through the
+// directory's descriptor without following links (dir_fd.h). Call it on the
+// job's thread before its first checkpoint write (one writer per
+// output_dir). Returns how many were newly recorded; 0 (and no file
+// written) when all are already recorded or none qualifies.
+// Errors: FAILED_PRECONDITION when a symbolic link is in the way of
+// `checkpoints/`; others from the file system writing the ledger, naming it.
+// A missing `checkpoints/` is OK (0).
+absl::StatusOr<int64_t> AdoptRecordedCheckpoints(const std::string& output_dir,
+                                                 const std::vector<std::string>& checkpoint_dirs);
+
 // Writes checkpoint `checkpoint_dir` as an HF model directory `out_dir`:
 // reads the checkpoint's config.json and master weights (verified) into a
 // store without optimizer state and writes config.json, safetensors shards
 // of at most 5 GB and their index. `dtype` "bf16" | "fp32"
-// (ParseExportDtype).
+// (ParseExportDtype). `out_dir` is reached from "/" without following any
+// symbolic link (ExportHfDirectory in hf_model.h): pass it resolved.
 absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                            const std::string& dtype);
 

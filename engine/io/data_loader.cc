@@ -692,6 +692,18 @@ const std::vector<uint64_t>& DataLoader::eval_documents() const { return state_-
 
 uint64_t DataLoader::num_train_tokens() const { return state_->num_train_tokens; }
 
+DataLoader::MaskedDocumentCounts DataLoader::CountMaskedDocuments(uint64_t max_tokens) const {
+  MaskedDocumentCounts counts;
+  const Source& source = state_->train_source;
+  for (const uint64_t doc_idx : state_->train_docs) {
+    const DocRef& doc = source.docs[doc_idx];
+    if (!source.masks[doc.shard_idx].has_value()) continue;
+    ++counts.masked_documents;
+    counts.longer += doc.size > max_tokens;
+  }
+  return counts;
+}
+
 uint64_t DataLoader::num_eval_tokens() const { return state_->num_eval_tokens; }
 
 std::vector<std::string> DataLoader::shard_paths() const {

@@ -231,6 +231,15 @@ class DataLoader {
   uint64_t num_eval_tokens() const;
   // Shard files read for training, in order.
   std::vector<std::string> shard_paths() const;
+  // Training documents whose shard has a loss mask (SFT or chat data), and
+  // how many of them hold more than `max_tokens` tokens (EOS not counted):
+  // the packing rule trains those across two or more windows. One pass
+  // over the document index; no token is read.
+  struct MaskedDocumentCounts {
+    uint64_t masked_documents = 0;
+    uint64_t longer = 0;
+  };
+  MaskedDocumentCounts CountMaskedDocuments(uint64_t max_tokens) const;
   // Tokens of global document `doc_idx` of the training source (for tests
   // and tools). Errors: OUT_OF_RANGE for an index past the last document.
   absl::StatusOr<std::vector<int32_t>> Document(uint64_t doc_idx) const;

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "engine/io/dir_fd.h"
 #include "engine/io/hf_moe_names.h"
 #include "engine/io/mapped_file.h"
@@ -137,36 +138,21 @@ absl::Status LoadMoeHfWeights(const std::string& hf_dir, const SafetensorsModel&
   return absl::OkStatus();
 }
 
-}  // namespace
+// The layout's names of a multimodal checkpoint's tensors, mapped to the
+// names in its files (empty for other checkpoints: the names agree).
+using FileNames = std::map<std::string, std::string>;
 
-absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
-  if (name == "bf16" || name == "bfloat16") return ExportDtype::kBf16;
-  if (name == "fp32" || name == "float32") return ExportDtype::kFp32;
-  return absl::InvalidArgumentError(absl::StrCat("dtype: must be bf16 or fp32, got '", name, "'"));
-}
-
-absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& hf_dir) {
-  // Note [Confined reads] in dir_fd.h. HF configs are a few KiB; 4 MiB is
-  // the daemon's cap at submission too (kMaxHfConfigBytes).
-  constexpr int64_t kMaxConfigBytes = int64_t{4} << 20;
-  const std::string path = JoinPath(hf_dir, kConfigFileName);
-  MEGATRAIN_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, kMaxConfigBytes));
-  return ParseHfConfig(text, path);
-}
-
-absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
-  if (store == nullptr) return absl::InvalidArgumentError("LoadHfWeights: store is null");
-  MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsModel model, SafetensorsModel::Open(hf_dir));
-  const ModelLayout& layout = store->layout();
-  const ModelConfig& config = store->config();
-  if (config.moe != nullptr) return LoadMoeHfWeights(hf_dir, model, store);
-
-  // 1. Nothing in the files that the layout does not know. A multimodal
-  // Gemma 3 checkpoint names its text tensors under a language_model prefix
-  // (transformers 5: model.language_model.X; 4: language_model.model.X and
-  // language_model.lm_head.weight); file_names maps the layout's names to
-  // the file's, and the vision tower is skipped.
-  std::map<std::string, std::string> file_names;
+// LoadHfWeights phase 1: every tensor in the files is one the layout knows
+// (INVALID_ARGUMENT naming the first that is not). A multimodal Gemma 3
+// checkpoint names its text tensors under a language_model prefix
+// (transformers 5: model.language_model.X; 4: language_model.model.X and
+// language_model.lm_head.weight); the returned map takes the layout's names
+// to the file's, and the vision tower is skipped.
+absl::StatusOr<FileNames> CheckNoUnknownTensors(const std::string& hf_dir,
+                                                const SafetensorsModel& model,
+                                                const ModelLayout& layout,
+                                                const ModelConfig& config) {
+  FileNames file_names;
   for (const std::string& file_name : model.TensorNames()) {
     std::string name = file_name;
     if (config.multimodal_checkpoint) {
@@ -199,43 +185,282 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
           config.tie_word_embeddings ? ", tied embeddings" : ""));
     }
   }
+  return file_names;
+}
+
+// One tensor LoadHfWeights converts: where in the files, where in the store.
+struct PlannedTensor {
+  SafetensorsModel::TensorRef ref;
+  float* dst = nullptr;  // [numel] fp32 in the store's master
+  int64_t numel = 0;
+};
+
+// LoadHfWeights phase 2 for one tensor: layout name `name` is in the files
+// (NOT_FOUND), with `expected_shape` (INVALID_ARGUMENT) and a dtype we read
+// (UNIMPLEMENTED).
+absl::StatusOr<SafetensorsModel::TensorRef> FindLayoutTensor(
+    const std::string& hf_dir, const SafetensorsModel& model, const FileNames& file_names,
+    const std::string& name, const std::vector<int64_t>& expected_shape) {
+  auto mapped = file_names.find(name);
+  absl::StatusOr<SafetensorsModel::TensorRef> found =
+      model.Find(mapped == file_names.end() ? name : mapped->second);
+  if (!found.ok()) {
+    return absl::NotFoundError(
+        absl::StrFormat("%s: tensor '%s' is missing (expected shape %s from config.json)", hf_dir,
+                        name, ShapeString(expected_shape)));
+  }
+  if (found->info->shape != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: tensor '%s': shape %s in %s, config.json expects %s", hf_dir, name,
+        ShapeString(found->info->shape), found->file->path(), ShapeString(expected_shape)));
+  }
+  const SafetensorsDtype dtype = found->info->dtype;
+  if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBF16 &&
+      dtype != SafetensorsDtype::kF16) {
+    return absl::UnimplementedError(
+        absl::StrFormat("%s: tensor '%s' has dtype %s; only F32, BF16 and F16 are supported",
+                        found->file->path(), name, SafetensorsDtypeName(dtype)));
+  }
+  return *found;
+}
+
+// Where an export goes: `root` (absolute, opened by path; the caller trusts
+// it) and below it `parent` ('/'-separated components, empty for the root
+// itself) holding the new directory `name`.
+struct ExportTarget {
+  std::string root;
+  std::string parent;  // relative to root; "" when out_dir is root/<name>
+  std::string name;
+  std::string path;  // out_dir, normalised, for messages
+};
+
+// Splits `out_dir` into ExportTarget. INVALID_ARGUMENT when it is relative,
+// has a "." or ".." component, names no directory, or does not lie below
+// `root`.
+absl::StatusOr<ExportTarget> SplitExportTarget(const std::string& out_dir,
+                                               const std::string& root) {
+  if (root.empty() || root.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export root: must be an absolute path, got '", root, "'"));
+  }
+  if (out_dir.empty() || out_dir.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: must be an absolute path, got '", out_dir, "'"));
+  }
+  std::vector<std::string> components;
+  for (absl::string_view component : absl::StrSplit(out_dir, '/', absl::SkipEmpty())) {
+    if (component == "." || component == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("out_dir: '.' and '..' components are not allowed, got '", out_dir, "'"));
+    }
+    components.emplace_back(component);
+  }
+  if (components.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: must name a directory to create, got '", out_dir, "'"));
+  }
+  std::vector<std::string> root_components = absl::StrSplit(root, '/', absl::SkipEmpty());
+  if (root_components.size() >= components.size() ||
+      !std::equal(root_components.begin(), root_components.end(), components.begin())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out_dir: '", out_dir, "' does not lie below the export root '", root, "'"));
+  }
+  ExportTarget target;
+  target.root = absl::StrCat("/", absl::StrJoin(root_components, "/"));
+  target.name = components.back();
+  target.parent =
+      absl::StrJoin(components.begin() + root_components.size(), components.end() - 1, "/");
+  target.path = absl::StrCat("/", absl::StrJoin(components, "/"));
+  return target;
+}
+
+// Opens (creating missing directories) the export's parent below its root,
+// one component at a time without following a symbolic link (Note
+// [Directory descriptors] in dir_fd.h). FAILED_PRECONDITION naming the
+// component when a link or a non-directory is in the way.
+absl::StatusOr<DirFd> OpenExportParent(const ExportTarget& target) {
+  if (target.parent.empty()) return DirFd::Open(target.root);
+  return DirFd::OpenBeneath(target.root, target.parent, DirFd::Create::kYes);
+}
+
+// OK when `target.name` does not exist in `parent_fd` or is an empty
+// directory (not a link); ALREADY_EXISTS otherwise.
+absl::Status CheckExportTargetFree(const DirFd& parent_fd, const ExportTarget& target) {
+  absl::StatusOr<struct stat> existing = parent_fd.StatAt(target.name);
+  if (absl::IsNotFound(existing.status())) return absl::OkStatus();
+  if (!existing.ok()) return existing.status();
+  bool empty_dir = false;
+  if (S_ISDIR(existing->st_mode)) {
+    MEGATRAIN_ASSIGN_OR_RETURN(DirFd target_fd,
+                               parent_fd.OpenChild(target.name, DirFd::Create::kNo));
+    std::error_code ec;
+    empty_dir = std::filesystem::is_empty(target_fd.IoPath(), ec) && !ec;
+  }
+  if (empty_dir) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat(
+      target.path,
+      ": already exists and is not an empty directory; remove it or export elsewhere"));
+}
+
+// The tensors of an export in HF order. `tensors` point into the store or
+// into `moe_tensors` / `moe_specs`, which the plan owns.
+struct ExportPlan {
+  std::vector<ExportTensor> tensors;
+  // A MoE model's tensors are named and laid out as transformers writes
+  // them (ExportMoeHfTensors: per-expert for mixtral and qwen2/3_moe).
+  std::vector<std::pair<std::string, at::Tensor>> moe_tensors;
+  std::vector<ParamSpec> moe_specs;
+};
+
+// Fills `plan` (empty) with the tensors of `store`, each `element_bytes`
+// per element on disk.
+absl::Status CollectExportTensors(const HostStore& store, int64_t element_bytes, ExportPlan* plan) {
+  const ModelConfig& config = store.config();
+  if (config.moe == nullptr) {
+    for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
+      for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
+        plan->tensors.push_back(
+            ExportTensor{&p, store.master(block_idx) + p.offset, p.numel * element_bytes});
+      }
+    }
+    return absl::OkStatus();
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(plan->moe_tensors,
+                             ExportMoeHfTensors(MoeModelConfigOf(config), MoeParamsOfStore(store),
+                                                MoeExportFormat::kCheckpoint));
+  for (const auto& [hf_name, t] : plan->moe_tensors) {
+    ParamSpec spec;
+    spec.hf_name = hf_name;
+    spec.shape = t.sizes().vec();
+    spec.numel = t.numel();
+    plan->moe_specs.push_back(std::move(spec));
+  }
+  // Pointers into moe_specs are taken only once it is complete.
+  for (size_t i = 0; i < plan->moe_specs.size(); ++i) {
+    plan->tensors.push_back(ExportTensor{&plan->moe_specs[i],
+                                         plan->moe_tensors[i].second.data_ptr<float>(),
+                                         plan->moe_specs[i].numel * element_bytes});
+  }
+  return absl::OkStatus();
+}
+
+// Assigns `tensors` to shards in order, a new shard starting when the next
+// tensor would take the current one past `max_shard_bytes`.
+std::vector<std::vector<ExportTensor>> AssignShards(const std::vector<ExportTensor>& tensors,
+                                                    int64_t max_shard_bytes) {
+  std::vector<std::vector<ExportTensor>> shards;
+  int64_t shard_bytes = 0;
+  for (const ExportTensor& tensor : tensors) {
+    if (shards.empty() ||
+        (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(tensor);
+    shard_bytes += tensor.size_bytes;
+  }
+  return shards;
+}
+
+// Writes the safetensors shards of `shards` into `dir` and, for more than
+// one shard, their index.
+absl::Status WriteExportShards(const std::vector<std::vector<ExportTensor>>& shards,
+                               SafetensorsDtype file_dtype, const std::string& dir) {
+  Json weight_map = Json::object();
+  int64_t total_bytes = 0;
+  for (size_t shard_idx = 0; shard_idx < shards.size(); ++shard_idx) {
+    const std::string file_name =
+        shards.size() == 1
+            ? std::string(kSingleFileName)
+            : absl::StrFormat("model-%05d-of-%05d.safetensors", shard_idx + 1, shards.size());
+    MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                               SafetensorsWriter::Create(JoinPath(dir, file_name)));
+    for (const ExportTensor& tensor : shards[shard_idx]) {
+      MEGATRAIN_RETURN_IF_ERROR(
+          writer.AddFloat32(tensor.param->hf_name, file_dtype, tensor.param->shape, tensor.data));
+      weight_map[tensor.param->hf_name] = file_name;
+      total_bytes += tensor.size_bytes;
+    }
+    MEGATRAIN_RETURN_IF_ERROR(writer.Finish());
+  }
+  if (shards.size() <= 1) return absl::OkStatus();
+  Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  return WriteTextFile(JoinPath(dir, kIndexFileName), index.dump(2));
+}
+
+// Writes every file of the export into `dir` (a path through the
+// temporary directory's descriptor).
+absl::Status WriteExportFiles(const HostStore& store, ExportDtype dtype, int64_t max_shard_bytes,
+                              const std::string& dir) {
+  // config.json and generation_config.json.
+  ModelConfig config = store.config();
+  config.torch_dtype = dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
+  MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(dir, kConfigFileName), config.ToHfConfigJson()));
+  Json generation = {{"_from_model_config", true},
+                     {"bos_token_id", config.bos_token_id},
+                     {"eos_token_id", config.eos_token_id}};
+  MEGATRAIN_RETURN_IF_ERROR(
+      WriteTextFile(JoinPath(dir, kGenerationConfigFileName), generation.dump(2)));
+
+  const SafetensorsDtype file_dtype =
+      dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
+  ExportPlan plan;
+  MEGATRAIN_RETURN_IF_ERROR(CollectExportTensors(
+      store, static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype)), &plan));
+  return WriteExportShards(AssignShards(plan.tensors, max_shard_bytes), file_dtype, dir);
+}
+
+// Makes the temporary directory's entries durable, then renames it onto
+// `target.name` (which must still be absent or an empty directory).
+absl::Status PublishExport(const DirFd& parent_fd, const DirFd& temp_fd,
+                           const std::string& temp_name, const ExportTarget& target) {
+  MEGATRAIN_RETURN_IF_ERROR(temp_fd.Fsync());
+  if (::renameat(parent_fd.fd(), temp_name.c_str(), parent_fd.fd(), target.name.c_str()) != 0) {
+    const int rename_errno = errno;
+    if (rename_errno == ENOTEMPTY || rename_errno == EEXIST || rename_errno == ENOTDIR) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          target.path, ": appeared and is not an empty directory; export not published"));
+    }
+    return ErrnoError(rename_errno, target.path, "rename exported directory into place");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
+  if (name == "bf16" || name == "bfloat16") return ExportDtype::kBf16;
+  if (name == "fp32" || name == "float32") return ExportDtype::kFp32;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: must be bf16 or fp32, got '", name, "'"));
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& hf_dir) {
+  // Note [Confined reads] in dir_fd.h. HF configs are a few KiB; 4 MiB is
+  // the daemon's cap at submission too (kMaxHfConfigBytes).
+  constexpr int64_t kMaxConfigBytes = int64_t{4} << 20;
+  const std::string path = JoinPath(hf_dir, kConfigFileName);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, kMaxConfigBytes));
+  return ParseHfConfig(text, path);
+}
+
+absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
+  if (store == nullptr) return absl::InvalidArgumentError("LoadHfWeights: store is null");
+  MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsModel model, SafetensorsModel::Open(hf_dir));
+  const ModelLayout& layout = store->layout();
+  const ModelConfig& config = store->config();
+  if (config.moe != nullptr) return LoadMoeHfWeights(hf_dir, model, store);
+
+  // 1. Nothing in the files that the layout does not know.
+  MEGATRAIN_ASSIGN_OR_RETURN(const FileNames file_names,
+                             CheckNoUnknownTensors(hf_dir, model, layout, config));
 
   // 2. Every layout tensor present, with the right shape and a dtype we read.
-  struct Planned {
-    SafetensorsModel::TensorRef ref;
-    float* dst = nullptr;  // [numel] fp32 in the store's master
-    int64_t numel = 0;
-  };
-  std::vector<Planned> plan;
-  auto check_tensor = [&](const std::string& name, const std::vector<int64_t>& expected_shape,
-                          SafetensorsModel::TensorRef* ref) -> absl::Status {
-    auto mapped = file_names.find(name);
-    absl::StatusOr<SafetensorsModel::TensorRef> found =
-        model.Find(mapped == file_names.end() ? name : mapped->second);
-    if (!found.ok()) {
-      return absl::NotFoundError(
-          absl::StrFormat("%s: tensor '%s' is missing (expected shape %s from config.json)", hf_dir,
-                          name, ShapeString(expected_shape)));
-    }
-    if (found->info->shape != expected_shape) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: tensor '%s': shape %s in %s, config.json expects %s", hf_dir, name,
-          ShapeString(found->info->shape), found->file->path(), ShapeString(expected_shape)));
-    }
-    const SafetensorsDtype dtype = found->info->dtype;
-    if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBF16 &&
-        dtype != SafetensorsDtype::kF16) {
-      return absl::UnimplementedError(
-          absl::StrFormat("%s: tensor '%s' has dtype %s; only F32, BF16 and F16 are supported",
-                          found->file->path(), name, SafetensorsDtypeName(dtype)));
-    }
-    *ref = *found;
-    return absl::OkStatus();
-  };
+  std::vector<PlannedTensor> plan;
   for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
     for (const ParamSpec& p : layout.blocks[block_idx].params) {
-      Planned planned;
-      MEGATRAIN_RETURN_IF_ERROR(check_tensor(p.hf_name, p.shape, &planned.ref));
+      PlannedTensor planned;
+      MEGATRAIN_ASSIGN_OR_RETURN(planned.ref,
+                                 FindLayoutTensor(hf_dir, model, file_names, p.hf_name, p.shape));
       planned.dst = store->master(block_idx) + p.offset;
       planned.numel = p.numel;
       plan.push_back(planned);
@@ -247,14 +472,15 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
   const bool has_tied_head = config.tie_word_embeddings && (model.Contains("lm_head.weight") ||
                                                             file_names.count("lm_head.weight") > 0);
   if (has_tied_head) {
-    MEGATRAIN_RETURN_IF_ERROR(check_tensor("lm_head.weight", embedding->shape, &tied_head));
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        tied_head, FindLayoutTensor(hf_dir, model, file_names, "lm_head.weight", embedding->shape));
   }
 
   // 3. Convert from the mappings into place.
   for (int64_t block_idx = 0; block_idx < store->num_blocks(); ++block_idx) {
     ZeroPadding(layout.blocks[block_idx], store->master(block_idx));
   }
-  for (const Planned& planned : plan) {
+  for (const PlannedTensor& planned : plan) {
     MEGATRAIN_RETURN_IF_ERROR(Annotate(
         ConvertToFloat32(planned.ref.info->dtype, planned.ref.file->Data(*planned.ref.info),
                          absl::Span<float>(planned.dst, static_cast<size_t>(planned.numel))),
@@ -269,56 +495,23 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store) {
 }
 
 absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_dir,
-                               ExportDtype dtype, int64_t max_shard_bytes) {
+                               ExportDtype dtype, int64_t max_shard_bytes,
+                               const std::string& root) {
   if (max_shard_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_shard_bytes: must be >= 1, got ", max_shard_bytes));
   }
-  // Split out_dir into parent and name, ignoring trailing slashes.
-  std::string target = out_dir;
-  while (target.size() > 1 && target.back() == '/') target.pop_back();
-  const size_t slash = target.rfind('/');
-  const std::string parent =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : target.substr(0, slash));
-  const std::string name = slash == std::string::npos ? target : target.substr(slash + 1);
-  if (name.empty() || name == "." || name == ".." || name == "/") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("out_dir: must name a directory to create, got '", out_dir, "'"));
-  }
-
-  // Note [Directory descriptors] in dir_fd.h: the parent is opened once
-  // (its last component not a link); everything below it is reached through
-  // that descriptor, never through a symbolic link, so a link swapped in
-  // fails the export and nothing outside the parent is written or deleted.
-  std::error_code ec;
-  const std::string parent_path = std::filesystem::absolute(parent, ec).lexically_normal().string();
-  if (ec) return ErrnoError(ec.value(), parent, "resolve directory");
-  std::filesystem::create_directories(parent_path, ec);
-  if (ec) return ErrnoError(ec.value(), parent_path, "create directory");
-  MEGATRAIN_ASSIGN_OR_RETURN(DirFd parent_fd, DirFd::Open(parent_path));
-  if (absl::StatusOr<struct stat> existing = parent_fd.StatAt(name); existing.ok()) {
-    bool empty_dir = false;
-    if (S_ISDIR(existing->st_mode)) {
-      MEGATRAIN_ASSIGN_OR_RETURN(DirFd target_fd, parent_fd.OpenChild(name, DirFd::Create::kNo));
-      empty_dir = std::filesystem::is_empty(target_fd.IoPath(), ec) && !ec;
-    }
-    if (!empty_dir) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(target,
-                       ": already exists and is not an empty directory; remove it or export "
-                       "elsewhere"));
-    }
-  } else if (!absl::IsNotFound(existing.status())) {
-    return existing.status();
-  }
+  MEGATRAIN_ASSIGN_OR_RETURN(ExportTarget target, SplitExportTarget(out_dir, root));
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd parent_fd, OpenExportParent(target));
+  MEGATRAIN_RETURN_IF_ERROR(CheckExportTargetFree(parent_fd, target));
 
   // A crashed export leaves its `.<name>.tmp.XXXXXX` directory behind; it
   // is not looked for by name (a user's own file could be named so) and
   // never deleted here.
-  const std::string temp_prefix = absl::StrCat(".", name, ".tmp.");
+  const std::string temp_prefix = absl::StrCat(".", target.name, ".tmp.");
   std::string temp_io = parent_fd.IoPath(absl::StrCat(temp_prefix, "XXXXXX"));
   if (::mkdtemp(temp_io.data()) == nullptr) {
-    return ErrnoError(errno, JoinPath(parent_path, absl::StrCat(temp_prefix, "XXXXXX")),
+    return ErrnoError(errno, JoinPath(parent_fd.path(), absl::StrCat(temp_prefix, "XXXXXX")),
                       "create temporary directory");
   }
   const std::string temp_name = std::filesystem::path(temp_io).filename().string();
@@ -330,103 +523,13 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
   // Files are created by path through the descriptor (AtomicFileWriter:
   // O_EXCL temporaries, renamed within the directory).
   const std::string temp_dir = temp_fd.IoPath();
-
-  absl::Status written = [&]() -> absl::Status {
-    // config.json and generation_config.json.
-    ModelConfig config = store.config();
-    config.torch_dtype = dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
-    MEGATRAIN_RETURN_IF_ERROR(
-        WriteTextFile(JoinPath(temp_dir, kConfigFileName), config.ToHfConfigJson()));
-    Json generation = {{"_from_model_config", true},
-                       {"bos_token_id", config.bos_token_id},
-                       {"eos_token_id", config.eos_token_id}};
-    MEGATRAIN_RETURN_IF_ERROR(
-        WriteTextFile(JoinPath(temp_dir, kGenerationConfigFileName), generation.dump(2)));
-
-    // Shard assignment in HF order.
-    const SafetensorsDtype file_dtype =
-        dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
-    const int64_t element_bytes = static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype));
-    std::vector<ExportTensor> tensors;
-    // A MoE model's tensors are named and laid out as transformers writes
-    // them (ExportMoeHfTensors: per-expert for mixtral and qwen2/3_moe).
-    std::vector<std::pair<std::string, at::Tensor>> moe_tensors;
-    std::vector<ParamSpec> moe_specs;
-    if (config.moe != nullptr) {
-      MEGATRAIN_ASSIGN_OR_RETURN(
-          moe_tensors, ExportMoeHfTensors(MoeModelConfigOf(config), MoeParamsOfStore(store),
-                                          MoeExportFormat::kCheckpoint));
-      for (const auto& [hf_name, t] : moe_tensors) {
-        ParamSpec spec;
-        spec.hf_name = hf_name;
-        spec.shape = t.sizes().vec();
-        spec.numel = t.numel();
-        moe_specs.push_back(std::move(spec));
-      }
-      for (size_t i = 0; i < moe_specs.size(); ++i) {
-        tensors.push_back(ExportTensor{&moe_specs[i], moe_tensors[i].second.data_ptr<float>(),
-                                       moe_specs[i].numel * element_bytes});
-      }
-    } else {
-      for (int64_t block_idx = 0; block_idx < store.num_blocks(); ++block_idx) {
-        for (const ParamSpec& p : store.layout().blocks[block_idx].params) {
-          tensors.push_back(
-              ExportTensor{&p, store.master(block_idx) + p.offset, p.numel * element_bytes});
-        }
-      }
-    }
-    std::vector<std::vector<ExportTensor>> shards;
-    int64_t shard_bytes = 0;
-    int64_t total_bytes = 0;
-    for (const ExportTensor& tensor : tensors) {
-      if (shards.empty() ||
-          (!shards.back().empty() && shard_bytes + tensor.size_bytes > max_shard_bytes)) {
-        shards.emplace_back();
-        shard_bytes = 0;
-      }
-      shards.back().push_back(tensor);
-      shard_bytes += tensor.size_bytes;
-      total_bytes += tensor.size_bytes;
-    }
-
-    Json weight_map = Json::object();
-    for (size_t shard_idx = 0; shard_idx < shards.size(); ++shard_idx) {
-      const std::string file_name =
-          shards.size() == 1
-              ? std::string(kSingleFileName)
-              : absl::StrFormat("model-%05d-of-%05d.safetensors", shard_idx + 1, shards.size());
-      MEGATRAIN_ASSIGN_OR_RETURN(SafetensorsWriter writer,
-                                 SafetensorsWriter::Create(JoinPath(temp_dir, file_name)));
-      for (const ExportTensor& tensor : shards[shard_idx]) {
-        MEGATRAIN_RETURN_IF_ERROR(
-            writer.AddFloat32(tensor.param->hf_name, file_dtype, tensor.param->shape, tensor.data));
-        weight_map[tensor.param->hf_name] = file_name;
-      }
-      MEGATRAIN_RETURN_IF_ERROR(writer.Finish());
-    }
-    if (shards.size() > 1) {
-      Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-      MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(temp_dir, kIndexFileName), index.dump(2)));
-    }
-    return absl::OkStatus();
-  }();
-  if (!written.ok()) {
+  if (absl::Status written = WriteExportFiles(store, dtype, max_shard_bytes, temp_dir);
+      !written.ok()) {
     // Name the temporary directory by its path, not the descriptor's.
-    return absl::Status(
-        written.code(),
-        absl::StrReplaceAll(written.message(), {{temp_dir, JoinPath(parent_path, temp_name)}}));
+    return absl::Status(written.code(),
+                        absl::StrReplaceAll(written.message(), {{temp_dir, temp_fd.path()}}));
   }
-
-  // Publish: the directory's entries are durable, then the rename is.
-  MEGATRAIN_RETURN_IF_ERROR(temp_fd.Fsync());
-  if (::renameat(parent_fd.fd(), temp_name.c_str(), parent_fd.fd(), name.c_str()) != 0) {
-    const int rename_errno = errno;
-    if (rename_errno == ENOTEMPTY || rename_errno == EEXIST || rename_errno == ENOTDIR) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(target, ": appeared and is not an empty directory; export not published"));
-    }
-    return ErrnoError(rename_errno, target, "rename exported directory into place");
-  }
+  MEGATRAIN_RETURN_IF_ERROR(PublishExport(parent_fd, temp_fd, temp_name, target));
   published = true;
   return parent_fd.Fsync();
 }

@@ -111,21 +111,40 @@ absl::Status LoadHfWeights(const std::string& hf_dir, HostStore* store);
 // `.<name>.tmp.XXXXXX` beside `out_dir`, each fsync'd, then the directory is
 // fsync'd and renamed onto `out_dir` and the parent fsync'd: a crash leaves
 // either no `out_dir` or a complete one (plus, possibly, the hidden
-// temporary directory, removed by the next export to the same `out_dir`).
+// temporary directory, which no later export deletes: a user's own entry
+// could bear such a name).
+//
+// Paths (Note [Directory descriptors] in dir_fd.h): `out_dir` must be
+// absolute, without "." or ".." components, and lie below `root` (an
+// absolute directory the caller trusts, opened by path; its last component
+// must not be a symbolic link). Every component between `root` and
+// `out_dir`, and everything written below, is reached through directory
+// descriptors from `root` (mkdirat / openat with O_NOFOLLOW), never by path:
+// a symbolic link at any of them, there before the call or swapped in
+// during it, fails the export with FAILED_PRECONDITION naming the
+// component, and nothing outside `root` is created, written or deleted.
+// The daemon passes the path it checked against --output_roots resolved
+// (no links), so the default root "/" makes the whole path link-free; a
+// local caller whose path crosses its own links passes a resolved path
+// (std::filesystem::weakly_canonical) or the root it trusts.
 //
 // Memory: bf16 conversion goes through a bounded buffer (SafetensorsWriter);
 // fp32 is written straight from the store.
 //
-// Errors: INVALID_ARGUMENT for max_shard_bytes < 1; ALREADY_EXISTS when
-// `out_dir` exists and is not empty; RESOURCE_EXHAUSTED when the disk is
-// full; others from the file system, naming the path.
+// Errors: INVALID_ARGUMENT for max_shard_bytes < 1, or an `out_dir` that is
+// relative, has "."/".." components or is not below `root`; ALREADY_EXISTS
+// when `out_dir` exists and is not an empty directory (a symbolic link
+// there counts as existing); FAILED_PRECONDITION when a symbolic link or a
+// non-directory is on the way below `root`; RESOURCE_EXHAUSTED when the
+// disk is full; others from the file system, naming the path.
 //
 // Example:
 //   MEGATRAIN_RETURN_IF_ERROR(ExportHfDirectory(trainer->store(),
 //                                               "/out/hf-step-1000",
 //                                               ExportDtype::kBf16));
 absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_dir,
-                               ExportDtype dtype, int64_t max_shard_bytes = kDefaultMaxShardBytes);
+                               ExportDtype dtype, int64_t max_shard_bytes = kDefaultMaxShardBytes,
+                               const std::string& root = "/");
 
 }  // namespace megatrain::engine
 

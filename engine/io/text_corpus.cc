@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -17,10 +18,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/io/data_loader.h"
 #include "engine/io/dir_fd.h"
+#include "engine/io/mapped_file.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/io/token_shard.h"
 #include "engine/io/tokenizer.h"
@@ -41,9 +44,12 @@ absl::Status FileSystemError(const std::error_code& ec, absl::string_view contex
   return absl::ErrnoToStatus(ec.value(), absl::StrCat(context, ": ", ec.message()));
 }
 
-uint64_t FileSize(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 ? static_cast<uint64_t>(info.st_size) : 0;
+// `status` with the descriptor path `io_path` ("/proc/self/fd/N") in its
+// message replaced by `shown`, the directory's path as the caller named it.
+absl::Status ShowPath(const absl::Status& status, const std::string& io_path,
+                      const std::string& shown) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrReplaceAll(status.message(), {{io_path, shown}}));
 }
 
 // Whether `name` is a shard or mask of series `prefix`: "<prefix>-*.mtt" or
@@ -53,40 +59,75 @@ bool IsSeriesFile(absl::string_view name, absl::string_view prefix) {
          (absl::EndsWith(name, kTokenShardSuffix) || absl::EndsWith(name, kMaskFileSuffix));
 }
 
-// Creates `dir` (with parents) and makes sure it holds no shard of series
-// `prefix`, deleting them when `overwrite`.
-absl::Status PrepareOutputDir(const std::string& dir, absl::string_view field,
+// Opens output directory `dir` (Note [Directory descriptors] in dir_fd.h):
+// with `root`, below it one component at a time, created as needed and
+// never through a symbolic link; without, `dir` is created by path (the
+// caller's own tool) and then opened, its last component not a link. Every
+// shard is then written through the descriptor.
+absl::StatusOr<DirFd> OpenOutputDir(const std::string& root, const std::string& dir,
+                                    absl::string_view field) {
+  if (root.empty()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", dir));
+    const std::string absolute = fs::absolute(dir, ec).lexically_normal().string();
+    if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", dir));
+    absl::StatusOr<DirFd> opened = DirFd::Open(absolute);
+    if (!opened.ok()) return Annotate(opened.status(), field);
+    return opened;
+  }
+  const fs::path relative =
+      fs::path(dir).lexically_normal().lexically_relative(fs::path(root).lexically_normal());
+  if (relative.empty() || *relative.begin() == ".." || relative.is_absolute()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", dir, "' does not lie below '", root, "'"));
+  }
+  std::string components = relative.string();
+  while (!components.empty() && components.back() == '/') components.pop_back();
+  absl::StatusOr<DirFd> opened = components == "." || components.empty()
+                                     ? DirFd::Open(root)
+                                     : DirFd::OpenBeneath(root, components, DirFd::Create::kYes);
+  if (!opened.ok()) return Annotate(opened.status(), field);
+  return opened;
+}
+
+// Makes sure `dir` holds no shard of series `prefix`, deleting them (as
+// entries of `dir`, links as links) when `overwrite`. `shown` names `dir`.
+absl::Status PrepareOutputDir(const DirFd& dir, const std::string& shown, absl::string_view field,
                               absl::string_view prefix, bool overwrite) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", dir));
-  std::vector<fs::path> existing;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (IsSeriesFile(it->path().filename().string(), prefix)) {
-      existing.push_back(it->path());
-    }
+  std::vector<std::string> existing;
+  for (fs::directory_iterator it(dir.IoPath(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (IsSeriesFile(name, prefix)) existing.push_back(name);
   }
-  if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", dir));
+  if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", shown));
   if (existing.empty()) return absl::OkStatus();
+  std::sort(existing.begin(), existing.end());
   if (!overwrite) {
     return absl::AlreadyExistsError(
-        absl::StrCat(field, ": ", dir, " already holds shards of prefix '", prefix, "' (e.g. ",
-                     existing.front().filename().string(), "); remove them or set overwrite"));
+        absl::StrCat(field, ": ", shown, " already holds shards of prefix '", prefix, "' (e.g. ",
+                     existing.front(), "); remove them or set overwrite"));
   }
-  for (const fs::path& path : existing) {
-    fs::remove(path, ec);
-    if (ec) return FileSystemError(ec, absl::StrCat(field, ": ", path.string()));
+  for (const std::string& name : existing) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        Annotate(ShowPath(dir.UnlinkAt(name, /*directory=*/false), dir.path(), shown), field));
   }
   return absl::OkStatus();
 }
 
 // Writes one series of shards `<dir>/<prefix>-NNNNN.mtt` (and, with masks,
 // `<shard>.mask`), starting a new shard when one reaches max_shard_tokens.
+// Files are created through `dir`'s descriptor (AtomicFileWriter on
+// DirFd::IoPath: O_EXCL temporaries renamed within the directory); `shown`
+// is the directory's path for report paths and messages. `dir` must
+// outlive the series.
 class ShardSeries {
  public:
-  ShardSeries(std::string dir, std::string prefix, uint64_t vocab_size, bool with_mask,
-              uint64_t max_shard_tokens)
-      : dir_(std::move(dir)),
+  ShardSeries(const DirFd* dir, std::string shown, std::string prefix, uint64_t vocab_size,
+              bool with_mask, uint64_t max_shard_tokens)
+      : dir_(dir),
+        shown_(std::move(shown)),
         prefix_(std::move(prefix)),
         vocab_size_(vocab_size),
         with_mask_(with_mask),
@@ -95,8 +136,8 @@ class ShardSeries {
   // Appends one non-empty document; `mask` (0/1 per token) only with masks.
   absl::Status Append(absl::Span<const int32_t> tokens, absl::Span<const int32_t> mask) {
     if (!writer_.has_value()) MEGATRAIN_RETURN_IF_ERROR(OpenNext());
-    MEGATRAIN_RETURN_IF_ERROR(writer_->AppendDocument(tokens));
-    if (with_mask_) MEGATRAIN_RETURN_IF_ERROR(mask_writer_->AppendDocument(mask));
+    MEGATRAIN_RETURN_IF_ERROR(Shown(writer_->AppendDocument(tokens)));
+    if (with_mask_) MEGATRAIN_RETURN_IF_ERROR(Shown(mask_writer_->AppendDocument(mask)));
     ++documents_;
     tokens_ += tokens.size();
     if (writer_->num_tokens() >= max_shard_tokens_) return CloseCurrent();
@@ -112,38 +153,51 @@ class ShardSeries {
   uint64_t bytes_written() const { return bytes_written_; }
 
  private:
+  absl::Status Shown(const absl::Status& status) const {
+    return ShowPath(status, dir_->IoPath(), shown_);
+  }
+
+  uint64_t FileSize(const std::string& name) const {
+    absl::StatusOr<struct stat> info = dir_->StatAt(name);
+    return info.ok() ? static_cast<uint64_t>(info->st_size) : 0;
+  }
+
   absl::Status OpenNext() {
-    const std::string path =
-        absl::StrFormat("%s/%s-%05d%s", dir_, prefix_, paths_.size(), kTokenShardSuffix);
-    MEGATRAIN_ASSIGN_OR_RETURN(writer_,
-                               TokenShardWriter::Create(path, {.vocab_size = vocab_size_}));
+    name_ = absl::StrFormat("%s-%05d%s", prefix_, paths_.size(), kTokenShardSuffix);
+    absl::StatusOr<TokenShardWriter> writer =
+        TokenShardWriter::Create(dir_->IoPath(name_), {.vocab_size = vocab_size_});
+    if (!writer.ok()) return Shown(writer.status());
+    writer_.emplace(*std::move(writer));
     if (with_mask_) {
-      MEGATRAIN_ASSIGN_OR_RETURN(
-          mask_writer_, TokenShardWriter::Create(path + kLossMaskSuffix, {.vocab_size = 2}));
+      absl::StatusOr<TokenShardWriter> mask_writer =
+          TokenShardWriter::Create(dir_->IoPath(name_ + kLossMaskSuffix), {.vocab_size = 2});
+      if (!mask_writer.ok()) return Shown(mask_writer.status());
+      mask_writer_.emplace(*std::move(mask_writer));
     }
-    paths_.push_back(path);
+    paths_.push_back(absl::StrFormat("%s/%s", shown_, name_));
     return absl::OkStatus();
   }
 
   absl::Status CloseCurrent() {
-    const std::string& path = paths_.back();
     // The mask first: a shard never exists without its mask.
     if (with_mask_) {
-      MEGATRAIN_RETURN_IF_ERROR(mask_writer_->Finish());
-      bytes_written_ += FileSize(path + kLossMaskSuffix);
+      MEGATRAIN_RETURN_IF_ERROR(Shown(mask_writer_->Finish()));
+      bytes_written_ += FileSize(name_ + kLossMaskSuffix);
       mask_writer_.reset();
     }
-    MEGATRAIN_RETURN_IF_ERROR(writer_->Finish());
-    bytes_written_ += FileSize(path);
+    MEGATRAIN_RETURN_IF_ERROR(Shown(writer_->Finish()));
+    bytes_written_ += FileSize(name_);
     writer_.reset();
     return absl::OkStatus();
   }
 
-  std::string dir_;
+  const DirFd* dir_;
+  std::string shown_;
   std::string prefix_;
   uint64_t vocab_size_;
   bool with_mask_;
   uint64_t max_shard_tokens_;
+  std::string name_;                             // the open shard's file name
   std::optional<TokenShardWriter> writer_;       // the open shard
   std::optional<TokenShardWriter> mask_writer_;  // its mask
   std::vector<std::string> paths_;
@@ -561,7 +615,101 @@ absl::Status ReadInputFile(const std::string& path, const TokenizeOptions& optio
   return absl::OkStatus();
 }
 
+constexpr char kReportFormat[] = "megatrain-tokenize-report";
+// A report is a dozen numbers; anything larger is not one.
+constexpr int64_t kMaxReportBytes = int64_t{64} << 10;
+
+const char* LongDocumentRuleName(LongDocumentRule rule) {
+  return rule == LongDocumentRule::kDrop ? "drop" : "truncate";
+}
+
+// Writes Note [Tokenize report]'s file into `dir` (`shown` names it).
+absl::Status WriteReportFile(const DirFd& dir, const std::string& shown,
+                             const TokenizeReport& report) {
+  const nlohmann::json j = {{"format", kReportFormat},
+                            {"version", 1},
+                            {"documents", report.documents},
+                            {"tokens", report.tokens},
+                            {"eval_documents", report.eval_documents},
+                            {"eos_id", report.eos_id},
+                            {"masked", report.masked},
+                            {"max_document_tokens", report.max_document_tokens},
+                            {"long_documents", LongDocumentRuleName(report.long_documents)},
+                            {"truncated_documents", report.truncated_documents},
+                            {"dropped_documents", report.dropped_documents}};
+  const std::string text = j.dump(2);
+  absl::StatusOr<AtomicFileWriter> out =
+      AtomicFileWriter::Create(dir.IoPath(kTokenizeReportFileName));
+  if (!out.ok()) return ShowPath(out.status(), dir.IoPath(), shown);
+  absl::Status written = out->Append(
+      absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  if (written.ok()) written = out->Commit();
+  return ShowPath(written, dir.IoPath(), shown);
+}
+
+// OpenOutputDir, then PrepareOutputDir, of `dir` (field `field`).
+absl::StatusOr<DirFd> OpenPreparedOutputDir(const TokenizeOptions& options, const std::string& dir,
+                                            absl::string_view field) {
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd dir_fd, OpenOutputDir(options.root, dir, field));
+  MEGATRAIN_RETURN_IF_ERROR(
+      PrepareOutputDir(dir_fd, dir, field, options.shard_prefix, options.overwrite));
+  return dir_fd;
+}
+
+// The counts and paths of a finished run into `report`.
+void FillReport(const TokenizeOptions& options, const ShardSeries& train, const ShardSeries& eval,
+                const DocumentSink& sink, TokenizeReport* report) {
+  report->documents = train.documents();
+  report->tokens = train.tokens();
+  report->eval_documents = eval.documents();
+  report->eval_tokens = eval.tokens();
+  report->skipped_documents = sink.skipped();
+  report->masked_tokens = sink.masked_tokens();
+  report->truncated_documents = sink.truncated_long();
+  report->dropped_documents = sink.dropped_long();
+  report->bytes_written = train.bytes_written() + eval.bytes_written();
+  report->shards = train.paths();
+  report->eval_shards = eval.paths();
+  report->max_document_tokens = options.max_document_tokens;
+  report->long_documents = options.long_documents;
+}
+
 }  // namespace
+
+absl::StatusOr<TokenizeReport> ReadTokenizeReport(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kTokenizeReportFileName);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, kMaxReportBytes));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto invalid = [&path](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kReportFormat) {
+    return invalid(absl::StrCat("not a ", kReportFormat, " (JSON object with \"format\")"));
+  }
+  TokenizeReport report;
+  for (auto [key, field] : {std::pair<const char*, uint64_t*>{"documents", &report.documents},
+                            {"tokens", &report.tokens},
+                            {"eval_documents", &report.eval_documents},
+                            {"max_document_tokens", &report.max_document_tokens},
+                            {"truncated_documents", &report.truncated_documents},
+                            {"dropped_documents", &report.dropped_documents}}) {
+    if (!j.contains(key) || !j[key].is_number_unsigned()) {
+      return invalid(absl::StrCat("\"", key, "\": missing or not a count"));
+    }
+    *field = j[key].get<uint64_t>();
+  }
+  if (!j.contains("eos_id") || !j["eos_id"].is_number_integer()) {
+    return invalid("\"eos_id\": missing or not an integer");
+  }
+  report.eos_id = j["eos_id"].get<int64_t>();
+  report.masked = j.value("masked", false);
+  const std::string rule = j.value("long_documents", "");
+  if (rule != "truncate" && rule != "drop") {
+    return invalid(absl::StrCat("\"long_documents\": must be truncate or drop, got '", rule, "'"));
+  }
+  report.long_documents = rule == "drop" ? LongDocumentRule::kDrop : LongDocumentRule::kTruncate;
+  return report;
+}
 
 absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(options));
@@ -599,17 +747,19 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
         absl::StrCat("eval_output_dir: must differ from output_dir ", options.output_dir,
                      " (a loader reading output_dir would train on the held-out shards)"));
   }
-  MEGATRAIN_RETURN_IF_ERROR(
-      PrepareOutputDir(options.output_dir, "output_dir", options.shard_prefix, options.overwrite));
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd train_fd,
+                             OpenPreparedOutputDir(options, options.output_dir, "output_dir"));
+  std::optional<DirFd> eval_fd;
   if (split) {
-    MEGATRAIN_RETURN_IF_ERROR(
-        PrepareOutputDir(eval_dir, "eval_output_dir", options.shard_prefix, options.overwrite));
+    MEGATRAIN_ASSIGN_OR_RETURN(eval_fd,
+                               OpenPreparedOutputDir(options, eval_dir, "eval_output_dir"));
   }
 
   const uint64_t vocab_size = static_cast<uint64_t>(report.vocab_size);
-  ShardSeries train(options.output_dir, options.shard_prefix, vocab_size, sft,
+  ShardSeries train(&train_fd, options.output_dir, options.shard_prefix, vocab_size, sft,
                     options.max_shard_tokens);
-  ShardSeries eval(eval_dir, options.shard_prefix, vocab_size, sft, options.max_shard_tokens);
+  ShardSeries eval(split ? &*eval_fd : &train_fd, eval_dir, options.shard_prefix, vocab_size, sft,
+                   options.max_shard_tokens);
   DocumentSink sink(options, &train, split ? &eval : nullptr);
 
   const auto start = std::chrono::steady_clock::now();
@@ -623,22 +773,15 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   MEGATRAIN_RETURN_IF_ERROR(eval.Finish());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  report.documents = train.documents();
-  report.tokens = train.tokens();
-  report.eval_documents = eval.documents();
-  report.eval_tokens = eval.tokens();
-  report.skipped_documents = sink.skipped();
-  report.masked_tokens = sink.masked_tokens();
-  report.truncated_documents = sink.truncated_long();
-  report.dropped_documents = sink.dropped_long();
-  report.bytes_written = train.bytes_written() + eval.bytes_written();
-  report.shards = train.paths();
-  report.eval_shards = eval.paths();
+  FillReport(options, train, eval, sink, &report);
+  report.masked = sft;
   if (report.documents + report.eval_documents == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("input_paths: no document with tokens in ", options.input_paths.size(),
                      " file(s) (", report.skipped_documents, " empty documents); nothing written"));
   }
+  MEGATRAIN_RETURN_IF_ERROR(
+      Annotate(WriteReportFile(train_fd, options.output_dir, report), "output_dir"));
   return report;
 }
 

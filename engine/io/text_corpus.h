@@ -78,6 +78,14 @@ struct TokenizeOptions {
   // Directory for the training shards `<shard_prefix>-NNNNN.mtt` (created,
   // with parents, if missing).
   std::string output_dir;
+  // When set (absolute), output_dir and eval_output_dir must lie below it
+  // and are opened from it one component at a time, created as needed,
+  // never through a symbolic link (Note [Directory descriptors] in
+  // dir_fd.h); a job passes its output_dir. Empty (a local tool): the
+  // output directories are created by path. Either way every shard and
+  // mask is then created, replaced and deleted through the directory's
+  // descriptor, so a link swapped in later changes nothing.
+  std::string root;
   // File name prefix of the shards (no '/'); the same in eval_output_dir.
   std::string shard_prefix = "train";
   // A shard is closed once it holds at least this many tokens; documents
@@ -118,11 +126,32 @@ struct TokenizeReport {
   int64_t vocab_size = 0;                // written into the shards; 0 = unknown
   int64_t eos_id = -1;                   // the tokenizer's EOS (for DataLoaderOptions);
                                          // -1 without a tokenizer or when it has none
+  // The long-document rule applied (TokenizeOptions; 0 = no limit).
+  uint64_t max_document_tokens = 0;
+  LongDocumentRule long_documents = LongDocumentRule::kTruncate;
+  bool masked = false;  // shards written with loss masks (SFT, chat)
 };
+
+// Note [Tokenize report]
+// TokenizeToShards leaves `tokenize.json` in output_dir beside the shards
+// (written atomically through the directory's descriptor):
+//   {"format": "megatrain-tokenize-report", "version": 1, "documents": N,
+//    "tokens": N, "eval_documents": N, "eos_id": N, "masked": bool,
+//    "max_document_tokens": N, "long_documents": "truncate" | "drop",
+//    "truncated_documents": N, "dropped_documents": N}
+// so that a job trained on the shards (data.tokens) can say in its events
+// what the long-document rule did to its data (TrainingJob, "data:" event).
+inline constexpr char kTokenizeReportFileName[] = "tokenize.json";
+
+// Reads `<dir>/tokenize.json` (Note [Tokenize report]; through
+// ReadInputFile, so confined reads apply) into the fields it holds.
+// NOT_FOUND when missing; INVALID_ARGUMENT naming the file when it is
+// larger than 64 KiB or does not parse as that format.
+absl::StatusOr<TokenizeReport> ReadTokenizeReport(const std::string& dir);
 
 // Reads every input, tokenizes it and writes token shards (atomically, one
 // file at a time: a failure leaves the shards finished so far, never a
-// partial file).
+// partial file), then `tokenize.json` (Note [Tokenize report]).
 //
 // Thread-safety: reentrant; calls writing to different directories may run
 // concurrently.
@@ -137,6 +166,9 @@ struct TokenizeReport {
 //   NOT_FOUND: an input file or the tokenizer model does not exist.
 //   ALREADY_EXISTS: an output directory already holds shards with this
 //     prefix and overwrite is false.
+//   FAILED_PRECONDITION: with `root`, a symbolic link or non-directory on
+//     the way from it to an output directory (naming the component);
+//     INVALID_ARGUMENT when an output directory is not below `root`.
 //   Others from the file system (RESOURCE_EXHAUSTED when the disk is full),
 //     naming the path.
 //

@@ -16,9 +16,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/data_loader.h"
+#include "engine/io/dir_fd.h"
+#include "engine/io/mapped_file.h"
 #include "engine/step/executor.h"
 #include "engine/step/schedule_choice.h"
 #include "engine/io/hf_model.h"
@@ -285,10 +289,14 @@ class TrainingJobImpl final : public TrainingJob {
   std::string schedule_description() const override {
     return trainer_->schedule_choice().Describe();
   }
+  std::string data_description() const override { return data_description_; }
 
  private:
   absl::StatusOr<JobOutcome> RunSteps(JobObserver* observer);
   absl::Status PrepareData();
+  // Note [Long conversations]: data_description_ from the loader and the
+  // tokenize report of the job's data.
+  std::string DescribeData() const;
   absl::Status WriteCheckpointNow(JobObserver* observer);
   // One step boundary's requests: a stop ends the run (after a checkpoint
   // for a suspend not yet checkpointed), a checkpoint request is served.
@@ -318,6 +326,10 @@ class TrainingJobImpl final : public TrainingJob {
   std::vector<MicroBatch> eval_batches_;
   std::string train_tokens_, eval_tokens_;
   int64_t eos_id_ = 0;
+  // The tokenize report of the job's data (data.text: this run's; data.tokens:
+  // the directory's tokenize.json), when there is one.
+  std::optional<TokenizeReport> data_report_;
+  std::string data_description_;
 
   absl::Mutex mu_;
   std::optional<StopKind> stop_ ABSL_GUARDED_BY(mu_);
@@ -327,23 +339,39 @@ class TrainingJobImpl final : public TrainingJob {
 };
 
 // Text input is tokenized once into <output_dir>/data/{train,eval}; a
-// resumed job finds the shards there and reuses them.
+// resumed job finds the shards there and reuses them. Everything below
+// output_dir is reached through directory descriptors from it, never
+// through a symbolic link (Note [Directory descriptors] in dir_fd.h): a
+// link swapped into data/ fails the job instead of sending shards elsewhere.
 absl::Status TrainingJobImpl::PrepareData() {
   eos_id_ = config_.eos_token_id;
   if (!spec_.data.tokens.empty()) {
     train_tokens_ = spec_.data.tokens;
     eval_tokens_ = spec_.data.eval_tokens;
+    // Note [Tokenize report]: shards from `megatrain tokenize` say what its
+    // long-document rule did; missing or unreadable is simply not reported.
+    std::error_code ec;
+    if (fs::is_directory(train_tokens_, ec)) {
+      absl::StatusOr<TokenizeReport> report = ReadTokenizeReport(train_tokens_);
+      if (report.ok()) data_report_ = *std::move(report);
+    }
     return absl::OkStatus();
   }
-  const fs::path data_dir = fs::path(spec_.output_dir) / "data";
+  std::error_code ec;
+  const std::string root = fs::absolute(spec_.output_dir, ec).lexically_normal().string();
+  if (ec) return Annotate(absl::ErrnoToStatus(ec.value(), spec_.output_dir), "output_dir");
+  const fs::path data_dir = fs::path(root) / "data";
   train_tokens_ = (data_dir / "train").string();
   const bool with_eval = spec_.data.eval_fraction > 0;
   if (with_eval) eval_tokens_ = (data_dir / "eval").string();
-  const fs::path report_path = data_dir / "tokenize.json";
-  if (fs::exists(report_path)) {
-    std::ifstream in(report_path);
-    nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!report.is_discarded() && report.contains("eos_id")) {
+  absl::StatusOr<DirFd> data_fd = DirFd::OpenBeneath(root, "data", DirFd::Create::kYes);
+  if (!data_fd.ok()) return Annotate(data_fd.status(), "data.text");
+  constexpr char kReportFile[] = "tokenize.json";
+  if (absl::StatusOr<std::string> saved = data_fd->ReadFileAt(kReportFile, int64_t{64} << 10);
+      saved.ok()) {
+    nlohmann::json report = nlohmann::json::parse(*saved, nullptr, /*allow_exceptions=*/false);
+    if (!report.is_discarded() && report.contains("eos_id") &&
+        report["eos_id"].is_number_integer()) {
       eos_id_ = report["eos_id"].get<int64_t>();
       return absl::OkStatus();
     }
@@ -354,6 +382,7 @@ absl::Status TrainingJobImpl::PrepareData() {
   // ensures one of the two is set).
   t.tokenizer_model = spec_.data.tokenizer.empty() ? spec_.model.hf_dir : spec_.data.tokenizer;
   t.vocab_size = config_.vocab_size;
+  t.root = root;
   t.output_dir = train_tokens_;
   t.overwrite = true;
   t.eval_fraction = spec_.data.eval_fraction;
@@ -362,13 +391,61 @@ absl::Status TrainingJobImpl::PrepareData() {
   absl::StatusOr<TokenizeReport> report = TokenizeToShards(t);
   if (!report.ok()) return Annotate(report.status(), "data.text");
   eos_id_ = report->eos_id;
-  std::ofstream out(report_path);
-  out << nlohmann::json{{"documents", report->documents},
-                        {"tokens", report->tokens},
-                        {"eval_documents", report->eval_documents},
-                        {"eos_id", report->eos_id}}
-             .dump();
+  data_report_ = *report;
+  const std::string text = nlohmann::json{
+      {"documents", report->documents},
+      {"tokens", report->tokens},
+      {"eval_documents", report->eval_documents},
+      {"eos_id",
+       report->eos_id}}.dump();
+  absl::StatusOr<AtomicFileWriter> out = AtomicFileWriter::Create(data_fd->IoPath(kReportFile));
+  absl::Status written = out.status();
+  if (out.ok()) {
+    written = out->Append(
+        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+    if (written.ok()) written = out->Commit();
+  }
+  if (!written.ok()) {
+    return Annotate(
+        absl::Status(written.code(), absl::StrReplaceAll(written.message(),
+                                                         {{data_fd->IoPath(), data_fd->path()}})),
+        "data.text");
+  }
   return absl::OkStatus();
+}
+
+// Note [Long conversations]
+// A conversation (a document with a loss mask) longer than train.seq_len
+// cannot be trained in one window. The rule is applied where the data is
+// tokenized: `megatrain tokenize --max_document_tokens N --long_documents
+// truncate|drop` keeps a longer document's first N tokens or leaves it out
+// (TokenizeToShards), and records the rule and both counts in the shards'
+// tokenize.json (Note [Tokenize report]). What is still longer than seq_len
+// in the job's data (no rule, or N > seq_len) is trained across windows by
+// the packing rule (data_loader.h). The job reports both at its start, so
+// the counts are in its events (the daemon records data_description() as a
+// "data: ..." event).
+std::string TrainingJobImpl::DescribeData() const {
+  const uint64_t seq_len = static_cast<uint64_t>(spec_.train.seq_len);
+  const DataLoader::MaskedDocumentCounts masked = loader_->CountMaskedDocuments(seq_len);
+  const bool rule = data_report_.has_value() && data_report_->max_document_tokens > 0;
+  if (masked.masked_documents == 0 && !rule) return "";
+  std::vector<std::string> parts;
+  if (masked.masked_documents > 0) {
+    parts.push_back(absl::StrFormat(
+        "%d training documents with loss masks, %d longer than train.seq_len %d (trained "
+        "across windows)",
+        masked.masked_documents, masked.longer, seq_len));
+  }
+  if (rule) {
+    parts.push_back(absl::StrFormat(
+        "megatrain tokenize --max_document_tokens %d --long_documents %s: %d truncated, %d "
+        "dropped",
+        data_report_->max_document_tokens,
+        data_report_->long_documents == LongDocumentRule::kDrop ? "drop" : "truncate",
+        data_report_->truncated_documents, data_report_->dropped_documents));
+  }
+  return absl::StrCat("data: ", absl::StrJoin(parts, "; "));
 }
 
 absl::Status TrainingJobImpl::Init(const std::string& device,
@@ -393,6 +470,7 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   absl::StatusOr<DataLoader> loader = DataLoader::Create(d);
   if (!loader.ok()) return Annotate(loader.status(), "data");
   loader_.emplace(std::move(*loader));
+  data_description_ = DescribeData();
   if (spec_.eval.every_steps > 0) {
     absl::StatusOr<std::vector<MicroBatch>> eval =
         loader_->EvalBatches(spec_.train.micro_batch, spec_.eval.batches);

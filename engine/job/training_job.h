@@ -169,6 +169,14 @@ class TrainingJob {
   // The step schedule the trainer chose, one line (ScheduleChoice::Describe
   // in engine/step/schedule_choice.h); empty when not known.
   virtual std::string schedule_description() const { return ""; }
+  // Note [Long conversations]: what the long-document rule did to the
+  // job's SFT / chat data, one line for the job's events, e.g.
+  //   "data: 120 documents with loss masks, 3 longer than train.seq_len 64
+  //   (trained across windows); megatrain tokenize --max_document_tokens 64
+  //   --long_documents truncate: 7 truncated, 0 dropped"
+  // Empty when the data has no loss masks and no tokenize report with a
+  // long-document rule.
+  virtual std::string data_description() const { return ""; }
 };
 
 // Adds the job's numbers to a device out-of-memory error: `status` is

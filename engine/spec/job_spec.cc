@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/checkpoint_retention.h"
 #include "engine/spec/lr_schedule_kind.h"
 
 namespace megatrain::engine {
@@ -103,13 +104,16 @@ absl::Status CheckEvalAndCheckpoint(const JobSpec& s) {
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("eval.batches", s.eval.batches, kEvalBatchesRange));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("checkpoint.every_steps", s.checkpoint.every_steps,
                                             kCheckpointEveryStepsRange));
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckIntInRange("checkpoint.keep_last", s.checkpoint.keep_last, kCheckpointKeepLastRange));
-  return CheckIntInRange("checkpoint.keep_every", s.checkpoint.keep_every,
-                         kCheckpointKeepEveryRange);
+  return CheckCheckpointRetention(s.checkpoint);
 }
 
 }  // namespace
+
+absl::Status CheckCheckpointRetention(const CheckpointSpec& checkpoint) {
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckIntInRange("checkpoint.keep_last", checkpoint.keep_last, kCheckpointKeepLastRange));
+  return CheckIntInRange("checkpoint.keep_every", checkpoint.keep_every, kCheckpointKeepEveryRange);
+}
 
 absl::Status CheckIntInRange(absl::string_view field, int64_t value, IntRange range) {
   if (value >= range.min && value <= range.max) return absl::OkStatus();

@@ -63,8 +63,9 @@ int main(int argc, char** argv) {
     if (auto s = engine::LoadHfWeights(model, &(*trainer)->store()); !s.ok()) return fail(s);
   }
   if (!export_dir.empty()) {
-    if (auto s =
-            engine::ExportHfDirectory((*trainer)->store(), export_dir, engine::ExportDtype::kFp32);
+    if (auto s = engine::ExportHfDirectory((*trainer)->store(),
+                                           std::filesystem::weakly_canonical(export_dir).string(),
+                                           engine::ExportDtype::kFp32);
         !s.ok()) {
       return fail(s);
     }

@@ -66,6 +66,12 @@ class RealEngineBackend final : public EngineBackend {
                  [&] { return engine::VerifyCheckpoint(checkpoint_dir, check_data); });
   }
 
+  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override {
+    return Guard("AdoptRecordedCheckpoints",
+                 [&] { return engine::AdoptRecordedCheckpoints(output_dir, checkpoint_dirs); });
+  }
+
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override {
     return Guard("ExportHfModel",

@@ -127,6 +127,13 @@ class EngineBackend {
   virtual absl::Status RemoveCheckpointDir(const std::string& output_dir,
                                            const std::string& checkpoint_dir);
 
+  // engine::AdoptRecordedCheckpoints (Note [Checkpoint adoption] in
+  // engine/io/checkpoint_info.h): records `checkpoint_dirs`, this job's
+  // checkpoints in the job store, in `output_dir`'s checkpoint ledger.
+  // Returns how many were newly recorded.
+  virtual absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) = 0;
+
   // engine::ExportHfModel.
   virtual absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                                      const std::string& dtype) = 0;

@@ -678,6 +678,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
     } else {
       std::optional<std::string> resume_from;
       if (!intact->empty()) resume_from = *intact;
+      AdoptRecordedCheckpoints(job);
       engine::JobSpec spec = job.request.spec;
       spec.job_id = job.id;  // written into its checkpoints, required of resume_from
       // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
@@ -707,6 +708,15 @@ void JobManager::RunJob(Active* active, JobRecord job) {
         if (const std::string schedule = training_job->schedule_description(); !schedule.empty()) {
           absl::StatusOr<int64_t> seq = store_->AppendEvent(JobEvent::StateChange(
               job.id, JobState::kRunning, absl::StrCat("schedule: ", schedule)));
+          if (!seq.ok())
+            LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
+          NotifyEvents();
+        }
+        // Issue 20: what the long-document rule did to SFT / chat data
+        // (Note [Long conversations] in engine/job/training_job.cc).
+        if (const std::string data = training_job->data_description(); !data.empty()) {
+          absl::StatusOr<int64_t> seq =
+              store_->AppendEvent(JobEvent::StateChange(job.id, JobState::kRunning, data));
           if (!seq.ok())
             LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
           NotifyEvents();
@@ -876,6 +886,28 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobManager::RecordedCheckpoints(
     if (fs::is_directory(checkpoint.dir, ec)) present.push_back(std::move(checkpoint));
   }
   return present;
+}
+
+void JobManager::AdoptRecordedCheckpoints(const JobRecord& job) {
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
+  if (!recorded.ok()) {
+    LogError(absl::StrCat(job.id, ": adopting checkpoints: ", recorded.status().ToString()));
+    return;
+  }
+  if (recorded->empty()) return;
+  std::vector<std::string> dirs;
+  for (const CheckpointRecord& checkpoint : *recorded) dirs.push_back(checkpoint.dir);
+  absl::StatusOr<int64_t> adopted =
+      backend_->AdoptRecordedCheckpoints(job.request.spec.output_dir, dirs);
+  if (!adopted.ok()) {
+    // The job's own checkpoint write reports a broken directory; retention
+    // then simply keeps the unadopted checkpoints.
+    LogError(absl::StrCat(job.id, ": adopting checkpoints: ", adopted.status().ToString()));
+  } else if (*adopted > 0) {
+    LogInfo(absl::StrCat(job.id, ": ", *adopted,
+                         " recorded checkpoint(s) from before the checkpoint ledger now come "
+                         "under retention"));
+  }
 }
 
 void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step) {
@@ -1154,9 +1186,14 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller, absl::string_
   MEGATRAIN_ASSIGN_OR_RETURN(engine::CheckpointInfo found,
                              backend_->VerifyCheckpoint(checkpoint.dir, /*check_data=*/false));
   MEGATRAIN_RETURN_IF_ERROR(VerifyAgainstRecord(checkpoint, found));
-  LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", out_dir, " (", export_dtype, ") for ",
+  // The export walks every component of the resolved path from "/" without
+  // following a link (engine::ExportHfDirectory): a link swapped in after
+  // CheckWrite fails the export instead of leading out of the root.
+  MEGATRAIN_ASSIGN_OR_RETURN(const std::string resolved_out,
+                             ResolvePathBeneath("out_dir", out_dir));
+  LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", resolved_out, " (", export_dtype, ") for ",
                        caller.name));
-  return backend_->ExportHfModel(checkpoint.dir, out_dir, export_dtype);
+  return backend_->ExportHfModel(checkpoint.dir, resolved_out, export_dtype);
 }
 
 absl::Status EngineBackend::RemoveCheckpointDir(const std::string& output_dir,

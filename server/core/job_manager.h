@@ -291,6 +291,11 @@ class JobManager {
   std::string LatestCheckpointDir(const JobRecord& job);
   // The recorded checkpoints of `job` whose directories exist, oldest first.
   absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
+  // Note [Checkpoint adoption] in engine/io/checkpoint_info.h: puts the
+  // checkpoints the store records for `job` into its output directory's
+  // ledger, so retention applies to ones written before the ledger. On the
+  // job's thread, before the job is created; failures are logged.
+  void AdoptRecordedCheckpoints(const JobRecord& job);
   // Drops the records of `job_id` (but `written_step`'s) whose directories
   // are gone: the engine's retention deleted them.
   void ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step);

@@ -108,6 +108,8 @@ class FakeTrainingJob final : public engine::TrainingJob {
   int64_t step() const override { return step_; }
   int64_t max_steps() const override { return spec_.train.max_steps; }
   engine::MemoryFootprint footprint() const override { return footprint_; }
+  std::string data_description() const override { return data_description_; }
+  std::string data_description_;
 
  private:
   absl::StatusOr<engine::JobOutcome> RunLoop(engine::JobObserver* observer) {
@@ -311,8 +313,10 @@ absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJo
   }
   cv_.notify_all();
   if (!fail_create_name.empty() && spec.name == fail_create_name) return fail_create_status;
-  return std::unique_ptr<engine::TrainingJob>(
-      new FakeTrainingJob(spec, gated_now, step_duration_now, control, *footprint));
+  auto job =
+      std::make_unique<FakeTrainingJob>(spec, gated_now, step_duration_now, control, *footprint);
+  job->data_description_ = data_description;
+  return std::unique_ptr<engine::TrainingJob>(std::move(job));
 }
 
 absl::StatusOr<std::vector<engine::CheckpointInfo>> FakeEngineBackend::ListCheckpoints(
@@ -377,6 +381,18 @@ absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,
       << "{\"from\": \"" << checkpoint_dir << "\", \"dtype\": \"" << dtype << "\"}\n";
   std::ofstream(fs::path(out_dir) / "model.safetensors");  // empty stand-in
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> FakeEngineBackend::AdoptRecordedCheckpoints(
+    const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  adopt_calls_.emplace_back(output_dir, checkpoint_dirs);
+  return 0;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> FakeEngineBackend::adopt_calls() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return adopt_calls_;
 }
 
 absl::StatusOr<LinkBandwidth> FakeEngineBackend::MeasureLinkBandwidth(

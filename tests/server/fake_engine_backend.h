@@ -36,6 +36,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -89,6 +90,8 @@ class FakeEngineBackend final : public EngineBackend {
   // Added to the footprint of a spec with train.offload_activations (as
   // host.staging and activation_offload_bytes, like the engine's estimate).
   int64_t activation_offload_bytes = 0;
+  // What every created job's data_description() returns.
+  std::string data_description;
   // CreateJob fails with this for specs named `fail_create_name`.
   std::string fail_create_name;
   absl::Status fail_create_status = absl::ResourceExhaustedError("fake: out of memory");
@@ -104,6 +107,11 @@ class FakeEngineBackend final : public EngineBackend {
                                                           bool check_data) override;
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override;
+  // Records its arguments (adopt_calls) and adopts nothing.
+  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override;
+  // (output_dir, checkpoint_dirs) of every AdoptRecordedCheckpoints call.
+  std::vector<std::pair<std::string, std::vector<std::string>>> adopt_calls();
   // Runs `before_remove_checkpoint` (when set; a stand-in for a slow disk),
   // then the daemon's own removal (EngineBackend::RemoveCheckpointDir).
   absl::Status RemoveCheckpointDir(const std::string& output_dir,
@@ -132,8 +140,9 @@ class FakeEngineBackend final : public EngineBackend {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::shared_ptr<FakeJobControl>> created_;  // guarded by mu_
-  int verify_calls_ = 0;                                  // guarded by mu_
+  std::vector<std::shared_ptr<FakeJobControl>> created_;                       // guarded by mu_
+  int verify_calls_ = 0;                                                       // guarded by mu_
+  std::vector<std::pair<std::string, std::vector<std::string>>> adopt_calls_;  // guarded by mu_
 };
 
 // Writes a fake checkpoint of `step` written by `job_id` as `dir`

@@ -365,6 +365,61 @@ TEST(CheckpointTest, OnlyRecordedEntriesAreDeleted) {
   EXPECT_THAT(ListDir(root + "/step-00000001"), ElementsAre("mine"));
 }
 
+// Note [Checkpoint adoption]: checkpoints from before the ledger (here:
+// its file deleted) come under retention once adopted from the job store's
+// records; a directory nobody recorded, a link and a path outside
+// checkpoints/ are not adopted.
+TEST(CheckpointTest, AdoptedCheckpointsFromBeforeTheLedgerComeUnderRetention) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  const std::string root = output_dir + "/checkpoints";
+  const std::string outside = testing::MakeTempDir("checkpoint_test");
+  std::unique_ptr<HostStore> store = MakeStore(TinyConfig(), /*seed=*/27);
+  ASSERT_THAT(WriteCheckpoint(*store, StateAt(1), output_dir, KeepAll()), IsOk());
+  ASSERT_THAT(WriteCheckpoint(*store, StateAt(2), output_dir, KeepAll()), IsOk());
+  std::filesystem::remove(root + "/.ledger.json");  // written by a daemon without ledgers
+  std::filesystem::create_directories(root + "/step-00000005");  // a user's, unrecorded
+  std::filesystem::create_directories(outside + "/step-00000006");
+  std::filesystem::create_directory_symlink(outside + "/step-00000006", root + "/step-00000006");
+
+  // Without adoption retention leaves the unrecorded ones alone.
+  ASSERT_THAT(WriteCheckpoint(*store, StateAt(3), output_dir, KeepLast(1)), IsOk());
+  EXPECT_THAT(ListDir(root), ElementsAre(".ledger.json", "step-00000001", "step-00000002",
+                                         "step-00000003", "step-00000005", "step-00000006"));
+
+  // The job store's records: steps 1 and 2, a link at step 6, a path
+  // outside checkpoints/ and one not named as the writer names steps.
+  const std::vector<std::string> recorded = {root + "/step-00000001", root + "/step-00000002/",
+                                             root + "/step-00000006", outside + "/step-00000006",
+                                             root + "/step-1"};
+  absl::StatusOr<int64_t> adopted = AdoptRecordedCheckpoints(output_dir, recorded);
+  ASSERT_THAT(adopted, IsOk());
+  EXPECT_EQ(*adopted, 2);
+  adopted = AdoptRecordedCheckpoints(output_dir, recorded);  // already recorded
+  ASSERT_THAT(adopted, IsOk());
+  EXPECT_EQ(*adopted, 0);
+  ASSERT_THAT(WriteCheckpoint(*store, StateAt(4), output_dir, KeepLast(1)), IsOk());
+
+  EXPECT_THAT(ListDir(root),
+              ElementsAre(".ledger.json", "step-00000004", "step-00000005", "step-00000006"));
+  EXPECT_THAT(ListDir(outside + "/step-00000006"), ::testing::IsEmpty());
+  // No checkpoints/ at all: nothing to adopt.
+  adopted = AdoptRecordedCheckpoints(outside, {outside + "/checkpoints/step-00000001"});
+  ASSERT_THAT(adopted, IsOk());
+  EXPECT_EQ(*adopted, 0);
+}
+
+// A link in place of checkpoints/ fails adoption without writing through it.
+TEST(CheckpointTest, AdoptionRefusesALinkedCheckpointsDirectory) {
+  const std::string output_dir = testing::MakeTempDir("checkpoint_test");
+  const std::string outside = testing::MakeTempDir("checkpoint_test");
+  std::filesystem::create_directories(outside + "/step-00000001");
+  std::filesystem::create_directory_symlink(outside, output_dir + "/checkpoints");
+
+  EXPECT_THAT(AdoptRecordedCheckpoints(output_dir, {output_dir + "/checkpoints/step-00000001"}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_THAT(ListDir(outside), ElementsAre("step-00000001"));
+}
+
 // Bytes of one checkpoint of TinyConfig() (the sum of its files).
 int64_t TinyCheckpointBytes() {
   const std::string output_dir = testing::MakeTempDir("checkpoint_test");

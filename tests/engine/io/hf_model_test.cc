@@ -503,6 +503,55 @@ TEST(HfModelTest, ExportRefusesASymbolicLinkAtItsTargetAndWritesNothingOutside) 
   EXPECT_THAT(ListDir(dir), ::testing::ElementsAre("export", "parent"));
 }
 
+// Issue 14: the whole path from the root is walked through directory
+// descriptors; a link at an upper component (here two levels above the
+// export) fails the export and nothing is written through it.
+TEST(HfModelTest, ExportRefusesASymbolicLinkAtAnUpperComponent) {
+  // Normalised: messages name the path as the walk from the root spells it.
+  const std::string dir =
+      std::filesystem::path(testing::MakeTempDir("hf_model_test")).lexically_normal().string();
+  const std::string outside = testing::MakeTempDir("hf_model_test");
+  std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/21);
+  std::filesystem::create_directories(outside + "/b");
+  std::filesystem::create_directory_symlink(outside, dir + "/a");
+
+  // From the default root "/" and from an explicit root alike.
+  EXPECT_THAT(ExportHfDirectory(*source, dir + "/a/b/export", ExportDtype::kFp32),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(dir + "/a"), HasSubstr("symbolic link"))));
+  EXPECT_THAT(ExportHfDirectory(*source, dir + "/a/b/c/export", ExportDtype::kFp32,
+                                kDefaultMaxShardBytes, dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_THAT(ListDir(outside), ::testing::ElementsAre("b"));
+  EXPECT_THAT(ListDir(outside + "/b"), ::testing::IsEmpty());
+
+  // The same path with a real directory there: missing parents are made.
+  std::filesystem::remove(dir + "/a");
+  ASSERT_THAT(ExportHfDirectory(*source, dir + "/a/b/c/export", ExportDtype::kFp32,
+                                kDefaultMaxShardBytes, dir),
+              IsOk());
+  EXPECT_THAT(ListDir(dir + "/a/b/c/export"),
+              ::testing::ElementsAre("config.json", "generation_config.json", "model.safetensors"));
+}
+
+TEST(HfModelTest, ExportRefusesAPathOutsideItsRootOrNotAbsolute) {
+  const std::string dir = testing::MakeTempDir("hf_model_test");
+  std::unique_ptr<HostStore> source = MakeStore(TinyConfig(), /*seed=*/22);
+
+  EXPECT_THAT(ExportHfDirectory(*source, "/elsewhere/export", ExportDtype::kFp32,
+                                kDefaultMaxShardBytes, dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not lie below the export root")));
+  EXPECT_THAT(ExportHfDirectory(*source, dir, ExportDtype::kFp32, kDefaultMaxShardBytes, dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not lie below the export root")));
+  EXPECT_THAT(ExportHfDirectory(*source, "relative/export", ExportDtype::kFp32),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be an absolute path")));
+  EXPECT_THAT(ExportHfDirectory(*source, dir + "/x/../export", ExportDtype::kFp32),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'..'")));
+  EXPECT_THAT(ListDir(dir), ::testing::IsEmpty());
+}
+
 TEST(HfModelTest, ParseExportDtype) {
   EXPECT_THAT(ParseExportDtype("bf16"), IsOk());
   EXPECT_EQ(*ParseExportDtype("float32"), ExportDtype::kFp32);

@@ -347,6 +347,80 @@ TEST(TextCorpusSftTest, WritesMaskThatTheLoaderApplies) {
   EXPECT_THAT(batch->labels, ElementsAre(-100, 7, 8, 49, -100, 10, 49, 11, 12, 49));
 }
 
+// Note [Tokenize report]: the rule and its counts are left beside the shards.
+TEST(TextCorpusSftTest, ReportFileRecordsTheLongDocumentRule) {
+  const std::string dir = testing::MakeTempDir("text_corpus_test");
+  const std::string input = dir + "/sft.jsonl";
+  WriteFile(input,
+            "{\"input_ids\": [5, 6, 7, 8, 9, 10]}\n"
+            "{\"input_ids\": [9, 10]}\n"
+            "{\"input_ids\": [11, 12, 13, 14]}\n");
+  TokenizeOptions options = SftOptions(input, dir + "/out");
+  options.max_document_tokens = 3;
+  options.long_documents = LongDocumentRule::kDrop;
+  ASSERT_THAT(TokenizeToShards(options), IsOk());
+
+  absl::StatusOr<TokenizeReport> read = ReadTokenizeReport(dir + "/out");
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(read->documents, 1u);
+  EXPECT_EQ(read->dropped_documents, 2u);
+  EXPECT_EQ(read->truncated_documents, 0u);
+  EXPECT_EQ(read->max_document_tokens, 3u);
+  EXPECT_EQ(read->long_documents, LongDocumentRule::kDrop);
+  EXPECT_TRUE(read->masked);
+  EXPECT_THAT(ReadTokenizeReport(dir),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("tokenize.json")));
+  WriteFile(dir + "/out/tokenize.json", "{\"format\": \"other\"}");
+  EXPECT_THAT(ReadTokenizeReport(dir + "/out"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("megatrain-tokenize-report")));
+}
+
+// Issue 14: with a root (a job's output_dir), the shard directories are
+// reached from it through descriptors: a link swapped in at any component
+// fails the run and nothing is written through it.
+TEST(TextCorpusSftTest, ShardsBelowARootNeverGoThroughASymbolicLink) {
+  const std::string root = testing::MakeTempDir("text_corpus_test");
+  const std::string outside = testing::MakeTempDir("text_corpus_test");
+  const std::string input = root + "/sft.jsonl";
+  WriteFile(input, "{\"input_ids\": [5, 6, 7]}\n{\"input_ids\": [8, 9]}\n");
+  std::filesystem::create_directory_symlink(outside, root + "/data");
+  TokenizeOptions options = SftOptions(input, root + "/data/train");
+  options.root = root;
+
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("output_dir"), HasSubstr("symbolic link"))));
+  EXPECT_THAT(testing::ListDir(outside), ::testing::IsEmpty());
+  // A link at the shard directory itself, and at the held-out one.
+  std::filesystem::remove(root + "/data");
+  std::filesystem::create_directories(root + "/data");
+  std::filesystem::create_directory_symlink(outside, root + "/data/train");
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  std::filesystem::remove(root + "/data/train");
+  std::filesystem::create_directory_symlink(outside, root + "/data/eval");
+  options.eval_fraction = 0.5;
+  options.eval_output_dir = root + "/data/eval";
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("eval_output_dir"), HasSubstr("symbolic link"))));
+  EXPECT_THAT(testing::ListDir(outside), ::testing::IsEmpty());
+  // Outside the root: refused before anything is made.
+  options.eval_fraction = 0;
+  options.output_dir = outside + "/train";
+  EXPECT_THAT(TokenizeToShards(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not lie below")));
+  EXPECT_THAT(testing::ListDir(outside), ::testing::IsEmpty());
+  // Without links the same run writes below the root.
+  std::filesystem::remove(root + "/data/eval");
+  options.output_dir = root + "/data/train";
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_THAT(report->shards, ElementsAre(root + "/data/train/train-00000.mtt"));
+  EXPECT_THAT(testing::ListDir(root + "/data/train"),
+              ElementsAre("tokenize.json", "train-00000.mtt", "train-00000.mtt.mask"));
+}
+
 TEST(TextCorpusSftTest, BadExamplesNameFileLineAndField) {
   const std::string dir = testing::MakeTempDir("text_corpus_test");
   struct Case {

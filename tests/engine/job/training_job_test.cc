@@ -13,12 +13,14 @@
 #include <iostream>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
 #include <chrono>
 
 #include "engine/io/checkpoint.h"
+#include "engine/io/text_corpus.h"
 #include "engine/runtime/device_info.h"
 #include "engine/store/host_store.h"
 #include "engine/model/param_layout.h"
@@ -241,6 +243,83 @@ TEST(TrainingJobTest, TrainsToCompletionWithCheckpointsAndEval) {
   ASSERT_THAT(listed, IsOk());
   ASSERT_EQ(listed->size(), 2u);  // keep_last 2
   EXPECT_EQ((*listed)[1].step, 8);
+}
+
+// Issue 20, Note [Long conversations]: SFT shards from `megatrain tokenize`
+// with a long-document rule; the job's data description (an event in the
+// daemon) counts what the rule truncated and what is still longer than
+// seq_len.
+TEST(TrainingJobTest, DataDescriptionCountsLongConversations) {
+  const std::string dir = testing::MakeTempDir("sft");
+  {
+    std::ofstream jsonl(dir + "/sft.jsonl");
+    const auto line = [&jsonl](int tokens, int first) {
+      jsonl << "{\"input_ids\": [";
+      for (int i = 0; i < tokens; ++i) jsonl << (i ? ", " : "") << 3 + (first + i) % 500;
+      jsonl << "], \"loss_mask\": [";
+      for (int i = 0; i < tokens; ++i) jsonl << (i ? ", " : "") << (i >= tokens / 2 ? 1 : 0);
+      jsonl << "]}\n";
+    };
+    for (int d = 0; d < 30; ++d) line(12, d);  // fit seq_len 16
+    for (int d = 0; d < 5; ++d) line(18, d);   // longer than 16, within the rule's 20
+    for (int d = 0; d < 4; ++d) line(30, d);   // truncated to 20 by the rule
+  }
+  TokenizeOptions tokenize;
+  tokenize.input_paths = {dir + "/sft.jsonl"};
+  tokenize.format = CorpusFormat::kSftJsonl;
+  tokenize.vocab_size = 512;
+  tokenize.output_dir = dir + "/shards";
+  tokenize.max_document_tokens = 20;
+  tokenize.long_documents = LongDocumentRule::kTruncate;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(tokenize);
+  ASSERT_THAT(report, IsOk());
+  ASSERT_EQ(report->truncated_documents, 4u);
+
+  JobSpec spec = TinySpec(dir + "/shards", testing::MakeTempDir("job"));
+  spec.data.eval_fraction = 0;
+  spec.eval.every_steps = 0;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+
+  EXPECT_EQ((*job)->data_description(),
+            "data: 39 training documents with loss masks, 9 longer than train.seq_len 16 "
+            "(trained across windows); megatrain tokenize --max_document_tokens 20 "
+            "--long_documents truncate: 4 truncated, 0 dropped");
+  // Unmasked data without a tokenize report: nothing to say.
+  auto plain = TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("job")), "cpu",
+                                   std::nullopt);
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ((*plain)->data_description(), "");
+}
+
+// Issue 14: a data.text job writes its shards below output_dir through
+// directory descriptors; a link swapped in at output_dir/data fails the job
+// and nothing is written through it.
+TEST(TrainingJobTest, TextShardsNeverGoThroughALinkBelowOutputDir) {
+  const std::string dir = testing::MakeTempDir("text_job");
+  const std::string outside = testing::MakeTempDir("text_job");
+  {
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (int d = 0; d < 40; ++d) {
+      corpus << "the cat sat on the mat " << d % 4 << " and the dog ran far away\n\n";
+    }
+  }
+  JobSpec spec = TinySpec("", dir + "/out");
+  spec.data.text = dir + "/corpus.txt";
+  spec.data.tokenizer = "examples/data/tiny-spm.model";  // ctest runs in the source tree
+  std::filesystem::create_directories(dir + "/out");
+  std::filesystem::create_directory_symlink(outside, dir + "/out/data");
+
+  EXPECT_THAT(TrainingJob::Create(spec, "cpu", std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("data.text"), HasSubstr("symbolic link"))));
+  EXPECT_THAT(testing::ListDir(outside), ::testing::IsEmpty());
+
+  std::filesystem::remove(dir + "/out/data");
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_THAT(testing::ListDir(dir + "/out/data"), ElementsAre("eval", "tokenize.json", "train"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/out/data/train/train-00000.mtt"));
 }
 
 TEST(TrainingJobTest, ResumeRefusesACheckpointOfAnotherJob) {

@@ -458,6 +458,48 @@ TEST_F(JobManagerTest, SuspendCheckpointsAndResumeContinuesFromIt) {
   EXPECT_EQ(manager_->Get(kAlice, job.id)->progress.step, 6);
 }
 
+// Note [Checkpoint adoption]: at each start the checkpoints the store
+// records for the job (never a scan) are handed to the engine's ledger.
+TEST_F(JobManagerTest, StartAdoptsTheJobsRecordedCheckpoints) {
+  backend_.gated = true;
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("long", 6));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_THAT(backend_.adopt_calls(), ::testing::IsEmpty());  // nothing recorded yet
+  control->AllowSteps(3);
+  ASSERT_TRUE(control->WaitForStep(3, kTimeout));
+  ASSERT_THAT(manager_->Suspend(kAlice, job.id), IsOk());
+  WaitFor(job.id, StateIs(JobState::kSuspended));
+
+  ASSERT_THAT(manager_->Resume(kAlice, job.id), IsOk());
+  std::shared_ptr<FakeJobControl> again = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(again, nullptr);
+  const auto calls = backend_.adopt_calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].first, manager_->Get(kAlice, job.id)->request.spec.output_dir);
+  EXPECT_THAT(calls[0].second, ::testing::ElementsAre(options_.jobs_dir + "/job-000001/step-3"));
+  again->AllowSteps(3);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+}
+
+// Issue 20 (Note [Long conversations]): the job's data description is one
+// of its events.
+TEST_F(JobManagerTest, DataDescriptionIsAnEvent) {
+  backend_.data_description =
+      "data: 10 training documents with loss masks, 3 longer than train.seq_len 64 (trained "
+      "across windows)";
+  StartManager();
+  JobRecord job = Submit(kAlice, Request("chat", 2));
+  std::vector<JobEvent> events = WaitFor(job.id, StateIs(JobState::kSucceeded));
+  int found = 0;
+  for (const JobEvent& event : events) {
+    found +=
+        event.kind == JobEvent::Kind::kStateChange && event.message == backend_.data_description;
+  }
+  EXPECT_EQ(found, 1);
+}
+
 TEST_F(JobManagerTest, SuspendQueuedJobHoldsItAndResumeRequeues) {
   backend_.gated = true;
   StartManager();
@@ -811,6 +853,10 @@ class HangingBackend final : public EngineBackend {
   absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,
                                                           bool check_data) override {
     return fake_->VerifyCheckpoint(checkpoint_dir, check_data);
+  }
+  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override {
+    return fake_->AdoptRecordedCheckpoints(output_dir, checkpoint_dirs);
   }
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override {

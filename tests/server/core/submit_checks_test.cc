@@ -51,6 +51,10 @@ class ScriptedBackend final : public EngineBackend {
                                                           bool check_data) override {
     return fake_.VerifyCheckpoint(dir, check_data);
   }
+  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override {
+    return fake_.AdoptRecordedCheckpoints(output_dir, checkpoint_dirs);
+  }
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override {
     return fake_.ExportHfModel(checkpoint_dir, out_dir, dtype);
