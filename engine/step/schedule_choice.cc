@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/spec/job_spec.h"
 
 namespace megatrain::engine {
 namespace {
@@ -34,9 +35,10 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient_accumulation_steps: must be >= 1, got ", request.gradient_accumulation_steps));
   }
-  if (request.wave < 0 || request.wave > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("wave: must be in [0 (auto), 4096], got ", request.wave));
+  if (request.wave < kWaveRange.min || request.wave > kWaveRange.max) {
+    return absl::InvalidArgumentError(absl::StrCat("wave: must be in [", kWaveRange.min,
+                                                   " (auto), ", kWaveRange.max, "], got ",
+                                                   request.wave));
   }
   if (request.wave > 1 && request.schedule == StepSchedule::kMicroBatchMajor) {
     return absl::InvalidArgumentError(absl::StrCat(

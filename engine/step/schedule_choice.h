@@ -86,10 +86,11 @@ struct ScheduleChoice {
 };
 
 // Checks `request` (INVALID_ARGUMENT naming the option: `wave` must be in
-// [0, 4096] and 0 or 1 with micro-batch-major; `gradient_accumulation_steps`
-// >= 1) and resolves it for `config` with micro-batches of [micro_batch,
-// seq_len] on a device of `device_total_bytes` (0: the CPU) whose
-// executor buffers take `executor_device_bytes` (Note [Schedule choice]).
+// kWaveRange, [0, 4096] (engine/spec/job_spec.h), and 0 or 1 with
+// micro-batch-major; `gradient_accumulation_steps` >= 1) and resolves it
+// for `config` with micro-batches of [micro_batch, seq_len] on a device of
+// `device_total_bytes` (0: the CPU) whose executor buffers take
+// `executor_device_bytes` (Note [Schedule choice]).
 absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
                                               const ScheduleRequest& request, int64_t micro_batch,
                                               int64_t seq_len, int64_t device_total_bytes,
