@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/json_field_reader.h"
 #include "engine/model/moe_config.h"
 #include "engine/model/moe_layout.h"
 #include "engine/model/param_layout.h"
@@ -19,97 +20,6 @@ namespace {
 
 using nlohmann::json;
 
-// Reads JSON fields of one object, naming them "<source>: <prefix><field>" in
-// errors.
-class FieldReader {
- public:
-  FieldReader(const json& object, absl::string_view source, std::string prefix = "")
-      : object_(object), source_(source), prefix_(std::move(prefix)) {}
-
-  absl::string_view source() const { return source_; }
-
-  absl::Status Error(absl::string_view field, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", prefix_, field, ": ", what));
-  }
-
-  // Integer field if present. A float with an integral value is accepted
-  // (some exporters write 4096.0).
-  absl::Status Int(const char* field, int64_t* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (it->is_number_integer()) {
-      *out = it->get<int64_t>();
-      return absl::OkStatus();
-    }
-    if (it->is_number_float()) {
-      const double v = it->get<double>();
-      if (v == static_cast<double>(static_cast<int64_t>(v))) {
-        *out = static_cast<int64_t>(v);
-        return absl::OkStatus();
-      }
-    }
-    return Error(field, absl::StrCat("expected an integer, got ", it->dump()));
-  }
-
-  absl::Status Double(const char* field, double* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_number()) return Error(field, absl::StrCat("expected a number, got ", it->dump()));
-    *out = it->get<double>();
-    return absl::OkStatus();
-  }
-
-  // A list of numbers if present.
-  absl::Status DoubleList(const char* field, std::vector<double>* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_array())
-      return Error(field, absl::StrCat("expected a list of numbers, got ", it->dump()));
-    out->clear();
-    for (const json& v : *it) {
-      if (!v.is_number()) return Error(field, absl::StrCat("expected numbers, got ", v.dump()));
-      out->push_back(v.get<double>());
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Bool(const char* field, bool* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_boolean()) {
-      return Error(field, absl::StrCat("expected true or false, got ", it->dump()));
-    }
-    *out = it->get<bool>();
-    return absl::OkStatus();
-  }
-
-  absl::Status String(const char* field, std::string* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_string()) return Error(field, absl::StrCat("expected a string, got ", it->dump()));
-    *out = it->get<std::string>();
-    return absl::OkStatus();
-  }
-
-  // `eos_token_id` may be a list (Llama 3.1 instruct): the first one is used.
-  absl::Status TokenId(const char* field, int64_t* out) const {
-    auto it = object_.find(field);
-    if (it != object_.end() && it->is_array()) {
-      if (it->empty() || !(*it)[0].is_number_integer()) {
-        return Error(field, "expected an integer or a non-empty list of integers");
-      }
-      *out = (*it)[0].get<int64_t>();
-      return absl::OkStatus();
-    }
-    return Int(field, out);
-  }
-
- private:
-  const json& object_;
-  absl::string_view source_;
-  std::string prefix_;
-};
-
 // One RoPE settings object: `rope_scaling` (transformers < 5, beside a
 // top-level rope_theta) or `rope_parameters` (transformers 5, with
 // rope_theta inside). `key` names it in errors.
@@ -119,7 +29,7 @@ absl::Status ParseRopeObject(const json& obj, absl::string_view source, const st
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": ", key, ": expected an object, got ", obj.dump()));
   }
-  FieldReader rs(obj, source, absl::StrCat(key, "."));
+  JsonFieldReader rs(obj, source, absl::StrCat(key, "."));
   MEGATRAIN_RETURN_IF_ERROR(rs.Double("rope_theta", rope_theta));
   std::string type;
   MEGATRAIN_RETURN_IF_ERROR(rs.String("type", &type));       // older name
@@ -179,7 +89,7 @@ absl::Status ParseRopeScaling(const json& j, absl::string_view source, ModelConf
     MEGATRAIN_RETURN_IF_ERROR(
         ParseRopeObject(*it, source, "rope_parameters", &c->rope_scaling, &c->rope_theta));
     if (it->is_object()) {
-      FieldReader rp(*it, source, "rope_parameters.");
+      JsonFieldReader rp(*it, source, "rope_parameters.");
       MEGATRAIN_RETURN_IF_ERROR(rp.Double("partial_rotary_factor", &c->partial_rotary_factor));
     }
     return absl::OkStatus();
@@ -575,7 +485,7 @@ std::string ModelConfig::ToHfConfigJson() const {
 namespace {
 
 // Gemma 2 / Gemma 3 fields (HF configuration_gemma2.py, configuration_gemma3.py).
-absl::Status ParseGemmaFields(const json& j, const FieldReader& r, ModelConfig* c) {
+absl::Status ParseGemmaFields(const json& j, const JsonFieldReader& r, ModelConfig* c) {
   const bool gemma3 = c->model_type == "gemma3_text";
   c->norm_kind = NormKind::kRmsOnePlusWeight;
   c->sandwich_norms = true;
@@ -642,7 +552,7 @@ absl::Status ParseGemmaFields(const json& j, const FieldReader& r, ModelConfig* 
 }
 
 // Phi-3 fields (HF configuration_phi3.py).
-absl::Status ParsePhi3Fields(const json& j, const FieldReader& r, ModelConfig* c) {
+absl::Status ParsePhi3Fields(const json& j, const JsonFieldReader& r, ModelConfig* c) {
   c->fused_qkv = true;
   c->fused_gate_up = true;
   if (c->attention_bias) {
@@ -694,7 +604,7 @@ absl::StatusOr<ModelConfig> ParseGemma3TextConfig(const json& j, absl::string_vi
 
 // The fields every dense family has: sizes, norms, RoPE, embeddings and
 // special tokens.
-absl::Status ParseCommonFields(const json& j, const FieldReader& r, ModelConfig* c) {
+absl::Status ParseCommonFields(const json& j, const JsonFieldReader& r, ModelConfig* c) {
   for (const char* required : {"vocab_size", "hidden_size", "intermediate_size",
                                "num_hidden_layers", "num_attention_heads"}) {
     if (!j.contains(required)) return r.Error(required, "missing");
@@ -726,7 +636,7 @@ absl::Status ParseCommonFields(const json& j, const FieldReader& r, ModelConfig*
 
 // The MLP's activation (Gemma's fields, or SwiGLU's `hidden_act`) and its
 // biases (none supported).
-absl::Status ParseMlpFields(const json& j, const FieldReader& r, const FamilyTraits& family,
+absl::Status ParseMlpFields(const json& j, const JsonFieldReader& r, const FamilyTraits& family,
                             ModelConfig* c) {
   if (family.gemma_style) {
     MEGATRAIN_RETURN_IF_ERROR(ParseGemmaFields(j, r, c));
@@ -749,7 +659,7 @@ absl::Status ParseMlpFields(const json& j, const FieldReader& r, const FamilyTra
 // Sliding window of Llama, Mistral, Qwen2 and Qwen3: Mistral applies
 // `sliding_window` when set; Qwen2/Qwen3 only when `use_sliding_window` is
 // true (HF configuration_qwen2.py); Llama never.
-absl::Status ParseSlidingWindow(const FieldReader& r, ModelConfig* c) {
+absl::Status ParseSlidingWindow(const JsonFieldReader& r, ModelConfig* c) {
   int64_t window = 0;
   MEGATRAIN_RETURN_IF_ERROR(r.Int("sliding_window", &window));
   bool use_sliding_window = c->model_type == "mistral";
@@ -772,7 +682,7 @@ absl::Status ParseSlidingWindow(const FieldReader& r, ModelConfig* c) {
 // A dense family's config.json: its model_type, the common fields, then
 // the family's own.
 absl::StatusOr<ModelConfig> ParseDenseConfig(const json& j, absl::string_view source) {
-  FieldReader r(j, source);
+  JsonFieldReader r(j, source);
   ModelConfig c;
   c.model_type.clear();
   MEGATRAIN_RETURN_IF_ERROR(r.String("model_type", &c.model_type));
