@@ -80,34 +80,4 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   return choice;
 }
 
-absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
-                                                              absl::string_view field) {
-  if (text.empty() || text == "auto") return std::optional<StepSchedule>();
-  if (text == "micro-batch-major") return std::optional(StepSchedule::kMicroBatchMajor);
-  if (text == "layer-major") return std::optional(StepSchedule::kLayerMajor);
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected auto, micro-batch-major or layer-major, got '", text, "'"));
-}
-
-absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
-                                                             absl::string_view field) {
-  if (text.empty() || text == "auto") return ActivationPlacement::kAuto;
-  if (text == "device") return ActivationPlacement::kDevice;
-  if (text == "host") return ActivationPlacement::kHost;
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected auto, device or host, got '", text, "'"));
-}
-
-const char* ActivationPlacementName(ActivationPlacement placement) {
-  switch (placement) {
-    case ActivationPlacement::kAuto:
-      return "auto";
-    case ActivationPlacement::kDevice:
-      return "device";
-    case ActivationPlacement::kHost:
-      return "host";
-  }
-  return "?";
-}
-
 }  // namespace megatrain::engine

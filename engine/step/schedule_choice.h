@@ -44,16 +44,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
+#include "engine/spec/step_schedule.h"  // ActivationPlacement, ParseStepSchedule, ...
 #include "engine/step/step_plan.h"
 
 namespace megatrain::engine {
-
-// Where the saved layer inputs live (Note [Activation offload] in executor.h).
-enum class ActivationPlacement {
-  kAuto,    // Note [Schedule choice]
-  kDevice,  // on the device
-  kHost,    // pinned host memory (train.offload_activations)
-};
 
 // Auto's share of the device memory left after the executor's buffers that
 // the wave's activations may take (Note [Schedule choice]). 1/2: llama-3b
@@ -95,15 +89,6 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
                                               const ScheduleRequest& request, int64_t micro_batch,
                                               int64_t seq_len, int64_t device_total_bytes,
                                               int64_t executor_device_bytes);
-
-// "auto" (empty), "micro-batch-major", "layer-major"; INVALID_ARGUMENT
-// naming `field` otherwise.
-absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
-                                                              absl::string_view field);
-// "auto", "device", "host"; INVALID_ARGUMENT naming `field` otherwise.
-absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
-                                                             absl::string_view field);
-const char* ActivationPlacementName(ActivationPlacement placement);
 
 }  // namespace megatrain::engine
 
