@@ -181,7 +181,7 @@ void ServerMetrics::RegisterServerMetrics(prometheus::Registry& r) {
       &HistogramFamily(r, "megatrain_rpc_duration_seconds", "RPC latency by method.");
   watch_streams_ = &GaugeFamily(r, "megatrain_watch_streams", "WatchJob streams open now.").Add({});
   GaugeFamily(r, "megatrain_build_info", "Constant 1, labelled with the daemon version.")
-      .Add({{"version", "0.1.0"}})
+      .Add({{"version", MEGATRAIN_VERSION}})  // CMake's PROJECT_VERSION (daemon.h kVersion)
       .Set(1);
 }
 
