@@ -161,26 +161,6 @@ json StatusToJson(const v1::ServerStatus& status) {
           {"caller_role", status.caller_role()}};
 }
 
-std::string Printable(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    const unsigned char byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte != 0x7f) {
-      out.push_back(c);
-    } else if (c == '\n') {
-      out.append("\\n");
-    } else if (c == '\r') {
-      out.append("\\r");
-    } else if (c == '\t') {
-      out.append("\\t");
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
-    }
-  }
-  return out;
-}
-
 namespace {
 
 // Left-aligned columns separated by two spaces; every cell through

@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/string_view.h"
+#include "common/escape.h"
 
 #include "megatrain/v1/checkpoint.pb.h"
 #include "megatrain/v1/job.pb.h"
@@ -44,8 +45,10 @@
 namespace megatrain::client {
 
 // `text` with every ASCII control character (0x00-0x1f, 0x7f, ESC
-// included) written as \n, \r, \t or \xNN; other bytes kept.
-std::string Printable(absl::string_view text);
+// included) written as \n, \r, \t or \xNN; other bytes kept. The CLI's
+// name for EscapeControlCharacters (common/escape.h, shared with the
+// daemon's log).
+inline std::string Printable(absl::string_view text) { return EscapeControlCharacters(text); }
 
 // "QUEUED", "RUNNING", ... ("UNSPECIFIED" for 0).
 std::string StateName(v1::JobState state);

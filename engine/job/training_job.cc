@@ -297,6 +297,11 @@ class TrainingJobImpl final : public TrainingJob {
   // Note [Long conversations]: data_description_ from the loader and the
   // tokenize report of the job's data.
   std::string DescribeData() const;
+  // Init's steps: the data loader and eval batches; the trainer's options
+  // from the spec; the checkpoint state, step and data cursor of a resume.
+  absl::Status OpenData();
+  absl::StatusOr<TrainerOptions> MakeTrainerOptions(const std::string& device);
+  absl::Status Resume(const std::string& resume_from);
   absl::Status WriteCheckpointNow(JobObserver* observer);
   // One step boundary's requests: a stop ends the run (after a checkpoint
   // for a suspend not yet checkpointed), a checkpoint request is served.
@@ -459,6 +464,18 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
         absl::StrCat("output_dir: cannot create '", spec_.output_dir, "': ", ec.message()));
   }
   MEGATRAIN_RETURN_IF_ERROR(PrepareData());
+  MEGATRAIN_RETURN_IF_ERROR(OpenData());
+  MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions t, MakeTrainerOptions(device));
+  MEGATRAIN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, t, spec_.train.seed));
+  if (!spec_.model.hf_dir.empty()) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()), "model.hf_dir"));
+  }
+  if (resume_from.has_value()) MEGATRAIN_RETURN_IF_ERROR(Resume(*resume_from));
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJobImpl::OpenData() {
   DataLoaderOptions d;
   d.tokens = train_tokens_;
   d.eval_tokens = eval_tokens_;
@@ -477,7 +494,10 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
     if (!eval.ok()) return Annotate(eval.status(), "eval");
     eval_batches_ = std::move(*eval);
   }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions(const std::string& device) {
   TrainerOptions t;
   t.device = device;
   t.compute_dtype = spec_.train.compute_dtype;
@@ -509,27 +529,23 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
                  kPoisonStepEnv, std::getenv(kPoisonStepEnv),
                  static_cast<long long>(t.debug_nonfinite.step));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, t, spec_.train.seed));
-  if (!spec_.model.hf_dir.empty()) {
-    MEGATRAIN_RETURN_IF_ERROR(
-        Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()), "model.hf_dir"));
+  return t;
+}
+
+absl::Status TrainingJobImpl::Resume(const std::string& resume_from) {
+  absl::StatusOr<CheckpointState> state = ReadCheckpoint(resume_from, &trainer_->store());
+  if (!state.ok()) return Annotate(state.status(), "resume");
+  // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
+  // only from its own checkpoints (one without an id predates ids).
+  if (!spec_.job_id.empty() && !state->job_id.empty() && state->job_id != spec_.job_id) {
+    return absl::FailedPreconditionError(absl::StrCat("resume: ", resume_from, " belongs to job ",
+                                                      state->job_id, ", not to job ", spec_.job_id,
+                                                      "; refusing to resume from it"));
   }
-  if (resume_from.has_value()) {
-    absl::StatusOr<CheckpointState> state = ReadCheckpoint(*resume_from, &trainer_->store());
-    if (!state.ok()) return Annotate(state.status(), "resume");
-    // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
-    // only from its own checkpoints (one without an id predates ids).
-    if (!spec_.job_id.empty() && !state->job_id.empty() && state->job_id != spec_.job_id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("resume: ", *resume_from, " belongs to job ", state->job_id, ", not to job ",
-                       spec_.job_id, "; refusing to resume from it"));
-    }
-    trainer_->set_step(state->step);
-    absl::StatusOr<DataCursor> cursor = DataCursor::FromJson(state->data_cursor_json);
-    if (!cursor.ok()) return Annotate(cursor.status(), absl::StrCat(*resume_from, ": data cursor"));
-    MEGATRAIN_RETURN_IF_ERROR(Annotate(loader_->RestoreCursor(*cursor), "resume"));
-  }
-  return absl::OkStatus();
+  trainer_->set_step(state->step);
+  absl::StatusOr<DataCursor> cursor = DataCursor::FromJson(state->data_cursor_json);
+  if (!cursor.ok()) return Annotate(cursor.status(), absl::StrCat(resume_from, ": data cursor"));
+  return Annotate(loader_->RestoreCursor(*cursor), "resume");
 }
 
 absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/json_field_reader.h"
 #include "engine/model/moe_config.h"
 #include "engine/model/moe_layout.h"
 #include "engine/model/param_layout.h"
@@ -19,97 +20,6 @@ namespace {
 
 using nlohmann::json;
 
-// Reads JSON fields of one object, naming them "<source>: <prefix><field>" in
-// errors.
-class FieldReader {
- public:
-  FieldReader(const json& object, absl::string_view source, std::string prefix = "")
-      : object_(object), source_(source), prefix_(std::move(prefix)) {}
-
-  absl::string_view source() const { return source_; }
-
-  absl::Status Error(absl::string_view field, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", prefix_, field, ": ", what));
-  }
-
-  // Integer field if present. A float with an integral value is accepted
-  // (some exporters write 4096.0).
-  absl::Status Int(const char* field, int64_t* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (it->is_number_integer()) {
-      *out = it->get<int64_t>();
-      return absl::OkStatus();
-    }
-    if (it->is_number_float()) {
-      const double v = it->get<double>();
-      if (v == static_cast<double>(static_cast<int64_t>(v))) {
-        *out = static_cast<int64_t>(v);
-        return absl::OkStatus();
-      }
-    }
-    return Error(field, absl::StrCat("expected an integer, got ", it->dump()));
-  }
-
-  absl::Status Double(const char* field, double* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_number()) return Error(field, absl::StrCat("expected a number, got ", it->dump()));
-    *out = it->get<double>();
-    return absl::OkStatus();
-  }
-
-  // A list of numbers if present.
-  absl::Status DoubleList(const char* field, std::vector<double>* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_array())
-      return Error(field, absl::StrCat("expected a list of numbers, got ", it->dump()));
-    out->clear();
-    for (const json& v : *it) {
-      if (!v.is_number()) return Error(field, absl::StrCat("expected numbers, got ", v.dump()));
-      out->push_back(v.get<double>());
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Bool(const char* field, bool* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_boolean()) {
-      return Error(field, absl::StrCat("expected true or false, got ", it->dump()));
-    }
-    *out = it->get<bool>();
-    return absl::OkStatus();
-  }
-
-  absl::Status String(const char* field, std::string* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_string()) return Error(field, absl::StrCat("expected a string, got ", it->dump()));
-    *out = it->get<std::string>();
-    return absl::OkStatus();
-  }
-
-  // `eos_token_id` may be a list (Llama 3.1 instruct): the first one is used.
-  absl::Status TokenId(const char* field, int64_t* out) const {
-    auto it = object_.find(field);
-    if (it != object_.end() && it->is_array()) {
-      if (it->empty() || !(*it)[0].is_number_integer()) {
-        return Error(field, "expected an integer or a non-empty list of integers");
-      }
-      *out = (*it)[0].get<int64_t>();
-      return absl::OkStatus();
-    }
-    return Int(field, out);
-  }
-
- private:
-  const json& object_;
-  absl::string_view source_;
-  std::string prefix_;
-};
-
 // One RoPE settings object: `rope_scaling` (transformers < 5, beside a
 // top-level rope_theta) or `rope_parameters` (transformers 5, with
 // rope_theta inside). `key` names it in errors.
@@ -119,7 +29,7 @@ absl::Status ParseRopeObject(const json& obj, absl::string_view source, const st
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": ", key, ": expected an object, got ", obj.dump()));
   }
-  FieldReader rs(obj, source, absl::StrCat(key, "."));
+  JsonFieldReader rs(obj, source, absl::StrCat(key, "."));
   MEGATRAIN_RETURN_IF_ERROR(rs.Double("rope_theta", rope_theta));
   std::string type;
   MEGATRAIN_RETURN_IF_ERROR(rs.String("type", &type));       // older name
@@ -179,7 +89,7 @@ absl::Status ParseRopeScaling(const json& j, absl::string_view source, ModelConf
     MEGATRAIN_RETURN_IF_ERROR(
         ParseRopeObject(*it, source, "rope_parameters", &c->rope_scaling, &c->rope_theta));
     if (it->is_object()) {
-      FieldReader rp(*it, source, "rope_parameters.");
+      JsonFieldReader rp(*it, source, "rope_parameters.");
       MEGATRAIN_RETURN_IF_ERROR(rp.Double("partial_rotary_factor", &c->partial_rotary_factor));
     }
     return absl::OkStatus();
@@ -254,109 +164,131 @@ absl::Status Positive(absl::string_view field, int64_t value) {
 
 }  // namespace
 
+namespace {
+
+// Sizes: positive, heads grouped evenly, an even rotary part of head_dim.
+absl::Status CheckDimensions(const ModelConfig& c) {
+  MEGATRAIN_RETURN_IF_ERROR(Positive("vocab_size", c.vocab_size));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("hidden_size", c.hidden_size));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("intermediate_size", c.intermediate_size));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("num_hidden_layers", c.num_hidden_layers));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("num_attention_heads", c.num_attention_heads));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("num_key_value_heads", c.num_key_value_heads));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("head_dim", c.head_dim));
+  MEGATRAIN_RETURN_IF_ERROR(Positive("max_position_embeddings", c.max_position_embeddings));
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_key_value_heads: must divide num_attention_heads (",
+                     c.num_attention_heads, "), got ", c.num_key_value_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim: must be even for RoPE, got ", c.head_dim));
+  }
+  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partial_rotary_factor: must be in (0, 1], got ", c.partial_rotary_factor));
+  }
+  if (c.RotaryDim() < 2 || c.RotaryDim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partial_rotary_factor: head_dim (", c.head_dim, ") * ", c.partial_rotary_factor, " = ",
+        c.RotaryDim(), " rotary dimensions; must be even and >= 2"));
+  }
+  return absl::OkStatus();
+}
+
+// Norm epsilon, RoPE bases, sliding windows, soft-capping, the padding id
+// and the projections' biases.
+absl::Status CheckAttention(const ModelConfig& c) {
+  if (!(c.rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rms_norm_eps: must be > 0, got ", c.rms_norm_eps));
+  }
+  if (!(c.rope_theta > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_theta: must be > 0, got ", c.rope_theta));
+  }
+  if (c.rope_local_base_freq < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_local_base_freq: must be > 0, got ", c.rope_local_base_freq));
+  }
+  if (c.sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sliding_window: must be >= 0, got ", c.sliding_window));
+  }
+  if (!c.layer_types.empty() && static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_types: ", c.layer_types.size(),
+                                                   " entries for num_hidden_layers ",
+                                                   c.num_hidden_layers));
+  }
+  if (c.AnySlidingLayer() && c.sliding_window <= 0) {
+    return absl::InvalidArgumentError(
+        "sliding_window: layer_types has sliding_attention layers but sliding_window is not set");
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"query_pre_attn_scalar", c.query_pre_attn_scalar},
+        {"attn_logit_softcapping", c.attn_logit_softcapping},
+        {"final_logit_softcapping", c.final_logit_softcapping}}) {
+    if (!(value >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": must be > 0 or unset, got ", value));
+    }
+  }
+  if (c.has_pad_token_id && (c.pad_token_id >= c.vocab_size || c.pad_token_id < -c.vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("pad_token_id: must be in [-vocab_size, ",
+                                                   c.vocab_size, "), got ", c.pad_token_id));
+  }
+  if (c.fused_qkv && c.HasQkvBias()) {
+    return absl::UnimplementedError("attention_bias: fused qkv_proj with a bias is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// The fields each RoPE scaling type needs (HF modeling_rope_utils.py).
+absl::Status CheckRopeScaling(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != RopeScalingType::kNone && rs.type != RopeScalingType::kLongRope &&
+      !(rs.factor >= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_scaling.factor: must be >= 1, got ", rs.factor));
+  }
+  if (rs.type == RopeScalingType::kLlama3 &&
+      !(rs.high_freq_factor > rs.low_freq_factor && rs.original_max_position_embeddings > 0)) {
+    return absl::InvalidArgumentError(
+        "rope_scaling: llama3 needs high_freq_factor > low_freq_factor and "
+        "original_max_position_embeddings > 0");
+  }
+  if (rs.type != RopeScalingType::kLongRope) return absl::OkStatus();
+  if (rs.original_max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError("original_max_position_embeddings: longrope needs it > 0");
+  }
+  for (const auto& [field, factors] :
+       {std::pair<const char*, const std::vector<double>*>{"short_factor", &rs.short_factor},
+        {"long_factor", &rs.long_factor}}) {
+    if (static_cast<int64_t>(factors->size()) != c.RotaryDim() / 2) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_scaling.", field, ": ", factors->size(),
+                                                     " entries, longrope needs ", c.RotaryDim() / 2,
+                                                     " (head_dim * partial_rotary_factor / 2)"));
+    }
+    for (double f : *factors) {
+      if (!(f > 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rope_scaling.", field, ": entries must be > 0, got ", f));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ModelConfig::Validate() const {
   if (FindFamily(model_type) == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
         "model_type: '", model_type, "' is not supported (supported: ", SupportedFamilies(), ")"));
   }
   if (moe != nullptr) MEGATRAIN_RETURN_IF_ERROR(moe->Validate(num_hidden_layers));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("vocab_size", vocab_size));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("hidden_size", hidden_size));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("intermediate_size", intermediate_size));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("num_hidden_layers", num_hidden_layers));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("num_attention_heads", num_attention_heads));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("num_key_value_heads", num_key_value_heads));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("head_dim", head_dim));
-  MEGATRAIN_RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
-  if (num_attention_heads % num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_key_value_heads: must divide num_attention_heads (", num_attention_heads,
-                     "), got ", num_key_value_heads));
-  }
-  if (head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("head_dim: must be even for RoPE, got ", head_dim));
-  }
-  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partial_rotary_factor: must be in (0, 1], got ", partial_rotary_factor));
-  }
-  if (RotaryDim() < 2 || RotaryDim() % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partial_rotary_factor: head_dim (", head_dim, ") * ", partial_rotary_factor,
-                     " = ", RotaryDim(), " rotary dimensions; must be even and >= 2"));
-  }
-  if (!(rms_norm_eps > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rms_norm_eps: must be > 0, got ", rms_norm_eps));
-  }
-  if (!(rope_theta > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("rope_theta: must be > 0, got ", rope_theta));
-  }
-  if (rope_local_base_freq < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rope_local_base_freq: must be > 0, got ", rope_local_base_freq));
-  }
-  if (sliding_window < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sliding_window: must be >= 0, got ", sliding_window));
-  }
-  if (!layer_types.empty() && static_cast<int64_t>(layer_types.size()) != num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer_types: ", layer_types.size(), " entries for num_hidden_layers ", num_hidden_layers));
-  }
-  if (AnySlidingLayer() && sliding_window <= 0) {
-    return absl::InvalidArgumentError(
-        "sliding_window: layer_types has sliding_attention layers but sliding_window is not set");
-  }
-  for (const auto& [field, value] :
-       {std::pair<const char*, double>{"query_pre_attn_scalar", query_pre_attn_scalar},
-        {"attn_logit_softcapping", attn_logit_softcapping},
-        {"final_logit_softcapping", final_logit_softcapping}}) {
-    if (!(value >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": must be > 0 or unset, got ", value));
-    }
-  }
-  if (has_pad_token_id && (pad_token_id >= vocab_size || pad_token_id < -vocab_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("pad_token_id: must be in [-vocab_size, ",
-                                                   vocab_size, "), got ", pad_token_id));
-  }
-  if (fused_qkv && HasQkvBias()) {
-    return absl::UnimplementedError("attention_bias: fused qkv_proj with a bias is not supported");
-  }
-  if (rope_scaling.type != RopeScalingType::kNone &&
-      rope_scaling.type != RopeScalingType::kLongRope && !(rope_scaling.factor >= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rope_scaling.factor: must be >= 1, got ", rope_scaling.factor));
-  }
-  if (rope_scaling.type == RopeScalingType::kLlama3 &&
-      !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
-        rope_scaling.original_max_position_embeddings > 0)) {
-    return absl::InvalidArgumentError(
-        "rope_scaling: llama3 needs high_freq_factor > low_freq_factor and "
-        "original_max_position_embeddings > 0");
-  }
-  if (rope_scaling.type == RopeScalingType::kLongRope) {
-    if (rope_scaling.original_max_position_embeddings <= 0) {
-      return absl::InvalidArgumentError("original_max_position_embeddings: longrope needs it > 0");
-    }
-    for (const auto& [field, factors] : {std::pair<const char*, const std::vector<double>*>{
-                                             "short_factor", &rope_scaling.short_factor},
-                                         {"long_factor", &rope_scaling.long_factor}}) {
-      if (static_cast<int64_t>(factors->size()) != RotaryDim() / 2) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rope_scaling.", field, ": ", factors->size(), " entries, longrope needs ",
-                         RotaryDim() / 2, " (head_dim * partial_rotary_factor / 2)"));
-      }
-      for (double f : *factors) {
-        if (!(f > 0)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("rope_scaling.", field, ": entries must be > 0, got ", f));
-        }
-      }
-    }
-  }
-  return absl::OkStatus();
+  MEGATRAIN_RETURN_IF_ERROR(CheckDimensions(*this));
+  MEGATRAIN_RETURN_IF_ERROR(CheckAttention(*this));
+  return CheckRopeScaling(*this);
 }
 
 bool ModelConfig::HasQkvBias() const {
@@ -553,7 +485,7 @@ std::string ModelConfig::ToHfConfigJson() const {
 namespace {
 
 // Gemma 2 / Gemma 3 fields (HF configuration_gemma2.py, configuration_gemma3.py).
-absl::Status ParseGemmaFields(const json& j, const FieldReader& r, ModelConfig* c) {
+absl::Status ParseGemmaFields(const json& j, const JsonFieldReader& r, ModelConfig* c) {
   const bool gemma3 = c->model_type == "gemma3_text";
   c->norm_kind = NormKind::kRmsOnePlusWeight;
   c->sandwich_norms = true;
@@ -620,7 +552,7 @@ absl::Status ParseGemmaFields(const json& j, const FieldReader& r, ModelConfig* 
 }
 
 // Phi-3 fields (HF configuration_phi3.py).
-absl::Status ParsePhi3Fields(const json& j, const FieldReader& r, ModelConfig* c) {
+absl::Status ParsePhi3Fields(const json& j, const JsonFieldReader& r, ModelConfig* c) {
   c->fused_qkv = true;
   c->fused_gate_up = true;
   if (c->attention_bias) {
@@ -654,6 +586,126 @@ absl::Status ParsePhi3Fields(const json& j, const FieldReader& r, ModelConfig* c
   return absl::OkStatus();
 }
 
+// A multimodal Gemma 3 config (model_type "gemma3"): the text tower's
+// fields are under text_config (HF configuration_gemma3.py Gemma3Config),
+// some inherited from the top level.
+absl::StatusOr<ModelConfig> ParseGemma3TextConfig(const json& j, absl::string_view source) {
+  json text = j["text_config"];
+  text["model_type"] = "gemma3_text";
+  for (const char* inherited :
+       {"bos_token_id", "eos_token_id", "torch_dtype", "tie_word_embeddings"}) {
+    if (!text.contains(inherited) && j.contains(inherited)) text[inherited] = j[inherited];
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig c,
+                             ParseHfConfig(text.dump(), absl::StrCat(source, ": text_config")));
+  c.multimodal_checkpoint = true;
+  return c;
+}
+
+// The fields every dense family has: sizes, norms, RoPE, embeddings and
+// special tokens.
+absl::Status ParseCommonFields(const json& j, const JsonFieldReader& r, ModelConfig* c) {
+  for (const char* required : {"vocab_size", "hidden_size", "intermediate_size",
+                               "num_hidden_layers", "num_attention_heads"}) {
+    if (!j.contains(required)) return r.Error(required, "missing");
+  }
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size));
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size));
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size));
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers));
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads));
+  c->num_key_value_heads = c->num_attention_heads;
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads));
+  c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim));
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings));
+  MEGATRAIN_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c->rms_norm_eps));
+  MEGATRAIN_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta));
+  MEGATRAIN_RETURN_IF_ERROR(ParseRopeScaling(j, r.source(), c));
+  MEGATRAIN_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  MEGATRAIN_RETURN_IF_ERROR(r.Bool("attention_bias", &c->attention_bias));
+  MEGATRAIN_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c->bos_token_id));
+  MEGATRAIN_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c->eos_token_id));
+  MEGATRAIN_RETURN_IF_ERROR(r.String("torch_dtype", &c->torch_dtype));
+  if (j.contains("pad_token_id") && !j["pad_token_id"].is_null()) {
+    c->has_pad_token_id = true;
+    MEGATRAIN_RETURN_IF_ERROR(r.Int("pad_token_id", &c->pad_token_id));
+  }
+  return absl::OkStatus();
+}
+
+// The MLP's activation (Gemma's fields, or SwiGLU's `hidden_act`) and its
+// biases (none supported).
+absl::Status ParseMlpFields(const json& j, const JsonFieldReader& r, const FamilyTraits& family,
+                            ModelConfig* c) {
+  if (family.gemma_style) {
+    MEGATRAIN_RETURN_IF_ERROR(ParseGemmaFields(j, r, c));
+  } else {
+    std::string hidden_act = "silu";
+    MEGATRAIN_RETURN_IF_ERROR(r.String("hidden_act", &hidden_act));
+    if (hidden_act != "silu") {
+      return absl::UnimplementedError(absl::StrCat(r.source(), ": hidden_act: '", hidden_act,
+                                                   "' is not supported (SwiGLU needs 'silu')"));
+    }
+  }
+  bool mlp_bias = false;
+  MEGATRAIN_RETURN_IF_ERROR(r.Bool("mlp_bias", &mlp_bias));
+  if (mlp_bias) {
+    return absl::UnimplementedError(absl::StrCat(r.source(), ": mlp_bias: true is not supported"));
+  }
+  return absl::OkStatus();
+}
+
+// Sliding window of Llama, Mistral, Qwen2 and Qwen3: Mistral applies
+// `sliding_window` when set; Qwen2/Qwen3 only when `use_sliding_window` is
+// true (HF configuration_qwen2.py); Llama never.
+absl::Status ParseSlidingWindow(const JsonFieldReader& r, ModelConfig* c) {
+  int64_t window = 0;
+  MEGATRAIN_RETURN_IF_ERROR(r.Int("sliding_window", &window));
+  bool use_sliding_window = c->model_type == "mistral";
+  MEGATRAIN_RETURN_IF_ERROR(r.Bool("use_sliding_window", &use_sliding_window));
+  if (c->model_type == "llama") use_sliding_window = false;
+  c->sliding_window = use_sliding_window ? window : 0;
+  if (c->model_type == "qwen2" || c->model_type == "qwen3") {
+    // max_window_layers: layers below it use full attention. Supporting a
+    // mixed model is not done; refuse rather than train the wrong thing.
+    int64_t max_window_layers = c->num_hidden_layers;
+    MEGATRAIN_RETURN_IF_ERROR(r.Int("max_window_layers", &max_window_layers));
+    if (use_sliding_window && max_window_layers > 0 && max_window_layers < c->num_hidden_layers) {
+      return absl::UnimplementedError(absl::StrCat(
+          r.source(), ": max_window_layers: sliding window on only some layers is not supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A dense family's config.json: its model_type, the common fields, then
+// the family's own.
+absl::StatusOr<ModelConfig> ParseDenseConfig(const json& j, absl::string_view source) {
+  JsonFieldReader r(j, source);
+  ModelConfig c;
+  c.model_type.clear();
+  MEGATRAIN_RETURN_IF_ERROR(r.String("model_type", &c.model_type));
+  if (c.model_type.empty()) return r.Error("model_type", "missing");
+  const FamilyTraits* family = FindFamily(c.model_type);
+  if (family == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": model_type: '", c.model_type,
+                     "' is not supported (supported: ", SupportedFamilies(), ")"));
+  }
+  MEGATRAIN_RETURN_IF_ERROR(ParseCommonFields(j, r, &c));
+  MEGATRAIN_RETURN_IF_ERROR(ParseMlpFields(j, r, *family, &c));
+  if (c.model_type == "qwen3") c.qk_norm = true;
+  if (family->fused_projections) MEGATRAIN_RETURN_IF_ERROR(ParsePhi3Fields(j, r, &c));
+  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
+      c.model_type == "qwen3") {
+    MEGATRAIN_RETURN_IF_ERROR(ParseSlidingWindow(r, &c));
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return Annotate(valid, source);
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::string_view source) {
@@ -671,100 +723,11 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
     MEGATRAIN_ASSIGN_OR_RETURN(MoeModelConfig m, ParseMoeHfConfig(json_text, source));
     return ModelConfigOf(m);
   }
-  // A multimodal Gemma 3 config: the text tower's fields are under
-  // text_config (HF configuration_gemma3.py Gemma3Config).
   if (j.value("model_type", "") == "gemma3" && j.contains("text_config") &&
       j["text_config"].is_object()) {
-    json text = j["text_config"];
-    text["model_type"] = "gemma3_text";
-    for (const char* inherited :
-         {"bos_token_id", "eos_token_id", "torch_dtype", "tie_word_embeddings"}) {
-      if (!text.contains(inherited) && j.contains(inherited)) text[inherited] = j[inherited];
-    }
-    MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig c,
-                               ParseHfConfig(text.dump(), absl::StrCat(source, ": text_config")));
-    c.multimodal_checkpoint = true;
-    return c;
+    return ParseGemma3TextConfig(j, source);
   }
-  FieldReader r(j, source);
-  ModelConfig c;
-  c.model_type.clear();
-  MEGATRAIN_RETURN_IF_ERROR(r.String("model_type", &c.model_type));
-  if (c.model_type.empty()) return r.Error("model_type", "missing");
-  if (FindFamily(c.model_type) == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": model_type: '", c.model_type,
-                     "' is not supported (supported: ", SupportedFamilies(), ")"));
-  }
-  const FamilyTraits& family = *FindFamily(c.model_type);
-  for (const char* required : {"vocab_size", "hidden_size", "intermediate_size",
-                               "num_hidden_layers", "num_attention_heads"}) {
-    if (!j.contains(required)) return r.Error(required, "missing");
-  }
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_hidden_layers));
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_attention_heads));
-  c.num_key_value_heads = c.num_attention_heads;
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_key_value_heads));
-  c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim));
-  MEGATRAIN_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings));
-  MEGATRAIN_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps));
-  MEGATRAIN_RETURN_IF_ERROR(r.Double("rope_theta", &c.rope_theta));
-  MEGATRAIN_RETURN_IF_ERROR(ParseRopeScaling(j, source, &c));
-  MEGATRAIN_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
-  MEGATRAIN_RETURN_IF_ERROR(r.Bool("attention_bias", &c.attention_bias));
-  MEGATRAIN_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));
-  MEGATRAIN_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
-  MEGATRAIN_RETURN_IF_ERROR(r.String("torch_dtype", &c.torch_dtype));
-  if (j.contains("pad_token_id") && !j["pad_token_id"].is_null()) {
-    c.has_pad_token_id = true;
-    MEGATRAIN_RETURN_IF_ERROR(r.Int("pad_token_id", &c.pad_token_id));
-  }
-
-  if (family.gemma_style) {
-    MEGATRAIN_RETURN_IF_ERROR(ParseGemmaFields(j, r, &c));
-  } else {
-    std::string hidden_act = "silu";
-    MEGATRAIN_RETURN_IF_ERROR(r.String("hidden_act", &hidden_act));
-    if (hidden_act != "silu") {
-      return absl::UnimplementedError(absl::StrCat(source, ": hidden_act: '", hidden_act,
-                                                   "' is not supported (SwiGLU needs 'silu')"));
-    }
-  }
-  bool mlp_bias = false;
-  MEGATRAIN_RETURN_IF_ERROR(r.Bool("mlp_bias", &mlp_bias));
-  if (mlp_bias)
-    return absl::UnimplementedError(absl::StrCat(source, ": mlp_bias: true is not supported"));
-
-  if (c.model_type == "qwen3") c.qk_norm = true;
-  if (family.fused_projections) MEGATRAIN_RETURN_IF_ERROR(ParsePhi3Fields(j, r, &c));
-  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-      c.model_type == "qwen3") {
-    // Sliding window: Mistral applies `sliding_window` when set; Qwen2/Qwen3
-    // only when `use_sliding_window` is true (HF configuration_qwen2.py).
-    int64_t window = 0;
-    MEGATRAIN_RETURN_IF_ERROR(r.Int("sliding_window", &window));
-    bool use_sliding_window = c.model_type == "mistral";
-    MEGATRAIN_RETURN_IF_ERROR(r.Bool("use_sliding_window", &use_sliding_window));
-    if (c.model_type == "llama") use_sliding_window = false;
-    c.sliding_window = use_sliding_window ? window : 0;
-    if (c.model_type == "qwen2" || c.model_type == "qwen3") {
-      // max_window_layers: layers below it use full attention. Supporting a
-      // mixed model is not done; refuse rather than train the wrong thing.
-      int64_t max_window_layers = c.num_hidden_layers;
-      MEGATRAIN_RETURN_IF_ERROR(r.Int("max_window_layers", &max_window_layers));
-      if (use_sliding_window && max_window_layers > 0 && max_window_layers < c.num_hidden_layers) {
-        return absl::UnimplementedError(absl::StrCat(
-            source, ": max_window_layers: sliding window on only some layers is not supported"));
-      }
-    }
-  }
-  absl::Status valid = c.Validate();
-  if (!valid.ok()) return Annotate(valid, source);
-  return c;
+  return ParseDenseConfig(j, source);
 }
 
 absl::StatusOr<ModelConfig> LoadHfConfigFile(const std::string& path) {

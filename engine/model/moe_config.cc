@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/json_field_reader.h"
 #include "engine/runtime/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -21,78 +22,6 @@ using nlohmann::json;
 // 256 experts and 8 per token; the bounds only stop absurd allocations).
 constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxLayers = 100000;
-
-// Reads optional JSON fields of one object; errors name "<source>: <field>".
-class MoeFieldReader {
- public:
-  MoeFieldReader(const json& object, absl::string_view source, std::string prefix = "")
-      : object_(object), source_(source), prefix_(std::move(prefix)) {}
-
-  absl::Status Error(absl::string_view field, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", prefix_, field, ": ", what));
-  }
-  bool Has(const char* field) const {
-    auto it = object_.find(field);
-    return it != object_.end() && !it->is_null();
-  }
-  absl::Status Int(const char* field, int64_t* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (it->is_number_integer()) {
-      *out = it->get<int64_t>();
-      return absl::OkStatus();
-    }
-    if (it->is_number_float()) {
-      const double v = it->get<double>();
-      if (std::abs(v) < 9e15 && v == std::floor(v)) {
-        *out = static_cast<int64_t>(v);
-        return absl::OkStatus();
-      }
-    }
-    return Error(field, absl::StrCat("expected an integer, got ", it->dump()));
-  }
-  absl::Status Double(const char* field, double* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_number()) return Error(field, absl::StrCat("expected a number, got ", it->dump()));
-    *out = it->get<double>();
-    return absl::OkStatus();
-  }
-  absl::Status Bool(const char* field, bool* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_boolean()) {
-      return Error(field, absl::StrCat("expected true or false, got ", it->dump()));
-    }
-    *out = it->get<bool>();
-    return absl::OkStatus();
-  }
-  absl::Status String(const char* field, std::string* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_string()) return Error(field, absl::StrCat("expected a string, got ", it->dump()));
-    *out = it->get<std::string>();
-    return absl::OkStatus();
-  }
-  absl::Status IntList(const char* field, std::vector<int64_t>* out) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_array()) return Error(field, absl::StrCat("expected a list, got ", it->dump()));
-    out->clear();
-    for (const json& v : *it) {
-      if (!v.is_number_integer()) {
-        return Error(field, absl::StrCat("expected integers, got ", v.dump()));
-      }
-      out->push_back(v.get<int64_t>());
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const json& object_;
-  absl::string_view source_;
-  std::string prefix_;
-};
 
 absl::StatusOr<MoeFamily> FamilyOf(absl::string_view model_type, absl::string_view source) {
   if (model_type == "mixtral") return MoeFamily::kMixtral;
@@ -128,7 +57,7 @@ absl::Status TakeYarn(json* j, absl::string_view source, YarnRope* yarn) {
     auto it = j->find(key);
     if (it == j->end() || !it->is_object()) continue;
     std::string type;
-    MoeFieldReader rp(*it, source, absl::StrCat(key, "."));
+    JsonFieldReader rp(*it, source, absl::StrCat(key, "."));
     MEGATRAIN_RETURN_IF_ERROR(rp.String("type", &type));
     MEGATRAIN_RETURN_IF_ERROR(rp.String("rope_type", &type));
     if (type != "yarn") continue;
@@ -161,7 +90,7 @@ absl::Status ParseLayerTypes(const json& j, absl::string_view source, int64_t nu
                                    dense_window);
   auto it = j.find("layer_types");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  MoeFieldReader r(j, source);
+  JsonFieldReader r(j, source);
   if (!it->is_array() || static_cast<int64_t>(it->size()) != num_layers) {
     return r.Error("layer_types", absl::StrCat("expected a list of num_hidden_layers (", num_layers,
                                                ") strings, got ", it->dump()));
@@ -213,7 +142,7 @@ absl::Status MarkSlidingLayers(const MoeConfig& m, absl::string_view source, Mod
 // The MoE fields of each family, with HF's defaults (configuration_*.py).
 absl::Status ParseMoeFields(const json& j, absl::string_view source, const ModelConfig& base,
                             MoeConfig* m) {
-  MoeFieldReader r(j, source);
+  JsonFieldReader r(j, source);
   // E: `num_local_experts` (mixtral, gpt_oss; qwen3_moe as transformers 5
   // writes it) or `num_experts` (qwen2_moe; qwen3_moe before 5).
   m->num_experts = 0;
@@ -356,7 +285,7 @@ absl::StatusOr<MoeModelConfig> ParseMoeHfConfig(absl::string_view json_text,
   }
   MoeModelConfig out;
   MoeConfig& m = out.moe;
-  MoeFieldReader r(j, source);
+  JsonFieldReader r(j, source);
   MEGATRAIN_RETURN_IF_ERROR(r.String("model_type", &m.model_type));
   if (m.model_type.empty()) return r.Error("model_type", "missing");
   MEGATRAIN_ASSIGN_OR_RETURN(m.family, FamilyOf(m.model_type, source));

@@ -8,6 +8,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/checkpoint_retention.h"
 #include "engine/spec/lr_schedule_kind.h"
+#include "engine/spec/step_schedule.h"
 
 namespace megatrain::engine {
 namespace {
@@ -37,25 +38,18 @@ absl::Status CheckSources(const JobSpec& s) {
 }
 
 // train.schedule, train.wave and train.activations (Note [Schedule choice]
-// in engine/step/schedule_choice.h, whose ParseStepSchedule and
-// ParseActivationPlacement map the same spellings to the executor's enums).
+// in engine/step/schedule_choice.h); the spellings are step_schedule.h's.
 absl::Status CheckTrainSchedule(const TrainSpec& t) {
-  if (!t.schedule.empty() && t.schedule != "auto" && t.schedule != "micro-batch-major" &&
-      t.schedule != "layer-major") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.schedule: expected auto, micro-batch-major or layer-major, got '", t.schedule, "'"));
-  }
-  if (!t.activations.empty() && t.activations != "auto" && t.activations != "device" &&
-      t.activations != "host") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.activations: expected auto, device or host, got '", t.activations, "'"));
-  }
+  MEGATRAIN_ASSIGN_OR_RETURN(const std::optional<StepSchedule> schedule,
+                             ParseStepSchedule(t.schedule, "train.schedule"));
+  MEGATRAIN_ASSIGN_OR_RETURN(const ActivationPlacement activations,
+                             ParseActivationPlacement(t.activations, "train.activations"));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.wave", t.wave, kWaveRange));
-  if (t.wave > 1 && t.schedule == "micro-batch-major") {
+  if (t.wave > 1 && schedule == StepSchedule::kMicroBatchMajor) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.wave: ", t.wave, " micro-batches per wave needs train.schedule: layer-major"));
   }
-  if (t.offload_activations && t.activations == "device") {
+  if (t.offload_activations && activations == ActivationPlacement::kDevice) {
     return absl::InvalidArgumentError(
         "train.activations: 'device' contradicts train.offload_activations: true");
   }

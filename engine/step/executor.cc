@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/job_spec.h"
 #include "engine/step/activation_offload.h"
 #include "engine/step/device_grad_accumulator.h"
 #include "engine/step/grad_lander.h"
@@ -582,14 +583,10 @@ StreamingExecutor::~StreamingExecutor() = default;
 
 absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options) {
-  if (options.micro_batch < 1 || options.micro_batch > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.micro_batch: must be in [1, 4096], got ", options.micro_batch));
-  }
-  if (options.seq_len < 1 || options.seq_len > (1 << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.seq_len: must be in [1, 1048576], got ", options.seq_len));
-  }
+  // The job spec's bounds (Note [One place per bound] in engine/spec/job_spec.h).
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckIntInRange("train.micro_batch", options.micro_batch, kMicroBatchRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", options.seq_len, kSeqLenRange));
   if (options.num_weight_slots < 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("executor.num_weight_slots: must be >= 3, got ", options.num_weight_slots));
@@ -617,9 +614,13 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
           "table");
     }
   }
-  if (options.schedule == StepSchedule::kLayerMajor && (options.wave < 1 || options.wave > 4096)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "executor.wave: must be in [1, 4096] with the layer-major schedule, got ", options.wave));
+  // A layer-major pass needs a wave of at least one micro-batch (no auto
+  // here); the upper bound is the spec's.
+  if (options.schedule == StepSchedule::kLayerMajor &&
+      (options.wave < 1 || options.wave > kWaveRange.max)) {
+    return absl::InvalidArgumentError(absl::StrCat("executor.wave: must be in [1, ", kWaveRange.max,
+                                                   "] with the layer-major schedule, got ",
+                                                   options.wave));
   }
   if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
     return absl::FailedPreconditionError(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/spec/job_spec.h"
 
 namespace megatrain::engine {
 namespace {
@@ -34,9 +35,10 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient_accumulation_steps: must be >= 1, got ", request.gradient_accumulation_steps));
   }
-  if (request.wave < 0 || request.wave > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("wave: must be in [0 (auto), 4096], got ", request.wave));
+  if (request.wave < kWaveRange.min || request.wave > kWaveRange.max) {
+    return absl::InvalidArgumentError(absl::StrCat("wave: must be in [", kWaveRange.min,
+                                                   " (auto), ", kWaveRange.max, "], got ",
+                                                   request.wave));
   }
   if (request.wave > 1 && request.schedule == StepSchedule::kMicroBatchMajor) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -76,36 +78,6 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   choice.offload_activations = host && layers > 1;
   choice.activation_device_bytes = choice.offload_activations ? offloaded(wave) : kept(wave);
   return choice;
-}
-
-absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
-                                                              absl::string_view field) {
-  if (text.empty() || text == "auto") return std::optional<StepSchedule>();
-  if (text == "micro-batch-major") return std::optional(StepSchedule::kMicroBatchMajor);
-  if (text == "layer-major") return std::optional(StepSchedule::kLayerMajor);
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected auto, micro-batch-major or layer-major, got '", text, "'"));
-}
-
-absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
-                                                             absl::string_view field) {
-  if (text.empty() || text == "auto") return ActivationPlacement::kAuto;
-  if (text == "device") return ActivationPlacement::kDevice;
-  if (text == "host") return ActivationPlacement::kHost;
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected auto, device or host, got '", text, "'"));
-}
-
-const char* ActivationPlacementName(ActivationPlacement placement) {
-  switch (placement) {
-    case ActivationPlacement::kAuto:
-      return "auto";
-    case ActivationPlacement::kDevice:
-      return "device";
-    case ActivationPlacement::kHost:
-      return "host";
-  }
-  return "?";
 }
 
 }  // namespace megatrain::engine

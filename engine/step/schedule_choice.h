@@ -44,16 +44,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
+#include "engine/spec/step_schedule.h"  // ActivationPlacement, ParseStepSchedule, ...
 #include "engine/step/step_plan.h"
 
 namespace megatrain::engine {
-
-// Where the saved layer inputs live (Note [Activation offload] in executor.h).
-enum class ActivationPlacement {
-  kAuto,    // Note [Schedule choice]
-  kDevice,  // on the device
-  kHost,    // pinned host memory (train.offload_activations)
-};
 
 // Auto's share of the device memory left after the executor's buffers that
 // the wave's activations may take (Note [Schedule choice]). 1/2: llama-3b
@@ -86,23 +80,15 @@ struct ScheduleChoice {
 };
 
 // Checks `request` (INVALID_ARGUMENT naming the option: `wave` must be in
-// [0, 4096] and 0 or 1 with micro-batch-major; `gradient_accumulation_steps`
-// >= 1) and resolves it for `config` with micro-batches of [micro_batch,
-// seq_len] on a device of `device_total_bytes` (0: the CPU) whose
-// executor buffers take `executor_device_bytes` (Note [Schedule choice]).
+// kWaveRange, [0, 4096] (engine/spec/job_spec.h), and 0 or 1 with
+// micro-batch-major; `gradient_accumulation_steps` >= 1) and resolves it
+// for `config` with micro-batches of [micro_batch, seq_len] on a device of
+// `device_total_bytes` (0: the CPU) whose executor buffers take
+// `executor_device_bytes` (Note [Schedule choice]).
 absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
                                               const ScheduleRequest& request, int64_t micro_batch,
                                               int64_t seq_len, int64_t device_total_bytes,
                                               int64_t executor_device_bytes);
-
-// "auto" (empty), "micro-batch-major", "layer-major"; INVALID_ARGUMENT
-// naming `field` otherwise.
-absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
-                                                              absl::string_view field);
-// "auto", "device", "host"; INVALID_ARGUMENT naming `field` otherwise.
-absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
-                                                             absl::string_view field);
-const char* ActivationPlacementName(ActivationPlacement placement);
 
 }  // namespace megatrain::engine
 

@@ -182,10 +182,6 @@ const char* GradName(GradTo to) {
 
 }  // namespace
 
-const char* StepScheduleName(StepSchedule schedule) {
-  return schedule == StepSchedule::kLayerMajor ? "layer-major" : "micro-batch-major";
-}
-
 StepPlan PlanStep(const ModelLayout& layout, const StepPlanOptions& options) {
   StepPlan plan;
   Planner planner(layout, options, &plan);

@@ -51,18 +51,9 @@
 #include <vector>
 
 #include "engine/model/param_layout.h"
+#include "engine/spec/step_schedule.h"  // StepSchedule, StepScheduleName
 
 namespace megatrain::engine {
-
-// The order of the micro-batches' work in a pass.
-enum class StepSchedule {
-  kMicroBatchMajor,  // each micro-batch through every layer, then the next
-  kLayerMajor,       // every micro-batch of a wave through a layer, then the next
-                     // layer (Note [Layer-major schedule])
-};
-
-// "micro-batch-major" / "layer-major" (the job spec's and the bench's words).
-const char* StepScheduleName(StepSchedule schedule);
 
 // What the options of one pass ask for (ExecutorOptions plus the pass).
 struct StepPlanOptions {

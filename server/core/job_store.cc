@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -142,6 +144,21 @@ class Statement {
     sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
   }
   void BindNull(int index) { sqlite3_bind_null(stmt_, index); }
+  // NULL when empty.
+  template <typename T>
+  void Bind(int index, const std::optional<T>& value) {
+    if (value.has_value()) {
+      Bind(index, *value);
+    } else {
+      BindNull(index);
+    }
+  }
+  // Binds `values` to parameters 1, 2, ... in order.
+  template <typename... Values>
+  void BindAll(const Values&... values) {
+    int index = 1;
+    (Bind(index++, values), ...);
+  }
 
   // Advances; true when a row is available. Errors as statuses.
   absl::StatusOr<bool> Step() {
@@ -207,6 +224,49 @@ class Transaction {
   sqlite3* db_;
 };
 
+// Steps `stmt` once: the first column of its row as an integer, or
+// `if_none` when it returns no row (COUNT, MAX and the like).
+absl::StatusOr<int64_t> ReadInt(Statement& stmt, int64_t if_none) {
+  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  return row ? stmt.Int(0) : if_none;
+}
+
+// Every row of `stmt`, each made by `row_to` (a StatusOr<T>(const
+// Statement&)): the first error stops the read.
+template <typename RowTo>
+auto ReadRows(Statement& stmt, RowTo row_to)
+    -> absl::StatusOr<std::vector<typename decltype(row_to(stmt))::value_type>> {
+  std::vector<typename decltype(row_to(stmt))::value_type> rows;
+  while (true) {
+    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    MEGATRAIN_ASSIGN_OR_RETURN(auto value, row_to(stmt));
+    rows.push_back(std::move(value));
+  }
+  return rows;
+}
+
+// Up to `page_size` rows of `stmt` (which selects one more) into `*rows`;
+// true when another page follows.
+template <typename T, typename RowTo>
+absl::StatusOr<bool> ReadPage(Statement& stmt, int page_size, RowTo row_to, std::vector<T>* rows) {
+  while (true) {
+    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) return false;
+    if (static_cast<int>(rows->size()) == page_size) return true;
+    MEGATRAIN_ASSIGN_OR_RETURN(T value, row_to(stmt));
+    rows->push_back(std::move(value));
+  }
+}
+
+// Runs `stmt`, a change of the job row `id`; NOT_FOUND when no row changed.
+absl::Status ChangeJobRow(sqlite3* db, Statement& stmt, absl::string_view id) {
+  MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
+  if (sqlite3_changes(db) == 0)
+    return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobRecord> RowToJob(const Statement& row) {
   JobRecord job;
   job.seq = row.Int(0);
@@ -238,6 +298,14 @@ absl::StatusOr<JobRecord> RowToJob(const Statement& row) {
   job.message = row.Text(21);
   job.resume_from = row.Text(22);
   return job;
+}
+
+// The job of `stmt`'s first row; none when it returns no row.
+absl::StatusOr<std::optional<JobRecord>> ReadOptionalJob(Statement& stmt) {
+  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  if (!row) return std::optional<JobRecord>();
+  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
+  return std::optional<JobRecord>(std::move(job));
 }
 
 std::string EventPayload(const JobEvent& event) {
@@ -317,12 +385,58 @@ absl::StatusOr<int64_t> InsertEvent(sqlite3* db, const JobEvent& event) {
       Statement stmt,
       Statement::Prepare(
           db, "INSERT INTO events (job_id, time_unix_ms, kind, payload) VALUES (?, ?, ?, ?)"));
-  stmt.Bind(1, event.job_id);
-  stmt.Bind(2, event.time_unix_ms != 0 ? event.time_unix_ms : NowUnixMs());
-  stmt.Bind(3, static_cast<int64_t>(event.kind));
-  stmt.Bind(4, EventPayload(event));
+  stmt.BindAll(event.job_id, event.time_unix_ms != 0 ? event.time_unix_ms : NowUnixMs(),
+               static_cast<int64_t>(event.kind), EventPayload(event));
   MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
   return static_cast<int64_t>(sqlite3_last_insert_rowid(db));
+}
+
+// Appends `event` and commits `txn`, which holds the change of its job's
+// row: the event's seq.
+absl::StatusOr<int64_t> AppendEventAndCommit(sqlite3* db, const JobEvent& event, Transaction& txn) {
+  MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, InsertEvent(db, event));
+  MEGATRAIN_RETURN_IF_ERROR(txn.Commit());
+  return seq;
+}
+
+// A row of ListCheckpoints' SELECT; DATA_LOSS for a bad manifest hash.
+absl::StatusOr<CheckpointRecord> RowToCheckpoint(const Statement& row) {
+  CheckpointRecord checkpoint;
+  checkpoint.job_id = row.Text(0);
+  checkpoint.step = row.Int(1);
+  checkpoint.dir = row.Text(2);
+  checkpoint.bytes = row.Int(3);
+  checkpoint.create_time_unix_ms = row.Int(4);
+  checkpoint.write_seconds = row.Double(5);
+  checkpoint.owner = row.Text(6);
+  const std::string manifest_hex = row.Text(7);
+  if (!manifest_hex.empty() && !absl::SimpleHexAtoi(manifest_hex, &checkpoint.manifest_xxh64)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ",
+                                            CheckpointId(checkpoint.job_id, checkpoint.step),
+                                            ": bad manifest_xxh64 '", manifest_hex, "'"));
+  }
+  return checkpoint;
+}
+
+// A row of ListAudit's SELECT; DATA_LOSS for a status code out of range.
+absl::StatusOr<AuditRecord> RowToAudit(const Statement& row) {
+  AuditRecord record;
+  record.seq = row.Int(0);
+  record.time_unix_ms = row.Int(1);
+  record.user = row.Text(2);
+  record.role = row.Text(3);
+  record.peer = row.Text(4);
+  record.method = row.Text(5);
+  record.target = row.Text(6);
+  record.job_id = row.Text(7);
+  const int64_t code = row.Int(8);
+  if (code < 0 || code > 16) {
+    return absl::DataLossError(absl::StrCat("audit record ", record.seq, ": bad code ", code));
+  }
+  record.code = static_cast<absl::StatusCode>(code);
+  record.message = row.Text(9);
+  record.detail = row.Text(10);
+  return record;
 }
 
 // Page tokens are opaque to clients: web-safe base64 of
@@ -437,8 +551,7 @@ absl::Status MigrateToVersion3(sqlite3* db) {
   for (const auto& [id, output_dir] : output_dirs) {
     MEGATRAIN_ASSIGN_OR_RETURN(
         Statement stmt, Statement::Prepare(db, "UPDATE jobs SET output_dir = ? WHERE id = ?"));
-    stmt.Bind(1, output_dir);
-    stmt.Bind(2, id);
+    stmt.BindAll(output_dir, id);
     MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
   }
   MEGATRAIN_RETURN_IF_ERROR(
@@ -534,8 +647,7 @@ absl::StatusOr<int64_t> JobStore::NextJobSeq() {
   std::lock_guard<std::mutex> lock(mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt,
                              Statement::Prepare(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs"));
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  return row ? stmt.Int(0) : 1;
+  return ReadInt(stmt, 1);
 }
 
 absl::StatusOr<int64_t> JobStore::InsertJob(const JobRecord& job, const JobEvent& event) {
@@ -551,32 +663,18 @@ absl::StatusOr<int64_t> JobStore::InsertJob(const JobRecord& job, const JobEvent
                            "max_steps, device, host_memory_bytes, error_code, message, "
                            "resume_from, output_dir) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
-    stmt.Bind(1, job.seq);
-    stmt.Bind(2, job.id);
-    stmt.Bind(3, job.owner);
-    if (job.request_id.empty()) {
-      stmt.BindNull(4);
-    } else {
-      stmt.Bind(4, job.request_id);
-    }
-    stmt.Bind(5, JobRequestToJson(job.request));
-    stmt.Bind(6, static_cast<int64_t>(job.request.priority));
-    stmt.Bind(7, static_cast<int64_t>(job.state));
-    stmt.Bind(8, job.create_time_unix_ms);
-    stmt.Bind(9, job.start_time_unix_ms);
-    stmt.Bind(10, job.end_time_unix_ms);
-    stmt.Bind(11, job.progress.max_steps);
-    stmt.Bind(12, job.device);
-    stmt.Bind(13, job.host_memory_bytes);
-    stmt.Bind(14, static_cast<int64_t>(job.error_code));
-    stmt.Bind(15, job.message);
-    stmt.Bind(16, job.resume_from);
-    stmt.Bind(17, NormalizeOutputDir(job.request.spec.output_dir));
+    // request_id NULL when empty: the unique index ignores NULLs.
+    const std::optional<std::string> request_id =
+        job.request_id.empty() ? std::nullopt : std::optional<std::string>(job.request_id);
+    stmt.BindAll(job.seq, job.id, job.owner, request_id, JobRequestToJson(job.request),
+                 static_cast<int64_t>(job.request.priority), static_cast<int64_t>(job.state),
+                 job.create_time_unix_ms, job.start_time_unix_ms, job.end_time_unix_ms,
+                 job.progress.max_steps, job.device, job.host_memory_bytes,
+                 static_cast<int64_t>(job.error_code), job.message, job.resume_from,
+                 NormalizeOutputDir(job.request.spec.output_dir));
     MEGATRAIN_RETURN_IF_ERROR(Annotate(stmt.Run(), absl::StrCat("job ", job.id)));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, InsertEvent(db_, event));
-  MEGATRAIN_RETURN_IF_ERROR(txn.Commit());
-  return seq;
+  return AppendEventAndCommit(db_, event, txn);
 }
 
 absl::StatusOr<JobRecord> JobStore::GetJob(absl::string_view id) {
@@ -595,12 +693,8 @@ absl::StatusOr<std::optional<JobRecord>> JobStore::FindByRequestId(absl::string_
   static const std::string sql =
       absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE owner = ? AND request_id = ?");
   MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
-  stmt.Bind(1, owner);
-  stmt.Bind(2, request_id);
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  if (!row) return std::optional<JobRecord>();
-  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
-  return std::optional<JobRecord>(std::move(job));
+  stmt.BindAll(owner, request_id);
+  return ReadOptionalJob(stmt);
 }
 
 absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) {
@@ -628,15 +722,9 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) {
   // One more than the page: tells whether another page follows.
   stmt.Bind(index++, static_cast<int64_t>(page_size) + 1);
   JobPage page;
-  while (true) {
-    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    if (static_cast<int>(page.jobs.size()) == page_size) {
-      page.next_page_token = MakePageToken("v1", page.jobs.back().seq, FilterFingerprint(query));
-      break;
-    }
-    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
-    page.jobs.push_back(std::move(job));
+  MEGATRAIN_ASSIGN_OR_RETURN(const bool more, ReadPage(stmt, page_size, RowToJob, &page.jobs));
+  if (more) {
+    page.next_page_token = MakePageToken("v1", page.jobs.back().seq, FilterFingerprint(query));
   }
   return page;
 }
@@ -647,14 +735,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::JobsInState(JobState state) {
       "SELECT ", kJobColumns, " FROM jobs WHERE state = ? ORDER BY priority DESC, seq ASC");
   MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
   stmt.Bind(1, static_cast<int64_t>(state));
-  std::vector<JobRecord> jobs;
-  while (true) {
-    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
+  return ReadRows(stmt, RowToJob);
 }
 
 absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountByState() {
@@ -687,12 +768,8 @@ absl::StatusOr<std::optional<JobRecord>> JobStore::FindOutputDirOverlap(
                    "ORDER BY seq LIMIT 1");
   std::lock_guard<std::mutex> lock(mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
-  stmt.Bind(1, dir);
-  stmt.Bind(2, dir_prefix);
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  if (!row) return std::optional<JobRecord>();
-  MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
-  return std::optional<JobRecord>(std::move(job));
+  stmt.BindAll(dir, dir_prefix);
+  return ReadOptionalJob(stmt);
 }
 
 absl::StatusOr<int64_t> JobStore::CountJobs(absl::string_view owner, JobState state) {
@@ -700,10 +777,8 @@ absl::StatusOr<int64_t> JobStore::CountJobs(absl::string_view owner, JobState st
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_, "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state = ?"));
-  stmt.Bind(1, owner);
-  stmt.Bind(2, static_cast<int64_t>(state));
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  return row ? stmt.Int(0) : 0;
+  stmt.BindAll(owner, static_cast<int64_t>(state));
+  return ReadInt(stmt, 0);
 }
 
 absl::StatusOr<int64_t> JobStore::UpdateState(const JobRecord& job, const JobEvent& event) {
@@ -717,23 +792,12 @@ absl::StatusOr<int64_t> JobStore::UpdateState(const JobRecord& job, const JobEve
                            "UPDATE jobs SET state = ?, start_time_unix_ms = ?, "
                            "end_time_unix_ms = ?, device = ?, host_memory_bytes = ?, "
                            "error_code = ?, message = ?, resume_from = ? WHERE id = ?"));
-    stmt.Bind(1, static_cast<int64_t>(job.state));
-    stmt.Bind(2, job.start_time_unix_ms);
-    stmt.Bind(3, job.end_time_unix_ms);
-    stmt.Bind(4, job.device);
-    stmt.Bind(5, job.host_memory_bytes);
-    stmt.Bind(6, static_cast<int64_t>(job.error_code));
-    stmt.Bind(7, job.message);
-    stmt.Bind(8, job.resume_from);
-    stmt.Bind(9, job.id);
-    MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
-    if (sqlite3_changes(db_) == 0) {
-      return absl::NotFoundError(absl::StrCat("job '", job.id, "' not found"));
-    }
+    stmt.BindAll(static_cast<int64_t>(job.state), job.start_time_unix_ms, job.end_time_unix_ms,
+                 job.device, job.host_memory_bytes, static_cast<int64_t>(job.error_code),
+                 job.message, job.resume_from, job.id);
+    MEGATRAIN_RETURN_IF_ERROR(ChangeJobRow(db_, stmt, job.id));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, InsertEvent(db_, event));
-  MEGATRAIN_RETURN_IF_ERROR(txn.Commit());
-  return seq;
+  return AppendEventAndCommit(db_, event, txn);
 }
 
 absl::StatusOr<int64_t> JobStore::UpdateProgress(absl::string_view id, const JobProgress& progress,
@@ -748,27 +812,11 @@ absl::StatusOr<int64_t> JobStore::UpdateProgress(absl::string_view id, const Job
                            "UPDATE jobs SET step = ?, max_steps = ?, loss = ?, eval_loss = ?, "
                            "tokens_per_s = ?, mfu = ?, tokens = ?, eta_seconds = ? "
                            "WHERE id = ?"));
-    stmt.Bind(1, progress.step);
-    stmt.Bind(2, progress.max_steps);
-    stmt.Bind(3, progress.loss);
-    if (progress.eval_loss.has_value()) {
-      stmt.Bind(4, *progress.eval_loss);
-    } else {
-      stmt.BindNull(4);
-    }
-    stmt.Bind(5, progress.tokens_per_s);
-    stmt.Bind(6, progress.mfu);
-    stmt.Bind(7, progress.tokens);
-    stmt.Bind(8, progress.eta_seconds);
-    stmt.Bind(9, id);
-    MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
-    if (sqlite3_changes(db_) == 0) {
-      return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
-    }
+    stmt.BindAll(progress.step, progress.max_steps, progress.loss, progress.eval_loss,
+                 progress.tokens_per_s, progress.mfu, progress.tokens, progress.eta_seconds, id);
+    MEGATRAIN_RETURN_IF_ERROR(ChangeJobRow(db_, stmt, id));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(int64_t seq, InsertEvent(db_, event));
-  MEGATRAIN_RETURN_IF_ERROR(txn.Commit());
-  return seq;
+  return AppendEventAndCommit(db_, event, txn);
 }
 
 absl::StatusOr<int64_t> JobStore::AppendEvent(const JobEvent& event) {
@@ -785,17 +833,8 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::ListEvents(absl::string_view id,
       Statement::Prepare(db_,
                          "SELECT seq, job_id, time_unix_ms, kind, payload FROM events "
                          "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?"));
-  stmt.Bind(1, id);
-  stmt.Bind(2, after_seq);
-  stmt.Bind(3, static_cast<int64_t>(limit));
-  std::vector<JobEvent> events;
-  while (true) {
-    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    MEGATRAIN_ASSIGN_OR_RETURN(JobEvent event, RowToEvent(stmt));
-    events.push_back(std::move(event));
-  }
-  return events;
+  stmt.BindAll(id, after_seq, static_cast<int64_t>(limit));
+  return ReadRows(stmt, RowToEvent);
 }
 
 absl::StatusOr<int64_t> JobStore::LastEventSeq(absl::string_view id) {
@@ -804,8 +843,7 @@ absl::StatusOr<int64_t> JobStore::LastEventSeq(absl::string_view id) {
       Statement stmt,
       Statement::Prepare(db_, "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?"));
   stmt.Bind(1, id);
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  return row ? stmt.Int(0) : 0;
+  return ReadInt(stmt, 0);
 }
 
 absl::Status JobStore::RecordCheckpoint(const CheckpointRecord& checkpoint) {
@@ -817,17 +855,12 @@ absl::Status JobStore::RecordCheckpoint(const CheckpointRecord& checkpoint) {
                          "INSERT OR REPLACE INTO checkpoints (job_id, step, dir, bytes, "
                          "create_time_unix_ms, write_seconds, owner, manifest_xxh64) "
                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"));
-  stmt.Bind(1, checkpoint.job_id);
-  stmt.Bind(2, checkpoint.step);
-  stmt.Bind(3, checkpoint.dir);
-  stmt.Bind(4, checkpoint.bytes);
-  stmt.Bind(5, checkpoint.create_time_unix_ms);
-  stmt.Bind(6, checkpoint.write_seconds);
-  stmt.Bind(7, checkpoint.owner);
   // '' for a legacy record (no hash known); 16 hex digits otherwise.
   const std::string manifest_hex =
       checkpoint.manifest_xxh64 == 0 ? "" : absl::StrFormat("%016x", checkpoint.manifest_xxh64);
-  stmt.Bind(8, manifest_hex);
+  stmt.BindAll(checkpoint.job_id, checkpoint.step, checkpoint.dir, checkpoint.bytes,
+               checkpoint.create_time_unix_ms, checkpoint.write_seconds, checkpoint.owner,
+               manifest_hex);
   return stmt.Run();
 }
 
@@ -839,26 +872,7 @@ absl::StatusOr<std::vector<CheckpointRecord>> JobStore::ListCheckpoints(absl::st
                          "SELECT job_id, step, dir, bytes, create_time_unix_ms, write_seconds, "
                          "owner, manifest_xxh64 FROM checkpoints WHERE job_id = ? ORDER BY step"));
   stmt.Bind(1, id);
-  std::vector<CheckpointRecord> checkpoints;
-  while (true) {
-    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    CheckpointRecord checkpoint;
-    checkpoint.job_id = stmt.Text(0);
-    checkpoint.step = stmt.Int(1);
-    checkpoint.dir = stmt.Text(2);
-    checkpoint.bytes = stmt.Int(3);
-    checkpoint.create_time_unix_ms = stmt.Int(4);
-    checkpoint.write_seconds = stmt.Double(5);
-    checkpoint.owner = stmt.Text(6);
-    const std::string manifest_hex = stmt.Text(7);
-    if (!manifest_hex.empty() && !absl::SimpleHexAtoi(manifest_hex, &checkpoint.manifest_xxh64)) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", CheckpointId(id, checkpoint.step),
-                                              ": bad manifest_xxh64 '", manifest_hex, "'"));
-    }
-    checkpoints.push_back(std::move(checkpoint));
-  }
-  return checkpoints;
+  return ReadRows(stmt, RowToCheckpoint);
 }
 
 absl::Status JobStore::DeleteCheckpoint(absl::string_view id, int64_t step) {
@@ -867,8 +881,7 @@ absl::Status JobStore::DeleteCheckpoint(absl::string_view id, int64_t step) {
   MEGATRAIN_ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?"));
-  stmt.Bind(1, id);
-  stmt.Bind(2, step);
+  stmt.BindAll(id, step);
   return stmt.Run();
 }
 
@@ -880,16 +893,9 @@ absl::StatusOr<int64_t> JobStore::AppendAudit(const AuditRecord& record) {
       Statement::Prepare(db_,
                          "INSERT INTO audit (time_unix_ms, user, role, peer, method, target, "
                          "job_id, code, message, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
-  stmt.Bind(1, record.time_unix_ms != 0 ? record.time_unix_ms : NowUnixMs());
-  stmt.Bind(2, record.user);
-  stmt.Bind(3, record.role);
-  stmt.Bind(4, record.peer);
-  stmt.Bind(5, record.method);
-  stmt.Bind(6, record.target);
-  stmt.Bind(7, record.job_id);
-  stmt.Bind(8, static_cast<int64_t>(record.code));
-  stmt.Bind(9, record.message);
-  stmt.Bind(10, record.detail);
+  stmt.BindAll(record.time_unix_ms != 0 ? record.time_unix_ms : NowUnixMs(), record.user,
+               record.role, record.peer, record.method, record.target, record.job_id,
+               static_cast<int64_t>(record.code), record.message, record.detail);
   MEGATRAIN_RETURN_IF_ERROR(stmt.Run());
   return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
 }
@@ -920,30 +926,9 @@ absl::StatusOr<AuditPage> JobStore::ListAudit(const AuditQuery& query) {
   // One more than the page: tells whether another page follows.
   stmt.Bind(index++, static_cast<int64_t>(page_size) + 1);
   AuditPage page;
-  while (true) {
-    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    if (static_cast<int>(page.records.size()) == page_size) {
-      page.next_page_token = MakePageToken("a1", page.records.back().seq, AuditFingerprint(query));
-      break;
-    }
-    AuditRecord record;
-    record.seq = stmt.Int(0);
-    record.time_unix_ms = stmt.Int(1);
-    record.user = stmt.Text(2);
-    record.role = stmt.Text(3);
-    record.peer = stmt.Text(4);
-    record.method = stmt.Text(5);
-    record.target = stmt.Text(6);
-    record.job_id = stmt.Text(7);
-    const int64_t code = stmt.Int(8);
-    if (code < 0 || code > 16) {
-      return absl::DataLossError(absl::StrCat("audit record ", record.seq, ": bad code ", code));
-    }
-    record.code = static_cast<absl::StatusCode>(code);
-    record.message = stmt.Text(9);
-    record.detail = stmt.Text(10);
-    page.records.push_back(std::move(record));
+  MEGATRAIN_ASSIGN_OR_RETURN(const bool more, ReadPage(stmt, page_size, RowToAudit, &page.records));
+  if (more) {
+    page.next_page_token = MakePageToken("a1", page.records.back().seq, AuditFingerprint(query));
   }
   return page;
 }
@@ -959,8 +944,7 @@ absl::StatusOr<int64_t> JobStore::CountLiveJobs(absl::string_view owner) {
                         : "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state BETWEEN 1 AND 4";
   MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
   if (!owner.empty()) stmt.Bind(1, owner);
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  return row ? stmt.Int(0) : 0;
+  return ReadInt(stmt, 0);
 }
 
 absl::StatusOr<int64_t> JobStore::QueuePosition(absl::string_view id) {
@@ -974,10 +958,8 @@ absl::StatusOr<int64_t> JobStore::QueuePosition(absl::string_view id) {
                          "priority > j.priority) + (SELECT COUNT(*) FROM jobs WHERE "
                          "state = ?2 AND priority = j.priority AND seq <= j.seq) "
                          "FROM jobs AS j WHERE j.id = ?1 AND j.state = ?2"));
-  stmt.Bind(1, id);
-  stmt.Bind(2, static_cast<int64_t>(JobState::kQueued));
-  MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  return row ? stmt.Int(0) : 0;
+  stmt.BindAll(id, static_cast<int64_t>(JobState::kQueued));
+  return ReadInt(stmt, 0);
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::QueuedJobsPage(
@@ -998,14 +980,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::QueuedJobsPage(
     stmt.Bind(3, static_cast<int64_t>(after->priority));
     stmt.Bind(4, after->seq);
   }
-  std::vector<JobRecord> jobs;
-  while (true) {
-    MEGATRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, RowToJob(stmt));
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
+  return ReadRows(stmt, RowToJob);
 }
 
 }  // namespace megatrain::server

@@ -14,14 +14,15 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/escape.h"
 
 namespace megatrain::server {
 
 enum class LogLevel { kInfo, kWarning, kError };
 
-// `text` with every ASCII control character (0x00-0x1f, 0x7f) written as
-// an escape: \n, \r, \t, or \xNN. Other bytes (UTF-8 included) are kept.
-std::string EscapeControlCharacters(absl::string_view text);
+// `text` with every ASCII control character written as an escape
+// (common/escape.h, shared with the CLI).
+using ::megatrain::EscapeControlCharacters;
 
 // Most bytes of a caller's input an error message quotes (QuoteForError).
 inline constexpr size_t kMaxQuotedInputBytes = 256;

@@ -43,194 +43,145 @@ Histogram::BucketBoundaries RpcBuckets() {
 // Note [Not applicable on the CPU] in metrics.h.
 bool IsCpuDevice(const std::string& device) { return absl::StartsWith(device, "cpu"); }
 
+// A family named `name` with `help`, registered in `r`.
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r,
+                                                       const std::string& name,
+                                                       const std::string& help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const std::string& name,
+                                                   const std::string& help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+prometheus::Family<Histogram>& HistogramFamily(prometheus::Registry& r, const std::string& name,
+                                               const std::string& help) {
+  return BuildHistogram().Name(name).Help(help).Register(r);
+}
+
 }  // namespace
 
 std::string StatusCodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }
 
 ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
-  auto& r = *registry_;
-  tokens_total_ = &BuildCounter()
-                       .Name("megatrain_tokens_total")
-                       .Help("Tokens trained, all jobs.")
-                       .Register(r)
-                       .Add({});
-  steps_total_ = &BuildCounter()
-                      .Name("megatrain_steps_total")
-                      .Help("Optimizer steps finished, all jobs.")
-                      .Register(r)
-                      .Add({});
-  skipped_steps_total_ = &BuildCounter()
-                              .Name("megatrain_skipped_steps_total")
-                              .Help(
-                                  "Steps not applied: loss or gradient norm not finite "
-                                  "(train.nan_policy: skip).")
-                              .Register(r)
+  // Registered in this order, which is the order of the exposition.
+  RegisterStepMetrics(*registry_);
+  RegisterPcieMetrics(*registry_);
+  RegisterMemoryMetrics(*registry_);
+  RegisterTrainingMetrics(*registry_);
+  RegisterServerMetrics(*registry_);
+}
+
+void ServerMetrics::RegisterStepMetrics(prometheus::Registry& r) {
+  tokens_total_ = &CounterFamily(r, "megatrain_tokens_total", "Tokens trained, all jobs.").Add({});
+  steps_total_ =
+      &CounterFamily(r, "megatrain_steps_total", "Optimizer steps finished, all jobs.").Add({});
+  skipped_steps_total_ = &CounterFamily(r, "megatrain_skipped_steps_total",
+                                        "Steps not applied: loss or gradient norm not finite "
+                                        "(train.nan_policy: skip).")
                               .Add({});
-  step_duration_seconds_ = &BuildHistogram()
-                                .Name("megatrain_step_duration_seconds")
-                                .Help("Wall time of one optimizer step.")
-                                .Register(r)
-                                .Add({}, StepBuckets());
+  step_duration_seconds_ =
+      &HistogramFamily(r, "megatrain_step_duration_seconds", "Wall time of one optimizer step.")
+           .Add({}, StepBuckets());
   phase_seconds_total_ =
-      &BuildCounter()
-           .Name("megatrain_phase_seconds_total")
-           .Help(
-               "Time per step phase: busy time of the h2d, compute and d2h streams, CPU "
-               "optimizer time, its exposed part (compute-stream idle while waiting for it), "
-               "and GPU idle time.")
-           .Register(r);
+      &CounterFamily(r, "megatrain_phase_seconds_total",
+                     "Time per step phase: busy time of the h2d, compute and d2h streams, CPU "
+                     "optimizer time, its exposed part (compute-stream idle while waiting for it), "
+                     "and GPU idle time.");
   for (const char* phase :
        {"h2d", "compute", "d2h", "optimizer", "optimizer_exposed", "gpu_idle"}) {
     phase_seconds_total_->Add({{"phase", phase}});
   }
-  pcie_bytes_total_ = &BuildCounter()
-                           .Name("megatrain_pcie_bytes_total")
-                           .Help("Bytes copied over PCIe, by direction (h2d, d2h).")
-                           .Register(r);
-  pcie_bandwidth_ =
-      &BuildGauge()
-           .Name("megatrain_pcie_bandwidth_bytes_per_second")
-           .Help(
-               "Achieved copy bandwidth in the latest step: bytes / busy seconds of the "
-               "copy stream.")
-           .Register(r);
-  pcie_link_bandwidth_ = &BuildGauge()
-                              .Name("megatrain_pcie_link_bandwidth_bytes_per_second")
-                              .Help("Pinned copy bandwidth measured at daemon start-up.")
-                              .Register(r);
+}
+
+void ServerMetrics::RegisterPcieMetrics(prometheus::Registry& r) {
+  pcie_bytes_total_ = &CounterFamily(r, "megatrain_pcie_bytes_total",
+                                     "Bytes copied over PCIe, by direction (h2d, d2h).");
+  pcie_bandwidth_ = &GaugeFamily(r, "megatrain_pcie_bandwidth_bytes_per_second",
+                                 "Achieved copy bandwidth in the latest step: bytes / busy seconds "
+                                 "of the copy stream.");
+  pcie_link_bandwidth_ = &GaugeFamily(r, "megatrain_pcie_link_bandwidth_bytes_per_second",
+                                      "Pinned copy bandwidth measured at daemon start-up.");
   pcie_utilization_ =
-      &BuildGauge()
-           .Name("megatrain_pcie_utilization_ratio")
-           .Help("Latest step: bytes / (step seconds x measured link bandwidth), in [0, 1].")
-           .Register(r);
+      &GaugeFamily(r, "megatrain_pcie_utilization_ratio",
+                   "Latest step: bytes / (step seconds x measured link bandwidth), in [0, 1].");
   nvml_pcie_throughput_ =
-      &BuildGauge()
-           .Name("megatrain_nvml_pcie_throughput_bytes_per_second")
-           .Help(
-               "PCIe throughput reported by NVML (tx, rx): one 20 ms window at each scrape, "
-               "not comparable with byte counters; use megatrain_nvml_pcie_bytes_total.")
-           .Register(r);
+      &GaugeFamily(r, "megatrain_nvml_pcie_throughput_bytes_per_second",
+                   "PCIe throughput reported by NVML (tx, rx): one 20 ms window at each scrape, "
+                   "not comparable with byte counters; use megatrain_nvml_pcie_bytes_total.");
   nvml_pcie_bytes_total_ =
-      &BuildCounter()
-           .Name("megatrain_nvml_pcie_bytes_total")
-           .Help(
-               "PCIe bytes counted by NVML since daemon start (tx: device to host, rx: host "
-               "to device), link level: payload and packet headers.")
-           .Register(r);
+      &CounterFamily(r, "megatrain_nvml_pcie_bytes_total",
+                     "PCIe bytes counted by NVML since daemon start (tx: device to host, rx: host "
+                     "to device), link level: payload and packet headers.");
   nvml_pcie_counter_late_reads_total_ =
-      &BuildCounter()
-           .Name("megatrain_nvml_pcie_counter_late_reads_total")
-           .Help(
-               "Reads of a 32-bit NVML PCIe byte counter that came late enough to have "
-               "missed a whole wrap (megatrain_nvml_pcie_bytes_total may be short by 4 GiB "
-               "each).")
-           .Register(r);
+      &CounterFamily(r, "megatrain_nvml_pcie_counter_late_reads_total",
+                     "Reads of a 32-bit NVML PCIe byte counter that came late enough to have "
+                     "missed a whole wrap (megatrain_nvml_pcie_bytes_total may be short by 4 GiB "
+                     "each).");
   pcie_link_estimate_bytes_total_ =
-      &BuildCounter()
-           .Name("megatrain_pcie_link_estimate_bytes_total")
-           .Help(
-               "The engine's copies as bytes on the PCIe link (tx: device to host, rx: host "
-               "to device; payload, packet headers and read requests, by the link model): "
-               "comparable with megatrain_nvml_pcie_bytes_total.")
-           .Register(r);
+      &CounterFamily(r, "megatrain_pcie_link_estimate_bytes_total",
+                     "The engine's copies as bytes on the PCIe link (tx: device to host, rx: host "
+                     "to device; payload, packet headers and read requests, by the link model): "
+                     "comparable with megatrain_nvml_pcie_bytes_total.");
   pcie_link_model_ratio_ =
-      &BuildGauge()
-           .Name("megatrain_pcie_link_model_ratio")
-           .Help(
-               "PCIe link model: link bytes per payload byte (kind: rx_per_h2d_byte, "
-               "tx_per_h2d_byte, tx_per_d2h_byte, rx_per_d2h_byte).")
-           .Register(r);
+      &GaugeFamily(r, "megatrain_pcie_link_model_ratio",
+                   "PCIe link model: link bytes per payload byte (kind: rx_per_h2d_byte, "
+                   "tx_per_h2d_byte, tx_per_d2h_byte, rx_per_d2h_byte).");
   pcie_link_model_calibrated_ =
-      &BuildGauge()
-           .Name("megatrain_pcie_link_model_calibrated")
-           .Help(
-               "1 when the PCIe link model was measured with NVML at start-up, 0 when it "
-               "is the defaults.")
-           .Register(r);
-  gpu_memory_used_ = &BuildGauge()
-                          .Name("megatrain_gpu_memory_used_bytes")
-                          .Help("Device memory in use (NVML).")
-                          .Register(r);
-  gpu_memory_total_ = &BuildGauge()
-                           .Name("megatrain_gpu_memory_total_bytes")
-                           .Help("Device memory (NVML).")
-                           .Register(r);
-  gpu_memory_peak_ = &BuildGauge()
-                          .Name("megatrain_gpu_memory_peak_bytes")
-                          .Help("Peak device memory allocated by the engine in the latest step.")
-                          .Register(r);
-  host_store_bytes_ = &BuildGauge()
-                           .Name("megatrain_host_store_bytes")
-                           .Help("Host model store of the running jobs, by kind.")
-                           .Register(r);
+      &GaugeFamily(r, "megatrain_pcie_link_model_calibrated",
+                   "1 when the PCIe link model was measured with NVML at start-up, 0 when it "
+                   "is the defaults.");
+}
+
+void ServerMetrics::RegisterMemoryMetrics(prometheus::Registry& r) {
+  gpu_memory_used_ =
+      &GaugeFamily(r, "megatrain_gpu_memory_used_bytes", "Device memory in use (NVML).");
+  gpu_memory_total_ = &GaugeFamily(r, "megatrain_gpu_memory_total_bytes", "Device memory (NVML).");
+  gpu_memory_peak_ = &GaugeFamily(r, "megatrain_gpu_memory_peak_bytes",
+                                  "Peak device memory allocated by the engine in the latest step.");
+  host_store_bytes_ = &GaugeFamily(r, "megatrain_host_store_bytes",
+                                   "Host model store of the running jobs, by kind.");
   for (const char* kind : {"master", "grad", "exp_avg", "exp_avg_sq", "streaming", "staging"}) {
     host_store_bytes_->Add({{"kind", kind}});
   }
-  host_pinned_bytes_ = &BuildGauge()
-                            .Name("megatrain_host_pinned_bytes")
-                            .Help("Page-locked part of the host model store.")
-                            .Register(r)
-                            .Add({});
-  host_memory_budget_bytes_ = &BuildGauge()
-                                   .Name("megatrain_host_memory_budget_bytes")
-                                   .Help("Host memory all running jobs may use together.")
-                                   .Register(r)
+  host_pinned_bytes_ =
+      &GaugeFamily(r, "megatrain_host_pinned_bytes", "Page-locked part of the host model store.")
+           .Add({});
+  host_memory_budget_bytes_ = &GaugeFamily(r, "megatrain_host_memory_budget_bytes",
+                                           "Host memory all running jobs may use together.")
                                    .Add({});
-  host_memory_reserved_bytes_ = &BuildGauge()
-                                     .Name("megatrain_host_memory_reserved_bytes")
-                                     .Help("Host memory footprints of the running jobs.")
-                                     .Register(r)
+  host_memory_reserved_bytes_ = &GaugeFamily(r, "megatrain_host_memory_reserved_bytes",
+                                             "Host memory footprints of the running jobs.")
                                      .Add({});
-  mfu_ = &BuildGauge()
-              .Name("megatrain_mfu_ratio")
-              .Help("Model FLOPs utilisation of the latest step, in [0, 1].")
-              .Register(r);
-  tokens_per_second_ = &BuildGauge()
-                            .Name("megatrain_tokens_per_second")
-                            .Help("Throughput of the latest step.")
-                            .Register(r);
-  training_loss_ = &BuildGauge()
-                        .Name("megatrain_training_loss")
-                        .Help("Training loss of the latest step.")
-                        .Register(r);
-  training_aux_loss_ = &BuildGauge()
-                            .Name("megatrain_training_aux_loss")
-                            .Help("Router load-balancing loss of the latest step (MoE models).")
-                            .Register(r);
-  eval_loss_ =
-      &BuildGauge().Name("megatrain_eval_loss").Help("Loss of the latest evaluation.").Register(r);
-  jobs_ = &BuildGauge().Name("megatrain_jobs").Help("Jobs per state.").Register(r);
+}
+
+void ServerMetrics::RegisterTrainingMetrics(prometheus::Registry& r) {
+  mfu_ = &GaugeFamily(r, "megatrain_mfu_ratio",
+                      "Model FLOPs utilisation of the latest step, in [0, 1].");
+  tokens_per_second_ =
+      &GaugeFamily(r, "megatrain_tokens_per_second", "Throughput of the latest step.");
+  training_loss_ = &GaugeFamily(r, "megatrain_training_loss", "Training loss of the latest step.");
+  training_aux_loss_ = &GaugeFamily(r, "megatrain_training_aux_loss",
+                                    "Router load-balancing loss of the latest step (MoE models).");
+  eval_loss_ = &GaugeFamily(r, "megatrain_eval_loss", "Loss of the latest evaluation.");
+}
+
+void ServerMetrics::RegisterServerMetrics(prometheus::Registry& r) {
+  jobs_ = &GaugeFamily(r, "megatrain_jobs", "Jobs per state.");
   for (JobState state : kAllJobStates) {
     jobs_->Add({{"state", absl::AsciiStrToLower(JobStateName(state))}});
   }
-  queue_depth_ = &BuildGauge()
-                      .Name("megatrain_queue_depth")
-                      .Help("Jobs waiting in the queue (QUEUED).")
-                      .Register(r)
-                      .Add({});
-  checkpoint_duration_seconds_ = &BuildHistogram()
-                                      .Name("megatrain_checkpoint_duration_seconds")
-                                      .Help("Time to write one checkpoint.")
-                                      .Register(r)
-                                      .Add({}, CheckpointBuckets());
-  rpcs_total_ = &BuildCounter()
-                     .Name("megatrain_rpcs_total")
-                     .Help("Finished RPCs by method and status code.")
-                     .Register(r);
-  rpc_duration_seconds_ = &BuildHistogram()
-                               .Name("megatrain_rpc_duration_seconds")
-                               .Help("RPC latency by method.")
-                               .Register(r);
-  watch_streams_ = &BuildGauge()
-                        .Name("megatrain_watch_streams")
-                        .Help("WatchJob streams open now.")
-                        .Register(r)
-                        .Add({});
-  BuildGauge()
-      .Name("megatrain_build_info")
-      .Help("Constant 1, labelled with the daemon version.")
-      .Register(r)
-      .Add({{"version", "0.1.0"}})
+  queue_depth_ =
+      &GaugeFamily(r, "megatrain_queue_depth", "Jobs waiting in the queue (QUEUED).").Add({});
+  checkpoint_duration_seconds_ =
+      &HistogramFamily(r, "megatrain_checkpoint_duration_seconds", "Time to write one checkpoint.")
+           .Add({}, CheckpointBuckets());
+  rpcs_total_ =
+      &CounterFamily(r, "megatrain_rpcs_total", "Finished RPCs by method and status code.");
+  rpc_duration_seconds_ =
+      &HistogramFamily(r, "megatrain_rpc_duration_seconds", "RPC latency by method.");
+  watch_streams_ = &GaugeFamily(r, "megatrain_watch_streams", "WatchJob streams open now.").Add({});
+  GaugeFamily(r, "megatrain_build_info", "Constant 1, labelled with the daemon version.")
+      .Add({{"version", MEGATRAIN_VERSION}})  // CMake's PROJECT_VERSION (daemon.h kVersion)
       .Set(1);
 }
 

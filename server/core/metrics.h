@@ -159,6 +159,13 @@ class ServerMetrics {
   static std::string ToText(const std::vector<prometheus::MetricFamily>& families);
 
  private:
+  // The constructor's steps: the families of each concern, registered in
+  // `r` in the order of the exposition.
+  void RegisterStepMetrics(prometheus::Registry& r);      // tokens, steps, phases
+  void RegisterPcieMetrics(prometheus::Registry& r);      // copies, link, NVML
+  void RegisterMemoryMetrics(prometheus::Registry& r);    // device and host memory
+  void RegisterTrainingMetrics(prometheus::Registry& r);  // MFU, tokens/s, losses
+  void RegisterServerMetrics(prometheus::Registry& r);    // jobs, RPCs, build info
   void UpdateHostStoreGaugesLocked();
 
   std::shared_ptr<prometheus::Registry> registry_;

@@ -262,6 +262,89 @@ int64_t PhysicalMemoryBytes() {
   return static_cast<int64_t>(pages) * page_size;
 }
 
+namespace {
+
+// What Start reads from the flags, the TLS files and the tokens file before
+// anything on disk changes.
+struct StartupFlags {
+  HostPort listen;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::unique_ptr<Authenticator> auth;
+  std::vector<std::string> devices;
+  int64_t physical_memory_bytes = 0;
+  int64_t host_memory_budget_bytes = 0;
+};
+
+// --listen against --auth_tokens and TLS (the security rules in daemon.h).
+absl::Status CheckListenSecurity(const DaemonOptions& opt, const HostPort& listen) {
+  if (opt.auth_tokens.empty() && !IsLoopbackHost(listen.host)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen=", opt.listen,
+                     ": without --auth_tokens the daemon serves only loopback "
+                     "addresses (127.0.0.1, ::1, localhost); give --auth_tokens to listen on ",
+                     listen.host));
+  }
+  if (!opt.auth_tokens.empty() && !IsLoopbackHost(listen.host) && opt.tls_cert.empty() &&
+      !opt.allow_cleartext_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", opt.listen,
+        ": with --auth_tokens and without TLS, bearer tokens would "
+        "cross the network in clear; give --tls_cert and --tls_key, or pass "
+        "--allow_cleartext_tokens to accept that (a trusted network, or TLS terminated in "
+        "front of the daemon)"));
+  }
+  return absl::OkStatus();
+}
+
+// Everyone is the admin "local" without --auth_tokens; else the tokens
+// file, which must not be readable by others.
+absl::StatusOr<std::unique_ptr<Authenticator>> LoadAuthenticator(const DaemonOptions& opt) {
+  if (opt.auth_tokens.empty()) return Authenticator::AllowAll();
+  MEGATRAIN_RETURN_IF_ERROR(CheckSecretFileMode(opt.auth_tokens, "--auth_tokens"));
+  return Authenticator::FromTokensFile(opt.auth_tokens);
+}
+
+// Checks every flag, in the order their errors are reported, and reads the
+// secret files. Asks `backend` for its CUDA devices only once the flags
+// before --device are good.
+absl::StatusOr<StartupFlags> ReadStartupFlags(const DaemonOptions& opt, EngineBackend& backend) {
+  StartupFlags flags;
+  MEGATRAIN_ASSIGN_OR_RETURN(flags.listen, ParseHostPort(opt.listen, "--listen"));
+  MEGATRAIN_RETURN_IF_ERROR(CheckListenSecurity(opt, flags.listen));
+  if (opt.state_dir.empty()) return absl::InvalidArgumentError("--state_dir: required");
+  MEGATRAIN_RETURN_IF_ERROR(CheckLimits(opt));
+  MEGATRAIN_ASSIGN_OR_RETURN(flags.credentials, MakeCredentials(opt));
+  MEGATRAIN_ASSIGN_OR_RETURN(flags.auth, LoadAuthenticator(opt));
+  MEGATRAIN_ASSIGN_OR_RETURN(flags.devices, ResolveDevices(opt.device, backend.CudaDeviceCount()));
+  flags.physical_memory_bytes = PhysicalMemoryBytes();
+  int64_t budget = opt.host_memory_budget_bytes;
+  if (budget == 0) budget = static_cast<int64_t>(kDefaultBudgetShare * flags.physical_memory_bytes);
+  if (budget <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_memory_budget: must be > 0, got ", budget));
+  }
+  flags.host_memory_budget_bytes = budget;
+  return flags;
+}
+
+// The link model of `device` from NVML's PCIe counters read before, between
+// and after the two directions of the bandwidth probe (Note [PCIe link
+// model]); the defaults when a reading is missing or does not fit.
+PcieLinkModel LinkModelOf(const std::string& device, const LinkBandwidth& bandwidth,
+                          const std::optional<PcieCounterReading>& before,
+                          const std::optional<PcieCounterReading>& between,
+                          const std::optional<PcieCounterReading>& after) {
+  if (!before.has_value() || !between.has_value() || !after.has_value()) return PcieLinkModel();
+  absl::StatusOr<PcieLinkModel> measured =
+      CalibratePcieLinkModel(bandwidth.bytes_copied_each_way, *before, *between, *after);
+  if (measured.ok()) return *measured;
+  LogWarning(
+      absl::StrCat(device, ": ", measured.status().message(), "; using the default link model"));
+  return PcieLinkModel();
+}
+
+}  // namespace
+
 struct Daemon::Parts {
   // Declared in dependency order: destroyed in reverse.
   DaemonOptions options;
@@ -282,6 +365,9 @@ struct Daemon::Parts {
   std::string grpc_host;
   int grpc_port = 0;
   bool shut_down = false;
+  // Absolute --state_dir; the JSON-lines audit log ("" when off).
+  fs::path state_dir;
+  std::string audit_jsonl;
   // Ready once grpc_server->Wait() returned (Shutdown); the server is not
   // destroyed before.
   std::shared_future<void> handlers_done;
@@ -291,7 +377,203 @@ struct Daemon::Parts {
     grpc_server.reset();
     if (lock_fd >= 0) ::close(lock_fd);
   }
+
+  // Start's steps, in order; each fills the members it names.
+  absl::Status OpenStateDir();  // state_dir, lock_fd, store, path_policy, audit
+  void StartMonitoring(const std::vector<std::string>& devices);  // metrics, nvml
+  ServerFacts Facts(const StartupFlags& flags) const;
+  void MeasureLinks(const std::vector<std::string>& devices, ServerFacts* facts);
+  void InstallNvmlSampler(const std::vector<std::string>& devices);
+  absl::Status StartJobManager(const StartupFlags& flags);  // manager
+  absl::Status StartGrpc(const StartupFlags& flags, ServerFacts facts);
+  absl::Status StartMetricsHttp();  // http, unless --metrics_listen is off
+  void LogStarted(const StartupFlags& flags) const;
 };
+
+// The state directory (created, locked, made private), the job store, the
+// path policy and the audit log.
+absl::Status Daemon::Parts::OpenStateDir() {
+  std::error_code ec;
+  state_dir = fs::absolute(options.state_dir);
+  fs::create_directories(state_dir / "jobs", ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir: cannot create '", state_dir.string(), "': ", ec.message()));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(lock_fd, LockStateDir(state_dir.string()));
+  MEGATRAIN_RETURN_IF_ERROR(RestrictMode(state_dir / "megatraind.lock", 0600));
+  MEGATRAIN_RETURN_IF_ERROR(SecureStateDir(state_dir));
+  if (!options.output_group.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(gid_t gid, ResolveOutputGroup(options.output_group));
+    MEGATRAIN_RETURN_IF_ERROR(
+        ShareOutputsWithGroup(state_dir.string(), (state_dir / "jobs").string(), gid));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(store, JobStore::Open((state_dir / "megatrain.db").string()));
+  MEGATRAIN_ASSIGN_OR_RETURN(path_policy, MakePathPolicy(options, auth->enabled(), state_dir));
+  audit_jsonl = options.audit_log;
+  if (audit_jsonl.empty()) audit_jsonl = (state_dir / "audit.jsonl").string();
+  if (audit_jsonl == "off") audit_jsonl.clear();
+  AuditLogOptions audit_options;
+  audit_options.jsonl_path = audit_jsonl;
+  audit_options.space_check_dir = state_dir.string();
+  audit_options.min_free_bytes = options.state_dir_min_free_bytes;
+  MEGATRAIN_ASSIGN_OR_RETURN(audit, AuditLog::Open(store.get(), std::move(audit_options)));
+  return absl::OkStatus();
+}
+
+void Daemon::Parts::StartMonitoring(const std::vector<std::string>& devices) {
+  metrics = std::make_unique<ServerMetrics>();
+  // NVML's PCIe byte counters are read every 20 ms from here on, so that
+  // their totals start at daemon start (Note [NVML PCIe counters]).
+  NvmlOptions nvml_options;
+  for (const std::string& device : devices) {
+    if (device != "cpu") nvml_options.pcie_counter_devices.push_back(device);
+  }
+  nvml = Nvml::Load(nvml_options);
+}
+
+ServerFacts Daemon::Parts::Facts(const StartupFlags& flags) const {
+  ServerFacts facts;
+  facts.version = kVersion;
+  facts.start_time_unix_ms = NowUnixMs();
+  facts.physical_memory_bytes = flags.physical_memory_bytes;
+  facts.auth_enabled = auth->enabled();
+  facts.preemption_enabled = options.preemption;
+  facts.backend = backend.get();
+  facts.nvme_budget_bytes = options.nvme_budget_bytes;
+  return facts;
+}
+
+// Each GPU's pinned copy bandwidth and PCIe link model, into `facts` and
+// the metrics (unless --measure_link_bandwidth=false).
+void Daemon::Parts::MeasureLinks(const std::vector<std::string>& devices, ServerFacts* facts) {
+  for (const std::string& device : devices) {
+    if (!options.measure_link_bandwidth || device == "cpu") continue;
+    // NVML's PCIe counters around each direction of the probe calibrate the
+    // link model (Note [PCIe link model]); without them it keeps its defaults.
+    std::optional<PcieCounterReading> before, between, after;
+    if (nvml != nullptr) before = nvml->PcieBytes(device);
+    absl::StatusOr<LinkBandwidth> bandwidth = backend->MeasureLinkBandwidth(device, [&] {
+      if (nvml != nullptr) between = nvml->PcieBytes(device);
+    });
+    if (nvml != nullptr) after = nvml->PcieBytes(device);
+    if (!bandwidth.ok()) {
+      if (!absl::IsUnimplemented(bandwidth.status())) {
+        LogWarning(
+            absl::StrCat(device, ": measuring PCIe bandwidth: ", bandwidth.status().ToString()));
+      }
+      continue;
+    }
+    facts->link_bandwidth[device] = *bandwidth;
+    metrics->SetLinkBandwidth(device, *bandwidth);
+    LogInfo(absl::StrFormat("%s: pinned H2D %.1f GB/s, D2H %.1f GB/s", device,
+                            bandwidth->h2d_bytes_per_second / 1e9,
+                            bandwidth->d2h_bytes_per_second / 1e9));
+    const PcieLinkModel model = LinkModelOf(device, *bandwidth, before, between, after);
+    metrics->SetPcieLinkModel(device, model);
+    LogInfo(absl::StrFormat(
+        "%s: PCIe link model (%s): rx %.3f x H2D + %.3f x D2H, tx %.3f x D2H + %.3f x H2D", device,
+        model.calibrated ? "measured with NVML" : "defaults", model.rx_per_h2d_byte,
+        model.rx_per_d2h_byte, model.tx_per_d2h_byte, model.tx_per_h2d_byte));
+  }
+}
+
+// NVML's memory and PCIe readings of every device, taken at each scrape.
+void Daemon::Parts::InstallNvmlSampler(const std::vector<std::string>& devices) {
+  if (nvml == nullptr) return;
+  Nvml* sampled = nvml.get();
+  ServerMetrics* sink = metrics.get();
+  metrics->SetPreCollectHook([sampled, sink, devices] {
+    for (const std::string& device : devices) {
+      std::optional<NvmlSample> sample = sampled->Sample(device);
+      if (!sample.has_value()) continue;
+      sink->SetGpuMemory(device, sample->memory_used_bytes, sample->memory_total_bytes);
+      sink->SetNvmlPcieThroughput(device, sample->pcie_tx_bytes_per_second,
+                                  sample->pcie_rx_bytes_per_second);
+      if (sample->pcie_byte_counters) {
+        sink->SetNvmlPcieBytes(device, sample->pcie_tx_bytes, sample->pcie_rx_bytes,
+                               sample->pcie_counter_late_reads);
+      }
+    }
+  });
+}
+
+// The job manager (recovers interrupted jobs).
+absl::Status Daemon::Parts::StartJobManager(const StartupFlags& flags) {
+  JobManagerOptions manager_options;
+  manager_options.jobs_dir = (state_dir / "jobs").string();
+  manager_options.devices = flags.devices;
+  manager_options.host_memory_budget_bytes = flags.host_memory_budget_bytes;
+  manager_options.max_running_jobs_per_user = options.max_running_jobs_per_user;
+  manager_options.max_queued_jobs_per_user = options.max_queued_jobs_per_user;
+  manager_options.max_queued_jobs = options.max_queued_jobs;
+  manager_options.preemption = options.preemption;
+  manager_options.path_policy = path_policy;
+  MEGATRAIN_ASSIGN_OR_RETURN(manager, JobManager::Create(std::move(manager_options), store.get(),
+                                                         backend.get(), metrics.get()));
+  return absl::OkStatus();
+}
+
+// The services, and the gRPC server on --listen with the message, thread
+// and keepalive limits (daemon.h).
+absl::Status Daemon::Parts::StartGrpc(const StartupFlags& flags, ServerFacts facts) {
+  job_service = std::make_unique<JobServiceImpl>(manager.get(), auth.get(), metrics.get(),
+                                                 audit.get(), options.max_watch_streams,
+                                                 options.max_watch_streams_per_user);
+  checkpoint_service = std::make_unique<CheckpointServiceImpl>(manager.get(), auth.get(),
+                                                               metrics.get(), audit.get());
+  server_service = std::make_unique<ServerServiceImpl>(std::move(facts), manager.get(), auth.get(),
+                                                       metrics.get(), nvml.get(), audit.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, flags.credentials, &grpc_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  grpc::ResourceQuota quota("megatraind");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  // gRPC sets SO_REUSEPORT by default: a second daemon could then bind the
+  // same address and take half of the connections. Off, its bind fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(job_service.get());
+  builder.RegisterService(checkpoint_service.get());
+  builder.RegisterService(server_service.get());
+  grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || grpc_port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "--listen: cannot bind ", options.listen,
+        ": the address is in use (another megatraind, or another program, listens on it) or "
+        "is not an address of this machine; stop the other process or choose another "
+        "--listen"));
+  }
+  grpc_host = flags.listen.host;
+  grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Parts::StartMetricsHttp() {
+  if (options.metrics_listen.empty()) return absl::OkStatus();
+  MEGATRAIN_ASSIGN_OR_RETURN(http, MetricsHttpServer::Start(options.metrics_listen, metrics.get()));
+  return absl::OkStatus();
+}
+
+void Daemon::Parts::LogStarted(const StartupFlags& flags) const {
+  LogInfo(absl::StrCat("megatraind ", kVersion, ": devices ", absl::StrJoin(flags.devices, ","),
+                       ", host memory budget ", flags.host_memory_budget_bytes, " bytes, auth ",
+                       auth->enabled() ? absl::StrCat(auth->user_count(), " users") : "off",
+                       ", preemption ", options.preemption ? "on" : "off"));
+  auto roots = [](const std::vector<std::string>& list) {
+    return list.empty() ? std::string("anywhere") : absl::StrJoin(list, ",");
+  };
+  LogInfo(absl::StrCat("jobs read under ", roots(path_policy.data_roots()), ", write under ",
+                       roots(path_policy.output_roots()), "; audit log ",
+                       audit_jsonl.empty() ? "in the database only" : audit_jsonl, "; max message ",
+                       options.max_message_bytes, " bytes, max threads ", options.max_threads,
+                       ", max watch streams ", options.max_watch_streams));
+}
 
 Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
 
@@ -304,217 +586,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   auto parts = std::make_unique<Parts>();
   Parts& p = *parts;
   p.options = std::move(options);
-  const DaemonOptions& opt = p.options;
   p.backend = std::move(backend);
-
   // Flags first: fail before touching anything.
-  MEGATRAIN_ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(opt.listen, "--listen"));
-  if (opt.auth_tokens.empty() && !IsLoopbackHost(listen.host)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--listen=", opt.listen,
-                     ": without --auth_tokens the daemon serves only loopback "
-                     "addresses (127.0.0.1, ::1, localhost); give --auth_tokens to listen on ",
-                     listen.host));
-  }
-  if (!opt.auth_tokens.empty() && !IsLoopbackHost(listen.host) && opt.tls_cert.empty() &&
-      !opt.allow_cleartext_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--listen=", opt.listen,
-        ": with --auth_tokens and without TLS, bearer tokens would "
-        "cross the network in clear; give --tls_cert and --tls_key, or pass "
-        "--allow_cleartext_tokens to accept that (a trusted network, or TLS terminated in "
-        "front of the daemon)"));
-  }
-  if (opt.state_dir.empty()) return absl::InvalidArgumentError("--state_dir: required");
-  MEGATRAIN_RETURN_IF_ERROR(CheckLimits(opt));
-  MEGATRAIN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                             MakeCredentials(opt));
-  if (opt.auth_tokens.empty()) {
-    p.auth = Authenticator::AllowAll();
-  } else {
-    MEGATRAIN_RETURN_IF_ERROR(CheckSecretFileMode(opt.auth_tokens, "--auth_tokens"));
-    MEGATRAIN_ASSIGN_OR_RETURN(p.auth, Authenticator::FromTokensFile(opt.auth_tokens));
-  }
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<std::string> devices,
-                             ResolveDevices(opt.device, p.backend->CudaDeviceCount()));
-  const int64_t physical_bytes = PhysicalMemoryBytes();
-  int64_t budget = opt.host_memory_budget_bytes;
-  if (budget == 0) budget = static_cast<int64_t>(kDefaultBudgetShare * physical_bytes);
-  if (budget <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--host_memory_budget: must be > 0, got ", budget));
-  }
-
-  // State directory, lock, store.
-  std::error_code ec;
-  const fs::path state_dir = fs::absolute(opt.state_dir);
-  fs::create_directories(state_dir / "jobs", ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--state_dir: cannot create '", state_dir.string(), "': ", ec.message()));
-  }
-  MEGATRAIN_ASSIGN_OR_RETURN(p.lock_fd, LockStateDir(state_dir.string()));
-  MEGATRAIN_RETURN_IF_ERROR(RestrictMode(state_dir / "megatraind.lock", 0600));
-  MEGATRAIN_RETURN_IF_ERROR(SecureStateDir(state_dir));
-  if (!opt.output_group.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(gid_t gid, ResolveOutputGroup(opt.output_group));
-    MEGATRAIN_RETURN_IF_ERROR(
-        ShareOutputsWithGroup(state_dir.string(), (state_dir / "jobs").string(), gid));
-  }
-  MEGATRAIN_ASSIGN_OR_RETURN(p.store, JobStore::Open((state_dir / "megatrain.db").string()));
-  MEGATRAIN_ASSIGN_OR_RETURN(PathPolicy path_policy,
-                             MakePathPolicy(opt, p.auth->enabled(), state_dir));
-  std::string audit_jsonl = opt.audit_log;
-  if (audit_jsonl.empty()) audit_jsonl = (state_dir / "audit.jsonl").string();
-  if (audit_jsonl == "off") audit_jsonl.clear();
-  AuditLogOptions audit_options;
-  audit_options.jsonl_path = audit_jsonl;
-  audit_options.space_check_dir = state_dir.string();
-  audit_options.min_free_bytes = opt.state_dir_min_free_bytes;
-  MEGATRAIN_ASSIGN_OR_RETURN(p.audit, AuditLog::Open(p.store.get(), std::move(audit_options)));
-
-  // Metrics, NVML, link bandwidth.
-  p.metrics = std::make_unique<ServerMetrics>();
-  // NVML's PCIe byte counters are read every 20 ms from here on, so that
-  // their totals start at daemon start (Note [NVML PCIe counters]).
-  NvmlOptions nvml_options;
-  for (const std::string& device : devices) {
-    if (device != "cpu") nvml_options.pcie_counter_devices.push_back(device);
-  }
-  p.nvml = Nvml::Load(nvml_options);
-  ServerFacts facts;
-  facts.version = kVersion;
-  facts.start_time_unix_ms = NowUnixMs();
-  facts.physical_memory_bytes = physical_bytes;
-  facts.auth_enabled = p.auth->enabled();
-  facts.preemption_enabled = opt.preemption;
-  facts.backend = p.backend.get();
-  facts.nvme_budget_bytes = opt.nvme_budget_bytes;
-  for (const std::string& device : devices) {
-    if (!opt.measure_link_bandwidth || device == "cpu") continue;
-    // NVML's PCIe counters around each direction of the probe calibrate the
-    // link model (Note [PCIe link model]); without them it keeps its defaults.
-    std::optional<PcieCounterReading> before, between, after;
-    if (p.nvml != nullptr) before = p.nvml->PcieBytes(device);
-    absl::StatusOr<LinkBandwidth> bandwidth = p.backend->MeasureLinkBandwidth(device, [&] {
-      if (p.nvml != nullptr) between = p.nvml->PcieBytes(device);
-    });
-    if (p.nvml != nullptr) after = p.nvml->PcieBytes(device);
-    if (bandwidth.ok()) {
-      facts.link_bandwidth[device] = *bandwidth;
-      p.metrics->SetLinkBandwidth(device, *bandwidth);
-      LogInfo(absl::StrFormat("%s: pinned H2D %.1f GB/s, D2H %.1f GB/s", device,
-                              bandwidth->h2d_bytes_per_second / 1e9,
-                              bandwidth->d2h_bytes_per_second / 1e9));
-      PcieLinkModel model;
-      if (before.has_value() && between.has_value() && after.has_value()) {
-        absl::StatusOr<PcieLinkModel> measured =
-            CalibratePcieLinkModel(bandwidth->bytes_copied_each_way, *before, *between, *after);
-        if (measured.ok()) {
-          model = *measured;
-        } else {
-          LogWarning(absl::StrCat(device, ": ", measured.status().message(),
-                                  "; using the default link model"));
-        }
-      }
-      p.metrics->SetPcieLinkModel(device, model);
-      LogInfo(absl::StrFormat(
-          "%s: PCIe link model (%s): rx %.3f x H2D + %.3f x D2H, tx %.3f x D2H + %.3f x H2D",
-          device, model.calibrated ? "measured with NVML" : "defaults", model.rx_per_h2d_byte,
-          model.rx_per_d2h_byte, model.tx_per_d2h_byte, model.tx_per_h2d_byte));
-    } else if (!absl::IsUnimplemented(bandwidth.status())) {
-      LogWarning(
-          absl::StrCat(device, ": measuring PCIe bandwidth: ", bandwidth.status().ToString()));
-    }
-  }
-  if (p.nvml != nullptr) {
-    Nvml* nvml = p.nvml.get();
-    ServerMetrics* metrics = p.metrics.get();
-    p.metrics->SetPreCollectHook([nvml, metrics, devices] {
-      for (const std::string& device : devices) {
-        std::optional<NvmlSample> sample = nvml->Sample(device);
-        if (!sample.has_value()) continue;
-        metrics->SetGpuMemory(device, sample->memory_used_bytes, sample->memory_total_bytes);
-        metrics->SetNvmlPcieThroughput(device, sample->pcie_tx_bytes_per_second,
-                                       sample->pcie_rx_bytes_per_second);
-        if (sample->pcie_byte_counters) {
-          metrics->SetNvmlPcieBytes(device, sample->pcie_tx_bytes, sample->pcie_rx_bytes,
-                                    sample->pcie_counter_late_reads);
-        }
-      }
-    });
-  }
-
-  // The job manager (recovers interrupted jobs).
-  JobManagerOptions manager_options;
-  manager_options.jobs_dir = (state_dir / "jobs").string();
-  manager_options.devices = devices;
-  manager_options.host_memory_budget_bytes = budget;
-  manager_options.max_running_jobs_per_user = opt.max_running_jobs_per_user;
-  manager_options.max_queued_jobs_per_user = opt.max_queued_jobs_per_user;
-  manager_options.max_queued_jobs = opt.max_queued_jobs;
-  manager_options.preemption = opt.preemption;
-  manager_options.path_policy = path_policy;
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      p.manager, JobManager::Create(std::move(manager_options), p.store.get(), p.backend.get(),
-                                    p.metrics.get()));
-
-  // gRPC.
-  p.job_service = std::make_unique<JobServiceImpl>(p.manager.get(), p.auth.get(), p.metrics.get(),
-                                                   p.audit.get(), opt.max_watch_streams,
-                                                   opt.max_watch_streams_per_user);
-  p.checkpoint_service = std::make_unique<CheckpointServiceImpl>(p.manager.get(), p.auth.get(),
-                                                                 p.metrics.get(), p.audit.get());
-  p.server_service =
-      std::make_unique<ServerServiceImpl>(std::move(facts), p.manager.get(), p.auth.get(),
-                                          p.metrics.get(), p.nvml.get(), p.audit.get());
-  p.path_policy = std::move(path_policy);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(opt.listen, credentials, &p.grpc_port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(opt.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(opt.max_message_bytes));
-  grpc::ResourceQuota quota("megatraind");
-  quota.SetMaxThreads(opt.max_threads);
-  builder.SetResourceQuota(quota);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  // gRPC sets SO_REUSEPORT by default: a second daemon could then bind the
-  // same address and take half of the connections. Off, its bind fails.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(p.job_service.get());
-  builder.RegisterService(p.checkpoint_service.get());
-  builder.RegisterService(p.server_service.get());
-  p.grpc_server = builder.BuildAndStart();
-  if (p.grpc_server == nullptr || p.grpc_port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "--listen: cannot bind ", opt.listen,
-        ": the address is in use (another megatraind, or another program, listens on it) or "
-        "is not an address of this machine; stop the other process or choose another "
-        "--listen"));
-  }
-  p.grpc_host = listen.host;
-  grpc::HealthCheckServiceInterface* health = p.grpc_server->GetHealthCheckService();
-  health->SetServingStatus(true);
-
-  // /metrics.
-  if (!opt.metrics_listen.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(p.http,
-                               MetricsHttpServer::Start(opt.metrics_listen, p.metrics.get()));
-  }
-  LogInfo(absl::StrCat("megatraind ", kVersion, ": devices ", absl::StrJoin(devices, ","),
-                       ", host memory budget ", budget, " bytes, auth ",
-                       p.auth->enabled() ? absl::StrCat(p.auth->user_count(), " users") : "off",
-                       ", preemption ", opt.preemption ? "on" : "off"));
-  auto roots = [](const std::vector<std::string>& list) {
-    return list.empty() ? std::string("anywhere") : absl::StrJoin(list, ",");
-  };
-  LogInfo(absl::StrCat("jobs read under ", roots(p.path_policy.data_roots()), ", write under ",
-                       roots(p.path_policy.output_roots()), "; audit log ",
-                       audit_jsonl.empty() ? "in the database only" : audit_jsonl, "; max message ",
-                       opt.max_message_bytes, " bytes, max threads ", opt.max_threads,
-                       ", max watch streams ", opt.max_watch_streams));
+  MEGATRAIN_ASSIGN_OR_RETURN(StartupFlags flags, ReadStartupFlags(p.options, *p.backend));
+  p.auth = std::move(flags.auth);
+  MEGATRAIN_RETURN_IF_ERROR(p.OpenStateDir());
+  p.StartMonitoring(flags.devices);
+  ServerFacts facts = p.Facts(flags);
+  p.MeasureLinks(flags.devices, &facts);
+  p.InstallNvmlSampler(flags.devices);
+  MEGATRAIN_RETURN_IF_ERROR(p.StartJobManager(flags));
+  MEGATRAIN_RETURN_IF_ERROR(p.StartGrpc(flags, std::move(facts)));
+  MEGATRAIN_RETURN_IF_ERROR(p.StartMetricsHttp());
+  p.LogStarted(flags);
   return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
 }
 

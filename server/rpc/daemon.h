@@ -42,13 +42,20 @@
 #include "server/core/engine_backend.h"
 #include "server/core/path_policy.h"
 
+#ifndef MEGATRAIN_VERSION
+#error "MEGATRAIN_VERSION must be defined by the build (CMake's PROJECT_VERSION)"
+#endif
+
 namespace grpc {
 class Server;
 }
 
 namespace megatrain::server {
 
-inline constexpr char kVersion[] = "0.1.0";
+// The daemon's version: CMake's PROJECT_VERSION (server/CMakeLists.txt
+// defines MEGATRAIN_VERSION for megatrain_server and whatever links it), as
+// every binary's --version and the megatrain_build_info metric print it.
+inline constexpr char kVersion[] = MEGATRAIN_VERSION;
 
 struct DaemonOptions {
   // gRPC address, "host:port" (port 0 picks one).

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,83 +19,100 @@
 
 namespace megatrain::server {
 
-int RunDaemonMain(int argc, char** argv,
-                  const std::function<std::unique_ptr<EngineBackend>()>& make_backend) {
-  // Block the shutdown signals before any thread starts: every thread
-  // inherits the mask, and this thread collects them with sigwait.
+namespace {
+
+// Flags read as text or seconds, converted after parsing.
+struct RawFlags {
+  std::string host_memory_budget;
+  std::string nvme_budget;
+  std::string max_message_bytes = "16MiB";
+  double shutdown_timeout_seconds = 600;
+};
+
+// Blocks the shutdown signals before any thread starts: every thread
+// inherits the mask, and the main thread collects them with sigwait.
+sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   // SIGHUP's default action kills the process; a closing terminal or a
-  // habitual `kill -HUP` must not. It is collected and logged (below).
+  // habitual `kill -HUP` must not. It is collected and logged
+  // (WaitForShutdownSignal).
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A client that hangs up must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
 
-  DaemonOptions options;
-  std::string host_memory_budget, nvme_budget;
-  std::string max_message_bytes = "16MiB";
-  double shutdown_timeout_seconds = 600;
-  CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
-  app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", std::string("megatraind ") + kVersion);
-  app.add_option("--listen", options.listen, "gRPC address host:port");
-  app.add_option("--metrics_listen", options.metrics_listen,
-                 "HTTP address of /metrics ('' or 'off': no metrics listener)");
-  app.add_option("--state_dir", options.state_dir,
-                 "Directory of the job database, locks and default job outputs")
+// megatraind's flags (daemon_main.h), into `options` and `flags`.
+void AddFlags(CLI::App* app, DaemonOptions* options, RawFlags* flags) {
+  app->option_defaults()->always_capture_default();
+  app->set_version_flag("--version", std::string("megatraind ") + kVersion);
+  app->add_option("--listen", options->listen, "gRPC address host:port");
+  app->add_option("--metrics_listen", options->metrics_listen,
+                  "HTTP address of /metrics ('' or 'off': no metrics listener)");
+  app->add_option("--state_dir", options->state_dir,
+                  "Directory of the job database, locks and default job outputs")
       ->required();
-  app.add_option("--device", options.device, "auto | cpu | cuda | cuda:N, comma-separated");
-  app.add_option("--host_memory_budget", host_memory_budget,
-                 "Host memory all running jobs may need together, e.g. 512GiB "
-                 "(default: 80% of physical memory)");
-  app.add_option("--nvme_budget", nvme_budget,
-                 "Local SSD space for the NVMe tier, e.g. 4TB: what `megatrain plan` assumes "
-                 "(default 0: no tier; jobs do not use the tier yet)");
-  app.add_option("--auth_tokens", options.auth_tokens,
-                 "YAML file of users, roles and token SHA-256 hashes (default: auth off, "
-                 "loopback only)");
-  app.add_option("--tls_cert", options.tls_cert, "PEM certificate chain for TLS");
-  app.add_option("--tls_key", options.tls_key, "PEM private key for TLS");
-  app.add_option("--tls_client_ca", options.tls_client_ca,
-                 "PEM CA bundle: require client certificates (mutual TLS)");
-  app.add_flag("--allow_cleartext_tokens", options.allow_cleartext_tokens,
-               "With --auth_tokens, serve a non-loopback --listen without TLS: bearer tokens "
-               "then cross the network in clear");
-  app.add_option("--data_roots", options.data_roots,
-                 "Comma-separated directories jobs may read (model.hf_dir, data.*) "
-                 "(default: anywhere without --auth_tokens, <state_dir>/data with it)");
-  app.add_option("--output_roots", options.output_roots,
-                 "Comma-separated directories jobs and exports may write (default: anywhere "
-                 "without --auth_tokens, <state_dir>/jobs with it; <state_dir>/jobs always)");
-  app.add_option("--audit_log", options.audit_log,
-                 "JSON-lines audit log file (default <state_dir>/audit.jsonl; 'off': only "
-                 "the database table)");
-  app.add_option("--output_group", options.output_group,
-                 "Unix group that may read job outputs under <state_dir>/jobs (checkpoints, "
-                 "exports): state dir 0710, jobs dir 02750, umask 027 (default: owner only)");
-  app.add_option("--max_message_bytes", max_message_bytes,
-                 "Largest gRPC message received or sent, e.g. 16MiB");
-  app.add_option("--max_threads", options.max_threads,
-                 "Most threads of the gRPC server (calls beyond: RESOURCE_EXHAUSTED)");
-  app.add_option("--max_watch_streams", options.max_watch_streams,
-                 "Most concurrent WatchJob streams (at most --max_threads / 2)");
-  app.add_option("--max_watch_streams_per_user", options.max_watch_streams_per_user,
-                 "Most concurrent WatchJob streams of one user (at most --max_watch_streams; "
-                 "0: three quarters of it, rounded up)");
-  app.add_option("--max_running_jobs_per_user", options.max_running_jobs_per_user,
-                 "Running jobs per user (0: no limit)");
-  app.add_option("--max_queued_jobs_per_user", options.max_queued_jobs_per_user,
-                 "Queued jobs per user (0: no limit)");
-  app.add_option("--max_queued_jobs", options.max_queued_jobs, "Queued jobs in all (0: no limit)");
-  app.add_flag("--preemption", options.preemption,
-               "Let higher-priority jobs suspend running lower-priority ones");
-  app.add_option("--shutdown_timeout", shutdown_timeout_seconds,
-                 "Seconds SIGTERM waits for running jobs to checkpoint");
-  app.add_option("--measure_link_bandwidth", options.measure_link_bandwidth,
-                 "Measure PCIe bandwidth at start-up");
+  app->add_option("--device", options->device, "auto | cpu | cuda | cuda:N, comma-separated");
+  app->add_option("--host_memory_budget", flags->host_memory_budget,
+                  "Host memory all running jobs may need together, e.g. 512GiB "
+                  "(default: 80% of physical memory)");
+  app->add_option("--nvme_budget", flags->nvme_budget,
+                  "Local SSD space for the NVMe tier, e.g. 4TB: what `megatrain plan` assumes "
+                  "(default 0: no tier; jobs do not use the tier yet)");
+  app->add_option("--auth_tokens", options->auth_tokens,
+                  "YAML file of users, roles and token SHA-256 hashes (default: auth off, "
+                  "loopback only)");
+  app->add_option("--tls_cert", options->tls_cert, "PEM certificate chain for TLS");
+  app->add_option("--tls_key", options->tls_key, "PEM private key for TLS");
+  app->add_option("--tls_client_ca", options->tls_client_ca,
+                  "PEM CA bundle: require client certificates (mutual TLS)");
+  app->add_flag("--allow_cleartext_tokens", options->allow_cleartext_tokens,
+                "With --auth_tokens, serve a non-loopback --listen without TLS: bearer tokens "
+                "then cross the network in clear");
+  app->add_option("--data_roots", options->data_roots,
+                  "Comma-separated directories jobs may read (model.hf_dir, data.*) "
+                  "(default: anywhere without --auth_tokens, <state_dir>/data with it)");
+  app->add_option("--output_roots", options->output_roots,
+                  "Comma-separated directories jobs and exports may write (default: anywhere "
+                  "without --auth_tokens, <state_dir>/jobs with it; <state_dir>/jobs always)");
+  app->add_option("--audit_log", options->audit_log,
+                  "JSON-lines audit log file (default <state_dir>/audit.jsonl; 'off': only "
+                  "the database table)");
+  app->add_option("--output_group", options->output_group,
+                  "Unix group that may read job outputs under <state_dir>/jobs (checkpoints, "
+                  "exports): state dir 0710, jobs dir 02750, umask 027 (default: owner only)");
+  app->add_option("--max_message_bytes", flags->max_message_bytes,
+                  "Largest gRPC message received or sent, e.g. 16MiB");
+  app->add_option("--max_threads", options->max_threads,
+                  "Most threads of the gRPC server (calls beyond: RESOURCE_EXHAUSTED)");
+  app->add_option("--max_watch_streams", options->max_watch_streams,
+                  "Most concurrent WatchJob streams (at most --max_threads / 2)");
+  app->add_option("--max_watch_streams_per_user", options->max_watch_streams_per_user,
+                  "Most concurrent WatchJob streams of one user (at most --max_watch_streams; "
+                  "0: three quarters of it, rounded up)");
+  app->add_option("--max_running_jobs_per_user", options->max_running_jobs_per_user,
+                  "Running jobs per user (0: no limit)");
+  app->add_option("--max_queued_jobs_per_user", options->max_queued_jobs_per_user,
+                  "Queued jobs per user (0: no limit)");
+  app->add_option("--max_queued_jobs", options->max_queued_jobs,
+                  "Queued jobs in all (0: no limit)");
+  app->add_flag("--preemption", options->preemption,
+                "Let higher-priority jobs suspend running lower-priority ones");
+  app->add_option("--shutdown_timeout", flags->shutdown_timeout_seconds,
+                  "Seconds SIGTERM waits for running jobs to checkpoint");
+  app->add_option("--measure_link_bandwidth", options->measure_link_bandwidth,
+                  "Measure PCIe bandwidth at start-up");
+}
+
+// Parses `argv`; the exit code when megatraind must exit now (0 after
+// --help or --version, 2 for bad flags).
+std::optional<int> ParseFlags(int argc, char** argv, DaemonOptions* options, RawFlags* flags) {
+  CLI::App app{"megatraind: MegaTrain training daemon (gRPC control plane, job queue, metrics)"};
+  AddFlags(&app, options, flags);
   // CLI11 reads "--metrics_listen=" (an empty value) as a flag without its
   // value and takes the next argument instead; "off" is what it means.
   std::vector<std::string> args(argv, argv + argc);
@@ -109,47 +127,51 @@ int RunDaemonMain(int argc, char** argv,
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  if (options.metrics_listen == "off") options.metrics_listen.clear();
-  if (!host_memory_budget.empty()) {
-    absl::StatusOr<int64_t> bytes = ParseByteSize(host_memory_budget, "--host_memory_budget");
-    if (!bytes.ok()) {
-      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
-      return 2;
-    }
-    options.host_memory_budget_bytes = *bytes;
-  }
-  if (!nvme_budget.empty()) {
-    absl::StatusOr<int64_t> bytes = ParseByteSize(nvme_budget, "--nvme_budget");
-    if (!bytes.ok()) {
-      std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
-      return 2;
-    }
-    options.nvme_budget_bytes = *bytes;
-  }
+  if (options->metrics_listen == "off") options->metrics_listen.clear();
+  return std::nullopt;
+}
 
-  {
-    absl::StatusOr<int64_t> bytes = ParseByteSize(max_message_bytes, "--max_message_bytes");
+// The byte-size flags into `options`; false (the error on stderr) for a
+// bad size. An empty --host_memory_budget or --nvme_budget keeps the
+// default; --max_message_bytes is always parsed.
+bool ApplyByteSizes(const RawFlags& flags, DaemonOptions* options) {
+  struct ByteSizeFlag {
+    const char* name;
+    const std::string& text;
+    int64_t* bytes;
+    bool empty_keeps_default;
+  };
+  const ByteSizeFlag sizes[] = {
+      {"--host_memory_budget", flags.host_memory_budget, &options->host_memory_budget_bytes, true},
+      {"--nvme_budget", flags.nvme_budget, &options->nvme_budget_bytes, true},
+      {"--max_message_bytes", flags.max_message_bytes, &options->max_message_bytes, false},
+  };
+  for (const ByteSizeFlag& size : sizes) {
+    if (size.empty_keeps_default && size.text.empty()) continue;
+    absl::StatusOr<int64_t> bytes = ParseByteSize(size.text, size.name);
     if (!bytes.ok()) {
       std::fprintf(stderr, "megatraind: %s\n", std::string(bytes.status().message()).c_str());
-      return 2;
+      return false;
     }
-    options.max_message_bytes = *bytes;
+    *size.bytes = *bytes;
   }
+  return true;
+}
 
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, make_backend());
-  if (!daemon.ok()) {
-    LogError(absl::StrCat("megatraind cannot start: ", daemon.status().ToString()));
-    return 1;
-  }
+// "megatraind: ready grpc=... metrics=..." on stdout, for scripts.
+void PrintReadyLine(const Daemon& daemon, const DaemonOptions& options) {
   std::string metrics = "off";
-  if ((*daemon)->metrics_port() != 0) {
+  if (daemon.metrics_port() != 0) {
     absl::StatusOr<HostPort> address = ParseHostPort(options.metrics_listen, "--metrics_listen");
-    metrics = FormatHostPort(address.ok() ? address->host : "127.0.0.1", (*daemon)->metrics_port());
+    metrics = FormatHostPort(address.ok() ? address->host : "127.0.0.1", daemon.metrics_port());
   }
-  std::printf("megatraind: ready grpc=%s metrics=%s\n", (*daemon)->grpc_address().c_str(),
+  std::printf("megatraind: ready grpc=%s metrics=%s\n", daemon.grpc_address().c_str(),
               metrics.c_str());
   std::fflush(stdout);
+}
 
+// Waits for SIGTERM or SIGINT (returned), logging and ignoring SIGHUP.
+int WaitForShutdownSignal(const sigset_t& signals) {
   int signal_number = 0;
   while (true) {
     sigwait(&signals, &signal_number);
@@ -160,7 +182,26 @@ int RunDaemonMain(int argc, char** argv,
         "appended with O_APPEND, rotate it with logrotate's copytruncate)");
   }
   LogInfo(absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"));
-  if (!(*daemon)->Shutdown(absl::Seconds(shutdown_timeout_seconds))) {
+  return signal_number;
+}
+
+}  // namespace
+
+int RunDaemonMain(int argc, char** argv,
+                  const std::function<std::unique_ptr<EngineBackend>()>& make_backend) {
+  const sigset_t signals = BlockShutdownSignals();
+  DaemonOptions options;
+  RawFlags flags;
+  if (std::optional<int> exit_code = ParseFlags(argc, argv, &options, &flags)) return *exit_code;
+  if (!ApplyByteSizes(flags, &options)) return 2;
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, make_backend());
+  if (!daemon.ok()) {
+    LogError(absl::StrCat("megatraind cannot start: ", daemon.status().ToString()));
+    return 1;
+  }
+  PrintReadyLine(**daemon, options);
+  WaitForShutdownSignal(signals);
+  if (!(*daemon)->Shutdown(absl::Seconds(flags.shutdown_timeout_seconds))) {
     // Jobs still run on their threads: destroying the daemon would wait for
     // them. Leave without destructors; the store is consistent (every
     // transition is committed) and the next start re-queues the jobs.

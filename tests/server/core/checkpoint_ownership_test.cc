@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "server/core/job_manager.h"
 #include "server/core/job_store.h"
+#include "tests/server/core/job_manager_fixture.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
 
@@ -30,6 +31,11 @@ namespace fs = std::filesystem;
 
 using ::megatrain::server::testing::FakeEngineBackend;
 using ::megatrain::server::testing::FakeJobControl;
+using ::megatrain::server::testing::JobManagerFixture;
+using ::megatrain::server::testing::kAdmin;
+using ::megatrain::server::testing::kAlice;
+using ::megatrain::server::testing::kBob;
+using ::megatrain::server::testing::kTimeout;
 using ::megatrain::server::testing::MakeTempDir;
 using ::megatrain::server::testing::WriteFakeCheckpoint;
 using ::megatrain::testing::IsOk;
@@ -37,13 +43,6 @@ using ::megatrain::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// Bound of every wait: a failure is a hang caught early, not flakiness.
-constexpr absl::Duration kTimeout = absl::Seconds(30);
-
-const Principal kAlice{"alice", Role::kUser};
-const Principal kBob{"bob", Role::kUser};
-const Principal kAdmin{"root", Role::kAdmin};
 
 JobRequest Request(const std::string& name, int64_t max_steps = 4,
                    const std::string& output_dir = "") {
@@ -56,64 +55,13 @@ JobRequest Request(const std::string& name, int64_t max_steps = 4,
   return request;
 }
 
-class CheckpointOwnershipTest : public ::testing::Test {
+// The shared fixture (job_manager_fixture.h) plus a directory outside the
+// state directory for user-chosen output directories.
+class CheckpointOwnershipTest : public JobManagerFixture {
  protected:
   void SetUp() override {
-    state_dir_ = MakeTempDir();
+    JobManagerFixture::SetUp();
     out_dir_ = MakeTempDir();
-    db_path_ = (fs::path(state_dir_) / "megatrain.db").string();
-    options_.jobs_dir = (fs::path(state_dir_) / "jobs").string();
-    options_.devices = {"cpu"};
-    options_.host_memory_budget_bytes = 64 << 20;
-    auto store = JobStore::Open(db_path_);
-    ASSERT_THAT(store, IsOk());
-    store_ = *std::move(store);
-  }
-
-  void TearDown() override {
-    if (manager_ != nullptr) manager_->Drain(kTimeout);
-  }
-
-  void StartManager() {
-    auto manager = JobManager::Create(options_, store_.get(), &backend_, &metrics_);
-    ASSERT_THAT(manager, IsOk());
-    manager_ = *std::move(manager);
-  }
-
-  JobRecord Submit(const Principal& who, JobRequest request) {
-    absl::StatusOr<JobRecord> job = manager_->Submit(who, std::move(request), "");
-    EXPECT_THAT(job, IsOk());
-    return job.ok() ? *job : JobRecord();
-  }
-
-  // Follows `job_id`'s events until one satisfies `done` or the watch ends.
-  std::vector<JobEvent> WaitFor(const std::string& job_id,
-                                const std::function<bool(const JobEvent&)>& done) {
-    std::vector<JobEvent> seen;
-    int64_t after_seq = 0;
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (absl::Now() < deadline) {
-      absl::StatusOr<EventBatch> batch =
-          manager_->WaitEvents(kAdmin, job_id, after_seq, deadline - absl::Now());
-      if (!batch.ok()) {
-        ADD_FAILURE() << batch.status();
-        return seen;
-      }
-      for (const JobEvent& event : batch->events) {
-        seen.push_back(event);
-        after_seq = event.seq;
-        if (done(event)) return seen;
-      }
-      if (batch->finished) return seen;
-    }
-    ADD_FAILURE() << "timed out waiting on " << job_id;
-    return seen;
-  }
-
-  static std::function<bool(const JobEvent&)> StateIs(JobState state) {
-    return [state](const JobEvent& event) {
-      return event.kind == JobEvent::Kind::kStateChange && event.state == state;
-    };
   }
 
   // Runs a fresh job of alice to the end (checkpoints at steps 2 and 4).
@@ -138,18 +86,7 @@ class CheckpointOwnershipTest : public ::testing::Test {
     job.state = JobState::kSuspended;
     job.create_time_unix_ms = NowUnixMs();
     job.host_memory_bytes = 1 << 20;
-    for (int64_t step : steps) {
-      const engine::CheckpointInfo info = WriteFakeCheckpoint(
-          absl::StrCat(job.request.spec.output_dir, "/step-", step), step, job.id);
-      CheckpointRecord record;
-      record.job_id = job.id;
-      record.step = step;
-      record.dir = info.dir;
-      record.owner = owner;
-      record.manifest_xxh64 = info.manifest_xxh64;
-      EXPECT_THAT(store_->RecordCheckpoint(record), IsOk());
-      job.resume_from = info.dir;
-    }
+    for (int64_t step : steps) job.resume_from = RecordFakeCheckpoint(job, step).dir;
     EXPECT_THAT(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "suspended")),
                 IsOk());
     return job;
@@ -159,14 +96,7 @@ class CheckpointOwnershipTest : public ::testing::Test {
     std::ofstream(fs::path(checkpoint_dir) / "state", std::ios::trunc) << "garbage";
   }
 
-  std::string state_dir_;
   std::string out_dir_;
-  std::string db_path_;
-  JobManagerOptions options_;
-  FakeEngineBackend backend_;
-  ServerMetrics metrics_;
-  std::unique_ptr<JobStore> store_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 // --- Output directories are exclusive ---------------------------------------

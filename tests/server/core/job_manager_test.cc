@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/server/core/job_manager_fixture.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
 
@@ -28,19 +29,16 @@ namespace {
 
 using ::megatrain::server::testing::FakeEngineBackend;
 using ::megatrain::server::testing::FakeJobControl;
+using ::megatrain::server::testing::JobManagerFixture;
+using ::megatrain::server::testing::kAdmin;
+using ::megatrain::server::testing::kAlice;
+using ::megatrain::server::testing::kBob;
+using ::megatrain::server::testing::kTimeout;
 using ::megatrain::server::testing::MakeTempDir;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// Bound of every wait: far above what any step here takes, so that a
-// failure is a hang caught early rather than flakiness.
-constexpr absl::Duration kTimeout = absl::Seconds(30);
-
-const Principal kAlice{"alice", Role::kUser};
-const Principal kBob{"bob", Role::kUser};
-const Principal kAdmin{"root", Role::kAdmin};
 
 JobRequest Request(const std::string& name, int64_t max_steps = 5, int32_t priority = 0) {
   JobRequest request;
@@ -52,100 +50,8 @@ JobRequest Request(const std::string& name, int64_t max_steps = 5, int32_t prior
   return request;
 }
 
-class JobManagerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    state_dir_ = MakeTempDir();
-    options_.jobs_dir = (std::filesystem::path(state_dir_) / "jobs").string();
-    options_.devices = {"cpu"};
-    options_.host_memory_budget_bytes = 64 << 20;
-    OpenStore();
-  }
-
-  void TearDown() override {
-    if (manager_ != nullptr) {
-      // Release gated jobs so that the drain can finish.
-      manager_->Drain(kTimeout);
-    }
-  }
-
-  void OpenStore() {
-    auto store = JobStore::Open((std::filesystem::path(state_dir_) / "megatrain.db").string());
-    ASSERT_THAT(store, IsOk());
-    store_ = *std::move(store);
-  }
-
-  void StartManager() {
-    auto manager = JobManager::Create(options_, store_.get(), &backend_, &metrics_);
-    ASSERT_THAT(manager, IsOk());
-    manager_ = *std::move(manager);
-  }
-
-  JobRecord Submit(const Principal& who, JobRequest request, const std::string& request_id = "") {
-    absl::StatusOr<JobRecord> job = manager_->Submit(who, std::move(request), request_id);
-    EXPECT_THAT(job, IsOk());
-    return job.ok() ? *job : JobRecord();
-  }
-
-  // Follows `job_id`'s events until `done` holds for one or the watch ends.
-  // Returns the events seen. Fails the test on timeout.
-  std::vector<JobEvent> WaitFor(const std::string& job_id,
-                                const std::function<bool(const JobEvent&)>& done) {
-    std::vector<JobEvent> seen;
-    int64_t after_seq = 0;
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (absl::Now() < deadline) {
-      absl::StatusOr<EventBatch> batch =
-          manager_->WaitEvents(kAdmin, job_id, after_seq, deadline - absl::Now());
-      if (!batch.ok()) {
-        ADD_FAILURE() << batch.status();
-        return seen;
-      }
-      for (const JobEvent& event : batch->events) {
-        seen.push_back(event);
-        after_seq = event.seq;
-        if (done(event)) return seen;
-      }
-      if (batch->finished) return seen;
-    }
-    ADD_FAILURE() << "timed out waiting on " << job_id;
-    return seen;
-  }
-
-  static std::function<bool(const JobEvent&)> StateIs(JobState state) {
-    return [state](const JobEvent& event) {
-      return event.kind == JobEvent::Kind::kStateChange && event.state == state;
-    };
-  }
-
-  // A checkpoint of `job` at `step` as the daemon records one it saw written
-  // (Note [Checkpoint ownership]): a fake checkpoint directory plus its record.
-  CheckpointRecord RecordFakeCheckpoint(const JobRecord& job, int64_t step) {
-    const engine::CheckpointInfo info = testing::WriteFakeCheckpoint(
-        absl::StrCat(job.request.spec.output_dir, "/step-", step), step, job.id);
-    CheckpointRecord record;
-    record.job_id = job.id;
-    record.step = step;
-    record.dir = info.dir;
-    record.owner = job.owner;
-    record.manifest_xxh64 = info.manifest_xxh64;
-    EXPECT_THAT(store_->RecordCheckpoint(record), IsOk());
-    return record;
-  }
-
-  JobState StateOf(const std::string& job_id) {
-    absl::StatusOr<JobRecord> job = manager_->Get(kAdmin, job_id);
-    EXPECT_THAT(job, IsOk());
-    return job.ok() ? job->state : JobState::kFailed;
-  }
-
-  std::string state_dir_;
-  JobManagerOptions options_;
-  FakeEngineBackend backend_;
-  ServerMetrics metrics_;
-  std::unique_ptr<JobStore> store_;
-  std::unique_ptr<JobManager> manager_;
-};
+// The shared fixture (job_manager_fixture.h).
+class JobManagerTest : public JobManagerFixture {};
 
 TEST_F(JobManagerTest, SubmittedJobRunsToSucceededWithFallingLoss) {
   StartManager();

@@ -47,6 +47,14 @@ engine::StepReport Step(int64_t tokens) {
   return report;
 }
 
+// megatrain_build_info carries CMake's PROJECT_VERSION (passed to this
+// test on its own), as megatraind --version does.
+TEST(MetricsTest, BuildInfoCarriesTheProjectVersion) {
+  ServerMetrics metrics;
+  EXPECT_THAT(metrics.TextExposition(), HasSubstr(std::string("megatrain_build_info{version=\"") +
+                                                  MEGATRAIN_PROJECT_VERSION + "\"} 1"));
+}
+
 TEST(MetricsTest, EveryFamilyFollowsTheNamingConventions) {
   ServerMetrics metrics;
   for (const prometheus::MetricFamily& family : metrics.Collect()) {

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
+#include "server/rpc/daemon.h"
 #include "tests/testing/temp_dir.h"
 
 extern char** environ;
@@ -166,6 +167,16 @@ TEST(DaemonMainTest, SighupIsLoggedAndSurvivedAndEmptyMetricsListenTurnsMetricsO
   const std::string text = ReadFile(log);
   EXPECT_THAT(text, HasSubstr("received SIGHUP: ignored (megatraind reloads nothing"));
   EXPECT_THAT(text, HasSubstr("received SIGTERM"));
+}
+
+// --version prints CMake's PROJECT_VERSION (passed to this test on its
+// own), the version the daemon reports everywhere (daemon.h kVersion).
+TEST(DaemonMainTest, VersionIsTheProjectVersion) {
+  const std::string dir = ::megatrain::testing::MakeTempDir();
+  DaemonProcess daemon({"--version"}, dir + "/daemon.log");
+  EXPECT_EQ(daemon.ReadyLine(), std::string("megatraind ") + MEGATRAIN_PROJECT_VERSION);
+  EXPECT_EQ(daemon.Wait(), 0);
+  EXPECT_STREQ(kVersion, MEGATRAIN_PROJECT_VERSION);
 }
 
 TEST(DaemonMainTest, SecondDaemonOnTheSameAddressExitsOneNamingIt) {
