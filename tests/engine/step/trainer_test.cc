@@ -711,20 +711,5 @@ TEST(TrainerTest, RejectsAResidentTiedEmbeddingAndBadValues) {
   EXPECT_FALSE((*automatic)->resident_embedding());  // auto on the CPU: off
 }
 
-// Auto: on a GPU when untied and V * C * 16 bytes fit 1/8 of its memory.
-TEST(TrainerTest, ResolvesAutoResidentEmbeddingFromDeviceMemory) {
-  auto llama_1b = PresetConfig("llama-1b");  // 128256 x 2048: 4.2 GB
-  ASSERT_THAT(llama_1b, IsOk());
-  const int64_t gb = 1000 * 1000 * 1000;
-  EXPECT_TRUE(ResolveResidentEmbedding(*llama_1b, -1, 80 * gb));
-  EXPECT_FALSE(ResolveResidentEmbedding(*llama_1b, -1, 24 * gb));  // 3 GB allowed
-  EXPECT_FALSE(ResolveResidentEmbedding(*llama_1b, -1, 0));        // the CPU
-  EXPECT_FALSE(ResolveResidentEmbedding(*llama_1b, 0, 80 * gb));
-  EXPECT_TRUE(ResolveResidentEmbedding(*llama_1b, 1, 0));
-  ModelConfig tied = *llama_1b;
-  tied.tie_word_embeddings = true;
-  EXPECT_FALSE(ResolveResidentEmbedding(tied, -1, 80 * gb));
-}
-
 }  // namespace
 }  // namespace megatrain::engine
