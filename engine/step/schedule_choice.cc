@@ -136,12 +136,11 @@ bool ChooseDeviceAccumulation(const ModelConfig& config, const ScheduleRequest& 
 }
 
 // Whether the executor can keep `config`'s embedding resident (its checks
-// in StreamingExecutor::Create): one [V, C] table, untied.
+// in StreamingExecutor::Create): one [V, C] table.
 bool EmbeddingCanBeResident(const ModelConfig& config) {
   const ModelLayout layout = ModelLayout::Create(config);
   const BlockLayout& emb = layout.blocks[layout.embedding_block()];
-  return !config.tie_word_embeddings && emb.params.size() == 1 && emb.params[0].shape.size() == 2 &&
-         emb.params[0].offset == 0;
+  return emb.params.size() == 1 && emb.params[0].shape.size() == 2 && emb.params[0].offset == 0;
 }
 
 // Note [Auto resident layers]: the most decoder layers auto keeps.

@@ -43,11 +43,6 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
     return absl::InvalidArgumentError(absl::StrCat(
         "resident_embedding: must be -1 (auto), 0 or 1, got ", options.resident_embedding));
   }
-  if (options.resident_embedding == 1 && config.tie_word_embeddings) {
-    return absl::InvalidArgumentError(
-        "resident_embedding: needs untied embeddings (tie_word_embeddings is true: the table is "
-        "also lm_head and streams with the head)");
-  }
   if (options.device_grad_accumulation < -1 || options.device_grad_accumulation > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",

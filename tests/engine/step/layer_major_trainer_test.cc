@@ -156,7 +156,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, LayerMajorTrainerTest,
                          ::testing::Values(Case{0.05, 1, 0, false, 0}, Case{0.05, 3, 0, false, 0},
                                            Case{1e3, 3, 0, false, 0}, Case{0.0, 3, 0, false, 0},
                                            Case{0.05, 4, 0, true, 0}, Case{0.05, 4, 3, false, 1},
-                                           Case{0.0, 4, 2, true, 1}, Case{1e3, 3, 2, false, 0}),
+                                           Case{0.0, 4, 2, true, 1}, Case{1e3, 3, 2, false, 0},
+                                           // Every layer resident (Note [Auto resident
+                                           // layers] keeps all of them when they fit).
+                                           Case{0.05, 4, 0, false, 3}, Case{0.05, 3, 2, true, 3},
+                                           Case{1e3, 4, 0, true, 2}),
                          [](const auto& info) {
                            const double clip = std::get<0>(info.param);
                            return absl::StrCat(clip == 0  ? "NoClip"
