@@ -9,13 +9,16 @@ namespace megatrain::engine {
 ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options) {
   const ModelLayout layout = ModelLayout::Create(config);
   ExecutorMemoryPlan plan;
-  // Largest block that visits a device slot: layers, head, and the
-  // embedding table only when it doubles as lm_head and is not resident.
+  // Largest block that visits a device slot: streamed layers, head, and
+  // the embedding table only when it doubles as lm_head and is not
+  // resident.
   for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
     if (i == layout.embedding_block() &&
         (!config.tie_word_embeddings || options.resident_embedding)) {
       continue;
     }
+    const int64_t layer = layout.blocks[i].layer_idx;
+    if (layer >= 0 && layer < options.resident_layers) continue;
     plan.max_slot_numel = std::max(plan.max_slot_numel, layout.blocks[i].numel);
   }
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;

@@ -121,6 +121,27 @@ INSTANTIATE_TEST_SUITE_P(Presets, AutoResidentLayersTest,
                                                "GBAccumulation", info.param.accumulation);
                          });
 
+// llama-3.2-1b/3b tie the table to lm_head: resident too (Note [Resident
+// embedding]), 18 bytes per parameter under bf16, and the slots then only
+// hold the largest streamed block (a decoder layer or the head's norm).
+TEST(AutoResidentLayersTest, KeepsATiedTableResident) {
+  ModelConfig config = Preset("llama-3b");
+  config.tie_word_embeddings = true;
+  const ExecutorOptions executor = Bf16(8, 2048);
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, Clipped(1), executor, kH100Bytes);
+  ASSERT_THAT(choice, IsOk());
+  EXPECT_TRUE(choice->resident_embedding);
+  EXPECT_EQ(choice->resident_layers, 28);
+  ExpectPlanFits(config, executor, *choice, kH100Bytes);
+  const ModelLayout layout = ModelLayout::Create(config);
+  const ExecutorMemoryPlan plan = PlanExecutorMemory(config, WithChoice(executor, *choice));
+  EXPECT_EQ(plan.max_slot_numel, layout.blocks[layout.head_block()].numel);
+  int64_t resident = 18 * layout.blocks[layout.embedding_block()].numel;
+  for (int64_t l = 0; l < 28; ++l) resident += 18 * layout.blocks[layout.layer_block(l)].numel;
+  EXPECT_EQ(plan.resident_bytes, resident);
+}
+
 // Without clipping the CPU updates hide behind backward: two layers (as
 // fit), the embedding as fits.
 TEST(AutoResidentLayersTest, WithoutClippingKeepsTwoLayers) {
