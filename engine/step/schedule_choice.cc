@@ -26,6 +26,8 @@ std::string ScheduleChoice::Describe() const {
     absl::StrAppend(&out, " (", Gigabytes(activation_device_bytes), " on the device of a ",
                     Gigabytes(activation_budget_bytes), " budget)");
   }
+  // On the CPU with nothing resident, nothing to say.
+  if (device_total_bytes <= 0 && resident_layers == 0 && !resident_embedding) return out;
   absl::StrAppend(&out, "; resident: ", resident_layers, " layers",
                   resident_embedding ? " and the embedding" : "");
   if (device_total_bytes > 0) {
@@ -36,6 +38,7 @@ std::string ScheduleChoice::Describe() const {
 }
 
 int64_t ScheduleChoice::planned_device_bytes() const {
+  if (device_total_bytes <= 0) return 0;  // the CPU: nothing planned
   return executor_device_bytes + working_bytes +
          (activation_device_bytes - (offload_activations ? 2 * layer_input_bytes : 0));
 }

@@ -166,7 +166,8 @@ struct ScheduleChoice {
   int64_t working_bytes = 0;
   int64_t margin_bytes = 0;
   // Everything planned on the device: executor_device_bytes + the saved
-  // layer inputs outside it + working_bytes (the margin not included).
+  // layer inputs outside it + working_bytes (the margin not included); 0
+  // on the CPU.
   int64_t planned_device_bytes() const;
   // One line for the job's events and the bench's stderr, e.g.
   // "layer-major, wave 4, activations on the device (9.7 GB on the device
