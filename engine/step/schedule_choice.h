@@ -63,7 +63,7 @@
 //       resident blocks, accumulation buffers: exactly what is allocated)
 //   + the wave's saved layer inputs outside that plan
 //   + WorkingBytes (one layer's recompute and backward, the loss chunks)
-//   + MarginBytes (kResidentMarginBytes + kResidentMarginFraction of the
+//   + the margin (kResidentMarginBytes + kResidentMarginFraction of the
 //     device: CUDA context, cuBLAS workspaces, allocator fragmentation)
 //   <= the device's total memory.
 // Mixture-of-experts layers (every expert: gigabytes per layer) stay
