@@ -143,6 +143,15 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["wave"] = choice.wave;
   (*j)["activations"] = choice.offload_activations ? "host" : "device";
   (*j)["schedule_choice"] = choice.Describe();
+  // Note [Auto resident layers] in step/schedule_choice.h: the device as
+  // the choice planned it (0 on the CPU), beside peak_gpu_bytes.
+  (*j)["device_plan"] = {{"total", choice.device_total_bytes},
+                         {"planned", choice.planned_device_bytes()},
+                         {"executor", choice.executor_device_bytes},
+                         {"resident", choice.resident_bytes},
+                         {"activations", choice.activation_device_bytes},
+                         {"working", choice.working_bytes},
+                         {"margin", choice.margin_bytes}};
   (*j)["compute_dtype"] = o.compute_dtype;
   (*j)["micro_batch"] = o.micro_batch;
   (*j)["seq_len"] = o.seq_len;

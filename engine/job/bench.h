@@ -57,7 +57,10 @@ struct BenchOptions {
 // device_grad_accumulation (resolved; Notes [Resident embedding] and
 // [Device gradient accumulation] in executor.h), the resolved schedule, wave and
 // activations ("device" | "host") with schedule_choice (the one-line reason;
-// Note [Schedule choice] in step/schedule_choice.h), host_bytes by kind, peak_gpu_bytes,
+// Note [Schedule choice] in step/schedule_choice.h), device_plan (bytes: the device's
+// total, planned = executor + saved inputs outside it + working, of the
+// executor's the resident blocks, activations, working, margin; Note [Auto
+// resident layers]), host_bytes by kind, peak_gpu_bytes,
 // model_tflops, mfu;
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/model/param_layout.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/step/executor.h"
 #include "engine/step/trainer.h"
 
 namespace megatrain::engine {
@@ -45,7 +46,7 @@ absl::Status CheckMachine(const PlanMachine& m) {
 double Over(double amount, double rate) { return rate > 0 ? amount / rate : 0.0; }
 
 StepProjection Project(const JobSpec& spec, const ModelConfig& config, const JobPlan& plan,
-                       const PlanMachine& m) {
+                       const PlanMachine& m, const ScheduleChoice& choice) {
   StepProjection p;
   const ModelLayout layout = ModelLayout::Create(config);
   const int64_t micro_batches = spec.train.gradient_accumulation_steps;
@@ -57,20 +58,28 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   p.model_flops = (6.0 * n + attention) * static_cast<double>(p.tokens);
   const double hardware_flops = (8.0 * n + attention) * static_cast<double>(p.tokens);
   p.compute_seconds = Over(hardware_flops, m.matmul_flops_per_second * kPlanMatmulFraction);
-  // The blocks that stream, with the trainer's auto choices on this device.
-  const int resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  // The blocks that stream, with the trainer's choices on this device
+  // (Note [Auto resident layers] in step/schedule_choice.h).
   double streamed_numel = 0;
-  for (const int64_t block : layout.StreamedDenseBlocks(resident_layers)) {
+  for (const int64_t block : layout.StreamedDenseBlocks(choice.resident_layers)) {
     streamed_numel += static_cast<double>(layout.blocks[block].numel);
   }
+  const double embedding_numel = static_cast<double>(layout.blocks[layout.embedding_block()].numel);
+  if (config.tie_word_embeddings && !choice.resident_embedding) streamed_numel += embedding_numel;
+  // Weights cross twice per wave (Note [Layer-major schedule]).
+  const double passes = choice.schedule == StepSchedule::kLayerMajor
+                            ? static_cast<double>((micro_batches + choice.wave - 1) / choice.wave)
+                            : static_cast<double>(micro_batches);
   const double esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2.0 : 4.0;
-  p.h2d_seconds = Over(micro_batches * 2.0 * esize * streamed_numel, m.h2d_bytes_per_second);
-  const bool device_accumulation =
-      micro_batches > 1 && 4.0 * streamed_numel <= kDeviceGradAccumulationMaxFraction *
-                                                       static_cast<double>(m.gpu_memory_bytes);
-  p.d2h_seconds = Over((device_accumulation ? 1 : micro_batches) * 4.0 * streamed_numel,
+  p.h2d_seconds = Over(passes * 2.0 * esize * streamed_numel, m.h2d_bytes_per_second);
+  p.d2h_seconds = Over((choice.device_grad_accumulation ? 1 : passes) * 4.0 * streamed_numel,
                        m.d2h_bytes_per_second);
-  p.adamw_seconds = Over(n, m.adamw_params_per_second);
+  // The CPU AdamW updates what is not resident.
+  double resident_numel = choice.resident_embedding ? embedding_numel : 0.0;
+  for (int64_t l = 0; l < choice.resident_layers; ++l) {
+    resident_numel += static_cast<double>(layout.blocks[layout.layer_block(l)].numel);
+  }
+  p.adamw_seconds = Over(std::max(0.0, n - resident_numel), m.adamw_params_per_second);
   const double nvme = static_cast<double>(plan.footprint.nvme_bytes);
   p.nvme_seconds =
       Over(nvme, m.nvme_read_bytes_per_second) + Over(nvme, m.nvme_write_bytes_per_second);
@@ -92,31 +101,38 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   return p;
 }
 
-// `f` with the trainer's auto choices on a device of `gpu_bytes`
-// (Notes [Resident embedding] and [Device gradient accumulation] in
-// step/executor.h): EstimateFootprint counts both at their upper bound, a
-// plan knows the device. Host bytes do not change (the store keeps all).
-MemoryFootprint ForDevice(const MemoryFootprint& f, const JobSpec& spec, const ModelConfig& config,
-                          int64_t gpu_bytes) {
-  if (gpu_bytes <= 0) return f;
+// The trainer's schedule and resident blocks for `spec` on a device of
+// `gpu_bytes` (0: unknown; then the floor of Note [Auto resident layers]
+// for the projection): the same ChooseSchedule call as Trainer::Create's.
+absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelConfig& config,
+                                             int64_t gpu_bytes) {
+  ScheduleRequest request;
+  MEGATRAIN_ASSIGN_OR_RETURN(request.schedule,
+                             ParseStepSchedule(spec.train.schedule, "train.schedule"));
+  request.wave = static_cast<int>(spec.train.wave);
+  MEGATRAIN_ASSIGN_OR_RETURN(request.activations,
+                             ParseActivationPlacement(spec.train.activations, "train.activations"));
+  if (spec.train.offload_activations) request.activations = ActivationPlacement::kHost;
+  request.gradient_accumulation_steps = spec.train.gradient_accumulation_steps;
+  request.clipping = spec.train.max_grad_norm > 0;
+  ExecutorOptions executor;
+  executor.compute_dtype = spec.train.compute_dtype;
+  executor.micro_batch = spec.train.micro_batch;
+  executor.seq_len = spec.train.seq_len;
+  MEGATRAIN_ASSIGN_OR_RETURN(ScheduleChoice choice,
+                             ChooseSchedule(config, request, executor, gpu_bytes));
+  if (gpu_bytes <= 0) choice.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  return choice;
+}
+
+// `f` with the device bytes of `choice` (its plan, saved inputs and
+// working set: Note [Auto resident layers]); host bytes do not change
+// (the store keeps every block).
+MemoryFootprint ForDevice(const MemoryFootprint& f, const ScheduleChoice& choice) {
+  if (choice.device_total_bytes <= 0) return f;
   MemoryFootprint out = f;
-  const ModelLayout layout = ModelLayout::Create(config);
-  if (!config.tie_word_embeddings && !ResolveResidentEmbedding(config, -1, gpu_bytes)) {
-    const int64_t bytes = 16 * layout.blocks[layout.embedding_block()].numel;
-    out.device_estimate_bytes -= bytes;
-    out.device_resident_bytes -= bytes;
-  }
-  int64_t streamed = 0;
-  for (const int64_t block :
-       layout.StreamedDenseBlocks(ResolveResidentLayers(config, -1, /*cuda=*/true))) {
-    streamed += layout.blocks[block].numel;
-  }
-  if (spec.train.gradient_accumulation_steps > 1 &&
-      4.0 * static_cast<double>(streamed) >
-          kDeviceGradAccumulationMaxFraction * static_cast<double>(gpu_bytes)) {
-    out.device_estimate_bytes -= 4 * streamed;
-    out.device_resident_bytes -= 4 * streamed;
-  }
+  out.device_estimate_bytes = choice.planned_device_bytes();
+  out.device_resident_bytes = choice.resident_bytes + choice.grad_accumulation_bytes;
   return out;
 }
 
@@ -158,18 +174,14 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   JobSpec in_ram = spec;
   in_ram.memory.nvme_tier = NvmeTierMode::kOff;
-  MemoryFootprint ram =
-      ForDevice(EstimateFootprintForConfig(in_ram, config), spec, config, machine.gpu_memory_bytes);
-  // Note [Schedule choice] in step/schedule_choice.h: with train.activations
-  // auto, the trainer moves the saved layer inputs to pinned host memory
-  // when they do not fit the device; the plan does the same.
-  if (machine.gpu_memory_bytes > 0 && ram.device_estimate_bytes > machine.gpu_memory_bytes &&
-      (spec.train.activations.empty() || spec.train.activations == "auto") &&
-      !spec.train.offload_activations) {
-    in_ram.train.activations = "host";
-    ram = ForDevice(EstimateFootprintForConfig(in_ram, config), in_ram, config,
-                    machine.gpu_memory_bytes);
-  }
+  MEGATRAIN_ASSIGN_OR_RETURN(const ScheduleChoice choice,
+                             TrainerChoice(spec, config, machine.gpu_memory_bytes));
+  // Note [Schedule choice] in step/schedule_choice.h: the saved layer
+  // inputs the trainer moves to pinned host memory, in its wave, count on
+  // the host.
+  if (choice.offload_activations) in_ram.train.activations = "host";
+  if (choice.schedule == StepSchedule::kLayerMajor) in_ram.train.wave = choice.wave;
+  const MemoryFootprint ram = ForDevice(EstimateFootprintForConfig(in_ram, config), choice);
   const MemoryFootprint tiered = WithNvmeMoments(ram);
   JobPlan plan;
   plan.params = ram.params;
@@ -216,7 +228,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
       absl::StrAppend(&plan.verdict, "; with the moments on NVMe still: ", tiered_short);
     }
   }
-  plan.projection = Project(spec, config, plan, machine);
+  plan.projection = Project(spec, config, plan, machine, choice);
   return plan;
 }
 

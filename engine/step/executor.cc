@@ -363,8 +363,11 @@ void StreamingExecutor::Impl::Head(const StepAction& a, PassState& p) {
   at::Tensor emb_flat = tied ? slots_->Acquire(a.tied_use) : at::Tensor();
   at::Tensor head_flat = slots_->Acquire(a.use);
   std::vector<at::Tensor> head_params = BindBlockParams(layout.blocks[a.block], head_flat);
-  at::Tensor lm_head =
-      tied ? BindBlockParams(layout.blocks[layout.embedding_block()], emb_flat)[0] : head_params[1];
+  at::Tensor lm_head = tied ? BindBlockParams(layout.blocks[layout.embedding_block()],
+                                              emb_flat)[0]
+                       : env_.config.tie_word_embeddings
+                           ? resident_->TiedLmHead()  // Note [Resident embedding]
+                           : head_params[1];
   MicroBatchState& mb = p.at(a.micro_batch);
   if (a.grad_to != GradTo::kNone) {
     HeadBackward(a, p, head_params, lm_head);
@@ -392,7 +395,7 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
                                            const at::Tensor& lm_head) {
   const ModelLayout& layout = env_.layout;
   const int64_t head = a.block, emb = layout.embedding_block();
-  const bool tied = a.tied_use >= 0;
+  const bool tied = env_.config.tie_word_embeddings;
   const BlockLayout& bl = layout.blocks[head];
   MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
@@ -416,7 +419,16 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
     env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kHead);
     lander_->LandSlot(r, head);
   }
-  if (tied) {  // lm_head's gradient belongs to the embedding block
+  if (tied && resident_->embedding_index() >= 0) {
+    // lm_head's gradient belongs to the embedding block, here resident
+    // (Note [Resident embedding]): summed on the device like its rows'.
+    const int index = resident_->embedding_index();
+    const int t = env_.timer.Begin(StreamKind::kCompute);
+    AccumulateInto(layout.blocks[emb], resident_->grad(index), {hr.grad_lm_head},
+                   FirstContribution(emb));
+    env_.timer.End(StreamKind::kCompute, t, PhaseTimer::kHead);
+    ResidentGradDone(static_cast<size_t>(index));
+  } else if (tied) {  // lm_head's gradient belongs to the embedding block
     const int r = lander_->AcquireSlot();
     lander_->FillSlot(r, layout.blocks[emb], BlockKind::kEmbedding, {hr.grad_lm_head});
     lander_->LandSlot(r, emb);
@@ -603,11 +615,6 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
   if (options.resident_embedding) {
     const ModelLayout& layout = store->layout();
     const BlockLayout& emb = layout.blocks[layout.embedding_block()];
-    if (store->config().tie_word_embeddings) {
-      return absl::InvalidArgumentError(
-          "executor.resident_embedding: needs untied embeddings (tie_word_embeddings is true: "
-          "the table is also lm_head and streams with the head)");
-    }
     if (emb.params.size() != 1 || emb.params[0].shape.size() != 2 || emb.params[0].offset != 0) {
       return absl::InvalidArgumentError(
           "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "

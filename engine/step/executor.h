@@ -96,11 +96,14 @@
 // gate has updated them, Note [Embedding rows on demand] in trainer.h) and
 // uploads [B, T, C] fp32 before layer 0 can start, and the last backward
 // ends with dx ([B, T, C] fp32) crossing to the host for the scatter-add.
-// With ExecutorOptions::resident_embedding (untied embeddings only: a tied
-// table is lm_head and streams with the head) the [V, C] table joins the
+// With ExecutorOptions::resident_embedding the [V, C] table joins the
 // resident blocks (after the resident layers, in their order) with its
 // fp32 master, AdamW moments and fp32 gradient on the device (16 bytes per
-// parameter; it is read in fp32, so there is no compute-dtype copy):
+// parameter; an untied table is read in fp32 only, so there is no
+// compute-dtype copy; a tied one is also lm_head: under bf16 it keeps the
+// compute copy the head reads, 18 bytes per parameter, its lm_head
+// gradient is summed into the same device gradient before the rows', as
+// the host path lands it first, and it no longer visits a weight slot):
 // forward gathers its rows on the device (at::embedding; only the token
 // ids and labels cross PCIe), backward's dx is summed into the gradient
 // with at::embedding_dense_backward (sorted by token, deterministic on CUDA;
@@ -150,8 +153,8 @@ struct ExecutorOptions {
   // state (Note [Resident layers]); in [0, num_hidden_layers].
   int resident_layers = 0;
   // The embedding table stays on the device with its AdamW state (Note
-  // [Resident embedding]): V * C * 16 bytes of device memory. Untied
-  // embeddings only.
+  // [Resident embedding]): V * C * 16 bytes of device memory (18 when tied
+  // under bf16).
   bool resident_embedding = false;
   // Streamed blocks' gradients summed over micro-batches on the device
   // (Note [Device gradient accumulation]): 4 bytes per streamed decoder-layer

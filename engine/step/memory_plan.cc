@@ -9,10 +9,16 @@ namespace megatrain::engine {
 ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options) {
   const ModelLayout layout = ModelLayout::Create(config);
   ExecutorMemoryPlan plan;
-  // Largest block that visits a device slot: layers, head, and the
-  // embedding table only when it doubles as lm_head.
+  // Largest block that visits a device slot: streamed layers, head, and
+  // the embedding table only when it doubles as lm_head and is not
+  // resident.
   for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
-    if (i == layout.embedding_block() && !config.tie_word_embeddings) continue;
+    if (i == layout.embedding_block() &&
+        (!config.tie_word_embeddings || options.resident_embedding)) {
+      continue;
+    }
+    const int64_t layer = layout.blocks[i].layer_idx;
+    if (layer >= 0 && layer < options.resident_layers) continue;
     plan.max_slot_numel = std::max(plan.max_slot_numel, layout.blocks[i].numel);
   }
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
@@ -31,13 +37,14 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
     plan.activation_ring_bytes = 2 * layer_input_bytes;
   }
   // Resident blocks: fp32 master, gradient and two moments (16 bytes per
-  // element), plus the compute-dtype copy of decoder layers under bf16
-  // (the embedding is read in fp32).
+  // element), plus the compute-dtype copy of decoder layers and a tied
+  // table (lm_head) under bf16 (an untied embedding is read in fp32).
   for (int64_t l = 0; l < options.resident_layers; ++l) {
     plan.resident_bytes += layout.blocks[layout.layer_block(l)].numel * (16 + (esize == 2 ? 2 : 0));
   }
   if (options.resident_embedding) {
-    plan.resident_bytes += layout.blocks[layout.embedding_block()].numel * 16;
+    plan.resident_bytes += layout.blocks[layout.embedding_block()].numel *
+                           (16 + (esize == 2 && config.tie_word_embeddings ? 2 : 0));
   }
   if (options.device_grad_accumulation) {
     for (const int64_t block : layout.StreamedDenseBlocks(options.resident_layers)) {

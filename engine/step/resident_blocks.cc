@@ -8,10 +8,13 @@
 namespace megatrain::engine {
 namespace {
 
-// Whether `block` keeps a compute-dtype copy beside its fp32 master: the
-// embedding is read in fp32 (the gather), like the host path's.
-bool HasComputeCopy(const ModelLayout& layout, int64_t block, at::ScalarType compute_dtype) {
-  return compute_dtype != at::kFloat && block != layout.embedding_block();
+// Whether `block` keeps a compute-dtype copy beside its fp32 master: an
+// untied embedding is read in fp32 only (the gather, like the host path's);
+// a tied one is also lm_head, which the head reads in the compute dtype
+// (the host path's streaming copy).
+bool HasComputeCopy(const ModelLayout& layout, int64_t block, at::ScalarType compute_dtype,
+                    bool tied) {
+  return compute_dtype != at::kFloat && (block != layout.embedding_block() || tied);
 }
 
 std::vector<int64_t> ResidentBlockList(const ModelLayout& layout, int64_t resident_layers,
@@ -38,7 +41,7 @@ ResidentBlocks::ResidentBlocks(StepEnv* env, int64_t resident_layers, bool resid
     b.exp_avg = at::empty({numel}, fp32);
     b.exp_avg_sq = at::empty({numel}, fp32);
     b.grad = at::zeros({numel}, fp32);
-    b.weights = HasComputeCopy(layout, block, env->compute_dtype)
+    b.weights = HasComputeCopy(layout, block, env->compute_dtype, env->config.tie_word_embeddings)
                     ? at::empty({numel}, fp32.dtype(env->compute_dtype))
                     : b.master;
     for (const at::Tensor* t : {&b.master, &b.exp_avg, &b.exp_avg_sq, &b.grad}) {
@@ -55,6 +58,13 @@ at::Tensor ResidentBlocks::EmbeddingTable() const {
   const ModelLayout& layout = env_->layout;
   return BindBlockParams(layout.blocks[layout.embedding_block()],
                          blocks_state_[embedding_index_].master)[0];
+}
+
+at::Tensor ResidentBlocks::TiedLmHead() const {
+  if (embedding_index_ < 0) return at::Tensor();
+  const ModelLayout& layout = env_->layout;
+  return BindBlockParams(layout.blocks[layout.embedding_block()],
+                         blocks_state_[embedding_index_].weights)[0];
 }
 
 absl::Status ResidentBlocks::Schedule(const AdamWStepParams& hp, std::vector<bool> apply) {

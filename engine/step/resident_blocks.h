@@ -42,6 +42,10 @@ class ResidentBlocks {
   // The embedding's [V, C] fp32 table (a view of its master); undefined
   // when the embedding is not resident.
   at::Tensor EmbeddingTable() const;
+  // A tied embedding's [V, C] table as lm_head, in the compute dtype (a
+  // view of its compute copy; of the master for fp32/tf32); undefined
+  // when the embedding is not resident.
+  at::Tensor TiedLmHead() const;
 
   // StreamingExecutor::ScheduleResidentUpdate: INVALID_ARGUMENT for a
   // wrong `apply` size, FAILED_PRECONDITION when one is already waiting.

@@ -6,7 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/model/param_layout.h"
+#include "engine/runtime/status_macros.h"
 #include "engine/spec/job_spec.h"
+#include "engine/step/executor.h"
 
 namespace megatrain::engine {
 namespace {
@@ -24,13 +27,34 @@ std::string ScheduleChoice::Describe() const {
     absl::StrAppend(&out, " (", Gigabytes(activation_device_bytes), " on the device of a ",
                     Gigabytes(activation_budget_bytes), " budget)");
   }
+  // On the CPU with nothing resident, nothing to say.
+  if (device_total_bytes <= 0 && resident_layers == 0 && !resident_embedding) return out;
+  absl::StrAppend(&out, "; resident: ", resident_layers, " layers",
+                  resident_embedding ? " and the embedding" : "");
+  if (device_total_bytes > 0) {
+    absl::StrAppend(&out, " (", Gigabytes(resident_bytes), "; ", Gigabytes(planned_device_bytes()),
+                    " of ", Gigabytes(device_total_bytes), " planned)");
+  }
   return out;
 }
 
-absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
-                                              const ScheduleRequest& request, int64_t micro_batch,
-                                              int64_t seq_len, int64_t device_total_bytes,
-                                              int64_t executor_device_bytes) {
+int64_t ScheduleChoice::planned_device_bytes() const {
+  if (device_total_bytes <= 0) return 0;  // the CPU: nothing planned
+  return executor_device_bytes + working_bytes +
+         (activation_device_bytes - (offload_activations ? 2 * layer_input_bytes : 0));
+}
+
+int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
+                     int64_t seq_len) {
+  const int64_t esize = compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
+  const int64_t tokens = micro_batch * seq_len;
+  return 12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
+         config.LayerParamCount() * (4 + esize) + (int64_t{1} << 30);
+}
+
+namespace {
+
+absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& request) {
   if (request.gradient_accumulation_steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient_accumulation_steps: must be >= 1, got ", request.gradient_accumulation_steps));
@@ -44,26 +68,46 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(
         "wave: ", request.wave, " micro-batches per wave needs the layer-major schedule"));
   }
+  if (request.resident_layers < -1 || request.resident_layers > config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident_layers: must be -1 (auto) or in [0, num_hidden_layers=", config.num_hidden_layers,
+        "], got ", request.resident_layers));
+  }
+  if (request.resident_embedding < -1 || request.resident_embedding > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident_embedding: must be -1 (auto), 0 or 1, got ", request.resident_embedding));
+  }
+  if (request.device_grad_accumulation < -1 || request.device_grad_accumulation > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
+                     request.device_grad_accumulation));
+  }
+  return absl::OkStatus();
+}
+
+// Note [Schedule choice]: order, wave and activation placement, with the
+// executor's buffers taking `executor_device_bytes` of the device.
+void ChooseOrder(const ModelConfig& config, const ScheduleRequest& request,
+                 int64_t layer_input_bytes, int64_t device_total_bytes,
+                 int64_t executor_device_bytes, ScheduleChoice* choice) {
   const int64_t accumulation = request.gradient_accumulation_steps;
   const bool gpu = device_total_bytes > 0;
-  ScheduleChoice choice;
   // A wave asked for implies layer-major.
   const bool layer_major = (gpu && accumulation > 1) || request.wave > 0;
-  choice.schedule = request.schedule.value_or(layer_major ? StepSchedule::kLayerMajor
-                                                          : StepSchedule::kMicroBatchMajor);
+  choice->schedule = request.schedule.value_or(layer_major ? StepSchedule::kLayerMajor
+                                                           : StepSchedule::kMicroBatchMajor);
   const int64_t layers = config.num_hidden_layers;
-  const int64_t layer_input_bytes = micro_batch * seq_len * config.hidden_size * 4;
   // Live activations of a wave of w (Note [Schedule choice]).
   auto kept = [&](int64_t w) { return w * (layers + 2) * layer_input_bytes; };
   auto offloaded = [&](int64_t w) { return (w * 3 + 2) * layer_input_bytes; };
   if (gpu) {
-    choice.activation_budget_bytes = static_cast<int64_t>(
+    choice->activation_budget_bytes = static_cast<int64_t>(
         kActivationBudgetFraction *
         static_cast<double>(std::max<int64_t>(0, device_total_bytes - executor_device_bytes)));
   }
-  const int64_t budget = choice.activation_budget_bytes;
+  const int64_t budget = choice->activation_budget_bytes;
   int64_t wave = 1;
-  if (choice.schedule == StepSchedule::kLayerMajor) {
+  if (choice->schedule == StepSchedule::kLayerMajor) {
     wave = request.wave > 0 ? std::min<int64_t>(request.wave, accumulation) : accumulation;
   }
   bool host = request.activations == ActivationPlacement::kHost;
@@ -74,9 +118,108 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
       while (wave > 1 && offloaded(wave) > budget) --wave;
     }
   }
-  choice.wave = static_cast<int>(wave);
-  choice.offload_activations = host && layers > 1;
-  choice.activation_device_bytes = choice.offload_activations ? offloaded(wave) : kept(wave);
+  choice->wave = static_cast<int>(wave);
+  choice->offload_activations = host && layers > 1;
+  choice->activation_device_bytes = choice->offload_activations ? offloaded(wave) : kept(wave);
+}
+
+// Note [Schedule choice]: whether device gradient accumulation is on,
+// with the first `resident_layers` layers on the device.
+bool ChooseDeviceAccumulation(const ModelConfig& config, const ScheduleRequest& request,
+                              const ScheduleChoice& choice, int64_t device_total_bytes) {
+  if (request.device_grad_accumulation >= 0) return request.device_grad_accumulation == 1;
+  const int64_t accumulation = request.gradient_accumulation_steps;
+  const bool one_wave = choice.schedule == StepSchedule::kLayerMajor && choice.wave == accumulation;
+  if (device_total_bytes <= 0 || accumulation == 1 || one_wave) return false;
+  const ModelLayout layout = ModelLayout::Create(config);
+  int64_t numel = 0;
+  for (const int64_t block : layout.StreamedDenseBlocks(choice.resident_layers)) {
+    numel += layout.blocks[block].numel;
+  }
+  return 4.0 * static_cast<double>(numel) <=
+         kDeviceGradAccumulationMaxFraction * static_cast<double>(device_total_bytes);
+}
+
+// Whether the executor can keep `config`'s embedding resident (its checks
+// in StreamingExecutor::Create): one [V, C] table.
+bool EmbeddingCanBeResident(const ModelConfig& config) {
+  const ModelLayout layout = ModelLayout::Create(config);
+  const BlockLayout& emb = layout.blocks[layout.embedding_block()];
+  return emb.params.size() == 1 && emb.params[0].shape.size() == 2 && emb.params[0].offset == 0;
+}
+
+// Note [Auto resident layers]: the most decoder layers auto keeps.
+int64_t AutoResidentLayersLimit(const ModelConfig& config, bool clipping) {
+  return clipping ? config.num_hidden_layers
+                  : std::clamp<int64_t>(config.num_hidden_layers - 1, 0, kUnclippedResidentLayers);
+}
+
+// The executor's device bytes with `choice` (Note [Executor memory plan]).
+ExecutorMemoryPlan PlanWith(const ModelConfig& config, const ExecutorOptions& executor,
+                            const ScheduleChoice& choice) {
+  return PlanExecutorMemory(config, WithChoice(executor, choice));
+}
+
+}  // namespace
+
+ExecutorOptions WithChoice(const ExecutorOptions& executor, const ScheduleChoice& choice) {
+  ExecutorOptions out = executor;
+  out.schedule = choice.schedule;
+  out.wave = choice.wave;
+  out.offload_activations = choice.offload_activations;
+  out.resident_layers = choice.resident_layers;
+  out.resident_embedding = choice.resident_embedding;
+  out.device_grad_accumulation = choice.device_grad_accumulation;
+  return out;
+}
+
+absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
+                                              const ScheduleRequest& request,
+                                              const ExecutorOptions& executor,
+                                              int64_t device_total_bytes) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckRequest(config, request));
+  const bool gpu = device_total_bytes > 0;
+  ScheduleChoice choice;
+  choice.layer_input_bytes = executor.micro_batch * executor.seq_len * config.hidden_size * 4;
+  // The schedule, with only the forced resident blocks (Note [Auto
+  // resident layers]: the saved inputs come before auto's resident ones).
+  choice.resident_layers = std::max(0, request.resident_layers);
+  choice.resident_embedding = request.resident_embedding == 1;
+  choice.device_grad_accumulation = request.device_grad_accumulation == 1;
+  ChooseOrder(config, request, choice.layer_input_bytes, device_total_bytes,
+              PlanWith(config, executor, choice).device_bytes(), &choice);
+  choice.device_grad_accumulation =
+      ChooseDeviceAccumulation(config, request, choice, device_total_bytes);
+  if (gpu) {
+    choice.device_total_bytes = device_total_bytes;
+    choice.working_bytes =
+        WorkingBytes(config, executor.compute_dtype, executor.micro_batch, executor.seq_len);
+    choice.margin_bytes =
+        kResidentMarginBytes +
+        static_cast<int64_t>(kResidentMarginFraction * static_cast<double>(device_total_bytes));
+    auto fits = [&](const ScheduleChoice& c) {
+      ScheduleChoice planned = c;
+      planned.executor_device_bytes = PlanWith(config, executor, c).device_bytes();
+      return planned.planned_device_bytes() + c.margin_bytes <= device_total_bytes;
+    };
+    if (request.resident_embedding < 0 && EmbeddingCanBeResident(config)) {
+      choice.resident_embedding = true;
+      if (!fits(choice)) choice.resident_embedding = false;
+    }
+    // Mixture-of-experts layers hold every expert: resident only when asked.
+    if (request.resident_layers < 0 && config.moe == nullptr) {
+      for (int layers = static_cast<int>(AutoResidentLayersLimit(config, request.clipping));
+           layers > 0; --layers) {
+        choice.resident_layers = layers;
+        if (fits(choice)) break;
+        choice.resident_layers = 0;
+      }
+    }
+  }
+  const ExecutorMemoryPlan plan = PlanWith(config, executor, choice);
+  choice.executor_device_bytes = gpu ? plan.device_bytes() : 0;
+  choice.resident_bytes = gpu ? plan.resident_bytes : 0;
+  choice.grad_accumulation_bytes = gpu ? plan.grad_accumulation_bytes : 0;
   return choice;
 }
 

@@ -28,10 +28,53 @@
 //     gradient slots, resident blocks, accumulation buffers: Note
 //     [Executor memory plan] in executor.h); the rest is the working memory
 //     of one layer's recompute and backward and of the loss chunks.
-// Resident layers, the resident embedding and device gradient accumulation
-// keep their own auto rules (TrainerOptions); layer-major with one wave
-// sums the streamed gradients in the gradient slots and needs no
-// accumulation buffers.
+// Layer-major with one wave sums the streamed gradients in the gradient
+// slots and needs no accumulation buffers: auto device gradient
+// accumulation is on only when a step of A micro-batches would use them
+// (A > 1, and not one layer-major wave of all A) and their 4 bytes per
+// streamed parameter fit kDeviceGradAccumulationMaxFraction of the device.
+//
+// Note [Auto resident layers]
+// A resident block (Notes [Resident layers] and [Resident embedding] in
+// executor.h) keeps fp32 master, two AdamW moments, fp32 gradient and
+// (decoder layers, and a tied embedding, under bf16) the compute copy on
+// the device and is updated there: it never crosses the link and takes no
+// CPU AdamW, so with every block resident a step is resident PyTorch's
+// (with activation checkpointing). After the schedule (above, decided with
+// only the forced resident blocks), auto fills what is left of the device:
+//   * the embedding first (its chain is at both ends of every step: the
+//     gather and upload before layer 0, dx and the scatter after the last
+//     backward, and with tied embeddings the [V, C] lm_head's load and
+//     gradient landing); a tied table also leaves the weight and gradient
+//     slots, which then only need the largest streamed block;
+//   * then decoder layers 0..R-1 (earliest first: the next forward needs
+//     them first, Note [Resident layers]). With clipping R is as large as
+//     fits: no CPU update can start before the global norm is known, so
+//     every streamed layer's CPU AdamW is on the critical path of the next
+//     forward (docs/performance.md: 25% of the step at accumulation 1).
+//     Without clipping the CPU updates run behind backward, hidden, while
+//     a resident layer's update runs on the compute stream (TensorAdamWStep:
+//     ~94 bytes of device memory traffic per parameter, ~40 ms per step
+//     for all of llama-1b on an H100, 8% of its step): R is then at most
+//     kUnclippedResidentLayers (layers 0 and 1, whose updates would start
+//     every step late), as fits;
+// such that
+//   PlanExecutorMemory(final options).device_bytes()  (slots, ring,
+//       resident blocks, accumulation buffers: exactly what is allocated)
+//   + the wave's saved layer inputs outside that plan
+//   + WorkingBytes (one layer's recompute and backward, the loss chunks)
+//   + the margin (kResidentMarginBytes + kResidentMarginFraction of the
+//     device: CUDA context, cuBLAS workspaces, allocator fragmentation)
+//   <= the device's total memory.
+// Mixture-of-experts layers (every expert: gigabytes per layer) stay
+// streamed unless asked for. The CPU keeps everything streamed (no device
+// memory to save anything in; the CPU runtime still honours forced
+// resident blocks, which is how the tests run them). Forced options
+// (TrainerOptions::resident_layers / resident_embedding /
+// device_grad_accumulation, megatrain-bench --resident_layers ...) stand as
+// given, even when they do not fit. `megatrain plan` (engine/job/plan.cc)
+// calls this same function for its machine, so its device bytes are the
+// trainer's.
 //
 // Thread-safety: pure functions.
 #ifndef MEGATRAIN_ENGINE_STEP_SCHEDULE_CHOICE_H_
@@ -44,10 +87,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
+#include "engine/model/precision.h"
 #include "engine/spec/step_schedule.h"  // ActivationPlacement, ParseStepSchedule, ...
 #include "engine/step/step_plan.h"
 
 namespace megatrain::engine {
+
+struct ExecutorOptions;  // engine/step/executor.h
 
 // Auto's share of the device memory left after the executor's buffers that
 // the wave's activations may take (Note [Schedule choice]). 1/2: llama-3b
@@ -56,12 +102,37 @@ namespace megatrain::engine {
 // ~30 GB); the other half covers one layer's recompute and backward.
 inline constexpr double kActivationBudgetFraction = 0.5;
 
+// Note [Auto resident layers]: the device memory auto leaves free beside
+// its plan. 2 GiB covers the CUDA context and library workspaces (~0.5-1
+// GB on an H100) and 5% of the device the caching allocator's
+// fragmentation: 6.1 GB of an 80 GB H100, 9.2 GB of a 141 GB H200.
+inline constexpr int64_t kResidentMarginBytes = int64_t{2} << 30;
+inline constexpr double kResidentMarginFraction = 0.05;
+// Note [Auto resident layers]: auto's resident layers without clipping
+// (at most num_hidden_layers - 1).
+inline constexpr int64_t kUnclippedResidentLayers = 2;
+
+// Auto's limit for device gradient accumulation (Note [Schedule choice]):
+// 4 bytes per streamed parameter over the device's total memory. 1/4:
+// llama-1b's 4.5 GB and llama-3b's 12 GB fit an 80 GB H100, llama-8b's
+// 26 GB fits neither an H100 nor an H200.
+inline constexpr double kDeviceGradAccumulationMaxFraction = 1.0 / 4;
+
 // What the options ask for.
 struct ScheduleRequest {
   std::optional<StepSchedule> schedule;  // empty: auto
   int wave = 0;                          // layer-major micro-batches per wave; 0: auto
   ActivationPlacement activations = ActivationPlacement::kAuto;
   int64_t gradient_accumulation_steps = 1;  // A: micro-batches per optimizer step
+  // Note [Auto resident layers]: -1 auto; else the decoder layers
+  // (in [0, num_hidden_layers]) / the embedding (0 or 1) kept on the device.
+  int resident_layers = -1;
+  int resident_embedding = -1;
+  // Note [Device gradient accumulation] in executor.h: -1 auto, 0 off, 1 on.
+  int device_grad_accumulation = -1;
+  // Whether steps clip the gradient (max_grad_norm > 0): Note [Auto
+  // resident layers] fills the device with resident layers only then.
+  bool clipping = false;
 };
 
 // What the trainer runs.
@@ -69,26 +140,62 @@ struct ScheduleChoice {
   StepSchedule schedule = StepSchedule::kMicroBatchMajor;
   int wave = 1;  // micro-batches per wave (1 for micro-batch-major)
   bool offload_activations = false;
+  int64_t layer_input_bytes = 0;  // one [B, T, C] fp32 saved layer input
   // The wave's live activations on the device, in bytes (Note [Schedule
   // choice]), and the budget they were held against (0 on the CPU).
   int64_t activation_device_bytes = 0;
   int64_t activation_budget_bytes = 0;
+  // Note [Auto resident layers]: what stays on the device.
+  int resident_layers = 0;
+  bool resident_embedding = false;
+  bool device_grad_accumulation = false;
+  // The device's memory as planned, in bytes (all 0 on the CPU): its
+  // total, the executor's buffers with the options above
+  // (PlanExecutorMemory(...).device_bytes(), of it `resident_bytes` the
+  // resident blocks), the working set and the margin auto left free.
+  int64_t device_total_bytes = 0;
+  int64_t executor_device_bytes = 0;
+  int64_t resident_bytes = 0;
+  int64_t grad_accumulation_bytes = 0;  // of executor_device_bytes
+  int64_t working_bytes = 0;
+  int64_t margin_bytes = 0;
+  // Everything planned on the device: executor_device_bytes + the saved
+  // layer inputs outside it + working_bytes (the margin not included); 0
+  // on the CPU.
+  int64_t planned_device_bytes() const;
   // One line for the job's events and the bench's stderr, e.g.
-  // "layer-major, wave 4 of 4, activations on the device (8.6 GB of a 31.0
-  // GB budget)".
+  // "layer-major, wave 4, activations on the device (9.7 GB on the device
+  // of a 37.1 GB budget); resident: 16 of 16 layers and the embedding
+  // (22.2 GB; 38.0 GB of 80.0 GB planned)".
   std::string Describe() const;
 };
 
+// One layer's recompute and backward and the loss chunks, in bytes (Note
+// [Auto resident layers]): 12 [B, T, max(C, F)] compute-dtype tensors
+// (activation checkpointing's per-layer autograd graph and its
+// gradients), the largest decoder layer's parameter gradients in fp32 and
+// the compute dtype, and 1 GiB for the loss's logits chunks (~256 MiB of
+// fp32 logits, their softmax and gradient).
+int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
+                     int64_t seq_len);
+
 // Checks `request` (INVALID_ARGUMENT naming the option: `wave` must be in
 // kWaveRange, [0, 4096] (engine/spec/job_spec.h), and 0 or 1 with
-// micro-batch-major; `gradient_accumulation_steps` >= 1) and resolves it
-// for `config` with micro-batches of [micro_batch, seq_len] on a device of
-// `device_total_bytes` (0: the CPU) whose executor buffers take
-// `executor_device_bytes` (Note [Schedule choice]).
+// micro-batch-major; `gradient_accumulation_steps` >= 1; resident_layers -1
+// or in [0, num_hidden_layers]; resident_embedding and
+// device_grad_accumulation -1, 0 or 1) and resolves it for `config` on a
+// device of `device_total_bytes` (0: the CPU), with the executor's other
+// options (compute dtype, [micro_batch, seq_len], slots) from `executor`
+// (Notes [Schedule choice] and [Auto resident layers]). The residency and
+// schedule fields of `executor` are not read.
 absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
-                                              const ScheduleRequest& request, int64_t micro_batch,
-                                              int64_t seq_len, int64_t device_total_bytes,
-                                              int64_t executor_device_bytes);
+                                              const ScheduleRequest& request,
+                                              const ExecutorOptions& executor,
+                                              int64_t device_total_bytes);
+
+// `executor` with `choice`'s schedule, wave, activation placement and
+// resident blocks.
+ExecutorOptions WithChoice(const ExecutorOptions& executor, const ScheduleChoice& choice);
 
 }  // namespace megatrain::engine
 

@@ -87,7 +87,10 @@ class Planner {
   StepAction Head(int m, bool slot_sum) {
     StepAction head = Action(ActionKind::kHead, m);
     head.block = layout_.head_block();
-    if (options_.tied_embeddings) head.tied_use = Use(layout_.embedding_block());
+    // A resident tied table is read on the device (Note [Resident embedding]).
+    if (options_.tied_embeddings && !options_.resident_embedding) {
+      head.tied_use = Use(layout_.embedding_block());
+    }
     head.use = Use(head.block);
     // Tied: the lm_head landings between the heads need the other gradient
     // slot, so the head block does not hold one across them.

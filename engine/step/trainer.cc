@@ -43,11 +43,6 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
     return absl::InvalidArgumentError(absl::StrCat(
         "resident_embedding: must be -1 (auto), 0 or 1, got ", options.resident_embedding));
   }
-  if (options.resident_embedding == 1 && config.tie_word_embeddings) {
-    return absl::InvalidArgumentError(
-        "resident_embedding: needs untied embeddings (tie_word_embeddings is true: the table is "
-        "also lm_head and streams with the head)");
-  }
   if (options.device_grad_accumulation < -1 || options.device_grad_accumulation > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
@@ -78,37 +73,20 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
   exec.abandon_step = options.abandon_step;
-  exec.resident_layers = ResolveResidentLayers(config, options.resident_layers, runtime.is_cuda());
-  exec.resident_embedding = ResolveResidentEmbedding(config, options.resident_embedding,
-                                                     runtime.is_cuda() ? runtime.TotalBytes() : 0);
-  if (options.device_grad_accumulation >= 0) {
-    exec.device_grad_accumulation = options.device_grad_accumulation == 1;
-  } else if (runtime.is_cuda()) {
-    const ModelLayout& layout = store.layout();
-    int64_t numel = 0;
-    for (const int64_t block : layout.StreamedDenseBlocks(exec.resident_layers)) {
-      numel += layout.blocks[block].numel;
-    }
-    exec.device_grad_accumulation =
-        4.0 * static_cast<double>(numel) <=
-        kDeviceGradAccumulationMaxFraction * static_cast<double>(runtime.TotalBytes());
-  }
   ScheduleRequest request;
   request.schedule = options.step_schedule;
   request.wave = options.wave;
   request.activations =
       options.offload_activations ? ActivationPlacement::kHost : options.activation_placement;
   request.gradient_accumulation_steps = options.gradient_accumulation_steps;
-  ExecutorOptions base = exec;
-  base.offload_activations = false;
-  MEGATRAIN_ASSIGN_OR_RETURN(*choice,
-                             ChooseSchedule(config, request, options.micro_batch, options.seq_len,
-                                            runtime.is_cuda() ? runtime.TotalBytes() : 0,
-                                            PlanExecutorMemory(config, base).device_bytes()));
-  exec.schedule = choice->schedule;
-  exec.wave = choice->wave;
-  exec.offload_activations = choice->offload_activations;
-  return exec;
+  request.resident_layers = options.resident_layers;
+  request.resident_embedding = options.resident_embedding;
+  request.device_grad_accumulation = options.device_grad_accumulation;
+  request.clipping = options.max_grad_norm > 0;
+  // Notes [Schedule choice] and [Auto resident layers] in schedule_choice.h.
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      *choice, ChooseSchedule(config, request, exec, runtime.is_cuda() ? runtime.TotalBytes() : 0));
+  return WithChoice(exec, *choice);
 }
 
 }  // namespace
@@ -215,16 +193,9 @@ int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda) {
   // A MoE layer holds every expert (gigabytes at 18 bytes per parameter
   // on the device): resident MoE layers only when asked for.
   if (config.moe != nullptr) return 0;
-  // Layers 0 and 1, whose updates would otherwise start every step on the
-  // critical path; at least one layer keeps streaming.
+  // The floor of Note [Auto resident layers]: layers 0 and 1, whose
+  // updates would otherwise start every step on the critical path.
   return cuda ? static_cast<int>(std::clamp<int64_t>(config.num_hidden_layers - 1, 0, 2)) : 0;
-}
-
-bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes) {
-  if (option >= 0) return option == 1;
-  if (device_total_bytes <= 0 || config.tie_word_embeddings) return false;
-  const double bytes = 16.0 * static_cast<double>(config.vocab_size) * config.hidden_size;
-  return bytes <= kResidentEmbeddingMaxFraction * static_cast<double>(device_total_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,

@@ -191,21 +191,23 @@ struct TrainerOptions {
   // steps] in executor.h): Step() then returns CANCELLED. Not owned.
   const std::atomic<bool>* abandon_step = nullptr;
   // Decoder layers kept on the device with their AdamW state, updated there
-  // (Note [Resident layers] in executor.h); -1 = auto: on CUDA 2 (at most
-  // num_hidden_layers - 1), on the CPU 0. Otherwise in [0, num_hidden_layers].
+  // (Note [Resident layers] in executor.h); -1 = auto: on CUDA with
+  // clipping as many as fit the device, without clipping at most 2 (Note
+  // [Auto resident layers] in schedule_choice.h), on the CPU 0. Otherwise
+  // in [0, num_hidden_layers].
   int resident_layers = -1;
   // The embedding table on the device with its AdamW state, updated there
   // (Note [Resident embedding] in executor.h; V * C * 16 bytes of device
-  // memory); untied embeddings only. -1 = auto: on CUDA when untied and
-  // those bytes are at most ResidentEmbeddingMaxFraction of the device's
-  // memory, on the CPU never; 0 = off; 1 = on.
+  // memory, 18 for a tied table under bf16). -1 = auto: on CUDA when it
+  // fits (Note [Auto resident layers]), on the CPU never; 0 = off; 1 = on.
   int resident_embedding = -1;
   // Streamed blocks' gradients summed over a step's micro-batches on the
   // device (Note [Device gradient accumulation] in executor.h; 4 bytes per
   // streamed decoder-layer and head parameter of device memory when a step
-  // has several micro-batches). -1 = auto: on CUDA when those bytes are at
-  // most kDeviceGradAccumulationMaxFraction of the device's memory; 0 =
-  // off; 1 = on.
+  // has several micro-batches). -1 = auto: on CUDA when a step of
+  // gradient_accumulation_steps would use them and those bytes are at
+  // most kDeviceGradAccumulationMaxFraction of the device's memory (Note
+  // [Schedule choice]); 0 = off; 1 = on.
   int device_grad_accumulation = -1;
   // The step schedule (issue 16; Note [Schedule choice] in
   // schedule_choice.h): order (empty = auto), layer-major wave (0 = auto)
@@ -219,24 +221,12 @@ struct TrainerOptions {
   int64_t gradient_accumulation_steps = 1;
 };
 
-// Auto's limit for TrainerOptions::device_grad_accumulation, over the
-// device's total memory: 1/4 (4.5 GB for llama-1b, 12 GB for llama-3b fit
-// an 80 GB H100; llama-8b's 26 GB fits neither an H100 nor an H200).
-inline constexpr double kDeviceGradAccumulationMaxFraction = 1.0 / 4;
-
-// Auto's limit for TrainerOptions::resident_embedding: the table's device
-// bytes (fp32 master, gradient, two AdamW moments) over the device's total
-// memory. 1/8: 4.2 GB for llama-1b's and 8.4 GB for llama-8b's 128256 x
-// {2048, 4096} tables fit an 80 GB H100 (10 GB).
-inline constexpr double kResidentEmbeddingMaxFraction = 1.0 / 8;
-
-// Whether TrainerOptions::resident_embedding `option` puts `config`'s
-// embedding on a device with `device_total_bytes` of memory (0: the CPU).
-bool ResolveResidentEmbedding(const ModelConfig& config, int option, int64_t device_total_bytes);
-
-// The decoder layers TrainerOptions::resident_layers `option` keeps on the
-// device (auto: min(2, num_hidden_layers - 1) on CUDA, none on the CPU nor
-// for a mixture-of-experts model, whose layers hold every expert).
+// The decoder layers TrainerOptions::resident_layers `option` keeps on a
+// device of unknown size: `option`, or for auto the floor of Note [Auto
+// resident layers] (min(2, num_hidden_layers - 1) on CUDA; none on the CPU
+// nor for a mixture-of-experts model). The trainer and `megatrain plan`,
+// which know the device, use ChooseSchedule; the device-agnostic footprint
+// (EstimateFootprint) uses this.
 int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda);
 
 struct StepResult {

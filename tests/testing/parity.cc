@@ -287,10 +287,6 @@ std::vector<ParityMode> LayerMajorParityModes() {
 void ExpectParity(const Variant& variant, const std::string& device, const ParityMode& mode) {
   const bool bf16 = mode.dtype == ComputeDtype::kBf16;
   const double tolerance = bf16 ? 2e-2 : 1e-5;
-  if (mode.resident_embedding && variant.config.tie_word_embeddings) {
-    GTEST_SKIP() << "a tied embedding is never resident (refusal: "
-                    "ExecutorTest.RefusesBadOptionsNamingTheField)";
-  }
   ParityResult r =
       RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
                 mode.offload_activations, mode.resident_layers, mode.resident_embedding,

@@ -3,6 +3,8 @@
 // moments, auto picks the tier only when needed, the projection follows
 // Note [Plan projection], and bad machines and families are refused.
 #include "engine/job/plan.h"
+#include "engine/step/executor.h"
+#include "engine/step/schedule_choice.h"
 #include "engine/store/nvme_tier.h"
 
 #include <cmath>
@@ -38,10 +40,26 @@ TEST(PlanTest, TiersAreTheFootprintsBytes) {
   EXPECT_EQ(plan->nvme_tier, NvmeTierMode::kOff);
   EXPECT_EQ(plan->tiers.host_bytes, f.host_total_bytes);
   EXPECT_EQ(plan->tiers.pinned_bytes, f.host.pinned + f.host.staging);
-  EXPECT_EQ(plan->tiers.device_bytes, f.device_estimate_bytes);
   EXPECT_EQ(plan->tiers.nvme_bytes, 0);
   EXPECT_TRUE(plan->fits);
   EXPECT_THAT(plan->verdict, HasSubstr("everything in host memory"));
+  // The device: the trainer's own choice for this machine (Note [Auto
+  // resident layers] in step/schedule_choice.h), under the device's memory
+  // with the margin.
+  ScheduleRequest request;
+  request.clipping = spec.train.max_grad_norm > 0;
+  ExecutorOptions executor;
+  executor.compute_dtype = spec.train.compute_dtype;
+  executor.micro_batch = spec.train.micro_batch;
+  executor.seq_len = spec.train.seq_len;
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, request, executor, machine.gpu_memory_bytes);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(plan->tiers.device_bytes, choice->planned_device_bytes());
+  EXPECT_EQ(plan->footprint.device_resident_bytes,
+            choice->resident_bytes + choice->grad_accumulation_bytes);
+  EXPECT_LE(plan->tiers.device_bytes + choice->margin_bytes, machine.gpu_memory_bytes);
+  EXPECT_GT(choice->resident_layers, 2);  // clipping: more than the floor
 }
 
 TEST(PlanTest, NvmeMomentsMoveEightBytesPerParameterOffTheHost) {

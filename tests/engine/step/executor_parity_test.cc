@@ -344,15 +344,6 @@ TEST(ExecutorTest, RefusesBadOptionsNamingTheField) {
                                  "schedule, got 0")));
   options.schedule = StepSchedule::kMicroBatchMajor;
   options.wave = 1;
-  ModelConfig tied = SmallLlama();
-  tied.tie_word_embeddings = true;
-  auto tied_store = HostStore::Create(tied, {});
-  ASSERT_THAT(tied_store, IsOk());
-  options.resident_embedding = true;
-  EXPECT_THAT(StreamingExecutor::Create(tied_store->get(), runtime->get(), pool.get(), options),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("executor.resident_embedding: needs untied embeddings")));
-  options.resident_embedding = false;
   options.compute_dtype = ComputeDtype::kBf16;  // store has no bf16 copy
   EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bf16")));
@@ -377,7 +368,6 @@ TEST(ExecutorTest, HoldsExactlyItsMemoryPlan) {
   for (const ParityMode& mode : testing::LayerMajorParityModes()) modes.push_back(mode);
   for (const Variant& variant : testing::Variants()) {
     for (const ParityMode& mode : modes) {
-      if (mode.resident_embedding && variant.config.tie_word_embeddings) continue;
       // The layer-major modes' buffers do not depend on the family: an
       // untied and a tied variant keep the test short.
       if (mode.schedule == StepSchedule::kLayerMajor && variant.name != "llama" &&

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/step/executor.h"
 #include "engine/step/schedule_choice.h"
 #include "engine/step/trainer.h"
 #include "tests/testing/parity.h"
@@ -155,7 +156,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, LayerMajorTrainerTest,
                          ::testing::Values(Case{0.05, 1, 0, false, 0}, Case{0.05, 3, 0, false, 0},
                                            Case{1e3, 3, 0, false, 0}, Case{0.0, 3, 0, false, 0},
                                            Case{0.05, 4, 0, true, 0}, Case{0.05, 4, 3, false, 1},
-                                           Case{0.0, 4, 2, true, 1}, Case{1e3, 3, 2, false, 0}),
+                                           Case{0.0, 4, 2, true, 1}, Case{1e3, 3, 2, false, 0},
+                                           // Every layer resident (Note [Auto resident
+                                           // layers] keeps all of them when they fit).
+                                           Case{0.05, 4, 0, false, 3}, Case{0.05, 3, 2, true, 3},
+                                           Case{1e3, 4, 0, true, 2}),
                          [](const auto& info) {
                            const double clip = std::get<0>(info.param);
                            return absl::StrCat(clip == 0  ? "NoClip"
@@ -210,27 +215,39 @@ INSTANTIATE_TEST_SUITE_P(Cases, LayerMajorNanTest,
                                std::get<2>(info.param) > 0 ? "Clipping" : "NoClipping");
                          });
 
+// The executor's options of the schedule tests: [8, 2048] fp32.
+ExecutorOptions Executor() {
+  ExecutorOptions o;
+  o.micro_batch = 8;
+  o.seq_len = 2048;
+  return o;
+}
+
+// The executor's device bytes before any resident block (what the
+// activation budget is taken from).
+int64_t StreamingBytes() { return PlanExecutorMemory(SmallLlama(), Executor()).device_bytes(); }
+
 // Note [Schedule choice].
 TEST(ScheduleChoiceTest, AutoIsLayerMajorOnAGpuWithAccumulation) {
   const ModelConfig config = SmallLlama();
   ScheduleRequest request;
   request.gradient_accumulation_steps = 4;
   const int64_t gpu = int64_t{80} << 30;
-  auto choice = ChooseSchedule(config, request, 8, 2048, gpu, 0);
+  auto choice = ChooseSchedule(config, request, Executor(), gpu);
   ASSERT_THAT(choice, IsOk());
   EXPECT_EQ(choice->schedule, StepSchedule::kLayerMajor);
   EXPECT_EQ(choice->wave, 4);
   EXPECT_FALSE(choice->offload_activations);
   // 4 micro-batches x (3 layers + 2) x [8, 2048, 64] fp32.
   EXPECT_EQ(choice->activation_device_bytes, 4 * 5 * 8 * 2048 * 64 * 4);
-  EXPECT_EQ(choice->activation_budget_bytes, gpu / 2);
+  EXPECT_EQ(choice->activation_budget_bytes, (gpu - StreamingBytes()) / 2);
   EXPECT_THAT(choice->Describe(), HasSubstr("layer-major, wave 4, activations on the device"));
   // One micro-batch per step, or the CPU: micro-batch-major.
   request.gradient_accumulation_steps = 1;
-  EXPECT_EQ(ChooseSchedule(config, request, 8, 2048, gpu, 0)->schedule,
+  EXPECT_EQ(ChooseSchedule(config, request, Executor(), gpu)->schedule,
             StepSchedule::kMicroBatchMajor);
   request.gradient_accumulation_steps = 4;
-  EXPECT_EQ(ChooseSchedule(config, request, 8, 2048, 0, 0)->schedule,
+  EXPECT_EQ(ChooseSchedule(config, request, Executor(), 0)->schedule,
             StepSchedule::kMicroBatchMajor);
 }
 
@@ -241,19 +258,19 @@ TEST(ScheduleChoiceTest, OffloadsThenShrinksTheWaveWhenTheDeviceIsSmall) {
   const int64_t input = 8 * 2048 * 64 * 4;  // one [B, T, C] fp32
   // Budget (half the device): 8 x 5 inputs kept do not fit, 8 x 3 + 2
   // offloaded do.
-  auto offloaded = ChooseSchedule(config, request, 8, 2048, 2 * 30 * input, 0);
+  auto offloaded = ChooseSchedule(config, request, Executor(), 2 * 30 * input + StreamingBytes());
   ASSERT_THAT(offloaded, IsOk());
   EXPECT_TRUE(offloaded->offload_activations);
   EXPECT_EQ(offloaded->wave, 8);
   // Budget 14 inputs: the wave shrinks to 4 (4 x 3 + 2).
-  auto smaller = ChooseSchedule(config, request, 8, 2048, 2 * 14 * input, 0);
+  auto smaller = ChooseSchedule(config, request, Executor(), 2 * 14 * input + StreamingBytes());
   ASSERT_THAT(smaller, IsOk());
   EXPECT_TRUE(smaller->offload_activations);
   EXPECT_EQ(smaller->wave, 4);
   // Forced choices stand.
   request.activations = ActivationPlacement::kDevice;
   request.wave = 8;
-  auto forced = ChooseSchedule(config, request, 8, 2048, 2 * 14 * input, 0);
+  auto forced = ChooseSchedule(config, request, Executor(), 2 * 14 * input + StreamingBytes());
   ASSERT_THAT(forced, IsOk());
   EXPECT_FALSE(forced->offload_activations);
   EXPECT_EQ(forced->wave, 8);
@@ -264,12 +281,12 @@ TEST(ScheduleChoiceTest, RejectsBadOptionsNamingThem) {
   ScheduleRequest request;
   request.gradient_accumulation_steps = 4;
   request.wave = 5000;
-  EXPECT_THAT(ChooseSchedule(config, request, 8, 2048, 0, 0),
+  EXPECT_THAT(ChooseSchedule(config, request, Executor(), 0),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("wave: must be in [0 (auto), 4096], got 5000")));
   request.wave = 2;
   request.schedule = StepSchedule::kMicroBatchMajor;
-  EXPECT_THAT(ChooseSchedule(config, request, 8, 2048, 0, 0),
+  EXPECT_THAT(ChooseSchedule(config, request, Executor(), 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs the layer-major")));
   EXPECT_THAT(ParseStepSchedule("layer_major", "train.schedule"),
               StatusIs(absl::StatusCode::kInvalidArgument,

@@ -1,0 +1,248 @@
+// Tests of the schedule choice's resident blocks (Note [Auto resident
+// layers] in engine/step/schedule_choice.h): on 80 GB (H100) and 141 GB
+// (H200) devices, llama-1b/3b/8b keep as many resident layers as fit with
+// clipping (and the floor of two without), the plan behind the choice is
+// exactly the executor's memory plan, and everything planned plus the
+// margin stays under the device's memory; forced options stand; bad
+// options are INVALID_ARGUMENT naming the option. The order, wave and
+// activation placement are tested in layer_major_trainer_test.cc.
+#include "engine/step/schedule_choice.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/param_layout.h"
+#include "engine/step/executor.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// The devices' memory as sold (cudaMemGetInfo reports a little more: 85.5e9
+// bytes on an H100 80GB HBM3), so that the tests' choices are conservative.
+constexpr int64_t kH100Bytes = int64_t{80} * 1000 * 1000 * 1000;
+constexpr int64_t kH200Bytes = int64_t{141} * 1000 * 1000 * 1000;
+
+ExecutorOptions Bf16(int64_t micro_batch, int64_t seq_len) {
+  ExecutorOptions o;
+  o.compute_dtype = ComputeDtype::kBf16;
+  o.micro_batch = micro_batch;
+  o.seq_len = seq_len;
+  return o;
+}
+
+ScheduleRequest Clipped(int64_t accumulation) {
+  ScheduleRequest r;
+  r.gradient_accumulation_steps = accumulation;
+  r.clipping = true;
+  return r;
+}
+
+ModelConfig Preset(const std::string& name) {
+  absl::StatusOr<ModelConfig> config = PresetConfig(name);
+  EXPECT_THAT(config, IsOk());
+  return *config;
+}
+
+// The plan behind `choice` is the executor's, and what it plans fits
+// `device` with the margin.
+void ExpectPlanFits(const ModelConfig& config, const ExecutorOptions& executor,
+                    const ScheduleChoice& choice, int64_t device) {
+  const ExecutorMemoryPlan plan = PlanExecutorMemory(config, WithChoice(executor, choice));
+  EXPECT_EQ(choice.executor_device_bytes, plan.device_bytes());
+  EXPECT_EQ(choice.resident_bytes, plan.resident_bytes);
+  EXPECT_EQ(choice.grad_accumulation_bytes, plan.grad_accumulation_bytes);
+  const int64_t saved_outside = choice.activation_device_bytes - plan.activation_ring_bytes;
+  EXPECT_EQ(choice.planned_device_bytes(),
+            plan.device_bytes() + saved_outside + choice.working_bytes);
+  EXPECT_LE(choice.planned_device_bytes() + choice.margin_bytes, device);
+  EXPECT_EQ(choice.margin_bytes,
+            kResidentMarginBytes + static_cast<int64_t>(kResidentMarginFraction * device));
+}
+
+// (preset, device bytes, accumulation, resident layers expected).
+struct FillCase {
+  const char* preset;
+  int64_t device;
+  int64_t accumulation;
+  int resident_layers;
+};
+
+class AutoResidentLayersTest : public ::testing::TestWithParam<FillCase> {};
+
+// The expected counts are the largest R with
+//   slots + resident(R) + embedding + saved inputs + working + margin <= device,
+// e.g. llama-3b, 8 x 2048, accumulation 4 on 80 GB: 5.5 GB of slots for
+// the 394 M lm_head, 6.3 GB of resident embedding, 24.2 GB of saved inputs
+// (4 x 30 x [8, 2048, 3072] fp32), 4.9 GB working and 6.1 GB margin leave
+// 33.0 GB for 1.81 GB layers: 18 of 28.
+TEST_P(AutoResidentLayersTest, KeepsTheLargestCountThatFits) {
+  const FillCase c = GetParam();
+  const ModelConfig config = Preset(c.preset);
+  const ExecutorOptions executor = Bf16(8, 2048);
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, Clipped(c.accumulation), executor, c.device);
+  ASSERT_THAT(choice, IsOk());
+  EXPECT_EQ(choice->resident_layers, c.resident_layers) << choice->Describe();
+  EXPECT_TRUE(choice->resident_embedding);  // the presets' tables are untied
+  EXPECT_FALSE(choice->offload_activations);
+  ExpectPlanFits(config, executor, *choice, c.device);
+  // One more layer would not fit (unless all are resident already).
+  if (choice->resident_layers < config.num_hidden_layers) {
+    ScheduleChoice more = *choice;
+    ++more.resident_layers;
+    more.executor_device_bytes =
+        PlanExecutorMemory(config, WithChoice(executor, more)).device_bytes();
+    EXPECT_GT(more.planned_device_bytes() + more.margin_bytes, c.device);
+  }
+  EXPECT_THAT(choice->Describe(), HasSubstr(absl::StrCat("resident: ", c.resident_layers,
+                                                         " layers and the embedding")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, AutoResidentLayersTest,
+                         ::testing::Values(FillCase{"llama-1b", kH100Bytes, 1, 16},
+                                           FillCase{"llama-1b", kH100Bytes, 4, 16},
+                                           FillCase{"llama-1b", kH200Bytes, 1, 16},
+                                           FillCase{"llama-3b", kH100Bytes, 1, 28},
+                                           FillCase{"llama-3b", kH100Bytes, 4, 18},
+                                           FillCase{"llama-3b", kH200Bytes, 4, 28},
+                                           FillCase{"llama-8b", kH100Bytes, 1, 10},
+                                           FillCase{"llama-8b", kH200Bytes, 1, 25}),
+                         [](const auto& info) {
+                           return absl::StrCat(std::string(info.param.preset).replace(5, 1, "_"),
+                                               "On", info.param.device / 1000000000,
+                                               "GBAccumulation", info.param.accumulation);
+                         });
+
+// llama-3.2-1b/3b tie the table to lm_head: resident too (Note [Resident
+// embedding]), 18 bytes per parameter under bf16, and the slots then only
+// hold the largest streamed block (a decoder layer or the head's norm).
+TEST(AutoResidentLayersTest, KeepsATiedTableResident) {
+  ModelConfig config = Preset("llama-3b");
+  config.tie_word_embeddings = true;
+  const ExecutorOptions executor = Bf16(8, 2048);
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, Clipped(1), executor, kH100Bytes);
+  ASSERT_THAT(choice, IsOk());
+  EXPECT_TRUE(choice->resident_embedding);
+  EXPECT_EQ(choice->resident_layers, 28);
+  ExpectPlanFits(config, executor, *choice, kH100Bytes);
+  const ModelLayout layout = ModelLayout::Create(config);
+  const ExecutorMemoryPlan plan = PlanExecutorMemory(config, WithChoice(executor, *choice));
+  EXPECT_EQ(plan.max_slot_numel, layout.blocks[layout.head_block()].numel);
+  int64_t resident = 18 * layout.blocks[layout.embedding_block()].numel;
+  for (int64_t l = 0; l < 28; ++l) resident += 18 * layout.blocks[layout.layer_block(l)].numel;
+  EXPECT_EQ(plan.resident_bytes, resident);
+}
+
+// Without clipping the CPU updates hide behind backward: two layers (as
+// fit), the embedding as fits.
+TEST(AutoResidentLayersTest, WithoutClippingKeepsTwoLayers) {
+  const ModelConfig config = Preset("llama-1b");
+  ScheduleRequest request = Clipped(1);
+  request.clipping = false;
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes);
+  ASSERT_THAT(choice, IsOk());
+  EXPECT_EQ(choice->resident_layers, kUnclippedResidentLayers);
+  EXPECT_TRUE(choice->resident_embedding);
+  ExpectPlanFits(config, Bf16(8, 2048), *choice, kH100Bytes);
+}
+
+// A device too small for any resident block keeps none (rather than
+// running out of memory), and the CPU keeps none and plans nothing.
+TEST(AutoResidentLayersTest, SmallDevicesAndTheCpuKeepNone) {
+  const ModelConfig config = Preset("llama-8b");
+  const int64_t gb = 1000 * 1000 * 1000;
+  const absl::StatusOr<ScheduleChoice> small =
+      ChooseSchedule(config, Clipped(1), Bf16(8, 2048), 16 * gb);
+  ASSERT_THAT(small, IsOk());
+  EXPECT_EQ(small->resident_layers, 0);
+  EXPECT_FALSE(small->resident_embedding);
+  EXPECT_EQ(small->resident_bytes, 0);
+  const absl::StatusOr<ScheduleChoice> cpu = ChooseSchedule(config, Clipped(4), Bf16(8, 2048), 0);
+  ASSERT_THAT(cpu, IsOk());
+  EXPECT_EQ(cpu->resident_layers, 0);
+  EXPECT_FALSE(cpu->resident_embedding);
+  EXPECT_FALSE(cpu->device_grad_accumulation);
+  EXPECT_EQ(cpu->planned_device_bytes(), 0);
+  EXPECT_EQ(cpu->device_total_bytes, 0);
+  EXPECT_THAT(cpu->Describe(), ::testing::Not(HasSubstr("resident")));
+}
+
+// Forced options stand, on the CPU as on a device they overfill.
+TEST(AutoResidentLayersTest, ForcedOptionsStand) {
+  const ModelConfig config = Preset("llama-8b");
+  ScheduleRequest request = Clipped(1);
+  request.resident_layers = 32;
+  request.resident_embedding = 0;
+  request.device_grad_accumulation = 1;
+  for (const int64_t device : {int64_t{0}, kH100Bytes}) {
+    const absl::StatusOr<ScheduleChoice> choice =
+        ChooseSchedule(config, request, Bf16(8, 2048), device);
+    ASSERT_THAT(choice, IsOk());
+    EXPECT_EQ(choice->resident_layers, 32);
+    EXPECT_FALSE(choice->resident_embedding);
+    EXPECT_TRUE(choice->device_grad_accumulation);
+  }
+  // 32 x 218 M x 18 bytes do not fit 80 GB: the plan says so.
+  const absl::StatusOr<ScheduleChoice> over =
+      ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes);
+  ASSERT_THAT(over, IsOk());
+  EXPECT_GT(over->planned_device_bytes(), kH100Bytes);
+}
+
+// Device gradient accumulation only where a step would use it: not for one
+// micro-batch, not for one layer-major wave of all of them (the slots sum).
+TEST(AutoResidentLayersTest, DeviceAccumulationOnlyWhenUsed) {
+  const ModelConfig config = Preset("llama-1b");
+  const ExecutorOptions executor = Bf16(8, 2048);
+  auto accumulates = [&](ScheduleRequest request) {
+    const absl::StatusOr<ScheduleChoice> choice =
+        ChooseSchedule(config, request, executor, kH100Bytes);
+    EXPECT_THAT(choice, IsOk());
+    return choice.ok() && choice->device_grad_accumulation;
+  };
+  EXPECT_FALSE(accumulates(Clipped(1)));
+  EXPECT_FALSE(accumulates(Clipped(4)));  // layer-major, one wave of 4
+  ScheduleRequest waves = Clipped(4);
+  waves.wave = 2;
+  EXPECT_TRUE(accumulates(waves));
+  ScheduleRequest micro_batch_major = Clipped(4);
+  micro_batch_major.schedule = StepSchedule::kMicroBatchMajor;
+  EXPECT_TRUE(accumulates(micro_batch_major));
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, micro_batch_major, executor, kH100Bytes);
+  ASSERT_THAT(choice, IsOk());
+  ExpectPlanFits(config, executor, *choice, kH100Bytes);
+}
+
+TEST(AutoResidentLayersTest, RejectsBadOptionsNamingThem) {
+  const ModelConfig config = Preset("llama-1b");
+  ScheduleRequest request = Clipped(1);
+  request.resident_layers = 17;
+  EXPECT_THAT(ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resident_layers: must be -1 (auto) or in [0, "
+                                 "num_hidden_layers=16], got 17")));
+  request.resident_layers = -1;
+  request.resident_embedding = 2;
+  EXPECT_THAT(ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resident_embedding: must be -1 (auto), 0 or 1, got 2")));
+  request.resident_embedding = -1;
+  request.device_grad_accumulation = -2;
+  EXPECT_THAT(ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("device_grad_accumulation: must be -1 (auto), 0 or 1, got -2")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
