@@ -548,6 +548,24 @@ TEST(MoeExecutorTest, StoreAndFlopsCountExperts) {
                        12.0 * config->num_hidden_layers * config->hidden_size * 16);
 }
 
+// The GPU speed presets (engine/model/model_config.cc): their totals fit a
+// 128 GiB host at ~18 bytes per parameter with margin, and megatrain-bench
+// prints params and params_active from these counts.
+TEST(MoeExecutorTest, SpeedPresetsHaveTheDocumentedSizes) {
+  MOE_CPU_BUILD_ONLY();
+  auto qwen = PresetConfig("qwen3-moe-4b");
+  ASSERT_THAT(qwen, IsOk());
+  EXPECT_NEAR(static_cast<double>(qwen->ParamCount()), 4.15e9, 0.01e9);
+  EXPECT_NEAR(static_cast<double>(MoeActiveParamCount(MoeModelConfigOf(*qwen))), 1.73e9, 0.01e9);
+  auto mixtral = PresetConfig("mixtral-4b");
+  ASSERT_THAT(mixtral, IsOk());
+  EXPECT_NEAR(static_cast<double>(mixtral->ParamCount()), 3.92e9, 0.01e9);
+  EXPECT_NEAR(static_cast<double>(MoeActiveParamCount(MoeModelConfigOf(*mixtral))), 1.20e9, 0.01e9);
+  for (const auto* c : {&*qwen, &*mixtral}) {
+    EXPECT_LT(18.0 * static_cast<double>(c->ParamCount()), 0.6 * 128.0 * (1LL << 30));
+  }
+}
+
 // Bad input: an expert tensor missing from an HF directory names it; a
 // config the streamed path cannot train names the field.
 TEST(MoeExecutorTest, RefusesMissingExpertAndJitter) {
