@@ -106,6 +106,7 @@ json EventToJson(const v1::JobEvent& event) {
       j["skipped"] = step.skipped();
       j["step_seconds"] = step.step_seconds();
       j["eta_seconds"] = step.eta_seconds();
+      if (step.aux_loss() != 0) j["aux_loss"] = step.aux_loss();
       break;
     }
     case v1::JobEvent::kEval:
@@ -392,6 +393,7 @@ std::string ProgressLine(const std::string& job_id, const v1::JobEvent::Step& st
   std::string line = absl::StrFormat("%s step %d/%d  loss %.4f", job_id, step.step(),
                                      step.max_steps(), step.loss());
   if (!eval_loss.empty()) absl::StrAppend(&line, "  eval ", eval_loss);
+  if (step.aux_loss() != 0) absl::StrAppend(&line, absl::StrFormat("  aux %.4f", step.aux_loss()));
   absl::StrAppend(&line, "  ", Thousands(step.tokens_per_s()), " tok/s");
   if (step.mfu() > 0) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * step.mfu()));
   absl::StrAppend(&line, "  ETA ", HumanDuration(step.eta_seconds()));

@@ -33,7 +33,39 @@ PRESETS = {
                       original_max_position_embeddings=4096, rms_norm_eps=1e-5,
                       rope_theta=10000.0, rope_scaling=None, sliding_window=2047,
                       hidden_act="silu", tie_word_embeddings=False),
+    # The MoE presets of engine/model/model_config.cc (kQwen3Moe4bConfig,
+    # kMixtral4bConfig): 4.15B and 3.92B parameters, fp32 weights + grads +
+    # AdamW moments 16 bytes/param (~66 GB / ~63 GB) fit an H100 80 GB
+    # resident only with small activations: run them on an H200 when the
+    # H100 runs out of memory. The load-balancing loss is on
+    # (output_router_logits) as in the engine presets.
+    "qwen3-moe-4b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
+                         intermediate_size=6144, moe_intermediate_size=1024,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4,
+                         head_dim=128, num_experts=32, num_experts_per_tok=8,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                         max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_theta=1000000.0, tie_word_embeddings=False,
+                         output_router_logits=True, router_aux_loss_coef=0.001),
+    "mixtral-4b": dict(model_type="mixtral", vocab_size=32000, hidden_size=2048,
+                       intermediate_size=4608, num_hidden_layers=16, num_attention_heads=32,
+                       num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                       max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                       sliding_window=None, tie_word_embeddings=False,
+                       output_router_logits=True, router_aux_loss_coef=0.02),
 }
+
+
+def active_params(model, cfg):
+    """Parameters one token uses: expert tensors counted k of E (MoE), else all."""
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    n = 0
+    for name, p in model.named_parameters():
+        if experts and ".experts." in name:
+            n += p.numel() * cfg.num_experts_per_tok // experts
+        else:
+            n += p.numel()
+    return n
 
 
 def build(preset, ckpt):
@@ -62,6 +94,7 @@ def main():
     dev = torch.device("cuda")
     cfg, model, impl = build(args.preset, not args.no_ckpt)
     n_params = sum(p.numel() for p in model.parameters())
+    n_active = active_params(model, cfg)
     model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (args.steps + args.warmup, args.micro_batch, args.seq))
@@ -83,7 +116,8 @@ def main():
     t = sorted(times[args.warmup:])[len(times[args.warmup:]) // 2]
     tokens = args.micro_batch * args.seq
     print(json.dumps(dict(mode="resident", preset=args.preset, attn_implementation=impl,
-                          params_b=round(n_params / 1e9, 3), seq=args.seq,
+                          params_b=round(n_params / 1e9, 3),
+                          active_params_b=round(n_active / 1e9, 3), seq=args.seq,
                           micro_batch=args.micro_batch, ckpt=not args.no_ckpt, clip=args.clip,
                           step_s_median=round(t, 4), tokens_per_s=round(tokens / t, 1),
                           peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),

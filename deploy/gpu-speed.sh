@@ -33,6 +33,7 @@ declare -A baseline_done
 for c in $configs; do
   IFS=: read -r preset mb accum clip schedule wave <<<"$c"
   schedule=${schedule:-auto}; wave=${wave:-0}
+  case "$clip" in 1|1.0) clip=1 ;; esac  # "preset:8:4:1.0" reads as clip 1
   norm=0; [ "$clip" = 1 ] && norm=1.0
   "$BUILD_DIR"/engine/megatrain-bench --model="$preset" --device=cuda --compute_dtype=bf16 \
     --micro_batch="$mb" --seq_len="$SEQ_LEN" --gradient_accumulation_steps="$accum" \

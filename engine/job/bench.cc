@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_info.h"
 #include "engine/io/hf_model.h"
+#include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
@@ -137,6 +138,10 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
                   nlohmann::json* j) {
   (*j)["model"] = o.model;
   (*j)["params"] = config.ParamCount();
+  // MoE: the parameters one token uses (k of E experts), what MFU counts.
+  if (config.moe != nullptr) {
+    (*j)["params_active"] = MoeActiveParamCount(MoeModelConfigOf(config));
+  }
   (*j)["device"] = trainer.device_name();
   const ScheduleChoice& choice = trainer.schedule_choice();
   (*j)["schedule"] = StepScheduleName(choice.schedule);

@@ -802,9 +802,36 @@ constexpr char kMixtral7bConfig[] = R"({"model_type": "mixtral", "vocab_size": 3
     "output_router_logits": true, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
     "bos_token_id": 1, "eos_token_id": 2})";
 
+// Smaller MoE benchmark shapes that fit a 128 GiB host at ~18 bytes per
+// parameter (fp32 master, gradient, two AdamW moments, bf16 streaming copy)
+// with margin, for the GPU speed comparison against transformers resident
+// (deploy/family_baseline.py has the same fields):
+//   qwen3-moe-4b: 16 layers x (attention 18.9M + 32 experts x 3 x 2048 x
+//     1024 = 201.3M + router 65.5K + norms) = 3.53B, + embedding and
+//     lm_head 2 x 151936 x 2048 = 0.62B: 4.15B total (~75 GB at 18 B/param);
+//     active (top-8 of 32): 1.73B.
+//   mixtral-4b: 16 layers x (attention 10.5M + 8 experts x 3 x 2048 x 4608 =
+//     226.5M + router 16.4K) = 3.79B, + 2 x 32000 x 2048 = 0.13B: 3.92B
+//     total (~71 GB); active (top-2 of 8): 1.20B.
+constexpr char kQwen3Moe4bConfig[] = R"({"model_type": "qwen3_moe", "vocab_size": 151936,
+    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 1024,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 32, "num_experts_per_tok": 8, "norm_topk_prob": true,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+    "output_router_logits": true, "router_aux_loss_coef": 0.001,
+    "bos_token_id": 151643, "eos_token_id": 151645})";
+constexpr char kMixtral4bConfig[] = R"({"model_type": "mixtral", "vocab_size": 32000,
+    "hidden_size": 2048, "intermediate_size": 4608, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+    "output_router_logits": true, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2})";
+
 std::vector<std::string> PresetNames() {
-  return {"tiny",      "llama-1b",  "llama-3b",     "llama-8b",
-          "gemma2-2b", "phi3-mini", "qwen3-moe-7b", "mixtral-7b"};
+  return {"tiny",      "llama-1b",     "llama-3b",   "llama-8b",     "gemma2-2b",
+          "phi3-mini", "qwen3-moe-7b", "mixtral-7b", "qwen3-moe-4b", "mixtral-4b"};
 }
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
@@ -834,6 +861,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   if (name == "phi3-mini") return ParseHfConfig(kPhi3MiniConfig, "preset phi3-mini");
   if (name == "qwen3-moe-7b") return ParseHfConfig(kQwen3Moe7bConfig, "preset qwen3-moe-7b");
   if (name == "mixtral-7b") return ParseHfConfig(kMixtral7bConfig, "preset mixtral-7b");
+  if (name == "qwen3-moe-4b") return ParseHfConfig(kQwen3Moe4bConfig, "preset qwen3-moe-4b");
+  if (name == "mixtral-4b") return ParseHfConfig(kMixtral4bConfig, "preset mixtral-4b");
   return absl::InvalidArgumentError(absl::StrCat(
       "model.preset: unknown '", name, "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
 }

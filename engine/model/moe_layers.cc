@@ -20,11 +20,17 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// x [B, heads, T, Dh]; cos, sin [T, Dh] fp32, cast to x's dtype as in HF.
+// x [B, heads, T, Dh] compute dtype; cos, sin [T, Dh] fp32. The rotation
+// is computed in fp32 and rounded to x's dtype once, as the dense layers do
+// (Note [RoPE precision] in layers.cc: HF's cos and sin are fp32 under
+// autocast with fp32 weights, so q * cos promotes to fp32). Rounding cos,
+// sin and each product to bf16 instead added three roundings per element:
+// gpt_oss's bf16 gradients were 0.13-0.15 (norm-relative) from the bf16
+// reference's on the parity weights at init range 0.2, 0.01 with this
+// (Note [MoE bf16 parity] in tests/engine/step/moe_executor_test.cc).
 at::Tensor ApplyRope(const at::Tensor& x, const RopeCache& rope) {
-  at::Tensor c = rope.cos.to(x.scalar_type());
-  at::Tensor s = rope.sin.to(x.scalar_type());
-  return x * c + RotateHalf(x) * s;
+  at::Tensor xf = x.to(at::kFloat);
+  return (xf * rope.cos + RotateHalf(xf) * rope.sin).to(x.scalar_type());
 }
 
 // HF repeat_kv: [B, KV, T, Dh] -> [B, KV*n_rep, T, Dh].

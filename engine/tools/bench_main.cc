@@ -24,7 +24,7 @@ struct OtherModes {
 void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--model", o.model,
                  "preset (tiny, llama-1b, llama-3b, llama-8b, gemma2-2b, phi3-mini, qwen3-moe-7b, "
-                 "mixtral-7b) or HF model dir");
+                 "mixtral-7b, qwen3-moe-4b, mixtral-4b) or HF model dir");
   app.add_option("--device", o.device, "cpu | cuda | cuda:N");
   app.add_option("--micro_batch", o.micro_batch, "sequences per forward/backward");
   app.add_option("--seq_len", o.seq_len, "tokens per sequence");

@@ -120,6 +120,7 @@ struct JobEvent {
   bool skipped = false;
   double step_seconds = 0;
   double eta_seconds = 0;
+  double aux_loss = 0;  // MoE load-balancing loss (mean over micro-batches); 0 otherwise
   // kEval
   double eval_loss = 0;
   // kCheckpoint

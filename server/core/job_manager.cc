@@ -112,6 +112,7 @@ class JobManager::Observer : public engine::JobObserver {
     event.skipped = report.skipped;
     event.step_seconds = report.stats.step_seconds;
     event.eta_seconds = progress_.eta_seconds;
+    event.aux_loss = report.aux_loss;
     Persist(event);
     manager_->metrics_->RecordStep(device_, report);
   }

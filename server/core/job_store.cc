@@ -324,7 +324,8 @@ std::string EventPayload(const JobEvent& event) {
            {"mfu", event.mfu},
            {"skipped", event.skipped},
            {"step_seconds", event.step_seconds},
-           {"eta_seconds", event.eta_seconds}};
+           {"eta_seconds", event.eta_seconds},
+           {"aux_loss", event.aux_loss}};
       break;
     case JobEvent::Kind::kEval:
       j = {{"step", event.step}, {"eval_loss", event.eval_loss}};
@@ -371,6 +372,7 @@ absl::StatusOr<JobEvent> RowToEvent(const Statement& row) {
     GetField(j, "skipped", &event.skipped);
     GetField(j, "step_seconds", &event.step_seconds);
     GetField(j, "eta_seconds", &event.eta_seconds);
+    GetField(j, "aux_loss", &event.aux_loss);
     GetField(j, "eval_loss", &event.eval_loss);
     GetField(j, "dir", &event.checkpoint_dir);
     GetField(j, "seconds", &event.checkpoint_seconds);

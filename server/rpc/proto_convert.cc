@@ -383,6 +383,7 @@ void JobEventToProto(const JobEvent& event, v1::JobEvent* out) {
       step->set_skipped(event.skipped);
       step->set_step_seconds(event.step_seconds);
       step->set_eta_seconds(event.eta_seconds);
+      step->set_aux_loss(event.aux_loss);
       break;
     }
     case JobEvent::Kind::kEval: {

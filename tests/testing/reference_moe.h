@@ -18,6 +18,18 @@
 
 namespace megatrain::testing {
 
+// Arithmetic of the reference. Note [MoE reference precision]: kFp32 is
+// explicit fp32 math throughout (the parity reference); kFp64 the same
+// math in double on the same (fp32 or bf16-rounded) weights, the "exact"
+// model against which both bf16 implementations are measured; kBf16 what
+// torch.autocast(bfloat16) does with fp32 weights: every matmul (attention
+// projections, scores' PV, experts, shared expert, LM head) on bf16
+// operands with a bf16 result, while the residual stream, RMSNorm, RoPE,
+// softmax statistics, routers (and the shared-expert gate), the routing
+// weights, the combine and the losses stay fp32 (issue 17: routers and
+// norms are fp32 in every compute dtype).
+enum class ReferencePrecision { kFp32, kFp64, kBf16 };
+
 // Result of one forward pass, differentiable w.r.t. the parameters.
 struct ReferenceMoeResult {
   at::Tensor logits;                      // [B, T, V] fp32
@@ -29,17 +41,20 @@ struct ReferenceMoeResult {
 
 // fp32 forward of the model on input_ids [B, T] int64 with labels [B, T]
 // int64 (already shifted, -100 ignored). `params` by HF in-memory name
-// (engine::MoeModelParams), fp32 leaves.
+// (engine::MoeModelParams), fp32 leaves. With kFp64 the result tensors are
+// fp64 (the leaves' gradients stay fp32).
 ReferenceMoeResult ReferenceMoeForward(const engine::MoeModelConfig& config,
                                        const engine::MoeTensorMap& params,
-                                       const at::Tensor& input_ids, const at::Tensor& labels);
+                                       const at::Tensor& input_ids, const at::Tensor& labels,
+                                       ReferencePrecision precision = ReferencePrecision::kFp32);
 
 // One MoE MLP as transformers computes it (router, then a loop over experts
 // with index_add_), on x [N, C] fp32; `prefix` is "model.layers.<i>.".
 // Stores the router logits [N, E] in *router_logits.
 at::Tensor ReferenceMoeMlp(const engine::MoeConfig& config, const engine::MoeTensorMap& params,
                            const std::string& prefix, const at::Tensor& x,
-                           at::Tensor* router_logits);
+                           at::Tensor* router_logits,
+                           ReferencePrecision precision = ReferencePrecision::kFp32);
 
 // transformers' load_balancing_loss_func without attention mask: the
 // logits of every layer concatenated, softmax, top-k one-hot, E * sum over

@@ -148,6 +148,31 @@ TEST(PlanTest, DeviceBytesFollowTheTrainersAutoChoicesForTheGpu) {
   EXPECT_TRUE(plan->fits) << plan->verdict;
 }
 
+// Note [No expert-group sub-blocks] (plan.cc): a MoE layer is one streamed
+// block; when its slots alone exceed the device the plan says so, naming
+// the layer, its size and the device, instead of suggesting a smaller
+// micro_batch. mixtral-4b's layers are 237M parameters: 3 bf16 weight
+// slots and 2 fp32 gradient slots need 14 bytes each, 3.3 GB.
+TEST(PlanTest, ALayerWhoseSlotsExceedTheDeviceIsRefusedNamingIt) {
+  JobSpec spec = Llama8bSpec();
+  spec.model.preset = "mixtral-4b";
+  spec.train.micro_batch = 1;
+  spec.train.seq_len = 128;
+  const ModelConfig config = *PresetConfig("mixtral-4b");
+  PlanMachine machine = DefaultPlanMachine();
+  machine.host_memory_bytes = int64_t{1} << 40;
+  machine.gpu_memory_bytes = int64_t{2} << 30;
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, config, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->fits);
+  EXPECT_THAT(plan->verdict, HasSubstr("decoder layer 0 is one streamed block of"));
+  EXPECT_THAT(plan->verdict, HasSubstr("expert-group sub-blocks are not built"));
+  machine.gpu_memory_bytes = int64_t{80} << 30;
+  plan = PlanJob(spec, config, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->verdict, ::testing::Not(HasSubstr("sub-blocks")));
+}
+
 TEST(PlanTest, RejectsANegativeRateNamingTheField) {
   PlanMachine machine = DefaultPlanMachine();
   machine.nvme_write_bytes_per_second = -1;

@@ -32,6 +32,7 @@
 #include "engine/job/training_job.h"
 #include "engine/model/model_config.h"
 #include "engine/model/moe_config.h"
+#include "engine/model/moe_layers.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/runtime/host_buffer.h"
@@ -112,7 +113,7 @@ struct ExecutorMode {
 };
 
 Rig MakeRig(const ModelConfig& config, int64_t b, int64_t t, ComputeDtype dtype,
-            const std::string& hf_dir, const ExecutorMode& mode = {}) {
+            const std::string& hf_dir, const ExecutorMode& mode = {}, double init_range = 0.2) {
   Rig rig;
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -122,7 +123,7 @@ Rig MakeRig(const ModelConfig& config, int64_t b, int64_t t, ComputeDtype dtype,
   if (!store.ok()) return rig;
   rig.store = std::move(*store);
   if (hf_dir.empty()) {
-    rig.store->InitializeWeights(17, 0.2);
+    rig.store->InitializeWeights(17, init_range);
   } else {
     EXPECT_THAT(LoadHfWeights(hf_dir, rig.store.get()), IsOk());
   }
@@ -226,8 +227,10 @@ struct ReferenceRun {
   double objective = 0, aux_sum = 0;
 };
 
-ReferenceRun RunReference(const ModelConfig& config, const std::vector<MicroBatch>& batches,
-                          int64_t b, int64_t t, std::map<std::string, at::Tensor>* params) {
+ReferenceRun RunReference(
+    const ModelConfig& config, const std::vector<MicroBatch>& batches, int64_t b, int64_t t,
+    std::map<std::string, at::Tensor>* params,
+    testing::ReferencePrecision precision = testing::ReferencePrecision::kFp32) {
   const MoeModelConfig moe = MoeModelConfigOf(config);
   int64_t counted = 0;
   for (const MicroBatch& mb : batches) {
@@ -237,7 +240,8 @@ ReferenceRun RunReference(const ModelConfig& config, const std::vector<MicroBatc
   for (const MicroBatch& mb : batches) {
     at::Tensor ids = at::tensor(mb.input_ids).to(at::kLong).view({b, t});
     at::Tensor labels = at::tensor(mb.labels).to(at::kLong).view({b, t});
-    testing::ReferenceMoeResult r = testing::ReferenceMoeForward(moe, *params, ids, labels);
+    testing::ReferenceMoeResult r =
+        testing::ReferenceMoeForward(moe, *params, ids, labels, precision);
     at::Tensor ce_sum = at::cross_entropy_loss(r.logits.reshape({b * t, -1}), labels.reshape({-1}),
                                                {}, at::Reduction::Sum, -100);
     at::Tensor mb_objective = ce_sum / static_cast<double>(counted);
@@ -258,11 +262,94 @@ std::map<std::string, at::Tensor> LeavesOfStore(const HostStore& store, bool bf1
   for (int64_t block = 0; block < store.num_blocks(); ++block) {
     for (const ParamSpec& p : store.layout().blocks[block].params) {
       at::Tensor master = at::from_blob(store.master(block) + p.offset, p.shape, at::kFloat);
-      out[p.hf_name] = (bf16_weights ? master.to(at::kBFloat16).to(at::kFloat) : master.clone())
-                           .requires_grad_(true);
+      // The input stager gathers embedding rows from the fp32 master
+      // (engine/step/input_stager.cc); every other weight streams in bf16.
+      const bool round = bf16_weights && block != store.layout().embedding_block();
+      out[p.hf_name] =
+          (round ? master.to(at::kBFloat16).to(at::kFloat) : master.clone()).requires_grad_(true);
     }
   }
   return out;
+}
+
+// Note [MoE bf16 parity]
+// Measured on the CPU (session 9, seeds 17-20 of the weights, the batches
+// below) against an fp64 run of the reference on the same weights (the
+// exact model), with the norm-relative metric of Note [Near-cancelling
+// gradients]:
+//  - Routing is discrete. A token whose k-th and (k+1)-th choices are
+//    within bf16 noise of a tie (fp64 margins down to 1e-7 in probability
+//    occur among 144-216 decisions) may be routed differently by any bf16
+//    run; that token's contribution then changes wholesale, and the router,
+//    expert and upstream gradients move 0.04-0.28 from the exact model's.
+//    The bf16 reference (autocast arithmetic, ReferencePrecision::kBf16)
+//    flips as often as the engine, on the same near-ties (the worst 0.19 on
+//    gpt_oss's router first recorded was three such flips: 0.17 for the
+//    bf16 reference on the same weights). No bf16 implementation can match
+//    the exact model's gradient across a flip, so the parity case uses
+//    weights and batches on which the engine routes every token as the
+//    exact model does, and checks that (RoutingFlips) before comparing.
+//  - Without flips, at init range 0.02 (the dense bf16 parity's range)
+//    the engine is within 0.0072-0.0129 of the exact model, and the bf16
+//    reference within 0.0062-0.0115. At init range 0.2 both are 0.02-0.08
+//    from it even without flips (two bf16 implementations then differ by
+//    0.01-0.03): activations of O(1) amplify rounding through attention and
+//    the clamped GPT-OSS gate, as Note [Reference bf16 attention] found for
+//    gemma3; so bf16 parity runs at 0.02 as the dense suites do.
+//  - One real discrepancy was found and fixed: gpt_oss's RoPE rounded cos,
+//    sin and each product to bf16 (0.13-0.15 from the bf16 reference;
+//    now 0.01), see ApplyRope in engine/model/moe_layers.cc.
+//  - The reference must see the weights the engine computes with: the
+//    embedding rows come from the fp32 master (input_stager.cc), every
+//    other weight from the bf16 streaming copy (LeavesOfStore).
+
+// Top-k sets [N, k] (sorted) of every MoE layer and micro-batch as the
+// engine's layer functions route them in `dtype` (the executor's forward,
+// run monolithically on kDevice) and as the fp64 reference routes them.
+// Returns the number of tokens routed differently.
+int RoutingFlips(const ModelConfig& config, const std::vector<MicroBatch>& batches, int64_t b,
+                 int64_t t, const std::map<std::string, at::Tensor>& leaves, at::ScalarType dtype) {
+  const MoeModelConfig mc = MoeModelConfigOf(config);
+  const at::Device device(kDevice);
+  const ModelLayout layout = MoeModelLayout(mc);
+  RopeCache rope = BuildMoeRopeCache(mc, t, device);
+  const int64_t k = mc.moe.num_experts_per_tok;
+  auto top_set = [&](const at::Tensor& logits) {  // as Route orders them
+    at::Tensor key = mc.moe.router_type == RouterType::kTopKSoftmax
+                         ? logits.to(at::kCPU, at::kDouble)
+                         : at::softmax(logits.to(at::kCPU, at::kDouble), -1);
+    return std::get<0>(std::get<1>(at::topk(key, k, -1)).sort(-1));
+  };
+  at::NoGradGuard no_grad;
+  int flips = 0;
+  for (const MicroBatch& mb : batches) {
+    at::Tensor ids = at::tensor(mb.input_ids).to(at::kLong).view({b, t});
+    at::Tensor labels = at::tensor(mb.labels).to(at::kLong).view({b, t});
+    testing::ReferenceMoeResult exact =
+        testing::ReferenceMoeForward(mc, leaves, ids, labels, testing::ReferencePrecision::kFp64);
+    at::Tensor x = leaves.at("model.embed_tokens.weight")
+                       .index_select(0, ids.reshape({-1}))
+                       .view({b, t, -1})
+                       .to(device);
+    size_t moe_layer = 0;
+    for (int64_t l = 0; l < mc.base.num_hidden_layers; ++l) {
+      const BlockLayout& block = layout.blocks[layout.layer_block(l)];
+      std::vector<at::Tensor> params;
+      for (const ParamSpec& p : block.params)
+        params.push_back(leaves.at(p.hf_name).to(device, dtype));
+      MoeLayerOutput out =
+          MoeDecoderLayerForward(mc, l, MoeDecoderLayerWeightsFromParams(block, params), x, rope,
+                                 BuildMoeLayerAttentionMask(mc, l, t, device), at::Tensor(), dtype);
+      x = out.hidden;
+      if (!out.router_logits.defined()) continue;
+      flips += (top_set(out.router_logits) != top_set(exact.router_logits[moe_layer++]))
+                   .any(-1)
+                   .sum()
+                   .item()
+                   .toInt();
+    }
+  }
+  return flips;
 }
 
 struct ParityCase {
@@ -270,6 +357,7 @@ struct ParityCase {
   ComputeDtype dtype;
   bool aux_loss;
   ExecutorMode mode;
+  double init_range = 0.2;
 };
 
 // (b) Streamed vs the monolithic reference: M = 3 micro-batches of [2, 12]
@@ -287,7 +375,7 @@ void ExpectReferenceParity(const ParityCase& c) {
   const ModelConfig config = ModelConfigOf(moe);
   const int micro_batches = 3;
   const int64_t b = 2, t = 12;
-  Rig rig = MakeRig(config, b, t, c.dtype, "", c.mode);
+  Rig rig = MakeRig(config, b, t, c.dtype, "", c.mode, c.init_range);
   ASSERT_NE(rig.executor, nullptr);
   std::vector<MicroBatch> batches = testing::MakeBatches(micro_batches, b, t, config.vocab_size, 7);
   auto result = rig.executor->ForwardBackward(batches);
@@ -295,35 +383,38 @@ void ExpectReferenceParity(const ParityCase& c) {
   if (c.mode.resident_layers > 0) {
     ASSERT_THAT(rig.executor->SyncResidentToStore(/*grads=*/true), IsOk());
   }
-  // bf16: the reference computes in fp32 on the bf16-rounded weights the
-  // device sees, so that what is measured is the compute rounding.
-  std::map<std::string, at::Tensor> params =
-      LeavesOfStore(*rig.store, c.dtype == ComputeDtype::kBf16);
-  const ReferenceRun ref = RunReference(config, batches, b, t, &params);
-  std::map<std::string, at::Tensor> ref_grads;
-  for (auto& [name, leaf] : params) ref_grads[name] = leaf.grad();
-  // fp32: summation order only (1e-5). bf16: matmuls rounded to 8 bits of
-  // mantissa against the fp32 reference on the same (bf16-rounded)
-  // weights: the loss within the project's bf16 bar (2e-2).
+  // fp32: summation order only (1e-5). bf16 (Note [MoE bf16 parity]): the
+  // exact model (fp64 arithmetic on the bf16-rounded weights the engine
+  // computes with), routed as the engine routes; and the bf16 reference,
+  // another implementation of the same arithmetic: both within the
+  // project's bf16 bar (2e-2) for the loss and every gradient.
   const bool bf16 = c.dtype == ComputeDtype::kBf16;
   const double tolerance = bf16 ? 2e-2 : 1e-5;
-  // KNOWN GAP (issue 17, reported): bf16 gradients do not meet 2e-2 yet.
-  // A router logit rounded in bf16 flips near-tied top-k choices, which
-  // moves the router's gradient most (worst measured 0.19 for gpt_oss's
-  // router, 0.035-0.045 for attention weights of mixtral/qwen2_moe/
-  // qwen3_moe on these tiny configs). Until routers are computed from fp32
-  // weights on the device, this bound only guards against regressions.
-  const double grad_tolerance = bf16 ? 0.25 : 1e-5;
-  EXPECT_NEAR(result->objective(), ref.objective, tolerance * std::abs(ref.objective));
-  if (c.aux_loss) {
-    EXPECT_EQ(result->aux_loss_terms, micro_batches);
-    EXPECT_NEAR(result->aux_loss_sum, ref.aux_sum, tolerance * std::abs(ref.aux_sum));
-  } else {
-    EXPECT_EQ(result->aux_loss_terms, 0);
-    EXPECT_EQ(result->objective(), result->loss());
+  std::vector<testing::ReferencePrecision> references = {testing::ReferencePrecision::kFp32};
+  if (bf16) {
+    const std::map<std::string, at::Tensor> leaves = LeavesOfStore(*rig.store, true);
+    ASSERT_EQ(RoutingFlips(config, batches, b, t, leaves, at::kBFloat16), 0)
+        << "tokens routed unlike the exact model: a near-tie (Note [MoE bf16 parity]); "
+           "these weights and batches cannot measure bf16 parity on this device";
+    references = {testing::ReferencePrecision::kFp64, testing::ReferencePrecision::kBf16};
   }
-  std::string worst_name;
-  EXPECT_LT(WorstGradError(*rig.store, ref_grads, &worst_name), grad_tolerance) << worst_name;
+  for (const testing::ReferencePrecision precision : references) {
+    SCOPED_TRACE(precision == testing::ReferencePrecision::kBf16 ? "bf16 reference" : "exact");
+    std::map<std::string, at::Tensor> params = LeavesOfStore(*rig.store, bf16);
+    const ReferenceRun ref = RunReference(config, batches, b, t, &params, precision);
+    std::map<std::string, at::Tensor> ref_grads;
+    for (auto& [name, leaf] : params) ref_grads[name] = leaf.grad();
+    EXPECT_NEAR(result->objective(), ref.objective, tolerance * std::abs(ref.objective));
+    if (c.aux_loss) {
+      EXPECT_EQ(result->aux_loss_terms, micro_batches);
+      EXPECT_NEAR(result->aux_loss_sum, ref.aux_sum, tolerance * std::abs(ref.aux_sum));
+    } else {
+      EXPECT_EQ(result->aux_loss_terms, 0);
+      EXPECT_EQ(result->objective(), result->loss());
+    }
+    std::string worst_name;
+    EXPECT_LT(WorstGradError(*rig.store, ref_grads, &worst_name), tolerance) << worst_name;
+  }
 }
 
 TEST(MoeExecutorTest, Fp32MatchesReferenceWithAccumulationAndAuxLoss) {
@@ -340,10 +431,11 @@ TEST(MoeExecutorTest, Fp32MatchesReferenceWithoutAuxLoss) {
   }
 }
 
-TEST(MoeExecutorTest, Bf16LossMatchesReferenceGradientsBounded) {
+// Note [MoE bf16 parity]: init range 0.02, as the dense bf16 parity.
+TEST(MoeExecutorTest, Bf16MatchesExactAndBf16ReferenceWithAccumulationAndAuxLoss) {
   MOE_REQUIRE_DEVICE();
   for (const char* family : kFamilies) {
-    ExpectReferenceParity({family, ComputeDtype::kBf16, true, {}});
+    ExpectReferenceParity({family, ComputeDtype::kBf16, true, {}, 0.02});
   }
 }
 
@@ -454,6 +546,24 @@ TEST(MoeExecutorTest, StoreAndFlopsCountExperts) {
   EXPECT_DOUBLE_EQ(config->TrainFlopsPerToken(16),
                    6.0 * static_cast<double>(active - config->vocab_size * config->hidden_size) +
                        12.0 * config->num_hidden_layers * config->hidden_size * 16);
+}
+
+// The GPU speed presets (engine/model/model_config.cc): their totals fit a
+// 128 GiB host at ~18 bytes per parameter with margin, and megatrain-bench
+// prints params and params_active from these counts.
+TEST(MoeExecutorTest, SpeedPresetsHaveTheDocumentedSizes) {
+  MOE_CPU_BUILD_ONLY();
+  auto qwen = PresetConfig("qwen3-moe-4b");
+  ASSERT_THAT(qwen, IsOk());
+  EXPECT_NEAR(static_cast<double>(qwen->ParamCount()), 4.15e9, 0.01e9);
+  EXPECT_NEAR(static_cast<double>(MoeActiveParamCount(MoeModelConfigOf(*qwen))), 1.73e9, 0.01e9);
+  auto mixtral = PresetConfig("mixtral-4b");
+  ASSERT_THAT(mixtral, IsOk());
+  EXPECT_NEAR(static_cast<double>(mixtral->ParamCount()), 3.92e9, 0.01e9);
+  EXPECT_NEAR(static_cast<double>(MoeActiveParamCount(MoeModelConfigOf(*mixtral))), 1.20e9, 0.01e9);
+  for (const auto* c : {&*qwen, &*mixtral}) {
+    EXPECT_LT(18.0 * static_cast<double>(c->ParamCount()), 0.6 * 128.0 * (1LL << 30));
+  }
 }
 
 // Bad input: an expert tensor missing from an HF directory names it; a

@@ -250,6 +250,7 @@ TEST_F(JobStoreTest, EventsAreOrderedAndFilteredBySeq) {
   step.step = 1;
   step.loss = 4.5;
   step.tokens_per_s = 1000;
+  step.aux_loss = 1.25;  // MoE load-balancing loss: stored with the step event
   MEGATRAIN_ASSERT_OK(store_->UpdateProgress("job-000001", progress, step));
   JobEvent checkpoint;
   checkpoint.job_id = "job-000001";
@@ -265,6 +266,7 @@ TEST_F(JobStoreTest, EventsAreOrderedAndFilteredBySeq) {
   EXPECT_EQ((*events)[0].kind, JobEvent::Kind::kStateChange);
   EXPECT_EQ((*events)[1].kind, JobEvent::Kind::kStep);
   EXPECT_DOUBLE_EQ((*events)[1].loss, 4.5);
+  EXPECT_DOUBLE_EQ((*events)[1].aux_loss, 1.25);
   EXPECT_EQ((*events)[2].kind, JobEvent::Kind::kCheckpoint);
   EXPECT_EQ((*events)[2].checkpoint_dir, "/out/step-1");
   EXPECT_LT((*events)[0].seq, (*events)[1].seq);
