@@ -120,6 +120,9 @@ struct JobEvent {
   bool skipped = false;
   double step_seconds = 0;
   double eta_seconds = 0;
+  // NVMe tier bytes of the step (StepStats::nvme_*_bytes; 0 off the tier).
+  int64_t nvme_read_bytes = 0;
+  int64_t nvme_written_bytes = 0;
   // kEval
   double eval_loss = 0;
   // kCheckpoint

@@ -257,6 +257,10 @@ std::string EventPayload(const JobEvent& event) {
            {"skipped", event.skipped},
            {"step_seconds", event.step_seconds},
            {"eta_seconds", event.eta_seconds}};
+      if (event.nvme_read_bytes > 0 || event.nvme_written_bytes > 0) {
+        j["nvme_read_bytes"] = event.nvme_read_bytes;
+        j["nvme_written_bytes"] = event.nvme_written_bytes;
+      }
       break;
     case JobEvent::Kind::kEval:
       j = {{"step", event.step}, {"eval_loss", event.eval_loss}};
@@ -303,6 +307,8 @@ absl::StatusOr<JobEvent> RowToEvent(const Statement& row) {
     GetField(j, "skipped", &event.skipped);
     GetField(j, "step_seconds", &event.step_seconds);
     GetField(j, "eta_seconds", &event.eta_seconds);
+    GetField(j, "nvme_read_bytes", &event.nvme_read_bytes);
+    GetField(j, "nvme_written_bytes", &event.nvme_written_bytes);
     GetField(j, "eval_loss", &event.eval_loss);
     GetField(j, "dir", &event.checkpoint_dir);
     GetField(j, "seconds", &event.checkpoint_seconds);

@@ -455,6 +455,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
   manager_options.max_queued_jobs = opt.max_queued_jobs;
   manager_options.preemption = opt.preemption;
   manager_options.path_policy = path_policy;
+  manager_options.nvme = {opt.nvme_dir, opt.nvme_budget_bytes};
   MEGATRAIN_ASSIGN_OR_RETURN(
       p.manager, JobManager::Create(std::move(manager_options), p.store.get(), p.backend.get(),
                                     p.metrics.get()));
