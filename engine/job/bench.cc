@@ -195,13 +195,14 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;
   const HostStoreBytes host = trainer.store().bytes();
-  (*j)["host_bytes"] = {
-      {"master", host.master},       {"grad", host.grad},
-      {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
-      {"streaming", host.streaming}, {"staging", trainer.staging_host_bytes()},
-      {"pinned", host.pinned},       {"total", host.Total() + trainer.staging_host_bytes()}};
-  (*j)["host_bytes_per_param"] =
-      static_cast<double>(host.Total() + trainer.staging_host_bytes()) / config.ParamCount();
+  // The executor's staging plus, with the tier, its read/write buffers.
+  const int64_t staging = trainer.staging_host_bytes() +
+                          (trainer.nvme_moments() != nullptr ? NvmeTierStagingBytes() : 0);
+  (*j)["host_bytes"] = {{"master", host.master},       {"grad", host.grad},
+                        {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
+                        {"streaming", host.streaming}, {"staging", staging},
+                        {"pinned", host.pinned},       {"total", host.Total() + staging}};
+  (*j)["host_bytes_per_param"] = static_cast<double>(host.Total() + staging) / config.ParamCount();
   (*j)["nvme_tier"] = o.nvme_tier;
   if (trainer.nvme_moments() != nullptr) (*j)["nvme_direct"] = trainer.nvme_moments()->direct();
 }
