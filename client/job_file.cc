@@ -189,6 +189,7 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
   v1::OptimizerSpec* optimizer = spec.mutable_optimizer();
   v1::EvalSpec* eval = spec.mutable_eval();
   v1::CheckpointSpec* checkpoint = spec.mutable_checkpoint();
+  v1::MemorySpec* memory = spec.mutable_memory();
 
   const Fields model_fields = {
       MEGATRAIN_JOB_FIELD("preset", String, model->set_preset),
@@ -282,6 +283,19 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
       MEGATRAIN_JOB_FIELD("keep_last", Int, checkpoint->set_keep_last),
       MEGATRAIN_JOB_FIELD("keep_every", Int, checkpoint->set_keep_every),
   };
+  const Fields memory_fields = {
+      {"nvme_tier",
+       [&](const YAML::Node& node, const std::string& path) {
+         auto value = reader.String(node, path);
+         if (!value.ok()) return value.status();
+         if (*value != "off" && *value != "moments" && *value != "auto") {
+           return reader.Error(path,
+                               absl::StrCat("must be off, moments or auto, got '", *value, "'"));
+         }
+         memory->set_nvme_tier(*value);
+         return absl::OkStatus();
+       }},
+  };
   auto section = [&](const Fields& fields) {
     return [&reader, &fields](const YAML::Node& node, const std::string& path) {
       return ReadMapping(reader, node, path, fields);
@@ -295,6 +309,7 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
       {"optimizer", section(optimizer_fields)},
       {"eval", section(eval_fields)},
       {"checkpoint", section(checkpoint_fields)},
+      {"memory", section(memory_fields)},
       MEGATRAIN_JOB_FIELD("output_dir", Path, spec.set_output_dir),
       {"priority",
        [&](const YAML::Node& node, const std::string& path) {

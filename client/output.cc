@@ -107,6 +107,10 @@ json EventToJson(const v1::JobEvent& event) {
       j["step_seconds"] = step.step_seconds();
       j["eta_seconds"] = step.eta_seconds();
       if (step.aux_loss() != 0) j["aux_loss"] = step.aux_loss();
+      if (step.nvme_written_bytes() > 0 || step.nvme_read_bytes() > 0) {
+        j["nvme_read_bytes"] = step.nvme_read_bytes();
+        j["nvme_written_bytes"] = step.nvme_written_bytes();
+      }
       break;
     }
     case v1::JobEvent::kEval:

@@ -298,10 +298,37 @@ std::vector<uint8_t> TensorFileHeader(const HostStore& store, uint32_t kind) {
   return header;
 }
 
+// The NVMe tier's file of a moment kind (kExpAvgFile or kExpAvgSqFile).
+MomentKind TierKind(const TensorFileKind& kind) {
+  return kind.kind == kExpAvgFile.kind ? MomentKind::kExpAvg : MomentKind::kExpAvgSq;
+}
+
+// Appends `block`'s moment `kind` from the NVMe tier's files to `out`,
+// hashing it: a bounded bounce buffer, the same bytes a store that keeps
+// its moments appends (Note [Tiered trainer] in step/trainer.h).
+absl::Status AppendTierBlock(NvmeMomentFiles& tier, const TensorFileKind& kind,
+                             const HostStore& store, int64_t block, AtomicFileWriter& out,
+                             XXH64_state_t* hash) {
+  constexpr int64_t kBounceElements = kRestoreChunkBytes / sizeof(float);
+  std::vector<float> bounce(kBounceElements);
+  const int64_t numel = store.block_numel(block);
+  for (int64_t begin = 0; begin < numel; begin += kBounceElements) {
+    const int64_t count = std::min(kBounceElements, numel - begin);
+    MEGATRAIN_RETURN_IF_ERROR(
+        tier.Read(TierKind(kind), store.block_offset(block) + begin, count, bounce.data()));
+    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    XXH64_update(hash, bounce.data(), bytes);
+    MEGATRAIN_RETURN_IF_ERROR(out.Append(
+        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bounce.data()), bytes)));
+  }
+  return absl::OkStatus();
+}
+
 // Streams one kind of the store's buffers into `dir`/<file>, block by block
-// straight from the store (no copy), hashing as it goes.
+// straight from the store (no copy), hashing as it goes; moments the store
+// does not keep come from `tier`.
 absl::StatusOr<ManifestEntry> WriteTensorFile(const std::string& dir, const TensorFileKind& kind,
-                                              const HostStore& store) {
+                                              const HostStore& store, NvmeMomentFiles* tier) {
   MEGATRAIN_ASSIGN_OR_RETURN(AtomicFileWriter out,
                              AtomicFileWriter::Create(JoinPath(dir, kind.file_name)));
   Xxh64State hash = NewXxh64State();
@@ -310,6 +337,10 @@ absl::StatusOr<ManifestEntry> WriteTensorFile(const std::string& dir, const Tens
   MEGATRAIN_RETURN_IF_ERROR(out.Append(header));
   for (int64_t block = 0; block < store.num_blocks(); ++block) {
     const float* data = (store.*kind.buffer)(block);
+    if (data == nullptr && tier != nullptr) {
+      MEGATRAIN_RETURN_IF_ERROR(AppendTierBlock(*tier, kind, store, block, out, hash.get()));
+      continue;
+    }
     const size_t bytes = static_cast<size_t>(store.block_numel(block)) * sizeof(float);
     XXH64_update(hash.get(), data, bytes);
     MEGATRAIN_RETURN_IF_ERROR(
@@ -669,8 +700,8 @@ absl::StatusOr<MappedFile> OpenTensorFile(const std::string& dir, const Manifest
 // Copies the data of a validated tensor file into the store, hashing the
 // whole file on the way, and checks the digest.
 absl::Status RestoreTensorFile(const MappedFile& file, const Manifest& manifest,
-                               const std::string& dir, const TensorFileKind& kind,
-                               HostStore* store) {
+                               const std::string& dir, const TensorFileKind& kind, HostStore* store,
+                               NvmeMomentFiles* tier) {
   MEGATRAIN_ASSIGN_OR_RETURN(ManifestEntry entry, FindEntry(manifest, dir, kind.file_name));
   Xxh64State hash = NewXxh64State();
   const size_t table_end = kTensorHeaderBytes + 8 * static_cast<size_t>(store->num_blocks());
@@ -682,6 +713,12 @@ absl::Status RestoreTensorFile(const MappedFile& file, const Manifest& manifest,
     for (size_t begin = 0; begin < bytes; begin += kRestoreChunkBytes) {
       const size_t count = std::min(kRestoreChunkBytes, bytes - begin);
       XXH64_update(hash.get(), src + begin, count);
+      if (dst == nullptr) {  // a moment on the NVMe tier; begin is 4 MiB-aligned
+        MEGATRAIN_RETURN_IF_ERROR(tier->Write(
+            TierKind(kind), store->block_offset(block) + static_cast<int64_t>(begin / 4),
+            static_cast<int64_t>(count / 4), reinterpret_cast<const float*>(src + begin)));
+        continue;
+      }
       std::memcpy(dst + begin, src + begin, count);
     }
     src += bytes;
@@ -697,7 +734,7 @@ namespace {
 
 // WriteCheckpoint's argument checks (its Errors, but the file system's).
 absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& state,
-                                 const CheckpointSpec& retention) {
+                                 const CheckpointSpec& retention, const NvmeMomentFiles* tier) {
   if (state.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("state.step: must be >= 0, got ", state.step));
   }
@@ -707,7 +744,7 @@ absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& 
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("data_cursor_json", state.data_cursor_json));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("job_spec_json", state.job_spec_json));
   MEGATRAIN_RETURN_IF_ERROR(CheckUtf8("job_id", state.job_id));
-  if (!store.options().optimizer_state) {
+  if (!store.options().optimizer_state || (!store.options().moments_in_host && tier == nullptr)) {
     return absl::FailedPreconditionError(
         "WriteCheckpoint: the store has no optimizer state (AdamW moments) to save");
   }
@@ -718,7 +755,8 @@ absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& 
 // then fsyncs it; `files` and `manifest_entry` receive their sizes and
 // digests. Messages name the files through the descriptor's path.
 absl::Status WriteCheckpointFiles(const HostStore& store, const CheckpointState& state,
-                                  const DirFd& temp_fd, std::map<std::string, ManifestEntry>* files,
+                                  NvmeMomentFiles* tier, const DirFd& temp_fd,
+                                  std::map<std::string, ManifestEntry>* files,
                                   ManifestEntry* manifest_entry) {
   const std::string temp_fd_io = temp_fd.IoPath();
   MEGATRAIN_ASSIGN_OR_RETURN((*files)[kConfigFile], WriteTextFile(temp_fd_io, kConfigFile,
@@ -727,7 +765,7 @@ absl::Status WriteCheckpointFiles(const HostStore& store, const CheckpointState&
                              WriteTextFile(temp_fd_io, kStateFile, StateJson(state)));
   for (const TensorFileKind* kind : {&kMasterFile, &kExpAvgFile, &kExpAvgSqFile}) {
     MEGATRAIN_ASSIGN_OR_RETURN((*files)[kind->file_name],
-                               WriteTensorFile(temp_fd_io, *kind, store));
+                               WriteTensorFile(temp_fd_io, *kind, store, tier));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(
       *manifest_entry, WriteTextFile(temp_fd_io, kManifestFile, ManifestJson(state.step, *files)));
@@ -799,8 +837,9 @@ absl::Status PublishCheckpoint(const DirFd& root_fd, const std::string& temp_nam
 // messages.
 absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const CheckpointState& state,
                                                const std::string& output_dir,
-                                               const CheckpointSpec& retention) {
-  MEGATRAIN_RETURN_IF_ERROR(CheckWriteArguments(store, state, retention));
+                                               const CheckpointSpec& retention,
+                                               NvmeMomentFiles* tier) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckWriteArguments(store, state, retention, tier));
   // Note [Checkpoint publication] above.
   std::error_code ec;
   std::filesystem::create_directories(output_dir, ec);
@@ -835,7 +874,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
   std::map<std::string, ManifestEntry> files;
   ManifestEntry manifest_entry;
   const absl::Status written =
-      ShowPath(WriteCheckpointFiles(store, state, temp_fd, &files, &manifest_entry),
+      ShowPath(WriteCheckpointFiles(store, state, tier, temp_fd, &files, &manifest_entry),
                temp_fd.IoPath(), temp_dir);
   if (!written.ok()) {
     // The earlier checkpoints were not touched.
@@ -873,9 +912,14 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_d
   return ParseHfConfig(text, JoinPath(checkpoint_dir, kConfigFile));
 }
 
-absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir,
-                                               HostStore* store) {
+absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
+                                               NvmeMomentFiles* tier) {
   if (store == nullptr) return absl::InvalidArgumentError("ReadCheckpoint: store is null");
+  if (store->options().optimizer_state && !store->options().moments_in_host && tier == nullptr) {
+    return absl::FailedPreconditionError(
+        "ReadCheckpoint: the store keeps its AdamW moments on the NVMe tier, and no tier was "
+        "given");
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(checkpoint_dir));
 
   // Small files first: the model and the state, both verified.
@@ -909,7 +953,7 @@ absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir
   }
   for (size_t idx = 0; idx < kinds.size(); ++idx) {
     MEGATRAIN_RETURN_IF_ERROR(
-        RestoreTensorFile(tensor_files[idx], manifest, checkpoint_dir, *kinds[idx], store));
+        RestoreTensorFile(tensor_files[idx], manifest, checkpoint_dir, *kinds[idx], store, tier));
   }
   store->RefreshAllStreamingCopies();
   return state;

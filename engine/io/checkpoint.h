@@ -43,6 +43,7 @@
 #include "engine/model/model_config.h"
 #include "engine/spec/job_spec.h"
 #include "engine/store/host_store.h"
+#include "engine/store/nvme_tier.h"
 
 namespace megatrain::engine {
 
@@ -102,9 +103,16 @@ std::string CheckpointDirName(int64_t step);
 //   MEGATRAIN_ASSIGN_OR_RETURN(
 //       CheckpointInfo info,
 //       WriteCheckpoint(trainer->store(), state, spec.output_dir, spec.checkpoint));
+//
+// `tier`: the AdamW moments' files when the store keeps none (Note [NVMe
+// tier] in store/nvme_tier.h): read back from them, a chunk at a time, into
+// the same bytes an all-in-RAM store writes; their errors (DATA_LOSS for a
+// truncated file, naming it) fail the write as above. FAILED_PRECONDITION
+// when the store keeps no moments and `tier` is null.
 absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const CheckpointState& state,
                                                const std::string& output_dir,
-                                               const CheckpointSpec& retention);
+                                               const CheckpointSpec& retention,
+                                               NvmeMomentFiles* tier = nullptr);
 
 // Restores the checkpoint in `checkpoint_dir` (a `step-*` directory) into
 // `store`: master weights, and the AdamW moments when the store has
@@ -129,7 +137,10 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
 // (partly restored): restore another checkpoint or discard the store.
 // Errors found before any tensor is copied (all but a checksum mismatch in a
 // .bin file) leave the store untouched.
-absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store);
+// `tier`: where the moments go when the store keeps none (as
+// WriteCheckpoint); FAILED_PRECONDITION when it is needed and null.
+absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
+                                               NvmeMomentFiles* tier = nullptr);
 
 // The model config stored in the checkpoint (its config.json, checked
 // against the manifest). Errors as ReadCheckpoint's for that file, plus

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <vector>
@@ -82,6 +85,37 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
   return topt;
 }
 
+// --nvme_tier moments: a fresh directory under --nvme_dir for the moment
+// files, removed (with them) by the destructor; null for --nvme_tier off.
+class BenchTierDir {
+ public:
+  static absl::StatusOr<std::unique_ptr<BenchTierDir>> Create(const BenchOptions& o) {
+    if (o.nvme_tier == "off") return nullptr;
+    if (o.nvme_tier != "moments") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nvme_tier: expected off or moments, got '", o.nvme_tier, "'"));
+    }
+    if (o.nvme_dir.empty()) {
+      return absl::InvalidArgumentError("--nvme_tier moments needs --nvme_dir");
+    }
+    std::string pattern = o.nvme_dir + "/megatrain-bench.XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--nvme_dir: cannot create ", pattern, ": ", std::strerror(errno)));
+    }
+    return std::unique_ptr<BenchTierDir>(new BenchTierDir(pattern));
+  }
+  ~BenchTierDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit BenchTierDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
 // The measured steps' phase times, in seconds, one entry per step.
 struct PhaseSamples {
   std::vector<double> step, h2d, compute, d2h, optimizer, exposed, gate, idle, grad_wait, drain;
@@ -129,6 +163,9 @@ void PrintStep(FILE* progress, int64_t step_idx, bool warmup, const StepResult& 
 struct BenchRun {
   PhaseSamples samples;
   StepStats last;  // of the last measured step
+  // NVMe tier bytes reported by the measured steps, summed.
+  int64_t nvme_read_bytes = 0;
+  int64_t nvme_written_bytes = 0;
   double loss_first = 0;
   double loss_last = 0;
 };
@@ -172,11 +209,16 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;
   const HostStoreBytes host = trainer.store().bytes();
-  (*j)["host_bytes"] = {
-      {"master", host.master},       {"grad", host.grad},
-      {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
-      {"streaming", host.streaming}, {"staging", trainer.staging_host_bytes()},
-      {"pinned", host.pinned},       {"total", host.Total() + trainer.staging_host_bytes()}};
+  // The executor's staging plus, with the tier, its read/write buffers.
+  const int64_t staging = trainer.staging_host_bytes() +
+                          (trainer.nvme_moments() != nullptr ? NvmeTierStagingBytes() : 0);
+  (*j)["host_bytes"] = {{"master", host.master},       {"grad", host.grad},
+                        {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
+                        {"streaming", host.streaming}, {"staging", staging},
+                        {"pinned", host.pinned},       {"total", host.Total() + staging}};
+  (*j)["host_bytes_per_param"] = static_cast<double>(host.Total() + staging) / config.ParamCount();
+  (*j)["nvme_tier"] = o.nvme_tier;
+  if (trainer.nvme_moments() != nullptr) (*j)["nvme_direct"] = trainer.nvme_moments()->direct();
 }
 
 // Medians of the measured steps, bytes and the link's use.
@@ -249,6 +291,8 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
     if (i < o.warmup) continue;
     run.samples.Add(r.stats);
     run.last = r.stats;
+    run.nvme_read_bytes += r.stats.nvme_read_bytes;
+    run.nvme_written_bytes += r.stats.nvme_written_bytes;
   }
   MEGATRAIN_RETURN_IF_ERROR(trainer.WaitForOptimizer());
   return run;
@@ -262,6 +306,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<BenchTierDir> tier_dir, BenchTierDir::Create(o));
+  if (tier_dir != nullptr) topt.nvme_dir = tier_dir->path();
   MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                              Trainer::Create(config, topt, o.seed));
   const bool hf_weights = std::filesystem::exists(o.model + "/model.safetensors") ||
@@ -286,6 +332,10 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   AddTimingJson(run, link, &j);
   j["tokens_per_s"] = tokens / step_median;
   j["step_seconds"] = step_median;
+  if (tier_dir != nullptr) {
+    j["nvme_read_bytes_per_step"] = run.nvme_read_bytes / o.steps;
+    j["nvme_written_bytes_per_step"] = run.nvme_written_bytes / o.steps;
+  }
   const double model_tflops = tokens / step_median * config.TrainFlopsPerToken(o.seq_len) / 1e12;
   j["model_tflops"] = model_tflops;
   if (o.peak_tflops > 0) j["mfu"] = model_tflops / o.peak_tflops;

@@ -42,6 +42,11 @@ struct BenchOptions {
   int wave = 0;
   std::string activations = "auto";
   uint64_t seed = 0;
+  // The NVMe tier (Note [Tiered trainer] in step/trainer.h): "off" or
+  // "moments" (the AdamW moments in files under a fresh subdirectory of
+  // nvme_dir, removed at the end; nvme_dir then required).
+  std::string nvme_tier = "off";
+  std::string nvme_dir;
   bool json = false;  // only the final JSON line on stdout
 };
 
@@ -61,7 +66,10 @@ struct BenchOptions {
 // total, planned = executor + saved inputs outside it + working, of the
 // executor's the resident blocks, activations, working, margin; Note [Auto
 // resident layers]), host_bytes by kind, peak_gpu_bytes,
-// model_tflops, mfu;
+// model_tflops, mfu; host_bytes_per_param (all host bytes over the
+// parameters), nvme_tier, and with the tier nvme_direct (O_DIRECT in use),
+// nvme_read_bytes_per_step and nvme_written_bytes_per_step (means over the
+// measured steps);
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -99,6 +101,57 @@ int64_t DeviceSavedLayers(const JobSpec& spec, const ModelConfig& config) {
   return OffloadsActivations(spec) && layers > 1 ? saved + 2 : saved * layers;
 }
 
+// Whether the job's moments go to the NVMe tier: moments always (without
+// the daemon's directory the job fails at start), auto when the daemon
+// resolved it to the tier by handing the job its directory.
+bool UsesNvmeTier(const JobSpec& spec) {
+  return spec.memory.nvme_tier == NvmeTierMode::kMoments ||
+         (spec.memory.nvme_tier == NvmeTierMode::kAuto && !spec.memory.nvme_dir.empty());
+}
+
+// The job's subdirectory of the daemon's NVMe directory, holding its
+// moment files (Note [Tiered trainer] in step/trainer.h): created through
+// a descriptor of that directory (Note [Directory descriptors] in
+// io/dir_fd.h), emptied first (a crashed run's files are never reused: a
+// resume reads the moments from its checkpoint), removed with everything
+// in it when the job object goes away (finished, failed, cancelled,
+// suspended). Not thread-safe; move-only through unique_ptr.
+class NvmeJobDir {
+ public:
+  // FAILED_PRECONDITION naming memory.nvme_tier without a directory;
+  // INVALID_ARGUMENT for a job id that is not one path component; the
+  // directory's errors naming it.
+  static absl::StatusOr<std::unique_ptr<NvmeJobDir>> Create(const JobSpec& spec) {
+    if (spec.memory.nvme_dir.empty()) {
+      return absl::FailedPreconditionError(
+          "memory.nvme_tier: moments needs the daemon's NVMe directory (megatraind --nvme_dir), "
+          "and this daemon has none");
+    }
+    const std::string name =
+        spec.job_id.empty() ? absl::StrCat("standalone-", ::getpid()) : absl::StrCat(spec.job_id);
+    if (name == "." || name == ".." || absl::StrContains(name, '/')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job id '", name, "' is not a directory name"));
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(DirFd root, DirFd::Open(spec.memory.nvme_dir));
+    MEGATRAIN_RETURN_IF_ERROR(root.RemoveTreeAt(name));
+    MEGATRAIN_ASSIGN_OR_RETURN(DirFd dir, root.OpenChild(name, DirFd::Create::kYes));
+    return std::unique_ptr<NvmeJobDir>(new NvmeJobDir(std::move(root), std::move(dir), name));
+  }
+  ~NvmeJobDir() {
+    const absl::Status removed = root_.RemoveTreeAt(name_);
+    if (!removed.ok()) std::fprintf(stderr, "megatrain: %s\n", removed.ToString().c_str());
+  }
+  std::string path() const { return absl::StrCat(root_.path(), "/", name_); }
+  std::string io_path() const { return dir_.IoPath(); }
+
+ private:
+  NvmeJobDir(DirFd root, DirFd dir, std::string name)
+      : root_(std::move(root)), dir_(std::move(dir)), name_(std::move(name)) {}
+  DirFd root_, dir_;
+  std::string name_;
+};
+
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   MemoryFootprint f;
   f.params = config.ParamCount();
@@ -138,7 +191,7 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   f.device_estimate_bytes =
       plan.device_bytes() + saved_outside_plan * tokens * config.hidden_size * 4 +
       12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
-  return spec.memory.nvme_tier == NvmeTierMode::kMoments ? WithNvmeMoments(f) : f;
+  return UsesNvmeTier(spec) ? WithNvmeMoments(f) : f;
 }
 
 std::string GiB(int64_t bytes) {
@@ -321,6 +374,9 @@ class TrainingJobImpl final : public TrainingJob {
   ModelConfig config_;
   int64_t max_steps_ = 0;
   MemoryFootprint footprint_;
+  // The moment files' directory (null without the tier): destroyed after
+  // the trainer, which holds the files open.
+  std::unique_ptr<NvmeJobDir> nvme_dir_;
   std::unique_ptr<Trainer> trainer_;
   std::optional<DataLoader> loader_;
   // The next step's batches, read one step ahead so that each step knows
@@ -529,11 +585,16 @@ absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions(const std::st
                  kPoisonStepEnv, std::getenv(kPoisonStepEnv),
                  static_cast<long long>(t.debug_nonfinite.step));
   }
+  if (UsesNvmeTier(spec_)) {
+    MEGATRAIN_ASSIGN_OR_RETURN(nvme_dir_, NvmeJobDir::Create(spec_));
+    t.nvme_dir = nvme_dir_->path();
+    t.nvme_dir_io = nvme_dir_->io_path();
+  }
   return t;
 }
 
 absl::Status TrainingJobImpl::Resume(const std::string& resume_from) {
-  absl::StatusOr<CheckpointState> state = ReadCheckpoint(resume_from, &trainer_->store());
+  absl::StatusOr<CheckpointState> state = ReadCheckpoint(resume_from, &trainer_->store(), trainer_->nvme_moments());
   if (!state.ok()) return Annotate(state.status(), "resume");
   // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
   // only from its own checkpoints (one without an id predates ids).
@@ -564,9 +625,9 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
       {"min_lr_ratio", spec_.optimizer.min_lr_ratio},
       {"peak_lr",
        spec_.optimizer.lr}}.dump();
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      CheckpointInfo info,
-      WriteCheckpoint(trainer_->store(), state, spec_.output_dir, spec_.checkpoint));
+  MEGATRAIN_ASSIGN_OR_RETURN(CheckpointInfo info,
+                             WriteCheckpoint(trainer_->store(), state, spec_.output_dir,
+                                             spec_.checkpoint, trainer_->nvme_moments()));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (observer != nullptr) observer->OnCheckpointWritten(info, seconds);

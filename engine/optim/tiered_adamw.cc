@@ -5,14 +5,38 @@
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
+namespace {
 
-absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
-                             NvmeMomentFiles& moments, const std::vector<int64_t>& blocks,
-                             int64_t step, double lr, float grad_scale) {
+// CpuAdamW::Step on one chunk of `block`'s moments, `begin` elements into
+// the block; params, gradients and the bf16 copy from the store.
+absl::Status StepChunk(const CpuAdamW& adamw, const HostStore& store, int64_t block, int64_t begin,
+                       int64_t count, float* exp_avg, float* exp_avg_sq, int64_t step, double lr,
+                       float grad_scale) {
+  AdamWBuffers buffers;
+  buffers.params = store.master(block) + begin;
+  buffers.grads = store.grad(block) + begin;
+  buffers.exp_avg = exp_avg;
+  buffers.exp_avg_sq = exp_avg_sq;
+  bf16_bits* bf16 = store.streaming_bf16(block);
+  buffers.bf16_params = bf16 != nullptr ? bf16 + begin : nullptr;
+  buffers.num_elements = count;
+  return adamw.Step(buffers, step, lr, grad_scale);
+}
+
+absl::Status CheckSize(const HostStore& store, const NvmeMomentFiles& moments) {
   if (moments.numel() != store.arena_numel()) {
     return absl::InvalidArgumentError(absl::StrCat("NVMe tier: moment files hold ", moments.numel(),
                                                    " elements, the store ", store.arena_numel()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
+                             NvmeMomentFiles& moments, const std::vector<int64_t>& blocks,
+                             int64_t step, double lr, float grad_scale) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckSize(store, moments));
   std::vector<MomentRange> ranges;
   ranges.reserve(blocks.size());
   for (const int64_t block : blocks) {
@@ -33,16 +57,26 @@ absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
                                                   " outside the blocks of the pass"));
         }
         const int64_t block = blocks[block_idx];
-        const int64_t begin = chunk.offset - store.block_offset(block);
-        AdamWBuffers buffers;
-        buffers.params = store.master(block) + begin;
-        buffers.grads = store.grad(block) + begin;
-        buffers.exp_avg = exp_avg;
-        buffers.exp_avg_sq = exp_avg_sq;
-        bf16_bits* bf16 = store.streaming_bf16(block);
-        buffers.bf16_params = bf16 != nullptr ? bf16 + begin : nullptr;
-        buffers.num_elements = chunk.count;
-        return adamw.Step(buffers, step, lr, grad_scale);
+        return StepChunk(adamw, store, block, chunk.offset - store.block_offset(block), chunk.count,
+                         exp_avg, exp_avg_sq, step, lr, grad_scale);
+      });
+}
+
+absl::Status TieredAdamWSliceStep(const CpuAdamW& adamw, const HostStore& store,
+                                  NvmeMomentFiles& moments, int64_t block, int64_t begin,
+                                  int64_t count, int64_t step, double lr, float grad_scale) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckSize(store, moments));
+  if (block < 0 || block >= store.num_blocks() || begin < 0 || begin % 1024 != 0 || count < 0 ||
+      begin + count > store.block_numel(block)) {
+    return absl::InvalidArgumentError(absl::StrCat("NVMe tier: slice [", begin, ", +", count,
+                                                   ") of block ", block,
+                                                   " is not 1024-aligned inside the block"));
+  }
+  const int64_t offset = store.block_offset(block);
+  return moments.ForEachChunk(
+      {{offset + begin, count}}, [&](const MomentRange& chunk, float* exp_avg, float* exp_avg_sq) {
+        return StepChunk(adamw, store, block, chunk.offset - offset, chunk.count, exp_avg,
+                         exp_avg_sq, step, lr, grad_scale);
       });
 }
 

@@ -30,6 +30,15 @@ absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
                              NvmeMomentFiles& moments, const std::vector<int64_t>& blocks,
                              int64_t step, double lr, float grad_scale);
 
+// As TieredAdamWStep for elements [begin, begin + count) of one block:
+// the trainer's unit of work (Note [Optimizer slices] in trainer.h).
+// `begin` must be a multiple of 1024 (the tier's 4 KiB alignment), and
+// begin + count <= store.block_numel(block); INVALID_ARGUMENT otherwise.
+// Other errors and thread-safety as TieredAdamWStep.
+absl::Status TieredAdamWSliceStep(const CpuAdamW& adamw, const HostStore& store,
+                                  NvmeMomentFiles& moments, int64_t block, int64_t begin,
+                                  int64_t count, int64_t step, double lr, float grad_scale);
+
 // Copies the moments of every block between the store's layout in
 // `moments` and host buffers laid out like the store's arenas
 // ([store.arena_numel()] fp32 each), for checkpoints (to host) and resume

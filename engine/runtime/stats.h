@@ -55,6 +55,12 @@ struct StepStats {
   // read from the lookahead instead.
   int64_t gate_rows = 0;
   int64_t lookahead_rows = 0;
+  // NVMe tier (Note [NVMe tier] in store/nvme_tier.h): bytes the optimizer
+  // read from and wrote to the moment files since the previous step's
+  // report (its updates run behind the step); 0 without the tier. The
+  // writes are the SSD's wear.
+  int64_t nvme_read_bytes = 0;
+  int64_t nvme_written_bytes = 0;
 
   void Add(const StepStats& other) {
     tokens += other.tokens;
@@ -77,6 +83,8 @@ struct StepStats {
     if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;
     gate_rows += other.gate_rows;
     lookahead_rows += other.lookahead_rows;
+    nvme_read_bytes += other.nvme_read_bytes;
+    nvme_written_bytes += other.nvme_written_bytes;
   }
 };
 

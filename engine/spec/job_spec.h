@@ -115,6 +115,13 @@ struct CheckpointSpec {
 // Where the job's state lives (Note [NVMe tier] in engine/store/nvme_tier.h).
 struct MemorySpec {
   NvmeTierMode nvme_tier = NvmeTierMode::kOff;  // memory.nvme_tier
+  // The daemon's NVMe directory (--nvme_dir) when this job's moments go to
+  // the tier (nvme_tier moments, or auto resolved to the tier by
+  // admission); the job keeps its files in a subdirectory named after
+  // job_id. Set by the daemon when the job starts, never taken from the
+  // user (not in the job file, the proto or the spec's JSON). Empty: auto
+  // runs in host memory and moments fails at start (FAILED_PRECONDITION).
+  std::string nvme_dir;
 };
 
 // A whole job, as submitted.

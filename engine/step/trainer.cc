@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "engine/step/executor.h"
 #include "engine/optim/embedding_updater.h"
 #include "engine/optim/optimizer_queue.h"
+#include "engine/optim/tiered_adamw.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/thread_pool.h"
 #include "engine/step/trainer_test_hooks.h"
@@ -47,6 +49,12 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
     return absl::InvalidArgumentError(
         absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
                      options.device_grad_accumulation));
+  }
+  if (!options.nvme_dir.empty() &&
+      (options.resident_layers > 0 || options.resident_embedding == 1)) {
+    return absl::InvalidArgumentError(
+        "resident_layers / resident_embedding: nothing can be resident on the device with the "
+        "AdamW moments on the NVMe tier (memory.nvme_tier; Note [Tiered trainer])");
   }
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer_slice_elements: must be >= 1, got ",
@@ -87,6 +95,16 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   MEGATRAIN_ASSIGN_OR_RETURN(
       *choice, ChooseSchedule(config, request, exec, runtime.is_cuda() ? runtime.TotalBytes() : 0));
   return WithChoice(exec, *choice);
+}
+
+// `options` with the NVMe tier's constraints applied (Note [Tiered
+// trainer]): nothing resident on the device, slices of whole 4 KiB.
+TrainerOptions WithTierDefaults(TrainerOptions options) {
+  if (options.nvme_dir.empty()) return options;
+  options.resident_layers = 0;
+  options.resident_embedding = 0;
+  options.optimizer_slice_elements = (options.optimizer_slice_elements + 1023) / 1024 * 1024;
+  return options;
 }
 
 }  // namespace
@@ -132,6 +150,10 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
     const int64_t begin = k * slice;
     const int64_t count = std::min(numel - begin, slice);
     queue_->Push({step, block, k}, block, [this, block, step, lr, grad_scale, begin, count] {
+      if (nvme_moments_ != nullptr) {  // Note [Tiered trainer]
+        return TieredAdamWSliceStep(*adamw_, *store_, *nvme_moments_, block, begin, count, step, lr,
+                                    grad_scale);
+      }
       return adamw_->Step(StoreBuffers(block, begin, count), step, lr, grad_scale);
     });
   }
@@ -204,7 +226,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(config, options));
   std::unique_ptr<Trainer> t(new Trainer());
-  t->options_ = options;
+  t->options_ = WithTierDefaults(options);
   t->pool_ = ThreadPool::Create(options.threads, options.optimizer_nice);
   t->critical_pool_ = ThreadPool::Create(
       options.critical_threads > 0
@@ -214,11 +236,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   HostStoreOptions store_options;
   store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;
   store_options.pin = t->runtime_->is_cuda();
+  store_options.moments_in_host = options.nvme_dir.empty();
   MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
   t->store_->InitializeWeights(seed);
+  if (!options.nvme_dir.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        t->nvme_moments_, NvmeMomentFiles::Create(
+                              options.nvme_dir_io.empty() ? options.nvme_dir : options.nvme_dir_io,
+                              t->store_->arena_numel(), /*pin_staging=*/false,
+                              options.nvme_chunk_elements, options.nvme_dir));
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(
       const ExecutorOptions exec,
-      ResolveExecutorOptions(options, *t->store_, *t->runtime_, &t->schedule_choice_));
+      ResolveExecutorOptions(t->options_, *t->store_, *t->runtime_, &t->schedule_choice_));
   t->resident_layers_ = exec.resident_layers;
   t->resident_embedding_ = exec.resident_embedding;
   t->device_grad_accumulation_ = exec.device_grad_accumulation;
@@ -235,8 +265,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->hooks_ = MakeNonFiniteInjector(options.debug_nonfinite, t->store_.get(), t->pool_.get());
   OptimizerQueue* queue = t->queue_.get();
   t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
-  // A resident embedding is updated on the device instead.
-  if (!t->resident_embedding_) {
+  // A resident embedding is updated on the device instead; with the tier,
+  // as one block (Note [Tiered trainer]).
+  if (!t->resident_embedding_ && t->nvme_moments_ == nullptr) {
     t->embedding_ =
         EmbeddingUpdater::Create(t->store_.get(), t->adamw_.get(), queue, t->pool_.get(),
                                  t->critical_pool_.get(), options.debug_keep_lookahead);
@@ -289,6 +320,12 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   }
   // CPU time of the updates that finished since the previous Step().
   result.stats.optimizer_seconds = queue_->TakeBusySeconds();
+  if (nvme_moments_ != nullptr) {
+    // Likewise the tier's bytes (Note [Tiered trainer]).
+    const int64_t read = nvme_moments_->bytes_read(), written = nvme_moments_->bytes_written();
+    result.stats.nvme_read_bytes = read - std::exchange(nvme_read_reported_, read);
+    result.stats.nvme_written_bytes = written - std::exchange(nvme_written_reported_, written);
+  }
   result.stats.step_seconds = SecondsSince(start);
   result.stats.gpu_idle_seconds =
       std::max(0.0, result.stats.step_seconds - result.stats.compute_seconds);

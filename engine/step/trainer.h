@@ -107,6 +107,27 @@
 // Gradients of a skipped step are not cleared: the next step's first
 // micro-batch overwrites them.
 //
+// Note [Tiered trainer]
+// With TrainerOptions::nvme_dir the store keeps no AdamW moments: every
+// queued update (one slice of a block, Note [Optimizer slices]) reads its
+// moments from the tier's files ahead of the arithmetic and writes them
+// behind it (TieredAdamWSliceStep, optim/tiered_adamw.h; Note [NVMe tier]
+// in store/nvme_tier.h), on the optimizer thread, one slice at a time (the
+// files have one user). The arithmetic is CpuAdamW's on the same values,
+// so weights and moments are bit for bit those of the all-in-RAM run. What
+// needs the moments at random rows or on the device is off: the embedding
+// updates as one block (no row gate, no lookahead: Notes [Embedding rows on
+// demand] and [Embedding lookahead]) and nothing is resident on the device
+// (auto resolves resident_layers and resident_embedding to 0; asking for
+// them is INVALID_ARGUMENT). Slices are rounded up to a multiple of 1024
+// elements (the tier's 4 KiB alignment). An I/O error (a truncated file:
+// DATA_LOSS; a full or failing disk: RESOURCE_EXHAUSTED / INTERNAL; each
+// naming the file) is the queue's error: the next Step or
+// WaitForOptimizer returns it, and the moment files are then undefined
+// (the job fails and resumes from its last checkpoint, which holds its own
+// copy). Checkpoints read the moments back from the files
+// (nvme_moments(), WriteCheckpoint) after WaitForOptimizer.
+//
 // Thread-safety: a Trainer is driven by one thread at a time; it owns an
 // optimizer thread internally.
 #ifndef MEGATRAIN_ENGINE_TRAINER_H_
@@ -130,6 +151,7 @@
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
 #include "engine/step/schedule_choice.h"
+#include "engine/store/nvme_tier.h"
 
 namespace megatrain::engine {
 
@@ -219,6 +241,16 @@ struct TrainerOptions {
   int wave = 0;
   ActivationPlacement activation_placement = ActivationPlacement::kAuto;
   int64_t gradient_accumulation_steps = 1;
+  // Note [Tiered trainer]: non-empty: the AdamW moments live in
+  // exp_avg.bin and exp_avg_sq.bin in this directory (which must exist; the
+  // caller owns it and removes it) instead of host memory. `nvme_dir_io`
+  // is how to reach it (e.g. DirFd::IoPath(), "/proc/self/fd/N"; empty:
+  // nvme_dir itself); nvme_dir names the files in messages.
+  std::string nvme_dir;
+  std::string nvme_dir_io;
+  // fp32 elements of one moment per tier read/write (a multiple of 1024;
+  // kNvmeTierChunkElements; tests use small ones).
+  int64_t nvme_chunk_elements = kNvmeTierChunkElements;
 };
 
 // The decoder layers TrainerOptions::resident_layers `option` keeps on a
@@ -319,6 +351,10 @@ class Trainer {
   // Device bytes of the weight/gradient slots; pinned staging bytes.
   int64_t slot_device_bytes() const;
   int64_t staging_host_bytes() const;
+  // The AdamW moments' files (Note [Tiered trainer]); null without
+  // TrainerOptions::nvme_dir. Use only after WaitForOptimizer() and before
+  // the next Step (the optimizer thread owns them in between).
+  NvmeMomentFiles* nvme_moments() const { return nvme_moments_.get(); }
 
  private:
   // What one step's callbacks share (Step, OnBlockFinal, FinishStep).
@@ -360,6 +396,11 @@ class Trainer {
   std::unique_ptr<StreamingExecutor> executor_;
   std::unique_ptr<CpuAdamW> adamw_;
   std::unique_ptr<LrSchedule> schedule_;
+  // Note [Tiered trainer]: the moments' files (null: in the store), and
+  // their byte counters at the last report (StepStats::nvme_*_bytes).
+  std::unique_ptr<NvmeMomentFiles> nvme_moments_;
+  int64_t nvme_read_reported_ = 0;
+  int64_t nvme_written_reported_ = 0;
   // Destroyed (drained) first by ~Trainer: its tasks use the updater, the
   // AdamW kernel and the store.
   std::unique_ptr<OptimizerQueue> queue_;

@@ -156,10 +156,9 @@ class PassIo {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> NvmeMomentFiles::Create(const std::string& dir,
-                                                                         int64_t numel,
-                                                                         bool pin_staging,
-                                                                         int64_t chunk_elements) {
+absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> NvmeMomentFiles::Create(
+    const std::string& dir, int64_t numel, bool pin_staging, int64_t chunk_elements,
+    const std::string& display_dir) {
   if (numel <= 0 || numel % kAlignElements != 0 || chunk_elements <= 0 ||
       chunk_elements % kAlignElements != 0) {
     return absl::InvalidArgumentError(
@@ -173,13 +172,14 @@ absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> NvmeMomentFiles::Create(const s
   const char* names[2] = {"exp_avg.bin", "exp_avg_sq.bin"};
   for (int k = 0; k < 2; ++k) {
     File& f = files->files_[k];
-    f.path = absl::StrCat(dir, "/", names[k]);
+    f.path = absl::StrCat(display_dir.empty() ? dir : display_dir, "/", names[k]);
+    const std::string open_path = absl::StrCat(dir, "/", names[k]);
     const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW;
-    f.fd = files->direct_ ? ::open(f.path.c_str(), flags | O_DIRECT, 0600) : -1;
+    f.fd = files->direct_ ? ::open(open_path.c_str(), flags | O_DIRECT, 0600) : -1;
     if (f.fd < 0 && (!files->direct_ || errno == EINVAL)) {
       // Note [NVMe tier]: tmpfs and some file systems refuse O_DIRECT.
       files->direct_ = false;
-      f.fd = ::open(f.path.c_str(), flags, 0600);
+      f.fd = ::open(open_path.c_str(), flags, 0600);
     }
     if (f.fd < 0) return FileError(errno, f.path, "open");
     if (::ftruncate(f.fd, numel * 4) != 0) return FileError(errno, f.path, "ftruncate");

@@ -76,9 +76,12 @@ class NvmeMomentFiles {
   // kNvmeTierBuffers x 2 x chunk_elements fp32. Errors: INVALID_ARGUMENT
   // for numel or chunk_elements <= 0 or not a multiple of 1024; NOT_FOUND / PERMISSION_DENIED /
   // RESOURCE_EXHAUSTED naming the file when it cannot be created or sized.
+  // `display_dir` (when not empty) names the directory in path() and in
+  // messages instead of `dir`: a job opens its files through a directory
+  // descriptor (DirFd::IoPath, "/proc/self/fd/N") and names them by path.
   static absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> Create(
       const std::string& dir, int64_t numel, bool pin_staging,
-      int64_t chunk_elements = kNvmeTierChunkElements);
+      int64_t chunk_elements = kNvmeTierChunkElements, const std::string& display_dir = "");
   ~NvmeMomentFiles();
   NvmeMomentFiles(const NvmeMomentFiles&) = delete;
   NvmeMomentFiles& operator=(const NvmeMomentFiles&) = delete;

@@ -79,6 +79,11 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--activations", o.activations,
                  "where saved layer inputs live: auto (device when the wave fits), device, host")
       ->check(CLI::IsMember({"auto", "device", "host"}));
+  app.add_option("--nvme_tier", o.nvme_tier,
+                 "off, or moments: the AdamW moments in files under --nvme_dir (a fresh "
+                 "subdirectory, removed at the end; docs/operations.md \"The NVMe tier\")")
+      ->check(CLI::IsMember({"off", "moments"}));
+  app.add_option("--nvme_dir", o.nvme_dir, "directory on a local SSD for --nvme_tier moments");
 }
 
 void AddOtherModes(CLI::App& app, OtherModes& m) {

@@ -121,6 +121,9 @@ struct JobEvent {
   double step_seconds = 0;
   double eta_seconds = 0;
   double aux_loss = 0;  // MoE load-balancing loss (mean over micro-batches); 0 otherwise
+  // NVMe tier bytes of the step (StepStats::nvme_*_bytes; 0 off the tier).
+  int64_t nvme_read_bytes = 0;
+  int64_t nvme_written_bytes = 0;
   // kEval
   double eval_loss = 0;
   // kCheckpoint

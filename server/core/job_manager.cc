@@ -58,6 +58,7 @@ struct JobManager::Active {
   std::string device;
   int32_t priority = 0;
   int64_t reserved_bytes = 0;
+  int64_t nvme_reserved_bytes = 0;  // Note [NVMe admission]
   // Set by the job thread once Create returns; Run() is called on it without
   // the lock (only that thread resets it).
   std::unique_ptr<engine::TrainingJob> job;
@@ -113,6 +114,8 @@ class JobManager::Observer : public engine::JobObserver {
     event.step_seconds = report.stats.step_seconds;
     event.eta_seconds = progress_.eta_seconds;
     event.aux_loss = report.aux_loss;
+    event.nvme_read_bytes = report.stats.nvme_read_bytes;
+    event.nvme_written_bytes = report.stats.nvme_written_bytes;
     Persist(event);
     manager_->metrics_->RecordStep(device_, report);
   }
@@ -196,7 +199,9 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions
   }
   std::unique_ptr<JobManager> manager(new JobManager(std::move(options), store, backend, metrics));
   MEGATRAIN_RETURN_IF_ERROR(manager->CheckStoreMatchesJobsDir());
+  MEGATRAIN_RETURN_IF_ERROR(ValidateNvmeTierOptions(manager->options_.nvme));
   MEGATRAIN_RETURN_IF_ERROR(manager->Recover());
+  manager->SizeRecoveredNvmeJobs();
   std::lock_guard<std::mutex> lock(manager->mu_);
   manager->RefreshGaugesLocked();
   manager->ScheduleLocked();
@@ -234,6 +239,30 @@ absl::Status JobManager::Recover() {
   return absl::OkStatus();
 }
 
+int64_t JobManager::NvmeBytesLocked(const JobRecord& job) const {
+  if (job.request.spec.memory.nvme_tier == engine::NvmeTierMode::kOff) return 0;
+  const auto it = nvme_bytes_by_job_.find(job.id);
+  return it != nvme_bytes_by_job_.end() ? it->second : options_.nvme.budget_bytes;
+}
+
+void JobManager::SizeRecoveredNvmeJobs() {
+  for (const JobState state : {JobState::kQueued, JobState::kSuspended}) {
+    absl::StatusOr<std::vector<JobRecord>> jobs = store_->JobsInState(state);
+    if (!jobs.ok()) continue;
+    for (const JobRecord& job : *jobs) {
+      if (job.request.spec.memory.nvme_tier == engine::NvmeTierMode::kOff) continue;
+      absl::StatusOr<engine::MemoryFootprint> f = backend_->EstimateFootprint(job.request.spec);
+      // A job that cannot be sized counts the whole budget (NvmeBytesLocked).
+      if (!f.ok()) {
+        LogError(absl::StrCat(job.id, ": sizing its NVMe tier: ", f.status().ToString()));
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      nvme_bytes_by_job_[job.id] = f->nvme_bytes;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Submission and queries.
 
@@ -247,6 +276,9 @@ absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const 
   JobRequest normalized = request;
   if (normalized.spec.output_dir.empty()) {
     normalized.spec.output_dir = (fs::path(options_.jobs_dir) / existing->id).string();
+  }
+  if (normalized.spec.memory.nvme_tier == engine::NvmeTierMode::kAuto) {
+    normalized.spec.memory.nvme_tier = existing->request.spec.memory.nvme_tier;  // resolved
   }
   if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
@@ -267,9 +299,15 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
   MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(request.spec, caller.name));
   MEGATRAIN_ASSIGN_OR_RETURN(JobInputs inputs, PreflightJobInputs(request.spec));
   MEGATRAIN_RETURN_IF_ERROR(CheckSubmission(request.spec, inputs, backend_));
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      engine::MemoryFootprint footprint,
-      backend_->EstimateFootprintFromHfConfig(request.spec, inputs.hf_config_json.value_or("")));
+  MEGATRAIN_ASSIGN_OR_RETURN(NvmeAdmission admitted,
+                             AdmitNvmeTier(
+                                 request.spec,
+                                 [&](const engine::JobSpec& spec) {
+                                   return backend_->EstimateFootprintFromHfConfig(
+                                       spec, inputs.hf_config_json.value_or(""));
+                                 },
+                                 options_.host_memory_budget_bytes, options_.nvme));
+  const engine::MemoryFootprint& footprint = admitted.footprint;
   if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
     const engine::HostStoreBytes& host = footprint.host;
     const std::string offload = footprint.activation_offload_bytes > 0
@@ -281,7 +319,10 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
         footprint.params, " parameters (master ", host.master, ", grad ", host.grad, ", exp_avg ",
         host.exp_avg, ", exp_avg_sq ", host.exp_avg_sq, ", streaming ", host.streaming,
         ", staging ", host.staging, offload, " bytes) but --host_memory_budget is ",
-        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon"));
+        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon",
+        footprint.nvme_bytes > 0 ? absl::StrCat(" (with ", FormatBytes(footprint.nvme_bytes),
+                                                " of AdamW moments on the NVMe tier)")
+                                 : ""));
   }
   return footprint;
 }
@@ -349,6 +390,10 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
     job.create_time_unix_ms = NowUnixMs();
     job.progress.max_steps = engine::MaxSteps(job.request.spec);
     job.host_memory_bytes = footprint.host_total_bytes;
+    // Note [NVMe admission]: the tier chosen now is the job's for good.
+    job.request.spec.memory.nvme_tier =
+        footprint.nvme_bytes > 0 ? engine::NvmeTierMode::kMoments : engine::NvmeTierMode::kOff;
+    if (footprint.nvme_bytes > 0) nvme_bytes_by_job_[job.id] = footprint.nvme_bytes;
     job.message = absl::StrCat("submitted by ", caller.name);
     MEGATRAIN_RETURN_IF_ERROR(
         store_->InsertJob(job, JobEvent::StateChange(job.id, JobState::kQueued, job.message))
@@ -588,7 +633,8 @@ void JobManager::ScheduleLocked() {
         }
       }
       const bool fits =
-          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
+          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes &&
+          nvme_reserved_bytes_ + NvmeBytesLocked(job) <= options_.nvme.budget_bytes;
       if (free_device.empty() || !fits) {
         if (options_.preemption) MaybePreemptLocked(job);
         stop = true;
@@ -654,6 +700,8 @@ void JobManager::StartLocked(JobRecord job, const std::string& device) {
   active->reserved_bytes = job.host_memory_bytes;
   active->last_checkpoint_dir = job.resume_from;
   reserved_bytes_ += job.host_memory_bytes;
+  active->nvme_reserved_bytes = NvmeBytesLocked(job);
+  nvme_reserved_bytes_ += active->nvme_reserved_bytes;
   job_on_device_[device] = job.id;
   Active* raw = active.get();
   active_[job.id] = std::move(active);
@@ -682,6 +730,9 @@ void JobManager::RunJob(Active* active, JobRecord job) {
       AdoptRecordedCheckpoints(job);
       engine::JobSpec spec = job.request.spec;
       spec.job_id = job.id;  // written into its checkpoints, required of resume_from
+      // Note [NVMe admission]: the tier's files go under <nvme_dir>/<job id>.
+      if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff)
+        spec.memory.nvme_dir = options_.nvme.dir;
       // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
       // opens on this thread, now and while it runs, stays below the roots.
       absl::StatusOr<engine::ReadConfinement> confinement =
@@ -803,6 +854,7 @@ void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutco
   }
   metrics_->ClearDevice(device);
   reserved_bytes_ -= active->reserved_bytes;
+  nvme_reserved_bytes_ -= active->nvme_reserved_bytes;
   job_on_device_[device].clear();
   finished_threads_.push_back(std::move(active->thread));
   active_.erase(job_id);  // destroys *active

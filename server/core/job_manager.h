@@ -106,6 +106,7 @@
 #include "server/core/job.h"
 #include "server/core/job_store.h"
 #include "server/core/metrics.h"
+#include "server/core/nvme_admission.h"
 #include "server/core/path_policy.h"
 
 namespace megatrain::server {
@@ -134,6 +135,10 @@ struct JobManagerOptions {
   // When it restricts writes, its output roots must include jobs_dir (the
   // default output directories).
   PathPolicy path_policy = PathPolicy::Unrestricted();
+  // The NVMe tier (--nvme_dir, --nvme_budget; Note [NVMe admission] in
+  // nvme_admission.h): jobs whose moments go there start only while their
+  // moment bytes fit the budget left by the running ones.
+  NvmeTierOptions nvme;
 };
 
 // A batch of a job's events for a watcher.
@@ -324,6 +329,12 @@ class JobManager {
                                                   absl::string_view checkpoint_id, JobRecord* job);
 
   void ScheduleLocked();
+  // The admitted NVMe moment bytes of `job` (0 off the tier; the whole
+  // budget when it could not be sized).
+  int64_t NvmeBytesLocked(const JobRecord& job) const;
+  // Create: sizes the tiered queued and suspended jobs of the store
+  // (reads their configs; Note [NVMe admission]).
+  void SizeRecoveredNvmeJobs();
   void MaybePreemptLocked(const JobRecord& waiting);
   void StartLocked(JobRecord job, const std::string& device);
   void RunJob(Active* active, JobRecord job);
@@ -345,6 +356,11 @@ class JobManager {
   std::vector<std::thread> finished_threads_;              // to join; guarded by mu_
   int64_t reserved_bytes_ = 0;                             // guarded by mu_
   bool draining_ = false;                                  // guarded by mu_
+  // Note [NVMe admission]: admitted moment bytes by job id (tiered jobs
+  // only; sized at submission or, for jobs from before a restart, by
+  // Create), and those of the running jobs. Guarded by mu_.
+  std::map<std::string, int64_t> nvme_bytes_by_job_;
+  int64_t nvme_reserved_bytes_ = 0;
 
   std::mutex events_mu_;
   std::condition_variable events_cv_;

@@ -326,6 +326,10 @@ std::string EventPayload(const JobEvent& event) {
            {"step_seconds", event.step_seconds},
            {"eta_seconds", event.eta_seconds},
            {"aux_loss", event.aux_loss}};
+      if (event.nvme_read_bytes > 0 || event.nvme_written_bytes > 0) {
+        j["nvme_read_bytes"] = event.nvme_read_bytes;
+        j["nvme_written_bytes"] = event.nvme_written_bytes;
+      }
       break;
     case JobEvent::Kind::kEval:
       j = {{"step", event.step}, {"eval_loss", event.eval_loss}};
@@ -373,6 +377,8 @@ absl::StatusOr<JobEvent> RowToEvent(const Statement& row) {
     GetField(j, "step_seconds", &event.step_seconds);
     GetField(j, "eta_seconds", &event.eta_seconds);
     GetField(j, "aux_loss", &event.aux_loss);
+    GetField(j, "nvme_read_bytes", &event.nvme_read_bytes);
+    GetField(j, "nvme_written_bytes", &event.nvme_written_bytes);
     GetField(j, "eval_loss", &event.eval_loss);
     GetField(j, "dir", &event.checkpoint_dir);
     GetField(j, "seconds", &event.checkpoint_seconds);

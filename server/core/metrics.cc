@@ -185,6 +185,18 @@ void ServerMetrics::RegisterServerMetrics(prometheus::Registry& r) {
       .Set(1);
 }
 
+prometheus::Family<prometheus::Counter>* ServerMetrics::NvmeBytesTotal() {
+  std::call_once(nvme_bytes_total_once_, [this] {
+    nvme_bytes_total_ = &BuildCounter()
+                             .Name("megatrain_nvme_bytes_total")
+                             .Help(
+                                 "Bytes the optimizer read from and wrote to the NVMe tier's "
+                                 "moment files (memory.nvme_tier); the writes are SSD wear.")
+                             .Register(*registry_);
+  });
+  return nvme_bytes_total_;
+}
+
 void ServerMetrics::RecordStep(const std::string& device, const engine::StepReport& report) {
   const engine::StepStats& stats = report.stats;
   tokens_total_->Increment(static_cast<double>(std::max<int64_t>(stats.tokens, 0)));
@@ -205,6 +217,14 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   if (!report.skipped) training_loss_->Add({{"device", device}}).Set(report.loss);
   if (!report.skipped && report.aux_loss != 0) {
     training_aux_loss_->Add({{"device", device}}).Set(report.aux_loss);
+  }
+  if (stats.nvme_read_bytes > 0 || stats.nvme_written_bytes > 0) {
+    NvmeBytesTotal()
+        ->Add({{"direction", "read"}})
+        .Increment(static_cast<double>(std::max<int64_t>(stats.nvme_read_bytes, 0)));
+    NvmeBytesTotal()
+        ->Add({{"direction", "written"}})
+        .Increment(static_cast<double>(std::max<int64_t>(stats.nvme_written_bytes, 0)));
   }
   if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
   pcie_bytes_total_->Add({{"direction", "h2d"}})

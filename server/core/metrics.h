@@ -11,6 +11,10 @@
 //   megatrain_steps_total                          counter   optimizer steps
 //   megatrain_skipped_steps_total                  counter   non-finite steps skipped
 //   megatrain_step_duration_seconds                histogram wall time per step
+//   megatrain_nvme_bytes_total{direction=read|written}
+//                                                  counter   NVMe tier moment-file bytes
+//                                                            (the writes: SSD wear); made
+//                                                            at the first tiered step
 //   megatrain_phase_seconds_total{phase}           counter   h2d, compute, d2h,
 //                                                            optimizer, optimizer_exposed,
 //                                                            gpu_idle
@@ -174,6 +178,11 @@ class ServerMetrics {
   prometheus::Counter* tokens_total_;
   prometheus::Counter* steps_total_;
   prometheus::Counter* skipped_steps_total_;
+  // megatrain_nvme_bytes_total, registered once by the first step that
+  // moved tier bytes (NvmeBytesTotal()).
+  prometheus::Family<prometheus::Counter>* NvmeBytesTotal();
+  std::once_flag nvme_bytes_total_once_;
+  prometheus::Family<prometheus::Counter>* nvme_bytes_total_ = nullptr;
   prometheus::Histogram* step_duration_seconds_;
   prometheus::Family<prometheus::Counter>* phase_seconds_total_;
   // megatrain_pcie_bytes_total{direction}; children made at the first GPU

@@ -509,6 +509,7 @@ absl::Status Daemon::Parts::StartJobManager(const StartupFlags& flags) {
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.preemption = options.preemption;
   manager_options.path_policy = path_policy;
+  manager_options.nvme = {options.nvme_dir, options.nvme_budget_bytes};
   MEGATRAIN_ASSIGN_OR_RETURN(manager, JobManager::Create(std::move(manager_options), store.get(),
                                                          backend.get(), metrics.get()));
   return absl::OkStatus();

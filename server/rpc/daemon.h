@@ -70,9 +70,13 @@ struct DaemonOptions {
   // Host memory all running jobs may need together; 0: 80% of physical
   // memory.
   int64_t host_memory_budget_bytes = 0;
-  // --nvme_budget: the NVMe tier's capacity PlanJob plans with (bytes; 0:
-  // no tier). Jobs do not use the tier yet (docs/operations.md).
+  // --nvme_budget: the NVMe tier's capacity, in bytes: what PlanJob plans
+  // with and, with nvme_dir, the disk all running jobs' moment files may
+  // take (Note [NVMe admission] in server/core/nvme_admission.h); 0: none.
   int64_t nvme_budget_bytes = 0;
+  // --nvme_dir: absolute directory on a local SSD for the jobs' moment
+  // files (one subdirectory per job); empty: jobs cannot use the tier.
+  std::string nvme_dir;
   // Tokens file (auth.h); empty: auth off, loopback only.
   std::string auth_tokens;
   // PEM files for TLS; cert and key go together; client CA enables mTLS.

@@ -60,9 +60,14 @@ void AddFlags(CLI::App* app, DaemonOptions* options, RawFlags* flags) {
   app->add_option("--host_memory_budget", flags->host_memory_budget,
                   "Host memory all running jobs may need together, e.g. 512GiB "
                   "(default: 80% of physical memory)");
+  // The NVMe tier (docs/operations.md "The NVMe tier").
   app->add_option("--nvme_budget", flags->nvme_budget,
-                  "Local SSD space for the NVMe tier, e.g. 4TB: what `megatrain plan` assumes "
-                  "(default 0: no tier; jobs do not use the tier yet)");
+                  "Local SSD space for the NVMe tier, e.g. 4TB: what `megatrain plan` assumes and, "
+                  "with --nvme_dir, the disk all running jobs' AdamW moment files may take "
+                  "(default 0: no tier)");
+  app->add_option("--nvme_dir", options->nvme_dir,
+                  "Absolute directory on a local SSD for jobs with memory.nvme_tier moments or "
+                  "auto (one subdirectory per job; needs --nvme_budget)");
   app->add_option("--auth_tokens", options->auth_tokens,
                   "YAML file of users, roles and token SHA-256 hashes (default: auth off, "
                   "loopback only)");

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/nvme_tier_mode.h"
 #include "server/core/logging.h"
 
 namespace megatrain::server {
@@ -258,6 +259,10 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
   OptimizerEvalCheckpointFromProto(in, &spec);
   spec.output_dir = in.output_dir();
+  if (in.memory().has_nvme_tier()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(spec.memory.nvme_tier,
+                               engine::ParseNvmeTierMode(in.memory().nvme_tier()));
+  }
   request.priority = in.priority();
   request.labels = std::map<std::string, std::string>(in.labels().begin(), in.labels().end());
 
@@ -325,6 +330,10 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   out->mutable_checkpoint()->set_keep_last(spec.checkpoint.keep_last);
   out->mutable_checkpoint()->set_keep_every(spec.checkpoint.keep_every);
   out->set_output_dir(spec.output_dir);
+  if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff) {
+    out->mutable_memory()->set_nvme_tier(
+        std::string(engine::NvmeTierModeName(spec.memory.nvme_tier)));
+  }
   out->set_priority(request.priority);
   for (const auto& [key, value] : request.labels) (*out->mutable_labels())[key] = value;
 }
@@ -384,6 +393,8 @@ void JobEventToProto(const JobEvent& event, v1::JobEvent* out) {
       step->set_step_seconds(event.step_seconds);
       step->set_eta_seconds(event.eta_seconds);
       step->set_aux_loss(event.aux_loss);
+      step->set_nvme_read_bytes(event.nvme_read_bytes);
+      step->set_nvme_written_bytes(event.nvme_written_bytes);
       break;
     }
     case JobEvent::Kind::kEval: {

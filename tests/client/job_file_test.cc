@@ -264,5 +264,15 @@ TEST(JobFileCorpusTest, SeedsParseAsTheirNamesSay) {
   EXPECT_GT(valid, 0);
 }
 
+// memory.nvme_tier passes through to JobSpec.memory (issue 19); a bad
+// value names the key.
+TEST(JobFileTest, MemoryNvmeTier) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobYaml("memory: {nvme_tier: moments}\n", "/", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->memory().nvme_tier(), "moments");
+  EXPECT_THAT(ParseJobYaml("memory: {nvme_tier: disk}\n", "/", "j.yaml").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("memory.nvme_tier")));
+}
+
 }  // namespace
 }  // namespace megatrain::client

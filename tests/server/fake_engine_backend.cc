@@ -276,6 +276,12 @@ absl::StatusOr<engine::MemoryFootprint> FakeEngineBackend::EstimateFootprint(
   footprint.host.exp_avg_sq = bytes - 3 * (bytes / 4);
   footprint.host.staging = footprint.activation_offload_bytes;
   footprint.host_total_bytes = bytes + footprint.activation_offload_bytes;
+  if (spec.memory.nvme_tier == engine::NvmeTierMode::kMoments) {
+    // The NVMe tier takes the moments, as engine::WithNvmeMoments does.
+    footprint.nvme_bytes = footprint.host.exp_avg + footprint.host.exp_avg_sq;
+    footprint.host_total_bytes -= footprint.nvme_bytes;
+    footprint.host.exp_avg = footprint.host.exp_avg_sq = 0;
+  }
   return footprint;
 }
 
@@ -302,6 +308,7 @@ absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJo
     }
   }
   control->job_id = spec.job_id;
+  control->nvme_dir = spec.memory.nvme_dir;
   absl::StatusOr<engine::MemoryFootprint> footprint = EstimateFootprint(spec);
   bool gated_now = false;
   absl::Duration step_duration_now;

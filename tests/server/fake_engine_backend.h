@@ -60,6 +60,7 @@ class FakeJobControl {
   std::optional<std::string> resume_from;
   std::string spec_name;
   std::string job_id;      // spec.job_id
+  std::string nvme_dir;    // spec.memory.nvme_dir
   int64_t start_step = 0;  // parsed from resume_from
   // The stop the job was last asked for (kForceCancel kept as such).
   std::optional<engine::TrainingJob::StopKind> last_stop() {

@@ -938,5 +938,47 @@ TEST_F(JobManagerTest, DeleteCheckpointRemovesALinkSwappedInWithoutFollowingIt) 
   EXPECT_TRUE(std::filesystem::exists(output_dir + ".moved/step-4"));
 }
 
+// Note [NVMe admission] (issue 19): a job asking for the tier on a daemon
+// without one is refused naming the field; auto goes to the tier only when
+// host memory is too small, is stored resolved, and the job is handed the
+// daemon's directory; a tier larger than --nvme_budget is refused with the
+// bytes per tier.
+TEST_F(JobManagerTest, NvmeTierIsAdmittedAgainstItsBudget) {
+  backend_.footprint_bytes_by_preset["big"] = 100 << 20;  // 100 MiB > the 64 MiB budget
+  StartManager();
+  JobRequest moments = Request("moments");
+  moments.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
+  EXPECT_THAT(manager_->Submit(kAlice, moments, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("memory.nvme_tier"), HasSubstr("--nvme_dir"))));
+
+  manager_.reset();
+  options_.nvme = {"/mnt/nvme", 40 << 20};
+  StartManager();
+  JobRequest big = Request("big");
+  big.spec.model.preset = "big";
+  big.spec.memory.nvme_tier = engine::NvmeTierMode::kAuto;
+  // 50 MiB of moments on a 40 MiB tier: never.
+  EXPECT_THAT(manager_->Submit(kAlice, big, ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("(52428800 bytes) on the NVMe tier"),
+                                        HasSubstr("--nvme_budget is"))));
+
+  manager_.reset();
+  options_.nvme = {"/mnt/nvme", 60 << 20};
+  StartManager();
+  JobRecord tiered = Submit(kAlice, big);
+  EXPECT_EQ(tiered.request.spec.memory.nvme_tier, engine::NvmeTierMode::kMoments);
+  EXPECT_EQ(tiered.host_memory_bytes, 50 << 20);
+  JobRequest small = Request("small");
+  small.spec.memory.nvme_tier = engine::NvmeTierMode::kAuto;
+  JobRecord in_ram = Submit(kAlice, small);
+  EXPECT_EQ(in_ram.request.spec.memory.nvme_tier, engine::NvmeTierMode::kOff);
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->nvme_dir, "/mnt/nvme");
+  WaitFor(tiered.id, StateIs(JobState::kSucceeded));
+}
+
 }  // namespace
 }  // namespace megatrain::server

@@ -448,5 +448,21 @@ TEST(SpecConvertCorpusTest, SeedsConvertAsTheirNamesSay) {
   EXPECT_GT(valid, 0);
 }
 
+// JobSpec.memory.nvme_tier (issue 19): parsed, written back, and a bad
+// value names the field.
+TEST(SpecConvertTest, MemoryNvmeTierRoundTrips) {
+  v1::JobSpec in = TinySpec();
+  in.mutable_memory()->set_nvme_tier("auto");
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(in);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.memory.nvme_tier, engine::NvmeTierMode::kAuto);
+  v1::JobSpec out;
+  JobRequestToProto(*request, &out);
+  EXPECT_EQ(out.memory().nvme_tier(), "auto");
+  in.mutable_memory()->set_nvme_tier("ssd");
+  EXPECT_THAT(JobRequestFromProto(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("memory.nvme_tier")));
+}
+
 }  // namespace
 }  // namespace megatrain::server
