@@ -5,12 +5,15 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_info.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/training_job.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
@@ -78,7 +81,50 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(topt.activation_placement,
                              ParseActivationPlacement(o.activations, "--activations"));
   topt.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.weight_stream,
+                             ParseWeightStream(o.weight_stream, "--weight_stream"));
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.gradient_landing,
+                             ParseGradientLanding(o.gradient_landing, "--gradient_landing"));
   return topt;
+}
+
+// Admission's footprint (EstimateFootprintForConfig) of a job with the
+// bench's settings, for comparison with what the run holds.
+MemoryFootprint BenchFootprint(const BenchOptions& o, const ModelConfig& config) {
+  JobSpec spec;
+  spec.train.micro_batch = o.micro_batch;
+  spec.train.seq_len = o.seq_len;
+  spec.train.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  spec.train.compute_dtype = ParseComputeDtype(o.compute_dtype).value_or(ComputeDtype::kFp32);
+  spec.train.max_grad_norm = o.max_grad_norm;
+  spec.train.offload_activations = o.offload_activations;
+  spec.train.schedule = o.schedule;
+  spec.train.wave = o.wave;
+  spec.train.activations = o.activations;
+  spec.memory.weight_stream = ParseWeightStream(o.weight_stream).value_or(WeightStream::kBf16);
+  spec.memory.gradient_landing =
+      ParseGradientLanding(o.gradient_landing).value_or(GradientLanding::kArena);
+  return EstimateFootprintForConfig(spec, config);
+}
+
+// The process's resident memory, from /proc/self/status (Linux; 0 where
+// it cannot be read).
+struct ProcessMemory {
+  int64_t rss_bytes = 0;       // VmRSS
+  int64_t rss_peak_bytes = 0;  // VmHWM: the peak since the process started
+};
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (status >> key) {
+    if (key == "VmRSS:" && status >> kib >> unit) m.rss_bytes = kib * 1024;
+    if (key == "VmHWM:" && status >> kib >> unit) m.rss_peak_bytes = kib * 1024;
+  }
+  return m;
 }
 
 // The measured steps' phase times, in seconds, one entry per step.
@@ -157,12 +203,23 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;
+  (*j)["weight_stream"] = o.weight_stream;
+  (*j)["gradient_ring"] = trainer.gradient_ring();
   const HostStoreBytes host = trainer.store().bytes();
-  (*j)["host_bytes"] = {
-      {"master", host.master},       {"grad", host.grad},
-      {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
-      {"streaming", host.streaming}, {"staging", trainer.staging_host_bytes()},
-      {"pinned", host.pinned},       {"total", host.Total() + trainer.staging_host_bytes()}};
+  const int64_t total = host.Total() + trainer.staging_host_bytes();
+  (*j)["host_bytes"] = {{"master", host.master},       {"grad", host.grad},
+                        {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
+                        {"streaming", host.streaming}, {"staging", trainer.staging_host_bytes()},
+                        {"pinned", host.pinned},       {"total", total}};
+  // The store and staging over the parameters (docs/operations.md's
+  // sizing table), and the same over the process's measured memory.
+  const double params = static_cast<double>(std::max<int64_t>(1, config.ParamCount()));
+  (*j)["host_bytes_per_param"] = static_cast<double>(total) / params;
+  const ProcessMemory rss = ReadProcessMemory();
+  (*j)["rss_bytes"] = rss.rss_bytes;
+  (*j)["rss_peak_bytes"] = rss.rss_peak_bytes;
+  (*j)["rss_peak_bytes_per_param"] = static_cast<double>(rss.rss_peak_bytes) / params;
+  (*j)["footprint_host_bytes"] = BenchFootprint(o, config).host_total_bytes;
 }
 
 // Medians of the measured steps, bytes and the link's use.

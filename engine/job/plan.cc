@@ -63,7 +63,11 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   for (const int64_t block : layout.StreamedDenseBlocks(resident_layers)) {
     streamed_numel += static_cast<double>(layout.blocks[block].numel);
   }
-  const double esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2.0 : 4.0;
+  // Bytes per streamed weight: the bf16 copy, or the fp32 master (fp32 and
+  // tf32 compute, or memory.weight_stream fp32: Note [Weight streaming]).
+  const bool bf16_copy = spec.train.compute_dtype == ComputeDtype::kBf16 &&
+                         spec.memory.weight_stream == WeightStream::kBf16;
+  const double esize = bf16_copy ? 2.0 : 4.0;
   p.h2d_seconds = Over(micro_batches * 2.0 * esize * streamed_numel, m.h2d_bytes_per_second);
   const bool device_accumulation =
       micro_batches > 1 && 4.0 * streamed_numel <= kDeviceGradAccumulationMaxFraction *

@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/model/precision.h"
 #include "engine/spec/nan_policy.h"
+#include "engine/spec/memory_modes.h"
 #include "engine/spec/nvme_tier_mode.h"
 
 namespace megatrain::engine {
@@ -115,6 +116,12 @@ struct CheckpointSpec {
 // Where the job's state lives (Note [NVMe tier] in engine/store/nvme_tier.h).
 struct MemorySpec {
   NvmeTierMode nvme_tier = NvmeTierMode::kOff;  // memory.nvme_tier
+  // memory.weight_stream (memory_modes.h): bf16 compute streams a bf16
+  // host copy (kBf16) or the fp32 master cast on the device (kFp32).
+  WeightStream weight_stream = WeightStream::kBf16;
+  // memory.gradient_landing (memory_modes.h): kRing needs
+  // train.max_grad_norm 0 (ValidateJobSpec).
+  GradientLanding gradient_landing = GradientLanding::kArena;
 };
 
 // A whole job, as submitted.

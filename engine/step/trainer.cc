@@ -60,16 +60,42 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
   return absl::OkStatus();
 }
 
-// The executor's options for `options` on `runtime` with `store`'s model,
+// Whether TrainerOptions::gradient_landing puts the gradients in the ring
+// with `exec` resolved (Note [Gradient ring] in grad_lander.h).
+// INVALID_ARGUMENT naming the reason when kRing is asked for where it is
+// not allowed.
+absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const ModelConfig& config,
+                                         const ExecutorOptions& exec) {
+  if (options.gradient_landing == GradientLanding::kArena) return false;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  const bool device_sums =
+      exec.device_grad_accumulation ||
+      (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
+  const char* refusal = nullptr;
+  if (options.max_grad_norm > 0) {
+    refusal = "needs max_grad_norm 0 (clipping needs the whole gradient's norm before any update)";
+  } else if (config.moe != nullptr) {
+    refusal = "not for mixture-of-experts models";
+  } else if (accumulation > 1 && !device_sums) {
+    refusal =
+        "with gradient accumulation the micro-batches' gradients must be summed on the device "
+        "(device_grad_accumulation, or a layer-major schedule in one wave)";
+  }
+  if (refusal == nullptr) return true;
+  if (options.gradient_landing == GradientLanding::kAuto) return false;
+  return absl::InvalidArgumentError(absl::StrCat("gradient_landing ring: ", refusal));
+}
+
+// The executor's options for `options` on `runtime` with `config`'s model,
 // the auto choices resolved (Notes [Resident layers], [Resident embedding]
 // and [Device gradient accumulation] in executor.h, [Schedule choice] in
-// schedule_choice.h); the schedule goes to `*choice`. INVALID_ARGUMENT for
-// bad schedule options.
+// schedule_choice.h, [Gradient ring] in grad_lander.h); the schedule goes
+// to `*choice`. INVALID_ARGUMENT for bad schedule or landing options.
 absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& options,
-                                                       const HostStore& store,
+                                                       const ModelConfig& config,
+                                                       const ModelLayout& layout_in,
                                                        const DeviceRuntime& runtime,
                                                        ScheduleChoice* choice) {
-  const ModelConfig& config = store.config();
   ExecutorOptions exec;
   exec.compute_dtype = options.compute_dtype;
   exec.micro_batch = options.micro_batch;
@@ -78,13 +104,15 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
   exec.abandon_step = options.abandon_step;
+  exec.stream_fp32_master =
+      options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kFp32;
   exec.resident_layers = ResolveResidentLayers(config, options.resident_layers, runtime.is_cuda());
   exec.resident_embedding = ResolveResidentEmbedding(config, options.resident_embedding,
                                                      runtime.is_cuda() ? runtime.TotalBytes() : 0);
   if (options.device_grad_accumulation >= 0) {
     exec.device_grad_accumulation = options.device_grad_accumulation == 1;
   } else if (runtime.is_cuda()) {
-    const ModelLayout& layout = store.layout();
+    const ModelLayout& layout = layout_in;
     int64_t numel = 0;
     for (const int64_t block : layout.StreamedDenseBlocks(exec.resident_layers)) {
       numel += layout.blocks[block].numel;
@@ -108,6 +136,7 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   exec.schedule = choice->schedule;
   exec.wave = choice->wave;
   exec.offload_activations = choice->offload_activations;
+  MEGATRAIN_ASSIGN_OR_RETURN(exec.gradient_ring, ResolveGradientRing(options, config, exec));
   return exec;
 }
 
@@ -240,14 +269,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
           ? options.critical_threads
           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
+  MEGATRAIN_ASSIGN_OR_RETURN(const ExecutorOptions exec,
+                             ResolveExecutorOptions(options, config, ModelLayout::Create(config),
+                                                    *t->runtime_, &t->schedule_choice_));
   HostStoreOptions store_options;
-  store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;
+  store_options.streaming_bf16 =
+      options.compute_dtype == ComputeDtype::kBf16 && !exec.stream_fp32_master;
   store_options.pin = t->runtime_->is_cuda();
+  store_options.gradient_ring = exec.gradient_ring;
   MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
   t->store_->InitializeWeights(seed);
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      const ExecutorOptions exec,
-      ResolveExecutorOptions(options, *t->store_, *t->runtime_, &t->schedule_choice_));
   t->resident_layers_ = exec.resident_layers;
   t->resident_embedding_ = exec.resident_embedding;
   t->device_grad_accumulation_ = exec.device_grad_accumulation;

@@ -79,6 +79,15 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--activations", o.activations,
                  "where saved layer inputs live: auto (device when the wave fits), device, host")
       ->check(CLI::IsMember({"auto", "device", "host"}));
+  app.add_option("--weight_stream", o.weight_stream,
+                 "bf16 compute: stream a bf16 copy kept in host memory (bf16) or the fp32 "
+                 "master cast on the device (fp32: 2 bytes/param less host memory, twice the "
+                 "weight H2D bytes, the same results)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--gradient_landing", o.gradient_landing,
+                 "where gradients land: arena (fp32, 4 bytes/param), ring (a bounded pinned ring "
+                 "the optimizer consumes; needs --max_grad_norm 0) or auto")
+      ->check(CLI::IsMember({"arena", "ring", "auto"}));
 }
 
 void AddOtherModes(CLI::App& app, OtherModes& m) {

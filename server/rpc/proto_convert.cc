@@ -220,6 +220,27 @@ void OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* sp
   spec.checkpoint.keep_every = in.checkpoint().keep_every();
 }
 
+// The memory section (unset fields keep the spec's defaults). Values are
+// keywords: longer ones are refused without echoing them.
+absl::Status MemoryFromProto(const v1::MemorySpec& memory, engine::MemorySpec* out) {
+  constexpr size_t kMaxKeywordBytes = 32;
+  if (memory.has_weight_stream()) {
+    if (memory.weight_stream().size() > kMaxKeywordBytes) {
+      return absl::InvalidArgumentError("memory.weight_stream: must be bf16 or fp32");
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(out->weight_stream,
+                               engine::ParseWeightStream(memory.weight_stream()));
+  }
+  if (memory.has_gradient_landing()) {
+    if (memory.gradient_landing().size() > kMaxKeywordBytes) {
+      return absl::InvalidArgumentError("memory.gradient_landing: must be arena, ring or auto");
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(out->gradient_landing,
+                               engine::ParseGradientLanding(memory.gradient_landing()));
+  }
+  return absl::OkStatus();
+}
+
 // Paths are resolved by the CLI: the daemon takes absolute ones only.
 absl::Status CheckAbsolutePaths(const engine::JobSpec& spec) {
   for (const auto& [field, path] :
@@ -257,6 +278,7 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
 
   MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
   OptimizerEvalCheckpointFromProto(in, &spec);
+  MEGATRAIN_RETURN_IF_ERROR(MemoryFromProto(in.memory(), &spec.memory));
   spec.output_dir = in.output_dir();
   request.priority = in.priority();
   request.labels = std::map<std::string, std::string>(in.labels().begin(), in.labels().end());
@@ -324,6 +346,10 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   out->mutable_checkpoint()->set_every_steps(spec.checkpoint.every_steps);
   out->mutable_checkpoint()->set_keep_last(spec.checkpoint.keep_last);
   out->mutable_checkpoint()->set_keep_every(spec.checkpoint.keep_every);
+  out->mutable_memory()->set_weight_stream(
+      std::string(engine::WeightStreamName(spec.memory.weight_stream)));
+  out->mutable_memory()->set_gradient_landing(
+      std::string(engine::GradientLandingName(spec.memory.gradient_landing)));
   out->set_output_dir(spec.output_dir);
   out->set_priority(request.priority);
   for (const auto& [key, value] : request.labels) (*out->mutable_labels())[key] = value;
