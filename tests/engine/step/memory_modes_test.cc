@@ -100,14 +100,14 @@ TrainerOptions Bf16Options(double max_grad_norm, WeightStream stream) {
   return o;
 }
 
-struct Run {
+struct TrainedRun {
   std::vector<double> losses;
   std::vector<float> state;  // master, exp_avg, exp_avg_sq of every block
   HostStoreBytes bytes;
 };
 
-Run Train(const ModelConfig& config, const TrainerOptions& options) {
-  Run run;
+TrainedRun Train(const ModelConfig& config, const TrainerOptions& options) {
+  TrainedRun run;
   auto trainer = Trainer::Create(config, options, 5);
   EXPECT_THAT(trainer, IsOk());
   if (!trainer.ok()) return run;
@@ -140,8 +140,8 @@ TEST(WeightStreamTest, Fp32MasterStreamIsBitIdenticalToTheBf16Copy) {
       copy.resident_layers = resident;
       TrainerOptions stream = copy;
       stream.weight_stream = WeightStream::kFp32;
-      const Run a = Train(config, copy);
-      const Run b = Train(config, stream);
+      const TrainedRun a = Train(config, copy);
+      const TrainedRun b = Train(config, stream);
       ASSERT_EQ(a.losses.size(), 3u);
       EXPECT_EQ(a.losses, b.losses);
       ASSERT_EQ(a.state.size(), b.state.size());
@@ -245,9 +245,9 @@ TrainerOptions RingOptions(GradientLanding landing, int64_t accumulation) {
   return o;
 }
 
-Run TrainSteps(const ModelConfig& config, const TrainerOptions& options, int64_t micro_batches,
-               bool* ring) {
-  Run run;
+TrainedRun TrainSteps(const ModelConfig& config, const TrainerOptions& options,
+                      int64_t micro_batches, bool* ring) {
+  TrainedRun run;
   auto trainer = Trainer::Create(config, options, 5);
   EXPECT_THAT(trainer, IsOk());
   if (!trainer.ok()) return run;
@@ -303,8 +303,8 @@ TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
     TrainerOptions ring = arena;
     ring.gradient_landing = GradientLanding::kRing;
     bool arena_ring = true, ring_ring = false;
-    const Run a = TrainSteps(config, arena, mode.accumulation, &arena_ring);
-    const Run b = TrainSteps(config, ring, mode.accumulation, &ring_ring);
+    const TrainedRun a = TrainSteps(config, arena, mode.accumulation, &arena_ring);
+    const TrainedRun b = TrainSteps(config, ring, mode.accumulation, &ring_ring);
     EXPECT_FALSE(arena_ring);
     EXPECT_TRUE(ring_ring);
     ASSERT_EQ(a.losses.size(), 3u);
