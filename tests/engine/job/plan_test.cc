@@ -3,6 +3,7 @@
 // moments, auto picks the tier only when needed, the projection follows
 // Note [Plan projection], and bad machines and families are refused.
 #include "engine/job/plan.h"
+#include "engine/model/param_layout.h"
 #include "engine/store/nvme_tier.h"
 
 #include <cmath>
