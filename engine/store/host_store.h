@@ -9,7 +9,10 @@
 //   exp_avg     fp32 AdamW first moment                      4 B/param
 //   exp_avg_sq  fp32 AdamW second moment                     4 B/param
 //   streaming   bf16 copy of master, what the device reads   2 B/param
-//               (bf16 compute only; fp32/tf32 stream the master itself)
+//               (bf16 compute with memory.weight_stream bf16 only;
+//               fp32/tf32, and bf16 with weight_stream fp32, stream the
+//               master itself: Note [Weight streaming] in
+//               step/weight_slots.h)
 // Each kind is one mmap'd arena with blocks at 4 KiB-aligned offsets. The
 // arenas the device copies from (streaming, or master when it is streamed)
 // and into (grad) are pinned when a CUDA device is used (Note [Pinned host
