@@ -86,6 +86,11 @@ CLI::App* AddPlanCommand(CLI::App* app, PlanArgs* a) {
   plan->add_option("--max_grad_norm", a->max_grad_norm, "Clipping threshold (0: off)");
   plan->add_flag("--offload_activations", a->offload_activations, "Activation offload");
   plan->add_option("--nvme_tier", a->nvme_tier, "memory.nvme_tier: off, moments or auto");
+  plan->add_option("--weight_stream", a->weight_stream,
+                   "memory.weight_stream: bf16 (a bf16 host copy) or fp32 (the master, cast on "
+                   "the device)");
+  plan->add_option("--gradient_landing", a->gradient_landing,
+                   "memory.gradient_landing: arena, ring or auto");
   plan->add_option("--host_memory", a->host_memory, "Host memory (default: the daemon's budget)");
   plan->add_option("--nvme", a->nvme, "NVMe tier size (default: the daemon's --nvme_budget)");
   plan->add_option("--gpu_memory", a->gpu_memory, "GPU memory (default: the daemon's device)");
@@ -139,6 +144,10 @@ absl::StatusOr<v1::PlanJobRequest> PlanRequestFromArgs(const PlanArgs& a) {
   if (a.max_grad_norm) train->set_max_grad_norm(*a.max_grad_norm);
   if (a.offload_activations) train->set_offload_activations(true);
   request.set_nvme_tier(a.nvme_tier);
+  if (!a.weight_stream.empty()) request.mutable_memory()->set_weight_stream(a.weight_stream);
+  if (!a.gradient_landing.empty()) {
+    request.mutable_memory()->set_gradient_landing(a.gradient_landing);
+  }
   v1::PlanMachine* m = request.mutable_machine();
   const std::pair<const std::string*, void (v1::PlanMachine::*)(int64_t)> sizes[] = {
       {&a.host_memory, &v1::PlanMachine::set_host_memory_bytes},

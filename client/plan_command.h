@@ -30,6 +30,8 @@ struct PlanArgs {
   std::optional<double> max_grad_norm;
   bool offload_activations = false;
   std::string nvme_tier;                      // off | moments | auto
+  std::string weight_stream;                  // memory.weight_stream (empty: the default)
+  std::string gradient_landing;               // memory.gradient_landing (empty: the default)
   std::string host_memory, nvme, gpu_memory;  // bytes: "1.5TB", "125GiB"
   std::optional<double> h2d_gb_per_s, d2h_gb_per_s, matmul_tflops, adamw_gparams_per_s,
       nvme_read_gb_per_s, nvme_write_gb_per_s;

@@ -8,12 +8,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_info.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/training_job.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/step/trainer.h"
@@ -82,6 +85,10 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(topt.activation_placement,
                              ParseActivationPlacement(o.activations, "--activations"));
   topt.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.weight_stream,
+                             ParseWeightStream(o.weight_stream, "--weight_stream"));
+  MEGATRAIN_ASSIGN_OR_RETURN(topt.gradient_landing,
+                             ParseGradientLanding(o.gradient_landing, "--gradient_landing"));
   return topt;
 }
 
@@ -115,6 +122,45 @@ class BenchTierDir {
   explicit BenchTierDir(std::string path) : path_(std::move(path)) {}
   std::string path_;
 };
+
+// Admission's footprint (EstimateFootprintForConfig) of a job with the
+// bench's settings, for comparison with what the run holds.
+MemoryFootprint BenchFootprint(const BenchOptions& o, const ModelConfig& config) {
+  JobSpec spec;
+  spec.train.micro_batch = o.micro_batch;
+  spec.train.seq_len = o.seq_len;
+  spec.train.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  spec.train.compute_dtype = ParseComputeDtype(o.compute_dtype).value_or(ComputeDtype::kFp32);
+  spec.train.max_grad_norm = o.max_grad_norm;
+  spec.train.offload_activations = o.offload_activations;
+  spec.train.schedule = o.schedule;
+  spec.train.wave = o.wave;
+  spec.train.activations = o.activations;
+  spec.memory.weight_stream = ParseWeightStream(o.weight_stream).value_or(WeightStream::kBf16);
+  spec.memory.gradient_landing =
+      ParseGradientLanding(o.gradient_landing).value_or(GradientLanding::kArena);
+  return EstimateFootprintForConfig(spec, config);
+}
+
+// The process's resident memory, from /proc/self/status (Linux; 0 where
+// it cannot be read).
+struct ProcessMemory {
+  int64_t rss_bytes = 0;       // VmRSS
+  int64_t rss_peak_bytes = 0;  // VmHWM: the peak since the process started
+};
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (status >> key) {
+    if (key == "VmRSS:" && status >> kib >> unit) m.rss_bytes = kib * 1024;
+    if (key == "VmHWM:" && status >> kib >> unit) m.rss_peak_bytes = kib * 1024;
+  }
+  return m;
+}
 
 // The measured steps' phase times, in seconds, one entry per step.
 struct PhaseSamples {
@@ -208,15 +254,26 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;
+  (*j)["weight_stream"] = o.weight_stream;
+  (*j)["gradient_ring"] = trainer.gradient_ring();
   const HostStoreBytes host = trainer.store().bytes();
   // The executor's staging plus, with the tier, its read/write buffers.
   const int64_t staging = trainer.staging_host_bytes() +
                           (trainer.nvme_moments() != nullptr ? NvmeTierStagingBytes() : 0);
+  const int64_t total = host.Total() + staging;
   (*j)["host_bytes"] = {{"master", host.master},       {"grad", host.grad},
                         {"exp_avg", host.exp_avg},     {"exp_avg_sq", host.exp_avg_sq},
                         {"streaming", host.streaming}, {"staging", staging},
-                        {"pinned", host.pinned},       {"total", host.Total() + staging}};
-  (*j)["host_bytes_per_param"] = static_cast<double>(host.Total() + staging) / config.ParamCount();
+                        {"pinned", host.pinned},       {"total", total}};
+  // The store and staging over the parameters (docs/operations.md's
+  // sizing table), and the same over the process's measured memory.
+  const double params = static_cast<double>(std::max<int64_t>(1, config.ParamCount()));
+  (*j)["host_bytes_per_param"] = static_cast<double>(total) / params;
+  const ProcessMemory rss = ReadProcessMemory();
+  (*j)["rss_bytes"] = rss.rss_bytes;
+  (*j)["rss_peak_bytes"] = rss.rss_peak_bytes;
+  (*j)["rss_peak_bytes_per_param"] = static_cast<double>(rss.rss_peak_bytes) / params;
+  (*j)["footprint_host_bytes"] = BenchFootprint(o, config).host_total_bytes;
   (*j)["nvme_tier"] = o.nvme_tier;
   if (trainer.nvme_moments() != nullptr) (*j)["nvme_direct"] = trainer.nvme_moments()->direct();
 }

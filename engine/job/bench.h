@@ -41,6 +41,8 @@ struct BenchOptions {
   std::string schedule = "auto";
   int wave = 0;
   std::string activations = "auto";
+  std::string weight_stream = "bf16";      // TrainerOptions::weight_stream: bf16 | fp32
+  std::string gradient_landing = "arena";  // TrainerOptions::gradient_landing: arena | ring | auto
   uint64_t seed = 0;
   // The NVMe tier (Note [Tiered trainer] in step/trainer.h): "off" or
   // "moments" (the AdamW moments in files under a fresh subdirectory of

@@ -65,9 +65,23 @@ absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
   return ApplyModelOptions(model, *std::move(config));
 }
 
-HostStoreOptions StoreOptions(const JobSpec& spec, bool pin) {
+// Whether the job's gradients are counted in the ring (Note [Gradient ring]
+// in step/grad_lander.h): memory.gradient_landing ring, or auto where the
+// trainer surely takes it (clipping off, dense model, one micro-batch per
+// step). Auto with accumulation is counted as the arena: whether the
+// device sums the micro-batches is known only on the device.
+bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
+  const GradientLanding landing = spec.memory.gradient_landing;
+  if (landing == GradientLanding::kRing) return true;
+  return landing == GradientLanding::kAuto && spec.train.max_grad_norm <= 0 &&
+         config.moe == nullptr && spec.train.gradient_accumulation_steps == 1;
+}
+
+HostStoreOptions StoreOptions(const JobSpec& spec, const ModelConfig& config, bool pin) {
   HostStoreOptions o;
-  o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16;
+  o.gradient_ring = CountsGradientRing(spec, config);
+  o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16 &&
+                     spec.memory.weight_stream == WeightStream::kBf16;
   o.pin = pin;
   return o;
 }
@@ -155,7 +169,7 @@ class NvmeJobDir {
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   MemoryFootprint f;
   f.params = config.ParamCount();
-  f.host = HostStore::EstimateBytes(config, StoreOptions(spec, /*pin=*/true));
+  f.host = HostStore::EstimateBytes(config, StoreOptions(spec, config, /*pin=*/true));
   const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
   // The executor's buffers exactly as it allocates them (Note [Executor
@@ -165,6 +179,9 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   // but the estimate is for a GPU).
   ExecutorOptions exec;
   exec.compute_dtype = spec.train.compute_dtype;
+  exec.stream_fp32_master = spec.train.compute_dtype == ComputeDtype::kBf16 &&
+                            spec.memory.weight_stream == WeightStream::kFp32;
+  exec.gradient_ring = CountsGradientRing(spec, config);
   exec.micro_batch = spec.train.micro_batch;
   exec.seq_len = spec.train.seq_len;
   exec.offload_activations = OffloadsActivations(spec);
@@ -557,6 +574,8 @@ absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions(const std::st
   TrainerOptions t;
   t.device = device;
   t.compute_dtype = spec_.train.compute_dtype;
+  t.weight_stream = spec_.memory.weight_stream;
+  t.gradient_landing = spec_.memory.gradient_landing;
   t.micro_batch = spec_.train.micro_batch;
   t.seq_len = spec_.train.seq_len;
   t.adamw.lr = spec_.optimizer.lr;

@@ -144,6 +144,14 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory.nvme_tier: unknown value ", static_cast<int>(tier)));
   }
+  // Note [Gradient ring] in engine/step/grad_lander.h: the norm of the
+  // whole gradient is needed before any update when clipping.
+  if (spec.memory.gradient_landing == GradientLanding::kRing && spec.train.max_grad_norm > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory.gradient_landing: ring needs train.max_grad_norm 0 (clipping needs the whole "
+        "gradient's norm before any update), got max_grad_norm ",
+        spec.train.max_grad_norm, "; use arena or auto"));
+  }
   MEGATRAIN_RETURN_IF_ERROR(CheckOptimizer(spec));
   return CheckEvalAndCheckpoint(spec);
 }

@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/model/precision.h"
 #include "engine/spec/nan_policy.h"
+#include "engine/spec/memory_modes.h"
 #include "engine/spec/nvme_tier_mode.h"
 
 namespace megatrain::engine {
@@ -122,6 +123,12 @@ struct MemorySpec {
   // user (not in the job file, the proto or the spec's JSON). Empty: auto
   // runs in host memory and moments fails at start (FAILED_PRECONDITION).
   std::string nvme_dir;
+  // memory.weight_stream (memory_modes.h): bf16 compute streams a bf16
+  // host copy (kBf16) or the fp32 master cast on the device (kFp32).
+  WeightStream weight_stream = WeightStream::kBf16;
+  // memory.gradient_landing (memory_modes.h): kRing needs
+  // train.max_grad_norm 0 (ValidateJobSpec).
+  GradientLanding gradient_landing = GradientLanding::kArena;
 };
 
 // A whole job, as submitted.

@@ -119,6 +119,20 @@ absl::Status MemoryFromJson(const json& j, MemorySpec* m) {
     return absl::DataLossError(absl::StrCat("job spec JSON: ", mode.status().message()));
   }
   m->nvme_tier = *mode;
+  std::string weight_stream(WeightStreamName(m->weight_stream));
+  Get(Section(j, "memory"), "weight_stream", &weight_stream);
+  absl::StatusOr<WeightStream> stream = ParseWeightStream(weight_stream);
+  if (!stream.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", stream.status().message()));
+  }
+  m->weight_stream = *stream;
+  std::string landing(GradientLandingName(m->gradient_landing));
+  Get(Section(j, "memory"), "gradient_landing", &landing);
+  absl::StatusOr<GradientLanding> land = ParseGradientLanding(landing);
+  if (!land.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", land.status().message()));
+  }
+  m->gradient_landing = *land;
   return absl::OkStatus();
 }
 
@@ -164,6 +178,12 @@ json JobSpecToJsonObject(const JobSpec& s) {
                      {"keep_every", s.checkpoint.keep_every}};
   if (s.memory.nvme_tier != NvmeTierMode::kOff) {
     j["memory"] = {{"nvme_tier", std::string(NvmeTierModeName(s.memory.nvme_tier))}};
+  }
+  if (s.memory.weight_stream != WeightStream::kBf16) {
+    j["memory"]["weight_stream"] = std::string(WeightStreamName(s.memory.weight_stream));
+  }
+  if (s.memory.gradient_landing != GradientLanding::kArena) {
+    j["memory"]["gradient_landing"] = std::string(GradientLandingName(s.memory.gradient_landing));
   }
   j["output_dir"] = s.output_dir;
   return j;

@@ -32,12 +32,11 @@
 namespace megatrain::engine {
 namespace {
 
-// Pinned staging per gradient slot: the largest slot block or the
-// embedding's d hidden_0, fp32 (Note [Gradient landing] in grad_lander.h;
-// Note [Executor memory plan] in executor.h counts the same).
-size_t GradStagingBytes(int64_t max_numel, const ExecutorOptions& o, int64_t hidden_size) {
-  const size_t layer_input_bytes = static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4;
-  return std::max<size_t>(max_numel * 4, layer_input_bytes);
+// Pinned staging per gradient slot: the embedding's d hidden_0, fp32 (Note
+// [Bounded gradient staging] in grad_lander.h; Note [Executor memory plan]
+// in executor.h counts the same).
+size_t GradStagingBytes(const ExecutorOptions& o, int64_t hidden_size) {
+  return static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4;
 }
 
 // What one micro-batch's actions hand to each other (several are in
@@ -106,6 +105,9 @@ class StreamingExecutor::Impl {
  private:
   absl::Status ValidateBatches(absl::Span<const MicroBatch> mbs, int64_t* counted) const;
   StepPlanOptions PlanOptions(size_t micro_batches, bool backward);
+  // FAILED_PRECONDITION when the gradient ring is on and a pass planned
+  // with `o` would land partial gradients (Note [Gradient ring]).
+  absl::Status CheckGradientRing(const StepPlanOptions& o) const;
   // Layer-major: micro-batches per wave in a pass of `micro_batches`.
   int Wave(size_t micro_batches) const;
   void Execute(const StepAction& a, PassState& p);
@@ -167,10 +169,13 @@ absl::Status StreamingExecutor::Impl::Init() {
     compat::SetAllowTf32(options_.compute_dtype == ComputeDtype::kTf32);
     rope_ = BuildRopeCache(config, options_.seq_len, device);
     attention_mask_ = BuildAttentionMask(config, options_.seq_len, device);
-    slots_ = std::make_unique<WeightSlots>(&env_, options_.num_weight_slots, max_numel);
+    slots_ = std::make_unique<WeightSlots>(
+        &env_, options_.num_weight_slots, max_numel,
+        options_.stream_fp32_master ? options_.cast_chunk_elements : 0);
     MEGATRAIN_ASSIGN_OR_RETURN(
         lander_, GradLander::Create(&env_, options_.num_grad_slots, max_numel,
-                                    GradStagingBytes(max_numel, options_, config.hidden_size)));
+                                    GradStagingBytes(options_, config.hidden_size),
+                                    options_.grad_chunk_elements, options_.gradient_ring));
     MEGATRAIN_ASSIGN_OR_RETURN(inputs_,
                                InputStager::Create(&env_, options_.micro_batch, options_.seq_len));
     if (options_.offload_activations) {
@@ -242,6 +247,17 @@ StepPlanOptions StreamingExecutor::Impl::PlanOptions(size_t micro_batches, bool 
   return o;
 }
 
+absl::Status StreamingExecutor::Impl::CheckGradientRing(const StepPlanOptions& o) const {
+  // Note [Gradient ring] in grad_lander.h: every landing a whole gradient.
+  if (!options_.gradient_ring || !o.backward || o.micro_batches == 1) return absl::OkStatus();
+  const bool slot_sum = o.schedule == StepSchedule::kLayerMajor && o.wave == o.micro_batches;
+  if (slot_sum || o.device_grad_accumulation) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "memory.gradient_landing ring: a pass of ", o.micro_batches,
+      " micro-batches would add gradients on the host (no device gradient accumulation, no "
+      "one-wave layer-major schedule); use the gradient arena"));
+}
+
 int StreamingExecutor::Impl::Wave(size_t micro_batches) const {
   if (options_.schedule != StepSchedule::kLayerMajor) return 1;
   return static_cast<int>(std::min<size_t>(options_.wave, micro_batches));
@@ -265,9 +281,11 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   try {
     env_.runtime->ResetPeak();
     auto compute = env_.runtime->Use(StreamKind::kCompute);
+    const StepPlanOptions plan_options = PlanOptions(mbs.size(), backward);
+    MEGATRAIN_RETURN_IF_ERROR(CheckGradientRing(plan_options));  // before any work
     env_.timer.MarkStart();
     resident_->ApplyPending();  // the update the trainer asked for after the last pass
-    const StepPlan plan = PlanStep(env_.layout, PlanOptions(mbs.size(), backward));
+    const StepPlan plan = PlanStep(env_.layout, plan_options);
     if (moe_) moe_->BeginPass(static_cast<int>(mbs.size()));
     lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
     slots_->BeginPass(plan.weight_uses);
@@ -629,13 +647,36 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
                                                    "] with the layer-major schedule, got ",
                                                    options.wave));
   }
-  if (options.compute_dtype == ComputeDtype::kBf16 && !store->options().streaming_bf16) {
+  if (options.compute_dtype == ComputeDtype::kBf16 &&
+      store->options().streaming_bf16 == options.stream_fp32_master) {
     return absl::FailedPreconditionError(
-        "executor: bf16 compute needs a host store with a bf16 streaming copy");
+        "executor: bf16 compute streams the store's bf16 copy or (stream_fp32_master) the fp32 "
+        "master; the store and the options disagree");
+  }
+  if (options.grad_chunk_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.grad_chunk_elements: must be >= 1, got ", options.grad_chunk_elements));
+  }
+  if (options.stream_fp32_master && options.cast_chunk_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.cast_chunk_elements: must be >= 1, got ", options.cast_chunk_elements));
+  }
+  if (options.compute_dtype != ComputeDtype::kBf16 && options.stream_fp32_master) {
+    return absl::InvalidArgumentError(
+        "executor.stream_fp32_master: bf16 compute only (fp32/tf32 always stream the master)");
   }
   if (options.compute_dtype != ComputeDtype::kBf16 && store->options().streaming_bf16) {
     return absl::FailedPreconditionError(
         "executor: fp32/tf32 compute streams the fp32 master; the store has a bf16 copy");
+  }
+  if (store->options().gradient_ring != options.gradient_ring) {
+    return absl::FailedPreconditionError(
+        "executor.gradient_ring: the store and the options disagree (HostStoreOptions::"
+        "gradient_ring)");
+  }
+  if (options.gradient_ring && store->config().moe != nullptr) {
+    return absl::InvalidArgumentError(
+        "executor.gradient_ring: not for mixture-of-experts models (memory.gradient_landing)");
   }
   MEGATRAIN_RETURN_IF_ERROR(CheckMoeTrainable(store->config()));
   auto impl = std::make_unique<Impl>(store, runtime, pool, options);

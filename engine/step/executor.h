@@ -174,6 +174,23 @@ struct ExecutorOptions {
   // device, or with offload_activations take wave x (L-1) host slots.
   StepSchedule schedule = StepSchedule::kMicroBatchMajor;
   int wave = 1;
+  // bf16 compute only: the store has no bf16 copy; slots load the fp32
+  // master and cast on the device (Note [Weight streaming] in
+  // step/weight_slots.h), in chunks of cast_chunk_elements (>= 1; the
+  // default kCastChunkElements, smaller in tests).
+  bool stream_fp32_master = false;
+  int64_t cast_chunk_elements = int64_t{1} << 24;
+  // fp32 elements per chunk of a dense block's host-accumulated gradient
+  // (>= 1; Note [Bounded gradient staging] in step/grad_lander.h; the
+  // default kGradChunkElements, smaller in tests).
+  int64_t grad_chunk_elements = int64_t{1} << 23;
+  // Note [Gradient ring] in step/grad_lander.h: host blocks' gradients land
+  // in a ring of pinned buffers bound into a store made with
+  // HostStoreOptions::gradient_ring (the two must agree). A pass must land
+  // whole gradients: one micro-batch, or several summed on the device
+  // (device_grad_accumulation, or layer-major in one wave); others fail
+  // with FAILED_PRECONDITION. Not for mixture-of-experts models.
+  bool gradient_ring = false;
 };
 
 // Note [Executor memory plan]
@@ -187,6 +204,8 @@ struct ExecutorMemoryPlan {
   int64_t max_slot_numel = 0;  // elements of the largest block that visits a device slot
   // Device memory.
   int64_t weight_slot_bytes = 0;      // num_weight_slots x max_slot_numel, compute dtype
+  int64_t cast_staging_bytes = 0;     // stream_fp32_master: CastStagingNumel(max_slot_numel,
+                                      // cast_chunk_elements) fp32
   int64_t grad_slot_bytes = 0;        // num_grad_slots x max_slot_numel, fp32
   int64_t activation_ring_bytes = 0;  // offload: 2 x [B, T, C] fp32 (Note [Activation offload])
   int64_t resident_bytes = 0;         // Notes [Resident layers] and [Resident embedding]
@@ -194,16 +213,17 @@ struct ExecutorMemoryPlan {
   // more than one micro-batch; 0 when off.
   int64_t grad_accumulation_bytes = 0;
   // Pinned host memory.
-  int64_t grad_staging_bytes = 0;        // num_grad_slots x (max(max_slot_numel, B*T*C) fp32
-                                         // + one fp64 norm)
+  int64_t grad_staging_bytes = 0;        // num_grad_slots x (B*T*C fp32 + one fp64 norm) +
+                                         // the chunk ring (and the gradient
+                                         // ring; GradLanderPinnedBytes)
   int64_t input_staging_bytes = 0;       // B*T x (C fp32 + one int64 label)
   int64_t activation_offload_bytes = 0;  // W x (L-1) x [B, T, C] fp32, offload only
                                          // (W: the layer-major wave, else 1)
 
   // Every device buffer (the accumulation buffers included).
   int64_t device_bytes() const {
-    return weight_slot_bytes + grad_slot_bytes + activation_ring_bytes + resident_bytes +
-           grad_accumulation_bytes;
+    return weight_slot_bytes + cast_staging_bytes + grad_slot_bytes + activation_ring_bytes +
+           resident_bytes + grad_accumulation_bytes;
   }
   int64_t pinned_bytes() const {
     return grad_staging_bytes + input_staging_bytes + activation_offload_bytes;

@@ -16,7 +16,9 @@ namespace megatrain::engine {
 
 absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(StepEnv* env, int num_slots,
                                                                int64_t max_numel,
-                                                               size_t staging_bytes) {
+                                                               size_t staging_bytes,
+                                                               int64_t chunk_elements,
+                                                               bool gradient_ring) {
   std::unique_ptr<GradLander> g(new GradLander(env));
   const bool pin = env->runtime->is_cuda();
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(env->runtime->device());
@@ -32,9 +34,28 @@ absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(StepEnv* env, int
     g->staged_.push_back(env->runtime->CreateEvent());
   }
   g->pinned_bytes_ += static_cast<int64_t>(g->norm_host_.bytes());
+  // Note [Bounded gradient staging]: the chunk ring.
+  const size_t chunk_bytes = static_cast<size_t>(GradChunkNumel(max_numel, chunk_elements)) * 4;
+  for (int c = 0; c < kGradChunkBuffers; ++c) {
+    MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(chunk_bytes, pin));
+    g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
+    g->chunks_.push_back(std::move(buf));
+    g->chunk_staged_.push_back(env->runtime->CreateEvent());
+  }
+  if (gradient_ring) {  // Note [Gradient ring]
+    for (int r = 0; r < kGradRingBuffers; ++r) {
+      MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf,
+                                 HostBuffer::Allocate(static_cast<size_t>(max_numel) * 4, pin));
+      g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
+      g->ring_.push_back(std::move(buf));
+      g->ring_block_.push_back(-1);
+    }
+  }
   {
     absl::MutexLock lock(&g->mu_);
     g->staging_busy_.assign(num_slots, false);
+    g->chunk_busy_.assign(kGradChunkBuffers, false);
+    g->ring_landing_.assign(g->ring_.size(), false);
   }
   GradLander* raw = g.get();
   g->accumulator_ = std::thread([raw] { raw->Loop(); });
@@ -159,8 +180,14 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   }
   runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
   runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
+  if (kind == Task::Kind::kDense && !task.direct) {
+    task.keep_alive = std::move(keep_alive);
+    OffloadChunks(task, device_src);
+    return;
+  }
   const int64_t bytes = numel * 4;
-  void* dst = task.direct ? static_cast<void*>(env_->store->grad(block)) : staging_[slot].data();
+  void* dst =
+      task.direct ? static_cast<void*>(DirectDestination(block, &task)) : staging_[slot].data();
   const int token = env_->timer.Begin(StreamKind::kD2H);
   runtime->CopyDeviceToHost(dst, device_src, static_cast<size_t>(bytes));
   if (task.direct) {
@@ -174,6 +201,73 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   task.keep_alive = std::move(keep_alive);
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
+}
+
+float* GradLander::DirectDestination(int64_t block, Task* task) {
+  if (ring_.empty() || block == env_->layout.embedding_block()) return env_->store->grad(block);
+  // Note [Gradient ring]: the executor lands only whole gradients here.
+  ABSL_RAW_CHECK(task->first && task->final, "gradient ring: a partial gradient landed");
+  const int r = next_ring_;
+  next_ring_ = (next_ring_ + 1) % static_cast<int>(ring_.size());
+  const StepClock::time_point start = StepClock::now();
+  {
+    absl::MutexLock lock(&mu_);
+    auto handed_on = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ring_landing_[r]; };
+    mu_.Await(absl::Condition(&handed_on));
+    ring_landing_[r] = true;
+  }
+  // The previous block's update (queued when its landing was handed on)
+  // has read the buffer. A block bound elsewhere since landed again in a
+  // later pass, after its forward waited for that update.
+  const int64_t previous = ring_block_[r];
+  if (previous >= 0 && env_->store->grad(previous) == ring_[r].data()) {
+    if (env_->weight_gate) env_->weight_gate(previous);
+    env_->store->BindGrad(previous, nullptr);
+  }
+  env_->grad_wait_seconds += SecondsSince(start);
+  ring_block_[r] = block;
+  float* data = static_cast<float*>(ring_[r].data());
+  env_->store->BindGrad(block, data);
+  task->ring = r;
+  return data;
+}
+
+int GradLander::AcquireChunk() {
+  const int c = next_chunk_;
+  next_chunk_ = (next_chunk_ + 1) % kGradChunkBuffers;
+  const StepClock::time_point start = StepClock::now();
+  absl::MutexLock lock(&mu_);
+  auto free = [this, c]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !chunk_busy_[c] || !error_.ok(); };
+  mu_.Await(absl::Condition(&free));
+  chunk_busy_[c] = true;
+  env_->grad_wait_seconds += SecondsSince(start);
+  return c;
+}
+
+void GradLander::OffloadChunks(const Task& task, const float* device_src) {
+  DeviceRuntime* runtime = env_->runtime;
+  const int64_t chunk_numel = static_cast<int64_t>(chunks_[0].bytes() / 4);
+  for (int64_t offset = 0; offset < task.numel; offset += chunk_numel) {
+    const int64_t count = std::min(chunk_numel, task.numel - offset);
+    const bool last = offset + count >= task.numel;
+    const int c = AcquireChunk();
+    const int token = env_->timer.Begin(StreamKind::kD2H);
+    runtime->CopyDeviceToHost(chunks_[c].data(), device_src + offset,
+                              static_cast<size_t>(count) * 4);
+    env_->timer.End(StreamKind::kD2H, token);
+    runtime->Record(StreamKind::kD2H, *chunk_staged_[c]);
+    Task chunk_task = task;
+    chunk_task.chunk = c;
+    chunk_task.offset = offset;
+    chunk_task.numel = count;
+    chunk_task.final = task.final && last;
+    chunk_task.releases_slot = last;
+    if (!last) chunk_task.keep_alive.reset();  // the last task keeps the source alive
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(chunk_task));
+  }
+  env_->d2h_bytes += task.numel * 4;
 }
 
 void GradLander::Loop() {
@@ -197,14 +291,16 @@ void GradLander::Loop() {
     task.keep_alive.reset();
     task.keep_alive_norm.reset();
     absl::MutexLock lock(&mu_);
-    staging_busy_[task.slot] = false;
+    if (task.chunk >= 0) chunk_busy_[task.chunk] = false;
+    if (task.ring >= 0) ring_landing_[task.ring] = false;
+    if (task.releases_slot) staging_busy_[task.slot] = false;
     task_running_ = false;
     if (!status.ok() && error_.ok()) error_ = status;
   }
 }
 
 void GradLander::Run(Task& task) {
-  env_->runtime->HostWait(*staged_[task.slot]);
+  env_->runtime->HostWait(task.chunk >= 0 ? *chunk_staged_[task.chunk] : *staged_[task.slot]);
   const double* norms = static_cast<const double*>(norm_host_.data());
   if (task.kind == Task::Kind::kResidentNorm) {
     if (on_block_final_) on_block_final_(task.block, norms[task.slot] * norms[task.slot]);
@@ -217,9 +313,11 @@ void GradLander::Run(Task& task) {
   double& known_sq = known_sq_[task.block];
   if (task.kind == Task::Kind::kEmbeddingRows) {
     ScatterRows(task, grad, src, known_sq);
-  } else if (!task.direct) {  // a later micro-batch's contribution
+  } else if (!task.direct) {  // a chunk of a later micro-batch's contribution
+    float* dst = grad + task.offset;
+    const float* chunk = static_cast<const float*>(chunks_[task.chunk].data());
     env_->pool->ParallelFor(task.numel, 1 << 14, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) grad[i] += src[i];
+      for (int64_t i = begin; i < end; ++i) dst[i] += chunk[i];
     });
     known_sq = -1;
   } else {
@@ -306,6 +404,8 @@ void GradLander::Reset() {
   (void)Drain();
   absl::MutexLock lock(&mu_);
   staging_busy_.assign(slots_.size(), false);
+  chunk_busy_.assign(chunks_.size(), false);
+  ring_landing_.assign(ring_.size(), false);
 }
 
 }  // namespace megatrain::engine

@@ -20,6 +20,42 @@
 //   host:     accumulator thread waits staged(r) -> grad += staging (fp32)
 //             -> slot r free again
 //
+// Note [Bounded gradient staging]
+// Pinned gradient staging does not grow with the model. Each gradient slot
+// has staging for the embedding's contribution only (d hidden_0, B*T*C
+// fp32: the step's shape, not the model's); a dense block's later
+// contribution (host accumulation) lands through a ring of
+// kGradChunkBuffers chunks of at most kGradChunkElements fp32 (256 MiB
+// pinned in all): the enqueuing thread copies chunk after chunk as the
+// accumulator thread frees them, each chunk added to the store's gradient
+// when its copy is done. Every element still receives the same fp32 adds
+// in micro-batch order, so the sums are bit for bit those of staging the
+// whole block; the slot is free again after its last chunk was added.
+// The first contribution of a block (or its whole sum) goes straight into
+// the store and needs no staging.
+//
+// Note [Gradient ring]
+// Without clipping (max_grad_norm 0) a block's update is queued as soon as
+// its gradient is final (Note [Optimizer overlap] in trainer.h), so no
+// gradient needs to outlive its update. With memory.gradient_landing ring
+// the store keeps no gradient arena but the embedding's (HostStore's
+// gradient_ring; the table's gradient is a scatter-add over a step's
+// tokens); every other host block's gradient lands in one of
+// kGradRingBuffers pinned buffers of the largest block, bound to the
+// block in the store (HostStore::BindGrad), and the optimizer reads it
+// there. Before a buffer takes the next block, the enqueuing thread waits
+// until the previous block's landing was handed on (its update queued)
+// and, through the weight gate, until that update has run: the ring
+// bounds how far the GPU's backward runs ahead of the CPU AdamW. Each
+// landing must be the block's whole gradient of the step: one micro-batch
+// per pass, or several summed on the device (Note [Device gradient
+// accumulation] in executor.h, or a one-wave layer-major pass, Note
+// [Layer-major schedule] in step_plan.h); the executor refuses any other
+// pass with FAILED_PRECONDITION, and the trainer chooses the ring only
+// where that holds (memory.gradient_landing auto) or refuses the option
+// (ring). The update reads the same fp32 values as from the arena, so the
+// result is bit for bit the same.
+//
 // Ownership: owns the device gradient slots, the pinned staging and norm
 // buffers, their events and the accumulator thread (joined by the
 // destructor, which the executor calls after the streams drained). Uses
@@ -77,19 +113,54 @@ class GradContributions {
   std::vector<bool> seen_;
 };
 
+// Note [Bounded gradient staging]: fp32 elements per chunk of a dense
+// block's later contribution (8 Mi: 32 MiB), and the chunks in the ring.
+inline constexpr int64_t kGradChunkElements = int64_t{1} << 23;
+inline constexpr int kGradChunkBuffers = 8;
+
+// Elements of one chunk buffer for gradient slots of `max_numel` in chunks
+// of `chunk_elements`.
+inline int64_t GradChunkNumel(int64_t max_numel, int64_t chunk_elements = kGradChunkElements) {
+  return max_numel < chunk_elements ? max_numel : chunk_elements;
+}
+
+// Note [Gradient ring]: buffers in the ring, each of the largest block
+// (llama-8b's head: 2.1 GB). Two let one block's AdamW update read its
+// gradient while the next block's lands; the update of a decoder layer
+// (~40 ms for llama-8b's 218 M parameters at 5.8 G params/s) is shorter
+// than two layers' backward, so the ring rarely stalls the GPU.
+inline constexpr int kGradRingBuffers = 2;
+
+// Pinned bytes of a GradLander: `num_slots` staging buffers of
+// `slot_staging_bytes` (the embedding's contribution) and an fp64 norm
+// each, and the chunk ring for slots of `max_numel` in chunks of
+// `chunk_elements`, and with `gradient_ring` the ring (Note [Gradient
+// ring]).
+inline int64_t GradLanderPinnedBytes(int num_slots, int64_t max_numel, int64_t slot_staging_bytes,
+                                     int64_t chunk_elements, bool gradient_ring) {
+  return num_slots * (slot_staging_bytes + static_cast<int64_t>(sizeof(double))) +
+         kGradChunkBuffers * 4 * GradChunkNumel(max_numel, chunk_elements) +
+         (gradient_ring ? kGradRingBuffers * 4 * max_numel : 0);
+}
+
 class GradLander {
  public:
   // Called once per block per pass on the accumulator thread when the
   // block's gradient is final (StreamingExecutor's BlockFinalCallback).
   using FinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
 
-  // Allocates `num_slots` device gradient buffers of `max_numel` fp32 and
-  // as many pinned staging buffers of `staging_bytes`, and starts the
-  // accumulator thread. RESOURCE_EXHAUSTED for pinned memory; LibTorch
-  // exceptions for device memory.
+  // Allocates `num_slots` device gradient buffers of `max_numel` fp32, as
+  // many pinned staging buffers of `staging_bytes` (the embedding's
+  // contribution, Note [Bounded gradient staging]) and the chunk ring of
+  // GradChunkNumel(max_numel, chunk_elements) elements per chunk, with
+  // `gradient_ring` the ring (Note [Gradient ring]; the store must have
+  // HostStoreOptions::gradient_ring), and
+  // starts the accumulator thread. RESOURCE_EXHAUSTED for pinned memory;
+  // LibTorch exceptions for device memory.
   static absl::StatusOr<std::unique_ptr<GradLander>> Create(StepEnv* env, int num_slots,
-                                                            int64_t max_numel,
-                                                            size_t staging_bytes);
+                                                            int64_t max_numel, size_t staging_bytes,
+                                                            int64_t chunk_elements,
+                                                            bool gradient_ring);
   // Stops and joins the accumulator thread after it ran every queued
   // landing. The caller has drained the streams.
   ~GradLander();
@@ -152,6 +223,10 @@ class GradLander {
     bool direct = false;        // already in the store's gradient (dense, first);
                                 // norm_host_[slot] then holds its L2 norm
     bool grad_zero = false;     // kEmbeddingRows: the store's gradient is already zero
+    int chunk = -1;             // dense, not direct: the chunk buffer holding it
+    int64_t offset = 0;         // of the chunk in the block, elements
+    bool releases_slot = true;  // last task of its slot's landing
+    int ring = -1;              // Note [Gradient ring]: the ring buffer it landed in
     std::vector<int32_t> rows;  // token ids of kEmbeddingRows, [B*T]
     at::Tensor keep_alive;      // device tensors read by the D2H copies
     at::Tensor keep_alive_norm;
@@ -162,16 +237,30 @@ class GradLander {
   // whose device work is enqueued) and queues its host task.
   void Offload(int slot, int64_t block, int64_t numel, const float* device_src,
                at::Tensor keep_alive, Task::Kind kind, std::vector<int32_t> rows, bool whole);
+  // The later contribution in `task` (dense, not direct) at `device_src`,
+  // through the chunk ring (Note [Bounded gradient staging]).
+  void OffloadChunks(const Task& task, const float* device_src);
+  // Waits for a free chunk buffer; returns it, marked busy.
+  int AcquireChunk();
+  // Where `block`'s direct landing goes: the store's gradient, or a ring
+  // buffer bound to it (Note [Gradient ring]; sets task->ring).
+  float* DirectDestination(int64_t block, Task* task);
   void Loop();
   void Run(Task& task);
   // The host half of an embedding landing: the scatter-add by token.
   void ScatterRows(const Task& task, float* grad, const float* src, double& known_sq);
 
   StepEnv* env_;
-  std::vector<at::Tensor> slots_;                         // [max numel] fp32, device
-  std::vector<int> slot_kind_;                            // BlockKind last written, -1 none
-  std::vector<HostBuffer> staging_;                       // pinned, fp32
-  HostBuffer norm_host_;                                  // pinned, double per grad slot
+  std::vector<at::Tensor> slots_;                           // [max numel] fp32, device
+  std::vector<int> slot_kind_;                              // BlockKind last written, -1 none
+  std::vector<HostBuffer> staging_;                         // pinned, fp32
+  HostBuffer norm_host_;                                    // pinned, double per grad slot
+  std::vector<HostBuffer> chunks_;                          // pinned, GradChunkNumel fp32 each
+  std::vector<std::unique_ptr<DeviceEvent>> chunk_staged_;  // per chunk, on kD2H
+  int next_chunk_ = 0;
+  std::vector<HostBuffer> ring_;     // pinned, max numel fp32 each; empty without the ring
+  std::vector<int64_t> ring_block_;  // per ring buffer: the block bound to it, -1 none
+  int next_ring_ = 0;
   std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;  // per slot, on kCompute
   std::vector<std::unique_ptr<DeviceEvent>> staged_;      // per slot, on kD2H
   int next_slot_ = 0;
@@ -188,6 +277,9 @@ class GradLander {
   absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> staging_busy_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> chunk_busy_ ABSL_GUARDED_BY(mu_);
+  // Per ring buffer: its landing has not been handed on yet.
+  std::vector<bool> ring_landing_ ABSL_GUARDED_BY(mu_);
   bool task_running_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);

@@ -3,8 +3,15 @@
 
 #include "engine/step/executor.h"
 #include "engine/model/param_layout.h"
+#include "engine/step/grad_lander.h"
+#include "engine/step/weight_slots.h"
 
 namespace megatrain::engine {
+
+static_assert(ExecutorOptions{}.cast_chunk_elements == kCastChunkElements,
+              "ExecutorOptions::cast_chunk_elements defaults to weight_slots.h's constant");
+static_assert(ExecutorOptions{}.grad_chunk_elements == kGradChunkElements,
+              "ExecutorOptions::grad_chunk_elements defaults to grad_lander.h's constant");
 
 ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options) {
   const ModelLayout layout = ModelLayout::Create(config);
@@ -25,11 +32,16 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   const int64_t tokens = options.micro_batch * options.seq_len;
   const int64_t layer_input_bytes = tokens * config.hidden_size * 4;  // [B, T, C] fp32
   plan.weight_slot_bytes = options.num_weight_slots * esize * plan.max_slot_numel;
+  if (options.stream_fp32_master) {
+    plan.cast_staging_bytes =
+        4 * CastStagingNumel(plan.max_slot_numel, options.cast_chunk_elements);
+  }
   plan.grad_slot_bytes = options.num_grad_slots * int64_t{4} * plan.max_slot_numel;
-  // Gradient staging receives a slot's block or the embedding's d hidden_0.
+  // Gradient staging: the embedding's d hidden_0 per slot and the chunk
+  // ring (Note [Bounded gradient staging] in grad_lander.h).
   plan.grad_staging_bytes =
-      options.num_grad_slots *
-      (std::max(plan.max_slot_numel * 4, layer_input_bytes) + static_cast<int64_t>(sizeof(double)));
+      GradLanderPinnedBytes(options.num_grad_slots, plan.max_slot_numel, layer_input_bytes,
+                            options.grad_chunk_elements, options.gradient_ring);
   plan.input_staging_bytes = tokens * (config.hidden_size * 4 + 8);
   if (options.offload_activations && layout.num_layers() > 1) {
     const int64_t wave = options.schedule == StepSchedule::kLayerMajor ? options.wave : 1;

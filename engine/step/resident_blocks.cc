@@ -107,7 +107,10 @@ absl::Status ResidentBlocks::SyncToStore(bool grads) {
       if (bf16_bits* bf16 = store->streaming_bf16(b.block); bf16 != nullptr) {
         HostTensor(bf16, numel, at::kBFloat16).copy_(b.weights);
       }
-      if (grads) HostTensor(store->grad(b.block), numel, at::kFloat).copy_(b.grad);
+      // (A store with a gradient ring has no host gradient for it.)
+      if (grads && store->grad(b.block) != nullptr) {
+        HostTensor(store->grad(b.block), numel, at::kFloat).copy_(b.grad);
+      }
     }
     env_->runtime->Synchronize();
   } catch (const std::exception& e) {
@@ -127,10 +130,15 @@ absl::Status ResidentBlocks::LoadFromStore() {
       b.master.copy_(HostTensor(store->master(b.block), numel, at::kFloat));
       b.exp_avg.copy_(HostTensor(store->exp_avg(b.block), numel, at::kFloat));
       b.exp_avg_sq.copy_(HostTensor(store->exp_avg_sq(b.block), numel, at::kFloat));
-      // A decoder layer with bf16 compute (Create checked that the store
-      // has the streaming copy).
+      // A decoder layer with bf16 compute: the store's bf16 copy, or the
+      // master cast on the device (the same bits; Note [Weight streaming]
+      // in weight_slots.h).
       if (!b.weights.is_same(b.master)) {
-        b.weights.copy_(HostTensor(store->streaming_bf16(b.block), numel, at::kBFloat16));
+        if (bf16_bits* bf16 = store->streaming_bf16(b.block); bf16 != nullptr) {
+          b.weights.copy_(HostTensor(bf16, numel, at::kBFloat16));
+        } else {
+          b.weights.copy_(b.master);
+        }
       }
     }
     env_->runtime->Synchronize();

@@ -63,16 +63,43 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
   return absl::OkStatus();
 }
 
-// The executor's options for `options` on `runtime` with `store`'s model,
+// Whether TrainerOptions::gradient_landing puts the gradients in the ring
+// with `exec` resolved (Note [Gradient ring] in grad_lander.h).
+// INVALID_ARGUMENT naming the reason when kRing is asked for where it is
+// not allowed.
+absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const ModelConfig& config,
+                                         const ExecutorOptions& exec) {
+  if (options.gradient_landing == GradientLanding::kArena) return false;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  const bool device_sums =
+      exec.device_grad_accumulation ||
+      (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
+  const char* refusal = nullptr;
+  if (options.max_grad_norm > 0) {
+    refusal = "needs max_grad_norm 0 (clipping needs the whole gradient's norm before any update)";
+  } else if (config.moe != nullptr) {
+    refusal = "not for mixture-of-experts models";
+  } else if (!options.nvme_dir.empty()) {
+    refusal = "not with the NVMe tier (memory.nvme_tier): its optimizer reads the gradient arena";
+  } else if (accumulation > 1 && !device_sums) {
+    refusal =
+        "with gradient accumulation the micro-batches' gradients must be summed on the device "
+        "(device_grad_accumulation, or a layer-major schedule in one wave)";
+  }
+  if (refusal == nullptr) return true;
+  if (options.gradient_landing == GradientLanding::kAuto) return false;
+  return absl::InvalidArgumentError(absl::StrCat("gradient_landing ring: ", refusal));
+}
+
+// The executor's options for `options` on `runtime` with `config`'s model,
 // the auto choices resolved (Notes [Resident layers], [Resident embedding]
 // and [Device gradient accumulation] in executor.h, [Schedule choice] in
-// schedule_choice.h); the schedule goes to `*choice`. INVALID_ARGUMENT for
-// bad schedule options.
+// schedule_choice.h, [Gradient ring] in grad_lander.h); the schedule goes
+// to `*choice`. INVALID_ARGUMENT for bad schedule or landing options.
 absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& options,
-                                                       const HostStore& store,
+                                                       const ModelConfig& config,
                                                        const DeviceRuntime& runtime,
                                                        ScheduleChoice* choice) {
-  const ModelConfig& config = store.config();
   ExecutorOptions exec;
   exec.compute_dtype = options.compute_dtype;
   exec.micro_batch = options.micro_batch;
@@ -81,6 +108,8 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
   exec.abandon_step = options.abandon_step;
+  exec.stream_fp32_master =
+      options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kFp32;
   ScheduleRequest request;
   request.schedule = options.step_schedule;
   request.wave = options.wave;
@@ -94,7 +123,9 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   // Notes [Schedule choice] and [Auto resident layers] in schedule_choice.h.
   MEGATRAIN_ASSIGN_OR_RETURN(
       *choice, ChooseSchedule(config, request, exec, runtime.is_cuda() ? runtime.TotalBytes() : 0));
-  return WithChoice(exec, *choice);
+  exec = WithChoice(exec, *choice);
+  MEGATRAIN_ASSIGN_OR_RETURN(exec.gradient_ring, ResolveGradientRing(options, config, exec));
+  return exec;
 }
 
 // `options` with the NVMe tier's constraints applied (Note [Tiered
@@ -233,10 +264,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
           ? options.critical_threads
           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
+  MEGATRAIN_ASSIGN_OR_RETURN(const ExecutorOptions exec,
+                             ResolveExecutorOptions(t->options_, config, *t->runtime_,
+                                                    &t->schedule_choice_));
   HostStoreOptions store_options;
-  store_options.streaming_bf16 = options.compute_dtype == ComputeDtype::kBf16;
+  store_options.streaming_bf16 =
+      options.compute_dtype == ComputeDtype::kBf16 && !exec.stream_fp32_master;
   store_options.pin = t->runtime_->is_cuda();
   store_options.moments_in_host = options.nvme_dir.empty();
+  store_options.gradient_ring = exec.gradient_ring;
   MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
   t->store_->InitializeWeights(seed);
   if (!options.nvme_dir.empty()) {
@@ -246,9 +282,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
                               t->store_->arena_numel(), /*pin_staging=*/false,
                               options.nvme_chunk_elements, options.nvme_dir));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      const ExecutorOptions exec,
-      ResolveExecutorOptions(t->options_, *t->store_, *t->runtime_, &t->schedule_choice_));
   t->resident_layers_ = exec.resident_layers;
   t->resident_embedding_ = exec.resident_embedding;
   t->device_grad_accumulation_ = exec.device_grad_accumulation;

@@ -149,6 +149,7 @@
 #include "engine/model/model_config.h"
 #include "engine/optim/nan_policy.h"
 #include "engine/model/precision.h"
+#include "engine/spec/memory_modes.h"
 #include "engine/runtime/stats.h"
 #include "engine/step/schedule_choice.h"
 #include "engine/store/nvme_tier.h"
@@ -204,6 +205,15 @@ struct TrainerOptions {
   // H200 host (docs/performance.md); 0 keeps the process's priority.
   int optimizer_nice = 10;
   int num_weight_slots = 3;  // device weight buffers
+  // bf16 compute: stream a bf16 copy kept in host memory, or the fp32
+  // master cast on the device (memory.weight_stream; Note [Weight
+  // streaming] in step/weight_slots.h). Ignored for fp32/tf32.
+  WeightStream weight_stream = WeightStream::kBf16;
+  // Where block gradients land in host memory (memory.gradient_landing;
+  // Note [Gradient ring] in step/grad_lander.h): the arena, the ring
+  // (INVALID_ARGUMENT where not allowed: clipping on, a MoE model, or
+  // accumulation without device sums), or auto (the ring where allowed).
+  GradientLanding gradient_landing = GradientLanding::kArena;
   // Parameters per queued AdamW task (Note [Optimizer slices]); >= 1.
   int64_t optimizer_slice_elements = int64_t{1} << 24;
   int64_t loss_chunk_tokens = 0;     // 0 = auto
@@ -334,6 +344,9 @@ class Trainer {
   // the device (the resolved TrainerOptions::device_grad_accumulation; the
   // executor may still fall back to the host if the buffers do not fit).
   bool device_grad_accumulation() const { return device_grad_accumulation_; }
+  // Whether gradients land in the ring (the resolved
+  // TrainerOptions::gradient_landing).
+  bool gradient_ring() const { return store_->options().gradient_ring; }
   // The resolved step schedule (TrainerOptions::step_schedule, wave,
   // activation_placement; Note [Schedule choice] in schedule_choice.h).
   const ScheduleChoice& schedule_choice() const { return schedule_choice_; }

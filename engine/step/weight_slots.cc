@@ -1,12 +1,21 @@
 // Device weight slots (weight_slots.h).
 #include "engine/step/weight_slots.h"
 
+#include <algorithm>
+
 #include "absl/base/internal/raw_logging.h"
 
 namespace megatrain::engine {
 
-WeightSlots::WeightSlots(StepEnv* env, int num_slots, int64_t max_numel) : env_(env) {
+WeightSlots::WeightSlots(StepEnv* env, int num_slots, int64_t max_numel,
+                         int64_t cast_chunk_elements)
+    : env_(env) {
   const auto options = at::TensorOptions().dtype(env->compute_dtype).device(env->runtime->device());
+  if (cast_chunk_elements > 0) {
+    cast_staging_ =
+        at::empty({CastStagingNumel(max_numel, cast_chunk_elements)}, options.dtype(at::kFloat));
+    device_bytes_ += static_cast<int64_t>(cast_staging_.nbytes());
+  }
   for (int k = 0; k < num_slots; ++k) {
     slots_.push_back(at::empty({max_numel}, options));
     device_bytes_ += static_cast<int64_t>(slots_.back().nbytes());
@@ -29,16 +38,38 @@ void WeightSlots::IssueLoads() {
       if (use.prev_user >= 0 && !released_[use.prev_user]) return;
       if (use.prev_user >= 0) runtime->Wait(StreamKind::kH2D, *slot_free_[use.slot]);
       env_->WaitWeights(use.block);
-      const int64_t bytes = env_->store->streaming_bytes(use.block);
       const int token = env_->timer.Begin(StreamKind::kH2D);
-      runtime->CopyHostToDevice(slots_[use.slot].data_ptr(), env_->store->streaming_data(use.block),
-                                static_cast<size_t>(bytes));
+      const int64_t bytes = Load(use.block, slots_[use.slot]);
       env_->timer.End(StreamKind::kH2D, token);
       runtime->Record(StreamKind::kH2D, *weights_ready_[use.slot]);
       env_->h2d_bytes += bytes;
     }
     ++next_load_;
   }
+}
+
+int64_t WeightSlots::Load(int64_t block, const at::Tensor& slot) {
+  DeviceRuntime* runtime = env_->runtime;
+  const int64_t bytes = env_->store->streaming_bytes(block);
+  if (!cast_staging_.defined()) {
+    runtime->CopyHostToDevice(slot.data_ptr(), env_->store->streaming_data(block),
+                              static_cast<size_t>(bytes));
+    return bytes;
+  }
+  // Note [Weight streaming]: fp32 chunks through the staging buffer, each
+  // cast on kH2D after its copy and before the next chunk's copy.
+  ABSL_RAW_CHECK(!env_->store->options().streaming_bf16, "weight slots: cast without fp32 master");
+  auto scope = runtime->Use(StreamKind::kH2D);
+  const float* master = env_->store->master(block);
+  const int64_t numel = env_->store->block_numel(block);
+  const int64_t chunk = cast_staging_.numel();
+  for (int64_t begin = 0; begin < numel; begin += chunk) {
+    const int64_t count = std::min(chunk, numel - begin);
+    runtime->CopyHostToDevice(cast_staging_.data_ptr(), master + begin,
+                              static_cast<size_t>(count) * 4);
+    slot.narrow(0, begin, count).copy_(cast_staging_.narrow(0, 0, count));
+  }
+  return bytes;
 }
 
 at::Tensor WeightSlots::Acquire(int use) {

@@ -9,6 +9,23 @@
 // so up to K-1 loads run ahead of the compute stream; a block still in a
 // slot is not loaded again (AssignWeightSlots).
 //
+// Note [Weight streaming]
+// Under bf16 compute a slot is loaded from one of two host sources
+// (memory.weight_stream, HostStore's streaming_bf16 option):
+//   bf16: the store's bf16 copy (2 bytes/param of host memory, rewritten by
+//         the CPU AdamW), copied straight into the slot;
+//   fp32: the fp32 master itself, copied in chunks of at most
+//         kCastChunkElements into a device fp32 staging buffer and cast
+//         into the slot on kH2D (no host copy; twice the H2D bytes).
+// The two give the same bits: the host copy is FloatToBf16 (round to
+// nearest, ties to even; bf16.h) and LibTorch's fp32 -> bf16 cast rounds to
+// nearest even too (c10::BFloat16's round_to_nearest_even on the CPU,
+// cvt.rn.bf16.f32 on CUDA). They differ only in the payload of a NaN,
+// which a master weight never holds (Note [Non-finite steps] in
+// trainer.h). tests/engine/step/memory_modes_test.cc checks both.
+// The copy and the cast of a chunk run in order on kH2D, so one staging
+// buffer serves every slot without an event.
+//
 // Ownership: owns the slots and their events; uses the StepEnv of its
 // executor (timer, h2d_bytes, weight gate). Thread-safety: the enqueuing
 // thread only. Streams: loads on kH2D, waits and releases on kCompute.
@@ -26,11 +43,26 @@
 
 namespace megatrain::engine {
 
+// Elements per chunk of the fp32 -> bf16 cast on the device: 16 Mi (a 64
+// MiB fp32 staging buffer). Bounds the staging's device memory whatever
+// the model (llama-8b's untied head is 525 M parameters); the chunk's
+// cast (~0.05 ms on an H100) is small beside its copy (~1.3 ms at 50 GB/s).
+inline constexpr int64_t kCastChunkElements = int64_t{1} << 24;
+
+// Elements of the fp32 staging buffer for slots of `max_numel` cast in
+// chunks of `chunk_elements`.
+inline int64_t CastStagingNumel(int64_t max_numel, int64_t chunk_elements = kCastChunkElements) {
+  return max_numel < chunk_elements ? max_numel : chunk_elements;
+}
+
 class WeightSlots {
  public:
   // Allocates `num_slots` device buffers of `max_numel` elements of the
-  // compute dtype. Throws LibTorch's exceptions (the executor maps them).
-  WeightSlots(StepEnv* env, int num_slots, int64_t max_numel);
+  // compute dtype, and with `cast_chunk_elements` > 0 (bf16 compute
+  // streaming the fp32 master, Note [Weight streaming]) the fp32 staging
+  // buffer of CastStagingNumel(max_numel, cast_chunk_elements) elements.
+  // Throws LibTorch's exceptions (the executor maps them).
+  WeightSlots(StepEnv* env, int num_slots, int64_t max_numel, int64_t cast_chunk_elements);
 
   // Starts a pass whose uses are `blocks` (StepPlan::weight_uses).
   void BeginPass(const std::vector<int64_t>& blocks);
@@ -43,15 +75,19 @@ class WeightSlots {
   // it; issues the loads that waited for it.
   void Release(int use);
 
-  // Bytes of the slots' device buffers.
+  // Bytes of the slots' device buffers (the cast staging included).
   int64_t device_bytes() const { return device_bytes_; }
 
  private:
   // Issues, in use order, every load whose slot's previous user is released.
   void IssueLoads();
+  // Enqueues on kH2D the load of `block` into `slot`: a copy, or with
+  // cast_staging_ copies and casts chunk by chunk. Returns the H2D bytes.
+  int64_t Load(int64_t block, const at::Tensor& slot);
 
   StepEnv* env_;
-  std::vector<at::Tensor> slots_;                            // [max numel] compute dtype
+  std::vector<at::Tensor> slots_;  // [max numel] compute dtype
+  at::Tensor cast_staging_;        // [CastStagingNumel] fp32, device; undefined without the cast
   std::vector<std::unique_ptr<DeviceEvent>> weights_ready_;  // per slot, on kH2D
   std::vector<std::unique_ptr<DeviceEvent>> slot_free_;      // per slot, on kCompute
   std::vector<WeightSlotUse> uses_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <thread>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
 
@@ -69,6 +70,14 @@ void ParallelChunks(int64_t n, Fn fn) {
   for (std::thread& w : workers) w.join();
 }
 
+// Elements of the gradient arena: all blocks, or with gradient_ring the
+// embedding block's only.
+int64_t GradArenaNumel(const ModelLayout& layout, const HostStoreOptions& options,
+                       int64_t arena_numel) {
+  if (!options.gradient_ring) return arena_numel;
+  return AlignUp(layout.blocks[layout.embedding_block()].numel, kBlockAlignElements);
+}
+
 }  // namespace
 
 HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
@@ -78,7 +87,7 @@ HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
   BlockOffsets(layout, &numel);
   HostStoreBytes b;
   b.master = numel * 4;
-  if (options.optimizer_state) b.grad = numel * 4;
+  if (options.optimizer_state) b.grad = GradArenaNumel(layout, options, numel) * 4;
   if (options.optimizer_state && options.moments_in_host) b.exp_avg = b.exp_avg_sq = numel * 4;
   if (options.streaming_bf16) b.streaming = numel * 2;
   // Pinned: what the device reads (streaming copy or master) and the
@@ -96,7 +105,10 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
   const bool pin_master = options.pin && !options.streaming_bf16;
   MEGATRAIN_ASSIGN_OR_RETURN(store->master_, HostBuffer::Allocate(fp32_bytes, pin_master));
   if (options.optimizer_state) {
-    MEGATRAIN_ASSIGN_OR_RETURN(store->grad_, HostBuffer::Allocate(fp32_bytes, options.pin));
+    const int64_t grad_numel = GradArenaNumel(store->layout_, options, store->arena_numel_);
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        store->grad_, HostBuffer::Allocate(static_cast<size_t>(grad_numel) * 4, options.pin));
+    if (options.gradient_ring) store->ring_grads_.assign(store->layout_.blocks.size(), nullptr);
   }
   if (options.optimizer_state && options.moments_in_host) {
     MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_, HostBuffer::Allocate(fp32_bytes, false));
@@ -157,9 +169,17 @@ void HostStore::RefreshAllStreamingCopies() {
   for (int64_t block = 0; block < num_blocks(); ++block) RefreshStreamingCopy(block);
 }
 
+void HostStore::BindGrad(int64_t block, float* data) {
+  ABSL_RAW_CHECK(options_.gradient_ring && block != layout_.embedding_block(),
+                 "HostStore::BindGrad: gradient_ring only, not the embedding block");
+  ring_grads_[block] = data;
+}
+
 void HostStore::ZeroGrads() {
   if (grad_.data() == nullptr) return;
-  ParallelChunks(arena_numel_, [&](int64_t begin, int64_t end) {
+  // The arena (with gradient_ring the embedding's only; ring buffers are
+  // overwritten by each landing).
+  ParallelChunks(static_cast<int64_t>(grad_.bytes() / 4), [&](int64_t begin, int64_t end) {
     std::fill(static_cast<float*>(grad_.data()) + begin, static_cast<float*>(grad_.data()) + end,
               0.0f);
   });

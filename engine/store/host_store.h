@@ -4,10 +4,15 @@
 // is one contiguous flat buffer per kind:
 //   master      fp32 master weights                         4 B/param
 //   grad        fp32 gradients, accumulated over micro-batches 4 B/param
+//               (gradient_ring: the embedding block's only; the others
+//               are bound to the executor's pinned ring, BindGrad)
 //   exp_avg     fp32 AdamW first moment                      4 B/param
 //   exp_avg_sq  fp32 AdamW second moment                     4 B/param
 //   streaming   bf16 copy of master, what the device reads   2 B/param
-//               (bf16 compute only; fp32/tf32 stream the master itself)
+//               (bf16 compute with memory.weight_stream bf16 only;
+//               fp32/tf32, and bf16 with weight_stream fp32, stream the
+//               master itself: Note [Weight streaming] in
+//               step/weight_slots.h)
 // Each kind is one mmap'd arena with blocks at 4 KiB-aligned offsets. The
 // arenas the device copies from (streaming, or master when it is streamed)
 // and into (grad) are pinned when a CUDA device is used (Note [Pinned host
@@ -41,6 +46,11 @@ struct HostStoreOptions {
   // live on the NVMe tier, Note [NVMe tier] in nvme_tier.h, and exp_avg()
   // and exp_avg_sq() are nullptr).
   bool moments_in_host = true;
+  // With optimizer_state: no gradient arena but for the embedding block
+  // (its scatter-add needs the whole table); every other block's gradient
+  // lives in a buffer of the executor's gradient ring while its update
+  // runs (Note [Gradient ring] in step/grad_lander.h), bound by BindGrad.
+  bool gradient_ring = false;
 };
 
 class HostStore {
@@ -66,9 +76,22 @@ class HostStore {
   int64_t block_offset(int64_t block) const { return block_offsets_[block]; }
   int64_t arena_numel() const { return arena_numel_; }
 
-  // Flat fp32 buffers of `block`, block_numel(block) elements each.
+  // Flat fp32 buffers of `block`, block_numel(block) elements each. With
+  // gradient_ring, grad() of a block other than the embedding is the ring
+  // buffer bound to it (nullptr when none is).
   float* master(int64_t block) const { return At<float>(master_, block); }
-  float* grad(int64_t block) const { return At<float>(grad_, block); }
+  float* grad(int64_t block) const {
+    if (!options_.gradient_ring) return At<float>(grad_, block);
+    return block == layout_.embedding_block() ? static_cast<float*>(grad_.data())
+                                              : ring_grads_[block];
+  }
+  // gradient_ring only: points grad(block) at `data` (block_numel(block)
+  // fp32, owned by the caller; nullptr unbinds). Not for the embedding
+  // block. Thread-safety: called by the executor's enqueuing thread before
+  // the gradient is copied in; readers (the accumulator and optimizer
+  // threads) read it after the landing was handed to them under a mutex,
+  // which orders the write before their reads.
+  void BindGrad(int64_t block, float* data);
   float* exp_avg(int64_t block) const { return At<float>(exp_avg_, block); }
   float* exp_avg_sq(int64_t block) const { return At<float>(exp_avg_sq_, block); }
   // bf16 streaming copy; nullptr unless options().streaming_bf16.
@@ -121,6 +144,7 @@ class HostStore {
   std::vector<int64_t> block_offsets_;  // elements from the arena start
   int64_t arena_numel_ = 0;
   HostBuffer master_, grad_, exp_avg_, exp_avg_sq_, streaming_;
+  std::vector<float*> ring_grads_;  // gradient_ring: per block, the bound ring buffer
 };
 
 }  // namespace megatrain::engine

@@ -84,6 +84,15 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "subdirectory, removed at the end; docs/operations.md \"The NVMe tier\")")
       ->check(CLI::IsMember({"off", "moments"}));
   app.add_option("--nvme_dir", o.nvme_dir, "directory on a local SSD for --nvme_tier moments");
+  app.add_option("--weight_stream", o.weight_stream,
+                 "bf16 compute: stream a bf16 copy kept in host memory (bf16) or the fp32 "
+                 "master cast on the device (fp32: 2 bytes/param less host memory, twice the "
+                 "weight H2D bytes, the same results)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--gradient_landing", o.gradient_landing,
+                 "where gradients land: arena (fp32, 4 bytes/param), ring (a bounded pinned ring "
+                 "the optimizer consumes; needs --max_grad_norm 0) or auto")
+      ->check(CLI::IsMember({"arena", "ring", "auto"}));
 }
 
 void AddOtherModes(CLI::App& app, OtherModes& m) {

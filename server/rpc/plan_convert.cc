@@ -90,6 +90,7 @@ absl::StatusOr<PlanInputs> PlanInputsFromProto(const v1::PlanJobRequest& request
   v1::JobSpec job;
   job.mutable_model()->set_preset(request.model().preset());
   *job.mutable_train() = request.train();
+  *job.mutable_memory() = request.memory();
   absl::StatusOr<JobRequest> converted = JobRequestFromProto(job);
   if (!converted.ok()) return converted.status();
   PlanInputs in;

@@ -221,6 +221,27 @@ void OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* sp
   spec.checkpoint.keep_every = in.checkpoint().keep_every();
 }
 
+// The memory section (unset fields keep the spec's defaults). Values are
+// keywords: longer ones are refused without echoing them.
+absl::Status MemoryFromProto(const v1::MemorySpec& memory, engine::MemorySpec* out) {
+  constexpr size_t kMaxKeywordBytes = 32;
+  if (memory.has_weight_stream()) {
+    if (memory.weight_stream().size() > kMaxKeywordBytes) {
+      return absl::InvalidArgumentError("memory.weight_stream: must be bf16 or fp32");
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(out->weight_stream,
+                               engine::ParseWeightStream(memory.weight_stream()));
+  }
+  if (memory.has_gradient_landing()) {
+    if (memory.gradient_landing().size() > kMaxKeywordBytes) {
+      return absl::InvalidArgumentError("memory.gradient_landing: must be arena, ring or auto");
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(out->gradient_landing,
+                               engine::ParseGradientLanding(memory.gradient_landing()));
+  }
+  return absl::OkStatus();
+}
+
 // Paths are resolved by the CLI: the daemon takes absolute ones only.
 absl::Status CheckAbsolutePaths(const engine::JobSpec& spec) {
   for (const auto& [field, path] :
@@ -258,6 +279,7 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
 
   MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
   OptimizerEvalCheckpointFromProto(in, &spec);
+  MEGATRAIN_RETURN_IF_ERROR(MemoryFromProto(in.memory(), &spec.memory));
   spec.output_dir = in.output_dir();
   if (in.memory().has_nvme_tier()) {
     MEGATRAIN_ASSIGN_OR_RETURN(spec.memory.nvme_tier,
@@ -329,6 +351,10 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   out->mutable_checkpoint()->set_every_steps(spec.checkpoint.every_steps);
   out->mutable_checkpoint()->set_keep_last(spec.checkpoint.keep_last);
   out->mutable_checkpoint()->set_keep_every(spec.checkpoint.keep_every);
+  out->mutable_memory()->set_weight_stream(
+      std::string(engine::WeightStreamName(spec.memory.weight_stream)));
+  out->mutable_memory()->set_gradient_landing(
+      std::string(engine::GradientLandingName(spec.memory.gradient_landing)));
   out->set_output_dir(spec.output_dir);
   if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff) {
     out->mutable_memory()->set_nvme_tier(

@@ -5,6 +5,7 @@
 #include "engine/job/plan.h"
 #include "engine/step/executor.h"
 #include "engine/step/schedule_choice.h"
+#include "engine/model/param_layout.h"
 #include "engine/store/nvme_tier.h"
 
 #include <cmath>
@@ -60,6 +61,38 @@ TEST(PlanTest, TiersAreTheFootprintsBytes) {
             choice->resident_bytes + choice->grad_accumulation_bytes);
   EXPECT_LE(plan->tiers.device_bytes + choice->margin_bytes, machine.gpu_memory_bytes);
   EXPECT_GT(choice->resident_layers, 2);  // clipping: more than the floor
+}
+
+// Issue 19: llama-8b at 8 x 2048 x 4 with clipping fits a 125 GiB host
+// only with the fp32 master streamed (16 bytes/param + bounded staging,
+// not 18), at twice the weight H2D time; the ring (clipping off) drops the
+// gradient arena but for the embedding's.
+TEST(PlanTest, WeightStreamAndGradientRingChangeTheHostBytes) {
+  JobSpec spec = Llama8bSpec();
+  spec.train.gradient_accumulation_steps = 4;
+  const ModelConfig config = *PresetConfig("llama-8b");
+  PlanMachine machine = DefaultPlanMachine();
+  machine.host_memory_bytes = int64_t{125} << 30;
+  const absl::StatusOr<JobPlan> copy = PlanJob(spec, config, machine);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_FALSE(copy->fits);
+  spec.memory.weight_stream = WeightStream::kFp32;
+  const absl::StatusOr<JobPlan> stream = PlanJob(spec, config, machine);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_TRUE(stream->fits) << stream->verdict;
+  EXPECT_EQ(stream->footprint.host.streaming, 0);
+  EXPECT_EQ(copy->tiers.host_bytes - stream->tiers.host_bytes, copy->footprint.host.streaming);
+  const double params = static_cast<double>(config.ParamCount());
+  EXPECT_LT(static_cast<double>(stream->tiers.host_bytes) / params, 16.25);
+  EXPECT_DOUBLE_EQ(stream->projection.h2d_seconds, 2 * copy->projection.h2d_seconds);
+  spec.train.max_grad_norm = 0;
+  spec.train.gradient_accumulation_steps = 1;
+  spec.memory.gradient_landing = GradientLanding::kRing;
+  const absl::StatusOr<JobPlan> ring = PlanJob(spec, config, machine);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const ModelLayout layout = ModelLayout::Create(config);
+  EXPECT_EQ(ring->footprint.host.grad, layout.blocks[layout.embedding_block()].numel * 4);
+  EXPECT_LT(static_cast<double>(ring->tiers.host_bytes) / params, 13.1);
 }
 
 TEST(PlanTest, NvmeMomentsMoveEightBytesPerParameterOffTheHost) {

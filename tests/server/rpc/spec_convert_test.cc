@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/job_spec.h"
 #include "server/core/job.h"
 #include "server/core/job_request_json.h"
 #include "server/rpc/proto_convert.h"
@@ -182,6 +183,50 @@ TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   EXPECT_EQ(plain->spec.train.schedule, "auto");
   EXPECT_EQ(plain->spec.train.wave, 0);
   EXPECT_EQ(plain->spec.train.activations, "auto");
+}
+
+// memory.weight_stream and memory.gradient_landing (issue 19) go through
+// the proto and the stored JSON; bad values are INVALID_ARGUMENT naming the
+// field; a ring with clipping is refused by validation; a job stored
+// before them reads back as bf16 / arena.
+TEST(SpecConvertTest, MemoryModesConvertBothWays) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_max_grad_norm(0);
+  spec.mutable_memory()->set_weight_stream("fp32");
+  spec.mutable_memory()->set_gradient_landing("ring");
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.memory.weight_stream, engine::WeightStream::kFp32);
+  EXPECT_EQ(request->spec.memory.gradient_landing, engine::GradientLanding::kRing);
+  EXPECT_THAT(engine::ValidateJobSpec(request->spec), IsOk());
+  v1::JobSpec back;
+  JobRequestToProto(*request, &back);
+  EXPECT_EQ(back.memory().weight_stream(), "fp32");
+  EXPECT_EQ(back.memory().gradient_landing(), "ring");
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->spec.memory.weight_stream, engine::WeightStream::kFp32);
+  EXPECT_EQ(parsed->spec.memory.gradient_landing, engine::GradientLanding::kRing);
+  absl::StatusOr<JobRequest> plain = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ(plain->spec.memory.weight_stream, engine::WeightStream::kBf16);
+  EXPECT_EQ(plain->spec.memory.gradient_landing, engine::GradientLanding::kArena);
+
+  spec.mutable_train()->set_max_grad_norm(1.0);
+  request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_THAT(engine::ValidateJobSpec(request->spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("memory.gradient_landing: ring needs train.max_grad_norm 0")));
+  spec.mutable_memory()->set_weight_stream("fp16");
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("memory.weight_stream: must be bf16 or fp32, got 'fp16'")));
+  spec.mutable_memory()->set_weight_stream("fp32");
+  spec.mutable_memory()->set_gradient_landing(std::string(100, 'x'));
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("memory.gradient_landing: must be arena, ring or auto")));
 }
 
 TEST(SpecConvertTest, OffloadActivationsConvertsBothWays) {

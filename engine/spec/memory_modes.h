@@ -1,0 +1,75 @@
+// How a job lays out its state in host memory: the job fields
+// `memory.weight_stream` and `memory.gradient_landing` (docs/job-spec.md,
+// docs/operations.md's sizing table). Shared by the job spec, the plan,
+// the bench and the trainer; torch-free, header-only.
+#ifndef MEGATRAIN_ENGINE_SPEC_MEMORY_MODES_H_
+#define MEGATRAIN_ENGINE_SPEC_MEMORY_MODES_H_
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace megatrain::engine {
+
+// What the device reads for each streamed block under bf16 compute (Note
+// [Weight streaming] in engine/step/weight_slots.h). fp32/tf32 compute
+// always streams the fp32 master; the field changes nothing there.
+enum class WeightStream {
+  kBf16,  // a bf16 copy of the master in host memory (2 bytes/param), streamed
+  kFp32,  // the fp32 master streamed and cast to bf16 on the device: no copy,
+          // twice the weight H2D bytes; bit-identical results
+};
+
+// "bf16", "fp32": the spelling of job files, JSON, flags and docs.
+inline absl::string_view WeightStreamName(WeightStream mode) {
+  return mode == WeightStream::kFp32 ? "fp32" : "bf16";
+}
+
+// Inverse of WeightStreamName; INVALID_ARGUMENT naming `field` and the
+// value otherwise.
+inline absl::StatusOr<WeightStream> ParseWeightStream(
+    absl::string_view name, absl::string_view field = "memory.weight_stream") {
+  for (const WeightStream mode : {WeightStream::kBf16, WeightStream::kFp32}) {
+    if (name == WeightStreamName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be bf16 or fp32, got '", name, "'"));
+}
+
+// Where block gradients land in host memory (Note [Gradient ring] in
+// engine/step/grad_lander.h).
+enum class GradientLanding {
+  kArena,  // a full fp32 gradient arena (4 bytes/param), the default
+  kRing,   // a bounded pinned ring consumed by the optimizer as gradients
+           // land; needs max_grad_norm 0 and final landed gradients
+  kAuto,   // kRing where it is allowed, else kArena
+};
+
+// "arena", "ring", "auto".
+inline absl::string_view GradientLandingName(GradientLanding mode) {
+  switch (mode) {
+    case GradientLanding::kRing:
+      return "ring";
+    case GradientLanding::kAuto:
+      return "auto";
+    case GradientLanding::kArena:
+      break;
+  }
+  return "arena";
+}
+
+// Inverse of GradientLandingName; INVALID_ARGUMENT naming `field` and the
+// value otherwise.
+inline absl::StatusOr<GradientLanding> ParseGradientLanding(
+    absl::string_view name, absl::string_view field = "memory.gradient_landing") {
+  for (const GradientLanding mode :
+       {GradientLanding::kArena, GradientLanding::kRing, GradientLanding::kAuto}) {
+    if (name == GradientLandingName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be arena, ring or auto, got '", name, "'"));
+}
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_SPEC_MEMORY_MODES_H_

@@ -1,0 +1,434 @@
+// The host-memory modes of docs/operations.md's sizing table give the same
+// bits as the default ones and hold exactly their plan:
+//   Note [Weight streaming] (engine/step/weight_slots.h): streaming the fp32
+//   master and casting on the device gives what streaming the host's bf16
+//   copy gives, with 2 bytes/param less host memory;
+//   Note [Bounded gradient staging] (engine/step/grad_lander.h): host
+//   accumulation through a bounded chunk ring sums as whole-block staging;
+//   Note [Gradient ring] (engine/step/grad_lander.h): without clipping,
+//   gradients consumed from a bounded pinned ring give the arena's result;
+//   admission's footprint (EstimateFootprintForConfig) equals what the
+//   store and the executor allocate in every mode.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/bf16.h"
+#include "engine/runtime/device_runtime.h"
+#include "engine/runtime/thread_pool.h"
+#include "engine/step/executor.h"
+#include "engine/step/grad_lander.h"
+#include "engine/step/trainer.h"
+#include "engine/step/weight_slots.h"
+#include "engine/job/training_job.h"
+#include "tests/testing/parity.h"
+#include "tests/testing/status_matchers.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::MakeBatches;
+using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kB = 2, kT = 8;
+
+float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The host's bf16 copy (FloatToBf16) and LibTorch's cast (what the device
+// runs; on the CPU c10's round_to_nearest_even, on CUDA cvt.rn.bf16.f32)
+// agree on every non-NaN float: ties to even, subnormals, overflow to inf.
+TEST(Bf16RoundingTest, HostCopyEqualsLibTorchCast) {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.5f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::max(),
+                               -std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::denorm_min(),
+                               FromBits(0x3f808000u),   // tie, even below: down
+                               FromBits(0x3f818000u),   // tie, odd below: up
+                               FromBits(0x3f808001u),   // above the tie: up
+                               FromBits(0x3f807fffu),   // below the tie: down
+                               FromBits(0x7f7f8000u),   // tie at the top: to inf
+                               FromBits(0x00008000u),   // subnormal tie
+                               FromBits(0x80018000u)};  // negative subnormal tie
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = FromBits(static_cast<uint32_t>(rng()));
+    if (!std::isnan(f)) values.push_back(f);
+  }
+  const at::Tensor cast =
+      at::from_blob(values.data(), {static_cast<int64_t>(values.size())}, at::kFloat)
+          .to(at::kBFloat16);
+  const auto* device_bits = static_cast<const uint16_t*>(cast.data_ptr());
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (FloatToBf16(values[i]) != device_bits[i]) ++mismatches;
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TrainerOptions Bf16Options(double max_grad_norm, WeightStream stream) {
+  TrainerOptions o;
+  o.compute_dtype = ComputeDtype::kBf16;
+  o.weight_stream = stream;
+  o.micro_batch = kB;
+  o.seq_len = kT;
+  o.adamw.lr = 1e-2;
+  o.adamw.weight_decay = 0.1;
+  o.max_grad_norm = max_grad_norm;
+  o.threads = 2;
+  o.gradient_accumulation_steps = 2;
+  return o;
+}
+
+struct TrainedRun {
+  std::vector<double> losses;
+  std::vector<float> state;  // master, exp_avg, exp_avg_sq of every block
+  HostStoreBytes bytes;
+};
+
+TrainedRun Train(const ModelConfig& config, const TrainerOptions& options) {
+  TrainedRun run;
+  auto trainer = Trainer::Create(config, options, 5);
+  EXPECT_THAT(trainer, IsOk());
+  if (!trainer.ok()) return run;
+  for (int s = 0; s < 3; ++s) {
+    const auto result = (*trainer)->Step(MakeBatches(2, kB, kT, config.vocab_size, 40 + s));
+    EXPECT_THAT(result, IsOk());
+    if (!result.ok()) return run;
+    run.losses.push_back(result->loss);
+  }
+  EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  HostStore& store = (*trainer)->store();
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
+      run.state.insert(run.state.end(), data, data + store.block_numel(b));
+    }
+  }
+  run.bytes = store.bytes();
+  return run;
+}
+
+// Three bf16 steps of two micro-batches, with and without clipping, with a
+// resident layer (loaded by a cast on the device too): the same losses and
+// the same master and moments, bit for bit; no bf16 copy in host memory.
+TEST(WeightStreamTest, Fp32MasterStreamIsBitIdenticalToTheBf16Copy) {
+  const ModelConfig config = SmallLlama();
+  for (const double clip : {0.0, 1.0}) {
+    for (const int resident : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat("max_grad_norm ", clip, " resident_layers ", resident));
+      TrainerOptions copy = Bf16Options(clip, WeightStream::kBf16);
+      copy.resident_layers = resident;
+      TrainerOptions stream = copy;
+      stream.weight_stream = WeightStream::kFp32;
+      const TrainedRun a = Train(config, copy);
+      const TrainedRun b = Train(config, stream);
+      ASSERT_EQ(a.losses.size(), 3u);
+      EXPECT_EQ(a.losses, b.losses);
+      ASSERT_EQ(a.state.size(), b.state.size());
+      EXPECT_EQ(std::memcmp(a.state.data(), b.state.data(), a.state.size() * 4), 0);
+      EXPECT_GT(a.bytes.streaming, 0);
+      EXPECT_EQ(b.bytes.streaming, 0);
+      EXPECT_EQ(a.bytes.master, b.bytes.master);
+    }
+  }
+}
+
+// The cast in chunks smaller than a block (a partial last chunk) loads the
+// same weights: one ForwardBackward gives the same loss and gradients as
+// the bf16 copy, and the executor holds exactly its plan.
+TEST(WeightStreamTest, ChunkedCastMatchesTheCopyAndHoldsItsPlan) {
+  const ModelConfig config = SmallLlama();
+  const std::vector<MicroBatch> batches = MakeBatches(2, kB, kT, config.vocab_size, 11);
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(2);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  std::vector<int64_t> h2d_bytes;
+  for (const bool fp32 : {false, true}) {
+    HostStoreOptions store_options;
+    store_options.streaming_bf16 = !fp32;
+    auto store = HostStore::Create(config, store_options);
+    ASSERT_THAT(store, IsOk());
+    (*store)->InitializeWeights(3);
+    ExecutorOptions options;
+    options.compute_dtype = ComputeDtype::kBf16;
+    options.micro_batch = kB;
+    options.seq_len = kT;
+    options.stream_fp32_master = fp32;
+    options.cast_chunk_elements = 1000;  // several chunks per block, the last partial
+    auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+    ASSERT_THAT(executor, IsOk());
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
+    EXPECT_EQ(plan.cast_staging_bytes, fp32 ? 4000 : 0);
+    EXPECT_EQ((*executor)->slot_device_bytes(), plan.device_bytes());
+    EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
+    auto result = (*executor)->ForwardBackward(batches, {});
+    ASSERT_THAT(result, IsOk());
+    losses.push_back(result->loss());
+    std::vector<float> g;
+    for (int64_t b = 0; b < (*store)->num_blocks(); ++b) {
+      g.insert(g.end(), (*store)->grad(b), (*store)->grad(b) + (*store)->block_numel(b));
+    }
+    grads.push_back(std::move(g));
+    h2d_bytes.push_back(result->stats.h2d_bytes);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  // fp32 streaming moves 4 bytes per streamed weight instead of 2.
+  EXPECT_GT(h2d_bytes[1], h2d_bytes[0]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4), 0);
+}
+
+// Host accumulation over three micro-batches through chunks smaller than
+// a block (several per block, the last partial) gives the gradients of
+// one-chunk landings bit for bit, and the executor holds its plan.
+TEST(GradStagingTest, ChunkedHostAccumulationIsBitIdentical) {
+  const ModelConfig config = SmallLlama();
+  const std::vector<MicroBatch> batches = MakeBatches(3, kB, kT, config.vocab_size, 21);
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(2);
+  std::vector<std::vector<float>> grads;
+  for (const int64_t chunk : {int64_t{1} << 30, int64_t{777}}) {
+    SCOPED_TRACE(absl::StrCat("grad_chunk_elements ", chunk));
+    auto store = HostStore::Create(config, HostStoreOptions{});
+    ASSERT_THAT(store, IsOk());
+    (*store)->InitializeWeights(4);
+    ExecutorOptions options;
+    options.micro_batch = kB;
+    options.seq_len = kT;
+    options.grad_chunk_elements = chunk;
+    auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+    ASSERT_THAT(executor, IsOk());
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
+    EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
+    // The ring: kGradChunkBuffers chunks of min(chunk, largest block) fp32.
+    const int64_t slot_bytes = kB * kT * config.hidden_size * 4 + 8;
+    EXPECT_EQ(plan.grad_staging_bytes,
+              2 * slot_bytes + kGradChunkBuffers * 4 * std::min(chunk, plan.max_slot_numel));
+    ASSERT_THAT((*executor)->ForwardBackward(batches, {}), IsOk());
+    std::vector<float> g;
+    for (int64_t b = 0; b < (*store)->num_blocks(); ++b) {
+      g.insert(g.end(), (*store)->grad(b), (*store)->grad(b) + (*store)->block_numel(b));
+    }
+    grads.push_back(std::move(g));
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4), 0);
+}
+
+TrainerOptions RingOptions(GradientLanding landing, int64_t accumulation) {
+  TrainerOptions o = Bf16Options(0.0, WeightStream::kFp32);
+  o.gradient_landing = landing;
+  o.gradient_accumulation_steps = accumulation;
+  return o;
+}
+
+TrainedRun TrainSteps(const ModelConfig& config, const TrainerOptions& options,
+                      int64_t micro_batches, bool* ring) {
+  TrainedRun run;
+  auto trainer = Trainer::Create(config, options, 5);
+  EXPECT_THAT(trainer, IsOk());
+  if (!trainer.ok()) return run;
+  *ring = (*trainer)->gradient_ring();
+  for (int s = 0; s < 3; ++s) {
+    const auto result = (*trainer)->Step(
+        MakeBatches(static_cast<int>(micro_batches), kB, kT, config.vocab_size, 60 + s));
+    EXPECT_THAT(result, IsOk());
+    if (!result.ok()) return run;
+    run.losses.push_back(result->loss);
+  }
+  EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  HostStore& store = (*trainer)->store();
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
+      run.state.insert(run.state.end(), data, data + store.block_numel(b));
+    }
+  }
+  run.bytes = store.bytes();
+  return run;
+}
+
+// Without clipping, updates read the gradients from the ring instead of
+// the arena: the same losses, masters and moments bit for bit, with one
+// micro-batch per step, with accumulation summed on the device, with a
+// one-wave layer-major schedule, with a resident layer, and with a step
+// whose loss is NaN (skipped); the arena shrinks to the embedding's.
+TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
+  const ModelConfig config = SmallLlama();
+  struct Mode {
+    std::string name;
+    int64_t accumulation;
+    int device_grad_accumulation;
+    bool layer_major;
+    int resident_layers;
+    int64_t poison_step;
+  };
+  const Mode modes[] = {{"one micro-batch", 1, 0, false, 0, 0},
+                        {"device accumulation", 2, 1, false, 0, 0},
+                        {"layer-major one wave", 2, 0, true, 0, 0},
+                        {"resident layer", 1, 0, false, 1, 0},
+                        {"NaN loss at step 2", 1, 0, false, 0, 2}};
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    TrainerOptions arena = RingOptions(GradientLanding::kArena, mode.accumulation);
+    arena.device_grad_accumulation = mode.device_grad_accumulation;
+    arena.resident_layers = mode.resident_layers;
+    if (mode.layer_major) {
+      arena.step_schedule = StepSchedule::kLayerMajor;
+      arena.wave = static_cast<int>(mode.accumulation);
+    }
+    arena.debug_nonfinite.step = mode.poison_step;
+    TrainerOptions ring = arena;
+    ring.gradient_landing = GradientLanding::kRing;
+    bool arena_ring = true, ring_ring = false;
+    const TrainedRun a = TrainSteps(config, arena, mode.accumulation, &arena_ring);
+    const TrainedRun b = TrainSteps(config, ring, mode.accumulation, &ring_ring);
+    EXPECT_FALSE(arena_ring);
+    EXPECT_TRUE(ring_ring);
+    ASSERT_EQ(a.losses.size(), 3u);
+    ASSERT_EQ(b.losses.size(), 3u);
+    for (int s = 0; s < 3; ++s) {
+      if (std::isnan(a.losses[s])) {
+        EXPECT_TRUE(std::isnan(b.losses[s]));
+      } else {
+        EXPECT_EQ(a.losses[s], b.losses[s]);
+      }
+    }
+    ASSERT_EQ(a.state.size(), b.state.size());
+    EXPECT_EQ(std::memcmp(a.state.data(), b.state.data(), a.state.size() * 4), 0);
+    const ModelLayout layout = ModelLayout::Create(config);
+    const int64_t embedding = layout.blocks[layout.embedding_block()].numel;
+    EXPECT_EQ(b.bytes.grad, (embedding + 1023) / 1024 * 1024 * 4);
+    EXPECT_GT(a.bytes.grad, b.bytes.grad);
+  }
+}
+
+TEST(GradientRingTest, RingIsRefusedWhereGradientsWouldNotBeFinal) {
+  const ModelConfig config = SmallLlama();
+  TrainerOptions clipped = RingOptions(GradientLanding::kRing, 1);
+  clipped.max_grad_norm = 1.0;
+  EXPECT_THAT(Trainer::Create(config, clipped, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs max_grad_norm 0")));
+  TrainerOptions host_sums = RingOptions(GradientLanding::kRing, 2);
+  host_sums.device_grad_accumulation = 0;
+  host_sums.step_schedule = StepSchedule::kMicroBatchMajor;
+  EXPECT_THAT(Trainer::Create(config, host_sums, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("summed on the device")));
+  // Auto falls back to the arena there.
+  host_sums.gradient_landing = GradientLanding::kAuto;
+  auto trainer = Trainer::Create(config, host_sums, 1);
+  ASSERT_THAT(trainer, IsOk());
+  EXPECT_FALSE((*trainer)->gradient_ring());
+  // A trainer with the ring refuses a step with more micro-batches than
+  // the device sums, before any work.
+  TrainerOptions one = RingOptions(GradientLanding::kAuto, 1);
+  auto ring_trainer = Trainer::Create(config, one, 1);
+  ASSERT_THAT(ring_trainer, IsOk());
+  ASSERT_TRUE((*ring_trainer)->gradient_ring());
+  EXPECT_THAT((*ring_trainer)->Step(MakeBatches(2, kB, kT, config.vocab_size, 3)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("would add gradients on the host")));
+}
+
+// Note [Executor memory plan]: admission's footprint is what the store
+// and the executor hold, for every host-memory mode (on the CPU: the same
+// buffers, none pinned).
+TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
+  const ModelConfig config = SmallLlama();
+  struct Mode {
+    std::string name;
+    ComputeDtype dtype;
+    WeightStream stream;
+    GradientLanding landing;
+    double clip;
+  };
+  const Mode modes[] = {
+      {"fp32 arena clip", ComputeDtype::kFp32, WeightStream::kBf16, GradientLanding::kArena, 1.0},
+      {"bf16 copy arena clip", ComputeDtype::kBf16, WeightStream::kBf16, GradientLanding::kArena,
+       1.0},
+      {"bf16 fp32-stream arena clip", ComputeDtype::kBf16, WeightStream::kFp32,
+       GradientLanding::kArena, 1.0},
+      {"bf16 copy ring", ComputeDtype::kBf16, WeightStream::kBf16, GradientLanding::kRing, 0.0},
+      {"bf16 fp32-stream ring", ComputeDtype::kBf16, WeightStream::kFp32, GradientLanding::kRing,
+       0.0},
+      {"fp32 auto no clip", ComputeDtype::kFp32, WeightStream::kBf16, GradientLanding::kAuto, 0.0},
+  };
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    JobSpec spec;
+    spec.train.micro_batch = kB;
+    spec.train.seq_len = kT;
+    spec.train.compute_dtype = mode.dtype;
+    spec.train.max_grad_norm = mode.clip;
+    spec.memory.weight_stream = mode.stream;
+    spec.memory.gradient_landing = mode.landing;
+    const MemoryFootprint f = EstimateFootprintForConfig(spec, config);
+    TrainerOptions o;
+    o.micro_batch = kB;
+    o.seq_len = kT;
+    o.compute_dtype = mode.dtype;
+    o.max_grad_norm = mode.clip;
+    o.weight_stream = mode.stream;
+    o.gradient_landing = mode.landing;
+    o.threads = 1;
+    auto trainer = Trainer::Create(config, o, 1);
+    ASSERT_THAT(trainer, IsOk());
+    const HostStoreBytes held = (*trainer)->store().bytes();
+    EXPECT_EQ(held.master, f.host.master);
+    EXPECT_EQ(held.grad, f.host.grad);
+    EXPECT_EQ(held.exp_avg, f.host.exp_avg);
+    EXPECT_EQ(held.exp_avg_sq, f.host.exp_avg_sq);
+    EXPECT_EQ(held.streaming, f.host.streaming);
+    EXPECT_EQ((*trainer)->staging_host_bytes(), f.host.staging);
+    // Bytes per parameter of the store: 16 with the arena (+2 for the bf16
+    // copy), 12 with the ring (+ the embedding's gradient).
+    const int64_t copy = mode.dtype == ComputeDtype::kBf16 && mode.stream == WeightStream::kBf16;
+    EXPECT_EQ(held.streaming, copy * held.master / 2);
+  }
+}
+
+TEST(WeightStreamTest, ExecutorRefusesAStoreThatDisagrees) {
+  const ModelConfig config = SmallLlama();
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(1);
+  HostStoreOptions with_copy;
+  with_copy.streaming_bf16 = true;
+  auto store = HostStore::Create(config, with_copy);
+  ASSERT_THAT(store, IsOk());
+  ExecutorOptions options;
+  options.compute_dtype = ComputeDtype::kBf16;
+  options.stream_fp32_master = true;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("disagree")));
+  options.compute_dtype = ComputeDtype::kFp32;
+  auto fp32_store = HostStore::Create(config, HostStoreOptions{});
+  ASSERT_THAT(fp32_store, IsOk());
+  EXPECT_THAT(StreamingExecutor::Create(fp32_store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bf16 compute only")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
