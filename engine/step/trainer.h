@@ -135,6 +135,7 @@ namespace megatrain::engine {
 
 class DeviceRuntime;
 class EmbeddingUpdater;
+class GradientReducer;
 class OptimizerQueue;
 class StreamingExecutor;
 class ThreadPool;
@@ -217,6 +218,12 @@ struct TrainerOptions {
   int wave = 0;
   ActivationPlacement activation_placement = ActivationPlacement::kAuto;
   int64_t gradient_accumulation_steps = 1;
+  // Data parallelism (Note [Data-parallel step] in gradient_reducer.h):
+  // combines each block's gradient and the loss with the other ranks'. Not
+  // owned; null: one device. Needs a dense model and no resident layers or
+  // embedding (their gradients never reach the store); turns the embedding
+  // lookahead off (other ranks' rows get gradients too).
+  GradientReducer* gradient_reducer = nullptr;
 };
 
 // Auto's limit for TrainerOptions::device_grad_accumulation, over the
