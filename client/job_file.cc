@@ -263,6 +263,21 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
       MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
       MEGATRAIN_JOB_FIELD("wave", Int, train->set_wave),
       MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
+      {"devices",
+       [&](const YAML::Node& node, const std::string& path) {
+         // An integer N >= 1, or "all" (proto 0; docs/distributed.md).
+         if (node.IsScalar() && node.Scalar() == "all") {
+           train->set_devices(0);
+           return absl::OkStatus();
+         }
+         auto value = reader.Int(node, path);
+         if (!value.ok()) return value.status();
+         if (*value < 1 || *value > 64) {
+           return reader.Error(path, absl::StrCat("must be in [1, 64] or all, got ", *value));
+         }
+         train->set_devices(static_cast<int32_t>(*value));
+         return absl::OkStatus();
+       }},
   };
   const Fields optimizer_fields = {
       MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),

@@ -11,6 +11,9 @@ PACKAGES=(
   libclang-rt-dev
   # engine (OpenBLAS: Debian's LibTorch otherwise calls the reference BLAS, ~10x slower)
   libtorch-dev libopenblas0-pthread libabsl-dev nlohmann-json3-dev libxxhash-dev libsentencepiece-dev sentencepiece
+  # engine/dist: gloo's headers for LibTorch's ProcessGroupGloo (docs/distributed.md;
+  # not in deploy/fetch-debs.sh: the GPU build uses pip torch's own c10d)
+  libgloo-dev
   # HF tokenizer.json: PCRE2 (Split regexes), ICU (NF* normalizers)
   libpcre2-dev libicu-dev
   # NVMe tier: io_uring (engine/store/nvme_tier.cc)

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "engine/job/training_job.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/dist/data_parallel.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
 
@@ -317,17 +319,21 @@ void AddTimingJson(const BenchRun& run, const absl::StatusOr<LinkBandwidthMeasur
 // Runs warmup + measured steps, one global batch ahead so that each step
 // knows the next one's first micro-batch (Note [Embedding lookahead] in
 // trainer.h).
+// With o.devices > 1, `dp` runs the steps (global batches of devices x
+// gradient_accumulation_steps micro-batches, no lookahead) and `trainer` is
+// its rank 0.
 absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& config,
-                                  Trainer& trainer, FILE* progress) {
+                                  Trainer& trainer, DataParallelTrainer* dp, FILE* progress) {
   std::mt19937_64 rng(o.seed + 1);
+  const int64_t global_micro_batches = o.gradient_accumulation_steps * std::max(o.devices, 1);
   std::vector<MicroBatch> fixed;
-  for (int64_t m = 0; m < o.gradient_accumulation_steps; ++m) {
+  for (int64_t m = 0; m < global_micro_batches; ++m) {
     fixed.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
   }
   auto make_batches = [&]() {
     if (o.data != "random") return fixed;
     std::vector<MicroBatch> out;
-    for (int64_t m = 0; m < o.gradient_accumulation_steps; ++m) {
+    for (int64_t m = 0; m < global_micro_batches; ++m) {
       out.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
     }
     return out;
@@ -340,7 +346,8 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
     if (i + 1 < o.warmup + o.steps) next = make_batches();
     absl::Span<const int32_t> next_ids;
     if (o.embedding_lookahead && !next.empty()) next_ids = next.front().input_ids;
-    MEGATRAIN_ASSIGN_OR_RETURN(StepResult r, trainer.Step(batches, next_ids));
+    MEGATRAIN_ASSIGN_OR_RETURN(StepResult r,
+                               dp != nullptr ? dp->Step(batches) : trainer.Step(batches, next_ids));
     batches = std::move(next);
     if (i == 0) run.loss_first = r.loss;
     run.loss_last = r.loss;
@@ -351,7 +358,7 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
     run.nvme_read_bytes += r.stats.nvme_read_bytes;
     run.nvme_written_bytes += r.stats.nvme_written_bytes;
   }
-  MEGATRAIN_RETURN_IF_ERROR(trainer.WaitForOptimizer());
+  MEGATRAIN_RETURN_IF_ERROR(dp != nullptr ? dp->WaitForOptimizer() : trainer.WaitForOptimizer());
   return run;
 }
 
@@ -365,11 +372,28 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
   MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<BenchTierDir> tier_dir, BenchTierDir::Create(o));
   if (tier_dir != nullptr) topt.nvme_dir = tier_dir->path();
-  MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                             Trainer::Create(config, topt, o.seed));
+  std::unique_ptr<Trainer> single;
+  std::unique_ptr<DataParallelTrainer> dp;
+  if (o.devices > 1) {
+    // Data parallel (docs/distributed.md): the ranks share the cores.
+    if (tier_dir != nullptr) {
+      return absl::InvalidArgumentError("--devices > 1 with --nvme_tier moments is not built");
+    }
+    DataParallelOptions dpo;
+    dpo.devices = DataParallelDevices(o.device, o.devices);
+    topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices;
+    if (o.threads == 0) {
+      topt.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.devices);
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(dp, DataParallelTrainer::Create(config, topt, o.seed, dpo));
+  } else {
+    MEGATRAIN_ASSIGN_OR_RETURN(single, Trainer::Create(config, topt, o.seed));
+  }
+  Trainer* trainer = dp != nullptr ? &dp->rank(0) : single.get();
   const bool hf_weights = std::filesystem::exists(o.model + "/model.safetensors") ||
                           std::filesystem::exists(o.model + "/model.safetensors.index.json");
   if (hf_weights) MEGATRAIN_RETURN_IF_ERROR(LoadHfWeights(o.model, &trainer->store()));
+  if (hf_weights && dp != nullptr) MEGATRAIN_RETURN_IF_ERROR(dp->SyncReplicasFromRank0());
   FILE* progress = o.json ? stderr : stdout;
   std::fprintf(
       progress,
@@ -379,13 +403,18 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       static_cast<long>(o.gradient_accumulation_steps));
   std::fprintf(progress, "megatrain-bench: schedule %s\n",
                trainer->schedule_choice().Describe().c_str());
-  MEGATRAIN_ASSIGN_OR_RETURN(BenchRun run, RunSteps(o, config, *trainer, progress));
+  if (dp != nullptr) {
+    std::fprintf(progress, "megatrain-bench: %d devices, data parallel over %s\n", o.devices,
+                 dp->backend_name().c_str());
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(BenchRun run, RunSteps(o, config, *trainer, dp.get(), progress));
 
   const double step_median = Median(run.samples.step);
-  const double tokens =
-      static_cast<double>(o.micro_batch * o.seq_len * o.gradient_accumulation_steps);
+  const double tokens = static_cast<double>(o.micro_batch * o.seq_len *
+                                            o.gradient_accumulation_steps * std::max(o.devices, 1));
   nlohmann::json j;
   AddSetupJson(o, config, *trainer, &j);
+  j["devices"] = std::max(o.devices, 1);
   AddTimingJson(run, link, &j);
   j["tokens_per_s"] = tokens / step_median;
   j["step_seconds"] = step_median;

@@ -18,6 +18,10 @@ struct BenchOptions {
   int64_t micro_batch = 8;     // B
   int64_t seq_len = 128;       // T
   int64_t gradient_accumulation_steps = 1;
+  // Data-parallel devices (docs/distributed.md): N ranks on base `device`
+  // (cuda -> cuda:0..N-1), each running gradient_accumulation_steps (per
+  // device) micro-batches of a step; tokens/s counts all N.
+  int devices = 1;
   int64_t steps = 10;  // measured steps
   int64_t warmup = 2;  // unmeasured steps first
   std::string compute_dtype = "fp32";

@@ -22,7 +22,22 @@
   (TORCH_VERSION_MAJOR > (major) ||            \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+// c10d (engine/dist/): the class process-group backends (ProcessGroupGloo,
+// ProcessGroupNCCL) derive from, whose allreduce/broadcast take tensor
+// vectors and return a c10d::Work: c10d::ProcessGroup on 1.13, c10d::Backend
+// from 2.0 on (where ProcessGroup became a dispatcher over backends).
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
 namespace megatrain::engine::compat {
+
+#if MEGATRAIN_TORCH_AT_LEAST(2, 0)
+using DistBackend = ::c10d::Backend;
+#else
+using DistBackend = ::c10d::ProcessGroup;
+#endif
 
 // softmax(q k^T * scale + mask) v for q [B, H, T, Dh] and k, v [B, H, S, Dh]
 // (same head count: callers repeat kv heads first). `mask` is boolean

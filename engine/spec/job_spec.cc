@@ -56,6 +56,21 @@ absl::Status CheckTrainSchedule(const TrainSpec& t) {
   return absl::OkStatus();
 }
 
+// train.devices (docs/distributed.md): each device runs the same number of
+// micro-batches per step.
+absl::Status CheckTrainDevices(const TrainSpec& t) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.devices", t.devices, kDevicesRange));
+  if (t.devices > 1 && t.gradient_accumulation_steps % t.devices != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.devices: ", t.devices,
+                     " devices need train.gradient_accumulation_steps to be a "
+                     "multiple of ",
+                     t.devices, " (each device runs the same number of micro-batches), got ",
+                     t.gradient_accumulation_steps));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckTrain(const TrainSpec& t) {
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.micro_batch", t.micro_batch, kMicroBatchRange));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", t.seq_len, kSeqLenRange));
@@ -74,6 +89,7 @@ absl::Status CheckTrain(const TrainSpec& t) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(t.nan_policy)));
   }
+  MEGATRAIN_RETURN_IF_ERROR(CheckTrainDevices(t));
   return CheckTrainSchedule(t);
 }
 

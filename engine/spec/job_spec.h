@@ -88,7 +88,15 @@ struct TrainSpec {
   std::string schedule = "auto";
   int64_t wave = 0;
   std::string activations = "auto";
+  // Devices the job trains on, data parallel (docs/distributed.md): N >= 1,
+  // or kAllDevices for every device of the daemon (resolved at submission).
+  // gradient_accumulation_steps must be a multiple of N: each device runs
+  // the same number of micro-batches of a step.
+  int64_t devices = 1;
 };
+
+// TrainSpec::devices: every device of the daemon ("all" in job files).
+inline constexpr int64_t kAllDevices = 0;
 
 struct OptimizerSpec {
   double lr = 3e-4;  // peak learning rate
@@ -174,6 +182,8 @@ inline constexpr IntRange kSeqLenRange{1, int64_t{1} << 20};
 inline constexpr IntRange kGradientAccumulationStepsRange{1, int64_t{1} << 16};
 // Layer-major micro-batches per wave; 0 lets the trainer choose.
 inline constexpr IntRange kWaveRange{0, 4096};
+// train.devices: kAllDevices or 1..64 (the data-parallel ranks one host runs).
+inline constexpr IntRange kDevicesRange{0, 64};
 inline constexpr IntRange kMaxStepsRange{0, int64_t{1} << 40};
 inline constexpr IntRange kMaxTokensRange{0, int64_t{1} << 60};
 inline constexpr IntRange kEvalEveryStepsRange{0, int64_t{1} << 40};

@@ -45,6 +45,7 @@ json TrainToJson(const TrainSpec& t) {
   if (t.schedule != "auto") j["schedule"] = t.schedule;
   if (t.wave != 0) j["wave"] = t.wave;
   if (t.activations != "auto") j["activations"] = t.activations;
+  if (t.devices != 1) j["devices"] = t.devices;
   return j;
 }
 
@@ -108,6 +109,7 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   Get(train, "schedule", &t->schedule);
   Get(train, "wave", &t->wave);
   Get(train, "activations", &t->activations);
+  Get(train, "devices", &t->devices);  // absent before data parallelism: 1
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/step/executor.h"
+#include "engine/step/gradient_reducer.h"
 #include "engine/optim/embedding_updater.h"
 #include "engine/optim/optimizer_queue.h"
 #include "engine/optim/tiered_adamw.h"
@@ -55,6 +56,20 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
     return absl::InvalidArgumentError(
         "resident_layers / resident_embedding: nothing can be resident on the device with the "
         "AdamW moments on the NVMe tier (memory.nvme_tier; Note [Tiered trainer])");
+  }
+  if (options.gradient_reducer != nullptr) {
+    // Note [Data-parallel step]: only gradients that land in the store
+    // are reduced.
+    if (config.moe != nullptr) {
+      return absl::UnimplementedError(
+          "train.devices: data parallelism over a mixture-of-experts model is not built");
+    }
+    if (options.resident_layers > 0 || options.resident_embedding == 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resident_layers / resident_embedding: must be 0 or auto with train.devices > 1 (a "
+          "resident block's gradient stays on its device), got ",
+          options.resident_layers, " / ", options.resident_embedding));
+    }
   }
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer_slice_elements: must be >= 1, got ",
@@ -130,7 +145,13 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
 
 // `options` with the NVMe tier's constraints applied (Note [Tiered
 // trainer]): nothing resident on the device, slices of whole 4 KiB.
+// With a gradient reducer, nothing resident either (Note [Data-parallel
+// step]: a resident block's gradient never reaches the store).
 TrainerOptions WithTierDefaults(TrainerOptions options) {
+  if (options.gradient_reducer != nullptr) {
+    options.resident_layers = 0;
+    options.resident_embedding = 0;
+  }
   if (options.nvme_dir.empty()) return options;
   options.resident_layers = 0;
   options.resident_embedding = 0;
@@ -319,6 +340,11 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   const auto start = std::chrono::steady_clock::now();
   MEGATRAIN_RETURN_IF_ERROR(queue_->error());
   MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
+  GradientReducer* reducer = options_.gradient_reducer;
+  if (reducer != nullptr) {
+    MEGATRAIN_RETURN_IF_ERROR(reducer->BeginStep(micro_batches));
+    next_input_ids = {};  // other ranks' rows get gradients too
+  }
   StepState s;
   s.step = step_ + 1;
   s.lr = schedule_->LrAt(s.step);
@@ -341,6 +367,17 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();
+  if (fb.ok() && reducer != nullptr) {
+    // The global batch's loss (Note [Data-parallel step]); a failed
+    // collective fails the step.
+    absl::StatusOr<double> loss_sum = reducer->EndStep(fb->loss_sum);
+    if (loss_sum.ok()) {
+      fb->loss_sum = *loss_sum;
+      fb->counted_tokens = reducer->global_counted_tokens();
+    } else {
+      fb = loss_sum.status();
+    }
+  }
   if (!fb.ok()) {
     if (embedding_ != nullptr) embedding_->AfterStep(s.step, /*applied=*/false);
     return fb.status();
@@ -366,6 +403,10 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
 }
 
 void Trainer::OnBlockFinal(StepState& s, int64_t block, double grad_sq) {
+  if (options_.gradient_reducer != nullptr) {  // Note [Data-parallel step]
+    grad_sq = options_.gradient_reducer->ReduceBlock(block, store_->grad(block),
+                                                     store_->block_numel(block));
+  }
   const int64_t resident = ResidentIndexOf(block);
   const double sq = hooks_ != nullptr ? hooks_->BlockFinal(block, resident >= 0, grad_sq) : grad_sq;
   s.block_sq[block] = sq;

@@ -158,6 +158,7 @@ namespace megatrain::engine {
 
 class DeviceRuntime;
 class EmbeddingUpdater;
+class GradientReducer;
 class OptimizerQueue;
 class StreamingExecutor;
 class ThreadPool;
@@ -261,6 +262,12 @@ struct TrainerOptions {
   // fp32 elements of one moment per tier read/write (a multiple of 1024;
   // kNvmeTierChunkElements; tests use small ones).
   int64_t nvme_chunk_elements = kNvmeTierChunkElements;
+  // Data parallelism (Note [Data-parallel step] in gradient_reducer.h):
+  // combines each block's gradient and the loss with the other ranks'. Not
+  // owned; null: one device. Needs a dense model and no resident layers or
+  // embedding (their gradients never reach the store); turns the embedding
+  // lookahead off (other ranks' rows get gradients too).
+  GradientReducer* gradient_reducer = nullptr;
 };
 
 // The decoder layers TrainerOptions::resident_layers `option` keeps on a

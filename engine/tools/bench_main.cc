@@ -30,6 +30,10 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--seq_len", o.seq_len, "tokens per sequence");
   app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
                  "micro-batches per step");
+  app.add_option("--devices", o.devices,
+                 "data-parallel devices, each running --gradient_accumulation_steps micro-batches "
+                 "(cuda: cuda:0..N-1; docs/distributed.md)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--steps", o.steps, "measured optimizer steps");
   app.add_option("--warmup", o.warmup, "unmeasured steps first");
   app.add_option("--compute_dtype", o.compute_dtype, "fp32 | tf32 | bf16");

@@ -349,6 +349,31 @@ absl::Status JobManager::CheckJobLimitsLocked(const std::string& owner, int64_t 
   return absl::OkStatus();
 }
 
+namespace {
+
+// train.devices at submission (docs/distributed.md): "all" (0) becomes the
+// daemon's device count; more devices than the daemon schedules on can
+// never run (INVALID_ARGUMENT naming both counts). The job runner trains
+// on one device: a data-parallel job (N > 1) is UNIMPLEMENTED in the
+// daemon until it gang-schedules (megatrain-bench --devices runs one).
+absl::Status ResolveRequestedDevices(int64_t daemon_devices, engine::TrainSpec* train) {
+  if (train->devices == engine::kAllDevices) train->devices = daemon_devices;
+  if (train->devices > daemon_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("train.devices: ", train->devices,
+                                                   " requested, this daemon has ", daemon_devices,
+                                                   " device(s)"));
+  }
+  if (train->devices > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "train.devices: ", train->devices,
+        " devices: data-parallel jobs are not scheduled by the daemon yet (one device per job; "
+        "megatrain-bench --devices runs data-parallel training)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest request,
                                              absl::string_view request_id) {
   if (request_id.size() > kMaxRequestIdLength) {
@@ -361,6 +386,8 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   bool repeat = false;
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
   if (repeat) return existing;
+  MEGATRAIN_RETURN_IF_ERROR(
+      ResolveRequestedDevices(static_cast<int64_t>(options_.devices.size()), &request.spec.train));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
 
   JobRecord job;

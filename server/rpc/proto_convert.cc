@@ -195,6 +195,7 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
   }
   if (train.has_schedule()) train_spec->schedule = train.schedule();
   if (train.has_wave()) train_spec->wave = train.wave();
+  if (train.has_devices()) train_spec->devices = train.devices();
   if (train.has_activations()) train_spec->activations = train.activations();
   return absl::OkStatus();
 }
@@ -336,6 +337,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
       spec.train.allow_seq_len_above_max_position_embeddings);
   train->set_schedule(spec.train.schedule);
   train->set_wave(spec.train.wave);
+  train->set_devices(static_cast<int32_t>(spec.train.devices));
   train->set_activations(spec.train.activations);
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);

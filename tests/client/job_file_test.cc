@@ -106,6 +106,19 @@ TEST(JobFileTest, StepScheduleKeys) {
   EXPECT_FALSE(absent->train().has_wave());
 }
 
+TEST(JobFileTest, DevicesTakeACountOrAll) {
+  absl::StatusOr<v1::JobSpec> two = ParseJobYaml("train: {devices: 2}\n", "/", "j.yaml");
+  ASSERT_THAT(two, IsOk());
+  EXPECT_EQ(two->train().devices(), 2);
+  absl::StatusOr<v1::JobSpec> all = ParseJobYaml("train: {devices: all}\n", "/", "j.yaml");
+  ASSERT_THAT(all, IsOk());
+  EXPECT_TRUE(all->train().has_devices());
+  EXPECT_EQ(all->train().devices(), 0);
+  EXPECT_THAT(ParseJobYaml("train: {devices: 0}\n", "/", "j.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.devices: must be in [1, 64] or all, got 0")));
+}
+
 TEST(JobFileTest, OptionalKeysAndLabels) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
       "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "

@@ -196,6 +196,36 @@ TEST(ValidateJobSpecTest, UnknownScheduleAndPresetAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-such-model")));
 }
 
+TEST(ValidateJobSpecTest, DevicesAreBoundedAndDivideTheAccumulation) {
+  JobSpec spec = TinyJob();
+  spec.train.devices = 65;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.devices: must be in [0, 64], got 65")));
+  spec.train.devices = 2;
+  spec.train.gradient_accumulation_steps = 3;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.devices: 2 devices need "
+                                 "train.gradient_accumulation_steps to be a multiple of 2")));
+  spec.train.gradient_accumulation_steps = 4;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  spec.train.devices = kAllDevices;  // resolved by the daemon at submission
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(JobSpecJsonTest, DevicesRoundTripAndDefaultToOne) {
+  JobSpec spec = TinyJob();
+  EXPECT_EQ(JobSpecToJson(spec).find("devices"), std::string::npos);
+  spec.train.devices = 4;
+  auto back = JobSpecFromJson(JobSpecToJson(spec));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->train.devices, 4);
+  auto old = JobSpecFromJson(JobSpecToJson(TinyJob()));
+  ASSERT_THAT(old, IsOk());
+  EXPECT_EQ(old->train.devices, 1);
+}
+
 TEST(MaxStepsTest, MaxStepsWinsElseTokensRoundUpToWholeSteps) {
   JobSpec spec = TinyJob();
   EXPECT_EQ(MaxSteps(spec), 10);

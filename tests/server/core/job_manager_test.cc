@@ -178,6 +178,36 @@ TEST_F(JobManagerTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
                                 HasSubstr("--host_memory_budget is 64.00 MiB (67108864 bytes)"))));
 }
 
+// train.devices (docs/distributed.md): more devices than the daemon has is
+// refused naming both counts; "all" is this daemon's one device and runs;
+// a data-parallel job is not scheduled by the daemon yet.
+TEST_F(JobManagerTest, JobAskingForMoreDevicesThanTheDaemonHasIsRefused) {
+  StartManager();
+  JobRequest request = Request("wide");
+  request.spec.train.devices = 2;
+  request.spec.train.gradient_accumulation_steps = 2;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("train.devices: 2 requested"),
+                                        HasSubstr("this daemon has 1 device(s)"))));
+  request = Request("all");
+  request.spec.train.devices = engine::kAllDevices;
+  JobRecord job = Submit(kAlice, request);
+  EXPECT_EQ(job.request.spec.train.devices, 1);
+}
+
+TEST_F(JobManagerTest, DataParallelJobIsUnimplementedInTheDaemon) {
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRequest request = Request("wide");
+  request.spec.train.devices = 2;
+  request.spec.train.gradient_accumulation_steps = 2;
+  EXPECT_THAT(
+      manager_->Submit(kAlice, request, ""),
+      StatusIs(absl::StatusCode::kUnimplemented,
+               HasSubstr("train.devices: 2 devices: data-parallel jobs are not scheduled")));
+}
+
 TEST_F(JobManagerTest, ActivationOffloadCountsAgainstTheBudget) {
   // 1 MiB of model state (the fake's default) fits 64 MiB; with 1 GiB of
   // pinned offload buffers (train.offload_activations) it never can.

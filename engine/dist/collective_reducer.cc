@@ -1,0 +1,109 @@
+// GradientReducer over c10d (collective_reducer.h).
+#include "engine/dist/collective_reducer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/io/batch.h"
+#include "engine/runtime/status_macros.h"
+
+namespace megatrain::engine {
+namespace {
+
+// Elements per partial sum of the squared norm (Note [Gradient all-reduce]).
+constexpr int64_t kNormChunk = int64_t{1} << 20;
+
+// sum(x^2) in fp64 over fixed chunks, added in chunk order: the same bits
+// for any number of threads.
+double SquaredNorm(const float* x, int64_t numel) {
+  const int64_t chunks = (numel + kNormChunk - 1) / kNormChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      double sum = 0;
+      const int64_t stop = std::min(numel, (c + 1) * kNormChunk);
+      for (int64_t i = c * kNormChunk; i < stop; ++i) sum += static_cast<double>(x[i]) * x[i];
+      partial[static_cast<size_t>(c)] = sum;
+    }
+  });
+  double total = 0;
+  for (const double p : partial) total += p;
+  return total;
+}
+
+}  // namespace
+
+absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> micro_batches) {
+  {
+    absl::MutexLock lock(&mu_);
+    error_ = absl::OkStatus();
+  }
+  // {counted tokens, malformed batches, micro-batches, micro-batches^2}:
+  // summed, they give N, whether any rank's batch is bad (the executor
+  // would refuse it before its first collective, leaving the others
+  // waiting), and whether every rank has the same number of micro-batches
+  // (sum of squares = sum^2 / world exactly when all are equal).
+  int64_t counts[4] = {0, 0, static_cast<int64_t>(micro_batches.size()), 0};
+  counts[3] = counts[2] * counts[2];
+  for (const MicroBatch& mb : micro_batches) {
+    bool bad = mb.input_ids.size() != mb.labels.size();
+    for (const int32_t id : mb.input_ids) bad = bad || id < 0 || id >= vocab_size_;
+    for (const int32_t label : mb.labels) {
+      if (label == kIgnoreLabel) continue;
+      bad = bad || label < 0 || label >= vocab_size_;
+      ++counts[0];
+    }
+    counts[1] += bad ? 1 : 0;
+  }
+  const int64_t local_tokens = counts[0];
+  MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(counts, 4));
+  const int64_t world = group_->world_size();
+  if (counts[1] > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch: ", counts[1], " micro-batch(es) over the ", world,
+        " ranks have a token id or label outside [0, vocab_size) or mismatched sizes"));
+  }
+  if (counts[3] * world != counts[2] * counts[2]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch: every rank needs the same number of micro-batches (", counts[2],
+                     " over ", world, " ranks)"));
+  }
+  global_tokens_ = counts[0];
+  scale_ = global_tokens_ > 0 ? static_cast<double>(local_tokens) / global_tokens_ : 1.0;
+  return absl::OkStatus();
+}
+
+double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_t numel) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (scale_ != 1.0) {
+    at::from_blob(grad, {numel}, at::TensorOptions().dtype(at::kFloat))
+        .mul_(static_cast<float>(scale_));
+  }
+  absl::Status status = group_->AllReduceSum(grad, numel);
+  if (!status.ok()) {
+    absl::MutexLock lock(&mu_);
+    error_ = absl::Status(status.code(),
+                          absl::StrCat("gradient of block ", block, ": ", status.message()));
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  return SquaredNorm(grad, numel);
+}
+
+absl::StatusOr<double> CollectiveGradientReducer::EndStep(double loss_sum) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+  }
+  MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(&loss_sum, 1));
+  return loss_sum;
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,222 @@
+// c10d rendezvous and process groups (process_group.h).
+#include "engine/dist/process_group.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/runtime/torch_compat.h"
+
+namespace megatrain::engine {
+
+struct RendezvousStore::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  int port = 0;
+  bool loopback = true;  // every rank on this host: gloo over 127.0.0.1
+};
+
+struct CollectiveGroup::Impl {
+  c10::intrusive_ptr<compat::DistBackend> backend;
+  at::Device device = at::kCPU;
+};
+
+namespace {
+
+// INVALID_ARGUMENT unless `name` holds an integer in [lo, hi].
+absl::StatusOr<int> IntFromEnv(const char* name, int lo, int hi) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not set (torchrun sets it)"));
+  }
+  int parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed) || parsed < lo || parsed > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": must be an integer in [", lo, ", ", hi, "], got '", value, "'"));
+  }
+  return parsed;
+}
+
+// Runs a c10d call; its exceptions (gloo's IoException on a timeout or a
+// closed peer, c10::Error) become UNAVAILABLE naming `what`.
+template <typename F>
+absl::Status Collective(const char* what, F&& f) {
+  try {
+    f();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("c10d ", what, ": ", e.what()));
+  }
+}
+
+absl::Status AllReduce(CollectiveGroup::Impl& impl, void* data, int64_t numel,
+                       at::ScalarType dtype) {
+  if (numel == 0) return absl::OkStatus();
+  return Collective("allreduce", [&] {
+    at::Tensor host = at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
+    // NCCL reduces device memory: stage there (the copy back waits for the
+    // collective, which ProcessGroupNCCL orders before the current stream).
+    std::vector<at::Tensor> tensors{impl.device.is_cpu() ? host : host.to(impl.device)};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    impl.backend->allreduce(tensors, options)->wait();
+    if (!impl.device.is_cpu()) host.copy_(tensors[0]);
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<TorchrunEnv> ReadTorchrunEnv() {
+  if (std::getenv("WORLD_SIZE") == nullptr) {
+    return absl::NotFoundError("WORLD_SIZE: not set (not launched by torchrun)");
+  }
+  TorchrunEnv env;
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return absl::InvalidArgumentError("MASTER_ADDR: not set (torchrun sets it)");
+  }
+  env.master_addr = addr;
+  MEGATRAIN_ASSIGN_OR_RETURN(env.master_port, IntFromEnv("MASTER_PORT", 1, 65535));
+  MEGATRAIN_ASSIGN_OR_RETURN(env.world_size, IntFromEnv("WORLD_SIZE", 1, 1 << 16));
+  MEGATRAIN_ASSIGN_OR_RETURN(env.rank, IntFromEnv("RANK", 0, env.world_size - 1));
+  MEGATRAIN_ASSIGN_OR_RETURN(env.local_rank, IntFromEnv("LOCAL_RANK", 0, 1 << 10));
+  return env;
+}
+
+RendezvousStore::RendezvousStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RendezvousStore::~RendezvousStore() = default;
+int RendezvousStore::port() const { return impl_->port; }
+
+std::shared_ptr<RendezvousStore> RendezvousStore::CreateInProcess() {
+  auto impl = std::make_unique<Impl>();
+  impl->store = c10::make_intrusive<c10d::HashStore>();
+  return std::shared_ptr<RendezvousStore>(new RendezvousStore(std::move(impl)));
+}
+
+absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
+    const TorchrunEnv& env, std::chrono::milliseconds timeout) {
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK: must be in [0, WORLD_SIZE=", env.world_size, "), got ", env.rank));
+  }
+  if (env.master_port < 0 || env.master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MASTER_PORT: must be in [0, 65535], got ", env.master_port));
+  }
+  auto impl = std::make_unique<Impl>();
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env.master_port);
+  options.isServer = env.rank == 0;
+  options.numWorkers = static_cast<size_t>(env.world_size);
+  // Rank 0 returns at once; the group's first collective is the barrier.
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  impl->loopback = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
+  absl::Status status = Collective("TCPStore", [&] {
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    impl->port = store->getPort();
+    impl->store = store;
+  });
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("rendezvous at ", env.master_addr, ":",
+                                               env.master_port, ": ", status.message()));
+  }
+  return std::shared_ptr<RendezvousStore>(new RendezvousStore(std::move(impl)));
+}
+
+bool HasCollectiveBackend(const std::string& device) {
+  if (absl::StartsWith(device, "cuda")) {
+#ifdef USE_C10D_NCCL
+    return true;
+#else
+    return false;
+#endif
+  }
+#ifdef USE_C10D_GLOO
+  return device == "cpu";
+#else
+  return false;
+#endif
+}
+
+CollectiveGroup::~CollectiveGroup() = default;
+
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(
+    std::shared_ptr<RendezvousStore> store, int rank, int world_size, const std::string& device,
+    std::chrono::milliseconds timeout) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, world_size=", world_size, "), got ", rank));
+  }
+  if (!HasCollectiveBackend(device)) {
+    return absl::UnimplementedError(
+        absl::StrCat("train.devices: this build has no c10d backend for device '", device,
+                     "' (gloo for cpu, NCCL for cuda: built with LibTorch's distributed headers)"));
+  }
+  std::unique_ptr<CollectiveGroup> group(new CollectiveGroup());
+  group->rank_ = rank;
+  group->world_size_ = world_size;
+  group->store_ = std::move(store);
+  group->impl_ = std::make_unique<Impl>();
+  Impl& impl = *group->impl_;
+  // Keys of this group under their own prefix, so that a second group in
+  // the same store (the next job) never reads stale ones.
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("megatrain", group->store_->impl()->store);
+  absl::Status status = Collective("process group", [&] {
+    impl.device = at::Device(device);
+#ifdef USE_C10D_NCCL
+    if (impl.device.is_cuda()) {
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout;
+      impl.backend =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size, options);
+      group->backend_name_ = "nccl";
+      return;
+    }
+#endif
+#ifdef USE_C10D_GLOO
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // Across hosts: the interface GLOO_SOCKET_IFNAME names, else the one
+    // this host's name resolves to (as torch.distributed does).
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (group->store_->impl()->loopback) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else if (ifname != nullptr && *ifname != '\0') {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    impl.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, options);
+    group->backend_name_ = "gloo";
+#endif
+  });
+  MEGATRAIN_RETURN_IF_ERROR(status);
+  return group;
+}
+
+absl::Status CollectiveGroup::AllReduceSum(float* data, int64_t numel) {
+  return AllReduce(*impl_, data, numel, at::kFloat);
+}
+absl::Status CollectiveGroup::AllReduceSum(double* data, int64_t numel) {
+  return AllReduce(*impl_, data, numel, at::kDouble);
+}
+absl::Status CollectiveGroup::AllReduceSum(int64_t* data, int64_t numel) {
+  return AllReduce(*impl_, data, numel, at::kLong);
+}
+
+}  // namespace megatrain::engine

@@ -1,0 +1,106 @@
+// Collectives for data parallelism over LibTorch's c10d: a rendezvous store
+// (in-process HashStore for ranks that are threads of one process; TCPStore
+// with torchrun's environment variables across processes and hosts) and a
+// process group over it (ProcessGroupGloo on the CPU, ProcessGroupNCCL on
+// CUDA). No LibTorch types in this header: the job and the benchmark use it.
+//
+// Legend: a "rank" is one member of the group (one device); world_size is
+// the number of ranks. docs/distributed.md says how to run it.
+#ifndef MEGATRAIN_ENGINE_DIST_PROCESS_GROUP_H_
+#define MEGATRAIN_ENGINE_DIST_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace megatrain::engine {
+
+// torchrun's rendezvous variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+// RANK, LOCAL_RANK).
+struct TorchrunEnv {
+  std::string master_addr;
+  int master_port = 0;  // 1..65535
+  int world_size = 1;   // >= 1
+  int rank = 0;         // [0, world_size)
+  int local_rank = 0;   // this process's device on its host
+};
+
+// Reads TorchrunEnv from the environment. NOT_FOUND when WORLD_SIZE is
+// unset (not launched by torchrun); INVALID_ARGUMENT naming the variable
+// when one is missing or out of range.
+absl::StatusOr<TorchrunEnv> ReadTorchrunEnv();
+
+// A c10d key-value store the ranks meet in. Thread-safe (c10d's stores
+// are). Shared by every rank that joins through it; keeps the store alive.
+class RendezvousStore {
+ public:
+  // A store for ranks that are threads of this process (c10d::HashStore).
+  static std::shared_ptr<RendezvousStore> CreateInProcess();
+  // c10d::TCPStore at env.master_addr:env.master_port; rank 0 serves it and
+  // waits (up to `timeout`) for the world_size - 1 others. UNAVAILABLE when
+  // the server cannot be reached or bound.
+  static absl::StatusOr<std::shared_ptr<RendezvousStore>> CreateTcp(
+      const TorchrunEnv& env, std::chrono::milliseconds timeout);
+  ~RendezvousStore();
+  // The TCP port the store listens on (rank 0 of CreateTcp; port 0 asked
+  // for an ephemeral one); 0 for an in-process store.
+  int port() const;
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit RendezvousStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One rank's membership of a process group.
+// Thread-safety: collectives are issued by one thread at a time, and every
+// rank issues the same collectives in the same order (c10d's rule).
+class CollectiveGroup {
+ public:
+  // Joins group `rank` of `world_size` through `store` over gloo (device
+  // "cpu") or NCCL (device "cuda[:N]", CUDA builds only). Collectives fail
+  // with UNAVAILABLE after `timeout`. Blocks until every rank joined.
+  // Errors: INVALID_ARGUMENT for a rank outside [0, world_size);
+  // UNIMPLEMENTED for a backend this build lacks; UNAVAILABLE when the
+  // rendezvous fails.
+  static absl::StatusOr<std::unique_ptr<CollectiveGroup>> Create(
+      std::shared_ptr<RendezvousStore> store, int rank, int world_size, const std::string& device,
+      std::chrono::milliseconds timeout);
+  ~CollectiveGroup();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // "gloo" or "nccl".
+  const std::string& backend_name() const { return backend_name_; }
+
+  // Sums `data` ([numel], host memory) over the ranks, in place; every
+  // rank receives the same values. NCCL stages through device memory.
+  // UNAVAILABLE when a peer fails or the timeout passes.
+  absl::Status AllReduceSum(float* data, int64_t numel);
+  absl::Status AllReduceSum(double* data, int64_t numel);
+  absl::Status AllReduceSum(int64_t* data, int64_t numel);
+
+  struct Impl;
+
+ private:
+  CollectiveGroup() = default;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::string backend_name_;
+  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<RendezvousStore> store_;
+};
+
+// Whether this build has the c10d backend for `device` ("cpu": gloo,
+// "cuda...": NCCL).
+bool HasCollectiveBackend(const std::string& device);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_DIST_PROCESS_GROUP_H_

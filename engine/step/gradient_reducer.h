@@ -1,0 +1,62 @@
+// The trainer's door to data parallelism: a reducer that combines each
+// block's landed gradient, the loss and the token count of a step across
+// the ranks of a data-parallel group (engine/dist/ implements it over
+// c10d; docs/distributed.md). No LibTorch types here.
+//
+// Note [Data-parallel step]
+// Every rank holds a replica of the host store and runs the same Trainer
+// on its own micro-batches. The trainer calls, in this order and on every
+// rank the same number of times (collectives must match across ranks):
+//   BeginStep(micro_batches)         before the pass (step thread);
+//   ReduceBlock(block, grad, numel)  once per block, when its gradient in
+//                                    the store is final (accumulator thread,
+//                                    blocks in the executor's landing order,
+//                                    identical on every rank);
+//   EndStep(loss_sum)                after the pass (step thread).
+// After ReduceBlock every rank's store holds the gradient of the mean loss
+// over the counted tokens of the GLOBAL batch, bit for bit the same on
+// every rank, so every replica's AdamW applies the same update and the
+// replicas stay identical.
+#ifndef MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_
+#define MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/io/batch.h"
+
+namespace megatrain::engine {
+
+// Thread-safety: BeginStep and EndStep on the step thread, ReduceBlock on
+// the executor's accumulator thread, never concurrently with each other
+// within one step (Note [Data-parallel step]).
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+
+  // Starts a step over this rank's `micro_batches`: agrees with the other
+  // ranks on the global counted-token count. INVALID_ARGUMENT when a rank's
+  // batch is malformed (on every rank, so that none waits in a collective);
+  // UNAVAILABLE when a peer is unreachable.
+  virtual absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) = 0;
+
+  // Replaces `grad` ([numel] fp32, host: the store's gradient of `block`,
+  // the mean over this rank's counted tokens) by the gradient of the mean
+  // over the global batch's counted tokens. Returns its squared L2 norm
+  // (fp32 values summed in fp64, in a fixed order); NaN after a failed
+  // collective, whose error EndStep returns.
+  virtual double ReduceBlock(int64_t block, float* grad, int64_t numel) = 0;
+
+  // Ends the step: the global loss sum (nats) from this rank's `loss_sum`.
+  // Returns the first error of the step's collectives.
+  virtual absl::StatusOr<double> EndStep(double loss_sum) = 0;
+
+  // Counted tokens of the global batch (after BeginStep).
+  virtual int64_t global_counted_tokens() const = 0;
+};
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_

@@ -1,0 +1,308 @@
+// Data parallelism over c10d's gloo on the CPU (Note [Data-parallel step]
+// in engine/step/gradient_reducer.h): two ranks, each training on half of
+// the global batch, end with the weights of one device accumulating the
+// whole batch; a checkpoint written once resumes exactly on the same world
+// size and loads on another; bad batches and options fail on every rank
+// with the field named, without a rank left waiting in a collective.
+#include "engine/dist/data_parallel.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "engine/dist/process_group.h"
+#include "engine/io/checkpoint.h"
+#include "tests/testing/parity.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::MakeBatches;
+using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kB = 2, kT = 8;
+constexpr int kMicroBatches = 4;  // per global batch
+constexpr uint64_t kSeed = 5;
+
+TrainerOptions Options(double max_grad_norm) {
+  TrainerOptions o;
+  o.micro_batch = kB;
+  o.seq_len = kT;
+  o.adamw.lr = 1e-3;
+  o.adamw.weight_decay = 0.1;
+  o.schedule.kind = LrScheduleKind::kCosine;
+  o.schedule.warmup_steps = 1;
+  o.schedule.total_steps = 8;
+  o.max_grad_norm = max_grad_norm;
+  o.gradient_accumulation_steps = kMicroBatches;
+  o.threads = 1;  // ranks are threads of one process on a 2-core CI machine
+  o.critical_threads = 1;
+  return o;
+}
+
+// Global batches of kMicroBatches micro-batches, one per step.
+std::vector<std::vector<MicroBatch>> Steps(const ModelConfig& config, int steps) {
+  std::vector<std::vector<MicroBatch>> out;
+  for (int s = 0; s < steps; ++s) {
+    out.push_back(MakeBatches(kMicroBatches, kB, kT, config.vocab_size, 100 + s));
+  }
+  return out;
+}
+
+// Master weights and AdamW moments of every block, back to back.
+std::vector<float> State(HostStore& store) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
+      out.insert(out.end(), data, data + store.block_numel(b));
+    }
+  }
+  return out;
+}
+
+// ||a - b|| / ||b|| (L2 over every value). Not elementwise: AdamW's update
+// of an element whose gradient nearly cancels over the micro-batches
+// (|g| << the summands) is lr * g / sqrt(v), so the fp32 summation order's
+// rounding, relative to the summands, moves that one element by up to ~lr
+// times its relative error (seen: 1.4e-5 on one embedding weight of
+// 342336 values, max-norm); the norm measures the training as a whole.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+std::vector<float> TrainSingle(const ModelConfig& config, const TrainerOptions& o,
+                               const std::vector<std::vector<MicroBatch>>& steps,
+                               std::vector<double>* losses) {
+  auto trainer = Trainer::Create(config, o, kSeed);
+  EXPECT_THAT(trainer, IsOk());
+  for (const auto& batch : steps) {
+    auto r = (*trainer)->Step(batch);
+    EXPECT_THAT(r, IsOk());
+    if (losses != nullptr && r.ok()) losses->push_back(r->loss);
+  }
+  EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
+  return State((*trainer)->store());
+}
+
+absl::StatusOr<std::unique_ptr<DataParallelTrainer>> MakeDp(const ModelConfig& config,
+                                                            const TrainerOptions& o, int ranks) {
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", ranks);
+  dp.timeout = std::chrono::seconds(60);
+  return DataParallelTrainer::Create(config, o, kSeed, dp);
+}
+
+class DataParallelParityTest : public ::testing::TestWithParam<double> {};
+
+// Tolerance 1e-6 relative: the ranks' sums differ from one device's only
+// in the order of the fp32 additions (Note [Gradient all-reduce]), ~1e-7
+// relative per gradient, carried through a few AdamW steps.
+TEST_P(DataParallelParityTest, TwoRanksMatchOneDeviceAccumulating) {
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions o = Options(GetParam());
+  const auto steps = Steps(config, 3);
+  std::vector<double> single_losses;
+  const std::vector<float> single = TrainSingle(config, o, steps, &single_losses);
+
+  auto dp = MakeDp(config, o, 2);
+  ASSERT_THAT(dp, IsOk());
+  EXPECT_EQ((*dp)->backend_name(), "gloo");
+  for (size_t s = 0; s < steps.size(); ++s) {
+    auto r = (*dp)->Step(steps[s]);
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->step, static_cast<int64_t>(s) + 1);
+    EXPECT_NEAR(r->loss, single_losses[s], 1e-6 * std::abs(single_losses[s]));
+  }
+  ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
+  const std::vector<float> rank0 = State((*dp)->rank(0).store());
+  const std::vector<float> rank1 = State((*dp)->rank(1).store());
+  // The all-reduce gives every rank the same bits, so the replicas agree
+  // exactly.
+  ASSERT_EQ(rank0.size(), rank1.size());
+  EXPECT_EQ(std::memcmp(rank0.data(), rank1.data(), rank0.size() * sizeof(float)), 0);
+  EXPECT_LE(RelativeError(rank0, single), 1e-6);
+  std::fprintf(stderr, "weights and moments vs one device: %.3g relative\n",
+               RelativeError(rank0, single));
+  auto initial = HostStore::Create(config, {});
+  ASSERT_THAT(initial, IsOk());
+  (*initial)->InitializeWeights(kSeed);
+  EXPECT_GT(RelativeError(rank0, State(**initial)), 1e-4) << "training moved the weights";
+}
+
+// max_grad_norm 1: clipping (updates after backward); 0: updates overlap
+// backward as each block's reduced gradient is final.
+INSTANTIATE_TEST_SUITE_P(Clipping, DataParallelParityTest, ::testing::Values(1.0, 0.0));
+
+TEST(DataParallelTest, CheckpointResumesExactlyAndLoadsOnOtherRankCounts) {
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions o = Options(1.0);
+  const auto steps = Steps(config, 4);
+  const std::string dir = testing::MakeTempDir("dp-ckpt");
+
+  auto dp = MakeDp(config, o, 2);
+  ASSERT_THAT(dp, IsOk());
+  for (int s = 0; s < 2; ++s) ASSERT_THAT((*dp)->Step(steps[s]), IsOk());
+  ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
+  CheckpointState state;
+  state.step = (*dp)->step();
+  // Written once, from rank 0's store.
+  auto info = WriteCheckpoint((*dp)->store(), state, dir, CheckpointSpec{});
+  ASSERT_THAT(info, IsOk());
+  for (int s = 2; s < 4; ++s) ASSERT_THAT((*dp)->Step(steps[s]), IsOk());
+  ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
+  const std::vector<float> uninterrupted = State((*dp)->store());
+
+  // Same world size: continues bit for bit.
+  auto resumed = MakeDp(config, o, 2);
+  ASSERT_THAT(resumed, IsOk());
+  auto read = ReadCheckpoint(info->dir, &(*resumed)->store());
+  ASSERT_THAT(read, IsOk());
+  (*resumed)->set_step(read->step);
+  ASSERT_THAT((*resumed)->SyncReplicasFromRank0(), IsOk());
+  for (int s = 2; s < 4; ++s) {
+    auto r = (*resumed)->Step(steps[s]);
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->step, s + 1);
+  }
+  ASSERT_THAT((*resumed)->WaitForOptimizer(), IsOk());
+  const std::vector<float> after = State((*resumed)->store());
+  ASSERT_EQ(after.size(), uninterrupted.size());
+  EXPECT_EQ(std::memcmp(after.data(), uninterrupted.data(), after.size() * sizeof(float)), 0);
+  const std::vector<float> rank1 = State((*resumed)->rank(1).store());
+  EXPECT_EQ(std::memcmp(after.data(), rank1.data(), after.size() * sizeof(float)), 0);
+
+  // One device, and four ranks: the same training within the reduction
+  // order's tolerance (DataParallelParityTest).
+  auto single = Trainer::Create(config, o, kSeed);
+  ASSERT_THAT(single, IsOk());
+  auto read1 = ReadCheckpoint(info->dir, &(*single)->store());
+  ASSERT_THAT(read1, IsOk());
+  (*single)->set_step(read1->step);
+  for (int s = 2; s < 4; ++s) ASSERT_THAT((*single)->Step(steps[s]), IsOk());
+  ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
+  EXPECT_LE(RelativeError(State((*single)->store()), uninterrupted), 1e-6);
+
+  auto four = MakeDp(config, o, 4);
+  ASSERT_THAT(four, IsOk());
+  auto read4 = ReadCheckpoint(info->dir, &(*four)->store());
+  ASSERT_THAT(read4, IsOk());
+  (*four)->set_step(read4->step);
+  ASSERT_THAT((*four)->SyncReplicasFromRank0(), IsOk());
+  for (int s = 2; s < 4; ++s) ASSERT_THAT((*four)->Step(steps[s]), IsOk());
+  ASSERT_THAT((*four)->WaitForOptimizer(), IsOk());
+  EXPECT_LE(RelativeError(State((*four)->store()), uninterrupted), 1e-6);
+}
+
+TEST(DataParallelTest, BadTokenOnOneRankFailsEveryRank) {
+  const ModelConfig config = SmallLlama();
+  auto dp = MakeDp(config, Options(1.0), 2);
+  ASSERT_THAT(dp, IsOk());
+  std::vector<MicroBatch> batch = MakeBatches(kMicroBatches, kB, kT, config.vocab_size, 7);
+  batch[3].input_ids[0] = static_cast<int32_t>(config.vocab_size);  // rank 1's
+  EXPECT_THAT((*dp)->Step(batch),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside [0, vocab_size)")));
+  // Both ranks left the step: the next one runs.
+  batch[3].input_ids[0] = 1;
+  EXPECT_THAT((*dp)->Step(batch), IsOk());
+}
+
+TEST(DataParallelTest, RefusesBatchesAndOptionsRanksCannotSplit) {
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(1.0);
+  o.gradient_accumulation_steps = 3;
+  EXPECT_THAT(MakeDp(config, o, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.gradient_accumulation_steps: must be a multiple of "
+                                 "train.devices=2")));
+  o = Options(1.0);
+  o.resident_layers = 1;
+  EXPECT_THAT(MakeDp(config, o, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("resident_layers")));
+  EXPECT_THAT(MakeDp(config, Options(1.0), 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.devices")));
+  auto dp = MakeDp(config, Options(1.0), 2);
+  ASSERT_THAT(dp, IsOk());
+  EXPECT_THAT((*dp)->Step(MakeBatches(3, kB, kT, config.vocab_size, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("multiple of train.devices=2, got 3")));
+}
+
+// Rendezvous as torchrun's processes do it (TCPStore on loopback), here
+// with two threads: rank 0 serves on an ephemeral port.
+TEST(ProcessGroupTest, TcpStoreRendezvousAllReduces) {
+  TorchrunEnv env0{"127.0.0.1", 0, 2, 0, 0};
+  auto store0 = RendezvousStore::CreateTcp(env0, std::chrono::seconds(30));
+  ASSERT_THAT(store0, IsOk());
+  ASSERT_GT((*store0)->port(), 0);
+  TorchrunEnv env1{"127.0.0.1", (*store0)->port(), 2, 1, 1};
+  std::vector<std::vector<float>> data = {{1, 2, 3}, {10, 20, 30}};
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::shared_ptr<RendezvousStore>> store =
+          r == 0 ? *store0 : RendezvousStore::CreateTcp(env1, std::chrono::seconds(30));
+      if (!store.ok()) {
+        status[r] = store.status();
+        return;
+      }
+      auto group = CollectiveGroup::Create(*store, r, 2, "cpu", std::chrono::seconds(30));
+      status[r] = group.ok() ? (*group)->AllReduceSum(data[r].data(), 3) : group.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(status[0], IsOk());
+  EXPECT_THAT(status[1], IsOk());
+  EXPECT_THAT(data[0], ::testing::ElementsAre(11, 22, 33));
+  EXPECT_THAT(data[1], ::testing::ElementsAre(11, 22, 33));
+}
+
+TEST(ProcessGroupTest, TorchrunEnvNamesTheBadVariable) {
+  unsetenv("WORLD_SIZE");
+  EXPECT_THAT(ReadTorchrunEnv(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("WORLD_SIZE")));
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "10.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("RANK", "2", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  EXPECT_THAT(ReadTorchrunEnv(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("RANK: must be an integer in [0, 1]")));
+  setenv("RANK", "1", 1);
+  auto env = ReadTorchrunEnv();
+  ASSERT_THAT(env, IsOk());
+  EXPECT_EQ(env->master_addr, "10.0.0.1");
+  EXPECT_EQ(env->master_port, 29500);
+  EXPECT_EQ(env->rank, 1);
+  for (const char* name : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK"}) {
+    unsetenv(name);
+  }
+}
+
+TEST(ProcessGroupTest, CollectiveGroupRefusesARankOutsideTheWorld) {
+  EXPECT_THAT(CollectiveGroup::Create(RendezvousStore::CreateInProcess(), 2, 2, "cpu",
+                                      std::chrono::seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank: must be in [0, world_size=2), got 2")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
