@@ -5,10 +5,10 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef USE_C10D_GLOO
+#ifdef MEGATRAIN_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#ifdef USE_C10D_NCCL
+#ifdef MEGATRAIN_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -141,13 +141,13 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
 
 bool HasCollectiveBackend(const std::string& device) {
   if (absl::StartsWith(device, "cuda")) {
-#ifdef USE_C10D_NCCL
+#ifdef MEGATRAIN_C10D_NCCL
     return true;
 #else
     return false;
 #endif
   }
-#ifdef USE_C10D_GLOO
+#ifdef MEGATRAIN_C10D_GLOO
   return device == "cpu";
 #else
   return false;
@@ -179,7 +179,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("megatrain", group->store_->impl()->store);
   absl::Status status = Collective("process group", [&] {
     impl.device = at::Device(device);
-#ifdef USE_C10D_NCCL
+#ifdef MEGATRAIN_C10D_NCCL
     if (impl.device.is_cuda()) {
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout;
@@ -189,7 +189,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(
       return;
     }
 #endif
-#ifdef USE_C10D_GLOO
+#ifdef MEGATRAIN_C10D_GLOO
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     // Across hosts: the interface GLOO_SOCKET_IFNAME names, else the one
     // this host's name resolves to (as torch.distributed does).
