@@ -13,6 +13,7 @@
 // which runs the executor tests on CUDA (bf16 experts through
 // at::_grouped_mm there) and skips the device-independent ones.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
