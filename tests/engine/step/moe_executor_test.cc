@@ -353,6 +353,10 @@ int RoutingFlips(const ModelConfig& config, const std::vector<MicroBatch>& batch
   return flips;
 }
 
+// Data seeds ExpectReferenceParity tries for batches without a bf16
+// routing flip.
+constexpr int kFlipFreeSeedTries = 5;
+
 struct ParityCase {
   std::string family;
   ComputeDtype dtype;
@@ -378,7 +382,23 @@ void ExpectReferenceParity(const ParityCase& c) {
   const int64_t b = 2, t = 12;
   Rig rig = MakeRig(config, b, t, c.dtype, "", c.mode, c.init_range);
   ASSERT_NE(rig.executor, nullptr);
-  std::vector<MicroBatch> batches = testing::MakeBatches(micro_batches, b, t, config.vocab_size, 7);
+  const bool bf16 = c.dtype == ComputeDtype::kBf16;
+  // bf16 (Note [MoE bf16 parity]): the first batches (data seeds 7, 8, ...)
+  // that the engine's bf16 routing sends every token to the experts the
+  // exact model picks: a token at a near-tie may route differently on a
+  // device whose kernels round differently (it happened on CUDA with seed
+  // 7), and no bf16 implementation can match across such a flip.
+  std::vector<MicroBatch> batches;
+  int flips = 0;
+  for (uint32_t seed = 7; seed < 7 + kFlipFreeSeedTries; ++seed) {
+    batches = testing::MakeBatches(micro_batches, b, t, config.vocab_size, seed);
+    if (!bf16) break;
+    flips = RoutingFlips(config, batches, b, t, LeavesOfStore(*rig.store, true), at::kBFloat16);
+    if (flips == 0) break;
+  }
+  ASSERT_EQ(flips, 0) << "tokens routed unlike the exact model in " << kFlipFreeSeedTries
+                      << " data seeds: near-ties (Note [MoE bf16 parity]); these weights cannot "
+                         "measure bf16 parity on this device";
   auto result = rig.executor->ForwardBackward(batches);
   ASSERT_THAT(result, IsOk());
   if (c.mode.resident_layers > 0) {
@@ -389,16 +409,9 @@ void ExpectReferenceParity(const ParityCase& c) {
   // computes with), routed as the engine routes; and the bf16 reference,
   // another implementation of the same arithmetic: both within the
   // project's bf16 bar (2e-2) for the loss and every gradient.
-  const bool bf16 = c.dtype == ComputeDtype::kBf16;
   const double tolerance = bf16 ? 2e-2 : 1e-5;
   std::vector<testing::ReferencePrecision> references = {testing::ReferencePrecision::kFp32};
-  if (bf16) {
-    const std::map<std::string, at::Tensor> leaves = LeavesOfStore(*rig.store, true);
-    ASSERT_EQ(RoutingFlips(config, batches, b, t, leaves, at::kBFloat16), 0)
-        << "tokens routed unlike the exact model: a near-tie (Note [MoE bf16 parity]); "
-           "these weights and batches cannot measure bf16 parity on this device";
-    references = {testing::ReferencePrecision::kFp64, testing::ReferencePrecision::kBf16};
-  }
+  if (bf16) references = {testing::ReferencePrecision::kFp64, testing::ReferencePrecision::kBf16};
   for (const testing::ReferencePrecision precision : references) {
     SCOPED_TRACE(precision == testing::ReferencePrecision::kBf16 ? "bf16 reference" : "exact");
     std::map<std::string, at::Tensor> params = LeavesOfStore(*rig.store, bf16);
