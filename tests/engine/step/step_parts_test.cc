@@ -70,7 +70,7 @@ TEST(WeightSlotsTest, LoadsEachUseOnceAndReusesABlockStillInItsSlot) {
   const ModelLayout& layout = (*store)->layout();
   int64_t max_numel = 0;
   for (const BlockLayout& b : layout.blocks) max_numel = std::max(max_numel, b.numel);
-  WeightSlots slots(&env, 3, max_numel);
+  WeightSlots slots(&env, 3, max_numel, /*cast_chunk_elements=*/0);
   EXPECT_EQ(slots.device_bytes(), 3 * 4 * max_numel);
   env.BeginPass();
   // Layers 2, then head, then layer 2 again: the second use reuses the load.
