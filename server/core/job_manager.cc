@@ -783,23 +783,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
           if (active->checkpoint_requested) training_job->RequestCheckpoint();
         }
         metrics_->SetHostStore(active->device, training_job->footprint().host);
-        // Issue 16: the step schedule the trainer chose, in the job's events.
-        if (const std::string schedule = training_job->schedule_description(); !schedule.empty()) {
-          absl::StatusOr<int64_t> seq = store_->AppendEvent(JobEvent::StateChange(
-              job.id, JobState::kRunning, absl::StrCat("schedule: ", schedule)));
-          if (!seq.ok())
-            LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
-          NotifyEvents();
-        }
-        // Issue 20: what the long-document rule did to SFT / chat data
-        // (Note [Long conversations] in engine/job/training_job.cc).
-        if (const std::string data = training_job->data_description(); !data.empty()) {
-          absl::StatusOr<int64_t> seq =
-              store_->AppendEvent(JobEvent::StateChange(job.id, JobState::kRunning, data));
-          if (!seq.ok())
-            LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
-          NotifyEvents();
-        }
+        RecordStartEvents(job.id, *training_job);
         Observer observer(this, active, job);
         outcome = training_job->Run(&observer);
       }
@@ -817,6 +801,26 @@ void JobManager::RunJob(Active* active, JobRecord job) {
   }
   finished.reset();
   FinishJob(active, outcome);
+}
+
+void JobManager::RecordStartEvents(const std::string& job_id,
+                                   const engine::TrainingJob& training_job) {
+  std::vector<std::string> texts;
+  // Issue 16: the step schedule the trainer chose.
+  if (const std::string schedule = training_job.schedule_description(); !schedule.empty()) {
+    texts.push_back(absl::StrCat("schedule: ", schedule));
+  }
+  // Issue 20: what the long-document rule did to SFT / chat data (Note
+  // [Long conversations] in engine/job/training_job.cc).
+  if (std::string data = training_job.data_description(); !data.empty()) {
+    texts.push_back(std::move(data));
+  }
+  for (const std::string& text : texts) {
+    absl::StatusOr<int64_t> seq =
+        store_->AppendEvent(JobEvent::StateChange(job_id, JobState::kRunning, text));
+    if (!seq.ok()) LogError(absl::StrCat(job_id, ": recording event: ", seq.status().ToString()));
+    NotifyEvents();
+  }
 }
 
 void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome) {

@@ -338,6 +338,10 @@ class JobManager {
   void MaybePreemptLocked(const JobRecord& waiting);
   void StartLocked(JobRecord job, const std::string& device);
   void RunJob(Active* active, JobRecord job);
+  // Records a starting job's schedule and data descriptions as RUNNING
+  // events (logged, not returned, when the store refuses them). Takes no
+  // lock; call without mu_.
+  void RecordStartEvents(const std::string& job_id, const engine::TrainingJob& training_job);
   void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome);
   void ReapThreadsLocked();
   void RefreshGaugesLocked();
