@@ -613,7 +613,8 @@ absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions(const std::st
 }
 
 absl::Status TrainingJobImpl::Resume(const std::string& resume_from) {
-  absl::StatusOr<CheckpointState> state = ReadCheckpoint(resume_from, &trainer_->store(), trainer_->nvme_moments());
+  absl::StatusOr<CheckpointState> state =
+      ReadCheckpoint(resume_from, &trainer_->store(), trainer_->nvme_moments());
   if (!state.ok()) return Annotate(state.status(), "resume");
   // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
   // only from its own checkpoints (one without an id predates ids).

@@ -285,9 +285,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
           ? options.critical_threads
           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
-  MEGATRAIN_ASSIGN_OR_RETURN(const ExecutorOptions exec,
-                             ResolveExecutorOptions(t->options_, config, *t->runtime_,
-                                                    &t->schedule_choice_));
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      const ExecutorOptions exec,
+      ResolveExecutorOptions(t->options_, config, *t->runtime_, &t->schedule_choice_));
   HostStoreOptions store_options;
   store_options.streaming_bf16 =
       options.compute_dtype == ComputeDtype::kBf16 && !exec.stream_fp32_master;
