@@ -37,7 +37,9 @@ function(_megatrain_common_options target)
   # sanitizer runtimes linked into every program that uses it. Third-party
   # libraries and the generated megatrain_proto code are not instrumented.
   # -fno-sanitize-recover: a UBSan finding aborts the program, so the test
-  # fails (by default UBSan prints and goes on). deploy/run-sanitized-tests.sh.
+  # fails (by default UBSan prints and goes on). The same flags for clang
+  # and gcc: deploy/run-sanitized-tests.sh builds the server with clang and
+  # the engine with gcc (clang 14 rejects LibTorch 1.13's headers).
   if(MEGATRAIN_SANITIZE)
     string(REPLACE ";" "," _san "${MEGATRAIN_SANITIZE}")
     target_compile_options(${target} PRIVATE
@@ -95,6 +97,16 @@ function(megatrain_cc_test)
   if(ARG_LABELS)
     set(_labels ${ARG_LABELS})
   endif()
+  # One target per label that builds its test programs: `cmake --build build
+  # --target megatrain_tests_cpu` (deploy/run-sanitized-tests.sh builds the
+  # engine's CPU suites that way, without the tools, the GPU suites or the
+  # daemon).
+  foreach(_label IN LISTS _labels)
+    if(NOT TARGET megatrain_tests_${_label})
+      add_custom_target(megatrain_tests_${_label})
+    endif()
+    add_dependencies(megatrain_tests_${_label} ${ARG_NAME})
+  endforeach()
   gtest_discover_tests(${ARG_NAME}
     TEST_PREFIX "${ARG_NAME}."
     DISCOVERY_MODE PRE_TEST
