@@ -81,6 +81,11 @@ function(megatrain_cc_binary)
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
 endfunction()
 
+# Each test program's name in <build>/megatrain_tests/<label>.txt, one a
+# line, rewritten at every configure (deploy/run-sanitized-tests.sh runs the
+# programs of a label directly, one process per program).
+file(REMOVE_RECURSE "${CMAKE_BINARY_DIR}/megatrain_tests")
+
 function(megatrain_cc_test)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   if(MEGATRAIN_ALLOW_MISSING_SOURCES)
@@ -106,6 +111,7 @@ function(megatrain_cc_test)
       add_custom_target(megatrain_tests_${_label})
     endif()
     add_dependencies(megatrain_tests_${_label} ${ARG_NAME})
+    file(APPEND "${CMAKE_BINARY_DIR}/megatrain_tests/${_label}.txt" "${ARG_NAME}\n")
   endforeach()
   gtest_discover_tests(${ARG_NAME}
     TEST_PREFIX "${ARG_NAME}."
