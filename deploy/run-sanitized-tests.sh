@@ -58,8 +58,8 @@ echo "run-sanitized-tests: server unit tests passed under ASan + UBSan (${BUILD_
 # gcc, not clang: Debian's clang 14 with libstdc++ 12 in C++20 mode rejects
 # LibTorch 1.13's headers (std::vector<c10::IValue> instantiated while
 # c10::IValue is incomplete); gcc 12 is the project's compiler and has the
-# same two sanitizers. -O0: half the compile time of -O1 with LibTorch's
-# headers (21.8 s against 42 s of CPU for engine/io/checkpoint.cc), and the
+# same two sanitizers. -O0: half the compile time of -O1 (21.8 s against
+# 42.1 s of CPU for engine/io/checkpoint.cc), and the
 # phase's cost is its build; LibTorch's own arithmetic, not instrumented,
 # runs at full speed either way.
 ENGINE_SANITIZE="${ENGINE_SANITIZE:-off}"
@@ -120,6 +120,7 @@ rm -rf "${LOG_DIR}"
 mkdir -p "${LOG_DIR}"
 export ENGINE_BUILD_DIR LOG_DIR
 cd "${REPO}"
+# shellcheck disable=SC2016  # expanded by the inner bash, per program
 printf '%s\n' "${ENGINE_TESTS[@]}" | xargs -P "${JOBS}" -I{} bash -c '
   if "${ENGINE_BUILD_DIR}/tests/$1" >"${LOG_DIR}/$1.log" 2>&1; then
     echo "  passed: $1"
