@@ -22,9 +22,9 @@
 # (-DMEGATRAIN_BUILD_ENGINE=OFF): proto/, server/ and client/ libraries,
 # the CLI and the server unit tests, about 45 translation units, about 3
 # minutes on 2 cores with clang (gcc took 5); the tests take about 20 s.
-# Engine and integration tests are not in it. Only our code is instrumented (MEGATRAIN_SANITIZE in
-# cmake/MegatrainHelpers.cmake); Debian's gRPC, protobuf and yaml-cpp are
-# not. Needs clang (deploy/install-deps.sh installs it for the fuzzers).
+# Engine and integration tests are not in it. Only our code is
+# instrumented (MEGATRAIN_SANITIZE in cmake/MegatrainHelpers.cmake);
+# Debian's gRPC, protobuf and yaml-cpp are not. Needs clang (deploy/install-deps.sh installs it for the fuzzers).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,8 +60,8 @@ echo "run-sanitized-tests: server unit tests passed under ASan + UBSan (${BUILD_
 # c10::IValue is incomplete); gcc 12 is the project's compiler and has the
 # same two sanitizers. -O0: half the compile time of -O1 (21.8 s against
 # 42.1 s of CPU for engine/io/checkpoint.cc), and the phase's cost is its
-# build; LibTorch's own arithmetic, not instrumented,
-# runs at full speed either way.
+# build; LibTorch's own arithmetic, not instrumented, runs at full speed
+# either way.
 ENGINE_SANITIZE="${ENGINE_SANITIZE:-off}"
 case "${ENGINE_SANITIZE}" in
   off) exit 0 ;;
