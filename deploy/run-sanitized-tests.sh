@@ -24,7 +24,8 @@
 # minutes on 2 cores with clang (gcc took 5); the tests take about 20 s.
 # Engine and integration tests are not in it. Only our code is
 # instrumented (MEGATRAIN_SANITIZE in cmake/MegatrainHelpers.cmake);
-# Debian's gRPC, protobuf and yaml-cpp are not. Needs clang (deploy/install-deps.sh installs it for the fuzzers).
+# Debian's gRPC, protobuf and yaml-cpp are not. Needs clang
+# (deploy/install-deps.sh installs it for the fuzzers).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
