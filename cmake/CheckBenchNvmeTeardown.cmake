@@ -1,7 +1,7 @@
 # ctest script (bench_nvme_tier_teardown): runs megatrain-bench with the
 # NVMe tier in a fresh directory and checks the whole run, teardown
 # included: exit status 0, the teardown markers in order on stderr, the
-# JSON's tier bytes (both moment files read and written each step), and
+# JSON's tier bytes (moments read and written), and
 # nothing left in the directory (the tier's subdirectory is removed with
 # RemoveTree; std::filesystem::remove_all crashed it on CUDA builds, Note
 # [No std::filesystem::remove_all] in engine/io/mapped_file.h).
@@ -25,7 +25,10 @@ string(STRIP "${out}" out)
 string(REGEX REPLACE ".*\n" "" last_line "${out}")
 string(JSON read GET "${last_line}" nvme_read_bytes_per_step)
 string(JSON written GET "${last_line}" nvme_written_bytes_per_step)
-if(read LESS_EQUAL 0 OR NOT read EQUAL written)
+# Each step reports the tier's bytes of the updates that finished since
+# the previous report (they run behind the step), so the two means need
+# not be equal; both must be there.
+if(read LESS_EQUAL 0 OR written LESS_EQUAL 0)
   message(FATAL_ERROR "nvme bytes per step: read ${read}, written ${written}:\n${last_line}")
 endif()
 file(GLOB left "${DIR}/*")
@@ -33,4 +36,4 @@ if(left)
   message(FATAL_ERROR "left in ${DIR}: ${left}")
 endif()
 file(REMOVE_RECURSE "${DIR}")
-message(STATUS "tier teardown ok: ${read} bytes read and written per step")
+message(STATUS "tier teardown ok: ${read} bytes read and ${written} written per step")
