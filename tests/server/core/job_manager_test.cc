@@ -1094,7 +1094,7 @@ TEST_F(JobManagerTest, NoPreemptionThatWouldNotFreeTheNvmeBytes) {
 // entry that is no tiered job's.
 TEST_F(JobManagerTest, StartRemovesStaleNvmeTierDirectories) {
   namespace fs = std::filesystem;
-  const std::string tier = MakeTempDir("tier");
+  const std::string tier = MakeTempDir();
   for (int seq = 1; seq <= 3; ++seq) {
     JobRecord job;
     job.seq = seq;
