@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_info.h"
 #include "engine/io/hf_model.h"
+#include "engine/io/mapped_file.h"
 #include "engine/job/training_job.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
@@ -95,7 +96,11 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
 }
 
 // --nvme_tier moments: a fresh directory under --nvme_dir for the moment
-// files, removed (with them) by the destructor; null for --nvme_tier off.
+// files, removed (with them) by the destructor through RemoveTree (nftw),
+// never std::filesystem::remove_all (Note [No std::filesystem::remove_all]
+// in io/mapped_file.h: with pip's libtorch.so it jumped to address 0 after
+// the last step of every tiered run on CUDA); null for --nvme_tier off.
+// Destroy after the trainer, which holds the files open.
 class BenchTierDir {
  public:
   static absl::StatusOr<std::unique_ptr<BenchTierDir>> Create(const BenchOptions& o) {
@@ -115,8 +120,8 @@ class BenchTierDir {
     return std::unique_ptr<BenchTierDir>(new BenchTierDir(pattern));
   }
   ~BenchTierDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    const absl::Status removed = RemoveTree(path_);
+    if (!removed.ok()) std::fprintf(stderr, "megatrain-bench: %s\n", removed.ToString().c_str());
   }
   const std::string& path() const { return path_; }
 
@@ -125,8 +130,9 @@ class BenchTierDir {
   std::string path_;
 };
 
-// Admission's footprint (EstimateFootprintForConfig) of a job with the
-// bench's settings, for comparison with what the run holds.
+// Admission's footprint (EstimateFootprintForConfig, WithNvmeMoments for
+// --nvme_tier moments) of a job with the bench's settings, for comparison
+// with what the run holds.
 MemoryFootprint BenchFootprint(const BenchOptions& o, const ModelConfig& config) {
   JobSpec spec;
   spec.train.micro_batch = o.micro_batch;
@@ -141,7 +147,25 @@ MemoryFootprint BenchFootprint(const BenchOptions& o, const ModelConfig& config)
   spec.memory.weight_stream = ParseWeightStream(o.weight_stream).value_or(WeightStream::kBf16);
   spec.memory.gradient_landing =
       ParseGradientLanding(o.gradient_landing).value_or(GradientLanding::kArena);
-  return EstimateFootprintForConfig(spec, config);
+  const MemoryFootprint f = EstimateFootprintForConfig(spec, config);
+  return o.nvme_tier == "moments" ? WithNvmeMoments(f) : f;
+}
+
+// The footprint's host bytes by kind (docs/operations.md "Sizing host
+// memory"), beside what the run holds (host_bytes).
+nlohmann::json FootprintJson(const MemoryFootprint& f) {
+  const double params = static_cast<double>(std::max<int64_t>(1, f.params));
+  return {{"master", f.host.master},
+          {"grad", f.host.grad},
+          {"exp_avg", f.host.exp_avg},
+          {"exp_avg_sq", f.host.exp_avg_sq},
+          {"streaming", f.host.streaming},
+          {"staging", f.host.staging},
+          {"gradient_ring", f.gradient_ring_bytes},
+          {"lookahead", f.embedding_lookahead_bytes},
+          {"total", f.host_total_bytes},
+          {"bytes_per_param", static_cast<double>(f.host_total_bytes) / params},
+          {"nvme", f.nvme_bytes}};
 }
 
 // The process's resident memory, from /proc/self/status (Linux; 0 where
@@ -275,7 +299,9 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["rss_bytes"] = rss.rss_bytes;
   (*j)["rss_peak_bytes"] = rss.rss_peak_bytes;
   (*j)["rss_peak_bytes_per_param"] = static_cast<double>(rss.rss_peak_bytes) / params;
-  (*j)["footprint_host_bytes"] = BenchFootprint(o, config).host_total_bytes;
+  const MemoryFootprint footprint = BenchFootprint(o, config);
+  (*j)["footprint_host_bytes"] = footprint.host_total_bytes;
+  (*j)["footprint"] = FootprintJson(footprint);
   (*j)["nvme_tier"] = o.nvme_tier;
   if (trainer.nvme_moments() != nullptr) (*j)["nvme_direct"] = trainer.nvme_moments()->direct();
 }
@@ -362,6 +388,28 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
   return run;
 }
 
+// Destroys what the run built, in order, with a progress line before each
+// part and after the last: a crash in the teardown (GPU runs have no
+// debugger) is then named by the last line printed. The trainer first
+// (its destructor drains the optimizer queue and the device, and closes
+// the tier's files), then the tier's directory.
+void TearDown(FILE* progress, int64_t steps, std::unique_ptr<DataParallelTrainer> dp,
+              std::unique_ptr<Trainer> single, std::unique_ptr<BenchTierDir> tier_dir) {
+  std::fprintf(progress, "megatrain-bench: %ld steps done; teardown: trainer\n",
+               static_cast<long>(steps));
+  std::fflush(progress);
+  dp.reset();
+  single.reset();
+  if (tier_dir != nullptr) {
+    std::fprintf(progress, "megatrain-bench: teardown: NVMe tier directory %s\n",
+                 tier_dir->path().c_str());
+    std::fflush(progress);
+    tier_dir.reset();
+  }
+  std::fprintf(progress, "megatrain-bench: teardown done\n");
+  std::fflush(progress);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
@@ -403,6 +451,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       static_cast<long>(o.gradient_accumulation_steps));
   std::fprintf(progress, "megatrain-bench: schedule %s\n",
                trainer->schedule_choice().Describe().c_str());
+  std::fprintf(progress, "megatrain-bench: footprint %s\n",
+               DescribeHostBytesPerParam(BenchFootprint(o, config)).c_str());
   if (dp != nullptr) {
     std::fprintf(progress, "megatrain-bench: %d devices, data parallel over %s\n", o.devices,
                  dp->backend_name().c_str());
@@ -425,6 +475,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   const double model_tflops = tokens / step_median * config.TrainFlopsPerToken(o.seq_len) / 1e12;
   j["model_tflops"] = model_tflops;
   if (o.peak_tflops > 0) j["mfu"] = model_tflops / o.peak_tflops;
+  TearDown(progress, o.warmup + o.steps, std::move(dp), std::move(single), std::move(tier_dir));
   return j.dump();
 }
 

@@ -73,7 +73,11 @@ struct BenchOptions {
 // executor's the resident blocks, activations, working, margin; Note [Auto
 // resident layers]), host_bytes by kind, peak_gpu_bytes,
 // model_tflops, mfu; host_bytes_per_param (all host bytes over the
-// parameters), nvme_tier, and with the tier nvme_direct (O_DIRECT in use),
+// parameters), rss_bytes / rss_peak_bytes (the process's), admission's
+// footprint_host_bytes and footprint (its bytes by kind: master, grad,
+// exp_avg, exp_avg_sq, streaming, staging, gradient_ring (part of
+// staging), lookahead, total, bytes_per_param, nvme; also printed as one
+// line before the steps), nvme_tier, and with the tier nvme_direct (O_DIRECT in use),
 // nvme_read_bytes_per_step and nvme_written_bytes_per_step (means over the
 // measured steps);
 // on CUDA also the link's pinned copy bandwidth measured before the run

@@ -265,6 +265,9 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
       absl::StrAppend(&plan.verdict, "; with the moments on NVMe still: ", tiered_short);
     }
   }
+  // The host bytes by kind, per parameter (docs/operations.md "Sizing host
+  // memory"), for checking against megatrain-bench's measured host_bytes.
+  absl::StrAppend(&plan.verdict, "; ", DescribeHostBytesPerParam(plan.footprint));
   plan.projection = Project(spec, config, plan, machine, choice);
   return plan;
 }

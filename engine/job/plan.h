@@ -109,7 +109,8 @@ struct JobPlan {
   bool fits = false;
   // How it fits or why not, e.g. "fits in host memory (146.2 GB of 1.50
   // TB)" or "does not fit: host 2.16 TB > 1.50 TB even with the moments on
-  // NVMe (no NVMe tier)".
+  // NVMe (no NVMe tier)", then "; " and the footprint's host bytes per
+  // parameter by kind (DescribeHostBytesPerParam).
   std::string verdict;
   StepProjection projection;
 };

@@ -77,9 +77,16 @@ bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
          config.moe == nullptr && spec.train.gradient_accumulation_steps == 1;
 }
 
+// Whether the footprint plans the embedding resident on the device: an
+// untied table, as the trainer's auto does on a GPU that holds it (Note
+// [Auto resident layers] in step/schedule_choice.h). Its gradient is then
+// not in host memory and it has no lookahead buffers.
+bool PlansResidentEmbedding(const ModelConfig& config) { return !config.tie_word_embeddings; }
+
 HostStoreOptions StoreOptions(const JobSpec& spec, const ModelConfig& config, bool pin) {
   HostStoreOptions o;
   o.gradient_ring = CountsGradientRing(spec, config);
+  o.embedding_grad_in_host = !PlansResidentEmbedding(config);
   o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16 &&
                      spec.memory.weight_stream == WeightStream::kBf16;
   o.pin = pin;
@@ -190,13 +197,16 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
     exec.wave = static_cast<int>(SavedMicroBatches(spec));
   }
   exec.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
-  exec.resident_embedding = !config.tie_word_embeddings;
+  exec.resident_embedding = PlansResidentEmbedding(config);
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
   const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
   f.activation_offload_bytes = plan.activation_offload_bytes;
   f.host.staging = plan.pinned_bytes();
-  f.embedding_lookahead_bytes =
-      config.tie_word_embeddings ? 0 : 2 * tokens * config.hidden_size * 4;
+  f.gradient_ring_bytes = plan.grad_ring_bytes;
+  // Note [Embedding lookahead]: untied and on the host only.
+  f.embedding_lookahead_bytes = config.tie_word_embeddings || exec.resident_embedding
+                                    ? 0
+                                    : 2 * tokens * config.hidden_size * 4;
   f.host_total_bytes = f.host.Total() + f.embedding_lookahead_bytes;
   f.device_resident_bytes = plan.resident_bytes + plan.grad_accumulation_bytes;
   // Device: the plan, the saved layer inputs outside it (fp32; with
@@ -248,6 +258,19 @@ MemoryFootprint WithNvmeMoments(const MemoryFootprint& f) {
   tiered.host.staging += NvmeTierStagingBytes();
   tiered.host_total_bytes = tiered.host.Total() + tiered.embedding_lookahead_bytes;
   return tiered;
+}
+
+std::string DescribeHostBytesPerParam(const MemoryFootprint& f) {
+  const double params = static_cast<double>(std::max<int64_t>(1, f.params));
+  auto per = [params](int64_t bytes) { return static_cast<double>(bytes) / params; };
+  std::string out = absl::StrFormat(
+      "host %.2f bytes/param = master %.2f + grad %.2f + exp_avg %.2f + exp_avg_sq %.2f + "
+      "streaming %.2f + staging %.2f (gradient ring %.2f) + lookahead %.2f",
+      per(f.host_total_bytes), per(f.host.master), per(f.host.grad), per(f.host.exp_avg),
+      per(f.host.exp_avg_sq), per(f.host.streaming), per(f.host.staging),
+      per(f.gradient_ring_bytes), per(f.embedding_lookahead_bytes));
+  if (f.nvme_bytes > 0) absl::StrAppendFormat(&out, "; NVMe %.2f bytes/param", per(f.nvme_bytes));
+  return out;
 }
 
 MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config) {

@@ -50,14 +50,34 @@ struct MemoryFootprint {
   // executor's pinned buffers) and so of host_total_bytes.
   int64_t activation_offload_bytes = 0;
   // Pageable host bytes of the embedding lookahead's two side buffers
-  // (Note [Embedding lookahead] in trainer.h): 2 x B x T x C fp32 at most,
-  // 0 with tied embeddings. Part of host_total_bytes, not of host.
+  // (Note [Embedding lookahead] in trainer.h): 2 x B x T x C fp32 for an
+  // untied embedding updated on the host; 0 with tied embeddings and for
+  // the resident embedding the footprint plans (every untied table:
+  // device_resident_bytes). Part of host_total_bytes, not of host.
+  //
+  // The host bytes follow that plan: with the gradient ring the store keeps
+  // no gradient for a resident embedding (HostStoreOptions::
+  // embedding_grad_in_host). A GPU that cannot hold the table keeps it on
+  // the host, which then needs 4 x V x C bytes of gradient and these
+  // buffers more than host_total_bytes says.
   int64_t embedding_lookahead_bytes = 0;
+  // Pinned host bytes of the gradient ring (Note [Gradient ring] in
+  // step/grad_lander.h): the largest streamed block plus the largest of
+  // the rest; 0 without it. Part of host.staging.
+  int64_t gradient_ring_bytes = 0;
   // Bytes in files on the NVMe tier (memory.nvme_tier: moments): the two
   // AdamW moments, host.exp_avg and host.exp_avg_sq then 0 and host.staging
   // counting the tier's NvmeTierStagingBytes(). 0 without the tier.
   int64_t nvme_bytes = 0;
 };
+
+// The host bytes of `f` per parameter, by kind, on one line: "host 12.14
+// bytes/param = master 4.00 + grad 0.00 + exp_avg 4.00 + exp_avg_sq 4.00 +
+// streaming 0.00 + staging 0.14 (gradient ring 0.10) + lookahead 0.00"
+// (two decimals; the NVMe tier's bytes after it when there are any).
+// What `megatrain plan` and megatrain-bench print (docs/operations.md
+// "Sizing host memory").
+std::string DescribeHostBytesPerParam(const MemoryFootprint& f);
 
 // `f` (computed with everything in host memory) with the AdamW moments
 // moved to the NVMe tier (Note [NVMe tier]): the one place that turns the

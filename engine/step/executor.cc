@@ -34,8 +34,10 @@ namespace {
 
 // Pinned staging per gradient slot: the embedding's d hidden_0, fp32 (Note
 // [Bounded gradient staging] in grad_lander.h; Note [Executor memory plan]
-// in executor.h counts the same).
+// in executor.h counts the same); none when the embedding is resident (its
+// d hidden_0 stays on the device, Note [Resident embedding]).
 size_t GradStagingBytes(const ExecutorOptions& o, int64_t hidden_size) {
+  if (o.resident_embedding) return 0;
   return static_cast<size_t>(o.micro_batch * o.seq_len * hidden_size) * 4;
 }
 
@@ -159,7 +161,8 @@ class StreamingExecutor::Impl {
 
 absl::Status StreamingExecutor::Impl::Init() {
   const ModelConfig& config = env_.config;
-  const int64_t max_numel = PlanExecutorMemory(config, options_).max_slot_numel;
+  const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options_);
+  const int64_t max_numel = plan.max_slot_numel;
   chunk_tokens_ = options_.loss_chunk_tokens > 0
                       ? options_.loss_chunk_tokens
                       : std::max<int64_t>(64, (int64_t{256} << 20) / (4 * config.vocab_size));
@@ -175,9 +178,10 @@ absl::Status StreamingExecutor::Impl::Init() {
     MEGATRAIN_ASSIGN_OR_RETURN(
         lander_, GradLander::Create(&env_, options_.num_grad_slots, max_numel,
                                     GradStagingBytes(options_, config.hidden_size),
-                                    options_.grad_chunk_elements, options_.gradient_ring));
+                                    options_.grad_chunk_elements, plan.grad_ring_numels));
     MEGATRAIN_ASSIGN_OR_RETURN(inputs_,
-                               InputStager::Create(&env_, options_.micro_batch, options_.seq_len));
+                               InputStager::Create(&env_, options_.micro_batch, options_.seq_len,
+                                                   /*rows_on_host=*/!options_.resident_embedding));
     if (options_.offload_activations) {
       const int wave = options_.schedule == StepSchedule::kLayerMajor ? options_.wave : 1;
       MEGATRAIN_ASSIGN_OR_RETURN(
@@ -673,6 +677,12 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     return absl::FailedPreconditionError(
         "executor.gradient_ring: the store and the options disagree (HostStoreOptions::"
         "gradient_ring)");
+  }
+  if (options.gradient_ring && !options.resident_embedding &&
+      !store->options().embedding_grad_in_host) {
+    return absl::FailedPreconditionError(
+        "executor.resident_embedding: the embedding lands on the host but the store keeps no "
+        "gradient for it (HostStoreOptions::embedding_grad_in_host)");
   }
   if (options.gradient_ring && store->config().moe != nullptr) {
     return absl::InvalidArgumentError(

@@ -213,10 +213,15 @@ struct ExecutorMemoryPlan {
   // more than one micro-batch; 0 when off.
   int64_t grad_accumulation_bytes = 0;
   // Pinned host memory.
-  int64_t grad_staging_bytes = 0;        // num_grad_slots x (B*T*C fp32 + one fp64 norm) +
-                                         // the chunk ring (and the gradient
-                                         // ring; GradLanderPinnedBytes)
-  int64_t input_staging_bytes = 0;       // B*T x (C fp32 + one int64 label)
+  int64_t grad_staging_bytes = 0;  // num_grad_slots x (B*T*C fp32, none with a resident
+                                   // embedding, + one fp64 norm) + the chunk ring (none
+                                   // with the gradient ring; GradLanderPinnedBytes)
+  // gradient_ring: elements of each ring buffer (GradRingNumels, Note
+  // [Gradient ring] in grad_lander.h) and their fp32 bytes; empty / 0 without.
+  std::vector<int64_t> grad_ring_numels;
+  int64_t grad_ring_bytes = 0;
+  int64_t input_staging_bytes = 0;       // B*T x (C fp32 + one int64 label), or x (int64 id
+                                         // + label) with a resident embedding
   int64_t activation_offload_bytes = 0;  // W x (L-1) x [B, T, C] fp32, offload only
                                          // (W: the layer-major wave, else 1)
 
@@ -226,7 +231,7 @@ struct ExecutorMemoryPlan {
            resident_bytes + grad_accumulation_bytes;
   }
   int64_t pinned_bytes() const {
-    return grad_staging_bytes + input_staging_bytes + activation_offload_bytes;
+    return grad_staging_bytes + grad_ring_bytes + input_staging_bytes + activation_offload_bytes;
   }
 };
 
@@ -268,6 +273,8 @@ class StreamingExecutor {
   // Allocates device slots and pinned staging for `store`'s model. `store`,
   // `runtime` and `pool` must outlive the executor. Errors:
   // INVALID_ARGUMENT for bad options (naming the field);
+  // FAILED_PRECONDITION when `store`'s options disagree with them (weight
+  // stream, gradient ring, an embedding gradient the store does not keep);
   // RESOURCE_EXHAUSTED when device or pinned memory runs out.
   static absl::StatusOr<std::unique_ptr<StreamingExecutor>> Create(HostStore* store,
                                                                    DeviceRuntime* runtime,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "engine/optim/adamw.h"
 #include "engine/model/layers.h"
@@ -14,11 +15,17 @@
 
 namespace megatrain::engine {
 
-absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(StepEnv* env, int num_slots,
-                                                               int64_t max_numel,
-                                                               size_t staging_bytes,
-                                                               int64_t chunk_elements,
-                                                               bool gradient_ring) {
+std::vector<int64_t> GradRingNumels(std::vector<int64_t> numels) {
+  if (numels.empty()) return {};
+  std::sort(numels.begin(), numels.end(), std::greater<int64_t>());
+  std::vector<int64_t> ring(kGradRingBuffers, numels.size() > 1 ? numels[1] : numels[0]);
+  ring[0] = numels[0];
+  return ring;
+}
+
+absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(
+    StepEnv* env, int num_slots, int64_t max_numel, size_t staging_bytes, int64_t chunk_elements,
+    const std::vector<int64_t>& ring_numels) {
   std::unique_ptr<GradLander> g(new GradLander(env));
   const bool pin = env->runtime->is_cuda();
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(env->runtime->device());
@@ -34,22 +41,22 @@ absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(StepEnv* env, int
     g->staged_.push_back(env->runtime->CreateEvent());
   }
   g->pinned_bytes_ += static_cast<int64_t>(g->norm_host_.bytes());
-  // Note [Bounded gradient staging]: the chunk ring.
+  // Note [Bounded gradient staging]: the chunk ring, for later
+  // contributions added on the host; none with the gradient ring, whose
+  // every landing is a block's whole gradient (Note [Gradient ring]).
   const size_t chunk_bytes = static_cast<size_t>(GradChunkNumel(max_numel, chunk_elements)) * 4;
-  for (int c = 0; c < kGradChunkBuffers; ++c) {
+  for (int c = 0; c < (ring_numels.empty() ? kGradChunkBuffers : 0); ++c) {
     MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(chunk_bytes, pin));
     g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
     g->chunks_.push_back(std::move(buf));
     g->chunk_staged_.push_back(env->runtime->CreateEvent());
   }
-  if (gradient_ring) {  // Note [Gradient ring]
-    for (int r = 0; r < kGradRingBuffers; ++r) {
-      MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf,
-                                 HostBuffer::Allocate(static_cast<size_t>(max_numel) * 4, pin));
-      g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
-      g->ring_.push_back(std::move(buf));
-      g->ring_block_.push_back(-1);
-    }
+  for (const int64_t ring_numel : ring_numels) {  // Note [Gradient ring]
+    MEGATRAIN_ASSIGN_OR_RETURN(HostBuffer buf,
+                               HostBuffer::Allocate(static_cast<size_t>(ring_numel) * 4, pin));
+    g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
+    g->ring_.push_back(std::move(buf));
+    g->ring_block_.push_back(-1);
   }
   {
     absl::MutexLock lock(&g->mu_);
@@ -186,6 +193,8 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     return;
   }
   const int64_t bytes = numel * 4;
+  ABSL_RAW_CHECK(task.direct || staging_[slot].bytes() >= static_cast<size_t>(bytes),
+                 "GradLander: an embedding contribution with no staging (resident embedding?)");
   void* dst =
       task.direct ? static_cast<void*>(DirectDestination(block, &task)) : staging_[slot].data();
   const int token = env_->timer.Begin(StreamKind::kD2H);
@@ -207,8 +216,13 @@ float* GradLander::DirectDestination(int64_t block, Task* task) {
   if (ring_.empty() || block == env_->layout.embedding_block()) return env_->store->grad(block);
   // Note [Gradient ring]: the executor lands only whole gradients here.
   ABSL_RAW_CHECK(task->first && task->final, "gradient ring: a partial gradient landed");
-  const int r = next_ring_;
-  next_ring_ = (next_ring_ + 1) % static_cast<int>(ring_.size());
+  // The next buffer in turn that holds the block (the first holds any).
+  const int buffers = static_cast<int>(ring_.size());
+  int r = next_ring_;
+  const size_t bytes = static_cast<size_t>(env_->store->block_numel(block)) * 4;
+  ABSL_RAW_CHECK(ring_[0].bytes() >= bytes, "gradient ring: a block larger than its buffers");
+  while (ring_[r].bytes() < bytes) r = (r + 1) % buffers;
+  next_ring_ = (r + 1) % buffers;
   const StepClock::time_point start = StepClock::now();
   {
     absl::MutexLock lock(&mu_);
@@ -246,6 +260,7 @@ int GradLander::AcquireChunk() {
 }
 
 void GradLander::OffloadChunks(const Task& task, const float* device_src) {
+  ABSL_RAW_CHECK(!chunks_.empty(), "GradLander: a later contribution with the gradient ring");
   DeviceRuntime* runtime = env_->runtime;
   const int64_t chunk_numel = static_cast<int64_t>(chunks_[0].bytes() / 4);
   for (int64_t offset = 0; offset < task.numel; offset += chunk_numel) {

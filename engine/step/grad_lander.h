@@ -40,8 +40,10 @@
 // gradient needs to outlive its update. With memory.gradient_landing ring
 // the store keeps no gradient arena but the embedding's (HostStore's
 // gradient_ring; the table's gradient is a scatter-add over a step's
-// tokens); every other host block's gradient lands in one of
-// kGradRingBuffers pinned buffers of the largest block, bound to the
+// tokens; none when the embedding is resident, HostStoreOptions::
+// embedding_grad_in_host); every other host block's gradient lands in one
+// of kGradRingBuffers pinned buffers (the first of the largest block, the
+// others of the largest of the rest: GradRingNumels), bound to the
 // block in the store (HostStore::BindGrad), and the optimizer reads it
 // there. Before a buffer takes the next block, the enqueuing thread waits
 // until the previous block's landing was handed on (its update queued)
@@ -124,23 +126,40 @@ inline int64_t GradChunkNumel(int64_t max_numel, int64_t chunk_elements = kGradC
   return max_numel < chunk_elements ? max_numel : chunk_elements;
 }
 
-// Note [Gradient ring]: buffers in the ring, each of the largest block
-// (llama-8b's head: 2.1 GB). Two let one block's AdamW update read its
-// gradient while the next block's lands; the update of a decoder layer
-// (~40 ms for llama-8b's 218 M parameters at 5.8 G params/s) is shorter
-// than two layers' backward, so the ring rarely stalls the GPU.
+// Note [Gradient ring]: buffers in the ring. Two let one block's AdamW
+// update read its gradient while the next block's lands; the update of a
+// decoder layer (~40 ms for llama-8b's 218 M parameters at 5.8 G
+// params/s) is shorter than two layers' backward, so the ring rarely
+// stalls the GPU. The buffers are not all of the largest block: the
+// first holds the largest ring block (an untied head, V x C: llama-8b's
+// 2.1 GB), the others the largest of the rest (a decoder layer: 0.87 GB),
+// and a block lands in the next buffer, in turn, that holds it
+// (GradRingNumels). Two head-sized buffers would cost 4 x V x C more
+// bytes for a block that lands once per pass.
 inline constexpr int kGradRingBuffers = 2;
 
+// Elements of each ring buffer (Note [Gradient ring]) for ring blocks of
+// `numels` (every block that lands in the ring: streamed, not the
+// embedding): the largest, then kGradRingBuffers - 1 times the largest of
+// the others (the largest again when it occurs twice). Empty for no
+// blocks.
+std::vector<int64_t> GradRingNumels(std::vector<int64_t> numels);
+
 // Pinned bytes of a GradLander: `num_slots` staging buffers of
-// `slot_staging_bytes` (the embedding's contribution) and an fp64 norm
-// each, and the chunk ring for slots of `max_numel` in chunks of
-// `chunk_elements`, and with `gradient_ring` the ring (Note [Gradient
-// ring]).
+// `slot_staging_bytes` (the embedding's contribution; 0 when it is
+// resident) and an fp64 norm each, the gradient ring of `ring_numels`
+// (Note [Gradient ring]; empty without it) or else the chunk ring for
+// slots of `max_numel` in chunks of `chunk_elements` (the ring's landings
+// are whole: no later contribution is added on the host).
 inline int64_t GradLanderPinnedBytes(int num_slots, int64_t max_numel, int64_t slot_staging_bytes,
-                                     int64_t chunk_elements, bool gradient_ring) {
-  return num_slots * (slot_staging_bytes + static_cast<int64_t>(sizeof(double))) +
-         kGradChunkBuffers * 4 * GradChunkNumel(max_numel, chunk_elements) +
-         (gradient_ring ? kGradRingBuffers * 4 * max_numel : 0);
+                                     int64_t chunk_elements,
+                                     const std::vector<int64_t>& ring_numels) {
+  int64_t ring_bytes = 0;
+  for (const int64_t numel : ring_numels) ring_bytes += 4 * numel;
+  const int64_t chunk_ring =
+      ring_numels.empty() ? kGradChunkBuffers * 4 * GradChunkNumel(max_numel, chunk_elements) : 0;
+  return num_slots * (slot_staging_bytes + static_cast<int64_t>(sizeof(double))) + chunk_ring +
+         ring_bytes;
 }
 
 class GradLander {
@@ -151,16 +170,16 @@ class GradLander {
 
   // Allocates `num_slots` device gradient buffers of `max_numel` fp32, as
   // many pinned staging buffers of `staging_bytes` (the embedding's
-  // contribution, Note [Bounded gradient staging]) and the chunk ring of
-  // GradChunkNumel(max_numel, chunk_elements) elements per chunk, with
-  // `gradient_ring` the ring (Note [Gradient ring]; the store must have
-  // HostStoreOptions::gradient_ring), and
+  // contribution, Note [Bounded gradient staging]; 0 for a resident
+  // embedding), with `ring_numels` (GradRingNumels; empty: no ring) the
+  // gradient ring (Note [Gradient ring]; the store must have
+  // HostStoreOptions::gradient_ring), else the chunk ring of
+  // GradChunkNumel(max_numel, chunk_elements) elements per chunk, and
   // starts the accumulator thread. RESOURCE_EXHAUSTED for pinned memory;
   // LibTorch exceptions for device memory.
-  static absl::StatusOr<std::unique_ptr<GradLander>> Create(StepEnv* env, int num_slots,
-                                                            int64_t max_numel, size_t staging_bytes,
-                                                            int64_t chunk_elements,
-                                                            bool gradient_ring);
+  static absl::StatusOr<std::unique_ptr<GradLander>> Create(
+      StepEnv* env, int num_slots, int64_t max_numel, size_t staging_bytes, int64_t chunk_elements,
+      const std::vector<int64_t>& ring_numels);
   // Stops and joins the accumulator thread after it ran every queued
   // landing. The caller has drained the streams.
   ~GradLander();
@@ -258,7 +277,7 @@ class GradLander {
   std::vector<HostBuffer> chunks_;                          // pinned, GradChunkNumel fp32 each
   std::vector<std::unique_ptr<DeviceEvent>> chunk_staged_;  // per chunk, on kD2H
   int next_chunk_ = 0;
-  std::vector<HostBuffer> ring_;     // pinned, max numel fp32 each; empty without the ring
+  std::vector<HostBuffer> ring_;     // pinned, GradRingNumels fp32 each; empty without the ring
   std::vector<int64_t> ring_block_;  // per ring buffer: the block bound to it, -1 none
   int next_ring_ = 0;
   std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;  // per slot, on kCompute

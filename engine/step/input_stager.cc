@@ -3,16 +3,20 @@
 
 #include <cstring>
 
+#include "absl/base/internal/raw_logging.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
 
 absl::StatusOr<std::unique_ptr<InputStager>> InputStager::Create(StepEnv* env, int64_t micro_batch,
-                                                                 int64_t seq_len) {
+                                                                 int64_t seq_len,
+                                                                 bool rows_on_host) {
   std::unique_ptr<InputStager> s(new InputStager(env, micro_batch, seq_len));
   MEGATRAIN_ASSIGN_OR_RETURN(
-      s->staging_, HostBuffer::Allocate(micro_batch * seq_len * (env->config.hidden_size * 4 + 8),
-                                        env->runtime->is_cuda()));
+      s->staging_,
+      HostBuffer::Allocate(static_cast<size_t>(InputStagerPinnedBytes(
+                               micro_batch * seq_len, env->config.hidden_size, rows_on_host)),
+                           env->runtime->is_cuda()));
   s->ready_ = env->runtime->CreateEvent();
   s->done_ = env->runtime->CreateEvent();
   return s;
@@ -70,6 +74,8 @@ UploadedInput InputStager::Upload(const MicroBatch& mb, const at::Tensor& reside
   if (pending_) runtime->HostWait(*done_);  // staging reused
   if (resident_table.defined()) return UploadIds(mb, resident_table);
   const int64_t rows = b_ * t_, c = env_->config.hidden_size;
+  ABSL_RAW_CHECK(staging_.bytes() >= static_cast<size_t>(InputStagerPinnedBytes(rows, c, true)),
+                 "InputStager: rows gathered on the host by a stager created for ids only");
   float* hidden = static_cast<float*>(staging_.data());
   int64_t* labels = reinterpret_cast<int64_t*>(hidden + rows * c);
   GatherSources(mb);

@@ -33,6 +33,13 @@
 
 namespace megatrain::engine {
 
+// Pinned bytes of an InputStager for `tokens` = B*T per micro-batch:
+// each token's fp32 row (C x 4) and int64 label with the rows gathered on
+// the host, else its int64 id and label (16: a resident embedding).
+inline int64_t InputStagerPinnedBytes(int64_t tokens, int64_t hidden_size, bool rows_on_host) {
+  return tokens * (rows_on_host ? hidden_size * 4 + 8 : 16);
+}
+
 // A micro-batch on the device.
 struct UploadedInput {
   at::Tensor x;       // [B, T, C] fp32: layer 0's input
@@ -46,10 +53,12 @@ class InputStager {
   using RowGate = std::function<void(absl::Span<const int32_t> token_ids,
                                      absl::Span<const float*> row_sources)>;
 
-  // Allocates the pinned buffer for [B*T*C] fp32 + [B*T] int64.
-  // RESOURCE_EXHAUSTED when pinned memory runs out.
+  // Allocates the pinned buffer: [B*T*C] fp32 + [B*T] int64 with
+  // `rows_on_host` (the host embedding), else [B*T] int64 ids + [B*T]
+  // int64 labels (InputStagerPinnedBytes). RESOURCE_EXHAUSTED when pinned
+  // memory runs out.
   static absl::StatusOr<std::unique_ptr<InputStager>> Create(StepEnv* env, int64_t micro_batch,
-                                                             int64_t seq_len);
+                                                             int64_t seq_len, bool rows_on_host);
 
   void SetRowGate(RowGate gate) { row_gate_ = std::move(gate); }
 
@@ -71,7 +80,7 @@ class InputStager {
 
   StepEnv* env_;
   int64_t b_, t_;
-  HostBuffer staging_;  // pinned: [B*T*C] fp32 hidden + [B*T] int64 labels
+  HostBuffer staging_;  // pinned: InputStagerPinnedBytes
   std::unique_ptr<DeviceEvent> ready_, done_;
   bool pending_ = false;  // an upload from staging_ may still run
   RowGate row_gate_;

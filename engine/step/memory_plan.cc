@@ -1,9 +1,11 @@
 // The executor's memory plan (Note [Executor memory plan] in executor.h).
 #include <algorithm>
+#include <vector>
 
 #include "engine/step/executor.h"
 #include "engine/model/param_layout.h"
 #include "engine/step/grad_lander.h"
+#include "engine/step/input_stager.h"
 #include "engine/step/weight_slots.h"
 
 namespace megatrain::engine {
@@ -18,7 +20,9 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   ExecutorMemoryPlan plan;
   // Largest block that visits a device slot: streamed layers, head, and
   // the embedding table only when it doubles as lm_head and is not
-  // resident.
+  // resident. The gradient ring takes the same blocks but the embedding
+  // (Note [Gradient ring] in grad_lander.h).
+  std::vector<int64_t> ring_blocks_numel;
   for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
     if (i == layout.embedding_block() &&
         (!config.tie_word_embeddings || options.resident_embedding)) {
@@ -27,7 +31,9 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
     const int64_t layer = layout.blocks[i].layer_idx;
     if (layer >= 0 && layer < options.resident_layers) continue;
     plan.max_slot_numel = std::max(plan.max_slot_numel, layout.blocks[i].numel);
+    if (i != layout.embedding_block()) ring_blocks_numel.push_back(layout.blocks[i].numel);
   }
+  if (options.gradient_ring) plan.grad_ring_numels = GradRingNumels(std::move(ring_blocks_numel));
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = options.micro_batch * options.seq_len;
   const int64_t layer_input_bytes = tokens * config.hidden_size * 4;  // [B, T, C] fp32
@@ -37,12 +43,18 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
         4 * CastStagingNumel(plan.max_slot_numel, options.cast_chunk_elements);
   }
   plan.grad_slot_bytes = options.num_grad_slots * int64_t{4} * plan.max_slot_numel;
-  // Gradient staging: the embedding's d hidden_0 per slot and the chunk
-  // ring (Note [Bounded gradient staging] in grad_lander.h).
+  // Gradient staging: the embedding's d hidden_0 per slot (not for a
+  // resident one) and the chunk ring or the gradient ring (Notes [Bounded
+  // gradient staging] and [Gradient ring] in grad_lander.h); the ring
+  // apart.
+  for (const int64_t numel : plan.grad_ring_numels) plan.grad_ring_bytes += 4 * numel;
   plan.grad_staging_bytes =
-      GradLanderPinnedBytes(options.num_grad_slots, plan.max_slot_numel, layer_input_bytes,
-                            options.grad_chunk_elements, options.gradient_ring);
-  plan.input_staging_bytes = tokens * (config.hidden_size * 4 + 8);
+      GradLanderPinnedBytes(options.num_grad_slots, plan.max_slot_numel,
+                            options.resident_embedding ? 0 : layer_input_bytes,
+                            options.grad_chunk_elements, plan.grad_ring_numels) -
+      plan.grad_ring_bytes;
+  plan.input_staging_bytes =
+      InputStagerPinnedBytes(tokens, config.hidden_size, !options.resident_embedding);
   if (options.offload_activations && layout.num_layers() > 1) {
     const int64_t wave = options.schedule == StepSchedule::kLayerMajor ? options.wave : 1;
     plan.activation_offload_bytes = wave * (layout.num_layers() - 1) * layer_input_bytes;

@@ -294,6 +294,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   store_options.pin = t->runtime_->is_cuda();
   store_options.moments_in_host = options.nvme_dir.empty();
   store_options.gradient_ring = exec.gradient_ring;
+  store_options.embedding_grad_in_host = !exec.resident_embedding;
   MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
   t->store_->InitializeWeights(seed);
   if (!options.nvme_dir.empty()) {

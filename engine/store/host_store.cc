@@ -71,10 +71,11 @@ void ParallelChunks(int64_t n, Fn fn) {
 }
 
 // Elements of the gradient arena: all blocks, or with gradient_ring the
-// embedding block's only.
+// embedding block's only (none when its gradient lives on the device).
 int64_t GradArenaNumel(const ModelLayout& layout, const HostStoreOptions& options,
                        int64_t arena_numel) {
   if (!options.gradient_ring) return arena_numel;
+  if (!options.embedding_grad_in_host) return 0;
   return AlignUp(layout.blocks[layout.embedding_block()].numel, kBlockAlignElements);
 }
 

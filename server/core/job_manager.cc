@@ -202,6 +202,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions
   MEGATRAIN_RETURN_IF_ERROR(ValidateNvmeTierOptions(manager->options_.nvme));
   MEGATRAIN_RETURN_IF_ERROR(manager->Recover());
   manager->SizeRecoveredNvmeJobs();
+  manager->SweepStaleNvmeTierDirs();
   std::lock_guard<std::mutex> lock(manager->mu_);
   manager->RefreshGaugesLocked();
   manager->ScheduleLocked();
@@ -260,6 +261,26 @@ void JobManager::SizeRecoveredNvmeJobs() {
       std::lock_guard<std::mutex> lock(mu_);
       nvme_bytes_by_job_[job.id] = f->nvme_bytes;
     }
+  }
+}
+
+void JobManager::SweepStaleNvmeTierDirs() {
+  if (options_.nvme.dir.empty()) return;
+  absl::StatusOr<NvmeSweep> sweep =
+      SweepStaleNvmeTier(options_.nvme.dir, [this](const std::string& name) {
+        absl::StatusOr<JobRecord> job = store_->GetJob(name);
+        return job.ok() && job->request.spec.memory.nvme_tier != engine::NvmeTierMode::kOff;
+      });
+  if (!sweep.ok()) {
+    LogError(absl::StrCat("--nvme_dir: ", sweep.status().ToString()));
+    return;
+  }
+  for (const std::string& name : sweep->removed) {
+    LogInfo(absl::StrCat(name, ": removed its stale NVMe tier directory ", options_.nvme.dir, "/",
+                         name, " (left by a daemon that did not stop cleanly)"));
+  }
+  for (const std::string& left : sweep->left) {
+    LogWarning(absl::StrCat("--nvme_dir ", options_.nvme.dir, ": left ", left));
   }
 }
 
@@ -688,9 +709,13 @@ void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
   }
   if (victim == nullptr) return;
   // Only when stopping the victim lets `waiting` start (it frees a device
-  // in any case; the memory must fit too).
-  const bool fits_after = reserved_bytes_ - victim->reserved_bytes + waiting.host_memory_bytes <=
-                          options_.host_memory_budget_bytes;
+  // in any case; host memory and NVMe bytes must fit too: a suspended job
+  // holds neither, Note [NVMe admission]).
+  const bool fits_after =
+      reserved_bytes_ - victim->reserved_bytes + waiting.host_memory_bytes <=
+          options_.host_memory_budget_bytes &&
+      nvme_reserved_bytes_ - victim->nvme_reserved_bytes + NvmeBytesLocked(waiting) <=
+          options_.nvme.budget_bytes;
   if (!fits_after) return;
   victim->stop = StopReason::kPreempt;
   victim->preempted_for = waiting.id;

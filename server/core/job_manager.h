@@ -17,7 +17,8 @@
 // the pass: smaller jobs behind it do not overtake it, so big jobs are not
 // starved. With preemption on, that job may instead suspend the running job
 // of lowest priority below its own (one preemption at a time; only when that
-// frees enough for it); the preempted job writes a checkpoint at its next
+// frees enough for it: host memory and, for a job on the NVMe tier, the
+// victim's NVMe bytes, Note [NVMe admission]); the preempted job writes a checkpoint at its next
 // step boundary and goes back to the queue, resuming from that checkpoint.
 // Passes run after every submit, resume, cancel and job end.
 //
@@ -335,6 +336,10 @@ class JobManager {
   // Create: sizes the tiered queued and suspended jobs of the store
   // (reads their configs; Note [NVMe admission]).
   void SizeRecoveredNvmeJobs();
+  // Create, before any job runs: removes the tier directories a killed
+  // daemon left (Note [Stale NVMe tier directories] in nvme_admission.h),
+  // logging what it removed and left.
+  void SweepStaleNvmeTierDirs();
   void MaybePreemptLocked(const JobRecord& waiting);
   void StartLocked(JobRecord job, const std::string& device);
   void RunJob(Active* active, JobRecord job);

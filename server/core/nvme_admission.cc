@@ -1,8 +1,17 @@
 // Admission of jobs that use the NVMe tier (nvme_admission.h).
 #include "server/core/nvme_admission.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/io/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::server {
@@ -12,7 +21,55 @@ std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.2f GiB (%d bytes)", static_cast<double>(bytes) / (1 << 30), bytes);
 }
 
+// The names in the directory of `dir` (not "." and ".."), read through a
+// descriptor of it.
+absl::StatusOr<std::vector<std::string>> ListNames(const engine::DirFd& dir) {
+  const int fd = ::openat(dir.fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* stream = fd >= 0 ? ::fdopendir(fd) : nullptr;
+  if (stream == nullptr) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return absl::InternalError(absl::StrCat(dir.path(), ": list: ", std::strerror(err)));
+  }
+  std::vector<std::string> names;
+  while (const struct dirent* entry = ::readdir(stream)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(stream);  // closes fd
+  return names;
+}
+
 }  // namespace
+
+absl::StatusOr<NvmeSweep> SweepStaleNvmeTier(
+    const std::string& dir, const std::function<bool(const std::string& name)>& recorded) {
+  MEGATRAIN_ASSIGN_OR_RETURN(const engine::DirFd root, engine::DirFd::Open(dir));
+  MEGATRAIN_ASSIGN_OR_RETURN(const std::vector<std::string> names, ListNames(root));
+  NvmeSweep sweep;
+  for (const std::string& name : names) {
+    if (!recorded(name)) {
+      sweep.left.push_back(absl::StrCat(name, ": no tiered job of that id"));
+      continue;
+    }
+    absl::StatusOr<struct stat> info = root.StatAt(name);  // lstat: a link is not followed
+    if (!info.ok()) {
+      sweep.left.push_back(absl::StrCat(name, ": ", info.status().message()));
+      continue;
+    }
+    if (!S_ISDIR(info->st_mode)) {
+      sweep.left.push_back(absl::StrCat(name, ": not a directory (a link or a file)"));
+      continue;
+    }
+    const absl::Status removed = root.RemoveTreeAt(name);
+    if (removed.ok()) {
+      sweep.removed.push_back(name);
+    } else {
+      sweep.left.push_back(absl::StrCat(name, ": ", removed.message()));
+    }
+  }
+  return sweep;
+}
 
 absl::Status ValidateNvmeTierOptions(const NvmeTierOptions& nvme) {
   if (nvme.dir.empty()) return absl::OkStatus();

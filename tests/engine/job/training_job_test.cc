@@ -154,16 +154,24 @@ TEST(EstimateFootprintTest, CountsBytesPerParameter) {
   EXPECT_LT(f->host_total_bytes, 18.6 * f->params);
 }
 
-TEST(EstimateFootprintTest, CountsTheEmbeddingLookaheadBuffers) {
+// The footprint plans an untied table resident on the GPU (its 16 bytes
+// per parameter in device_resident_bytes): then no lookahead buffers
+// (Note [Embedding lookahead]: a host-side update only), no row staging,
+// and with the gradient ring no host gradient for it.
+TEST(EstimateFootprintTest, PlansNoHostBuffersForTheResidentEmbedding) {
   JobSpec s = TinySpec("x", "/tmp/out");
   s.model.preset = "llama-1b";  // untied
   s.train.micro_batch = 8;
   s.train.seq_len = 2048;
+  s.train.max_grad_norm = 0;
+  s.memory.gradient_landing = GradientLanding::kRing;
   auto f = EstimateFootprint(s);
   ASSERT_THAT(f, IsOk());
-  // Two buffers of at most B x T rows of C fp32: 2 x 16384 x 2048 x 4 B.
-  EXPECT_EQ(f->embedding_lookahead_bytes, int64_t{2} * 16384 * 2048 * 4);
-  EXPECT_EQ(f->host_total_bytes, f->host.Total() + f->embedding_lookahead_bytes);
+  const int64_t table = int64_t{128256} * 2048;
+  EXPECT_GE(f->device_resident_bytes, 16 * table);
+  EXPECT_EQ(f->embedding_lookahead_bytes, 0);
+  EXPECT_EQ(f->host.grad, 0);
+  EXPECT_EQ(f->host_total_bytes, f->host.Total());
 }
 
 // What the auto settings keep on a GPU: two resident decoder layers (16 B

@@ -2,12 +2,18 @@
 // the footprint of an hf_dir model sized from config.json text the caller
 // read (the daemon's input preflight) equals the one EstimateFootprint
 // computes by reading the file, and a bad text is an error naming the field.
+// Also the footprint's bytes by kind for each memory mode of one small
+// model, computed here from the layout rules and the buffers' definitions
+// (issue 19's bytes per parameter), and its one-line description.
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "engine/model/model_config.h"
 #include "engine/job/training_job.h"
+#include "engine/step/grad_lander.h"
+#include "engine/step/executor.h"
+#include "engine/store/nvme_tier.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -61,6 +67,159 @@ TEST(FootprintFromConfigTest, BadTextNamesTheField) {
   EXPECT_THAT(
       EstimateFootprintFromHfConfig(spec, "{not json"),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/nowhere/model/config.json")));
+}
+
+// Llama, vocab 1024, hidden 64, MLP 128, 4 layers, 4 heads of 16, 2 kv
+// heads, untied: every parameter a multiple of the 64-element alignment,
+// so blocks have no inner padding.
+ModelConfig Small() {
+  ModelConfig config;
+  config.model_type = "llama";
+  config.vocab_size = 1024;
+  config.hidden_size = 64;
+  config.intermediate_size = 128;
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 16;
+  config.tie_word_embeddings = false;
+  return config;
+}
+
+// Elements of Small()'s blocks, from the shapes (param_layout.cc's order):
+constexpr int64_t kEmbedding = 1024 * 64;  // embed_tokens [V, C]
+// input norm C, q [H*Dh, C], k and v [KV*Dh, C], o [C, H*Dh], post norm C,
+// gate, up [F, C], down [C, F].
+constexpr int64_t kLayer = 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 64 + 3 * 128 * 64;
+constexpr int64_t kHead = 64 + 1024 * 64;  // model.norm C, lm_head [V, C]
+static_assert(kLayer == 36992);
+// The store's arenas put every block at a multiple of 1024 elements (4
+// KiB): 65536 + 4 x 37888 + 66560.
+constexpr int64_t kArena = 65536 + 4 * 37888 + 66560;
+constexpr int64_t kParams = kEmbedding + 4 * kLayer + kHead;
+constexpr int64_t kTokens = 2 * 32;  // micro_batch x seq_len
+
+JobSpec SmallSpec(ComputeDtype dtype, WeightStream stream, GradientLanding landing, double clip) {
+  JobSpec spec;
+  spec.train.micro_batch = 2;
+  spec.train.seq_len = 32;
+  spec.train.compute_dtype = dtype;
+  spec.train.max_grad_norm = clip;
+  spec.memory.weight_stream = stream;
+  spec.memory.gradient_landing = landing;
+  return spec;
+}
+
+// Pinned staging of the executor the footprint plans (a GPU: layers 0-1
+// and the untied embedding resident, so the head is the largest streamed
+// block, and the embedding's rows and gradient never cross): an fp64 norm
+// per gradient slot (2), the chunk ring of 8 x min(8 Mi, head) fp32 for
+// host accumulation (none with the gradient ring, whose landings are
+// whole), each token's int64 id and label, and the gradient ring.
+int64_t Staging(int64_t ring_bytes) {
+  const int64_t norms = 2 * 8;
+  const int64_t chunk_ring = ring_bytes > 0 ? 0 : kGradChunkBuffers * 4 * kHead;
+  const int64_t inputs = kTokens * 16;
+  return norms + chunk_ring + inputs + ring_bytes;
+}
+
+TEST(FootprintModesTest, BytesByKindForEachMode) {
+  const ModelConfig config = Small();
+  ASSERT_EQ(config.ParamCount(), kParams);
+  struct Mode {
+    const char* name;
+    JobSpec spec;
+    int64_t grad, streaming, ring;
+  };
+  // Gradient ring (Note [Gradient ring]): one buffer of the head, one of
+  // the next largest streamed block (layers 2-3); no embedding gradient
+  // (resident on the device).
+  const int64_t ring = 4 * (kHead + kLayer);
+  const Mode modes[] = {
+      {"bf16 copy, arena, clipping",
+       SmallSpec(ComputeDtype::kBf16, WeightStream::kBf16, GradientLanding::kArena, 1.0),
+       4 * kArena, 2 * kArena, 0},
+      {"bf16 fp32 stream, arena, clipping",
+       SmallSpec(ComputeDtype::kBf16, WeightStream::kFp32, GradientLanding::kArena, 1.0),
+       4 * kArena, 0, 0},
+      {"bf16 fp32 stream, ring",
+       SmallSpec(ComputeDtype::kBf16, WeightStream::kFp32, GradientLanding::kRing, 0.0), 0, 0,
+       ring},
+      {"bf16 copy, ring",
+       SmallSpec(ComputeDtype::kBf16, WeightStream::kBf16, GradientLanding::kRing, 0.0), 0,
+       2 * kArena, ring},
+      {"fp32, auto without clipping (ring)",
+       SmallSpec(ComputeDtype::kFp32, WeightStream::kBf16, GradientLanding::kAuto, 0.0), 0, 0,
+       ring},
+  };
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    const MemoryFootprint f = EstimateFootprintForConfig(mode.spec, config);
+    EXPECT_EQ(f.params, kParams);
+    EXPECT_EQ(f.host.master, 4 * kArena);
+    EXPECT_EQ(f.host.grad, mode.grad);
+    EXPECT_EQ(f.host.exp_avg, 4 * kArena);
+    EXPECT_EQ(f.host.exp_avg_sq, 4 * kArena);
+    EXPECT_EQ(f.host.streaming, mode.streaming);
+    EXPECT_EQ(f.gradient_ring_bytes, mode.ring);
+    EXPECT_EQ(f.host.staging, Staging(mode.ring));
+    // The resident embedding has no lookahead buffers.
+    EXPECT_EQ(f.embedding_lookahead_bytes, 0);
+    EXPECT_EQ(f.host_total_bytes, 4 * kArena * 3 + mode.grad + mode.streaming + Staging(mode.ring));
+    EXPECT_EQ(f.nvme_bytes, 0);
+    // The moments on NVMe: 8 bytes per arena element on disk, the tier's
+    // staging in memory.
+    const MemoryFootprint tiered = WithNvmeMoments(f);
+    EXPECT_EQ(tiered.nvme_bytes, 8 * kArena);
+    EXPECT_EQ(tiered.host.exp_avg + tiered.host.exp_avg_sq, 0);
+    EXPECT_EQ(tiered.host_total_bytes, f.host_total_bytes - 8 * kArena + NvmeTierStagingBytes());
+  }
+}
+
+// Tied embeddings are never planned resident: the ring keeps the table's
+// gradient in host memory (its scatter-add), the table visits a slot as
+// lm_head (the largest streamed block) but never the ring, whose buffers
+// are then both a decoder layer's.
+TEST(FootprintModesTest, TiedEmbeddingKeepsItsGradientAndLeavesTheRingToTheLayers) {
+  ModelConfig config = Small();
+  config.tie_word_embeddings = true;
+  const MemoryFootprint f = EstimateFootprintForConfig(
+      SmallSpec(ComputeDtype::kBf16, WeightStream::kFp32, GradientLanding::kRing, 0.0), config);
+  const int64_t tied_head = 1024;  // model.norm's 64 elements, one 4 KiB block in the arena
+  const int64_t arena = 65536 + 4 * 37888 + tied_head;
+  EXPECT_EQ(f.params, kEmbedding + 4 * kLayer + 64);
+  EXPECT_EQ(f.host.master, 4 * arena);
+  EXPECT_EQ(f.host.grad, 4 * kEmbedding);
+  EXPECT_EQ(f.gradient_ring_bytes, 2 * 4 * kLayer);
+  // The table is on the host: its d hidden_0 is staged per gradient slot
+  // and the inputs carry its gathered fp32 rows; no chunk ring.
+  const int64_t staging = 2 * (kTokens * 64 * 4 + 8) + kTokens * (64 * 4 + 8) + 2 * 4 * kLayer;
+  EXPECT_EQ(f.host.staging, staging);
+  EXPECT_EQ(f.embedding_lookahead_bytes, 0);
+}
+
+// The largest ring block comes first; the others hold the largest of the
+// rest, which may be the largest again.
+TEST(FootprintModesTest, GradRingNumels) {
+  EXPECT_EQ(GradRingNumels({5, 9, 7, 7}), (std::vector<int64_t>{9, 7}));
+  EXPECT_EQ(GradRingNumels({9, 3, 9}), (std::vector<int64_t>{9, 9}));
+  EXPECT_EQ(GradRingNumels({4}), (std::vector<int64_t>{4, 4}));
+  EXPECT_TRUE(GradRingNumels({}).empty());
+}
+
+TEST(FootprintModesTest, DescriptionGivesBytesPerParameterByKind) {
+  MemoryFootprint f;
+  f.params = 1000;
+  f.host.master = 4000;
+  f.host.exp_avg = 4000;
+  f.host.exp_avg_sq = 4000;
+  f.host.staging = 140;
+  f.gradient_ring_bytes = 100;
+  f.host_total_bytes = 12140;
+  EXPECT_EQ(DescribeHostBytesPerParam(f),
+            "host 12.14 bytes/param = master 4.00 + grad 0.00 + exp_avg 4.00 + exp_avg_sq 4.00 + "
+            "streaming 0.00 + staging 0.14 (gradient ring 0.10) + lookahead 0.00");
+  EXPECT_THAT(DescribeHostBytesPerParam(WithNvmeMoments(f)), HasSubstr("NVMe 8.00 bytes/param"));
 }
 
 }  // namespace

@@ -3,13 +3,17 @@
 // several steps with gradient accumulation, with and without clipping and
 // with a skipped (NaN) step, master weights and both moments are bit for
 // bit the same; the step reports the tier's bytes; a truncated moment file
-// fails the next step with DATA_LOSS naming the file.
+// fails the next step with DATA_LOSS naming the file; destroying the
+// trainer with updates queued finishes them before the files close.
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/io/mapped_file.h"
 #include "engine/optim/tiered_adamw.h"
 #include "engine/step/trainer.h"
 #include "gmock/gmock.h"
@@ -146,6 +150,54 @@ TEST(TieredTrainerTest, TruncatedMomentFileFailsTheNextStepNamingIt) {
   if (status.ok()) status = (*trainer)->WaitForOptimizer();
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
   EXPECT_THAT(std::string(status.message()), HasSubstr("truncated"));
+}
+
+// The first `numel` fp32 values of the moment file at `path`.
+std::vector<float> ReadMomentFile(const std::string& path, int64_t numel) {
+  std::vector<float> out(numel);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(out.data()), numel * 4);
+  EXPECT_EQ(in.gcount(), numel * 4) << path;
+  return out;
+}
+
+// The teardown order (Note [Tiered trainer]): destroying a tiered trainer
+// right after Step, with its updates still queued on the optimizer thread,
+// runs them all before the moment files, the AdamW kernel and the store go
+// (~Trainer drains the queue first): the files then hold the moments of
+// the all-in-RAM trainer bit for bit, and the directory is removed
+// afterwards (RemoveTree, as megatrain-bench's teardown does). Under ASan
+// a file, buffer or callback freed while an update still ran is an error.
+TEST(TieredTrainerTest, DestroyedWithUpdatesQueuedFinishesThemBeforeClosingTheFiles) {
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions ram_options = Options(/*max_grad_norm=*/0.0);
+  TrainerOptions tier_options = ram_options;
+  tier_options.nvme_dir = MakeTempDir("tier");
+  auto ram = Trainer::Create(config, ram_options, /*seed=*/7);
+  auto tier = Trainer::Create(config, tier_options, /*seed=*/7);
+  ASSERT_THAT(ram, IsOk());
+  ASSERT_THAT(tier, IsOk());
+  for (int s = 1; s <= 3; ++s) {
+    const auto batches = MakeBatches(2, kB, kT, config.vocab_size, 200 + s);
+    ASSERT_THAT((*ram)->Step(batches), IsOk());
+    ASSERT_THAT((*tier)->Step(batches), IsOk());
+  }
+  const std::string exp_avg_path = (*tier)->nvme_moments()->path(MomentKind::kExpAvg);
+  const std::string exp_avg_sq_path = (*tier)->nvme_moments()->path(MomentKind::kExpAvgSq);
+  tier->reset();  // no WaitForOptimizer: the destructor drains
+  ASSERT_THAT((*ram)->WaitForOptimizer(), IsOk());
+  const HostStore& store = (*ram)->store();
+  const std::vector<float> m = ReadMomentFile(exp_avg_path, store.arena_numel());
+  const std::vector<float> v = ReadMomentFile(exp_avg_sq_path, store.arena_numel());
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    const size_t bytes = static_cast<size_t>(store.block_numel(b)) * 4;
+    EXPECT_EQ(std::memcmp(m.data() + store.block_offset(b), store.exp_avg(b), bytes), 0)
+        << "exp_avg of block " << b;
+    EXPECT_EQ(std::memcmp(v.data() + store.block_offset(b), store.exp_avg_sq(b), bytes), 0)
+        << "exp_avg_sq of block " << b;
+  }
+  ASSERT_THAT(RemoveTree(tier_options.nvme_dir), IsOk());
+  EXPECT_NE(::access(tier_options.nvme_dir.c_str(), F_OK), 0);
 }
 
 TEST(TieredTrainerTest, ResidentLayersWithTheTierAreInvalidArgument) {

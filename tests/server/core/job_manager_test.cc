@@ -11,6 +11,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -19,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "tests/server/core/job_manager_fixture.h"
 #include "tests/server/fake_engine_backend.h"
@@ -1008,6 +1010,120 @@ TEST_F(JobManagerTest, NvmeTierIsAdmittedAgainstItsBudget) {
   ASSERT_NE(control, nullptr);
   EXPECT_EQ(control->nvme_dir, "/mnt/nvme");
   WaitFor(tiered.id, StateIs(JobState::kSucceeded));
+}
+
+// Whether `job_id` has an event saying it was preempted (read through the
+// store: MaybePreemptLocked appends it before Submit returns).
+bool WasPreempted(JobStore& store, const std::string& job_id) {
+  absl::StatusOr<std::vector<JobEvent>> events = store.ListEvents(job_id, 0, 1000);
+  EXPECT_THAT(events, IsOk());
+  if (!events.ok()) return false;
+  return std::any_of(events->begin(), events->end(), [](const JobEvent& event) {
+    return absl::StrContains(event.message, "preempted by");
+  });
+}
+
+// Note [NVMe admission]: preemption counts NVMe bytes. Two devices, a 60
+// MiB tier, tiered jobs of 50 MiB of moments each: a tiered job of
+// priority 2 waits for the disk (a device is free). Of the running jobs
+// only the tiered one of priority 0 is below it (the in-RAM one has 5);
+// stopping it frees its NVMe bytes (a suspended job holds none), so it is
+// preempted and the waiting job starts, handed the tier.
+TEST_F(JobManagerTest, PreemptionFreesTheVictimsNvmeBytes) {
+  backend_.gated = true;
+  backend_.footprint_bytes_by_preset["big"] = 100 << 20;  // 50 MiB on the tier
+  options_.preemption = true;
+  options_.devices = {"d0", "d1"};
+  options_.host_memory_budget_bytes = 256 << 20;
+  options_.nvme = {"/mnt/nvme", 60 << 20};
+  StartManager();
+  JobRequest tiered_low = Request("tiered-low", 5, 0);
+  tiered_low.spec.model.preset = "big";
+  tiered_low.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
+  const JobRecord t1 = Submit(kAlice, tiered_low);
+  std::shared_ptr<FakeJobControl> t1_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(t1_control, nullptr);
+  const JobRecord in_ram = Submit(kAlice, Request("in-ram", 5, 5));
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  t1_control->AllowSteps(1);
+  ASSERT_TRUE(t1_control->WaitForStep(1, kTimeout));
+
+  JobRequest mid = Request("tiered-mid", 1, 2);
+  mid.spec.model.preset = "big";
+  mid.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
+  Submit(kBob, mid);
+  EXPECT_TRUE(WasPreempted(*store_, t1.id));
+  EXPECT_FALSE(WasPreempted(*store_, in_ram.id));
+  std::shared_ptr<FakeJobControl> t2_control = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(t2_control, nullptr);
+  EXPECT_EQ(t2_control->spec_name, "tiered-mid");
+  EXPECT_EQ(t2_control->nvme_dir, "/mnt/nvme");
+  EXPECT_EQ(StateOf(in_ram.id), JobState::kRunning);
+}
+
+// The same without a tiered victim: the only job below the waiting tiered
+// one holds host memory and a device but no NVMe bytes; stopping it would
+// not let the waiting job start, so it keeps running.
+TEST_F(JobManagerTest, NoPreemptionThatWouldNotFreeTheNvmeBytes) {
+  backend_.gated = true;
+  backend_.footprint_bytes_by_preset["big"] = 100 << 20;
+  options_.preemption = true;
+  options_.devices = {"d0", "d1"};
+  options_.host_memory_budget_bytes = 256 << 20;
+  options_.nvme = {"/mnt/nvme", 60 << 20};
+  StartManager();
+  JobRequest tiered_high = Request("tiered-high", 5, 10);
+  tiered_high.spec.model.preset = "big";
+  tiered_high.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
+  Submit(kAlice, tiered_high);
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  const JobRecord in_ram = Submit(kAlice, Request("in-ram", 5, 0));
+  ASSERT_NE(backend_.WaitForCreated(2, kTimeout), nullptr);
+  JobRequest waiting_request = tiered_high;
+  waiting_request.spec.name = "tiered-waiting";
+  waiting_request.priority = 5;
+  const JobRecord waiting = Submit(kBob, waiting_request);
+  EXPECT_FALSE(WasPreempted(*store_, in_ram.id));
+  EXPECT_EQ(StateOf(in_ram.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(waiting.id), JobState::kQueued);
+}
+
+// Note [Stale NVMe tier directories]: a daemon killed while tiered jobs ran
+// left their directories; the next start removes those of its tiered jobs
+// (a finished one and one it re-queues) before any job runs, and leaves an
+// entry that is no tiered job's.
+TEST_F(JobManagerTest, StartRemovesStaleNvmeTierDirectories) {
+  namespace fs = std::filesystem;
+  const std::string tier = MakeTempDir();
+  for (int seq = 1; seq <= 3; ++seq) {
+    JobRecord job;
+    job.seq = seq;
+    job.id = absl::StrFormat("job-%06d", seq);
+    job.owner = "alice";
+    job.request = Request(absl::StrCat("crashed-", seq), 6);
+    job.request.spec.output_dir = absl::StrCat(options_.jobs_dir, "/", job.id);
+    // Jobs 1 and 2 used the tier; job 3 did not.
+    job.request.spec.memory.nvme_tier =
+        seq < 3 ? engine::NvmeTierMode::kMoments : engine::NvmeTierMode::kOff;
+    job.state = seq == 2 ? JobState::kRunning : JobState::kFailed;
+    job.create_time_unix_ms = NowUnixMs();
+    job.host_memory_bytes = 1 << 20;
+    MEGATRAIN_ASSERT_OK(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "x")));
+    fs::create_directories(absl::StrCat(tier, "/", job.id));
+    std::ofstream(absl::StrCat(tier, "/", job.id, "/exp_avg.bin")) << "stale";
+  }
+  fs::create_directories(tier + "/not-ours");
+  backend_.gated = true;
+  options_.nvme = {tier, 60 << 20};
+  StartManager();
+  EXPECT_FALSE(fs::exists(tier + "/job-000001"));
+  EXPECT_FALSE(fs::exists(tier + "/job-000002"));
+  EXPECT_TRUE(fs::exists(tier + "/job-000003/exp_avg.bin"));  // not a tiered job
+  EXPECT_TRUE(fs::exists(tier + "/not-ours"));
+  // The re-queued tiered job starts after the sweep, handed the directory.
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->nvme_dir, tier);
 }
 
 }  // namespace

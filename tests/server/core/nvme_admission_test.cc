@@ -2,13 +2,20 @@
 // moments goes to the tier or is refused without --nvme_dir naming the
 // field, auto goes to the tier only when host memory is too small, and a
 // tier larger than --nvme_budget is RESOURCE_EXHAUSTED with the bytes per
-// tier.
+// tier. SweepStaleNvmeTier removes only the recorded jobs' directories and
+// never follows a symbolic link.
 #include "server/core/nvme_admission.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::server {
 namespace {
@@ -93,6 +100,50 @@ TEST(NvmeAdmissionTest, DirectoryNeedsAnAbsolutePathAndABudget) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--nvme_budget")));
   EXPECT_THAT(ValidateNvmeTierOptions({"", 0}), IsOk());
   EXPECT_THAT(ValidateNvmeTierOptions(kTier), IsOk());
+}
+
+// Note [Stale NVMe tier directories]: a recorded job's directory goes with
+// its files (and a subdirectory); a name no tiered job has stays, and so
+// does a symbolic link named like a recorded job, and the directory it
+// points to is untouched.
+TEST(NvmeSweepTest, RemovesOnlyRecordedJobDirectoriesAndNeverFollowsALink) {
+  namespace fs = std::filesystem;
+  const std::string tier = ::megatrain::testing::MakeTempDir("tier");
+  const std::string victim = ::megatrain::testing::MakeTempDir("victim");
+  fs::create_directories(tier + "/job-000001/nested");
+  std::ofstream(tier + "/job-000001/exp_avg.bin") << "moments";
+  std::ofstream(tier + "/job-000001/nested/x") << "x";
+  fs::create_directory(tier + "/job-000002");
+  fs::create_directory(tier + "/someone-elses");
+  std::ofstream(tier + "/someone-elses/keep") << "keep";
+  std::ofstream(victim + "/precious") << "precious";
+  fs::create_directory_symlink(victim, tier + "/job-000003");
+  const std::set<std::string> recorded = {"job-000001", "job-000002", "job-000003"};
+  absl::StatusOr<NvmeSweep> sweep =
+      SweepStaleNvmeTier(tier, [&](const std::string& name) { return recorded.count(name) > 0; });
+  ASSERT_THAT(sweep, IsOk());
+  EXPECT_THAT(sweep->removed, ::testing::UnorderedElementsAre("job-000001", "job-000002"));
+  EXPECT_THAT(sweep->left,
+              ::testing::UnorderedElementsAre(HasSubstr("someone-elses: no tiered job"),
+                                              HasSubstr("job-000003: not a directory")));
+  EXPECT_FALSE(fs::exists(tier + "/job-000001"));
+  EXPECT_FALSE(fs::exists(tier + "/job-000002"));
+  EXPECT_TRUE(fs::exists(tier + "/someone-elses/keep"));
+  EXPECT_TRUE(fs::is_symlink(tier + "/job-000003"));
+  EXPECT_TRUE(fs::exists(victim + "/precious"));
+}
+
+TEST(NvmeSweepTest, MissingOrLinkedDirectoryIsAnErrorNamingIt) {
+  namespace fs = std::filesystem;
+  const std::string base = ::megatrain::testing::MakeTempDir("tier");
+  EXPECT_THAT(SweepStaleNvmeTier(base + "/missing", [](const std::string&) { return true; }),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(base + "/missing")));
+  fs::create_directory(base + "/real");
+  std::ofstream(base + "/real/job-000001") << "x";
+  fs::create_directory_symlink(base + "/real", base + "/link");
+  EXPECT_THAT(SweepStaleNvmeTier(base + "/link", [](const std::string&) { return true; }),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(base + "/link")));
+  EXPECT_TRUE(fs::exists(base + "/real/job-000001"));
 }
 
 }  // namespace
