@@ -38,8 +38,8 @@ at::Tensor MonolithicMlp(const at::Tensor& x, const at::Tensor& gate, const at::
 // Output and gradients of `mlp` on leaves of `dtype` made from the fp32
 // inputs; gate and up are the two halves of one fused [2F, C] leaf.
 template <typename Fn>
-Result Run(Fn mlp, const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
-           const at::Tensor& grad_out, at::ScalarType dtype) {
+Result RunMlp(Fn mlp, const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
+              const at::Tensor& grad_out, at::ScalarType dtype) {
   at::Tensor xl = x.to(dtype).requires_grad_(true);
   at::Tensor gul = gate_up.to(dtype).requires_grad_(true);
   at::Tensor dl = down.to(dtype).requires_grad_(true);
@@ -63,12 +63,12 @@ TEST_P(ChunkedMlpTest, MatchesTheMonolithicMlp) {
   const int64_t chunk_bytes = chunk_rows * kF * esize;  // exactly chunk_rows rows
   ASSERT_EQ(MlpChunkRows(kB * kT, kF, esize, chunk_bytes), chunk_rows);
   Result chunked =
-      Run([&](const at::Tensor& xl, const at::Tensor& g, const at::Tensor& u,
-              const at::Tensor& d) { return GatedMlp(xl, g, u, d, activation, chunk_bytes); },
-          x, gate_up, down, grad_out, dtype);
-  Result whole = Run([&](const at::Tensor& xl, const at::Tensor& g, const at::Tensor& u,
-                         const at::Tensor& d) { return MonolithicMlp(xl, g, u, d, activation); },
-                     x, gate_up, down, grad_out, dtype);
+      RunMlp([&](const at::Tensor& xl, const at::Tensor& g, const at::Tensor& u,
+                 const at::Tensor& d) { return GatedMlp(xl, g, u, d, activation, chunk_bytes); },
+             x, gate_up, down, grad_out, dtype);
+  Result whole = RunMlp([&](const at::Tensor& xl, const at::Tensor& g, const at::Tensor& u,
+                            const at::Tensor& d) { return MonolithicMlp(xl, g, u, d, activation); },
+                        x, gate_up, down, grad_out, dtype);
   EXPECT_EQ(chunked.out.sizes(), whole.out.sizes());
   // Each row's forward is the same arithmetic; the gradients differ only in
   // how the rows' contributions are grouped (fp32 sums) and rounded (bf16:
