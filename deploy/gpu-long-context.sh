@@ -9,9 +9,13 @@
 #   deploy/gpu-long-context.sh            # after deploy/gpu-build.sh build-gpu megatrain-bench
 # Environment: PRESET (llama-1b), DEVICE (cuda; cpu for a smoke test), SEQS ("32768 65536 131072 262144"),
 # BUDGET_S (seconds after which no new length starts; 300), COMPARE (1: the
-# first length also without offload; 0: skip that), BUILD_DIR
-# (build-gpu), OUT (./gpu-out). Writes $OUT/long-context.jsonl (one bench
-# JSON line per run that finished) and $OUT/long-context.log.
+# first length also without offload; 0: skip that), OFFLOAD (1: every
+# length with --offload_activations; 0: every length with the saved inputs
+# on the device, --activations=device, and no comparison run), EXTRA
+# (more megatrain-bench flags for every run, e.g. the memory modes),
+# BUILD_DIR (build-gpu), OUT (./gpu-out). Writes $OUT/long-context.jsonl
+# (one bench JSON line per run that finished) and $OUT/long-context.log.
+# deploy/gpu-long-context-8b.sh runs llama-8b through it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -30,7 +34,7 @@ run() {  # run <seq> <steps> <warmup> [extra flags...]
   shift 3
   local t0=$(date +%s)
   "$bench" --model="$PRESET" --device="$DEVICE" --compute_dtype=bf16 --micro_batch=1 --seq_len="$seq" \
-    --steps="$steps" --warmup="$warmup" --data=random --max_grad_norm=0 --json "$@" \
+    --steps="$steps" --warmup="$warmup" --data=random --max_grad_norm=0 --json ${EXTRA:-} "$@" \
     > "$OUT/lc-run.json" 2>> "$OUT/long-context.log"
   local rc=$?
   if [ $rc -eq 0 ]; then cat "$OUT/lc-run.json" >> "$OUT/long-context.jsonl"; fi
@@ -47,6 +51,10 @@ for seq in $SEQS; do
   fi
   # Short lengths: 2 measured steps after a warm-up; long ones: 1 step.
   if [ "$seq" -le 65536 ]; then steps=2; warmup=1; else steps=1; warmup=0; fi
+  if [ "${OFFLOAD:-1}" = 0 ]; then
+    run "$seq" "$steps" "$warmup" --activations=device || break
+    continue
+  fi
   if [ $first = 1 ] && [ "${COMPARE:-1}" = 1 ]; then
     run "$seq" "$steps" "$warmup" || true   # without offload, for comparison
     first=0
@@ -60,12 +68,17 @@ try:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 except FileNotFoundError:
     rows = []
-print("| seq_len | offload | tokens/s | step s | model TFLOP/s | peak GPU GiB | H2D GB/step | D2H GB/step |")
-print("|---|---|---|---|---|---|---|---|")
+print("| seq_len | offload | tokens/s | step s | model TFLOP/s | peak GPU GiB | peak RSS GiB | H2D GB/step | D2H GB/step |")
+print("|---|---|---|---|---|---|---|---|---|")
+def offloaded(r):
+    return r.get('activations') == 'host' or bool(r.get('offload_activations'))
 for r in rows:
-    print(f"| {r['seq_len']} | {'yes' if r.get('offload_activations') else 'no'} | "
+    print(f"| {r['seq_len']} | {'yes' if offloaded(r) else 'no'} | "
           f"{r['tokens_per_s']:,.0f} | {r['step_seconds']:.2f} | {r['model_tflops']:.0f} | "
-          f"{r['peak_gpu_bytes'] / 2**30:.1f} | {r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} |")
-done = [r['seq_len'] for r in rows if r.get('offload_activations')]
+          f"{r['peak_gpu_bytes'] / 2**30:.1f} | {r.get('rss_peak_bytes', 0) / 2**30:.1f} | "
+          f"{r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} |")
+done = [r['seq_len'] for r in rows if offloaded(r)]
 print(f"longest sequence trained with offload: {max(done) if done else 'none'}")
+done = [r['seq_len'] for r in rows if not offloaded(r)]
+print(f"longest sequence trained without offload: {max(done) if done else 'none'}")
 PY

@@ -122,7 +122,104 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
 }
 
+// One chunk's act(gate(x)) * up(x) [N, F] from its gate and up outputs
+// (the MLP's elementwise part; differentiable).
+at::Tensor GatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivation a) {
+  return Activation(gate, a) * up;
+}
+
+// Note [Chunked MLP]: the gated MLP over chunks of rows, saving only its
+// inputs. Inputs: x [N, C], gate_proj and up_proj [F, C], down_proj [C, F]
+// (one dtype), the activation (as int64) and the rows per chunk.
+struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& gate_proj, const at::Tensor& up_proj,
+                            const at::Tensor& down_proj, int64_t activation, int64_t chunk_rows) {
+    ctx->save_for_backward({x, gate_proj, up_proj, down_proj});
+    ctx->saved_data["activation"] = activation;
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    const auto a = static_cast<MlpActivation>(activation);
+    const int64_t rows = x.size(0);
+    at::Tensor out = at::empty({rows, down_proj.size(0)}, x.options());  // [N, C]
+    for (int64_t start = 0; start < rows; start += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - start);
+      const at::Tensor xs = x.narrow(0, start, n);
+      at::Tensor p = GatedProduct(at::linear(xs, gate_proj), at::linear(xs, up_proj), a);
+      out.narrow(0, start, n).copy_(at::linear(p, down_proj));
+    }
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &gate_proj = saved[1], &up_proj = saved[2];
+    const at::Tensor& down_proj = saved[3];
+    const auto a = static_cast<MlpActivation>(ctx->saved_data["activation"].toInt());
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const at::Tensor grad_y = grad_outputs[0].to(x.scalar_type());  // [N, C]
+    const int64_t rows = x.size(0);
+    at::Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
+    // Weight gradients summed over chunks in fp32, rounded once.
+    const at::TensorOptions f32 = x.options().dtype(at::kFloat);
+    at::Tensor grad_gate = at::zeros(gate_proj.sizes(), f32);
+    at::Tensor grad_up = at::zeros(up_proj.sizes(), f32);
+    at::Tensor grad_down = at::zeros(down_proj.sizes(), f32);
+    for (int64_t start = 0; start < rows; start += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - start);
+      const at::Tensor xs = x.narrow(0, start, n);
+      const at::Tensor dy = grad_y.narrow(0, start, n);  // [n, C]
+      at::Tensor g, u;
+      {
+        at::NoGradGuard no_grad;
+        g = at::linear(xs, gate_proj).requires_grad_(true);  // [n, F]
+        u = at::linear(xs, up_proj).requires_grad_(true);
+      }
+      at::Tensor p, dg, du;
+      {
+        at::AutoGradMode enable_grad(true);
+        p = GatedProduct(g, u, a);
+        at::Tensor dp = at::matmul(dy, down_proj);  // [n, F]
+        auto grads = torch::autograd::grad({p}, {g, u}, {dp});
+        dg = std::move(grads[0]);
+        du = std::move(grads[1]);
+      }
+      p = p.detach();
+      grad_down.add_(at::matmul(dy.t(), p));   // [C, F]
+      grad_gate.add_(at::matmul(dg.t(), xs));  // [F, C]
+      grad_up.add_(at::matmul(du.t(), xs));
+      grad_x.narrow(0, start, n).copy_(at::matmul(dg, gate_proj) + at::matmul(du, up_proj));
+    }
+    const at::ScalarType dt = x.scalar_type();
+    return {grad_x, grad_gate.to(dt), grad_up.to(dt), grad_down.to(dt), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+int64_t MlpChunkRows(int64_t rows, int64_t intermediate, int64_t element_size,
+                     int64_t max_chunk_bytes) {
+  const int64_t row_bytes = intermediate * element_size;
+  if (rows * row_bytes <= max_chunk_bytes) return rows;
+  return std::max<int64_t>(1, max_chunk_bytes / row_bytes);
+}
+
+at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
+                    const at::Tensor& down_proj, MlpActivation activation,
+                    int64_t max_chunk_bytes) {
+  const int64_t width = x.size(-1), rows = x.numel() / width;
+  const int64_t chunk_rows = MlpChunkRows(rows, gate_proj.size(0),
+                                          static_cast<int64_t>(x.element_size()), max_chunk_bytes);
+  if (chunk_rows >= rows) {  // the plain ops (what HF computes)
+    return at::linear(GatedProduct(at::linear(x, gate_proj), at::linear(x, up_proj), activation),
+                      down_proj);
+  }
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = down_proj.size(0);
+  return ChunkedMlpFunction::apply(x.reshape({rows, width}), gate_proj, up_proj, down_proj,
+                                   static_cast<int64_t>(activation), chunk_rows)
+      .view(out_shape);
+}
 
 RopeCache BuildRopeCache(const ModelConfig& config, int64_t seq_len, const at::Device& device) {
   RopeCache cache;
@@ -462,7 +559,8 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
 
 at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& w,
                                const at::Tensor& x_in, const RopeCache& rope,
-                               const at::Tensor& attention_mask, at::ScalarType cd) {
+                               const at::Tensor& attention_mask, at::ScalarType cd,
+                               int64_t mlp_chunk_bytes) {
   at::Tensor x = x_in;
   if (c.scale_embeddings && w.layer_idx == 0) {  // Note [Embedding scale]
     const double normalizer =
@@ -484,8 +582,8 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   const at::Tensor& pre_mlp_norm =
       c.sandwich_norms ? w.pre_feedforward_layernorm : w.post_attention_layernorm;
   at::Tensor n2 = RmsNorm(hidden, pre_mlp_norm, eps, kind).to(cd);
-  at::Tensor gate = Activation(at::linear(n2, w.gate_proj), c.hidden_activation);  // [B, T, F]
-  at::Tensor mlp = at::linear(gate * at::linear(n2, w.up_proj), w.down_proj);      // [B, T, C]
+  at::Tensor mlp = GatedMlp(n2, w.gate_proj, w.up_proj, w.down_proj, c.hidden_activation,
+                            mlp_chunk_bytes);  // [B, T, C]; Note [Chunked MLP]
   if (c.sandwich_norms) mlp = RmsNorm(mlp, w.post_feedforward_layernorm, eps, kind);
   return hidden + mlp;
 }

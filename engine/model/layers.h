@@ -57,6 +57,37 @@
 // query_pre_attn_scalar 256), scale and / cap are one division that rounds
 // as HF's two steps do. Layers without
 // soft-capping use the fused kernel.
+//
+// Note [Chunked MLP]
+// Under activation checkpointing's recomputation autograd keeps four
+// [B*T, F] tensors of the gated MLP (act's input and output, up's output,
+// and their product, down's input) and backward makes three more of the
+// same size: ~7 x T x F x 2 bytes, 196 KiB per token for llama-8b in bf16
+// (25 GiB at 128k tokens), more than the rest of the layer. When one
+// [rows, F] tensor of a micro-batch would take more than kMlpChunkBytes,
+// GatedMlp runs as an autograd function over chunks of rows: forward
+// computes down(act(gate(x)) * up(x)) one chunk at a time without autograd
+// and saves only x and the three weights; backward, for each chunk,
+// recomputes gate(x) and up(x) (not down), differentiates act(g) * u
+// under autograd (so every activation's derivative is LibTorch's own, as
+// in the reference), and takes dX = dG gate + dU up, and dW_down += dY^T P,
+// dW_gate += dG^T X, dW_up += dU^T X into fp32 accumulators rounded to the
+// compute dtype once (the soft-capped attention's dK, dV rule). So no
+// [B*T, F] tensor exists: forward holds one chunk's gate, up and product,
+// backward one chunk's recomputed gate and up, the product, and their
+// gradients (~7 chunks of <= kMlpChunkBytes), plus three fp32 weight
+// accumulators ([F, C] each). The cost is one more gate and up matmul per
+// chunk in backward (2/3 of the MLP's forward again; ~4% of a llama-8b step
+// at 128k tokens, where attention dominates). Rows are the flattened
+// [B*T], so chunks cross sequence boundaries; each row's values are those
+// of the unchunked MLP, and the weight gradients are sums over the same
+// rows in another grouping (fp32 within 1e-5 of the reference, bf16
+// within its rounding). Below the threshold the plain ops run, unchanged.
+// The MoE families' dense layers and shared experts (moe_layers.cc) go
+// through GatedMlp at the default threshold; their routed experts do not.
+// The final norm, lm_head and cross-entropy are chunked the same way by
+// HeadForwardBackward / HeadLoss (`chunk_tokens` rows of logits at a time,
+// ExecutorOptions::loss_chunk_tokens): no [B*T, V] tensor exists either.
 #ifndef MEGATRAIN_ENGINE_LAYERS_H_
 #define MEGATRAIN_ENGINE_LAYERS_H_
 
@@ -82,6 +113,13 @@ inline constexpr int64_t kAttentionChunkBytes = int64_t{256} << 20;
 // blocks at 8 x 2048 (about 1.4 GB) and at 1 x 8192 (about 2.2 GB); only one
 // layer's attention is differentiated at a time.
 inline constexpr int64_t kAttentionKeptBytes = int64_t{4} << 30;
+
+// Note [Chunked MLP]: the largest [rows, F] compute-dtype tensor the gated
+// MLP may hold before it runs in chunks of rows. 1 GiB leaves every
+// preset's usual micro-batches unchunked (llama-8b at 8 x 2048 in bf16:
+// 470 MB; in fp32 940 MB) and bounds backward's transient MLP memory to
+// ~7 GiB at any sequence length (llama-8b bf16: 37,449 rows per chunk).
+inline constexpr int64_t kMlpChunkBytes = int64_t{1} << 30;
 
 // RoPE tables for positions [0, T): cos and sin, [T, Dr] fp32 (Dr =
 // config.RotaryDim()), on the device, already multiplied by the LongRoPE
@@ -165,6 +203,24 @@ at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const a
                                double scale, double cap, int64_t window, int64_t max_chunk_bytes,
                                int64_t max_kept_bytes);
 
+// Rows per chunk of the gated MLP (Note [Chunked MLP]) for `rows` rows of
+// `intermediate` (F) elements of `element_size` bytes: `rows` when
+// rows * F * element_size <= max_chunk_bytes (no chunking), else
+// max(1, max_chunk_bytes / (F * element_size)). All arguments > 0.
+int64_t MlpChunkRows(int64_t rows, int64_t intermediate, int64_t element_size,
+                     int64_t max_chunk_bytes);
+
+// Gated MLP (HF LlamaMLP, Gemma's GeGLU): down(act(gate(x)) * up(x)).
+// x [..., C] in the weights' dtype; gate_proj, up_proj [F, C]; down_proj
+// [C, F] (any of them may be row views of a fused [2F, C] parameter).
+// Returns [..., C] in x's dtype. Differentiable in x and the weights; runs
+// in chunks of MlpChunkRows(rows, F, x.element_size(), max_chunk_bytes)
+// rows when one [rows, F] tensor would exceed `max_chunk_bytes` (> 0;
+// Note [Chunked MLP]), else as the plain ops.
+at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
+                    const at::Tensor& down_proj, MlpActivation activation,
+                    int64_t max_chunk_bytes = kMlpChunkBytes);
+
 // One decoder layer: x [B, T, C] fp32 -> [B, T, C] fp32 (Llama form):
 //   h = x + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = RMSNorm(x)
 //   y = h + down(act(gate(n2)) * up(n2))                    n2 = RMSNorm(h)
@@ -173,10 +229,13 @@ at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const a
 //   y = h + post_feedforward_norm(mlp(n2)).
 // Layer 0 first scales x (Note [Embedding scale]); sliding layers use
 // `attention_mask` and rope's local tables. Weights must already be in
-// `compute_dtype` on x's device.
+// `compute_dtype` on x's device. The MLP is GatedMlp with
+// `mlp_chunk_bytes` (> 0; Note [Chunked MLP]; tests pass small values to
+// get several chunks).
 at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeights& w,
                                const at::Tensor& x, const RopeCache& rope,
-                               const at::Tensor& attention_mask, at::ScalarType compute_dtype);
+                               const at::Tensor& attention_mask, at::ScalarType compute_dtype,
+                               int64_t mlp_chunk_bytes = kMlpChunkBytes);
 
 // The attention sub-layer of DecoderLayerForward, for layers that differ
 // from it only in their MLP (the MoE families, engine/model/moe_layers.h):

@@ -262,11 +262,9 @@ at::Tensor MoeMlpForward(const MoeConfig& config, const MoeMlpWeights& w, const 
   at::Tensor out = y.select(1, 0);
   for (int64_t j = 1; j < k; ++j) out = out + y.select(1, j);  // fixed order
   if (w.shared_gate_proj.defined()) {
-    at::Tensor xs = input.to(cd);
-    at::Tensor shared =
-        at::linear(at::silu(at::linear(xs, w.shared_gate_proj)) * at::linear(xs, w.shared_up_proj),
-                   w.shared_down_proj)
-            .to(at::kFloat);  // [N, C]
+    at::Tensor shared = GatedMlp(input.to(cd), w.shared_gate_proj, w.shared_up_proj,
+                                 w.shared_down_proj, MlpActivation::kSilu)
+                            .to(at::kFloat);  // [N, C]; Note [Chunked MLP]
     at::Tensor gate = at::sigmoid(
         at::linear(input.to(at::kFloat), w.shared_expert_gate.to(at::kFloat)));  // [N, 1]
     out = out + gate * shared;
@@ -287,10 +285,8 @@ MoeLayerOutput MoeDecoderLayerForward(const MoeModelConfig& config, int64_t laye
                       .view({b * t, hidden});  // [N, C] fp32
   MoeLayerOutput out;
   if (!w.is_moe) {
-    at::Tensor xs = n2.to(cd);
-    at::Tensor mlp =
-        at::linear(at::silu(at::linear(xs, w.dense.gate_proj)) * at::linear(xs, w.dense.up_proj),
-                   w.dense.down_proj);
+    at::Tensor mlp = GatedMlp(n2.to(cd), w.dense.gate_proj, w.dense.up_proj, w.dense.down_proj,
+                              MlpActivation::kSilu);  // Note [Chunked MLP]
     out.hidden = h + mlp.to(at::kFloat).view({b, t, hidden});
     return out;
   }

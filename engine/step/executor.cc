@@ -369,9 +369,9 @@ void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
   const int token = env_.timer.Begin(StreamKind::kCompute);
   mb.x = moe_ ? moe_->Forward(a.micro_batch, env_.layout.blocks[a.block], flat, mb.x,
                               env_.compute_dtype)
-              : DecoderLayerForward(env_.config,
-                                    BindDecoderLayerWeights(env_.layout.blocks[a.block], flat),
-                                    mb.x, rope_, attention_mask_, env_.compute_dtype);
+              : DecoderLayerForward(
+                    env_.config, BindDecoderLayerWeights(env_.layout.blocks[a.block], flat), mb.x,
+                    rope_, attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes);
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
   if (!resident) slots_->Release(a.use);
   // Free offloaded inputs once their copy is done: the compute stream
@@ -471,8 +471,9 @@ std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const Bloc
   at::Tensor x_leaf = input.detach().requires_grad_(true);
   std::vector<at::Tensor> inputs = leaves;
   inputs.push_back(x_leaf);
-  at::Tensor y = DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf,
-                                     rope_, attention_mask_, env_.compute_dtype);
+  at::Tensor y =
+      DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf, rope_,
+                          attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes);
   return torch::autograd::grad({y}, inputs, {grad_y});
 }
 
@@ -660,6 +661,10 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
   if (options.grad_chunk_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "executor.grad_chunk_elements: must be >= 1, got ", options.grad_chunk_elements));
+  }
+  if (options.mlp_chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.mlp_chunk_bytes: must be >= 1, got ", options.mlp_chunk_bytes));
   }
   if (options.stream_fp32_master && options.cast_chunk_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -143,6 +143,10 @@ struct ExecutorOptions {
   int num_weight_slots = 3;       // K device weight buffers, >= 3
   int num_grad_slots = 2;         // device gradient buffers = pinned staging buffers, >= 2
   int64_t loss_chunk_tokens = 0;  // rows of logits at a time; 0 = auto (~256 MiB fp32)
+  // Note [Chunked MLP] in model/layers.h: the dense MLP runs in chunks of
+  // rows when one [B*T, F] compute-dtype tensor would exceed this many
+  // bytes (>= 1; the default kMlpChunkBytes, smaller in tests).
+  int64_t mlp_chunk_bytes = int64_t{1} << 30;
   // Activation offload (Note [Activation offload]): the saved input of every
   // decoder layer but the last ([B, T, C] fp32, B*T*C*4 bytes each) goes to
   // pinned host memory during forward and comes back, one layer ahead,

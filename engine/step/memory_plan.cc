@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "engine/step/executor.h"
+#include "engine/model/layers.h"
 #include "engine/model/param_layout.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/input_stager.h"
@@ -10,6 +11,8 @@
 
 namespace megatrain::engine {
 
+static_assert(ExecutorOptions{}.mlp_chunk_bytes == kMlpChunkBytes,
+              "ExecutorOptions::mlp_chunk_bytes defaults to layers.h's constant");
 static_assert(ExecutorOptions{}.cast_chunk_elements == kCastChunkElements,
               "ExecutorOptions::cast_chunk_elements defaults to weight_slots.h's constant");
 static_assert(ExecutorOptions{}.grad_chunk_elements == kGradChunkElements,

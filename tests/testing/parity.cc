@@ -138,7 +138,8 @@ struct ExecutorUnderTest {
 std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
     const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
     int64_t b, int64_t t, int64_t loss_chunk_tokens, bool offload_activations, int resident_layers,
-    bool resident_embedding, bool device_grad_accumulation, StepSchedule schedule, int wave) {
+    bool resident_embedding, bool device_grad_accumulation, StepSchedule schedule, int wave,
+    int64_t mlp_chunk_bytes) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -164,6 +165,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
   options.device_grad_accumulation = device_grad_accumulation;
   options.schedule = schedule;
   options.wave = wave;
+  if (mlp_chunk_bytes > 0) options.mlp_chunk_bytes = mlp_chunk_bytes;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -177,13 +179,14 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
 ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                        double init_range, int micro_batches, int64_t b, int64_t t,
                        bool offload_activations, int resident_layers, bool resident_embedding,
-                       bool device_grad_accumulation, StepSchedule schedule, int wave) {
+                       bool device_grad_accumulation, StepSchedule schedule, int wave,
+                       int64_t mlp_chunk_bytes) {
   ParityResult out;
   std::unique_ptr<ExecutorUnderTest> under_test =
       MakeExecutorUnderTest(config, device, dtype, init_range, b, t,
                             /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
                             offload_activations, resident_layers, resident_embedding,
-                            device_grad_accumulation, schedule, wave);
+                            device_grad_accumulation, schedule, wave, mlp_chunk_bytes);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -260,6 +263,10 @@ std::vector<ParityMode> ParityModes(int plain_micro_batches) {
       {"Bf16WithResidentEmbedding", ComputeDtype::kBf16, 2, false, 0, true},
       {"Fp32WithDeviceAccumulation", ComputeDtype::kFp32, 2, false, 0, false, true},
       {"Bf16WithDeviceAccumulation", ComputeDtype::kBf16, 3, false, 1, false, true},
+      {"Fp32WithMlpChunks", ComputeDtype::kFp32, 2, false, 0, false, false,
+       StepSchedule::kMicroBatchMajor, 1, kParityMlpChunkBytes},
+      {"Bf16WithMlpChunksAndActivationOffload", ComputeDtype::kBf16, 2, true, 0, false, false,
+       StepSchedule::kMicroBatchMajor, 1, kParityMlpChunkBytes},
   };
 }
 
@@ -281,6 +288,9 @@ std::vector<ParityMode> LayerMajorParityModes() {
       {"Bf16WithResidentEmbedding", kBf16, 3, false, 0, true, false, kLm, 3},
       {"Fp32WithDeviceAccumulationWave2", kFp32, 4, false, 0, false, true, kLm, 2},
       {"Bf16WithDeviceAccumulationWave2", kBf16, 3, false, 1, false, true, kLm, 2},
+      {"Fp32WithMlpChunksWave2", kFp32, 3, false, 0, false, false, kLm, 2, kParityMlpChunkBytes},
+      {"Bf16WithMlpChunksAndDeviceAccumulation", kBf16, 3, false, 1, false, true, kLm, 3,
+       kParityMlpChunkBytes},
   };
 }
 
@@ -290,7 +300,7 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
   ParityResult r =
       RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
                 mode.offload_activations, mode.resident_layers, mode.resident_embedding,
-                mode.device_grad_accumulation, mode.schedule, mode.wave);
+                mode.device_grad_accumulation, mode.schedule, mode.wave, mode.mlp_chunk_bytes);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
@@ -303,7 +313,8 @@ GradientRun RunGradients(const ModelConfig& config, const std::string& device, C
   GradientRun out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations,
-      resident_layers, resident_embedding, device_grad_accumulation, schedule, wave);
+      resident_layers, resident_embedding, device_grad_accumulation, schedule, wave,
+      /*mlp_chunk_bytes=*/0);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();

@@ -57,7 +57,13 @@ ParityResult RunParity(const engine::ModelConfig& config, const std::string& dev
                        int64_t t, bool offload_activations = false, int resident_layers = 0,
                        bool resident_embedding = false, bool device_grad_accumulation = false,
                        engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
-                       int wave = 1);
+                       int wave = 1, int64_t mlp_chunk_bytes = 0);
+
+// ExecutorOptions::mlp_chunk_bytes of the parity modes that chunk the MLP
+// (Note [Chunked MLP] in engine/model/layers.h): with the variants'
+// intermediate_size 112 and micro-batches of [2, 12], 5 rows per chunk in
+// fp32 and 10 in bf16, the last chunk partial.
+inline constexpr int64_t kParityMlpChunkBytes = 2300;
 
 // One way of running the executor against the reference: compute dtype,
 // micro-batches per pass, activation offload, resident layers and
@@ -72,7 +78,8 @@ struct ParityMode {
   bool resident_embedding = false;
   bool device_grad_accumulation = false;
   engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor;
-  int wave = 1;  // layer-major micro-batches per wave
+  int wave = 1;                 // layer-major micro-batches per wave
+  int64_t mlp_chunk_bytes = 0;  // 0: the executor's default (no chunking at these sizes)
 };
 
 // The modes both parity suites run: plain fp32 and bf16 with
@@ -83,12 +90,15 @@ struct ParityMode {
 // resident (Note [Resident embedding]: gather and scatter on the device;
 // with one resident layer in fp32, alone in bf16); the micro-batches'
 // gradients summed on the device (Note [Device gradient accumulation]; two
-// in fp32, three with a resident layer in bf16).
+// in fp32, three with a resident layer in bf16); the MLP in chunks of rows
+// (kParityMlpChunkBytes; with gradient accumulation, in bf16 also with
+// activation offload).
 std::vector<ParityMode> ParityModes(int plain_micro_batches);
 
 // The same kinds of modes under the layer-major schedule (Note [Layer-major
 // schedule]): accumulation 1, 3 and 4, waves of all and of fewer
-// micro-batches, activations on the device and offloaded.
+// micro-batches, activations on the device and offloaded, and the MLP in
+// chunks (kParityMlpChunkBytes).
 std::vector<ParityMode> LayerMajorParityModes();
 
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];

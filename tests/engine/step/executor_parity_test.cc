@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/layers.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/store/host_store.h"
 #include "engine/runtime/thread_pool.h"
@@ -344,6 +345,11 @@ TEST(ExecutorTest, RefusesBadOptionsNamingTheField) {
                                  "schedule, got 0")));
   options.schedule = StepSchedule::kMicroBatchMajor;
   options.wave = 1;
+  options.mlp_chunk_bytes = 0;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.mlp_chunk_bytes: must be >= 1, got 0")));
+  options.mlp_chunk_bytes = kMlpChunkBytes;
   options.compute_dtype = ComputeDtype::kBf16;  // store has no bf16 copy
   EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bf16")));
