@@ -131,7 +131,7 @@ absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelCon
   // plan's reason.
   const absl::Status fit =
       CheckForcedResidentLayersFit(config, request, executor, choice, "train.resident_layers");
-  if (!fit.ok() && resident_shortfall != nullptr) *resident_shortfall = fit.message();
+  if (!fit.ok() && resident_shortfall != nullptr) *resident_shortfall = std::string(fit.message());
   if (gpu_bytes <= 0) {
     choice.resident_layers =
         ResolveResidentLayers(config, static_cast<int>(spec.train.resident_layers), /*cuda=*/true);

@@ -1,7 +1,11 @@
 // See tensor_adamw.h.
 #include "engine/optim/tensor_adamw.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 #include "engine/runtime/torch_compat.h"
 
@@ -71,9 +75,20 @@ void TensorAdamWStep(const AdamWStepParams& hp, const at::Tensor& params, const 
   if (compute_copy.defined() && !compute_copy.is_same(params)) compute_copy.copy_(params);
 }
 
+bool UnfusedDeviceAdamWForced() {
+  const char* value = std::getenv(kUnfusedDeviceAdamWEnv);
+  const bool forced = value != nullptr && std::string_view(value) == "1";
+  static std::atomic<bool> announced{false};
+  if (forced && !announced.exchange(true)) {
+    std::fprintf(stderr, "megatrain: debug knob %s=1: the resident blocks' AdamW runs unfused\n",
+                 kUnfusedDeviceAdamWEnv);
+  }
+  return forced;
+}
+
 void MultiTensorAdamWStep(const AdamWStepParams& hp, const std::vector<AdamWTensorSet>& sets) {
   if (sets.empty()) return;
-  if (CanFuse(sets)) {
+  if (!UnfusedDeviceAdamWForced() && CanFuse(sets)) {
     FusedStep(hp, sets);
     return;
   }

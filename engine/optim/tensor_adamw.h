@@ -71,10 +71,18 @@ struct AdamWTensorSet {
                             // undefined, or `params` itself (no copy)
 };
 
+// Debug knob for A/B measurements (megatrain-bench in one call):
+// MEGATRAIN_DEBUG_UNFUSED_DEVICE_ADAMW=1 in the environment makes
+// MultiTensorAdamWStep run TensorAdamWStep per set even where it would
+// fuse (read at every call; announced once on stderr).
+inline constexpr char kUnfusedDeviceAdamWEnv[] = "MEGATRAIN_DEBUG_UNFUSED_DEVICE_ADAMW";
+// Whether the knob is set to 1. Thread-safe.
+bool UnfusedDeviceAdamWForced();
+
 // One AdamW update (the same `hp`, step count included) of every set in
 // `sets`, all on one device: Note [Fused device AdamW] (one fused
-// multi-tensor call on CUDA with torch >= 2.1, TensorAdamWStep per set
-// elsewhere), then each compute copy from its updated params (bf16: round
+// multi-tensor call on CUDA with torch >= 2.1 unless the knob above is
+// set, TensorAdamWStep per set elsewhere), then each compute copy from its updated params (bf16: round
 // to nearest even). Results agree with AdamWUpdate to a few ulp. Enqueued
 // on the device's current stream, no host synchronisation. Throws
 // c10::Error on a device failure (the caller converts it). Not thread-safe

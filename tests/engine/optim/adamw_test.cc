@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -420,6 +421,32 @@ TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
           torch::equal(sets[i].compute_copy.cpu(), sets[i].params.cpu().to(torch::kBFloat16)));
     }
   }
+}
+
+// The A/B knob (kUnfusedDeviceAdamWEnv) makes the CUDA sets run
+// TensorAdamWStep: bit for bit its result, on the same device.
+TEST(MultiTensorAdamWTest, UnfusedKnobRunsTensorAdamWStepOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const AdamWStepParams hp = MakeAdamWStepParams(AdamWOptions{}, /*step=*/2, 1e-3, 0.37f);
+  torch::manual_seed(9);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t n = 70001;
+  AdamWTensorSet knob{torch::randn({n}, cuda), torch::randn({n}, cuda),
+                      torch::randn({n}, cuda) * 0.1, torch::rand({n}, cuda) * 0.01,
+                      torch::empty({n}, cuda.dtype(torch::kBFloat16))};
+  AdamWTensorSet single{knob.params.clone(), knob.grads.clone(), knob.exp_avg.clone(),
+                        knob.exp_avg_sq.clone(), torch::empty({n}, cuda.dtype(torch::kBFloat16))};
+  ASSERT_EQ(setenv(kUnfusedDeviceAdamWEnv, "1", /*overwrite=*/1), 0);
+  EXPECT_TRUE(UnfusedDeviceAdamWForced());
+  MultiTensorAdamWStep(hp, {knob});
+  ASSERT_EQ(unsetenv(kUnfusedDeviceAdamWEnv), 0);
+  EXPECT_FALSE(UnfusedDeviceAdamWForced());
+  TensorAdamWStep(hp, single.params, single.grads, single.exp_avg, single.exp_avg_sq,
+                  single.compute_copy);
+  EXPECT_TRUE(torch::equal(knob.params, single.params));
+  EXPECT_TRUE(torch::equal(knob.exp_avg, single.exp_avg));
+  EXPECT_TRUE(torch::equal(knob.exp_avg_sq, single.exp_avg_sq));
+  EXPECT_TRUE(torch::equal(knob.compute_copy, single.compute_copy));
 }
 
 TEST(CpuKernelTest, ActiveKernelIsSupportedAndNeverAuto) {
