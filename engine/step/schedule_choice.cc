@@ -232,21 +232,19 @@ absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const Sched
   if (request.resident_layers < 0 || device <= 0 || choice.executor_device_bytes <= device) {
     return absl::OkStatus();
   }
-  // What auto would keep with the rest of this choice (Note [Auto resident
-  // layers]: everything planned plus the margin).
-  ScheduleChoice fewer = choice;
-  for (fewer.resident_layers = choice.resident_layers; fewer.resident_layers > 0;
-       --fewer.resident_layers) {
-    fewer.executor_device_bytes = PlanWith(config, executor, fewer).device_bytes();
-    if (fewer.planned_device_bytes() + fewer.margin_bytes <= device) break;
-  }
-  return absl::ResourceExhaustedError(
-      absl::StrCat(field, ": ", choice.resident_layers, " resident decoder layers need ",
-                   Gigabytes(choice.executor_device_bytes),
-                   " of device memory for the executor's buffers alone (",
-                   Gigabytes(choice.resident_bytes), " of them resident blocks) > the device's ",
-                   Gigabytes(device), "; it can never run there. At most ", fewer.resident_layers,
-                   " fit beside the activations and working memory (auto)"));
+  // What auto keeps on this device, for the message.
+  ScheduleRequest auto_request = request;
+  auto_request.resident_layers = -1;
+  const absl::StatusOr<ScheduleChoice> auto_choice =
+      ChooseSchedule(config, auto_request, executor, device);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": ", choice.resident_layers, " resident decoder layers need ",
+      Gigabytes(choice.executor_device_bytes),
+      " of device memory for the executor's buffers alone (", Gigabytes(choice.resident_bytes),
+      " of them resident blocks) > the device's ", Gigabytes(device), "; it can never run there",
+      auto_choice.ok()
+          ? absl::StrCat(" (auto keeps ", auto_choice->resident_layers, " layers on this device)")
+          : ""));
 }
 
 }  // namespace megatrain::engine

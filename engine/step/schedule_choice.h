@@ -205,9 +205,10 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
 // (choice.executor_device_bytes: slots, resident blocks, accumulation
 // buffers, exactly what is allocated) exceed the device's total memory,
 // so that no step can ever run; the message says how many layers auto
-// would keep there. OK for auto, on the CPU (device_total_bytes 0) and
-// whenever they fit (activations and working memory are not counted:
-// those are ChooseSchedule's estimates, and the plan reports them).
+// keeps there (ChooseSchedule with the count left to auto). OK for auto,
+// on the CPU (device_total_bytes 0) and whenever they fit (activations
+// and working memory are not counted: those are ChooseSchedule's
+// estimates, and the plan reports them).
 // `config`, `request` and `executor` are ChooseSchedule's arguments.
 absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const ScheduleRequest& request,
                                           const ExecutorOptions& executor,

@@ -204,8 +204,8 @@ TEST(AutoResidentLayersTest, ForcedOptionsStand) {
 }
 
 // A forced count whose executor buffers alone exceed the device can never
-// run: RESOURCE_EXHAUSTED naming the caller's field and what auto would
-// keep (10 layers of llama-8b on 80 GB, AutoResidentLayersTest). A count
+// run: RESOURCE_EXHAUSTED naming the caller's field and what auto keeps
+// (10 layers of llama-8b on 80 GB, as AutoResidentLayersTest expects). A count
 // that fits, auto, and the CPU pass.
 TEST(AutoResidentLayersTest, ForcedLayersThatCanNeverFitAreRefused) {
   const ModelConfig config = Preset("llama-8b");
@@ -219,8 +219,8 @@ TEST(AutoResidentLayersTest, ForcedLayersThatCanNeverFitAreRefused) {
       CheckForcedResidentLayersFit(config, request, executor, *over, "train.resident_layers"),
       StatusIs(absl::StatusCode::kResourceExhausted,
                AllOf(HasSubstr("train.resident_layers: 32 resident decoder layers need "),
-                     HasSubstr("> the device's 80.0 GB; it can never run there. At "
-                               "most 10 fit"))));
+                     HasSubstr("> the device's 80.0 GB; it can never run there (auto "
+                               "keeps 10 layers on this device)"))));
   request.resident_layers = 10;
   absl::StatusOr<ScheduleChoice> fits = ChooseSchedule(config, request, executor, kH100Bytes);
   ASSERT_THAT(fits, IsOk());
