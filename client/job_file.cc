@@ -278,6 +278,22 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          train->set_devices(static_cast<int32_t>(*value));
          return absl::OkStatus();
        }},
+      {"resident_layers",
+       [&](const YAML::Node& node, const std::string& path) {
+         // "auto" (proto unset) or a count N >= 0 (the model's
+         // num_hidden_layers bounds it at submission).
+         if (node.IsScalar() && node.Scalar() == "auto") {
+           train->clear_resident_layers();
+           return absl::OkStatus();
+         }
+         auto value = reader.Int(node, path);
+         if (!value.ok()) return value.status();
+         if (*value < 0 || *value > 4096) {
+           return reader.Error(path, absl::StrCat("must be auto or in [0, 4096], got ", *value));
+         }
+         train->set_resident_layers(static_cast<int32_t>(*value));
+         return absl::OkStatus();
+       }},
   };
   const Fields optimizer_fields = {
       MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),

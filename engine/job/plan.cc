@@ -109,8 +109,10 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
 // `gpu_bytes` (0: unknown; then the floor of Note [Auto resident layers]
 // for the projection): the same ChooseSchedule call as Trainer::Create's.
 absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelConfig& config,
-                                             int64_t gpu_bytes) {
+                                             int64_t gpu_bytes,
+                                             std::string* resident_shortfall = nullptr) {
   ScheduleRequest request;
+  request.resident_layers = static_cast<int>(spec.train.resident_layers);
   MEGATRAIN_ASSIGN_OR_RETURN(request.schedule,
                              ParseStepSchedule(spec.train.schedule, "train.schedule"));
   request.wave = static_cast<int>(spec.train.wave);
@@ -125,7 +127,15 @@ absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelCon
   executor.seq_len = spec.train.seq_len;
   MEGATRAIN_ASSIGN_OR_RETURN(ScheduleChoice choice,
                              ChooseSchedule(config, request, executor, gpu_bytes));
-  if (gpu_bytes <= 0) choice.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  // The trainer's refusal of a forced count that can never fit, as the
+  // plan's reason.
+  const absl::Status fit =
+      CheckForcedResidentLayersFit(config, request, executor, choice, "train.resident_layers");
+  if (!fit.ok() && resident_shortfall != nullptr) *resident_shortfall = std::string(fit.message());
+  if (gpu_bytes <= 0) {
+    choice.resident_layers =
+        ResolveResidentLayers(config, static_cast<int>(spec.train.resident_layers), /*cuda=*/true);
+  }
   return choice;
 }
 
@@ -209,8 +219,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   JobSpec in_ram = spec;
   in_ram.memory.nvme_tier = NvmeTierMode::kOff;
-  MEGATRAIN_ASSIGN_OR_RETURN(const ScheduleChoice choice,
-                             TrainerChoice(spec, config, machine.gpu_memory_bytes));
+  std::string resident_short;
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      const ScheduleChoice choice,
+      TrainerChoice(spec, config, machine.gpu_memory_bytes, &resident_short));
   // Note [Schedule choice] in step/schedule_choice.h: the saved layer
   // inputs the trainer moves to pinned host memory, in its wave, count on
   // the host.
@@ -244,6 +256,9 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   std::string shortfall = tier ? tiered_short : ram_short;
   const std::string slot_short = LayerSlotShortfall(spec, config, machine);
   if (!slot_short.empty()) absl::StrAppend(&shortfall, shortfall.empty() ? "" : ", ", slot_short);
+  if (!resident_short.empty()) {
+    absl::StrAppend(&shortfall, shortfall.empty() ? "" : ", ", resident_short);
+  }
   plan.fits = shortfall.empty();
   if (plan.fits) {
     plan.verdict = absl::StrCat(

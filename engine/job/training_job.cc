@@ -196,7 +196,11 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
     exec.schedule = StepSchedule::kLayerMajor;
     exec.wave = static_cast<int>(SavedMicroBatches(spec));
   }
-  exec.resident_layers = ResolveResidentLayers(config, -1, /*cuda=*/true);
+  // (A forced count above the model's layers is refused at submission and
+  // by the trainer; capped here so that the estimate stays defined.)
+  exec.resident_layers = std::min<int64_t>(
+      ResolveResidentLayers(config, static_cast<int>(spec.train.resident_layers), /*cuda=*/true),
+      config.num_hidden_layers);
   exec.resident_embedding = PlansResidentEmbedding(config);
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
   const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
@@ -621,6 +625,7 @@ absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions(const std::st
       t.activation_placement,
       ParseActivationPlacement(spec_.train.activations, "train.activations"));
   t.gradient_accumulation_steps = spec_.train.gradient_accumulation_steps;
+  t.resident_layers = static_cast<int>(spec_.train.resident_layers);  // -1: auto
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",

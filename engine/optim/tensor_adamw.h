@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "engine/optim/adamw.h"
 
 namespace megatrain::engine {
@@ -26,6 +28,67 @@ namespace megatrain::engine {
 void TensorAdamWStep(const AdamWStepParams& hp, const at::Tensor& params, const at::Tensor& grads,
                      const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                      const at::Tensor& compute_copy);
+
+// Note [Fused device AdamW]
+// The resident blocks are updated together, in one multi-tensor call
+// (MultiTensorAdamWStep), where torch has one: on CUDA with torch >= 2.1,
+// ATen's _fused_adamw_ (compat::FusedAdamW, the kernel of
+// torch.optim.AdamW(fused=True)) reads p, g, m, v once and writes p, m, v
+// (and g when it scales it) once: 32 bytes per parameter against about 100
+// for TensorAdamWStep's ten passes, plus 6 for the bf16 copy either way.
+//
+// Numerics: Note [AdamW update]'s formula, but the kernel's own rounding:
+// it computes decay, moments and update in double from the double
+// hyperparameters and rounds each result to fp32, derives the bias
+// corrections from a fp32 step count, and divides by sqrt(1-beta2^t)
+// where the CPU kernels multiply by its fp32 reciprocal. The result agrees
+// with AdamWUpdate to a few ulp per element, as TensorAdamWStep does, but
+// along a different path, so neither is bit-identical to the other.
+// The clip factor c (hp.grad_scale) reaches the kernel as its grad_scale
+// s = fp32(1/c), which it divides by: g/s is within an ulp of g*c, not
+// equal to it. When 1/c is not a normal fp32 (c = 0, or c below 2^-126),
+// the gradients are multiplied by c first (_foreach_mul_, fp32(g*c) as
+// TensorAdamWStep) and the kernel gets no scale. The step count goes to
+// the kernel as fp32, exact up to 2^24 updates.
+//
+// Elsewhere (CPU; torch 1.13, which has no _fused_adamw_; a tensor that is
+// not fp32) each set runs TensorAdamWStep. ATen's _foreach_* ops (in 1.13
+// too) would make that path one call per operation instead of one per
+// tensor and operation, with the same arithmetic on the CPU (there they are
+// a loop of the same ops), but they save launches only (the resident
+// blocks are one large tensor per layer, so launches are not the cost),
+// and _foreach_sqrt would hold sqrt(v) for every block at once, 4 bytes per
+// resident parameter of device memory where TensorAdamWStep holds one
+// block's: not used.
+
+// One AdamW update of a tensor set, the arguments of TensorAdamWStep.
+struct AdamWTensorSet {
+  at::Tensor params;        // [n] fp32, contiguous, updated in place
+  at::Tensor grads;         // [n] fp32, spent: scaled in place (any value after)
+  at::Tensor exp_avg;       // [n] fp32 m, in place
+  at::Tensor exp_avg_sq;    // [n] fp32 v, in place
+  at::Tensor compute_copy;  // receives the updated params in its dtype, or
+                            // undefined, or `params` itself (no copy)
+};
+
+// Debug knob for A/B measurements (megatrain-bench in one call):
+// MEGATRAIN_DEBUG_UNFUSED_DEVICE_ADAMW=1 in the environment makes
+// MultiTensorAdamWStep run TensorAdamWStep per set even where it would
+// fuse (read at every call; announced once on stderr).
+inline constexpr char kUnfusedDeviceAdamWEnv[] = "MEGATRAIN_DEBUG_UNFUSED_DEVICE_ADAMW";
+// Whether the knob is set to 1. Thread-safe.
+bool UnfusedDeviceAdamWForced();
+
+// One AdamW update (the same `hp`, step count included) of every set in
+// `sets`, all on one device: Note [Fused device AdamW] (one fused
+// multi-tensor call on CUDA with torch >= 2.1 unless the knob above is
+// set, TensorAdamWStep per set elsewhere), then each compute copy from
+// its updated params (bf16: round to nearest even). Results agree with
+// AdamWUpdate to a few ulp. Enqueued on the device's current stream, no
+// host synchronisation. Throws c10::Error on a device failure (the caller
+// converts it). Not thread-safe for the same tensors. Empty `sets`:
+// nothing.
+void MultiTensorAdamWStep(const AdamWStepParams& hp, const std::vector<AdamWTensorSet>& sets);
 
 }  // namespace megatrain::engine
 

@@ -131,6 +131,47 @@ inline at::Tensor GroupedMm(const at::Tensor& a, const at::Tensor& b, const at::
   return at::cat(pieces, 0);
 }
 
+// Whether FusedAdamW runs on tensors on `device`: with torch >= 2.1 on
+// CUDA; never with 1.13 (which has only the L2-coupled _fused_adam_).
+inline bool FusedAdamWSupported(const at::Device& device) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 1)
+  return device.is_cuda();
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+// One AdamW update of every params[i] with grads[i], exp_avgs[i] (m) and
+// exp_avg_sqs[i] (v), in place: ATen's multi-tensor _fused_adamw_, the
+// kernel of torch.optim.AdamW(fused=True) (its arithmetic:
+// aten/src/ATen/native/cuda/fused_adam_utils.cuh, `adam_math`, ADAMW mode;
+// amsgrad and maximize off). Every list has one entry per tensor; the
+// tensors are fp32, contiguous, on one CUDA device, params[i] and the
+// others of the same shape. `steps[i]`: a 0-dim fp32 tensor on that device
+// holding the update count t (from 1), read, not incremented.
+// `grad_scale`: undefined, or a 0-dim fp32 tensor s on that device that
+// every gradient is divided by (g / s, in double, rounded to fp32), and
+// grads[i] is then overwritten with g / s. Enqueued on the current stream,
+// no host synchronisation. Precondition: FusedAdamWSupported(device)
+// (otherwise throws c10::Error).
+inline void FusedAdamW(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                       at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1,
+                       double beta2, double weight_decay, double eps,
+                       const at::Tensor& grad_scale) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 1)
+  std::optional<at::Tensor> scale;
+  if (grad_scale.defined()) scale = grad_scale;
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/at::TensorList(),
+                    steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                    /*maximize=*/false, scale, /*found_inf=*/std::nullopt);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr;
+  (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)grad_scale;
+  TORCH_CHECK(false, "FusedAdamW needs torch >= 2.1 (check FusedAdamWSupported first)");
+#endif
+}
+
 }  // namespace megatrain::engine::compat
 
 #endif  // MEGATRAIN_ENGINE_TORCH_COMPAT_H_

@@ -71,6 +71,34 @@ absl::Status CheckTrainDevices(const TrainSpec& t) {
   return absl::OkStatus();
 }
 
+// train.resident_layers (Note [Auto resident layers] in
+// engine/step/schedule_choice.h): auto or a count; resident layers keep
+// their AdamW state on the device, which the NVMe tier (the moments in
+// files) and data parallelism (gradients reduced through the store) do
+// not allow. The model's num_hidden_layers bounds it at submission.
+absl::Status CheckResidentLayers(const JobSpec& s) {
+  const int64_t n = s.train.resident_layers;
+  if (n < kResidentLayersRange.min || n > kResidentLayersRange.max) {
+    return absl::InvalidArgumentError(absl::StrCat("train.resident_layers: must be auto or in [0, ",
+                                                   kResidentLayersRange.max, "], got ", n));
+  }
+  if (n <= 0) return absl::OkStatus();
+  if (s.memory.nvme_tier != NvmeTierMode::kOff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.resident_layers: ", n,
+                     " resident layers need memory.nvme_tier: off (the tier keeps "
+                     "the AdamW moments in files), got ",
+                     NvmeTierModeName(s.memory.nvme_tier)));
+  }
+  if (s.train.devices > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.resident_layers: must be 0 or auto with train.devices > 1 (a resident layer's "
+        "gradient stays on its device), got ",
+        n));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckTrain(const TrainSpec& t) {
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.micro_batch", t.micro_batch, kMicroBatchRange));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", t.seq_len, kSeqLenRange));
@@ -168,6 +196,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "gradient's norm before any update), got max_grad_norm ",
         spec.train.max_grad_norm, "; use arena or auto"));
   }
+  MEGATRAIN_RETURN_IF_ERROR(CheckResidentLayers(spec));
   MEGATRAIN_RETURN_IF_ERROR(CheckOptimizer(spec));
   return CheckEvalAndCheckpoint(spec);
 }

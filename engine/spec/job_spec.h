@@ -93,10 +93,19 @@ struct TrainSpec {
   // gradient_accumulation_steps must be a multiple of N: each device runs
   // the same number of micro-batches of a step.
   int64_t devices = 1;
+  // Decoder layers kept on the device (layers 0..N-1 with their fp32
+  // master, AdamW moments and gradient; Note [Auto resident layers] in
+  // engine/step/schedule_choice.h): kAutoResidentLayers lets the trainer
+  // choose, else N in [0, num_hidden_layers] (TrainerOptions::
+  // resident_layers, megatrain-bench --resident_layers).
+  int64_t resident_layers = -1;
 };
 
 // TrainSpec::devices: every device of the daemon ("all" in job files).
 inline constexpr int64_t kAllDevices = 0;
+// TrainSpec::resident_layers: the trainer's choice ("auto" in job files,
+// unset in the proto).
+inline constexpr int64_t kAutoResidentLayers = -1;
 
 struct OptimizerSpec {
   double lr = 3e-4;  // peak learning rate
@@ -184,6 +193,9 @@ inline constexpr IntRange kGradientAccumulationStepsRange{1, int64_t{1} << 16};
 inline constexpr IntRange kWaveRange{0, 4096};
 // train.devices: kAllDevices or 1..64 (the data-parallel ranks one host runs).
 inline constexpr IntRange kDevicesRange{0, 64};
+// train.resident_layers: kAutoResidentLayers or a layer count (the model's
+// num_hidden_layers bounds it at submission, server/core/submit_checks.h).
+inline constexpr IntRange kResidentLayersRange{kAutoResidentLayers, 4096};
 inline constexpr IntRange kMaxStepsRange{0, int64_t{1} << 40};
 inline constexpr IntRange kMaxTokensRange{0, int64_t{1} << 60};
 inline constexpr IntRange kEvalEveryStepsRange{0, int64_t{1} << 40};

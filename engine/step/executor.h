@@ -62,7 +62,8 @@
 // parameter with bf16 compute, 16 with fp32), gradient accumulation over
 // micro-batches happens there (the same fp32 adds in the same order as on
 // the host, so the gradient is bit-identical), and their AdamW runs on the
-// device (TensorAdamWStep: the CPU kernel's factors and order, equal to a
+// device, all resident blocks in one call (MultiTensorAdamWStep, Note
+// [Fused device AdamW] in tensor_adamw.h: equal to the CPU kernel's to a
 // few ulp). Their squared gradient norm still reaches on_block_final, in
 // the usual order, as a scalar copied to the host. The update the trainer
 // asks for (ScheduleResidentUpdate) is enqueued at the start of the next

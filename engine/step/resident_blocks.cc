@@ -84,11 +84,14 @@ absl::Status ResidentBlocks::Schedule(const AdamWStepParams& hp, std::vector<boo
 void ResidentBlocks::ApplyPending() {
   if (!update_.has_value()) return;
   const int token = env_->timer.Begin(StreamKind::kCompute);
+  // All applied blocks in one call (Note [Fused device AdamW]).
+  std::vector<AdamWTensorSet> sets;
   for (size_t i = 0; i < blocks_state_.size(); ++i) {
     if (!apply_[i]) continue;
-    Block& b = blocks_state_[i];
-    TensorAdamWStep(*update_, b.master, b.grad, b.exp_avg, b.exp_avg_sq, b.weights);
+    const Block& b = blocks_state_[i];
+    sets.push_back({b.master, b.grad, b.exp_avg, b.exp_avg_sq, b.weights});
   }
+  MultiTensorAdamWStep(*update_, sets);
   env_->timer.End(StreamKind::kCompute, token);
   update_.reset();
 }

@@ -30,6 +30,7 @@ std::string ScheduleChoice::Describe() const {
   // On the CPU with nothing resident, nothing to say.
   if (device_total_bytes <= 0 && resident_layers == 0 && !resident_embedding) return out;
   absl::StrAppend(&out, "; resident: ", resident_layers, " layers",
+                  resident_layers_forced ? " (resident_layers)" : " (auto)",
                   resident_embedding ? " and the embedding" : "");
   if (device_total_bytes > 0) {
     absl::StrAppend(&out, " (", Gigabytes(resident_bytes), "; ", Gigabytes(planned_device_bytes()),
@@ -184,6 +185,7 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   // The schedule, with only the forced resident blocks (Note [Auto
   // resident layers]: the saved inputs come before auto's resident ones).
   choice.resident_layers = std::max(0, request.resident_layers);
+  choice.resident_layers_forced = request.resident_layers >= 0;
   choice.resident_embedding = request.resident_embedding == 1;
   choice.device_grad_accumulation = request.device_grad_accumulation == 1;
   ChooseOrder(config, request, choice.layer_input_bytes, device_total_bytes,
@@ -221,6 +223,28 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   choice.resident_bytes = gpu ? plan.resident_bytes : 0;
   choice.grad_accumulation_bytes = gpu ? plan.grad_accumulation_bytes : 0;
   return choice;
+}
+
+absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const ScheduleRequest& request,
+                                          const ExecutorOptions& executor,
+                                          const ScheduleChoice& choice, absl::string_view field) {
+  const int64_t device = choice.device_total_bytes;
+  if (request.resident_layers < 0 || device <= 0 || choice.executor_device_bytes <= device) {
+    return absl::OkStatus();
+  }
+  // What auto keeps on this device, for the message.
+  ScheduleRequest auto_request = request;
+  auto_request.resident_layers = -1;
+  const absl::StatusOr<ScheduleChoice> auto_choice =
+      ChooseSchedule(config, auto_request, executor, device);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": ", choice.resident_layers, " resident decoder layers need ",
+      Gigabytes(choice.executor_device_bytes),
+      " of device memory for the executor's buffers alone (", Gigabytes(choice.resident_bytes),
+      " of them resident blocks) > the device's ", Gigabytes(device), "; it can never run there",
+      auto_choice.ok()
+          ? absl::StrCat(" (auto keeps ", auto_choice->resident_layers, " layers on this device)")
+          : ""));
 }
 
 }  // namespace megatrain::engine

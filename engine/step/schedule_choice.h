@@ -53,9 +53,10 @@
 //     every streamed layer's CPU AdamW is on the critical path of the next
 //     forward (docs/performance.md: 25% of the step at accumulation 1).
 //     Without clipping the CPU updates run behind backward, hidden, while
-//     a resident layer's update runs on the compute stream (TensorAdamWStep:
-//     ~94 bytes of device memory traffic per parameter, ~40 ms per step
-//     for all of llama-1b on an H100, 8% of its step): R is then at most
+//     a resident layer's update runs on the compute stream (~94 bytes of
+//     device memory traffic per parameter with TensorAdamWStep, ~40 ms per
+//     step for all of llama-1b on an H100, 8% of its step; ~38 with the
+//     fused kernel, Note [Fused device AdamW]): R is then at most
 //     kUnclippedResidentLayers (layers 0 and 1, whose updates would start
 //     every step late), as fits;
 // such that
@@ -145,8 +146,11 @@ struct ScheduleChoice {
   // choice]), and the budget they were held against (0 on the CPU).
   int64_t activation_device_bytes = 0;
   int64_t activation_budget_bytes = 0;
-  // Note [Auto resident layers]: what stays on the device.
+  // Note [Auto resident layers]: what stays on the device, and whether
+  // the layer count was given (ScheduleRequest::resident_layers >= 0)
+  // rather than auto's.
   int resident_layers = 0;
+  bool resident_layers_forced = false;
   bool resident_embedding = false;
   bool device_grad_accumulation = false;
   // The device's memory as planned, in bytes (all 0 on the CPU): its
@@ -165,8 +169,9 @@ struct ScheduleChoice {
   int64_t planned_device_bytes() const;
   // One line for the job's events and the bench's stderr, e.g.
   // "layer-major, wave 4, activations on the device (9.7 GB on the device
-  // of a 37.1 GB budget); resident: 16 of 16 layers and the embedding
-  // (22.2 GB; 38.0 GB of 80.0 GB planned)".
+  // of a 37.1 GB budget); resident: 16 layers (auto) and the embedding
+  // (22.2 GB; 38.0 GB of 80.0 GB planned)"; a forced layer count reads
+  // "resident: 4 layers (resident_layers) ...".
   std::string Describe() const;
 };
 
@@ -192,6 +197,22 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
                                               const ScheduleRequest& request,
                                               const ExecutorOptions& executor,
                                               int64_t device_total_bytes);
+
+// Whether a forced resident layer count (ScheduleRequest::resident_layers
+// >= 0) can run on `choice`'s device: RESOURCE_EXHAUSTED, starting with
+// `field` (the caller's name of the option, e.g. "resident_layers" or
+// "train.resident_layers"), when the executor's buffers alone
+// (choice.executor_device_bytes: slots, resident blocks, accumulation
+// buffers, exactly what is allocated) exceed the device's total memory,
+// so that no step can ever run; the message says how many layers auto
+// keeps there (ChooseSchedule with the count left to auto). OK for auto,
+// on the CPU (device_total_bytes 0) and whenever they fit (activations
+// and working memory are not counted: those are ChooseSchedule's
+// estimates, and the plan reports them).
+// `config`, `request` and `executor` are ChooseSchedule's arguments.
+absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const ScheduleRequest& request,
+                                          const ExecutorOptions& executor,
+                                          const ScheduleChoice& choice, absl::string_view field);
 
 // `executor` with `choice`'s schedule, wave, activation placement and
 // resident blocks.

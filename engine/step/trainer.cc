@@ -138,6 +138,8 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   // Notes [Schedule choice] and [Auto resident layers] in schedule_choice.h.
   MEGATRAIN_ASSIGN_OR_RETURN(
       *choice, ChooseSchedule(config, request, exec, runtime.is_cuda() ? runtime.TotalBytes() : 0));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckForcedResidentLayersFit(config, request, exec, *choice, "resident_layers"));
   exec = WithChoice(exec, *choice);
   MEGATRAIN_ASSIGN_OR_RETURN(exec.gradient_ring, ResolveGradientRing(options, config, exec));
   return exec;

@@ -227,7 +227,9 @@ struct TrainerOptions {
   // (Note [Resident layers] in executor.h); -1 = auto: on CUDA with
   // clipping as many as fit the device, without clipping at most 2 (Note
   // [Auto resident layers] in schedule_choice.h), on the CPU 0. Otherwise
-  // in [0, num_hidden_layers].
+  // in [0, num_hidden_layers] (a job's train.resident_layers); on CUDA a
+  // count whose executor buffers alone exceed the device is refused by
+  // Create (CheckForcedResidentLayersFit).
   int resident_layers = -1;
   // The embedding table on the device with its AdamW state, updated there
   // (Note [Resident embedding] in executor.h; V * C * 16 bytes of device
@@ -303,7 +305,8 @@ class Trainer {
   // from `seed` (HF init, std 0.02), and builds the pipeline.
   // Errors: INVALID_ARGUMENT / UNIMPLEMENTED for a bad config or option
   // (naming the field); UNAVAILABLE for a missing device;
-  // RESOURCE_EXHAUSTED when host, pinned or device memory runs out.
+  // RESOURCE_EXHAUSTED when host, pinned or device memory runs out, or
+  // for resident_layers that can never fit the device.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ModelConfig& config,
                                                          const TrainerOptions& options,
                                                          uint64_t seed);

@@ -85,7 +85,8 @@ class RealEngineBackend final : public EngineBackend {
                                                        ? engine::PresetConfig(spec.model.preset)
                                                        : engine::ParseHfConfig(hf_config_json);
       if (!config.ok()) return config.status();
-      return ModelLimits{config->vocab_size, config->max_position_embeddings};
+      return ModelLimits{config->vocab_size, config->max_position_embeddings,
+                         config->num_hidden_layers};
     });
   }
 

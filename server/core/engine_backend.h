@@ -75,6 +75,7 @@ class EngineBackend {
   struct ModelLimits {
     int64_t vocab_size = 0;               // 0: unknown
     int64_t max_position_embeddings = 0;  // 0: unknown
+    int64_t num_hidden_layers = 0;        // 0: unknown
   };
   virtual absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
                                                     const std::string& hf_config_json) {

@@ -75,6 +75,11 @@ absl::Status CheckSubmission(const engine::JobSpec& spec, const JobInputs& input
         " (positions it was never trained on); lower it, or set "
         "train.allow_seq_len_above_max_position_embeddings: true"));
   }
+  if (limits->num_hidden_layers > 0 && spec.train.resident_layers > limits->num_hidden_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.resident_layers: ", spec.train.resident_layers,
+                     " is more than the model's num_hidden_layers ", limits->num_hidden_layers));
+  }
   MEGATRAIN_RETURN_IF_ERROR(
       CheckShards("data.tokens", spec.data.tokens, limits->vocab_size, backend));
   MEGATRAIN_RETURN_IF_ERROR(

@@ -12,7 +12,8 @@
 //   - eval.every_steps > 0 needs an eval set (data.eval_fraction > 0 or
 //     data.eval_tokens);
 //   - train.seq_len above the model's max_position_embeddings needs
-//     train.allow_seq_len_above_max_position_embeddings.
+//     train.allow_seq_len_above_max_position_embeddings;
+//   - train.resident_layers at most the model's num_hidden_layers.
 // Every refusal is INVALID_ARGUMENT and starts with the field's name
 // (a config.json the engine cannot parse keeps its code: UNIMPLEMENTED for
 // an unsupported architecture). The

@@ -197,6 +197,15 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
   if (train.has_wave()) train_spec->wave = train.wave();
   if (train.has_devices()) train_spec->devices = train.devices();
   if (train.has_activations()) train_spec->activations = train.activations();
+  if (train.has_resident_layers()) {
+    // Unset is auto; a negative count is no spelling of it.
+    if (train.resident_layers() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.resident_layers: must be >= 0 (leave it unset for auto), got ",
+                       train.resident_layers()));
+    }
+    train_spec->resident_layers = train.resident_layers();
+  }
   return absl::OkStatus();
 }
 
@@ -339,6 +348,9 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_wave(spec.train.wave);
   train->set_devices(static_cast<int32_t>(spec.train.devices));
   train->set_activations(spec.train.activations);
+  if (spec.train.resident_layers != engine::kAutoResidentLayers) {
+    train->set_resident_layers(static_cast<int32_t>(spec.train.resident_layers));
+  }
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
   optimizer->set_lr(spec.optimizer.lr);
   optimizer->set_beta1(spec.optimizer.beta1);

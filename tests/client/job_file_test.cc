@@ -119,6 +119,29 @@ TEST(JobFileTest, DevicesTakeACountOrAll) {
                        HasSubstr("train.devices: must be in [1, 64] or all, got 0")));
 }
 
+// train.resident_layers: a count (set), auto (unset, as absent); anything
+// else names the field.
+TEST(JobFileTest, ResidentLayersTakeACountOrAuto) {
+  absl::StatusOr<v1::JobSpec> four = ParseJobYaml("train: {resident_layers: 4}\n", "/", "j.yaml");
+  ASSERT_THAT(four, IsOk());
+  EXPECT_TRUE(four->train().has_resident_layers());
+  EXPECT_EQ(four->train().resident_layers(), 4);
+  absl::StatusOr<v1::JobSpec> none = ParseJobYaml("train: {resident_layers: 0}\n", "/", "j.yaml");
+  ASSERT_THAT(none, IsOk());
+  EXPECT_TRUE(none->train().has_resident_layers());
+  EXPECT_EQ(none->train().resident_layers(), 0);
+  for (const char* text : {"train: {resident_layers: auto}\n", "train: {micro_batch: 2}\n"}) {
+    absl::StatusOr<v1::JobSpec> unset = ParseJobYaml(text, "/", "j.yaml");
+    ASSERT_THAT(unset, IsOk()) << text;
+    EXPECT_FALSE(unset->train().has_resident_layers()) << text;
+  }
+  EXPECT_THAT(ParseJobYaml("train: {resident_layers: -1}\n", "/", "j.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.resident_layers: must be auto or in [0, 4096], got -1")));
+  EXPECT_THAT(ParseJobYaml("train: {resident_layers: all}\n", "/", "j.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.resident_layers")));
+}
+
 TEST(JobFileTest, OptionalKeysAndLabels) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(
       "train: {global_batch: 32, max_tokens: 100000, compute_dtype: bf16, max_grad_norm: 0, "

@@ -213,6 +213,33 @@ TEST(PlanTest, ALayerWhoseSlotsExceedTheDeviceIsRefusedNamingIt) {
   EXPECT_THAT(plan->verdict, ::testing::Not(HasSubstr("sub-blocks")));
 }
 
+// train.resident_layers: the plan uses the count asked for (its device
+// bytes are the trainer's for it), and one whose executor buffers alone
+// exceed the device does not fit, naming the field (the trainer refuses
+// it with RESOURCE_EXHAUSTED when the job starts).
+TEST(PlanTest, ResidentLayersAskedForAreThePlansAndOneThatCanNeverFitDoesNot) {
+  JobSpec spec = Llama8bSpec();
+  const ModelConfig config = *PresetConfig("llama-8b");
+  PlanMachine machine = DefaultPlanMachine();
+  machine.host_memory_bytes = int64_t{1500} * 1000 * 1000 * 1000;
+  machine.gpu_memory_bytes = int64_t{80} * 1000 * 1000 * 1000;
+  spec.train.resident_layers = 4;
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, config, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->fits) << plan->verdict;
+  const ModelLayout layout = ModelLayout::Create(config);
+  const int64_t layer = layout.blocks[layout.layer_block(0)].numel;
+  const int64_t table = layout.blocks[layout.embedding_block()].numel;
+  // 4 layers at 18 bytes per parameter, the table (auto: it fits) at 16.
+  EXPECT_EQ(plan->footprint.device_resident_bytes, 4 * 18 * layer + 16 * table);
+  spec.train.resident_layers = 32;
+  plan = PlanJob(spec, config, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->fits);
+  EXPECT_THAT(plan->verdict, HasSubstr("train.resident_layers: 32 resident decoder layers need "));
+  EXPECT_THAT(plan->verdict, HasSubstr("it can never run there"));
+}
+
 TEST(PlanTest, RejectsANegativeRateNamingTheField) {
   PlanMachine machine = DefaultPlanMachine();
   machine.nvme_write_bytes_per_second = -1;

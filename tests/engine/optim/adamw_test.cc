@@ -10,14 +10,17 @@
 #include <torch/torch.h>  // before torch/optim: also brings clip_grad_norm_
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/runtime/bf16.h"
 #include "engine/runtime/thread_pool.h"
 #include "gmock/gmock.h"
@@ -327,6 +330,123 @@ TEST(TensorAdamWTest, MatchesTheScalarKernelOverThreeStepsWithClippingAndBf16Cop
               FloatToBf16(updated[i]))
         << "element " << i;
   }
+}
+
+// MultiTensorAdamWStep off CUDA (Note [Fused device AdamW]) is
+// TensorAdamWStep per set: bit for bit, for sets of different sizes, with a
+// bf16 copy, the params as their own copy and no copy.
+TEST(MultiTensorAdamWTest, OffCudaIsTensorAdamWStepPerSetBitForBit) {
+  const std::vector<int64_t> sizes = {1003, 64, 517};
+  const AdamWStepParams hp = MakeAdamWStepParams(AdamWOptions{}, /*step=*/3, 1e-3, 0.37f);
+  std::vector<AdamWTensorSet> multi, single;
+  torch::manual_seed(5);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    AdamWTensorSet s{torch::randn({n}), torch::randn({n}), torch::randn({n}) * 0.1,
+                     torch::rand({n}) * 0.01, torch::Tensor()};
+    if (i == 0) s.compute_copy = torch::empty({n}, torch::kBFloat16);
+    if (i == 1) s.compute_copy = s.params;
+    AdamWTensorSet copy{s.params.clone(), s.grads.clone(), s.exp_avg.clone(), s.exp_avg_sq.clone(),
+                        torch::Tensor()};
+    if (i == 0) copy.compute_copy = torch::empty({n}, torch::kBFloat16);
+    if (i == 1) copy.compute_copy = copy.params;
+    multi.push_back(s);
+    single.push_back(copy);
+  }
+  MultiTensorAdamWStep(hp, multi);
+  for (const AdamWTensorSet& s : single) {
+    TensorAdamWStep(hp, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.compute_copy);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("set ", i));
+    EXPECT_TRUE(torch::equal(multi[i].params, single[i].params));
+    EXPECT_TRUE(torch::equal(multi[i].exp_avg, single[i].exp_avg));
+    EXPECT_TRUE(torch::equal(multi[i].exp_avg_sq, single[i].exp_avg_sq));
+  }
+  EXPECT_TRUE(torch::equal(multi[0].compute_copy, single[0].compute_copy));
+  EXPECT_TRUE(multi[1].compute_copy.is_same(multi[1].params));
+  MultiTensorAdamWStep(hp, {});  // nothing to do, no failure
+}
+
+// ||actual - expected|| / ||expected|| < kTorchTolerance, or both all
+// zero (a zero gradient leaves zero moments).
+void ExpectNearState(const std::vector<float>& actual, const std::vector<float>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  const int64_t n = static_cast<int64_t>(expected.size());
+  if (std::all_of(expected.begin(), expected.end(), [](float x) { return x == 0.0f; })) {
+    EXPECT_EQ(actual, expected);
+    return;
+  }
+  EXPECT_LT(NormRelativeError(actual.data(), expected.data(), n), kTorchTolerance);
+}
+
+// On CUDA with torch >= 2.1, MultiTensorAdamWStep is ATen's fused kernel
+// (Note [Fused device AdamW]): three steps over two sets against the scalar
+// CPU kernel, for a clip factor passed as the kernel's grad_scale (0.37),
+// one whose reciprocal is not a normal fp32 (0: the gradients are
+// multiplied first) and none (1). Its rounding differs from ours by a few
+// ulp per element and step, as torch::optim::AdamW's does (same tolerance,
+// kTorchTolerance); the bf16 copy is exactly the rounding of the updated
+// master. On torch 1.13 this checks TensorAdamWStep on CUDA instead.
+TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> sizes = {100003, 4097};
+  AdamWOptions options;
+  options.kernel = CpuKernel::kScalar;
+  options.weight_decay = 0.1;
+  for (const float grad_scale : {0.37f, 0.0f, 1.0f}) {
+    SCOPED_TRACE(absl::StrCat("grad_scale ", grad_scale));
+    std::vector<Problem> problems;
+    std::vector<AdamWTensorSet> sets;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      problems.push_back(MakeProblem(sizes[i], 3, /*seed=*/20 + i));
+      const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+      sets.push_back({problems[i].params.to(torch::kCUDA), torch::Tensor(),
+                      torch::zeros({sizes[i]}, cuda), torch::zeros({sizes[i]}, cuda),
+                      torch::empty({sizes[i]}, cuda.dtype(torch::kBFloat16))});
+    }
+    for (int step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        sets[i].grads = problems[i].grads[step - 1].to(torch::kCUDA);  // spent
+      }
+      MultiTensorAdamWStep(MakeAdamWStepParams(options, step, options.lr, grad_scale), sets);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const AdamWState expected =
+          RunOurAdamW(problems[i].params, problems[i].grads, options, grad_scale, nullptr);
+      ExpectNearState(ToVector(sets[i].params.cpu()), expected.params);
+      ExpectNearState(ToVector(sets[i].exp_avg.cpu()), expected.exp_avg);
+      ExpectNearState(ToVector(sets[i].exp_avg_sq.cpu()), expected.exp_avg_sq);
+      EXPECT_TRUE(
+          torch::equal(sets[i].compute_copy.cpu(), sets[i].params.cpu().to(torch::kBFloat16)));
+    }
+  }
+}
+
+// The A/B knob (kUnfusedDeviceAdamWEnv) makes the CUDA sets run
+// TensorAdamWStep: bit for bit its result, on the same device.
+TEST(MultiTensorAdamWTest, UnfusedKnobRunsTensorAdamWStepOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const AdamWStepParams hp = MakeAdamWStepParams(AdamWOptions{}, /*step=*/2, 1e-3, 0.37f);
+  torch::manual_seed(9);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t n = 70001;
+  AdamWTensorSet knob{torch::randn({n}, cuda), torch::randn({n}, cuda),
+                      torch::randn({n}, cuda) * 0.1, torch::rand({n}, cuda) * 0.01,
+                      torch::empty({n}, cuda.dtype(torch::kBFloat16))};
+  AdamWTensorSet single{knob.params.clone(), knob.grads.clone(), knob.exp_avg.clone(),
+                        knob.exp_avg_sq.clone(), torch::empty({n}, cuda.dtype(torch::kBFloat16))};
+  ASSERT_EQ(setenv(kUnfusedDeviceAdamWEnv, "1", /*overwrite=*/1), 0);
+  EXPECT_TRUE(UnfusedDeviceAdamWForced());
+  MultiTensorAdamWStep(hp, {knob});
+  ASSERT_EQ(unsetenv(kUnfusedDeviceAdamWEnv), 0);
+  EXPECT_FALSE(UnfusedDeviceAdamWForced());
+  TensorAdamWStep(hp, single.params, single.grads, single.exp_avg, single.exp_avg_sq,
+                  single.compute_copy);
+  EXPECT_TRUE(torch::equal(knob.params, single.params));
+  EXPECT_TRUE(torch::equal(knob.exp_avg, single.exp_avg));
+  EXPECT_TRUE(torch::equal(knob.exp_avg_sq, single.exp_avg_sq));
+  EXPECT_TRUE(torch::equal(knob.compute_copy, single.compute_copy));
 }
 
 TEST(CpuKernelTest, ActiveKernelIsSupportedAndNeverAuto) {

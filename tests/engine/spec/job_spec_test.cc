@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
 #include "engine/spec/lr_schedule_kind.h"
@@ -224,6 +225,59 @@ TEST(JobSpecJsonTest, DevicesRoundTripAndDefaultToOne) {
   auto old = JobSpecFromJson(JobSpecToJson(TinyJob()));
   ASSERT_THAT(old, IsOk());
   EXPECT_EQ(old->train.devices, 1);
+}
+
+// train.resident_layers: auto (-1) or a count in [0, 4096] (the model's
+// layers bound it at submission); none resident with the NVMe tier or
+// data parallelism.
+TEST(ValidateJobSpecTest, ResidentLayersAreBoundedAndNeedStateOnTheDevice) {
+  JobSpec spec = TinyJob();
+  EXPECT_EQ(spec.train.resident_layers, kAutoResidentLayers);
+  for (const int64_t bad : {int64_t{-2}, int64_t{4097}}) {
+    spec.train.resident_layers = bad;
+    EXPECT_THAT(ValidateJobSpec(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("train.resident_layers: must be auto or in [0, "
+                                                "4096], got ",
+                                                bad))));
+  }
+  spec.train.resident_layers = 3;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  spec.memory.nvme_tier = NvmeTierMode::kAuto;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.resident_layers: 3 resident layers need "
+                                 "memory.nvme_tier: off (the tier keeps the AdamW moments in "
+                                 "files), got auto")));
+  spec.memory.nvme_tier = NvmeTierMode::kOff;
+  spec.train.devices = 2;
+  spec.train.gradient_accumulation_steps = 2;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.resident_layers: must be 0 or auto with train.devices "
+                                 "> 1")));
+  // None resident is allowed everywhere.
+  spec.train.resident_layers = 0;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  spec.train.devices = 1;
+  spec.memory.nvme_tier = NvmeTierMode::kMoments;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(JobSpecJsonTest, ResidentLayersRoundTripAndDefaultToAuto) {
+  JobSpec spec = TinyJob();
+  EXPECT_EQ(JobSpecToJson(spec).find("resident_layers"), std::string::npos);
+  for (const int64_t layers : {int64_t{0}, int64_t{7}}) {
+    spec.train.resident_layers = layers;
+    EXPECT_THAT(JobSpecToJson(spec), HasSubstr(absl::StrCat("\"resident_layers\":", layers)));
+    auto back = JobSpecFromJson(JobSpecToJson(spec));
+    ASSERT_THAT(back, IsOk());
+    EXPECT_EQ(back->train.resident_layers, layers);
+  }
+  // Written before the field existed: auto.
+  auto old = JobSpecFromJson(JobSpecToJson(TinyJob()));
+  ASSERT_THAT(old, IsOk());
+  EXPECT_EQ(old->train.resident_layers, kAutoResidentLayers);
 }
 
 TEST(MaxStepsTest, MaxStepsWinsElseTokensRoundUpToWholeSteps) {

@@ -23,6 +23,7 @@ namespace {
 
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // The devices' memory as sold (cudaMemGetInfo reports a little more: 85.5e9
@@ -102,8 +103,9 @@ TEST_P(AutoResidentLayersTest, KeepsTheLargestCountThatFits) {
         PlanExecutorMemory(config, WithChoice(executor, more)).device_bytes();
     EXPECT_GT(more.planned_device_bytes() + more.margin_bytes, c.device);
   }
+  EXPECT_FALSE(choice->resident_layers_forced);
   EXPECT_THAT(choice->Describe(), HasSubstr(absl::StrCat("resident: ", c.resident_layers,
-                                                         " layers and the embedding")));
+                                                         " layers (auto) and the embedding")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, AutoResidentLayersTest,
@@ -197,6 +199,45 @@ TEST(AutoResidentLayersTest, ForcedOptionsStand) {
       ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes);
   ASSERT_THAT(over, IsOk());
   EXPECT_GT(over->planned_device_bytes(), kH100Bytes);
+  EXPECT_TRUE(over->resident_layers_forced);
+  EXPECT_THAT(over->Describe(), HasSubstr("resident: 32 layers (resident_layers)"));
+}
+
+// A forced count whose executor buffers alone exceed the device can never
+// run: RESOURCE_EXHAUSTED naming the caller's field and what auto keeps
+// (10 layers of llama-8b on 80 GB, as AutoResidentLayersTest expects). A count
+// that fits, auto, and the CPU pass.
+TEST(AutoResidentLayersTest, ForcedLayersThatCanNeverFitAreRefused) {
+  const ModelConfig config = Preset("llama-8b");
+  const ExecutorOptions executor = Bf16(8, 2048);
+  ScheduleRequest request = Clipped(1);
+  request.resident_layers = 32;
+  absl::StatusOr<ScheduleChoice> over = ChooseSchedule(config, request, executor, kH100Bytes);
+  ASSERT_THAT(over, IsOk());
+  ASSERT_GT(over->executor_device_bytes, kH100Bytes);
+  EXPECT_THAT(
+      CheckForcedResidentLayersFit(config, request, executor, *over, "train.resident_layers"),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("train.resident_layers: 32 resident decoder layers need "),
+                     HasSubstr("> the device's 80.0 GB; it can never run there (auto "
+                               "keeps 10 layers on this device)"))));
+  request.resident_layers = 10;
+  absl::StatusOr<ScheduleChoice> fits = ChooseSchedule(config, request, executor, kH100Bytes);
+  ASSERT_THAT(fits, IsOk());
+  EXPECT_THAT(CheckForcedResidentLayersFit(config, request, executor, *fits, "resident_layers"),
+              IsOk());
+  request.resident_layers = 32;
+  absl::StatusOr<ScheduleChoice> cpu = ChooseSchedule(config, request, executor, 0);
+  ASSERT_THAT(cpu, IsOk());
+  EXPECT_THAT(CheckForcedResidentLayersFit(config, request, executor, *cpu, "resident_layers"),
+              IsOk());
+  request.resident_layers = -1;
+  absl::StatusOr<ScheduleChoice> auto_choice =
+      ChooseSchedule(config, request, executor, kH100Bytes);
+  ASSERT_THAT(auto_choice, IsOk());
+  EXPECT_THAT(
+      CheckForcedResidentLayersFit(config, request, executor, *auto_choice, "resident_layers"),
+      IsOk());
 }
 
 // Device gradient accumulation only where a step would use it: not for one

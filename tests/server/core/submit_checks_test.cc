@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 // The fake engine plus scripted answers for the submit checks.
 class ScriptedBackend final : public EngineBackend {
  public:
-  ModelLimits limits{32000, 4096};
+  ModelLimits limits{32000, 4096, 16};
   std::vector<engine::TokenShardHeaderFacts> shards;
   absl::Status shard_status;
   absl::Status weights_status;
@@ -123,6 +123,20 @@ TEST_F(SubmitChecksTest, SeqLenAboveMaxPositionEmbeddingsNeedsTheOverride) {
                                  "max_position_embeddings 4096")));
   spec_.train.allow_seq_len_above_max_position_embeddings = true;
   EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_), IsOk());
+}
+
+// train.resident_layers is bounded by the model's layers (the spec's own
+// validation knows only its range).
+TEST_F(SubmitChecksTest, ResidentLayersAboveTheModelsLayersAreRefused) {
+  spec_.train.resident_layers = 17;
+  EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.resident_layers: 17 is more than the model's "
+                                 "num_hidden_layers 16")));
+  for (const int64_t layers : {int64_t{16}, int64_t{0}, engine::kAutoResidentLayers}) {
+    spec_.train.resident_layers = layers;
+    EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_), IsOk()) << layers;
+  }
 }
 
 TEST_F(SubmitChecksTest, ShardForALargerVocabularyIsRefusedNamingTheFile) {

@@ -185,6 +185,38 @@ TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   EXPECT_EQ(plain->spec.train.activations, "auto");
 }
 
+// train.resident_layers: a count goes through the proto and the stored
+// JSON both ways, unset is auto (and stays unset), a negative count is
+// INVALID_ARGUMENT naming the field.
+TEST(SpecConvertTest, ResidentLayersConvertBothWays) {
+  for (const int32_t layers : {0, 5}) {
+    v1::JobSpec spec = TinySpec();
+    spec.mutable_train()->set_resident_layers(layers);
+    absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+    ASSERT_THAT(request, IsOk());
+    EXPECT_EQ(request->spec.train.resident_layers, layers);
+    v1::JobSpec back;
+    JobRequestToProto(*request, &back);
+    EXPECT_TRUE(back.train().has_resident_layers());
+    EXPECT_EQ(back.train().resident_layers(), layers);
+    absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(parsed->spec.train.resident_layers, layers);
+  }
+  absl::StatusOr<JobRequest> plain = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ(plain->spec.train.resident_layers, engine::kAutoResidentLayers);
+  v1::JobSpec back;
+  JobRequestToProto(*plain, &back);
+  EXPECT_FALSE(back.train().has_resident_layers());
+  v1::JobSpec negative = TinySpec();
+  negative.mutable_train()->set_resident_layers(-1);
+  EXPECT_THAT(JobRequestFromProto(negative),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.resident_layers: must be >= 0 (leave it unset for auto), "
+                                 "got -1")));
+}
+
 // memory.weight_stream and memory.gradient_landing (issue 19) go through
 // the proto and the stored JSON; bad values are INVALID_ARGUMENT naming the
 // field; a ring with clipping is refused by validation; a job stored
