@@ -286,8 +286,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
   MEGATRAIN_ASSIGN_OR_RETURN(
-      const ExecutorOptions exec,
+      ExecutorOptions exec,
       ResolveExecutorOptions(t->options_, config, *t->runtime_, &t->schedule_choice_));
+  exec.noise_seed = seed;  // Note [Router jitter] in model/moe_layers.h
   HostStoreOptions store_options;
   store_options.streaming_bf16 =
       options.compute_dtype == ComputeDtype::kBf16 && !exec.stream_fp32_master;
@@ -363,7 +364,7 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   }
   absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
       micro_batches,
-      [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); });
+      [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); }, s.step);
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();
