@@ -287,7 +287,8 @@ at::Tensor MakeRouterJitter(const MoeConfig& config, int64_t num_tokens, int64_t
   const int64_t key_hi = static_cast<int64_t>(key >> 32);
   const float low = static_cast<float>(1.0 - eps);
   const float scale = static_cast<float>(2.0 * eps) * (1.0f / 16777216.0f);  // exact: / 2^24
-  at::Tensor out = at::empty({num_tokens, hidden}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor out =
+      at::empty({num_tokens, hidden}, at::TensorOptions().dtype(at::kFloat).device(device));
   at::Tensor flat = out.view({-1});
   const at::TensorOptions i64 = at::TensorOptions().dtype(at::kLong).device(device);
   for (int64_t start = 0; start < flat.numel(); start += kJitterChunkElements) {
@@ -298,7 +299,8 @@ at::Tensor MakeRouterJitter(const MoeConfig& config, int64_t num_tokens, int64_t
     x = LowBias32(x);
     // u * 2 eps as one fp32 product (scale is 2 eps rounded, times 2^-24),
     // then + (1 - eps): two separate kernels, no fused multiply-add.
-    flat.narrow(0, start, len).copy_(at::bitwise_right_shift(x, 8).to(at::kFloat).mul_(scale).add_(low));
+    flat.narrow(0, start, len)
+        .copy_(at::bitwise_right_shift(x, 8).to(at::kFloat).mul_(scale).add_(low));
   }
   return out;
 }

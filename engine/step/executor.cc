@@ -189,8 +189,8 @@ absl::Status StreamingExecutor::Impl::Init() {
     resident_ = std::make_unique<ResidentBlocks>(&env_, options_.resident_layers,
                                                  options_.resident_embedding);
     if (config.moe != nullptr) {
-      moe_ = std::make_unique<MoeLayerRunner>(config, options_.seq_len, device,
-                                              options_.noise_seed);
+      moe_ =
+          std::make_unique<MoeLayerRunner>(config, options_.seq_len, device, options_.noise_seed);
     }
   } catch (const std::exception& e) {
     return StatusFromException(e);

@@ -40,10 +40,9 @@ at::Tensor MoeLayerRunner::Forward(int micro_batch, const BlockLayout& block,
                                    const at::Tensor& flat, const at::Tensor& x, at::ScalarType cd) {
   at::NoGradGuard no_grad;
   const int64_t layer_idx = block.layer_idx;
-  MoeLayerOutput out =
-      MoeDecoderLayerForward(config_, layer_idx, BindMoeDecoderLayerWeights(block, flat), x, rope_,
-                             masks_[static_cast<size_t>(layer_idx)],
-                             Jitter(micro_batch, layer_idx, x), cd);
+  MoeLayerOutput out = MoeDecoderLayerForward(
+      config_, layer_idx, BindMoeDecoderLayerWeights(block, flat), x, rope_,
+      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, x), cd);
   if (aux_loss_ && out.router_logits.defined()) {
     AccumulateLoadBalancing(config_.moe, out.router_logits,
                             &router_stats_[static_cast<size_t>(micro_batch)]);

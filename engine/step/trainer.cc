@@ -363,8 +363,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     }
   }
   absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
-      micro_batches,
-      [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); }, s.step);
+      micro_batches, [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); },
+      s.step);
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();

@@ -14,6 +14,7 @@
 // at::_grouped_mm there) and skips the device-independent ones.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -562,13 +563,15 @@ TEST(MoeExecutorTest, RecomputationReplaysTheForwardJitterBitForBit) {
   const BlockLayout& other = layout.blocks[layout.layer_block(0)];
   at::Tensor other_flat = at::from_blob((*store)->master(layout.layer_block(0)), {other.numel});
   at::manual_seed(3);
-  at::Tensor x = at::randn({b, t, config.hidden_size}), grad_y = at::randn({b, t, config.hidden_size});
+  at::Tensor x = at::randn({b, t, config.hidden_size}),
+             grad_y = at::randn({b, t, config.hidden_size});
   MoeLayerRunner runner(config, t, cpu, kNoiseSeed);
   runner.BeginPass(2, /*train=*/true, kStep);
   at::Tensor y = runner.Forward(1, block, flat, x, at::kFloat);
   runner.Forward(0, other, other_flat, x, at::kFloat);  // other keys in between
   runner.Forward(0, block, flat, x * 2, at::kFloat);
-  std::vector<at::Tensor> grads = runner.RecomputeAndBackward(1, block, flat, x, grad_y, at::kFloat);
+  std::vector<at::Tensor> grads =
+      runner.RecomputeAndBackward(1, block, flat, x, grad_y, at::kFloat);
 
   const RopeCache rope = BuildMoeRopeCache(mc, t, cpu);
   const at::Tensor mask = BuildMoeLayerAttentionMask(mc, layer, t, cpu);
@@ -580,10 +583,12 @@ TEST(MoeExecutorTest, RecomputationReplaysTheForwardJitterBitForBit) {
     const std::vector<at::Tensor> leaves = inputs;
     inputs.push_back(x.detach().requires_grad_(true));
     at::Tensor jitter = MakeRouterJitter(mc.moe, b * t, config.hidden_size, key, cpu);
-    MoeLayerOutput out = MoeDecoderLayerForward(mc, layer, MoeDecoderLayerWeightsFromParams(block, leaves),
-                                                inputs.back(), rope, mask, jitter, at::kFloat);
+    MoeLayerOutput out =
+        MoeDecoderLayerForward(mc, layer, MoeDecoderLayerWeightsFromParams(block, leaves),
+                               inputs.back(), rope, mask, jitter, at::kFloat);
     *hidden = out.hidden.detach();
-    std::vector<at::Tensor> g = torch::autograd::grad({out.hidden}, inputs, {grad_y}, false, false, true);
+    std::vector<at::Tensor> g =
+        torch::autograd::grad({out.hidden}, inputs, {grad_y}, false, false, true);
     for (size_t i = 0; i < g.size(); ++i) {
       if (!g[i].defined()) g[i] = at::zeros_like(inputs[i]);
     }
@@ -591,7 +596,8 @@ TEST(MoeExecutorTest, RecomputationReplaysTheForwardJitterBitForBit) {
   };
   at::Tensor hidden, other_hidden;
   std::vector<at::Tensor> expected = manual(RouterJitterKey(kNoiseSeed, kStep, 1, layer), &hidden);
-  std::vector<at::Tensor> wrong_key = manual(RouterJitterKey(kNoiseSeed, kStep, 0, layer), &other_hidden);
+  std::vector<at::Tensor> wrong_key =
+      manual(RouterJitterKey(kNoiseSeed, kStep, 0, layer), &other_hidden);
   EXPECT_TRUE(at::equal(y, hidden));
   EXPECT_FALSE(at::equal(y, other_hidden));
   ASSERT_EQ(grads.size(), expected.size());
@@ -808,7 +814,6 @@ TEST(MoeExecutorTest, RefusesMissingExpert) {
   ASSERT_THAT(fresh, IsOk());
   EXPECT_THAT(LoadHfWeights(out, fresh->get()),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(dropped)));
-
 }
 
 // Resume of a MoE model is exact: 2 steps, a checkpoint, a fresh trainer
