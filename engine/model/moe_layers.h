@@ -156,10 +156,13 @@ at::Tensor MoeMlpForward(const MoeConfig& config, const MoeMlpWeights& w, const 
 //   jitter = (1 - eps) + (2 eps) * u   (two fp32 roundings, in that order)
 // lowbias32 is C. Wellons' 32-bit integer hash (hash-prospector: x ^= x >> 16;
 // x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16). It runs
-// as int64 tensor ops on the values' device, every product below 2^63, so the
-// noise is bit-identical on the CPU and on CUDA, between a forward and its
-// recompute, across schedules and waves, and across a resume (the trainer
-// passes its step number). The distribution is HF's (uniform on [1 - eps,
+// as int64 tensor ops on the values' device, every product below 2^63:
+// exact integer arithmetic, so any device computes the same bits (tested on
+// the CPU against a scalar uint32 implementation; CUDA runs the same ops,
+// moe_executor_cuda_test compares it with CPU-drawn reference noise), and
+// the noise is the same between a forward and its recompute, across
+// schedules and waves, and across a resume (the trainer passes its step
+// number). The distribution is HF's (uniform on [1 - eps,
 // 1 + eps)); the draws are not (no implementation outside this one can
 // reproduce torch's generator order under recomputation anyway).
 
