@@ -27,7 +27,7 @@ def main():
             ours.append(j)
     cols = ["model", "micro-batch x seq", "accum", "clip", "schedule", "H2D GB/step", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
             "ratio", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
-            "peak GPU GB"]
+            "peak GPU GB", "MFU %"]
     rows = []
     for o in ours:
         # Same micro-batch and clipping; a small-micro-batch run (gradient
@@ -49,7 +49,10 @@ def main():
             f'{step:.3f}', f'{o["compute_seconds"]:.3f}',
             f'{100 * o["gpu_idle_seconds"] / step:.1f}',
             f'{100 * o["optimizer_exposed_seconds"] / step:.1f}',
-            f'{o.get("h2d_gb_per_s_busy", 0):.1f}', f'{o["peak_gpu_bytes"] / 1e9:.1f}'])
+            f'{o.get("h2d_gb_per_s_busy", 0):.1f}', f'{o["peak_gpu_bytes"] / 1e9:.1f}',
+            # megatrain-bench's mfu: on active parameters for a MoE model.
+            (f'{100 * o["mfu"]:.1f}' + (" (active)" if o.get("mfu_params") == "active" else ""))
+            if "mfu" in o else "-"])
     if args.markdown:
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))

@@ -53,6 +53,26 @@ PRESETS = {
                        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
                        sliding_window=None, tie_word_embeddings=False,
                        output_router_logits=True, router_aux_loss_coef=0.02),
+    # The 7B MoE shapes (kQwen3Moe7bConfig, kMixtral7bConfig): 7.4B
+    # (1.7B active) and 6.7B (1.9B active) parameters; resident, fp32 weights
+    # + grads + AdamW moments are ~118 GB / ~107 GB: an H200 only (139 GiB),
+    # and qwen3-moe-7b's [8 x 2048, 151936] logits may still not fit beside
+    # them (the script then reports the out-of-memory error as its line).
+    "qwen3-moe-7b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
+                         intermediate_size=6144, moe_intermediate_size=1024,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4,
+                         head_dim=128, num_experts=64, num_experts_per_tok=8,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                         max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_theta=1000000.0, tie_word_embeddings=False,
+                         output_router_logits=True, router_aux_loss_coef=0.001),
+    "mixtral-7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=2048,
+                       intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                       num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                       max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                       sliding_window=None, tie_word_embeddings=False,
+                       output_router_logits=True, router_aux_loss_coef=0.02,
+                       router_jitter_noise=0.0),
 }
 
 
@@ -85,6 +105,8 @@ def main():
     ap.add_argument("--preset", choices=list(PRESETS), required=True)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches per optimizer step (gradient accumulation)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-ckpt", action="store_true", help="no activation checkpointing")
@@ -97,16 +119,18 @@ def main():
     n_active = active_params(model, cfg)
     model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    ids = torch.randint(0, cfg.vocab_size, (args.steps + args.warmup, args.micro_batch, args.seq))
+    ids = torch.randint(0, cfg.vocab_size,
+                        (args.steps + args.warmup, args.accum, args.micro_batch, args.seq))
     torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(args.steps + args.warmup):
-        x = ids[i].to(dev, non_blocking=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+        for m in range(args.accum):  # gradient accumulation: one optimizer step
+            x = ids[i, m].to(dev, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=x, labels=x).loss
+            (loss / args.accum).backward()
         if args.clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -114,11 +138,12 @@ def main():
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     t = sorted(times[args.warmup:])[len(times[args.warmup:]) // 2]
-    tokens = args.micro_batch * args.seq
+    tokens = args.micro_batch * args.seq * args.accum
     print(json.dumps(dict(mode="resident", preset=args.preset, attn_implementation=impl,
                           params_b=round(n_params / 1e9, 3),
                           active_params_b=round(n_active / 1e9, 3), seq=args.seq,
-                          micro_batch=args.micro_batch, ckpt=not args.no_ckpt, clip=args.clip,
+                          micro_batch=args.micro_batch, accum=args.accum,
+                          ckpt=not args.no_ckpt, clip=args.clip,
                           step_s_median=round(t, 4), tokens_per_s=round(tokens / t, 1),
                           peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
                           loss=float(loss))), flush=True)

@@ -59,9 +59,12 @@ models = {
            rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(12)],
                          "long_factor": [1.5 + 0.25 * i for i in range(12)]},
            tie_word_embeddings=False)),
-  # Mixtures of experts (issue 17): 4 experts, top-2.
+  # Mixtures of experts (issue 17): 4 experts, top-2. Mixtral's train-time
+  # router_jitter_noise is on: logits are an evaluation on both sides
+  # (transformers' model.eval(), the engine's Logits pass), so neither may
+  # jitter; the export must carry the field through.
   "mixtral": (MixtralConfig, MixtralForCausalLM, dict(num_local_experts=4, num_experts_per_tok=2,
-              sliding_window=None, tie_word_embeddings=False)),
+              sliding_window=None, tie_word_embeddings=False, router_jitter_noise=0.1)),
   "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(num_experts=4, num_experts_per_tok=2,
                 moe_intermediate_size=128, shared_expert_intermediate_size=256,
                 decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False,

@@ -13,7 +13,9 @@
 # layer-major --wave, 0 = auto). The baseline runs once per preset,
 # micro-batch and clipping, at micro-batch 8 for accumulation runs.
 # Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), BUILD_DIR (build-gpu),
-# SKIP_BUILD (0). Results: $OUT/speed.jsonl, $OUT/speed.txt.
+# SKIP_BUILD (0), BASELINE_ACCUM (0; 1: deploy/family_baseline.py accumulates
+# the configuration's micro-batches per optimizer step too, --accum).
+# Results: $OUT/speed.jsonl, $OUT/speed.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -51,8 +53,9 @@ for c in $configs; do
           python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
             --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl" ;;
       *)  # the other families' presets: transformers of the same shape
+        aflag=""; [ "${BASELINE_ACCUM:-0}" = 1 ] && aflag="--accum $accum"
         python3 deploy/family_baseline.py --preset "$preset" --micro-batch "$bmb" --seq "$SEQ_LEN" \
-          $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl" ;;
+          $cflag $aflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl" ;;
     esac
   fi
 done

@@ -472,9 +472,17 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     j["nvme_read_bytes_per_step"] = run.nvme_read_bytes / o.steps;
     j["nvme_written_bytes_per_step"] = run.nvme_written_bytes / o.steps;
   }
+  // MFU (bench.h): model FLOPs on the parameters a token uses (a MoE
+  // model's active ones) over the devices' dense bf16 peak.
   const double model_tflops = tokens / step_median * config.TrainFlopsPerToken(o.seq_len) / 1e12;
   j["model_tflops"] = model_tflops;
-  if (o.peak_tflops > 0) j["mfu"] = model_tflops / o.peak_tflops;
+  const double peak_tflops =
+      o.peak_tflops > 0 ? o.peak_tflops : PeakBf16Flops(trainer->device_name()) / 1e12;
+  if (peak_tflops > 0) {
+    j["peak_tflops"] = peak_tflops;
+    j["mfu"] = model_tflops / (peak_tflops * std::max(o.devices, 1));
+    j["mfu_params"] = config.moe != nullptr ? "active" : "all";
+  }
   TearDown(progress, o.warmup + o.steps, std::move(dp), std::move(single), std::move(tier_dir));
   return j.dump();
 }

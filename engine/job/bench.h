@@ -28,7 +28,9 @@ struct BenchOptions {
   std::string data = "fixed";  // fixed: one random batch repeated; random: fresh each step
   double lr = 3e-3;            // AdamW peak lr (constant schedule)
   double max_grad_norm = 1.0;  // global-norm clipping; 0 = off (as the PyTorch baselines)
-  double peak_tflops = 0;      // bf16 dense peak for MFU; 0 = not reported
+  double peak_tflops = 0;      // one device's dense bf16 peak for MFU, TFLOP/s; 0 = the
+                               // device's datasheet peak (PeakBf16Flops; MFU omitted
+                               // when unknown)
   int threads = 0;             // CPU threads; 0 = all
   int num_weight_slots = 3;
   bool offload_activations = false;                     // Note [Activation offload] in executor.h
@@ -72,7 +74,8 @@ struct BenchOptions {
 // total, planned = executor + saved inputs outside it + working, of the
 // executor's the resident blocks, activations, working, margin; Note [Auto
 // resident layers]), host_bytes by kind, peak_gpu_bytes,
-// model_tflops, mfu; host_bytes_per_param (all host bytes over the
+// model_tflops, and when the peak is known peak_tflops, mfu and mfu_params;
+// host_bytes_per_param (all host bytes over the
 // parameters), rss_bytes / rss_peak_bytes (the process's), admission's
 // footprint_host_bytes and footprint (its bytes by kind: master, grad,
 // exp_avg, exp_avg_sq, streaming, staging, gradient_ring (part of
@@ -82,6 +85,16 @@ struct BenchOptions {
 // measured steps);
 // on CUDA also the link's pinned copy bandwidth measured before the run
 // (link_h2d_gb_per_s, link_d2h_gb_per_s) and h2d_link_utilization.
+//
+// MFU (model FLOPs utilisation, PaLM appendix B):
+//   model_tflops = tokens/s x TrainFlopsPerToken(T) / 1e12,
+//   TrainFlopsPerToken(T) = 6 (N - V C) + 12 L C T,
+//   mfu = model_tflops / (peak_tflops x devices),
+// N the parameters a token uses: all of them for a dense model, the active
+// ones for a MoE model (MoeActiveParamCount: the k routed experts of E,
+// routers, shared experts and attention; mfu_params "active"), V C the
+// input embedding (a lookup). Recomputation's extra forward is not counted
+// (it is not model FLOPs).
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
 
 }  // namespace megatrain::engine

@@ -182,33 +182,16 @@ std::string Shortfall(const MemoryFootprint& f, const PlanMachine& m) {
 
 // Note [No expert-group sub-blocks]: a decoder layer streams as one block
 // (a MoE layer with all its experts), so the device needs at least its
-// three weight slots (compute dtype) and two gradient slots (fp32) of the
-// largest block. When those alone exceed the device, no micro_batch helps:
-// the reason names the layer, its parameters and the device
-// ("" when they fit or the device is unknown). docs/architecture.md lists the
-// released models' per-layer sizes.
-std::string LayerSlotShortfall(const JobSpec& spec, const ModelConfig& config,
-                               const PlanMachine& m) {
-  if (m.gpu_memory_bytes <= 0) return "";
-  const ModelLayout layout = ModelLayout::Create(config);
-  int64_t largest = -1;
-  for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
-    if (i == layout.embedding_block() && !config.tie_word_embeddings) continue;
-    if (largest < 0 || layout.blocks[i].numel > layout.blocks[largest].numel) largest = i;
-  }
-  if (largest < 0) return "";
-  const ExecutorOptions defaults;
-  const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
-  const int64_t numel = layout.blocks[largest].numel;
-  const int64_t bytes = numel * (defaults.num_weight_slots * esize + defaults.num_grad_slots * 4);
-  if (bytes <= m.gpu_memory_bytes) return "";
-  const int64_t layer_idx = layout.blocks[largest].layer_idx;
-  return absl::StrCat(layer_idx >= 0 ? absl::StrCat("decoder layer ", layer_idx) : "the head",
-                      " is one streamed block of ", numel, " parameters (", Bytes(numel * esize),
-                      " in the compute dtype): its ", defaults.num_weight_slots,
-                      " weight slots and ", defaults.num_grad_slots, " gradient slots need ",
-                      Bytes(bytes), " > device ", Bytes(m.gpu_memory_bytes),
-                      "; expert-group sub-blocks are not built (docs/architecture.md)");
+// weight slots (compute dtype) and gradient slots (fp32) of the largest
+// block (MemoryFootprint::block_slot_bytes). When those alone exceed the
+// device, no micro_batch helps: the reason names the layer, its parameters
+// and both byte counts ("" when they fit or the device is unknown), and
+// the daemon refuses such a job at submission with the same check
+// (CheckBlockSlotsFitDevice). docs/architecture.md lists the released
+// models' per-layer sizes.
+std::string LayerSlotShortfall(const MemoryFootprint& f, const PlanMachine& m) {
+  const absl::Status fits = CheckBlockSlotsFitDevice(f, m.gpu_memory_bytes, "memory");
+  return fits.ok() ? "" : std::string(fits.message());
 }
 
 }  // namespace
@@ -254,7 +237,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   plan.footprint = tier ? tiered : ram;
   plan.tiers = TiersOf(plan.footprint);
   std::string shortfall = tier ? tiered_short : ram_short;
-  const std::string slot_short = LayerSlotShortfall(spec, config, machine);
+  const std::string slot_short = LayerSlotShortfall(ram, machine);
   if (!slot_short.empty()) absl::StrAppend(&shortfall, shortfall.empty() ? "" : ", ", slot_short);
   if (!resident_short.empty()) {
     absl::StrAppend(&shortfall, shortfall.empty() ? "" : ", ", resident_short);

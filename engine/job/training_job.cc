@@ -173,6 +173,25 @@ class NvmeJobDir {
   std::string name_;
 };
 
+// MemoryFootprint's largest streamed block and its slots (Note [No
+// expert-group sub-blocks] in job/plan.cc), from the executor's memory plan
+// with no resident layer or embedding (the floor every setting keeps).
+void SetLargestBlock(const ModelConfig& config, ExecutorOptions exec, MemoryFootprint* f) {
+  exec.resident_layers = 0;
+  exec.resident_embedding = false;
+  const ExecutorMemoryPlan floor = PlanExecutorMemory(config, exec);
+  f->largest_block_params = floor.max_slot_numel;
+  f->block_slot_bytes = floor.weight_slot_bytes + floor.cast_staging_bytes + floor.grad_slot_bytes;
+  const ModelLayout layout = ModelLayout::Create(config);
+  for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
+    if (i == layout.embedding_block() && !config.tie_word_embeddings) continue;
+    if (layout.blocks[i].numel == floor.max_slot_numel) {
+      f->largest_block_layer_idx = layout.blocks[i].layer_idx;
+      return;
+    }
+  }
+}
+
 MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   MemoryFootprint f;
   f.params = config.ParamCount();
@@ -204,6 +223,7 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   exec.resident_embedding = PlansResidentEmbedding(config);
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
   const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
+  SetLargestBlock(config, exec, &f);
   f.activation_offload_bytes = plan.activation_offload_bytes;
   f.host.staging = plan.pinned_bytes();
   f.gradient_ring_bytes = plan.grad_ring_bytes;

@@ -19,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "engine/io/checkpoint_info.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/stats.h"
@@ -69,6 +71,18 @@ struct MemoryFootprint {
   // AdamW moments, host.exp_avg and host.exp_avg_sq then 0 and host.staging
   // counting the tier's NvmeTierStagingBytes(). 0 without the tier.
   int64_t nvme_bytes = 0;
+  // Note [No expert-group sub-blocks] (job/plan.cc): the largest block
+  // that streams through the device's weight slots (a decoder layer, a MoE
+  // layer with all its experts, or the head with lm_head): its decoder
+  // layer (-1: the head), its parameters, and the device bytes of the
+  // executor's weight slots (compute dtype, plus the fp32 cast staging
+  // under memory.weight_stream fp32) and gradient slots (fp32) sized for
+  // it, with no layer resident. A floor of device memory that no
+  // micro_batch, sequence length or residency setting lowers. Part of
+  // device_estimate_bytes.
+  int64_t largest_block_layer_idx = -1;
+  int64_t largest_block_params = 0;
+  int64_t block_slot_bytes = 0;
 };
 
 // The host bytes of `f` per parameter, by kind, on one line: "host 12.14
@@ -78,6 +92,31 @@ struct MemoryFootprint {
 // What `megatrain plan` and megatrain-bench print (docs/operations.md
 // "Sizing host memory").
 std::string DescribeHostBytesPerParam(const MemoryFootprint& f);
+
+// RESOURCE_EXHAUSTED when `f.block_slot_bytes` exceeds `device_bytes` (the
+// memory of the device `device` names, in bytes; <= 0: unknown, OK): the
+// job can never run there. The message names the block (decoder layer or
+// head), its parameters, the slots' bytes and the device's bytes. Inline so
+// that the daemon's admission checks it without linking the engine.
+// Example: "decoder layer 0 is one streamed block of 237000000 parameters:
+// its weight and gradient slots need 3318000000 bytes (3.09 GiB) > device
+// cuda:0 2147483648 bytes (2.00 GiB); ...".
+inline absl::Status CheckBlockSlotsFitDevice(const MemoryFootprint& f, int64_t device_bytes,
+                                             absl::string_view device) {
+  if (device_bytes <= 0 || f.block_slot_bytes <= device_bytes) return absl::OkStatus();
+  auto gib = [](int64_t bytes) {
+    return absl::StrCat(static_cast<double>(bytes * 100 / (int64_t{1} << 30)) / 100.0, " GiB");
+  };
+  return absl::ResourceExhaustedError(absl::StrCat(
+      f.largest_block_layer_idx >= 0 ? absl::StrCat("decoder layer ", f.largest_block_layer_idx)
+                                     : std::string("the head"),
+      " is one streamed block of ", f.largest_block_params,
+      " parameters: its weight and gradient slots need ", f.block_slot_bytes, " bytes (",
+      gib(f.block_slot_bytes), ") > device ", device, " ", device_bytes, " bytes (",
+      gib(device_bytes),
+      "); no micro_batch or sequence length makes it fit and expert-group sub-blocks are not "
+      "built (docs/architecture.md)"));
+}
 
 // `f` (computed with everything in host memory) with the AdamW moments
 // moved to the NVMe tier (Note [NVMe tier]): the one place that turns the

@@ -1,6 +1,7 @@
 // MoE layer math (see moe_layers.h for sources, precision and the notes).
 #include "engine/model/moe_layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -238,13 +239,70 @@ at::Tensor ExpertsForward(const MoeConfig& config, const MoeMlpWeights& w,
          w.down_proj_bias.index_select(0, expert_of_row);
 }
 
+namespace {
+
+// SplitMix64's finaliser (Steele, Lea, Flood, OOPSLA 2014).
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+constexpr int64_t kMask32 = 0xffffffffLL;
+
+// x * c mod 2^32 for x in [0, 2^32) int64 and c in [0, 2^32): the low and
+// high 16 bits of x separately, so no product reaches 2^63.
+at::Tensor MulMod32(const at::Tensor& x, int64_t c) {
+  at::Tensor lo = x.bitwise_and(0xffff).mul_(c);  // < 2^48
+  at::Tensor hi = at::bitwise_right_shift(x, 16).mul_(c & 0xffff).bitwise_and_(0xffff);
+  return lo.add_(hi.mul_(0x10000)).bitwise_and_(kMask32);
+}
+
+// lowbias32 (Note [Router jitter]) on int64 values in [0, 2^32).
+at::Tensor LowBias32(at::Tensor x) {
+  x = x.bitwise_xor(at::bitwise_right_shift(x, 16));
+  x = MulMod32(x, 0x7feb352d);
+  x = x.bitwise_xor(at::bitwise_right_shift(x, 15));
+  x = MulMod32(x, 0x846ca68bLL);
+  return x.bitwise_xor(at::bitwise_right_shift(x, 16));
+}
+
+constexpr int64_t kJitterChunkElements = int64_t{1} << 22;
+
+}  // namespace
+
+uint64_t RouterJitterKey(uint64_t seed, int64_t step, int64_t micro_batch, int64_t layer_idx) {
+  uint64_t key = SplitMix64(seed);
+  key = SplitMix64(key ^ static_cast<uint64_t>(step));
+  key = SplitMix64(key ^ static_cast<uint64_t>(micro_batch));
+  return SplitMix64(key ^ static_cast<uint64_t>(layer_idx));
+}
+
 at::Tensor MakeRouterJitter(const MoeConfig& config, int64_t num_tokens, int64_t hidden,
-                            at::Generator generator, const at::Device& device) {
+                            uint64_t key, const at::Device& device) {
   const double eps = config.router_jitter_noise;
   if (!(eps > 0)) return at::Tensor();
-  at::Tensor u = at::empty({num_tokens, hidden}, at::kFloat);
-  u.uniform_(1.0 - eps, 1.0 + eps, generator);
-  return u.to(device);
+  const int64_t key_lo = static_cast<int64_t>(key & 0xffffffffULL);
+  const int64_t key_hi = static_cast<int64_t>(key >> 32);
+  const float low = static_cast<float>(1.0 - eps);
+  const float scale = static_cast<float>(2.0 * eps) * (1.0f / 16777216.0f);  // exact: / 2^24
+  at::Tensor out =
+      at::empty({num_tokens, hidden}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor flat = out.view({-1});
+  const at::TensorOptions i64 = at::TensorOptions().dtype(at::kLong).device(device);
+  for (int64_t start = 0; start < flat.numel(); start += kJitterChunkElements) {
+    const int64_t len = std::min(kJitterChunkElements, flat.numel() - start);
+    at::Tensor i = at::arange(start, start + len, i64);  // element index n*C + c
+    at::Tensor x = LowBias32(i.bitwise_and(kMask32).bitwise_xor_(key_lo));
+    x = x.bitwise_xor_(at::bitwise_right_shift(i, 32).add_(key_hi).bitwise_and_(kMask32));
+    x = LowBias32(x);
+    // u * 2 eps as one fp32 product (scale is 2 eps rounded, times 2^-24),
+    // then + (1 - eps): two separate kernels, no fused multiply-add.
+    flat.narrow(0, start, len)
+        .copy_(at::bitwise_right_shift(x, 8).to(at::kFloat).mul_(scale).add_(low));
+  }
+  return out;
 }
 
 at::Tensor MoeMlpForward(const MoeConfig& config, const MoeMlpWeights& w, const at::Tensor& x,

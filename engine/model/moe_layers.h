@@ -139,11 +139,42 @@ at::Tensor MoeMlpForward(const MoeConfig& config, const MoeMlpWeights& w, const 
                          const at::Tensor& jitter, at::ScalarType compute_dtype,
                          RouterOutput* router);
 
-// Mixtral's jitter: uniform(1 - router_jitter_noise, 1 + router_jitter_noise)
-// of shape [N, C] fp32 from `generator` (seed it per step and layer so a
-// recompute replays it); undefined when the noise is 0.
+// Note [Router jitter]
+// Mixtral's train-time router_jitter_noise (HF MixtralSparseMoeBlock.forward:
+// `if self.training and self.jitter_noise > 0: hidden_states *=
+// torch.empty_like(hidden_states).uniform_(1 - jitter_noise, 1 + jitter_noise)`)
+// multiplies the MoE block's input, so router and experts both see the
+// jittered tokens. HF draws it from torch's global generator, in the order
+// the forwards consume it; a streamed executor that recomputes each layer's
+// forward for its backward (activation checkpointing), in an order that
+// depends on the schedule, must instead be able to draw the same noise
+// twice. So the noise is a pure function of a 64-bit key and the element's
+// position: key = RouterJitterKey(seed, step, micro_batch, layer_idx) (a
+// SplitMix64 chain), and element i = n*C + c of the [N, C] multiplier is
+//   x = lowbias32(lowbias32(i mod 2^32 XOR key_lo) XOR ((i div 2^32 + key_hi) mod 2^32)),
+//   u = (x >> 8) * 2^-24          (24 bits: exact in fp32, in [0, 1))
+//   jitter = (1 - eps) + (2 eps) * u   (two fp32 roundings, in that order)
+// lowbias32 is C. Wellons' 32-bit integer hash (hash-prospector: x ^= x >> 16;
+// x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16). It runs
+// as int64 tensor ops on the values' device, every product below 2^63:
+// exact integer arithmetic, so any device computes the same bits (tested on
+// the CPU against a scalar uint32 implementation; CUDA runs the same ops,
+// moe_executor_cuda_test compares it with CPU-drawn reference noise), and
+// the noise is the same between a forward and its recompute, across
+// schedules and waves, and across a resume (the trainer passes its step
+// number). The distribution is HF's (uniform on [1 - eps,
+// 1 + eps)); the draws are not (no implementation outside this one can
+// reproduce torch's generator order under recomputation anyway).
+
+// The key of one layer's jitter in one micro-batch of one optimizer step.
+uint64_t RouterJitterKey(uint64_t seed, int64_t step, int64_t micro_batch, int64_t layer_idx);
+
+// Mixtral's jitter (Note [Router jitter]): [N, C] fp32 on `device`, values
+// in [1 - router_jitter_noise, 1 + router_jitter_noise), a function of
+// `key` alone; undefined when the noise is 0. Temporaries: int64 chunks of
+// at most 2^22 elements.
 at::Tensor MakeRouterJitter(const MoeConfig& config, int64_t num_tokens, int64_t hidden,
-                            at::Generator generator, const at::Device& device);
+                            uint64_t key, const at::Device& device);
 
 // Output of one decoder layer.
 struct MoeLayerOutput {

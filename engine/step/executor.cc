@@ -87,8 +87,11 @@ class StreamingExecutor::Impl {
   }
 
   absl::Status Init();
+  // `step`: the optimizer step of a training pass (backward), which keys
+  // its train-time noise (Note [Router jitter] in model/moe_layers.h).
   absl::StatusOr<ForwardBackwardResult> Run(absl::Span<const MicroBatch> micro_batches,
-                                            bool backward, const BlockFinalCallback& on_block_final,
+                                            bool backward, int64_t step,
+                                            const BlockFinalCallback& on_block_final,
                                             std::vector<float>* logits = nullptr);
   int64_t slot_device_bytes() const {
     return slots_->device_bytes() + lander_->device_bytes() +
@@ -190,7 +193,8 @@ absl::Status StreamingExecutor::Impl::Init() {
     resident_ = std::make_unique<ResidentBlocks>(&env_, options_.resident_layers,
                                                  options_.resident_embedding);
     if (config.moe != nullptr) {
-      moe_ = std::make_unique<MoeLayerRunner>(config, options_.seq_len, device);
+      moe_ =
+          std::make_unique<MoeLayerRunner>(config, options_.seq_len, device, options_.noise_seed);
     }
   } catch (const std::exception& e) {
     return StatusFromException(e);
@@ -270,8 +274,8 @@ int StreamingExecutor::Impl::Wave(size_t micro_batches) const {
 // The pass: validate, plan, run the plan's actions in order, read the
 // loss, drain. The plan fixes the order of work (Note [Step plan]).
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
-    absl::Span<const MicroBatch> mbs, bool backward, const BlockFinalCallback& on_block_final,
-    std::vector<float>* logits) {
+    absl::Span<const MicroBatch> mbs, bool backward, int64_t step,
+    const BlockFinalCallback& on_block_final, std::vector<float>* logits) {
   ForwardBackwardResult result;
   MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
   const StepClock::time_point start = StepClock::now();
@@ -290,7 +294,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     env_.timer.MarkStart();
     resident_->ApplyPending();  // the update the trainer asked for after the last pass
     const StepPlan plan = PlanStep(env_.layout, plan_options);
-    if (moe_) moe_->BeginPass(static_cast<int>(mbs.size()));
+    if (moe_) moe_->BeginPass(static_cast<int>(mbs.size()), /*train=*/backward, step);
     lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
     slots_->BeginPass(plan.weight_uses);
     pass.loss_total =
@@ -693,20 +697,20 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     return absl::InvalidArgumentError(
         "executor.gradient_ring: not for mixture-of-experts models (memory.gradient_landing)");
   }
-  MEGATRAIN_RETURN_IF_ERROR(CheckMoeTrainable(store->config()));
   auto impl = std::make_unique<Impl>(store, runtime, pool, options);
   MEGATRAIN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<StreamingExecutor>(new StreamingExecutor(std::move(impl), options));
 }
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::ForwardBackward(
-    absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final) {
-  return impl_->Run(micro_batches, /*backward=*/true, on_block_final);
+    absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final,
+    int64_t step) {
+  return impl_->Run(micro_batches, /*backward=*/true, step, on_block_final);
 }
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
     absl::Span<const MicroBatch> micro_batches) {
-  return impl_->Run(micro_batches, /*backward=*/false, {});
+  return impl_->Run(micro_batches, /*backward=*/false, /*step=*/0, {});
 }
 
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
@@ -722,7 +726,8 @@ void StreamingExecutor::SetEmbeddingRowGate(EmbeddingRowGate gate) {
 absl::StatusOr<std::vector<float>> StreamingExecutor::Logits(const MicroBatch& micro_batch) {
   std::vector<float> logits;
   MEGATRAIN_RETURN_IF_ERROR(
-      impl_->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false, {}, &logits).status());
+      impl_->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false, /*step=*/0, {}, &logits)
+          .status());
   return logits;
 }
 

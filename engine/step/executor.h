@@ -189,6 +189,10 @@ struct ExecutorOptions {
   // (>= 1; Note [Bounded gradient staging] in step/grad_lander.h; the
   // default kGradChunkElements, smaller in tests).
   int64_t grad_chunk_elements = int64_t{1} << 23;
+  // Seeds train-time noise: mixtral's router jitter, keyed by (noise_seed,
+  // the step ForwardBackward is given, micro-batch, layer) (Note [Router
+  // jitter] in model/moe_layers.h). The trainer passes its seed.
+  uint64_t noise_seed = 0;
   // Note [Gradient ring] in step/grad_lander.h: host blocks' gradients land
   // in a ring of pinned buffers bound into a store made with
   // HostStoreOptions::gradient_ring (the two must agree). A pass must land
@@ -294,19 +298,25 @@ class StreamingExecutor {
   // (may be empty) is called once per block, on the accumulator thread, as
   // soon as that block's gradient is final (BlockFinalCallback). Reads the master weights (for
   // the embedding) and the streaming copies; the caller must not change them
-  // until this returns.
+  // until this returns. `step` is the optimizer step the pass belongs to
+  // (from 1; the trainer's step number): with options.noise_seed it keys
+  // the pass's train-time noise (Note [Router jitter] in
+  // model/moe_layers.h), so a pass repeated with the same step, or after a
+  // resume, draws the same noise.
   // Errors: INVALID_ARGUMENT for a token id or label out of range or a
   // wrong size (naming micro-batch and position); RESOURCE_EXHAUSTED for
   // device out of memory (suggesting a smaller micro_batch); INTERNAL for
   // CUDA or LibTorch failures. After an error the gradients are undefined;
   // weights are untouched.
   absl::StatusOr<ForwardBackwardResult> ForwardBackward(
-      absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final = {});
+      absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final = {},
+      int64_t step = 0);
 
-  // Forward only; returns loss sum and counted tokens (stats: bytes, time).
+  // Forward only (no train-time noise); returns loss sum and counted
+  // tokens (stats: bytes, time).
   absl::StatusOr<ForwardBackwardResult> Evaluate(absl::Span<const MicroBatch> micro_batches);
 
-  // Forward only; the logits of every position of one micro-batch,
+  // Forward only (no train-time noise); the logits of every position of one micro-batch,
   // [B, T, V] fp32 row-major in host memory (B*T*V*4 bytes: meant for
   // checks against other implementations, not for training-size batches).
   absl::StatusOr<std::vector<float>> Logits(const MicroBatch& micro_batch);

@@ -6,43 +6,43 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "engine/model/moe_layout.h"
 
 namespace megatrain::engine {
 
-absl::Status CheckMoeTrainable(const ModelConfig& config) {
-  if (config.moe == nullptr) return absl::OkStatus();
-  if (config.moe->router_jitter_noise > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "router_jitter_noise: train-time router jitter is not supported by the streamed executor "
-        "(got ",
-        config.moe->router_jitter_noise, "; set it to 0)"));
-  }
-  return absl::OkStatus();
-}
-
-MoeLayerRunner::MoeLayerRunner(const ModelConfig& config, int64_t seq_len, const at::Device& device)
+MoeLayerRunner::MoeLayerRunner(const ModelConfig& config, int64_t seq_len, const at::Device& device,
+                               uint64_t noise_seed)
     : config_(MoeModelConfigOf(config)),
       aux_loss_(config.moe->output_router_logits),
       device_(device),
+      noise_seed_(noise_seed),
       rope_(BuildMoeRopeCache(config_, seq_len, device)) {
   for (int64_t layer_idx = 0; layer_idx < config_.base.num_hidden_layers; ++layer_idx) {
     masks_.push_back(BuildMoeLayerAttentionMask(config_, layer_idx, seq_len, device));
   }
 }
 
-void MoeLayerRunner::BeginPass(int micro_batches) {
+void MoeLayerRunner::BeginPass(int micro_batches, bool train, int64_t step) {
   router_stats_.assign(static_cast<size_t>(micro_batches), LoadBalancingStats());
+  train_ = train;
+  step_ = step;
+}
+
+at::Tensor MoeLayerRunner::Jitter(int micro_batch, int64_t layer_idx, const at::Tensor& x) const {
+  if (!train_ || !(config_.moe.router_jitter_noise > 0)) return at::Tensor();
+  // Note [Router jitter]: a function of the key alone, so the recompute
+  // draws the forward's values whatever ran in between.
+  return MakeRouterJitter(config_.moe, x.size(0) * x.size(1), x.size(2),
+                          RouterJitterKey(noise_seed_, step_, micro_batch, layer_idx), device_);
 }
 
 at::Tensor MoeLayerRunner::Forward(int micro_batch, const BlockLayout& block,
                                    const at::Tensor& flat, const at::Tensor& x, at::ScalarType cd) {
   at::NoGradGuard no_grad;
   const int64_t layer_idx = block.layer_idx;
-  MoeLayerOutput out =
-      MoeDecoderLayerForward(config_, layer_idx, BindMoeDecoderLayerWeights(block, flat), x, rope_,
-                             masks_[static_cast<size_t>(layer_idx)], at::Tensor(), cd);
+  MoeLayerOutput out = MoeDecoderLayerForward(
+      config_, layer_idx, BindMoeDecoderLayerWeights(block, flat), x, rope_,
+      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, x), cd);
   if (aux_loss_ && out.router_logits.defined()) {
     AccumulateLoadBalancing(config_.moe, out.router_logits,
                             &router_stats_[static_cast<size_t>(micro_batch)]);
@@ -63,7 +63,7 @@ std::vector<at::Tensor> MoeLayerRunner::RecomputeAndBackward(
   const int64_t layer_idx = block.layer_idx;
   MoeLayerOutput out = MoeDecoderLayerForward(
       config_, layer_idx, MoeDecoderLayerWeightsFromParams(block, leaves), x_leaf, rope_,
-      masks_[static_cast<size_t>(layer_idx)], at::Tensor(), cd);
+      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, input), cd);
   std::vector<at::Tensor> outputs = {out.hidden};
   std::vector<at::Tensor> grad_outputs = {grad_y};
   const LoadBalancingStats& stats = router_stats_[static_cast<size_t>(micro_batch)];

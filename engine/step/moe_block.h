@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "engine/model/layers.h"
 #include "engine/model/model_config.h"
 #include "engine/model/moe_config.h"
@@ -46,24 +45,26 @@
 
 namespace megatrain::engine {
 
-// The checks the streamed path adds to MoeConfig::Validate: UNIMPLEMENTED
-// naming `router_jitter_noise` when it is > 0 (train-time jitter would
-// have to be replayed bit for bit by the recomputation; not built yet).
-absl::Status CheckMoeTrainable(const ModelConfig& config);
-
 class MoeLayerRunner {
  public:
   // `config.moe` must be set. Builds the RoPE tables (YaRN included) and
   // each layer's attention mask for `seq_len` on `device`. The aux loss is
-  // on when config.moe->output_router_logits (HF's switch).
-  MoeLayerRunner(const ModelConfig& config, int64_t seq_len, const at::Device& device);
+  // on when config.moe->output_router_logits (HF's switch). `noise_seed`
+  // seeds mixtral's train-time router jitter (Note [Router jitter] in
+  // moe_layers.h).
+  MoeLayerRunner(const ModelConfig& config, int64_t seq_len, const at::Device& device,
+                 uint64_t noise_seed);
 
   // Starts a pass over `micro_batches` micro-batches: forgets the router
-  // statistics of the last one.
-  void BeginPass(int micro_batches);
+  // statistics of the last one. `train`: a training pass (HF's
+  // `self.training`), whose MoE layers draw router jitter keyed by
+  // (noise_seed, step, micro-batch, layer) when router_jitter_noise > 0;
+  // evaluation and logits passes (train false) never jitter.
+  void BeginPass(int micro_batches, bool train, int64_t step);
 
-  // Forward of the decoder layer of `block` for micro-batch `micro_batch`,
-  // no autograd: x [B, T, C] fp32 -> [B, T, C] fp32. `flat` holds the
+  // Forward of the decoder layer of `block` for micro-batch `micro_batch`
+  // (its index in the pass: the jitter's key), no autograd: x [B, T, C]
+  // fp32 -> [B, T, C] fp32. `flat` holds the
   // block in the compute dtype `cd`. Adds the layer's router statistics to
   // the micro-batch's when the aux loss is on.
   at::Tensor Forward(int micro_batch, const BlockLayout& block, const at::Tensor& flat,
@@ -75,7 +76,8 @@ class MoeLayerRunner {
   // micro-batch `micro_batch`). Returns the gradients of the block's
   // parameters (BindBlockParams order; zeros for parameters the pass did
   // not reach) and, last, of `input`. Needs micro-batch `micro_batch`'s
-  // whole forward first.
+  // whole forward first. The recomputation draws the forward's jitter again
+  // (the same key: bit-identical).
   std::vector<at::Tensor> RecomputeAndBackward(int micro_batch, const BlockLayout& block,
                                                const at::Tensor& flat, const at::Tensor& input,
                                                const at::Tensor& grad_y, at::ScalarType cd);
@@ -92,9 +94,16 @@ class MoeLayerRunner {
   MoeModelConfig config_;
   bool aux_loss_ = false;
   at::Device device_;
+  uint64_t noise_seed_ = 0;
+  bool train_ = false;  // of the current pass
+  int64_t step_ = 0;    // of the current pass
   RopeCache rope_;
   std::vector<at::Tensor> masks_;                 // [L]: undefined or [T, T] bool
   std::vector<LoadBalancingStats> router_stats_;  // [micro-batches] of the pass
+
+  // [B*T, C] fp32 jitter of `layer_idx` in `micro_batch` of this pass, or
+  // undefined (not training, or router_jitter_noise 0).
+  at::Tensor Jitter(int micro_batch, int64_t layer_idx, const at::Tensor& x) const;
 };
 
 }  // namespace megatrain::engine

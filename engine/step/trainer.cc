@@ -288,8 +288,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   MEGATRAIN_ASSIGN_OR_RETURN(t->runtime_, DeviceRuntime::Create(options.device));
   MEGATRAIN_ASSIGN_OR_RETURN(
-      const ExecutorOptions exec,
+      ExecutorOptions exec,
       ResolveExecutorOptions(t->options_, config, *t->runtime_, &t->schedule_choice_));
+  exec.noise_seed = seed;  // Note [Router jitter] in model/moe_layers.h
   HostStoreOptions store_options;
   store_options.streaming_bf16 =
       options.compute_dtype == ComputeDtype::kBf16 && !exec.stream_fp32_master;
@@ -365,8 +366,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     }
   }
   absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
-      micro_batches,
-      [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); });
+      micro_batches, [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); },
+      s.step);
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();

@@ -302,7 +302,10 @@ class Trainer {
  public:
   // Allocates the store (fp32 master + grads + AdamW moments, plus a bf16
   // streaming copy for bf16 compute; pinned on CUDA), initialises weights
-  // from `seed` (HF init, std 0.02), and builds the pipeline.
+  // from `seed` (HF init, std 0.02), and builds the pipeline. `seed` also
+  // keys train-time noise (mixtral's router jitter: Note [Router jitter]
+  // in model/moe_layers.h), with the step number, so a job resumed with
+  // its own seed draws the noise the uninterrupted run would have.
   // Errors: INVALID_ARGUMENT / UNIMPLEMENTED for a bad config or option
   // (naming the field); UNAVAILABLE for a missing device;
   // RESOURCE_EXHAUSTED when host, pinned or device memory runs out, or

@@ -41,7 +41,9 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--lr", o.lr, "AdamW learning rate (constant)");
   app.add_option("--max_grad_norm", o.max_grad_norm,
                  "global-norm clipping (0: off, as the baselines)");
-  app.add_option("--peak_tflops", o.peak_tflops, "dense bf16 peak TFLOP/s for MFU (0: omit)");
+  app.add_option("--peak_tflops", o.peak_tflops,
+                 "one device's dense bf16 peak TFLOP/s for MFU (0: the datasheet peak of "
+                 "the device, 989 for H100/H200; MFU omitted when unknown)");
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--weight_slots", o.num_weight_slots, "device weight buffers (>= 3)");
   app.add_option("--seed", o.seed, "weight and data seed");

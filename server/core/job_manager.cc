@@ -329,6 +329,8 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
                                  },
                                  options_.host_memory_budget_bytes, options_.nvme));
   const engine::MemoryFootprint& footprint = admitted.footprint;
+  MEGATRAIN_RETURN_IF_ERROR(engine::CheckBlockSlotsFitDevice(
+      footprint, options_.device_memory_bytes, "memory (the smallest of --devices)"));
   if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
     const engine::HostStoreBytes& host = footprint.host;
     const std::string offload = footprint.activation_offload_bytes > 0

@@ -119,6 +119,12 @@ struct JobManagerOptions {
   std::vector<std::string> devices;
   // Host memory all running jobs may need together, in bytes (> 0).
   int64_t host_memory_budget_bytes = 0;
+  // Memory of the smallest device in `devices`, in bytes (NVML's total);
+  // 0: unknown (a CPU device, no NVML), and not checked. A job whose
+  // largest streamed block's slots exceed it can never run (Note [No
+  // expert-group sub-blocks] in engine/job/plan.cc) and is refused at
+  // submission.
+  int64_t device_memory_bytes = 0;
   // Running jobs per user; 0: no limit.
   int max_running_jobs_per_user = 0;
   // Non-terminal jobs (queued, running, suspended) per user; 0: no limit.
@@ -189,7 +195,10 @@ class JobManager {
   // that is a FIFO, socket or device node, or a config.json that is too
   // large (Note [Input preflight] in path_policy.h); NOT_FOUND for a
   // missing config.json; RESOURCE_EXHAUSTED when the footprint exceeds the
-  // budget (message gives both numbers) or a job limit is reached (Note
+  // budget (message gives both numbers), when the slots of the model's
+  // largest streamed block exceed options.device_memory_bytes (message
+  // names the decoder layer, its bytes and the device's:
+  // engine::CheckBlockSlotsFitDevice) or a job limit is reached (Note
   // [Job limits]);
   // ALREADY_EXISTS when request_id was used with a different spec;
   // UNAVAILABLE while draining.

@@ -385,6 +385,9 @@ struct Daemon::Parts {
   void MeasureLinks(const std::vector<std::string>& devices, ServerFacts* facts);
   void InstallNvmlSampler(const std::vector<std::string>& devices);
   absl::Status StartJobManager(const StartupFlags& flags);  // manager
+  // NVML's memory of the smallest of `devices`, in bytes; 0 when one is
+  // unknown (a CPU device, no NVML): admission then skips the check.
+  int64_t SmallestDeviceMemory(const std::vector<std::string>& devices) const;
   absl::Status StartGrpc(const StartupFlags& flags, ServerFacts facts);
   absl::Status StartMetricsHttp();  // http, unless --metrics_listen is off
   void LogStarted(const StartupFlags& flags) const;
@@ -498,12 +501,26 @@ void Daemon::Parts::InstallNvmlSampler(const std::vector<std::string>& devices) 
   });
 }
 
+int64_t Daemon::Parts::SmallestDeviceMemory(const std::vector<std::string>& devices) const {
+  if (nvml == nullptr || devices.empty()) return 0;
+  int64_t smallest = 0;
+  for (const std::string& device : devices) {
+    std::optional<NvmlSample> sample = nvml->Sample(device);
+    if (!sample.has_value() || sample->memory_total_bytes <= 0) return 0;
+    if (smallest == 0 || sample->memory_total_bytes < smallest) {
+      smallest = sample->memory_total_bytes;
+    }
+  }
+  return smallest;
+}
+
 // The job manager (recovers interrupted jobs).
 absl::Status Daemon::Parts::StartJobManager(const StartupFlags& flags) {
   JobManagerOptions manager_options;
   manager_options.jobs_dir = (state_dir / "jobs").string();
   manager_options.devices = flags.devices;
   manager_options.host_memory_budget_bytes = flags.host_memory_budget_bytes;
+  manager_options.device_memory_bytes = SmallestDeviceMemory(flags.devices);
   manager_options.max_running_jobs_per_user = options.max_running_jobs_per_user;
   manager_options.max_queued_jobs_per_user = options.max_queued_jobs_per_user;
   manager_options.max_queued_jobs = options.max_queued_jobs;

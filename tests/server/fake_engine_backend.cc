@@ -265,6 +265,12 @@ absl::StatusOr<engine::MemoryFootprint> FakeEngineBackend::EstimateFootprint(
     std::lock_guard<std::mutex> lock(mu_);
     auto it = footprint_bytes_by_preset.find(spec.model.preset);
     if (it != footprint_bytes_by_preset.end()) bytes = it->second;
+    auto slots = block_slot_bytes_by_preset.find(spec.model.preset);
+    if (slots != block_slot_bytes_by_preset.end()) {
+      footprint.block_slot_bytes = slots->second;
+      footprint.largest_block_layer_idx = 3;
+      footprint.largest_block_params = slots->second / 14;
+    }
     if (spec.train.offload_activations) {
       footprint.activation_offload_bytes = activation_offload_bytes;
     }

@@ -88,6 +88,10 @@ class FakeEngineBackend final : public EngineBackend {
   absl::Duration step_duration = absl::ZeroDuration();
   int cuda_device_count = 0;
   std::map<std::string, int64_t> footprint_bytes_by_preset;
+  // MemoryFootprint::block_slot_bytes of a preset (default 0: fits any
+  // device), with its largest block reported as decoder layer 3 of
+  // bytes / 14 parameters (bf16 weight and fp32 gradient slots).
+  std::map<std::string, int64_t> block_slot_bytes_by_preset;
   // Added to the footprint of a spec with train.offload_activations (as
   // host.staging and activation_offload_bytes, like the engine's estimate).
   int64_t activation_offload_bytes = 0;

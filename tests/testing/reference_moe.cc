@@ -216,7 +216,8 @@ at::Tensor ReferenceLoadBalancingLoss(const std::vector<at::Tensor>& router_logi
 
 ReferenceMoeResult ReferenceMoeForward(const MoeModelConfig& mc, const MoeTensorMap& p,
                                        const at::Tensor& input_ids, const at::Tensor& labels,
-                                       ReferencePrecision precision) {
+                                       ReferencePrecision precision,
+                                       const std::vector<at::Tensor>& jitter) {
   const Dtypes dt = DtypesOf(precision);
   const engine::ModelConfig& c = mc.base;
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
@@ -234,6 +235,8 @@ ReferenceMoeResult ReferenceMoeForward(const MoeModelConfig& mc, const MoeTensor
                         .view({b * t, c.hidden_size});
     at::Tensor y;
     if (mc.moe.IsMoeLayer(l)) {
+      const size_t layer = static_cast<size_t>(l);
+      if (layer < jitter.size() && jitter[layer].defined()) n2 = n2 * jitter[layer].to(dt.fl);
       at::Tensor logits;
       y = ReferenceMoeMlp(mc.moe, p, pre, n2, &logits, precision);
       r.router_logits.push_back(logits);

@@ -42,11 +42,16 @@ struct ReferenceMoeResult {
 // fp32 forward of the model on input_ids [B, T] int64 with labels [B, T]
 // int64 (already shifted, -100 ignored). `params` by HF in-memory name
 // (engine::MoeModelParams), fp32 leaves. With kFp64 the result tensors are
-// fp64 (the leaves' gradients stay fp32).
+// fp64 (the leaves' gradients stay fp32). `jitter` (empty, or one entry
+// per decoder layer, undefined for none): mixtral's train-time
+// router_jitter_noise multiplier of that layer, [B*T, C] fp32, by which the
+// MoE block's input is multiplied before router and experts (HF
+// MixtralSparseMoeBlock.forward's `hidden_states *= ...uniform_(...)`).
 ReferenceMoeResult ReferenceMoeForward(const engine::MoeModelConfig& config,
                                        const engine::MoeTensorMap& params,
                                        const at::Tensor& input_ids, const at::Tensor& labels,
-                                       ReferencePrecision precision = ReferencePrecision::kFp32);
+                                       ReferencePrecision precision = ReferencePrecision::kFp32,
+                                       const std::vector<at::Tensor>& jitter = {});
 
 // One MoE MLP as transformers computes it (router, then a loop over experts
 // with index_add_), on x [N, C] fp32; `prefix` is "model.layers.<i>.".

@@ -7,7 +7,6 @@
 // bad input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
@@ -290,23 +289,61 @@ TEST_P(MoeFamilyTest, IdleExpertsGetZeroGradient) {
   EXPECT_GT(engine_grads[1][0].abs().max().item<float>(), 0.0f);
 }
 
-// Mixtral's train-time jitter multiplies the MLP input of router and
-// experts; the same generator seed replays it (for the recompute).
-TEST(MoeLayersTest, RouterJitterIsReplayableAndScalesTheInput) {
+// Note [Router jitter] written out with uint32 arithmetic, independently
+// of the int64 tensor ops of MakeRouterJitter.
+uint32_t LowBias32Scalar(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+float JitterScalar(uint64_t key, uint64_t i, double eps) {
+  const uint32_t key_lo = static_cast<uint32_t>(key), key_hi = static_cast<uint32_t>(key >> 32);
+  uint32_t x = LowBias32Scalar(static_cast<uint32_t>(i) ^ key_lo);
+  x = LowBias32Scalar(x ^ (static_cast<uint32_t>(i >> 32) + key_hi));
+  const float u = static_cast<float>(x >> 8) / 16777216.0f;  // exact
+  const float product = static_cast<float>(2.0 * eps) * u;
+  return product + static_cast<float>(1.0 - eps);
+}
+
+// Mixtral's train-time jitter: every element is the Note's formula bit for
+// bit (so any device that runs the same integer ops draws the same noise),
+// a function of its key alone; keys of different steps, micro-batches and
+// layers differ; values are uniform on [1 - eps, 1 + eps); it multiplies
+// the MLP input of router and experts.
+TEST(MoeLayersTest, RouterJitterFollowsItsKeyAndScalesTheInput) {
   Fixture f = LoadFixture("mixtral");
   ASSERT_FALSE(f.params.empty());
   MoeConfig m = f.config.moe;
   m.router_jitter_noise = 0.1;
   const int64_t hidden = f.config.base.hidden_size;
-  auto make = [&] {
-    at::Generator gen = at::detail::createCPUGenerator(/*seed_val=*/42);
-    return MakeRouterJitter(m, 6, hidden, gen, at::Device(at::kCPU));
-  };
-  at::Tensor jitter = make();
+  const uint64_t key = RouterJitterKey(/*seed=*/3, /*step=*/7, /*micro_batch=*/1, /*layer_idx=*/0);
+  const at::Device cpu(at::kCPU);
+  at::Tensor jitter = MakeRouterJitter(m, 6, hidden, key, cpu);
   ASSERT_TRUE(jitter.defined());
-  EXPECT_TRUE(at::equal(jitter, make()));
-  EXPECT_GE(jitter.min().item<float>(), 0.9f);
-  EXPECT_LE(jitter.max().item<float>(), 1.1f);
+  ASSERT_EQ(jitter.sizes(), at::IntArrayRef({6, hidden}));
+  ASSERT_EQ(jitter.scalar_type(), at::kFloat);
+  const float* values = jitter.data_ptr<float>();
+  for (int64_t i = 0; i < jitter.numel(); ++i) {
+    const float expected = JitterScalar(key, static_cast<uint64_t>(i), 0.1);
+    ASSERT_EQ(std::memcmp(&values[i], &expected, 4), 0) << "element " << i;
+  }
+  EXPECT_TRUE(at::equal(jitter, MakeRouterJitter(m, 6, hidden, key, cpu)));
+  const std::set<uint64_t> keys = {key, RouterJitterKey(4, 7, 1, 0), RouterJitterKey(3, 8, 1, 0),
+                                   RouterJitterKey(3, 7, 2, 0), RouterJitterKey(3, 7, 1, 1)};
+  EXPECT_EQ(keys.size(), 5u);
+  EXPECT_FALSE(at::equal(jitter, MakeRouterJitter(m, 6, hidden, RouterJitterKey(3, 7, 1, 1), cpu)));
+  // 2^18 draws: the range, and the mean and variance of U(0.9, 1.1)
+  // (1 and 0.2^2 / 12; standard errors 0.0577 / 512 and 5.8e-6) within 5
+  // standard errors.
+  at::Tensor many = MakeRouterJitter(m, 512, 512, key, cpu).to(at::kDouble);
+  EXPECT_GE(many.min().item<double>(), 0.9 - 1e-7);
+  EXPECT_LT(many.max().item<double>(), 1.1);
+  EXPECT_NEAR(many.mean().item<double>(), 1.0, 5 * 0.0577 / 512);
+  EXPECT_NEAR(many.var().item<double>(), 0.04 / 12, 3e-5);
   BlockLayout block = MoeDecoderLayerBlock(f.config, 0);
   std::vector<at::Tensor> leaves;
   for (const ParamSpec& spec : block.params) leaves.push_back(f.params.at(spec.hf_name).detach());
@@ -316,8 +353,10 @@ TEST(MoeLayersTest, RouterJitterIsReplayableAndScalesTheInput) {
   at::Tensor with_jitter = MoeMlpForward(m, w.moe, x, jitter, at::kFloat, nullptr);
   at::Tensor prescaled = MoeMlpForward(m, w.moe, x * jitter, at::Tensor(), at::kFloat, nullptr);
   EXPECT_TRUE(at::equal(with_jitter, prescaled));
+  EXPECT_FALSE(
+      at::equal(with_jitter, MoeMlpForward(m, w.moe, x, at::Tensor(), at::kFloat, nullptr)));
   m.router_jitter_noise = 0.0;
-  EXPECT_FALSE(make().defined());
+  EXPECT_FALSE(MakeRouterJitter(m, 6, hidden, key, cpu).defined());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeFamilyTest, ::testing::ValuesIn(kFamilies),

@@ -180,6 +180,44 @@ TEST_F(JobManagerTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
                                 HasSubstr("--host_memory_budget is 64.00 MiB (67108864 bytes)"))));
 }
 
+// Note [No expert-group sub-blocks] (engine/job/plan.cc): a model one of
+// whose streamed blocks (a MoE layer with all its experts) needs more
+// memory for its weight and gradient slots than the smallest device has
+// can never run: refused at submission, naming the layer, its bytes and
+// the device's. A block that fits is admitted, and so is any job when the
+// device memory is unknown (0: a CPU device, no NVML).
+TEST_F(JobManagerTest, ModelWhoseLayerSlotsExceedTheDeviceIsRefused) {
+  backend_.footprint_bytes_by_preset["moe-wide"] = 1 << 20;
+  backend_.block_slot_bytes_by_preset["moe-wide"] = int64_t{3} << 30;
+  backend_.footprint_bytes_by_preset["moe-narrow"] = 1 << 20;
+  backend_.block_slot_bytes_by_preset["moe-narrow"] = int64_t{1} << 30;
+  options_.device_memory_bytes = int64_t{2} << 30;
+  StartManager();
+  JobRequest wide = Request("wide");
+  wide.spec.model.preset = "moe-wide";
+  EXPECT_THAT(manager_->Submit(kAlice, wide, ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("decoder layer 3 is one streamed block of "
+                                                  "230087533 parameters"),
+                                        HasSubstr("slots need 3221225472 bytes (3 GiB)"),
+                                        HasSubstr("2147483648 bytes (2 GiB)"))));
+  JobRequest narrow = Request("narrow");
+  narrow.spec.model.preset = "moe-narrow";
+  JobRecord admitted = Submit(kAlice, narrow);
+  EXPECT_FALSE(admitted.id.empty());
+}
+
+TEST_F(JobManagerTest, UnknownDeviceMemoryAdmitsAnyBlock) {
+  backend_.footprint_bytes_by_preset["moe-wide"] = 1 << 20;
+  backend_.block_slot_bytes_by_preset["moe-wide"] = int64_t{3} << 30;
+  options_.device_memory_bytes = 0;
+  StartManager();
+  JobRequest wide = Request("wide");
+  wide.spec.model.preset = "moe-wide";
+  JobRecord admitted = Submit(kAlice, wide);
+  EXPECT_FALSE(admitted.id.empty());
+}
+
 // train.devices (docs/distributed.md): more devices than the daemon has is
 // refused naming both counts; "all" is this daemon's one device and runs;
 // a data-parallel job is not scheduled by the daemon yet.
