@@ -310,7 +310,8 @@ at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor&
 
 // Note [Soft-capped attention backward]: the gradients of one block from
 // its saved intermediates, which it consumes in place, instead of autograd
-// over the forward's eight elementwise steps. With dP = dO V^T and the
+// over the forward's steps (six elementwise kernels: dP to fp32, the softmax
+// gradient, masked_fill, * cap, tanh', / cap). With dP = dO V^T and the
 // FlashAttention identity rowsum(dP * P) = rowsum(dO * O) (Dao et al. 2022,
 // appendix B.2), precomputed per query as `delta` [B, H, n, 1] fp32:
 //   dV = P^T dO
@@ -319,10 +320,13 @@ at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor&
 // in three passes over the block: tanh <- P32 * (1 - tanh^2) (fp32 math,
 // stored in the compute dtype), dP -= delta, dP *= tanh. Every pass
 // computes in fp32 and rounds once to the compute dtype (autograd rounded
-// four times: the softmax gradient, * cap, tanh', / cap). Masked keys have
-// P = 0, so their dS is 0 without the mask. grad_q_block [B, H, n, Dh]
-// (compute dtype) is written; grad_k_seen / grad_v_seen [B, H, S, Dh] (fp32
-// accumulators) are added to.
+// four times: the softmax gradient, * cap, tanh', / cap); dQ's scale adds
+// one rounding unless it is a power of two. `delta` reads the rounded
+// output O where autograd's rowsum(dP * P) cancels dP's own rounding: in
+// bf16 the gradients are up to 1.25x as far from fp32 ones as autograd's
+// (softcapped_attention_test). Masked keys have P = 0, so their dS is 0
+// without the mask. grad_q_block [B, H, n, Dh] (compute dtype) is written;
+// grad_k_seen / grad_v_seen [B, H, S, Dh] (fp32 accumulators) are added to.
 void SoftcapBlockBackward(SoftcapBlockSaved saved, const at::Tensor& grad_out,
                           const at::Tensor& delta, const at::Tensor& q_block,
                           const at::Tensor& k_seen, const at::Tensor& v_seen, double scale,
@@ -410,7 +414,9 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
       ctx->saved_data.erase(it);  // each block's intermediates are freed once used
     }
     at::NoGradGuard no_grad;
-    const at::Tensor grad_out = grad_outputs[0].to(q.scalar_type());
+    // Contiguous once (it arrives as the transpose of o_proj's input
+    // gradient): each block reads it in two matmuls and the rowsum.
+    const at::Tensor grad_out = grad_outputs[0].to(q.scalar_type()).contiguous();
     // rowsum(dO * O) [B, H, T, 1]: products exact in fp32, summed in fp32.
     const at::Tensor delta = at::mul(grad_out.to(at::kFloat), out).sum(-1, /*keepdim=*/true);
     at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
