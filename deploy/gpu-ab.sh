@@ -9,7 +9,8 @@
 #
 #   deploy/gpu-ab.sh shared/before.tar.gz "llama-1b:8:1:0 llama-1b:8:1:1"
 #
-# Configurations as in deploy/gpu-speed.sh (PRESET:MICRO_BATCH:ACCUM:CLIP).
+# Configurations as in deploy/gpu-speed.sh (PRESET:MICRO_BATCH:ACCUM:CLIP);
+# the baseline as there (deploy/family_baseline.py for non-Llama presets).
 # Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), REPEATS (2).
 # Results: $OUT/ab-A.jsonl, $OUT/ab-B.jsonl, $OUT/ab.txt.
 set -uo pipefail
@@ -46,8 +47,12 @@ for c in $configs; do
   done
   cflag=""; [ "$clip" = 1 ] && cflag=--clip
   bmb=$mb; [ "$accum" != 1 ] && bmb=8
-  base=$(python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" --micro-batch "$bmb" \
-    --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1)
+  case "$preset" in  # as deploy/gpu-speed.sh: transformers for the other families
+    llama-*) base=$(python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
+      --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1) ;;
+    *) base=$(python3 deploy/family_baseline.py --preset "$preset" --micro-batch "$bmb" \
+      --seq "$SEQ_LEN" $cflag 2>&1 | tail -n 1) ;;
+  esac
   echo "$base" | tee -a "$OUT/ab-A.jsonl" >> "$OUT/ab-B.jsonl"
 done
 { echo "A (before):"; python3 deploy/bench-compare.py "$OUT/ab-A.jsonl"

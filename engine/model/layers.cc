@@ -349,15 +349,27 @@ int64_t SoftcapKeyBegin(int64_t start, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
 }
 
-// Scores of a block before the cap's tanh: scores * scale / cap, as HF
-// computes them (matmul * scaling, then / softcap). When `scale` is a power
-// of two the product with it is exact in any float format, so one division
-// by cap / scale rounds exactly as the two steps do and saves a pass over
-// the block.
-at::Tensor ScaledScoresOverCap(const at::Tensor& scores, double scale, double cap) {
+// Intermediates of one block's forward that its backward reads (Note
+// [Soft-capped attention]), each [B, H, n, S]: tanh(scores * scale / cap)
+// in the compute dtype, the fp32 softmax output, and the probabilities in
+// the compute dtype (the same tensor as probs32 when that is fp32).
+struct SoftcapBlockSaved {
+  at::Tensor tanh;
+  at::Tensor probs32;
+  at::Tensor probs;
+};
+
+// scores * scale / cap in place, as HF computes it (matmul * scaling, then
+// / softcap). When `scale` is a power of two the product with it is exact
+// in any float format, so one division by cap / scale rounds exactly as the
+// two steps do and saves a pass over the block.
+void ScaleScoresOverCap(at::Tensor& scores, double scale, double cap) {
   int exponent = 0;
-  if (std::frexp(scale, &exponent) == 0.5) return scores / (cap / scale);
-  return scores * scale / cap;
+  if (std::frexp(scale, &exponent) == 0.5) {
+    scores.div_(cap / scale);
+  } else {
+    scores.mul_(scale).div_(cap);
+  }
 }
 
 // One block of soft-capped attention: queries q_block [B, H, n, Dh] at
@@ -366,30 +378,75 @@ at::Tensor ScaledScoresOverCap(const at::Tensor& scores, double scale, double ca
 // compute dtype, softmax in fp32, probabilities back in the compute dtype
 // for PV (HF eager_attention_forward: softmax(..., dtype=float32) reads the
 // compute-dtype scores, so no fp32 copy of them is made here either).
-// Returns [B, H, n, Dh].
+// Returns [B, H, n, Dh]; `saved` receives what SoftcapBlockBackward reads.
+// Runs without autograd (its in-place steps round exactly as HF's
+// out-of-place ones).
 at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor& k_seen,
                                     const at::Tensor& v_seen, int64_t start, int64_t key_begin,
-                                    double scale, double cap, int64_t window) {
+                                    double scale, double cap, int64_t window,
+                                    SoftcapBlockSaved* saved) {
+  at::NoGradGuard no_grad;
   const int64_t n = q_block.size(2);
-  at::Tensor scores = at::matmul(q_block, k_seen.transpose(-2, -1));
-  scores = at::tanh(ScaledScoresOverCap(scores, scale, cap)) * cap;  // [B, H, n, S]
+  at::Tensor tanh = at::matmul(q_block, k_seen.transpose(-2, -1));  // [B, H, n, S]
+  ScaleScoresOverCap(tanh, scale, cap);
+  tanh.tanh_();
+  at::Tensor scores = tanh * cap;
   const at::TensorOptions positions = q_block.options().dtype(at::kLong);
   at::Tensor qi = at::arange(start, start + n, positions).unsqueeze(1);
   at::Tensor ki = at::arange(key_begin, start + n, positions).unsqueeze(0);
   at::Tensor blocked = ki > qi;
   if (window > 0) blocked = blocked.logical_or(qi - ki >= window);
-  scores = scores.masked_fill(blocked, -std::numeric_limits<double>::infinity());
-  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q_block.scalar_type());
-  return at::matmul(probs, v_seen);  // [B, H, n, Dh]
+  scores.masked_fill_(blocked, -std::numeric_limits<double>::infinity());
+  at::Tensor probs32 = at::softmax(scores, -1, at::kFloat);
+  scores.reset();
+  at::Tensor probs = probs32.to(q_block.scalar_type());
+  at::Tensor out = at::matmul(probs, v_seen);  // [B, H, n, Dh]
+  *saved = {std::move(tanh), std::move(probs32), std::move(probs)};
+  return out;
 }
 
-// Bytes autograd keeps for one block of n queries against S keys when its
-// graph is kept from forward to backward (Note [Soft-capped attention]):
-// the tanh output and the probabilities in the compute dtype, the fp32
-// softmax output, and the [n, S] mask.
+// Note [Soft-capped attention backward]: the gradients of one block from
+// its saved intermediates, which it consumes in place, instead of autograd
+// over the forward's steps (six elementwise kernels: dP to fp32, the softmax
+// gradient, masked_fill, * cap, tanh', / cap). With dP = dO V^T and the
+// FlashAttention identity rowsum(dP * P) = rowsum(dO * O) (Dao et al. 2022,
+// appendix B.2), precomputed per query as `delta` [B, H, n, 1] fp32:
+//   dV = P^T dO
+//   dS = P * (dP - delta) * (1 - tanh^2)      (softmax, then cap * tanh(x / cap))
+//   dQ = scale * dS K,  dK = scale * dS^T Q
+// in three passes over the block: tanh <- P32 * (1 - tanh^2) (fp32 math,
+// stored in the compute dtype), dP -= delta, dP *= tanh. Every pass
+// computes in fp32 and rounds once to the compute dtype (autograd rounded
+// four times: the softmax gradient, * cap, tanh', / cap); dQ's scale adds
+// one rounding unless it is a power of two. `delta` reads the rounded
+// output O where autograd's rowsum(dP * P) cancels dP's own rounding: in
+// bf16 the gradients are up to 1.25x as far from fp32 ones as autograd's
+// (softcapped_attention_test). Masked keys have P = 0, so their dS is 0
+// without the mask. grad_q_block [B, H, n, Dh] (compute dtype) is written;
+// grad_k_seen / grad_v_seen [B, H, S, Dh] (fp32 accumulators) are added to.
+void SoftcapBlockBackward(SoftcapBlockSaved saved, const at::Tensor& grad_out,
+                          const at::Tensor& delta, const at::Tensor& q_block,
+                          const at::Tensor& k_seen, const at::Tensor& v_seen, double scale,
+                          at::Tensor grad_q_block, at::Tensor grad_k_seen, at::Tensor grad_v_seen) {
+  at::NoGradGuard no_grad;
+  grad_v_seen.add_(at::matmul(saved.probs.transpose(-2, -1), grad_out));
+  saved.probs.reset();
+  at::Tensor grad = at::matmul(grad_out, v_seen.transpose(-2, -1));  // dP [B, H, n, S]
+  at::tanh_backward_out(saved.tanh, saved.probs32, saved.tanh);
+  saved.probs32.reset();
+  grad.sub_(delta).mul_(saved.tanh);  // dS / scale
+  saved.tanh.reset();
+  grad_q_block.copy_(at::matmul(grad, k_seen).mul_(scale));
+  grad_k_seen.add_(at::matmul(grad.transpose(-2, -1), q_block), scale);
+}
+
+// Bytes one block of n queries against S keys keeps from forward to
+// backward when the blocks' intermediates are kept (Note [Soft-capped
+// attention]): SoftcapBlockSaved's tensors.
 int64_t SoftcapKeptBlockBytes(const at::Tensor& q, int64_t n, int64_t keys) {
   const int64_t elements = q.size(0) * q.size(1) * n * keys;
-  return elements * (2 * static_cast<int64_t>(q.element_size()) + 4) + n * keys;
+  const int64_t element = static_cast<int64_t>(q.element_size());
+  return elements * (4 + (element == 4 ? element : 2 * element));
 }
 
 // Bytes of every block's kept graph for q [B, H, T, Dh].
@@ -403,52 +460,46 @@ int64_t SoftcapKeptBytes(const at::Tensor& q, int64_t chunk, int64_t window) {
   return bytes;
 }
 
-// Note [Soft-capped attention] backward: when the caller will take a
-// gradient and every block's graph fits `max_kept_bytes`, forward runs each
-// block under autograd on detached leaves and keeps the graphs (the
-// recomputation of activation checkpointing then does the block's forward
-// only once); otherwise forward keeps only q, k and v, and the backward
-// recomputes one block of queries at a time under autograd and takes its
-// gradient before the next, so no more than one block's scores and
-// probabilities (and their gradients) exist at once. Either way dK and dV
+// Note [Soft-capped attention] forward and backward: when the caller will
+// take a gradient and every block's SoftcapBlockSaved fits
+// `max_kept_bytes`, forward keeps them (the recomputation of activation
+// checkpointing then does the block's forward only once); otherwise forward
+// keeps only q, k, v and its output, and the backward recomputes one block
+// of queries at a time and takes its gradient before the next, so no more
+// than one block's intermediates exist at once. Either way the backward is
+// SoftcapBlockBackward's (Note [Soft-capped attention backward]), dK and dV
 // gather the blocks' contributions in fp32 and are rounded once.
 struct SoftcappedAttentionFunction : public torch::autograd::Function<SoftcappedAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, double scale, double cap,
                             int64_t window, int64_t max_chunk_bytes, int64_t max_kept_bytes) {
-    ctx->save_for_backward({q, k, v});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["cap"] = cap;
     ctx->saved_data["window"] = window;
     ctx->saved_data["max_chunk_bytes"] = max_chunk_bytes;
     const int64_t t = q.size(2), chunk = SoftcapQueriesPerBlock(q, max_chunk_bytes);
     const bool keep = max_kept_bytes > 0 && SoftcapKeptBytes(q, chunk, window) <= max_kept_bytes;
-    at::AutoGradMode grad_mode(keep);
-    std::vector<at::Tensor> kept;  // per block: q_block, k_seen, v_seen leaves, output
+    std::vector<at::Tensor> kept;  // per block: SoftcapBlockSaved's three tensors
     at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);  // [B, H, T, Dh]
     for (int64_t start = 0; start < t; start += chunk) {
       const int64_t n = std::min(chunk, t - start), key_begin = SoftcapKeyBegin(start, window);
       const int64_t keys = start + n - key_begin;
-      at::Tensor q_block = q.narrow(2, start, n), k_seen = k.narrow(2, key_begin, keys);
-      at::Tensor v_seen = v.narrow(2, key_begin, keys);
-      if (keep) {
-        q_block = q_block.detach().requires_grad_(true);
-        k_seen = k_seen.detach().requires_grad_(true);
-        v_seen = v_seen.detach().requires_grad_(true);
-      }
-      at::Tensor block =
-          SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window);
-      out.narrow(2, start, n).copy_(block.detach());
-      if (keep) kept.insert(kept.end(), {q_block, k_seen, v_seen, block});
+      SoftcapBlockSaved saved;
+      at::Tensor block = SoftcappedAttentionBlock(
+          q.narrow(2, start, n), k.narrow(2, key_begin, keys), v.narrow(2, key_begin, keys), start,
+          key_begin, scale, cap, window, &saved);
+      out.narrow(2, start, n).copy_(block);
+      if (keep) kept.insert(kept.end(), {saved.tanh, saved.probs32, saved.probs});
     }
     if (keep) ctx->saved_data["kept"] = kept;
+    ctx->save_for_backward({q, k, v, out});
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
     const double scale = ctx->saved_data["scale"].toDouble();
     const double cap = ctx->saved_data["cap"].toDouble();
     const int64_t window = ctx->saved_data["window"].toInt();
@@ -457,36 +508,35 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
     std::vector<at::Tensor> kept;
     if (auto it = ctx->saved_data.find("kept"); it != ctx->saved_data.end()) {
       kept = it->second.toTensorVector();
-      ctx->saved_data.erase(it);  // each block's graph is freed once used
+      ctx->saved_data.erase(it);  // each block's intermediates are freed once used
     }
-    const at::Tensor grad_out = grad_outputs[0].to(q.scalar_type());
+    at::NoGradGuard no_grad;
+    // Contiguous once (it arrives as the transpose of o_proj's input
+    // gradient): each block reads it in two matmuls and the rowsum.
+    const at::Tensor grad_out = grad_outputs[0].to(q.scalar_type()).contiguous();
+    // rowsum(dO * O) [B, H, T, 1]: products exact in fp32, summed in fp32.
+    const at::Tensor delta = at::mul(grad_out.to(at::kFloat), out).sum(-1, /*keepdim=*/true);
     at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
     at::Tensor grad_k = at::zeros(k.sizes(), k.options().dtype(at::kFloat));
     at::Tensor grad_v = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
-    at::AutoGradMode enable_grad(true);
     size_t block_index = 0;
     for (int64_t start = 0; start < t; start += chunk, ++block_index) {
       const int64_t n = std::min(chunk, t - start), key_begin = SoftcapKeyBegin(start, window);
       const int64_t keys = start + n - key_begin;
-      at::Tensor q_block, k_seen, v_seen, out;
+      const at::Tensor q_block = q.narrow(2, start, n), k_seen = k.narrow(2, key_begin, keys);
+      const at::Tensor v_seen = v.narrow(2, key_begin, keys);
+      SoftcapBlockSaved block;
       if (!kept.empty()) {
-        q_block = std::move(kept[4 * block_index]);
-        k_seen = std::move(kept[4 * block_index + 1]);
-        v_seen = std::move(kept[4 * block_index + 2]);
-        out = std::move(kept[4 * block_index + 3]);
+        block = {std::move(kept[3 * block_index]), std::move(kept[3 * block_index + 1]),
+                 std::move(kept[3 * block_index + 2])};
       } else {
-        q_block = q.narrow(2, start, n).detach().requires_grad_(true);
-        k_seen = k.narrow(2, key_begin, keys).detach().requires_grad_(true);
-        v_seen = v.narrow(2, key_begin, keys).detach().requires_grad_(true);
-        out =
-            SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window);
+        SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window,
+                                 &block);
       }
-      auto grads =
-          torch::autograd::grad({out}, {q_block, k_seen, v_seen}, {grad_out.narrow(2, start, n)});
-      out.reset();
-      grad_q.narrow(2, start, n).copy_(grads[0]);
-      grad_k.narrow(2, key_begin, keys).add_(grads[1]);
-      grad_v.narrow(2, key_begin, keys).add_(grads[2]);
+      SoftcapBlockBackward(std::move(block), grad_out.narrow(2, start, n),
+                           delta.narrow(2, start, n), q_block, k_seen, v_seen, scale,
+                           grad_q.narrow(2, start, n), grad_k.narrow(2, key_begin, keys),
+                           grad_v.narrow(2, key_begin, keys));
     }
     return {grad_q,
             grad_k.to(k.scalar_type()),

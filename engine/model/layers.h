@@ -44,16 +44,19 @@
 // masked, softmax in fp32, probabilities back in the compute dtype for PV
 // (HF eager_attention_forward). It is an autograd function over blocks of
 // queries (FlashAttention's recomputation idea, Dao et al. 2022, section
-// 3.1, at block rather than tile granularity). When a gradient follows (the
-// recomputation of activation checkpointing) and every block's graph fits
-// kAttentionKeptBytes, forward keeps the blocks' graphs and backward
-// differentiates them, so the block's forward runs once per recomputation;
-// otherwise forward saves only q, k and v and backward recomputes one block
-// at a time and takes that block's gradient before the next, so no
-// [B, H, T, T] tensor exists: forward holds one block's scores (<=
-// kAttentionChunkBytes fp32), backward one block's recomputed graph and its
-// gradients (about 6 x kAttentionChunkBytes). Both keep fp32 accumulators
-// for dK and dV ([B, H, T, Dh] each). With a power-of-two scale (Gemma 2's
+// 3.1, at block rather than tile granularity) with a hand-written backward
+// (Note [Soft-capped attention backward] in layers.cc: three elementwise
+// passes over a block instead of autograd's eight). When a gradient follows
+// (the recomputation of activation checkpointing) and every block's
+// intermediates (tanh, fp32 and compute-dtype probabilities) fit
+// kAttentionKeptBytes, forward keeps them and backward reads them, so the
+// block's forward runs once per recomputation; otherwise forward saves only
+// q, k, v and its output and backward recomputes one block at a time and
+// takes that block's gradient before the next, so no [B, H, T, T] tensor
+// exists: forward holds one block's scores (<= kAttentionChunkBytes fp32),
+// backward one block's intermediates and dP (about 2 x
+// kAttentionChunkBytes in bf16). Both keep fp32 accumulators for dK and dV
+// ([B, H, T, Dh] each). With a power-of-two scale (Gemma 2's
 // query_pre_attn_scalar 256), scale and / cap are one division that rounds
 // as HF's two steps do. Layers without
 // soft-capping use the fused kernel.
@@ -104,14 +107,14 @@ namespace megatrain::engine {
 // SoftcappedAttention (Note [Soft-capped attention]): 256 MiB keeps the
 // blocks large enough for efficient matmuls (Gemma-2-2B, B = 1, H = 8,
 // T = 8192: 1024 queries per block) while bounding backward's transient
-// memory to ~1.5 GiB whatever T is.
+// memory to ~0.5 GiB whatever T is.
 inline constexpr int64_t kAttentionChunkBytes = int64_t{256} << 20;
 
-// Bytes of block graphs SoftcappedAttention may keep from its forward to its
-// backward when a gradient follows (Note [Soft-capped attention]): beyond
-// it the backward recomputes each block. 4 GiB holds Gemma-2-2B's causal
-// blocks at 8 x 2048 (about 1.4 GB) and at 1 x 8192 (about 2.2 GB); only one
-// layer's attention is differentiated at a time.
+// Bytes of block intermediates SoftcappedAttention may keep from its
+// forward to its backward when a gradient follows (Note [Soft-capped
+// attention]): beyond it the backward recomputes each block. 4 GiB holds
+// Gemma-2-2B's causal blocks at 8 x 2048 (about 1.3 GB) and at 1 x 8192
+// (about 2.2 GB); only one layer's attention is differentiated at a time.
 inline constexpr int64_t kAttentionKeptBytes = int64_t{4} << 30;
 
 // Note [Chunked MLP]: the largest [rows, F] compute-dtype tensor the gated
