@@ -94,7 +94,7 @@ class CollectiveGradientReducer : public GradientReducer {
   bool owner_;
   absl::Duration timeout_;
   std::vector<int64_t> rounds_;  // per block: ReduceBlock calls (accumulator thread only)
-  double scale_ = 1;  // N_r / N
+  double scale_ = 1;             // N_r / N
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // first failed collective of the step
 };

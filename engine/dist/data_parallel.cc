@@ -91,6 +91,8 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     rank_options.gradient_reducer = t->reducers_[r].get();
     rank_options.shared_store = t->shared_.get();
     rank_options.optimizer_owner = r == 0 ? nullptr : t->ranks_[0].get();
+    // Only rank 0's optimizer pool runs AdamW; the others' stays idle.
+    if (r > 0) rank_options.threads = 1;
     MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
   }
   return t;

@@ -384,9 +384,6 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     DataParallelOptions dpo;
     dpo.devices = DataParallelDevices(o.device, o.devices);
     topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices;
-    if (o.threads == 0) {
-      topt.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.devices);
-    }
     MEGATRAIN_ASSIGN_OR_RETURN(dp, DataParallelTrainer::Create(config, topt, o.seed, dpo));
   } else {
     MEGATRAIN_ASSIGN_OR_RETURN(single, Trainer::Create(config, topt, o.seed));

@@ -73,7 +73,8 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
   }
   if (options.shared_store != nullptr) {  // Note [Shared host store]
     if (options.gradient_reducer == nullptr) {
-      return absl::InvalidArgumentError("shared_store: needs a gradient_reducer (data parallelism)");
+      return absl::InvalidArgumentError(
+          "shared_store: needs a gradient_reducer (data parallelism)");
     }
     if (!options.nvme_dir.empty()) {
       return absl::UnimplementedError(
@@ -214,8 +215,7 @@ Trainer::~Trainer() {
 AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count) const {
   // Note [Shared host store]: the owner updates the shared store from the
   // shards the ranks landed there.
-  const HostStore& store =
-      options_.shared_store != nullptr ? *options_.shared_store : *store_;
+  const HostStore& store = options_.shared_store != nullptr ? *options_.shared_store : *store_;
   AdamWBuffers buffers;
   buffers.params = store.master(block) + offset;
   buffers.grads = store.grad(block) + offset;

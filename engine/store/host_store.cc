@@ -122,15 +122,15 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
   return store;
 }
 
-absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(
-    const HostStore& weights) {
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(const HostStore& weights) {
   if (!weights.options().optimizer_state || weights.options().gradient_ring ||
       weights.weights_ != nullptr) {
     return absl::InvalidArgumentError(
         "HostStore::CreateGradientView: the shared store needs a gradient arena of its own "
         "(optimizer_state, no gradient ring) and must not itself be a view");
   }
-  std::unique_ptr<HostStore> view(new HostStore(weights.config_, weights.layout_, weights.options_));
+  std::unique_ptr<HostStore> view(
+      new HostStore(weights.config_, weights.layout_, weights.options_));
   view->block_offsets_ = weights.block_offsets_;
   view->arena_numel_ = weights.arena_numel_;
   view->weights_ = &weights;

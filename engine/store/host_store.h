@@ -164,7 +164,7 @@ class HostStore {
   std::vector<int64_t> block_offsets_;  // elements from the arena start
   int64_t arena_numel_ = 0;
   HostBuffer master_, grad_, exp_avg_, exp_avg_sq_, streaming_;
-  std::vector<float*> ring_grads_;  // gradient_ring: per block, the bound ring buffer
+  std::vector<float*> ring_grads_;      // gradient_ring: per block, the bound ring buffer
   const HostStore* weights_ = nullptr;  // CreateGradientView: the shared store
 };
 

@@ -2,9 +2,9 @@
 // and [Shared host store] in engine/step/gradient_reducer.h): two ranks,
 // sharing one host store and one AdamW, each training on half of the
 // global batch, end with the weights of one device accumulating the whole
-// batch; the store's bytes are counted once; a checkpoint written once resumes exactly on the same world
-// size and loads on another; bad batches and options fail on every rank
-// with the field named, without a rank left waiting in a collective.
+// batch; the store's bytes are counted once; a checkpoint written once resumes exactly on the same
+// world size and loads on another; bad batches and options fail on every rank with the field named,
+// without a rank left waiting in a collective.
 #include "engine/dist/data_parallel.h"
 
 #include <gmock/gmock.h>
