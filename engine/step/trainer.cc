@@ -71,6 +71,10 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
           options.resident_layers, " / ", options.resident_embedding));
     }
   }
+  if (options.optimizer_owner != nullptr && options.shared_store == nullptr) {
+    return absl::InvalidArgumentError(
+        "optimizer_owner: only with a shared_store (Note [Shared host store])");
+  }
   if (options.shared_store != nullptr) {  // Note [Shared host store]
     if (options.gradient_reducer == nullptr) {
       return absl::InvalidArgumentError(

@@ -300,6 +300,12 @@ TEST(DataParallelTest, RefusesBatchesAndOptionsRanksCannotSplit) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.devices")));
   auto dp = MakeDp(config, Options(1.0), 2);
   ASSERT_THAT(dp, IsOk());
+  // A trainer that leaves its updates to another must share its store.
+  o = Options(1.0);
+  o.optimizer_owner = &(*dp)->rank(0);
+  EXPECT_THAT(Trainer::Create(config, o, kSeed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("optimizer_owner: only with a shared_store")));
   EXPECT_THAT((*dp)->Step(MakeBatches(3, kB, kT, config.vocab_size, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("multiple of train.devices=2, got 3")));
