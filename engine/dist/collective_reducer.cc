@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -37,6 +38,38 @@ double SquaredNorm(const float* x, int64_t numel) {
 }
 
 }  // namespace
+
+GradientShards::GradientShards(HostStore* shared, int world)
+    : shared_(shared), world_(world), landed_(static_cast<size_t>(shared->num_blocks()), 0) {}
+
+void GradientShards::Land(int rank, int64_t block, const float* reduced) {
+  if (reduced != nullptr) {
+    const int64_t numel = shared_->block_numel(block);
+    const int64_t begin = numel * rank / world_, end = numel * (rank + 1) / world_;
+    std::memcpy(shared_->grad(block) + begin, reduced + begin,
+                static_cast<size_t>(end - begin) * sizeof(float));
+  }
+  absl::MutexLock lock(&mu_);
+  ++landed_[static_cast<size_t>(block)];
+}
+
+bool GradientShards::WaitLanded(int64_t block, int64_t round, absl::Duration timeout) {
+  const int64_t want = round * world_;
+  absl::MutexLock lock(&mu_);
+  auto landed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return landed_[static_cast<size_t>(block)] >= want;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&landed), timeout);
+}
+
+CollectiveGradientReducer::CollectiveGradientReducer(CollectiveGroup* group, int64_t vocab_size,
+                                                     GradientShards* shards, bool owner,
+                                                     std::chrono::milliseconds timeout)
+    : group_(group),
+      vocab_size_(vocab_size),
+      shards_(shards),
+      owner_(owner),
+      timeout_(absl::FromChrono(timeout)) {}
 
 absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> micro_batches) {
   {
@@ -79,19 +112,31 @@ absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> m
 }
 
 double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_t numel) {
+  if (rounds_.size() <= static_cast<size_t>(block)) rounds_.resize(static_cast<size_t>(block) + 1);
+  const int64_t round = ++rounds_[static_cast<size_t>(block)];
+  absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return std::numeric_limits<double>::quiet_NaN();
+    status = error_;
   }
-  if (scale_ != 1.0) {
-    at::from_blob(grad, {numel}, at::TensorOptions().dtype(at::kFloat))
-        .mul_(static_cast<float>(scale_));
+  if (status.ok()) {
+    if (scale_ != 1.0) {
+      at::from_blob(grad, {numel}, at::TensorOptions().dtype(at::kFloat))
+          .mul_(static_cast<float>(scale_));
+    }
+    status = group_->AllReduceSum(grad, numel);
   }
-  absl::Status status = group_->AllReduceSum(grad, numel);
+  // Note [Shard landing]: counted even after a failure, so no owner waits.
+  shards_->Land(group_->rank(), block, status.ok() ? grad : nullptr);
+  if (status.ok() && owner_ && !shards_->WaitLanded(block, round, timeout_)) {
+    status = absl::UnavailableError("a rank's shard did not land within the collective timeout");
+  }
   if (!status.ok()) {
     absl::MutexLock lock(&mu_);
-    error_ = absl::Status(status.code(),
-                          absl::StrCat("gradient of block ", block, ": ", status.message()));
+    if (error_.ok()) {
+      error_ = absl::Status(status.code(),
+                            absl::StrCat("gradient of block ", block, ": ", status.message()));
+    }
     return std::numeric_limits<double>::quiet_NaN();
   }
   return SquaredNorm(grad, numel);

@@ -1,7 +1,6 @@
 // Data-parallel trainer over c10d (data_parallel.h).
 #include "engine/dist/data_parallel.h"
 
-#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -39,7 +38,10 @@ absl::Status DataParallelTrainer::OnEveryRank(F fn) {
 }
 
 DataParallelTrainer::~DataParallelTrainer() {
-  ranks_.clear();  // drain every rank's optimizer before the reducers go
+  // The other ranks' weight gates use rank 0's queue: they go first; rank
+  // 0 drains its optimizer (which writes the shared store) before the
+  // reducers and the store go.
+  while (!ranks_.empty()) ranks_.pop_back();
   reducers_.clear();
   groups_.clear();
 }
@@ -59,26 +61,55 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
         options.gradient_accumulation_steps));
   }
   std::unique_ptr<DataParallelTrainer> t(new DataParallelTrainer());
+  // Note [Shared host store]: the options Trainer::Create would give its
+  // own store.
+  HostStoreOptions store_options;
+  store_options.streaming_bf16 =
+      options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kBf16;
+  store_options.pin = absl::StartsWith(dp.devices[0], "cuda");
+  MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));
+  t->shared_->InitializeWeights(seed);
+  t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), world);
   t->groups_.resize(static_cast<size_t>(world));
   t->reducers_.resize(static_cast<size_t>(world));
   t->ranks_.resize(static_cast<size_t>(world));
   std::shared_ptr<RendezvousStore> store = RendezvousStore::CreateInProcess();
-  // Every rank joins at once (the group's creation is a barrier), then
-  // builds its trainer (its own store, pool and device).
+  // Every rank joins at once (the group's creation is a barrier).
   MEGATRAIN_RETURN_IF_ERROR(t->OnEveryRank([&](int r) -> absl::Status {
     const std::string& device = dp.devices[static_cast<size_t>(r)];
     MEGATRAIN_ASSIGN_OR_RETURN(t->groups_[r],
                                CollectiveGroup::Create(store, r, world, device, dp.timeout));
-    t->reducers_[r] =
-        std::make_unique<CollectiveGradientReducer>(t->groups_[r].get(), config.vocab_size);
-    TrainerOptions rank_options = options;
-    rank_options.device = device;
-    rank_options.gradient_accumulation_steps = options.gradient_accumulation_steps / world;
-    rank_options.gradient_reducer = t->reducers_[r].get();
-    MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
     return absl::OkStatus();
   }));
+  // Then the trainers, rank 0 (the optimizer's owner) first.
+  for (int r = 0; r < world; ++r) {
+    t->reducers_[r] = std::make_unique<CollectiveGradientReducer>(
+        t->groups_[r].get(), config.vocab_size, t->shards_.get(), r == 0, dp.timeout);
+    TrainerOptions rank_options = options;
+    rank_options.device = dp.devices[static_cast<size_t>(r)];
+    rank_options.gradient_accumulation_steps = options.gradient_accumulation_steps / world;
+    rank_options.gradient_reducer = t->reducers_[r].get();
+    rank_options.shared_store = t->shared_.get();
+    rank_options.optimizer_owner = r == 0 ? nullptr : t->ranks_[0].get();
+    // Only rank 0's optimizer pool runs AdamW; the others' stays idle.
+    if (r > 0) rank_options.threads = 1;
+    MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
+  }
   return t;
+}
+
+HostStoreBytes DataParallelTrainer::host_bytes() const {
+  HostStoreBytes total = shared_->bytes();
+  for (const auto& rank : ranks_) {
+    const HostStoreBytes b = rank->store().bytes();
+    total.master += b.master;
+    total.grad += b.grad;
+    total.exp_avg += b.exp_avg;
+    total.exp_avg_sq += b.exp_avg_sq;
+    total.streaming += b.streaming;
+    total.pinned += b.pinned;
+  }
+  return total;
 }
 
 absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch> micro_batches) {
@@ -108,28 +139,6 @@ absl::Status DataParallelTrainer::WaitForOptimizer() {
 
 void DataParallelTrainer::set_step(int64_t step) {
   for (auto& rank : ranks_) rank->set_step(step);
-}
-
-absl::Status DataParallelTrainer::SyncReplicasFromRank0() {
-  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
-  const HostStore& from = ranks_[0]->store();
-  for (size_t r = 1; r < ranks_.size(); ++r) {
-    HostStore& to = ranks_[r]->store();
-    for (int64_t block = 0; block < from.num_blocks(); ++block) {
-      const size_t bytes = static_cast<size_t>(from.block_numel(block)) * sizeof(float);
-      std::memcpy(to.master(block), from.master(block), bytes);
-      if (from.exp_avg(block) != nullptr && to.exp_avg(block) != nullptr) {
-        std::memcpy(to.exp_avg(block), from.exp_avg(block), bytes);
-        std::memcpy(to.exp_avg_sq(block), from.exp_avg_sq(block), bytes);
-      }
-      if (from.streaming_bf16(block) != nullptr && to.streaming_bf16(block) != nullptr) {
-        std::memcpy(to.streaming_bf16(block), from.streaming_bf16(block),
-                    static_cast<size_t>(from.block_numel(block)) * sizeof(bf16_bits));
-      }
-    }
-    ranks_[r]->set_step(ranks_[0]->step());
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace megatrain::engine

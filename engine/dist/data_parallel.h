@@ -1,10 +1,11 @@
 // Data-parallel training on several devices of one host: one Trainer per
-// device ("rank"), each a thread of this process with its own replica of
-// the host store, gradients combined over c10d (gloo on the CPU, NCCL on
-// CUDA) as they land (Note [Data-parallel step] in
+// device ("rank"), each a thread of this process, all sharing one host
+// store (weights, AdamW moments, streaming copy, reduced gradient) and one
+// CPU AdamW, gradients combined over c10d (gloo on the CPU, NCCL on CUDA)
+// as they land (Notes [Data-parallel step] and [Shared host store] in
 // step/gradient_reducer.h). No LibTorch types here: the job and the
 // benchmark use it. docs/distributed.md has the design and what is not
-// built (one shared host store, optimizer sharding, multi-host jobs).
+// built (device-side reduce-scatter, multi-host jobs).
 #ifndef MEGATRAIN_ENGINE_DIST_DATA_PARALLEL_H_
 #define MEGATRAIN_ENGINE_DIST_DATA_PARALLEL_H_
 
@@ -44,9 +45,10 @@ std::vector<std::string> DataParallelDevices(const std::string& base_device, int
 // one thread per rank internally and joins them before it returns.
 class DataParallelTrainer {
  public:
-  // Builds one Trainer per device with `options` (its device replaced,
-  // gradient_accumulation_steps divided by the rank count) and identical
-  // weights from `seed`, and joins them in one process group. Errors:
+  // Allocates the shared host store (weights initialised from `seed`),
+  // builds one Trainer per device with `options` (its device replaced,
+  // gradient_accumulation_steps divided by the rank count; rank 0 owns the
+  // optimizer) and joins them in one process group. Errors:
   // INVALID_ARGUMENT for no or too many devices, or an accumulation count
   // the rank count does not divide; Trainer::Create's and
   // CollectiveGroup::Create's.
@@ -70,12 +72,13 @@ class DataParallelTrainer {
   // Waits for every rank's queued updates (Trainer::WaitForOptimizer).
   absl::Status WaitForOptimizer();
 
-  // Rank 0's host store: what checkpoints write (once). After writing it
-  // (loading a checkpoint) call SyncReplicasFromRank0 before the next Step.
-  HostStore& store() { return ranks_[0]->store(); }
-  // Copies rank 0's master weights, AdamW moments and streaming copy into
-  // every other replica, and its step counter (after a checkpoint load).
-  absl::Status SyncReplicasFromRank0();
+  // The shared host store: what checkpoints write (once) and read; call
+  // WaitForOptimizer() before reading it. The caller may write it (loading
+  // weights or a checkpoint, then set_step) between steps.
+  HostStore& store() { return *shared_; }
+  // Host bytes held: the shared store's plus every rank's landing
+  // gradients (each counted once).
+  HostStoreBytes host_bytes() const;
 
   int64_t step() const { return ranks_[0]->step(); }
   void set_step(int64_t step);
@@ -89,6 +92,8 @@ class DataParallelTrainer {
   template <typename F>
   absl::Status OnEveryRank(F fn);
 
+  std::unique_ptr<HostStore> shared_;  // destroyed last (declared first)
+  std::unique_ptr<GradientShards> shards_;
   std::vector<std::unique_ptr<CollectiveGroup>> groups_;
   std::vector<std::unique_ptr<CollectiveGradientReducer>> reducers_;
   std::vector<std::unique_ptr<Trainer>> ranks_;  // destroyed first (declared last)

@@ -244,7 +244,7 @@ struct BenchRun {
 
 // The run's setup: options and the resolved trainer settings.
 void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& trainer,
-                  nlohmann::json* j) {
+                  const DataParallelTrainer* dp, nlohmann::json* j) {
   (*j)["model"] = o.model;
   (*j)["params"] = config.ParamCount();
   // MoE: the parameters one token uses (k of E experts), what MFU counts.
@@ -282,9 +282,11 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["max_grad_norm"] = o.max_grad_norm;
   (*j)["weight_stream"] = o.weight_stream;
   (*j)["gradient_ring"] = trainer.gradient_ring();
-  const HostStoreBytes host = trainer.store().bytes();
+  // Data parallel: the shared store plus every rank's landing gradients.
+  const HostStoreBytes host = dp != nullptr ? dp->host_bytes() : trainer.store().bytes();
   // The executor's staging plus, with the tier, its read/write buffers.
-  const int64_t staging = trainer.staging_host_bytes() +
+  // (each data-parallel rank has its own).
+  const int64_t staging = trainer.staging_host_bytes() * (dp != nullptr ? dp->world_size() : 1) +
                           (trainer.nvme_moments() != nullptr ? NvmeTierStagingBytes() : 0);
   const int64_t total = host.Total() + staging;
   (*j)["host_bytes"] = {{"master", host.master},       {"grad", host.grad},
@@ -430,9 +432,6 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
     DataParallelOptions dpo;
     dpo.devices = DataParallelDevices(o.device, o.devices);
     topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices;
-    if (o.threads == 0) {
-      topt.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.devices);
-    }
     MEGATRAIN_ASSIGN_OR_RETURN(dp, DataParallelTrainer::Create(config, topt, o.seed, dpo));
   } else {
     MEGATRAIN_ASSIGN_OR_RETURN(single, Trainer::Create(config, topt, o.seed));
@@ -440,8 +439,9 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   Trainer* trainer = dp != nullptr ? &dp->rank(0) : single.get();
   const bool hf_weights = std::filesystem::exists(o.model + "/model.safetensors") ||
                           std::filesystem::exists(o.model + "/model.safetensors.index.json");
-  if (hf_weights) MEGATRAIN_RETURN_IF_ERROR(LoadHfWeights(o.model, &trainer->store()));
-  if (hf_weights && dp != nullptr) MEGATRAIN_RETURN_IF_ERROR(dp->SyncReplicasFromRank0());
+  // Data parallel: into the shared host store (Note [Shared host store]).
+  HostStore& store = dp != nullptr ? dp->store() : trainer->store();
+  if (hf_weights) MEGATRAIN_RETURN_IF_ERROR(LoadHfWeights(o.model, &store));
   FILE* progress = o.json ? stderr : stdout;
   std::fprintf(
       progress,
@@ -463,7 +463,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len *
                                             o.gradient_accumulation_steps * std::max(o.devices, 1));
   nlohmann::json j;
-  AddSetupJson(o, config, *trainer, &j);
+  AddSetupJson(o, config, *trainer, dp.get(), &j);
   j["devices"] = std::max(o.devices, 1);
   AddTimingJson(run, link, &j);
   j["tokens_per_s"] = tokens / step_median;

@@ -72,6 +72,8 @@ absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
 // device sums the micro-batches is known only on the device.
 bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
   const GradientLanding landing = spec.memory.gradient_landing;
+  // Note [Shared host store]: data-parallel gradients land in the arena.
+  if (spec.train.devices > 1) return false;
   if (landing == GradientLanding::kRing) return true;
   return landing == GradientLanding::kAuto && spec.train.max_grad_norm <= 0 &&
          config.moe == nullptr && spec.train.gradient_accumulation_steps == 1;
@@ -231,6 +233,17 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   f.embedding_lookahead_bytes = config.tie_word_embeddings || exec.resident_embedding
                                     ? 0
                                     : 2 * tokens * config.hidden_size * 4;
+  if (spec.train.devices > 1) {
+    // Note [Shared host store] (step/gradient_reducer.h): the weights,
+    // moments and streaming copy once; the shared (reduced) gradient plus
+    // each rank's pinned landing gradients; each rank's executor staging;
+    // no embedding lookahead.
+    const int64_t ranks = spec.train.devices;
+    f.host.pinned += ranks * f.host.grad;
+    f.host.grad *= ranks + 1;
+    f.host.staging *= ranks;
+    f.embedding_lookahead_bytes = 0;
+  }
   f.host_total_bytes = f.host.Total() + f.embedding_lookahead_bytes;
   f.device_resident_bytes = plan.resident_bytes + plan.grad_accumulation_bytes;
   // Device: the plan, the saved layer inputs outside it (fp32; with

@@ -13,10 +13,29 @@
 //                                    blocks in the executor's landing order,
 //                                    identical on every rank);
 //   EndStep(loss_sum)                after the pass (step thread).
-// After ReduceBlock every rank's store holds the gradient of the mean loss
-// over the counted tokens of the GLOBAL batch, bit for bit the same on
-// every rank, so every replica's AdamW applies the same update and the
-// replicas stay identical.
+// After ReduceBlock every rank's landing buffer holds the gradient of the
+// mean loss over the counted tokens of the GLOBAL batch, bit for bit the
+// same on every rank.
+//
+// Note [Shared host store]
+// The ranks of one host share one host store (TrainerOptions::shared_store;
+// engine/dist/data_parallel.h builds it): fp32 master weights, AdamW
+// moments, the bf16 streaming copy and the reduced gradient exist once.
+// Each rank's Trainer owns a view of it (HostStore::CreateGradientView)
+// whose only memory is the rank's landing gradient: the executor streams
+// weights from the shared store and lands this rank's gradients in the
+// view. ReduceBlock combines the ranks' landed gradients and each rank
+// copies its 1/N shard of the block into the shared store's gradient
+// (reduce-scatter semantics; engine/dist/collective_reducer.h says how
+// with gloo). One trainer, the optimizer owner (rank 0), runs AdamW: its
+// ReduceBlock returns only once every rank's shard of the block landed, and
+// its updates read the shared gradient, so each parameter is updated
+// exactly once per step. The other ranks queue no update; their weight
+// gate waits on the owner's optimizer queue (Trainer::WaitBlockUpdated),
+// so that no rank streams a block before its update. The embedding then
+// updates as one block (no row gate, no lookahead: Notes [Embedding rows on
+// demand] and [Embedding lookahead] in trainer.h), the gradient lands in
+// the arena (no ring), and the NVMe tier is not available.
 #ifndef MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_
 #define MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_
 

@@ -71,6 +71,25 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
           options.resident_layers, " / ", options.resident_embedding));
     }
   }
+  if (options.optimizer_owner != nullptr && options.shared_store == nullptr) {
+    return absl::InvalidArgumentError(
+        "optimizer_owner: only with a shared_store (Note [Shared host store])");
+  }
+  if (options.shared_store != nullptr) {  // Note [Shared host store]
+    if (options.gradient_reducer == nullptr) {
+      return absl::InvalidArgumentError(
+          "shared_store: needs a gradient_reducer (data parallelism)");
+    }
+    if (!options.nvme_dir.empty()) {
+      return absl::UnimplementedError(
+          "memory.nvme_tier: not built with train.devices > 1 (one shared host store)");
+    }
+    if (options.gradient_landing == GradientLanding::kRing) {
+      return absl::InvalidArgumentError(
+          "gradient_landing ring: not with train.devices > 1 (the ranks' shards land in the "
+          "shared store's gradient arena)");
+    }
+  }
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer_slice_elements: must be >= 1, got ",
                                                    options.optimizer_slice_elements));
@@ -154,11 +173,27 @@ TrainerOptions WithTierDefaults(TrainerOptions options) {
     options.resident_layers = 0;
     options.resident_embedding = 0;
   }
+  if (options.shared_store != nullptr) options.gradient_landing = GradientLanding::kArena;
   if (options.nvme_dir.empty()) return options;
   options.resident_layers = 0;
   options.resident_embedding = 0;
   options.optimizer_slice_elements = (options.optimizer_slice_elements + 1023) / 1024 * 1024;
   return options;
+}
+
+// INVALID_ARGUMENT unless `shared` is a store this trainer could have
+// built for `config` with `options` (Note [Shared host store]).
+absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config,
+                              const HostStoreOptions& options) {
+  const HostStoreOptions& have = shared.options();
+  if (shared.arena_numel() != HostStore::EstimateBytes(config, {}).master / 4 ||
+      have.streaming_bf16 != options.streaming_bf16 || have.pin != options.pin ||
+      !have.optimizer_state || !have.moments_in_host || have.gradient_ring) {
+    return absl::InvalidArgumentError(
+        "shared_store: built for another model or other options (streaming copy, pinning, "
+        "moments in host memory, gradient arena) than this trainer's");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -184,18 +219,23 @@ Trainer::~Trainer() {
 }
 
 AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count) const {
+  // Note [Shared host store]: the owner updates the shared store from the
+  // shards the ranks landed there.
+  const HostStore& store = options_.shared_store != nullptr ? *options_.shared_store : *store_;
   AdamWBuffers buffers;
-  buffers.params = store_->master(block) + offset;
-  buffers.grads = store_->grad(block) + offset;
-  buffers.exp_avg = store_->exp_avg(block) + offset;
-  buffers.exp_avg_sq = store_->exp_avg_sq(block) + offset;
-  bf16_bits* bf16 = store_->streaming_bf16(block);
+  buffers.params = store.master(block) + offset;
+  buffers.grads = store.grad(block) + offset;
+  buffers.exp_avg = store.exp_avg(block) + offset;
+  buffers.exp_avg_sq = store.exp_avg_sq(block) + offset;
+  bf16_bits* bf16 = store.streaming_bf16(block);
   buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
   buffers.num_elements = count;
   return buffers;
 }
 
 void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale) {
+  // Note [Shared host store]: only the owner updates.
+  if (options_.optimizer_owner != nullptr) return;
   // Note [Optimizer slices]: one task per slice, each accounted separately.
   const int64_t numel = store_->block_numel(block);
   const int64_t slice = options_.optimizer_slice_elements;
@@ -227,6 +267,8 @@ absl::Status Trainer::SyncResidentIfNewer() {
   resident_device_newer_ = false;
   return absl::OkStatus();
 }
+
+void Trainer::WaitBlockUpdated(int64_t block) const { queue_->WaitBlock(block); }
 
 absl::Status Trainer::WaitForOptimizer() {
   MEGATRAIN_RETURN_IF_ERROR(queue_->WaitAll());
@@ -298,8 +340,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   store_options.moments_in_host = options.nvme_dir.empty();
   store_options.gradient_ring = exec.gradient_ring;
   store_options.embedding_grad_in_host = !exec.resident_embedding;
-  MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
-  t->store_->InitializeWeights(seed);
+  if (options.shared_store != nullptr) {  // Note [Shared host store]
+    MEGATRAIN_RETURN_IF_ERROR(CheckSharedStore(*options.shared_store, config, store_options));
+    MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::CreateGradientView(*options.shared_store));
+  } else {
+    MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
+    t->store_->InitializeWeights(seed);
+  }
   if (!options.nvme_dir.empty()) {
     MEGATRAIN_ASSIGN_OR_RETURN(
         t->nvme_moments_, NvmeMomentFiles::Create(
@@ -322,10 +369,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->queue_ = std::make_unique<OptimizerQueue>(t->store_->num_blocks(), options.optimizer_nice);
   t->hooks_ = MakeNonFiniteInjector(options.debug_nonfinite, t->store_.get(), t->pool_.get());
   OptimizerQueue* queue = t->queue_.get();
-  t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
-  // A resident embedding is updated on the device instead; with the tier,
-  // as one block (Note [Tiered trainer]).
-  if (!t->resident_embedding_ && t->nvme_moments_ == nullptr) {
+  if (const Trainer* owner = options.optimizer_owner; owner != nullptr) {
+    t->executor_->SetWeightGate([owner](int64_t block) { owner->WaitBlockUpdated(block); });
+  } else {
+    t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
+  }
+  // A resident embedding is updated on the device instead; with the tier
+  // (Note [Tiered trainer]) or a shared store (Note [Shared host store]),
+  // as one block.
+  if (!t->resident_embedding_ && t->nvme_moments_ == nullptr && options.shared_store == nullptr) {
     t->embedding_ =
         EmbeddingUpdater::Create(t->store_.get(), t->adamw_.get(), queue, t->pool_.get(),
                                  t->critical_pool_.get(), options.debug_keep_lookahead);

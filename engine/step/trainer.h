@@ -161,6 +161,7 @@ class EmbeddingUpdater;
 class GradientReducer;
 class OptimizerQueue;
 class StreamingExecutor;
+class Trainer;
 class ThreadPool;
 class TrainerTestHooks;
 struct ForwardBackwardResult;
@@ -270,6 +271,18 @@ struct TrainerOptions {
   // embedding (their gradients never reach the store); turns the embedding
   // lookahead off (other ranks' rows get gradients too).
   GradientReducer* gradient_reducer = nullptr;
+  // Note [Shared host store] in gradient_reducer.h (with gradient_reducer):
+  // the store of the weights, moments, streaming copy and reduced gradient
+  // that every rank of this host shares; not owned, outlives the trainer,
+  // built with the options this trainer would give its own store
+  // (INVALID_ARGUMENT otherwise; its weights are not initialised by
+  // Create). This trainer's store() is then a view holding its landing
+  // gradients. `optimizer_owner` null: this trainer runs the AdamW of
+  // every block on the shared store; else the trainer that does (not
+  // owned, outlives this one), whose updates this one's weight gate waits
+  // for.
+  HostStore* shared_store = nullptr;
+  const Trainer* optimizer_owner = nullptr;
 };
 
 // The decoder layers TrainerOptions::resident_layers `option` keeps on a
@@ -337,6 +350,10 @@ class Trainer {
   // StreamingExecutor::Logits). Waits for pending optimizer work first.
   absl::StatusOr<std::vector<float>> Logits(const MicroBatch& micro_batch);
 
+  // Blocks until no update of `block` is queued or running (Note [Shared
+  // host store]: the other ranks' weight gate). Thread-safe.
+  void WaitBlockUpdated(int64_t block) const;
+
   // Blocks until every queued optimizer update has been applied and the
   // resident layers (Note [Resident layers] in executor.h) are copied back,
   // so that store() holds the weights and AdamW state of step(). Returns
@@ -346,6 +363,8 @@ class Trainer {
   // The host store. Call WaitForOptimizer() before reading weights. The
   // caller may write it (loading weights or a checkpoint) until the next
   // Step, Evaluate or Logits, which then reload the resident layers from it.
+  // With TrainerOptions::shared_store: this rank's view of it (Note
+  // [Shared host store]).
   HostStore& store();
   // Decoder layers resident on the device (the resolved
   // TrainerOptions::resident_layers).

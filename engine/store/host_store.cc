@@ -123,6 +123,24 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
   return store;
 }
 
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(const HostStore& weights) {
+  if (!weights.options().optimizer_state || weights.options().gradient_ring ||
+      weights.weights_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "HostStore::CreateGradientView: the shared store needs a gradient arena of its own "
+        "(optimizer_state, no gradient ring) and must not itself be a view");
+  }
+  std::unique_ptr<HostStore> view(
+      new HostStore(weights.config_, weights.layout_, weights.options_));
+  view->block_offsets_ = weights.block_offsets_;
+  view->arena_numel_ = weights.arena_numel_;
+  view->weights_ = &weights;
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      view->grad_,
+      HostBuffer::Allocate(static_cast<size_t>(view->arena_numel_) * 4, weights.options_.pin));
+  return view;
+}
+
 HostStoreBytes HostStore::bytes() const {
   HostStoreBytes b;
   b.master = static_cast<int64_t>(master_.bytes());

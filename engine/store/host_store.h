@@ -72,6 +72,18 @@ class HostStore {
   // used for admission control.
   static HostStoreBytes EstimateBytes(const ModelConfig& config, const HostStoreOptions& options);
 
+  // One data-parallel rank's view of a shared store (Note [Shared host
+  // store] in step/gradient_reducer.h): master(), exp_avg(), exp_avg_sq()
+  // and streaming_bf16() are `weights`' (not owned; it must outlive the
+  // view), grad() is the view's own arena (the rank's landing buffer,
+  // pinned as `weights`' options say). bytes() counts only that arena, so
+  // summing the shared store's and the views' bytes counts the weights and
+  // moments once. INVALID_ARGUMENT when `weights` has no optimizer state or
+  // uses the gradient ring; RESOURCE_EXHAUSTED as Create.
+  static absl::StatusOr<std::unique_ptr<HostStore>> CreateGradientView(const HostStore& weights);
+  // The store whose weights a view reads (null for a store that owns them).
+  const HostStore* weights_owner() const { return weights_; }
+
   const ModelConfig& config() const { return config_; }
   const ModelLayout& layout() const { return layout_; }
   const HostStoreOptions& options() const { return options_; }
@@ -86,7 +98,9 @@ class HostStore {
   // Flat fp32 buffers of `block`, block_numel(block) elements each. With
   // gradient_ring, grad() of a block other than the embedding is the ring
   // buffer bound to it (nullptr when none is).
-  float* master(int64_t block) const { return At<float>(master_, block); }
+  float* master(int64_t block) const {
+    return weights_ != nullptr ? weights_->master(block) : At<float>(master_, block);
+  }
   float* grad(int64_t block) const {
     if (!options_.gradient_ring) return At<float>(grad_, block);
     return block == layout_.embedding_block() ? static_cast<float*>(grad_.data())
@@ -99,10 +113,15 @@ class HostStore {
   // threads) read it after the landing was handed to them under a mutex,
   // which orders the write before their reads.
   void BindGrad(int64_t block, float* data);
-  float* exp_avg(int64_t block) const { return At<float>(exp_avg_, block); }
-  float* exp_avg_sq(int64_t block) const { return At<float>(exp_avg_sq_, block); }
+  float* exp_avg(int64_t block) const {
+    return weights_ != nullptr ? weights_->exp_avg(block) : At<float>(exp_avg_, block);
+  }
+  float* exp_avg_sq(int64_t block) const {
+    return weights_ != nullptr ? weights_->exp_avg_sq(block) : At<float>(exp_avg_sq_, block);
+  }
   // bf16 streaming copy; nullptr unless options().streaming_bf16.
   bf16_bits* streaming_bf16(int64_t block) const {
+    if (weights_ != nullptr) return weights_->streaming_bf16(block);
     return options_.streaming_bf16 ? At<bf16_bits>(streaming_, block) : nullptr;
   }
   // What the device copies for `block`: the bf16 copy or the fp32 master.
@@ -115,6 +134,7 @@ class HostStore {
     return block_numel(block) * (options_.streaming_bf16 ? 2 : 4);
   }
   bool streaming_pinned() const {
+    if (weights_ != nullptr) return weights_->streaming_pinned();
     return options_.streaming_bf16 ? streaming_.pinned() : master_.pinned();
   }
 
@@ -151,7 +171,8 @@ class HostStore {
   std::vector<int64_t> block_offsets_;  // elements from the arena start
   int64_t arena_numel_ = 0;
   HostBuffer master_, grad_, exp_avg_, exp_avg_sq_, streaming_;
-  std::vector<float*> ring_grads_;  // gradient_ring: per block, the bound ring buffer
+  std::vector<float*> ring_grads_;      // gradient_ring: per block, the bound ring buffer
+  const HostStore* weights_ = nullptr;  // CreateGradientView: the shared store
 };
 
 }  // namespace megatrain::engine

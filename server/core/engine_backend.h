@@ -105,6 +105,23 @@ class EngineBackend {
       const engine::JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from) = 0;
 
+  // Whether CreateJobOnDevices runs a job on several devices (train.devices
+  // > 1, data parallel; docs/distributed.md). The engine's job runner does
+  // not yet (false): the daemon then refuses such jobs at submission
+  // (UNIMPLEMENTED).
+  virtual bool RunsDataParallelJobs() { return false; }
+
+  // Builds a job on `devices` (its train.devices of them, gang-scheduled:
+  // Note [Gang scheduling] in job_manager.h), resuming as CreateJob. The
+  // default: one device is CreateJob; several are UNIMPLEMENTED.
+  virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
+      const engine::JobSpec& spec, const std::vector<std::string>& devices,
+      const std::optional<std::string>& resume_from) {
+    if (devices.size() == 1) return CreateJob(spec, devices.front(), resume_from);
+    return absl::UnimplementedError(
+        "train.devices: the engine's job runner does not run data-parallel jobs yet");
+  }
+
   // engine::ListCheckpoints: complete checkpoints under `output_dir`, oldest
   // first; NOT_FOUND when the directory is missing.
   virtual absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(

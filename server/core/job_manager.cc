@@ -55,7 +55,9 @@ enum class StopReason { kNone, kCancel, kSuspend, kPreempt, kShutdown };
 struct JobManager::Active {
   std::string job_id;
   std::string owner;
-  std::string device;
+  // The devices the job holds: its train.devices of them, gang-scheduled
+  // (Note [Gang scheduling]); the first names its metrics.
+  std::vector<std::string> devices;
   int32_t priority = 0;
   int64_t reserved_bytes = 0;
   int64_t nvme_reserved_bytes = 0;  // Note [NVMe admission]
@@ -78,7 +80,7 @@ class JobManager::Observer : public engine::JobObserver {
         active_(active),
         job_id_(job.id),
         owner_(job.owner),
-        device_(active->device),
+        device_(active->devices.front()),
         progress_(job.progress) {
     if (progress_.max_steps == 0) progress_.max_steps = engine::MaxSteps(job.request.spec);
   }
@@ -376,21 +378,22 @@ namespace {
 
 // train.devices at submission (docs/distributed.md): "all" (0) becomes the
 // daemon's device count; more devices than the daemon schedules on can
-// never run (INVALID_ARGUMENT naming both counts). The job runner trains
-// on one device: a data-parallel job (N > 1) is UNIMPLEMENTED in the
-// daemon until it gang-schedules (megatrain-bench --devices runs one).
-absl::Status ResolveRequestedDevices(int64_t daemon_devices, engine::TrainSpec* train) {
+// never run (INVALID_ARGUMENT naming both counts). A data-parallel job (N >
+// 1) is gang-scheduled (Note [Gang scheduling]) when the engine backend runs
+// such jobs (EngineBackend::RunsDataParallelJobs), else UNIMPLEMENTED.
+absl::Status ResolveRequestedDevices(int64_t daemon_devices, bool data_parallel,
+                                     engine::TrainSpec* train) {
   if (train->devices == engine::kAllDevices) train->devices = daemon_devices;
   if (train->devices > daemon_devices) {
     return absl::InvalidArgumentError(absl::StrCat("train.devices: ", train->devices,
                                                    " requested, this daemon has ", daemon_devices,
                                                    " device(s)"));
   }
-  if (train->devices > 1) {
+  if (train->devices > 1 && !data_parallel) {
     return absl::UnimplementedError(absl::StrCat(
         "train.devices: ", train->devices,
-        " devices: data-parallel jobs are not scheduled by the daemon yet (one device per job; "
-        "megatrain-bench --devices runs data-parallel training)"));
+        " devices: the engine's job runner does not run data-parallel jobs yet (one device per "
+        "job; megatrain-bench --devices runs data-parallel training)"));
   }
   return absl::OkStatus();
 }
@@ -409,8 +412,9 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   bool repeat = false;
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
   if (repeat) return existing;
-  MEGATRAIN_RETURN_IF_ERROR(
-      ResolveRequestedDevices(static_cast<int64_t>(options_.devices.size()), &request.spec.train));
+  MEGATRAIN_RETURN_IF_ERROR(ResolveRequestedDevices(static_cast<int64_t>(options_.devices.size()),
+                                                    backend_->RunsDataParallelJobs(),
+                                                    &request.spec.train));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
 
   JobRecord job;
@@ -675,23 +679,25 @@ void JobManager::ScheduleLocked() {
           running_by_owner[job.owner] >= options_.max_running_jobs_per_user) {
         continue;
       }
-      std::string free_device;
+      // Note [Gang scheduling]: all of the job's devices or none.
+      const size_t wanted =
+          static_cast<size_t>(std::max<int64_t>(1, job.request.spec.train.devices));
+      std::vector<std::string> free_devices;
       for (const std::string& device : options_.devices) {
-        if (job_on_device_[device].empty()) {
-          free_device = device;
-          break;
+        if (job_on_device_[device].empty() && free_devices.size() < wanted) {
+          free_devices.push_back(device);
         }
       }
       const bool fits =
           reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes &&
           nvme_reserved_bytes_ + NvmeBytesLocked(job) <= options_.nvme.budget_bytes;
-      if (free_device.empty() || !fits) {
+      if (free_devices.size() < wanted || !fits) {
         if (options_.preemption) MaybePreemptLocked(job);
         stop = true;
         break;
       }
       ++running_by_owner[job.owner];
-      StartLocked(std::move(job), free_device);
+      StartLocked(std::move(job), std::move(free_devices));
     }
     if (last_page) break;
   }
@@ -732,7 +738,8 @@ void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
   NotifyEvents();
 }
 
-void JobManager::StartLocked(JobRecord job, const std::string& device) {
+void JobManager::StartLocked(JobRecord job, std::vector<std::string> devices) {
+  const std::string device = absl::StrJoin(devices, ",");
   job.device = device;
   // The first start: a resumed or re-queued job keeps it (queue time and
   // run time stay readable from create, start and end times).
@@ -749,14 +756,14 @@ void JobManager::StartLocked(JobRecord job, const std::string& device) {
   auto active = std::make_unique<Active>();
   active->job_id = job.id;
   active->owner = job.owner;
-  active->device = device;
+  active->devices = devices;
   active->priority = job.request.priority;
   active->reserved_bytes = job.host_memory_bytes;
   active->last_checkpoint_dir = job.resume_from;
   reserved_bytes_ += job.host_memory_bytes;
   active->nvme_reserved_bytes = NvmeBytesLocked(job);
   nvme_reserved_bytes_ += active->nvme_reserved_bytes;
-  job_on_device_[device] = job.id;
+  for (const std::string& d : devices) job_on_device_[d] = job.id;
   Active* raw = active.get();
   active_[job.id] = std::move(active);
   raw->thread = std::thread(&JobManager::RunJob, this, raw, std::move(job));
@@ -795,7 +802,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
       if (confinement.ok()) confined.emplace(&*confinement);
       absl::StatusOr<std::unique_ptr<engine::TrainingJob>> created =
           confinement.ok()
-              ? backend_->CreateJob(spec, active->device, resume_from)
+              ? backend_->CreateJobOnDevices(spec, active->devices, resume_from)
               : absl::StatusOr<std::unique_ptr<engine::TrainingJob>>(confinement.status());
       if (!created.ok()) {
         outcome = created.status();
@@ -809,7 +816,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
           }
           if (active->checkpoint_requested) training_job->RequestCheckpoint();
         }
-        metrics_->SetHostStore(active->device, training_job->footprint().host);
+        metrics_->SetHostStore(active->devices.front(), training_job->footprint().host);
         RecordStartEvents(job.id, *training_job);
         Observer observer(this, active, job);
         outcome = training_job->Run(&observer);
@@ -853,7 +860,7 @@ void JobManager::RecordStartEvents(const std::string& job_id,
 void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string job_id = active->job_id;
-  const std::string device = active->device;
+  const std::vector<std::string> devices = active->devices;
   absl::StatusOr<JobRecord> loaded = store_->GetJob(job_id);
   if (loaded.ok()) {
     JobRecord& job = *loaded;
@@ -910,10 +917,10 @@ void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutco
   } else {
     LogError(absl::StrCat(job_id, ": reading the job at its end: ", loaded.status().ToString()));
   }
-  metrics_->ClearDevice(device);
+  for (const std::string& device : devices) metrics_->ClearDevice(device);
   reserved_bytes_ -= active->reserved_bytes;
   nvme_reserved_bytes_ -= active->nvme_reserved_bytes;
-  job_on_device_[device].clear();
+  for (const std::string& device : devices) job_on_device_[device].clear();
   finished_threads_.push_back(std::move(active->thread));
   active_.erase(job_id);  // destroys *active
   if (active_.empty()) idle_cv_.notify_all();

@@ -22,6 +22,24 @@
 // step boundary and goes back to the queue, resuming from that checkpoint.
 // Passes run after every submit, resume, cancel and job end.
 //
+// Note [Gang scheduling]
+// A job with train.devices N > 1 (data parallel; docs/distributed.md) needs
+// N free devices at once: it starts only when N are free (the first N free
+// in --device order), holds all N until it ends, and frees them together.
+// Until then it waits as the head of the queue does (later jobs do not
+// overtake it, even 1-device ones that would fit a free device). Its host
+// memory is reserved once (the footprint of the whole job: one shared host
+// store plus each rank's landing gradients and staging, engine
+// EstimateFootprint); device memory is per device, each of the N holding
+// what one device of a 1-device job holds (the engine refuses at start what
+// does not fit). The job's step, eval and host-store metrics are recorded
+// under its first device (loss and tokens/s of the global batch: the job's
+// total); its other devices show it in GetStatus. A preemption frees one
+// victim's devices at a time; a job needing more waits for the next pass.
+// Only backends that run data-parallel jobs get them
+// (EngineBackend::RunsDataParallelJobs); otherwise Submit refuses N > 1 with
+// UNIMPLEMENTED.
+//
 // Note [Job limits]
 // --max_queued_jobs_per_user and --max_queued_jobs count every job that is
 // not terminal (QUEUED, RUNNING, SUSPENDING, SUSPENDED): suspending a job or
@@ -350,7 +368,8 @@ class JobManager {
   // logging what it removed and left.
   void SweepStaleNvmeTierDirs();
   void MaybePreemptLocked(const JobRecord& waiting);
-  void StartLocked(JobRecord job, const std::string& device);
+  // Starts `job` on `devices` (its train.devices of them, all free).
+  void StartLocked(JobRecord job, std::vector<std::string> devices);
   void RunJob(Active* active, JobRecord job);
   // Records a starting job's schedule and data descriptions as RUNNING
   // events (logged, not returned, when the store refuses them). Takes no

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/spec/job_spec.h"
@@ -289,6 +290,15 @@ absl::StatusOr<engine::MemoryFootprint> FakeEngineBackend::EstimateFootprint(
     footprint.host.exp_avg = footprint.host.exp_avg_sq = 0;
   }
   return footprint;
+}
+
+absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJobOnDevices(
+    const engine::JobSpec& spec, const std::vector<std::string>& devices,
+    const std::optional<std::string>& resume_from) {
+  if (devices.size() > 1 && !data_parallel) {
+    return EngineBackend::CreateJobOnDevices(spec, devices, resume_from);
+  }
+  return CreateJob(spec, absl::StrJoin(devices, ","), resume_from);
 }
 
 absl::StatusOr<std::unique_ptr<engine::TrainingJob>> FakeEngineBackend::CreateJob(

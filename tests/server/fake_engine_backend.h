@@ -106,6 +106,14 @@ class FakeEngineBackend final : public EngineBackend {
   absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
       const engine::JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from) override;
+  // Runs data-parallel jobs when `data_parallel` (Note [Gang scheduling] in
+  // server/core/job_manager.h): CreateJobOnDevices then creates a job like
+  // CreateJob whose FakeJobControl::device is the devices joined by ",".
+  bool data_parallel = false;
+  bool RunsDataParallelJobs() override { return data_parallel; }
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
+      const engine::JobSpec& spec, const std::vector<std::string>& devices,
+      const std::optional<std::string>& resume_from) override;
   absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
       const std::string& output_dir) override;
   absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_dir,

@@ -31,6 +31,30 @@ JobSpec Llama8bSpec() {
   return spec;
 }
 
+// Note [Shared host store]: train.devices 2 keeps the weights, moments and
+// streaming copy once; gradients are the shared one plus one landing
+// buffer per rank (pinned), staging is per rank; the device estimate is
+// per device, the same as one device's.
+TEST(PlanTest, DataParallelFootprintCountsTheSharedStoreOnce) {
+  JobSpec one = Llama8bSpec();
+  one.train.gradient_accumulation_steps = 2;
+  JobSpec two = one;
+  two.train.devices = 2;
+  const ModelConfig config = *PresetConfig("llama-8b");
+  const MemoryFootprint a = EstimateFootprintForConfig(one, config);
+  const MemoryFootprint b = EstimateFootprintForConfig(two, config);
+  EXPECT_EQ(b.host.master, a.host.master);
+  EXPECT_EQ(b.host.exp_avg, a.host.exp_avg);
+  EXPECT_EQ(b.host.exp_avg_sq, a.host.exp_avg_sq);
+  EXPECT_EQ(b.host.streaming, a.host.streaming);
+  EXPECT_EQ(b.host.grad, 3 * a.host.grad);
+  EXPECT_EQ(b.host.pinned, a.host.pinned + 2 * a.host.grad);
+  EXPECT_EQ(b.host.staging, 2 * a.host.staging);
+  EXPECT_EQ(b.embedding_lookahead_bytes, 0);
+  EXPECT_EQ(b.host_total_bytes, b.host.Total());
+  EXPECT_EQ(b.device_estimate_bytes, a.device_estimate_bytes);
+}
+
 TEST(PlanTest, TiersAreTheFootprintsBytes) {
   const JobSpec spec = Llama8bSpec();
   const ModelConfig config = *PresetConfig("llama-8b");

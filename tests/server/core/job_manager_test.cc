@@ -237,15 +237,89 @@ TEST_F(JobManagerTest, JobAskingForMoreDevicesThanTheDaemonHasIsRefused) {
 }
 
 TEST_F(JobManagerTest, DataParallelJobIsUnimplementedInTheDaemon) {
+  // A backend that does not run data-parallel jobs (the engine's, today).
   options_.devices = {"cpu", "cpu:1"};
   StartManager();
   JobRequest request = Request("wide");
   request.spec.train.devices = 2;
   request.spec.train.gradient_accumulation_steps = 2;
-  EXPECT_THAT(
-      manager_->Submit(kAlice, request, ""),
-      StatusIs(absl::StatusCode::kUnimplemented,
-               HasSubstr("train.devices: 2 devices: data-parallel jobs are not scheduled")));
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("train.devices: 2 devices: the engine's job runner does not run "
+                                 "data-parallel jobs yet")));
+}
+
+JobRequest WideRequest(const std::string& name, int64_t devices, int64_t max_steps = 1) {
+  JobRequest request = Request(name, max_steps);
+  request.spec.train.devices = devices;
+  request.spec.train.gradient_accumulation_steps = 2;
+  return request;
+}
+
+// Note [Gang scheduling]: a 2-device job waits until both devices are
+// free, holds both, reserves its host memory once, and frees both at its
+// end; a 1-device job submitted after it does not overtake it.
+TEST_F(JobManagerTest, GangJobWaitsForAllItsDevicesAndHoldsThem) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRecord narrow = Submit(kAlice, Request("narrow", 1));
+  std::shared_ptr<FakeJobControl> first = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->device, "cpu");
+  JobRecord wide = Submit(kBob, WideRequest("wide", 2));
+  JobRecord after = Submit(kAlice, Request("after", 1));
+  EXPECT_EQ(StateOf(wide.id), JobState::kQueued) << "one of its two devices is busy";
+  EXPECT_EQ(StateOf(after.id), JobState::kQueued) << "no overtaking the wide job";
+  EXPECT_EQ(backend_.created_count(), 1);
+
+  first->AllowSteps(1);
+  WaitFor(narrow.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> gang = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(gang, nullptr);
+  EXPECT_EQ(gang->spec_name, "wide");
+  EXPECT_EQ(gang->device, "cpu,cpu:1");
+  EXPECT_EQ(StateOf(wide.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(after.id), JobState::kQueued);
+  absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  ASSERT_EQ(status->devices.size(), 2u);
+  EXPECT_EQ(status->devices[0].job_id, wide.id);
+  EXPECT_EQ(status->devices[1].job_id, wide.id);
+  // Host memory once: the fake's footprint (1 MiB), not one per device.
+  EXPECT_EQ(status->host_memory_reserved_bytes, int64_t{1} << 20);
+  EXPECT_EQ(manager_->Get(kAdmin, wide.id)->device, "cpu,cpu:1");
+
+  gang->AllowSteps(1);
+  WaitFor(wide.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> last = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->device, "cpu");
+  status = manager_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  EXPECT_EQ(status->devices[0].job_id, after.id);
+  EXPECT_EQ(status->devices[1].job_id, "");
+  last->AllowSteps(1);
+  WaitFor(after.id, StateIs(JobState::kSucceeded));
+}
+
+// "all" takes every device; more than the daemon has is refused even by a
+// backend that runs data-parallel jobs.
+TEST_F(JobManagerTest, GangJobForAllDevicesAndRefusalBeyondThem) {
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  EXPECT_THAT(manager_->Submit(kAlice, WideRequest("three", 3), ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("train.devices: 3 requested"),
+                                        HasSubstr("this daemon has 2 device(s)"))));
+  JobRecord all = Submit(kAlice, WideRequest("all", engine::kAllDevices, 2));
+  EXPECT_EQ(all.request.spec.train.devices, 2);
+  WaitFor(all.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> job = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(job, nullptr);
+  EXPECT_EQ(job->device, "cpu,cpu:1");
 }
 
 TEST_F(JobManagerTest, ActivationOffloadCountsAgainstTheBudget) {
