@@ -368,26 +368,34 @@ TEST(MultiTensorAdamWTest, OffCudaIsTensorAdamWStepPerSetBitForBit) {
   MultiTensorAdamWStep(hp, {});  // nothing to do, no failure
 }
 
-// ||actual - expected|| / ||expected|| < kTorchTolerance, or both all
-// zero (a zero gradient leaves zero moments).
-void ExpectNearState(const std::vector<float>& actual, const std::vector<float>& expected) {
+// ||actual - expected|| / ||expected|| < tolerance, or both all zero (a
+// zero gradient leaves zero moments).
+void ExpectNearState(const std::vector<float>& actual, const std::vector<float>& expected,
+                     double tolerance = kTorchTolerance) {
   ASSERT_EQ(actual.size(), expected.size());
   const int64_t n = static_cast<int64_t>(expected.size());
   if (std::all_of(expected.begin(), expected.end(), [](float x) { return x == 0.0f; })) {
     EXPECT_EQ(actual, expected);
     return;
   }
-  EXPECT_LT(NormRelativeError(actual.data(), expected.data(), n), kTorchTolerance);
+  EXPECT_LT(NormRelativeError(actual.data(), expected.data(), n), tolerance);
 }
+
+// The parameters after ATen's fused kernel (Note [Fused device AdamW],
+// "Numerics"): measured 1.30e-5 norm-relative from the scalar kernel
+// after three steps (torch 2.11, H100), where its moments agree within
+// kTorchTolerance; the difference is in the update's bias corrections.
+constexpr double kFusedParamsTolerance = 3e-5;
 
 // On CUDA with torch >= 2.1, MultiTensorAdamWStep is ATen's fused kernel
 // (Note [Fused device AdamW]): three steps over two sets against the scalar
 // CPU kernel, for a clip factor passed as the kernel's grad_scale (0.37),
 // one whose reciprocal is not a normal fp32 (0: the gradients are
-// multiplied first) and none (1). Its rounding differs from ours by a few
-// ulp per element and step, as torch::optim::AdamW's does (same tolerance,
-// kTorchTolerance); the bf16 copy is exactly the rounding of the updated
-// master. On torch 1.13 this checks TensorAdamWStep on CUDA instead.
+// multiplied first) and none (1). The moments agree within
+// kTorchTolerance, the parameters within kFusedParamsTolerance (the
+// kernel's bias corrections); the bf16 copy is exactly the rounding of the
+// updated master. On torch 1.13 this checks TensorAdamWStep on CUDA
+// instead, within kTorchTolerance.
 TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> sizes = {100003, 4097};
@@ -414,7 +422,10 @@ TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       const AdamWState expected =
           RunOurAdamW(problems[i].params, problems[i].grads, options, grad_scale, nullptr);
-      ExpectNearState(ToVector(sets[i].params.cpu()), expected.params);
+      ExpectNearState(ToVector(sets[i].params.cpu()), expected.params,
+                      compat::FusedAdamWSupported(sets[i].params.device())
+                          ? kFusedParamsTolerance
+                          : kTorchTolerance);
       ExpectNearState(ToVector(sets[i].exp_avg.cpu()), expected.exp_avg);
       ExpectNearState(ToVector(sets[i].exp_avg_sq.cpu()), expected.exp_avg_sq);
       EXPECT_TRUE(
