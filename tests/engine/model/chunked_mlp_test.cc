@@ -5,6 +5,7 @@
 // parameter as for Phi-3), fp32 and bf16, every MLP activation, chunks
 // that divide the rows and a partial last one; and the chunk-size rule.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <string>

@@ -381,20 +381,20 @@ void ExpectNearState(const std::vector<float>& actual, const std::vector<float>&
   EXPECT_LT(NormRelativeError(actual.data(), expected.data(), n), tolerance);
 }
 
-// The parameters after ATen's fused kernel (Note [Fused device AdamW],
-// "Numerics"): measured 1.30e-5 norm-relative from the scalar kernel
-// after three steps (torch 2.11, H100), where its moments agree within
-// kTorchTolerance; the difference is in the update's bias corrections.
-constexpr double kFusedParamsTolerance = 3e-5;
+// exp_avg_sq and the parameters after ATen's fused kernel (Note [Fused
+// device AdamW], "Numerics"): exp_avg_sq measured 1.29-1.30e-5
+// norm-relative from the scalar kernel after three steps (torch 2.11,
+// H200), the relative error of 1 - fp32(0.999) against 1 - 0.999; the
+// parameters, whose update reads v, are held to the same bound.
+constexpr double kFusedTolerance = 3e-5;
 
 // On CUDA with torch >= 2.1, MultiTensorAdamWStep is ATen's fused kernel
 // (Note [Fused device AdamW]): three steps over two sets against the scalar
 // CPU kernel, for a clip factor passed as the kernel's grad_scale (0.37),
 // one whose reciprocal is not a normal fp32 (0: the gradients are
-// multiplied first) and none (1). The moments agree within
-// kTorchTolerance, the parameters within kFusedParamsTolerance (the
-// kernel's bias corrections); the bf16 copy is exactly the rounding of the
-// updated master. On torch 1.13 this checks TensorAdamWStep on CUDA
+// multiplied first) and none (1). exp_avg agrees within kTorchTolerance,
+// exp_avg_sq and the parameters within kFusedTolerance (the kernel's beta2
+// in fp32); the bf16 copy is exactly the rounding of the updated master. On torch 1.13 this checks TensorAdamWStep on CUDA
 // instead, within kTorchTolerance.
 TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
@@ -422,12 +422,11 @@ TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       const AdamWState expected =
           RunOurAdamW(problems[i].params, problems[i].grads, options, grad_scale, nullptr);
-      ExpectNearState(ToVector(sets[i].params.cpu()), expected.params,
-                      compat::FusedAdamWSupported(sets[i].params.device())
-                          ? kFusedParamsTolerance
-                          : kTorchTolerance);
+      const double fused_tolerance =
+          compat::FusedAdamWSupported(sets[i].params.device()) ? kFusedTolerance : kTorchTolerance;
+      ExpectNearState(ToVector(sets[i].params.cpu()), expected.params, fused_tolerance);
       ExpectNearState(ToVector(sets[i].exp_avg.cpu()), expected.exp_avg);
-      ExpectNearState(ToVector(sets[i].exp_avg_sq.cpu()), expected.exp_avg_sq);
+      ExpectNearState(ToVector(sets[i].exp_avg_sq.cpu()), expected.exp_avg_sq, fused_tolerance);
       EXPECT_TRUE(
           torch::equal(sets[i].compute_copy.cpu(), sets[i].params.cpu().to(torch::kBFloat16)));
     }
