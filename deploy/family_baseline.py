@@ -58,14 +58,6 @@ PRESETS = {
     # + grads + AdamW moments are ~118 GB / ~107 GB: an H200 only (139 GiB),
     # and qwen3-moe-7b's [8 x 2048, 151936] logits may still not fit beside
     # them (the script then reports the out-of-memory error as its line).
-    "qwen3-moe-7b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
-                         intermediate_size=6144, moe_intermediate_size=1024,
-                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4,
-                         head_dim=128, num_experts=64, num_experts_per_tok=8,
-                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                         max_position_embeddings=32768, rms_norm_eps=1e-6,
-                         rope_theta=1000000.0, tie_word_embeddings=False,
-                         output_router_logits=True, router_aux_loss_coef=0.001),
     "mixtral-7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=2048,
                        intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
@@ -74,6 +66,8 @@ PRESETS = {
                        output_router_logits=True, router_aux_loss_coef=0.02,
                        router_jitter_noise=0.0),
 }
+# qwen3-moe-7b: qwen3-moe-4b with twice the experts.
+PRESETS["qwen3-moe-7b"] = dict(PRESETS["qwen3-moe-4b"], num_experts=64)
 
 
 def active_params(model, cfg):
