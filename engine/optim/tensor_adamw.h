@@ -89,10 +89,9 @@ bool UnfusedDeviceAdamWForced();
 // multi-tensor call on CUDA with torch >= 2.1 unless the knob above is
 // set, TensorAdamWStep per set elsewhere), then each compute copy from
 // its updated params (bf16: round to nearest even). Results agree with
-// AdamWUpdate as the Note says (fused: exp_avg_sq within ~1.3e-5). Enqueued on the device's current stream, no
-// host synchronisation. Throws c10::Error on a device failure (the caller
-// converts it). Not thread-safe for the same tensors. Empty `sets`:
-// nothing.
+// AdamWUpdate as the Note says (fused: exp_avg_sq within ~1.3e-5). Enqueued on the device's current
+// stream, no host synchronisation. Throws c10::Error on a device failure (the caller converts it).
+// Not thread-safe for the same tensors. Empty `sets`: nothing.
 void MultiTensorAdamWStep(const AdamWStepParams& hp, const std::vector<AdamWTensorSet>& sets);
 
 }  // namespace megatrain::engine

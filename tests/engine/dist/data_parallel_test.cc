@@ -26,7 +26,7 @@
 
 // The CPU tests run the ranks over gloo; builds whose LibTorch ships no
 // gloo headers (pip's torch on the GPU machines) have no CPU backend.
-#define MEGATRAIN_SKIP_WITHOUT_GLOO()                                                  \
+#define MEGATRAIN_SKIP_WITHOUT_GLOO() \
   if (!::megatrain::engine::HasCollectiveBackend("cpu")) GTEST_SKIP() << "no gloo in this build"
 
 namespace megatrain::engine {

@@ -394,8 +394,8 @@ constexpr double kFusedTolerance = 3e-5;
 // one whose reciprocal is not a normal fp32 (0: the gradients are
 // multiplied first) and none (1). exp_avg agrees within kTorchTolerance,
 // exp_avg_sq and the parameters within kFusedTolerance (the kernel's beta2
-// in fp32); the bf16 copy is exactly the rounding of the updated master. On torch 1.13 this checks TensorAdamWStep on CUDA
-// instead, within kTorchTolerance.
+// in fp32); the bf16 copy is exactly the rounding of the updated master. On torch 1.13 this checks
+// TensorAdamWStep on CUDA instead, within kTorchTolerance.
 TEST(MultiTensorAdamWTest, MatchesTheScalarKernelOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> sizes = {100003, 4097};
