@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_info.h"
+#include "engine/runtime/kernel_trace.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/mapped_file.h"
 #include "engine/job/training_job.h"
@@ -83,6 +84,7 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
   topt.resident_layers = o.resident_layers;
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
+  topt.loss_chunk_tokens = o.loss_chunk_tokens;
   MEGATRAIN_ASSIGN_OR_RETURN(topt.step_schedule, ParseStepSchedule(o.schedule, "--schedule"));
   topt.wave = o.wave;
   MEGATRAIN_ASSIGN_OR_RETURN(topt.activation_placement,
@@ -374,8 +376,15 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
     if (i + 1 < o.warmup + o.steps) next = make_batches();
     absl::Span<const int32_t> next_ids;
     if (o.embedding_lookahead && !next.empty()) next_ids = next.front().input_ids;
+    const bool traced = !o.kernel_trace.empty() && i + 1 == o.warmup + o.steps;
+    if (traced) MEGATRAIN_RETURN_IF_ERROR(StartKernelTrace());
     MEGATRAIN_ASSIGN_OR_RETURN(StepResult r,
                                dp != nullptr ? dp->Step(batches) : trainer.Step(batches, next_ids));
+    if (traced) {
+      MEGATRAIN_RETURN_IF_ERROR(dp != nullptr ? dp->WaitForOptimizer()
+                                              : trainer.WaitForOptimizer());
+      MEGATRAIN_RETURN_IF_ERROR(StopKernelTrace(o.kernel_trace));
+    }
     batches = std::move(next);
     if (i == 0) run.loss_first = r.loss;
     run.loss_last = r.loss;

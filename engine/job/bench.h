@@ -42,6 +42,7 @@ struct BenchOptions {
   int resident_layers = -1;           // TrainerOptions::resident_layers (-1 = auto)
   int resident_embedding = -1;        // TrainerOptions::resident_embedding (-1 = auto)
   int device_grad_accumulation = -1;  // TrainerOptions::device_grad_accumulation (-1 = auto)
+  int64_t loss_chunk_tokens = 0;      // TrainerOptions::loss_chunk_tokens (rows; 0 = auto)
   // Note [Schedule choice] in step/schedule_choice.h: auto |
   // micro-batch-major | layer-major; wave (0 = auto); auto | device | host.
   std::string schedule = "auto";
@@ -56,6 +57,10 @@ struct BenchOptions {
   std::string nvme_tier = "off";
   std::string nvme_dir;
   bool json = false;  // only the final JSON line on stdout
+  // When non-empty: a Kineto trace of the last measured step (every
+  // kernel and copy; engine/runtime/kernel_trace.h) is written to this
+  // path as Chrome-trace JSON. Needs torch >= 2.0 (UNIMPLEMENTED otherwise).
+  std::string kernel_trace;
 };
 
 // Runs the benchmark; progress lines go to stderr (stdout with !json), the

@@ -9,6 +9,7 @@
 #include "engine/job/bench.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/optim/optimizer_bench.h"
+#include "engine/runtime/torch_compat.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -49,6 +50,8 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--seed", o.seed, "weight and data seed");
   app.add_flag("--offload_activations", o.offload_activations,
                "keep saved layer inputs in pinned host memory (long sequences)");
+  app.add_option("--kernel_trace", o.kernel_trace,
+                 "write a Kineto trace (Chrome JSON) of the last measured step here (torch >= 2)");
   app.add_flag("--json", o.json, "print only the final JSON line on stdout");
 }
 
@@ -62,6 +65,9 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option(
       "--optimizer_slice_elements", o.optimizer_slice_elements,
       "parameters per queued AdamW task (the next forward's block waits for at most one)");
+  app.add_option("--loss_chunk_tokens", o.loss_chunk_tokens,
+                 "rows of logits per loss chunk (0: auto, about 1 GiB of fp32 logits)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--resident_layers", o.resident_layers,
                  "decoder layers kept on the device with their AdamW state (-1: auto, 2 on CUDA)");
   app.add_option("--resident_embedding", o.resident_embedding,
@@ -157,6 +163,7 @@ int RunOptimizerOnly(const OtherModes& m, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatrain::engine::compat::PreferExpandableSegments();  // Note [Expandable segments]
   megatrain::engine::BenchOptions o;
   OtherModes modes;
   CLI::App app{"megatrain-bench: streamed training throughput on synthetic tokens"};
