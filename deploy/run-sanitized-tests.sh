@@ -8,9 +8,10 @@
 #   deploy/run-sanitized-tests.sh
 #
 # Environment: BUILD_DIR (default <repo>/build-asan), JOBS (default nproc),
-# ENGINE_SANITIZE (default "off"; "on" or "all" runs the second phase, not
-# yet part of CI: it has not run end to end; docs/testing.md, "Engine tests
-# under the sanitizers"), ENGINE_BUILD_DIR (default <repo>/build-asan-engine).
+# ENGINE_SANITIZE (default "on": the second phase, part of CI; "all" runs
+# every engine suite of label cpu, "off" skips it; docs/testing.md, "Engine
+# tests under the sanitizers"), ENGINE_BUILD_DIR (default
+# <repo>/build-asan-engine).
 #
 # Second phase (ENGINE_SANITIZE=on): the engine's unit tests of our own
 # memory handling (engine/io, store, optim, runtime, dist and the step
@@ -63,7 +64,7 @@ echo "run-sanitized-tests: server unit tests passed under ASan + UBSan (${BUILD_
 # 42.1 s of CPU for engine/io/checkpoint.cc), and the phase's cost is its
 # build; LibTorch's own arithmetic, not instrumented, runs at full speed
 # either way.
-ENGINE_SANITIZE="${ENGINE_SANITIZE:-off}"
+ENGINE_SANITIZE="${ENGINE_SANITIZE:-on}"
 case "${ENGINE_SANITIZE}" in
   off) exit 0 ;;
   on | all) ;;
@@ -85,7 +86,8 @@ ENGINE_TESTS=(
   data_loader_test tokenizer_test text_corpus_test hf_tokenizer_test input_checks_test
   # store, optim, runtime, dist
   nvme_tier_test adamw_test tiered_adamw_test optimizer_queue_test embedding_updater_test
-  lr_schedule_test optimizer_bench_test thread_pool_test device_info_test data_parallel_test
+  lr_schedule_test optimizer_bench_test thread_pool_test device_info_test torch_compat_test
+  data_parallel_test
   # step: the executor's parts and the trainer in each memory mode
   step_parts_test step_plan_test trainer_test memory_modes_test tiered_trainer_test
 )

@@ -2,8 +2,9 @@
 # The README's test command: on a fresh Debian 12 machine, installs what is
 # missing, configures, builds into build/ and runs the CPU test suite
 # (ctest -LE gpu: unit and integration tests), then the parsers' fuzzers
-# (deploy/run-fuzzers.sh, build-fuzz/) and the server unit tests under ASan +
-# UBSan (deploy/run-sanitized-tests.sh, build-asan/). Prints failing tests'
+# (deploy/run-fuzzers.sh, build-fuzz/) and the server unit tests and the
+# engine's suites of its own memory handling under ASan + UBSan
+# (deploy/run-sanitized-tests.sh, build-asan/ and build-asan-engine/). Prints failing tests'
 # output. docs/testing.md says what each part covers and costs.
 #
 #   deploy/run-tests.sh            # everything that runs without a GPU
@@ -30,6 +31,7 @@ else
   # without LibTorch, build-fuzz/).
   bash deploy/run-fuzzers.sh "${MEGATRAIN_FUZZ_SECONDS:-15}"
   # The server and client unit tests under AddressSanitizer + UBSan (a
-  # separate build without LibTorch, build-asan/).
+  # separate build without LibTorch, build-asan/), then the engine's suites
+  # of its own memory handling (a gcc build with LibTorch, build-asan-engine/).
   bash deploy/run-sanitized-tests.sh
 fi

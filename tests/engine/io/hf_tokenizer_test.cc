@@ -5,10 +5,6 @@
 // post-processor's special tokens, and decode to the same text.
 #include "engine/io/hf_tokenizer.h"
 
-#include <time.h>
-
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -67,7 +63,10 @@ TEST_P(HfTokenizerFixtureTest, EncodeEqualsTokenizersOnEveryCase) {
 TEST_P(HfTokenizerFixtureTest, DecodeEqualsTokenizersOnEveryCase) {
   absl::StatusOr<HfTokenizer> tokenizer = HfTokenizer::Load(dir());
   ASSERT_THAT(tokenizer.status(), IsOk());
-  for (const auto& c : Expected().at("cases")) {
+  // A named copy: the range of a range-for over Expected().at(...) would
+  // refer into a destroyed temporary (found by ASan).
+  const nlohmann::json expected = Expected();
+  for (const auto& c : expected.at("cases")) {
     absl::StatusOr<std::string> text = tokenizer->Decode(c.at("ids").get<std::vector<int32_t>>());
     ASSERT_THAT(text.status(), IsOk());
     EXPECT_EQ(*text, c.at("decoded").get<std::string>()) << "text: " << c.at("text");
@@ -189,10 +188,10 @@ TEST(HfTokenizerTest, EncodeRefusesInvalidUtf8AndDecodeUnknownIds) {
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("id 1048576")));
 }
 
-// Throughput on the example corpus, recorded as a test property (MB/s of
-// UTF-8 input, one thread); docs/data-format.md quotes it. The assertion
-// only guards against a pathological slowdown (CI machines vary).
-TEST(HfTokenizerTest, ThroughputOnTheExampleCorpus) {
+// The word cache (Note [Word cache]) on a real corpus: a second pass, served
+// from the cache, gives exactly the ids of the first. Throughput is measured
+// by `megatrain tokenize` (it prints MB/s), not here.
+TEST(HfTokenizerTest, WarmWordCacheEncodesTheExampleCorpusAsTheColdPass) {
   std::string corpus;
   for (const auto& entry : std::filesystem::directory_iterator("examples/data/corpus")) {
     corpus += ReadText(entry.path().string());
@@ -201,22 +200,12 @@ TEST(HfTokenizerTest, ThroughputOnTheExampleCorpus) {
   for (const char* name : {"llama3-bpe", "llama2-spm-legacy"}) {
     absl::StatusOr<HfTokenizer> tokenizer = HfTokenizer::Load(std::string(kFixtures) + "/" + name);
     ASSERT_THAT(tokenizer.status(), IsOk());
-    // Thread CPU time, not wall time: CI machines run several jobs at once.
-    // The first pass fills the word cache (Note [Word cache]); the
-    // figure is of the second.
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(corpus);
-    ASSERT_THAT(ids.status(), IsOk());
-    timespec t0, t1;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-    ids = tokenizer->Encode(corpus);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    ASSERT_THAT(ids.status(), IsOk());
-    const double seconds = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    const double mb_per_s = corpus.size() / 1e6 / seconds;
-    std::printf("%s: %.2f MB in %.3f s of CPU: %.1f MB/s, %zu tokens\n", name, corpus.size() / 1e6,
-                seconds, mb_per_s, ids->size());
-    RecordProperty(std::string(name) + "_mb_per_s", std::to_string(mb_per_s));
-    EXPECT_GT(mb_per_s, 0.5);
+    absl::StatusOr<std::vector<int32_t>> cold = tokenizer->Encode(corpus);
+    ASSERT_THAT(cold.status(), IsOk());
+    absl::StatusOr<std::vector<int32_t>> warm = tokenizer->Encode(corpus);
+    ASSERT_THAT(warm.status(), IsOk());
+    EXPECT_GT(cold->size(), corpus.size() / 10) << name;
+    EXPECT_EQ(*warm, *cold) << name;
   }
 }
 
