@@ -120,7 +120,6 @@ absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelCon
                              ParseActivationPlacement(spec.train.activations, "train.activations"));
   if (spec.train.offload_activations) request.activations = ActivationPlacement::kHost;
   request.gradient_accumulation_steps = spec.train.gradient_accumulation_steps;
-  request.clipping = spec.train.max_grad_norm > 0;
   ExecutorOptions executor;
   executor.compute_dtype = spec.train.compute_dtype;
   executor.micro_batch = spec.train.micro_batch;

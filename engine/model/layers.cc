@@ -638,6 +638,21 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   return hidden + mlp;
 }
 
+// Note [Head weight gradient]
+// Autograd runs only through the loss (logits in the compute dtype ->
+// fp32 -> soft-cap -> cross-entropy); the two products of the logits'
+// gradient G [N, V] are written out: dx = G @ lm_head, as autograd's
+// matmul backward computes it, and dW += G^T @ x summed over the chunks
+// in fp32. With bf16 compute on CUDA that sum is one GEMM per chunk whose
+// epilogue adds into the fp32 accumulator (compat::AddmmIntoFp32), where
+// autograd would round each chunk's dW to bf16 and add it with a separate,
+// unvectorised mixed-dtype kernel: a whole [V, C] read-modify-write per
+// chunk either way, but one pass instead of three (docs/performance.md,
+// "session 11" and "session 12"; kLossChunkLogitBytes sets how many rows
+// share it). The fused sum is closer to the exact gradient, not farther;
+// where the GEMM is missing (CPU, older torch) the per-chunk rounding
+// stays as it was. Chunks are summed in row order in every schedule, so
+// schedules, resume and tiers stay bit-identical to each other.
 HeadResult HeadForwardBackward(const ModelConfig& c, const at::Tensor& hidden,
                                const at::Tensor& labels, const at::Tensor& norm_weight,
                                const at::Tensor& lm_head, double loss_scale, int64_t chunk_tokens,
@@ -651,22 +666,23 @@ HeadResult HeadForwardBackward(const ModelConfig& c, const at::Tensor& hidden,
   at::Tensor normed_values = normed.detach();
   at::Tensor flat_labels = labels.reshape({rows});
 
-  at::Tensor head_leaf = lm_head.detach().requires_grad_(true);
   at::Tensor grad_normed = at::empty_like(normed_values);  // [B*T, C]
   // dW summed over chunks in fp32, rounded to the compute dtype once.
   at::Tensor grad_head = at::zeros(lm_head.sizes(), lm_head.options().dtype(at::kFloat));
   at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(at::kDouble));
   for (int64_t start = 0; start < rows; start += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, rows - start);
-    at::Tensor x = normed_values.narrow(0, start, n).detach().requires_grad_(true);  // [N, C]
-    at::Tensor logits = at::matmul(x, head_leaf.t()).to(at::kFloat);                 // [N, V]
+    const at::Tensor x = normed_values.narrow(0, start, n);  // [N, C]
+    // Note [Head weight gradient]
+    at::Tensor logits_c = at::matmul(x, lm_head.t()).requires_grad_(true);  // [N, V]
+    at::Tensor logits = logits_c.to(at::kFloat);
     if (c.final_logit_softcapping > 0) logits = SoftCap(logits, c.final_logit_softcapping);
     at::Tensor loss = at::cross_entropy_loss(logits, flat_labels.narrow(0, start, n),
                                              /*weight=*/{}, at::Reduction::Sum,
                                              /*ignore_index=*/-100);
-    auto grads = torch::autograd::grad({loss * loss_scale}, {x, head_leaf});
-    grad_normed.narrow(0, start, n).copy_(grads[0]);
-    grad_head.add_(grads[1]);
+    const at::Tensor grad_logits = torch::autograd::grad({loss * loss_scale}, {logits_c})[0];
+    grad_normed.narrow(0, start, n).copy_(at::matmul(grad_logits, lm_head));  // [N, C]
+    compat::AddmmIntoFp32(grad_head, grad_logits.t(), x);                     // [V, C]
     loss_sum.add_(loss.detach());
   }
   auto grads = torch::autograd::grad({normed}, {h_leaf, norm_leaf}, {grad_normed});

@@ -110,6 +110,18 @@ namespace megatrain::engine {
 // memory to ~0.5 GiB whatever T is.
 inline constexpr int64_t kAttentionChunkBytes = int64_t{256} << 20;
 
+// Bytes of fp32 logits one loss chunk holds when
+// ExecutorOptions::loss_chunk_tokens is 0 (auto): rows = this / (4 V), at
+// least 64. The chunk's working memory is about four times this (the
+// logits in the compute dtype and fp32, the log-softmax, the gradient;
+// WorkingBytes in engine/step/schedule_choice.h counts 4 GiB). 1 GiB, about
+// 2,000 rows at a 128k vocabulary: each chunk's weight-gradient GEMM reads
+// and writes the whole fp32 [V, C] accumulator (Note [Head weight
+// gradient]), so the chunk sets how often per token that happens; 256 MiB
+// (523 rows) cost llama-1b 5% of its step (docs/performance.md, "session
+// 12").
+inline constexpr int64_t kLossChunkLogitBytes = int64_t{1} << 30;
+
 // Bytes of block intermediates SoftcappedAttention may keep from its
 // forward to its backward when a gradient follows (Note [Soft-capped
 // attention]): beyond it the backward recomputes each block. 4 GiB holds

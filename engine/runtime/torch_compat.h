@@ -9,7 +9,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <sstream>
@@ -169,6 +171,55 @@ inline void FusedAdamW(at::TensorList params, at::TensorList grads, at::TensorLi
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr;
   (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)grad_scale;
   TORCH_CHECK(false, "FusedAdamW needs torch >= 2.1 (check FusedAdamWSupported first)");
+#endif
+}
+
+// acc += mat1 @ mat2 with acc [M, N] fp32 and mat1 [M, K], mat2 [K, N]
+// of one dtype, on one device: one GEMM whose fp32 epilogue adds the
+// product (accumulated in fp32 by the GEMM, never rounded to mat1's dtype)
+// into acc (beta 1). For bf16 or fp16 inputs this needs ATen's
+// addmm.dtype_out with an fp32 `self` (CUDA, recent torch 2.x; the
+// CPU's BLAS has no such GEMM): when that overload is missing or refuses
+// the call, the product is rounded to the input dtype and added in fp32
+// (acc.add_(mat1.mm(mat2)), exact widening then one fp32 rounding per
+// element). Returns whether the fused GEMM ran. fp32 inputs: acc.addmm_.
+// Enqueued on the current stream; the first refusal is remembered
+// process-wide (thread-safe) so it is tried once.
+inline bool AddmmIntoFp32(at::Tensor& acc, const at::Tensor& mat1, const at::Tensor& mat2) {
+  if (mat1.scalar_type() == at::kFloat) {
+    acc.addmm_(mat1, mat2);
+    return true;
+  }
+#if MEGATRAIN_TORCH_AT_LEAST(2, 8)
+  static std::atomic<bool> refused{false};
+  if (acc.is_cuda() && !refused.load(std::memory_order_relaxed)) {
+    try {
+      at::addmm_out(acc, acc, mat1, mat2, at::kFloat, /*beta=*/1, /*alpha=*/1);
+      return true;
+    } catch (const c10::Error&) {
+      refused.store(true, std::memory_order_relaxed);
+    }
+  }
+#endif
+  acc.add_(mat1.mm(mat2));
+  return false;
+}
+
+// Note [Expandable segments]
+// Asks the CUDA caching allocator for expandable segments
+// (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) unless the operator
+// has set PYTORCH_CUDA_ALLOC_CONF, which then wins. The executor's device
+// plan leaves a margin for the allocator's rounding, not for
+// fragmentation: with fixed-size segments, llama-3b at 8 x 2048 x
+// accumulation 4 with 20 resident layers on an 80 GB H100 failed with
+// 9.9 GiB reserved but unallocated; with expandable segments it ran
+// (docs/performance.md, "session 12"). torch >= 2.1 (older versions
+// reject the key, so nothing is set there). Call from main() before any
+// thread starts and before the first CUDA allocation: the allocator reads
+// the variable once, and setenv is not thread-safe.
+inline void PreferExpandableSegments() {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 1)
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", /*overwrite=*/0);
 #endif
 }
 

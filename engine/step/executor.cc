@@ -168,7 +168,7 @@ absl::Status StreamingExecutor::Impl::Init() {
   const int64_t max_numel = plan.max_slot_numel;
   chunk_tokens_ = options_.loss_chunk_tokens > 0
                       ? options_.loss_chunk_tokens
-                      : std::max<int64_t>(64, (int64_t{256} << 20) / (4 * config.vocab_size));
+                      : std::max<int64_t>(64, kLossChunkLogitBytes / (4 * config.vocab_size));
   try {
     const at::Device device = env_.runtime->device();
     auto scope = env_.runtime->Use(StreamKind::kCompute);

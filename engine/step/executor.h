@@ -143,7 +143,7 @@ struct ExecutorOptions {
   int64_t seq_len = 128;          // T
   int num_weight_slots = 3;       // K device weight buffers, >= 3
   int num_grad_slots = 2;         // device gradient buffers = pinned staging buffers, >= 2
-  int64_t loss_chunk_tokens = 0;  // rows of logits at a time; 0 = auto (~256 MiB fp32)
+  int64_t loss_chunk_tokens = 0;  // rows of logits at a time; 0 = auto (kLossChunkLogitBytes)
   // Note [Chunked MLP] in model/layers.h: the dense MLP runs in chunks of
   // rows when one [B*T, F] compute-dtype tensor would exceed this many
   // bytes (>= 1; the default kMlpChunkBytes, smaller in tests).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/model/layers.h"
 #include "engine/model/param_layout.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/job_spec.h"
@@ -50,7 +51,7 @@ int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int6
   const int64_t esize = compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = micro_batch * seq_len;
   return 12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
-         config.LayerParamCount() * (4 + esize) + (int64_t{1} << 30);
+         config.LayerParamCount() * (4 + esize) + 4 * kLossChunkLogitBytes;
 }
 
 namespace {
@@ -149,12 +150,6 @@ bool EmbeddingCanBeResident(const ModelConfig& config) {
   return emb.params.size() == 1 && emb.params[0].shape.size() == 2 && emb.params[0].offset == 0;
 }
 
-// Note [Auto resident layers]: the most decoder layers auto keeps.
-int64_t AutoResidentLayersLimit(const ModelConfig& config, bool clipping) {
-  return clipping ? config.num_hidden_layers
-                  : std::clamp<int64_t>(config.num_hidden_layers - 1, 0, kUnclippedResidentLayers);
-}
-
 // The executor's device bytes with `choice` (Note [Executor memory plan]).
 ExecutorMemoryPlan PlanWith(const ModelConfig& config, const ExecutorOptions& executor,
                             const ScheduleChoice& choice) {
@@ -210,8 +205,7 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
     }
     // Mixture-of-experts layers hold every expert: resident only when asked.
     if (request.resident_layers < 0 && config.moe == nullptr) {
-      for (int layers = static_cast<int>(AutoResidentLayersLimit(config, request.clipping));
-           layers > 0; --layers) {
+      for (int layers = static_cast<int>(config.num_hidden_layers); layers > 0; --layers) {
         choice.resident_layers = layers;
         if (fits(choice)) break;
         choice.resident_layers = 0;

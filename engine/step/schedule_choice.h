@@ -48,17 +48,16 @@
 //     gradient landing); a tied table also leaves the weight and gradient
 //     slots, which then only need the largest streamed block;
 //   * then decoder layers 0..R-1 (earliest first: the next forward needs
-//     them first, Note [Resident layers]). With clipping R is as large as
-//     fits: no CPU update can start before the global norm is known, so
-//     every streamed layer's CPU AdamW is on the critical path of the next
-//     forward (docs/performance.md: 25% of the step at accumulation 1).
-//     Without clipping the CPU updates run behind backward, hidden, while
-//     a resident layer's update runs on the compute stream (~94 bytes of
-//     device memory traffic per parameter with TensorAdamWStep, ~40 ms per
-//     step for all of llama-1b on an H100, 8% of its step; ~38 with the
-//     fused kernel, Note [Fused device AdamW]): R is then at most
-//     kUnclippedResidentLayers (layers 0 and 1, whose updates would start
-//     every step late), as fits;
+//     them first, Note [Resident layers]), R as large as fits, with or
+//     without clipping. With clipping no CPU update can start before the
+//     global norm is known, so every streamed layer's CPU AdamW is on the
+//     critical path of the next forward. Without clipping the CPU updates
+//     run behind backward, but only where the host's AdamW is faster than
+//     the GPU's step: a resident layer's fused device update costs ~38
+//     bytes of device memory traffic per parameter (Note [Fused device
+//     AdamW]), a CPU update ~40 bytes of host memory traffic, and hosts
+//     differ: on some the CPU AdamW of the streamed layers outlasts the
+//     GPU's step (docs/performance.md, "session 12");
 // such that
 //   PlanExecutorMemory(final options).device_bytes()  (slots, ring,
 //       resident blocks, accumulation buffers: exactly what is allocated)
@@ -109,9 +108,6 @@ inline constexpr double kActivationBudgetFraction = 0.5;
 // fragmentation: 6.1 GB of an 80 GB H100, 9.2 GB of a 141 GB H200.
 inline constexpr int64_t kResidentMarginBytes = int64_t{2} << 30;
 inline constexpr double kResidentMarginFraction = 0.05;
-// Note [Auto resident layers]: auto's resident layers without clipping
-// (at most num_hidden_layers - 1).
-inline constexpr int64_t kUnclippedResidentLayers = 2;
 
 // Auto's limit for device gradient accumulation (Note [Schedule choice]):
 // 4 bytes per streamed parameter over the device's total memory. 1/4:
@@ -131,9 +127,6 @@ struct ScheduleRequest {
   int resident_embedding = -1;
   // Note [Device gradient accumulation] in executor.h: -1 auto, 0 off, 1 on.
   int device_grad_accumulation = -1;
-  // Whether steps clip the gradient (max_grad_norm > 0): Note [Auto
-  // resident layers] fills the device with resident layers only then.
-  bool clipping = false;
 };
 
 // What the trainer runs.
@@ -179,8 +172,9 @@ struct ScheduleChoice {
 // [Auto resident layers]): 12 [B, T, max(C, F)] compute-dtype tensors
 // (activation checkpointing's per-layer autograd graph and its
 // gradients), the largest decoder layer's parameter gradients in fp32 and
-// the compute dtype, and 1 GiB for the loss's logits chunks (~256 MiB of
-// fp32 logits, their softmax and gradient).
+// the compute dtype, and 4 GiB for a loss chunk (kLossChunkLogitBytes of
+// fp32 logits in engine/model/layers.h, their compute-dtype copy, the
+// log-softmax and the gradient).
 int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
                      int64_t seq_len);
 

@@ -14,9 +14,11 @@
 #include "engine/io/hf_model.h"
 #include "engine/io/token_shard.h"
 #include "engine/step/trainer.h"
+#include "engine/runtime/torch_compat.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
+  megatrain::engine::compat::PreferExpandableSegments();  // Note [Expandable segments]
   namespace engine = megatrain::engine;
   std::string model, tokens_path, out, export_dir, device = "cpu", dtype = "fp32";
   int64_t seq_len = 128, offset = 0;

@@ -8,6 +8,7 @@
 #include "engine/io/input_checks.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/device_info.h"
+#include "engine/runtime/torch_compat.h"
 #include "server/core/engine_backend.h"
 
 namespace megatrain::server {
@@ -120,6 +121,11 @@ class RealEngineBackend final : public EngineBackend {
 
 }  // namespace
 
-std::unique_ptr<EngineBackend> NewEngineBackend() { return std::make_unique<RealEngineBackend>(); }
+// Called once by RunDaemonMain, after the flags parse and before any thread
+// or CUDA allocation (Note [Expandable segments] in engine/runtime/torch_compat.h).
+std::unique_ptr<EngineBackend> NewEngineBackend() {
+  engine::compat::PreferExpandableSegments();
+  return std::make_unique<RealEngineBackend>();
+}
 
 }  // namespace megatrain::server

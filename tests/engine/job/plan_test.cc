@@ -74,7 +74,6 @@ TEST(PlanTest, TiersAreTheFootprintsBytes) {
   // resident layers] in step/schedule_choice.h), under the device's memory
   // with the margin.
   ScheduleRequest request;
-  request.clipping = spec.train.max_grad_norm > 0;
   ExecutorOptions executor;
   executor.compute_dtype = spec.train.compute_dtype;
   executor.micro_batch = spec.train.micro_batch;
