@@ -69,9 +69,12 @@ class CollectiveGroup {
   // Errors: INVALID_ARGUMENT for a rank outside [0, world_size);
   // UNIMPLEMENTED for a backend this build lacks; UNAVAILABLE when the
   // rendezvous fails.
+  // `prefix`: the group's keys in the store; groups created over the same
+  // store at the same time (a job's all-ranks, per-host and cross-host
+  // groups) need distinct prefixes.
   static absl::StatusOr<std::unique_ptr<CollectiveGroup>> Create(
       std::shared_ptr<RendezvousStore> store, int rank, int world_size, const std::string& device,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout, const std::string& prefix = "megatrain");
   ~CollectiveGroup();
 
   int rank() const { return rank_; }
@@ -85,6 +88,26 @@ class CollectiveGroup {
   absl::Status AllReduceSum(float* data, int64_t numel);
   absl::Status AllReduceSum(double* data, int64_t numel);
   absl::Status AllReduceSum(int64_t* data, int64_t numel);
+  // Element-wise maximum over the ranks of `data` ([numel], host memory).
+  absl::Status AllReduceMax(int64_t* data, int64_t numel);
+
+  // Whether ReduceScatterSum runs c10d's reduce-scatter (NCCL); false: it
+  // is emulated by an all-reduce (gloo 1.13 has none; torch_compat.h).
+  bool has_reduce_scatter() const;
+  // Note [Shard layout] in gradient_shard.h: sums `data` ([numel] fp32 in
+  // this group's device memory: host memory for gloo) over the ranks and
+  // leaves this rank's shard of the sum, ShardOf(numel, rank, world), in
+  // data[begin, end); the other elements are unspecified afterwards (the
+  // emulation leaves the whole sum). With NCCL: padded to world * S on the
+  // device when world does not divide numel, enqueued on the calling
+  // thread's current CUDA stream, which then waits for the collective (no
+  // host synchronisation). UNAVAILABLE when a peer fails or the timeout
+  // passes.
+  // `scale`: data is multiplied by it first (on the device; skipped at 1).
+  absl::Status ReduceScatterSum(float* data, int64_t numel, float scale = 1.0f);
+  // Sums `data` ([numel] fp32 in this group's device memory, as
+  // ReduceScatterSum) over the ranks, in place, on the current stream.
+  absl::Status AllReduceSumOnDevice(float* data, int64_t numel);
 
   struct Impl;
 
