@@ -118,8 +118,9 @@ class DataParallelTrainer {
   absl::Status WaitForOptimizer();
 
   // Note [Replica processes]: whether every process's replica holds the
-  // same bits (weights, moments, streaming copy): a 63-bit FNV-1a checksum
-  // of this process's store, maximum and minimum compared over all ranks.
+  // same bits (fp32 master weights and AdamW moments; the streaming copy is
+  // derived from the weights): a 63-bit FNV-1a checksum of this process's
+  // store, its maximum and minimum compared over all ranks.
   // Call between steps on every process (it is a collective). UNAVAILABLE
   // when a peer fails.
   absl::StatusOr<bool> ReplicasAgree();

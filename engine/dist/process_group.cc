@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -112,6 +113,13 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv() {
   MEGATRAIN_ASSIGN_OR_RETURN(env.world_size, IntFromEnv("WORLD_SIZE", 1, 1 << 16));
   MEGATRAIN_ASSIGN_OR_RETURN(env.rank, IntFromEnv("RANK", 0, env.world_size - 1));
   MEGATRAIN_ASSIGN_OR_RETURN(env.local_rank, IntFromEnv("LOCAL_RANK", 0, 1 << 10));
+  // Note [torchrun's agent store].
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  env.agent_store = agent != nullptr && std::string(agent) == "True";
+  if (std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr) {
+    MEGATRAIN_ASSIGN_OR_RETURN(env.restart_count,
+                               IntFromEnv("TORCHELASTIC_RESTART_COUNT", 0, 1 << 20));
+  }
   return env;
 }
 
@@ -138,7 +146,7 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
   auto impl = std::make_unique<Impl>();
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
-  options.isServer = env.rank == 0;
+  options.isServer = env.rank == 0 && !env.agent_store;  // Note [torchrun's agent store]
   options.numWorkers = static_cast<size_t>(env.world_size);
   // Rank 0 returns at once; the group's first collective is the barrier.
   options.waitWorkers = false;
@@ -148,11 +156,15 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
     auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     impl->port = store->getPort();
     impl->store = store;
+    if (env.agent_store) {
+      impl->store = c10::make_intrusive<c10d::PrefixStore>(
+          absl::StrCat("/worker/attempt_", env.restart_count), store);
+    }
   });
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "MASTER_ADDR:MASTER_PORT (", env.master_addr, ":", env.master_port, "): ",
-        env.rank == 0 ? "rank 0 could not serve the rendezvous store"
+        options.isServer ? "rank 0 could not serve the rendezvous store"
                       : "the rendezvous store was not reachable",
         " within ", timeout.count(), " ms: ", status.message()));
   }

@@ -21,17 +21,30 @@ namespace megatrain::engine {
 
 // torchrun's rendezvous variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
 // RANK, LOCAL_RANK).
+//
+// Note [torchrun's agent store]
+// torchrun's agent on the first node already serves a TCPStore at
+// MASTER_ADDR:MASTER_PORT (its static and c10d rendezvous share it with
+// the workers) and sets TORCHELASTIC_USE_AGENT_STORE=True: then no worker
+// may serve one (the port is taken); every process connects as a client
+// and keeps its keys under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>",
+// as torch.distributed's env:// init does (torch/distributed/rendezvous.py,
+// _create_c10d_store). Without the variable (a hand-made launch, the
+// tests), RANK 0 serves the store.
 struct TorchrunEnv {
   std::string master_addr;
   int master_port = 0;  // 1..65535
   int world_size = 1;   // >= 1
   int rank = 0;         // [0, world_size)
   int local_rank = 0;   // this process's device on its host
+  bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE == "True"
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT (0 when unset)
 };
 
 // Reads TorchrunEnv from the environment. NOT_FOUND when WORLD_SIZE is
 // unset (not launched by torchrun); INVALID_ARGUMENT naming the variable
-// when one is missing or out of range.
+// when one is missing or out of range (TORCHELASTIC_RESTART_COUNT
+// included, when set).
 absl::StatusOr<TorchrunEnv> ReadTorchrunEnv();
 
 // A c10d key-value store the ranks meet in. Thread-safe (c10d's stores
@@ -40,9 +53,11 @@ class RendezvousStore {
  public:
   // A store for ranks that are threads of this process (c10d::HashStore).
   static std::shared_ptr<RendezvousStore> CreateInProcess();
-  // c10d::TCPStore at env.master_addr:env.master_port; rank 0 serves it and
-  // waits (up to `timeout`) for the world_size - 1 others. UNAVAILABLE when
-  // the server cannot be reached or bound.
+  // c10d::TCPStore at env.master_addr:env.master_port; rank 0 serves it
+  // (unless torchrun's agent does: Note [torchrun's agent store]) and
+  // returns at once, the others connect within `timeout`; the first
+  // group's creation is the barrier. UNAVAILABLE naming
+  // MASTER_ADDR:MASTER_PORT when the server cannot be reached or bound.
   static absl::StatusOr<std::shared_ptr<RendezvousStore>> CreateTcp(
       const TorchrunEnv& env, std::chrono::milliseconds timeout);
   ~RendezvousStore();

@@ -424,6 +424,44 @@ TEST(ProcessGroupTest, TcpStoreRendezvousAllReduces) {
   EXPECT_THAT(data[1], ::testing::ElementsAre(11, 22, 33));
 }
 
+// Note [torchrun's agent store]: torchrun's agent already serves the store
+// at MASTER_PORT (here a world-1 TCPStore on an ephemeral port stands in
+// for it). A RANK 0 that tried to serve there too fails (the port is
+// taken); with TORCHELASTIC_USE_AGENT_STORE both workers connect as
+// clients, under torch's "/worker/attempt_N" prefix, and all-reduce.
+TEST(ProcessGroupTest, TorchrunAgentStoreIsJoinedAsAClient) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  auto agent = RendezvousStore::CreateTcp({"127.0.0.1", 0, 1, 0, 0}, std::chrono::seconds(30));
+  ASSERT_THAT(agent, IsOk());
+  const int port = (*agent)->port();
+  ASSERT_GT(port, 0);
+  EXPECT_THAT(RendezvousStore::CreateTcp({"127.0.0.1", port, 2, 0, 0}, std::chrono::seconds(2)),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("rank 0 could not serve the rendezvous store")));
+  std::vector<std::vector<float>> data = {{1, 2}, {10, 20}};
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TorchrunEnv env{"127.0.0.1", port, 2, r, 0};
+      env.agent_store = true;
+      env.restart_count = 3;
+      auto store = RendezvousStore::CreateTcp(env, std::chrono::seconds(30));
+      if (!store.ok()) {
+        status[r] = store.status();
+        return;
+      }
+      auto group = CollectiveGroup::Create(*store, r, 2, "cpu", std::chrono::seconds(30));
+      status[r] = group.ok() ? (*group)->AllReduceSum(data[r].data(), 2) : group.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(status[0], IsOk());
+  EXPECT_THAT(status[1], IsOk());
+  EXPECT_THAT(data[0], ::testing::ElementsAre(11, 22));
+  EXPECT_THAT(data[1], ::testing::ElementsAre(11, 22));
+}
+
 TEST(ProcessGroupTest, TorchrunEnvNamesTheBadVariable) {
   unsetenv("WORLD_SIZE");
   EXPECT_THAT(ReadTorchrunEnv(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("WORLD_SIZE")));
@@ -440,7 +478,19 @@ TEST(ProcessGroupTest, TorchrunEnvNamesTheBadVariable) {
   EXPECT_EQ(env->master_addr, "10.0.0.1");
   EXPECT_EQ(env->master_port, 29500);
   EXPECT_EQ(env->rank, 1);
-  for (const char* name : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK"}) {
+  EXPECT_FALSE(env->agent_store);
+  // torchrun's agent store (Note [torchrun's agent store]).
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  env = ReadTorchrunEnv();
+  ASSERT_THAT(env, IsOk());
+  EXPECT_TRUE(env->agent_store);
+  EXPECT_EQ(env->restart_count, 2);
+  setenv("TORCHELASTIC_RESTART_COUNT", "x", 1);
+  EXPECT_THAT(ReadTorchrunEnv(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("TORCHELASTIC_RESTART_COUNT: must be")));
+  for (const char* name : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
+                           "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"}) {
     unsetenv(name);
   }
 }
