@@ -87,7 +87,7 @@ class GradientShards {
   HostStore* shared_;
   int world_;
   absl::Mutex mu_;
-  std::vector<int64_t> landed_ ABSL_GUARDED_BY(mu_);  // per block: shards landed so far
+  std::vector<int64_t> landed_ ABSL_GUARDED_BY(mu_);   // per block: shards landed so far
   std::vector<double> shard_sq_ ABSL_GUARDED_BY(mu_);  // [block * world + rank]
 };
 

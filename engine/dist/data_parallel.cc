@@ -82,13 +82,13 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   return OnEveryRank([&](int r) -> absl::Status {
     const std::string& device = dp.devices[static_cast<size_t>(r)];
     MEGATRAIN_ASSIGN_OR_RETURN(
-        local_groups_[r],
-        CollectiveGroup::Create(store, r, local, device, dp.timeout,
-                                absl::StrCat("megatrain/local/", process_rank_)));
+        local_groups_[r], CollectiveGroup::Create(store, r, local, device, dp.timeout,
+                                                  absl::StrCat("megatrain/local/", process_rank_)));
     if (num_processes_ > 1) {
       MEGATRAIN_ASSIGN_OR_RETURN(
-          cross_groups_[r], CollectiveGroup::Create(store, process_rank_, num_processes_, device,
-                                                    dp.timeout, absl::StrCat("megatrain/cross/", r)));
+          cross_groups_[r],
+          CollectiveGroup::Create(store, process_rank_, num_processes_, device, dp.timeout,
+                                  absl::StrCat("megatrain/cross/", r)));
     }
     return absl::OkStatus();
   });
@@ -104,9 +104,9 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   }
   if (dp.num_processes < 1 || dp.process_rank < 0 || dp.process_rank >= dp.num_processes ||
       (dp.num_processes > 1 && dp.rendezvous == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RANK: must be in [0, WORLD_SIZE=", dp.num_processes, ") with a rendezvous store, got ",
-        dp.process_rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
+                     ") with a rendezvous store, got ", dp.process_rank));
   }
   // Every rank of every process (Note [Replica processes]).
   const int world = local * dp.num_processes;
@@ -183,8 +183,8 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
   const size_t first = static_cast<size_t>(process_rank_) * world;
   std::vector<StepResult> results(world);
   MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
-    MEGATRAIN_ASSIGN_OR_RETURN(
-        results[r], ranks_[r]->Step(micro_batches.subspan((first + r) * share, share)));
+    MEGATRAIN_ASSIGN_OR_RETURN(results[r],
+                               ranks_[r]->Step(micro_batches.subspan((first + r) * share, share)));
     return absl::OkStatus();
   }));
   return results[0];

@@ -19,9 +19,8 @@ const char* GradientReductionName(GradientReduction reduction) {
 
 absl::StatusOr<GradientReduction> ParseGradientReduction(const std::string& text,
                                                          const std::string& field) {
-  for (const GradientReduction r :
-       {GradientReduction::kAuto, GradientReduction::kHostAllReduce,
-        GradientReduction::kDeviceReduceScatter}) {
+  for (const GradientReduction r : {GradientReduction::kAuto, GradientReduction::kHostAllReduce,
+                                    GradientReduction::kDeviceReduceScatter}) {
     if (text == GradientReductionName(r)) return r;
   }
   return absl::InvalidArgumentError(absl::StrCat(

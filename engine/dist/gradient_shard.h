@@ -34,9 +34,7 @@ struct ShardRange {
 // S = ceil(numel / world): the elements of every shard of the padded block
 // (Note [Shard layout]); 0 for an empty block. Precondition: numel >= 0,
 // world >= 1.
-inline int64_t PaddedShardNumel(int64_t numel, int world) {
-  return (numel + world - 1) / world;
-}
+inline int64_t PaddedShardNumel(int64_t numel, int world) { return (numel + world - 1) / world; }
 
 // Rank `rank`'s shard of a block of `numel` values over `world` ranks
 // (Note [Shard layout]). Precondition: 0 <= rank < world.

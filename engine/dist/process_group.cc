@@ -66,8 +66,8 @@ absl::Status Collective(const char* what, F&& f) {
   }
 }
 
-absl::Status AllReduce(CollectiveGroup::Impl& impl, void* data, int64_t numel,
-                       at::ScalarType dtype, c10d::ReduceOp op = c10d::ReduceOp::SUM) {
+absl::Status AllReduce(CollectiveGroup::Impl& impl, void* data, int64_t numel, at::ScalarType dtype,
+                       c10d::ReduceOp op = c10d::ReduceOp::SUM) {
   if (numel == 0) return absl::OkStatus();
   return Collective("allreduce", [&] {
     at::Tensor host = at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
@@ -162,11 +162,11 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
     }
   });
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "MASTER_ADDR:MASTER_PORT (", env.master_addr, ":", env.master_port, "): ",
-        options.isServer ? "rank 0 could not serve the rendezvous store"
-                      : "the rendezvous store was not reachable",
-        " within ", timeout.count(), " ms: ", status.message()));
+    return absl::UnavailableError(
+        absl::StrCat("MASTER_ADDR:MASTER_PORT (", env.master_addr, ":", env.master_port, "): ",
+                     options.isServer ? "rank 0 could not serve the rendezvous store"
+                                      : "the rendezvous store was not reachable",
+                     " within ", timeout.count(), " ms: ", status.message()));
   }
   return std::shared_ptr<RendezvousStore>(new RendezvousStore(std::move(impl)));
 }

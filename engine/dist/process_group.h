@@ -33,10 +33,10 @@ namespace megatrain::engine {
 // tests), RANK 0 serves the store.
 struct TorchrunEnv {
   std::string master_addr;
-  int master_port = 0;  // 1..65535
-  int world_size = 1;   // >= 1
-  int rank = 0;         // [0, world_size)
-  int local_rank = 0;   // this process's device on its host
+  int master_port = 0;       // 1..65535
+  int world_size = 1;        // >= 1
+  int rank = 0;              // [0, world_size)
+  int local_rank = 0;        // this process's device on its host
   bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE == "True"
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT (0 when unset)
 };

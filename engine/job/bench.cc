@@ -439,6 +439,19 @@ void TearDown(FILE* progress, int64_t steps, std::unique_ptr<DataParallelTrainer
   std::fflush(progress);
 }
 
+// Data parallel (docs/distributed.md): --devices ranks in this process (they
+// share the cores), joined to the other processes' with --dist=env.
+absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
+    const BenchOptions& o, const ModelConfig& config, TrainerOptions topt) {
+  DataParallelOptions dpo;
+  MEGATRAIN_ASSIGN_OR_RETURN(dpo.gradient_reduction,
+                             ParseGradientReduction(o.gradient_reduction, "--gradient_reduction"));
+  MEGATRAIN_RETURN_IF_ERROR(JoinBenchProcesses(o, &dpo));
+  dpo.devices = DataParallelDevices(BenchBaseDevice(o), o.devices);
+  topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices * dpo.num_processes;
+  return DataParallelTrainer::Create(config, topt, o.seed, dpo);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
@@ -452,18 +465,10 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   std::unique_ptr<Trainer> single;
   std::unique_ptr<DataParallelTrainer> dp;
   if (o.devices > 1 || !o.dist.empty()) {
-    // Data parallel (docs/distributed.md): the ranks share the cores.
     if (tier_dir != nullptr) {
       return absl::InvalidArgumentError("--devices > 1 with --nvme_tier moments is not built");
     }
-    DataParallelOptions dpo;
-    MEGATRAIN_ASSIGN_OR_RETURN(dpo.gradient_reduction,
-                               ParseGradientReduction(o.gradient_reduction, "--gradient_reduction"));
-    MEGATRAIN_RETURN_IF_ERROR(JoinBenchProcesses(o, &dpo));
-    dpo.devices = DataParallelDevices(BenchBaseDevice(o), o.devices);
-    topt.gradient_accumulation_steps =
-        o.gradient_accumulation_steps * o.devices * dpo.num_processes;
-    MEGATRAIN_ASSIGN_OR_RETURN(dp, DataParallelTrainer::Create(config, topt, o.seed, dpo));
+    MEGATRAIN_ASSIGN_OR_RETURN(dp, CreateBenchDataParallel(o, config, topt));
   } else {
     MEGATRAIN_ASSIGN_OR_RETURN(single, Trainer::Create(config, topt, o.seed));
   }
@@ -485,7 +490,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   std::fprintf(progress, "megatrain-bench: footprint %s\n",
                DescribeHostBytesPerParam(BenchFootprint(o, config)).c_str());
   if (dp != nullptr) {
-    std::fprintf(progress, "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
+    std::fprintf(progress,
+                 "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
                  o.devices, dp->num_processes(), dp->backend_name().c_str(),
                  GradientReductionName(dp->gradient_reduction()));
   }

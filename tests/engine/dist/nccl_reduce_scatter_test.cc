@@ -26,10 +26,9 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
 using ::megatrain::testing::SmallLlama;
 
-#define MEGATRAIN_SKIP_WITHOUT_TWO_GPUS()                                      \
-  if (torch::cuda::device_count() < 2 || !HasCollectiveBackend("cuda:0"))      \
-  GTEST_SKIP() << "needs 2 CUDA devices and NCCL (" << torch::cuda::device_count() \
-               << " devices)"
+#define MEGATRAIN_SKIP_WITHOUT_TWO_GPUS()                                 \
+  if (torch::cuda::device_count() < 2 || !HasCollectiveBackend("cuda:0")) \
+  GTEST_SKIP() << "needs 2 CUDA devices and NCCL (" << torch::cuda::device_count() << " devices)"
 
 // c10d's _reduce_scatter_base on NCCL, a block of 11 (2 does not divide
 // it: padded to 12): each GPU's shard holds the scaled sum, exactly.
@@ -98,12 +97,13 @@ TEST(NcclReduceScatterTest, DevicePathMatchesTheHostPathWithHalfTheD2HBytes) {
     DataParallelOptions dp;
     dp.devices = DataParallelDevices("cuda", 2);
     dp.timeout = std::chrono::seconds(120);
-    dp.gradient_reduction = path == 0 ? GradientReduction::kHostAllReduce : GradientReduction::kAuto;
+    dp.gradient_reduction =
+        path == 0 ? GradientReduction::kHostAllReduce : GradientReduction::kAuto;
     auto t = DataParallelTrainer::Create(config, o, /*seed=*/5, dp);
     ASSERT_THAT(t, IsOk());
     EXPECT_EQ((*t)->backend_name(), "nccl");
     EXPECT_EQ((*t)->gradient_reduction(), path == 0 ? GradientReduction::kHostAllReduce
-                                                     : GradientReduction::kDeviceReduceScatter);
+                                                    : GradientReduction::kDeviceReduceScatter);
     for (const auto& batch : steps) {
       auto r = (*t)->Step(batch);
       ASSERT_THAT(r, IsOk());
