@@ -40,17 +40,27 @@ double SquaredNorm(const float* x, int64_t numel) {
 }  // namespace
 
 GradientShards::GradientShards(HostStore* shared, int world)
-    : shared_(shared), world_(world), landed_(static_cast<size_t>(shared->num_blocks()), 0) {}
+    : shared_(shared),
+      world_(world),
+      landed_(static_cast<size_t>(shared->num_blocks()), 0),
+      shard_sq_(static_cast<size_t>(shared->num_blocks() * world), 0.0) {}
 
-void GradientShards::Land(int rank, int64_t block, const float* reduced) {
+void GradientShards::Land(int rank, int64_t block, const float* reduced, double shard_sq) {
   if (reduced != nullptr) {
-    const int64_t numel = shared_->block_numel(block);
-    const int64_t begin = numel * rank / world_, end = numel * (rank + 1) / world_;
-    std::memcpy(shared_->grad(block) + begin, reduced + begin,
-                static_cast<size_t>(end - begin) * sizeof(float));
+    const ShardRange shard = ShardOf(shared_->block_numel(block), rank, world_);
+    std::memcpy(shared_->grad(block) + shard.begin, reduced + shard.begin,
+                static_cast<size_t>(shard.size()) * sizeof(float));
   }
   absl::MutexLock lock(&mu_);
+  shard_sq_[static_cast<size_t>(block * world_ + rank)] = shard_sq;
   ++landed_[static_cast<size_t>(block)];
+}
+
+double GradientShards::ShardNormsSum(int64_t block) {
+  absl::MutexLock lock(&mu_);
+  double sum = 0;
+  for (int r = 0; r < world_; ++r) sum += shard_sq_[static_cast<size_t>(block * world_ + r)];
+  return sum;
 }
 
 bool GradientShards::WaitLanded(int64_t block, int64_t round, absl::Duration timeout) {
@@ -65,11 +75,58 @@ bool GradientShards::WaitLanded(int64_t block, int64_t round, absl::Duration tim
 CollectiveGradientReducer::CollectiveGradientReducer(CollectiveGroup* group, int64_t vocab_size,
                                                      GradientShards* shards, bool owner,
                                                      std::chrono::milliseconds timeout)
-    : group_(group),
+    : CollectiveGradientReducer(CollectiveReducerGroups{group, nullptr, nullptr, group->rank()},
+                                vocab_size, shards, owner, timeout) {}
+
+CollectiveGradientReducer::CollectiveGradientReducer(const CollectiveReducerGroups& groups,
+                                                     int64_t vocab_size, GradientShards* shards,
+                                                     bool owner, std::chrono::milliseconds timeout)
+    : group_(groups.all),
+      local_group_(groups.local),
+      cross_group_(groups.cross),
+      local_rank_(groups.local_rank),
       vocab_size_(vocab_size),
       shards_(shards),
       owner_(owner),
       timeout_(absl::FromChrono(timeout)) {}
+
+void CollectiveGradientReducer::Fail(int64_t block, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (error_.ok()) {
+    error_ = absl::Status(status.code(),
+                          absl::StrCat("gradient of block ", block, ": ", status.message()));
+  }
+}
+
+bool CollectiveGradientReducer::ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel,
+                                                      int64_t* begin, int64_t* end) {
+  if (local_group_ == nullptr) return false;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = error_;
+    if (on_device_.size() <= static_cast<size_t>(block)) {
+      on_device_.resize(static_cast<size_t>(block) + 1, false);
+    }
+    on_device_[static_cast<size_t>(block)] = true;
+  }
+  const ShardRange shard = ShardOf(numel, local_rank_, shards_->world());
+  if (status.ok()) {
+    // The same N_r / N as the host path (Note [Gradient all-reduce]).
+    status = local_group_->ReduceScatterSum(grad, numel, static_cast<float>(scale_));
+  }
+  if (status.ok() && cross_group_ != nullptr) {
+    status = cross_group_->AllReduceSumOnDevice(grad + shard.begin, shard.size());
+  }
+  if (!status.ok()) {
+    Fail(block, status);
+    *begin = *end = 0;
+    return true;
+  }
+  *begin = shard.begin;
+  *end = shard.end;
+  return true;
+}
 
 absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> micro_batches) {
   {
@@ -115,31 +172,35 @@ double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_
   if (rounds_.size() <= static_cast<size_t>(block)) rounds_.resize(static_cast<size_t>(block) + 1);
   const int64_t round = ++rounds_[static_cast<size_t>(block)];
   absl::Status status;
+  bool on_device = false;
   {
     absl::MutexLock lock(&mu_);
     status = error_;
+    if (on_device_.size() > static_cast<size_t>(block)) {
+      on_device = on_device_[static_cast<size_t>(block)];
+      on_device_[static_cast<size_t>(block)] = false;
+    }
   }
-  if (status.ok()) {
+  if (status.ok() && !on_device) {  // Note [Shard landing]: the host path
     if (scale_ != 1.0) {
       at::from_blob(grad, {numel}, at::TensorOptions().dtype(at::kFloat))
           .mul_(static_cast<float>(scale_));
     }
     status = group_->AllReduceSum(grad, numel);
   }
-  // Note [Shard landing]: counted even after a failure, so no owner waits.
-  shards_->Land(group_->rank(), block, status.ok() ? grad : nullptr);
-  if (status.ok() && owner_ && !shards_->WaitLanded(block, round, timeout_)) {
+  const ShardRange shard = ShardOf(numel, local_rank_, shards_->world());
+  const double shard_sq =
+      status.ok() && on_device ? SquaredNorm(grad + shard.begin, shard.size()) : 0.0;
+  // Counted even after a failure, so no rank waits for it.
+  shards_->Land(local_rank_, block, status.ok() ? grad : nullptr, shard_sq);
+  if (status.ok() && (owner_ || on_device) && !shards_->WaitLanded(block, round, timeout_)) {
     status = absl::UnavailableError("a rank's shard did not land within the collective timeout");
   }
   if (!status.ok()) {
-    absl::MutexLock lock(&mu_);
-    if (error_.ok()) {
-      error_ = absl::Status(status.code(),
-                            absl::StrCat("gradient of block ", block, ": ", status.message()));
-    }
+    Fail(block, status);
     return std::numeric_limits<double>::quiet_NaN();
   }
-  return SquaredNorm(grad, numel);
+  return on_device ? shards_->ShardNormsSum(block) : SquaredNorm(grad, numel);
 }
 
 absl::StatusOr<double> CollectiveGradientReducer::EndStep(double loss_sum) {

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/store/host_store.h"
+#include "engine/dist/gradient_shard.h"
 #include "engine/dist/process_group.h"
 #include "engine/step/gradient_reducer.h"
 
@@ -32,43 +33,78 @@ namespace megatrain::engine {
 //
 // Note [Shard landing]
 // Note [Shared host store] in step/gradient_reducer.h wants a
-// reduce-scatter: rank r ends with the sum over the ranks of its 1/N shard
-// of the block (elements [numel*r/N, numel*(r+1)/N)), which it copies into
-// the shared store's gradient. LibTorch 1.13's ProcessGroupGloo has no
-// reduce_scatter (it throws "ProcessGroupGloo does not support
-// reduce_scatter"), and the CPU tests run gloo, so every backend
-// all-reduces the rank's whole landing buffer and each rank then copies
-// only its shard: the shared gradient is the same bits as a reduce-scatter
-// whose sums match the all-reduce's. (NCCL's reduce_scatter on the device,
-// before the D2H copy, is the intended GPU path; not built.) Every rank's
-// all-reduced buffer holds the same bits, so the squared norm is taken over
-// the whole block on each rank and agrees everywhere. The owner's
-// ReduceBlock waits until all N shards of the block landed (`round` counts
-// the owner's calls for that block: the shard of round k cannot arrive
-// before the owner's k-th all-reduce, a collective it takes part in).
+// reduce-scatter: rank r of a process's L ranks ends with the sum over all
+// ranks of its shard of the block (ShardOf(numel, r, L), Note [Shard
+// layout] in gradient_shard.h), which it copies into the shared store's
+// gradient. Two paths (GradientReduction), chosen per group and taken per
+// block:
+// * kHostAllReduce: the block lands whole in the rank's landing buffer and
+//   is all-reduced there over every rank of the job (gloo; NCCL stages it
+//   through device memory); each rank then copies only its shard. LibTorch
+//   1.13's gloo has no reduce-scatter, so this is the CPU path. Every
+//   rank's all-reduced buffer holds the same bits, so the squared norm is
+//   taken over the whole block on each rank (fixed chunks) and agrees
+//   everywhere; only the owner waits for the shards.
+// * kDeviceReduceScatter (Note [Device reduce-scatter] in
+//   step/gradient_reducer.h): ReduceScatterOnDevice scales the device
+//   gradient, reduce-scatters it over the process's ranks (`local_group`)
+//   and, with several processes, all-reduces the shard over the ranks of
+//   the same local index (`cross_group`); only the shard is copied to the
+//   host, and ReduceBlock copies it into the shared store and records its
+//   squared norm. The block's squared norm is the sum of the L shards'
+//   norms in rank order (each fixed-chunk fp64), so every rank of every
+//   process returns the same bits; every rank waits for the shards. A
+//   block whose whole gradient is not on the device at landing (the
+//   embedding; a block summed over micro-batches on the host) is not
+//   offered to ReduceScatterOnDevice and takes the host path.
+// A rank's ReduceBlock waits until all L shards of the block landed
+// (`round` counts its calls for that block: the shard of round k cannot
+// arrive before the k-th collective of that block, one it takes part in).
 //
 // Thread-safety: all methods are thread-safe (each rank's accumulator
 // thread calls Land; the owner's calls WaitLanded).
 class GradientShards {
  public:
   // `shared`: the store whose gradient arena receives the shards (not
-  // owned); `world`: the ranks.
+  // owned); `world`: the ranks sharing it (this process's).
   GradientShards(HostStore* shared, int world);
 
+  int world() const { return world_; }
   // Rank `rank` lands its shard of `block` from `reduced` ([numel] fp32,
-  // its all-reduced landing buffer); null when its collective failed (the
-  // shard is not copied but counted, so that the owner does not wait
-  // forever; the step fails through EndStep).
-  void Land(int rank, int64_t block, const float* reduced);
+  // its landing buffer: only the shard's range is read); null when its
+  // collective failed (the shard is not copied but counted, so that no
+  // rank waits forever; the step fails through EndStep). `shard_sq`: the
+  // shard's squared norm (ShardNormsSum; 0 where unused).
+  void Land(int rank, int64_t block, const float* reduced, double shard_sq = 0);
   // Blocks until `block` was landed by every rank `round` times, or
   // `timeout` passed (false).
   bool WaitLanded(int64_t block, int64_t round, absl::Duration timeout);
+  // The landed shards' squared norms of `block`, added in rank order
+  // (after WaitLanded).
+  double ShardNormsSum(int64_t block);
 
  private:
   HostStore* shared_;
   int world_;
   absl::Mutex mu_;
-  std::vector<int64_t> landed_ ABSL_GUARDED_BY(mu_);  // per block: shards landed so far
+  std::vector<int64_t> landed_ ABSL_GUARDED_BY(mu_);   // per block: shards landed so far
+  std::vector<double> shard_sq_ ABSL_GUARDED_BY(mu_);  // [block * world + rank]
+};
+
+// What a CollectiveGradientReducer works with (Note [Shard landing]). Not
+// owned; each group is used by one thread at a time.
+struct CollectiveReducerGroups {
+  // Every rank of the job: BeginStep, EndStep and the host path's
+  // all-reduce (step and accumulator threads, never concurrently).
+  CollectiveGroup* all = nullptr;
+  // kDeviceReduceScatter: this process's ranks (the executor's enqueuing
+  // thread); null for the host path only.
+  CollectiveGroup* local = nullptr;
+  // kDeviceReduceScatter with several processes: the rank of the same
+  // local index in every process; null with one process.
+  CollectiveGroup* cross = nullptr;
+  // This rank's index among its process's ranks (its shard).
+  int local_rank = 0;
 };
 
 // Thread-safety: as GradientReducer. Does not own `group` or `shards`.
@@ -80,14 +116,26 @@ class CollectiveGradientReducer : public GradientReducer {
   // up to `timeout`).
   CollectiveGradientReducer(CollectiveGroup* group, int64_t vocab_size, GradientShards* shards,
                             bool owner, std::chrono::milliseconds timeout);
+  // Over `groups` (one process: local_rank == groups.all->rank()).
+  CollectiveGradientReducer(const CollectiveReducerGroups& groups, int64_t vocab_size,
+                            GradientShards* shards, bool owner, std::chrono::milliseconds timeout);
 
   absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) override;
   double ReduceBlock(int64_t block, float* grad, int64_t numel) override;
   absl::StatusOr<double> EndStep(double loss_sum) override;
   int64_t global_counted_tokens() const override { return global_tokens_; }
+  // Note [Device reduce-scatter]: false unless groups.local was given.
+  bool ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel, int64_t* begin,
+                             int64_t* end) override;
 
  private:
+  // Records the step's first failed collective (for EndStep).
+  void Fail(int64_t block, const absl::Status& status);
+
   CollectiveGroup* group_;
+  CollectiveGroup* local_group_ = nullptr;
+  CollectiveGroup* cross_group_ = nullptr;
+  int local_rank_ = 0;
   int64_t vocab_size_;
   int64_t global_tokens_ = 0;
   GradientShards* shards_;
@@ -97,6 +145,9 @@ class CollectiveGradientReducer : public GradientReducer {
   double scale_ = 1;             // N_r / N
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // first failed collective of the step
+  // Per block: reduced on the device this round (set on the enqueuing
+  // thread, read by the block's ReduceBlock).
+  std::vector<bool> on_device_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace megatrain::engine

@@ -1,6 +1,7 @@
 // Data-parallel trainer over c10d (data_parallel.h).
 #include "engine/dist/data_parallel.h"
 
+#include <array>
 #include <thread>
 #include <utility>
 
@@ -43,24 +44,82 @@ DataParallelTrainer::~DataParallelTrainer() {
   // reducers and the store go.
   while (!ranks_.empty()) ranks_.pop_back();
   reducers_.clear();
+  cross_groups_.clear();
+  local_groups_.clear();
   groups_.clear();
+}
+
+absl::Status JoinFromTorchrunEnv(std::chrono::milliseconds timeout, DataParallelOptions* dp) {
+  absl::StatusOr<TorchrunEnv> env = ReadTorchrunEnv();
+  if (absl::IsNotFound(env.status())) {  // WORLD_SIZE unset: a bad variable here
+    return absl::InvalidArgumentError(env.status().message());
+  }
+  MEGATRAIN_RETURN_IF_ERROR(env.status());
+  MEGATRAIN_ASSIGN_OR_RETURN(dp->rendezvous, RendezvousStore::CreateTcp(*env, timeout));
+  dp->process_rank = env->rank;
+  dp->num_processes = env->world_size;
+  return absl::OkStatus();
+}
+
+absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
+  const int local = static_cast<int>(dp.devices.size());
+  const int world = local * num_processes_;
+  std::shared_ptr<RendezvousStore> store =
+      dp.rendezvous != nullptr ? dp.rendezvous : RendezvousStore::CreateInProcess();
+  groups_.resize(static_cast<size_t>(local));
+  // Every rank joins at once (the group's creation is a barrier).
+  MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
+    const std::string& device = dp.devices[static_cast<size_t>(r)];
+    MEGATRAIN_ASSIGN_OR_RETURN(groups_[r], CollectiveGroup::Create(store, process_rank_ * local + r,
+                                                                   world, device, dp.timeout));
+    return absl::OkStatus();
+  }));
+  reduction_ = SelectGradientReduction(dp.gradient_reduction, groups_[0]->backend_name(),
+                                       groups_[0]->has_reduce_scatter());
+  if (reduction_ != GradientReduction::kDeviceReduceScatter) return absl::OkStatus();
+  local_groups_.resize(static_cast<size_t>(local));
+  cross_groups_.resize(static_cast<size_t>(local));
+  return OnEveryRank([&](int r) -> absl::Status {
+    const std::string& device = dp.devices[static_cast<size_t>(r)];
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        local_groups_[r], CollectiveGroup::Create(store, r, local, device, dp.timeout,
+                                                  absl::StrCat("megatrain/local/", process_rank_)));
+    if (num_processes_ > 1) {
+      MEGATRAIN_ASSIGN_OR_RETURN(
+          cross_groups_[r],
+          CollectiveGroup::Create(store, process_rank_, num_processes_, device, dp.timeout,
+                                  absl::StrCat("megatrain/cross/", r)));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create(
     const ModelConfig& config, const TrainerOptions& options, uint64_t seed,
     const DataParallelOptions& dp) {
-  const int world = static_cast<int>(dp.devices.size());
-  if (world < 1 || world > kMaxDataParallelRanks) {
+  const int local = static_cast<int>(dp.devices.size());
+  if (local < 1 || local > kMaxDataParallelRanks) {
     return absl::InvalidArgumentError(
-        absl::StrCat("train.devices: must be in [1, ", kMaxDataParallelRanks, "], got ", world));
+        absl::StrCat("train.devices: must be in [1, ", kMaxDataParallelRanks, "], got ", local));
   }
+  if (dp.num_processes < 1 || dp.process_rank < 0 || dp.process_rank >= dp.num_processes ||
+      (dp.num_processes > 1 && dp.rendezvous == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
+                     ") with a rendezvous store, got ", dp.process_rank));
+  }
+  // Every rank of every process (Note [Replica processes]).
+  const int world = local * dp.num_processes;
   if (options.gradient_accumulation_steps % world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train.gradient_accumulation_steps: must be a multiple of train.devices=", world,
+        "train.gradient_accumulation_steps: must be a multiple of train.devices=", local,
+        dp.num_processes > 1 ? absl::StrCat(" x WORLD_SIZE=", dp.num_processes) : "",
         " (each device runs the same number of micro-batches), got ",
         options.gradient_accumulation_steps));
   }
   std::unique_ptr<DataParallelTrainer> t(new DataParallelTrainer());
+  t->process_rank_ = dp.process_rank;
+  t->num_processes_ = dp.num_processes;
   // Note [Shared host store]: the options Trainer::Create would give its
   // own store.
   HostStoreOptions store_options;
@@ -69,22 +128,19 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   store_options.pin = absl::StartsWith(dp.devices[0], "cuda");
   MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));
   t->shared_->InitializeWeights(seed);
-  t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), world);
-  t->groups_.resize(static_cast<size_t>(world));
-  t->reducers_.resize(static_cast<size_t>(world));
-  t->ranks_.resize(static_cast<size_t>(world));
-  std::shared_ptr<RendezvousStore> store = RendezvousStore::CreateInProcess();
-  // Every rank joins at once (the group's creation is a barrier).
-  MEGATRAIN_RETURN_IF_ERROR(t->OnEveryRank([&](int r) -> absl::Status {
-    const std::string& device = dp.devices[static_cast<size_t>(r)];
-    MEGATRAIN_ASSIGN_OR_RETURN(t->groups_[r],
-                               CollectiveGroup::Create(store, r, world, device, dp.timeout));
-    return absl::OkStatus();
-  }));
+  t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), local);
+  t->reducers_.resize(static_cast<size_t>(local));
+  t->ranks_.resize(static_cast<size_t>(local));
+  MEGATRAIN_RETURN_IF_ERROR(t->JoinGroups(dp));
   // Then the trainers, rank 0 (the optimizer's owner) first.
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < local; ++r) {
+    CollectiveReducerGroups groups;
+    groups.all = t->groups_[r].get();
+    groups.local = t->local_groups_.empty() ? nullptr : t->local_groups_[r].get();
+    groups.cross = t->cross_groups_.empty() ? nullptr : t->cross_groups_[r].get();
+    groups.local_rank = r;
     t->reducers_[r] = std::make_unique<CollectiveGradientReducer>(
-        t->groups_[r].get(), config.vocab_size, t->shards_.get(), r == 0, dp.timeout);
+        groups, config.vocab_size, t->shards_.get(), r == 0, dp.timeout);
     TrainerOptions rank_options = options;
     rank_options.device = dp.devices[static_cast<size_t>(r)];
     rank_options.gradient_accumulation_steps = options.gradient_accumulation_steps / world;
@@ -114,16 +170,21 @@ HostStoreBytes DataParallelTrainer::host_bytes() const {
 
 absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch> micro_batches) {
   const size_t world = ranks_.size();
-  if (micro_batches.empty() || micro_batches.size() % world != 0) {
+  const size_t all = world * static_cast<size_t>(num_processes_);
+  if (micro_batches.empty() || micro_batches.size() % all != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch: the number of micro-batches must be a positive multiple of train.devices=", world,
-        ", got ", micro_batches.size()));
+        num_processes_ > 1 ? absl::StrCat(" x WORLD_SIZE=", num_processes_) : "", ", got ",
+        micro_batches.size()));
   }
-  const size_t share = micro_batches.size() / world;
+  // Every process gets the job's global batch; global rank g takes the
+  // g-th contiguous share (Note [Replica processes]).
+  const size_t share = micro_batches.size() / (world * num_processes_);
+  const size_t first = static_cast<size_t>(process_rank_) * world;
   std::vector<StepResult> results(world);
   MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
     MEGATRAIN_ASSIGN_OR_RETURN(results[r],
-                               ranks_[r]->Step(micro_batches.subspan(r * share, share)));
+                               ranks_[r]->Step(micro_batches.subspan((first + r) * share, share)));
     return absl::OkStatus();
   }));
   return results[0];
@@ -135,6 +196,24 @@ absl::StatusOr<double> DataParallelTrainer::Evaluate(absl::Span<const MicroBatch
 
 absl::Status DataParallelTrainer::WaitForOptimizer() {
   return OnEveryRank([&](int r) { return ranks_[r]->WaitForOptimizer(); });
+}
+
+absl::StatusOr<bool> DataParallelTrainer::ReplicasAgree() {
+  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a 64
+  for (int64_t b = 0; b < shared_->num_blocks(); ++b) {
+    for (const float* data : {shared_->master(b), shared_->exp_avg(b), shared_->exp_avg_sq(b)}) {
+      const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+      const size_t n = static_cast<size_t>(shared_->block_numel(b)) * sizeof(float);
+      for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    }
+  }
+  const int64_t mine = static_cast<int64_t>(hash >> 1);  // 63 bits: negation cannot overflow
+  std::vector<std::array<int64_t, 2>> extremes(ranks_.size(), {mine, -mine});
+  MEGATRAIN_RETURN_IF_ERROR(OnEveryRank(
+      [&](int r) { return groups_[r]->AllReduceMax(extremes[static_cast<size_t>(r)].data(), 2); }));
+  // max == min over every rank of every process.
+  return extremes[0][0] == -extremes[0][1];
 }
 
 void DataParallelTrainer::set_step(int64_t step) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/dist/collective_reducer.h"
+#include "engine/dist/gradient_shard.h"
 #include "engine/dist/process_group.h"
 #include "engine/io/batch.h"
 #include "engine/step/trainer.h"
@@ -32,9 +33,53 @@ struct DataParallelOptions {
   // A collective that waits longer fails the step with UNAVAILABLE (a
   // rank died or stalled).
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  // How block gradients are reduced (gradient_shard.h; kAuto: the device
+  // reduce-scatter on NCCL, the host all-reduce on gloo).
+  GradientReduction gradient_reduction = GradientReduction::kAuto;
+
+  // Note [Replica processes]: several processes (one per host, launched by
+  // torchrun), each with `devices` local ranks and its own replica of the
+  // host store. `rendezvous`: the store every process joins
+  // (RendezvousStore::CreateTcp; JoinFromTorchrunEnv fills these three);
+  // null: this process is the whole job (process_rank 0 of 1).
+  std::shared_ptr<RendezvousStore> rendezvous;
+  int process_rank = 0;   // [0, num_processes): torchrun's RANK
+  int num_processes = 1;  // torchrun's WORLD_SIZE
 };
 
 inline constexpr int kMaxDataParallelRanks = 64;
+
+// Note [Replica processes]
+// With several processes (hosts), the job's ranks are process p's local
+// rank l at global rank p * L + l (L local ranks in every process). Each
+// process holds a full replica of the host store and one AdamW (its local
+// rank 0's). Every block's gradient is reduced over all P * L ranks before
+// it lands in the replicas (host path: one all-reduce over all ranks;
+// device path: a reduce-scatter over the process's L ranks, then each
+// shard all-reduced over the P ranks of its local index), so every
+// replica receives the same gradient bits: the c10d all-reduce gives every
+// rank the same result (gloo and NCCL reduce each chunk once and broadcast
+// it), the norm is summed in a fixed order, and the loss and token count
+// are all-reduced integers / fp64 sums identical everywhere. The replicas
+// start identical (the same seed, or the same checkpoint read by every
+// process) and apply the same AdamW code to the same bits, so they stay
+// bit-identical as long as every process runs the same binary on CPUs
+// that compute the same fp32 (AdamW's arithmetic is per element; the pool's
+// thread count does not change it). DataParallelTrainer::ReplicasAgree
+// checks it (a checksum of every replica's weights and moments compared
+// over the ranks). Checkpoints are written once, by process 0
+// (writes_checkpoints()); to resume, every process reads the same
+// checkpoint into its replica and set_step()s: the same world size
+// continues bit for bit.
+
+// Fills dp's rendezvous, process_rank and num_processes from torchrun's
+// variables (ReadTorchrunEnv; WORLD_SIZE = processes, RANK = this
+// process), joining the TCPStore at MASTER_ADDR:MASTER_PORT within
+// `timeout`. Errors: INVALID_ARGUMENT naming the variable that is missing
+// or out of range (a missing WORLD_SIZE included); UNAVAILABLE naming
+// MASTER_ADDR:MASTER_PORT when the store cannot be reached (or served)
+// within `timeout`.
+absl::Status JoinFromTorchrunEnv(std::chrono::milliseconds timeout, DataParallelOptions* dp);
 
 // The devices of `devices` ranks on `base_device` ("cpu": that many CPU
 // ranks; "cuda" / "cuda:K": cuda:0 .. cuda:N-1, or from K on).
@@ -72,6 +117,14 @@ class DataParallelTrainer {
   // Waits for every rank's queued updates (Trainer::WaitForOptimizer).
   absl::Status WaitForOptimizer();
 
+  // Note [Replica processes]: whether every process's replica holds the
+  // same bits (fp32 master weights and AdamW moments; the streaming copy is
+  // derived from the weights): a 63-bit FNV-1a checksum of this process's
+  // store, its maximum and minimum compared over all ranks.
+  // Call between steps on every process (it is a collective). UNAVAILABLE
+  // when a peer fails.
+  absl::StatusOr<bool> ReplicasAgree();
+
   // The shared host store: what checkpoints write (once) and read; call
   // WaitForOptimizer() before reading it. The caller may write it (loading
   // weights or a checkpoint, then set_step) between steps.
@@ -82,7 +135,15 @@ class DataParallelTrainer {
 
   int64_t step() const { return ranks_[0]->step(); }
   void set_step(int64_t step);
+  // Ranks in this process (its devices).
   int world_size() const { return static_cast<int>(ranks_.size()); }
+  // Note [Replica processes]: this process's place among the job's.
+  int process_rank() const { return process_rank_; }
+  int num_processes() const { return num_processes_; }
+  // Whether this process writes checkpoints (process 0 only).
+  bool writes_checkpoints() const { return process_rank_ == 0; }
+  // The reduction the groups took (never kAuto).
+  GradientReduction gradient_reduction() const { return reduction_; }
   Trainer& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
   const std::string& backend_name() const { return groups_[0]->backend_name(); }
 
@@ -92,9 +153,17 @@ class DataParallelTrainer {
   template <typename F>
   absl::Status OnEveryRank(F fn);
 
+  // Joins this process's ranks to the job's groups (groups_, and for the
+  // device path local_groups_ and cross_groups_).
+  absl::Status JoinGroups(const DataParallelOptions& dp);
+
+  int process_rank_ = 0, num_processes_ = 1;
+  GradientReduction reduction_ = GradientReduction::kHostAllReduce;
   std::unique_ptr<HostStore> shared_;  // destroyed last (declared first)
   std::unique_ptr<GradientShards> shards_;
-  std::vector<std::unique_ptr<CollectiveGroup>> groups_;
+  std::vector<std::unique_ptr<CollectiveGroup>> groups_;        // every rank of the job
+  std::vector<std::unique_ptr<CollectiveGroup>> local_groups_;  // device path: this process's
+  std::vector<std::unique_ptr<CollectiveGroup>> cross_groups_;  // device path, several processes
   std::vector<std::unique_ptr<CollectiveGradientReducer>> reducers_;
   std::vector<std::unique_ptr<Trainer>> ranks_;  // destroyed first (declared last)
 };

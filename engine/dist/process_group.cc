@@ -14,12 +14,14 @@
 
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dist/gradient_shard.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/torch_compat.h"
 
@@ -64,8 +66,8 @@ absl::Status Collective(const char* what, F&& f) {
   }
 }
 
-absl::Status AllReduce(CollectiveGroup::Impl& impl, void* data, int64_t numel,
-                       at::ScalarType dtype) {
+absl::Status AllReduce(CollectiveGroup::Impl& impl, void* data, int64_t numel, at::ScalarType dtype,
+                       c10d::ReduceOp op = c10d::ReduceOp::SUM) {
   if (numel == 0) return absl::OkStatus();
   return Collective("allreduce", [&] {
     at::Tensor host = at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
@@ -73,9 +75,25 @@ absl::Status AllReduce(CollectiveGroup::Impl& impl, void* data, int64_t numel,
     // collective, which ProcessGroupNCCL orders before the current stream).
     std::vector<at::Tensor> tensors{impl.device.is_cpu() ? host : host.to(impl.device)};
     c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
+    options.reduceOp = op;
     impl.backend->allreduce(tensors, options)->wait();
     if (!impl.device.is_cpu()) host.copy_(tensors[0]);
+  });
+}
+
+// [numel] fp32 at `data` in `impl`'s device memory (no copy).
+at::Tensor DeviceTensor(CollectiveGroup::Impl& impl, float* data, int64_t numel) {
+  return at::from_blob(data, {numel}, at::TensorOptions().dtype(at::kFloat).device(impl.device));
+}
+
+absl::Status AllReduceInPlace(CollectiveGroup::Impl& impl, float* data, int64_t numel) {
+  if (numel == 0) return absl::OkStatus();
+  return Collective("allreduce", [&] {
+    std::vector<at::Tensor> tensors{DeviceTensor(impl, data, numel)};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    // wait(): on CUDA the current stream waits for the NCCL stream.
+    impl.backend->allreduce(tensors, options)->wait();
   });
 }
 
@@ -95,6 +113,13 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv() {
   MEGATRAIN_ASSIGN_OR_RETURN(env.world_size, IntFromEnv("WORLD_SIZE", 1, 1 << 16));
   MEGATRAIN_ASSIGN_OR_RETURN(env.rank, IntFromEnv("RANK", 0, env.world_size - 1));
   MEGATRAIN_ASSIGN_OR_RETURN(env.local_rank, IntFromEnv("LOCAL_RANK", 0, 1 << 10));
+  // Note [torchrun's agent store].
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  env.agent_store = agent != nullptr && std::string(agent) == "True";
+  if (std::getenv("TORCHELASTIC_RESTART_COUNT") != nullptr) {
+    MEGATRAIN_ASSIGN_OR_RETURN(env.restart_count,
+                               IntFromEnv("TORCHELASTIC_RESTART_COUNT", 0, 1 << 20));
+  }
   return env;
 }
 
@@ -121,7 +146,7 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
   auto impl = std::make_unique<Impl>();
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
-  options.isServer = env.rank == 0;
+  options.isServer = env.rank == 0 && !env.agent_store;  // Note [torchrun's agent store]
   options.numWorkers = static_cast<size_t>(env.world_size);
   // Rank 0 returns at once; the group's first collective is the barrier.
   options.waitWorkers = false;
@@ -131,10 +156,17 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
     auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     impl->port = store->getPort();
     impl->store = store;
+    if (env.agent_store) {
+      impl->store = c10::make_intrusive<c10d::PrefixStore>(
+          absl::StrCat("/worker/attempt_", env.restart_count), store);
+    }
   });
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("rendezvous at ", env.master_addr, ":",
-                                               env.master_port, ": ", status.message()));
+    return absl::UnavailableError(
+        absl::StrCat("MASTER_ADDR:MASTER_PORT (", env.master_addr, ":", env.master_port, "): ",
+                     options.isServer ? "rank 0 could not serve the rendezvous store"
+                                      : "the rendezvous store was not reachable",
+                     " within ", timeout.count(), " ms: ", status.message()));
   }
   return std::shared_ptr<RendezvousStore>(new RendezvousStore(std::move(impl)));
 }
@@ -158,7 +190,7 @@ CollectiveGroup::~CollectiveGroup() = default;
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(
     std::shared_ptr<RendezvousStore> store, int rank, int world_size, const std::string& device,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout, const std::string& prefix) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank: must be in [0, world_size=", world_size, "), got ", rank));
@@ -176,7 +208,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(
   Impl& impl = *group->impl_;
   // Keys of this group under their own prefix, so that a second group in
   // the same store (the next job) never reads stale ones.
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("megatrain", group->store_->impl()->store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, group->store_->impl()->store);
   absl::Status status = Collective("process group", [&] {
     impl.device = at::Device(device);
 #ifdef MEGATRAIN_C10D_NCCL
@@ -217,6 +249,43 @@ absl::Status CollectiveGroup::AllReduceSum(double* data, int64_t numel) {
 }
 absl::Status CollectiveGroup::AllReduceSum(int64_t* data, int64_t numel) {
   return AllReduce(*impl_, data, numel, at::kLong);
+}
+absl::Status CollectiveGroup::AllReduceMax(int64_t* data, int64_t numel) {
+  return AllReduce(*impl_, data, numel, at::kLong, c10d::ReduceOp::MAX);
+}
+
+bool CollectiveGroup::has_reduce_scatter() const {
+  return backend_name_ == "nccl" || compat::kGlooHasReduceScatterBase;
+}
+
+absl::Status CollectiveGroup::AllReduceSumOnDevice(float* data, int64_t numel) {
+  return AllReduceInPlace(*impl_, data, numel);
+}
+
+absl::Status CollectiveGroup::ReduceScatterSum(float* data, int64_t numel, float scale) {
+  if (numel == 0) return absl::OkStatus();
+  if (scale != 1.0f) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        Collective("scale", [&] { DeviceTensor(*impl_, data, numel).mul_(scale); }));
+  }
+  if (!has_reduce_scatter()) return AllReduceInPlace(*impl_, data, numel);
+  return Collective("reduce_scatter", [&] {
+    const int64_t s = PaddedShardNumel(numel, world_size_);
+    const ShardRange mine = ShardOf(numel, rank_, world_size_);
+    at::Tensor flat = DeviceTensor(*impl_, data, numel);
+    at::Tensor input = flat;
+    if (s * world_size_ != numel) {  // Note [Shard layout]: zero padding
+      input = at::zeros({s * world_size_}, flat.options());
+      input.narrow(0, 0, numel).copy_(flat);
+    }
+    at::Tensor output = at::empty({s}, flat.options());
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    compat::ReduceScatterBase(*impl_->backend, output, input, options)->wait();
+    if (mine.size() > 0) {
+      flat.narrow(0, mine.begin, mine.size()).copy_(output.narrow(0, 0, mine.size()));
+    }
+  });
 }
 
 }  // namespace megatrain::engine

@@ -21,17 +21,30 @@ namespace megatrain::engine {
 
 // torchrun's rendezvous variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
 // RANK, LOCAL_RANK).
+//
+// Note [torchrun's agent store]
+// torchrun's agent on the first node already serves a TCPStore at
+// MASTER_ADDR:MASTER_PORT (its static and c10d rendezvous share it with
+// the workers) and sets TORCHELASTIC_USE_AGENT_STORE=True: then no worker
+// may serve one (the port is taken); every process connects as a client
+// and keeps its keys under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>",
+// as torch.distributed's env:// init does (torch/distributed/rendezvous.py,
+// _create_c10d_store). Without the variable (a hand-made launch, the
+// tests), RANK 0 serves the store.
 struct TorchrunEnv {
   std::string master_addr;
-  int master_port = 0;  // 1..65535
-  int world_size = 1;   // >= 1
-  int rank = 0;         // [0, world_size)
-  int local_rank = 0;   // this process's device on its host
+  int master_port = 0;       // 1..65535
+  int world_size = 1;        // >= 1
+  int rank = 0;              // [0, world_size)
+  int local_rank = 0;        // this process's device on its host
+  bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE == "True"
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT (0 when unset)
 };
 
 // Reads TorchrunEnv from the environment. NOT_FOUND when WORLD_SIZE is
 // unset (not launched by torchrun); INVALID_ARGUMENT naming the variable
-// when one is missing or out of range.
+// when one is missing or out of range (TORCHELASTIC_RESTART_COUNT
+// included, when set).
 absl::StatusOr<TorchrunEnv> ReadTorchrunEnv();
 
 // A c10d key-value store the ranks meet in. Thread-safe (c10d's stores
@@ -40,9 +53,11 @@ class RendezvousStore {
  public:
   // A store for ranks that are threads of this process (c10d::HashStore).
   static std::shared_ptr<RendezvousStore> CreateInProcess();
-  // c10d::TCPStore at env.master_addr:env.master_port; rank 0 serves it and
-  // waits (up to `timeout`) for the world_size - 1 others. UNAVAILABLE when
-  // the server cannot be reached or bound.
+  // c10d::TCPStore at env.master_addr:env.master_port; rank 0 serves it
+  // (unless torchrun's agent does: Note [torchrun's agent store]) and
+  // returns at once, the others connect within `timeout`; the first
+  // group's creation is the barrier. UNAVAILABLE naming
+  // MASTER_ADDR:MASTER_PORT when the server cannot be reached or bound.
   static absl::StatusOr<std::shared_ptr<RendezvousStore>> CreateTcp(
       const TorchrunEnv& env, std::chrono::milliseconds timeout);
   ~RendezvousStore();
@@ -69,9 +84,12 @@ class CollectiveGroup {
   // Errors: INVALID_ARGUMENT for a rank outside [0, world_size);
   // UNIMPLEMENTED for a backend this build lacks; UNAVAILABLE when the
   // rendezvous fails.
+  // `prefix`: the group's keys in the store; groups created over the same
+  // store at the same time (a job's all-ranks, per-host and cross-host
+  // groups) need distinct prefixes.
   static absl::StatusOr<std::unique_ptr<CollectiveGroup>> Create(
       std::shared_ptr<RendezvousStore> store, int rank, int world_size, const std::string& device,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout, const std::string& prefix = "megatrain");
   ~CollectiveGroup();
 
   int rank() const { return rank_; }
@@ -85,6 +103,26 @@ class CollectiveGroup {
   absl::Status AllReduceSum(float* data, int64_t numel);
   absl::Status AllReduceSum(double* data, int64_t numel);
   absl::Status AllReduceSum(int64_t* data, int64_t numel);
+  // Element-wise maximum over the ranks of `data` ([numel], host memory).
+  absl::Status AllReduceMax(int64_t* data, int64_t numel);
+
+  // Whether ReduceScatterSum runs c10d's reduce-scatter (NCCL); false: it
+  // is emulated by an all-reduce (gloo 1.13 has none; torch_compat.h).
+  bool has_reduce_scatter() const;
+  // Note [Shard layout] in gradient_shard.h: sums `data` ([numel] fp32 in
+  // this group's device memory: host memory for gloo) over the ranks and
+  // leaves this rank's shard of the sum, ShardOf(numel, rank, world), in
+  // data[begin, end); the other elements are unspecified afterwards (the
+  // emulation leaves the whole sum). With NCCL: padded to world * S on the
+  // device when world does not divide numel, enqueued on the calling
+  // thread's current CUDA stream, which then waits for the collective (no
+  // host synchronisation). UNAVAILABLE when a peer fails or the timeout
+  // passes.
+  // `scale`: data is multiplied by it first (on the device; skipped at 1).
+  absl::Status ReduceScatterSum(float* data, int64_t numel, float scale = 1.0f);
+  // Sums `data` ([numel] fp32 in this group's device memory, as
+  // ReduceScatterSum) over the ranks, in place, on the current stream.
+  absl::Status AllReduceSumOnDevice(float* data, int64_t numel);
 
   struct Impl;
 

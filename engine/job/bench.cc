@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/kernel_trace.h"
@@ -23,6 +24,7 @@
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/dist/data_parallel.h"
+#include "engine/dist/gradient_shard.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
 
@@ -46,6 +48,29 @@ MicroBatch RandomBatch(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng
     mb.labels.insert(mb.labels.end(), seq.begin() + 1, seq.end());
   }
   return mb;
+}
+
+// --dist=env (Note [Replica processes] in dist/data_parallel.h): joins the
+// job through torchrun's variables (60 s to reach the master).
+absl::Status JoinBenchProcesses(const BenchOptions& o, DataParallelOptions* dp) {
+  if (o.dist.empty()) return absl::OkStatus();
+  if (o.dist != "env") {
+    return absl::InvalidArgumentError(absl::StrCat("--dist: expected env, got '", o.dist, "'"));
+  }
+  return JoinFromTorchrunEnv(std::chrono::seconds(60), dp);
+}
+
+// The first device of this process's ranks: with --dist=env and a bare
+// "cuda", process LOCAL_RANK of a host starts at cuda:LOCAL_RANK*devices
+// (one process per host: LOCAL_RANK 0, cuda:0).
+std::string BenchBaseDevice(const BenchOptions& o) {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  int local = 0;
+  if (o.dist != "env" || o.device != "cuda" || local_rank == nullptr ||
+      !absl::SimpleAtoi(local_rank, &local) || local <= 0) {
+    return o.device;
+  }
+  return absl::StrCat("cuda:", local * std::max(o.devices, 1));
 }
 
 absl::StatusOr<ModelConfig> BenchModelConfig(const BenchOptions& o) {
@@ -355,7 +380,9 @@ void AddTimingJson(const BenchRun& run, const absl::StatusOr<LinkBandwidthMeasur
 absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& config,
                                   Trainer& trainer, DataParallelTrainer* dp, FILE* progress) {
   std::mt19937_64 rng(o.seed + 1);
-  const int64_t global_micro_batches = o.gradient_accumulation_steps * std::max(o.devices, 1);
+  const int64_t global_micro_batches =
+      o.gradient_accumulation_steps *
+      (dp != nullptr ? dp->world_size() * dp->num_processes() : std::max(o.devices, 1));
   std::vector<MicroBatch> fixed;
   for (int64_t m = 0; m < global_micro_batches; ++m) {
     fixed.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
@@ -421,6 +448,19 @@ void TearDown(FILE* progress, int64_t steps, std::unique_ptr<DataParallelTrainer
   std::fflush(progress);
 }
 
+// Data parallel (docs/distributed.md): --devices ranks in this process (they
+// share the cores), joined to the other processes' with --dist=env.
+absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
+    const BenchOptions& o, const ModelConfig& config, TrainerOptions topt) {
+  DataParallelOptions dpo;
+  MEGATRAIN_ASSIGN_OR_RETURN(dpo.gradient_reduction,
+                             ParseGradientReduction(o.gradient_reduction, "--gradient_reduction"));
+  MEGATRAIN_RETURN_IF_ERROR(JoinBenchProcesses(o, &dpo));
+  dpo.devices = DataParallelDevices(BenchBaseDevice(o), o.devices);
+  topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices * dpo.num_processes;
+  return DataParallelTrainer::Create(config, topt, o.seed, dpo);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
@@ -433,15 +473,11 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   if (tier_dir != nullptr) topt.nvme_dir = tier_dir->path();
   std::unique_ptr<Trainer> single;
   std::unique_ptr<DataParallelTrainer> dp;
-  if (o.devices > 1) {
-    // Data parallel (docs/distributed.md): the ranks share the cores.
+  if (o.devices > 1 || !o.dist.empty()) {
     if (tier_dir != nullptr) {
       return absl::InvalidArgumentError("--devices > 1 with --nvme_tier moments is not built");
     }
-    DataParallelOptions dpo;
-    dpo.devices = DataParallelDevices(o.device, o.devices);
-    topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices;
-    MEGATRAIN_ASSIGN_OR_RETURN(dp, DataParallelTrainer::Create(config, topt, o.seed, dpo));
+    MEGATRAIN_ASSIGN_OR_RETURN(dp, CreateBenchDataParallel(o, config, topt));
   } else {
     MEGATRAIN_ASSIGN_OR_RETURN(single, Trainer::Create(config, topt, o.seed));
   }
@@ -463,17 +499,23 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   std::fprintf(progress, "megatrain-bench: footprint %s\n",
                DescribeHostBytesPerParam(BenchFootprint(o, config)).c_str());
   if (dp != nullptr) {
-    std::fprintf(progress, "megatrain-bench: %d devices, data parallel over %s\n", o.devices,
-                 dp->backend_name().c_str());
+    std::fprintf(progress,
+                 "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
+                 o.devices, dp->num_processes(), dp->backend_name().c_str(),
+                 GradientReductionName(dp->gradient_reduction()));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(BenchRun run, RunSteps(o, config, *trainer, dp.get(), progress));
 
   const double step_median = Median(run.samples.step);
-  const double tokens = static_cast<double>(o.micro_batch * o.seq_len *
-                                            o.gradient_accumulation_steps * std::max(o.devices, 1));
+  const int processes = dp != nullptr ? dp->num_processes() : 1;
+  const double tokens =
+      static_cast<double>(o.micro_batch * o.seq_len * o.gradient_accumulation_steps *
+                          std::max(o.devices, 1) * processes);
   nlohmann::json j;
   AddSetupJson(o, config, *trainer, dp.get(), &j);
   j["devices"] = std::max(o.devices, 1);
+  j["processes"] = processes;
+  if (dp != nullptr) j["gradient_reduction"] = GradientReductionName(dp->gradient_reduction());
   AddTimingJson(run, link, &j);
   j["tokens_per_s"] = tokens / step_median;
   j["step_seconds"] = step_median;
@@ -489,7 +531,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       o.peak_tflops > 0 ? o.peak_tflops : PeakBf16Flops(trainer->device_name()) / 1e12;
   if (peak_tflops > 0) {
     j["peak_tflops"] = peak_tflops;
-    j["mfu"] = model_tflops / (peak_tflops * std::max(o.devices, 1));
+    j["mfu"] = model_tflops / (peak_tflops * std::max(o.devices, 1) * processes);
     j["mfu_params"] = config.moe != nullptr ? "active" : "all";
   }
   TearDown(progress, o.warmup + o.steps, std::move(dp), std::move(single), std::move(tier_dir));

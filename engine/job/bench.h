@@ -22,6 +22,13 @@ struct BenchOptions {
   // (cuda -> cuda:0..N-1), each running gradient_accumulation_steps (per
   // device) micro-batches of a step; tokens/s counts all N.
   int devices = 1;
+  // "" (this process is the run) or "env": one process of several (hosts),
+  // joined through torchrun's MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK,
+  // LOCAL_RANK (Note [Replica processes] in dist/data_parallel.h); each
+  // runs `devices` ranks, tokens/s counts every process's.
+  std::string dist;
+  // auto | host_all_reduce | device_reduce_scatter (dist/gradient_shard.h).
+  std::string gradient_reduction = "auto";
   int64_t steps = 10;  // measured steps
   int64_t warmup = 2;  // unmeasured steps first
   std::string compute_dtype = "fp32";

@@ -41,6 +41,27 @@ using DistBackend = ::c10d::Backend;
 using DistBackend = ::c10d::ProcessGroup;
 #endif
 
+// c10d's reduce-scatter of one flat tensor: `input` [world * S] (on every
+// rank, the same dtype and device) summed over the ranks, rank r receiving
+// elements [r * S, (r + 1) * S) of the sum in `output` [S]. The method is
+// `_reduce_scatter_base` on 1.13's ProcessGroup and on 2.x's Backend (the
+// Python name reduce_scatter_tensor dispatches to it); ProcessGroupNCCL
+// implements it on every version; 1.13's ProcessGroupGloo throws ("does
+// not support _reduce_scatter_base"), hence
+// kGlooHasReduceScatterBase. A template so that this header needs no c10d
+// header: `Backend` is DistBackend, `Options` c10d::ReduceScatterOptions.
+// Returns the c10d work (wait() it).
+template <typename Backend, typename Options>
+auto ReduceScatterBase(Backend& backend, at::Tensor& output, at::Tensor& input,
+                       const Options& options) {
+  return backend._reduce_scatter_base(output, input, options);
+}
+
+// Whether ProcessGroupGloo has a flat reduce-scatter on this LibTorch. False
+// on 1.13 (it throws); kept false on 2.x too, where it was not checked, so
+// that gloo groups take the host all-reduce (GradientReduction).
+inline constexpr bool kGlooHasReduceScatterBase = false;
+
 // softmax(q k^T * scale + mask) v for q [B, H, T, Dh] and k, v [B, H, S, Dh]
 // (same head count: callers repeat kv heads first). `mask` is boolean
 // [T, S] (true = attend) or undefined; `is_causal` applies the causal mask

@@ -103,6 +103,9 @@ class StreamingExecutor::Impl {
            (offload_ ? offload_->pinned_bytes() : 0);
   }
   void SetWeightGate(std::function<void(int64_t)> gate) { env_.weight_gate = std::move(gate); }
+  void SetDeviceReduction(decltype(StepEnv::reduce_on_device) reduce) {
+    env_.reduce_on_device = std::move(reduce);
+  }
   void SetEmbeddingRowGate(EmbeddingRowGate gate) { inputs_->SetRowGate(std::move(gate)); }
   void AssumeEmbeddingGradZero(bool zero) { assume_embedding_grad_zero_ = zero; }
   ResidentBlocks& resident() { return *resident_; }
@@ -715,6 +718,11 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
 
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
   impl_->SetWeightGate(std::move(gate));
+}
+
+void StreamingExecutor::SetDeviceReduction(
+    std::function<bool(int64_t, float*, int64_t, int64_t*, int64_t*)> reduce) {
+  impl_->SetDeviceReduction(std::move(reduce));
 }
 
 void StreamingExecutor::AssumeEmbeddingGradZero(bool zero) { impl_->AssumeEmbeddingGradZero(zero); }

@@ -331,6 +331,14 @@ class StreamingExecutor {
   // gate_wait_seconds).
   void SetWeightGate(std::function<void(int64_t block)> wait_until_ready);
 
+  // Installs the device-side reduction of a block's whole gradient before
+  // it lands (Note [Device reduce-scatter] in gradient_reducer.h; the
+  // function has GradientReducer::ReduceScatterOnDevice's contract). Call
+  // before the first pass.
+  void SetDeviceReduction(
+      std::function<bool(int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end)>
+          reduce);
+
   // Installs a gate for the embedding rows a micro-batch gathers, called
   // (on the enqueuing thread) with the micro-batch's token ids [B*T] before
   // the host gather, in place of the weight gate of the embedding block.

@@ -176,12 +176,23 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   }
   task.direct = kind == Task::Kind::kDense && task.first;
   task.grad_zero = embedding_grad_zero_;
+  // The landed range: the whole block, or this rank's shard of it after a
+  // reduce-scatter on the device (Note [Device reduce-scatter] in
+  // gradient_reducer.h), when the block's whole gradient is here.
+  int64_t begin = 0, end = numel;
+  if (task.direct && task.final && env_->reduce_on_device) {
+    const int token = env_->timer.Begin(StreamKind::kCompute);
+    if (!env_->reduce_on_device(block, const_cast<float*>(device_src), numel, &begin, &end)) {
+      begin = 0, end = numel;
+    }
+    env_->timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
+  }
   if (task.direct) {
     // The block's gradient so far is this one: its norm, on the device
     // (compute-stream work, timed as such).
     const int norm_token = env_->timer.Begin(StreamKind::kCompute);
     const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
-    at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel}, fp32);
+    at::Tensor flat = at::from_blob(const_cast<float*>(device_src) + begin, {end - begin}, fp32);
     task.keep_alive_norm = compat::VectorNormFp64(flat);
     env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
   }
@@ -192,13 +203,16 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     OffloadChunks(task, device_src);
     return;
   }
-  const int64_t bytes = numel * 4;
+  const int64_t bytes = (end - begin) * 4;
   ABSL_RAW_CHECK(task.direct || staging_[slot].bytes() >= static_cast<size_t>(bytes),
                  "GradLander: an embedding contribution with no staging (resident embedding?)");
   void* dst =
       task.direct ? static_cast<void*>(DirectDestination(block, &task)) : staging_[slot].data();
   const int token = env_->timer.Begin(StreamKind::kD2H);
-  runtime->CopyDeviceToHost(dst, device_src, static_cast<size_t>(bytes));
+  if (bytes > 0) {
+    runtime->CopyDeviceToHost(static_cast<float*>(dst) + begin, device_src + begin,
+                              static_cast<size_t>(bytes));
+  }
   if (task.direct) {
     runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + slot,
                               task.keep_alive_norm.data_ptr(), sizeof(double));

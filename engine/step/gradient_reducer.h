@@ -74,6 +74,26 @@ class GradientReducer {
 
   // Counted tokens of the global batch (after BeginStep).
   virtual int64_t global_counted_tokens() const = 0;
+
+  // Note [Device reduce-scatter]
+  // Optional, before a block lands: `grad` ([numel] fp32, device memory:
+  // the executor's gradient slot or device accumulator, holding the block's
+  // whole gradient of this pass, the mean over this rank's counted tokens)
+  // may be reduced over the ranks on the device. Returns false when this
+  // reducer does not (the default): the block lands whole and ReduceBlock
+  // reduces it on the host. Returns true when grad[*begin, *end) now holds
+  // this rank's shard of the global batch's gradient: only that range is
+  // copied to the host (into the same range of the store's gradient), and
+  // the block's ReduceBlock receives that landing. Called on the executor's
+  // enqueuing thread with its compute stream current, for every block whose
+  // whole gradient is on the device at landing, in the landing order
+  // (identical on every rank). A failed collective still returns true
+  // (with an empty range); EndStep then returns its error.
+  virtual bool ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel, int64_t* begin,
+                                     int64_t* end) {
+    (void)block, (void)grad, (void)numel, (void)begin, (void)end;
+    return false;
+  }
 };
 
 }  // namespace megatrain::engine

@@ -141,6 +141,11 @@ struct StepEnv {
   const at::ScalarType compute_dtype;  // of streamed weights on the device
   PhaseTimer timer;
   std::function<void(int64_t block)> weight_gate;  // may be empty
+  // Note [Device reduce-scatter] in gradient_reducer.h: reduces a block's
+  // whole device gradient before it lands (GradientReducer::
+  // ReduceScatterOnDevice's contract); may be empty.
+  std::function<bool(int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end)>
+      reduce_on_device;
 
   // Per pass (BeginPass).
   int64_t h2d_bytes = 0, d2h_bytes = 0;

@@ -373,6 +373,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   } else {
     t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
   }
+  if (GradientReducer* reducer = options.gradient_reducer; reducer != nullptr) {
+    // Note [Device reduce-scatter] in gradient_reducer.h.
+    t->executor_->SetDeviceReduction(
+        [reducer](int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end) {
+          return reducer->ReduceScatterOnDevice(block, grad, numel, begin, end);
+        });
+  }
   // A resident embedding is updated on the device instead; with the tier
   // (Note [Tiered trainer]) or a shared store (Note [Shared host store]),
   // as one block.

@@ -35,6 +35,11 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "data-parallel devices, each running --gradient_accumulation_steps micro-batches "
                  "(cuda: cuda:0..N-1; docs/distributed.md)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--dist", o.dist,
+                 "env: one process of a multi-process (multi-host) run, joined through torchrun's "
+                 "MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK (docs/distributed.md)");
+  app.add_option("--gradient_reduction", o.gradient_reduction,
+                 "auto | host_all_reduce | device_reduce_scatter (data parallel)");
   app.add_option("--steps", o.steps, "measured optimizer steps");
   app.add_option("--warmup", o.warmup, "unmeasured steps first");
   app.add_option("--compute_dtype", o.compute_dtype, "fp32 | tf32 | bf16");

@@ -322,6 +322,77 @@ TEST(DataParallelTest, RefusesBatchesAndOptionsRanksCannotSplit) {
                        HasSubstr("multiple of train.devices=2, got 3")));
 }
 
+// Note [Device reduce-scatter] in engine/step/gradient_reducer.h, run on
+// the CPU: gloo has no reduce-scatter, so the device path is emulated
+// (all-reduce, then the shard), but everything around it is the GPU's:
+// the executor offers each whole block before its D2H copy, lands only
+// the rank's shard, and the shards assemble the shared gradient. One
+// micro-batch per rank, so every dense block is whole at landing (the
+// embedding's rows still take the host path). Without clipping the
+// weights and moments are bit-identical to the host path's (the same two
+// fp32 addends); with clipping, the norm is the sum of the shards' fp64
+// norms instead of the whole block's, within 1e-12 relative of the host
+// path's, so the weights agree within 1e-6 (measured: identical).
+TEST_P(DataParallelParityTest, DeviceReduceScatterPathLandsShardsAndMatchesTheHostPath) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(GetParam());
+  o.gradient_accumulation_steps = 2;  // one micro-batch per rank
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(2, kB, kT, config.vocab_size, 300 + s));
+  std::vector<std::vector<float>> state(2);
+  std::vector<std::vector<int64_t>> d2h(2);
+  std::vector<std::vector<double>> losses(2);
+  for (int path = 0; path < 2; ++path) {
+    DataParallelOptions dp;
+    dp.devices = DataParallelDevices("cpu", 2);
+    dp.timeout = std::chrono::seconds(60);
+    dp.gradient_reduction =
+        path == 0 ? GradientReduction::kHostAllReduce : GradientReduction::kDeviceReduceScatter;
+    auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+    ASSERT_THAT(t, IsOk());
+    EXPECT_EQ((*t)->gradient_reduction(), dp.gradient_reduction);
+    for (const auto& batch : steps) {
+      auto r = (*t)->Step(batch);
+      ASSERT_THAT(r, IsOk());
+      d2h[path].push_back(r->stats.d2h_bytes);  // rank 0's
+      losses[path].push_back(r->loss);
+    }
+    ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
+    state[path] = State((*t)->store());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  if (GetParam() == 0) {
+    ASSERT_EQ(state[0].size(), state[1].size());
+    EXPECT_EQ(std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float)), 0);
+  }
+  EXPECT_LE(RelativeError(state[1], state[0]), 1e-6);
+  // D2H: rank 0 copies only its shard of every dense block (the embedding
+  // lands its rows whole either way).
+  auto store = HostStore::Create(config, {});
+  ASSERT_THAT(store, IsOk());
+  int64_t saved = 0;
+  for (int64_t b = 0; b < (*store)->num_blocks(); ++b) {
+    if (b == (*store)->layout().embedding_block()) continue;
+    const int64_t numel = (*store)->block_numel(b);
+    saved += 4 * (numel - ShardOf(numel, 0, 2).size());
+  }
+  for (size_t s = 0; s < steps.size(); ++s) EXPECT_EQ(d2h[0][s] - d2h[1][s], saved) << s;
+}
+
+// kAuto on gloo: the host all-reduce (no D2H copy to save on the CPU).
+TEST(DataParallelTest, GlooTakesTheHostAllReduce) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  auto dp = MakeDp(SmallLlama(), Options(1.0), 2);
+  ASSERT_THAT(dp, IsOk());
+  EXPECT_EQ((*dp)->gradient_reduction(), GradientReduction::kHostAllReduce);
+  EXPECT_EQ((*dp)->num_processes(), 1);
+  EXPECT_TRUE((*dp)->writes_checkpoints());
+  auto agree = (*dp)->ReplicasAgree();  // one replica: trivially
+  ASSERT_THAT(agree, IsOk());
+  EXPECT_TRUE(*agree);
+}
+
 // Rendezvous as torchrun's processes do it (TCPStore on loopback), here
 // with two threads: rank 0 serves on an ephemeral port.
 TEST(ProcessGroupTest, TcpStoreRendezvousAllReduces) {
@@ -353,6 +424,44 @@ TEST(ProcessGroupTest, TcpStoreRendezvousAllReduces) {
   EXPECT_THAT(data[1], ::testing::ElementsAre(11, 22, 33));
 }
 
+// Note [torchrun's agent store]: torchrun's agent already serves the store
+// at MASTER_PORT (here a world-1 TCPStore on an ephemeral port stands in
+// for it). A RANK 0 that tried to serve there too fails (the port is
+// taken); with TORCHELASTIC_USE_AGENT_STORE both workers connect as
+// clients, under torch's "/worker/attempt_N" prefix, and all-reduce.
+TEST(ProcessGroupTest, TorchrunAgentStoreIsJoinedAsAClient) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  auto agent = RendezvousStore::CreateTcp({"127.0.0.1", 0, 1, 0, 0}, std::chrono::seconds(30));
+  ASSERT_THAT(agent, IsOk());
+  const int port = (*agent)->port();
+  ASSERT_GT(port, 0);
+  EXPECT_THAT(RendezvousStore::CreateTcp({"127.0.0.1", port, 2, 0, 0}, std::chrono::seconds(2)),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("rank 0 could not serve the rendezvous store")));
+  std::vector<std::vector<float>> data = {{1, 2}, {10, 20}};
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TorchrunEnv env{"127.0.0.1", port, 2, r, 0};
+      env.agent_store = true;
+      env.restart_count = 3;
+      auto store = RendezvousStore::CreateTcp(env, std::chrono::seconds(30));
+      if (!store.ok()) {
+        status[r] = store.status();
+        return;
+      }
+      auto group = CollectiveGroup::Create(*store, r, 2, "cpu", std::chrono::seconds(30));
+      status[r] = group.ok() ? (*group)->AllReduceSum(data[r].data(), 2) : group.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(status[0], IsOk());
+  EXPECT_THAT(status[1], IsOk());
+  EXPECT_THAT(data[0], ::testing::ElementsAre(11, 22));
+  EXPECT_THAT(data[1], ::testing::ElementsAre(11, 22));
+}
+
 TEST(ProcessGroupTest, TorchrunEnvNamesTheBadVariable) {
   unsetenv("WORLD_SIZE");
   EXPECT_THAT(ReadTorchrunEnv(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("WORLD_SIZE")));
@@ -369,7 +478,19 @@ TEST(ProcessGroupTest, TorchrunEnvNamesTheBadVariable) {
   EXPECT_EQ(env->master_addr, "10.0.0.1");
   EXPECT_EQ(env->master_port, 29500);
   EXPECT_EQ(env->rank, 1);
-  for (const char* name : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK"}) {
+  EXPECT_FALSE(env->agent_store);
+  // torchrun's agent store (Note [torchrun's agent store]).
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  env = ReadTorchrunEnv();
+  ASSERT_THAT(env, IsOk());
+  EXPECT_TRUE(env->agent_store);
+  EXPECT_EQ(env->restart_count, 2);
+  setenv("TORCHELASTIC_RESTART_COUNT", "x", 1);
+  EXPECT_THAT(ReadTorchrunEnv(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("TORCHELASTIC_RESTART_COUNT: must be")));
+  for (const char* name : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
+                           "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"}) {
     unsetenv(name);
   }
 }

@@ -1,0 +1,366 @@
+// Data parallelism over several processes (Note [Replica processes] in
+// engine/dist/data_parallel.h): this test binary starts itself twice with
+// torchrun's variables (MASTER_ADDR 127.0.0.1, a free port, WORLD_SIZE 2,
+// RANK 0/1), each process one CPU rank with its own replica of the host
+// store, gloo over the TCPStore rendezvous. The two replicas end bit-
+// identical, equal to two ranks as threads of one process bit for bit, and
+// to one process accumulating the whole global batch (twice each
+// process's micro-batches) within 1e-6 L2-relative; a checkpoint written by
+// process 0 only resumes on two processes bit for bit. A child that hangs
+// is killed at a deadline and fails the test. Bad torchrun variables fail
+// with the variable named, and an unreachable master within a bounded
+// timeout.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/dist/data_parallel.h"
+#include "engine/dist/process_group.h"
+#include "engine/io/checkpoint.h"
+#include "tests/testing/parity.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace megatrain::engine {
+namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::MakeBatches;
+using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kB = 2, kT = 8;
+constexpr int kMicroBatches = 4;  // per global batch: 2 per process
+constexpr int kSteps = 4;
+constexpr int kCheckpointStep = 2;
+constexpr uint64_t kSeed = 5;
+// Child environment: the directory to write to, and what to run.
+constexpr char kChildDir[] = "MEGATRAIN_TEST_DIST_CHILD_DIR";
+constexpr char kChildMode[] = "MEGATRAIN_TEST_DIST_CHILD_MODE";
+
+TrainerOptions Options() {
+  TrainerOptions o;
+  o.micro_batch = kB;
+  o.seq_len = kT;
+  o.adamw.lr = 1e-3;
+  o.adamw.weight_decay = 0.1;
+  o.schedule.kind = LrScheduleKind::kCosine;
+  o.schedule.warmup_steps = 1;
+  o.schedule.total_steps = 8;
+  o.max_grad_norm = 1.0;
+  o.gradient_accumulation_steps = kMicroBatches;
+  o.threads = 1;
+  o.critical_threads = 1;
+  return o;
+}
+
+std::vector<MicroBatch> Batch(const ModelConfig& config, int step) {
+  return MakeBatches(kMicroBatches, kB, kT, config.vocab_size, 100 + step);
+}
+
+// Master weights and AdamW moments of every block, back to back.
+std::vector<float> State(HostStore& store) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
+      out.insert(out.end(), data, data + store.block_numel(b));
+    }
+  }
+  return out;
+}
+
+void WriteFloats(const std::string& path, const std::vector<float>& v) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+}
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// One process of the job (run by MultiProcessTest through the variables
+// above; skipped otherwise). "train": steps 1..kSteps, process 0 writes
+// the checkpoint after kCheckpointStep; "resume": reads it, runs the rest.
+// Writes its replica's state to <dir>/<mode>.<RANK>.bin and whether the
+// replicas agree to <dir>/<mode>.<RANK>.agree.
+TEST(MultiProcessChild, Run) {
+  const char* dir = std::getenv(kChildDir);
+  const char* mode_env = std::getenv(kChildMode);
+  if (dir == nullptr || mode_env == nullptr) {
+    GTEST_SKIP() << "one process of MultiProcessTest.*; started by it";
+  }
+  const std::string mode = mode_env;
+  const ModelConfig config = SmallLlama();
+  DataParallelOptions dp;
+  dp.devices = {"cpu"};
+  dp.timeout = std::chrono::seconds(60);
+  ASSERT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(60), &dp), IsOk());
+  auto trainer = DataParallelTrainer::Create(config, Options(), kSeed, dp);
+  ASSERT_THAT(trainer, IsOk());
+  DataParallelTrainer& t = **trainer;
+  ASSERT_EQ(t.num_processes(), 2);
+  // WriteCheckpoint's output_dir: the checkpoints go to <it>/checkpoints/step-*.
+  const std::string output_dir = std::string(dir) + "/job";
+  int first = 0;
+  if (mode == "resume") {
+    std::string path;
+    for (const auto& entry : std::filesystem::directory_iterator(output_dir + "/checkpoints")) {
+      if (entry.path().filename().string().rfind("step-", 0) == 0) path = entry.path().string();
+    }
+    ASSERT_FALSE(path.empty());
+    auto read = ReadCheckpoint(path, &t.store());
+    ASSERT_THAT(read, IsOk());
+    t.set_step(read->step);
+    first = static_cast<int>(read->step);
+  }
+  for (int s = first; s < kSteps; ++s) {
+    auto r = t.Step(Batch(config, s));
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->step, s + 1);
+    if (mode == "train" && r->step == kCheckpointStep && t.writes_checkpoints()) {
+      ASSERT_THAT(t.WaitForOptimizer(), IsOk());
+      CheckpointState state;
+      state.step = t.step();
+      ASSERT_THAT(WriteCheckpoint(t.store(), state, output_dir, CheckpointSpec{}), IsOk());
+    }
+  }
+  auto agree = t.ReplicasAgree();
+  ASSERT_THAT(agree, IsOk());
+  const std::string base = std::string(dir) + "/" + mode + "." + std::to_string(t.process_rank());
+  WriteFloats(base + ".bin", State(t.store()));
+  std::ofstream(base + ".agree") << (*agree ? "yes" : "no");
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Starts this binary twice as RANK 0 and 1 of a 2-process job in `mode`,
+// waits up to `deadline`; kills both (by pid) at the deadline. True when
+// both exited 0.
+bool RunJob(const std::string& dir, const std::string& mode, std::chrono::seconds deadline) {
+  const int port = FreePort();
+  EXPECT_GT(port, 0);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("WORLD_SIZE", "2", 1);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", "0", 1);
+      setenv(kChildDir, dir.c_str(), 1);
+      setenv(kChildMode, mode.c_str(), 1);
+      execl("/proc/self/exe", "multi_process_child", "--gtest_filter=MultiProcessChild.Run",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::vector<int> status(2, -1);
+  std::vector<bool> done(2, false);
+  while ((!done[0] || !done[1]) && std::chrono::steady_clock::now() < end) {
+    for (size_t i = 0; i < 2; ++i) {
+      if (!done[i] && waitpid(pids[i], &status[i], WNOHANG) == pids[i]) done[i] = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  bool ok = true;
+  for (size_t i = 0; i < 2; ++i) {
+    if (!done[i]) {
+      ADD_FAILURE() << mode << ": process " << i << " still running after " << deadline.count()
+                    << " s (a hung rendezvous or collective); killed";
+      kill(pids[i], SIGKILL);
+      waitpid(pids[i], &status[i], 0);
+      ok = false;
+    } else if (!WIFEXITED(status[i]) || WEXITSTATUS(status[i]) != 0) {
+      ADD_FAILURE() << mode << ": process " << i << " failed (status " << status[i] << ")";
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  in >> s;
+  return s;
+}
+
+TEST(MultiProcessTest, TwoProcessesMatchOneAccumulatingAndResumeExactly) {
+  if (!HasCollectiveBackend("cpu")) GTEST_SKIP() << "no gloo in this build";
+  const std::string dir = testing::MakeTempDir("dist-mp");
+  ASSERT_TRUE(RunJob(dir, "train", std::chrono::seconds(240)));
+  const std::vector<float> p0 = ReadFloats(dir + "/train.0.bin");
+  const std::vector<float> p1 = ReadFloats(dir + "/train.1.bin");
+  ASSERT_FALSE(p0.empty());
+  // The replicas: bit-identical, and each process saw it (ReplicasAgree).
+  EXPECT_TRUE(SameBits(p0, p1));
+  EXPECT_EQ(ReadText(dir + "/train.0.agree"), "yes");
+  EXPECT_EQ(ReadText(dir + "/train.1.agree"), "yes");
+  // Checkpoints written once: process 0's only.
+  int checkpoints = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/job/checkpoints")) {
+    checkpoints += entry.path().filename().string().rfind("step-", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(checkpoints, 1);
+
+  const ModelConfig config = SmallLlama();
+  // Two ranks as threads of one process: the same all-reduce (two fp32
+  // addends), the same bits.
+  DataParallelOptions threads;
+  threads.devices = {"cpu", "cpu"};
+  threads.timeout = std::chrono::seconds(60);
+  auto dp = DataParallelTrainer::Create(config, Options(), kSeed, threads);
+  ASSERT_THAT(dp, IsOk());
+  for (int s = 0; s < kSteps; ++s) ASSERT_THAT((*dp)->Step(Batch(config, s)), IsOk());
+  ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
+  EXPECT_TRUE(SameBits(State((*dp)->store()), p0));
+
+  // One process, one device, accumulating all 4 micro-batches (twice each
+  // process's 2): the fp32 summation order differs (Note [Gradient
+  // all-reduce]), hence 1e-6 relative, not bits.
+  auto single = Trainer::Create(config, Options(), kSeed);
+  ASSERT_THAT(single, IsOk());
+  for (int s = 0; s < kSteps; ++s) ASSERT_THAT((*single)->Step(Batch(config, s)), IsOk());
+  ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
+  const double err = RelativeError(p0, State((*single)->store()));
+  EXPECT_LE(err, 1e-6);
+  std::fprintf(stderr, "2 processes vs 1 accumulating: %.3g relative\n", err);
+
+  // Resume from process 0's checkpoint on two processes: bit for bit.
+  ASSERT_TRUE(RunJob(dir, "resume", std::chrono::seconds(240)));
+  EXPECT_TRUE(SameBits(ReadFloats(dir + "/resume.0.bin"), p0));
+  EXPECT_TRUE(SameBits(ReadFloats(dir + "/resume.1.bin"), p0));
+}
+
+void ClearTorchrunEnv() {
+  for (const char* name : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK"}) {
+    unsetenv(name);
+  }
+}
+
+TEST(MultiProcessTest, BadTorchrunVariablesAreNamed) {
+  ClearTorchrunEnv();
+  DataParallelOptions dp;
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("WORLD_SIZE: not set")));
+  setenv("WORLD_SIZE", "2", 1);
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MASTER_ADDR: not set")));
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MASTER_PORT: not set")));
+  setenv("MASTER_PORT", "70000", 1);
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MASTER_PORT: must be")));
+  setenv("MASTER_PORT", "29500", 1);
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK: not set")));
+  setenv("RANK", "2", 1);
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("RANK: must be an integer in [0, 1], got '2'")));
+  setenv("RANK", "1", 1);
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(1), &dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("LOCAL_RANK: not set")));
+  ClearTorchrunEnv();
+}
+
+// Rank 1 with no master listening: UNAVAILABLE naming MASTER_ADDR:MASTER_PORT
+// once the timeout (2 s) passed, not a hang.
+TEST(MultiProcessTest, UnreachableMasterFailsWithinTheTimeout) {
+  ClearTorchrunEnv();
+  const int port = FreePort();
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  setenv("RANK", "1", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  DataParallelOptions dp;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(JoinFromTorchrunEnv(std::chrono::seconds(2), &dp),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("MASTER_ADDR:MASTER_PORT (127.0.0.1:" + std::to_string(port))));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  ClearTorchrunEnv();
+}
+
+// Rank 0 serves, nobody else comes: joining the group fails after the
+// collective timeout with UNAVAILABLE instead of waiting for ever.
+TEST(MultiProcessTest, MissingPeerFailsTheJoinWithinTheTimeout) {
+  if (!HasCollectiveBackend("cpu")) GTEST_SKIP() << "no gloo in this build";
+  TorchrunEnv env{"127.0.0.1", 0, 2, 0, 0};
+  auto store = RendezvousStore::CreateTcp(env, std::chrono::seconds(2));
+  ASSERT_THAT(store, IsOk());
+  DataParallelOptions dp;
+  dp.devices = {"cpu"};
+  dp.timeout = std::chrono::seconds(2);
+  dp.rendezvous = *store;
+  dp.process_rank = 0;
+  dp.num_processes = 2;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(DataParallelTrainer::Create(SmallLlama(), Options(), kSeed, dp),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  // A process count with no rendezvous store is refused by name.
+  dp.rendezvous = nullptr;
+  EXPECT_THAT(DataParallelTrainer::Create(SmallLlama(), Options(), kSeed, dp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK: must be in [0, ")));
+}
+
+}  // namespace
+}  // namespace megatrain::engine
