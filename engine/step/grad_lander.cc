@@ -15,10 +15,12 @@
 
 namespace megatrain::engine {
 
-std::vector<int64_t> GradRingNumels(std::vector<int64_t> numels) {
-  if (numels.empty()) return {};
-  std::sort(numels.begin(), numels.end(), std::greater<int64_t>());
-  return std::vector<int64_t>(kGradRingBuffers, numels.size() > 1 ? numels[1] : numels[0]);
+std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel) {
+  const int64_t numel = layer_numels.empty()
+                            ? head_numel
+                            : *std::max_element(layer_numels.begin(), layer_numels.end());
+  if (numel <= 0) return {};
+  return std::vector<int64_t>(kGradRingBuffers, numel);
 }
 
 absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(

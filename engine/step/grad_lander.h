@@ -43,8 +43,8 @@
 // tokens; none when the embedding is resident, HostStoreOptions::
 // embedding_grad_in_host); every other host block's gradient lands in
 // kGradRingBuffers pinned buffers of one size, GradRingNumels: the largest
-// ring block but the largest one (a decoder layer; the largest is an
-// untied head V x C, which no longer sizes anything). A block that fits
+// streamed decoder layer (the head only when no layer streams; an untied
+// head V x C, often the largest block, sizes nothing). A block that fits
 // a buffer lands whole in the next buffer in turn; a larger one (the
 // head) lands in pieces of a buffer's size, [0, n), [n, 2n), ..., each in
 // the next buffer in turn, each handed on by its own call of the
@@ -148,12 +148,12 @@ inline int64_t GradChunkNumel(int64_t max_numel, int64_t chunk_elements = kGradC
 // Note [Gradient ring]: buffers in the ring, all of GradRingNumels.
 inline constexpr int kGradRingBuffers = 3;
 
-// Elements of each ring buffer (Note [Gradient ring]) for ring blocks of
-// `numels` (every block that lands in the ring: streamed, not the
-// embedding): kGradRingBuffers times the second largest (the largest when
-// it occurs twice or alone); a block larger lands in pieces of that size.
-// Empty for no blocks.
-std::vector<int64_t> GradRingNumels(std::vector<int64_t> numels);
+// Elements of each ring buffer (Note [Gradient ring]): kGradRingBuffers
+// times the largest of `layer_numels` (the streamed decoder layers'
+// blocks), or `head_numel` (the head block) when no layer streams; a
+// block larger (an untied head) lands in pieces of that size. Empty when
+// both are empty or 0.
+std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel);
 
 // Pinned bytes of a GradLander: `num_slots` staging buffers of
 // `slot_staging_bytes` (the embedding's contribution; 0 when it is

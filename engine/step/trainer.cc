@@ -116,8 +116,18 @@ absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const Mo
     refusal = "needs max_grad_norm 0 (clipping needs the whole gradient's norm before any update)";
   } else if (config.moe != nullptr) {
     refusal = "not for mixture-of-experts models";
+  } else if (options.gradient_reducer != nullptr) {
+    // Note [Data-parallel step]: ReduceBlock combines whole landed
+    // gradients; the ring hands a large block on in pieces.
+    refusal = "not with data parallelism (a gradient reducer)";
   } else if (!options.nvme_dir.empty()) {
     refusal = "not with the NVMe tier (memory.nvme_tier): its optimizer reads the gradient arena";
+  } else if (accumulation > 1 && config.tie_word_embeddings && !exec.resident_embedding) {
+    // The executor's CheckGradientRing: lm_head's gradient of a tied table
+    // on the host lands once per micro-batch and is added there.
+    refusal =
+        "with gradient accumulation a tied embedding table on the host adds its lm_head "
+        "gradients on the host";
   } else if (accumulation > 1 && !device_sums) {
     refusal =
         "with gradient accumulation the micro-batches' gradients must be summed on the device "

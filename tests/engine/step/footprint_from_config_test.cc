@@ -200,14 +200,14 @@ TEST(FootprintModesTest, TiedEmbeddingKeepsItsGradientAndLeavesTheRingToTheLayer
   EXPECT_EQ(f.embedding_lookahead_bytes, 0);
 }
 
-// Every buffer holds the largest ring block but the largest (which lands
-// in pieces), the largest itself when it occurs twice or alone.
+// Every buffer holds the largest streamed decoder layer, whatever the head
+// (which lands in pieces when larger); the head only when no layer streams.
 TEST(FootprintModesTest, GradRingNumels) {
   ASSERT_EQ(kGradRingBuffers, 3);
-  EXPECT_EQ(GradRingNumels({5, 9, 7, 7}), (std::vector<int64_t>{7, 7, 7}));
-  EXPECT_EQ(GradRingNumels({9, 3, 9}), (std::vector<int64_t>{9, 9, 9}));
-  EXPECT_EQ(GradRingNumels({4}), (std::vector<int64_t>{4, 4, 4}));
-  EXPECT_TRUE(GradRingNumels({}).empty());
+  EXPECT_EQ(GradRingNumels({5, 7, 7}, 9), (std::vector<int64_t>{7, 7, 7}));
+  EXPECT_EQ(GradRingNumels({5}, 3), (std::vector<int64_t>{5, 5, 5}));
+  EXPECT_EQ(GradRingNumels({}, 4), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_TRUE(GradRingNumels({}, 0).empty());
 }
 
 TEST(FootprintModesTest, DescriptionGivesBytesPerParameterByKind) {

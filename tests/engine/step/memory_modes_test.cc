@@ -15,9 +15,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -288,7 +293,7 @@ TrainedRun TrainSteps(const ModelConfig& config, const TrainerOptions& options,
 // (262,208) in eight, each buffer of the ring (Note [Gradient ring])
 // taking several pieces of the head; optimizer slices of 1000 elements
 // cut pieces off their buffers' starts. A tied table never enters the
-// ring (its gradient stays in the arena).
+// ring (its gradient stays in the arena, or on the device when resident).
 TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
   struct Mode {
     std::string name;
@@ -322,7 +327,8 @@ TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
       {"head in eight pieces, inf embedding gradient at step 2", 1, 0, false, 0, 2, 0, 4096, false,
        kGrad},
       {"tied, one micro-batch", 1, 0, false, 0, 0, 0, 4096, true},
-      {"tied, device accumulation, NaN loss at step 2", 2, 1, false, 0, 2, 0, 4096, true},
+      {"tied, NaN loss at step 2", 1, 0, false, 0, 2, 0, 4096, true},
+      {"tied, embedding resident, device accumulation", 2, 1, false, 0, 0, 1, 4096, true},
   };
   for (const Mode& mode : modes) {
     SCOPED_TRACE(mode.name);
@@ -388,6 +394,18 @@ TEST(GradientRingTest, RingIsRefusedWhereGradientsWouldNotBeFinal) {
   auto trainer = Trainer::Create(config, host_sums, 1);
   ASSERT_THAT(trainer, IsOk());
   EXPECT_FALSE((*trainer)->gradient_ring());
+  // A tied table on the host takes lm_head's gradient once per micro-batch
+  // (summed in its arena), even with device accumulation.
+  ModelConfig tied = config;
+  tied.tie_word_embeddings = true;
+  TrainerOptions tied_sums = RingOptions(GradientLanding::kRing, 2);
+  tied_sums.device_grad_accumulation = 1;
+  EXPECT_THAT(Trainer::Create(tied, tied_sums, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tied embedding table")));
+  tied_sums.gradient_landing = GradientLanding::kAuto;
+  auto tied_trainer = Trainer::Create(tied, tied_sums, 1);
+  ASSERT_THAT(tied_trainer, IsOk());
+  EXPECT_FALSE((*tied_trainer)->gradient_ring());
   // A trainer with the ring refuses a step with more micro-batches than
   // the device sums, before any work.
   TrainerOptions one = RingOptions(GradientLanding::kAuto, 1);
@@ -397,6 +415,131 @@ TEST(GradientRingTest, RingIsRefusedWhereGradientsWouldNotBeFinal) {
   EXPECT_THAT((*ring_trainer)->Step(MakeBatches(2, kB, kT, config.vocab_size, 3)),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("would add gradients on the host")));
+}
+
+// What one ForwardBackward hands its callback, per block: every call
+// (FinalGradient) and the gradient put together from them.
+struct HandedOn {
+  std::vector<std::vector<FinalGradient>> calls;  // data and release cleared
+  std::vector<std::vector<float>> grads;
+  int max_held = 0;  // ring pieces handed on and not yet released, at most
+};
+
+// Note [Gradient ring]: the executor hands a block larger than a ring
+// buffer (the untied head of a 4096-token vocabulary, 262,208 elements,
+// against a layer's 33,920) on in eight pieces, [0, n), [n, 2n), ...,
+// first and last marked, each carrying the whole block's squared norm, and
+// every other block in one; put together, the pieces are the arena's
+// gradient bit for bit, with the arena's norms. A consumer that releases
+// each piece late, from another thread, holds at most kGradRingBuffers
+// pieces; a pass with no callback frees the buffers itself.
+TEST(GradientRingTest, LargeBlockIsHandedOnInPiecesEqualToTheArena) {
+  ModelConfig config = SmallLlama();
+  config.vocab_size = 4096;
+  const ModelLayout layout = ModelLayout::Create(config);
+  const int64_t blocks = static_cast<int64_t>(layout.blocks.size());
+  const int64_t layer = layout.blocks[layout.layer_block(0)].numel;
+  const int64_t head = layout.head_block();
+  const int64_t head_pieces = (layout.blocks[head].numel + layer - 1) / layer;
+  ASSERT_EQ(head_pieces, 8);
+  const std::vector<MicroBatch> batches = MakeBatches(1, kB, kT, config.vocab_size, 31);
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(2);
+  std::vector<HandedOn> runs;
+  for (const bool ring : {false, true}) {
+    SCOPED_TRACE(ring ? "ring" : "arena");
+    HostStoreOptions store_options;
+    store_options.gradient_ring = ring;
+    auto store = HostStore::Create(config, store_options);
+    ASSERT_THAT(store, IsOk());
+    (*store)->InitializeWeights(6);
+    ExecutorOptions options;
+    options.micro_batch = kB;
+    options.seq_len = kT;
+    options.gradient_ring = ring;
+    auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+    ASSERT_THAT(executor, IsOk());
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
+    EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
+    EXPECT_EQ(plan.grad_ring_bytes, ring ? kGradRingBuffers * 4 * layer : 0);
+    // A releaser thread frees each ring piece after the callback returned.
+    HandedOn out;
+    out.calls.resize(blocks);
+    out.grads.resize(blocks);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> releases;
+    int held = 0;
+    bool done = false;
+    std::thread releaser([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (true) {
+        cv.wait(lock, [&] { return done || !releases.empty(); });
+        if (releases.empty()) return;
+        std::function<void()> release = std::move(releases.front());
+        releases.pop_front();
+        --held;
+        lock.unlock();
+        release();
+        lock.lock();
+      }
+    });
+    auto result = (*executor)->ForwardBackward(batches, [&](const FinalGradient& g) {
+      std::vector<float>& grad = out.grads[g.block];
+      grad.resize(layout.blocks[g.block].numel);
+      if (g.data != nullptr) std::memcpy(grad.data() + g.begin, g.data, g.count * 4);
+      FinalGradient call = g;
+      call.data = nullptr;
+      call.release = nullptr;
+      out.calls[g.block].push_back(call);
+      if (!g.release) return;
+      std::lock_guard<std::mutex> lock(mu);
+      out.max_held = std::max(out.max_held, ++held);
+      releases.push_back(g.release);
+      cv.notify_one();
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_one();
+    }
+    releaser.join();
+    ASSERT_THAT(result, IsOk());
+    // No callback: the executor frees the pieces, pass after pass.
+    ASSERT_THAT((*executor)->ForwardBackward(batches, {}), IsOk());
+    ASSERT_THAT((*executor)->ForwardBackward(batches, {}), IsOk());
+    runs.push_back(std::move(out));
+  }
+  const HandedOn& arena = runs[0];
+  const HandedOn& ring = runs[1];
+  EXPECT_EQ(arena.max_held, 0);
+  EXPECT_GE(ring.max_held, 1);
+  EXPECT_LE(ring.max_held, kGradRingBuffers);
+  for (int64_t b = 0; b < blocks; ++b) {
+    SCOPED_TRACE(absl::StrCat("block ", b));
+    const int64_t numel = layout.blocks[b].numel;
+    ASSERT_EQ(arena.calls[b].size(), 1u);
+    const FinalGradient& whole = arena.calls[b][0];
+    EXPECT_EQ(whole.begin, 0);
+    EXPECT_EQ(whole.count, numel);
+    EXPECT_TRUE(whole.first && whole.last);
+    const std::vector<FinalGradient>& pieces = ring.calls[b];
+    ASSERT_EQ(pieces.size(), b == head ? static_cast<size_t>(head_pieces) : 1u);
+    int64_t next = 0;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      EXPECT_EQ(pieces[k].block, b);
+      EXPECT_EQ(pieces[k].begin, next);
+      EXPECT_EQ(pieces[k].first, k == 0);
+      EXPECT_EQ(pieces[k].last, k + 1 == pieces.size());
+      EXPECT_LE(pieces[k].count, b == layout.embedding_block() ? numel : layer);
+      EXPECT_EQ(pieces[k].grad_squared_norm, whole.grad_squared_norm);
+      next += pieces[k].count;
+    }
+    EXPECT_EQ(next, numel);
+    ASSERT_EQ(ring.grads[b].size(), arena.grads[b].size());
+    EXPECT_EQ(std::memcmp(ring.grads[b].data(), arena.grads[b].data(), numel * 4), 0);
+  }
 }
 
 // Note [Executor memory plan]: admission's footprint is what the store
