@@ -10,6 +10,7 @@
 #include "engine/store/nvme_tier.h"
 
 #include <cmath>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -165,6 +166,32 @@ TEST(PlanTest, GradientRingMeetsTwelveAndAHalfBytesPerParameter) {
         static_cast<double>(f.host_total_bytes) / static_cast<double>(config.ParamCount());
     EXPECT_LE(per_param, 12.5);
     EXPECT_THAT(plan->verdict, HasSubstr(c.described));
+  }
+}
+
+// Issue 19's target with clipping (<= 16.5 bytes/param; fp32 weight
+// stream, the arena, 8 x 2048) on both of its models: 16 plus the chunk
+// ring for host accumulation (Note [Bounded gradient staging]), the input
+// upload and the slots' norms. Prints the plan's line (docs/operations.md).
+TEST(PlanTest, ClippingMeetsSixteenAndAHalfBytesPerParameter) {
+  for (const char* preset : {"llama-3b", "llama-8b"}) {
+    SCOPED_TRACE(preset);
+    JobSpec spec = Llama8bSpec();
+    spec.model.preset = preset;
+    spec.train.max_grad_norm = 1.0;
+    spec.memory.weight_stream = WeightStream::kFp32;
+    const ModelConfig config = *PresetConfig(preset);
+    const absl::StatusOr<JobPlan> plan = PlanJob(spec, config, DefaultPlanMachine());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const MemoryFootprint& f = plan->footprint;
+    EXPECT_EQ(f.gradient_ring_bytes, 0);
+    EXPECT_EQ(f.host.grad, f.host.master);
+    EXPECT_EQ(f.host.staging,
+              kGradChunkBuffers * 4 * kGradChunkElements + 8 * 2048 * 16 + 2 * 8);
+    EXPECT_EQ(f.host_total_bytes, f.host.master * 4 + f.host.staging);
+    EXPECT_LE(static_cast<double>(f.host_total_bytes) / static_cast<double>(config.ParamCount()),
+              16.5);
+    std::cout << preset << ": " << DescribeHostBytesPerParam(f) << "\n";
   }
 }
 
