@@ -390,8 +390,8 @@ void GradLander::Run(Task& task) {
   }
   if (!task.final || !on_block_final_) return;
   whole.grad_squared_norm = known_sq >= 0 && std::isfinite(known_sq)
-                               ? known_sq
-                               : SumOfSquares(grad, whole.count, env_->pool);
+                                ? known_sq
+                                : SumOfSquares(grad, whole.count, env_->pool);
   whole.data = grad;
   on_block_final_(whole);
 }

@@ -232,11 +232,11 @@ class PieceRelease {
 struct Trainer::StepState {
   int64_t step = 0;  // the step's number
   double lr = 0;
-  bool overlap = false;          // clipping off: updates queued as gradients become final
-  std::vector<double> block_sq;  // per block: squared gradient norm
-  bool stopped = false;          // a non-finite block gradient was seen (overlap)
+  bool overlap = false;             // clipping off: updates queued as gradients become final
+  std::vector<double> block_sq;     // per block: squared gradient norm
+  bool stopped = false;             // a non-finite block gradient was seen (overlap)
   std::vector<bool> block_applied;  // per block: its update is queued (overlap)
-  int64_t blocks_updated = 0;    // updates queued during backward (overlap)
+  int64_t blocks_updated = 0;       // updates queued during backward (overlap)
   // Resident blocks whose update this step applies (overlap: those final
   // before any non-finite block), enqueued on the device after the pass.
   std::vector<bool> resident_apply;

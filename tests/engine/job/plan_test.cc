@@ -123,8 +123,9 @@ TEST(PlanTest, WeightStreamAndGradientRingChangeTheHostBytes) {
   // in pieces (issue 19: <= 12.5 bytes/param without clipping).
   const ModelLayout layout = ModelLayout::Create(config);
   EXPECT_EQ(ring->footprint.host.grad, 0);
-  EXPECT_EQ(ring->footprint.gradient_ring_bytes,
-            kGradRingBuffers * 4 * layout.blocks[layout.layer_block(layout.num_layers() - 1)].numel);
+  EXPECT_EQ(
+      ring->footprint.gradient_ring_bytes,
+      kGradRingBuffers * 4 * layout.blocks[layout.layer_block(layout.num_layers() - 1)].numel);
   EXPECT_LT(static_cast<double>(ring->tiers.host_bytes) / params, 12.5);
   EXPECT_THAT(ring->verdict, HasSubstr("host 12.33 bytes/param"));
 }
@@ -139,8 +140,8 @@ TEST(PlanTest, GradientRingMeetsTwelveAndAHalfBytesPerParameter) {
     const char* preset;
     const char* described;
   };
-  for (const Case& c : {Case{"llama-3b", "host 12.34 bytes/param"},
-                        Case{"llama-8b", "host 12.33 bytes/param"}}) {
+  for (const Case& c :
+       {Case{"llama-3b", "host 12.34 bytes/param"}, Case{"llama-8b", "host 12.33 bytes/param"}}) {
     SCOPED_TRACE(c.preset);
     JobSpec spec = Llama8bSpec();
     spec.model.preset = c.preset;
@@ -186,8 +187,7 @@ TEST(PlanTest, ClippingMeetsSixteenAndAHalfBytesPerParameter) {
     const MemoryFootprint& f = plan->footprint;
     EXPECT_EQ(f.gradient_ring_bytes, 0);
     EXPECT_EQ(f.host.grad, f.host.master);
-    EXPECT_EQ(f.host.staging,
-              kGradChunkBuffers * 4 * kGradChunkElements + 8 * 2048 * 16 + 2 * 8);
+    EXPECT_EQ(f.host.staging, kGradChunkBuffers * 4 * kGradChunkElements + 8 * 2048 * 16 + 2 * 8);
     EXPECT_EQ(f.host_total_bytes, f.host.master * 4 + f.host.staging);
     EXPECT_LE(static_cast<double>(f.host_total_bytes) / static_cast<double>(config.ParamCount()),
               16.5);

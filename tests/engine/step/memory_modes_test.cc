@@ -109,9 +109,9 @@ struct TrainedRun {
   std::vector<double> losses;
   std::vector<float> state;  // master, exp_avg, exp_avg_sq of every block
   HostStoreBytes bytes;
-  int64_t steps = 0;         // the trainer's step() at the end
-  int skipped = 0;           // steps skipped (StepResult::skipped)
-  int partial = 0;           // of them partial
+  int64_t steps = 0;  // the trainer's step() at the end
+  int skipped = 0;    // steps skipped (StepResult::skipped)
+  int partial = 0;    // of them partial
 };
 
 TrainedRun Train(const ModelConfig& config, const TrainerOptions& options) {
@@ -621,7 +621,8 @@ TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
     // layer (layer 2; 0 and 1 are resident), never of the head.
     const ModelLayout layout = ModelLayout::Create(config);
     const int64_t layer = layout.blocks[layout.layer_block(2)].numel;
-    EXPECT_EQ(f.gradient_ring_bytes, (*trainer)->gradient_ring() ? kGradRingBuffers * 4 * layer : 0);
+    EXPECT_EQ(f.gradient_ring_bytes,
+              (*trainer)->gradient_ring() ? kGradRingBuffers * 4 * layer : 0);
   }
 }
 
