@@ -13,7 +13,8 @@
 #
 #   deploy/gpu-tier-check.sh [NVME_DIR]   (default: a directory under /tmp)
 # Environment: BUILD_DIR (build-gpu), SKIP_BUILD (0), MODELS ("llama-3b
-# llama-8b").
+# llama-8b"), CLIPS ("0"; "0 1" also runs each model with clipping,
+# max_grad_norm 1 and the gradient arena), SKIP_TEARDOWN (0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -31,6 +32,7 @@ BENCH="$BUILD_DIR/engine/megatrain-bench"
 status=0
 
 # 1. Teardown of a tiered run on CUDA.
+if [ "${SKIP_TEARDOWN:-0}" != 1 ]; then
 "$BENCH" --model=tiny --device=cuda --steps=3 --warmup=1 --nvme_tier=moments \
   --nvme_dir="$NVME_DIR" --json > "$OUT/tier-teardown.json" 2> "$OUT/tier-teardown.err"
 rc=$?
@@ -39,15 +41,20 @@ echo "teardown: rc=$rc, $(grep -c 'teardown' "$OUT/tier-teardown.err") teardown 
   "'$(tail -1 "$OUT/tier-teardown.err")', $left entries left in $NVME_DIR"
 [ "$rc" = 0 ] && [ "$left" = 0 ] || status=1
 tail -1 "$OUT/tier-teardown.json" >> "$OUT/tier-check.jsonl"
+fi
 
-# 2. Bytes per parameter, clipping off.
+# 2. Bytes per parameter, clipping off (ring) and, with CLIPS="0 1", on
+# (arena).
+for clip in ${CLIPS:-0}; do
 for model in ${MODELS:-llama-3b llama-8b}; do
+  landing=ring
+  [ "$clip" = 0 ] || landing=arena
   line=$("$BENCH" --model="$model" --device=cuda --compute_dtype=bf16 --micro_batch=8 \
-    --seq_len=2048 --gradient_accumulation_steps=1 --max_grad_norm=0 --weight_stream=fp32 \
-    --gradient_landing=ring --steps=2 --warmup=1 --data=random --json 2> "$OUT/bpp-$model.err" |
-    tail -1)
+    --seq_len=2048 --gradient_accumulation_steps=1 --max_grad_norm="$clip" --weight_stream=fp32 \
+    --gradient_landing=$landing --steps=2 --warmup=1 --data=random --json \
+    2> "$OUT/bpp-$model-clip$clip.err" | tail -1)
   echo "$line" >> "$OUT/tier-check.jsonl"
-  python3 - "$model" "$line" <<'PY' || status=1
+  python3 - "$model clip $clip" "$line" <<'PY' || status=1
 import json, sys
 model, j = sys.argv[1], json.loads(sys.argv[2])
 f = j["footprint"]
@@ -58,5 +65,6 @@ print(f"{model}: held {j['host_bytes_per_param']:.2f} B/param (store + staging),
       f"of the footprint); {j['tokens_per_s']:,.0f} tokens/s, resident layers "
       f"{j['resident_layers']}, embedding {j['resident_embedding']}")
 PY
+done
 done
 exit $status

@@ -261,6 +261,14 @@ StepPlanOptions StreamingExecutor::Impl::PlanOptions(size_t micro_batches, bool 
 absl::Status StreamingExecutor::Impl::CheckGradientRing(const StepPlanOptions& o) const {
   // Note [Gradient ring] in grad_lander.h: every landing a whole gradient.
   if (!options_.gradient_ring || !o.backward || o.micro_batches == 1) return absl::OkStatus();
+  if (env_.config.tie_word_embeddings && resident_->embedding_index() < 0) {
+    // A tied table on the host takes lm_head's gradient once per
+    // micro-batch (HeadBackward), summed in its arena on the host.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memory.gradient_landing ring: a pass of ", o.micro_batches,
+        " micro-batches would add a tied embedding table's lm_head gradients on the host; use "
+        "the gradient arena or one micro-batch per step"));
+  }
   const bool slot_sum = o.schedule == StepSchedule::kLayerMajor && o.wave == o.micro_batches;
   if (slot_sum || o.device_grad_accumulation) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(

@@ -133,6 +133,7 @@
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"
 #include "engine/runtime/thread_pool.h"
+#include "engine/step/final_gradient.h"
 #include "engine/step/step_plan.h"
 
 namespace megatrain::engine {
@@ -194,7 +195,8 @@ struct ExecutorOptions {
   // jitter] in model/moe_layers.h). The trainer passes its seed.
   uint64_t noise_seed = 0;
   // Note [Gradient ring] in step/grad_lander.h: host blocks' gradients land
-  // in a ring of pinned buffers bound into a store made with
+  // in a ring of pinned buffers, handed on to the callback in pieces of at
+  // most a buffer (FinalGradient), with a store made with
   // HostStoreOptions::gradient_ring (the two must agree). A pass must land
   // whole gradients: one micro-batch, or several summed on the device
   // (device_grad_accumulation, or layer-major in one wave); others fail
@@ -248,13 +250,6 @@ struct ExecutorMemoryPlan {
 // pass StreamingExecutor::Create's checks). No allocation; thread-safe.
 ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options);
 
-// Called once per block per ForwardBackward, on the executor's accumulator
-// thread, when the block's gradient in the host store is final:
-// (block index, squared L2 norm of that gradient; fp32 values summed in
-// fp64, computed on the device for blocks whose gradient came in one piece,
-// Note [Gradient landing] in step/grad_lander.h).
-using BlockFinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
-
 // What one ForwardBackward produced.
 struct ForwardBackwardResult {
   double loss_sum = 0;         // sum of token losses over the global batch (nats)
@@ -294,9 +289,12 @@ class StreamingExecutor {
 
   // Forward + backward over the micro-batches of one optimizer step (each
   // [B, T] as in options). Overwrites the store's gradients with the
-  // gradient of the mean loss over all counted tokens. `on_block_final`
-  // (may be empty) is called once per block, on the accumulator thread, as
-  // soon as that block's gradient is final (BlockFinalCallback). Reads the master weights (for
+  // gradient of the mean loss over all counted tokens (with the gradient
+  // ring, a streamed block's gradient reaches only the callback:
+  // FinalGradient::data). `on_block_final` (may be
+  // empty) is called once per block (per piece with the ring), on the
+  // accumulator thread, as soon as that block's gradient is final
+  // (BlockFinalCallback, final_gradient.h). Reads the master weights (for
   // the embedding) and the streaming copies; the caller must not change them
   // until this returns. `step` is the optimizer step the pass belongs to
   // (from 1; the trainer's step number): with options.noise_seed it keys

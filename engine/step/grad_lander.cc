@@ -15,12 +15,12 @@
 
 namespace megatrain::engine {
 
-std::vector<int64_t> GradRingNumels(std::vector<int64_t> numels) {
-  if (numels.empty()) return {};
-  std::sort(numels.begin(), numels.end(), std::greater<int64_t>());
-  std::vector<int64_t> ring(kGradRingBuffers, numels.size() > 1 ? numels[1] : numels[0]);
-  ring[0] = numels[0];
-  return ring;
+std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel) {
+  const int64_t numel = layer_numels.empty()
+                            ? head_numel
+                            : *std::max_element(layer_numels.begin(), layer_numels.end());
+  if (numel <= 0) return {};
+  return std::vector<int64_t>(kGradRingBuffers, numel);
 }
 
 absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(
@@ -56,13 +56,13 @@ absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(
                                HostBuffer::Allocate(static_cast<size_t>(ring_numel) * 4, pin));
     g->pinned_bytes_ += static_cast<int64_t>(buf.bytes());
     g->ring_.push_back(std::move(buf));
-    g->ring_block_.push_back(-1);
+    g->ring_staged_.push_back(env->runtime->CreateEvent());
   }
   {
     absl::MutexLock lock(&g->mu_);
     g->staging_busy_.assign(num_slots, false);
     g->chunk_busy_.assign(kGradChunkBuffers, false);
-    g->ring_landing_.assign(g->ring_.size(), false);
+    g->ring_busy_.assign(g->ring_.size(), false);
   }
   GradLander* raw = g.get();
   g->accumulator_ = std::thread([raw] { raw->Loop(); });
@@ -203,11 +203,17 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     OffloadChunks(task, device_src);
     return;
   }
+  // The ring and a gradient reducer exclude each other (Note [Gradient
+  // ring]): a ring landing is always the whole block.
+  if (task.direct && !ring_.empty() && block != env_->layout.embedding_block()) {
+    task.keep_alive = std::move(keep_alive);
+    OffloadRing(task, device_src);
+    return;
+  }
   const int64_t bytes = (end - begin) * 4;
   ABSL_RAW_CHECK(task.direct || staging_[slot].bytes() >= static_cast<size_t>(bytes),
                  "GradLander: an embedding contribution with no staging (resident embedding?)");
-  void* dst =
-      task.direct ? static_cast<void*>(DirectDestination(block, &task)) : staging_[slot].data();
+  void* dst = task.direct ? static_cast<void*>(env_->store->grad(block)) : staging_[slot].data();
   const int token = env_->timer.Begin(StreamKind::kD2H);
   if (bytes > 0) {
     runtime->CopyDeviceToHost(static_cast<float*>(dst) + begin, device_src + begin,
@@ -226,38 +232,75 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   queue_.push_back(std::move(task));
 }
 
-float* GradLander::DirectDestination(int64_t block, Task* task) {
-  if (ring_.empty() || block == env_->layout.embedding_block()) return env_->store->grad(block);
+void GradLander::OffloadRing(const Task& task, const float* device_src) {
   // Note [Gradient ring]: the executor lands only whole gradients here.
-  ABSL_RAW_CHECK(task->first && task->final, "gradient ring: a partial gradient landed");
-  // The next buffer in turn that holds the block (the first holds any).
-  const int buffers = static_cast<int>(ring_.size());
-  int r = next_ring_;
-  const size_t bytes = static_cast<size_t>(env_->store->block_numel(block)) * 4;
-  ABSL_RAW_CHECK(ring_[0].bytes() >= bytes, "gradient ring: a block larger than its buffers");
-  while (ring_[r].bytes() < bytes) r = (r + 1) % buffers;
-  next_ring_ = (r + 1) % buffers;
-  const StepClock::time_point start = StepClock::now();
-  {
+  ABSL_RAW_CHECK(task.first && task.final, "gradient ring: a partial gradient landed");
+  DeviceRuntime* runtime = env_->runtime;
+  const int64_t piece = static_cast<int64_t>(ring_[0].bytes() / 4);  // all of one size
+  for (int64_t offset = 0; offset < task.numel; offset += piece) {
+    const int64_t count = std::min(piece, task.numel - offset);
+    const bool last = offset + count >= task.numel;
+    const int r = AcquireRing();
+    try {
+      const int token = env_->timer.Begin(StreamKind::kD2H);
+      runtime->CopyDeviceToHost(ring_[r].data(), device_src + offset,
+                                static_cast<size_t>(count) * 4);
+      if (offset == 0) {  // the whole block's norm, read by every piece
+        runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + task.slot,
+                                  task.keep_alive_norm.data_ptr(), sizeof(double));
+      }
+      env_->timer.End(StreamKind::kD2H, token);
+      runtime->Record(StreamKind::kD2H, *ring_staged_[r]);
+    } catch (...) {
+      ReleaseRing(r);  // never queued: nobody else frees it
+      throw;
+    }
+    Task piece_task = task;
+    piece_task.ring = r;
+    piece_task.offset = offset;
+    piece_task.numel = count;
+    piece_task.releases_slot = last;
+    // The first piece keeps the norm, the last the source alive.
+    if (offset > 0) piece_task.keep_alive_norm.reset();
+    if (!last) piece_task.keep_alive.reset();
     absl::MutexLock lock(&mu_);
-    auto handed_on = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ring_landing_[r]; };
-    mu_.Await(absl::Condition(&handed_on));
-    ring_landing_[r] = true;
+    queue_.push_back(std::move(piece_task));
   }
-  // The previous block's update (queued when its landing was handed on)
-  // has read the buffer. A block bound elsewhere since landed again in a
-  // later pass, after its forward waited for that update.
-  const int64_t previous = ring_block_[r];
-  if (previous >= 0 && env_->store->grad(previous) == ring_[r].data()) {
-    if (env_->weight_gate) env_->weight_gate(previous);
-    env_->store->BindGrad(previous, nullptr);
-  }
+  env_->d2h_bytes += task.numel * 4;
+}
+
+int GradLander::AcquireRing() {
+  const int r = next_ring_;
+  next_ring_ = (next_ring_ + 1) % static_cast<int>(ring_.size());
+  const StepClock::time_point start = StepClock::now();
+  absl::MutexLock lock(&mu_);
+  auto released = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ring_busy_[r]; };
+  mu_.Await(absl::Condition(&released));
+  ring_busy_[r] = true;
   env_->grad_wait_seconds += SecondsSince(start);
-  ring_block_[r] = block;
-  float* data = static_cast<float*>(ring_[r].data());
-  env_->store->BindGrad(block, data);
-  task->ring = r;
-  return data;
+  return r;
+}
+
+void GradLander::ReleaseRing(int r) {
+  absl::MutexLock lock(&mu_);
+  ring_busy_[r] = false;
+}
+
+void GradLander::RunRingPiece(Task& task) {
+  env_->runtime->HostWait(*ring_staged_[task.ring]);
+  if (!on_block_final_) return;  // Loop releases the buffer
+  const double norm = static_cast<const double*>(norm_host_.data())[task.slot];
+  FinalGradient piece;
+  piece.block = task.block;
+  piece.grad_squared_norm = norm * norm;
+  piece.begin = task.offset;
+  piece.count = task.numel;
+  piece.data = static_cast<const float*>(ring_[task.ring].data());
+  piece.first = task.offset == 0;
+  piece.last = task.releases_slot;
+  piece.release = [this, r = task.ring] { ReleaseRing(r); };
+  task.handed_on = true;
+  on_block_final_(piece);
 }
 
 int GradLander::AcquireChunk() {
@@ -321,7 +364,8 @@ void GradLander::Loop() {
     task.keep_alive_norm.reset();
     absl::MutexLock lock(&mu_);
     if (task.chunk >= 0) chunk_busy_[task.chunk] = false;
-    if (task.ring >= 0) ring_landing_[task.ring] = false;
+    // A ring piece nobody took (no callback, or an error before it).
+    if (task.ring >= 0 && !task.handed_on) ring_busy_[task.ring] = false;
     if (task.releases_slot) staging_busy_[task.slot] = false;
     task_running_ = false;
     if (!status.ok() && error_.ok()) error_ = status;
@@ -329,10 +373,18 @@ void GradLander::Loop() {
 }
 
 void GradLander::Run(Task& task) {
+  if (task.ring >= 0) {
+    RunRingPiece(task);
+    return;
+  }
   env_->runtime->HostWait(task.chunk >= 0 ? *chunk_staged_[task.chunk] : *staged_[task.slot]);
   const double* norms = static_cast<const double*>(norm_host_.data());
+  FinalGradient whole;
+  whole.block = task.block;
+  whole.count = env_->store->block_numel(task.block);
   if (task.kind == Task::Kind::kResidentNorm) {
-    if (on_block_final_) on_block_final_(task.block, norms[task.slot] * norms[task.slot]);
+    whole.grad_squared_norm = norms[task.slot] * norms[task.slot];
+    if (on_block_final_) on_block_final_(whole);
     return;
   }
   float* grad = env_->store->grad(task.block);
@@ -353,10 +405,11 @@ void GradLander::Run(Task& task) {
     known_sq = norms[task.slot] * norms[task.slot];
   }
   if (!task.final || !on_block_final_) return;
-  const double sq = known_sq >= 0 && std::isfinite(known_sq)
-                        ? known_sq
-                        : SumOfSquares(grad, env_->store->block_numel(task.block), env_->pool);
-  on_block_final_(task.block, sq);
+  whole.grad_squared_norm = known_sq >= 0 && std::isfinite(known_sq)
+                                ? known_sq
+                                : SumOfSquares(grad, whole.count, env_->pool);
+  whole.data = grad;
+  on_block_final_(whole);
 }
 
 void GradLander::ScatterRows(const Task& task, float* grad, const float* src, double& known_sq) {
@@ -434,7 +487,8 @@ void GradLander::Reset() {
   absl::MutexLock lock(&mu_);
   staging_busy_.assign(slots_.size(), false);
   chunk_busy_.assign(chunks_.size(), false);
-  ring_landing_.assign(ring_.size(), false);
+  // ring_busy_ stays: every piece landed ran (Drain) and was released or
+  // handed on, and a handed-on piece's update may still be reading it.
 }
 
 }  // namespace megatrain::engine

@@ -41,22 +41,40 @@
 // the store keeps no gradient arena but the embedding's (HostStore's
 // gradient_ring; the table's gradient is a scatter-add over a step's
 // tokens; none when the embedding is resident, HostStoreOptions::
-// embedding_grad_in_host); every other host block's gradient lands in one
-// of kGradRingBuffers pinned buffers (the first of the largest block, the
-// others of the largest of the rest: GradRingNumels), bound to the
-// block in the store (HostStore::BindGrad), and the optimizer reads it
-// there. Before a buffer takes the next block, the enqueuing thread waits
-// until the previous block's landing was handed on (its update queued)
-// and, through the weight gate, until that update has run: the ring
-// bounds how far the GPU's backward runs ahead of the CPU AdamW. Each
-// landing must be the block's whole gradient of the step: one micro-batch
-// per pass, or several summed on the device (Note [Device gradient
-// accumulation] in executor.h, or a one-wave layer-major pass, Note
-// [Layer-major schedule] in step_plan.h); the executor refuses any other
-// pass with FAILED_PRECONDITION, and the trainer chooses the ring only
-// where that holds (memory.gradient_landing auto) or refuses the option
-// (ring). The update reads the same fp32 values as from the arena, so the
-// result is bit for bit the same.
+// embedding_grad_in_host); every other host block's gradient lands in
+// kGradRingBuffers pinned buffers of one size, GradRingNumels: the largest
+// streamed decoder layer (the head only when no layer streams; an untied
+// head V x C, often the largest block, sizes nothing). A block that fits
+// a buffer lands whole in the next buffer in turn; a larger one (the
+// head) lands in pieces of a buffer's size, [0, n), [n, 2n), ..., each in
+// the next buffer in turn, each handed on by its own call of the
+// BlockFinalCallback (FinalGradient: the piece's elements, its buffer,
+// and the whole block's squared norm, computed on the device before the
+// first piece lands, so that the non-finite check of Note [Non-finite
+// steps] is decided for the whole block before any piece is updated).
+// The consumer (the trainer's AdamW of those elements) calls the piece's
+// release when it has read the buffer; before a buffer takes the next
+// piece, the enqueuing thread waits for that release: the ring bounds how
+// far the GPU's backward runs ahead of the CPU AdamW. Each landing must be
+// the block's whole gradient of the step: one micro-batch per pass, or
+// several summed on the device (Note [Device gradient accumulation] in
+// executor.h, or a one-wave layer-major pass, Note [Layer-major schedule]
+// in step_plan.h); the executor refuses any other pass with
+// FAILED_PRECONDITION, and the trainer chooses the ring only where that
+// holds (memory.gradient_landing auto) or refuses the option (ring).
+// AdamW is elementwise, so the update of a block in pieces reads the same
+// fp32 values and computes the same bits as from the arena.
+//
+// Host bytes (issue 19): kGradRingBuffers x 4 x the largest ring block
+// but one, whatever the vocabulary: llama-3b 3 x 0.40 GB (0.33 B/param;
+// one buffer of its head and one of a layer took 0.55), llama-8b 3 x 0.87
+// GB (0.33; 0.37). Three buffers, not two: the head's pieces land while
+// the AdamW of the first ones runs, so that the GPU waits for the head's
+// update only until the first piece is updated, about a quarter of the
+// head's AdamW (llama-3b: ~17 of ~68 ms), where one head-sized buffer
+// made the third layer after the head wait for all of it (after its
+// whole D2H); with two buffers the last piece would wait for the second
+// to last.
 //
 // Ownership: owns the device gradient slots, the pinned staging and norm
 // buffers, their events and the accumulator thread (joined by the
@@ -83,6 +101,7 @@
 #include "absl/types/span.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/model/param_layout.h"
+#include "engine/step/final_gradient.h"
 #include "engine/step/step_env.h"
 
 namespace megatrain::engine {
@@ -126,24 +145,15 @@ inline int64_t GradChunkNumel(int64_t max_numel, int64_t chunk_elements = kGradC
   return max_numel < chunk_elements ? max_numel : chunk_elements;
 }
 
-// Note [Gradient ring]: buffers in the ring. Two let one block's AdamW
-// update read its gradient while the next block's lands; the update of a
-// decoder layer (~40 ms for llama-8b's 218 M parameters at 5.8 G
-// params/s) is shorter than two layers' backward, so the ring rarely
-// stalls the GPU. The buffers are not all of the largest block: the
-// first holds the largest ring block (an untied head, V x C: llama-8b's
-// 2.1 GB), the others the largest of the rest (a decoder layer: 0.87 GB),
-// and a block lands in the next buffer, in turn, that holds it
-// (GradRingNumels). Two head-sized buffers would cost 4 x V x C more
-// bytes for a block that lands once per pass.
-inline constexpr int kGradRingBuffers = 2;
+// Note [Gradient ring]: buffers in the ring, all of GradRingNumels.
+inline constexpr int kGradRingBuffers = 3;
 
-// Elements of each ring buffer (Note [Gradient ring]) for ring blocks of
-// `numels` (every block that lands in the ring: streamed, not the
-// embedding): the largest, then kGradRingBuffers - 1 times the largest of
-// the others (the largest again when it occurs twice). Empty for no
-// blocks.
-std::vector<int64_t> GradRingNumels(std::vector<int64_t> numels);
+// Elements of each ring buffer (Note [Gradient ring]): kGradRingBuffers
+// times the largest of `layer_numels` (the streamed decoder layers'
+// blocks), or `head_numel` (the head block) when no layer streams; a
+// block larger (an untied head) lands in pieces of that size. Empty when
+// both are empty or 0.
+std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel);
 
 // Pinned bytes of a GradLander: `num_slots` staging buffers of
 // `slot_staging_bytes` (the embedding's contribution; 0 when it is
@@ -164,9 +174,10 @@ inline int64_t GradLanderPinnedBytes(int num_slots, int64_t max_numel, int64_t s
 
 class GradLander {
  public:
-  // Called once per block per pass on the accumulator thread when the
-  // block's gradient is final (StreamingExecutor's BlockFinalCallback).
-  using FinalCallback = std::function<void(int64_t block, double grad_squared_norm)>;
+  // Called once per block (per piece with the ring) per pass on the
+  // accumulator thread when the block's gradient is final
+  // (StreamingExecutor's BlockFinalCallback).
+  using FinalCallback = BlockFinalCallback;
 
   // Allocates `num_slots` device gradient buffers of `max_numel` fp32, as
   // many pinned staging buffers of `staging_bytes` (the embedding's
@@ -245,7 +256,9 @@ class GradLander {
     int chunk = -1;             // dense, not direct: the chunk buffer holding it
     int64_t offset = 0;         // of the chunk in the block, elements
     bool releases_slot = true;  // last task of its slot's landing
-    int ring = -1;              // Note [Gradient ring]: the ring buffer it landed in
+    int ring = -1;              // Note [Gradient ring]: the ring buffer its piece landed in
+                                // (offset: the piece's first element in the block)
+    bool handed_on = false;     // ring: the callback took the piece (and its release)
     std::vector<int32_t> rows;  // token ids of kEmbeddingRows, [B*T]
     at::Tensor keep_alive;      // device tensors read by the D2H copies
     at::Tensor keep_alive_norm;
@@ -261,9 +274,16 @@ class GradLander {
   void OffloadChunks(const Task& task, const float* device_src);
   // Waits for a free chunk buffer; returns it, marked busy.
   int AcquireChunk();
-  // Where `block`'s direct landing goes: the store's gradient, or a ring
-  // buffer bound to it (Note [Gradient ring]; sets task->ring).
-  float* DirectDestination(int64_t block, Task* task);
+  // The direct landing in `task` at `device_src` through the gradient ring,
+  // in pieces of a ring buffer (Note [Gradient ring]).
+  void OffloadRing(const Task& task, const float* device_src);
+  // Waits until the next ring buffer in turn is released; returns it,
+  // marked busy.
+  int AcquireRing();
+  // Thread-safe: frees ring buffer `r` (FinalGradient::release).
+  void ReleaseRing(int r);
+  // The accumulator thread's half of a ring piece: hands it on.
+  void RunRingPiece(Task& task);
   void Loop();
   void Run(Task& task);
   // The host half of an embedding landing: the scatter-add by token.
@@ -277,8 +297,8 @@ class GradLander {
   std::vector<HostBuffer> chunks_;                          // pinned, GradChunkNumel fp32 each
   std::vector<std::unique_ptr<DeviceEvent>> chunk_staged_;  // per chunk, on kD2H
   int next_chunk_ = 0;
-  std::vector<HostBuffer> ring_;     // pinned, GradRingNumels fp32 each; empty without the ring
-  std::vector<int64_t> ring_block_;  // per ring buffer: the block bound to it, -1 none
+  std::vector<HostBuffer> ring_;  // pinned, GradRingNumels fp32 each; empty without the ring
+  std::vector<std::unique_ptr<DeviceEvent>> ring_staged_;  // per ring buffer, on kD2H
   int next_ring_ = 0;
   std::vector<std::unique_ptr<DeviceEvent>> grad_ready_;  // per slot, on kCompute
   std::vector<std::unique_ptr<DeviceEvent>> staged_;      // per slot, on kD2H
@@ -297,8 +317,8 @@ class GradLander {
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> staging_busy_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> chunk_busy_ ABSL_GUARDED_BY(mu_);
-  // Per ring buffer: its landing has not been handed on yet.
-  std::vector<bool> ring_landing_ ABSL_GUARDED_BY(mu_);
+  // Per ring buffer: holds a piece not released yet (Note [Gradient ring]).
+  std::vector<bool> ring_busy_ ABSL_GUARDED_BY(mu_);
   bool task_running_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);

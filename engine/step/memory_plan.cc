@@ -23,9 +23,9 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   ExecutorMemoryPlan plan;
   // Largest block that visits a device slot: streamed layers, head, and
   // the embedding table only when it doubles as lm_head and is not
-  // resident. The gradient ring takes the same blocks but the embedding
-  // (Note [Gradient ring] in grad_lander.h).
-  std::vector<int64_t> ring_blocks_numel;
+  // resident. The gradient ring's buffers hold the largest streamed
+  // decoder layer (Note [Gradient ring] in grad_lander.h).
+  std::vector<int64_t> ring_layer_numels;
   for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
     if (i == layout.embedding_block() &&
         (!config.tie_word_embeddings || options.resident_embedding)) {
@@ -34,9 +34,12 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
     const int64_t layer = layout.blocks[i].layer_idx;
     if (layer >= 0 && layer < options.resident_layers) continue;
     plan.max_slot_numel = std::max(plan.max_slot_numel, layout.blocks[i].numel);
-    if (i != layout.embedding_block()) ring_blocks_numel.push_back(layout.blocks[i].numel);
+    if (layer >= 0) ring_layer_numels.push_back(layout.blocks[i].numel);
   }
-  if (options.gradient_ring) plan.grad_ring_numels = GradRingNumels(std::move(ring_blocks_numel));
+  if (options.gradient_ring) {
+    plan.grad_ring_numels =
+        GradRingNumels(ring_layer_numels, layout.blocks[layout.head_block()].numel);
+  }
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = options.micro_batch * options.seq_len;
   const int64_t layer_input_bytes = tokens * config.hidden_size * 4;  // [B, T, C] fp32

@@ -2,8 +2,11 @@
 #include "engine/step/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -113,8 +116,18 @@ absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const Mo
     refusal = "needs max_grad_norm 0 (clipping needs the whole gradient's norm before any update)";
   } else if (config.moe != nullptr) {
     refusal = "not for mixture-of-experts models";
+  } else if (options.gradient_reducer != nullptr) {
+    // Note [Data-parallel step]: ReduceBlock combines whole landed
+    // gradients; the ring hands a large block on in pieces.
+    refusal = "not with data parallelism (a gradient reducer)";
   } else if (!options.nvme_dir.empty()) {
     refusal = "not with the NVMe tier (memory.nvme_tier): its optimizer reads the gradient arena";
+  } else if (accumulation > 1 && config.tie_word_embeddings && !exec.resident_embedding) {
+    // The executor's CheckGradientRing: lm_head's gradient of a tied table
+    // on the host lands once per micro-batch and is added there.
+    refusal =
+        "with gradient accumulation a tied embedding table on the host adds its lm_head "
+        "gradients on the host";
   } else if (accumulation > 1 && !device_sums) {
     refusal =
         "with gradient accumulation the micro-batches' gradients must be summed on the device "
@@ -195,6 +208,21 @@ absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config
   return absl::OkStatus();
 }
 
+// Note [Gradient ring] in grad_lander.h: releases a ring piece once the
+// last of its update's slices has run (whichever thread runs it).
+class PieceRelease {
+ public:
+  PieceRelease(int64_t slices, std::function<void()> release)
+      : remaining_(slices), release_(std::move(release)) {}
+  void SliceDone() {
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) release_();
+  }
+
+ private:
+  std::atomic<int64_t> remaining_;
+  std::function<void()> release_;
+};
+
 }  // namespace
 
 // What one step's callbacks share. The executor's callback writes it on
@@ -203,10 +231,11 @@ absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config
 struct Trainer::StepState {
   int64_t step = 0;  // the step's number
   double lr = 0;
-  bool overlap = false;          // clipping off: updates queued as gradients become final
-  std::vector<double> block_sq;  // per block: squared gradient norm
-  bool stopped = false;          // a non-finite block gradient was seen (overlap)
-  int64_t blocks_updated = 0;    // updates queued during backward (overlap)
+  bool overlap = false;             // clipping off: updates queued as gradients become final
+  std::vector<double> block_sq;     // per block: squared gradient norm
+  bool stopped = false;             // a non-finite block gradient was seen (overlap)
+  std::vector<bool> block_applied;  // per block: its update is queued (overlap)
+  int64_t blocks_updated = 0;       // updates queued during backward (overlap)
   // Resident blocks whose update this step applies (overlap: those final
   // before any non-finite block), enqueued on the device after the pass.
   std::vector<bool> resident_apply;
@@ -223,32 +252,51 @@ AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count)
   const HostStore& store = options_.shared_store != nullptr ? *options_.shared_store : *store_;
   AdamWBuffers buffers;
   buffers.params = store.master(block) + offset;
-  buffers.grads = store.grad(block) + offset;
   buffers.exp_avg = store.exp_avg(block) + offset;
   buffers.exp_avg_sq = store.exp_avg_sq(block) + offset;
+  if (const float* grads = store.grad(block); grads != nullptr) buffers.grads = grads + offset;
   bf16_bits* bf16 = store.streaming_bf16(block);
   buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
   buffers.num_elements = count;
   return buffers;
 }
 
-void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale) {
+void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale,
+                             const FinalGradient* piece) {
   // Note [Shared host store]: only the owner updates.
-  if (options_.optimizer_owner != nullptr) return;
-  // Note [Optimizer slices]: one task per slice, each accounted separately.
-  const int64_t numel = store_->block_numel(block);
+  if (options_.optimizer_owner != nullptr) {
+    if (piece != nullptr && piece->release) piece->release();
+    return;
+  }
+  // Note [Optimizer slices]: one task per slice, each accounted separately;
+  // a ring piece (Note [Gradient ring] in grad_lander.h) is updated from
+  // its buffer, which the last of its slices to finish releases.
+  const int64_t first = piece != nullptr ? piece->begin : 0;
+  const int64_t numel = piece != nullptr ? piece->count : store_->block_numel(block);
   const int64_t slice = options_.optimizer_slice_elements;
   const int64_t slices = std::max<int64_t>(1, (numel + slice - 1) / slice);
+  std::shared_ptr<PieceRelease> release;
+  if (piece != nullptr && piece->release) {
+    release = std::make_shared<PieceRelease>(slices, piece->release);
+  }
   for (int64_t k = 0; k < slices; ++k) {
-    const int64_t begin = k * slice;
-    const int64_t count = std::min(numel - begin, slice);
-    queue_->Push({step, block, k}, block, [this, block, step, lr, grad_scale, begin, count] {
-      if (nvme_moments_ != nullptr) {  // Note [Tiered trainer]
-        return TieredAdamWSliceStep(*adamw_, *store_, *nvme_moments_, block, begin, count, step, lr,
-                                    grad_scale);
-      }
-      return adamw_->Step(StoreBuffers(block, begin, count), step, lr, grad_scale);
-    });
+    const int64_t begin = first + k * slice;
+    const int64_t count = std::min(numel - k * slice, slice);
+    const float* grads = piece != nullptr ? piece->data + k * slice : nullptr;
+    queue_->Push({step, block, begin}, block,
+                 [this, block, step, lr, grad_scale, begin, count, grads, release] {
+                   absl::Status status;
+                   if (nvme_moments_ != nullptr) {  // Note [Tiered trainer]
+                     status = TieredAdamWSliceStep(*adamw_, *store_, *nvme_moments_, block, begin,
+                                                   count, step, lr, grad_scale);
+                   } else {
+                     AdamWBuffers buffers = StoreBuffers(block, begin, count);
+                     if (grads != nullptr) buffers.grads = grads;
+                     status = adamw_->Step(buffers, step, lr, grad_scale);
+                   }
+                   if (release != nullptr) release->SliceDone();
+                   return status;
+                 });
   }
 }
 
@@ -412,6 +460,7 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   s.lr = schedule_->LrAt(s.step);
   s.overlap = options_.max_grad_norm <= 0;
   s.block_sq.assign(store_->num_blocks(), 0.0);
+  s.block_applied.assign(store_->num_blocks(), false);
   s.resident_apply.assign(executor_->resident_blocks().size(), false);
   if (hooks_ != nullptr) hooks_->BeginStep(s.step);
   // The previous step's row-wise embedding update leaves the table's
@@ -424,8 +473,7 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     }
   }
   absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
-      micro_batches, [this, &s](int64_t block, double grad_sq) { OnBlockFinal(s, block, grad_sq); },
-      s.step);
+      micro_batches, [this, &s](const FinalGradient& g) { OnBlockFinal(s, g); }, s.step);
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();
@@ -464,26 +512,39 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
   return result;
 }
 
-void Trainer::OnBlockFinal(StepState& s, int64_t block, double grad_sq) {
-  if (options_.gradient_reducer != nullptr) {  // Note [Data-parallel step]
-    grad_sq = options_.gradient_reducer->ReduceBlock(block, store_->grad(block),
-                                                     store_->block_numel(block));
+void Trainer::OnBlockFinal(StepState& s, const FinalGradient& g) {
+  const int64_t block = g.block;
+  if (g.first) {
+    double grad_sq = g.grad_squared_norm;
+    if (options_.gradient_reducer != nullptr) {  // Note [Data-parallel step]
+      grad_sq = options_.gradient_reducer->ReduceBlock(block, store_->grad(block),
+                                                       store_->block_numel(block));
+    }
+    // The hooks may rewrite a gradient that is whole in host memory (not
+    // a resident block's, nor one in ring pieces).
+    float* whole = g.first && g.last && g.count == store_->block_numel(block)
+                       ? const_cast<float*>(g.data)
+                       : nullptr;
+    const double sq = hooks_ != nullptr ? hooks_->BlockFinal(block, whole, grad_sq) : grad_sq;
+    s.block_sq[block] = sq;
+    // Note [Non-finite steps]: the first non-finite block stops the step;
+    // the decision is the block's, for all its pieces.
+    if (s.overlap && !std::isfinite(sq)) s.stopped = true;
+    s.block_applied[block] = s.overlap && !s.stopped;
+    if (s.block_applied[block]) ++s.blocks_updated;
+  }
+  if (!s.block_applied[block]) {
+    if (g.release) g.release();
+    return;
   }
   const int64_t resident = ResidentIndexOf(block);
-  const double sq = hooks_ != nullptr ? hooks_->BlockFinal(block, resident >= 0, grad_sq) : grad_sq;
-  s.block_sq[block] = sq;
-  if (!s.overlap) return;
-  // Note [Non-finite steps]: the first non-finite block stops the step.
-  if (!std::isfinite(sq)) s.stopped = true;
-  if (s.stopped) return;
   if (resident >= 0) {
     s.resident_apply[resident] = true;
   } else if (block == store_->layout().embedding_block()) {
     ScheduleEmbeddingUpdate(s.step, s.lr, 1.0f);
   } else {
-    ScheduleUpdate(block, s.step, s.lr, 1.0f);
+    ScheduleUpdate(block, s.step, s.lr, 1.0f, g.release ? &g : nullptr);
   }
-  ++s.blocks_updated;
 }
 
 absl::Status Trainer::ScheduleResident(StepState& s, float grad_scale) {

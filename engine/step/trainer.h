@@ -164,6 +164,7 @@ class StreamingExecutor;
 class Trainer;
 class ThreadPool;
 class TrainerTestHooks;
+struct FinalGradient;
 struct ForwardBackwardResult;
 
 // Testing only: makes one step non-finite, to exercise Note [Non-finite
@@ -410,14 +411,20 @@ class Trainer {
   // `block` (bf16_params null without a streaming copy).
   AdamWBuffers StoreBuffers(int64_t block, int64_t offset, int64_t count) const;
   // Queues AdamW of `block` for update number `step` on the optimizer
-  // queue, in slices (Note [Optimizer slices]).
-  void ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale);
+  // queue, in slices (Note [Optimizer slices]): the whole block from the
+  // store's gradient, or with `piece` (a ring piece, Note [Gradient ring]
+  // in step/grad_lander.h) its elements from its buffer, released after
+  // the last slice ran.
+  void ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale,
+                      const FinalGradient* piece = nullptr);
   // The embedding's update: row by row when the updater exists (Note
   // [Embedding rows on demand]), else as one block.
   void ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale);
-  // The executor's callback: `block`'s gradient is final (accumulator
-  // thread). Records its norm; without clipping queues its update.
-  void OnBlockFinal(StepState& s, int64_t block, double grad_sq);
+  // The executor's callback: `g.block`'s gradient (or a piece of it) is
+  // final (accumulator thread). Records its norm at the first piece;
+  // without clipping queues the update of what `g` hands on, or releases
+  // it.
+  void OnBlockFinal(StepState& s, const FinalGradient& g);
   // After ForwardBackward: norm, finiteness, the updates (or the skip).
   absl::StatusOr<StepResult> FinishStep(StepState& s, const ForwardBackwardResult& fb);
   // Schedules the resident blocks' update approved in `s` on the device.

@@ -21,18 +21,18 @@ class NonFiniteInjector : public TrainerTestHooks {
     if (active_) fired_ = true;
   }
 
-  double BlockFinal(int64_t block, bool on_device, double grad_sq) override {
+  double BlockFinal(int64_t block, float* host_grad, double grad_sq) override {
     const bool loss = injection_.kind == NonFiniteInjection::Kind::kLoss;
     // kLoss poisons every block (as a NaN in forward does); kGradient the
     // embedding, whose gradient is final last.
     if (!active_ || (!loss && block != store_->layout().embedding_block())) return grad_sq;
-    if (on_device) {
+    if (host_grad == nullptr) {
       return loss ? std::numeric_limits<double>::quiet_NaN()
                   : std::numeric_limits<double>::infinity();
     }
-    store_->grad(block)[0] =
+    host_grad[0] =
         loss ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-    return SumOfSquares(store_->grad(block), store_->block_numel(block), pool_);
+    return SumOfSquares(host_grad, store_->block_numel(block), pool_);
   }
 
   double Loss(double loss) override {

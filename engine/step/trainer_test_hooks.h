@@ -22,11 +22,13 @@ class TrainerTestHooks {
   virtual ~TrainerTestHooks() = default;
   // Step number `step` (from 1) begins.
   virtual void BeginStep(int64_t step) = 0;
-  // `block`'s gradient is final with squared norm `grad_sq`; `on_device`:
-  // it stays on the device (a resident block), else it is in the store.
-  // Returns the squared norm the step uses; may rewrite the store's
-  // gradient.
-  virtual double BlockFinal(int64_t block, bool on_device, double grad_sq) = 0;
+  // `block`'s gradient is final with squared norm `grad_sq`; `host_grad`:
+  // the whole gradient in host memory (block_numel fp32: the store's, or
+  // a gradient ring buffer), nullptr when it is not (a resident block's
+  // stays on the device; a block larger than a ring buffer comes in
+  // pieces, Note [Gradient ring] in grad_lander.h). Returns the squared
+  // norm the step uses; may rewrite `host_grad`.
+  virtual double BlockFinal(int64_t block, float* host_grad, double grad_sq) = 0;
   // Returns the loss the step reports (after ForwardBackward).
   virtual double Loss(double loss) = 0;
 };

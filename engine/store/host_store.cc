@@ -4,7 +4,6 @@
 #include <cmath>
 #include <thread>
 
-#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
 
@@ -109,7 +108,6 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
     const int64_t grad_numel = GradArenaNumel(store->layout_, options, store->arena_numel_);
     MEGATRAIN_ASSIGN_OR_RETURN(
         store->grad_, HostBuffer::Allocate(static_cast<size_t>(grad_numel) * 4, options.pin));
-    if (options.gradient_ring) store->ring_grads_.assign(store->layout_.blocks.size(), nullptr);
   }
   if (options.optimizer_state && options.moments_in_host) {
     MEGATRAIN_ASSIGN_OR_RETURN(store->exp_avg_, HostBuffer::Allocate(fp32_bytes, false));
@@ -186,12 +184,6 @@ void HostStore::RefreshStreamingCopy(int64_t block) {
 
 void HostStore::RefreshAllStreamingCopies() {
   for (int64_t block = 0; block < num_blocks(); ++block) RefreshStreamingCopy(block);
-}
-
-void HostStore::BindGrad(int64_t block, float* data) {
-  ABSL_RAW_CHECK(options_.gradient_ring && block != layout_.embedding_block(),
-                 "HostStore::BindGrad: gradient_ring only, not the embedding block");
-  ring_grads_[block] = data;
 }
 
 void HostStore::ZeroGrads() {

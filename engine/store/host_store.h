@@ -6,7 +6,8 @@
 //   grad        fp32 gradients, accumulated over micro-batches 4 B/param
 //               (gradient_ring: the embedding block's only, none when
 //               the embedding is resident on the device; the others
-//               are bound to the executor's pinned ring, BindGrad)
+//               land in the executor's pinned ring and reach the
+//               optimizer from there)
 //   exp_avg     fp32 AdamW first moment                      4 B/param
 //   exp_avg_sq  fp32 AdamW second moment                     4 B/param
 //   streaming   bf16 copy of master, what the device reads   2 B/param
@@ -50,7 +51,8 @@ struct HostStoreOptions {
   // With optimizer_state: no gradient arena but for the embedding block
   // (its scatter-add needs the whole table); every other block's gradient
   // lives in a buffer of the executor's gradient ring while its update
-  // runs (Note [Gradient ring] in step/grad_lander.h), bound by BindGrad.
+  // runs (Note [Gradient ring] in step/grad_lander.h), handed to the
+  // optimizer by the executor (FinalGradient), not through the store.
   bool gradient_ring = false;
   // With gradient_ring: keep the embedding block's gradient arena. False
   // when the embedding is resident on the device (Note [Resident
@@ -96,23 +98,14 @@ class HostStore {
   int64_t arena_numel() const { return arena_numel_; }
 
   // Flat fp32 buffers of `block`, block_numel(block) elements each. With
-  // gradient_ring, grad() of a block other than the embedding is the ring
-  // buffer bound to it (nullptr when none is).
+  // gradient_ring, grad() of a block other than the embedding is nullptr.
   float* master(int64_t block) const {
     return weights_ != nullptr ? weights_->master(block) : At<float>(master_, block);
   }
   float* grad(int64_t block) const {
     if (!options_.gradient_ring) return At<float>(grad_, block);
-    return block == layout_.embedding_block() ? static_cast<float*>(grad_.data())
-                                              : ring_grads_[block];
+    return block == layout_.embedding_block() ? static_cast<float*>(grad_.data()) : nullptr;
   }
-  // gradient_ring only: points grad(block) at `data` (block_numel(block)
-  // fp32, owned by the caller; nullptr unbinds). Not for the embedding
-  // block. Thread-safety: called by the executor's enqueuing thread before
-  // the gradient is copied in; readers (the accumulator and optimizer
-  // threads) read it after the landing was handed to them under a mutex,
-  // which orders the write before their reads.
-  void BindGrad(int64_t block, float* data);
   float* exp_avg(int64_t block) const {
     return weights_ != nullptr ? weights_->exp_avg(block) : At<float>(exp_avg_, block);
   }
@@ -171,7 +164,6 @@ class HostStore {
   std::vector<int64_t> block_offsets_;  // elements from the arena start
   int64_t arena_numel_ = 0;
   HostBuffer master_, grad_, exp_avg_, exp_avg_sq_, streaming_;
-  std::vector<float*> ring_grads_;      // gradient_ring: per block, the bound ring buffer
   const HostStore* weights_ = nullptr;  // CreateGradientView: the shared store
 };
 

@@ -193,9 +193,9 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   std::vector<MicroBatch> batches = MakeBatches(micro_batches, b, t, config.vocab_size, 11);
   std::vector<int64_t> final_blocks;
   std::vector<double> reported_sq(store->num_blocks(), -1.0);
-  auto result = executor->ForwardBackward(batches, [&](int64_t block, double grad_sq) {
-    final_blocks.push_back(block);
-    reported_sq[block] = grad_sq;
+  auto result = executor->ForwardBackward(batches, [&](const FinalGradient& g) {
+    final_blocks.push_back(g.block);
+    reported_sq[g.block] = g.grad_squared_norm;
   });
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;

@@ -131,10 +131,11 @@ TEST(FootprintModesTest, BytesByKindForEachMode) {
     JobSpec spec;
     int64_t grad, streaming, ring;
   };
-  // Gradient ring (Note [Gradient ring]): one buffer of the head, one of
-  // the next largest streamed block (layers 2-3); no embedding gradient
-  // (resident on the device).
-  const int64_t ring = 4 * (kHead + kLayer);
+  // Gradient ring (Note [Gradient ring]): kGradRingBuffers buffers of the
+  // largest streamed block but the head (layers 2-3), whatever the
+  // vocabulary (the head lands in pieces); no embedding gradient (resident
+  // on the device).
+  const int64_t ring = kGradRingBuffers * 4 * kLayer;
   const Mode modes[] = {
       {"bf16 copy, arena, clipping",
        SmallSpec(ComputeDtype::kBf16, WeightStream::kBf16, GradientLanding::kArena, 1.0),
@@ -179,7 +180,7 @@ TEST(FootprintModesTest, BytesByKindForEachMode) {
 // Tied embeddings are never planned resident: the ring keeps the table's
 // gradient in host memory (its scatter-add), the table visits a slot as
 // lm_head (the largest streamed block) but never the ring, whose buffers
-// are then both a decoder layer's.
+// are then all a decoder layer's.
 TEST(FootprintModesTest, TiedEmbeddingKeepsItsGradientAndLeavesTheRingToTheLayers) {
   ModelConfig config = Small();
   config.tie_word_embeddings = true;
@@ -190,21 +191,23 @@ TEST(FootprintModesTest, TiedEmbeddingKeepsItsGradientAndLeavesTheRingToTheLayer
   EXPECT_EQ(f.params, kEmbedding + 4 * kLayer + 64);
   EXPECT_EQ(f.host.master, 4 * arena);
   EXPECT_EQ(f.host.grad, 4 * kEmbedding);
-  EXPECT_EQ(f.gradient_ring_bytes, 2 * 4 * kLayer);
+  EXPECT_EQ(f.gradient_ring_bytes, kGradRingBuffers * 4 * kLayer);
   // The table is on the host: its d hidden_0 is staged per gradient slot
   // and the inputs carry its gathered fp32 rows; no chunk ring.
-  const int64_t staging = 2 * (kTokens * 64 * 4 + 8) + kTokens * (64 * 4 + 8) + 2 * 4 * kLayer;
+  const int64_t staging =
+      2 * (kTokens * 64 * 4 + 8) + kTokens * (64 * 4 + 8) + kGradRingBuffers * 4 * kLayer;
   EXPECT_EQ(f.host.staging, staging);
   EXPECT_EQ(f.embedding_lookahead_bytes, 0);
 }
 
-// The largest ring block comes first; the others hold the largest of the
-// rest, which may be the largest again.
+// Every buffer holds the largest streamed decoder layer, whatever the head
+// (which lands in pieces when larger); the head only when no layer streams.
 TEST(FootprintModesTest, GradRingNumels) {
-  EXPECT_EQ(GradRingNumels({5, 9, 7, 7}), (std::vector<int64_t>{9, 7}));
-  EXPECT_EQ(GradRingNumels({9, 3, 9}), (std::vector<int64_t>{9, 9}));
-  EXPECT_EQ(GradRingNumels({4}), (std::vector<int64_t>{4, 4}));
-  EXPECT_TRUE(GradRingNumels({}).empty());
+  ASSERT_EQ(kGradRingBuffers, 3);
+  EXPECT_EQ(GradRingNumels({5, 7, 7}, 9), (std::vector<int64_t>{7, 7, 7}));
+  EXPECT_EQ(GradRingNumels({5}, 3), (std::vector<int64_t>{5, 5, 5}));
+  EXPECT_EQ(GradRingNumels({}, 4), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_TRUE(GradRingNumels({}, 0).empty());
 }
 
 TEST(FootprintModesTest, DescriptionGivesBytesPerParameterByKind) {

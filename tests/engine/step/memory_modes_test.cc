@@ -15,9 +15,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +109,9 @@ struct TrainedRun {
   std::vector<double> losses;
   std::vector<float> state;  // master, exp_avg, exp_avg_sq of every block
   HostStoreBytes bytes;
+  int64_t steps = 0;  // the trainer's step() at the end
+  int skipped = 0;    // steps skipped (StepResult::skipped)
+  int partial = 0;    // of them partial
 };
 
 TrainedRun Train(const ModelConfig& config, const TrainerOptions& options) {
@@ -258,7 +266,10 @@ TrainedRun TrainSteps(const ModelConfig& config, const TrainerOptions& options,
     EXPECT_THAT(result, IsOk());
     if (!result.ok()) return run;
     run.losses.push_back(result->loss);
+    run.skipped += result->skipped;
+    run.partial += result->partial;
   }
+  run.steps = (*trainer)->step();
   EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
   HostStore& store = (*trainer)->store();
   for (int64_t b = 0; b < store.num_blocks(); ++b) {
@@ -273,12 +284,16 @@ TrainedRun TrainSteps(const ModelConfig& config, const TrainerOptions& options,
 // Without clipping, updates read the gradients from the ring instead of
 // the arena: the same losses, masters and moments bit for bit, with one
 // micro-batch per step, with accumulation summed on the device, with a
-// one-wave layer-major schedule, with a resident layer, and with a step
-// whose loss is NaN (skipped); the arena shrinks to the embedding's, and
-// to nothing with the embedding resident. With a vocabulary of 1024 the
-// untied head (65,600 elements) outgrows a layer (33,920): the ring is one
-// buffer of each (Note [Gradient ring]) and the head always lands in the
-// large one.
+// one-wave layer-major schedule, with a resident layer, with a step whose
+// loss is NaN (skipped) and one whose embedding gradient is inf (partial:
+// the blocks before it keep their update); the arena shrinks to the
+// embedding's, and to nothing with the embedding resident. With a
+// vocabulary of 1024 the untied head (65,600 elements) outgrows a layer
+// (33,920): it lands in two pieces of a layer's buffer, and with 4096
+// (262,208) in eight, each buffer of the ring (Note [Gradient ring])
+// taking several pieces of the head; optimizer slices of 1000 elements
+// cut pieces off their buffers' starts. A tied table never enters the
+// ring (its gradient stays in the arena, or on the device when resident).
 TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
   struct Mode {
     std::string name;
@@ -289,28 +304,48 @@ TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
     int64_t poison_step;
     int resident_embedding;
     int64_t vocab_size;
+    bool tied = false;
+    NonFiniteInjection::Kind poison = NonFiniteInjection::Kind::kLoss;
+    int64_t slice = 0;  // optimizer_slice_elements; 0: the default
   };
-  const Mode modes[] = {{"one micro-batch", 1, 0, false, 0, 0, 0, 96},
-                        {"device accumulation", 2, 1, false, 0, 0, 0, 96},
-                        {"layer-major one wave", 2, 0, true, 0, 0, 0, 96},
-                        {"resident layer", 1, 0, false, 1, 0, 0, 96},
-                        {"NaN loss at step 2", 1, 0, false, 0, 2, 0, 96},
-                        {"resident embedding", 1, 0, false, 0, 0, 1, 96},
-                        {"head larger than a layer", 1, 0, false, 0, 0, 0, 1024},
-                        {"head larger, embedding resident", 2, 1, false, 1, 0, 1, 1024}};
+  const auto kGrad = NonFiniteInjection::Kind::kGradient;
+  const Mode modes[] = {
+      {"one micro-batch", 1, 0, false, 0, 0, 0, 96},
+      {"device accumulation", 2, 1, false, 0, 0, 0, 96},
+      {"layer-major one wave", 2, 0, true, 0, 0, 0, 96},
+      {"resident layer", 1, 0, false, 1, 0, 0, 96},
+      {"NaN loss at step 2", 1, 0, false, 0, 2, 0, 96},
+      {"resident embedding", 1, 0, false, 0, 0, 1, 96},
+      {"head in two pieces", 1, 0, false, 0, 0, 0, 1024},
+      {"head in two pieces, embedding resident", 2, 1, false, 1, 0, 1, 1024},
+      {"head in eight pieces", 1, 0, false, 0, 0, 0, 4096},
+      {"head in eight pieces, device accumulation", 2, 1, false, 0, 0, 0, 4096},
+      {"head in eight pieces, layer-major one wave", 2, 0, true, 0, 0, 0, 4096},
+      {"head in eight pieces, slices of 1000", 1, 0, false, 0, 0, 0, 4096, false,
+       NonFiniteInjection::Kind::kLoss, 1000},
+      {"head in eight pieces, NaN loss at step 2", 1, 0, false, 0, 2, 0, 4096},
+      {"head in eight pieces, inf embedding gradient at step 2", 1, 0, false, 0, 2, 0, 4096, false,
+       kGrad},
+      {"tied, one micro-batch", 1, 0, false, 0, 0, 0, 4096, true},
+      {"tied, NaN loss at step 2", 1, 0, false, 0, 2, 0, 4096, true},
+      {"tied, embedding resident, device accumulation", 2, 1, false, 0, 0, 1, 4096, true},
+  };
   for (const Mode& mode : modes) {
     SCOPED_TRACE(mode.name);
     ModelConfig config = SmallLlama();
     config.vocab_size = mode.vocab_size;
+    config.tie_word_embeddings = mode.tied;
     TrainerOptions arena = RingOptions(GradientLanding::kArena, mode.accumulation);
     arena.device_grad_accumulation = mode.device_grad_accumulation;
     arena.resident_layers = mode.resident_layers;
     arena.resident_embedding = mode.resident_embedding;
+    if (mode.slice > 0) arena.optimizer_slice_elements = mode.slice;
     if (mode.layer_major) {
       arena.step_schedule = StepSchedule::kLayerMajor;
       arena.wave = static_cast<int>(mode.accumulation);
     }
     arena.debug_nonfinite.step = mode.poison_step;
+    arena.debug_nonfinite.kind = mode.poison;
     TrainerOptions ring = arena;
     ring.gradient_landing = GradientLanding::kRing;
     bool arena_ring = true, ring_ring = false;
@@ -326,6 +361,13 @@ TEST(GradientRingTest, RingIsBitIdenticalToTheArena) {
       } else {
         EXPECT_EQ(a.losses[s], b.losses[s]);
       }
+    }
+    EXPECT_EQ(a.steps, b.steps);
+    EXPECT_EQ(a.skipped, b.skipped);
+    EXPECT_EQ(a.partial, b.partial);
+    if (mode.poison_step > 0) {
+      EXPECT_EQ(b.skipped, 1);
+      EXPECT_EQ(b.partial, mode.poison == kGrad ? 1 : 0);
     }
     ASSERT_EQ(a.state.size(), b.state.size());
     EXPECT_EQ(std::memcmp(a.state.data(), b.state.data(), a.state.size() * 4), 0);
@@ -352,6 +394,18 @@ TEST(GradientRingTest, RingIsRefusedWhereGradientsWouldNotBeFinal) {
   auto trainer = Trainer::Create(config, host_sums, 1);
   ASSERT_THAT(trainer, IsOk());
   EXPECT_FALSE((*trainer)->gradient_ring());
+  // A tied table on the host takes lm_head's gradient once per micro-batch
+  // (summed in its arena), even with device accumulation.
+  ModelConfig tied = config;
+  tied.tie_word_embeddings = true;
+  TrainerOptions tied_sums = RingOptions(GradientLanding::kRing, 2);
+  tied_sums.device_grad_accumulation = 1;
+  EXPECT_THAT(Trainer::Create(tied, tied_sums, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tied embedding table")));
+  tied_sums.gradient_landing = GradientLanding::kAuto;
+  auto tied_trainer = Trainer::Create(tied, tied_sums, 1);
+  ASSERT_THAT(tied_trainer, IsOk());
+  EXPECT_FALSE((*tied_trainer)->gradient_ring());
   // A trainer with the ring refuses a step with more micro-batches than
   // the device sums, before any work.
   TrainerOptions one = RingOptions(GradientLanding::kAuto, 1);
@@ -363,20 +417,148 @@ TEST(GradientRingTest, RingIsRefusedWhereGradientsWouldNotBeFinal) {
                        HasSubstr("would add gradients on the host")));
 }
 
+// What one ForwardBackward hands its callback, per block: every call
+// (FinalGradient) and the gradient put together from them.
+struct HandedOn {
+  std::vector<std::vector<FinalGradient>> calls;  // data and release cleared
+  std::vector<std::vector<float>> grads;
+  int max_held = 0;  // ring pieces handed on and not yet released, at most
+};
+
+// Note [Gradient ring]: the executor hands a block larger than a ring
+// buffer (the untied head of a 4096-token vocabulary, 262,208 elements,
+// against a layer's 33,920) on in eight pieces, [0, n), [n, 2n), ...,
+// first and last marked, each carrying the whole block's squared norm, and
+// every other block in one; put together, the pieces are the arena's
+// gradient bit for bit, with the arena's norms. A consumer that releases
+// each piece late, from another thread, holds at most kGradRingBuffers
+// pieces; a pass with no callback frees the buffers itself.
+TEST(GradientRingTest, LargeBlockIsHandedOnInPiecesEqualToTheArena) {
+  ModelConfig config = SmallLlama();
+  config.vocab_size = 4096;
+  const ModelLayout layout = ModelLayout::Create(config);
+  const int64_t blocks = static_cast<int64_t>(layout.blocks.size());
+  const int64_t layer = layout.blocks[layout.layer_block(0)].numel;
+  const int64_t head = layout.head_block();
+  const int64_t head_pieces = (layout.blocks[head].numel + layer - 1) / layer;
+  ASSERT_EQ(head_pieces, 8);
+  const std::vector<MicroBatch> batches = MakeBatches(1, kB, kT, config.vocab_size, 31);
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(2);
+  std::vector<HandedOn> runs;
+  for (const bool ring : {false, true}) {
+    SCOPED_TRACE(ring ? "ring" : "arena");
+    HostStoreOptions store_options;
+    store_options.gradient_ring = ring;
+    auto store = HostStore::Create(config, store_options);
+    ASSERT_THAT(store, IsOk());
+    (*store)->InitializeWeights(6);
+    ExecutorOptions options;
+    options.micro_batch = kB;
+    options.seq_len = kT;
+    options.gradient_ring = ring;
+    auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+    ASSERT_THAT(executor, IsOk());
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
+    EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
+    EXPECT_EQ(plan.grad_ring_bytes, ring ? kGradRingBuffers * 4 * layer : 0);
+    // A releaser thread frees each ring piece after the callback returned.
+    HandedOn out;
+    out.calls.resize(blocks);
+    out.grads.resize(blocks);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> releases;
+    int held = 0;
+    bool done = false;
+    std::thread releaser([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (true) {
+        cv.wait(lock, [&] { return done || !releases.empty(); });
+        if (releases.empty()) return;
+        std::function<void()> release = std::move(releases.front());
+        releases.pop_front();
+        --held;
+        lock.unlock();
+        release();
+        lock.lock();
+      }
+    });
+    auto result = (*executor)->ForwardBackward(batches, [&](const FinalGradient& g) {
+      std::vector<float>& grad = out.grads[g.block];
+      grad.resize(layout.blocks[g.block].numel);
+      if (g.data != nullptr) std::memcpy(grad.data() + g.begin, g.data, g.count * 4);
+      FinalGradient call = g;
+      call.data = nullptr;
+      call.release = nullptr;
+      out.calls[g.block].push_back(call);
+      if (!g.release) return;
+      std::lock_guard<std::mutex> lock(mu);
+      out.max_held = std::max(out.max_held, ++held);
+      releases.push_back(g.release);
+      cv.notify_one();
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_one();
+    }
+    releaser.join();
+    ASSERT_THAT(result, IsOk());
+    // No callback: the executor frees the pieces, pass after pass.
+    ASSERT_THAT((*executor)->ForwardBackward(batches, {}), IsOk());
+    ASSERT_THAT((*executor)->ForwardBackward(batches, {}), IsOk());
+    runs.push_back(std::move(out));
+  }
+  const HandedOn& arena = runs[0];
+  const HandedOn& ring = runs[1];
+  EXPECT_EQ(arena.max_held, 0);
+  EXPECT_GE(ring.max_held, 1);
+  EXPECT_LE(ring.max_held, kGradRingBuffers);
+  for (int64_t b = 0; b < blocks; ++b) {
+    SCOPED_TRACE(absl::StrCat("block ", b));
+    const int64_t numel = layout.blocks[b].numel;
+    ASSERT_EQ(arena.calls[b].size(), 1u);
+    const FinalGradient& whole = arena.calls[b][0];
+    EXPECT_EQ(whole.begin, 0);
+    EXPECT_EQ(whole.count, numel);
+    EXPECT_TRUE(whole.first && whole.last);
+    const std::vector<FinalGradient>& pieces = ring.calls[b];
+    ASSERT_EQ(pieces.size(), b == head ? static_cast<size_t>(head_pieces) : 1u);
+    int64_t next = 0;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      EXPECT_EQ(pieces[k].block, b);
+      EXPECT_EQ(pieces[k].begin, next);
+      EXPECT_EQ(pieces[k].first, k == 0);
+      EXPECT_EQ(pieces[k].last, k + 1 == pieces.size());
+      EXPECT_LE(pieces[k].count, b == layout.embedding_block() ? numel : layer);
+      EXPECT_EQ(pieces[k].grad_squared_norm, whole.grad_squared_norm);
+      next += pieces[k].count;
+    }
+    EXPECT_EQ(next, numel);
+    ASSERT_EQ(ring.grads[b].size(), arena.grads[b].size());
+    EXPECT_EQ(std::memcmp(ring.grads[b].data(), arena.grads[b].data(), numel * 4), 0);
+  }
+}
+
 // Note [Executor memory plan]: admission's footprint is what the store
 // and the executor hold, for every host-memory mode (on the CPU: the same
 // buffers, none pinned). The footprint plans a GPU's auto settings (layers
 // 0-1 and the untied embedding resident: no host gradient for the
-// embedding with the ring, a ring of the head and a layer); the CPU
-// trainer is given the same.
+// embedding with the ring, a ring of kGradRingBuffers decoder layers); the
+// CPU trainer is given the same. With a vocabulary of 4096 the head is
+// eight layers' worth and still sizes no ring buffer (Note [Gradient
+// ring]); a tied table is never resident in the plan.
 TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
-  const ModelConfig config = SmallLlama();
   struct Mode {
     std::string name;
     ComputeDtype dtype;
     WeightStream stream;
     GradientLanding landing;
     double clip;
+    int64_t vocab_size = 96;
+    bool tied = false;
   };
   const Mode modes[] = {
       {"fp32 arena clip", ComputeDtype::kFp32, WeightStream::kBf16, GradientLanding::kArena, 1.0},
@@ -388,9 +570,18 @@ TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
       {"bf16 fp32-stream ring", ComputeDtype::kBf16, WeightStream::kFp32, GradientLanding::kRing,
        0.0},
       {"fp32 auto no clip", ComputeDtype::kFp32, WeightStream::kBf16, GradientLanding::kAuto, 0.0},
+      {"bf16 fp32-stream ring, head in pieces", ComputeDtype::kBf16, WeightStream::kFp32,
+       GradientLanding::kRing, 0.0, 4096},
+      {"bf16 fp32-stream arena clip, large head", ComputeDtype::kBf16, WeightStream::kFp32,
+       GradientLanding::kArena, 1.0, 4096},
+      {"bf16 fp32-stream ring, tied", ComputeDtype::kBf16, WeightStream::kFp32,
+       GradientLanding::kRing, 0.0, 4096, true},
   };
   for (const Mode& mode : modes) {
     SCOPED_TRACE(mode.name);
+    ModelConfig config = SmallLlama();
+    config.vocab_size = mode.vocab_size;
+    config.tie_word_embeddings = mode.tied;
     JobSpec spec;
     spec.train.micro_batch = kB;
     spec.train.seq_len = kT;
@@ -408,7 +599,7 @@ TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
     o.gradient_landing = mode.landing;
     o.threads = 1;
     o.resident_layers = 2;
-    o.resident_embedding = 1;
+    o.resident_embedding = mode.tied ? 0 : 1;
     auto trainer = Trainer::Create(config, o, 1);
     ASSERT_THAT(trainer, IsOk());
     const HostStoreBytes held = (*trainer)->store().bytes();
@@ -417,11 +608,21 @@ TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
     EXPECT_EQ(held.exp_avg, f.host.exp_avg);
     EXPECT_EQ(held.exp_avg_sq, f.host.exp_avg_sq);
     EXPECT_EQ(held.streaming, f.host.streaming);
+    // staging_host_bytes() sums the bytes of the buffers the executor's
+    // parts allocated (GradLander, InputStager, ...).
     EXPECT_EQ((*trainer)->staging_host_bytes(), f.host.staging);
+    EXPECT_EQ(held.Total() + (*trainer)->staging_host_bytes(),
+              f.host_total_bytes - f.embedding_lookahead_bytes);
     // Bytes per parameter of the store: 16 with the arena (+2 for the bf16
     // copy), 12 with the ring (+ the embedding's gradient).
     const int64_t copy = mode.dtype == ComputeDtype::kBf16 && mode.stream == WeightStream::kBf16;
     EXPECT_EQ(held.streaming, copy * held.master / 2);
+    // The ring: kGradRingBuffers buffers of the largest streamed decoder
+    // layer (layer 2; 0 and 1 are resident), never of the head.
+    const ModelLayout layout = ModelLayout::Create(config);
+    const int64_t layer = layout.blocks[layout.layer_block(2)].numel;
+    EXPECT_EQ(f.gradient_ring_bytes,
+              (*trainer)->gradient_ring() ? kGradRingBuffers * 4 * layer : 0);
   }
 }
 
