@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "engine/dist/process_group.h"
 #include "engine/io/input_checks.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/device_info.h"
@@ -53,6 +54,17 @@ class RealEngineBackend final : public EngineBackend {
       const std::optional<std::string>& resume_from) override {
     return Guard("TrainingJob::Create",
                  [&] { return engine::TrainingJob::Create(spec, device, resume_from); });
+  }
+
+  bool RunsDataParallelJobs() override {
+    return engine::HasCollectiveBackend(engine::CudaDeviceCount() > 0 ? "cuda" : "cpu");
+  }
+
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
+      const engine::JobSpec& spec, const std::vector<std::string>& devices,
+      const std::optional<std::string>& resume_from) override {
+    return Guard("TrainingJob::CreateOnDevices",
+                 [&] { return engine::TrainingJob::CreateOnDevices(spec, devices, resume_from); });
   }
 
   absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(

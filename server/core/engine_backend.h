@@ -106,14 +106,17 @@ class EngineBackend {
       const std::optional<std::string>& resume_from) = 0;
 
   // Whether CreateJobOnDevices runs a job on several devices (train.devices
-  // > 1, data parallel; docs/distributed.md). The engine's job runner does
-  // not yet (false): the daemon then refuses such jobs at submission
-  // (UNIMPLEMENTED).
+  // > 1, data parallel; docs/distributed.md): the engine's does when the
+  // build has c10d's backend for the daemon's devices (NCCL when CUDA
+  // devices exist, else gloo). When false the daemon refuses such jobs at
+  // submission (UNIMPLEMENTED). The default, for fakes: false.
   virtual bool RunsDataParallelJobs() { return false; }
 
   // Builds a job on `devices` (its train.devices of them, gang-scheduled:
   // Note [Gang scheduling] in job_manager.h), resuming as CreateJob. The
-  // default: one device is CreateJob; several are UNIMPLEMENTED.
+  // engine's: engine::TrainingJob::CreateOnDevices (one rank per device).
+  // The default, for fakes: one device is CreateJob; several are
+  // UNIMPLEMENTED.
   virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
       const engine::JobSpec& spec, const std::vector<std::string>& devices,
       const std::optional<std::string>& resume_from) {

@@ -236,8 +236,9 @@ TEST_F(JobManagerTest, JobAskingForMoreDevicesThanTheDaemonHasIsRefused) {
   EXPECT_EQ(job.request.spec.train.devices, 1);
 }
 
-TEST_F(JobManagerTest, DataParallelJobIsUnimplementedInTheDaemon) {
-  // A backend that does not run data-parallel jobs (the engine's, today).
+TEST_F(JobManagerTest, DataParallelJobIsUnimplementedWithoutACollectiveBackend) {
+  // A backend that does not run data-parallel jobs (the engine's in a
+  // build without c10d's backend for the daemon's devices).
   options_.devices = {"cpu", "cpu:1"};
   StartManager();
   JobRequest request = Request("wide");
@@ -245,8 +246,27 @@ TEST_F(JobManagerTest, DataParallelJobIsUnimplementedInTheDaemon) {
   request.spec.train.gradient_accumulation_steps = 2;
   EXPECT_THAT(manager_->Submit(kAlice, request, ""),
               StatusIs(absl::StatusCode::kUnimplemented,
-                       HasSubstr("train.devices: 2 devices: the engine's job runner does not run "
-                                 "data-parallel jobs yet")));
+                       HasSubstr("train.devices: 2 devices: this daemon's engine has no c10d "
+                                 "backend for data parallelism")));
+}
+
+// The NVMe tier is not built with several devices: moments is refused at
+// submission naming the field, auto resolves to off (host memory).
+TEST_F(JobManagerTest, DataParallelJobKeepsItsMomentsInHostMemory) {
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRequest request = Request("wide");
+  request.spec.train.devices = 2;
+  request.spec.train.gradient_accumulation_steps = 2;
+  request.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("memory.nvme_tier: moments is not built with train.devices > 1")));
+  request.spec.memory.nvme_tier = engine::NvmeTierMode::kAuto;
+  JobRecord job = Submit(kAlice, request);
+  EXPECT_EQ(job.request.spec.memory.nvme_tier, engine::NvmeTierMode::kOff);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
 }
 
 JobRequest WideRequest(const std::string& name, int64_t devices, int64_t max_steps = 1) {
@@ -316,7 +336,17 @@ TEST_F(JobManagerTest, GangJobForAllDevicesAndRefusalBeyondThem) {
                                         HasSubstr("this daemon has 2 device(s)"))));
   JobRecord all = Submit(kAlice, WideRequest("all", engine::kAllDevices, 2));
   EXPECT_EQ(all.request.spec.train.devices, 2);
-  WaitFor(all.id, StateIs(JobState::kSucceeded));
+  // Step events and metrics per device and in total (Note [Per-device
+  // metrics]), through the store.
+  int steps = 0;
+  for (const JobEvent& event : WaitFor(all.id, StateIs(JobState::kSucceeded))) {
+    if (event.kind != JobEvent::Kind::kStep) continue;
+    ++steps;
+    EXPECT_EQ(event.devices, 2);
+    EXPECT_EQ(event.tokens_per_s, 102400);
+    EXPECT_EQ(event.device_tokens_per_s, 51200);
+  }
+  EXPECT_EQ(steps, 2);
   std::shared_ptr<FakeJobControl> job = backend_.WaitForCreated(1, kTimeout);
   ASSERT_NE(job, nullptr);
   EXPECT_EQ(job->device, "cpu,cpu:1");
