@@ -8,6 +8,7 @@
 #include "engine/dist/process_group.h"
 #include "engine/io/input_checks.h"
 #include "engine/model/model_config.h"
+#include "engine/model/moe_config.h"
 #include "engine/runtime/device_info.h"
 #include "server/core/engine_backend.h"
 
@@ -98,7 +99,8 @@ class RealEngineBackend final : public EngineBackend {
                                                        : engine::ParseHfConfig(hf_config_json);
       if (!config.ok()) return config.status();
       return ModelLimits{config->vocab_size, config->max_position_embeddings,
-                         config->num_hidden_layers};
+                         config->num_hidden_layers,
+                         config->moe != nullptr ? config->moe->num_experts : 0};
     });
   }
 

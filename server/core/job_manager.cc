@@ -380,7 +380,8 @@ namespace {
 
 // train.devices at submission (docs/distributed.md): "all" (0) becomes the
 // daemon's device count; more devices than the daemon schedules on can
-// never run (INVALID_ARGUMENT naming both counts). A data-parallel job (N >
+// never run (RESOURCE_EXHAUSTED naming both counts, as a footprint above
+// --host_memory_budget). A data-parallel job (N >
 // 1) is gang-scheduled (Note [Gang scheduling]) when the engine backend runs
 // such jobs (EngineBackend::RunsDataParallelJobs: a build with c10d's
 // backend for the daemon's devices), else UNIMPLEMENTED; its AdamW moments
@@ -390,9 +391,9 @@ absl::Status ResolveRequestedDevices(int64_t daemon_devices, bool data_parallel,
                                      engine::TrainSpec* train, engine::MemorySpec* memory) {
   if (train->devices == engine::kAllDevices) train->devices = daemon_devices;
   if (train->devices > daemon_devices) {
-    return absl::InvalidArgumentError(absl::StrCat("train.devices: ", train->devices,
-                                                   " requested, this daemon has ", daemon_devices,
-                                                   " device(s)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "train.devices: ", train->devices, " requested, this daemon has ", daemon_devices,
+        " device(s) (--device); the job can never run on this daemon"));
   }
   if (train->devices > 1 && !data_parallel) {
     return absl::UnimplementedError(absl::StrCat(

@@ -219,15 +219,15 @@ TEST_F(JobManagerTest, UnknownDeviceMemoryAdmitsAnyBlock) {
 }
 
 // train.devices (docs/distributed.md): more devices than the daemon has is
-// refused naming both counts; "all" is this daemon's one device and runs;
-// a data-parallel job is not scheduled by the daemon yet.
+// refused naming both counts (it can never run here: RESOURCE_EXHAUSTED);
+// "all" is this daemon's one device and runs.
 TEST_F(JobManagerTest, JobAskingForMoreDevicesThanTheDaemonHasIsRefused) {
   StartManager();
   JobRequest request = Request("wide");
   request.spec.train.devices = 2;
   request.spec.train.gradient_accumulation_steps = 2;
   EXPECT_THAT(manager_->Submit(kAlice, request, ""),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("train.devices: 2 requested"),
                                         HasSubstr("this daemon has 1 device(s)"))));
   request = Request("all");
@@ -331,7 +331,7 @@ TEST_F(JobManagerTest, GangJobForAllDevicesAndRefusalBeyondThem) {
   options_.devices = {"cpu", "cpu:1"};
   StartManager();
   EXPECT_THAT(manager_->Submit(kAlice, WideRequest("three", 3), ""),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("train.devices: 3 requested"),
                                         HasSubstr("this daemon has 2 device(s)"))));
   JobRecord all = Submit(kAlice, WideRequest("all", engine::kAllDevices, 2));
