@@ -324,6 +324,47 @@ TEST_F(JobManagerTest, GangJobWaitsForAllItsDevicesAndHoldsThem) {
   WaitFor(after.id, StateIs(JobState::kSucceeded));
 }
 
+// A suspended 2-device job frees both devices; resumed, it is
+// gang-scheduled again (it waits while a 1-device job holds one of them)
+// and restarts on both from its suspend checkpoint (the engine's exact
+// resume of a data-parallel job: data_parallel_job_test).
+TEST_F(JobManagerTest, SuspendedGangJobResumesOnAllItsDevicesFromItsCheckpoint) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRecord wide = Submit(kAlice, WideRequest("wide", 2, 6));
+  std::shared_ptr<FakeJobControl> gang = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(gang, nullptr);
+  EXPECT_EQ(gang->device, "cpu,cpu:1");
+  gang->AllowSteps(3);
+  ASSERT_TRUE(gang->WaitForStep(3, kTimeout));
+  ASSERT_THAT(manager_->Suspend(kAlice, wide.id), IsOk());
+  WaitFor(wide.id, StateIs(JobState::kSuspended));
+  const std::string checkpoint = options_.jobs_dir + "/job-000001/step-3";
+  EXPECT_EQ(manager_->Get(kAlice, wide.id)->resume_from, checkpoint);
+  absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  EXPECT_EQ(status->devices[0].job_id, "");
+  EXPECT_EQ(status->devices[1].job_id, "");
+
+  JobRecord narrow = Submit(kBob, Request("narrow", 1));
+  std::shared_ptr<FakeJobControl> one = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(one, nullptr);
+  ASSERT_THAT(manager_->Resume(kAlice, wide.id), IsOk());
+  EXPECT_EQ(StateOf(wide.id), JobState::kQueued) << "one of its two devices is busy";
+  one->AllowSteps(1);
+  WaitFor(narrow.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> again = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->device, "cpu,cpu:1");
+  EXPECT_EQ(again->resume_from, checkpoint);
+  EXPECT_EQ(again->start_step, 3);
+  again->AllowSteps(3);
+  WaitFor(wide.id, StateIs(JobState::kSucceeded));
+  EXPECT_EQ(manager_->Get(kAlice, wide.id)->progress.step, 6);
+}
+
 // "all" takes every device; more than the daemon has is refused even by a
 // backend that runs data-parallel jobs.
 TEST_F(JobManagerTest, GangJobForAllDevicesAndRefusalBeyondThem) {
