@@ -14,8 +14,8 @@ absl::StatusOr<std::vector<std::string>> JobRankDevices(const std::vector<std::s
                                                         int64_t spec_devices) {
   if (devices.empty() || static_cast<int64_t>(devices.size()) != spec_devices) {
     return absl::InvalidArgumentError(absl::StrCat("train.devices: ", spec_devices,
-                                                   " requested, the job was given ",
-                                                   devices.size(), " device(s)"));
+                                                   " requested, the job was given ", devices.size(),
+                                                   " device(s)"));
   }
   std::vector<std::string> out;
   std::set<std::string> seen;
@@ -29,9 +29,9 @@ absl::StatusOr<std::vector<std::string>> JobRankDevices(const std::vector<std::s
   }
   for (const std::string& device : out) {
     if ((device == "cpu") != (out.front() == "cpu")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "train.devices: the job's devices mix the CPU and CUDA (", out.front(), ", ", device,
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.devices: the job's devices mix the CPU and CUDA (", out.front(), ", ",
+                       device, ")"));
     }
   }
   return out;

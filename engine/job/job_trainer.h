@@ -52,9 +52,9 @@ class JobTrainer {
   // global count, divided among the ranks). Errors: Trainer::Create's and
   // DataParallelTrainer::Create's; UNIMPLEMENTED for the NVMe tier with
   // several devices.
-  static absl::StatusOr<std::unique_ptr<JobTrainer>> Create(const ModelConfig& config,
-                                                            TrainerOptions options, uint64_t seed,
-                                                            const std::vector<std::string>& devices);
+  static absl::StatusOr<std::unique_ptr<JobTrainer>> Create(
+      const ModelConfig& config, TrainerOptions options, uint64_t seed,
+      const std::vector<std::string>& devices);
 
   // One optimizer step over the global batch (Trainer::Step; with N > 1,
   // DataParallelTrainer::Step, `next_input_ids` ignored).

@@ -849,9 +849,9 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> CreateOnRanks(
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<std::string> ranks,
                              JobRankDevices(devices, static_cast<int64_t>(devices.size())));
   if (ranks.size() > 1 && !HasCollectiveBackend(ranks.front())) {
-    return absl::UnimplementedError(absl::StrCat(
-        "train.devices: ", ranks.size(), " devices need c10d's ",
-        ranks.front() == "cpu" ? "gloo" : "NCCL", " backend, which this build lacks"));
+    return absl::UnimplementedError(
+        absl::StrCat("train.devices: ", ranks.size(), " devices need c10d's ",
+                     ranks.front() == "cpu" ? "gloo" : "NCCL", " backend, which this build lacks"));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   auto job = std::make_unique<TrainingJobImpl>(spec, config);

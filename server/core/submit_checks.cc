@@ -83,10 +83,10 @@ absl::Status CheckSubmission(const engine::JobSpec& spec, const JobInputs& input
   if (spec.train.devices > 1 && limits->num_experts > 0) {
     // The experts' gradients do not land in the shared store (Note
     // [Data-parallel step] in engine/step/gradient_reducer.h).
-    return absl::UnimplementedError(absl::StrCat(
-        "train.devices: ", spec.train.devices,
-        " devices: data parallelism over a mixture-of-experts model (", limits->num_experts,
-        " experts) is not built; use train.devices: 1"));
+    return absl::UnimplementedError(
+        absl::StrCat("train.devices: ", spec.train.devices,
+                     " devices: data parallelism over a mixture-of-experts model (",
+                     limits->num_experts, " experts) is not built; use train.devices: 1"));
   }
   MEGATRAIN_RETURN_IF_ERROR(
       CheckShards("data.tokens", spec.data.tokens, limits->vocab_size, backend));
