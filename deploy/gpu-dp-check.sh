@@ -12,12 +12,22 @@
 #
 #   deploy/gpu-dp-check.sh [bench args...]
 #
+# Then, on a host with 2 or more GPUs, the job runner and the daemon over
+# NCCL (JOB_CHECK=1): data_parallel_job_test's GPU tests (2 GPUs train as
+# one accumulating the same global batch, within 1e-5; a suspended 2-GPU
+# job resumes bit for bit), and megatraind on cuda:0,cuda:1 running the
+# tiny example with train.devices 2 (its progress lines show the job's and
+# each device's tokens/s; /metrics per device), plus a job asking for 3
+# devices, refused at submission with RESOURCE_EXHAUSTED.
+#
 # Environment: MODEL (llama-3b), MICRO_BATCH (8), SEQ_LEN (2048), ACCUM (1,
 # per GPU), CLIP (1.0), STEPS (4), WARMUP (2), DEVICES ("1 2 4": counts
-# above the host's GPUs are skipped), BUILD_DIR (build-gpu), SKIP_BUILD (0).
+# above the host's GPUs are skipped), BUILD_DIR (build-gpu), SKIP_BUILD (0),
+# JOB_CHECK (1).
 # Results: $OUT/dp.jsonl (one bench JSON per GPU count), $OUT/dp.txt (the
 # table), $OUT/dmon-N.txt (nvidia-smi dmon during the N-GPU run),
-# $OUT/bench-N.log (the bench's progress).
+# $OUT/bench-N.log (the bench's progress), $OUT/dp-job-test.log,
+# $OUT/dp-daemon.log, $OUT/dp-metrics.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -31,7 +41,10 @@ DEVICES=${DEVICES:-"1 2 4"}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 start=$(date +%s)
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  MEGATRAIN_BUILD_SERVER=OFF bash deploy/gpu-build.sh "$BUILD_DIR" megatrain-bench \
+  targets=(megatrain-bench)
+  [ "${JOB_CHECK:-1}" = 1 ] && targets+=(data_parallel_job_test megatraind megatrain)
+  MEGATRAIN_BUILD_SERVER=$([ "${JOB_CHECK:-1}" = 1 ] && echo ON || echo OFF) \
+    bash deploy/gpu-build.sh "$BUILD_DIR" "${targets[@]}" \
     > "$OUT/build-$(basename "$BUILD_DIR").log" 2>&1 ||
     { tail -30 "$OUT/build-$(basename "$BUILD_DIR").log"; exit 1; }
   echo "build: $(( $(date +%s) - start )) s"
@@ -118,4 +131,12 @@ for r in runs:
                      f"{sum(y for _, y in s) / len(s):.0f} ({len(s)} s)")
     print(f"  {n} GPU(s): " + ("; ".join(cells) if cells else "no samples"))
 EOF
+if [ "${JOB_CHECK:-1}" = 1 ] && [ "$gpus" -ge 2 ]; then
+  timeout 900 "$BUILD_DIR"/tests/data_parallel_job_test --gtest_brief=1 \
+    > "$OUT/dp-job-test.log" 2>&1
+  echo "data_parallel_job_test: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
+    "$OUT/dp-job-test.log" | tr '\n' ' ')"
+  grep -E "relative|Failure|FAILED  \]" "$OUT/dp-job-test.log" | head -20
+  bash deploy/gpu-dp-daemon-check.sh "$BUILD_DIR"
+fi
 echo "total: $(( $(date +%s) - start )) s"

@@ -175,8 +175,19 @@ class EngineBackend {
 // megatrain_server_engine, which links megatrain_engine).
 std::unique_ptr<EngineBackend> NewEngineBackend();
 
+// Note [CPU device slots]
+// "cpu:N" (N in [1, kMaxCpuDeviceSlots)) in --device is one more CPU
+// "device": a slot the scheduler gives one job (or one rank of a
+// data-parallel job) as it does a GPU; "cpu:0" is "cpu". The slots share the
+// host's cores and memory: `--device cpu,cpu:1` lets the CPU run two jobs at
+// once, or a train.devices 2 job over gloo (the engine trains every CPU
+// slot on the one CPU device; engine::JobRankDevices). For tests and small
+// CPU hosts; a GPU host lists its GPUs.
+inline constexpr int kMaxCpuDeviceSlots = 64;
+
 // Expands the --device flag into the devices jobs are scheduled on:
-// "cpu" -> {"cpu"}; "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
+// "cpu" -> {"cpu"}; "cpu:N" -> {"cpu:N"} (Note [CPU device slots]);
+// "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
 // `cuda_device_count`); "auto" -> every CUDA device, or {"cpu"} when there is
 // none; a comma-separated list of the above is also accepted ("cuda:0,cuda:2").
 // INVALID_ARGUMENT naming --device for anything else or a missing device.

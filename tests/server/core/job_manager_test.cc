@@ -870,6 +870,13 @@ TEST(ResolveDevicesTest, ExpandsTheDeviceFlag) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:2 is not available")));
   EXPECT_THAT(ResolveDevices("tpu", 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+  // Note [CPU device slots].
+  EXPECT_THAT(*ResolveDevices("cpu,cpu:1,cpu:0,cpu:2", 0), ElementsAre("cpu", "cpu:1", "cpu:2"));
+  for (const char* bad : {"cpu:64", "cpu:-1", "cpu:x", "cpu:"}) {
+    EXPECT_THAT(ResolveDevices(bad, 0),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad CPU device")))
+        << bad;
+  }
 }
 
 // ---------------------------------------------------------------------------
