@@ -28,9 +28,9 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(absl::string_view flag,
       // Note [CPU device slots] in engine_backend.h.
       int slot = 0;
       if (!absl::SimpleAtoi(item.substr(4), &slot) || slot < 1 || slot >= kMaxCpuDeviceSlots) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--device: bad CPU device '", item, "' (expected cpu or cpu:N, N in [0, ",
-            kMaxCpuDeviceSlots - 1, "])"));
+        return absl::InvalidArgumentError(absl::StrCat("--device: bad CPU device '", item,
+                                                       "' (expected cpu or cpu:N, N in [0, ",
+                                                       kMaxCpuDeviceSlots - 1, "])"));
       }
       expanded.push_back(absl::StrCat("cpu:", slot));
     } else if (item == "cuda" || absl::StartsWith(item, "cuda:")) {

@@ -4,6 +4,7 @@
 // megatrain_server_engine.
 #include <exception>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dist/process_group.h"
 #include "engine/io/input_checks.h"
@@ -57,8 +58,14 @@ class RealEngineBackend final : public EngineBackend {
                  [&] { return engine::TrainingJob::Create(spec, device, resume_from); });
   }
 
-  bool RunsDataParallelJobs() override {
-    return engine::HasCollectiveBackend(engine::CudaDeviceCount() > 0 ? "cuda" : "cpu");
+  bool RunsDataParallelJobs(const std::vector<std::string>& devices) override {
+    if (devices.empty()) return false;
+    const bool cuda = absl::StartsWith(devices.front(), "cuda");
+    for (const std::string& device : devices) {
+      // A gang of CPU slots and GPUs has no one backend (engine::JobRankDevices).
+      if (absl::StartsWith(device, "cuda") != cuda) return false;
+    }
+    return engine::HasCollectiveBackend(cuda ? "cuda" : "cpu");
   }
 
   absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(

@@ -106,12 +106,16 @@ class EngineBackend {
       const engine::JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from) = 0;
 
-  // Whether CreateJobOnDevices runs a job on several devices (train.devices
-  // > 1, data parallel; docs/distributed.md): the engine's does when the
-  // build has c10d's backend for the daemon's devices (NCCL when CUDA
-  // devices exist, else gloo). When false the daemon refuses such jobs at
-  // submission (UNIMPLEMENTED). The default, for fakes: false.
-  virtual bool RunsDataParallelJobs() { return false; }
+  // Whether CreateJobOnDevices runs a job on several of `devices` (the
+  // daemon's; train.devices > 1, data parallel; docs/distributed.md): the
+  // engine's does when they are all CUDA devices and the build has NCCL, or
+  // all CPU slots (Note [CPU device slots]) and it has gloo. When false the
+  // daemon refuses such jobs at submission (UNIMPLEMENTED). The default,
+  // for fakes: false.
+  virtual bool RunsDataParallelJobs(const std::vector<std::string>& devices) {
+    (void)devices;
+    return false;
+  }
 
   // Builds a job on `devices` (its train.devices of them, gang-scheduled:
   // Note [Gang scheduling] in job_manager.h), resuming as CreateJob. The

@@ -399,7 +399,7 @@ absl::Status ResolveRequestedDevices(int64_t daemon_devices, bool data_parallel,
     return absl::UnimplementedError(absl::StrCat(
         "train.devices: ", train->devices,
         " devices: this daemon's engine has no c10d backend for data parallelism on its devices "
-        "(gloo for the CPU, NCCL for CUDA)"));
+        "(gloo for CPU slots, NCCL for CUDA devices; devices of one kind)"));
   }
   if (train->devices > 1 && memory->nvme_tier == engine::NvmeTierMode::kMoments) {
     return absl::UnimplementedError(
@@ -424,9 +424,9 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   bool repeat = false;
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
   if (repeat) return existing;
-  MEGATRAIN_RETURN_IF_ERROR(ResolveRequestedDevices(static_cast<int64_t>(options_.devices.size()),
-                                                    backend_->RunsDataParallelJobs(),
-                                                    &request.spec.train, &request.spec.memory));
+  MEGATRAIN_RETURN_IF_ERROR(ResolveRequestedDevices(
+      static_cast<int64_t>(options_.devices.size()),
+      backend_->RunsDataParallelJobs(options_.devices), &request.spec.train, &request.spec.memory));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
 
   JobRecord job;
