@@ -107,6 +107,10 @@ json EventToJson(const v1::JobEvent& event) {
       j["step_seconds"] = step.step_seconds();
       j["eta_seconds"] = step.eta_seconds();
       if (step.aux_loss() != 0) j["aux_loss"] = step.aux_loss();
+      if (step.devices() > 1) {  // data parallel: tokens_per_s is the job's total
+        j["devices"] = step.devices();
+        j["device_tokens_per_s"] = step.device_tokens_per_s();
+      }
       if (step.nvme_written_bytes() > 0 || step.nvme_read_bytes() > 0) {
         j["nvme_read_bytes"] = step.nvme_read_bytes();
         j["nvme_written_bytes"] = step.nvme_written_bytes();
@@ -399,6 +403,10 @@ std::string ProgressLine(const std::string& job_id, const v1::JobEvent::Step& st
   if (!eval_loss.empty()) absl::StrAppend(&line, "  eval ", eval_loss);
   if (step.aux_loss() != 0) absl::StrAppend(&line, absl::StrFormat("  aux %.4f", step.aux_loss()));
   absl::StrAppend(&line, "  ", Thousands(step.tokens_per_s()), " tok/s");
+  if (step.devices() > 1) {  // data parallel: the job's total, then each device's
+    absl::StrAppend(&line, " (", step.devices(), " devices, ",
+                    Thousands(step.device_tokens_per_s()), " each)");
+  }
   if (step.mfu() > 0) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * step.mfu()));
   absl::StrAppend(&line, "  ETA ", HumanDuration(step.eta_seconds()));
   if (step.skipped()) absl::StrAppend(&line, "  (skipped: non-finite loss)");

@@ -33,6 +33,7 @@
 #include "engine/optim/lr_schedule.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/io/text_corpus.h"
+#include "engine/job/job_trainer.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
 
@@ -387,7 +388,8 @@ class TrainingJobImpl final : public TrainingJob {
  public:
   TrainingJobImpl(JobSpec spec, ModelConfig config) : spec_(std::move(spec)), config_(config) {}
 
-  absl::Status Init(const std::string& device, const std::optional<std::string>& resume_from);
+  absl::Status Init(const std::vector<std::string>& devices,
+                    const std::optional<std::string>& resume_from);
   absl::StatusOr<JobOutcome> Run(JobObserver* observer) override {
     absl::StatusOr<JobOutcome> outcome = RunSteps(observer);
     if (!outcome.ok() && abandon_step_.load(std::memory_order_relaxed)) {
@@ -417,7 +419,7 @@ class TrainingJobImpl final : public TrainingJob {
   int64_t max_steps() const override { return max_steps_; }
   MemoryFootprint footprint() const override { return footprint_; }
   std::string schedule_description() const override {
-    return trainer_->schedule_choice().Describe();
+    return trainer_->first().schedule_choice().Describe();
   }
   std::string data_description() const override { return data_description_; }
 
@@ -430,7 +432,7 @@ class TrainingJobImpl final : public TrainingJob {
   // Init's steps: the data loader and eval batches; the trainer's options
   // from the spec; the checkpoint state, step and data cursor of a resume.
   absl::Status OpenData();
-  absl::StatusOr<TrainerOptions> MakeTrainerOptions(const std::string& device);
+  absl::StatusOr<TrainerOptions> MakeTrainerOptions();
   absl::Status Resume(const std::string& resume_from);
   absl::Status WriteCheckpointNow(JobObserver* observer);
   // One step boundary's requests: a stop ends the run (after a checkpoint
@@ -454,7 +456,8 @@ class TrainingJobImpl final : public TrainingJob {
   // The moment files' directory (null without the tier): destroyed after
   // the trainer, which holds the files open.
   std::unique_ptr<NvmeJobDir> nvme_dir_;
-  std::unique_ptr<Trainer> trainer_;
+  // One device or data parallel (Note [Data-parallel job]).
+  std::unique_ptr<JobTrainer> trainer_;
   std::optional<DataLoader> loader_;
   // The next step's batches, read one step ahead so that each step knows
   // the next one's token ids (Note [Embedding lookahead] in trainer.h),
@@ -586,7 +589,7 @@ std::string TrainingJobImpl::DescribeData() const {
   return absl::StrCat("data: ", absl::StrJoin(parts, "; "));
 }
 
-absl::Status TrainingJobImpl::Init(const std::string& device,
+absl::Status TrainingJobImpl::Init(const std::vector<std::string>& devices,
                                    const std::optional<std::string>& resume_from) {
   max_steps_ = MaxSteps(spec_);
   MEGATRAIN_ASSIGN_OR_RETURN(footprint_, EstimateFootprint(spec_));
@@ -598,8 +601,8 @@ absl::Status TrainingJobImpl::Init(const std::string& device,
   }
   MEGATRAIN_RETURN_IF_ERROR(PrepareData());
   MEGATRAIN_RETURN_IF_ERROR(OpenData());
-  MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions t, MakeTrainerOptions(device));
-  MEGATRAIN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, t, spec_.train.seed));
+  MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions t, MakeTrainerOptions());
+  MEGATRAIN_ASSIGN_OR_RETURN(trainer_, JobTrainer::Create(config_, t, spec_.train.seed, devices));
   if (!spec_.model.hf_dir.empty()) {
     MEGATRAIN_RETURN_IF_ERROR(
         Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()), "model.hf_dir"));
@@ -630,9 +633,8 @@ absl::Status TrainingJobImpl::OpenData() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions(const std::string& device) {
-  TrainerOptions t;
-  t.device = device;
+absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions() {
+  TrainerOptions t;  // t.device: JobTrainer::Create's
   t.compute_dtype = spec_.train.compute_dtype;
   t.weight_stream = spec_.memory.weight_stream;
   t.gradient_landing = spec_.memory.gradient_landing;
@@ -777,8 +779,14 @@ StepReport TrainingJobImpl::ReportOf(const StepResult& r, double flops_per_token
   report.lr = r.lr;
   report.skipped = r.skipped;
   report.stats = r.stats;
-  report.tokens_per_s = r.stats.step_seconds > 0 ? r.stats.tokens / r.stats.step_seconds : 0;
-  report.mfu = peak > 0 ? report.tokens_per_s * flops_per_token / peak : 0;
+  // Note [Data-parallel job]: rank 0's stats count its share of the
+  // global batch; every rank's share is the same.
+  report.devices = trainer_->devices();
+  report.stats.tokens = r.stats.tokens * report.devices;
+  const double seconds = r.stats.step_seconds;
+  report.tokens_per_s = seconds > 0 ? static_cast<double>(report.stats.tokens) / seconds : 0;
+  report.device_tokens_per_s = seconds > 0 ? static_cast<double>(r.stats.tokens) / seconds : 0;
+  report.mfu = peak > 0 ? report.device_tokens_per_s * flops_per_token / peak : 0;
   return report;
 }
 
@@ -799,7 +807,7 @@ absl::Status TrainingJobImpl::AfterStep(JobObserver* observer, int64_t step,
 
 absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
   const double flops_per_token = config_.TrainFlopsPerToken(spec_.train.seq_len);
-  const double peak = PeakBf16Flops(trainer_->device_name());
+  const double peak = PeakBf16Flops(trainer_->first().device_name());
   int64_t last_checkpoint_step = -1;
   int64_t consecutive_skipped = 0;  // kMaxConsecutiveSkippedSteps
   while (trainer_->step() < max_steps_) {
@@ -832,14 +840,45 @@ absl::StatusOr<JobOutcome> TrainingJobImpl::RunSteps(JobObserver* observer) {
 
 }  // namespace
 
+namespace {
+
+// Create and CreateOnDevices on `devices` (each named once per rank).
+absl::StatusOr<std::unique_ptr<TrainingJob>> CreateOnRanks(
+    const JobSpec& spec, const std::vector<std::string>& devices,
+    const std::optional<std::string>& resume_from) {
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<std::string> ranks,
+                             JobRankDevices(devices, static_cast<int64_t>(devices.size())));
+  if (ranks.size() > 1 && !HasCollectiveBackend(ranks.front())) {
+    return absl::UnimplementedError(
+        absl::StrCat("train.devices: ", ranks.size(), " devices need c10d's ",
+                     ranks.front() == "cpu" ? "gloo" : "NCCL", " backend, which this build lacks"));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  auto job = std::make_unique<TrainingJobImpl>(spec, config);
+  MEGATRAIN_RETURN_IF_ERROR(ExplainDeviceOutOfMemory(job->Init(ranks, resume_from), spec, config));
+  return std::unique_ptr<TrainingJob>(std::move(job));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
     const JobSpec& spec, const std::string& device, const std::optional<std::string>& resume_from) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
   if (spec.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
-  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
-  auto job = std::make_unique<TrainingJobImpl>(spec, config);
-  MEGATRAIN_RETURN_IF_ERROR(ExplainDeviceOutOfMemory(job->Init(device, resume_from), spec, config));
-  return std::unique_ptr<TrainingJob>(std::move(job));
+  // train.devices N > 1: N ranks from `device` on (megatrain-bench's
+  // convention); 1 or all (0): `device` alone.
+  const int n = static_cast<int>(std::max<int64_t>(1, spec.train.devices));
+  return CreateOnRanks(spec, n > 1 ? DataParallelDevices(device, n) : std::vector{device},
+                       resume_from);
+}
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::CreateOnDevices(
+    const JobSpec& spec, const std::vector<std::string>& devices,
+    const std::optional<std::string>& resume_from) {
+  MEGATRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  if (spec.output_dir.empty()) return absl::InvalidArgumentError("output_dir: required");
+  MEGATRAIN_RETURN_IF_ERROR(JobRankDevices(devices, spec.train.devices).status());
+  return CreateOnRanks(spec, devices, resume_from);
 }
 
 }  // namespace megatrain::engine

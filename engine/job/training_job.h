@@ -142,12 +142,23 @@ struct StepReport {
   double aux_loss = 0;   // MoE: mean load-balancing loss of a micro-batch
   double grad_norm = 0;  // before clipping
   double lr = 0;
+  // Tokens/s of the job: all its devices together (the global batch's
+  // tokens over the step's wall time).
   double tokens_per_s = 0;
-  double mfu = 0;        // model FLOPs / bf16 dense peak, [0, 1]
+  // Devices the job trains on (train.devices; Note [Data-parallel job] in
+  // job/job_trainer.h), and the tokens/s of each: its share of the global
+  // batch (every rank trains the same number of equal micro-batches, in
+  // lockstep, so the shares are equal: tokens_per_s / devices).
+  int64_t devices = 1;
+  double device_tokens_per_s = 0;
+  double mfu = 0;        // model FLOPs / bf16 dense peak of one device, [0, 1]
+                         // (per device: device_tokens_per_s's FLOPs)
   bool skipped = false;  // non-finite loss or gradient norm: the update
                          // was not applied (train.nan_policy skip); `step`
                          // is then the last applied step's number
-  StepStats stats;       // phases, bytes of this step
+  StepStats stats;       // phases, bytes of this step (with several
+                         // devices: rank 0's, except `tokens`, the
+                         // global batch's)
 };
 
 // Receives job progress. Called on the job's thread; must not block long.
@@ -196,6 +207,20 @@ class TrainingJob {
       const JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from);
 
+  // As Create, on the `devices` the daemon granted the job (exactly
+  // spec.train.devices of them): one device is Create; N > 1 trains data
+  // parallel, one rank per device (Note [Data-parallel job] in
+  // job/job_trainer.h): {"cuda:0", "cuda:1"} over NCCL, or N CPU ranks
+  // over gloo for {"cpu", "cpu"} (or "cpu:K": every CPU "device" is the
+  // CPU). A resume loads a checkpoint written with any device count.
+  // Errors: Create's; INVALID_ARGUMENT naming train.devices when the
+  // devices do not match it (JobRankDevices); UNIMPLEMENTED when this
+  // build lacks the c10d backend (gloo or NCCL), for the NVMe tier or a
+  // mixture-of-experts model with N > 1.
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> CreateOnDevices(
+      const JobSpec& spec, const std::vector<std::string>& devices,
+      const std::optional<std::string>& resume_from);
+
   virtual ~TrainingJob() = default;
 
   // Trains until max_steps / max_tokens, or until a stop request. Writes a
@@ -216,7 +241,8 @@ class TrainingJob {
   // kForceCancel (a cancel that does not wait) also abandons the running
   // step between two of its blocks (Note [Abandoned steps] in
   // engine/step/executor.h), losing that step's work: Run() then returns
-  // kCancelled within about one block's compute time.
+  // kCancelled within about one block's compute time (with several
+  // devices it waits for the step boundary: Note [Data-parallel job]).
   enum class StopKind { kCancel, kSuspend, kForceCancel };
   virtual void RequestStop(StopKind kind) = 0;
   // Asks for a checkpoint at the next step boundary.

@@ -1,6 +1,7 @@
 // ResolveDevices (declared in engine_backend.h): parsing of the --device flag.
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,8 +22,17 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(absl::string_view flag,
         expanded.push_back(absl::StrCat("cuda:", device_idx));
       }
       if (expanded.empty()) expanded.push_back("cpu");
-    } else if (item == "cpu") {
+    } else if (item == "cpu" || item == "cpu:0") {
       expanded.push_back("cpu");
+    } else if (absl::StartsWith(item, "cpu:")) {
+      // Note [CPU device slots] in engine_backend.h.
+      int slot = 0;
+      if (!absl::SimpleAtoi(item.substr(4), &slot) || slot < 1 || slot >= kMaxCpuDeviceSlots) {
+        return absl::InvalidArgumentError(absl::StrCat("--device: bad CPU device '", item,
+                                                       "' (expected cpu or cpu:N, N in [0, ",
+                                                       kMaxCpuDeviceSlots - 1, "])"));
+      }
+      expanded.push_back(absl::StrCat("cpu:", slot));
     } else if (item == "cuda" || absl::StartsWith(item, "cuda:")) {
       int device_idx = 0;
       if (item != "cuda" && !absl::SimpleAtoi(item.substr(5), &device_idx)) {
@@ -36,7 +46,8 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(absl::string_view flag,
       expanded.push_back(absl::StrCat("cuda:", device_idx));
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--device: must be auto, cpu, cuda or cuda:N (comma-separated), got '", item, "'"));
+          "--device: must be auto, cpu, cpu:N, cuda or cuda:N (comma-separated), got '", item,
+          "'"));
     }
     for (std::string& device : expanded) {
       if (seen.insert(device).second) devices.push_back(std::move(device));

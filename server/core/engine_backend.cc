@@ -4,9 +4,12 @@
 // megatrain_server_engine.
 #include <exception>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dist/process_group.h"
 #include "engine/io/input_checks.h"
 #include "engine/model/model_config.h"
+#include "engine/model/moe_config.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/torch_compat.h"
 #include "server/core/engine_backend.h"
@@ -56,6 +59,23 @@ class RealEngineBackend final : public EngineBackend {
                  [&] { return engine::TrainingJob::Create(spec, device, resume_from); });
   }
 
+  bool RunsDataParallelJobs(const std::vector<std::string>& devices) override {
+    if (devices.empty()) return false;
+    const bool cuda = absl::StartsWith(devices.front(), "cuda");
+    for (const std::string& device : devices) {
+      // A gang of CPU slots and GPUs has no one backend (engine::JobRankDevices).
+      if (absl::StartsWith(device, "cuda") != cuda) return false;
+    }
+    return engine::HasCollectiveBackend(cuda ? "cuda" : "cpu");
+  }
+
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
+      const engine::JobSpec& spec, const std::vector<std::string>& devices,
+      const std::optional<std::string>& resume_from) override {
+    return Guard("TrainingJob::CreateOnDevices",
+                 [&] { return engine::TrainingJob::CreateOnDevices(spec, devices, resume_from); });
+  }
+
   absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
       const std::string& output_dir) override {
     return Guard("ListCheckpoints", [&] { return engine::ListCheckpoints(output_dir); });
@@ -87,7 +107,8 @@ class RealEngineBackend final : public EngineBackend {
                                                        : engine::ParseHfConfig(hf_config_json);
       if (!config.ok()) return config.status();
       return ModelLimits{config->vocab_size, config->max_position_embeddings,
-                         config->num_hidden_layers};
+                         config->num_hidden_layers,
+                         config->moe != nullptr ? config->moe->num_experts : 0};
     });
   }
 

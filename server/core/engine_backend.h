@@ -76,6 +76,7 @@ class EngineBackend {
     int64_t vocab_size = 0;               // 0: unknown
     int64_t max_position_embeddings = 0;  // 0: unknown
     int64_t num_hidden_layers = 0;        // 0: unknown
+    int64_t num_experts = 0;              // experts per MoE layer; 0: dense or unknown
   };
   virtual absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
                                                     const std::string& hf_config_json) {
@@ -105,15 +106,22 @@ class EngineBackend {
       const engine::JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from) = 0;
 
-  // Whether CreateJobOnDevices runs a job on several devices (train.devices
-  // > 1, data parallel; docs/distributed.md). The engine's job runner does
-  // not yet (false): the daemon then refuses such jobs at submission
-  // (UNIMPLEMENTED).
-  virtual bool RunsDataParallelJobs() { return false; }
+  // Whether CreateJobOnDevices runs a job on several of `devices` (the
+  // daemon's; train.devices > 1, data parallel; docs/distributed.md): the
+  // engine's does when they are all CUDA devices and the build has NCCL, or
+  // all CPU slots (Note [CPU device slots]) and it has gloo. When false the
+  // daemon refuses such jobs at submission (UNIMPLEMENTED). The default,
+  // for fakes: false.
+  virtual bool RunsDataParallelJobs(const std::vector<std::string>& devices) {
+    (void)devices;
+    return false;
+  }
 
   // Builds a job on `devices` (its train.devices of them, gang-scheduled:
   // Note [Gang scheduling] in job_manager.h), resuming as CreateJob. The
-  // default: one device is CreateJob; several are UNIMPLEMENTED.
+  // engine's: engine::TrainingJob::CreateOnDevices (one rank per device).
+  // The default, for fakes: one device is CreateJob; several are
+  // UNIMPLEMENTED.
   virtual absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
       const engine::JobSpec& spec, const std::vector<std::string>& devices,
       const std::optional<std::string>& resume_from) {
@@ -171,8 +179,19 @@ class EngineBackend {
 // megatrain_server_engine, which links megatrain_engine).
 std::unique_ptr<EngineBackend> NewEngineBackend();
 
+// Note [CPU device slots]
+// "cpu:N" (N in [1, kMaxCpuDeviceSlots)) in --device is one more CPU
+// "device": a slot the scheduler gives one job (or one rank of a
+// data-parallel job) as it does a GPU; "cpu:0" is "cpu". The slots share the
+// host's cores and memory: `--device cpu,cpu:1` lets the CPU run two jobs at
+// once, or a train.devices 2 job over gloo (the engine trains every CPU
+// slot on the one CPU device; engine::JobRankDevices). For tests and small
+// CPU hosts; a GPU host lists its GPUs.
+inline constexpr int kMaxCpuDeviceSlots = 64;
+
 // Expands the --device flag into the devices jobs are scheduled on:
-// "cpu" -> {"cpu"}; "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
+// "cpu" -> {"cpu"}; "cpu:N" -> {"cpu:N"} (Note [CPU device slots]);
+// "cuda" -> {"cuda:0"}; "cuda:N" -> {"cuda:N"} (N below
 // `cuda_device_count`); "auto" -> every CUDA device, or {"cpu"} when there is
 // none; a comma-separated list of the above is also accepted ("cuda:0,cuda:2").
 // INVALID_ARGUMENT naming --device for anything else or a missing device.

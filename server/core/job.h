@@ -124,6 +124,10 @@ struct JobEvent {
   // NVMe tier bytes of the step (StepStats::nvme_*_bytes; 0 off the tier).
   int64_t nvme_read_bytes = 0;
   int64_t nvme_written_bytes = 0;
+  // Devices the job trains on (train.devices) and the tokens/s of each
+  // (StepReport; tokens_per_s is the job's total).
+  int64_t devices = 1;
+  double device_tokens_per_s = 0;
   // kEval
   double eval_loss = 0;
   // kCheckpoint

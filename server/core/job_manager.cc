@@ -80,7 +80,7 @@ class JobManager::Observer : public engine::JobObserver {
         active_(active),
         job_id_(job.id),
         owner_(job.owner),
-        device_(active->devices.front()),
+        devices_(active->devices),
         progress_(job.progress) {
     if (progress_.max_steps == 0) progress_.max_steps = engine::MaxSteps(job.request.spec);
   }
@@ -118,8 +118,10 @@ class JobManager::Observer : public engine::JobObserver {
     event.aux_loss = report.aux_loss;
     event.nvme_read_bytes = report.stats.nvme_read_bytes;
     event.nvme_written_bytes = report.stats.nvme_written_bytes;
+    event.devices = report.devices;
+    event.device_tokens_per_s = report.device_tokens_per_s;
     Persist(event);
-    manager_->metrics_->RecordStep(device_, report);
+    manager_->metrics_->RecordStep(devices_, report);
   }
 
   void OnEval(int64_t step, double eval_loss) override {
@@ -131,7 +133,7 @@ class JobManager::Observer : public engine::JobObserver {
     event.step = step;
     event.eval_loss = eval_loss;
     Persist(event);
-    manager_->metrics_->RecordEval(device_, eval_loss);
+    manager_->metrics_->RecordEval(devices_.front(), eval_loss);
   }
 
   // Note [Checkpoint ownership]: the record makes the checkpoint the job's.
@@ -181,7 +183,7 @@ class JobManager::Observer : public engine::JobObserver {
   Active* const active_;
   const std::string job_id_;
   const std::string owner_;
-  const std::string device_;
+  const std::vector<std::string> devices_;  // the first names the job's metrics
   JobProgress progress_;
   double avg_step_seconds_ = 0;
 };
@@ -378,23 +380,33 @@ namespace {
 
 // train.devices at submission (docs/distributed.md): "all" (0) becomes the
 // daemon's device count; more devices than the daemon schedules on can
-// never run (INVALID_ARGUMENT naming both counts). A data-parallel job (N >
+// never run (RESOURCE_EXHAUSTED naming both counts, as a footprint above
+// --host_memory_budget). A data-parallel job (N >
 // 1) is gang-scheduled (Note [Gang scheduling]) when the engine backend runs
-// such jobs (EngineBackend::RunsDataParallelJobs), else UNIMPLEMENTED.
+// such jobs (EngineBackend::RunsDataParallelJobs: a build with c10d's
+// backend for the daemon's devices), else UNIMPLEMENTED; its AdamW moments
+// stay in host memory (the NVMe tier with N > 1 is not built:
+// memory.nvme_tier moments is UNIMPLEMENTED, auto resolves to off).
 absl::Status ResolveRequestedDevices(int64_t daemon_devices, bool data_parallel,
-                                     engine::TrainSpec* train) {
+                                     engine::TrainSpec* train, engine::MemorySpec* memory) {
   if (train->devices == engine::kAllDevices) train->devices = daemon_devices;
   if (train->devices > daemon_devices) {
-    return absl::InvalidArgumentError(absl::StrCat("train.devices: ", train->devices,
-                                                   " requested, this daemon has ", daemon_devices,
-                                                   " device(s)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "train.devices: ", train->devices, " requested, this daemon has ", daemon_devices,
+        " device(s) (--device); the job can never run on this daemon"));
   }
   if (train->devices > 1 && !data_parallel) {
     return absl::UnimplementedError(absl::StrCat(
         "train.devices: ", train->devices,
-        " devices: the engine's job runner does not run data-parallel jobs yet (one device per "
-        "job; megatrain-bench --devices runs data-parallel training)"));
+        " devices: this daemon's engine has no c10d backend for data parallelism on its devices "
+        "(gloo for CPU slots, NCCL for CUDA devices; devices of one kind)"));
   }
+  if (train->devices > 1 && memory->nvme_tier == engine::NvmeTierMode::kMoments) {
+    return absl::UnimplementedError(
+        absl::StrCat("memory.nvme_tier: moments is not built with train.devices > 1 (got ",
+                     train->devices, "; one shared host store)"));
+  }
+  if (train->devices > 1) memory->nvme_tier = engine::NvmeTierMode::kOff;
   return absl::OkStatus();
 }
 
@@ -412,9 +424,9 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   bool repeat = false;
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
   if (repeat) return existing;
-  MEGATRAIN_RETURN_IF_ERROR(ResolveRequestedDevices(static_cast<int64_t>(options_.devices.size()),
-                                                    backend_->RunsDataParallelJobs(),
-                                                    &request.spec.train));
+  MEGATRAIN_RETURN_IF_ERROR(ResolveRequestedDevices(
+      static_cast<int64_t>(options_.devices.size()),
+      backend_->RunsDataParallelJobs(options_.devices), &request.spec.train, &request.spec.memory));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
 
   JobRecord job;

@@ -330,6 +330,8 @@ std::string EventPayload(const JobEvent& event) {
         j["nvme_read_bytes"] = event.nvme_read_bytes;
         j["nvme_written_bytes"] = event.nvme_written_bytes;
       }
+      j["devices"] = event.devices;
+      j["device_tokens_per_s"] = event.device_tokens_per_s;
       break;
     case JobEvent::Kind::kEval:
       j = {{"step", event.step}, {"eval_loss", event.eval_loss}};
@@ -379,6 +381,10 @@ absl::StatusOr<JobEvent> RowToEvent(const Statement& row) {
     GetField(j, "aux_loss", &event.aux_loss);
     GetField(j, "nvme_read_bytes", &event.nvme_read_bytes);
     GetField(j, "nvme_written_bytes", &event.nvme_written_bytes);
+    // Events of daemons before issue 21 have neither: one device.
+    GetField(j, "devices", &event.devices);
+    if (!j.contains("device_tokens_per_s")) event.device_tokens_per_s = event.tokens_per_s;
+    GetField(j, "device_tokens_per_s", &event.device_tokens_per_s);
     GetField(j, "eval_loss", &event.eval_loss);
     GetField(j, "dir", &event.checkpoint_dir);
     GetField(j, "seconds", &event.checkpoint_seconds);

@@ -157,8 +157,12 @@ void ServerMetrics::RegisterMemoryMetrics(prometheus::Registry& r) {
 void ServerMetrics::RegisterTrainingMetrics(prometheus::Registry& r) {
   mfu_ = &GaugeFamily(r, "megatrain_mfu_ratio",
                       "Model FLOPs utilisation of the latest step, in [0, 1].");
-  tokens_per_second_ =
-      &GaugeFamily(r, "megatrain_tokens_per_second", "Throughput of the latest step.");
+  tokens_per_second_ = &GaugeFamily(r, "megatrain_tokens_per_second",
+                                    "Tokens/s of the device in the latest step of its job.");
+  job_tokens_per_second_ =
+      &GaugeFamily(r, "megatrain_job_tokens_per_second",
+                   "Tokens/s of the job (all its devices) in its latest step, under its first "
+                   "device.");
   training_loss_ = &GaugeFamily(r, "megatrain_training_loss", "Training loss of the latest step.");
   training_aux_loss_ = &GaugeFamily(r, "megatrain_training_aux_loss",
                                     "Router load-balancing loss of the latest step (MoE models).");
@@ -198,6 +202,13 @@ prometheus::Family<prometheus::Counter>* ServerMetrics::NvmeBytesTotal() {
 }
 
 void ServerMetrics::RecordStep(const std::string& device, const engine::StepReport& report) {
+  RecordStep(std::vector<std::string>{device}, report);
+}
+
+void ServerMetrics::RecordStep(const std::vector<std::string>& devices,
+                               const engine::StepReport& report) {
+  if (devices.empty()) return;
+  const std::string& device = devices.front();
   const engine::StepStats& stats = report.stats;
   tokens_total_->Increment(static_cast<double>(std::max<int64_t>(stats.tokens, 0)));
   steps_total_->Increment();
@@ -213,7 +224,13 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   add("optimizer", stats.optimizer_seconds);
   add("optimizer_exposed", stats.optimizer_exposed_seconds);
   add("gpu_idle", stats.gpu_idle_seconds);
-  tokens_per_second_->Add({{"device", device}}).Set(report.tokens_per_s);
+  // Note [Per-device metrics] in metrics.h.
+  const double per_device = devices.size() > 1 ? report.device_tokens_per_s : report.tokens_per_s;
+  for (const std::string& d : devices) {
+    tokens_per_second_->Add({{"device", d}}).Set(per_device);
+    if (!IsCpuDevice(d)) mfu_->Add({{"device", d}}).Set(report.mfu);
+  }
+  job_tokens_per_second_->Add({{"device", device}}).Set(report.tokens_per_s);
   if (!report.skipped) training_loss_->Add({{"device", device}}).Set(report.loss);
   if (!report.skipped && report.aux_loss != 0) {
     training_aux_loss_->Add({{"device", device}}).Set(report.aux_loss);
@@ -227,6 +244,10 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
         .Increment(static_cast<double>(std::max<int64_t>(stats.nvme_written_bytes, 0)));
   }
   if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
+  RecordLinkStep(device, stats);
+}
+
+void ServerMetrics::RecordLinkStep(const std::string& device, const engine::StepStats& stats) {
   pcie_bytes_total_->Add({{"direction", "h2d"}})
       .Increment(static_cast<double>(std::max<int64_t>(stats.h2d_bytes, 0)));
   pcie_bytes_total_->Add({{"direction", "d2h"}})
@@ -262,7 +283,6 @@ void ServerMetrics::RecordStep(const std::string& device, const engine::StepRepo
   if (stats.peak_device_bytes > 0) {
     gpu_memory_peak_->Add({{"device", device}}).Set(static_cast<double>(stats.peak_device_bytes));
   }
-  mfu_->Add({{"device", device}}).Set(report.mfu);
 }
 
 void ServerMetrics::RecordEval(const std::string& device, double eval_loss) {
@@ -287,6 +307,7 @@ void ServerMetrics::ClearDevice(const std::string& device) {
   }
   const prometheus::Labels labels = {{"device", device}};
   tokens_per_second_->Add(labels).Set(0);
+  job_tokens_per_second_->Add(labels).Set(0);
   if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
   mfu_->Add(labels).Set(0);
   for (const char* direction : {"h2d", "d2h"}) {

@@ -66,7 +66,10 @@
 //   megatrain_host_memory_budget_bytes             gauge     --host_memory_budget
 //   megatrain_host_memory_reserved_bytes           gauge     footprints of running jobs
 //   megatrain_mfu_ratio{device}                    gauge     latest step, [0, 1]
-//   megatrain_tokens_per_second{device}            gauge     latest step
+//   megatrain_tokens_per_second{device}            gauge     latest step, this device's
+//   megatrain_job_tokens_per_second{device}        gauge     latest step, the job's (all
+//                                                            its devices), under its
+//                                                            first device
 //   megatrain_training_loss{device}                gauge     latest step
 //   megatrain_training_aux_loss{device}            gauge     latest step, MoE aux loss
 //   megatrain_eval_loss{device}                    gauge     latest eval
@@ -77,6 +80,22 @@
 //   megatrain_rpc_duration_seconds{method}         histogram RPC latency
 //   megatrain_watch_streams                        gauge     WatchJob streams open now
 //   megatrain_build_info{version}                  gauge     always 1
+//
+// Note [Per-device metrics]
+// A data-parallel job (train.devices N > 1) holds N devices. Each step
+// sets megatrain_tokens_per_second{device} on each of them to that
+// device's tokens/s (StepReport::device_tokens_per_s: the ranks train
+// equal shares of the global batch in lockstep, so the N values are
+// equal), and megatrain_mfu_ratio{device} on each to the per-device MFU;
+// megatrain_job_tokens_per_second{device} under the job's first device is
+// the job's total (N times a device's). Counters (tokens, steps, phases)
+// count the job once: tokens the global batch's, phase seconds and PCIe
+// bytes rank 0's (the first device's; the engine reports no other rank's
+// stats), and the loss, eval loss, PCIe bandwidth and peak device memory
+// series are the first device's. sum(megatrain_tokens_per_second) is the
+// daemon's throughput over every device. NVML's per-device series
+// (megatrain_nvml_*, megatrain_gpu_memory_used_bytes) are sampled for
+// every device, the job's or not, and give each GPU's own link traffic.
 //
 // Thread-safety: every method is thread-safe (prometheus-cpp metrics are
 // atomic; the per-device maps have their own mutex).
@@ -120,6 +139,9 @@ class ServerMetrics {
   // megatrain_mfu_ratio series; absent series, not zeros, say "not
   // applicable" (a CPU-only daemon exports none of them).
   void RecordStep(const std::string& device, const engine::StepReport& report);
+  // One finished step of a job on `devices` (its train.devices, the first
+  // naming its job-level series; Note [Per-device metrics]).
+  void RecordStep(const std::vector<std::string>& devices, const engine::StepReport& report);
   // One evaluation of the job on `device`.
   void RecordEval(const std::string& device, double eval_loss);
   // One checkpoint written, taking `seconds`.
@@ -171,6 +193,8 @@ class ServerMetrics {
   void RegisterTrainingMetrics(prometheus::Registry& r);  // MFU, tokens/s, losses
   void RegisterServerMetrics(prometheus::Registry& r);    // jobs, RPCs, build info
   void UpdateHostStoreGaugesLocked();
+  // RecordStep's PCIe series and peak device memory of `device`.
+  void RecordLinkStep(const std::string& device, const engine::StepStats& stats);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::function<void()> pre_collect_hook_;
@@ -206,6 +230,7 @@ class ServerMetrics {
   prometheus::Gauge* host_memory_reserved_bytes_;
   prometheus::Family<prometheus::Gauge>* mfu_;
   prometheus::Family<prometheus::Gauge>* tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>* job_tokens_per_second_;
   prometheus::Family<prometheus::Gauge>* training_loss_;
   prometheus::Family<prometheus::Gauge>* training_aux_loss_;
   prometheus::Family<prometheus::Gauge>* eval_loss_;

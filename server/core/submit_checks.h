@@ -13,10 +13,11 @@
 //     data.eval_tokens);
 //   - train.seq_len above the model's max_position_embeddings needs
 //     train.allow_seq_len_above_max_position_embeddings;
-//   - train.resident_layers at most the model's num_hidden_layers.
+//   - train.resident_layers at most the model's num_hidden_layers;
+//   - train.devices > 1 over a mixture-of-experts model (not built).
 // Every refusal is INVALID_ARGUMENT and starts with the field's name
 // (a config.json the engine cannot parse keeps its code: UNIMPLEMENTED for
-// an unsupported architecture). The
+// an unsupported architecture; so does data parallelism over experts). The
 // checks read headers only (at most engine::kMaxCheckedShards shard files of
 // 64 bytes each, and safetensors headers), run before the job manager takes
 // its lock (Note [Lock-free admission] in job_manager.h), after the path

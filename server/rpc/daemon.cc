@@ -25,6 +25,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -430,7 +431,7 @@ void Daemon::Parts::StartMonitoring(const std::vector<std::string>& devices) {
   // their totals start at daemon start (Note [NVML PCIe counters]).
   NvmlOptions nvml_options;
   for (const std::string& device : devices) {
-    if (device != "cpu") nvml_options.pcie_counter_devices.push_back(device);
+    if (!absl::StartsWith(device, "cpu")) nvml_options.pcie_counter_devices.push_back(device);
   }
   nvml = Nvml::Load(nvml_options);
 }
@@ -451,7 +452,7 @@ ServerFacts Daemon::Parts::Facts(const StartupFlags& flags) const {
 // the metrics (unless --measure_link_bandwidth=false).
 void Daemon::Parts::MeasureLinks(const std::vector<std::string>& devices, ServerFacts* facts) {
   for (const std::string& device : devices) {
-    if (!options.measure_link_bandwidth || device == "cpu") continue;
+    if (!options.measure_link_bandwidth || absl::StartsWith(device, "cpu")) continue;
     // NVML's PCIe counters around each direction of the probe calibrate the
     // link model (Note [PCIe link model]); without them it keeps its defaults.
     std::optional<PcieCounterReading> before, between, after;

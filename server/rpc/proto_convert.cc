@@ -435,6 +435,8 @@ void JobEventToProto(const JobEvent& event, v1::JobEvent* out) {
       step->set_aux_loss(event.aux_loss);
       step->set_nvme_read_bytes(event.nvme_read_bytes);
       step->set_nvme_written_bytes(event.nvme_written_bytes);
+      step->set_devices(static_cast<int32_t>(event.devices));
+      step->set_device_tokens_per_s(event.device_tokens_per_s);
       break;
     }
     case JobEvent::Kind::kEval: {

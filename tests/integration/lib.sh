@@ -40,9 +40,9 @@ fail() {
   exit 1
 }
 
-# start_daemon STATE_DIR [flags...]: starts megatraind, waits for its ready
-# line (read from a FIFO, bounded by 120 s) and sets DAEMON_PID, GRPC_ADDR,
-# METRICS_ADDR.
+# start_daemon STATE_DIR [flags...]: starts megatraind (on --device
+# $DAEMON_DEVICE, default cpu), waits for its ready line (read from a FIFO,
+# bounded by 120 s) and sets DAEMON_PID, GRPC_ADDR, METRICS_ADDR.
 start_daemon() {
   local state_dir=$1
   shift
@@ -50,7 +50,7 @@ start_daemon() {
   rm -f "$fifo"
   mkfifo "$fifo"
   "$DAEMON_BIN" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$state_dir" \
-    --device=cpu "$@" >"$fifo" 2>>"$WORK/daemon.log" &
+    --device="${DAEMON_DEVICE:-cpu}" "$@" >"$fifo" 2>>"$WORK/daemon.log" &
   DAEMON_PID=$!
   local line=""
   if ! IFS= read -r -t 120 line <"$fifo"; then

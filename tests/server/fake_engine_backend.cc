@@ -156,6 +156,9 @@ class FakeTrainingJob final : public engine::TrainingJob {
       report.grad_norm = 1.0;
       report.lr = spec_.optimizer.lr;
       report.tokens_per_s = 102400;
+      // A data-parallel job's devices share the tokens (StepReport).
+      report.devices = std::max<int64_t>(1, spec_.train.devices);
+      report.device_tokens_per_s = report.tokens_per_s / static_cast<double>(report.devices);
       report.mfu = 0.25;
       report.stats.tokens = 1024;
       report.stats.step_seconds = 0.01;

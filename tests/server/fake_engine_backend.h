@@ -110,7 +110,7 @@ class FakeEngineBackend final : public EngineBackend {
   // server/core/job_manager.h): CreateJobOnDevices then creates a job like
   // CreateJob whose FakeJobControl::device is the devices joined by ",".
   bool data_parallel = false;
-  bool RunsDataParallelJobs() override { return data_parallel; }
+  bool RunsDataParallelJobs(const std::vector<std::string>&) override { return data_parallel; }
   absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJobOnDevices(
       const engine::JobSpec& spec, const std::vector<std::string>& devices,
       const std::optional<std::string>& resume_from) override;

@@ -211,6 +211,16 @@ TEST(ValidateJobSpecTest, DevicesAreBoundedAndDivideTheAccumulation) {
                                  "train.gradient_accumulation_steps to be a multiple of 2")));
   spec.train.gradient_accumulation_steps = 4;
   EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  // The gradient ring (clipping off) is one device's.
+  spec.train.max_grad_norm = 0;
+  spec.memory.gradient_landing = GradientLanding::kRing;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("memory.gradient_landing: ring is not built with "
+                                 "train.devices > 1")));
+  spec.train.devices = 1;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  spec.memory.gradient_landing = GradientLanding::kAuto;
   spec.train.devices = kAllDevices;  // resolved by the daemon at submission
   EXPECT_THAT(ValidateJobSpec(spec), IsOk());
 }

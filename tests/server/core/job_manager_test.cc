@@ -219,15 +219,15 @@ TEST_F(JobManagerTest, UnknownDeviceMemoryAdmitsAnyBlock) {
 }
 
 // train.devices (docs/distributed.md): more devices than the daemon has is
-// refused naming both counts; "all" is this daemon's one device and runs;
-// a data-parallel job is not scheduled by the daemon yet.
+// refused naming both counts (it can never run here: RESOURCE_EXHAUSTED);
+// "all" is this daemon's one device and runs.
 TEST_F(JobManagerTest, JobAskingForMoreDevicesThanTheDaemonHasIsRefused) {
   StartManager();
   JobRequest request = Request("wide");
   request.spec.train.devices = 2;
   request.spec.train.gradient_accumulation_steps = 2;
   EXPECT_THAT(manager_->Submit(kAlice, request, ""),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("train.devices: 2 requested"),
                                         HasSubstr("this daemon has 1 device(s)"))));
   request = Request("all");
@@ -236,8 +236,9 @@ TEST_F(JobManagerTest, JobAskingForMoreDevicesThanTheDaemonHasIsRefused) {
   EXPECT_EQ(job.request.spec.train.devices, 1);
 }
 
-TEST_F(JobManagerTest, DataParallelJobIsUnimplementedInTheDaemon) {
-  // A backend that does not run data-parallel jobs (the engine's, today).
+TEST_F(JobManagerTest, DataParallelJobIsUnimplementedWithoutACollectiveBackend) {
+  // A backend that does not run data-parallel jobs (the engine's in a
+  // build without c10d's backend for the daemon's devices).
   options_.devices = {"cpu", "cpu:1"};
   StartManager();
   JobRequest request = Request("wide");
@@ -245,8 +246,27 @@ TEST_F(JobManagerTest, DataParallelJobIsUnimplementedInTheDaemon) {
   request.spec.train.gradient_accumulation_steps = 2;
   EXPECT_THAT(manager_->Submit(kAlice, request, ""),
               StatusIs(absl::StatusCode::kUnimplemented,
-                       HasSubstr("train.devices: 2 devices: the engine's job runner does not run "
-                                 "data-parallel jobs yet")));
+                       HasSubstr("train.devices: 2 devices: this daemon's engine has no c10d "
+                                 "backend for data parallelism")));
+}
+
+// The NVMe tier is not built with several devices: moments is refused at
+// submission naming the field, auto resolves to off (host memory).
+TEST_F(JobManagerTest, DataParallelJobKeepsItsMomentsInHostMemory) {
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRequest request = Request("wide");
+  request.spec.train.devices = 2;
+  request.spec.train.gradient_accumulation_steps = 2;
+  request.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
+  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("memory.nvme_tier: moments is not built with train.devices > 1")));
+  request.spec.memory.nvme_tier = engine::NvmeTierMode::kAuto;
+  JobRecord job = Submit(kAlice, request);
+  EXPECT_EQ(job.request.spec.memory.nvme_tier, engine::NvmeTierMode::kOff);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
 }
 
 JobRequest WideRequest(const std::string& name, int64_t devices, int64_t max_steps = 1) {
@@ -304,6 +324,47 @@ TEST_F(JobManagerTest, GangJobWaitsForAllItsDevicesAndHoldsThem) {
   WaitFor(after.id, StateIs(JobState::kSucceeded));
 }
 
+// A suspended 2-device job frees both devices; resumed, it is
+// gang-scheduled again (it waits while a 1-device job holds one of them)
+// and restarts on both from its suspend checkpoint (the engine's exact
+// resume of a data-parallel job: data_parallel_job_test).
+TEST_F(JobManagerTest, SuspendedGangJobResumesOnAllItsDevicesFromItsCheckpoint) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRecord wide = Submit(kAlice, WideRequest("wide", 2, 6));
+  std::shared_ptr<FakeJobControl> gang = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(gang, nullptr);
+  EXPECT_EQ(gang->device, "cpu,cpu:1");
+  gang->AllowSteps(3);
+  ASSERT_TRUE(gang->WaitForStep(3, kTimeout));
+  ASSERT_THAT(manager_->Suspend(kAlice, wide.id), IsOk());
+  WaitFor(wide.id, StateIs(JobState::kSuspended));
+  const std::string checkpoint = options_.jobs_dir + "/job-000001/step-3";
+  EXPECT_EQ(manager_->Get(kAlice, wide.id)->resume_from, checkpoint);
+  absl::StatusOr<ManagerStatus> status = manager_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  EXPECT_EQ(status->devices[0].job_id, "");
+  EXPECT_EQ(status->devices[1].job_id, "");
+
+  JobRecord narrow = Submit(kBob, Request("narrow", 1));
+  std::shared_ptr<FakeJobControl> one = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(one, nullptr);
+  ASSERT_THAT(manager_->Resume(kAlice, wide.id), IsOk());
+  EXPECT_EQ(StateOf(wide.id), JobState::kQueued) << "one of its two devices is busy";
+  one->AllowSteps(1);
+  WaitFor(narrow.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> again = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->device, "cpu,cpu:1");
+  EXPECT_EQ(again->resume_from, checkpoint);
+  EXPECT_EQ(again->start_step, 3);
+  again->AllowSteps(3);
+  WaitFor(wide.id, StateIs(JobState::kSucceeded));
+  EXPECT_EQ(manager_->Get(kAlice, wide.id)->progress.step, 6);
+}
+
 // "all" takes every device; more than the daemon has is refused even by a
 // backend that runs data-parallel jobs.
 TEST_F(JobManagerTest, GangJobForAllDevicesAndRefusalBeyondThem) {
@@ -311,12 +372,22 @@ TEST_F(JobManagerTest, GangJobForAllDevicesAndRefusalBeyondThem) {
   options_.devices = {"cpu", "cpu:1"};
   StartManager();
   EXPECT_THAT(manager_->Submit(kAlice, WideRequest("three", 3), ""),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+              StatusIs(absl::StatusCode::kResourceExhausted,
                        ::testing::AllOf(HasSubstr("train.devices: 3 requested"),
                                         HasSubstr("this daemon has 2 device(s)"))));
   JobRecord all = Submit(kAlice, WideRequest("all", engine::kAllDevices, 2));
   EXPECT_EQ(all.request.spec.train.devices, 2);
-  WaitFor(all.id, StateIs(JobState::kSucceeded));
+  // Step events and metrics per device and in total (Note [Per-device
+  // metrics]), through the store.
+  int steps = 0;
+  for (const JobEvent& event : WaitFor(all.id, StateIs(JobState::kSucceeded))) {
+    if (event.kind != JobEvent::Kind::kStep) continue;
+    ++steps;
+    EXPECT_EQ(event.devices, 2);
+    EXPECT_EQ(event.tokens_per_s, 102400);
+    EXPECT_EQ(event.device_tokens_per_s, 51200);
+  }
+  EXPECT_EQ(steps, 2);
   std::shared_ptr<FakeJobControl> job = backend_.WaitForCreated(1, kTimeout);
   ASSERT_NE(job, nullptr);
   EXPECT_EQ(job->device, "cpu,cpu:1");
@@ -799,6 +870,13 @@ TEST(ResolveDevicesTest, ExpandsTheDeviceFlag) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:2 is not available")));
   EXPECT_THAT(ResolveDevices("tpu", 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+  // Note [CPU device slots].
+  EXPECT_THAT(*ResolveDevices("cpu,cpu:1,cpu:0,cpu:2", 0), ElementsAre("cpu", "cpu:1", "cpu:2"));
+  for (const char* bad : {"cpu:64", "cpu:-1", "cpu:x", "cpu:"}) {
+    EXPECT_THAT(ResolveDevices(bad, 0),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad CPU device")))
+        << bad;
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -285,6 +285,45 @@ TEST_F(JobStoreTest, EventsAreOrderedAndFilteredBySeq) {
   EXPECT_DOUBLE_EQ(job->progress.loss, 4.5);
 }
 
+// A data-parallel job's step events keep their devices and per-device
+// tokens/s; a step event stored before the fields existed (issue 21) reads
+// as one device at the job's tokens/s.
+TEST_F(JobStoreTest, StepEventsKeepTheirDevicesAndOldOnesReadAsOneDevice) {
+  Insert(MakeJob(1, "alice"));
+  JobProgress progress;
+  progress.step = 1;
+  JobEvent step;
+  step.job_id = "job-000001";
+  step.kind = JobEvent::Kind::kStep;
+  step.step = 1;
+  step.tokens_per_s = 5000;
+  step.devices = 2;
+  step.device_tokens_per_s = 2500;
+  MEGATRAIN_ASSERT_OK(store_->UpdateProgress("job-000001", progress, step));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db,
+                         "INSERT INTO events (job_id, time_unix_ms, kind, payload) VALUES "
+                         "('job-000001', 1, 2, '{\"step\": 2, \"tokens_per_s\": 1000}')",
+                         nullptr, nullptr, &error),
+            SQLITE_OK)
+      << (error != nullptr ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+
+  auto events = store_->ListEvents("job-000001", 0, 100);
+  ASSERT_THAT(events, IsOk());
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[1].devices, 2);
+  EXPECT_DOUBLE_EQ((*events)[1].tokens_per_s, 5000);
+  EXPECT_DOUBLE_EQ((*events)[1].device_tokens_per_s, 2500);
+  EXPECT_EQ((*events)[2].kind, JobEvent::Kind::kStep);
+  EXPECT_EQ((*events)[2].step, 2);
+  EXPECT_EQ((*events)[2].devices, 1);
+  EXPECT_DOUBLE_EQ((*events)[2].device_tokens_per_s, 1000);
+}
+
 TEST_F(JobStoreTest, UpdateStateOfUnknownJobIsNotFound) {
   JobRecord ghost = MakeJob(9, "alice");
   EXPECT_THAT(store_->UpdateState(ghost, JobEvent::StateChange(ghost.id, JobState::kRunning, "")),

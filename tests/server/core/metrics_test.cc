@@ -100,6 +100,39 @@ TEST(MetricsTest, StepStatsFeedCountersAndGauges) {
   EXPECT_THAT(text, HasSubstr("megatrain_training_loss{device=\"cuda:0\"} 3.25"));
 }
 
+// Note [Per-device metrics]: a 2-device job's step gives each device its
+// tokens/s and MFU, the job's total under its first device, and counts the
+// global batch's tokens once.
+TEST(MetricsTest, DataParallelStepGivesTokensPerSecondPerDeviceAndInTotal) {
+  ServerMetrics metrics;
+  engine::StepReport report = Step(2048);
+  report.devices = 2;
+  report.tokens_per_s = 5000;
+  report.device_tokens_per_s = 2500;
+  metrics.RecordStep(std::vector<std::string>{"cuda:2", "cuda:3"}, report);
+  const std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_tokens_per_second{device=\"cuda:2\"} 2500"));
+  EXPECT_THAT(text, HasSubstr("megatrain_tokens_per_second{device=\"cuda:3\"} 2500"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_tokens_per_second{device=\"cuda:2\"} 5000"));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_job_tokens_per_second{device=\"cuda:3\"}")));
+  EXPECT_THAT(text, HasSubstr("megatrain_mfu_ratio{device=\"cuda:3\"} 0.4"));
+  EXPECT_THAT(text, HasSubstr("megatrain_tokens_total 2048"));
+  EXPECT_THAT(text, HasSubstr("megatrain_steps_total 1"));
+  // Rank 0's copies, under the first device only.
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"h2d\"} 1000"));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:3\"")));
+  // One device: its tokens/s is the job's.
+  metrics.RecordStep("cuda:0", Step(1024));
+  const std::string one = metrics.TextExposition();
+  EXPECT_THAT(one, HasSubstr("megatrain_tokens_per_second{device=\"cuda:0\"} 5000"));
+  EXPECT_THAT(one, HasSubstr("megatrain_job_tokens_per_second{device=\"cuda:0\"} 5000"));
+  metrics.ClearDevice("cuda:2");
+  metrics.ClearDevice("cuda:3");
+  const std::string cleared = metrics.TextExposition();
+  EXPECT_THAT(cleared, HasSubstr("megatrain_tokens_per_second{device=\"cuda:3\"} 0"));
+  EXPECT_THAT(cleared, HasSubstr("megatrain_job_tokens_per_second{device=\"cuda:2\"} 0"));
+}
+
 TEST(MetricsTest, StepsAddLinkBytesByTheDevicesLinkModel) {
   ServerMetrics metrics;
   // cuda:0 keeps the defaults until a model is set; cuda:1 has a measured one.
