@@ -15,10 +15,12 @@
 
 namespace megatrain::engine {
 
-std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel) {
-  const int64_t numel = layer_numels.empty()
-                            ? head_numel
-                            : *std::max_element(layer_numels.begin(), layer_numels.end());
+std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel,
+                                    int64_t largest_layer_numel) {
+  const int64_t numel =
+      layer_numels.empty()
+          ? (largest_layer_numel > 0 ? std::min(head_numel, largest_layer_numel) : head_numel)
+          : *std::max_element(layer_numels.begin(), layer_numels.end());
   if (numel <= 0) return {};
   return std::vector<int64_t>(kGradRingBuffers, numel);
 }

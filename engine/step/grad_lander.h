@@ -43,8 +43,9 @@
 // tokens; none when the embedding is resident, HostStoreOptions::
 // embedding_grad_in_host); every other host block's gradient lands in
 // kGradRingBuffers pinned buffers of one size, GradRingNumels: the largest
-// streamed decoder layer (the head only when no layer streams; an untied
-// head V x C, often the largest block, sizes nothing). A block that fits
+// streamed decoder layer (when every layer is resident: the model's
+// largest decoder layer, or the head if smaller; an untied head V x C,
+// often the largest block, sizes nothing). A block that fits
 // a buffer lands whole in the next buffer in turn; a larger one (the
 // head) lands in pieces of a buffer's size, [0, n), [n, 2n), ..., each in
 // the next buffer in turn, each handed on by its own call of the
@@ -150,10 +151,14 @@ inline constexpr int kGradRingBuffers = 3;
 
 // Elements of each ring buffer (Note [Gradient ring]): kGradRingBuffers
 // times the largest of `layer_numels` (the streamed decoder layers'
-// blocks), or `head_numel` (the head block) when no layer streams; a
-// block larger (an untied head) lands in pieces of that size. Empty when
-// both are empty or 0.
-std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel);
+// blocks); when no layer streams (every one resident), the smaller of
+// `head_numel` (the head block) and `largest_layer_numel` (the model's
+// largest decoder layer, resident or not; 0: none), so that the ring's
+// bytes do not grow when auto keeps every layer on the device. A block
+// larger than a buffer (an untied head) lands in pieces of that size.
+// Empty when the chosen size is 0.
+std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel,
+                                    int64_t largest_layer_numel);
 
 // Pinned bytes of a GradLander: `num_slots` staging buffers of
 // `slot_staging_bytes` (the embedding's contribution; 0 when it is

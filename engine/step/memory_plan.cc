@@ -26,7 +26,11 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   // resident. The gradient ring's buffers hold the largest streamed
   // decoder layer (Note [Gradient ring] in grad_lander.h).
   std::vector<int64_t> ring_layer_numels;
+  int64_t largest_layer_numel = 0;  // resident or not
   for (int64_t i = 0; i < static_cast<int64_t>(layout.blocks.size()); ++i) {
+    if (layout.blocks[i].layer_idx >= 0) {
+      largest_layer_numel = std::max(largest_layer_numel, layout.blocks[i].numel);
+    }
     if (i == layout.embedding_block() &&
         (!config.tie_word_embeddings || options.resident_embedding)) {
       continue;
@@ -38,7 +42,8 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   }
   if (options.gradient_ring) {
     plan.grad_ring_numels =
-        GradRingNumels(ring_layer_numels, layout.blocks[layout.head_block()].numel);
+        GradRingNumels(ring_layer_numels, layout.blocks[layout.head_block()].numel,
+                       largest_layer_numel);
   }
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = options.micro_batch * options.seq_len;

@@ -201,13 +201,16 @@ TEST(FootprintModesTest, TiedEmbeddingKeepsItsGradientAndLeavesTheRingToTheLayer
 }
 
 // Every buffer holds the largest streamed decoder layer, whatever the head
-// (which lands in pieces when larger); the head only when no layer streams.
+// (which lands in pieces when larger); when every layer is resident, the
+// model's largest layer or the head, whichever is smaller.
 TEST(FootprintModesTest, GradRingNumels) {
   ASSERT_EQ(kGradRingBuffers, 3);
-  EXPECT_EQ(GradRingNumels({5, 7, 7}, 9), (std::vector<int64_t>{7, 7, 7}));
-  EXPECT_EQ(GradRingNumels({5}, 3), (std::vector<int64_t>{5, 5, 5}));
-  EXPECT_EQ(GradRingNumels({}, 4), (std::vector<int64_t>{4, 4, 4}));
-  EXPECT_TRUE(GradRingNumels({}, 0).empty());
+  EXPECT_EQ(GradRingNumels({5, 7, 7}, 9, 7), (std::vector<int64_t>{7, 7, 7}));
+  EXPECT_EQ(GradRingNumels({5}, 3, 8), (std::vector<int64_t>{5, 5, 5}));
+  EXPECT_EQ(GradRingNumels({}, 9, 7), (std::vector<int64_t>{7, 7, 7}));
+  EXPECT_EQ(GradRingNumels({}, 4, 7), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_EQ(GradRingNumels({}, 4, 0), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_TRUE(GradRingNumels({}, 0, 0).empty());
 }
 
 TEST(FootprintModesTest, DescriptionGivesBytesPerParameterByKind) {
