@@ -64,8 +64,8 @@ struct MemoryFootprint {
   // buffers more than host_total_bytes says.
   int64_t embedding_lookahead_bytes = 0;
   // Pinned host bytes of the gradient ring (Note [Gradient ring] in
-  // step/grad_lander.h): the largest streamed block plus the largest of
-  // the rest; 0 without it. Part of host.staging.
+  // step/grad_lander.h): kGradRingBuffers x 4 x GradRingNumels (the
+  // largest streamed decoder layer); 0 without it. Part of host.staging.
   int64_t gradient_ring_bytes = 0;
   // Bytes in files on the NVMe tier (memory.nvme_tier: moments): the two
   // AdamW moments, host.exp_avg and host.exp_avg_sq then 0 and host.staging
