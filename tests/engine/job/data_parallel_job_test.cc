@@ -20,6 +20,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/checkpoint_info.h"
 #include "engine/io/token_shard.h"
+#include "tests/testing/pattern_dataset.h"
 #include "engine/job/job_trainer.h"
 #include "engine/job/training_job.h"
 #include "engine/model/model_config.h"
@@ -41,19 +42,7 @@ using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // 40 documents of 4 repeated patterns (training_job_test's data).
-std::string WriteDataset() {
-  const std::string dir = testing::MakeTempDir("dp-tokens");
-  auto writer = TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = 512});
-  EXPECT_THAT(writer, IsOk());
-  std::mt19937 rng(7);
-  std::vector<std::vector<int32_t>> patterns(4);
-  for (auto& p : patterns) {
-    for (int i = 0; i < 24; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 500));
-  }
-  for (int d = 0; d < 40; ++d) EXPECT_THAT(writer->AppendDocument(patterns[d % 4]), IsOk());
-  EXPECT_THAT(writer->Finish(), IsOk());
-  return dir;
-}
+std::string WriteDataset() { return testing::WritePatternDataset({.prefix = "dp-tokens"}); }
 
 // tiny preset, fp32, global batch 4 micro-batches of 2 x 16 tokens, with
 // clipping; `devices` ranks share the accumulation.

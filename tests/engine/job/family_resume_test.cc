@@ -16,6 +16,7 @@
 
 #include "engine/io/checkpoint.h"
 #include "engine/io/token_shard.h"
+#include "tests/testing/pattern_dataset.h"
 #include "engine/job/training_job.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -28,17 +29,11 @@ using ::megatrain::testing::IsOk;
 // 40 documents from 4 repeated patterns of ids in [3, 128): the fixtures'
 // vocab_size is 128.
 std::string WriteDataset() {
-  const std::string dir = testing::MakeTempDir("family_tokens");
-  auto writer = TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = 128});
-  EXPECT_THAT(writer, IsOk());
-  std::mt19937 rng(9);
-  std::vector<std::vector<int32_t>> patterns(4);
-  for (auto& p : patterns) {
-    for (int i = 0; i < 30; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 125));
-  }
-  for (int d = 0; d < 40; ++d) EXPECT_THAT(writer->AppendDocument(patterns[d % 4]), IsOk());
-  EXPECT_THAT(writer->Finish(), IsOk());
-  return dir;
+  return testing::WritePatternDataset({.prefix = "family_tokens",
+                                       .vocab_size = 128,
+                                       .id_span = 125,
+                                       .pattern_length = 30,
+                                       .seed = 9});
 }
 
 // The fixture's directory, or for Phi-3 a copy whose config.json has

@@ -19,6 +19,7 @@
 
 #include "engine/io/checkpoint.h"
 #include "engine/io/token_shard.h"
+#include "tests/testing/pattern_dataset.h"
 #include "engine/job/training_job.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -36,19 +37,7 @@ using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // 40 documents of 4 repeated patterns.
-std::string WriteDataset() {
-  const std::string dir = MakeTempDir("tokens");
-  auto writer = TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = 512});
-  EXPECT_THAT(writer, IsOk());
-  std::mt19937 rng(7);
-  std::vector<std::vector<int32_t>> patterns(4);
-  for (auto& p : patterns) {
-    for (int i = 0; i < 24; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 500));
-  }
-  for (int d = 0; d < 40; ++d) EXPECT_THAT(writer->AppendDocument(patterns[d % 4]), IsOk());
-  EXPECT_THAT(writer->Finish(), IsOk());
-  return dir;
-}
+std::string WriteDataset() { return testing::WritePatternDataset(); }
 
 // The tiny preset, accumulation 2, clipping on, checkpoints every 2 steps;
 // with `nvme_dir`, the moments on the tier there.

@@ -25,6 +25,7 @@
 #include "engine/store/host_store.h"
 #include "engine/model/param_layout.h"
 #include "engine/io/token_shard.h"
+#include "tests/testing/pattern_dataset.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tmpfs.h"
@@ -39,19 +40,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // 40 documents drawn from 4 repeated patterns, so the model can learn.
-std::string WriteDataset() {
-  const std::string dir = testing::MakeTempDir("tokens");
-  auto writer = TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = 512});
-  EXPECT_THAT(writer, IsOk());
-  std::mt19937 rng(7);
-  std::vector<std::vector<int32_t>> patterns(4);
-  for (auto& p : patterns) {
-    for (int i = 0; i < 24; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 500));
-  }
-  for (int d = 0; d < 40; ++d) EXPECT_THAT(writer->AppendDocument(patterns[d % 4]), IsOk());
-  EXPECT_THAT(writer->Finish(), IsOk());
-  return dir;
-}
+std::string WriteDataset() { return testing::WritePatternDataset(); }
 
 JobSpec TinySpec(const std::string& tokens, const std::string& output_dir) {
   JobSpec s;
