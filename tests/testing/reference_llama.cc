@@ -1,6 +1,9 @@
 // Reference Llama-family model (see reference_llama.h).
 #include "tests/testing/reference_llama.h"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -264,6 +267,17 @@ double RelativeError(const at::Tensor& a, const at::Tensor& b) {
   const double diff = (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>();
   const double ref = b.to(at::kDouble).norm().item<double>();
   return diff / std::max(ref, 1e-30);
+}
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 }  // namespace megatrain::testing

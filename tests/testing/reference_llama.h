@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include <map>
 #include <string>
 
@@ -83,6 +85,13 @@ at::Tensor ReferenceLogits(const engine::ModelConfig& config, const ReferencePar
 // ||a - b|| / max(||b||, tiny): the norm-relative error used by the parity
 // tests (an elementwise relative error is meaningless near zero).
 double RelativeError(const at::Tensor& a, const at::Tensor& b);
+
+// The same measure over two flat copies of weights or moments (fp32 values
+// summed in fp64), ||a - b|| / ||b|| (||a - b|| when b is 0): an element
+// whose gradient nearly cancels over the micro-batches moves by more, under
+// another summation order, than the training as a whole does. Records a
+// test failure when the sizes differ and compares the common prefix.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace megatrain::testing
 

@@ -23,6 +23,7 @@
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/reference_llama.h"
 
 // The CPU tests run the ranks over gloo; builds whose LibTorch ships no
 // gloo headers (pip's torch on the GPU machines) have no CPU backend.
@@ -78,22 +79,7 @@ std::vector<float> State(HostStore& store) {
   return out;
 }
 
-// ||a - b|| / ||b|| (L2 over every value). Not elementwise: AdamW's update
-// of an element whose gradient nearly cancels over the micro-batches
-// (|g| << the summands) is lr * g / sqrt(v), so the fp32 summation order's
-// rounding, relative to the summands, moves that one element by up to ~lr
-// times its relative error (seen: 1.4e-5 on one embedding weight of
-// 342336 values, max-norm); the norm measures the training as a whole.
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    diff += d * d;
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
+using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
 
 std::vector<float> TrainSingle(const ModelConfig& config, const TrainerOptions& o,
                                const std::vector<std::vector<MicroBatch>>& steps,

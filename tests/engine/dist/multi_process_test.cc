@@ -37,6 +37,7 @@
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/reference_llama.h"
 
 namespace megatrain::engine {
 namespace {
@@ -100,16 +101,7 @@ std::vector<float> ReadFloats(const std::string& path) {
   return v;
 }
 
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    diff += d * d;
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
+using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;

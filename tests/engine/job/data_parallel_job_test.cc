@@ -28,6 +28,7 @@
 #include "engine/store/host_store.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/reference_llama.h"
 
 // Builds whose LibTorch has no gloo (pip's torch on the GPU machines) have
 // no CPU ranks (as in tests/engine/dist/data_parallel_test.cc).
@@ -118,19 +119,7 @@ std::vector<float> LastCheckpointState(const std::string& dir) {
   return out;
 }
 
-// ||a - b|| / ||b|| over every value (data_parallel_test's measure: the
-// summation order moves an element whose gradient nearly cancels by more
-// than the whole does).
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    diff += d * d;
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
+using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
 
 // `tolerance` relative, 1e-6 on the CPU (L2 over weights and moments;
 // losses per step):
