@@ -196,10 +196,16 @@ nlohmann::json FootprintJson(const MemoryFootprint& f) {
 }
 
 // The process's resident memory, from /proc/self/status (Linux; 0 where
-// it cannot be read).
+// it cannot be read). VmRSS = RssAnon + RssFile + RssShmem: file pages are
+// the mapped libraries (LibTorch's and CUDA's code, shared and clean);
+// anonymous and shmem pages are memory the process allocated (the store,
+// pinned staging, CUDA's and LibTorch's own).
 struct ProcessMemory {
-  int64_t rss_bytes = 0;       // VmRSS
-  int64_t rss_peak_bytes = 0;  // VmHWM: the peak since the process started
+  int64_t rss_bytes = 0;        // VmRSS
+  int64_t rss_peak_bytes = 0;   // VmHWM: the peak since the process started
+  int64_t rss_anon_bytes = 0;   // RssAnon, now
+  int64_t rss_file_bytes = 0;   // RssFile, now
+  int64_t rss_shmem_bytes = 0;  // RssShmem, now
 };
 
 ProcessMemory ReadProcessMemory() {
@@ -211,6 +217,9 @@ ProcessMemory ReadProcessMemory() {
   while (status >> key) {
     if (key == "VmRSS:" && status >> kib >> unit) m.rss_bytes = kib * 1024;
     if (key == "VmHWM:" && status >> kib >> unit) m.rss_peak_bytes = kib * 1024;
+    if (key == "RssAnon:" && status >> kib >> unit) m.rss_anon_bytes = kib * 1024;
+    if (key == "RssFile:" && status >> kib >> unit) m.rss_file_bytes = kib * 1024;
+    if (key == "RssShmem:" && status >> kib >> unit) m.rss_shmem_bytes = kib * 1024;
   }
   return m;
 }
@@ -328,6 +337,9 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["rss_bytes"] = rss.rss_bytes;
   (*j)["rss_peak_bytes"] = rss.rss_peak_bytes;
   (*j)["rss_peak_bytes_per_param"] = static_cast<double>(rss.rss_peak_bytes) / params;
+  (*j)["rss_anon_bytes"] = rss.rss_anon_bytes;
+  (*j)["rss_file_bytes"] = rss.rss_file_bytes;
+  (*j)["rss_shmem_bytes"] = rss.rss_shmem_bytes;
   const MemoryFootprint footprint = BenchFootprint(o, config);
   (*j)["footprint_host_bytes"] = footprint.host_total_bytes;
   (*j)["footprint"] = FootprintJson(footprint);

@@ -88,7 +88,9 @@ struct BenchOptions {
 // resident layers]), host_bytes by kind, peak_gpu_bytes,
 // model_tflops, and when the peak is known peak_tflops, mfu and mfu_params;
 // host_bytes_per_param (all host bytes over the
-// parameters), rss_bytes / rss_peak_bytes (the process's), admission's
+// parameters), rss_bytes / rss_peak_bytes (the process's) and the
+// current rss_anon_bytes / rss_file_bytes / rss_shmem_bytes (allocated
+// memory against mapped library files), admission's
 // footprint_host_bytes and footprint (its bytes by kind: master, grad,
 // exp_avg, exp_avg_sq, streaming, staging, gradient_ring (part of
 // staging), lookahead, total, bytes_per_param, nvme; also printed as one
