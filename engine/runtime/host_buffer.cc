@@ -68,6 +68,28 @@ void HostBuffer::Release() noexcept {
   pinned_ = false;
 }
 
+void HostBuffer::FaultIn() {
+  if (data_ == nullptr) return;
+  // Writing one byte per 4 KiB page suffices (a zero: the pages are
+  // anonymous, so their contents stay zero).
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t mapped = mapped_bytes_;
+  void* p = data_;
+  const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  const size_t per_thread = (mapped / threads + page - 1) / page * page;
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    const size_t begin = t * per_thread;
+    if (begin >= mapped) break;
+    const size_t end = std::min(mapped, begin + per_thread);
+    workers.emplace_back([p, begin, end, page] {
+      volatile char* base = static_cast<char*>(p);
+      for (size_t off = begin; off < end; off += page) base[off] = base[off];
+    });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
 absl::StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes, bool pin) {
   HostBuffer buffer;
   if (bytes == 0) return buffer;
@@ -88,22 +110,8 @@ absl::StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes, bool pin) {
 #ifdef MEGATRAIN_WITH_CUDA
     // Fault the pages in on all cores first: cudaHostRegister would fault
     // them one by one on this thread (minutes for 100 GiB instead of
-    // seconds). Writing one byte per 4 KiB page suffices.
-    {
-      const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
-      const size_t per_thread = (mapped / threads + page - 1) / page * page;
-      std::vector<std::thread> workers;
-      for (unsigned t = 0; t < threads; ++t) {
-        const size_t begin = t * per_thread;
-        if (begin >= mapped) break;
-        const size_t end = std::min(mapped, begin + per_thread);
-        workers.emplace_back([p, begin, end, page] {
-          volatile char* base = static_cast<char*>(p);
-          for (size_t off = begin; off < end; off += page) base[off] = 0;
-        });
-      }
-      for (std::thread& w : workers) w.join();
-    }
+    // seconds).
+    buffer.FaultIn();
     cudaError_t err = cudaHostRegister(p, mapped, cudaHostRegisterPortable);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky-free error state

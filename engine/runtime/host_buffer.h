@@ -41,6 +41,13 @@ class HostBuffer {
   // FAILED_PRECONDITION when `pin` is asked for in a build without CUDA.
   static absl::StatusOr<HostBuffer> Allocate(size_t bytes, bool pin);
 
+  // Faults every page of the mapping in, on up to 32 threads, keeping its
+  // contents (each page's first byte is read and written back). Untouched
+  // anonymous pages otherwise cost their fault and zeroing at first use
+  // (Note [Prefaulted moments] in store/host_store.cc). No-op when empty.
+  // Not thread-safe against other writers of the buffer.
+  void FaultIn();
+
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   bool pinned() const { return pinned_; }
