@@ -10,7 +10,10 @@ deploy/kernel-summary.py sums its kernels beside megatrain-bench's
 """
 import argparse
 import importlib.util
+import json
 import pathlib
+import statistics
+import time
 
 import torch
 
@@ -44,6 +47,8 @@ def main():
     ap.add_argument("--clip", action="store_true")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--time-steps", type=int, default=0,
+                    help="also time this many untraced steps and print their median as JSON")
     args = ap.parse_args()
     base = load_baseline()
     torch.manual_seed(0)
@@ -54,6 +59,18 @@ def main():
     for _ in range(args.warmup):
         step(model, opt, x, args.clip, args.accum)
     torch.cuda.synchronize()
+    if args.time_steps > 0:  # untraced steps, timed (median), before the traced one
+        times = []
+        for _ in range(args.time_steps):
+            t = time.perf_counter()
+            step(model, opt, x, args.clip, args.accum)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        median = statistics.median(times)
+        tokens = args.micro_batch * args.seq * args.accum
+        print(json.dumps({"preset": args.preset, "micro_batch": args.micro_batch,
+                          "accum": args.accum, "clip": args.clip, "step_s_median": median,
+                          "tokens_per_s": tokens / median}), flush=True)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         step(model, opt, x, args.clip, args.accum)
