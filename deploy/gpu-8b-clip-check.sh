@@ -48,7 +48,7 @@ while IFS= read -r variant; do
 import json, sys
 peak, variant, j = float(sys.argv[1]), sys.argv[2].strip(), json.loads(sys.argv[3])
 f = j["footprint"]
-alloc = j["rss_anon_bytes"] + j["rss_shmem_bytes"]
+alloc = j["rss_allocated_peak_bytes"]
 print(f"llama-8b clip 1 acc {j['gradient_accumulation_steps']} [{variant or 'defaults'}]: "
       f"{j['tokens_per_s']:,.0f} tokens/s, step {j['step_seconds']:.2f} s, {j['model_tflops']:.1f} "
       f"TFLOP/s = {100 * j['mfu']:.1f}% MFU of {j['peak_tflops']:.0f} spec, "
@@ -58,7 +58,7 @@ print(f"llama-8b clip 1 acc {j['gradient_accumulation_steps']} [{variant or 'def
       f"{j['optimizer_seconds']:.2f} s; {j['schedule_choice']}")
 print(f"  host: held {j['host_bytes_per_param']:.2f} B/param, footprint {f['bytes_per_param']:.2f}, "
       f"peak RSS {j['rss_peak_bytes_per_param']:.2f} ({100 * (j['rss_peak_bytes'] / f['total'] - 1):+.1f}%), "
-      f"anon+shmem now {alloc / 1e9:.1f} GB ({100 * (alloc / f['total'] - 1):+.1f}%), file "
+      f"allocated (anon+shmem) peak {alloc / 1e9:.1f} GB ({100 * (alloc / f['total'] - 1):+.1f}%), file "
       f"{j['rss_file_bytes'] / 1e9:.2f} GB; peak GPU {j['peak_gpu_bytes'] / 1e9:.1f} GB")
 PY
 done <<< "$VARIANTS"

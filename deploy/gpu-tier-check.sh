@@ -62,8 +62,8 @@ print(f"{model}: held {j['host_bytes_per_param']:.2f} B/param (store + staging),
       f"{f['bytes_per_param']:.2f} (grad {f['grad'] / j['params']:.2f}, staging "
       f"{f['staging'] / j['params']:.2f}, ring {f['gradient_ring'] / j['params']:.2f}), peak RSS "
       f"{j['rss_peak_bytes_per_param']:.2f} ({100 * (j['rss_peak_bytes'] / f['total'] - 1):+.1f}% "
-      f"of the footprint; now anon+shmem "
-      f"{100 * ((j['rss_anon_bytes'] + j['rss_shmem_bytes']) / f['total'] - 1):+.1f}%, file "
+      f"of the footprint; allocated (anon+shmem) peak "
+      f"{100 * (j['rss_allocated_peak_bytes'] / f['total'] - 1):+.1f}%, file "
       f"{j['rss_file_bytes'] / 1e9:.2f} GB); {j['tokens_per_s']:,.0f} tokens/s, resident layers "
       f"{j['resident_layers']}, embedding {j['resident_embedding']}")
 PY

@@ -276,6 +276,9 @@ struct BenchRun {
   int64_t nvme_written_bytes = 0;
   double loss_first = 0;
   double loss_last = 0;
+  // The largest RssAnon + RssShmem read after any step (warm-up included):
+  // the memory the process allocated, without mapped library files.
+  int64_t rss_allocated_peak_bytes = 0;
 };
 
 // The run's setup: options and the resolved trainer settings.
@@ -373,6 +376,7 @@ void AddTimingJson(const BenchRun& run, const absl::StatusOr<LinkBandwidthMeasur
   (*j)["d2h_bytes"] = run.last.d2h_bytes;
   (*j)["h2d_gb_per_s_busy"] = h2d_median > 0 ? run.last.h2d_bytes / h2d_median / 1e9 : 0.0;
   (*j)["peak_gpu_bytes"] = run.last.peak_device_bytes;
+  (*j)["rss_allocated_peak_bytes"] = run.rss_allocated_peak_bytes;
   if (link.ok()) {
     (*j)["link_h2d_gb_per_s"] = link->h2d_bytes_per_second / 1e9;
     (*j)["link_d2h_gb_per_s"] = link->d2h_bytes_per_second / 1e9;
@@ -427,6 +431,9 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
     batches = std::move(next);
     if (i == 0) run.loss_first = r.loss;
     run.loss_last = r.loss;
+    const ProcessMemory mem = ReadProcessMemory();
+    run.rss_allocated_peak_bytes =
+        std::max(run.rss_allocated_peak_bytes, mem.rss_anon_bytes + mem.rss_shmem_bytes);
     PrintStep(progress, i, i < o.warmup, r, flops_per_token);
     if (i < o.warmup) continue;
     run.samples.Add(r.stats);

@@ -90,7 +90,8 @@ struct BenchOptions {
 // host_bytes_per_param (all host bytes over the
 // parameters), rss_bytes / rss_peak_bytes (the process's) and the
 // current rss_anon_bytes / rss_file_bytes / rss_shmem_bytes (allocated
-// memory against mapped library files), admission's
+// memory against mapped library files) and rss_allocated_peak_bytes (the
+// largest RssAnon + RssShmem read after any step), admission's
 // footprint_host_bytes and footprint (its bytes by kind: master, grad,
 // exp_avg, exp_avg_sq, streaming, staging, gradient_ring (part of
 // staging), lookahead, total, bytes_per_param, nvme; also printed as one
