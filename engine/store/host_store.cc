@@ -98,16 +98,16 @@ HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
 
 // Note [Prefaulted moments]
 // The AdamW moments are the only store arenas nothing writes before the
-// first update: the master is initialised or loaded, the gradient arena
-// and the streaming copy are pinned (faulted in by registration). Left
+// first update: the master is initialised or loaded, and on CUDA the
+// gradient arena and the streaming copy are pinned (faulted in by
+// registration; on the CPU backward writes the gradient first). Left
 // untouched, their pages are faulted and zeroed by the optimizer's first
 // step, inside the step: on llama-8b (8 bytes per parameter of moments)
-// that made the first update take about four times as long as the next
-// ones and the step wait for it (docs/performance.md, session 13). Faulting
+// that made the first update several times slower than the next ones and
+// the step wait for it (docs/performance.md, session 13). Faulting
 // them in at creation, on all cores, moves that cost out of training and
 // makes the process's resident memory equal admission's footprint from
-// the start, so a host that cannot hold the store fails before the first
-// step rather than in it.
+// the start.
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& config,
                                                              const HostStoreOptions& options) {
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
