@@ -7,8 +7,12 @@ per 16,384 tokens, to show where one step's device time goes.
 
 TOKENS: tokens in the traced step (micro-batch x seq_len x accumulation).
 --top N also lists each trace's N longest kernels by total time.
+--by_op N lists, per trace, the N largest (kernel, ATen op) pairs: each
+kernel is charged to the innermost CPU op around its launch and the
+outermost one (the autograd node in backward) on the launching thread.
 """
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -60,10 +64,39 @@ def summarise(events):
     return by_kind, by_name, copies, count
 
 
+def by_op(events):
+    """Kernel time by (kernel name, innermost CPU op, outermost CPU op)."""
+    launches = {e.get("args", {}).get("correlation"): e for e in events
+                if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    ops = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ops[e["tid"]].append(e)
+    for v in ops.values():
+        v.sort(key=lambda e: e["ts"])
+    starts = {t: [e["ts"] for e in v] for t, v in ops.items()}
+    out = collections.Counter()
+    for k in events:
+        if k.get("ph") != "X" or k.get("cat") != "kernel":
+            continue
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        inner = outer = "(no op)"
+        if launch is not None and launch["tid"] in ops:
+            spans, t = ops[launch["tid"]], launch["ts"]
+            i = bisect.bisect_right(starts[launch["tid"]], t)
+            around = [e for e in spans[max(0, i - 200):i] if e["ts"] + e.get("dur", 0) >= t]
+            if around:
+                inner = min(around, key=lambda e: e.get("dur", 0))["name"]
+                outer = max(around, key=lambda e: e.get("dur", 0))["name"]
+        out[(k["name"][:60], inner, outer[:50])] += float(k.get("dur", 0)) / 1000.0
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--by_op", type=int, default=0)
     args = ap.parse_args()
     runs = []
     for spec in args.traces:
@@ -85,6 +118,13 @@ def main():
               + ", ".join(f"{n} {v:.1f} ms" for n, v in copies.most_common(4)))
         for n, v in by_name.most_common(args.top):
             print(f"  {v:9.2f} ms  {n}")
+    if args.by_op:
+        for spec in args.traces:
+            name, rest = spec.split("=", 1)
+            print(f"\n{name}: kernel time by (kernel, innermost op, outermost op)")
+            for (kernel, inner, outer), v in by_op(load(rest.rsplit(":", 1)[0])).most_common(
+                    args.by_op):
+                print(f"  {v:9.2f} ms  {kernel} | {inner} | {outer}")
 
 
 if __name__ == "__main__":
