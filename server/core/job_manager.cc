@@ -255,8 +255,7 @@ absl::Status JobManager::HoldQueuedJobsThatCanNeverStart() {
   std::lock_guard<std::mutex> lock(mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> queued, store_->JobsInState(JobState::kQueued));
   for (JobRecord& job : queued) {
-    const absl::Status can_run =
-        CheckDevicesCanRun(std::max<int64_t>(1, job.request.spec.train.devices), false);
+    const absl::Status can_run = CheckAdmittedJobCanStart(job);
     if (can_run.ok()) continue;
     const std::string message = absl::StrCat(
         "held at start-up: ", can_run.message(),
@@ -419,6 +418,18 @@ absl::Status JobManager::CheckDevicesCanRun(int64_t devices, bool requested_all)
             ? absl::StrCat(" (train.devices: all is this daemon's ", daemon_devices, " devices)")
             : "",
         "; the job can never run on this daemon"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::CheckAdmittedJobCanStart(const JobRecord& job) const {
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckDevicesCanRun(std::max<int64_t>(1, job.request.spec.train.devices), false));
+  if (job.host_memory_bytes > options_.host_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job needs ", FormatBytes(job.host_memory_bytes),
+        " of host memory but --host_memory_budget is ",
+        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon"));
   }
   return absl::OkStatus();
 }
@@ -670,8 +681,7 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
       MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
       // Note [Device limit]: one that could never start would wait for ever
       // (and, beyond the daemon's devices, stop every scheduling pass).
-      MEGATRAIN_RETURN_IF_ERROR(
-          CheckDevicesCanRun(std::max<int64_t>(1, job.request.spec.train.devices), false));
+      MEGATRAIN_RETURN_IF_ERROR(CheckAdmittedJobCanStart(job));
       job.resume_from = LatestCheckpointDir(job);
       MEGATRAIN_RETURN_IF_ERROR(
           TransitionLocked(job, JobState::kQueued,

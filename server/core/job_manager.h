@@ -53,10 +53,11 @@
 // limit could never start: Submit and Resume refuse it with
 // RESOURCE_EXHAUSTED ("train.devices 4 exceeds --max_devices_per_user 2"),
 // and Create holds such queued jobs (re-queued by a restart that lowered
-// the limit, or that left fewer devices than they ask for) as SUSPENDED
-// with that message instead of leaving them queued for ever (one asking
-// for more devices than the daemon has would also stop every pass: Note
-// [Gang scheduling]). Admins are bound like users, as by the job limits.
+// the limit, or that left fewer devices than they ask for, or a smaller
+// --host_memory_budget than they need) as SUSPENDED with that message
+// instead of leaving them queued for ever (one asking for more devices or
+// memory than the daemon has would also stop every pass: Note [Scheduling
+// policy]). Admins are bound like users, as by the job limits.
 // Without --auth_tokens every caller is the user "local", so the limit
 // then bounds all jobs together.
 //
@@ -91,7 +92,9 @@
 // Every transition is committed to the JobStore before it takes effect. On
 // start-up, jobs found RUNNING (the daemon died under them) are re-queued to
 // resume from their newest recorded checkpoint (or from scratch when there
-// is none); SUSPENDING ones become SUSPENDED. A store with no job beside a
+// is none); SUSPENDING ones become SUSPENDED. Queued jobs that the flags
+// now in force would never start are then held as SUSPENDED (Note [Device
+// limit]). A store with no job beside a
 // jobs_dir holding job directories refuses to start (the database was lost;
 // ids would be reused).
 //
@@ -347,8 +350,15 @@ class JobManager {
   // devices. `requested_all`: the spec said `all` (named in the message).
   // Reads only options_: no lock needed.
   absl::Status CheckDevicesCanRun(int64_t devices, bool requested_all) const;
-  // Create, after Recover: holds queued jobs that CheckDevicesCanRun
-  // refuses as SUSPENDED, with its message (Note [Device limit]).
+  // RESOURCE_EXHAUSTED when `job`, admitted earlier, could never start
+  // under the options now in force (a restart may have changed them):
+  // CheckDevicesCanRun's refusals, or its host memory above
+  // --host_memory_budget. Reads only options_ and `job`: no lock needed.
+  absl::Status CheckAdmittedJobCanStart(const JobRecord& job) const;
+  // Create, after Recover: holds the queued jobs that
+  // CheckAdmittedJobCanStart refuses as SUSPENDED, with its message (Note
+  // [Device limit]): such a job would wait for ever, and stop every
+  // scheduling pass when its devices or memory can never be free.
   absl::Status HoldQueuedJobsThatCanNeverStart();
   // Loads a job and checks that `caller` may access it.
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);

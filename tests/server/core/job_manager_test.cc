@@ -1566,6 +1566,38 @@ TEST_F(JobManagerTest, RestartWithALowerDeviceLimitHoldsJobsThatCanNoLongerStart
   EXPECT_EQ(StateOf(queued.id), JobState::kSuspended);
 }
 
+// The same for a restart with a smaller --host_memory_budget than a queued
+// job needs: held with the numbers, so that it does not stop every
+// scheduling pass (it would wait at the head of the queue for ever).
+TEST_F(JobManagerTest, RestartWithASmallerBudgetHoldsJobsThatCanNoLongerStart) {
+  backend_.gated = true;
+  backend_.footprint_bytes_by_preset["mid"] = 2 << 20;
+  StartManager();
+  JobRecord running = Submit(kBob, Request("running", 100));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRequest request = Request("mid", 1);
+  request.spec.model.preset = "mid";
+  JobRecord mid = Submit(kAlice, request);
+  JobRecord small = Submit(kBob, Request("small", 1));
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+
+  options_.host_memory_budget_bytes = 1 << 20;
+  backend_.gated = false;
+  StartManager();
+  const std::string reason =
+      "job needs 2.00 MiB (2097152 bytes) of host memory but --host_memory_budget is 1.00 MiB "
+      "(1048576 bytes); it can never run on this daemon";
+  absl::StatusOr<JobRecord> held = manager_->Get(kAlice, mid.id);
+  ASSERT_THAT(held, IsOk());
+  EXPECT_EQ(held->state, JobState::kSuspended);
+  EXPECT_THAT(held->message, HasSubstr(absl::StrCat("held at start-up: ", reason)));
+  EXPECT_THAT(manager_->Resume(kAlice, mid.id),
+              StatusIs(absl::StatusCode::kResourceExhausted, reason));
+  WaitFor(running.id, StateIs(JobState::kSucceeded));
+  WaitFor(small.id, StateIs(JobState::kSucceeded));
+}
+
 // A retried submission of a `train.devices: all` job (same request_id)
 // returns the job the first created, whose devices were resolved.
 TEST_F(JobManagerTest, RepeatedSubmitOfAnAllDevicesJobReturnsTheSameJob) {
