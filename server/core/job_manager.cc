@@ -680,7 +680,8 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
       // it was suspended (a restart with other flags) still holds.
       MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
       // Note [Device limit]: one that could never start would wait for ever
-      // (and, beyond the daemon's devices, stop every scheduling pass).
+      // (and, beyond the daemon's devices or budget, stop every scheduling
+      // pass).
       MEGATRAIN_RETURN_IF_ERROR(CheckAdmittedJobCanStart(job));
       job.resume_from = LatestCheckpointDir(job);
       MEGATRAIN_RETURN_IF_ERROR(

@@ -14,8 +14,8 @@
 // (--host_memory_budget minus the footprints of the running jobs). A job
 // whose owner is at --max_running_jobs_per_user, or whose start would take
 // its owner over --max_devices_per_user (Note [Device limit]), is skipped
-// (others may pass it). The first job that finds no free device or not enough memory stops
-// the pass: smaller jobs behind it do not overtake it, so big jobs are not
+// (others may pass it). The first job that finds no free device or not
+// enough memory stops the pass: smaller jobs behind it do not overtake it, so big jobs are not
 // starved. With preemption on, that job may instead suspend the running job
 // of lowest priority below its own (one preemption at a time; only when that
 // frees enough for it: host memory and, for a job on the NVMe tier, the
@@ -94,9 +94,8 @@
 // resume from their newest recorded checkpoint (or from scratch when there
 // is none); SUSPENDING ones become SUSPENDED. Queued jobs that the flags
 // now in force would never start are then held as SUSPENDED (Note [Device
-// limit]). A store with no job beside a
-// jobs_dir holding job directories refuses to start (the database was lost;
-// ids would be reused).
+// limit]). A store with no job beside a jobs_dir holding job directories
+// refuses to start (the database was lost; ids would be reused).
 //
 // Note [Checkpoint ownership]
 // A checkpoint belongs to the job that wrote it, not to the directory it
@@ -262,10 +261,12 @@ class JobManager {
   // See CancelJob / SuspendJob / ResumeJob in job.proto for the transitions;
   // FAILED_PRECONDITION for a state that does not allow it; ResumeJob is
   // UNAVAILABLE while draining and RESOURCE_EXHAUSTED when its owner is
-  // over a job limit (Note [Job limits]) or its train.devices exceeds
-  // --max_devices_per_user or the daemon's devices (Note [Device limit];
-  // both lowered since it was suspended). A resumed job whose owner holds
-  // devices up to the limit is queued and waits. Return the job after the
+  // over a job limit (Note [Job limits]) or when the job could never start
+  // under the flags now in force: its train.devices above
+  // --max_devices_per_user or the daemon's devices, its host memory above
+  // --host_memory_budget (Note [Device limit]; lowered by a restart since
+  // it was suspended). A resumed job whose owner's running jobs hold the
+  // limit's devices is queued and waits. Return the job after the
   // change.
   // With `force`, a running job also abandons its current step (losing
   // only that step) instead of finishing it: TrainingJob::StopKind::
