@@ -201,10 +201,15 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions
     return absl::InvalidArgumentError(
         absl::StrCat("--host_memory_budget: must be > 0, got ", options.host_memory_budget_bytes));
   }
+  if (options.max_devices_per_user < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_devices_per_user: must be >= 0 (0: no limit), got ", options.max_devices_per_user));
+  }
   std::unique_ptr<JobManager> manager(new JobManager(std::move(options), store, backend, metrics));
   MEGATRAIN_RETURN_IF_ERROR(manager->CheckStoreMatchesJobsDir());
   MEGATRAIN_RETURN_IF_ERROR(ValidateNvmeTierOptions(manager->options_.nvme));
   MEGATRAIN_RETURN_IF_ERROR(manager->Recover());
+  MEGATRAIN_RETURN_IF_ERROR(manager->HoldQueuedJobsThatCanNeverStart());
   manager->SizeRecoveredNvmeJobs();
   manager->SweepStaleNvmeTierDirs();
   std::lock_guard<std::mutex> lock(manager->mu_);
@@ -240,6 +245,24 @@ absl::Status JobManager::Recover() {
     MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspended,
                                                "suspended (the daemon restarted while suspending)")
                                   .status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::HoldQueuedJobsThatCanNeverStart() {
+  // Note [Device limit]: the limit or --device may have changed since these
+  // jobs were admitted (Recover has just re-queued the running ones).
+  std::lock_guard<std::mutex> lock(mu_);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> queued, store_->JobsInState(JobState::kQueued));
+  for (JobRecord& job : queued) {
+    const absl::Status can_run = CheckAdmittedJobCanStart(job);
+    if (can_run.ok()) continue;
+    const std::string message = absl::StrCat(
+        "held at start-up: ", can_run.message(),
+        " (the daemon's flags changed since it was queued); ResumeJob once a restart allows "
+        "it, or cancel it");
+    LogWarning(absl::StrCat(job.id, ": ", message));
+    MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspended, message).status());
   }
   return absl::OkStatus();
 }
@@ -304,6 +327,9 @@ absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const 
   }
   if (normalized.spec.memory.nvme_tier == engine::NvmeTierMode::kAuto) {
     normalized.spec.memory.nvme_tier = existing->request.spec.memory.nvme_tier;  // resolved
+  }
+  if (normalized.spec.train.devices == engine::kAllDevices) {
+    normalized.spec.train.devices = existing->request.spec.train.devices;  // resolved
   }
   if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
@@ -376,37 +402,61 @@ absl::Status JobManager::CheckJobLimitsLocked(const std::string& owner, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status JobManager::CheckDevicesCanRun(int64_t devices, bool requested_all) const {
+  const int64_t daemon_devices = static_cast<int64_t>(options_.devices.size());
+  if (devices > daemon_devices) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("train.devices: ", devices, " requested, this daemon has ", daemon_devices,
+                     " device(s) (--device); the job can never run on this daemon"));
+  }
+  // Note [Device limit].
+  if (options_.max_devices_per_user > 0 && devices > options_.max_devices_per_user) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "train.devices ", devices, " exceeds --max_devices_per_user ",
+        options_.max_devices_per_user,
+        requested_all
+            ? absl::StrCat(" (train.devices: all is this daemon's ", daemon_devices, " devices)")
+            : "",
+        "; the job can never run on this daemon"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::CheckAdmittedJobCanStart(const JobRecord& job) const {
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckDevicesCanRun(std::max<int64_t>(1, job.request.spec.train.devices), false));
+  if (job.host_memory_bytes > options_.host_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job needs ", FormatBytes(job.host_memory_bytes),
+        " of host memory but --host_memory_budget is ",
+        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
-// train.devices at submission (docs/distributed.md): "all" (0) becomes the
-// daemon's device count; more devices than the daemon schedules on can
-// never run (RESOURCE_EXHAUSTED naming both counts, as a footprint above
-// --host_memory_budget). A data-parallel job (N >
-// 1) is gang-scheduled (Note [Gang scheduling]) when the engine backend runs
-// such jobs (EngineBackend::RunsDataParallelJobs: a build with c10d's
-// backend for the daemon's devices), else UNIMPLEMENTED; its AdamW moments
-// stay in host memory (the NVMe tier with N > 1 is not built:
+// train.devices at submission (docs/distributed.md), once "all" is resolved
+// and the count checked (JobManager::CheckDevicesCanRun): a data-parallel
+// job (N > 1) is gang-scheduled (Note [Gang scheduling]) when the engine
+// backend runs such jobs (EngineBackend::RunsDataParallelJobs: a build with
+// c10d's backend for the daemon's devices), else UNIMPLEMENTED; its AdamW
+// moments stay in host memory (the NVMe tier with N > 1 is not built:
 // memory.nvme_tier moments is UNIMPLEMENTED, auto resolves to off).
-absl::Status ResolveRequestedDevices(int64_t daemon_devices, bool data_parallel,
-                                     engine::TrainSpec* train, engine::MemorySpec* memory) {
-  if (train->devices == engine::kAllDevices) train->devices = daemon_devices;
-  if (train->devices > daemon_devices) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "train.devices: ", train->devices, " requested, this daemon has ", daemon_devices,
-        " device(s) (--device); the job can never run on this daemon"));
-  }
-  if (train->devices > 1 && !data_parallel) {
+absl::Status CheckDataParallelSpec(bool data_parallel, const engine::TrainSpec& train,
+                                   engine::MemorySpec* memory) {
+  if (train.devices > 1 && !data_parallel) {
     return absl::UnimplementedError(absl::StrCat(
-        "train.devices: ", train->devices,
+        "train.devices: ", train.devices,
         " devices: this daemon's engine has no c10d backend for data parallelism on its devices "
         "(gloo for CPU slots, NCCL for CUDA devices; devices of one kind)"));
   }
-  if (train->devices > 1 && memory->nvme_tier == engine::NvmeTierMode::kMoments) {
+  if (train.devices > 1 && memory->nvme_tier == engine::NvmeTierMode::kMoments) {
     return absl::UnimplementedError(
         absl::StrCat("memory.nvme_tier: moments is not built with train.devices > 1 (got ",
-                     train->devices, "; one shared host store)"));
+                     train.devices, "; one shared host store)"));
   }
-  if (train->devices > 1) memory->nvme_tier = engine::NvmeTierMode::kOff;
+  if (train.devices > 1) memory->nvme_tier = engine::NvmeTierMode::kOff;
   return absl::OkStatus();
 }
 
@@ -424,9 +474,12 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   bool repeat = false;
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord existing, FindRepeat(caller, request, request_id, &repeat));
   if (repeat) return existing;
-  MEGATRAIN_RETURN_IF_ERROR(ResolveRequestedDevices(
-      static_cast<int64_t>(options_.devices.size()),
-      backend_->RunsDataParallelJobs(options_.devices), &request.spec.train, &request.spec.memory));
+  // train.devices: "all" is this daemon's device count.
+  const bool requested_all = request.spec.train.devices == engine::kAllDevices;
+  if (requested_all) request.spec.train.devices = static_cast<int64_t>(options_.devices.size());
+  MEGATRAIN_RETURN_IF_ERROR(CheckDevicesCanRun(request.spec.train.devices, requested_all));
+  MEGATRAIN_RETURN_IF_ERROR(CheckDataParallelSpec(backend_->RunsDataParallelJobs(options_.devices),
+                                                  request.spec.train, &request.spec.memory));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
 
   JobRecord job;
@@ -626,6 +679,10 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
       // The job already counts (Note [Job limits]); a limit lowered since
       // it was suspended (a restart with other flags) still holds.
       MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
+      // Note [Device limit]: one that could never start would wait for ever
+      // (and, beyond the daemon's devices or budget, stop every scheduling
+      // pass).
+      MEGATRAIN_RETURN_IF_ERROR(CheckAdmittedJobCanStart(job));
       job.resume_from = LatestCheckpointDir(job);
       MEGATRAIN_RETURN_IF_ERROR(
           TransitionLocked(job, JobState::kQueued,
@@ -672,7 +729,11 @@ void JobManager::ScheduleLocked() {
     return;
   }
   std::map<std::string, int> running_by_owner;
-  for (const auto& [id, active] : active_) ++running_by_owner[active->owner];
+  std::map<std::string, int64_t> devices_by_owner;  // Note [Device limit]
+  for (const auto& [id, active] : active_) {
+    ++running_by_owner[active->owner];
+    devices_by_owner[active->owner] += static_cast<int64_t>(active->devices.size());
+  }
   // The queue is read a page at a time: a pass usually stops at its first
   // job (no free device), so its cost does not follow the queue's length.
   std::optional<JobStore::QueueCursor> cursor;
@@ -694,6 +755,11 @@ void JobManager::ScheduleLocked() {
       // Note [Gang scheduling]: all of the job's devices or none.
       const size_t wanted =
           static_cast<size_t>(std::max<int64_t>(1, job.request.spec.train.devices));
+      if (options_.max_devices_per_user > 0 &&
+          devices_by_owner[job.owner] + static_cast<int64_t>(wanted) >
+              options_.max_devices_per_user) {
+        continue;  // Note [Device limit]
+      }
       std::vector<std::string> free_devices;
       for (const std::string& device : options_.devices) {
         if (job_on_device_[device].empty() && free_devices.size() < wanted) {
@@ -709,6 +775,7 @@ void JobManager::ScheduleLocked() {
         break;
       }
       ++running_by_owner[job.owner];
+      devices_by_owner[job.owner] += static_cast<int64_t>(wanted);
       StartLocked(std::move(job), std::move(free_devices));
     }
     if (last_page) break;

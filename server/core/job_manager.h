@@ -12,9 +12,10 @@
 // restart. A scheduling pass walks that order and starts each job on a free
 // device while its host-memory footprint fits the remaining budget
 // (--host_memory_budget minus the footprints of the running jobs). A job
-// whose owner is at --max_running_jobs_per_user is skipped (others may pass
-// it). The first job that finds no free device or not enough memory stops
-// the pass: smaller jobs behind it do not overtake it, so big jobs are not
+// whose owner is at --max_running_jobs_per_user, or whose start would take
+// its owner over --max_devices_per_user (Note [Device limit]), is skipped
+// (others may pass it). The first job that finds no free device or not
+// enough memory stops the pass: smaller jobs behind it do not overtake it, so big jobs are not
 // starved. With preemption on, that job may instead suspend the running job
 // of lowest priority below its own (one preemption at a time; only when that
 // frees enough for it: host memory and, for a job on the NVMe tier, the
@@ -39,6 +40,26 @@
 // Only backends that run data-parallel jobs get them
 // (EngineBackend::RunsDataParallelJobs); otherwise Submit refuses N > 1 with
 // UNIMPLEMENTED.
+//
+// Note [Device limit]
+// --max_devices_per_user bounds the devices one user's jobs hold at once:
+// the devices of their RUNNING and SUSPENDING jobs (every job in active_,
+// also one stopping for a cancel, a preemption or the drain: it holds its
+// devices until its thread ends). A scheduling pass skips a queued job
+// whose start would take its owner over the limit, as it skips one of an
+// owner at --max_running_jobs_per_user: other users' jobs behind it may
+// start, and it neither stops the pass nor preempts anyone. A job whose own
+// train.devices (`all` resolved to the daemon's device count) exceeds the
+// limit could never start: Submit and Resume refuse it with
+// RESOURCE_EXHAUSTED ("train.devices 4 exceeds --max_devices_per_user 2"),
+// and Create holds such queued jobs (re-queued by a restart that lowered
+// the limit, or that left fewer devices than they ask for, or a smaller
+// --host_memory_budget than they need) as SUSPENDED with that message
+// instead of leaving them queued for ever (one asking for more devices or
+// memory than the daemon has would also stop every pass: Note [Scheduling
+// policy]). Admins are bound like users, as by the job limits.
+// Without --auth_tokens every caller is the user "local", so the limit
+// then bounds all jobs together.
 //
 // Note [Job limits]
 // --max_queued_jobs_per_user and --max_queued_jobs count every job that is
@@ -71,9 +92,10 @@
 // Every transition is committed to the JobStore before it takes effect. On
 // start-up, jobs found RUNNING (the daemon died under them) are re-queued to
 // resume from their newest recorded checkpoint (or from scratch when there
-// is none); SUSPENDING ones become SUSPENDED. A store with no job beside a
-// jobs_dir holding job directories refuses to start (the database was lost;
-// ids would be reused).
+// is none); SUSPENDING ones become SUSPENDED. Queued jobs that the flags
+// now in force would never start are then held as SUSPENDED (Note [Device
+// limit]). A store with no job beside a jobs_dir holding job directories
+// refuses to start (the database was lost; ids would be reused).
 //
 // Note [Checkpoint ownership]
 // A checkpoint belongs to the job that wrote it, not to the directory it
@@ -145,6 +167,9 @@ struct JobManagerOptions {
   int64_t device_memory_bytes = 0;
   // Running jobs per user; 0: no limit.
   int max_running_jobs_per_user = 0;
+  // Devices held by one user's running (and suspending) jobs together; 0:
+  // no limit, < 0: INVALID_ARGUMENT from Create (Note [Device limit]).
+  int max_devices_per_user = 0;
   // Non-terminal jobs (queued, running, suspended) per user; 0: no limit.
   // Submissions beyond it are refused with RESOURCE_EXHAUSTED (Note [Job
   // limits]).
@@ -216,8 +241,9 @@ class JobManager {
   // budget (message gives both numbers), when the slots of the model's
   // largest streamed block exceed options.device_memory_bytes (message
   // names the decoder layer, its bytes and the device's:
-  // engine::CheckBlockSlotsFitDevice) or a job limit is reached (Note
-  // [Job limits]);
+  // engine::CheckBlockSlotsFitDevice), when train.devices exceeds the
+  // daemon's devices or --max_devices_per_user (Note [Device limit]) or a
+  // job limit is reached (Note [Job limits]);
   // ALREADY_EXISTS when request_id was used with a different spec;
   // UNAVAILABLE while draining.
   absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
@@ -235,7 +261,13 @@ class JobManager {
   // See CancelJob / SuspendJob / ResumeJob in job.proto for the transitions;
   // FAILED_PRECONDITION for a state that does not allow it; ResumeJob is
   // UNAVAILABLE while draining and RESOURCE_EXHAUSTED when its owner is
-  // over a job limit (Note [Job limits]). Return the job after the change.
+  // over a job limit (Note [Job limits]) or when the job could never start
+  // under the flags now in force: its train.devices above
+  // --max_devices_per_user or the daemon's devices, its host memory above
+  // --host_memory_budget (Note [Device limit]; lowered by a restart since
+  // it was suspended). A resumed job whose owner's running jobs hold the
+  // limit's devices is queued and waits. Return the job after the
+  // change.
   // With `force`, a running job also abandons its current step (losing
   // only that step) instead of finishing it: TrainingJob::StopKind::
   // kForceCancel; a forced cancel may follow a plain one.
@@ -313,6 +345,22 @@ class JobManager {
   // RESOURCE_EXHAUSTED when `joining` more jobs of `owner` would exceed a
   // job limit (Note [Job limits]).
   absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining);
+  // RESOURCE_EXHAUSTED naming train.devices when a job asking for
+  // `devices` (resolved: >= 1) could never start on this daemon: more
+  // than --max_devices_per_user (Note [Device limit]) or than the daemon's
+  // devices. `requested_all`: the spec said `all` (named in the message).
+  // Reads only options_: no lock needed.
+  absl::Status CheckDevicesCanRun(int64_t devices, bool requested_all) const;
+  // RESOURCE_EXHAUSTED when `job`, admitted earlier, could never start
+  // under the options now in force (a restart may have changed them):
+  // CheckDevicesCanRun's refusals, or its host memory above
+  // --host_memory_budget. Reads only options_ and `job`: no lock needed.
+  absl::Status CheckAdmittedJobCanStart(const JobRecord& job) const;
+  // Create, after Recover: holds the queued jobs that
+  // CheckAdmittedJobCanStart refuses as SUSPENDED, with its message (Note
+  // [Device limit]): such a job would wait for ever, and stop every
+  // scheduling pass when its devices or memory can never be free.
+  absl::Status HoldQueuedJobsThatCanNeverStart();
   // Loads a job and checks that `caller` may access it.
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
   // Fills queue_position of QUEUED jobs.

@@ -14,6 +14,7 @@
 #include <future>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <sstream>
 
 #include <grpc/grpc.h>
@@ -87,6 +88,19 @@ absl::Status CheckLimits(const DaemonOptions& options) {
         absl::StrCat("--max_watch_streams_per_user: must be in [0, --max_watch_streams = ",
                      options.max_watch_streams, "] (0: three quarters of it), got ",
                      options.max_watch_streams_per_user));
+  }
+  // The job limits: 0 means no limit; a negative one is a typo, not "none".
+  const std::pair<const char*, int> job_limits[] = {
+      {"--max_running_jobs_per_user", options.max_running_jobs_per_user},
+      {"--max_devices_per_user", options.max_devices_per_user},
+      {"--max_queued_jobs_per_user", options.max_queued_jobs_per_user},
+      {"--max_queued_jobs", options.max_queued_jobs},
+  };
+  for (const auto& [flag, value] : job_limits) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": must be >= 0 (0: no limit), got ", value));
+    }
   }
   return absl::OkStatus();
 }
@@ -523,6 +537,7 @@ absl::Status Daemon::Parts::StartJobManager(const StartupFlags& flags) {
   manager_options.host_memory_budget_bytes = flags.host_memory_budget_bytes;
   manager_options.device_memory_bytes = SmallestDeviceMemory(flags.devices);
   manager_options.max_running_jobs_per_user = options.max_running_jobs_per_user;
+  manager_options.max_devices_per_user = options.max_devices_per_user;
   manager_options.max_queued_jobs_per_user = options.max_queued_jobs_per_user;
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.preemption = options.preemption;

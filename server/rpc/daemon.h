@@ -116,7 +116,10 @@ struct DaemonOptions {
   // directory's file system has less than this free, in bytes (Note [Audit
   // fail closed], audit_log.h). Not a flag; tests raise it.
   int64_t state_dir_min_free_bytes = int64_t{1} << 20;
-  int max_running_jobs_per_user = 0;   // 0: no limit
+  int max_running_jobs_per_user = 0;  // 0: no limit
+  // Devices one user's running jobs hold together (Note [Device limit] in
+  // server/core/job_manager.h); 0: no limit.
+  int max_devices_per_user = 0;
   int max_queued_jobs_per_user = 100;  // 0: no limit
   int max_queued_jobs = 10000;         // 0: no limit
   bool preemption = false;

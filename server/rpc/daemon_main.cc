@@ -101,6 +101,9 @@ void AddFlags(CLI::App* app, DaemonOptions* options, RawFlags* flags) {
                   "0: three quarters of it, rounded up)");
   app->add_option("--max_running_jobs_per_user", options->max_running_jobs_per_user,
                   "Running jobs per user (0: no limit)");
+  app->add_option("--max_devices_per_user", options->max_devices_per_user,
+                  "Devices one user's running jobs may hold together, e.g. 2 on a shared "
+                  "8-GPU machine (0: no limit; train.devices beyond it is refused at submit)");
   app->add_option("--max_queued_jobs_per_user", options->max_queued_jobs_per_user,
                   "Queued jobs per user (0: no limit)");
   app->add_option("--max_queued_jobs", options->max_queued_jobs,

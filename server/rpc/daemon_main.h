@@ -9,7 +9,8 @@
 //   --device=auto|cpu|cuda|cuda:N[,...]
 //   --host_memory_budget=SIZE        e.g. 512GiB; default 80% of RAM
 //   --auth_tokens=FILE  --tls_cert=PEM --tls_key=PEM --tls_client_ca=PEM
-//   --max_running_jobs_per_user=N --max_queued_jobs_per_user=N
+//   --max_running_jobs_per_user=N --max_devices_per_user=N
+//   --max_queued_jobs_per_user=N
 //   --max_queued_jobs=N --preemption --shutdown_timeout=SECONDS
 //   --measure_link_bandwidth=true|false
 //   --data_roots=DIR[,DIR] --output_roots=DIR[,DIR] --audit_log=FILE|off

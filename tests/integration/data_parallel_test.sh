@@ -11,7 +11,13 @@
 #     bit, at every step after the suspend as an uninterrupted run of the
 #     same spec (exact resume across a checkpoint, same world size);
 #   * a job asking for 3 devices is refused at submission with
-#     RESOURCE_EXHAUSTED naming train.devices.
+#     RESOURCE_EXHAUSTED naming train.devices;
+#   * --max_devices_per_user (Note [Device limit] in
+#     server/core/job_manager.h): -1 is a start-up error naming the flag; a
+#     restart with 1 holds the queued and drained 2-device jobs as SUSPENDED
+#     naming the limit, refuses 2-device and `all` submissions and ResumeJob
+#     with RESOURCE_EXHAUSTED, and still runs a 1-device job; without the
+#     limit the held job resumes on both slots from its checkpoint.
 # Skipped (exit 0, "SKIP") on a build whose LibTorch has no gloo.
 # The numerics (2 ranks = 1 device accumulating the global batch, within
 # 1e-6) are tests/engine/job/data_parallel_job_test.cc's.
@@ -88,6 +94,48 @@ after_resume=$(losses "$(cli --json watch "$resumed")" "$suspended_step")
 [[ -n "$after_resume" && "$after_resume" == "$after_straight" ]] ||
   fail "losses after step $suspended_step differ: resumed [$after_resume] straight [$after_straight]"
 log "resumed after step $suspended_step: $(wc -l <<<"$after_resume") steps identical"
+
+log "--max_devices_per_user: a negative value is a start-up error naming the flag"
+rc=0
+bad_err=$("$DAEMON_BIN" --listen=127.0.0.1:0 --metrics_listen=off --state_dir="$WORK/bad-state" \
+  --device=cpu --max_devices_per_user=-1 2>&1 >/dev/null) || rc=$?
+[[ $rc -eq 1 && "$bad_err" == *"--max_devices_per_user: must be >= 0 (0: no limit), got -1"* ]] ||
+  fail "--max_devices_per_user=-1: exit $rc: $bad_err"
+
+log "--max_devices_per_user lowered across a restart: queued jobs held, submits refused"
+capped=$(cli --json submit "$(dp_job capped 2 400)" | jq -r .id)
+wait_for_event "$capped" '.kind == "step" and .step >= 1' || fail "no step of $capped"
+behind=$(cli --json submit "$(dp_job behind 2 4)" | jq -r .id)
+stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
+DAEMON_DEVICE=cpu,cpu:1 start_daemon "$WORK/state" --max_devices_per_user=1
+expect_cli_error RESOURCE_EXHAUSTED \
+  "train.devices 2 exceeds --max_devices_per_user 1; the job can never run on this daemon" \
+  submit "$(dp_job two 2 4)"
+expect_cli_error RESOURCE_EXHAUSTED \
+  "train.devices 2 exceeds --max_devices_per_user 1 (train.devices: all is this daemon's 2 devices)" \
+  submit "$(dp_job all all 4)"
+for job in "$capped" "$behind"; do
+  json=$(cli get "$job" --json)
+  [[ $(json_field "$json" .state) == SUSPENDED ]] || fail "$job not held: $json"
+  [[ $(json_field "$json" .status_message) == *"held at start-up: train.devices 2 exceeds --max_devices_per_user 1"* ]] ||
+    fail "$job message: $json"
+done
+expect_cli_error RESOURCE_EXHAUSTED "train.devices 2 exceeds --max_devices_per_user 1" resume "$capped"
+# The held jobs hold back nobody: a 1-device job runs.
+one=$(cli --json submit "$(dp_job one 1 2)" | jq -r .id)
+cli watch "$one" >/dev/null || fail "$one did not succeed: $(cli get "$one" --json)"
+stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
+
+log "limit lifted: the held job resumes on both slots from its checkpoint"
+DAEMON_DEVICE=cpu,cpu:1 start_daemon "$WORK/state"
+held_from=$(json_field "$(cli get "$capped" --json)" .resume_from)
+[[ -d "$held_from" ]] || fail "$capped has no checkpoint to resume from: $(cli get "$capped" --json)"
+cli resume "$capped" >/dev/null
+wait_for_event "$capped" '.kind == "state" and .state == "RUNNING" and (.message | test("resuming on cpu,cpu:1 from"))' ||
+  fail "$capped did not resume on both slots: $(cli get "$capped" --json)"
+cli cancel "$capped" >/dev/null
+cli cancel "$behind" >/dev/null
+wait_for_event "$capped" '.kind == "state" and .state == "CANCELLED"' || fail "$capped not CANCELLED"
 
 stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
 log "PASS"

@@ -98,6 +98,7 @@ class DaemonHarness : public ::testing::Test {
   void StartDaemon(bool gated = true) {
     auto backend = std::make_unique<FakeEngineBackend>();
     backend->gated = gated;
+    backend->data_parallel = data_parallel_;
     backend_ = backend.get();
     auto daemon = Daemon::Start(options_, std::move(backend));
     ASSERT_THAT(daemon, ::megatrain::testing::IsOk());
@@ -152,6 +153,9 @@ class DaemonHarness : public ::testing::Test {
   std::string data_dir_;
   std::string out_dir_;
   DaemonOptions options_;
+  // The fake runs train.devices > 1 jobs (set before StartDaemon, with a
+  // multi-slot options_.device such as "cpu,cpu:1").
+  bool data_parallel_ = false;
   FakeEngineBackend* backend_ = nullptr;  // owned by daemon_
   std::unique_ptr<Daemon> daemon_;
   std::string address_;

@@ -1316,5 +1316,306 @@ TEST_F(JobManagerTest, StartRemovesStaleNvmeTierDirectories) {
   EXPECT_EQ(control->nvme_dir, tier);
 }
 
+// ---------------------------------------------------------------------------
+// Note [Device limit]: --max_devices_per_user.
+
+// The job on each device, in --device order, read under the manager's lock:
+// a pass that a job's end or a control call ran has finished by then.
+std::vector<std::string> JobsOnDevices(JobManager& manager) {
+  absl::StatusOr<ManagerStatus> status = manager.GetStatus();
+  EXPECT_THAT(status, IsOk());
+  std::vector<std::string> jobs;
+  if (status.ok()) {
+    for (const DeviceState& device : status->devices) jobs.push_back(device.job_id);
+  }
+  return jobs;
+}
+
+// A user whose running jobs hold the limit's devices has their next job
+// skipped, even with a device free; another user's job behind it starts on
+// that device; the skipped job starts once its owner's devices free.
+TEST_F(JobManagerTest, DeviceLimitSkipsTheOwnersNextJobWhileOthersPass) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1", "cpu:2"};
+  options_.max_devices_per_user = 2;
+  StartManager();
+  JobRecord wide = Submit(kAlice, WideRequest("wide", 2));
+  std::shared_ptr<FakeJobControl> gang = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(gang, nullptr);
+  EXPECT_EQ(gang->device, "cpu,cpu:1");
+  JobRecord second = Submit(kAlice, Request("second", 1));
+  EXPECT_EQ(StateOf(second.id), JobState::kQueued) << "2 + 1 devices > 2";
+  JobRecord bob = Submit(kBob, Request("bob", 1));
+  EXPECT_EQ(StateOf(bob.id), JobState::kRunning) << "others pass a skipped job";
+  EXPECT_THAT(JobsOnDevices(*manager_), ElementsAre(wide.id, wide.id, bob.id));
+  std::shared_ptr<FakeJobControl> bob_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(bob_control, nullptr);
+  EXPECT_EQ(bob_control->device, "cpu:2");
+
+  // A free device is not enough while alice holds two.
+  bob_control->AllowSteps(1);
+  WaitFor(bob.id, StateIs(JobState::kSucceeded));
+  EXPECT_THAT(JobsOnDevices(*manager_), ElementsAre(wide.id, wide.id, ""));
+  EXPECT_EQ(StateOf(second.id), JobState::kQueued);
+
+  gang->AllowSteps(1);
+  WaitFor(wide.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> next = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->spec_name, "second");
+  next->AllowSteps(1);
+  WaitFor(second.id, StateIs(JobState::kSucceeded));
+}
+
+// A job asking for more devices than the limit can never start: refused at
+// submission with the field, the value and the limit, for an admin too (as
+// the job limits bind admins), and for `all` resolved to the daemon's
+// devices; nothing is stored. Up to the limit is admitted.
+TEST_F(JobManagerTest, JobOverTheDeviceLimitIsRefusedAtSubmission) {
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1", "cpu:2"};
+  options_.max_devices_per_user = 2;
+  StartManager();
+  for (const Principal& who : {kAlice, kAdmin}) {
+    absl::StatusOr<JobRecord> refused = manager_->Submit(who, WideRequest("three", 3), "");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << who.name;
+    EXPECT_EQ(refused.status().message(),
+              "train.devices 3 exceeds --max_devices_per_user 2; the job can never run on this "
+              "daemon")
+        << who.name;
+  }
+  absl::StatusOr<JobRecord> all =
+      manager_->Submit(kAlice, WideRequest("all", engine::kAllDevices), "");
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(all.status().message(),
+            "train.devices 3 exceeds --max_devices_per_user 2 (train.devices: all is this "
+            "daemon's 3 devices); the job can never run on this daemon");
+  absl::StatusOr<JobPage> stored = manager_->List(kAdmin, JobQuery{});
+  ASSERT_THAT(stored, IsOk());
+  EXPECT_TRUE(stored->jobs.empty());
+  JobRecord two = Submit(kAlice, WideRequest("two", 2));
+  WaitFor(two.id, StateIs(JobState::kSucceeded));
+}
+
+// A cancelled gang job, plain or forced, running or queued, leaves nothing
+// behind: a running one frees all its devices (and its owner's device
+// count) for the next job; a queued one, waiting at the head of the queue
+// for its devices, stops holding back the jobs behind it.
+TEST_F(JobManagerTest, CancelledGangJobFreesAllItsDevicesForTheNextJob) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  options_.max_devices_per_user = 2;
+  StartManager();
+  // Running, plain then forced: the next gang job of the same user starts
+  // on both devices.
+  JobRecord first = Submit(kAlice, WideRequest("first", 2, 100));
+  std::shared_ptr<FakeJobControl> first_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(first_control, nullptr);
+  first_control->AllowSteps(1);
+  ASSERT_TRUE(first_control->WaitForStep(1, kTimeout));
+  JobRecord second = Submit(kAlice, WideRequest("second", 2, 100));
+  EXPECT_EQ(StateOf(second.id), JobState::kQueued);
+  ASSERT_THAT(manager_->Cancel(kAlice, first.id), IsOk());
+  WaitFor(first.id, StateIs(JobState::kCancelled));
+  std::shared_ptr<FakeJobControl> second_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(second_control, nullptr);
+  EXPECT_EQ(second_control->device, "cpu,cpu:1");
+  // (Running a step first: a forced cancel before the job's engine exists
+  // is applied as a plain one.)
+  second_control->AllowSteps(1);
+  ASSERT_TRUE(second_control->WaitForStep(1, kTimeout));
+  JobRecord third = Submit(kAlice, WideRequest("third", 2, 1));
+  ASSERT_THAT(manager_->Cancel(kAlice, second.id, /*force=*/true), IsOk());
+  WaitFor(second.id, StateIs(JobState::kCancelled));
+  EXPECT_EQ(second_control->last_stop(), engine::TrainingJob::StopKind::kForceCancel);
+  std::shared_ptr<FakeJobControl> third_control = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(third_control, nullptr);
+  EXPECT_EQ(third_control->device, "cpu,cpu:1");
+  third_control->AllowSteps(1);
+  WaitFor(third.id, StateIs(JobState::kSucceeded));
+
+  // Queued: bob runs on one device; a gang job waits for both at the head
+  // of the queue and holds back a 1-device job behind it until cancelled.
+  JobRecord bob = Submit(kBob, Request("bob", 100));
+  ASSERT_NE(backend_.WaitForCreated(4, kTimeout), nullptr);
+  for (const bool force : {false, true}) {
+    JobRecord waiting = Submit(kAlice, WideRequest(force ? "forced" : "plain", 2));
+    JobRecord behind = Submit(kBob, Request(force ? "behind-forced" : "behind-plain", 1));
+    EXPECT_EQ(StateOf(waiting.id), JobState::kQueued);
+    EXPECT_EQ(StateOf(behind.id), JobState::kQueued) << "no overtaking the gang job";
+    absl::StatusOr<JobRecord> cancelled = manager_->Cancel(kAlice, waiting.id, force);
+    ASSERT_THAT(cancelled, IsOk());
+    EXPECT_EQ(cancelled->state, JobState::kCancelled);
+    EXPECT_EQ(StateOf(behind.id), JobState::kRunning) << (force ? "forced" : "plain");
+    EXPECT_THAT(JobsOnDevices(*manager_), ElementsAre(bob.id, behind.id));
+    std::shared_ptr<FakeJobControl> behind_control =
+        backend_.WaitForCreated(force ? 6 : 5, kTimeout);
+    ASSERT_NE(behind_control, nullptr);
+    EXPECT_EQ(behind_control->device, "cpu:1");
+    behind_control->AllowSteps(1);
+    WaitFor(behind.id, StateIs(JobState::kSucceeded));
+  }
+  EXPECT_THAT(backend_.created_names(),
+              ElementsAre("first", "second", "third", "bob", "behind-plain", "behind-forced"));
+}
+
+// A user at the limit who suspends a job, starts another and resumes the
+// first does not get more devices: the resumed job is queued and skipped
+// (others pass it) until the owner's running job ends, then resumes from
+// its checkpoint.
+TEST_F(JobManagerTest, ResumeDoesNotGetAroundTheDeviceLimit) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1", "cpu:2", "cpu:3"};
+  options_.max_devices_per_user = 2;
+  StartManager();
+  JobRecord held = Submit(kAlice, WideRequest("held", 2, 6));
+  std::shared_ptr<FakeJobControl> held_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(held_control, nullptr);
+  held_control->AllowSteps(2);
+  ASSERT_TRUE(held_control->WaitForStep(2, kTimeout));
+  ASSERT_THAT(manager_->Suspend(kAlice, held.id), IsOk());
+  WaitFor(held.id, StateIs(JobState::kSuspended));
+  JobRecord running = Submit(kAlice, WideRequest("running", 2));
+  std::shared_ptr<FakeJobControl> running_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(running_control, nullptr);
+
+  absl::StatusOr<JobRecord> resumed = manager_->Resume(kAlice, held.id);
+  ASSERT_THAT(resumed, IsOk());
+  EXPECT_EQ(resumed->state, JobState::kQueued);
+  EXPECT_EQ(StateOf(held.id), JobState::kQueued) << "two devices free, but alice holds two";
+  JobRecord bob = Submit(kBob, Request("bob", 1));
+  EXPECT_EQ(StateOf(bob.id), JobState::kRunning);
+  EXPECT_THAT(JobsOnDevices(*manager_), ElementsAre(running.id, running.id, bob.id, ""));
+
+  running_control->AllowSteps(1);
+  WaitFor(running.id, StateIs(JobState::kSucceeded));
+  std::shared_ptr<FakeJobControl> again = backend_.WaitForCreated(4, kTimeout);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->spec_name, "held");
+  EXPECT_EQ(again->start_step, 2);
+  again->AllowSteps(4);
+  WaitFor(held.id, StateIs(JobState::kSucceeded));
+}
+
+// A restart that lowers the limit below a job's devices (or leaves fewer
+// devices than a job asks for) holds the queued and re-queued ones as
+// SUSPENDED with the reason, instead of leaving them queued for ever (one
+// asking for more devices than the daemon has would hold back every job
+// behind it); ResumeJob refuses them with the submission's message until a
+// restart allows them, and they then resume from their checkpoints.
+TEST_F(JobManagerTest, RestartWithALowerDeviceLimitHoldsJobsThatCanNoLongerStart) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRecord running = Submit(kAlice, WideRequest("running", 2, 6));
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  control->AllowSteps(2);
+  ASSERT_TRUE(control->WaitForStep(2, kTimeout));
+  JobRecord queued = Submit(kAlice, WideRequest("queued", 2));
+  JobRecord bob = Submit(kBob, Request("bob", 1));
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+
+  options_.max_devices_per_user = 1;
+  StartManager();
+  const std::string reason =
+      "train.devices 2 exceeds --max_devices_per_user 1; the job can never run on this daemon";
+  for (const JobRecord& job : {running, queued}) {
+    absl::StatusOr<JobRecord> after = manager_->Get(kAlice, job.id);
+    ASSERT_THAT(after, IsOk());
+    EXPECT_EQ(after->state, JobState::kSuspended) << job.id;
+    EXPECT_THAT(after->message, HasSubstr(absl::StrCat("held at start-up: ", reason)));
+    EXPECT_THAT(manager_->Resume(kAlice, job.id),
+                StatusIs(absl::StatusCode::kResourceExhausted, reason));
+  }
+  EXPECT_EQ(manager_->Get(kAlice, running.id)->resume_from,
+            options_.jobs_dir + "/job-000001/step-2");
+  EXPECT_EQ(StateOf(bob.id), JobState::kRunning) << "the held jobs hold back nobody";
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+
+  // Fewer devices than a job asks for: the same, with that reason.
+  options_.max_devices_per_user = 0;
+  options_.devices = {"cpu"};
+  backend_.gated = false;
+  StartManager();
+  EXPECT_THAT(manager_->Resume(kAlice, running.id),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       "train.devices: 2 requested, this daemon has 1 device(s) (--device); the "
+                       "job can never run on this daemon"));
+  WaitFor(bob.id, StateIs(JobState::kSucceeded));
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+
+  // Allowed again: resumed from its checkpoint.
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  ASSERT_THAT(manager_->Resume(kAlice, running.id), IsOk());
+  WaitFor(running.id, StateIs(JobState::kSucceeded));
+  EXPECT_EQ(manager_->Get(kAlice, running.id)->progress.step, 6);
+  std::shared_ptr<FakeJobControl> last =
+      backend_.WaitForCreated(backend_.created_count(), kTimeout);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->spec_name, "running");
+  EXPECT_EQ(last->start_step, 2);
+  EXPECT_EQ(StateOf(queued.id), JobState::kSuspended);
+}
+
+// The same for a restart with a smaller --host_memory_budget than a queued
+// job needs: held with the numbers, so that it does not stop every
+// scheduling pass (it would wait at the head of the queue for ever).
+TEST_F(JobManagerTest, RestartWithASmallerBudgetHoldsJobsThatCanNoLongerStart) {
+  backend_.gated = true;
+  backend_.footprint_bytes_by_preset["mid"] = 2 << 20;
+  StartManager();
+  JobRecord running = Submit(kBob, Request("running", 100));
+  ASSERT_NE(backend_.WaitForCreated(1, kTimeout), nullptr);
+  JobRequest request = Request("mid", 1);
+  request.spec.model.preset = "mid";
+  JobRecord mid = Submit(kAlice, request);
+  JobRecord small = Submit(kBob, Request("small", 1));
+  ASSERT_TRUE(manager_->Drain(kTimeout));
+  manager_.reset();
+
+  options_.host_memory_budget_bytes = 1 << 20;
+  backend_.gated = false;
+  StartManager();
+  const std::string reason =
+      "job needs 2.00 MiB (2097152 bytes) of host memory but --host_memory_budget is 1.00 MiB "
+      "(1048576 bytes); it can never run on this daemon";
+  absl::StatusOr<JobRecord> held = manager_->Get(kAlice, mid.id);
+  ASSERT_THAT(held, IsOk());
+  EXPECT_EQ(held->state, JobState::kSuspended);
+  EXPECT_THAT(held->message, HasSubstr(absl::StrCat("held at start-up: ", reason)));
+  EXPECT_THAT(manager_->Resume(kAlice, mid.id),
+              StatusIs(absl::StatusCode::kResourceExhausted, reason));
+  WaitFor(running.id, StateIs(JobState::kSucceeded));
+  WaitFor(small.id, StateIs(JobState::kSucceeded));
+}
+
+// A retried submission of a `train.devices: all` job (same request_id)
+// returns the job the first created, whose devices were resolved.
+TEST_F(JobManagerTest, RepeatedSubmitOfAnAllDevicesJobReturnsTheSameJob) {
+  backend_.data_parallel = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  JobRecord first = Submit(kAlice, WideRequest("all", engine::kAllDevices), "retry-1");
+  EXPECT_EQ(first.request.spec.train.devices, 2);
+  JobRecord again = Submit(kAlice, WideRequest("all", engine::kAllDevices), "retry-1");
+  EXPECT_EQ(again.id, first.id);
+}
+
+TEST_F(JobManagerTest, NegativeDeviceLimitIsRefusedNamingTheFlag) {
+  options_.max_devices_per_user = -1;
+  EXPECT_THAT(JobManager::Create(options_, store_.get(), &backend_, &metrics_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--max_devices_per_user: must be >= 0 (0: no limit), got -1"));
+}
+
 }  // namespace
 }  // namespace megatrain::server

@@ -34,6 +34,7 @@ using ::megatrain::server::testing::DaemonHarness;
 using ::megatrain::server::testing::FakeEngineBackend;
 using ::megatrain::server::testing::GrpcStatusIs;
 using ::megatrain::server::testing::kAliceToken;
+using ::megatrain::server::testing::kBobToken;
 using ::megatrain::server::testing::kHarnessTimeout;
 using ::megatrain::server::testing::kRootToken;
 using ::megatrain::server::testing::MakeTempDir;
@@ -280,6 +281,58 @@ TEST_F(DaemonHardeningTest, BadLimitFlagsAreInvalidArgument) {
   EXPECT_THAT(Daemon::Start(options, std::make_unique<FakeEngineBackend>()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--max_watch_streams: must be in [1, --max_threads / 2 = 8]")));
+  // The job limits: 0 is "no limit", a negative value a typo.
+  for (int DaemonOptions::*limit :
+       {&DaemonOptions::max_running_jobs_per_user, &DaemonOptions::max_devices_per_user,
+        &DaemonOptions::max_queued_jobs_per_user, &DaemonOptions::max_queued_jobs}) {
+    options = options_;
+    options.*limit = -1;
+    EXPECT_THAT(Daemon::Start(options, std::make_unique<FakeEngineBackend>()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(": must be >= 0 (0: no limit), got -1")));
+  }
+  options = options_;
+  options.max_devices_per_user = -2;
+  EXPECT_THAT(Daemon::Start(options, std::make_unique<FakeEngineBackend>()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--max_devices_per_user: must be >= 0 (0: no limit), got -2"));
+}
+
+// --- devices (Note [Device limit] in server/core/job_manager.h) ---
+
+TEST_F(DaemonHardeningTest, DeviceLimitRefusesAtSubmitAndSkipsTheUserOverRpc) {
+  options_.device = "cpu,cpu:1";
+  options_.max_devices_per_user = 1;
+  data_parallel_ = true;
+  StartDaemon();
+  auto alice = Connect(kAliceToken);
+  auto bob = Connect(kBobToken);
+  auto root = Connect(kRootToken);
+  v1::JobSpec wide = Spec("wide");
+  wide.mutable_train()->set_devices(2);
+  wide.mutable_train()->set_gradient_accumulation_steps(2);
+  for (client::Connection* who : {alice.get(), root.get()}) {
+    grpc::Status refused = SubmitStatus(*who, wide);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(refused.error_message(),
+              "train.devices 2 exceeds --max_devices_per_user 1; the job can never run on this "
+              "daemon");
+  }
+  wide.mutable_train()->set_devices(0);  // all
+  grpc::Status all = SubmitStatus(*alice, wide);
+  EXPECT_EQ(all.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(all.error_message(),
+            "train.devices 2 exceeds --max_devices_per_user 1 (train.devices: all is this "
+            "daemon's 2 devices); the job can never run on this daemon");
+
+  // Alice's second job waits with a device free; bob's passes it.
+  const std::string first = Submit(*alice, Spec("first"));
+  const std::string second = Submit(*alice, Spec("second"));
+  const std::string bobs = Submit(*bob, Spec("bobs"));
+  EXPECT_EQ(GetJob(*alice, first).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(*alice, second).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(GetJob(*bob, bobs).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(*bob, bobs).device(), "cpu:1");
 }
 
 // --- path roots ---
