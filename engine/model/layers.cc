@@ -69,31 +69,77 @@ std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& inv_freq, int64_t
   return {(emb.cos() * factor).to(device), (emb.sin() * factor).to(device)};
 }
 
-// HF rotate_half: cat(-x2, x1) over the last dimension.
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+// Note [RoPE precision]
+// The rotation is computed in fp32 and rounded to x's dtype once. HF builds
+// cos and sin in fp32 and casts them to the dtype of the hidden states,
+// which under autocast with fp32 weights (the engine's precision model,
+// layers.h) is the fp32 residual stream; q and k (bf16 matmul outputs)
+// times fp32 cos promote to fp32, and SDPA's autocast rounds the result to
+// bf16. Rounding cos, sin and each product to bf16 instead would add three
+// roundings per element. With Dr < Dh only the first Dr dimensions rotate
+// (HF Phi-3 apply_rotary_pos_emb: q_rot, q_pass).
+//
+// Note [RoPE kernels]
+// HF's form, (x * cos + rotate_half(x) * sin) with rotate_half(x) =
+// cat(-x2, x1), is per element of the halves x1, x2:
+//   y1 = x1 * c1 - x2 * s1,   y2 = x2 * c2 + x1 * s2,
+// and its adjoint, for the gradient g of y:
+//   gx1 = g1 * c1 + g2 * s2,  gx2 = g2 * c2 - g1 * s1.
+// RopeFunction computes exactly these products and sums in fp32 (a + (-b)
+// is a - b in IEEE arithmetic, and each product is the same product), so
+// its output and gradient are bit for bit those of the composite form and
+// of autograd through it. It reads x in its dtype (the fp32 promotion
+// happens on load), writes the halves straight into the rounded output
+// and runs on [B, T, heads, Dh], the layout the projections produce:
+// five elementwise kernels each way instead of about a dozen, on
+// contiguous data instead of the transposed [B, heads, T, Dh] view.
+
+// y's rotary part (or x's gradient, `adjoint`) from x (or y's gradient)
+// [B, T, heads, >= Dr] and cos, sin [T, Dr] fp32, into `out` (same shape,
+// any floating dtype): Note [RoPE kernels].
+void RotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool adjoint,
+                const at::Tensor& out) {
+  const int64_t t = cos.size(0), rotary = cos.size(1), half = rotary / 2;
+  const at::Tensor c = cos.view({1, t, 1, rotary});
+  const at::Tensor s = sin.view({1, t, 1, rotary});
+  const at::Tensor xc = at::mul(x.narrow(-1, 0, rotary), c);  // fp32 [B, T, heads, Dr]
+  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  const at::Tensor s1 = s.narrow(-1, 0, half), s2 = s.narrow(-1, half, half);
+  at::Tensor out1 = out.narrow(-1, 0, half), out2 = out.narrow(-1, half, half);
+  if (!adjoint) {
+    at::sub_out(out1, xc.narrow(-1, 0, half), at::mul(x2, s1));     // x1 c1 - x2 s1
+    at::add_out(out2, xc.narrow(-1, half, half), at::mul(x1, s2));  // x2 c2 + x1 s2
+  } else {
+    at::add_out(out1, xc.narrow(-1, 0, half), at::mul(x2, s2));     // g1 c1 + g2 s2
+    at::sub_out(out2, xc.narrow(-1, half, half), at::mul(x1, s1));  // g2 c2 - g1 s1
+  }
+  if (rotary < x.size(-1)) {  // the pass-through dimensions
+    out.narrow(-1, rotary, x.size(-1) - rotary).copy_(x.narrow(-1, rotary, x.size(-1) - rotary));
+  }
 }
 
-// x [B, heads, T, Dh] compute dtype; cos, sin [T, Dr] fp32. Note [RoPE
-// precision]: the rotation is computed in fp32 and rounded to x's dtype
-// once. HF builds cos and sin in fp32 and casts them to the dtype of the
-// hidden states, which under autocast with fp32 weights (the engine's
-// precision model, layers.h) is the fp32 residual stream; q and k (bf16
-// matmul outputs) times fp32 cos promote to fp32, and SDPA's autocast
-// rounds the result to bf16. Rounding cos, sin and each product to bf16
-// instead would add three roundings per element. With Dr < Dh only the
-// first Dr dimensions rotate (HF Phi-3 apply_rotary_pos_emb: q_rot, q_pass).
-at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  at::Tensor c = cos.to(at::kFloat).unsqueeze(0).unsqueeze(0);  // [1, 1, T, Dr]
-  at::Tensor s = sin.to(at::kFloat).unsqueeze(0).unsqueeze(0);
-  at::Tensor xf = x.to(at::kFloat);
-  const int64_t rotary = cos.size(-1);
-  if (rotary == x.size(-1)) return (xf * c + RotateHalf(xf) * s).to(x.scalar_type());
-  at::Tensor x_rot = xf.narrow(-1, 0, rotary);
-  at::Tensor x_pass = x.narrow(-1, rotary, x.size(-1) - rotary);
-  return at::cat({(x_rot * c + RotateHalf(x_rot) * s).to(x.scalar_type()), x_pass}, -1);
-}
+struct RopeFunction : public torch::autograd::Function<RopeFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+    RotateInto(x, cos, sin, /*adjoint=*/false, y);
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    at::NoGradGuard no_grad;
+    const at::Tensor& g = grad_outputs[0];
+    at::Tensor gx = at::empty(g.sizes(), g.options().dtype(dtype).memory_format(
+                                             at::MemoryFormat::Contiguous));
+    RotateInto(g, saved[0], saved[1], /*adjoint=*/true, gx);
+    return {gx, at::Tensor(), at::Tensor()};
+  }
+};
 
 // The gated MLP's activation (HF ACT2FN: silu, gelu_pytorch_tanh, gelu).
 at::Tensor Activation(const at::Tensor& x, MlpActivation a) {
@@ -196,6 +242,10 @@ struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction>
 };
 
 }  // namespace
+
+at::Tensor ApplyRotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return RopeFunction::apply(x, cos.to(at::kFloat), sin.to(at::kFloat));
+}
 
 int64_t MlpChunkRows(int64_t rows, int64_t intermediate, int64_t element_size,
                      int64_t max_chunk_bytes) {
@@ -588,8 +638,8 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
   const bool local_rope = sliding && rope.local_cos.defined();
   const at::Tensor& cos = local_rope ? rope.local_cos : rope.cos;
   const at::Tensor& sin = local_rope ? rope.local_sin : rope.sin;
-  q = ApplyRope(q.transpose(1, 2), cos, sin);  // [B, H, T, Dh]
-  k = ApplyRope(k.transpose(1, 2), cos, sin);  // [B, KV, T, Dh]
+  q = ApplyRotaryEmbedding(q, cos, sin).transpose(1, 2);  // [B, H, T, Dh]
+  k = ApplyRotaryEmbedding(k, cos, sin).transpose(1, 2);  // [B, KV, T, Dh]
   v = v.transpose(1, 2);
   k = RepeatKv(k, h / kv);  // [B, H, T, Dh]
   v = RepeatKv(v, h / kv);

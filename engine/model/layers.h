@@ -153,6 +153,16 @@ struct RopeCache {
 // longrope_frequency_update does for positions [0, seq_len).
 RopeCache BuildRopeCache(const ModelConfig& config, int64_t seq_len, const at::Device& device);
 
+// Rotary position embedding (HF apply_rotary_pos_emb with rotate_half) of
+// x [B, T, heads, Dh] (compute dtype, or fp32; the last dimension
+// contiguous) with cos, sin [T, Dr] (Dr <= Dh, even; cast to fp32): the
+// first Dr dimensions rotate, the rest pass through. Returns a contiguous
+// [B, T, heads, Dh] tensor of x's dtype, computed in fp32 and rounded once
+// (Notes [RoPE precision] and [RoPE kernels] in layers.cc); differentiable
+// in x, with the same arithmetic as autograd through HF's formula.
+// Thread-compatible; LibTorch errors are thrown (c10::Error).
+at::Tensor ApplyRotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 // Attention mask for the config's sliding layers: undefined when no layer
 // slides over a window shorter than seq_len, else a boolean [T, T]
 // sliding-window causal mask (true = attend). Full-attention layers ignore

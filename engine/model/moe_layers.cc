@@ -15,24 +15,14 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
 }
 
-// HF rotate_half: cat(-x2, x1) over the last dimension.
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-// x [B, heads, T, Dh] compute dtype; cos, sin [T, Dh] fp32. The rotation
-// is computed in fp32 and rounded to x's dtype once, as the dense layers do
-// (Note [RoPE precision] in layers.cc: HF's cos and sin are fp32 under
-// autocast with fp32 weights, so q * cos promotes to fp32). Rounding cos,
-// sin and each product to bf16 instead added three roundings per element:
-// gpt_oss's bf16 gradients were 0.13-0.15 (norm-relative) from the bf16
-// reference's on the parity weights at init range 0.2, 0.01 with this
-// (Note [MoE bf16 parity] in tests/engine/step/moe_executor_test.cc).
-at::Tensor ApplyRope(const at::Tensor& x, const RopeCache& rope) {
-  at::Tensor xf = x.to(at::kFloat);
-  return (xf * rope.cos + RotateHalf(xf) * rope.sin).to(x.scalar_type());
-}
+// RoPE is ApplyRotaryEmbedding (layers.h), computed in fp32 and rounded to
+// x's dtype once as the dense layers do (Note [RoPE precision] in
+// layers.cc: HF's cos and sin are fp32 under autocast with fp32 weights,
+// so q * cos promotes to fp32). Rounding cos, sin and each product to bf16
+// instead added three roundings per element: gpt_oss's bf16 gradients were
+// 0.13-0.15 (norm-relative) from the bf16 reference's on the parity
+// weights at init range 0.2, 0.01 with this (Note [MoE bf16 parity] in
+// tests/engine/step/moe_executor_test.cc).
 
 // HF repeat_kv: [B, KV, T, Dh] -> [B, KV*n_rep, T, Dh].
 at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
@@ -84,8 +74,8 @@ at::Tensor AttentionBlock(const MoeModelConfig& config, const MoeDecoderLayerWei
     q = RmsNorm(q, d.q_norm.to(at::kFloat), c.rms_norm_eps).to(cd);
     k = RmsNorm(k, d.k_norm.to(at::kFloat), c.rms_norm_eps).to(cd);
   }
-  q = ApplyRope(q.transpose(1, 2), rope);                    // [B, H, T, Dh]
-  k = RepeatKv(ApplyRope(k.transpose(1, 2), rope), h / kv);  // [B, H, T, Dh]
+  q = ApplyRotaryEmbedding(q, rope.cos, rope.sin).transpose(1, 2);  // [B, H, T, Dh]
+  k = RepeatKv(ApplyRotaryEmbedding(k, rope.cos, rope.sin).transpose(1, 2), h / kv);
   v = RepeatKv(v.transpose(1, 2), h / kv);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   at::Tensor attn = AttentionWithSinks(q, k, v, w.sinks, mask, scale);  // [B, H, T, Dh]
