@@ -134,8 +134,8 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     at::NoGradGuard no_grad;
     const at::Tensor& g = grad_outputs[0];
-    at::Tensor gx = at::empty(g.sizes(), g.options().dtype(dtype).memory_format(
-                                             at::MemoryFormat::Contiguous));
+    at::Tensor gx =
+        at::empty(g.sizes(), g.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
     RotateInto(g, saved[0], saved[1], /*adjoint=*/true, gx);
     return {gx, at::Tensor(), at::Tensor()};
   }

@@ -73,11 +73,8 @@ TEST_P(RotaryEmbeddingTest, BitIdenticalToTheHfExpressionAndItsAutograd) {
   ASSERT_EQ(ours.y.scalar_type(), dtype);
   ASSERT_EQ(ours.grad_x.scalar_type(), dtype);
   ASSERT_EQ(ours.y.sizes(), hf.y.sizes());
-  EXPECT_TRUE(at::equal(ours.y, hf.y)) << "max |diff| "
-                                       << (ours.y.to(at::kFloat) - hf.y.to(at::kFloat))
-                                              .abs()
-                                              .max()
-                                              .item<float>();
+  EXPECT_TRUE(at::equal(ours.y, hf.y))
+      << "max |diff| " << (ours.y.to(at::kFloat) - hf.y.to(at::kFloat)).abs().max().item<float>();
   EXPECT_TRUE(at::equal(ours.grad_x, hf.grad_x))
       << "max |diff| "
       << (ours.grad_x.to(at::kFloat) - hf.grad_x.to(at::kFloat)).abs().max().item<float>();
@@ -95,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndRotaryDims, RotaryEmbeddingTest,
                                             ::testing::Values(false, true)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param) == at::kFloat ? "fp32"
-                                                                                     : "bf16") +
+                                                                                    : "bf16") +
                                   (std::get<1>(info.param) == kDh ? "_full" : "_partial") +
                                   (std::get<2>(info.param) ? "_cuda" : "_cpu");
                          });
