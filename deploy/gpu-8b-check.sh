@@ -14,15 +14,7 @@ MEGATRAIN_BUILD_SERVER=OFF bash deploy/gpu-build.sh build-gpu megatrain-bench > 
   || { tail -30 "$OUT/build.log"; exit 1; }
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-peak=$(python3 - <<'PY'
-import torch, time
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-for _ in range(5): a @ b
-torch.cuda.synchronize(); t = time.perf_counter(); n = 30
-for _ in range(n): a @ b
-torch.cuda.synchronize(); print(f"{2 * 8192**3 * n / (time.perf_counter() - t) / 1e12:.1f}")
-PY
-)
+peak=$(python3 deploy/matmul-peak.py)
 echo "bf16 matmul 8192^3: $peak TFLOP/s" | tee -a "$OUT/device.txt"
 build-gpu/engine/megatrain-bench --pinned_gib=${PINNED_GIB:-100} | tee "$OUT/pinned.json"
 build-gpu/engine/megatrain-bench --model=llama-8b --device=cuda --compute_dtype=bf16 \

@@ -23,15 +23,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     > "$OUT/build-8b-clip.log" 2>&1 || { tail -30 "$OUT/build-8b-clip.log"; exit 1; }
 fi
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-peak=$(python3 - <<'PY'
-import torch, time
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-for _ in range(5): a @ b
-torch.cuda.synchronize(); t = time.perf_counter(); n = 30
-for _ in range(n): a @ b
-torch.cuda.synchronize(); print(f"{2 * 8192**3 * n / (time.perf_counter() - t) / 1e12:.1f}")
-PY
-)
+peak=$(python3 deploy/matmul-peak.py)
 echo "bf16 matmul 8192^3: $peak TFLOP/s" | tee -a "$OUT/device.txt"
 : > "$OUT/8b-clip.jsonl"
 VARIANTS=${VARIANTS:-" "}
