@@ -784,6 +784,20 @@ void JobManager::ScheduleLocked() {
 }
 
 void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
+  // Note [Gang scheduling]: only when the devices it could ever get are
+  // enough for it.
+  const size_t wanted =
+      static_cast<size_t>(std::max<int64_t>(1, waiting.request.spec.train.devices));
+  size_t reachable = 0;
+  for (const std::string& device : options_.devices) {
+    if (job_on_device_[device].empty()) ++reachable;
+  }
+  for (const auto& [id, active] : active_) {
+    if (active->stop != StopReason::kNone || active->priority < waiting.request.priority) {
+      reachable += active->devices.size();
+    }
+  }
+  if (reachable < wanted) return;
   Active* victim = nullptr;
   for (const auto& [id, active] : active_) {
     if (active->stop == StopReason::kPreempt) return;  // one preemption at a time

@@ -37,6 +37,10 @@
 // under its first device (loss and tokens/s of the global batch: the job's
 // total); its other devices show it in GetStatus. A preemption frees one
 // victim's devices at a time; a job needing more waits for the next pass.
+// No job is preempted for it unless the free devices and those of every
+// job it may preempt (lower priority, or stopping already) add up to N:
+// otherwise each victim would be checkpointed and stopped for nothing
+// while a job of higher priority keeps the devices it lacks.
 // Only backends that run data-parallel jobs get them
 // (EngineBackend::RunsDataParallelJobs); otherwise Submit refuses N > 1 with
 // UNIMPLEMENTED.

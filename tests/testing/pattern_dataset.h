@@ -34,7 +34,7 @@ struct PatternDataset {
 inline std::string WritePatternDataset(const PatternDataset& d = {}) {
   const std::string dir = MakeTempDir(d.prefix);
   auto writer =
-      engine::TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = d.vocab_size});
+      engine::TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = static_cast<uint64_t>(d.vocab_size)});
   EXPECT_THAT(writer, IsOk());
   if (!writer.ok()) return dir;
   std::mt19937 rng(d.seed);

@@ -57,7 +57,9 @@ TEST(ShardLayoutTest, ShardsTileEveryBlock) {
         EXPECT_EQ(shard.begin, next) << numel << " " << world << " " << r;
         EXPECT_GE(shard.size(), 0);
         EXPECT_LE(shard.size(), s);
-        if (shard.end < numel) EXPECT_EQ(shard.size(), s);
+        if (shard.end < numel) {
+          EXPECT_EQ(shard.size(), s);
+        }
         next = shard.end;
       }
       EXPECT_EQ(next, numel) << numel << " " << world;

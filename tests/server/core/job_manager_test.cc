@@ -1254,6 +1254,44 @@ TEST_F(JobManagerTest, PreemptionFreesTheVictimsNvmeBytes) {
 // The same without a tiered victim: the only job below the waiting tiered
 // one holds host memory and a device but no NVMe bytes; stopping it would
 // not let the waiting job start, so it keeps running.
+// Note [Gang scheduling]: a 2-device job of middle priority does not
+// preempt the low-priority job on one device while a higher-priority job
+// keeps the other (it could never get both); with both devices held by
+// lower-priority jobs it preempts them, one a pass, and starts on both.
+TEST_F(JobManagerTest, GangJobPreemptsOnlyWhenItCanGetAllItsDevices) {
+  backend_.gated = true;
+  backend_.data_parallel = true;
+  options_.preemption = true;
+  options_.devices = {"cpu", "cpu:1"};
+  StartManager();
+  const JobRecord top = Submit(kAlice, Request("top", 5, 10));
+  std::shared_ptr<FakeJobControl> top_control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(top_control, nullptr);
+  const JobRecord low = Submit(kAlice, Request("low", 5, 0));
+  std::shared_ptr<FakeJobControl> low_control = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(low_control, nullptr);
+  JobRequest wide_request = WideRequest("wide", 2);
+  wide_request.priority = 5;
+  const JobRecord wide = Submit(kBob, wide_request);
+  low_control->AllowSteps(1);
+  ASSERT_TRUE(low_control->WaitForStep(1, kTimeout));
+  EXPECT_FALSE(WasPreempted(*store_, low.id)) << "the wide job could not get top's device";
+  EXPECT_EQ(StateOf(low.id), JobState::kRunning);
+  EXPECT_EQ(StateOf(wide.id), JobState::kQueued);
+
+  // Once top ends, both devices can be had: low is preempted and wide runs.
+  top_control->AllowSteps(5);
+  WaitFor(top.id, StateIs(JobState::kSucceeded));
+  low_control->AllowSteps(1);
+  std::shared_ptr<FakeJobControl> gang = backend_.WaitForCreated(3, kTimeout);
+  ASSERT_NE(gang, nullptr);
+  EXPECT_EQ(gang->spec_name, "wide");
+  EXPECT_EQ(gang->device, "cpu,cpu:1");
+  EXPECT_TRUE(WasPreempted(*store_, low.id));
+  gang->AllowSteps(1);
+  WaitFor(wide.id, StateIs(JobState::kSucceeded));
+}
+
 TEST_F(JobManagerTest, NoPreemptionThatWouldNotFreeTheNvmeBytes) {
   backend_.gated = true;
   backend_.footprint_bytes_by_preset["big"] = 100 << 20;
