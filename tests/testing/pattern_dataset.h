@@ -33,8 +33,8 @@ struct PatternDataset {
 // returns the directory; records a test failure if a write fails.
 inline std::string WritePatternDataset(const PatternDataset& d = {}) {
   const std::string dir = MakeTempDir(d.prefix);
-  auto writer =
-      engine::TokenShardWriter::Create(dir + "/train-00000.mtt", {.vocab_size = static_cast<uint64_t>(d.vocab_size)});
+  auto writer = engine::TokenShardWriter::Create(
+      dir + "/train-00000.mtt", {.vocab_size = static_cast<uint64_t>(d.vocab_size)});
   EXPECT_THAT(writer, IsOk());
   if (!writer.ok()) return dir;
   std::mt19937 rng(d.seed);
