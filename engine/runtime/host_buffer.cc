@@ -70,8 +70,8 @@ void HostBuffer::Release() noexcept {
 
 void HostBuffer::FaultIn() {
   if (data_ == nullptr) return;
-  // Writing one byte per 4 KiB page suffices (a zero: the pages are
-  // anonymous, so their contents stay zero).
+  // Touching one byte per page suffices; it is read and written back, so
+  // the contents are kept (a fresh mapping stays zero).
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = mapped_bytes_;
   void* p = data_;
