@@ -371,6 +371,11 @@ DecoderLayerWeights BindDecoderLayerWeights(const BlockLayout& block, const at::
 }
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // The residual stream is fp32; weight * normed promotes to fp32 then.
+  if (at::promote_types(weight.scalar_type(), x.scalar_type()) == at::kFloat) {
+    at::Tensor fused = compat::FusedRmsNorm(x, weight, eps);  // Note [Fused RMSNorm]
+    if (fused.defined()) return fused;
+  }
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
   at::Tensor normed = (xf * at::rsqrt(variance + eps)).to(x.scalar_type());

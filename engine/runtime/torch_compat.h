@@ -226,6 +226,31 @@ inline bool AddmmIntoFp32(at::Tensor& acc, const at::Tensor& mat1, const at::Ten
   return false;
 }
 
+// Note [Fused RMSNorm]
+// HF LlamaRMSNorm on an fp32 x [..., D] with weight [D] (any float dtype):
+// x * rsqrt(mean(x^2, -1) + eps) * weight, all in fp32. On CUDA with torch
+// >= 2.9, at::rms_norm runs it as one fused kernel each way
+// (_fused_rms_norm and its backward) where the composite form launches
+// about five kernels forward and ten backward, each a full [.., D] fp32
+// pass: the largest elementwise cost of the decoder layer at 8B
+// (docs/performance.md, "session 14"). The fused kernel sums x^2 in its
+// own order, so rstd, and the output, can differ from the composite's in
+// the last bit; it is one function for every schedule, tier and resume, so
+// those stay bit-identical to each other. Returns an undefined tensor where
+// the fused path is not taken (CPU, other dtypes, older torch): callers then
+// compute the composite form, bit for bit HF's.
+inline at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 9)
+  if (x.is_cuda() && x.scalar_type() == at::kFloat) {
+    return at::rms_norm(x, {x.size(-1)}, weight.to(at::kFloat), eps);
+  }
+#endif
+  (void)x;
+  (void)weight;
+  (void)eps;
+  return at::Tensor();
+}
+
 // Note [Expandable segments]
 // Asks the CUDA caching allocator for expandable segments
 // (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) unless the operator
