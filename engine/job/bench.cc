@@ -109,6 +109,7 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
   topt.resident_layers = o.resident_layers;
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
+  topt.cuda_graphs = o.cuda_graphs;
   topt.loss_chunk_tokens = o.loss_chunk_tokens;
   MEGATRAIN_ASSIGN_OR_RETURN(topt.step_schedule, ParseStepSchedule(o.schedule, "--schedule"));
   topt.wave = o.wave;
@@ -316,6 +317,7 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["resident_layers"] = trainer.resident_layers();
   (*j)["resident_embedding"] = trainer.resident_embedding();
   (*j)["device_grad_accumulation"] = trainer.device_grad_accumulation();
+  (*j)["cuda_graphs"] = trainer.schedule_choice().cuda_graphs;
   (*j)["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;
@@ -355,6 +357,7 @@ void AddTimingJson(const BenchRun& run, const absl::StatusOr<LinkBandwidthMeasur
                    nlohmann::json* j) {
   const PhaseSamples& s = run.samples;
   (*j)["gate_rows"] = run.last.gate_rows;
+  (*j)["cuda_graph_replays"] = run.last.cuda_graph_replays;  // in the last step
   (*j)["lookahead_rows"] = run.last.lookahead_rows;
   (*j)["loss_first"] = run.loss_first;
   (*j)["loss_last"] = run.loss_last;

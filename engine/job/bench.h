@@ -49,6 +49,7 @@ struct BenchOptions {
   int resident_layers = -1;           // TrainerOptions::resident_layers (-1 = auto)
   int resident_embedding = -1;        // TrainerOptions::resident_embedding (-1 = auto)
   int device_grad_accumulation = -1;  // TrainerOptions::device_grad_accumulation (-1 = auto)
+  int cuda_graphs = -1;               // TrainerOptions::cuda_graphs (-1 = auto)
   int64_t loss_chunk_tokens = 0;      // TrainerOptions::loss_chunk_tokens (rows; 0 = auto)
   // Note [Schedule choice] in step/schedule_choice.h: auto |
   // micro-batch-major | layer-major; wave (0 = auto); auto | device | host.
@@ -80,7 +81,8 @@ struct BenchOptions {
 // trainer.h), resident_layers (the resolved TrainerOptions::resident_layers;
 // Note [Resident layers] in executor.h), resident_embedding and
 // device_grad_accumulation (resolved; Notes [Resident embedding] and
-// [Device gradient accumulation] in executor.h), the resolved schedule, wave and
+// [Device gradient accumulation] in executor.h), cuda_graphs (resolved;
+// Note [Layer graphs] in step/layer_graphs.h), the resolved schedule, wave and
 // activations ("device" | "host") with schedule_choice (the one-line reason;
 // Note [Schedule choice] in step/schedule_choice.h), device_plan (bytes: the device's
 // total, planned = executor + saved inputs outside it + working, of the

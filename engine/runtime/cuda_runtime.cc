@@ -1,5 +1,6 @@
 // CUDA runtime: RAII streams and events, and LibTorch stream binding.
 // Compiled only when LibTorch has CUDA (MEGATRAIN_WITH_CUDA).
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -7,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <functional>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +94,17 @@ class CudaScope final : public StreamScope {
   c10::cuda::CUDAStreamGuard guard_;
 };
 
+// One captured CUDA graph; LibTorch's CUDAGraph releases it and its share
+// of the memory pool.
+class CudaGraph final : public DeviceGraph {
+ public:
+  void Replay() override { graph_.replay(); }
+  at::cuda::CUDAGraph& graph() { return graph_; }
+
+ private:
+  at::cuda::CUDAGraph graph_;
+};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   explicit CudaRuntime(int device_index) : device_index_(device_index) {
@@ -147,6 +160,26 @@ class CudaRuntime final : public DeviceRuntime {
     ThrowIfError(cudaEventElapsedTime(&ms, Get(start), Get(end)), "cudaEventElapsedTime");
     return ms;
   }
+  std::unique_ptr<DeviceGraph> CaptureGraph(std::function<void()> body) override {
+    auto scope = Use(StreamKind::kCompute);
+    if (!graph_pool_.has_value()) graph_pool_ = at::cuda::graph_pool_handle();
+    auto graph = std::make_unique<CudaGraph>();
+    graph->graph().capture_begin(*graph_pool_, cudaStreamCaptureModeThreadLocal);
+    try {
+      body();
+    } catch (...) {
+      EndFailedCapture(*graph);
+      throw;
+    }
+    try {
+      graph->graph().capture_end();
+    } catch (...) {
+      (void)cudaGetLastError();
+      throw;
+    }
+    return graph;
+  }
+
   void Synchronize() override {
     for (auto& s : streams_) {
       if (s.has_value()) LogIfError(cudaStreamSynchronize(s->get()), "cudaStreamSynchronize");
@@ -170,12 +203,25 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
  private:
+  // Ends a capture whose body threw, discarding the graph, and clears the
+  // error the body's launches may have left (a later launch check would
+  // report it).
+  static void EndFailedCapture(CudaGraph& graph) {
+    try {
+      graph.graph().capture_end();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "megatrain: abandoned CUDA graph capture: %s\n", e.what());
+    }
+    (void)cudaGetLastError();
+  }
+
   cudaStream_t Raw(StreamKind kind) const { return streams_[static_cast<int>(kind)]->get(); }
   static cudaEvent_t Get(DeviceEvent& e) { return static_cast<CudaEvent&>(e).get(); }
 
   int device_index_;
   std::string name_;
   std::array<std::optional<CudaStream>, kNumStreams> streams_;
+  std::optional<c10::cuda::MempoolId_t> graph_pool_;  // shared by every CaptureGraph
 };
 
 }  // namespace

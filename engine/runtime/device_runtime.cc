@@ -2,6 +2,7 @@
 #include "engine/runtime/device_runtime.h"
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +19,18 @@ namespace {
 
 class CpuEvent final : public DeviceEvent {};
 class CpuScope final : public StreamScope {};
+
+// Replays by running the body again: on the CPU there is nothing to
+// capture, and the caller's view (results in what the body assigns) is the
+// same as a CUDA graph's.
+class CpuGraph final : public DeviceGraph {
+ public:
+  explicit CpuGraph(std::function<void()> body) : body_(std::move(body)) {}
+  void Replay() override { body_(); }
+
+ private:
+  std::function<void()> body_;
+};
 
 // Everything runs synchronously on the calling thread.
 class CpuRuntime final : public DeviceRuntime {
@@ -37,6 +50,9 @@ class CpuRuntime final : public DeviceRuntime {
   void Wait(StreamKind, DeviceEvent&) override {}
   void HostWait(DeviceEvent&) override {}
   double ElapsedMs(DeviceEvent&, DeviceEvent&) override { return 0.0; }
+  std::unique_ptr<DeviceGraph> CaptureGraph(std::function<void()> body) override {
+    return std::make_unique<CpuGraph>(std::move(body));
+  }
   void Synchronize() override {}
   int64_t TotalBytes() const override { return 0; }
   int64_t AllocatedBytes() const override { return 0; }

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,19 @@ class DeviceEvent {
 class StreamScope {
  public:
   virtual ~StreamScope() = default;
+};
+
+// Work captured from the compute stream (a CUDA graph) by
+// DeviceRuntime::CaptureGraph, replayed as one launch (Note [Layer graphs]
+// in engine/step/layer_graphs.h). Destroyed by its owner, before the
+// runtime.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Enqueues the captured work on the compute stream, which must be the
+  // calling thread's current stream (DeviceRuntime::Use). The CPU runtime
+  // runs the captured body again instead. Throws on a CUDA error.
+  virtual void Replay() = 0;
 };
 
 class DeviceRuntime {
@@ -81,6 +95,19 @@ class DeviceRuntime {
   virtual void HostWait(DeviceEvent& event) = 0;
   // Milliseconds between two completed timing events.
   virtual double ElapsedMs(DeviceEvent& start, DeviceEvent& end) = 0;
+
+  // Captures what `body` enqueues on the compute stream (which it must use
+  // as the current stream) into a graph, without running it: CUDA graph
+  // capture in cudaStreamCaptureModeThreadLocal, so that the runtime's
+  // other threads (event waits of the gradient lander and the optimizer)
+  // stay legal, with every graph of this runtime sharing one private
+  // memory pool. Tensors `body` allocates live in that pool for the
+  // graph's lifetime; what it returns through its captures is rewritten in
+  // place by each Replay. The CPU runtime keeps `body` and runs it on each
+  // Replay. `body` must not synchronise with the host (no .item(), no
+  // data-dependent shapes). Throws (with the capture ended and the CUDA
+  // error cleared) when capture fails; the runtime is then still usable.
+  virtual std::unique_ptr<DeviceGraph> CaptureGraph(std::function<void()> body) = 0;
 
   // Blocks until all three streams are idle.
   virtual void Synchronize() = 0;

@@ -61,6 +61,9 @@ struct StepStats {
   // writes are the SSD's wear.
   int64_t nvme_read_bytes = 0;
   int64_t nvme_written_bytes = 0;
+  // Decoder-layer forwards and recompute-and-backwards replayed from CUDA
+  // graphs (Note [Layer graphs] in step/layer_graphs.h); 0 when off.
+  int64_t cuda_graph_replays = 0;
 
   void Add(const StepStats& other) {
     tokens += other.tokens;
@@ -78,6 +81,7 @@ struct StepStats {
     gap_forward_seconds += other.gap_forward_seconds;
     gap_head_seconds += other.gap_head_seconds;
     gap_backward_seconds += other.gap_backward_seconds;
+    cuda_graph_replays += other.cuda_graph_replays;
     h2d_bytes += other.h2d_bytes;
     d2h_bytes += other.d2h_bytes;
     if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;

@@ -22,6 +22,7 @@
 #include "engine/step/device_grad_accumulator.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/input_stager.h"
+#include "engine/step/layer_graphs.h"
 #include "engine/step/moe_block.h"
 #include "engine/step/resident_blocks.h"
 #include "engine/step/step_env.h"
@@ -139,6 +140,13 @@ class StreamingExecutor::Impl {
   // parameters (in BindBlockParams order) and, last, of `input`.
   std::vector<at::Tensor> RecomputeAndBackward(const BlockLayout& bl, const at::Tensor& flat,
                                                const at::Tensor& input, const at::Tensor& grad_y);
+  // A dense decoder layer's forward, and its recompute and backward (as
+  // RecomputeAndBackward), from CUDA graphs when they are on (Note [Layer
+  // graphs] in step/layer_graphs.h).
+  at::Tensor DenseForward(const BlockLayout& bl, const at::Tensor& flat, const at::Tensor& x);
+  std::vector<at::Tensor> DenseRecomputeAndBackward(const BlockLayout& bl, const at::Tensor& flat,
+                                                    const at::Tensor& input,
+                                                    const at::Tensor& grad_y);
   void EmbeddingBackward(const StepAction& a, PassState& p);
   // A contribution to `block`'s device sum is in place; on the last one
   // of the pass the sum lands in the store.
@@ -163,6 +171,9 @@ class StreamingExecutor::Impl {
   std::unique_ptr<MoeLayerRunner> moe_;  // MoE models only (engine/step/moe_block.h)
   DeviceGradAccumulator accumulator_;
   bool assume_embedding_grad_zero_ = false;  // for the current/next Run only
+  // Last: its graphs go before the buffers their kernels address.
+  std::unique_ptr<LayerGraphs> graphs_;
+  int64_t graph_replays_at_pass_start_ = 0;
 };
 
 absl::Status StreamingExecutor::Impl::Init() {
@@ -199,6 +210,9 @@ absl::Status StreamingExecutor::Impl::Init() {
       moe_ =
           std::make_unique<MoeLayerRunner>(config, options_.seq_len, device, options_.noise_seed);
     }
+    graphs_ = std::make_unique<LayerGraphs>(
+        env_.runtime, options_.cuda_graphs && config.moe == nullptr,
+        LayerGraphCount(config, options_.num_weight_slots, options_.resident_layers));
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
@@ -291,6 +305,7 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
   const StepClock::time_point start = StepClock::now();
   env_.BeginPass();
+  graph_replays_at_pass_start_ = graphs_->replays();
   PassState pass;
   pass.micro_batches = mbs;
   pass.loss_scale = result.counted_tokens > 0 ? 1.0 / result.counted_tokens : 0.0;
@@ -384,9 +399,7 @@ void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
   const int token = env_.timer.Begin(StreamKind::kCompute);
   mb.x = moe_ ? moe_->Forward(a.micro_batch, env_.layout.blocks[a.block], flat, mb.x,
                               env_.compute_dtype)
-              : DecoderLayerForward(
-                    env_.config, BindDecoderLayerWeights(env_.layout.blocks[a.block], flat), mb.x,
-                    rope_, attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes);
+              : DenseForward(env_.layout.blocks[a.block], flat, mb.x);
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
   if (!resident) slots_->Release(a.use);
   // Free offloaded inputs once their copy is done: the compute stream
@@ -492,6 +505,32 @@ std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const Bloc
   return torch::autograd::grad({y}, inputs, {grad_y});
 }
 
+at::Tensor StreamingExecutor::Impl::DenseForward(const BlockLayout& bl, const at::Tensor& flat,
+                                                 const at::Tensor& x) {
+  const BlockLayout* block = &bl;
+  return graphs_
+      ->Run(LayerWork::kForward, flat.data_ptr(), LayerGraphVariant(env_.config, bl.layer_idx),
+            {x}, /*kept_last=*/1,
+            [this, block, flat](const std::vector<at::Tensor>& in) {
+              at::NoGradGuard no_grad;
+              return std::vector<at::Tensor>{DecoderLayerForward(
+                  env_.config, BindDecoderLayerWeights(*block, flat), in[0], rope_,
+                  attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes)};
+            })
+      .front();
+}
+
+std::vector<at::Tensor> StreamingExecutor::Impl::DenseRecomputeAndBackward(
+    const BlockLayout& bl, const at::Tensor& flat, const at::Tensor& input,
+    const at::Tensor& grad_y) {
+  const BlockLayout* block = &bl;
+  return graphs_->Run(LayerWork::kRecomputeBackward, flat.data_ptr(),
+                      LayerGraphVariant(env_.config, bl.layer_idx), {input, grad_y},
+                      /*kept_last=*/1, [this, block, flat](const std::vector<at::Tensor>& in) {
+                        return RecomputeAndBackward(*block, flat, in[0], in[1]);
+                      });
+}
+
 void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   const BlockLayout& bl = env_.layout.blocks[a.block];
   const bool resident = a.weights == WeightsFrom::kResident;
@@ -508,7 +547,7 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   std::vector<at::Tensor> grads =
       moe_ ? moe_->RecomputeAndBackward(a.micro_batch, bl, flat, mb.saved[a.layer], mb.grad_y,
                                         env_.compute_dtype)
-           : RecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
+           : DenseRecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
   bool slot_sum_last = false;
   if (a.grad_to == GradTo::kSlotSum) {
     slot_sum_last = SlotSum(a, p, BlockKind::kDecoderLayer, grads);
@@ -614,6 +653,7 @@ void StreamingExecutor::Impl::FillStats(size_t micro_batches, StepClock::time_po
   stats->d2h_bytes = env_.d2h_bytes;
   stats->tokens = static_cast<int64_t>(micro_batches) * options_.micro_batch * options_.seq_len;
   stats->peak_device_bytes = env_.runtime->PeakAllocatedBytes();
+  stats->cuda_graph_replays = graphs_->replays() - graph_replays_at_pass_start_;
 }
 
 void StreamingExecutor::Impl::ResetAfterError() {

@@ -202,6 +202,12 @@ struct ExecutorOptions {
   // (device_grad_accumulation, or layer-major in one wave); others fail
   // with FAILED_PRECONDITION. Not for mixture-of-experts models.
   bool gradient_ring = false;
+  // Note [Layer graphs] in step/layer_graphs.h: dense decoder layers'
+  // forward and recompute-and-backward replayed from CUDA graphs (the CPU
+  // runtime re-runs them, which is how the tests exercise the logic);
+  // mixture-of-experts layers always run eagerly. Costs LayerGraphBytes of
+  // device memory.
+  bool cuda_graphs = false;
 };
 
 // Note [Executor memory plan]
@@ -223,6 +229,9 @@ struct ExecutorMemoryPlan {
   // Note [Device gradient accumulation]: allocated at the first pass with
   // more than one micro-batch; 0 when off.
   int64_t grad_accumulation_bytes = 0;
+  // cuda_graphs: an upper bound of the graphs' static tensors and their
+  // shared pool's temporaries (LayerGraphBytes); 0 when off.
+  int64_t layer_graph_bytes = 0;
   // Pinned host memory.
   int64_t grad_staging_bytes = 0;  // num_grad_slots x (B*T*C fp32, none with a resident
                                    // embedding, + one fp64 norm) + the chunk ring (none
@@ -239,7 +248,7 @@ struct ExecutorMemoryPlan {
   // Every device buffer (the accumulation buffers included).
   int64_t device_bytes() const {
     return weight_slot_bytes + cast_staging_bytes + grad_slot_bytes + activation_ring_bytes +
-           resident_bytes + grad_accumulation_bytes;
+           resident_bytes + grad_accumulation_bytes + layer_graph_bytes;
   }
   int64_t pinned_bytes() const {
     return grad_staging_bytes + grad_ring_bytes + input_staging_bytes + activation_offload_bytes;

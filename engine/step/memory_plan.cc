@@ -7,6 +7,7 @@
 #include "engine/model/param_layout.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/input_stager.h"
+#include "engine/step/layer_graphs.h"
 #include "engine/step/weight_slots.h"
 
 namespace megatrain::engine {
@@ -84,6 +85,11 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
     for (const int64_t block : layout.StreamedDenseBlocks(options.resident_layers)) {
       plan.grad_accumulation_bytes += layout.blocks[block].numel * 4;
     }
+  }
+  if (options.cuda_graphs && config.moe == nullptr) {  // Note [Layer graphs]
+    plan.layer_graph_bytes = LayerGraphBytes(config, options.num_weight_slots,
+                                             options.resident_layers, tokens, esize,
+                                             largest_layer_numel);
   }
   return plan;
 }

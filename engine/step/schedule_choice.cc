@@ -28,6 +28,7 @@ std::string ScheduleChoice::Describe() const {
     absl::StrAppend(&out, " (", Gigabytes(activation_device_bytes), " on the device of a ",
                     Gigabytes(activation_budget_bytes), " budget)");
   }
+  if (cuda_graphs) absl::StrAppend(&out, ", CUDA graphs");
   // On the CPU with nothing resident, nothing to say.
   if (device_total_bytes <= 0 && resident_layers == 0 && !resident_embedding) return out;
   absl::StrAppend(&out, "; resident: ", resident_layers, " layers",
@@ -83,6 +84,10 @@ absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& requ
     return absl::InvalidArgumentError(
         absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
                      request.device_grad_accumulation));
+  }
+  if (request.cuda_graphs < -1 || request.cuda_graphs > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_graphs: must be -1 (auto), 0 or 1, got ", request.cuda_graphs));
   }
   return absl::OkStatus();
 }
@@ -166,6 +171,7 @@ ExecutorOptions WithChoice(const ExecutorOptions& executor, const ScheduleChoice
   out.resident_layers = choice.resident_layers;
   out.resident_embedding = choice.resident_embedding;
   out.device_grad_accumulation = choice.device_grad_accumulation;
+  out.cuda_graphs = choice.cuda_graphs;
   return out;
 }
 
@@ -183,6 +189,10 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   choice.resident_layers_forced = request.resident_layers >= 0;
   choice.resident_embedding = request.resident_embedding == 1;
   choice.device_grad_accumulation = request.device_grad_accumulation == 1;
+  choice.cuda_graphs =
+      request.cuda_graphs == 1 ||
+      (request.cuda_graphs < 0 && gpu && config.moe == nullptr &&
+       executor.micro_batch * executor.seq_len <= kCudaGraphMaxTokens);
   ChooseOrder(config, request, choice.layer_input_bytes, device_total_bytes,
               PlanWith(config, executor, choice).device_bytes(), &choice);
   choice.device_grad_accumulation =

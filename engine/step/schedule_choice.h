@@ -115,6 +115,14 @@ inline constexpr double kResidentMarginFraction = 0.05;
 // 26 GB fits neither an H100 nor an H200.
 inline constexpr double kDeviceGradAccumulationMaxFraction = 1.0 / 4;
 
+// Note [Layer graphs] in step/layer_graphs.h: auto replays dense decoder
+// layers from CUDA graphs on a GPU when a micro-batch has at most this many
+// tokens (B x T). Below it a layer's kernels are short enough that host
+// launch work between them leaves the GPU idle (llama-1b at 1 x 2048:
+// 43% of a step, docs/performance.md "session 13"); above it the kernels
+// hide the launches and the graphs' memory buys little.
+inline constexpr int64_t kCudaGraphMaxTokens = 4096;
+
 // What the options ask for.
 struct ScheduleRequest {
   std::optional<StepSchedule> schedule;  // empty: auto
@@ -127,6 +135,8 @@ struct ScheduleRequest {
   int resident_embedding = -1;
   // Note [Device gradient accumulation] in executor.h: -1 auto, 0 off, 1 on.
   int device_grad_accumulation = -1;
+  // Note [Layer graphs]: -1 auto (kCudaGraphMaxTokens), 0 off, 1 on.
+  int cuda_graphs = -1;
 };
 
 // What the trainer runs.
@@ -146,6 +156,7 @@ struct ScheduleChoice {
   bool resident_layers_forced = false;
   bool resident_embedding = false;
   bool device_grad_accumulation = false;
+  bool cuda_graphs = false;  // Note [Layer graphs] (dense layers only)
   // The device's memory as planned, in bytes (all 0 on the CPU): its
   // total, the executor's buffers with the options above
   // (PlanExecutorMemory(...).device_bytes(), of it `resident_bytes` the

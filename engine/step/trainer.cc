@@ -166,6 +166,7 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   request.resident_layers = options.resident_layers;
   request.resident_embedding = options.resident_embedding;
   request.device_grad_accumulation = options.device_grad_accumulation;
+  request.cuda_graphs = options.cuda_graphs;
   // Notes [Schedule choice] and [Auto resident layers] in schedule_choice.h.
   MEGATRAIN_ASSIGN_OR_RETURN(
       *choice, ChooseSchedule(config, request, exec, runtime.is_cuda() ? runtime.TotalBytes() : 0));

@@ -246,6 +246,12 @@ struct TrainerOptions {
   // most kDeviceGradAccumulationMaxFraction of the device's memory (Note
   // [Schedule choice]); 0 = off; 1 = on.
   int device_grad_accumulation = -1;
+  // Dense decoder layers replayed from CUDA graphs (Note [Layer graphs] in
+  // step/layer_graphs.h; LayerGraphBytes of device memory). -1 = auto: on
+  // CUDA when a micro-batch has at most kCudaGraphMaxTokens tokens; 0 =
+  // off; 1 = on (the CPU runtime then re-runs the captured work, as the
+  // tests do).
+  int cuda_graphs = -1;
   // The step schedule (issue 16; Note [Schedule choice] in
   // schedule_choice.h): order (empty = auto), layer-major wave (0 = auto)
   // and where the saved layer inputs live (offload_activations true

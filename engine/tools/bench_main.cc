@@ -83,6 +83,10 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "sum the streamed gradients of a step's micro-batches on the device (-1: auto, "
                  "on CUDA when their fp32 bytes fit 1/4 of device memory; 0 off; 1 on)")
       ->check(CLI::Range(-1, 1));
+  app.add_option("--cuda_graphs", o.cuda_graphs,
+                 "replay dense decoder layers from CUDA graphs (-1: auto, on CUDA when a "
+                 "micro-batch has at most 4096 tokens; 0 off; 1 on)")
+      ->check(CLI::Range(-1, 1));
   app.add_option("--embedding_lookahead", o.embedding_lookahead,
                  "give each step the next batch's token ids, so the embedding rows it reads "
                  "are updated off the critical path (true | false)");

@@ -139,7 +139,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
     const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
     int64_t b, int64_t t, int64_t loss_chunk_tokens, bool offload_activations, int resident_layers,
     bool resident_embedding, bool device_grad_accumulation, StepSchedule schedule, int wave,
-    int64_t mlp_chunk_bytes) {
+    int64_t mlp_chunk_bytes, bool cuda_graphs) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -166,6 +166,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
   options.schedule = schedule;
   options.wave = wave;
   if (mlp_chunk_bytes > 0) options.mlp_chunk_bytes = mlp_chunk_bytes;
+  options.cuda_graphs = cuda_graphs;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -180,13 +181,14 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
                        double init_range, int micro_batches, int64_t b, int64_t t,
                        bool offload_activations, int resident_layers, bool resident_embedding,
                        bool device_grad_accumulation, StepSchedule schedule, int wave,
-                       int64_t mlp_chunk_bytes) {
+                       int64_t mlp_chunk_bytes, bool cuda_graphs) {
   ParityResult out;
   std::unique_ptr<ExecutorUnderTest> under_test =
       MakeExecutorUnderTest(config, device, dtype, init_range, b, t,
                             /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
                             offload_activations, resident_layers, resident_embedding,
-                            device_grad_accumulation, schedule, wave, mlp_chunk_bytes);
+                            device_grad_accumulation, schedule, wave, mlp_chunk_bytes,
+                            cuda_graphs);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -199,6 +201,12 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   });
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
+  if (cuda_graphs && schedule == StepSchedule::kLayerMajor && wave > 2 &&
+      config.moe == nullptr) {
+    // A wave of 3 or more passes each layer in one weight slot: warm-up,
+    // capture, replays.
+    EXPECT_GT(result->stats.cuda_graph_replays, 0);
+  }
   EXPECT_THAT(executor->SyncResidentToStore(/*grads=*/true), IsOk());
   EXPECT_EQ(final_blocks.size(), static_cast<size_t>(store->num_blocks()));
   // The squared norm handed to the callback is that of the final gradient
@@ -267,6 +275,10 @@ std::vector<ParityMode> ParityModes(int plain_micro_batches) {
        StepSchedule::kMicroBatchMajor, 1, kParityMlpChunkBytes},
       {"Bf16WithMlpChunksAndActivationOffload", ComputeDtype::kBf16, 2, true, 0, false, false,
        StepSchedule::kMicroBatchMajor, 1, kParityMlpChunkBytes},
+      {"Fp32WithCudaGraphs", ComputeDtype::kFp32, 3, false, 0, false, false,
+       StepSchedule::kMicroBatchMajor, 1, 0, /*cuda_graphs=*/true},
+      {"Bf16WithCudaGraphsAndResidentLayers", ComputeDtype::kBf16, 3, false, 1, false, true,
+       StepSchedule::kMicroBatchMajor, 1, 0, /*cuda_graphs=*/true},
   };
 }
 
@@ -291,6 +303,9 @@ std::vector<ParityMode> LayerMajorParityModes() {
       {"Fp32WithMlpChunksWave2", kFp32, 3, false, 0, false, false, kLm, 2, kParityMlpChunkBytes},
       {"Bf16WithMlpChunksAndDeviceAccumulation", kBf16, 3, false, 1, false, true, kLm, 3,
        kParityMlpChunkBytes},
+      {"Fp32WithCudaGraphsWave2", kFp32, 4, false, 1, false, false, kLm, 2, 0, true},
+      {"Bf16WithCudaGraphsAndActivationOffload", kBf16, 3, true, 0, false, false, kLm, 3,
+       kParityMlpChunkBytes, true},
   };
 }
 
@@ -300,7 +315,8 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
   ParityResult r =
       RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
                 mode.offload_activations, mode.resident_layers, mode.resident_embedding,
-                mode.device_grad_accumulation, mode.schedule, mode.wave, mode.mlp_chunk_bytes);
+                mode.device_grad_accumulation, mode.schedule, mode.wave, mode.mlp_chunk_bytes,
+                mode.cuda_graphs);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
@@ -309,12 +325,13 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
 GradientRun RunGradients(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
                          double init_range, int micro_batches, int64_t b, int64_t t,
                          bool offload_activations, int resident_layers, bool resident_embedding,
-                         bool device_grad_accumulation, StepSchedule schedule, int wave) {
+                         bool device_grad_accumulation, StepSchedule schedule, int wave,
+                         bool cuda_graphs) {
   GradientRun out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations,
       resident_layers, resident_embedding, device_grad_accumulation, schedule, wave,
-      /*mlp_chunk_bytes=*/0);
+      /*mlp_chunk_bytes=*/0, cuda_graphs);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();

@@ -51,13 +51,15 @@ struct ParityResult {
 // SyncResidentToStore; with `device_grad_accumulation` micro-batches are
 // summed on the device (Note [Device gradient accumulation]).
 // `schedule` and `wave` choose the order of work (Note [Layer-major
-// schedule] in engine/step/step_plan.h).
+// schedule] in engine/step/step_plan.h); `cuda_graphs` replays dense
+// layers from graphs (Note [Layer graphs]), and then a layer-major pass
+// in waves of 3 or more must have replayed some (a failure otherwise).
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches, int64_t b,
                        int64_t t, bool offload_activations = false, int resident_layers = 0,
                        bool resident_embedding = false, bool device_grad_accumulation = false,
                        engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
-                       int wave = 1, int64_t mlp_chunk_bytes = 0);
+                       int wave = 1, int64_t mlp_chunk_bytes = 0, bool cuda_graphs = false);
 
 // ExecutorOptions::mlp_chunk_bytes of the parity modes that chunk the MLP
 // (Note [Chunked MLP] in engine/model/layers.h): with the variants'
@@ -80,6 +82,7 @@ struct ParityMode {
   engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor;
   int wave = 1;                 // layer-major micro-batches per wave
   int64_t mlp_chunk_bytes = 0;  // 0: the executor's default (no chunking at these sizes)
+  bool cuda_graphs = false;     // Note [Layer graphs] (the CPU runtime re-runs the bodies)
 };
 
 // The modes both parity suites run: plain fp32 and bf16 with
@@ -92,13 +95,14 @@ struct ParityMode {
 // gradients summed on the device (Note [Device gradient accumulation]; two
 // in fp32, three with a resident layer in bf16); the MLP in chunks of rows
 // (kParityMlpChunkBytes; with gradient accumulation, in bf16 also with
-// activation offload).
+// activation offload); dense layers from CUDA graphs (Note [Layer graphs];
+// fp32 alone, bf16 with a resident layer and device accumulation).
 std::vector<ParityMode> ParityModes(int plain_micro_batches);
 
 // The same kinds of modes under the layer-major schedule (Note [Layer-major
 // schedule]): accumulation 1, 3 and 4, waves of all and of fewer
-// micro-batches, activations on the device and offloaded, and the MLP in
-// chunks (kParityMlpChunkBytes).
+// micro-batches, activations on the device and offloaded, the MLP in
+// chunks (kParityMlpChunkBytes), and dense layers from CUDA graphs.
 std::vector<ParityMode> LayerMajorParityModes();
 
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
@@ -122,7 +126,7 @@ GradientRun RunGradients(const engine::ModelConfig& config, const std::string& d
                          int64_t b, int64_t t, bool offload_activations, int resident_layers = 0,
                          bool resident_embedding = false, bool device_grad_accumulation = false,
                          engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
-                         int wave = 1);
+                         int wave = 1, bool cuda_graphs = false);
 
 }  // namespace megatrain::testing
 

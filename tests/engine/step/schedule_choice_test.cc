@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/param_layout.h"
 #include "engine/step/executor.h"
+#include "engine/step/layer_graphs.h"
 #include "tests/testing/status_matchers.h"
 
 namespace megatrain::engine {
@@ -265,6 +266,44 @@ TEST(AutoResidentLayersTest, DeviceAccumulationOnlyWhenUsed) {
   ExpectPlanFits(config, executor, *choice, kH100Bytes);
 }
 
+// Note [Layer graphs]: auto replays dense layers from CUDA graphs on a GPU
+// at small micro-batches only, plans their memory, and leaves them off for
+// mixtures of experts and on the CPU; forced values stand.
+TEST(AutoResidentLayersTest, CudaGraphsAtSmallMicroBatchesOfDenseModels) {
+  const ModelConfig llama = Preset("llama-1b");
+  auto graphs = [&](const ModelConfig& config, const ExecutorOptions& executor, int64_t device,
+                    int forced) {
+    ScheduleRequest request = Accumulating(8);
+    request.cuda_graphs = forced;
+    const absl::StatusOr<ScheduleChoice> choice =
+        ChooseSchedule(config, request, executor, device);
+    EXPECT_THAT(choice, IsOk());
+    if (!choice.ok()) return false;
+    if (device > 0) ExpectPlanFits(config, executor, *choice, device);
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(config, WithChoice(executor, *choice));
+    EXPECT_EQ(plan.layer_graph_bytes > 0, choice->cuda_graphs && config.moe == nullptr);
+    return choice->cuda_graphs;
+  };
+  EXPECT_TRUE(graphs(llama, Bf16(1, 2048), kH100Bytes, -1));
+  EXPECT_TRUE(graphs(llama, Bf16(2, 2048), kH200Bytes, -1));
+  EXPECT_FALSE(graphs(llama, Bf16(8, 2048), kH100Bytes, -1));
+  EXPECT_FALSE(graphs(llama, Bf16(1, 2048), 0, -1));  // the CPU
+  EXPECT_FALSE(graphs(Preset("mixtral-7b"), Bf16(1, 2048), kH200Bytes, -1));
+  EXPECT_FALSE(graphs(llama, Bf16(1, 2048), kH100Bytes, 0));
+  EXPECT_TRUE(graphs(llama, Bf16(8, 2048), kH100Bytes, 1));
+  EXPECT_TRUE(graphs(llama, Bf16(1, 128), 0, 1));
+  // The graphs' memory: a pair per weights address, plus one working set.
+  ExecutorOptions with = WithChoice(Bf16(1, 2048), ScheduleChoice{});
+  with.cuda_graphs = true;
+  with.resident_layers = 4;
+  ExecutorOptions without = with;
+  without.cuda_graphs = false;
+  EXPECT_EQ(PlanExecutorMemory(llama, with).device_bytes() -
+                PlanExecutorMemory(llama, without).device_bytes(),
+            PlanExecutorMemory(llama, with).layer_graph_bytes);
+  EXPECT_EQ(LayerGraphCount(llama, with.num_weight_slots, 4), 2 * (with.num_weight_slots + 4));
+}
+
 TEST(AutoResidentLayersTest, RejectsBadOptionsNamingThem) {
   const ModelConfig config = Preset("llama-1b");
   ScheduleRequest request = Accumulating(1);
@@ -283,6 +322,11 @@ TEST(AutoResidentLayersTest, RejectsBadOptionsNamingThem) {
   EXPECT_THAT(ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("device_grad_accumulation: must be -1 (auto), 0 or 1, got -2")));
+  request.device_grad_accumulation = -1;
+  request.cuda_graphs = 3;
+  EXPECT_THAT(ChooseSchedule(config, request, Bf16(8, 2048), kH100Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cuda_graphs: must be -1 (auto), 0 or 1, got 3")));
 }
 
 }  // namespace
