@@ -263,6 +263,7 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
       MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
       MEGATRAIN_JOB_FIELD("wave", Int, train->set_wave),
       MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
+      MEGATRAIN_JOB_FIELD("cuda_graphs", String, train->set_cuda_graphs),
       {"devices",
        [&](const YAML::Node& node, const std::string& path) {
          // An integer N >= 1, or "all" (proto 0; docs/distributed.md).

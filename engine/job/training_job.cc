@@ -661,6 +661,8 @@ absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions() {
       ParseActivationPlacement(spec_.train.activations, "train.activations"));
   t.gradient_accumulation_steps = spec_.train.gradient_accumulation_steps;
   t.resident_layers = static_cast<int>(spec_.train.resident_layers);  // -1: auto
+  MEGATRAIN_ASSIGN_OR_RETURN(t.cuda_graphs,
+                             ParseCudaGraphs(spec_.train.cuda_graphs, "train.cuda_graphs"));
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",

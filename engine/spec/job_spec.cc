@@ -37,7 +37,7 @@ absl::Status CheckSources(const JobSpec& s) {
   return absl::OkStatus();
 }
 
-// train.schedule, train.wave and train.activations (Note [Schedule choice]
+// train.schedule, train.wave, train.activations and train.cuda_graphs (Note [Schedule choice]
 // in engine/step/schedule_choice.h); the spellings are step_schedule.h's.
 absl::Status CheckTrainSchedule(const TrainSpec& t) {
   MEGATRAIN_ASSIGN_OR_RETURN(const std::optional<StepSchedule> schedule,
@@ -45,6 +45,7 @@ absl::Status CheckTrainSchedule(const TrainSpec& t) {
   MEGATRAIN_ASSIGN_OR_RETURN(const ActivationPlacement activations,
                              ParseActivationPlacement(t.activations, "train.activations"));
   MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.wave", t.wave, kWaveRange));
+  MEGATRAIN_RETURN_IF_ERROR(ParseCudaGraphs(t.cuda_graphs, "train.cuda_graphs").status());
   if (t.wave > 1 && schedule == StepSchedule::kMicroBatchMajor) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.wave: ", t.wave, " micro-batches per wave needs train.schedule: layer-major"));

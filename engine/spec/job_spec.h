@@ -88,6 +88,9 @@ struct TrainSpec {
   std::string schedule = "auto";
   int64_t wave = 0;
   std::string activations = "auto";
+  // CUDA graphs of the dense decoder layers (Note [Layer graphs] in
+  // engine/step/layer_graphs.h): "auto" | "on" | "off".
+  std::string cuda_graphs = "auto";
   // Devices the job trains on, data parallel (docs/distributed.md): N >= 1,
   // or kAllDevices for every device of the daemon (resolved at submission).
   // gradient_accumulation_steps must be a multiple of N: each device runs

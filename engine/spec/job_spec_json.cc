@@ -45,6 +45,7 @@ json TrainToJson(const TrainSpec& t) {
   if (t.schedule != "auto") j["schedule"] = t.schedule;
   if (t.wave != 0) j["wave"] = t.wave;
   if (t.activations != "auto") j["activations"] = t.activations;
+  if (t.cuda_graphs != "auto") j["cuda_graphs"] = t.cuda_graphs;
   if (t.devices != 1) j["devices"] = t.devices;
   if (t.resident_layers != kAutoResidentLayers) j["resident_layers"] = t.resident_layers;
   return j;
@@ -110,6 +111,7 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   Get(train, "schedule", &t->schedule);
   Get(train, "wave", &t->wave);
   Get(train, "activations", &t->activations);
+  Get(train, "cuda_graphs", &t->cuda_graphs);
   Get(train, "devices", &t->devices);                  // absent before data parallelism: 1
   Get(train, "resident_layers", &t->resident_layers);  // absent: auto
   return absl::OkStatus();

@@ -71,6 +71,21 @@ inline absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string
       absl::StrCat(field, ": expected auto, device or host, got '", text, "'"));
 }
 
+// Whether dense decoder layers run from CUDA graphs (`train.cuda_graphs`,
+// megatrain-bench --cuda_graphs; Note [Layer graphs] in
+// engine/step/layer_graphs.h): "auto" (empty) -1, "off" 0, "on" 1.
+// INVALID_ARGUMENT "<field>: expected auto, on or off, got '<text>'"
+// otherwise, quoting at most 32 bytes of `text`.
+inline absl::StatusOr<int> ParseCudaGraphs(absl::string_view text, absl::string_view field) {
+  if (text.empty() || text == "auto") return -1;
+  if (text == "off") return 0;
+  if (text == "on") return 1;
+  constexpr size_t kQuoted = 32;
+  return absl::InvalidArgumentError(absl::StrCat(field, ": expected auto, on or off, got '",
+                                                 text.substr(0, kQuoted),
+                                                 text.size() > kQuoted ? "...'" : "'"));
+}
+
 }  // namespace megatrain::engine
 
 #endif  // MEGATRAIN_ENGINE_SPEC_STEP_SCHEDULE_H_

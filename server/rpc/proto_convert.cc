@@ -39,6 +39,12 @@ absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokenizer", spec.data().tokenizer(), kMaxPathBytes));
   MEGATRAIN_RETURN_IF_ERROR(
       CheckLength("optimizer.schedule", spec.optimizer().schedule(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("train.schedule", spec.train().schedule(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("train.activations", spec.train().activations(), kMaxKeywordBytes));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckLength("train.cuda_graphs", spec.train().cuda_graphs(), kMaxKeywordBytes));
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("output_dir", spec.output_dir(), kMaxPathBytes));
   if (spec.labels_size() > kMaxLabels) {
     return absl::InvalidArgumentError(
@@ -197,6 +203,7 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
   if (train.has_wave()) train_spec->wave = train.wave();
   if (train.has_devices()) train_spec->devices = train.devices();
   if (train.has_activations()) train_spec->activations = train.activations();
+  if (train.has_cuda_graphs()) train_spec->cuda_graphs = train.cuda_graphs();
   if (train.has_resident_layers()) {
     // Unset is auto; a negative count is no spelling of it.
     if (train.resident_layers() < 0) {
@@ -348,6 +355,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_wave(spec.train.wave);
   train->set_devices(static_cast<int32_t>(spec.train.devices));
   train->set_activations(spec.train.activations);
+  train->set_cuda_graphs(spec.train.cuda_graphs);
   if (spec.train.resident_layers != engine::kAutoResidentLayers) {
     train->set_resident_layers(static_cast<int32_t>(spec.train.resident_layers));
   }

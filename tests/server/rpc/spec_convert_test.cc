@@ -155,34 +155,49 @@ TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
                                                   HasSubstr("train.nan_policy: unknown value 7")));
 }
 
-// Issue 16: train.schedule, train.wave and train.activations go through
-// the proto and the stored JSON unchanged (validated by the engine); a job
-// stored before them reads back as auto.
+// Issue 16: train.schedule, train.wave, train.activations and
+// train.cuda_graphs go through the proto and the stored JSON unchanged
+// (validated by the engine, their length at the door); a job stored before
+// them reads back as auto.
 TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   v1::JobSpec spec = TinySpec();
   spec.mutable_train()->set_schedule("layer-major");
   spec.mutable_train()->set_wave(3);
   spec.mutable_train()->set_activations("host");
+  spec.mutable_train()->set_cuda_graphs("off");
   absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
   ASSERT_THAT(request, IsOk());
   EXPECT_EQ(request->spec.train.schedule, "layer-major");
   EXPECT_EQ(request->spec.train.wave, 3);
   EXPECT_EQ(request->spec.train.activations, "host");
+  EXPECT_EQ(request->spec.train.cuda_graphs, "off");
   v1::JobSpec back;
   JobRequestToProto(*request, &back);
   EXPECT_EQ(back.train().schedule(), "layer-major");
   EXPECT_EQ(back.train().wave(), 3);
   EXPECT_EQ(back.train().activations(), "host");
+  EXPECT_EQ(back.train().cuda_graphs(), "off");
   absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
   ASSERT_THAT(parsed, IsOk());
   EXPECT_EQ(parsed->spec.train.schedule, "layer-major");
   EXPECT_EQ(parsed->spec.train.wave, 3);
   EXPECT_EQ(parsed->spec.train.activations, "host");
+  EXPECT_EQ(parsed->spec.train.cuda_graphs, "off");
   absl::StatusOr<JobRequest> plain = JobRequestFromProto(TinySpec());
   ASSERT_THAT(plain, IsOk());
   EXPECT_EQ(plain->spec.train.schedule, "auto");
   EXPECT_EQ(plain->spec.train.wave, 0);
   EXPECT_EQ(plain->spec.train.activations, "auto");
+  EXPECT_EQ(plain->spec.train.cuda_graphs, "auto");
+  // The words are bounded at the door (Note [String caps]).
+  v1::JobSpec long_word = TinySpec();
+  long_word.mutable_train()->set_cuda_graphs(std::string(100, 'o'));
+  EXPECT_THAT(JobRequestFromProto(long_word),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.cuda_graphs")));
+  long_word = TinySpec();
+  long_word.mutable_train()->set_schedule(std::string(100, 'l'));
+  EXPECT_THAT(JobRequestFromProto(long_word),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.schedule")));
 }
 
 // train.resident_layers: a count goes through the proto and the stored
