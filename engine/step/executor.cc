@@ -509,13 +509,13 @@ at::Tensor StreamingExecutor::Impl::DenseForward(const BlockLayout& bl, const at
                                                  const at::Tensor& x) {
   const BlockLayout* block = &bl;
   return graphs_
-      ->Run(LayerWork::kForward, flat.data_ptr(), LayerGraphVariant(env_.config, bl.layer_idx),
-            {x}, /*kept_last=*/1,
+      ->Run(LayerWork::kForward, flat.data_ptr(), LayerGraphVariant(env_.config, bl.layer_idx), {x},
+            /*kept_last=*/1,
             [this, block, flat](const std::vector<at::Tensor>& in) {
               at::NoGradGuard no_grad;
               return std::vector<at::Tensor>{DecoderLayerForward(
-                  env_.config, BindDecoderLayerWeights(*block, flat), in[0], rope_,
-                  attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes)};
+                  env_.config, BindDecoderLayerWeights(*block, flat), in[0], rope_, attention_mask_,
+                  env_.compute_dtype, options_.mlp_chunk_bytes)};
             })
       .front();
 }

@@ -36,8 +36,8 @@ int64_t LayerGraphBytes(const ModelConfig& config, int num_weight_slots, int res
 
 std::string LayerGraphs::Key(LayerWork work, const void* weights, int variant,
                              const std::vector<at::Tensor>& inputs) {
-  std::string key = absl::StrCat(static_cast<int>(work), ":",
-                                 reinterpret_cast<uintptr_t>(weights), ":", variant);
+  std::string key =
+      absl::StrCat(static_cast<int>(work), ":", reinterpret_cast<uintptr_t>(weights), ":", variant);
   for (const at::Tensor& t : inputs) {
     absl::StrAppend(&key, "|", static_cast<int>(t.scalar_type()));
     for (const int64_t d : t.sizes()) absl::StrAppend(&key, ",", d);

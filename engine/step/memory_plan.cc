@@ -87,9 +87,9 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
     }
   }
   if (options.cuda_graphs && config.moe == nullptr) {  // Note [Layer graphs]
-    plan.layer_graph_bytes = LayerGraphBytes(config, options.num_weight_slots,
-                                             options.resident_layers, tokens, esize,
-                                             largest_layer_numel);
+    plan.layer_graph_bytes =
+        LayerGraphBytes(config, options.num_weight_slots, options.resident_layers, tokens, esize,
+                        largest_layer_numel);
   }
   return plan;
 }

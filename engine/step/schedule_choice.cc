@@ -190,9 +190,8 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
   choice.resident_embedding = request.resident_embedding == 1;
   choice.device_grad_accumulation = request.device_grad_accumulation == 1;
   choice.cuda_graphs =
-      request.cuda_graphs == 1 ||
-      (request.cuda_graphs < 0 && gpu && config.moe == nullptr &&
-       executor.micro_batch * executor.seq_len <= kCudaGraphMaxTokens);
+      request.cuda_graphs == 1 || (request.cuda_graphs < 0 && gpu && config.moe == nullptr &&
+                                   executor.micro_batch * executor.seq_len <= kCudaGraphMaxTokens);
   ChooseOrder(config, request, choice.layer_input_bytes, device_total_bytes,
               PlanWith(config, executor, choice).device_bytes(), &choice);
   choice.device_grad_accumulation =

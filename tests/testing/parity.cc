@@ -187,8 +187,7 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
       MakeExecutorUnderTest(config, device, dtype, init_range, b, t,
                             /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
                             offload_activations, resident_layers, resident_embedding,
-                            device_grad_accumulation, schedule, wave, mlp_chunk_bytes,
-                            cuda_graphs);
+                            device_grad_accumulation, schedule, wave, mlp_chunk_bytes, cuda_graphs);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -201,8 +200,7 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   });
   EXPECT_THAT(result, IsOk());
   if (!result.ok()) return out;
-  if (cuda_graphs && schedule == StepSchedule::kLayerMajor && wave > 2 &&
-      config.moe == nullptr) {
+  if (cuda_graphs && schedule == StepSchedule::kLayerMajor && wave > 2 && config.moe == nullptr) {
     // A wave of 3 or more passes each layer in one weight slot: warm-up,
     // capture, replays.
     EXPECT_GT(result->stats.cuda_graph_replays, 0);

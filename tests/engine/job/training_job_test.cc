@@ -528,9 +528,8 @@ TEST(ValidateJobSpecTest, NamesTheBadScheduleField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("train.cuda_graphs: expected auto, on or off, got 'yes'")));
   s.train.cuda_graphs = std::string(1000, 'x');
-  EXPECT_THAT(ValidateJobSpec(s),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("got '" + std::string(32, 'x') + "...'")));
+  EXPECT_THAT(ValidateJobSpec(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("got '" + std::string(32, 'x') + "...'")));
   s.train.cuda_graphs = "off";
   EXPECT_THAT(ValidateJobSpec(s), IsOk());
   EXPECT_THAT(JobSpecToJson(s), HasSubstr("\"cuda_graphs\":\"off\""));

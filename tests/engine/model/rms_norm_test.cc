@@ -81,15 +81,18 @@ TEST_P(RmsNormTest, MatchesTheHfExpressionAndItsAutograd) {
   EXPECT_GT(MaxRelative(ours.y, ours.x), 0.5);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Dtypes, RmsNormTest,
-    ::testing::Combine(::testing::Values(at::kFloat, at::kBFloat16),
-                       ::testing::Values(at::kFloat, at::kBFloat16), ::testing::Values(false, true)),
-    [](const auto& info) {
-      const auto name = [](at::ScalarType t) { return t == at::kFloat ? "fp32" : "bf16"; };
-      return std::string("x_") + name(std::get<0>(info.param)) + "_w_" +
-             name(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_cuda" : "_cpu");
-    });
+INSTANTIATE_TEST_SUITE_P(Dtypes, RmsNormTest,
+                         ::testing::Combine(::testing::Values(at::kFloat, at::kBFloat16),
+                                            ::testing::Values(at::kFloat, at::kBFloat16),
+                                            ::testing::Values(false, true)),
+                         [](const auto& info) {
+                           const auto name = [](at::ScalarType t) {
+                             return t == at::kFloat ? "fp32" : "bf16";
+                           };
+                           return std::string("x_") + name(std::get<0>(info.param)) + "_w_" +
+                                  name(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_cuda" : "_cpu");
+                         });
 
 }  // namespace
 }  // namespace megatrain::engine

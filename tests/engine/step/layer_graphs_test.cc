@@ -52,8 +52,9 @@ TEST(LayerGraphsTest, WarmsUpThenCapturesThenReplaysWithTheCallersValues) {
   for (int i = 0; i < 4; ++i) xs.push_back(at::full({2, 3}, static_cast<float>(i)));
   std::vector<at::Tensor> first_outputs;
   for (int i = 0; i < 4; ++i) {
-    std::vector<at::Tensor> out = graphs.Run(LayerWork::kForward, &weights, 0, {xs[i]},
-                                             /*kept_last=*/1, [&](const auto& in) { return rec(in); });
+    std::vector<at::Tensor> out =
+        graphs.Run(LayerWork::kForward, &weights, 0, {xs[i]},
+                   /*kept_last=*/1, [&](const auto& in) { return rec(in); });
     ASSERT_EQ(out.size(), 2u);
     EXPECT_TRUE(at::equal(out[0], xs[i] * 2 + 1)) << "use " << i;
     EXPECT_EQ(out[1].item<float>(), 6.0f * i) << "use " << i;
@@ -144,7 +145,7 @@ TEST(LayerGraphsTest, ExecutorIsBitIdenticalWithGraphs) {
   };
   constexpr StepSchedule kMbm = StepSchedule::kMicroBatchMajor, kLm = StepSchedule::kLayerMajor;
   const std::vector<Case> cases = {
-      {3, kMbm, 1, false, 0, false}, {3, kMbm, 1, true, 1, true}, {4, kLm, 4, false, 0, false},
+      {3, kMbm, 1, false, 0, false}, {3, kMbm, 1, true, 1, true},  {4, kLm, 4, false, 0, false},
       {4, kLm, 2, true, 1, true},    {3, kLm, 3, false, 2, false},
   };
   for (const ::megatrain::testing::Variant& variant : ::megatrain::testing::Variants()) {
@@ -168,8 +169,7 @@ TEST(LayerGraphsTest, ExecutorIsBitIdenticalWithGraphs) {
         ASSERT_FALSE(eager.grads.empty());
         ASSERT_EQ(eager.grads.size(), graphed.grads.size());
         EXPECT_EQ(eager.loss, graphed.loss);
-        EXPECT_EQ(
-            std::memcmp(eager.grads.data(), graphed.grads.data(), eager.grads.size() * 4), 0);
+        EXPECT_EQ(std::memcmp(eager.grads.data(), graphed.grads.data(), eager.grads.size() * 4), 0);
         EXPECT_EQ(eager.stats.cuda_graph_replays, 0);
         if (c.schedule == kLm && c.wave > 2) EXPECT_GT(graphed.stats.cuda_graph_replays, 0);
         replays += graphed.stats.cuda_graph_replays;

@@ -275,8 +275,7 @@ TEST(AutoResidentLayersTest, CudaGraphsAtSmallMicroBatchesOfDenseModels) {
                     int forced) {
     ScheduleRequest request = Accumulating(8);
     request.cuda_graphs = forced;
-    const absl::StatusOr<ScheduleChoice> choice =
-        ChooseSchedule(config, request, executor, device);
+    const absl::StatusOr<ScheduleChoice> choice = ChooseSchedule(config, request, executor, device);
     EXPECT_THAT(choice, IsOk());
     if (!choice.ok()) return false;
     if (device > 0) ExpectPlanFits(config, executor, *choice, device);
