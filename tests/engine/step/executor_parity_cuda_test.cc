@@ -32,19 +32,26 @@ TEST_P(ExecutorParityCudaTest, MatchesReferenceOnCuda) {
   ::megatrain::testing::ExpectParity(std::get<0>(GetParam()), "cuda", std::get<1>(GetParam()));
 }
 
+// SmallLlama widened so that copies and kernels take real time on a GPU:
+// `layers` decoder layers of width 256 (8 heads, 4 key/value heads).
+ModelConfig WiderLlama(int64_t layers) {
+  ModelConfig config = ::megatrain::testing::SmallLlama();
+  config.num_hidden_layers = layers;
+  config.hidden_size = 256;
+  config.intermediate_size = 512;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 4;
+  config.head_dim = 32;
+  return config;
+}
+
 // Larger activations, so that the D2H/H2D copies of the saved inputs take
 // real time beside the compute: a missing stream dependency (reading an
 // input before it is back, freeing one still being copied) shows as a
 // gradient far from the one computed with the inputs kept on the device.
 TEST(ExecutorCudaTest, ActivationOffloadMatchesKeepingInputsOnDevice) {
   if (!HostPinningAvailable()) GTEST_SKIP() << "no CUDA device";
-  ModelConfig config = ::megatrain::testing::SmallLlama();
-  config.num_hidden_layers = 12;
-  config.hidden_size = 256;
-  config.intermediate_size = 512;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 4;
-  config.head_dim = 32;
+  const ModelConfig config = WiderLlama(12);
   const int micro_batches = 3;
   const int64_t b = 4, t = 512;
   testing::GradientRun kept =
@@ -75,13 +82,7 @@ TEST(ExecutorCudaTest, ActivationOffloadMatchesKeepingInputsOnDevice) {
 // a model large enough for the copies to take real time.
 TEST(ExecutorCudaTest, LayerMajorMatchesMicroBatchMajor) {
   if (!HostPinningAvailable()) GTEST_SKIP() << "no CUDA device";
-  ModelConfig config = ::megatrain::testing::SmallLlama();
-  config.num_hidden_layers = 12;
-  config.hidden_size = 256;
-  config.intermediate_size = 512;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 4;
-  config.head_dim = 32;
+  const ModelConfig config = WiderLlama(12);
   const int64_t b = 4, t = 512;
   for (const auto& [micro_batches, wave, offload] :
        {std::tuple{4, 4, false}, std::tuple{4, 4, true}, std::tuple{3, 2, true}}) {
@@ -109,13 +110,7 @@ TEST(ExecutorCudaTest, LayerMajorMatchesMicroBatchMajor) {
 // run-to-run noise; whether they were bit for bit is printed.
 TEST(ExecutorCudaTest, CudaGraphsMatchEagerLayers) {
   if (!HostPinningAvailable()) GTEST_SKIP() << "no CUDA device";
-  ModelConfig config = ::megatrain::testing::SmallLlama();
-  config.num_hidden_layers = 6;
-  config.hidden_size = 256;
-  config.intermediate_size = 512;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 4;
-  config.head_dim = 32;
+  const ModelConfig config = WiderLlama(6);
   for (const ComputeDtype dtype : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
     SCOPED_TRACE(dtype == ComputeDtype::kBf16 ? "bf16" : "fp32");
     auto run = [&](bool graphs) {
