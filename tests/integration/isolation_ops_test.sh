@@ -51,7 +51,7 @@ listing=$(cli list)
 cli cancel "$job" >/dev/null 2>&1 || true
 
 # The /metrics slow-client bound is tested by metrics_test
-# (MetricsHttpTest.ScrapeAnswersWithinASecondWhileSixteenSlowClientsAreConnected):
+# (MetricsHttpTest.ScrapeIsServedWhileSixteenSlowClientsHoldConnections):
 # here, beside a running job on a 2-core CI machine, the scrape's connect
 # was flaky (a SYN retransmit of 1 s), which measures the machine, not the
 # server.
