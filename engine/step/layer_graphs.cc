@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "engine/step/schedule_choice.h"
 
 namespace megatrain::engine {
 
@@ -29,9 +30,8 @@ int64_t LayerGraphBytes(const ModelConfig& config, int num_weight_slots, int res
   const int64_t hidden = tokens * config.hidden_size * 4;  // one [B, T, C] fp32
   // Forward: x in, y out. Backward: x and dy in; the layer's gradient and dx out.
   const int64_t pair = 2 * hidden + 3 * hidden + largest_layer_numel * compute_bytes;
-  const int64_t working =
-      12 * tokens * std::max(config.hidden_size, config.intermediate_size) * compute_bytes;
-  return LayerGraphCount(config, num_weight_slots, resident_layers) / 2 * pair + working;
+  return LayerGraphCount(config, num_weight_slots, resident_layers) / 2 * pair +
+         LayerActivationBytes(config, tokens, compute_bytes);
 }
 
 std::string LayerGraphs::Key(LayerWork work, const void* weights, int variant,
@@ -68,15 +68,13 @@ std::vector<at::Tensor> LayerGraphs::Run(LayerWork work, const void* weights, in
                                          const std::vector<at::Tensor>& inputs, size_t kept_last,
                                          const Body& body) {
   if (!enabled_) return body(inputs);
-  std::unique_ptr<Entry>& slot = entries_[Key(work, weights, variant, inputs)];
-  if (slot == nullptr) {
-    if (static_cast<int64_t>(entries_.size()) > max_graphs_) {
-      entries_.erase(Key(work, weights, variant, inputs));
-      return body(inputs);
-    }
-    slot = std::make_unique<Entry>();
+  const std::string key = Key(work, weights, variant, inputs);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (static_cast<int64_t>(entries_.size()) >= max_graphs_) return body(inputs);
+    it = entries_.emplace(key, std::make_unique<Entry>()).first;
   }
-  Entry& e = *slot;
+  Entry& e = *it->second;
   if (e.uses++ == 0) return body(inputs);  // warm-up
   if (e.graph == nullptr) {
     if (!Capture(e, inputs, body)) return body(inputs);

@@ -47,12 +47,16 @@ int64_t ScheduleChoice::planned_device_bytes() const {
          (activation_device_bytes - (offload_activations ? 2 * layer_input_bytes : 0));
 }
 
+int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes) {
+  return 12 * tokens * std::max(config.hidden_size, config.intermediate_size) * compute_bytes;
+}
+
 int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
                      int64_t seq_len) {
   const int64_t esize = compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = micro_batch * seq_len;
-  return 12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
-         config.LayerParamCount() * (4 + esize) + 4 * kLossChunkLogitBytes;
+  return LayerActivationBytes(config, tokens, esize) + config.LayerParamCount() * (4 + esize) +
+         4 * kLossChunkLogitBytes;
 }
 
 namespace {

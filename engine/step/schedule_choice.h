@@ -179,6 +179,12 @@ struct ScheduleChoice {
   std::string Describe() const;
 };
 
+// Activations of one decoder layer's recompute and backward at `tokens` (B x
+// T) tokens, in bytes: 12 [B, T, max(C, F)] tensors of `compute_bytes`
+// (2 or 4) per element (activation checkpointing's per-layer autograd graph
+// and its gradients). Pure.
+int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes);
+
 // One layer's recompute and backward and the loss chunks, in bytes (Note
 // [Auto resident layers]): 12 [B, T, max(C, F)] compute-dtype tensors
 // (activation checkpointing's per-layer autograd graph and its
