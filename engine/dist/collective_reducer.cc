@@ -46,7 +46,9 @@ GradientShards::GradientShards(HostStore* shared, int world)
       shard_sq_(static_cast<size_t>(shared->num_blocks() * world), 0.0) {}
 
 void GradientShards::Land(int rank, int64_t block, const float* reduced, double shard_sq) {
-  if (reduced != nullptr) {
+  // A view landing in place (Note [Shard-only landing] in
+  // store/host_store.h) has nothing to copy.
+  if (reduced != nullptr && reduced != shared_->grad(block)) {
     const ShardRange shard = ShardOf(shared_->block_numel(block), rank, world_);
     std::memcpy(shared_->grad(block) + shard.begin, reduced + shard.begin,
                 static_cast<size_t>(shard.size()) * sizeof(float));
@@ -75,8 +77,9 @@ bool GradientShards::WaitLanded(int64_t block, int64_t round, absl::Duration tim
 CollectiveGradientReducer::CollectiveGradientReducer(CollectiveGroup* group, int64_t vocab_size,
                                                      GradientShards* shards, bool owner,
                                                      std::chrono::milliseconds timeout)
-    : CollectiveGradientReducer(CollectiveReducerGroups{group, nullptr, nullptr, group->rank()},
-                                vocab_size, shards, owner, timeout) {}
+    : CollectiveGradientReducer(
+          CollectiveReducerGroups{group, nullptr, false, nullptr, nullptr, group->rank()},
+          vocab_size, shards, owner, timeout) {}
 
 CollectiveGradientReducer::CollectiveGradientReducer(const CollectiveReducerGroups& groups,
                                                      int64_t vocab_size, GradientShards* shards,
@@ -84,6 +87,8 @@ CollectiveGradientReducer::CollectiveGradientReducer(const CollectiveReducerGrou
     : group_(groups.all),
       local_group_(groups.local),
       cross_group_(groups.cross),
+      device_reduce_scatter_(groups.device_reduce_scatter && groups.local != nullptr),
+      weights_group_(groups.weights),
       local_rank_(groups.local_rank),
       vocab_size_(vocab_size),
       shards_(shards),
@@ -100,7 +105,7 @@ void CollectiveGradientReducer::Fail(int64_t block, const absl::Status& status) 
 
 bool CollectiveGradientReducer::ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel,
                                                       int64_t* begin, int64_t* end) {
-  if (local_group_ == nullptr) return false;
+  if (!device_reduce_scatter_) return false;
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
@@ -125,6 +130,30 @@ bool CollectiveGradientReducer::ReduceScatterOnDevice(int64_t block, float* grad
   }
   *begin = shard.begin;
   *end = shard.end;
+  return true;
+}
+
+void CollectiveGradientReducer::AllGatherWeights(int64_t block, void* slot, int64_t shard_numel,
+                                                 int element_bytes) {
+  if (weights_group_ == nullptr) return;
+  const absl::Status status = weights_group_->AllGatherInPlace(slot, shard_numel, element_bytes);
+  if (!status.ok()) Fail(block, status);
+}
+
+bool CollectiveGradientReducer::AllReduceOnDevice(int64_t block, float* grad, int64_t numel) {
+  if (local_group_ == nullptr) return false;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = error_;
+  }
+  // The same N_r / N as every other block (Note [Gradient all-reduce]).
+  if (status.ok())
+    status = local_group_->AllReduceSumOnDevice(grad, numel, static_cast<float>(scale_));
+  if (status.ok() && cross_group_ != nullptr) {
+    status = cross_group_->AllReduceSumOnDevice(grad, numel);
+  }
+  if (!status.ok()) Fail(block, status);
   return true;
 }
 

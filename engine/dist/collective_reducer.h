@@ -97,11 +97,23 @@ struct CollectiveReducerGroups {
   // Every rank of the job: BeginStep, EndStep and the host path's
   // all-reduce (step and accumulator threads, never concurrently).
   CollectiveGroup* all = nullptr;
-  // kDeviceReduceScatter: this process's ranks (the executor's enqueuing
-  // thread); null for the host path only.
+  // This process's ranks, used by the executor's enqueuing thread only:
+  // the device reduce-scatter (kDeviceReduceScatter) and the resident
+  // blocks' all-reduce (Note [Resident blocks on every rank] in
+  // step/gradient_reducer.h); null: neither (the host path only).
   CollectiveGroup* local = nullptr;
-  // kDeviceReduceScatter with several processes: the rank of the same
-  // local index in every process; null with one process.
+  // Whether streamed blocks take the device reduce-scatter (Note [Shard
+  // landing]); needs `local`.
+  bool device_reduce_scatter = false;
+  // Note [Sharded weight streaming] in step/weight_slots.h: this process's
+  // ranks again, as a group of its own (on NCCL its own communicator and
+  // stream, so that the gathers of prefetched weights do not queue behind
+  // gradient reductions that wait for compute); used by the executor's
+  // enqueuing thread only. Null: every rank loads whole blocks.
+  CollectiveGroup* weights = nullptr;
+  // With `local`, several processes: the rank of the same local index in
+  // every process (the second stage of both device reductions); null with
+  // one process.
   CollectiveGroup* cross = nullptr;
   // This rank's index among its process's ranks (its shard).
   int local_rank = 0;
@@ -124,9 +136,22 @@ class CollectiveGradientReducer : public GradientReducer {
   double ReduceBlock(int64_t block, float* grad, int64_t numel) override;
   absl::StatusOr<double> EndStep(double loss_sum) override;
   int64_t global_counted_tokens() const override { return global_tokens_; }
-  // Note [Device reduce-scatter]: false unless groups.local was given.
+  // Note [Device reduce-scatter]: false unless groups.device_reduce_scatter.
   bool ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel, int64_t* begin,
                              int64_t* end) override;
+  // Note [Resident blocks on every rank]: false unless groups.local was
+  // given; scales by N_r / N, sums over the local ranks, then over the
+  // processes (the cross group).
+  bool AllReduceOnDevice(int64_t block, float* grad, int64_t numel) override;
+  bool reduce_scatters_on_device() const override { return device_reduce_scatter_; }
+  // Note [Sharded weight streaming]: over groups.weights.
+  int weight_shard_world() const override {
+    return weights_group_ != nullptr ? weights_group_->world_size() : 1;
+  }
+  int weight_shard_rank() const override {
+    return weights_group_ != nullptr ? weights_group_->rank() : 0;
+  }
+  void AllGatherWeights(int64_t block, void* slot, int64_t shard_numel, int element_bytes) override;
 
  private:
   // Records the step's first failed collective (for EndStep).
@@ -135,6 +160,8 @@ class CollectiveGradientReducer : public GradientReducer {
   CollectiveGroup* group_;
   CollectiveGroup* local_group_ = nullptr;
   CollectiveGroup* cross_group_ = nullptr;
+  bool device_reduce_scatter_ = false;
+  CollectiveGroup* weights_group_ = nullptr;
   int local_rank_ = 0;
   int64_t vocab_size_;
   int64_t global_tokens_ = 0;

@@ -1,6 +1,7 @@
 // Data-parallel trainer over c10d (data_parallel.h).
 #include "engine/dist/data_parallel.h"
 
+#include <algorithm>
 #include <array>
 #include <thread>
 #include <utility>
@@ -26,6 +27,26 @@ std::vector<std::string> DataParallelDevices(const std::string& base_device, int
   return out;
 }
 
+namespace {
+
+// Note [Resident blocks on every rank] in step/gradient_reducer.h: every
+// rank must plan the same pass (the same resident blocks, schedule and
+// gradient path), or their collectives would not match. Rank 0 resolves
+// the auto choices for its device; the others take them as given.
+void ForceChoiceOf(const Trainer& rank0, TrainerOptions* options) {
+  const ScheduleChoice& choice = rank0.schedule_choice();
+  options->resident_layers = rank0.resident_layers();
+  options->resident_embedding = rank0.resident_embedding() ? 1 : 0;
+  options->device_grad_accumulation = rank0.device_grad_accumulation() ? 1 : 0;
+  options->cuda_graphs = choice.cuda_graphs ? 1 : 0;
+  options->step_schedule = choice.schedule;
+  options->wave = choice.wave;
+  options->activation_placement =
+      choice.offload_activations ? ActivationPlacement::kHost : ActivationPlacement::kDevice;
+}
+
+}  // namespace
+
 template <typename F>
 absl::Status DataParallelTrainer::OnEveryRank(F fn) {
   std::vector<absl::Status> status(ranks_.size());
@@ -44,6 +65,7 @@ DataParallelTrainer::~DataParallelTrainer() {
   // reducers and the store go.
   while (!ranks_.empty()) ranks_.pop_back();
   reducers_.clear();
+  weight_groups_.clear();
   cross_groups_.clear();
   local_groups_.clear();
   groups_.clear();
@@ -76,14 +98,23 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   }));
   reduction_ = SelectGradientReduction(dp.gradient_reduction, groups_[0]->backend_name(),
                                        groups_[0]->has_reduce_scatter());
-  if (reduction_ != GradientReduction::kDeviceReduceScatter) return absl::OkStatus();
+  // The enqueuing thread's groups (Notes [Shard landing] and [Resident
+  // blocks on every rank]): every path has them, since resident blocks
+  // are summed on the devices whatever the streamed blocks take.
   local_groups_.resize(static_cast<size_t>(local));
   cross_groups_.resize(static_cast<size_t>(local));
+  weight_groups_.resize(static_cast<size_t>(local));
   return OnEveryRank([&](int r) -> absl::Status {
     const std::string& device = dp.devices[static_cast<size_t>(r)];
     MEGATRAIN_ASSIGN_OR_RETURN(
         local_groups_[r], CollectiveGroup::Create(store, r, local, device, dp.timeout,
                                                   absl::StrCat("megatrain/local/", process_rank_)));
+    if (dp.shard_weights && local > 1) {  // Note [Sharded weight streaming]
+      MEGATRAIN_ASSIGN_OR_RETURN(
+          weight_groups_[r],
+          CollectiveGroup::Create(store, r, local, device, dp.timeout,
+                                  absl::StrCat("megatrain/weights/", process_rank_)));
+    }
     if (num_processes_ > 1) {
       MEGATRAIN_ASSIGN_OR_RETURN(
           cross_groups_[r],
@@ -132,23 +163,37 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   t->reducers_.resize(static_cast<size_t>(local));
   t->ranks_.resize(static_cast<size_t>(local));
   MEGATRAIN_RETURN_IF_ERROR(t->JoinGroups(dp));
-  // Then the trainers, rank 0 (the optimizer's owner) first.
+  // Note [Sharded optimizer] in step/gradient_reducer.h: every rank updates
+  // its shard of each host block with its share of the cores; a rank
+  // streams a block once every rank's update of it ran.
+  const int cores = options.threads > 0
+                        ? options.threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  DataParallelTrainer* self = t.get();
+  auto all_updated = [self](int64_t block) {
+    for (const auto& rank : self->ranks_) rank->WaitBlockUpdated(block);
+  };
+  // Then the trainers, rank 0 (whose auto choices the others take) first.
   for (int r = 0; r < local; ++r) {
     CollectiveReducerGroups groups;
     groups.all = t->groups_[r].get();
-    groups.local = t->local_groups_.empty() ? nullptr : t->local_groups_[r].get();
-    groups.cross = t->cross_groups_.empty() ? nullptr : t->cross_groups_[r].get();
+    groups.local = t->local_groups_[r].get();
+    groups.device_reduce_scatter = t->reduction_ == GradientReduction::kDeviceReduceScatter;
+    groups.cross = t->cross_groups_[r].get();
+    groups.weights = t->weight_groups_[r].get();
     groups.local_rank = r;
     t->reducers_[r] = std::make_unique<CollectiveGradientReducer>(
-        groups, config.vocab_size, t->shards_.get(), r == 0, dp.timeout);
+        groups, config.vocab_size, t->shards_.get(), /*owner=*/false, dp.timeout);
     TrainerOptions rank_options = options;
+    if (r > 0) ForceChoiceOf(*t->ranks_[0], &rank_options);
     rank_options.device = dp.devices[static_cast<size_t>(r)];
     rank_options.gradient_accumulation_steps = options.gradient_accumulation_steps / world;
     rank_options.gradient_reducer = t->reducers_[r].get();
     rank_options.shared_store = t->shared_.get();
-    rank_options.optimizer_owner = r == 0 ? nullptr : t->ranks_[0].get();
-    // Only rank 0's optimizer pool runs AdamW; the others' stays idle.
-    if (r > 0) rank_options.threads = 1;
+    rank_options.optimizer_shard_rank = r;
+    rank_options.optimizer_shard_world = local;
+    rank_options.shared_weight_gate = all_updated;
+    rank_options.threads = std::max(1, cores / local);
     MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
   }
   return t;
@@ -191,6 +236,8 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
 }
 
 absl::StatusOr<double> DataParallelTrainer::Evaluate(absl::Span<const MicroBatch> micro_batches) {
+  // Every rank's shard of the updates first (Note [Sharded optimizer]).
+  MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
   return ranks_[0]->Evaluate(micro_batches);
 }
 
@@ -214,6 +261,13 @@ absl::StatusOr<bool> DataParallelTrainer::ReplicasAgree() {
       [&](int r) { return groups_[r]->AllReduceMax(extremes[static_cast<size_t>(r)].data(), 2); }));
   // max == min over every rank of every process.
   return extremes[0][0] == -extremes[0][1];
+}
+
+HostStore& DataParallelTrainer::store() {
+  // Rank 0 writes its resident blocks back; every rank reloads them before
+  // its next pass, since the caller may write the store.
+  for (auto& rank : ranks_) rank->store();
+  return *shared_;
 }
 
 void DataParallelTrainer::set_step(int64_t step) {

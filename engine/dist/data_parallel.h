@@ -36,6 +36,11 @@ struct DataParallelOptions {
   // How block gradients are reduced (gradient_shard.h; kAuto: the device
   // reduce-scatter on NCCL, the host all-reduce on gloo).
   GradientReduction gradient_reduction = GradientReduction::kAuto;
+  // Note [Sharded weight streaming] in step/weight_slots.h: this process's
+  // ranks load 1/N of each streamed block each and gather the rest from
+  // one another (the weights cross host memory once per step, not once
+  // per rank). False: every rank loads whole blocks (for comparison).
+  bool shard_weights = true;
 
   // Note [Replica processes]: several processes (one per host, launched by
   // torchrun), each with `devices` local ranks and its own replica of the
@@ -127,8 +132,10 @@ class DataParallelTrainer {
 
   // The shared host store: what checkpoints write (once) and read; call
   // WaitForOptimizer() before reading it. The caller may write it (loading
-  // weights or a checkpoint, then set_step) between steps.
-  HostStore& store() { return *shared_; }
+  // weights or a checkpoint, then set_step) between steps: every rank then
+  // reloads its resident blocks from it before its next pass (Note
+  // [Resident blocks on every rank] in step/gradient_reducer.h).
+  HostStore& store();
   // Host bytes held: the shared store's plus every rank's landing
   // gradients (each counted once).
   HostStoreBytes host_bytes() const;
@@ -164,6 +171,8 @@ class DataParallelTrainer {
   std::vector<std::unique_ptr<CollectiveGroup>> groups_;        // every rank of the job
   std::vector<std::unique_ptr<CollectiveGroup>> local_groups_;  // device path: this process's
   std::vector<std::unique_ptr<CollectiveGroup>> cross_groups_;  // device path, several processes
+  std::vector<std::unique_ptr<CollectiveGroup>>
+      weight_groups_;  // sharded streaming: this process's
   std::vector<std::unique_ptr<CollectiveGradientReducer>> reducers_;
   std::vector<std::unique_ptr<Trainer>> ranks_;  // destroyed first (declared last)
 };

@@ -258,8 +258,37 @@ bool CollectiveGroup::has_reduce_scatter() const {
   return backend_name_ == "nccl" || compat::kGlooHasReduceScatterBase;
 }
 
-absl::Status CollectiveGroup::AllReduceSumOnDevice(float* data, int64_t numel) {
+absl::Status CollectiveGroup::AllReduceSumOnDevice(float* data, int64_t numel, float scale) {
+  if (numel == 0) return absl::OkStatus();
+  if (scale != 1.0f) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        Collective("scale", [&] { DeviceTensor(*impl_, data, numel).mul_(scale); }));
+  }
   return AllReduceInPlace(*impl_, data, numel);
+}
+
+absl::Status CollectiveGroup::AllGatherInPlace(void* data, int64_t shard_numel, int element_bytes) {
+  if (shard_numel == 0 || world_size_ == 1) return absl::OkStatus();
+  return Collective("allgather", [&] {
+    const auto options = at::TensorOptions()
+                             .dtype(element_bytes == 2 ? at::kBFloat16 : at::kFloat)
+                             .device(impl_->device);
+    at::Tensor all = at::from_blob(data, {world_size_ * shard_numel}, options);
+    // A copy of this rank's shard: the collective's input never aliases
+    // its output.
+    at::Tensor mine = all.narrow(0, rank_ * shard_numel, shard_numel).clone();
+    if (backend_name_ == "nccl") {
+      impl_->backend->_allgather_base(all, mine)->wait();
+      return;
+    }
+    // gloo (1.13 has no flat all-gather): one output view per rank.
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < world_size_; ++r) {
+      outputs[0].push_back(all.narrow(0, r * shard_numel, shard_numel));
+    }
+    std::vector<at::Tensor> inputs{mine};
+    impl_->backend->allgather(outputs, inputs)->wait();
+  });
 }
 
 absl::Status CollectiveGroup::ReduceScatterSum(float* data, int64_t numel, float scale) {

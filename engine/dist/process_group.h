@@ -120,9 +120,18 @@ class CollectiveGroup {
   // passes.
   // `scale`: data is multiplied by it first (on the device; skipped at 1).
   absl::Status ReduceScatterSum(float* data, int64_t numel, float scale = 1.0f);
+  // Note [Sharded weight streaming] in step/weight_slots.h: `data` holds
+  // world_size() * shard_numel elements in this group's device memory
+  // (bf16 when element_bytes is 2, fp32 when 4), of which this rank wrote
+  // [rank * shard_numel, (rank + 1) * shard_numel); afterwards every rank
+  // holds every rank's shard (all-gather). On the current stream (NCCL: the
+  // stream waits for the collective, the host does not). UNAVAILABLE when
+  // a peer fails or the timeout passes.
+  absl::Status AllGatherInPlace(void* data, int64_t shard_numel, int element_bytes);
   // Sums `data` ([numel] fp32 in this group's device memory, as
-  // ReduceScatterSum) over the ranks, in place, on the current stream.
-  absl::Status AllReduceSumOnDevice(float* data, int64_t numel);
+  // ReduceScatterSum) over the ranks, in place, on the current stream,
+  // after multiplying it by `scale` (on the device; skipped at 1).
+  absl::Status AllReduceSumOnDevice(float* data, int64_t numel, float scale = 1.0f);
 
   struct Impl;
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/kernel_trace.h"
 #include "engine/io/hf_model.h"
@@ -165,7 +166,10 @@ MemoryFootprint BenchFootprint(const BenchOptions& o, const ModelConfig& config)
   JobSpec spec;
   spec.train.micro_batch = o.micro_batch;
   spec.train.seq_len = o.seq_len;
-  spec.train.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  // Data parallel: this process's ranks, each running the bench's
+  // accumulation (Note [Shared host store]).
+  spec.train.devices = std::max(o.devices, 1);
+  spec.train.gradient_accumulation_steps = o.gradient_accumulation_steps * spec.train.devices;
   spec.train.compute_dtype = ParseComputeDtype(o.compute_dtype).value_or(ComputeDtype::kFp32);
   spec.train.max_grad_norm = o.max_grad_norm;
   spec.train.offload_activations = o.offload_activations;
@@ -479,6 +483,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
                              ParseGradientReduction(o.gradient_reduction, "--gradient_reduction"));
   MEGATRAIN_RETURN_IF_ERROR(JoinBenchProcesses(o, &dpo));
   dpo.devices = DataParallelDevices(BenchBaseDevice(o), o.devices);
+  dpo.shard_weights = o.shard_weights;
   topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices * dpo.num_processes;
   return DataParallelTrainer::Create(config, topt, o.seed, dpo);
 }
@@ -487,6 +492,14 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, BenchModelConfig(o));
+  // Refused before anything is allocated (never an out-of-memory kill).
+  if (const int64_t need = BenchFootprint(o, config).host_total_bytes;
+      o.host_memory_budget > 0 && need > o.host_memory_budget) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "host memory: the run needs %.1f GiB (the footprint: docs/operations.md, \"Sizing host "
+        "memory\"), --host_memory_budget is %.1f GiB",
+        need / 1073741824.0, o.host_memory_budget / 1073741824.0));
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions topt, BenchTrainerOptions(o));
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
@@ -537,7 +550,10 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   AddSetupJson(o, config, *trainer, dp.get(), &j);
   j["devices"] = std::max(o.devices, 1);
   j["processes"] = processes;
-  if (dp != nullptr) j["gradient_reduction"] = GradientReductionName(dp->gradient_reduction());
+  if (dp != nullptr) {
+    j["gradient_reduction"] = GradientReductionName(dp->gradient_reduction());
+    j["shard_weights"] = o.shard_weights;
+  }
   AddTimingJson(run, link, &j);
   j["tokens_per_s"] = tokens / step_median;
   j["step_seconds"] = step_median;

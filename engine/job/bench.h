@@ -29,6 +29,12 @@ struct BenchOptions {
   std::string dist;
   // auto | host_all_reduce | device_reduce_scatter (dist/gradient_shard.h).
   std::string gradient_reduction = "auto";
+  // Note [Sharded weight streaming] in step/weight_slots.h: with several
+  // devices, each loads 1/N of a streamed block and gathers the rest.
+  bool shard_weights = true;
+  // Bytes of host memory the run may hold; a larger footprint is refused
+  // (RESOURCE_EXHAUSTED) before anything is allocated. 0: not checked.
+  int64_t host_memory_budget = 0;
   int64_t steps = 10;  // measured steps
   int64_t warmup = 2;  // unmeasured steps first
   std::string compute_dtype = "fp32";

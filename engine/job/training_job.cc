@@ -236,12 +236,22 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
                                     : 2 * tokens * config.hidden_size * 4;
   if (spec.train.devices > 1) {
     // Note [Shared host store] (step/gradient_reducer.h): the weights,
-    // moments and streaming copy once; the shared (reduced) gradient plus
-    // each rank's pinned landing gradients; each rank's executor staging;
-    // no embedding lookahead.
+    // moments, streaming copy and reduced gradient once; each rank's
+    // pinned landing gradients and executor staging; no embedding
+    // lookahead. Note [Shard-only landing] (store/host_store.h): ranks of
+    // one micro-batch each on the device path (NCCL, as on a GPU) land
+    // their shards in the shared gradient itself, and only the embedding's
+    // rows, unless it is resident, in a buffer of their own; otherwise
+    // every rank lands whole blocks in an arena of its own.
     const int64_t ranks = spec.train.devices;
-    f.host.pinned += ranks * f.host.grad;
-    f.host.grad *= ranks + 1;
+    const ModelLayout layout = ModelLayout::Create(config);
+    const int64_t embedding_bytes =
+        (layout.blocks[layout.embedding_block()].numel + 1023) / 1024 * 1024 * 4;
+    const int64_t landing = spec.train.gradient_accumulation_steps != ranks ? f.host.grad
+                            : exec.resident_embedding                       ? 0
+                                                                            : embedding_bytes;
+    f.host.pinned += ranks * landing;
+    f.host.grad += ranks * landing;
     f.host.staging *= ranks;
     f.embedding_lookahead_bytes = 0;
   }

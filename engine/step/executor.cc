@@ -107,6 +107,12 @@ class StreamingExecutor::Impl {
   void SetDeviceReduction(decltype(StepEnv::reduce_on_device) reduce) {
     env_.reduce_on_device = std::move(reduce);
   }
+  void SetResidentReduction(decltype(StepEnv::all_reduce_on_device) reduce) {
+    env_.all_reduce_on_device = std::move(reduce);
+  }
+  void SetWeightGather(decltype(StepEnv::WeightSharding::all_gather) gather) {
+    env_.weight_sharding.all_gather = std::move(gather);
+  }
   void SetEmbeddingRowGate(EmbeddingRowGate gate) { inputs_->SetRowGate(std::move(gate)); }
   void AssumeEmbeddingGradZero(bool zero) { assume_embedding_grad_zero_ = zero; }
   ResidentBlocks& resident() { return *resident_; }
@@ -189,6 +195,8 @@ absl::Status StreamingExecutor::Impl::Init() {
     compat::SetAllowTf32(options_.compute_dtype == ComputeDtype::kTf32);
     rope_ = BuildRopeCache(config, options_.seq_len, device);
     attention_mask_ = BuildAttentionMask(config, options_.seq_len, device);
+    env_.weight_sharding.rank = options_.weight_shard_rank;
+    env_.weight_sharding.world = options_.weight_shard_world;
     slots_ = std::make_unique<WeightSlots>(
         &env_, options_.num_weight_slots, max_numel,
         options_.stream_fp32_master ? options_.cast_chunk_elements : 0);
@@ -322,7 +330,9 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     const StepPlan plan = PlanStep(env_.layout, plan_options);
     if (moe_) moe_->BeginPass(static_cast<int>(mbs.size()), /*train=*/backward, step);
     lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
-    slots_->BeginPass(plan.weight_uses);
+    // Note [Sharded weight streaming]: training passes only (every rank
+    // runs them; evaluation runs on one).
+    slots_->BeginPass(plan.weight_uses, /*sharded=*/backward);
     pass.loss_total =
         at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(env_.runtime->device()));
     for (const StepAction& action : plan.actions) {
@@ -681,6 +691,12 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("executor.num_weight_slots: must be >= 3, got ", options.num_weight_slots));
   }
+  if (options.weight_shard_world < 1 || options.weight_shard_rank < 0 ||
+      options.weight_shard_rank >= options.weight_shard_world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.weight_shard_rank: must be in [0, weight_shard_world=",
+                     options.weight_shard_world, "), got ", options.weight_shard_rank));
+  }
   if (options.num_grad_slots < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));
@@ -771,6 +787,14 @@ void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
 void StreamingExecutor::SetDeviceReduction(
     std::function<bool(int64_t, float*, int64_t, int64_t*, int64_t*)> reduce) {
   impl_->SetDeviceReduction(std::move(reduce));
+}
+
+void StreamingExecutor::SetWeightGather(std::function<void(int64_t, void*, int64_t, int)> gather) {
+  impl_->SetWeightGather(std::move(gather));
+}
+
+void StreamingExecutor::SetResidentReduction(std::function<bool(int64_t, float*, int64_t)> reduce) {
+  impl_->SetResidentReduction(std::move(reduce));
 }
 
 void StreamingExecutor::AssumeEmbeddingGradZero(bool zero) { impl_->AssumeEmbeddingGradZero(zero); }

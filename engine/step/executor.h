@@ -208,6 +208,13 @@ struct ExecutorOptions {
   // mixture-of-experts layers always run eagerly. Costs LayerGraphBytes of
   // device memory.
   bool cuda_graphs = false;
+  // Note [Sharded weight streaming] in step/weight_slots.h: the ranks of
+  // this host that share each streamed block's loads (1: none) and this
+  // executor's index among them; training passes then gather the shards
+  // through the function SetWeightGather installs (required when the
+  // world is above 1). Slots hold ShardedSlotNumel elements.
+  int weight_shard_world = 1;
+  int weight_shard_rank = 0;
 };
 
 // Note [Executor memory plan]
@@ -345,6 +352,23 @@ class StreamingExecutor {
   void SetDeviceReduction(
       std::function<bool(int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end)>
           reduce);
+
+  // Installs the in-place sum over the data-parallel ranks of a resident
+  // block's final device gradient (Note [Resident blocks on every rank] in
+  // gradient_reducer.h; the function has GradientReducer::
+  // AllReduceOnDevice's contract). It runs on the kD2H stream, after the
+  // backward that finished the gradient and before its norm, so that the
+  // compute stream goes on with the next layer meanwhile; the next pass's
+  // resident AdamW waits for it. Call before the first pass.
+  void SetResidentReduction(std::function<bool(int64_t block, float* grad, int64_t numel)> reduce);
+
+  // Installs the gather of a slot's shards over the ranks (Note [Sharded
+  // weight streaming] in step/weight_slots.h; the function has
+  // GradientReducer::AllGatherWeights's contract). Call before the first
+  // pass when options().weight_shard_world > 1.
+  void SetWeightGather(
+      std::function<void(int64_t block, void* slot, int64_t shard_numel, int element_bytes)>
+          gather);
 
   // Installs a gate for the embedding rows a micro-batch gathers, called
   // (on the enqueuing thread) with the micro-batch's token ids [B*T] before

@@ -148,11 +148,25 @@ void GradLander::LandResidentNorm(int64_t block, const at::Tensor& grad) {
   task.slot = r;
   task.block = block;
   task.first = task.final = true;
-  const int norm_token = env_->timer.Begin(StreamKind::kCompute);
-  task.keep_alive_norm = compat::VectorNormFp64(grad);
-  env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
-  runtime->Record(StreamKind::kCompute, *grad_ready_[r]);
-  runtime->Wait(StreamKind::kD2H, *grad_ready_[r]);
+  if (env_->all_reduce_on_device) {
+    // Note [Resident blocks on every rank] in gradient_reducer.h: the sum
+    // over the ranks and the norm of the sum run on kD2H, so that the
+    // compute stream goes on with the next layer; the pass's final drain
+    // (this task's staged event) orders them before the next AdamW.
+    runtime->Record(StreamKind::kCompute, *grad_ready_[r]);
+    runtime->Wait(StreamKind::kD2H, *grad_ready_[r]);
+    auto scope = runtime->Use(StreamKind::kD2H);
+    const int token = env_->timer.Begin(StreamKind::kD2H);
+    env_->all_reduce_on_device(block, grad.data_ptr<float>(), grad.numel());
+    task.keep_alive_norm = compat::VectorNormFp64(grad);
+    env_->timer.End(StreamKind::kD2H, token);
+  } else {
+    const int norm_token = env_->timer.Begin(StreamKind::kCompute);
+    task.keep_alive_norm = compat::VectorNormFp64(grad);
+    env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
+    runtime->Record(StreamKind::kCompute, *grad_ready_[r]);
+    runtime->Wait(StreamKind::kD2H, *grad_ready_[r]);
+  }
   runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + r,
                             task.keep_alive_norm.data_ptr(), sizeof(double));
   runtime->Record(StreamKind::kD2H, *staged_[r]);

@@ -27,15 +27,26 @@
 // view. ReduceBlock combines the ranks' landed gradients and each rank
 // copies its 1/N shard of the block into the shared store's gradient
 // (reduce-scatter semantics; engine/dist/collective_reducer.h says how
-// with gloo). One trainer, the optimizer owner (rank 0), runs AdamW: its
-// ReduceBlock returns only once every rank's shard of the block landed, and
-// its updates read the shared gradient, so each parameter is updated
-// exactly once per step. The other ranks queue no update; their weight
-// gate waits on the owner's optimizer queue (Trainer::WaitBlockUpdated),
-// so that no rank streams a block before its update. The embedding then
+// with gloo). Each rank updates its own shard (Note [Sharded optimizer]),
+// so each parameter is updated exactly once per step, and a rank's weight
+// gate waits for every rank's update of a block (Trainer::
+// WaitBlockUpdated), so that no rank streams a block before its update.
+// A non-resident embedding then
 // updates as one block (no row gate, no lookahead: Notes [Embedding rows on
 // demand] and [Embedding lookahead] in trainer.h), the gradient lands in
 // the arena (no ring), and the NVMe tier is not available.
+//
+// Note [Sharded optimizer]
+// The CPU AdamW of the shared store is split by shard: rank r of the
+// host's L ranks updates elements ShardOf(numel, r, L) of every host block
+// (c10d's layout; Note [Shard layout] in dist/gradient_shard.h) on its own
+// optimizer thread and its 1/L share of the cores, from the shard of the
+// reduced gradient it landed itself, as soon as it may (clipping: after
+// the norm; otherwise as the block is final). No rank waits for another's
+// shards to land before updating, and no core waits for one owner. A rank
+// streams a block only once every rank's update of it ran (the shared
+// weight gate). AdamW is elementwise, so the split gives the bits of one
+// whole-block update.
 #ifndef MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_
 #define MEGATRAIN_ENGINE_STEP_GRADIENT_REDUCER_H_
 
@@ -92,6 +103,50 @@ class GradientReducer {
   virtual bool ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel, int64_t* begin,
                                      int64_t* end) {
     (void)block, (void)grad, (void)numel, (void)begin, (void)end;
+    return false;
+  }
+
+  // Whether ReduceScatterOnDevice reduces (the device path): a rank whose
+  // every streamed block's whole gradient is on the device at landing then
+  // lands only its shard (Note [Shard-only landing] in
+  // store/host_store.h).
+  virtual bool reduce_scatters_on_device() const { return false; }
+
+  // Note [Sharded weight streaming] in step/weight_slots.h: the ranks that
+  // share the loads of streamed blocks (this host's) and this rank's index
+  // among them; 1 and 0: every rank loads whole blocks (the default).
+  virtual int weight_shard_world() const { return 1; }
+  virtual int weight_shard_rank() const { return 0; }
+  // Gathers the shards of `block`'s weights in `slot` (shard_numel
+  // elements of element_bytes each per rank, this rank's already there)
+  // over those ranks, in place on the device, on the current stream.
+  // Called on the executor's enqueuing thread in the plan's load order
+  // (identical on every rank). A failed collective is recorded: EndStep
+  // returns it.
+  virtual void AllGatherWeights(int64_t block, void* slot, int64_t shard_numel, int element_bytes) {
+    (void)block, (void)slot, (void)shard_numel, (void)element_bytes;
+  }
+
+  // Note [Resident blocks on every rank]
+  // Each rank keeps the same resident blocks (decoder layers 0..N-1 and,
+  // when resident, the embedding) on its own device, with their fp32
+  // master, AdamW moments and gradient (Notes [Resident layers] and
+  // [Resident embedding] in step/executor.h). When such a block's gradient
+  // of the pass is final, `grad` ([numel] fp32, device memory: the
+  // resident gradient, the mean over this rank's counted tokens) is
+  // scaled by N_r / N and summed over every rank of the job in place, on
+  // the device (NCCL over NVLink; gloo on CPU ranks), so that every rank
+  // holds the same bits of the global batch's gradient. Every rank then
+  // computes the same norm and applies the same AdamW to the same state:
+  // the replicas stay bit-identical without any host traffic. Returns
+  // false when this reducer does not (the default: the trainer then
+  // refuses resident blocks). Called on the executor's enqueuing thread
+  // with the stream the work must follow current, in the landing order
+  // (identical on every rank); enqueues the collective on that stream
+  // (NCCL: no host synchronisation). A failed collective still returns
+  // true; EndStep then returns its error.
+  virtual bool AllReduceOnDevice(int64_t block, float* grad, int64_t numel) {
+    (void)block, (void)grad, (void)numel;
     return false;
   }
 };

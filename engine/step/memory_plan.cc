@@ -48,7 +48,8 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = options.micro_batch * options.seq_len;
   const int64_t layer_input_bytes = tokens * config.hidden_size * 4;  // [B, T, C] fp32
-  plan.weight_slot_bytes = options.num_weight_slots * esize * plan.max_slot_numel;
+  plan.weight_slot_bytes = options.num_weight_slots * esize *
+                           ShardedSlotNumel(plan.max_slot_numel, options.weight_shard_world);
   if (options.stream_fp32_master) {
     plan.cast_staging_bytes =
         4 * CastStagingNumel(plan.max_slot_numel, options.cast_chunk_elements);

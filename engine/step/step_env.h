@@ -146,6 +146,21 @@ struct StepEnv {
   // ReduceScatterOnDevice's contract); may be empty.
   std::function<bool(int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end)>
       reduce_on_device;
+  // Note [Resident blocks on every rank] in gradient_reducer.h: sums a
+  // resident block's final device gradient over the ranks in place
+  // (GradientReducer::AllReduceOnDevice's contract); may be empty.
+  std::function<bool(int64_t block, float* grad, int64_t numel)> all_reduce_on_device;
+  // Note [Sharded weight streaming] in weight_slots.h: this rank's place
+  // among the ranks that share the loads of streamed blocks (world 1:
+  // none), and the gather of a slot's shards over them
+  // (GradientReducer::AllGatherWeights's contract).
+  struct WeightSharding {
+    int rank = 0;
+    int world = 1;
+    std::function<void(int64_t block, void* slot, int64_t shard_numel, int element_bytes)>
+        all_gather;
+  };
+  WeightSharding weight_sharding;
 
   // Per pass (BeginPass).
   int64_t h2d_bytes = 0, d2h_bytes = 0;

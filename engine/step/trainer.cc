@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/step/executor.h"
@@ -60,23 +61,22 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
         "resident_layers / resident_embedding: nothing can be resident on the device with the "
         "AdamW moments on the NVMe tier (memory.nvme_tier; Note [Tiered trainer])");
   }
-  if (options.gradient_reducer != nullptr) {
-    // Note [Data-parallel step]: only gradients that land in the store
-    // are reduced.
-    if (config.moe != nullptr) {
-      return absl::UnimplementedError(
-          "train.devices: data parallelism over a mixture-of-experts model is not built");
-    }
-    if (options.resident_layers > 0 || options.resident_embedding == 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "resident_layers / resident_embedding: must be 0 or auto with train.devices > 1 (a "
-          "resident block's gradient stays on its device), got ",
-          options.resident_layers, " / ", options.resident_embedding));
-    }
+  if (options.gradient_reducer != nullptr && config.moe != nullptr) {
+    // Note [Data-parallel step].
+    return absl::UnimplementedError(
+        "train.devices: data parallelism over a mixture-of-experts model is not built");
   }
-  if (options.optimizer_owner != nullptr && options.shared_store == nullptr) {
+  if (options.optimizer_shard_world < 1 || options.optimizer_shard_rank < 0 ||
+      options.optimizer_shard_rank >= options.optimizer_shard_world) {
     return absl::InvalidArgumentError(
-        "optimizer_owner: only with a shared_store (Note [Shared host store])");
+        absl::StrCat("optimizer_shard_rank: must be in [0, optimizer_shard_world=",
+                     options.optimizer_shard_world, "), got ", options.optimizer_shard_rank));
+  }
+  if (options.optimizer_shard_world > 1 &&
+      (options.shared_store == nullptr || !options.shared_weight_gate)) {
+    return absl::InvalidArgumentError(
+        "optimizer_shard_world: only with a shared_store and its shared_weight_gate (Note "
+        "[Sharded optimizer])");
   }
   if (options.shared_store != nullptr) {  // Note [Shared host store]
     if (options.gradient_reducer == nullptr) {
@@ -157,6 +157,11 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
   exec.abandon_step = options.abandon_step;
   exec.stream_fp32_master =
       options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kFp32;
+  if (const GradientReducer* reducer = options.gradient_reducer; reducer != nullptr) {
+    // Note [Sharded weight streaming] in weight_slots.h.
+    exec.weight_shard_world = reducer->weight_shard_world();
+    exec.weight_shard_rank = reducer->weight_shard_rank();
+  }
   ScheduleRequest request;
   request.schedule = options.step_schedule;
   request.wave = options.wave;
@@ -178,14 +183,10 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
 }
 
 // `options` with the NVMe tier's constraints applied (Note [Tiered
-// trainer]): nothing resident on the device, slices of whole 4 KiB.
-// With a gradient reducer, nothing resident either (Note [Data-parallel
-// step]: a resident block's gradient never reaches the store).
+// trainer]): nothing resident on the device, slices of whole 4 KiB. (With
+// a gradient reducer resident blocks are summed over the ranks on the
+// devices: Note [Resident blocks on every rank] in gradient_reducer.h.)
 TrainerOptions WithTierDefaults(TrainerOptions options) {
-  if (options.gradient_reducer != nullptr) {
-    options.resident_layers = 0;
-    options.resident_embedding = 0;
-  }
   if (options.shared_store != nullptr) options.gradient_landing = GradientLanding::kArena;
   if (options.nvme_dir.empty()) return options;
   options.resident_layers = 0;
@@ -207,6 +208,24 @@ absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config
         "moments in host memory, gradient arena) than this trainer's");
   }
   return absl::OkStatus();
+}
+
+// Note [Shard-only landing] in store/host_store.h: the blocks this rank
+// lands whole in a buffer of its own (every block, but where the reducer
+// reduce-scatters on the device and each block's gradient of a pass is
+// one contribution, whole on the device: then only the embedding's rows,
+// summed on the host, unless it is resident).
+std::vector<bool> PrivateLandingBlocks(const ModelLayout& layout, const ExecutorOptions& exec,
+                                       const TrainerOptions& options) {
+  std::vector<bool> whole(layout.blocks.size(), true);
+  const GradientReducer* reducer = options.gradient_reducer;
+  if (reducer == nullptr || !reducer->reduce_scatters_on_device() ||
+      options.gradient_accumulation_steps != 1) {
+    return whole;
+  }
+  std::fill(whole.begin(), whole.end(), false);
+  whole[static_cast<size_t>(layout.embedding_block())] = !exec.resident_embedding;
+  return whole;
 }
 
 // Note [Gradient ring] in grad_lander.h: releases a ring piece once the
@@ -264,16 +283,19 @@ AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count)
 
 void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_scale,
                              const FinalGradient* piece) {
-  // Note [Shared host store]: only the owner updates.
-  if (options_.optimizer_owner != nullptr) {
-    if (piece != nullptr && piece->release) piece->release();
-    return;
-  }
   // Note [Optimizer slices]: one task per slice, each accounted separately;
   // a ring piece (Note [Gradient ring] in grad_lander.h) is updated from
   // its buffer, which the last of its slices to finish releases.
-  const int64_t first = piece != nullptr ? piece->begin : 0;
-  const int64_t numel = piece != nullptr ? piece->count : store_->block_numel(block);
+  int64_t first = piece != nullptr ? piece->begin : 0;
+  int64_t numel = piece != nullptr ? piece->count : store_->block_numel(block);
+  if (piece == nullptr && options_.optimizer_shard_world > 1) {
+    // Note [Sharded optimizer] in gradient_reducer.h: this rank's shard.
+    const int64_t shard =
+        (numel + options_.optimizer_shard_world - 1) / options_.optimizer_shard_world;
+    first = std::min(numel, options_.optimizer_shard_rank * shard);
+    numel = std::min(numel, first + shard) - first;
+    if (numel == 0) return;
+  }
   const int64_t slice = options_.optimizer_slice_elements;
   const int64_t slices = std::max<int64_t>(1, (numel + slice - 1) / slice);
   std::shared_ptr<PieceRelease> release;
@@ -311,6 +333,12 @@ void Trainer::ScheduleEmbeddingUpdate(int64_t step, double lr, float grad_scale)
 
 absl::Status Trainer::SyncResidentIfNewer() {
   if (!resident_device_newer_) return absl::OkStatus();
+  // Note [Resident blocks on every rank] in gradient_reducer.h: every rank
+  // holds the same bits; rank 0 alone writes them to the shared store.
+  if (options_.optimizer_shard_rank != 0) {
+    resident_device_newer_ = false;
+    return absl::OkStatus();
+  }
   MEGATRAIN_RETURN_IF_ERROR(executor_->SyncResidentToStore(/*grads=*/false));
   resident_device_newer_ = false;
   return absl::OkStatus();
@@ -390,7 +418,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   store_options.embedding_grad_in_host = !exec.resident_embedding;
   if (options.shared_store != nullptr) {  // Note [Shared host store]
     MEGATRAIN_RETURN_IF_ERROR(CheckSharedStore(*options.shared_store, config, store_options));
-    MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::CreateGradientView(*options.shared_store));
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        t->store_, HostStore::CreateGradientView(
+                       *options.shared_store,
+                       PrivateLandingBlocks(options.shared_store->layout(), exec, t->options_)));
   } else {
     MEGATRAIN_ASSIGN_OR_RETURN(t->store_, HostStore::Create(config, store_options));
     t->store_->InitializeWeights(seed);
@@ -417,8 +448,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   t->queue_ = std::make_unique<OptimizerQueue>(t->store_->num_blocks(), options.optimizer_nice);
   t->hooks_ = MakeNonFiniteInjector(options.debug_nonfinite, t->store_.get(), t->pool_.get());
   OptimizerQueue* queue = t->queue_.get();
-  if (const Trainer* owner = options.optimizer_owner; owner != nullptr) {
-    t->executor_->SetWeightGate([owner](int64_t block) { owner->WaitBlockUpdated(block); });
+  if (options.shared_weight_gate) {  // Note [Sharded optimizer] in gradient_reducer.h
+    t->executor_->SetWeightGate(options.shared_weight_gate);
   } else {
     t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
   }
@@ -428,6 +459,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
         [reducer](int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end) {
           return reducer->ReduceScatterOnDevice(block, grad, numel, begin, end);
         });
+    // Note [Resident blocks on every rank] in gradient_reducer.h: a
+    // reducer that cannot sum on the devices leaves a resident gradient
+    // this rank's own, which would silently train each replica apart.
+    t->executor_->SetWeightGather(
+        [reducer](int64_t block, void* slot, int64_t shard_numel, int element_bytes) {
+          reducer->AllGatherWeights(block, slot, shard_numel, element_bytes);
+        });
+    t->executor_->SetResidentReduction([reducer](int64_t block, float* grad, int64_t numel) {
+      const bool summed = reducer->AllReduceOnDevice(block, grad, numel);
+      ABSL_RAW_CHECK(summed, "trainer: resident blocks with a reducer that cannot sum on devices");
+      return summed;
+    });
   }
   // A resident embedding is updated on the device instead; with the tier
   // (Note [Tiered trainer]) or a shared store (Note [Shared host store]),
@@ -517,7 +560,9 @@ void Trainer::OnBlockFinal(StepState& s, const FinalGradient& g) {
   const int64_t block = g.block;
   if (g.first) {
     double grad_sq = g.grad_squared_norm;
-    if (options_.gradient_reducer != nullptr) {  // Note [Data-parallel step]
+    // Note [Data-parallel step]; a resident block was summed on the
+    // devices before its norm (Note [Resident blocks on every rank]).
+    if (options_.gradient_reducer != nullptr && ResidentIndexOf(block) < 0) {
       grad_sq = options_.gradient_reducer->ReduceBlock(block, store_->grad(block),
                                                        store_->block_numel(block));
     }

@@ -134,6 +134,7 @@
 #define MEGATRAIN_ENGINE_TRAINER_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -284,12 +285,17 @@ struct TrainerOptions {
   // built with the options this trainer would give its own store
   // (INVALID_ARGUMENT otherwise; its weights are not initialised by
   // Create). This trainer's store() is then a view holding its landing
-  // gradients. `optimizer_owner` null: this trainer runs the AdamW of
-  // every block on the shared store; else the trainer that does (not
-  // owned, outlives this one), whose updates this one's weight gate waits
-  // for.
+  // gradients.
   HostStore* shared_store = nullptr;
-  const Trainer* optimizer_owner = nullptr;
+  // Note [Sharded optimizer] in gradient_reducer.h (with shared_store):
+  // this trainer's CPU AdamW updates shard `optimizer_shard_rank` of
+  // `optimizer_shard_world` (c10d's layout, Note [Shard layout] in
+  // dist/gradient_shard.h) of every host block, and `shared_weight_gate`
+  // (required then) blocks until every rank's update of a block ran: the
+  // executor's weight gate. Rank 0 writes the resident blocks back.
+  int optimizer_shard_rank = 0;
+  int optimizer_shard_world = 1;
+  std::function<void(int64_t block)> shared_weight_gate;
 };
 
 // The decoder layers TrainerOptions::resident_layers `option` keeps on a

@@ -16,15 +16,17 @@ WeightSlots::WeightSlots(StepEnv* env, int num_slots, int64_t max_numel,
         at::empty({CastStagingNumel(max_numel, cast_chunk_elements)}, options.dtype(at::kFloat));
     device_bytes_ += static_cast<int64_t>(cast_staging_.nbytes());
   }
+  const int64_t slot_numel = ShardedSlotNumel(max_numel, env->weight_sharding.world);
   for (int k = 0; k < num_slots; ++k) {
-    slots_.push_back(at::empty({max_numel}, options));
+    slots_.push_back(at::empty({slot_numel}, options));
     device_bytes_ += static_cast<int64_t>(slots_.back().nbytes());
     weights_ready_.push_back(env->runtime->CreateEvent());
     slot_free_.push_back(env->runtime->CreateEvent());
   }
 }
 
-void WeightSlots::BeginPass(const std::vector<int64_t>& blocks) {
+void WeightSlots::BeginPass(const std::vector<int64_t>& blocks, bool sharded) {
+  sharded_ = sharded && env_->weight_sharding.world > 1;
   uses_ = AssignWeightSlots(blocks, static_cast<int>(slots_.size()));
   next_load_ = 0;
   released_.assign(uses_.size(), false);
@@ -49,27 +51,43 @@ void WeightSlots::IssueLoads() {
 }
 
 int64_t WeightSlots::Load(int64_t block, const at::Tensor& slot) {
+  const int64_t numel = env_->store->block_numel(block);
+  if (!sharded_) return CopyRange(block, slot, 0, numel);
+  // Note [Sharded weight streaming]: this rank's shard, then the gather.
+  const StepEnv::WeightSharding& sharding = env_->weight_sharding;
+  const int64_t shard = (numel + sharding.world - 1) / sharding.world;
+  const int64_t begin = std::min(numel, sharding.rank * shard);
+  const int64_t bytes = CopyRange(block, slot, begin, std::min(numel, begin + shard));
+  auto scope = env_->runtime->Use(StreamKind::kH2D);
+  sharding.all_gather(block, slot.data_ptr(), shard, static_cast<int>(slot.element_size()));
+  return bytes;
+}
+
+int64_t WeightSlots::CopyRange(int64_t block, const at::Tensor& slot, int64_t begin, int64_t end) {
   DeviceRuntime* runtime = env_->runtime;
-  const int64_t bytes = env_->store->streaming_bytes(block);
+  if (begin >= end) return 0;
   if (!cast_staging_.defined()) {
-    runtime->CopyHostToDevice(slot.data_ptr(), env_->store->streaming_data(block),
-                              static_cast<size_t>(bytes));
-    return bytes;
+    const int64_t element_bytes =
+        env_->store->streaming_bytes(block) / env_->store->block_numel(block);
+    const auto* source = static_cast<const char*>(env_->store->streaming_data(block));
+    runtime->CopyHostToDevice(static_cast<char*>(slot.data_ptr()) + begin * element_bytes,
+                              source + begin * element_bytes,
+                              static_cast<size_t>((end - begin) * element_bytes));
+    return (end - begin) * element_bytes;
   }
   // Note [Weight streaming]: fp32 chunks through the staging buffer, each
   // cast on kH2D after its copy and before the next chunk's copy.
   ABSL_RAW_CHECK(!env_->store->options().streaming_bf16, "weight slots: cast without fp32 master");
   auto scope = runtime->Use(StreamKind::kH2D);
   const float* master = env_->store->master(block);
-  const int64_t numel = env_->store->block_numel(block);
   const int64_t chunk = cast_staging_.numel();
-  for (int64_t begin = 0; begin < numel; begin += chunk) {
-    const int64_t count = std::min(chunk, numel - begin);
-    runtime->CopyHostToDevice(cast_staging_.data_ptr(), master + begin,
+  for (int64_t first = begin; first < end; first += chunk) {
+    const int64_t count = std::min(chunk, end - first);
+    runtime->CopyHostToDevice(cast_staging_.data_ptr(), master + first,
                               static_cast<size_t>(count) * 4);
-    slot.narrow(0, begin, count).copy_(cast_staging_.narrow(0, 0, count));
+    slot.narrow(0, first, count).copy_(cast_staging_.narrow(0, 0, count));
   }
-  return bytes;
+  return (end - begin) * 4;
 }
 
 at::Tensor WeightSlots::Acquire(int use) {

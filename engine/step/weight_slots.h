@@ -26,6 +26,24 @@
 // The copy and the cast of a chunk run in order on kH2D, so one staging
 // buffer serves every slot without an event.
 //
+// Note [Sharded weight streaming]
+// With data parallelism over W ranks of one host (StepEnv::weight_sharding,
+// world W > 1), a training pass loads every streamed block once in total
+// across the ranks rather than once per rank: rank r copies only its
+// shard, elements [r*S, min((r+1)*S, numel)) with S = ceil(numel / W)
+// (c10d's layout, as Note [Shard layout] in dist/gradient_shard.h), from
+// host memory into the same range of its slot (bf16 copy, or the fp32
+// master cast chunk by chunk), and the ranks then all-gather the W shards
+// into every rank's slot over the devices' links (NCCL over NVLink), on
+// kH2D, so that weights_ready covers both. Host memory and each PCIe
+// link then carry 1/W of the weight bytes; the peer links carry the rest.
+// Slots hold W*S elements (at most W-1 of padding, never read). The
+// gathers are collectives: every rank issues them in the same order,
+// which the plan fixes (loads are issued in use order, each once its
+// slot's previous user is released, at the same program points on every
+// rank). Evaluation and logits passes run on one rank and load whole
+// blocks. The bits equal a whole-block load (a gather is a copy).
+//
 // Ownership: owns the slots and their events; uses the StepEnv of its
 // executor (timer, h2d_bytes, weight gate). Thread-safety: the enqueuing
 // thread only. Streams: loads on kH2D, waits and releases on kCompute.
@@ -55,6 +73,13 @@ inline int64_t CastStagingNumel(int64_t max_numel, int64_t chunk_elements = kCas
   return max_numel < chunk_elements ? max_numel : chunk_elements;
 }
 
+// Elements of a slot that holds blocks of up to `max_numel` elements
+// gathered from `world` shards (Note [Sharded weight streaming]): world *
+// ceil(max_numel / world).
+inline int64_t ShardedSlotNumel(int64_t max_numel, int world) {
+  return world <= 1 ? max_numel : (max_numel + world - 1) / world * world;
+}
+
 class WeightSlots {
  public:
   // Allocates `num_slots` device buffers of `max_numel` elements of the
@@ -64,8 +89,10 @@ class WeightSlots {
   // Throws LibTorch's exceptions (the executor maps them).
   WeightSlots(StepEnv* env, int num_slots, int64_t max_numel, int64_t cast_chunk_elements);
 
-  // Starts a pass whose uses are `blocks` (StepPlan::weight_uses).
-  void BeginPass(const std::vector<int64_t>& blocks);
+  // Starts a pass whose uses are `blocks` (StepPlan::weight_uses); with
+  // `sharded` and a sharding world above 1, its loads are shards gathered
+  // over the ranks (Note [Sharded weight streaming]).
+  void BeginPass(const std::vector<int64_t>& blocks, bool sharded = false);
 
   // Issues the loads up to `use` and makes kCompute wait for it; returns
   // the block's weights, [numel] compute dtype, device.
@@ -84,6 +111,10 @@ class WeightSlots {
   // Enqueues on kH2D the load of `block` into `slot`: a copy, or with
   // cast_staging_ copies and casts chunk by chunk. Returns the H2D bytes.
   int64_t Load(int64_t block, const at::Tensor& slot);
+  // Enqueues on kH2D the host-to-device copy of elements [begin, end) of
+  // `block`'s streaming source into the same range of `slot`. Returns the
+  // H2D bytes.
+  int64_t CopyRange(int64_t block, const at::Tensor& slot, int64_t begin, int64_t end);
 
   StepEnv* env_;
   std::vector<at::Tensor> slots_;  // [max numel] compute dtype
@@ -93,6 +124,7 @@ class WeightSlots {
   std::vector<WeightSlotUse> uses_;
   int next_load_ = 0;  // next use whose load is not issued yet
   std::vector<bool> released_;
+  bool sharded_ = false;  // this pass's loads are gathered shards
   int64_t device_bytes_ = 0;
 };
 

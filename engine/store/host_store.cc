@@ -135,7 +135,8 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
   return store;
 }
 
-absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(const HostStore& weights) {
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(
+    const HostStore& weights, const std::vector<bool>& private_landing) {
   if (!weights.options().optimizer_state || weights.options().gradient_ring ||
       weights.weights_ != nullptr) {
     return absl::InvalidArgumentError(
@@ -147,9 +148,25 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(const H
   view->block_offsets_ = weights.block_offsets_;
   view->arena_numel_ = weights.arena_numel_;
   view->weights_ = &weights;
+  int64_t landing_numel = view->arena_numel_;
+  if (!private_landing.empty()) {  // Note [Shard-only landing]
+    if (static_cast<int64_t>(private_landing.size()) != weights.num_blocks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HostStore::CreateGradientView: ", private_landing.size(),
+                       " landing flags for ", weights.num_blocks(), " blocks"));
+    }
+    landing_numel = 0;
+    view->private_offsets_.assign(private_landing.size(), -1);
+    for (size_t b = 0; b < private_landing.size(); ++b) {
+      if (!private_landing[b]) continue;
+      view->private_offsets_[b] = landing_numel;
+      // 1024-element alignment, as the arena's blocks.
+      landing_numel += (weights.block_numel(static_cast<int64_t>(b)) + 1023) / 1024 * 1024;
+    }
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(
       view->grad_,
-      HostBuffer::Allocate(static_cast<size_t>(view->arena_numel_) * 4, weights.options_.pin));
+      HostBuffer::Allocate(static_cast<size_t>(landing_numel) * 4, weights.options_.pin));
   return view;
 }
 

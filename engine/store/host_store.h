@@ -82,7 +82,17 @@ class HostStore {
   // summing the shared store's and the views' bytes counts the weights and
   // moments once. INVALID_ARGUMENT when `weights` has no optimizer state or
   // uses the gradient ring; RESOURCE_EXHAUSTED as Create.
-  static absl::StatusOr<std::unique_ptr<HostStore>> CreateGradientView(const HostStore& weights);
+  //
+  // Note [Shard-only landing]: `private_landing` (empty: every block)
+  // names the blocks whose gradient this rank lands whole (the host path:
+  // summed on the host, or all-reduced there); only those get the view's
+  // own buffer. Every other block's grad() is `weights`' gradient itself:
+  // the rank lands there only its own shard of the reduced gradient
+  // (Note [Device reduce-scatter] in step/gradient_reducer.h), disjoint
+  // from every other rank's, or nothing (a resident block), so that the
+  // ranks add no landing arena to the host's footprint.
+  static absl::StatusOr<std::unique_ptr<HostStore>> CreateGradientView(
+      const HostStore& weights, const std::vector<bool>& private_landing = {});
   // The store whose weights a view reads (null for a store that owns them).
   const HostStore* weights_owner() const { return weights_; }
 
@@ -103,6 +113,10 @@ class HostStore {
     return weights_ != nullptr ? weights_->master(block) : At<float>(master_, block);
   }
   float* grad(int64_t block) const {
+    if (!private_offsets_.empty()) {  // Note [Shard-only landing]
+      const int64_t offset = private_offsets_[block];
+      return offset < 0 ? weights_->grad(block) : static_cast<float*>(grad_.data()) + offset;
+    }
     if (!options_.gradient_ring) return At<float>(grad_, block);
     return block == layout_.embedding_block() ? static_cast<float*>(grad_.data()) : nullptr;
   }
@@ -165,6 +179,10 @@ class HostStore {
   int64_t arena_numel_ = 0;
   HostBuffer master_, grad_, exp_avg_, exp_avg_sq_, streaming_;
   const HostStore* weights_ = nullptr;  // CreateGradientView: the shared store
+  // Note [Shard-only landing]: per block, its offset in grad_ (elements),
+  // or -1 for a block whose grad() is weights_'s; empty: grad_ is a whole
+  // arena laid out as block_offsets_.
+  std::vector<int64_t> private_offsets_;
 };
 
 }  // namespace megatrain::engine

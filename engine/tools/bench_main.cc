@@ -40,6 +40,13 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK (docs/distributed.md)");
   app.add_option("--gradient_reduction", o.gradient_reduction,
                  "auto | host_all_reduce | device_reduce_scatter (data parallel)");
+  app.add_option("--shard_weights", o.shard_weights,
+                 "data parallel: each device loads 1/N of a streamed block and gathers the rest "
+                 "over the peer links (default true)");
+  app.add_option("--host_memory_budget", o.host_memory_budget,
+                 "bytes of host memory the run may hold: a larger footprint is refused before "
+                 "anything is allocated (0: not checked)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--steps", o.steps, "measured optimizer steps");
   app.add_option("--warmup", o.warmup, "unmeasured steps first");
   app.add_option("--compute_dtype", o.compute_dtype, "fp32 | tf32 | bf16");

@@ -289,20 +289,20 @@ TEST(DataParallelTest, RefusesBatchesAndOptionsRanksCannotSplit) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("train.gradient_accumulation_steps: must be a multiple of "
                                  "train.devices=2")));
-  o = Options(1.0);
-  o.resident_layers = 1;
-  EXPECT_THAT(MakeDp(config, o, 2),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("resident_layers")));
   EXPECT_THAT(MakeDp(config, Options(1.0), 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.devices")));
   auto dp = MakeDp(config, Options(1.0), 2);
   ASSERT_THAT(dp, IsOk());
-  // A trainer that leaves its updates to another must share its store.
+  // A trainer that updates only a shard must share its store.
   o = Options(1.0);
-  o.optimizer_owner = &(*dp)->rank(0);
+  o.optimizer_shard_rank = 1;
+  o.optimizer_shard_world = 2;
   EXPECT_THAT(Trainer::Create(config, o, kSeed),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("optimizer_owner: only with a shared_store")));
+                       HasSubstr("optimizer_shard_world: only with a shared_store")));
+  o.optimizer_shard_rank = 2;
+  EXPECT_THAT(Trainer::Create(config, o, kSeed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer_shard_rank")));
   EXPECT_THAT((*dp)->Step(MakeBatches(3, kB, kT, config.vocab_size, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("multiple of train.devices=2, got 3")));
@@ -364,6 +364,135 @@ TEST_P(DataParallelParityTest, DeviceReduceScatterPathLandsShardsAndMatchesTheHo
     saved += 4 * (numel - ShardOf(numel, 0, 2).size());
   }
   for (size_t s = 0; s < steps.size(); ++s) EXPECT_EQ(d2h[0][s] - d2h[1][s], saved) << s;
+}
+
+// Note [Resident blocks on every rank] (engine/step/gradient_reducer.h):
+// each rank keeps layer 0 and the embedding on its device, sums their
+// gradients over the ranks in place and applies the same AdamW. Both
+// gradient paths for the streamed blocks: the ranks end within the
+// reduction order's tolerance of one device with the same resident blocks
+// (as TwoRanksMatchOneDeviceAccumulating), and the two ranks' replicas
+// agree bit for bit (each rank evaluates with its own resident copy).
+TEST_P(DataParallelParityTest, ResidentBlocksOnEveryRankMatchOneDevice) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(GetParam());
+  o.resident_layers = 1;
+  o.resident_embedding = 1;
+  const auto steps = Steps(config, 3);
+  std::vector<double> single_losses;
+  const std::vector<float> single = TrainSingle(config, o, steps, &single_losses);
+  for (const GradientReduction path :
+       {GradientReduction::kHostAllReduce, GradientReduction::kDeviceReduceScatter}) {
+    DataParallelOptions dp;
+    dp.devices = DataParallelDevices("cpu", 2);
+    dp.timeout = std::chrono::seconds(60);
+    dp.gradient_reduction = path;
+    auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+    ASSERT_THAT(t, IsOk());
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ((*t)->rank(r).resident_layers(), 1);
+      EXPECT_TRUE((*t)->rank(r).resident_embedding());
+    }
+    for (size_t s = 0; s < steps.size(); ++s) {
+      auto r = (*t)->Step(steps[s]);
+      ASSERT_THAT(r, IsOk());
+      EXPECT_NEAR(r->loss, single_losses[s], 1e-6 * std::abs(single_losses[s]));
+    }
+    ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
+    // Each rank's own resident copy: the same bits.
+    const auto probe = MakeBatches(1, kB, kT, config.vocab_size, 77);
+    auto loss0 = (*t)->rank(0).Evaluate(probe);
+    auto loss1 = (*t)->rank(1).Evaluate(probe);
+    ASSERT_THAT(loss0, IsOk());
+    ASSERT_THAT(loss1, IsOk());
+    EXPECT_EQ(*loss0, *loss1);
+    // Rank 0's resident state reaches the shared store (checkpoints).
+    // Tolerance 1e-5, not 1e-6: the resident embedding's AdamW moments
+    // agree within 2.4e-7 (the fp32 summation order), but an element whose
+    // gradient nearly cancels over the micro-batches has v near eps^2,
+    // where lr * m / (sqrt(v) + eps) turns that rounding into up to 1e-4 of
+    // its weight (measured 6.7e-5 on the embedding's master, 4.8e-6 over
+    // the whole state, with clipping; 1e-8 on the other blocks). A wrong
+    // reduction (a missing scale, a sum counted twice) is O(1).
+    const std::vector<float> state = State((*t)->store());
+    EXPECT_LE(RelativeError(state, single), 1e-5) << GradientReductionName(path);
+  }
+}
+
+// Note [Shard-only landing] (engine/store/host_store.h): with one
+// micro-batch per rank on the device path, each rank lands its shard of a
+// streamed block in the shared gradient itself; only the embedding's rows
+// (not resident here) land in a buffer of the rank's own, so the ranks add
+// two embedding tables to the host, not two whole arenas.
+TEST(DataParallelTest, DevicePathRanksLandShardsInTheSharedGradient) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(1.0);
+  o.gradient_accumulation_steps = 2;  // one micro-batch per rank
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", 2);
+  dp.timeout = std::chrono::seconds(60);
+  dp.gradient_reduction = GradientReduction::kDeviceReduceScatter;
+  auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+  ASSERT_THAT(t, IsOk());
+  HostStore& shared = (*t)->store();
+  const int64_t emb = shared.layout().embedding_block();
+  const int64_t emb_bytes = (shared.block_numel(emb) + 1023) / 1024 * 1024 * 4;
+  for (int r = 0; r < 2; ++r) {
+    HostStore& view = (*t)->rank(r).store();
+    EXPECT_EQ(view.bytes().grad, emb_bytes) << "rank " << r;
+    EXPECT_NE(view.grad(emb), shared.grad(emb)) << "rank " << r;
+    for (int64_t b = 0; b < shared.num_blocks(); ++b) {
+      if (b == emb) continue;
+      EXPECT_EQ(view.grad(b), shared.grad(b)) << "rank " << r << " block " << b;
+    }
+  }
+  EXPECT_EQ((*t)->host_bytes().Total(), shared.bytes().Total() + 2 * emb_bytes);
+  // Two micro-batches per rank sum on the host: whole arenas again.
+  o.gradient_accumulation_steps = 4;
+  auto whole = DataParallelTrainer::Create(config, o, kSeed, dp);
+  ASSERT_THAT(whole, IsOk());
+  EXPECT_EQ((*whole)->rank(1).store().bytes().grad, (*whole)->store().bytes().grad);
+}
+
+// Note [Sharded weight streaming] (engine/step/weight_slots.h): each rank
+// loads half of every streamed block and gathers the other half from its
+// peer, so rank 0's host-to-device bytes halve, and a gather being a copy,
+// the training is bit for bit that of whole-block loads.
+TEST(DataParallelTest, ShardedWeightStreamingHalvesEachRanksLoadsBitForBit) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions o = Options(1.0);
+  const auto steps = Steps(config, 2);
+  std::vector<std::vector<float>> state(2);
+  std::vector<int64_t> h2d(2, 0);
+  std::vector<std::vector<double>> losses(2);
+  for (int sharded = 0; sharded < 2; ++sharded) {
+    DataParallelOptions dp;
+    dp.devices = DataParallelDevices("cpu", 2);
+    dp.timeout = std::chrono::seconds(60);
+    dp.shard_weights = sharded == 1;
+    auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+    ASSERT_THAT(t, IsOk());
+    for (const auto& batch : steps) {
+      auto r = (*t)->Step(batch);
+      ASSERT_THAT(r, IsOk());
+      h2d[sharded] += r->stats.h2d_bytes;  // rank 0's
+      losses[sharded].push_back(r->loss);
+    }
+    ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
+    state[sharded] = State((*t)->store());
+    // Evaluation runs on rank 0 alone, with whole-block loads.
+    ASSERT_THAT((*t)->Evaluate(steps[0]), IsOk());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(state[0].size(), state[1].size());
+  EXPECT_EQ(std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float)), 0);
+  // ceil(numel / 2) of each block: at most 51% for the smallest (norm
+  // weights are inside the layer blocks, thousands of elements each).
+  EXPECT_GT(h2d[1], 0);
+  EXPECT_LE(static_cast<double>(h2d[1]), 0.51 * static_cast<double>(h2d[0]));
 }
 
 // kAuto on gloo: the host all-reduce (no D2H copy to save on the CPU).

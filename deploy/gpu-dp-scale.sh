@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Data-parallel scaling on one multi-GPU host, in phases that fit one
+# device call each (docs/distributed.md, docs/performance.md "Data
+# parallel"). Every ratio is against the 1-GPU run of the same build in
+# the same call.
+#
+#   PHASES="build tests" deploy/gpu-dp-scale.sh
+#   PHASES="scale" RUNS="llama-3b:1 llama-8b:1:fp32" deploy/gpu-dp-scale.sh
+#
+# Phases (in this order, each skipped unless named in PHASES):
+#   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of
+#             the data-parallel path, megatraind and the CLI.
+#   tests     nccl_reduce_scatter_test, data_parallel_job_test (2 GPUs).
+#   scale     for each RUNS entry MODEL:ACCUM[:WEIGHT_STREAM], llama shapes
+#             at 8 x 2048 per GPU, clip 1.0, bf16, on DEVICES GPUs (default
+#             "1 2 4", cut to the host's): deploy/gpu-dp-check.sh's table
+#             (tokens/s, scaling, host bytes, per-GPU PCIe).
+#   torchrun  one process driving 2 GPUs, and 2 processes of one GPU each,
+#             under torchrun (each bounded by `timeout`).
+#   baseline  resident PyTorch on one GPU (BASELINE_PRESETS, default
+#             "llama-1b llama-3b"), eager and each decoder layer compiled:
+#             deploy/torch_baselines.py.
+#   daemon    deploy/gpu-dp-daemon-check.sh (a 2-GPU megatraind job).
+# Results: the tables on stdout; every log in $OUT/dp-scale.tgz (the device
+# tool brings back few files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+work=${WORK:-/tmp/dp-scale}
+mkdir -p "$work"
+# NVLink multicast stays off on shared hosts (the device tool's KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PHASES=${PHASES:-"build tests scale"}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+start=$(date +%s)
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+elapsed() { echo "[$(( $(date +%s) - start )) s] $*"; }
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+elapsed "host: $gpus GPU(s), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
+
+if has build; then
+  bash deploy/gpu-build.sh "$BUILD_DIR" megatrain-bench data_parallel_job_test \
+    nccl_reduce_scatter_test megatraind megatrain > "$work/build.log" 2>&1 ||
+    { tail -40 "$work/build.log"; tar czf "$OUT/dp-scale.tgz" -C "$work" .; exit 1; }
+  elapsed "build done; $(grep -h 'c10d backends' "$work/build.log" | head -1)"
+fi
+export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+
+if has tests; then
+  for t in nccl_reduce_scatter_test data_parallel_job_test; do
+    timeout 300 "$BUILD_DIR/tests/$t" > "$work/$t.log" 2>&1
+    elapsed "$t: exit $? $(grep -E '^\[  (PASSED|SKIPPED|FAILED) ' "$work/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED|Failure|error' "$work/$t.log" | head -10
+  done
+fi
+
+if has scale; then
+  for run in ${RUNS:-"llama-3b:1 llama-8b:1:fp32"}; do
+    IFS=: read -r model accum stream <<< "$run"
+    label="$model-a$accum${stream:+-$stream}"
+    elapsed "scale $label"
+    OUT="$work/$label" MODEL="$model" ACCUM="$accum" SKIP_BUILD=1 JOB_CHECK=0 \
+      STEPS=${STEPS:-4} WARMUP=${WARMUP:-2} DEVICES="${DEVICES:-1 2 4}" \
+      bash deploy/gpu-dp-check.sh --weight_stream="${stream:-bf16}" ${BENCH_ARGS:-} 2>&1 |
+      grep -v '^$' | head -40
+  done
+fi
+
+if has torchrun && command -v torchrun > /dev/null && [ "$gpus" -ge 2 ]; then
+  bench="$BUILD_DIR/engine/megatrain-bench"
+  common=(--model=llama-1b --device=cuda --compute_dtype=bf16 --micro_batch=8 --seq_len=2048
+          --gradient_accumulation_steps=1 --max_grad_norm=1.0 --steps=3 --warmup=1
+          --data=random --json)
+  timeout 240 torchrun --standalone --nnodes=1 --nproc_per_node=1 --no-python \
+    "$bench" "${common[@]}" --dist=env --devices=2 > "$work/torchrun-1x2.json" \
+    2> "$work/torchrun-1x2.log"
+  elapsed "torchrun 1 process x 2 GPUs: exit $? $(grep -o '"tokens_per_s":[0-9.]*' "$work/torchrun-1x2.json")"
+  timeout 240 torchrun --standalone --nnodes=1 --nproc_per_node=2 --no-python \
+    "$bench" "${common[@]}" --dist=env --devices=1 > "$work/torchrun-2x1.json" \
+    2> "$work/torchrun-2x1.log"
+  elapsed "torchrun 2 processes x 1 GPU: exit $? $(grep -o '"loss_last":[^,]*' "$work/torchrun-2x1.json" | tr '\n' ' ')"
+fi
+
+if has baseline; then
+  for preset in ${BASELINE_PRESETS:-llama-1b llama-3b}; do
+    for mode in eager compiled; do
+      extra=()
+      [ "$mode" = compiled ] && extra=(--compile)
+      timeout 300 python3 deploy/torch_baselines.py --mode resident --preset "$preset" \
+        --micro-batch 8 --ckpt --clip "${extra[@]}" > "$work/torch-$preset-$mode.log" 2>&1
+      elapsed "torch $preset $mode: exit $? $(tail -1 "$work/torch-$preset-$mode.log")"
+    done
+  done
+fi
+
+if has daemon; then
+  SKIP_BUILD=1 OUT="$work/daemon" timeout 400 bash deploy/gpu-dp-daemon-check.sh \
+    > "$work/daemon.log" 2>&1
+  elapsed "daemon check: exit $?"
+  tail -25 "$work/daemon.log"
+fi
+tar czf "$OUT/dp-scale.tgz" -C "$work" . 2>/dev/null
+elapsed "done"
