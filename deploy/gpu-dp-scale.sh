@@ -10,6 +10,8 @@
 # Phases (in this order, each skipped unless named in PHASES):
 #   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of
 #             the data-parallel path, megatraind and the CLI.
+#   probe     the peer link: a GPU-to-GPU copy and NCCL's all-reduce of
+#             512 MiB (torch), with NCCL's transport (P2P, SHM or NET).
 #   tests     nccl_reduce_scatter_test, data_parallel_job_test (2 GPUs).
 #   scale     for each RUNS entry MODEL:ACCUM[:WEIGHT_STREAM], llama shapes
 #             at 8 x 2048 per GPU, clip 1.0, bf16, on DEVICES GPUs (default
@@ -46,6 +48,33 @@ if has build; then
   elapsed "build done; $(grep -h 'c10d backends' "$work/build.log" | head -1)"
 fi
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+
+if has probe && [ "$gpus" -ge 2 ]; then
+  # The peer link as the collectives see it: a device-to-device copy
+  # between GPUs 0 and 1, and NCCL's all-reduce of 512 MiB over all GPUs
+  # (one process), with NCCL's own word on its transport.
+  NCCL_DEBUG=INFO python3 - > "$work/probe.log" 2>&1 <<'PY'
+import time, torch, torch.cuda.nccl as nccl
+n = 128 * 1024 * 1024
+a = torch.randn(n, device="cuda:0"); b = torch.empty(n, device="cuda:1")
+def timed(f, reps=10):
+    for _ in range(3): f()
+    for i in range(torch.cuda.device_count()): torch.cuda.synchronize(i)
+    t = time.time()
+    for _ in range(reps): f()
+    for i in range(torch.cuda.device_count()): torch.cuda.synchronize(i)
+    return (time.time() - t) / reps
+dt = timed(lambda: b.copy_(a))
+print(f"probe: peer copy 512 MiB: {n * 4 / dt / 1e9:.0f} GB/s, "
+      f"peer access {torch.cuda.can_device_access_peer(0, 1)}")
+xs = [torch.ones(n, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
+dt = timed(lambda: nccl.all_reduce(xs))
+print(f"probe: nccl all_reduce 512 MiB over {len(xs)} GPUs: {dt * 1e3:.1f} ms, "
+      f"algbw {n * 4 / dt / 1e9:.0f} GB/s")
+PY
+  grep -E "^probe:" "$work/probe.log"
+  grep -hoE "via (P2P|SHM|NET)[^ ]*( [^ ]+)?" "$work/probe.log" | sort | uniq -c | head -5
+fi
 
 if has tests; then
   for t in nccl_reduce_scatter_test data_parallel_job_test; do

@@ -215,6 +215,10 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(
     if (impl.device.is_cuda()) {
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout;
+      // The collectives overlap the backward's kernels: a high-priority
+      // stream lets their blocks take SMs as the GEMMs' blocks retire,
+      // rather than after the compute stream's queue.
+      options->is_high_priority_stream = true;
       impl.backend =
           c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size, options);
       group->backend_name_ = "nccl";

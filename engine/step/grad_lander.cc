@@ -43,6 +43,14 @@ absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(
     g->staged_.push_back(env->runtime->CreateEvent());
   }
   g->pinned_bytes_ += static_cast<int64_t>(g->norm_host_.bytes());
+  // Note [Resident norm ring].
+  MEGATRAIN_ASSIGN_OR_RETURN(g->resident_norm_host_,
+                             HostBuffer::Allocate(kResidentNormSlots * sizeof(double), pin));
+  g->pinned_bytes_ += static_cast<int64_t>(g->resident_norm_host_.bytes());
+  for (int r = 0; r < kResidentNormSlots; ++r) {
+    g->resident_ready_.push_back(env->runtime->CreateEvent());
+    g->resident_staged_.push_back(env->runtime->CreateEvent());
+  }
   // Note [Bounded gradient staging]: the chunk ring, for later
   // contributions added on the host; none with the gradient ring, whose
   // every landing is a block's whole gradient (Note [Gradient ring]).
@@ -63,6 +71,7 @@ absl::StatusOr<std::unique_ptr<GradLander>> GradLander::Create(
   {
     absl::MutexLock lock(&g->mu_);
     g->staging_busy_.assign(num_slots, false);
+    g->resident_busy_.assign(kResidentNormSlots, false);
     g->chunk_busy_.assign(kGradChunkBuffers, false);
     g->ring_busy_.assign(g->ring_.size(), false);
   }
@@ -139,13 +148,29 @@ void GradLander::LandEmbeddingRows(int64_t block, const at::Tensor& grad_hidden,
           std::move(rows), /*whole=*/false);
 }
 
+int GradLander::AcquireResidentNormSlot() {
+  const int r = next_resident_;
+  next_resident_ = (next_resident_ + 1) % kResidentNormSlots;
+  const StepClock::time_point start = StepClock::now();
+  absl::MutexLock lock(&mu_);
+  auto free = [this, r]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !resident_busy_[r] || !error_.ok(); };
+  mu_.Await(absl::Condition(&free));
+  resident_busy_[r] = true;
+  env_->grad_wait_seconds += SecondsSince(start);
+  return r;
+}
+
 void GradLander::LandResidentNorm(int64_t block, const at::Tensor& grad) {
-  // A grad slot lends its pinned norm word and events; nothing else crosses.
+  // Only the norm crosses, through a word of the resident norm ring (Note
+  // [Resident norm ring]).
   DeviceRuntime* runtime = env_->runtime;
-  const int r = AcquireSlot();
+  const int r = AcquireResidentNormSlot();
+  DeviceEvent& grad_ready = *resident_ready_[r];
   Task task;
   task.kind = Task::Kind::kResidentNorm;
   task.slot = r;
+  task.releases_slot = false;
   task.block = block;
   task.first = task.final = true;
   if (env_->all_reduce_on_device) {
@@ -153,8 +178,8 @@ void GradLander::LandResidentNorm(int64_t block, const at::Tensor& grad) {
     // over the ranks and the norm of the sum run on kD2H, so that the
     // compute stream goes on with the next layer; the pass's final drain
     // (this task's staged event) orders them before the next AdamW.
-    runtime->Record(StreamKind::kCompute, *grad_ready_[r]);
-    runtime->Wait(StreamKind::kD2H, *grad_ready_[r]);
+    runtime->Record(StreamKind::kCompute, grad_ready);
+    runtime->Wait(StreamKind::kD2H, grad_ready);
     auto scope = runtime->Use(StreamKind::kD2H);
     const int token = env_->timer.Begin(StreamKind::kD2H);
     env_->all_reduce_on_device(block, grad.data_ptr<float>(), grad.numel());
@@ -164,12 +189,12 @@ void GradLander::LandResidentNorm(int64_t block, const at::Tensor& grad) {
     const int norm_token = env_->timer.Begin(StreamKind::kCompute);
     task.keep_alive_norm = compat::VectorNormFp64(grad);
     env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
-    runtime->Record(StreamKind::kCompute, *grad_ready_[r]);
-    runtime->Wait(StreamKind::kD2H, *grad_ready_[r]);
+    runtime->Record(StreamKind::kCompute, grad_ready);
+    runtime->Wait(StreamKind::kD2H, grad_ready);
   }
-  runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + r,
+  runtime->CopyDeviceToHost(static_cast<double*>(resident_norm_host_.data()) + r,
                             task.keep_alive_norm.data_ptr(), sizeof(double));
-  runtime->Record(StreamKind::kD2H, *staged_[r]);
+  runtime->Record(StreamKind::kD2H, *resident_staged_[r]);
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
 }
@@ -196,24 +221,33 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   // reduce-scatter on the device (Note [Device reduce-scatter] in
   // gradient_reducer.h), when the block's whole gradient is here.
   int64_t begin = 0, end = numel;
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
   if (task.direct && task.final && env_->reduce_on_device) {
-    const int token = env_->timer.Begin(StreamKind::kCompute);
+    // The collective and the shard's norm on kD2H, after the backward that
+    // made the gradient, so that the compute stream goes on with the next
+    // layer meanwhile (the copy below follows them on kD2H).
+    runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
+    runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
+    auto scope = runtime->Use(StreamKind::kD2H);
+    const int token = env_->timer.Begin(StreamKind::kD2H);
     if (!env_->reduce_on_device(block, const_cast<float*>(device_src), numel, &begin, &end)) {
       begin = 0, end = numel;
     }
-    env_->timer.End(StreamKind::kCompute, token, PhaseTimer::kBackward);
-  }
-  if (task.direct) {
-    // The block's gradient so far is this one: its norm, on the device
-    // (compute-stream work, timed as such).
-    const int norm_token = env_->timer.Begin(StreamKind::kCompute);
-    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
     at::Tensor flat = at::from_blob(const_cast<float*>(device_src) + begin, {end - begin}, fp32);
     task.keep_alive_norm = compat::VectorNormFp64(flat);
-    env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
+    env_->timer.End(StreamKind::kD2H, token);
+  } else {
+    if (task.direct) {
+      // The block's gradient so far is this one: its norm, on the device
+      // (compute-stream work, timed as such).
+      const int norm_token = env_->timer.Begin(StreamKind::kCompute);
+      at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel}, fp32);
+      task.keep_alive_norm = compat::VectorNormFp64(flat);
+      env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
+    }
+    runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
+    runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
   }
-  runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
-  runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
   if (kind == Task::Kind::kDense && !task.direct) {
     task.keep_alive = std::move(keep_alive);
     OffloadChunks(task, device_src);
@@ -383,6 +417,7 @@ void GradLander::Loop() {
     // A ring piece nobody took (no callback, or an error before it).
     if (task.ring >= 0 && !task.handed_on) ring_busy_[task.ring] = false;
     if (task.releases_slot) staging_busy_[task.slot] = false;
+    if (task.kind == Task::Kind::kResidentNorm) resident_busy_[task.slot] = false;
     task_running_ = false;
     if (!status.ok() && error_.ok()) error_ = status;
   }
@@ -393,16 +428,18 @@ void GradLander::Run(Task& task) {
     RunRingPiece(task);
     return;
   }
-  env_->runtime->HostWait(task.chunk >= 0 ? *chunk_staged_[task.chunk] : *staged_[task.slot]);
-  const double* norms = static_cast<const double*>(norm_host_.data());
   FinalGradient whole;
   whole.block = task.block;
   whole.count = env_->store->block_numel(task.block);
-  if (task.kind == Task::Kind::kResidentNorm) {
-    whole.grad_squared_norm = norms[task.slot] * norms[task.slot];
+  if (task.kind == Task::Kind::kResidentNorm) {  // Note [Resident norm ring]
+    env_->runtime->HostWait(*resident_staged_[task.slot]);
+    const double norm = static_cast<const double*>(resident_norm_host_.data())[task.slot];
+    whole.grad_squared_norm = norm * norm;
     if (on_block_final_) on_block_final_(whole);
     return;
   }
+  env_->runtime->HostWait(task.chunk >= 0 ? *chunk_staged_[task.chunk] : *staged_[task.slot]);
+  const double* norms = static_cast<const double*>(norm_host_.data());
   float* grad = env_->store->grad(task.block);
   const float* src = static_cast<const float*>(staging_[task.slot].data());
   // Squared norm of the block's gradient so far, when known without a pass
@@ -502,6 +539,7 @@ void GradLander::Reset() {
   (void)Drain();
   absl::MutexLock lock(&mu_);
   staging_busy_.assign(slots_.size(), false);
+  resident_busy_.assign(resident_busy_.size(), false);
   chunk_busy_.assign(chunks_.size(), false);
   // ring_busy_ stays: every piece landed ran (Drain) and was released or
   // handed on, and a handed-on piece's update may still be reading it.

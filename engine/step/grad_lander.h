@@ -140,6 +140,17 @@ class GradContributions {
 inline constexpr int64_t kGradChunkElements = int64_t{1} << 23;
 inline constexpr int kGradChunkBuffers = 8;
 
+// Note [Resident norm ring]
+// A resident block's landing carries only its squared norm (8 bytes) to
+// the host. It takes a word of its own ring, not a gradient slot, so that
+// the enqueuing thread never waits for it: with data parallelism its norm
+// follows an all-reduce over the ranks (Note [Resident blocks on every
+// rank] in gradient_reducer.h), and holding one of the two gradient slots
+// until then let the compute stream run at most two layers ahead of the
+// all-reduces. Slots of the ring are reused in order; a pass with more
+// resident blocks than this waits for the oldest.
+inline constexpr int kResidentNormSlots = 64;
+
 // Elements of one chunk buffer for gradient slots of `max_numel` in chunks
 // of `chunk_elements`.
 inline int64_t GradChunkNumel(int64_t max_numel, int64_t chunk_elements = kGradChunkElements) {
@@ -174,7 +185,7 @@ inline int64_t GradLanderPinnedBytes(int num_slots, int64_t max_numel, int64_t s
   const int64_t chunk_ring =
       ring_numels.empty() ? kGradChunkBuffers * 4 * GradChunkNumel(max_numel, chunk_elements) : 0;
   return num_slots * (slot_staging_bytes + static_cast<int64_t>(sizeof(double))) + chunk_ring +
-         ring_bytes;
+         ring_bytes + kResidentNormSlots * static_cast<int64_t>(sizeof(double));
 }
 
 class GradLander {
@@ -212,6 +223,9 @@ class GradLander {
   // copies `grads` (one per parameter of `bl`; undefined ones skipped)
   // into it. Enqueued on kCompute. Returns the slot for LandSlot.
   int AcquireSlot();
+  // A word of the resident norm ring (Note [Resident norm ring]), waiting
+  // while its previous landing is still queued.
+  int AcquireResidentNormSlot();
   void FillSlot(int slot, const BlockLayout& bl, BlockKind kind,
                 absl::Span<const at::Tensor> grads);
   // Lands `block`'s gradient contribution held in `slot`.
@@ -295,10 +309,15 @@ class GradLander {
   void ScatterRows(const Task& task, float* grad, const float* src, double& known_sq);
 
   StepEnv* env_;
-  std::vector<at::Tensor> slots_;                           // [max numel] fp32, device
-  std::vector<int> slot_kind_;                              // BlockKind last written, -1 none
-  std::vector<HostBuffer> staging_;                         // pinned, fp32
-  HostBuffer norm_host_;                                    // pinned, double per grad slot
+  std::vector<at::Tensor> slots_;    // [max numel] fp32, device
+  std::vector<int> slot_kind_;       // BlockKind last written, -1 none
+  std::vector<HostBuffer> staging_;  // pinned, fp32
+  HostBuffer norm_host_;             // pinned, double per grad slot
+  // Note [Resident norm ring]: pinned, kResidentNormSlots doubles, and
+  // their events (kD2H, or kCompute for the wait).
+  HostBuffer resident_norm_host_;
+  std::vector<std::unique_ptr<DeviceEvent>> resident_ready_, resident_staged_;
+  int next_resident_ = 0;
   std::vector<HostBuffer> chunks_;                          // pinned, GradChunkNumel fp32 each
   std::vector<std::unique_ptr<DeviceEvent>> chunk_staged_;  // per chunk, on kD2H
   int next_chunk_ = 0;
@@ -321,6 +340,7 @@ class GradLander {
   absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> staging_busy_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> resident_busy_ ABSL_GUARDED_BY(mu_);  // Note [Resident norm ring]
   std::vector<bool> chunk_busy_ ABSL_GUARDED_BY(mu_);
   // Per ring buffer: holds a piece not released yet (Note [Gradient ring]).
   std::vector<bool> ring_busy_ ABSL_GUARDED_BY(mu_);

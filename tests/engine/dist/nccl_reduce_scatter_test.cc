@@ -17,6 +17,7 @@
 #include "engine/dist/gradient_shard.h"
 #include "engine/dist/process_group.h"
 #include "tests/testing/parity.h"
+#include "tests/testing/reference_llama.h"
 #include "tests/testing/status_matchers.h"
 
 namespace megatrain::engine {
@@ -89,6 +90,10 @@ TEST(NcclReduceScatterTest, DevicePathMatchesTheHostPathWithHalfTheD2HBytes) {
   o.adamw.lr = 1e-3;
   o.max_grad_norm = 0;
   o.gradient_accumulation_steps = 2;
+  // Every block streamed, so that every dense block lands (auto would keep
+  // this small model resident).
+  o.resident_layers = 0;
+  o.resident_embedding = 0;
   std::vector<std::vector<MicroBatch>> steps;
   for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(2, 2, 8, config.vocab_size, 300 + s));
   std::vector<std::vector<float>> state(2);
@@ -123,6 +128,49 @@ TEST(NcclReduceScatterTest, DevicePathMatchesTheHostPathWithHalfTheD2HBytes) {
     saved += 4 * (numel - ShardOf(numel, 0, 2).size());
   }
   EXPECT_EQ(d2h[0] - d2h[1], saved);
+}
+
+// Note [Resident blocks on every rank] (engine/step/gradient_reducer.h) on
+// two GPUs: every layer and the embedding resident (auto, clipping at 1.0),
+// their gradients summed over NVLink, AdamW on each GPU. The two GPUs end
+// within the reduction order's tolerance of one GPU accumulating the same
+// global batch (fp32: 1e-5, as DataParallelParityTest's resident case), and
+// their replicas agree bit for bit (each evaluates with its own copy).
+TEST(NcclReduceScatterTest, ResidentBlocksOnTwoGpusMatchOneGpu) {
+  MEGATRAIN_SKIP_WITHOUT_TWO_GPUS();
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o;
+  o.device = "cuda:0";
+  o.micro_batch = 2;
+  o.seq_len = 8;
+  o.adamw.lr = 1e-3;
+  o.max_grad_norm = 1.0;
+  o.gradient_accumulation_steps = 4;
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 3; ++s) steps.push_back(MakeBatches(4, 2, 8, config.vocab_size, 500 + s));
+  auto single = Trainer::Create(config, o, /*seed=*/5);
+  ASSERT_THAT(single, IsOk());
+  ASSERT_GT((*single)->resident_layers(), 0);
+  for (const auto& batch : steps) ASSERT_THAT((*single)->Step(batch), IsOk());
+  ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
+  const std::vector<float> one = State((*single)->store());
+
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cuda", 2);
+  dp.timeout = std::chrono::seconds(120);
+  auto t = DataParallelTrainer::Create(config, o, /*seed=*/5, dp);
+  ASSERT_THAT(t, IsOk());
+  EXPECT_EQ((*t)->rank(1).resident_layers(), (*single)->resident_layers());
+  for (const auto& batch : steps) ASSERT_THAT((*t)->Step(batch), IsOk());
+  ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
+  const auto probe = MakeBatches(1, 2, 8, config.vocab_size, 77);
+  auto loss0 = (*t)->rank(0).Evaluate(probe);
+  auto loss1 = (*t)->rank(1).Evaluate(probe);
+  ASSERT_THAT(loss0, IsOk());
+  ASSERT_THAT(loss1, IsOk());
+  EXPECT_EQ(*loss0, *loss1);
+  const std::vector<float> two = State((*t)->store());
+  EXPECT_LE(::megatrain::testing::RelativeError(two, one), 1e-5);
 }
 
 }  // namespace

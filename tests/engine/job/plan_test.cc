@@ -167,8 +167,11 @@ TEST(PlanTest, GradientRingMeetsTwelveAndAHalfBytesPerParameter) {
     EXPECT_EQ(f.gradient_ring_bytes, kGradRingBuffers * 4 * layer);
     // Everything above 12 bytes/param: the ring, the input upload (ids
     // and labels, 16 bytes a token: the embedding is resident), the two
-    // gradient slots' norms, and the arenas' 4 KiB alignment.
-    EXPECT_EQ(f.host.staging, f.gradient_ring_bytes + 8 * 2048 * 16 + 2 * 8);
+    // gradient slots' norms and the resident norm ring (Note [Resident
+    // norm ring] in engine/step/grad_lander.h), and the arenas' 4 KiB
+    // alignment.
+    EXPECT_EQ(f.host.staging,
+              f.gradient_ring_bytes + 8 * 2048 * 16 + 2 * 8 + kResidentNormSlots * 8);
     EXPECT_EQ(f.host.grad, 0);
     EXPECT_EQ(f.host.streaming, 0);
     EXPECT_EQ(f.embedding_lookahead_bytes, 0);
@@ -197,7 +200,8 @@ TEST(PlanTest, ClippingMeetsSixteenAndAHalfBytesPerParameter) {
     const MemoryFootprint& f = plan->footprint;
     EXPECT_EQ(f.gradient_ring_bytes, 0);
     EXPECT_EQ(f.host.grad, f.host.master);
-    EXPECT_EQ(f.host.staging, kGradChunkBuffers * 4 * kGradChunkElements + 8 * 2048 * 16 + 2 * 8);
+    EXPECT_EQ(f.host.staging, kGradChunkBuffers * 4 * kGradChunkElements + 8 * 2048 * 16 + 2 * 8 +
+                                  kResidentNormSlots * 8);
     EXPECT_EQ(f.host_total_bytes, f.host.master * 4 + f.host.staging);
     EXPECT_LE(static_cast<double>(f.host_total_bytes) / static_cast<double>(config.ParamCount()),
               16.5);
