@@ -160,16 +160,239 @@ absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std
   return absl::OkStatus();
 }
 
-// Field helpers: bind a Reader method to a proto setter.
-#define MEGATRAIN_JOB_FIELD(name, kind, setter)                  \
-  {                                                              \
-    name, [&](const YAML::Node& node, const std::string& path) { \
-      auto value = reader.kind(node, path);                      \
-      if (!value.ok()) return value.status();                    \
-      setter(*value);                                            \
-      return absl::OkStatus();                                   \
-    }                                                            \
+// Field helpers: bind a Reader method to a proto setter. The lambda copies
+// the target message's pointer and refers to the reader: both outlive the
+// parse (ParseJobYaml owns them).
+#define MEGATRAIN_JOB_FIELD(name, kind, setter)                           \
+  {                                                                       \
+    name, [=, &reader](const YAML::Node& node, const std::string& path) { \
+      auto value = reader.kind(node, path);                               \
+      if (!value.ok()) return value.status();                             \
+      setter(*value);                                                     \
+      return absl::OkStatus();                                            \
+    }                                                                     \
   }
+
+// An integer >= 0 (a seed), handed to `set`.
+Field NonNegativeField(const Reader& reader, std::function<void(uint64_t)> set) {
+  return [&reader, set](const YAML::Node& node, const std::string& path) {
+    auto value = reader.Int(node, path);
+    if (!value.ok()) return value.status();
+    if (*value < 0) return reader.Error(path, absl::StrCat("must be >= 0, got ", *value));
+    set(static_cast<uint64_t>(*value));
+    return absl::OkStatus();
+  };
+}
+
+Fields ModelFields(const Reader& reader, v1::ModelSource* model) {
+  return {
+      MEGATRAIN_JOB_FIELD("preset", String, model->set_preset),
+      MEGATRAIN_JOB_FIELD("hf_dir", Path, model->set_hf_dir),
+      MEGATRAIN_JOB_FIELD("output_router_logits", Bool, model->set_output_router_logits),
+  };
+}
+
+Fields DataFields(const Reader& reader, v1::DataSpec* data) {
+  return {
+      MEGATRAIN_JOB_FIELD("tokens", Path, data->set_tokens),
+      MEGATRAIN_JOB_FIELD("eval_tokens", Path, data->set_eval_tokens),
+      MEGATRAIN_JOB_FIELD("text", Path, data->set_text),
+      MEGATRAIN_JOB_FIELD("tokenizer", Path, data->set_tokenizer),
+      MEGATRAIN_JOB_FIELD("eval_fraction", Double, data->set_eval_fraction),
+      {"shuffle_seed",
+       NonNegativeField(reader, [data](uint64_t seed) { data->set_shuffle_seed(seed); })},
+  };
+}
+
+// train.compute_dtype: fp32, tf32 or bf16.
+Field ComputeDtypeField(const Reader& reader, v1::TrainSpec* train) {
+  return [&reader, train](const YAML::Node& node, const std::string& path) {
+    auto value = reader.String(node, path);
+    if (!value.ok()) return value.status();
+    if (*value == "fp32") {
+      train->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
+    } else if (*value == "tf32") {
+      train->set_compute_dtype(v1::COMPUTE_DTYPE_TF32);
+    } else if (*value == "bf16") {
+      train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
+    } else {
+      return reader.Error(path, absl::StrCat("must be fp32, tf32 or bf16, got '", *value, "'"));
+    }
+    return absl::OkStatus();
+  };
+}
+
+// train.nan_policy: skip or fail.
+Field NanPolicyField(const Reader& reader, v1::TrainSpec* train) {
+  return [&reader, train](const YAML::Node& node, const std::string& path) {
+    auto value = reader.String(node, path);
+    if (!value.ok()) return value.status();
+    if (*value == "skip") {
+      train->set_nan_policy(v1::NAN_POLICY_SKIP);
+    } else if (*value == "fail") {
+      train->set_nan_policy(v1::NAN_POLICY_FAIL);
+    } else {
+      return reader.Error(path, absl::StrCat("must be skip or fail, got '", *value, "'"));
+    }
+    return absl::OkStatus();
+  };
+}
+
+// train.devices: an integer N >= 1, or "all" (proto 0; docs/distributed.md).
+Field DevicesField(const Reader& reader, v1::TrainSpec* train) {
+  return [&reader, train](const YAML::Node& node, const std::string& path) {
+    if (node.IsScalar() && node.Scalar() == "all") {
+      train->set_devices(0);
+      return absl::OkStatus();
+    }
+    auto value = reader.Int(node, path);
+    if (!value.ok()) return value.status();
+    if (*value < 1 || *value > 64) {
+      return reader.Error(path, absl::StrCat("must be in [1, 64] or all, got ", *value));
+    }
+    train->set_devices(static_cast<int32_t>(*value));
+    return absl::OkStatus();
+  };
+}
+
+// train.resident_layers: "auto" (proto unset) or a count N >= 0 (the model's
+// num_hidden_layers bounds it at submission).
+Field ResidentLayersField(const Reader& reader, v1::TrainSpec* train) {
+  return [&reader, train](const YAML::Node& node, const std::string& path) {
+    if (node.IsScalar() && node.Scalar() == "auto") {
+      train->clear_resident_layers();
+      return absl::OkStatus();
+    }
+    auto value = reader.Int(node, path);
+    if (!value.ok()) return value.status();
+    if (*value < 0 || *value > 4096) {
+      return reader.Error(path, absl::StrCat("must be auto or in [0, 4096], got ", *value));
+    }
+    train->set_resident_layers(static_cast<int32_t>(*value));
+    return absl::OkStatus();
+  };
+}
+
+Fields TrainFields(const Reader& reader, v1::TrainSpec* train) {
+  return {
+      MEGATRAIN_JOB_FIELD("micro_batch", Int, train->set_micro_batch),
+      MEGATRAIN_JOB_FIELD("seq_len", Int, train->set_seq_len),
+      MEGATRAIN_JOB_FIELD("gradient_accumulation_steps", Int,
+                          train->set_gradient_accumulation_steps),
+      MEGATRAIN_JOB_FIELD("global_batch", Int, train->set_global_batch),
+      MEGATRAIN_JOB_FIELD("max_steps", Int, train->set_max_steps),
+      MEGATRAIN_JOB_FIELD("max_tokens", Int, train->set_max_tokens),
+      {"compute_dtype", ComputeDtypeField(reader, train)},
+      MEGATRAIN_JOB_FIELD("max_grad_norm", Double, train->set_max_grad_norm),
+      {"seed", NonNegativeField(reader, [train](uint64_t seed) { train->set_seed(seed); })},
+      {"nan_policy", NanPolicyField(reader, train)},
+      MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
+      MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
+                          train->set_allow_seq_len_above_max_position_embeddings),
+      MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
+      MEGATRAIN_JOB_FIELD("wave", Int, train->set_wave),
+      MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
+      MEGATRAIN_JOB_FIELD("cuda_graphs", String, train->set_cuda_graphs),
+      {"devices", DevicesField(reader, train)},
+      {"resident_layers", ResidentLayersField(reader, train)},
+  };
+}
+
+Fields OptimizerFields(const Reader& reader, v1::OptimizerSpec* optimizer) {
+  return {
+      MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),
+      MEGATRAIN_JOB_FIELD("beta1", Double, optimizer->set_beta1),
+      MEGATRAIN_JOB_FIELD("beta2", Double, optimizer->set_beta2),
+      MEGATRAIN_JOB_FIELD("eps", Double, optimizer->set_eps),
+      MEGATRAIN_JOB_FIELD("weight_decay", Double, optimizer->set_weight_decay),
+      MEGATRAIN_JOB_FIELD("warmup_steps", Int, optimizer->set_warmup_steps),
+      MEGATRAIN_JOB_FIELD("schedule", String, optimizer->set_schedule),
+      MEGATRAIN_JOB_FIELD("min_lr_ratio", Double, optimizer->set_min_lr_ratio),
+  };
+}
+
+Fields EvalFields(const Reader& reader, v1::EvalSpec* eval) {
+  return {
+      MEGATRAIN_JOB_FIELD("every_steps", Int, eval->set_every_steps),
+      MEGATRAIN_JOB_FIELD("batches", Int, eval->set_batches),
+  };
+}
+
+Fields CheckpointFields(const Reader& reader, v1::CheckpointSpec* checkpoint) {
+  return {
+      MEGATRAIN_JOB_FIELD("every_steps", Int, checkpoint->set_every_steps),
+      MEGATRAIN_JOB_FIELD("keep_last", Int, checkpoint->set_keep_last),
+      MEGATRAIN_JOB_FIELD("keep_every", Int, checkpoint->set_keep_every),
+  };
+}
+
+Fields MemoryFields(const Reader& reader, v1::MemorySpec* memory) {
+  return {
+      {"nvme_tier",
+       [&reader, memory](const YAML::Node& node, const std::string& path) {
+         auto value = reader.String(node, path);
+         if (!value.ok()) return value.status();
+         if (*value != "off" && *value != "moments" && *value != "auto") {
+           return reader.Error(path,
+                               absl::StrCat("must be off, moments or auto, got '", *value, "'"));
+         }
+         memory->set_nvme_tier(*value);
+         return absl::OkStatus();
+       }},
+  };
+}
+
+// labels: a mapping of UTF-8 label keys to string values.
+Field LabelsField(const Reader& reader, v1::JobSpec* spec) {
+  return [&reader, spec](const YAML::Node& node, const std::string& path) {
+    if (!node.IsMap()) return reader.Error(path, "expected a mapping of label: value");
+    for (const auto& entry : node) {
+      const std::string key = entry.first.as<std::string>();
+      absl::Status key_status = reader.Utf8(key, absl::StrCat(path, " key"));
+      if (!key_status.ok()) return key_status;
+      auto value = reader.String(entry.second, absl::StrCat(path, ".", key));
+      if (!value.ok()) return value.status();
+      (*spec->mutable_labels())[key] = *value;
+    }
+    return absl::OkStatus();
+  };
+}
+
+// The sections' keys, each read into its part of one JobSpec.
+struct SectionFields {
+  Fields model, data, train, optimizer, eval, checkpoint, memory;
+};
+
+// The job file's top-level keys; `sections` must outlive the returned fields.
+Fields TopFields(const Reader& reader, v1::JobSpec* spec, const SectionFields& sections) {
+  auto section = [&reader](const Fields& fields) {
+    return [&reader, &fields](const YAML::Node& node, const std::string& path) {
+      return ReadMapping(reader, node, path, fields);
+    };
+  };
+  return {
+      MEGATRAIN_JOB_FIELD("name", String, spec->set_name),
+      {"model", section(sections.model)},
+      {"data", section(sections.data)},
+      {"train", section(sections.train)},
+      {"optimizer", section(sections.optimizer)},
+      {"eval", section(sections.eval)},
+      {"checkpoint", section(sections.checkpoint)},
+      {"memory", section(sections.memory)},
+      MEGATRAIN_JOB_FIELD("output_dir", Path, spec->set_output_dir),
+      {"priority",
+       [&reader, spec](const YAML::Node& node, const std::string& path) {
+         auto value = reader.Int(node, path);
+         if (!value.ok()) return value.status();
+         if (*value < INT32_MIN || *value > INT32_MAX) {
+           return reader.Error(path, absl::StrCat("out of range, got ", *value));
+         }
+         spec->set_priority(static_cast<int32_t>(*value));
+         return absl::OkStatus();
+       }},
+      {"labels", LabelsField(reader, spec)},
+  };
+}
 
 }  // namespace
 
@@ -183,190 +406,16 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": bad YAML: ", e.what()));
   }
-  v1::ModelSource* model = spec.mutable_model();
-  v1::DataSpec* data = spec.mutable_data();
-  v1::TrainSpec* train = spec.mutable_train();
-  v1::OptimizerSpec* optimizer = spec.mutable_optimizer();
-  v1::EvalSpec* eval = spec.mutable_eval();
-  v1::CheckpointSpec* checkpoint = spec.mutable_checkpoint();
-  v1::MemorySpec* memory = spec.mutable_memory();
-
-  const Fields model_fields = {
-      MEGATRAIN_JOB_FIELD("preset", String, model->set_preset),
-      MEGATRAIN_JOB_FIELD("hf_dir", Path, model->set_hf_dir),
-      MEGATRAIN_JOB_FIELD("output_router_logits", Bool, model->set_output_router_logits),
+  const SectionFields sections{
+      ModelFields(reader, spec.mutable_model()),
+      DataFields(reader, spec.mutable_data()),
+      TrainFields(reader, spec.mutable_train()),
+      OptimizerFields(reader, spec.mutable_optimizer()),
+      EvalFields(reader, spec.mutable_eval()),
+      CheckpointFields(reader, spec.mutable_checkpoint()),
+      MemoryFields(reader, spec.mutable_memory()),
   };
-  const Fields data_fields = {
-      MEGATRAIN_JOB_FIELD("tokens", Path, data->set_tokens),
-      MEGATRAIN_JOB_FIELD("eval_tokens", Path, data->set_eval_tokens),
-      MEGATRAIN_JOB_FIELD("text", Path, data->set_text),
-      MEGATRAIN_JOB_FIELD("tokenizer", Path, data->set_tokenizer),
-      MEGATRAIN_JOB_FIELD("eval_fraction", Double, data->set_eval_fraction),
-      {"shuffle_seed",
-       [&](const YAML::Node& node, const std::string& path) {
-         auto value = reader.Int(node, path);
-         if (!value.ok()) return value.status();
-         if (*value < 0) return reader.Error(path, absl::StrCat("must be >= 0, got ", *value));
-         data->set_shuffle_seed(static_cast<uint64_t>(*value));
-         return absl::OkStatus();
-       }},
-  };
-  const Fields train_fields = {
-      MEGATRAIN_JOB_FIELD("micro_batch", Int, train->set_micro_batch),
-      MEGATRAIN_JOB_FIELD("seq_len", Int, train->set_seq_len),
-      MEGATRAIN_JOB_FIELD("gradient_accumulation_steps", Int,
-                          train->set_gradient_accumulation_steps),
-      MEGATRAIN_JOB_FIELD("global_batch", Int, train->set_global_batch),
-      MEGATRAIN_JOB_FIELD("max_steps", Int, train->set_max_steps),
-      MEGATRAIN_JOB_FIELD("max_tokens", Int, train->set_max_tokens),
-      {"compute_dtype",
-       [&](const YAML::Node& node, const std::string& path) {
-         auto value = reader.String(node, path);
-         if (!value.ok()) return value.status();
-         if (*value == "fp32") {
-           train->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
-         } else if (*value == "tf32") {
-           train->set_compute_dtype(v1::COMPUTE_DTYPE_TF32);
-         } else if (*value == "bf16") {
-           train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
-         } else {
-           return reader.Error(path,
-                               absl::StrCat("must be fp32, tf32 or bf16, got '", *value, "'"));
-         }
-         return absl::OkStatus();
-       }},
-      MEGATRAIN_JOB_FIELD("max_grad_norm", Double, train->set_max_grad_norm),
-      {"seed",
-       [&](const YAML::Node& node, const std::string& path) {
-         auto value = reader.Int(node, path);
-         if (!value.ok()) return value.status();
-         if (*value < 0) return reader.Error(path, absl::StrCat("must be >= 0, got ", *value));
-         train->set_seed(static_cast<uint64_t>(*value));
-         return absl::OkStatus();
-       }},
-      {"nan_policy",
-       [&](const YAML::Node& node, const std::string& path) {
-         auto value = reader.String(node, path);
-         if (!value.ok()) return value.status();
-         if (*value == "skip") {
-           train->set_nan_policy(v1::NAN_POLICY_SKIP);
-         } else if (*value == "fail") {
-           train->set_nan_policy(v1::NAN_POLICY_FAIL);
-         } else {
-           return reader.Error(path, absl::StrCat("must be skip or fail, got '", *value, "'"));
-         }
-         return absl::OkStatus();
-       }},
-      MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
-      MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
-                          train->set_allow_seq_len_above_max_position_embeddings),
-      MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
-      MEGATRAIN_JOB_FIELD("wave", Int, train->set_wave),
-      MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
-      MEGATRAIN_JOB_FIELD("cuda_graphs", String, train->set_cuda_graphs),
-      {"devices",
-       [&](const YAML::Node& node, const std::string& path) {
-         // An integer N >= 1, or "all" (proto 0; docs/distributed.md).
-         if (node.IsScalar() && node.Scalar() == "all") {
-           train->set_devices(0);
-           return absl::OkStatus();
-         }
-         auto value = reader.Int(node, path);
-         if (!value.ok()) return value.status();
-         if (*value < 1 || *value > 64) {
-           return reader.Error(path, absl::StrCat("must be in [1, 64] or all, got ", *value));
-         }
-         train->set_devices(static_cast<int32_t>(*value));
-         return absl::OkStatus();
-       }},
-      {"resident_layers",
-       [&](const YAML::Node& node, const std::string& path) {
-         // "auto" (proto unset) or a count N >= 0 (the model's
-         // num_hidden_layers bounds it at submission).
-         if (node.IsScalar() && node.Scalar() == "auto") {
-           train->clear_resident_layers();
-           return absl::OkStatus();
-         }
-         auto value = reader.Int(node, path);
-         if (!value.ok()) return value.status();
-         if (*value < 0 || *value > 4096) {
-           return reader.Error(path, absl::StrCat("must be auto or in [0, 4096], got ", *value));
-         }
-         train->set_resident_layers(static_cast<int32_t>(*value));
-         return absl::OkStatus();
-       }},
-  };
-  const Fields optimizer_fields = {
-      MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),
-      MEGATRAIN_JOB_FIELD("beta1", Double, optimizer->set_beta1),
-      MEGATRAIN_JOB_FIELD("beta2", Double, optimizer->set_beta2),
-      MEGATRAIN_JOB_FIELD("eps", Double, optimizer->set_eps),
-      MEGATRAIN_JOB_FIELD("weight_decay", Double, optimizer->set_weight_decay),
-      MEGATRAIN_JOB_FIELD("warmup_steps", Int, optimizer->set_warmup_steps),
-      MEGATRAIN_JOB_FIELD("schedule", String, optimizer->set_schedule),
-      MEGATRAIN_JOB_FIELD("min_lr_ratio", Double, optimizer->set_min_lr_ratio),
-  };
-  const Fields eval_fields = {
-      MEGATRAIN_JOB_FIELD("every_steps", Int, eval->set_every_steps),
-      MEGATRAIN_JOB_FIELD("batches", Int, eval->set_batches),
-  };
-  const Fields checkpoint_fields = {
-      MEGATRAIN_JOB_FIELD("every_steps", Int, checkpoint->set_every_steps),
-      MEGATRAIN_JOB_FIELD("keep_last", Int, checkpoint->set_keep_last),
-      MEGATRAIN_JOB_FIELD("keep_every", Int, checkpoint->set_keep_every),
-  };
-  const Fields memory_fields = {
-      {"nvme_tier",
-       [&](const YAML::Node& node, const std::string& path) {
-         auto value = reader.String(node, path);
-         if (!value.ok()) return value.status();
-         if (*value != "off" && *value != "moments" && *value != "auto") {
-           return reader.Error(path,
-                               absl::StrCat("must be off, moments or auto, got '", *value, "'"));
-         }
-         memory->set_nvme_tier(*value);
-         return absl::OkStatus();
-       }},
-  };
-  auto section = [&](const Fields& fields) {
-    return [&reader, &fields](const YAML::Node& node, const std::string& path) {
-      return ReadMapping(reader, node, path, fields);
-    };
-  };
-  const Fields top_fields = {
-      MEGATRAIN_JOB_FIELD("name", String, spec.set_name),
-      {"model", section(model_fields)},
-      {"data", section(data_fields)},
-      {"train", section(train_fields)},
-      {"optimizer", section(optimizer_fields)},
-      {"eval", section(eval_fields)},
-      {"checkpoint", section(checkpoint_fields)},
-      {"memory", section(memory_fields)},
-      MEGATRAIN_JOB_FIELD("output_dir", Path, spec.set_output_dir),
-      {"priority",
-       [&](const YAML::Node& node, const std::string& path) {
-         auto value = reader.Int(node, path);
-         if (!value.ok()) return value.status();
-         if (*value < INT32_MIN || *value > INT32_MAX) {
-           return reader.Error(path, absl::StrCat("out of range, got ", *value));
-         }
-         spec.set_priority(static_cast<int32_t>(*value));
-         return absl::OkStatus();
-       }},
-      {"labels",
-       [&](const YAML::Node& node, const std::string& path) {
-         if (!node.IsMap()) return reader.Error(path, "expected a mapping of label: value");
-         for (const auto& entry : node) {
-           const std::string key = entry.first.as<std::string>();
-           absl::Status key_status = reader.Utf8(key, absl::StrCat(path, " key"));
-           if (!key_status.ok()) return key_status;
-           auto value = reader.String(entry.second, absl::StrCat(path, ".", key));
-           if (!value.ok()) return value.status();
-           (*spec.mutable_labels())[key] = *value;
-         }
-         return absl::OkStatus();
-       }},
-  };
+  const Fields top_fields = TopFields(reader, &spec, sections);
   try {
     absl::Status status = ReadMapping(reader, root, "", top_fields);
     if (!status.ok()) return status;

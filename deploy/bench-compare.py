@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Prints MegaTrain's throughput beside the PyTorch baselines measured in the
-same call (deploy/gpu-check.sh writes both to bench.jsonl): the table of
-issue #6 (tokens/s, ratio to whole-model-in-GPU-memory PyTorch, GPU idle and
-exposed optimizer as shares of the step).
+same call (deploy/gpu-check.sh and deploy/gpu-speed.sh write both to one
+.jsonl): tokens/s, the ratio to whole-model-in-GPU-memory PyTorch, eager and
+compiled (deploy/torch_baselines.py without and with --compile; "-" where
+that baseline did not run), GPU idle and exposed optimizer as shares of the
+step, MFU.
 
   python3 deploy/bench-compare.py OUT/bench.jsonl [--markdown]
 """
@@ -22,19 +24,28 @@ def main():
             continue
         j = json.loads(line)
         if "mode" in j:
-            torch[(j["mode"], j["preset"], j["micro_batch"], j["seq"], bool(j.get("clip")))] = j
+            key = (j["mode"], j["preset"], j["micro_batch"], j["seq"], bool(j.get("clip")))
+            torch[key + (bool(j.get("compiled")),)] = j
         elif "tokens_per_s" in j and "model" in j:
             ours.append(j)
-    cols = ["model", "micro-batch x seq", "accum", "clip", "schedule", "H2D GB/step", "MegaTrain tokens/s", "model TFLOP/s", "resident tokens/s",
-            "ratio", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
+    cols = ["model", "micro-batch x seq", "accum", "clip", "schedule", "H2D GB/step", "MegaTrain tokens/s", "model TFLOP/s",
+            "eager tokens/s", "ratio vs eager", "compiled tokens/s", "ratio vs compiled", "step s", "compute s", "GPU idle %", "optimizer exposed %", "H2D GB/s busy",
             "peak GPU GB", "MFU %"]
     rows = []
     for o in ours:
         # Same micro-batch and clipping; a small-micro-batch run (gradient
         # accumulation) is compared with resident PyTorch at micro-batch 8.
         clip = bool(o.get("max_grad_norm", 0))
-        base = torch.get(("resident", o["model"], o["micro_batch"], o["seq_len"], clip)) or \
-            torch.get(("resident", o["model"], 8, o["seq_len"], clip))
+
+        def baseline(compiled):
+            return torch.get(("resident", o["model"], o["micro_batch"], o["seq_len"], clip, compiled)) or \
+                torch.get(("resident", o["model"], 8, o["seq_len"], clip, compiled))
+
+        def versus(base):
+            if not base:
+                return ["-", "-"]
+            return [f'{base["tokens_per_s"]:,.0f}', f'{o["tokens_per_s"] / base["tokens_per_s"]:.2f}']
+
         step = o["step_seconds"]
         rows.append([
             o["model"], f'{o["micro_batch"]} x {o["seq_len"]}', f'{o.get("gradient_accumulation_steps", 1)}',
@@ -44,8 +55,7 @@ def main():
              + (" host-act" if o.get("activations") == "host" else "")) if "schedule" in o else "-",
             f'{o.get("h2d_bytes", 0) / 1e9:.1f}',
             f'{o["tokens_per_s"]:,.0f}',
-            f'{o["model_tflops"]:.0f}', f'{base["tokens_per_s"]:,.0f}' if base else "-",
-            f'{o["tokens_per_s"] / base["tokens_per_s"]:.2f}' if base else "-",
+            f'{o["model_tflops"]:.0f}', *versus(baseline(False)), *versus(baseline(True)),
             f'{step:.3f}', f'{o["compute_seconds"]:.3f}',
             f'{100 * o["gpu_idle_seconds"] / step:.1f}',
             f'{100 * o["optimizer_exposed_seconds"] / step:.1f}',

@@ -4,14 +4,15 @@
 # before/, e.g. made with
 #   git archive <commit> --prefix=before/ -- . ':!tests/testdata' | gzip > shared/before.tar.gz
 # ), then runs each configuration A, B, A, B, ... REPEATS times, and resident
-# PyTorch once per configuration, all in the same call (docs/performance.md
-# "How we measure"). Prints deploy/bench-compare.py's table per build.
+# PyTorch once per configuration (eager, and compiled unless COMPILED=0), all
+# in the same call (docs/performance.md, "How the numbers are made"). Prints
+# deploy/bench-compare.py's table per build.
 #
 #   deploy/gpu-ab.sh shared/before.tar.gz "llama-1b:8:1:0 llama-1b:8:1:1"
 #
 # Configurations as in deploy/gpu-speed.sh (PRESET:MICRO_BATCH:ACCUM:CLIP);
 # the baseline as there (deploy/family_baseline.py for non-Llama presets).
-# Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), REPEATS (2).
+# Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), REPEATS (2), COMPILED (1).
 # Results: $OUT/ab-A.jsonl, $OUT/ab-B.jsonl, $OUT/ab.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,8 +49,13 @@ for c in $configs; do
   cflag=""; [ "$clip" = 1 ] && cflag=--clip
   bmb=$mb; [ "$accum" != 1 ] && bmb=8
   case "$preset" in  # as deploy/gpu-speed.sh: transformers for the other families
-    llama-*) base=$(python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
-      --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1) ;;
+    llama-*) base=$(python3 deploy/torch_baselines.py --mode resident --preset "$preset" \
+      --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1)
+      if [ "${COMPILED:-1}" = 1 ]; then  # the compiled baseline too (bench-compare prints both)
+        base="$base
+$(python3 deploy/torch_baselines.py --mode resident --preset "$preset" \
+          --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag --compile 2>&1 | tail -n 1)"
+      fi ;;
     *) base=$(python3 deploy/family_baseline.py --preset "$preset" --micro-batch "$bmb" \
       --seq "$SEQ_LEN" $cflag 2>&1 | tail -n 1) ;;
   esac

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build (deploy/gpu-build.sh), run the GPU tests,
 # then measure megatrain-bench beside the PyTorch baselines in the same run
-# (../shared/bench/torch_baselines.py, copied to shared/bench/ for the call).
-# Results go to $OUT (default ./gpu-out): build.log, tests.log, bench.jsonl.
+# (deploy/torch_baselines.py: resident, eager and each decoder layer compiled).
+# Results go to $OUT (default ./gpu-out): build.log, tests.log, bench.jsonl,
+# compare.txt (deploy/bench-compare.py: ratios vs eager and vs compiled).
 #
 #   deploy/gpu-check.sh [presets...]      # default: llama-1b
 # Environment: MICRO_BATCH (8), SEQ_LEN (2048), STEPS (4), WARMUP (2),
-# BASELINE (1: also run the resident PyTorch baseline), SKIP_TESTS (0).
+# BASELINE (1: also run the resident PyTorch baseline), COMPILED (1: also the
+# compiled baseline, `--compile`; 0 skips it), SKIP_TESTS (0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -65,10 +67,17 @@ for preset in "${presets[@]}"; do
     --micro_batch="$MICRO_BATCH" --seq_len="$SEQ_LEN" --steps="$STEPS" --warmup="$WARMUP" \
     --data=random --json ${BENCH_ARGS:-} 2> "$OUT/bench-$preset.log" | tee -a "$OUT/bench.jsonl"
   tail -n 4 "$OUT/bench-$preset.log"
-  if [ "${BASELINE:-1}" = 1 ] && [ -f shared/bench/torch_baselines.py ]; then
-    echo "== torch resident $preset"
-    python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
-      --micro-batch "$MICRO_BATCH" --seq "$SEQ_LEN" --ckpt 2>&1 | tail -n 1 | tee -a "$OUT/bench.jsonl"
+  if [ "${BASELINE:-1}" = 1 ]; then
+    # The same clipping as the bench run (BENCH_ARGS may set --max_grad_norm).
+    cflag=--clip
+    case " ${BENCH_ARGS:-} " in *" --max_grad_norm=0 "*|*" --max_grad_norm=0.0 "*) cflag="" ;; esac
+    kinds=eager; [ "${COMPILED:-1}" = 1 ] && kinds="eager compiled"
+    for kind in $kinds; do
+      kflag=""; [ "$kind" = compiled ] && kflag=--compile
+      echo "== torch resident $preset $kind"
+      python3 deploy/torch_baselines.py --mode resident --preset "$preset" \
+        --micro-batch "$MICRO_BATCH" --seq "$SEQ_LEN" --ckpt $cflag $kflag 2>&1 | tail -n 1 | tee -a "$OUT/bench.jsonl"
+    done
   fi
 done
 python3 deploy/bench-compare.py "$OUT/bench.jsonl" | tee "$OUT/compare.txt"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: builds megatrain-bench (deploy/gpu-build.sh) and
 # measures a matrix of configurations, each beside resident PyTorch
-# (shared/bench/torch_baselines.py for Llama presets, copied into the repo for
-# the call; deploy/family_baseline.py for the other families) at the
-# same clipping, in the same call. Prints deploy/bench-compare.py's table.
+# (deploy/torch_baselines.py for Llama presets, eager and, with COMPILED=1,
+# each decoder layer compiled; deploy/family_baseline.py, eager, for the other
+# families) at the same clipping, in the same call. Prints
+# deploy/bench-compare.py's table with the ratio to each baseline.
 #
 #   deploy/gpu-speed.sh "llama-1b:8:1:0 llama-1b:8:1:1 llama-3b:8:4:1:layer-major" [bench args...]
 #
@@ -14,7 +15,8 @@
 # micro-batch and clipping, at micro-batch 8 for accumulation runs.
 # Environment: SEQ_LEN (2048), STEPS (4), WARMUP (2), BUILD_DIR (build-gpu),
 # SKIP_BUILD (0), BASELINE_ACCUM (0; 1: deploy/family_baseline.py accumulates
-# the configuration's micro-batches per optimizer step too, --accum).
+# the configuration's micro-batches per optimizer step too, --accum), COMPILED
+# (1: also the compiled Llama baseline, `torch_baselines.py --compile`; 0 skips it).
 # Results: $OUT/speed.jsonl, $OUT/speed.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +51,12 @@ for c in $configs; do
     cflag=""; [ "$clip" = 1 ] && cflag=--clip
     case "$preset" in
       llama-*)
-        [ -f shared/bench/torch_baselines.py ] &&
-          python3 shared/bench/torch_baselines.py --mode resident --preset "$preset" \
-            --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl" ;;
+        kinds=eager; [ "${COMPILED:-1}" = 1 ] && kinds="eager compiled"
+        for kind in $kinds; do
+          kflag=""; [ "$kind" = compiled ] && kflag=--compile
+          python3 deploy/torch_baselines.py --mode resident --preset "$preset" \
+            --micro-batch "$bmb" --seq "$SEQ_LEN" --ckpt $cflag $kflag 2>&1 | tail -n 1 | tee -a "$OUT/speed.jsonl"
+        done ;;
       *)  # the other families' presets: transformers of the same shape
         aflag=""; [ "${BASELINE_ACCUM:-0}" = 1 ] && aflag="--accum $accum"
         python3 deploy/family_baseline.py --preset "$preset" --micro-batch "$bmb" --seq "$SEQ_LEN" \

@@ -2,7 +2,7 @@
 """Lists C++ functions longer than a limit (house style: ~80 lines).
 
 Usage: deploy/long-functions.py [--max-lines N] [--check] [paths...]
-       (default paths: engine server; default N: 80)
+       (default paths: engine server client; default N: 80)
 
 A function's length is the lines from its opening brace to its closing
 brace, both included (the signature is not counted). Functions are found by
@@ -19,8 +19,11 @@ A function may be longer where a comment says why: a comment containing
 signature (up to 3 lines) or inside the signature. Such functions are listed
 as "allowed" and do not fail --check.
 
+TEMPORARY_ALLOWED below lists functions being split at the time of writing;
+they are listed as "temporarily allowed" and do not fail --check either.
+
 Exit status with --check: 1 when a function over the limit has no such
-comment, else 0.
+comment and is not temporarily allowed, else 0.
 """
 import argparse
 import os
@@ -30,6 +33,16 @@ import sys
 MARKER = "long-function:"
 CONTROL = re.compile(r"\b(if|for|while|switch|catch|do|else|try)\s*(\(|$)")
 SCOPE = re.compile(r"\b(namespace|class|struct|union|enum)\b|extern\s*\"C\"")
+
+# (path, function) pairs over the limit that are being split in other
+# branches of issue 37 when client/ joined the check: RunCli (139 lines) and
+# RunLoadTest (138). Temporary: remove each entry when its split lands; a
+# function that is no longer over the limit makes its entry stale, which the
+# listing reports.
+TEMPORARY_ALLOWED = {
+    ("client/cli.cc", "RunCli"),
+    ("client/loadtest.cc", "RunLoadTest"),
+}
 
 
 def blank_comments_and_literals(text):
@@ -176,7 +189,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-lines", type=int, default=80)
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("paths", nargs="*", default=["engine", "server"])
+    parser.add_argument("paths", nargs="*", default=["engine", "server", "client"])
     args = parser.parse_args()
     files = []
     for p in args.paths:
@@ -189,10 +202,20 @@ def main():
         results += scan(path, args.max_lines)
     results.sort(key=lambda r: (-r[2], r[0]))
     failing = 0
+    temporary = set()
     for path, line, length, name, allowed in results:
-        print(f"{length:4d} lines  {path}:{line}  {name}{'  (allowed)' if allowed else ''}")
-        failing += not allowed
+        key = (os.path.normpath(path), name)
+        note = "  (allowed)" if allowed else ""
+        if not allowed and key in TEMPORARY_ALLOWED:
+            temporary.add(key)
+            note = "  (temporarily allowed: being split)"
+        print(f"{length:4d} lines  {path}:{line}  {name}{note}")
+        failing += not allowed and key not in TEMPORARY_ALLOWED
     print(f"{len(results)} functions over {args.max_lines} lines, {failing} without a reason")
+    scanned = {os.path.normpath(f) for f in files}
+    for path, name in sorted(TEMPORARY_ALLOWED - temporary):
+        if path in scanned:
+            print(f"stale TEMPORARY_ALLOWED entry (no longer over the limit): {path} {name}")
     return 1 if args.check and failing else 0
 
 
