@@ -86,14 +86,20 @@ absl::Status JoinFromTorchrunEnv(std::chrono::milliseconds timeout, DataParallel
 absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   const int local = static_cast<int>(dp.devices.size());
   const int world = local * num_processes_;
-  std::shared_ptr<RendezvousStore> store =
+  std::shared_ptr<RendezvousStore> shared =
       dp.rendezvous != nullptr ? dp.rendezvous : RendezvousStore::CreateInProcess();
+  // Note [One client per rank] in process_group.h.
+  std::vector<std::shared_ptr<RendezvousStore>> stores(static_cast<size_t>(local), shared);
+  for (int r = 1; r < local; ++r) {
+    MEGATRAIN_ASSIGN_OR_RETURN(stores[static_cast<size_t>(r)], RendezvousStore::Connect(shared));
+  }
   groups_.resize(static_cast<size_t>(local));
   // Every rank joins at once (the group's creation is a barrier).
   MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
     const std::string& device = dp.devices[static_cast<size_t>(r)];
-    MEGATRAIN_ASSIGN_OR_RETURN(groups_[r], CollectiveGroup::Create(store, process_rank_ * local + r,
-                                                                   world, device, dp.timeout));
+    MEGATRAIN_ASSIGN_OR_RETURN(
+        groups_[r], CollectiveGroup::Create(stores[static_cast<size_t>(r)],
+                                            process_rank_ * local + r, world, device, dp.timeout));
     return absl::OkStatus();
   }));
   reduction_ = SelectGradientReduction(dp.gradient_reduction, groups_[0]->backend_name(),
@@ -107,19 +113,20 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   return OnEveryRank([&](int r) -> absl::Status {
     const std::string& device = dp.devices[static_cast<size_t>(r)];
     MEGATRAIN_ASSIGN_OR_RETURN(
-        local_groups_[r], CollectiveGroup::Create(store, r, local, device, dp.timeout,
-                                                  absl::StrCat("megatrain/local/", process_rank_)));
+        local_groups_[r],
+        CollectiveGroup::Create(stores[static_cast<size_t>(r)], r, local, device, dp.timeout,
+                                absl::StrCat("megatrain/local/", process_rank_)));
     if (dp.shard_weights && local > 1) {  // Note [Sharded weight streaming]
       MEGATRAIN_ASSIGN_OR_RETURN(
           weight_groups_[r],
-          CollectiveGroup::Create(store, r, local, device, dp.timeout,
+          CollectiveGroup::Create(stores[static_cast<size_t>(r)], r, local, device, dp.timeout,
                                   absl::StrCat("megatrain/weights/", process_rank_)));
     }
     if (num_processes_ > 1) {
       MEGATRAIN_ASSIGN_OR_RETURN(
           cross_groups_[r],
-          CollectiveGroup::Create(store, process_rank_, num_processes_, device, dp.timeout,
-                                  absl::StrCat("megatrain/cross/", r)));
+          CollectiveGroup::Create(stores[static_cast<size_t>(r)], process_rank_, num_processes_,
+                                  device, dp.timeout, absl::StrCat("megatrain/cross/", r)));
     }
     return absl::OkStatus();
   });

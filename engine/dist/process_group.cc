@@ -12,7 +12,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <exception>
 #include <string>
 #include <utility>
@@ -31,6 +33,10 @@ struct RendezvousStore::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   int port = 0;
   bool loopback = true;  // every rank on this host: gloo over 127.0.0.1
+  // A TCP store's server as a client reaches it (Note [One client per
+  // rank]): set by CreateTcp, unset for an in-process store.
+  std::optional<TorchrunEnv> tcp;
+  std::chrono::milliseconds timeout{0};
 };
 
 struct CollectiveGroup::Impl {
@@ -168,7 +174,21 @@ absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::CreateTcp(
                                       : "the rendezvous store was not reachable",
                      " within ", timeout.count(), " ms: ", status.message()));
   }
+  impl->tcp = env;
+  impl->tcp->master_port = impl->port;  // the port served (an ephemeral one resolved)
+  impl->timeout = timeout;
   return std::shared_ptr<RendezvousStore>(new RendezvousStore(std::move(impl)));
+}
+
+absl::StatusOr<std::shared_ptr<RendezvousStore>> RendezvousStore::Connect(
+    const std::shared_ptr<RendezvousStore>& store) {
+  if (!store->impl_->tcp.has_value()) return store;  // a HashStore serves every thread
+  // A client connection (rank != 0: never a second server on the port),
+  // under the agent's key prefix when torchrun's agent serves the store.
+  TorchrunEnv client = *store->impl_->tcp;
+  client.world_size = std::max(client.world_size, 2);
+  client.rank = 1;
+  return CreateTcp(client, store->impl_->timeout);
 }
 
 bool HasCollectiveBackend(const std::string& device) {

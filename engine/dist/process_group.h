@@ -60,6 +60,17 @@ class RendezvousStore {
   // MASTER_ADDR:MASTER_PORT when the server cannot be reached or bound.
   static absl::StatusOr<std::shared_ptr<RendezvousStore>> CreateTcp(
       const TorchrunEnv& env, std::chrono::milliseconds timeout);
+  // Note [One client per rank]
+  // c10d's TCPStore client serialises its operations, and a blocking
+  // wait holds it: two ranks (threads) sharing one client deadlock when
+  // one waits for a key the other has yet to set (every process group's
+  // rendezvous does that; torchrun's one process driving several GPUs hung
+  // on it). Each rank thread therefore joins through a connection of its
+  // own. Returns a new client of `store`'s TCP server (the same key prefix),
+  // or `store` itself for an in-process store (c10d's HashStore serves
+  // every thread). UNAVAILABLE as CreateTcp.
+  static absl::StatusOr<std::shared_ptr<RendezvousStore>> Connect(
+      const std::shared_ptr<RendezvousStore>& store);
   ~RendezvousStore();
   // The TCP port the store listens on (rank 0 of CreateTcp; port 0 asked
   // for an ephemeral one); 0 for an in-process store.

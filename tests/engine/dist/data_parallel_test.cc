@@ -495,6 +495,25 @@ TEST(DataParallelTest, ShardedWeightStreamingHalvesEachRanksLoadsBitForBit) {
   EXPECT_LE(static_cast<double>(h2d[1]), 0.51 * static_cast<double>(h2d[0]));
 }
 
+// torchrun's one process driving several devices: the ranks, threads of
+// one process, meet through the TCPStore torchrun's variables name. Each
+// rank needs a client connection of its own: a blocking wait on a shared
+// one would hold it while the rank it waits for tries to set its key.
+TEST(DataParallelTest, RanksAsThreadsOfOneProcessJoinThroughATcpStore) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  TorchrunEnv env{"127.0.0.1", 0, 1, 0, 0};
+  auto store = RendezvousStore::CreateTcp(env, std::chrono::seconds(30));
+  ASSERT_THAT(store, IsOk());
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", 2);
+  dp.timeout = std::chrono::seconds(20);
+  dp.rendezvous = *store;
+  const ModelConfig config = SmallLlama();
+  auto t = DataParallelTrainer::Create(config, Options(1.0), kSeed, dp);
+  ASSERT_THAT(t, IsOk());
+  EXPECT_THAT((*t)->Step(Steps(config, 1)[0]), IsOk());
+}
+
 // kAuto on gloo: the host all-reduce (no D2H copy to save on the CPU).
 TEST(DataParallelTest, GlooTakesTheHostAllReduce) {
   MEGATRAIN_SKIP_WITHOUT_GLOO();
