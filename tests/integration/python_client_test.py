@@ -72,6 +72,17 @@ with Client(addr, token=token, timeout_s=120) as c:
     check(len(ckpts) >= 1 and ckpts[-1]["id"] == job["id"] + "/step-40", f"checkpoints(): {[k['id'] for k in ckpts]}")
     check(all(isinstance(k["step"], int) and isinstance(k["bytes"], int) for k in ckpts),
           "checkpoint step and bytes are ints")
+    # The job's curve files (server/core/job_scalars.h) in its output_dir.
+    curves = os.path.join(final["spec"]["output_dir"], "metrics")
+    with open(os.path.join(curves, "steps.csv")) as f:
+        rows = f.read().splitlines()
+    check(rows[0].startswith("step,time_unix_ms,loss,") and len(rows) == 41 and
+          rows[-1].startswith("40,"), f"steps.csv has a header and 40 rows ({len(rows)} lines)")
+    check(any(n.startswith("events.out.tfevents.") for n in os.listdir(curves)),
+          "a TensorBoard event file is written")
+    check("mfu" not in final["progress"], "mfu is absent on the CPU, not 0")
+    with open(os.path.join(work, "plot-job"), "w") as f:
+        f.write(job["id"])
     exported = c.export(ckpts[-1]["id"], os.path.join(work, "out", "hf"))
     out = exported["out_dir"]
     check(os.path.isfile(os.path.join(out, "config.json")), "export() wrote config.json")
@@ -106,6 +117,9 @@ with Client(addr, token=token, timeout_s=120) as c:
     running = [s for s in families["megatrain_jobs"]["samples"]
                if s["labels"].get("state") == "running"]
     check(running and running[0]["value"] >= 1, "metrics(): one job running")
+    job_loss = families.get("megatrain_job_loss", {"samples": []})["samples"]
+    check([s["labels"] for s in job_loss] == [{"job": long["id"]}],
+          f"megatrain_job_loss has the running job only ({job_loss})")
     check(c.suspend(long["id"])["state"] in ("JOB_STATE_SUSPENDING", "JOB_STATE_SUSPENDED"), "suspend()")
     for event in c.watch(long["id"]):
         if event.get("state_change", {}).get("state") == "JOB_STATE_SUSPENDED":
@@ -117,6 +131,8 @@ with Client(addr, token=token, timeout_s=120) as c:
     c.cancel(long["id"], force=True)
     final = c.wait(long["id"], progress=False)
     check(final["state"] == "JOB_STATE_CANCELLED", "cancel(force=True) ends CANCELLED")
+    check(not c.metrics("megatrain_job_loss").get("megatrain_job_loss", {"samples": []})["samples"],
+          "a job's series are removed when it stops running")
     check(not final.get("error_message"), "no status text in error_message")
 
     expect_error(grpc.StatusCode.NOT_FOUND, "job-999999", c.get, "job-999999")
@@ -154,8 +170,9 @@ with Client(addr, token=token, timeout_s=120) as c:
     with open(os.path.join(work, "outside.json"), "w") as f:
         f.write("{}")
     os.symlink(os.path.join(work, "outside.json"), os.path.join(model_dir, "special_tokens_map.json"))
-    hf_spec = spec("py-hf", 2)
+    hf_spec = spec("py-hf", 6)
     hf_spec["model"] = {"hf_dir": model_dir}
+    hf_spec["checkpoint"] = {"every_steps": 3, "keep_last": 1}
     hf_job = c.submit(hf_spec)
     check(c.wait(hf_job["id"], progress=False)["state"] == "JOB_STATE_SUCCEEDED", "the hf_dir job ran")
     hf_out = c.export(c.checkpoints(hf_job["id"])[-1]["id"], os.path.join(work, "out", "hf2"))

@@ -61,6 +61,12 @@ log "python client checks"
 (cd "$WORK" && "$VENV_PYTHON" "$SOURCE_DIR/tests/integration/python_client_test.py" "$GRPC_ADDR" \
   alice-secret bob-secret "$TINY_DATA" "$WORK") || fail "python_client_test.py failed"
 
+log "megatrain plot"
+plot=$("$CLI_BIN" --server "$GRPC_ADDR" --token alice-secret plot "$(cat "$WORK/plot-job")" --height 8) ||
+  fail "megatrain plot failed: $plot"
+grep -q "^loss, steps 1..40: \* train" <<<"$plot" || fail "no loss chart: $plot"
+[[ $(grep -c ' |' <<<"$plot") -eq 8 ]] || fail "the chart has not 8 rows: $plot"
+
 log "examples/python_client.py"
 "$VENV_PYTHON" "$SOURCE_DIR/examples/python_client.py" --server "$GRPC_ADDR" --token alice-secret \
   --max_steps 20 --export "$WORK/out/example-hf" >"$WORK/example.log" 2>&1 ||
