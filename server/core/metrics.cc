@@ -300,7 +300,7 @@ void ServerMetrics::RecordEval(const std::string& device, double eval_loss) {
 }
 
 void ServerMetrics::RecordJobStep(const std::string& job_id, const engine::StepReport& report) {
-  const prometheus::Labels labels = {{"job", job_id}};
+  const prometheus::Labels labels = {{"job_id", job_id}};
   if (!report.skipped) job_loss_->Add(labels).Set(report.loss);
   job_learning_rate_->Add(labels).Set(report.lr);
   job_grad_norm_->Add(labels).Set(report.grad_norm);
@@ -308,11 +308,11 @@ void ServerMetrics::RecordJobStep(const std::string& job_id, const engine::StepR
 }
 
 void ServerMetrics::RecordJobEval(const std::string& job_id, double eval_loss) {
-  job_eval_loss_->Add({{"job", job_id}}).Set(eval_loss);
+  job_eval_loss_->Add({{"job_id", job_id}}).Set(eval_loss);
 }
 
 void ServerMetrics::RemoveJob(const std::string& job_id) {
-  const prometheus::Labels labels = {{"job", job_id}};
+  const prometheus::Labels labels = {{"job_id", job_id}};
   for (prometheus::Family<prometheus::Gauge>* family :
        {job_loss_, job_eval_loss_, job_learning_rate_, job_grad_norm_,
         job_step_tokens_per_second_}) {

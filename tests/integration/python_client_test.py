@@ -118,7 +118,7 @@ with Client(addr, token=token, timeout_s=120) as c:
                if s["labels"].get("state") == "running"]
     check(running and running[0]["value"] >= 1, "metrics(): one job running")
     job_loss = families.get("megatrain_job_loss", {"samples": []})["samples"]
-    check([s["labels"] for s in job_loss] == [{"job": long["id"]}],
+    check([s["labels"] for s in job_loss] == [{"job_id": long["id"]}],
           f"megatrain_job_loss has the running job only ({job_loss})")
     check(c.suspend(long["id"])["state"] in ("JOB_STATE_SUSPENDING", "JOB_STATE_SUSPENDED"), "suspend()")
     for event in c.watch(long["id"]):

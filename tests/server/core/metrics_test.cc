@@ -114,19 +114,19 @@ TEST(MetricsTest, PerJobSeriesCarryTheJobIdAndAreRemovedWhenItEnds) {
   metrics.RecordJobStep("job-000002", report);
 
   std::string text = metrics.TextExposition();
-  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job=\"job-000001\"} 3.25"));
-  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job=\"job-000002\"} 4"));
-  EXPECT_THAT(text, HasSubstr("megatrain_job_eval_loss{job=\"job-000001\"} 2.5"));
-  EXPECT_THAT(text, HasSubstr("megatrain_job_learning_rate{job=\"job-000001\"} 0.001"));
-  EXPECT_THAT(text, HasSubstr("megatrain_job_grad_norm{job=\"job-000001\"} 1.5"));
-  EXPECT_THAT(text, HasSubstr("megatrain_job_step_tokens_per_second{job=\"job-000001\"} 5000"));
-  EXPECT_THAT(text, Not(HasSubstr("megatrain_job_eval_loss{job=\"job-000002\"}")));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job_id=\"job-000001\"} 3.25"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job_id=\"job-000002\"} 4"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_eval_loss{job_id=\"job-000001\"} 2.5"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_learning_rate{job_id=\"job-000001\"} 0.001"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_grad_norm{job_id=\"job-000001\"} 1.5"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_step_tokens_per_second{job_id=\"job-000001\"} 5000"));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_job_eval_loss{job_id=\"job-000002\"}")));
 
   metrics.RemoveJob("job-000001");
 
   text = metrics.TextExposition();
   EXPECT_THAT(text, Not(HasSubstr("job-000001")));
-  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job=\"job-000002\"} 4"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job_id=\"job-000002\"} 4"));
 }
 
 TEST(MetricsTest, SkippedStepKeepsTheJobsLastLoss) {
@@ -138,7 +138,8 @@ TEST(MetricsTest, SkippedStepKeepsTheJobsLastLoss) {
 
   metrics.RecordJobStep("job-000001", skipped);
 
-  EXPECT_THAT(metrics.TextExposition(), HasSubstr("megatrain_job_loss{job=\"job-000001\"} 3.25"));
+  EXPECT_THAT(metrics.TextExposition(),
+              HasSubstr("megatrain_job_loss{job_id=\"job-000001\"} 3.25"));
 }
 
 TEST(MetricsTest, EvalLossOfADeviceIsRemovedWhenItsJobEnds) {
