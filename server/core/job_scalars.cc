@@ -23,7 +23,8 @@ constexpr char kStepsHeader[] =
 constexpr char kEvalsHeader[] = "step,time_unix_ms,eval_loss\n";
 
 // Opens `name` in `dir` for appending (Note [Directory descriptors]: no
-// link followed, a FIFO never blocks, regular files only); `exclusive`
+// link followed, a FIFO never blocks, regular files with no other hard
+// link only); `exclusive`
 // refuses an existing one. Writes `header` into a new, empty file.
 absl::StatusOr<int> OpenAppend(const engine::DirFd& dir, const std::string& name, bool exclusive,
                                absl::string_view header) {
@@ -41,6 +42,13 @@ absl::StatusOr<int> OpenAppend(const engine::DirFd& dir, const std::string& name
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
     return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
+  }
+  // A hard link planted there could make the daemon append to a file its
+  // user may not write.
+  if (info.st_nlink != 1) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": has ", info.st_nlink, " hard links; not written"));
   }
   if (info.st_size == 0 && !header.empty() &&
       ::write(fd, header.data(), header.size()) != static_cast<ssize_t>(header.size())) {

@@ -22,7 +22,7 @@
 // may also write, so (Note [Directory descriptors] in engine/io/dir_fd.h)
 // `metrics/` is reached from output_dir through descriptors without
 // following a symbolic link, and its files are opened O_NOFOLLOW |
-// O_NONBLOCK and must be regular files.
+// O_NONBLOCK and must be regular files without another hard link.
 //
 // Thread-safety: not synchronised; the job's thread (its JobObserver) is
 // the only caller. Writes never fail the job: after the first failed write
@@ -48,9 +48,9 @@ class JobScalarWriter {
   static constexpr char kEvalsCsv[] = "evals.csv";
 
   // Opens (creating) `output_dir`/metrics and its files; `now_unix_ms`
-  // names the event file. Errors: FAILED_PRECONDITION when a symbolic link
-  // or a non-regular file is in the way; others from the file system,
-  // naming the path.
+  // names the event file. Errors: FAILED_PRECONDITION when a symbolic link,
+  // a non-regular file or a file with another hard link is in the way;
+  // others from the file system, naming the path.
   static absl::StatusOr<std::unique_ptr<JobScalarWriter>> Open(const std::string& output_dir,
                                                                int64_t now_unix_ms);
 

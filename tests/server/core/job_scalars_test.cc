@@ -148,6 +148,18 @@ TEST(JobScalarWriterTest, SymbolicLinkAtAFileIsRefusedAndNotFollowed) {
   EXPECT_EQ(ReadFile(victim), "keep");
 }
 
+TEST(JobScalarWriterTest, HardLinkedFileIsRefusedAndNotAppendedTo) {
+  const std::string output_dir = testing::MakeTempDir("job_scalars_test");
+  const std::string victim = testing::MakeTempDir("job_scalars_test") + "/victim";
+  std::ofstream(victim) << "keep";
+  fs::create_directories(output_dir + "/metrics");
+  fs::create_hard_link(victim, output_dir + "/metrics/evals.csv");
+
+  EXPECT_THAT(JobScalarWriter::Open(output_dir, 1700000000000),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("2 hard links")));
+  EXPECT_EQ(ReadFile(victim), "keep");
+}
+
 TEST(JobScalarWriterTest, SymbolicLinkAtTheDirectoryIsRefused) {
   const std::string output_dir = testing::MakeTempDir("job_scalars_test");
   const std::string elsewhere = testing::MakeTempDir("job_scalars_test");
