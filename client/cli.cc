@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -27,6 +28,7 @@
 #include "client/job_file.h"
 #include "client/output.h"
 #include "client/plan_command.h"
+#include "client/plot.h"
 
 namespace megatrain::client {
 
@@ -255,12 +257,23 @@ class Cli {
     absl::Status status = FromGrpcStatus(connection_->checkpoints().ExportCheckpoint(
         Context(absl::InfiniteDuration()).get(), request, &response));
     if (!status.ok()) return Fail(status);
+    const std::vector<std::string> copied(response.copied_files().begin(),
+                                          response.copied_files().end());
+    const std::vector<std::string> skipped(response.skipped_files().begin(),
+                                           response.skipped_files().end());
     if (json_) {
-      out_ << json{{"checkpoint_id", checkpoint_id}, {"out_dir", response.out_dir()}}.dump(2)
+      out_ << json{{"checkpoint_id", checkpoint_id},
+                   {"out_dir", response.out_dir()},
+                   {"copied_files", copied},
+                   {"skipped_files", skipped}}
+                  .dump(2)
            << "\n";
     } else {
       out_ << "exported " << Printable(checkpoint_id) << " to " << Printable(response.out_dir())
            << "\n";
+      if (!copied.empty())
+        out_ << "copied from model.hf_dir: " << Printable(absl::StrJoin(copied, ", ")) << "\n";
+      for (const std::string& note : skipped) out_ << "not copied: " << Printable(note) << "\n";
     }
     return kExitOk;
   }
@@ -541,6 +554,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   audit->add_flag("--all", all, "Fetch every page");
   PlanArgs plan_args;
   CLI::App* plan = AddPlanCommand(&app, &plan_args);
+  PlotArgs plot_args;
+  CLI::App* plot = AddPlotCommand(&app, &plot_args);
   CLI::App* hash_token = app.add_subcommand("hash-token",
                                             "Print the SHA-256 of a token read from stdin, for the "
                                             "daemon's --auth_tokens file");
@@ -576,6 +591,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return RunPlan(plan_args, **created,
                    timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::Seconds(30), json,
                    out, err);
+  }
+  if (plot->parsed()) {
+    return RunPlot(plot_args, **created,
+                   timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::Seconds(60), out,
+                   err);
   }
   Cli cli(out, err, interactive, json, absl::Seconds(timeout_seconds), connection.server,
           *std::move(created));

@@ -39,9 +39,9 @@ json JobToJson(const v1::Job& job) {
                    {"loss", job.progress().loss()},
                    {"eval_loss", nullptr},
                    {"tokens_per_s", job.progress().tokens_per_s()},
-                   {"mfu", job.progress().mfu()},
                    {"tokens", job.progress().tokens()},
                    {"eta_seconds", job.progress().eta_seconds()}};
+  if (job.progress().has_mfu()) progress["mfu"] = job.progress().mfu();  // absent: unknown
   if (job.progress().has_eval_loss()) progress["eval_loss"] = job.progress().eval_loss();
   std::string spec_text;
   google::protobuf::util::JsonPrintOptions options;
@@ -102,7 +102,7 @@ json EventToJson(const v1::JobEvent& event) {
       j["grad_norm"] = step.grad_norm();
       j["lr"] = step.lr();
       j["tokens_per_s"] = step.tokens_per_s();
-      j["mfu"] = step.mfu();
+      if (step.has_mfu()) j["mfu"] = step.mfu();  // absent: unknown (CPU)
       j["skipped"] = step.skipped();
       j["step_seconds"] = step.step_seconds();
       j["eta_seconds"] = step.eta_seconds();

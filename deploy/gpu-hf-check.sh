@@ -6,7 +6,10 @@
 #           transformers on the same held-out tokens;
 #   reload: each imported model exported again by the engine
 #           (megatrain-logits --export, fp32), reloaded by transformers with
-#           no missing or unexpected keys and compared likewise;
+#           no missing or unexpected keys and compared likewise; its
+#           config.json has every key of the source's, and its tokenizer
+#           (copied from the source, with a chat template) loads with
+#           AutoTokenizer and encodes and renders as the source's;
 #   export: an HF directory written by `megatrain export` (EXPORT_DIR, e.g.
 #           the demo's), loaded by AutoModelForCausalLM and compared likewise.
 # Families: llama, mistral, qwen2, qwen3, gemma2 (soft-capping, sliding
@@ -36,6 +39,15 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM, GptOssConfig, GptOssForCausalLM)
 out = sys.argv[1]
+from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+vocab = {f"w{i}": i for i in range(509)} | {"<unk>": 509, "<s>": 510, "</s>": 511}
+word_level = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>",
+                                    bos_token="<s>", eos_token="</s>")
+tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+                           "{{ eos_token }}{% endfor %}")
 common = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
               num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
 torch.manual_seed(0)
@@ -85,6 +97,9 @@ for name, (cfg_cls, model_cls, extra) in models.items():
             if p.dim() == 1 and p.numel() == cfg.hidden_size: p.add_(0.1 * torch.randn_like(p))
             elif p.dim() == 1: p.normal_(0, 0.1)
     model.save_pretrained(f"{out}/hf-{name}", safe_serialization=True)
+    # A tokenizer with a chat template beside it, as a released model has:
+    # the reload check wants it in the export (Note [Export copies]).
+    tokenizer.save_pretrained(f"{out}/hf-{name}")
 PY
 for name in ${ARCHS:-llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 mixtral qwen2_moe qwen3_moe gpt_oss}; do
   for dtype in fp32 bf16; do
@@ -95,9 +110,10 @@ for name in ${ARCHS:-llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 mixtral q
     python3 deploy/check-hf-export.py --model "$WORK/hf-$name" --engine "$WORK/engine-$name-$dtype" \
       --dtype "$dtype" --tolerance "$tol" | sed "s/^/{\"check\": \"import-$name-$dtype\", \"r\": /; s/$/}/" || status=1
   done
-  # The engine's fp32 export of the same model, reloaded by transformers.
+  # The engine's fp32 export of the same model, reloaded by transformers,
+  # with the source's config keys and tokenizer (model and tokenizer load).
   python3 deploy/check-hf-export.py --model "$WORK/export-$name" --engine "$WORK/engine-$name-fp32" \
-    --dtype fp32 --tolerance 1e-4 | sed "s/^/{\"check\": \"reload-$name-fp32\", \"r\": /; s/$/}/" || status=1
+    --source "$WORK/hf-$name" --dtype fp32 --tolerance 1e-4 | sed "s/^/{\"check\": \"reload-$name-fp32\", \"r\": /; s/$/}/" || status=1
 done
 if [ -n "${EXPORT_DIR:-}" ]; then
   "$logits" --model "$EXPORT_DIR" --tokens "$tokens" --seq_len 96 --device cuda --compute_dtype bf16 \

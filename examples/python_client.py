@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Notebook-style walk through megatrain_client: submit the tiny job, watch
-it with a progress bar, look at its checkpoints and export the last one.
+"""Notebook-style walk through megatrain_client (each `# %%` is a cell):
+plan the tiny job, submit it, watch it with a progress bar, read its
+per-job metrics, look at its checkpoints and export the last one.
 
-    PYTHONPATH=client/python python3 examples/python_client.py \
-        --server 127.0.0.1:50051 [--token ...] [--export /tmp/tiny-hf]
+    pip install client/python        # or the wheel of deploy/build-python-wheel.sh
+    python3 examples/python_client.py --server 127.0.0.1:50051 [--token ...] \
+        [--export /tmp/tiny-hf]
 
-Needs Debian's python3-grpcio, python3-protobuf, python3-yaml, and protoc +
-grpc_python_plugin (protobuf-compiler, protobuf-compiler-grpc) for the stubs.
+(From a checkout without installing: PYTHONPATH=client/python, with protoc
+and grpc_python_plugin to generate the stubs.)
 """
 import argparse
 import os
@@ -37,19 +39,29 @@ spec = {
     "optimizer": {"lr": 3.0e-3, "warmup_steps": 5, "schedule": "cosine"},
     "checkpoint": {"every_steps": 20, "keep_last": 2},
 }
+# %% Plan it first: where its bytes go and its projected step time.
+plan = client.plan(spec)
+print("plan:", plan["params"], "params,", plan["host_bytes"], "host bytes, fits:",
+      plan.get("fits", False))
+
 job = client.submit(spec)
 print("submitted", job["id"])
 
 # %% Watch it to the end with a progress bar.
 final = client.wait(job["id"])
-print(final["state"], "loss", final["progress"].get("loss"))
+print(final["state"], "step", final["progress"]["step"], "loss", final["progress"].get("loss"))
+
+# %% The daemon's metrics (what /metrics serves) as a dict of families.
+for name, family in client.metrics("megatrain_jobs").items():
+    print(name, [(s["labels"], s["value"]) for s in family["samples"]])
 
 # %% Checkpoints, and an export as a Hugging Face directory.
 for ckpt in client.checkpoints(job["id"]):
     print("checkpoint", ckpt["id"], "step", ckpt["step"], ckpt.get("bytes"), "bytes")
 if args.export:
     last = client.checkpoints(job["id"])[-1]["id"]
-    print("exported to", client.export(last, args.export))
+    exported = client.export(last, args.export)
+    print("exported to", exported["out_dir"], "copied:", exported["copied_files"])
 
 # %% Errors carry the gRPC status code and the daemon's message.
 try:

@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "engine/io/dir_fd.h"
+#include "engine/io/hf_export.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/mapped_file.h"
 #include "engine/model/param_layout.h"
@@ -1039,7 +1040,16 @@ absl::StatusOr<int64_t> AdoptRecordedCheckpoints(const std::string& output_dir,
 
 absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                            const std::string& dtype) {
-  MEGATRAIN_ASSIGN_OR_RETURN(ExportDtype export_dtype, ParseExportDtype(dtype));
+  return ExportHfModelFrom(checkpoint_dir, out_dir, dtype, "").status();
+}
+
+absl::StatusOr<HfExportReport> ExportHfModelFrom(const std::string& checkpoint_dir,
+                                                 const std::string& out_dir,
+                                                 const std::string& dtype,
+                                                 const std::string& source_dir) {
+  HfExportOptions export_options;
+  MEGATRAIN_ASSIGN_OR_RETURN(export_options.dtype, ParseExportDtype(dtype));
+  export_options.source_dir = source_dir;
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(checkpoint_dir));
   HostStoreOptions options;
   options.streaming_bf16 = false;
@@ -1047,7 +1057,7 @@ absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string&
   options.optimizer_state = false;  // master only: no grads, no moments
   MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<HostStore> store, HostStore::Create(config, options));
   MEGATRAIN_RETURN_IF_ERROR(ReadCheckpoint(checkpoint_dir, store.get()).status());
-  return ExportHfDirectory(*store, out_dir, export_dtype);
+  return ExportHfDirectory(*store, out_dir, export_options);
 }
 
 }  // namespace megatrain::engine

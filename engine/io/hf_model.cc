@@ -25,6 +25,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/io/dir_fd.h"
+#include "engine/io/hf_export.h"
 #include "engine/io/hf_moe_names.h"
 #include "engine/io/mapped_file.h"
 #include "engine/model/moe_layout.h"
@@ -42,6 +43,10 @@ constexpr char kConfigFileName[] = "config.json";
 constexpr char kGenerationConfigFileName[] = "generation_config.json";
 constexpr char kSingleFileName[] = "model.safetensors";
 constexpr char kIndexFileName[] = "model.safetensors.index.json";
+
+// HF configs are a few KiB; 4 MiB is the daemon's cap at submission too
+// (kMaxHfConfigBytes).
+constexpr int64_t kMaxConfigBytes = int64_t{4} << 20;
 
 // Elements compared per chunk when checking a tied lm_head.weight against
 // the embedding: 256 KiB of fp32, a bounded buffer whatever the vocabulary.
@@ -388,25 +393,101 @@ absl::Status WriteExportShards(const std::vector<std::vector<ExportTensor>>& sha
   return WriteTextFile(JoinPath(dir, kIndexFileName), index.dump(2));
 }
 
+// Copies kExportCopiedFiles from `source_dir` (empty: none) into `dir`
+// under a confinement to `source_dir` (Note [Export copies]) and returns
+// the source's config.json text ("" when there is none to keep). Errors
+// only from writing into `dir`; what cannot be read is reported skipped.
+absl::StatusOr<std::string> CopySourceFiles(const std::string& source_dir, const std::string& dir,
+                                            HfExportReport* report) {
+  if (source_dir.empty()) return std::string();
+  absl::StatusOr<ReadConfinement> confinement =
+      ReadConfinement::Create({ReadConfinement::Root{source_dir, /*follow_links=*/true}});
+  if (!confinement.ok()) {
+    report->skipped_files.push_back(
+        absl::StrCat(source_dir, ": ", confinement.status().message(), "; nothing copied"));
+    return std::string();
+  }
+  ScopedReadConfinement scope(&*confinement);
+  for (const char* name : kExportCopiedFiles) {
+    absl::StatusOr<std::string> bytes =
+        ReadInputFile(JoinPath(source_dir, name), kMaxExportCopiedFileBytes);
+    if (absl::IsNotFound(bytes.status())) continue;
+    if (!bytes.ok()) {
+      report->skipped_files.push_back(absl::StrCat(name, ": ", bytes.status().message()));
+      continue;
+    }
+    MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(dir, name), *bytes));
+    report->copied_files.push_back(name);
+  }
+  absl::StatusOr<std::string> config =
+      ReadInputFile(JoinPath(source_dir, kConfigFileName), kMaxConfigBytes);
+  if (config.ok()) return std::move(*config);
+  if (!absl::IsNotFound(config.status())) {
+    report->skipped_files.push_back(absl::StrCat(kConfigFileName, ": ", config.status().message(),
+                                                 "; written from the checkpoint's config"));
+  }
+  return std::string();
+}
+
+// The exported config.json (Note [Export copies]): `source_text` (the
+// source's config.json; "" for none) with the keys where `trained`
+// differs from the source's parsed config, and `trained.torch_dtype` under
+// the source's dtype spelling; ToHfConfigJson when there is no usable
+// source (none, unparsable, or a multimodal Gemma 3 exported as text-only).
+std::string ExportConfigJson(const ModelConfig& trained, const std::string& source_text,
+                             HfExportReport* report) {
+  const std::string generated = trained.ToHfConfigJson();
+  if (source_text.empty()) return generated;
+  Json source = Json::parse(source_text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<ModelConfig> parsed = ParseHfConfig(source_text, kConfigFileName);
+  if (source.is_discarded() || !source.is_object() || !parsed.ok()) {
+    report->skipped_files.push_back(
+        absl::StrCat(kConfigFileName, ": the source's no longer parses (",
+                     parsed.ok() ? "not a JSON object" : parsed.status().message(),
+                     "); written from the checkpoint's config"));
+    return generated;
+  }
+  if (parsed->multimodal_checkpoint) return generated;
+  parsed->torch_dtype = trained.torch_dtype;
+  const Json trained_json = Json::parse(generated);
+  const Json source_json = Json::parse(parsed->ToHfConfigJson());
+  for (const auto& [key, value] : trained_json.items()) {
+    if (key == "dtype" || key == "torch_dtype") continue;
+    const auto it = source_json.find(key);
+    if (it == source_json.end() || *it != value) source[key] = value;
+  }
+  const char* dtype_key =
+      source.contains("torch_dtype") && !source.contains("dtype") ? "torch_dtype" : "dtype";
+  source[dtype_key] = trained.torch_dtype;
+  return source.dump(2);
+}
+
 // Writes every file of the export into `dir` (a path through the
 // temporary directory's descriptor).
-absl::Status WriteExportFiles(const HostStore& store, ExportDtype dtype, int64_t max_shard_bytes,
-                              const std::string& dir) {
-  // config.json and generation_config.json.
+absl::Status WriteExportFiles(const HostStore& store, const HfExportOptions& options,
+                              const std::string& dir, HfExportReport* report) {
+  MEGATRAIN_ASSIGN_OR_RETURN(const std::string source_config,
+                             CopySourceFiles(options.source_dir, dir, report));
   ModelConfig config = store.config();
-  config.torch_dtype = dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
-  MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(dir, kConfigFileName), config.ToHfConfigJson()));
-  Json generation = {{"_from_model_config", true},
-                     {"bos_token_id", config.bos_token_id},
-                     {"eos_token_id", config.eos_token_id}};
-  MEGATRAIN_RETURN_IF_ERROR(
-      WriteTextFile(JoinPath(dir, kGenerationConfigFileName), generation.dump(2)));
+  config.torch_dtype = options.dtype == ExportDtype::kBf16 ? "bfloat16" : "float32";
+  MEGATRAIN_RETURN_IF_ERROR(WriteTextFile(JoinPath(dir, kConfigFileName),
+                                          ExportConfigJson(config, source_config, report)));
+  const auto& copied = report->copied_files;
+  if (std::find(copied.begin(), copied.end(), kGenerationConfigFileName) == copied.end()) {
+    Json generation = {{"_from_model_config", true},
+                       {"bos_token_id", config.bos_token_id},
+                       {"eos_token_id", config.eos_token_id}};
+    MEGATRAIN_RETURN_IF_ERROR(
+        WriteTextFile(JoinPath(dir, kGenerationConfigFileName), generation.dump(2)));
+  }
 
   const SafetensorsDtype file_dtype =
-      dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
+      options.dtype == ExportDtype::kBf16 ? SafetensorsDtype::kBF16 : SafetensorsDtype::kF32;
   ExportPlan plan;
   MEGATRAIN_RETURN_IF_ERROR(CollectExportTensors(
       store, static_cast<int64_t>(SafetensorsDtypeSizeBytes(file_dtype)), &plan));
+  const int64_t max_shard_bytes =
+      options.max_shard_bytes > 0 ? options.max_shard_bytes : kDefaultMaxShardBytes;
   return WriteExportShards(AssignShards(plan.tensors, max_shard_bytes), file_dtype, dir);
 }
 
@@ -435,9 +516,7 @@ absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
 }
 
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& hf_dir) {
-  // Note [Confined reads] in dir_fd.h. HF configs are a few KiB; 4 MiB is
-  // the daemon's cap at submission too (kMaxHfConfigBytes).
-  constexpr int64_t kMaxConfigBytes = int64_t{4} << 20;
+  // Note [Confined reads] in dir_fd.h.
   const std::string path = JoinPath(hf_dir, kConfigFileName);
   MEGATRAIN_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, kMaxConfigBytes));
   return ParseHfConfig(text, path);
@@ -501,7 +580,20 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
     return absl::InvalidArgumentError(
         absl::StrCat("max_shard_bytes: must be >= 1, got ", max_shard_bytes));
   }
-  MEGATRAIN_ASSIGN_OR_RETURN(ExportTarget target, SplitExportTarget(out_dir, root));
+  HfExportOptions options;
+  options.dtype = dtype;
+  options.max_shard_bytes = max_shard_bytes;
+  options.root = root;
+  return ExportHfDirectory(store, out_dir, options).status();
+}
+
+absl::StatusOr<HfExportReport> ExportHfDirectory(const HostStore& store, const std::string& out_dir,
+                                                 const HfExportOptions& options) {
+  if (options.max_shard_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_shard_bytes: must be >= 1 (0: the default), got ", options.max_shard_bytes));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(ExportTarget target, SplitExportTarget(out_dir, options.root));
   MEGATRAIN_ASSIGN_OR_RETURN(DirFd parent_fd, OpenExportParent(target));
   MEGATRAIN_RETURN_IF_ERROR(CheckExportTargetFree(parent_fd, target));
 
@@ -523,15 +615,16 @@ absl::Status ExportHfDirectory(const HostStore& store, const std::string& out_di
   // Files are created by path through the descriptor (AtomicFileWriter:
   // O_EXCL temporaries, renamed within the directory).
   const std::string temp_dir = temp_fd.IoPath();
-  if (absl::Status written = WriteExportFiles(store, dtype, max_shard_bytes, temp_dir);
-      !written.ok()) {
+  HfExportReport report;
+  if (absl::Status written = WriteExportFiles(store, options, temp_dir, &report); !written.ok()) {
     // Name the temporary directory by its path, not the descriptor's.
     return absl::Status(written.code(),
                         absl::StrReplaceAll(written.message(), {{temp_dir, temp_fd.path()}}));
   }
   MEGATRAIN_RETURN_IF_ERROR(PublishExport(parent_fd, temp_fd, temp_name, target));
   published = true;
-  return parent_fd.Fsync();
+  MEGATRAIN_RETURN_IF_ERROR(parent_fd.Fsync());
+  return report;
 }
 
 }  // namespace megatrain::engine

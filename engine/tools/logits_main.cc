@@ -3,7 +3,8 @@
 // loss), so that another implementation (transformers, in
 // deploy/check-hf-export.py) can be compared with the engine on the same
 // input. With --export DIR it also writes the loaded model back out as an
-// fp32 HF directory (ExportHfDirectory), for the reload check.
+// fp32 HF directory (ExportHfDirectory, with the model directory's config
+// keys and tokenizer files), for the reload check.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -11,6 +12,7 @@
 #include <fstream>
 
 #include "CLI/CLI.hpp"
+#include "engine/io/hf_export.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/token_shard.h"
 #include "engine/step/trainer.h"
@@ -65,11 +67,19 @@ int main(int argc, char** argv) {
     if (auto s = engine::LoadHfWeights(model, &(*trainer)->store()); !s.ok()) return fail(s);
   }
   if (!export_dir.empty()) {
-    if (auto s = engine::ExportHfDirectory((*trainer)->store(),
-                                           std::filesystem::weakly_canonical(export_dir).string(),
-                                           engine::ExportDtype::kFp32);
-        !s.ok()) {
-      return fail(s);
+    // As `megatrain export` does: the model directory's config keys and
+    // tokenizer files kept (Note [Export copies] in engine/io/hf_export.h).
+    engine::HfExportOptions export_options;
+    export_options.dtype = engine::ExportDtype::kFp32;
+    if (std::filesystem::is_directory(model)) {
+      export_options.source_dir = std::filesystem::canonical(model).string();
+    }
+    auto report = engine::ExportHfDirectory((*trainer)->store(),
+                                            std::filesystem::weakly_canonical(export_dir).string(),
+                                            export_options);
+    if (!report.ok()) return fail(report.status());
+    for (const std::string& skipped : report->skipped_files) {
+      std::fprintf(stderr, "megatrain-logits: export: not copied: %s\n", skipped.c_str());
     }
   }
   auto logits = (*trainer)->Logits(mb);

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dist/process_group.h"
+#include "engine/io/hf_export.h"
 #include "engine/io/input_checks.h"
 #include "engine/model/model_config.h"
 #include "engine/model/moe_config.h"
@@ -95,8 +96,16 @@ class RealEngineBackend final : public EngineBackend {
 
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override {
-    return Guard("ExportHfModel",
-                 [&] { return engine::ExportHfModel(checkpoint_dir, out_dir, dtype); });
+    return ExportHfModelFrom(checkpoint_dir, out_dir, dtype, "").status();
+  }
+
+  absl::StatusOr<engine::HfExportReport> ExportHfModelFrom(const std::string& checkpoint_dir,
+                                                           const std::string& out_dir,
+                                                           const std::string& dtype,
+                                                           const std::string& source_dir) override {
+    return Guard("ExportHfModel", [&] {
+      return engine::ExportHfModelFrom(checkpoint_dir, out_dir, dtype, source_dir);
+    });
   }
 
   absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,

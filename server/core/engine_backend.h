@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/io/hf_export.h"
 #include "engine/io/input_checks.h"
 #include "engine/job/plan.h"
 #include "engine/job/training_job.h"
@@ -160,9 +161,22 @@ class EngineBackend {
   virtual absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
       const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) = 0;
 
-  // engine::ExportHfModel.
+  // engine::ExportHfModel without a source directory.
   virtual absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                                      const std::string& dtype) = 0;
+
+  // engine::ExportHfModel keeping `source_dir`'s config keys and tokenizer
+  // files (Note [Export copies] in engine/io/hf_export.h; `source_dir`
+  // resolved, empty for none). The default, for fakes, calls the form above
+  // and copies nothing.
+  virtual absl::StatusOr<engine::HfExportReport> ExportHfModelFrom(
+      const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
+      const std::string& source_dir) {
+    (void)source_dir;
+    absl::Status status = ExportHfModel(checkpoint_dir, out_dir, dtype);
+    if (!status.ok()) return status;
+    return engine::HfExportReport{};
+  }
 
   // Number of CUDA devices usable by this process (0 without CUDA).
   virtual int CudaDeviceCount() = 0;

@@ -18,6 +18,7 @@
 #include "engine/io/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 #include "server/core/job_request_json.h"
+#include "server/core/job_scalars.h"
 #include "server/core/logging.h"
 #include "server/core/submit_checks.h"
 
@@ -83,6 +84,15 @@ class JobManager::Observer : public engine::JobObserver {
         devices_(active->devices),
         progress_(job.progress) {
     if (progress_.max_steps == 0) progress_.max_steps = engine::MaxSteps(job.request.spec);
+    // The job's curves in its output_dir (job_scalars.h); without them
+    // (a read-only or full disk) the job trains on.
+    absl::StatusOr<std::unique_ptr<JobScalarWriter>> scalars =
+        JobScalarWriter::Open(job.request.spec.output_dir, NowUnixMs());
+    if (scalars.ok()) {
+      scalars_ = *std::move(scalars);
+    } else {
+      LogError(absl::StrCat(job_id_, ": no curve files: ", scalars.status().ToString()));
+    }
   }
 
   void OnStep(const engine::StepReport& report) override {
@@ -122,6 +132,8 @@ class JobManager::Observer : public engine::JobObserver {
     event.device_tokens_per_s = report.device_tokens_per_s;
     Persist(event);
     manager_->metrics_->RecordStep(devices_, report);
+    manager_->metrics_->RecordJobStep(job_id_, report);
+    if (scalars_ != nullptr) scalars_->AddStep(event);
   }
 
   void OnEval(int64_t step, double eval_loss) override {
@@ -134,6 +146,8 @@ class JobManager::Observer : public engine::JobObserver {
     event.eval_loss = eval_loss;
     Persist(event);
     manager_->metrics_->RecordEval(devices_.front(), eval_loss);
+    manager_->metrics_->RecordJobEval(job_id_, eval_loss);
+    if (scalars_ != nullptr) scalars_->AddEval(event);
   }
 
   // Note [Checkpoint ownership]: the record makes the checkpoint the job's.
@@ -186,6 +200,7 @@ class JobManager::Observer : public engine::JobObserver {
   const std::vector<std::string> devices_;  // the first names the job's metrics
   JobProgress progress_;
   double avg_step_seconds_ = 0;
+  std::unique_ptr<JobScalarWriter> scalars_;  // null when its files could not be opened
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
@@ -954,6 +969,8 @@ void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutco
   std::lock_guard<std::mutex> lock(mu_);
   const std::string job_id = active->job_id;
   const std::vector<std::string> devices = active->devices;
+  // Note [Per-job series] in metrics.h: gone before watchers see the end.
+  metrics_->RemoveJob(job_id);
   absl::StatusOr<JobRecord> loaded = store_->GetJob(job_id);
   if (loaded.ok()) {
     JobRecord& job = *loaded;
@@ -1367,8 +1384,10 @@ absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& cal
                                           " recorded checkpoints)"));
 }
 
-absl::Status JobManager::ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
-                                          const std::string& out_dir, const std::string& dtype) {
+absl::StatusOr<engine::HfExportReport> JobManager::ExportCheckpoint(const Principal& caller,
+                                                                    absl::string_view checkpoint_id,
+                                                                    const std::string& out_dir,
+                                                                    const std::string& dtype) {
   if (draining()) return absl::UnavailableError("the daemon is shutting down");
   // Access first: a caller learns nothing about other users' checkpoints.
   MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
@@ -1404,7 +1423,24 @@ absl::Status JobManager::ExportCheckpoint(const Principal& caller, absl::string_
                              ResolvePathBeneath("out_dir", out_dir));
   LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", resolved_out, " (", export_dtype, ") for ",
                        caller.name));
-  return backend_->ExportHfModel(checkpoint.dir, resolved_out, export_dtype);
+  // The source model directory, as the job's own reads are checked: the
+  // owner's data roots now, resolved; the engine reads it confined below.
+  const std::string& hf_dir = job.request.spec.model.hf_dir;
+  std::string source_dir;
+  if (!hf_dir.empty() && options_.path_policy.CheckRead("model.hf_dir", hf_dir, job.owner).ok()) {
+    source_dir = ResolvePathBeneath("model.hf_dir", hf_dir).value_or("");
+  }
+  absl::StatusOr<engine::HfExportReport> report =
+      backend_->ExportHfModelFrom(checkpoint.dir, resolved_out, export_dtype, source_dir);
+  if (report.ok() && !hf_dir.empty() && source_dir.empty()) {
+    report->skipped_files.push_back(absl::StrCat(
+        "model.hf_dir: '", hf_dir, "' is no longer readable under the data roots; nothing copied"));
+  }
+  if (report.ok() && !report->skipped_files.empty()) {
+    LogInfo(absl::StrCat(checkpoint_id, ": export skipped ",
+                         absl::StrJoin(report->skipped_files, "; ")));
+  }
+  return report;
 }
 
 absl::Status EngineBackend::RemoveCheckpointDir(const std::string& output_dir,

@@ -306,9 +306,14 @@ class JobManager {
   // for another user's checkpoint or an out_dir outside the output roots;
   // NOT_FOUND for an unknown checkpoint (not recorded); DATA_LOSS when its
   // directory no longer holds what the job wrote; errors of the engine's
-  // export.
-  absl::Status ExportCheckpoint(const Principal& caller, absl::string_view checkpoint_id,
-                                const std::string& out_dir, const std::string& dtype);
+  // export. A job loaded from model.hf_dir exports with that directory's
+  // config keys and tokenizer files (Note [Export copies] in
+  // engine/io/hf_export.h), read only while the owner's data roots still
+  // allow it; the report says what was copied and skipped.
+  absl::StatusOr<engine::HfExportReport> ExportCheckpoint(const Principal& caller,
+                                                          absl::string_view checkpoint_id,
+                                                          const std::string& out_dir,
+                                                          const std::string& dtype);
 
   // Deletes a recorded checkpoint's directory and record. NOT_FOUND for one
   // that is not recorded; FAILED_PRECONDITION when a QUEUED or SUSPENDED

@@ -167,6 +167,16 @@ void ServerMetrics::RegisterTrainingMetrics(prometheus::Registry& r) {
   training_aux_loss_ = &GaugeFamily(r, "megatrain_training_aux_loss",
                                     "Router load-balancing loss of the latest step (MoE models).");
   eval_loss_ = &GaugeFamily(r, "megatrain_eval_loss", "Loss of the latest evaluation.");
+  // Note [Per-job series] in metrics.h.
+  job_loss_ = &GaugeFamily(r, "megatrain_job_loss", "Training loss of the job's latest step.");
+  job_eval_loss_ =
+      &GaugeFamily(r, "megatrain_job_eval_loss", "Loss of the job's latest evaluation.");
+  job_learning_rate_ = &GaugeFamily(r, "megatrain_job_learning_rate",
+                                    "Learning rate used by the job's latest step.");
+  job_grad_norm_ = &GaugeFamily(r, "megatrain_job_grad_norm",
+                                "Global gradient norm (before clipping) of the job's latest step.");
+  job_step_tokens_per_second_ = &GaugeFamily(r, "megatrain_job_step_tokens_per_second",
+                                             "Tokens/s of the job's latest step (all devices).");
 }
 
 void ServerMetrics::RegisterServerMetrics(prometheus::Registry& r) {
@@ -289,6 +299,28 @@ void ServerMetrics::RecordEval(const std::string& device, double eval_loss) {
   eval_loss_->Add({{"device", device}}).Set(eval_loss);
 }
 
+void ServerMetrics::RecordJobStep(const std::string& job_id, const engine::StepReport& report) {
+  const prometheus::Labels labels = {{"job_id", job_id}};
+  if (!report.skipped) job_loss_->Add(labels).Set(report.loss);
+  job_learning_rate_->Add(labels).Set(report.lr);
+  job_grad_norm_->Add(labels).Set(report.grad_norm);
+  job_step_tokens_per_second_->Add(labels).Set(report.tokens_per_s);
+}
+
+void ServerMetrics::RecordJobEval(const std::string& job_id, double eval_loss) {
+  job_eval_loss_->Add({{"job_id", job_id}}).Set(eval_loss);
+}
+
+void ServerMetrics::RemoveJob(const std::string& job_id) {
+  const prometheus::Labels labels = {{"job_id", job_id}};
+  for (prometheus::Family<prometheus::Gauge>* family :
+       {job_loss_, job_eval_loss_, job_learning_rate_, job_grad_norm_,
+        job_step_tokens_per_second_}) {
+    // Add returns the existing child (or a new one, removed at once).
+    family->Remove(&family->Add(labels));
+  }
+}
+
 void ServerMetrics::RecordCheckpoint(double seconds) {
   checkpoint_duration_seconds_->Observe(seconds);
 }
@@ -308,6 +340,8 @@ void ServerMetrics::ClearDevice(const std::string& device) {
   const prometheus::Labels labels = {{"device", device}};
   tokens_per_second_->Add(labels).Set(0);
   job_tokens_per_second_->Add(labels).Set(0);
+  // The next job on the device has not evaluated yet: no eval loss.
+  eval_loss_->Remove(&eval_loss_->Add(labels));
   if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
   mfu_->Add(labels).Set(0);
   for (const char* direction : {"h2d", "d2h"}) {

@@ -5,7 +5,8 @@
 //
 // Families (prefix megatrain_, base units; labels of bounded cardinality
 // only: `device` is one of the --device list, `method` one of the RPCs,
-// `code` one of the 17 status codes; never a job id or user):
+// `code` one of the 17 status codes; `job_id` only on the per-job series
+// of running jobs, Note [Per-job series]; never a user):
 //
 //   megatrain_tokens_total                         counter   tokens trained
 //   megatrain_steps_total                          counter   optimizer steps
@@ -72,7 +73,14 @@
 //                                                            first device
 //   megatrain_training_loss{device}                gauge     latest step
 //   megatrain_training_aux_loss{device}            gauge     latest step, MoE aux loss
-//   megatrain_eval_loss{device}                    gauge     latest eval
+//   megatrain_eval_loss{device}                    gauge     latest eval of the job now
+//                                                            on the device (removed when
+//                                                            it ends)
+//   megatrain_job_loss{job_id}                     gauge     Note [Per-job series]:
+//   megatrain_job_eval_loss{job_id}                gauge     latest step's training loss,
+//   megatrain_job_learning_rate{job_id}            gauge     latest eval loss, learning
+//   megatrain_job_grad_norm{job_id}                gauge     rate, gradient norm (before
+//   megatrain_job_step_tokens_per_second{job_id}   gauge     clipping), tokens/s
 //   megatrain_jobs{state}                          gauge     jobs per state
 //   megatrain_queue_depth                          gauge     QUEUED jobs
 //   megatrain_checkpoint_duration_seconds          histogram time to write a checkpoint
@@ -96,6 +104,16 @@
 // daemon's throughput over every device. NVML's per-device series
 // (megatrain_nvml_*, megatrain_gpu_memory_used_bytes) are sampled for
 // every device, the job's or not, and give each GPU's own link traffic.
+//
+// Note [Per-job series]
+// The megatrain_job_*{job_id} gauges are labelled with the job id so that a
+// dashboard tells jobs apart (`job_id`, not `job`: Prometheus sets `job`
+// and `instance` on every scraped series and would rename ours) (the {device} series pass from one
+// job to the next). Their cardinality is bounded by the running jobs: a job's series appear at its
+// first step (eval loss: first evaluation) and are removed when it stops running (RemoveJob: ended,
+// suspended, preempted, failed), so at most (devices + CPU jobs) x 5 series exist at a time.
+// History lives in Prometheus, not in the daemon; each job also writes its curves to its output_dir
+// (server/core/job_scalars.h).
 //
 // Thread-safety: every method is thread-safe (prometheus-cpp metrics are
 // atomic; the per-device maps have their own mutex).
@@ -144,6 +162,12 @@ class ServerMetrics {
   void RecordStep(const std::vector<std::string>& devices, const engine::StepReport& report);
   // One evaluation of the job on `device`.
   void RecordEval(const std::string& device, double eval_loss);
+  // Note [Per-job series]: one finished step / evaluation of job `job_id`
+  // (a skipped step sets no loss).
+  void RecordJobStep(const std::string& job_id, const engine::StepReport& report);
+  void RecordJobEval(const std::string& job_id, double eval_loss);
+  // Job `job_id` stopped running: removes its megatrain_job_*{job_id} series.
+  void RemoveJob(const std::string& job_id);
   // One checkpoint written, taking `seconds`.
   void RecordCheckpoint(double seconds);
 
@@ -234,6 +258,12 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* training_loss_;
   prometheus::Family<prometheus::Gauge>* training_aux_loss_;
   prometheus::Family<prometheus::Gauge>* eval_loss_;
+  // Note [Per-job series].
+  prometheus::Family<prometheus::Gauge>* job_loss_;
+  prometheus::Family<prometheus::Gauge>* job_eval_loss_;
+  prometheus::Family<prometheus::Gauge>* job_learning_rate_;
+  prometheus::Family<prometheus::Gauge>* job_grad_norm_;
+  prometheus::Family<prometheus::Gauge>* job_step_tokens_per_second_;
   prometheus::Family<prometheus::Gauge>* jobs_;
   prometheus::Gauge* queue_depth_;
   prometheus::Histogram* checkpoint_duration_seconds_;

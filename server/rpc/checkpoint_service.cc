@@ -68,10 +68,13 @@ grpc::Status CheckpointServiceImpl::ExportCheckpoint(grpc::ServerContext* contex
   if (!caller.ok()) return call.Finish(caller.status());
   absl::Status bounds = CheckRequestBounds(*request);
   if (!bounds.ok()) return call.Finish(bounds);
-  absl::Status status = manager_->ExportCheckpoint(*caller, request->checkpoint_id(),
-                                                   request->out_dir(), request->dtype());
-  if (status.ok()) response->set_out_dir(request->out_dir());
-  return call.Finish(status);
+  absl::StatusOr<engine::HfExportReport> report = manager_->ExportCheckpoint(
+      *caller, request->checkpoint_id(), request->out_dir(), request->dtype());
+  if (!report.ok()) return call.Finish(report.status());
+  response->set_out_dir(request->out_dir());
+  for (const std::string& name : report->copied_files) response->add_copied_files(name);
+  for (const std::string& note : report->skipped_files) response->add_skipped_files(note);
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::Status CheckpointServiceImpl::DeleteCheckpoint(grpc::ServerContext* context,

@@ -401,7 +401,8 @@ void JobToProto(const JobRecord& job, v1::Job* out) {
   progress->set_loss(job.progress.loss);
   if (job.progress.eval_loss.has_value()) progress->set_eval_loss(*job.progress.eval_loss);
   progress->set_tokens_per_s(job.progress.tokens_per_s);
-  progress->set_mfu(job.progress.mfu);
+  // 0: unknown (the engine has no peak for the device); absent, not 0.
+  if (job.progress.mfu > 0) progress->set_mfu(job.progress.mfu);
   progress->set_tokens(job.progress.tokens);
   progress->set_eta_seconds(job.progress.eta_seconds);
   out->set_device(job.device);
@@ -436,7 +437,7 @@ void JobEventToProto(const JobEvent& event, v1::JobEvent* out) {
       step->set_grad_norm(event.grad_norm);
       step->set_lr(event.lr);
       step->set_tokens_per_s(event.tokens_per_s);
-      step->set_mfu(event.mfu);
+      if (event.mfu > 0) step->set_mfu(event.mfu);  // 0: unknown, absent
       step->set_skipped(event.skipped);
       step->set_step_seconds(event.step_seconds);
       step->set_eta_seconds(event.eta_seconds);

@@ -27,6 +27,23 @@ v1::JobEvent StepEvent(int32_t devices, double tokens_per_s, double device_token
   return event;
 }
 
+// "mfu" is absent from --json output where the daemon does not know it
+// (a CPU device), not 0.
+TEST(OutputTest, JsonOmitsMfuWhereUnknown) {
+  v1::Job job;
+  job.set_id("job-000001");
+  v1::JobEvent event;
+  event.mutable_step()->set_step(1);
+
+  EXPECT_FALSE(JobToJson(job)["progress"].contains("mfu"));
+  EXPECT_FALSE(EventToJson(event).contains("mfu"));
+
+  job.mutable_progress()->set_mfu(0.4);
+  event.mutable_step()->set_mfu(0.4);
+  EXPECT_EQ(JobToJson(job)["progress"]["mfu"], 0.4);
+  EXPECT_EQ(EventToJson(event)["mfu"], 0.4);
+}
+
 TEST(OutputTest, DataParallelStepShowsTheJobsAndEachDevicesTokensPerSecond) {
   const v1::JobEvent two = StepEvent(2, 24000, 12000);
   EXPECT_THAT(ProgressLine("job-000001", two.step(), ""),

@@ -409,6 +409,21 @@ absl::Status FakeEngineBackend::ExportHfModel(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
+absl::StatusOr<engine::HfExportReport> FakeEngineBackend::ExportHfModelFrom(
+    const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
+    const std::string& source_dir) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    export_source_dirs_.push_back(source_dir);
+  }
+  return EngineBackend::ExportHfModelFrom(checkpoint_dir, out_dir, dtype, source_dir);
+}
+
+std::vector<std::string> FakeEngineBackend::export_source_dirs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return export_source_dirs_;
+}
+
 absl::StatusOr<int64_t> FakeEngineBackend::AdoptRecordedCheckpoints(
     const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -120,6 +120,14 @@ class FakeEngineBackend final : public EngineBackend {
                                                           bool check_data) override;
   absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
                              const std::string& dtype) override;
+  // Records `source_dir` (export_source_dirs), then exports as above and
+  // copies nothing.
+  absl::StatusOr<engine::HfExportReport> ExportHfModelFrom(const std::string& checkpoint_dir,
+                                                           const std::string& out_dir,
+                                                           const std::string& dtype,
+                                                           const std::string& source_dir) override;
+  // `source_dir` of every ExportHfModelFrom call.
+  std::vector<std::string> export_source_dirs();
   // Records its arguments (adopt_calls) and adopts nothing.
   absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
       const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override;
@@ -156,6 +164,7 @@ class FakeEngineBackend final : public EngineBackend {
   std::vector<std::shared_ptr<FakeJobControl>> created_;                       // guarded by mu_
   int verify_calls_ = 0;                                                       // guarded by mu_
   std::vector<std::pair<std::string, std::vector<std::string>>> adopt_calls_;  // guarded by mu_
+  std::vector<std::string> export_source_dirs_;                                // guarded by mu_
 };
 
 // Writes a fake checkpoint of `step` written by `job_id` as `dir`

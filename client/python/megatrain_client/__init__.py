@@ -5,10 +5,13 @@
         job = c.submit("examples/jobs/tiny.yaml")
         final = c.wait(job["id"])          # progress bar on stderr
         print(final["state"], c.checkpoints(job["id"]))
+        c.export(c.checkpoints(job["id"])[-1]["id"], "out/hf")
 
-Errors are MegatrainError (with the gRPC status code and message).
+Errors are MegatrainError (with the gRPC status code and message); a bad
+job spec is JobSpecError naming every bad field by its YAML path. Install:
+`pip install client/python` (docs/api.md, "Python client").
 """
-__all__ = ["Client", "MegatrainError", "job_spec"]
+__all__ = ["Client", "JobSpecError", "MegatrainError", "job_spec"]
 
 
 def __getattr__(name):

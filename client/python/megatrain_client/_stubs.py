@@ -1,10 +1,14 @@
-"""The gRPC stubs of proto/megatrain/v1, generated from the .proto files.
+"""The gRPC stubs of proto/megatrain/v1.
 
-Generated on first import with Debian's protoc and grpc_python_plugin
-(packages protobuf-compiler and protobuf-compiler-grpc) into a cache
-directory keyed by the protos' content, so the stubs never drift from
-proto/. Set MEGATRAIN_CLIENT_STUBS to a directory that already holds
-megatrain/v1/*_pb2*.py to skip generation (e.g. where protoc is absent).
+Where they come from, first found:
+  1. $MEGATRAIN_CLIENT_STUBS: a directory that holds megatrain/v1/*_pb2*.py;
+  2. the installed package's own (megatrain_client/_generated), generated
+     from proto/ when the package was built (setup.py, pyproject.toml);
+  3. in a checkout (PYTHONPATH=client/python), generated on first import
+     with Debian's protoc and grpc_python_plugin (protobuf-compiler,
+     protobuf-compiler-grpc) into a cache directory keyed by the protos'
+     content, so the stubs never drift from proto/.
+A missing grpcio or protobuf is an ImportError saying what to install.
 """
 import hashlib
 import os
@@ -21,6 +25,11 @@ _PROTOS = ["megatrain/v1/job.proto", "megatrain/v1/checkpoint.proto",
 
 
 def _generate():
+    missing = [p for p in _PROTOS if not os.path.isfile(os.path.join(_PROTO_ROOT, p))]
+    if missing:
+        raise ImportError("megatrain_client: no generated stubs in this installation and no "
+                          f"{missing[0]} under {_PROTO_ROOT}: install the package "
+                          "(pip install client/python) or set MEGATRAIN_PROTO_DIR")
     digest = hashlib.sha256()
     for p in _PROTOS:
         with open(os.path.join(_PROTO_ROOT, p), "rb") as f:
@@ -46,7 +55,30 @@ def _generate():
     return out
 
 
-_dir = os.environ.get("MEGATRAIN_CLIENT_STUBS") or _generate()
+_INSTALL_HINT = ("pip install grpcio protobuf, or apt-get install python3-grpcio "
+                 "python3-protobuf")
+
+
+def _require(module, package):
+    try:
+        __import__(module)
+    except ImportError as e:
+        raise ImportError(f"megatrain_client needs the {package} package ({_INSTALL_HINT}): "
+                          f"{e}") from None
+
+
+def _stub_dir():
+    if os.environ.get("MEGATRAIN_CLIENT_STUBS"):
+        return os.environ["MEGATRAIN_CLIENT_STUBS"]
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_generated")
+    if os.path.exists(os.path.join(bundled, "megatrain", "v1", "server_pb2_grpc.py")):
+        return bundled
+    return _generate()
+
+
+_require("google.protobuf", "protobuf")
+_require("grpc", "grpcio")
+_dir = _stub_dir()
 if _dir not in sys.path:
     sys.path.insert(0, _dir)
 

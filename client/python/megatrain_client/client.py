@@ -1,9 +1,13 @@
 """Client: the megatraind RPCs as Python calls (docs/api.md, "Python client").
 
-Messages come back as plain dicts (protobuf's MessageToDict with the proto
-field names; enums as their names, e.g. "JOB_STATE_SUCCEEDED"; int64 fields
-as strings, as in protobuf's JSON mapping). Every RPC error is raised as
-MegatrainError carrying the gRPC status code and the daemon's message.
+Messages come back as plain dicts with the proto field names (which are the
+job file's names): enums as their names (e.g. "JOB_STATE_SUCCEEDED"),
+64-bit integers as Python ints, fields at their default (0, "", false)
+present, optional fields that are unset (eval_loss before the first
+evaluation) absent. Every RPC
+error is raised as MegatrainError carrying the gRPC status code and the
+daemon's message; a bad job spec given as a dict or YAML file is a
+JobSpecError (a ValueError) listing every bad field by its YAML path.
 
 Thread-safety: a Client may be shared between threads (gRPC channels and
 stubs are thread-safe); close() it once, from one thread.
@@ -11,10 +15,11 @@ stubs are thread-safe); close() it once, from one thread.
 import os
 import sys
 
-import grpc
-from google.protobuf import json_format
+from megatrain_client import _stubs  # first: says what to install when grpcio is missing
 
-from megatrain_client import _stubs
+import grpc  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from google.protobuf.descriptor import FieldDescriptor  # noqa: E402
 
 job_pb2 = _stubs.job_pb2
 checkpoint_pb2 = _stubs.checkpoint_pb2
@@ -23,11 +28,22 @@ server_pb2 = _stubs.server_pb2
 # Job spec keys whose values are paths: made absolute against the job file's
 # directory (or the working directory for a dict), as the CLI does
 # (client/job_file.cc); the daemon requires absolute paths.
-_PATH_KEYS = {("model", "hf_dir"), ("data", "tokens"), ("data", "eval_tokens"),
-              ("data", "text"), ("data", "tokenizer"), ("output_dir",)}
-# YAML spellings of the enums (the CLI's) -> proto names.
-_ENUMS = {("train", "compute_dtype"): "COMPUTE_DTYPE_", ("train", "nan_policy"): "NAN_POLICY_"}
+_PATH_KEYS = {"model.hf_dir", "data.tokens", "data.eval_tokens", "data.text", "data.tokenizer",
+              "output_dir"}
+# Words the job file accepts in place of a number (client/job_file.cc):
+# train.devices "all" is 0 in the proto; train.resident_layers "auto" unset.
+_WORD_VALUES = {("train.devices", "all"): 0, ("train.resident_layers", "auto"): None}
 _TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"}
+_INT_TYPES = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+              FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32,
+              FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED32,
+              FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED32,
+              FieldDescriptor.TYPE_SFIXED64}
+# Integers that protobuf's JSON mapping writes as strings.
+_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64,
+                FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED64,
+                FieldDescriptor.TYPE_SFIXED64}
+_FLOAT_TYPES = {FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT}
 
 
 class MegatrainError(Exception):
@@ -42,49 +58,162 @@ class MegatrainError(Exception):
         super().__init__(f"{self.code_name}: {message}")
 
 
-def _convert(spec, base_dir, prefix=()):
-    """Copies `spec` with paths made absolute and enum spellings mapped."""
-    out = {}
+class JobSpecError(ValueError):
+    """A job spec (dict or YAML file) with bad fields. `errors` lists every
+    one, each starting with the field's YAML path ("train.micro_batch:
+    expected an integer, got 'x'")."""
+
+    def __init__(self, source, errors):
+        self.errors = list(errors)
+        super().__init__(f"{source}: " + "; ".join(self.errors))
+
+
+def _enum_spellings(enum_type):
+    """{"fp32": COMPUTE_DTYPE_FP32, ...}: the job file's lower-case words
+    (the value name without the enum's prefix) and the proto names."""
+    names = [v.name for v in enum_type.values]
+    prefix = os.path.commonprefix(names)
+    prefix = prefix[:prefix.rfind("_") + 1]
+    spellings = {}
+    for v in enum_type.values:
+        if v.number == 0:
+            continue  # *_UNSPECIFIED: the default, not a choice
+        spellings[v.name[len(prefix):].lower()] = v.number
+        spellings[v.name] = v.number
+    return spellings
+
+
+def _scalar(field, value, where):
+    """`value` converted for scalar `field`, or raises ValueError naming
+    `where` (the YAML path)."""
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        spellings = _enum_spellings(field.enum_type)
+        if isinstance(value, str) and value in spellings:
+            return spellings[value]
+        words = [w for w in spellings if w.islower()]
+        raise ValueError(f"{where}: must be {', '.join(words[:-1])} or {words[-1]}, got {value!r}")
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
+    if field.type in _INT_TYPES:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: expected an integer, got {value!r}")
+    if field.type in _FLOAT_TYPES:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if field.type == FieldDescriptor.TYPE_STRING:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{where}: expected a string, got {value!r}")
+    raise ValueError(f"{where}: not settable from a job file")
+
+
+def _fill(message, spec, path, base_dir, errors):
+    """Sets `message` from mapping `spec` (YAML path `path`), appending one
+    message per bad field to `errors`."""
+    if not isinstance(spec, dict):
+        errors.append(f"{path or 'job spec'}: expected a mapping of keys, got {spec!r}")
+        return
+    message.SetInParent()
+    fields = message.DESCRIPTOR.fields_by_name
     for key, value in spec.items():
-        path = prefix + (key,)
-        if isinstance(value, dict) and key != "labels":
-            out[key] = _convert(value, base_dir, path)
-        elif path in _PATH_KEYS and isinstance(value, str) and value:
-            out[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
-        elif path in _ENUMS and isinstance(value, str) and not value.isupper():
-            out[key] = _ENUMS[path] + value.upper()
+        where = f"{path}.{key}" if path else str(key)
+        field = fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            known = ", ".join(f.name for f in message.DESCRIPTOR.fields)
+            errors.append(f"{where}: unknown key (known: {known})")
+        elif value is None:
+            errors.append(f"{where}: missing value")
+        elif field.message_type is not None and field.message_type.GetOptions().map_entry:
+            _fill_map(getattr(message, key), value, where, errors)
+        elif field.message_type is not None:
+            _fill(getattr(message, key), value, where, base_dir, errors)
+        elif isinstance(value, str) and (where, value) in _WORD_VALUES:
+            if _WORD_VALUES[(where, value)] is not None:
+                setattr(message, key, _WORD_VALUES[(where, value)])
         else:
-            out[key] = value
-    return out
+            try:
+                converted = _scalar(field, value, where)
+                if where in _PATH_KEYS and converted:
+                    converted = os.path.normpath(
+                        os.path.join(base_dir, os.path.expanduser(converted)))
+                setattr(message, key, converted)
+            except ValueError as e:
+                errors.append(str(e) if str(e).startswith(where) else
+                              f"{where}: out of range, got {value!r}")
+
+
+def _fill_map(target, value, where, errors):
+    if not isinstance(value, dict):
+        errors.append(f"{where}: expected a mapping of label: value")
+        return
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, (str, int, float, bool)):
+            errors.append(f"{where}.{k}: expected a string")
+        else:
+            target[k] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def job_spec(spec):
     """A megatrain.v1.JobSpec from a dict (the job file's keys), a path to a
-    YAML job file, or a JobSpec (returned as is). Raises ValueError naming
-    the field for an unknown key or a value of the wrong type."""
+    YAML job file, or a JobSpec (returned as is). Relative paths resolve
+    against the file's directory (a dict: the working directory). Raises
+    JobSpecError (a ValueError) listing every unknown key and bad value by
+    its YAML path."""
     if isinstance(spec, job_pb2.JobSpec):
         return spec
     base_dir = os.getcwd()
+    source = "job spec"
     if isinstance(spec, (str, os.PathLike)):
-        import yaml  # Debian: python3-yaml
-        path = os.fspath(spec)
-        with open(path, encoding="utf-8") as f:
+        import yaml  # pip: PyYAML; Debian: python3-yaml
+        source = os.fspath(spec)
+        with open(source, encoding="utf-8") as f:
             spec = yaml.safe_load(f)
-        base_dir = os.path.dirname(os.path.abspath(path))
+        base_dir = os.path.dirname(os.path.abspath(source))
         if not isinstance(spec, dict):
-            raise ValueError(f"{path}: not a YAML mapping")
+            raise JobSpecError(source, ["not a YAML mapping"])
     if not isinstance(spec, dict):
         raise TypeError(f"job_spec: expected a dict, a path or a JobSpec, got {type(spec).__name__}")
     message = job_pb2.JobSpec()
-    try:
-        json_format.ParseDict(_convert(spec, base_dir), message)
-    except json_format.ParseError as e:
-        raise ValueError(f"job spec: {e}") from None
+    errors = []
+    _fill(message, spec, "", base_dir, errors)
+    model = spec.get("model")
+    if isinstance(model, dict) and model.get("preset") and model.get("hf_dir"):
+        errors.append("model: give one of preset and hf_dir, not both")
+    if errors:
+        raise JobSpecError(source, errors)
     return message
 
 
+def _fix_ints(value, descriptor):
+    """Turns the int64 strings of protobuf's JSON mapping in dict `value`
+    (of message type `descriptor`) into ints, in place."""
+    for name, item in value.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            for k in item:
+                if value_field.message_type is not None:
+                    _fix_ints(item[k], value_field.message_type)
+                elif value_field.type in _INT64_TYPES:
+                    item[k] = int(item[k])
+        elif field.message_type is not None:
+            for sub in item if isinstance(item, list) else [item]:
+                _fix_ints(sub, field.message_type)
+        elif field.type in _INT64_TYPES:
+            value[name] = [int(v) for v in item] if isinstance(item, list) else int(item)
+
+
 def _to_dict(message):
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+    result = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                       including_default_value_fields=True)
+    _fix_ints(result, message.DESCRIPTOR)
+    return result
 
 
 class Client:
@@ -203,21 +332,91 @@ class Client:
 
     # -- checkpoints ------------------------------------------------------
     def checkpoints(self, job_id):
+        """The job's checkpoints on disk, oldest first: dicts with id
+        ("job-000042/step-20"), job_id, step, dir, bytes,
+        create_time_unix_ms, write_seconds."""
         response = self._call(self._checkpoints.ListCheckpoints,
                               checkpoint_pb2.ListCheckpointsRequest(job_id=job_id))
         return [_to_dict(c) for c in response.checkpoints]
 
+    def checkpoint_now(self, job_id, timeout_s=600.0):
+        """Asks a RUNNING job for a checkpoint at its next step boundary and
+        returns it once written (FAILED_PRECONDITION when the job is not
+        running; DEADLINE_EXCEEDED after timeout_s)."""
+        request = checkpoint_pb2.CreateCheckpointRequest(job_id=job_id)
+        return _to_dict(self._call(self._checkpoints.CreateCheckpoint, request,
+                                   timeout_s=timeout_s))
+
+    def delete_checkpoint(self, checkpoint_id):
+        """Deletes a checkpoint directory (FAILED_PRECONDITION when a queued
+        or suspended job will resume from it)."""
+        request = checkpoint_pb2.DeleteCheckpointRequest(checkpoint_id=checkpoint_id)
+        self._call(self._checkpoints.DeleteCheckpoint, request)
+
     def export(self, checkpoint_id, out_dir, dtype=""):
-        """Writes the checkpoint as a HF directory at out_dir (absolute on
-        the daemon's machine); returns the directory."""
+        """Writes the checkpoint as a HF model directory at out_dir (absolute
+        on the daemon's machine; relative: against the working directory).
+        Returns {"out_dir", "copied_files", "skipped_files"}: the tokenizer
+        and generation files copied from the job's model.hf_dir, and those
+        present but not copied, with the reason."""
         request = checkpoint_pb2.ExportCheckpointRequest(
             checkpoint_id=checkpoint_id, out_dir=os.path.abspath(out_dir), dtype=dtype)
         # Export writes the whole model: no unary deadline.
-        return self._call(self._checkpoints.ExportCheckpoint, request, timeout_s=24 * 3600).out_dir
+        response = self._call(self._checkpoints.ExportCheckpoint, request, timeout_s=24 * 3600)
+        return {"out_dir": response.out_dir, "copied_files": list(response.copied_files),
+                "skipped_files": list(response.skipped_files)}
 
     # -- server -----------------------------------------------------------
     def status(self):
         return _to_dict(self._call(self._server.GetServerStatus, server_pb2.GetServerStatusRequest()))
+
+    def metrics(self, name_prefix=""):
+        """The daemon's metrics (what /metrics serves) as {family name:
+        {"type", "help", "samples": [{"name", "labels", "value"}]}}, only
+        families whose name starts with name_prefix. Per-job series carry a
+        "job" label (docs/operations.md, "Metrics")."""
+        response = self._call(self._server.GetMetrics,
+                              server_pb2.GetMetricsRequest(name_prefix=name_prefix))
+        return {f.name: {"type": f.type, "help": f.help,
+                         "samples": [{"name": m.name, "labels": dict(m.labels), "value": m.value}
+                                     for m in f.samples]}
+                for f in response.families}
+
+    def plan(self, spec=None, *, preset=None, hf_dir=None, family=None, params=None,
+             machine=None):
+        """Where a job's bytes would go (host, pinned, device, NVMe), whether
+        it fits, and its projected step time; starts nothing. The model and
+        step shape come from `spec` (a job file path, a dict of its keys or
+        a JobSpec: model, train and memory are used), or from one of preset,
+        hf_dir (its config.json is read here and sent), family + params
+        (e.g. "llama", 120e9). machine: a dict of PlanMachine fields
+        (host_memory_bytes, gpu_memory_bytes, ...); unset ones are the
+        daemon's. Returns the PlanJobResponse as a dict (ints as ints)."""
+        request = server_pb2.PlanJobRequest()
+        if spec is not None:
+            parsed = job_spec(spec)
+            request.train.CopyFrom(parsed.train)
+            request.memory.CopyFrom(parsed.memory)
+            request.nvme_tier = parsed.memory.nvme_tier
+            request.memory.ClearField("nvme_tier")
+            preset = preset or parsed.model.preset or None
+            hf_dir = hf_dir or parsed.model.hf_dir or None
+        sources = (preset is not None) + (hf_dir is not None) + (params is not None)
+        if sources != 1 or (params is None) != (family is None):
+            raise ValueError("plan: give exactly one of a spec's model, preset, hf_dir, "
+                             "and params with family")
+        if preset is not None:
+            request.model.preset = preset
+        elif hf_dir is not None:
+            with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+                request.hf_config_json = f.read()
+        else:
+            request.family, request.param_count = family, float(params)
+        errors = []
+        _fill(request.machine, machine or {}, "machine", os.getcwd(), errors)
+        if errors:
+            raise JobSpecError("plan", errors)
+        return _to_dict(self._call(self._server.PlanJob, request))
 
 
 class _ProgressBar:

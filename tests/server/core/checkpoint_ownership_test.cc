@@ -176,6 +176,37 @@ TEST_F(CheckpointOwnershipTest, ExportAndDeleteUseTheRecords) {
   EXPECT_EQ((*recorded)[0].step, 4);
 }
 
+// Note [Export copies] in engine/io/hf_export.h: the engine gets the job's
+// model.hf_dir resolved (no link on the way); a preset job gets none.
+TEST_F(CheckpointOwnershipTest, ExportPassesTheJobsResolvedModelDirectory) {
+  const std::string model_dir = MakeTempDir();
+  const std::string link = out_dir_ + "/model-link";
+  fs::create_directory_symlink(model_dir, link);
+  JobRecord job;  // as SuspendedJobWithCheckpoints, trained from `link`
+  job.seq = 1;
+  job.id = JobIdForSeq(1);
+  job.owner = "alice";
+  job.request = Request("from-hf", 8);
+  job.request.spec.model.preset.clear();
+  job.request.spec.model.hf_dir = link;
+  job.request.spec.output_dir = (fs::path(options_.jobs_dir) / job.id).string();
+  job.state = JobState::kSuspended;
+  job.create_time_unix_ms = NowUnixMs();
+  job.host_memory_bytes = 1 << 20;
+  job.resume_from = RecordFakeCheckpoint(job, 2).dir;
+  MEGATRAIN_ASSERT_OK(store_->InsertJob(job, JobEvent::StateChange(job.id, job.state, "x")));
+  StartManager();
+
+  MEGATRAIN_ASSERT_OK(
+      manager_->ExportCheckpoint(kAlice, CheckpointId(job.id, 2), out_dir_ + "/hf", ""));
+  const JobRecord preset = RunToEnd("preset");
+  MEGATRAIN_ASSERT_OK(
+      manager_->ExportCheckpoint(kAlice, CheckpointId(preset.id, 4), out_dir_ + "/hf2", ""));
+
+  EXPECT_THAT(backend_.export_source_dirs(),
+              ::testing::ElementsAre(fs::canonical(model_dir).string(), ""));
+}
+
 TEST_F(CheckpointOwnershipTest, DeleteRemovesTheFilesWithoutTheManagersLock) {
   StartManager();
   const JobRecord job = RunToEnd("a");

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -98,6 +99,57 @@ TEST(MetricsTest, StepStatsFeedCountersAndGauges) {
       text, HasSubstr("megatrain_pcie_utilization_ratio{device=\"cuda:0\",direction=\"h2d\"} 0.5"));
   EXPECT_THAT(text, HasSubstr("megatrain_mfu_ratio{device=\"cuda:0\"} 0.4"));
   EXPECT_THAT(text, HasSubstr("megatrain_training_loss{device=\"cuda:0\"} 3.25"));
+}
+
+// Note [Per-job series]: a running job's loss, eval loss, learning rate,
+// gradient norm and tokens/s under its id; removed when it stops running.
+TEST(MetricsTest, PerJobSeriesCarryTheJobIdAndAreRemovedWhenItEnds) {
+  ServerMetrics metrics;
+  engine::StepReport report = Step(1024);
+  report.lr = 0.001;
+  report.grad_norm = 1.5;
+  metrics.RecordJobStep("job-000001", report);
+  metrics.RecordJobEval("job-000001", 2.5);
+  report.loss = 4.0;
+  metrics.RecordJobStep("job-000002", report);
+
+  std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job_id=\"job-000001\"} 3.25"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job_id=\"job-000002\"} 4"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_eval_loss{job_id=\"job-000001\"} 2.5"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_learning_rate{job_id=\"job-000001\"} 0.001"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_grad_norm{job_id=\"job-000001\"} 1.5"));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_step_tokens_per_second{job_id=\"job-000001\"} 5000"));
+  EXPECT_THAT(text, Not(HasSubstr("megatrain_job_eval_loss{job_id=\"job-000002\"}")));
+
+  metrics.RemoveJob("job-000001");
+
+  text = metrics.TextExposition();
+  EXPECT_THAT(text, Not(HasSubstr("job-000001")));
+  EXPECT_THAT(text, HasSubstr("megatrain_job_loss{job_id=\"job-000002\"} 4"));
+}
+
+TEST(MetricsTest, SkippedStepKeepsTheJobsLastLoss) {
+  ServerMetrics metrics;
+  metrics.RecordJobStep("job-000001", Step(1024));
+  engine::StepReport skipped = Step(1024);
+  skipped.skipped = true;
+  skipped.loss = std::numeric_limits<double>::quiet_NaN();
+
+  metrics.RecordJobStep("job-000001", skipped);
+
+  EXPECT_THAT(metrics.TextExposition(),
+              HasSubstr("megatrain_job_loss{job_id=\"job-000001\"} 3.25"));
+}
+
+TEST(MetricsTest, EvalLossOfADeviceIsRemovedWhenItsJobEnds) {
+  ServerMetrics metrics;
+  metrics.RecordEval("cuda:0", 2.5);
+  ASSERT_THAT(metrics.TextExposition(), HasSubstr("megatrain_eval_loss{device=\"cuda:0\"} 2.5"));
+
+  metrics.ClearDevice("cuda:0");
+
+  EXPECT_THAT(metrics.TextExposition(), Not(HasSubstr("megatrain_eval_loss{device=")));
 }
 
 // Note [Per-device metrics]: a 2-device job's step gives each device its
