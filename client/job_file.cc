@@ -196,6 +196,10 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
       MEGATRAIN_JOB_FIELD("hf_dir", Path, model->set_hf_dir),
       MEGATRAIN_JOB_FIELD("output_router_logits", Bool, model->set_output_router_logits),
   };
+  const Fields packing_fields = {
+      MEGATRAIN_JOB_FIELD("document_attention", String,
+                          data->mutable_packing()->set_document_attention),
+  };
   const Fields data_fields = {
       MEGATRAIN_JOB_FIELD("tokens", Path, data->set_tokens),
       MEGATRAIN_JOB_FIELD("eval_tokens", Path, data->set_eval_tokens),
@@ -209,6 +213,10 @@ absl::StatusOr<v1::JobSpec> ParseJobYaml(absl::string_view yaml, const std::stri
          if (*value < 0) return reader.Error(path, absl::StrCat("must be >= 0, got ", *value));
          data->set_shuffle_seed(static_cast<uint64_t>(*value));
          return absl::OkStatus();
+       }},
+      {"packing",
+       [&](const YAML::Node& node, const std::string& path) {
+         return ReadMapping(reader, node, path, packing_fields);
        }},
   };
   const Fields train_fields = {

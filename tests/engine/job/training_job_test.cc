@@ -296,7 +296,8 @@ TEST(TrainingJobTest, DataDescriptionCountsLongConversations) {
   EXPECT_EQ((*job)->data_description(),
             "data: 39 training documents with loss masks, 9 longer than train.seq_len 16 "
             "(trained across windows); megatrain tokenize --max_document_tokens 20 "
-            "--long_documents truncate: 4 truncated, 0 dropped");
+            "--long_documents truncate: 4 truncated, 0 dropped; packed documents attend only "
+            "to themselves (data.packing.document_attention: auto)");
   // Unmasked data without a tokenize report: nothing to say.
   auto plain = TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("job")), "cpu",
                                    std::nullopt);
