@@ -98,8 +98,10 @@
 // (MicroBatch::position_ids) and the layers get them as PackedDocuments:
 // each token attends only to the earlier tokens of its own document
 // (causal within a document, and within the window on sliding layers),
-// and RoPE rotates it by its position in that document, so every document
-// computes what it would alone in a row of its own (HF's packing with
+// and RoPE rotates it by its position in that document (rows of the
+// tables built for seq_len, so LongRoPE's factors are those of seq_len as
+// in shared rows), so every document computes what it would alone in a
+// row of seq_len tokens of its own, padded (HF's packing with
 // position ids, `DataCollatorWithFlattening`; Megatron-LM's
 // reset_position_ids + reset_attention_mask). On CUDA in bf16 / fp16 the
 // attention is flash attention's variable-length kernel over the
