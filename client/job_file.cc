@@ -201,6 +201,12 @@ Fields DataFields(const Reader& reader, v1::DataSpec* data) {
       MEGATRAIN_JOB_FIELD("eval_fraction", Double, data->set_eval_fraction),
       {"shuffle_seed",
        NonNegativeField(reader, [data](uint64_t seed) { data->set_shuffle_seed(seed); })},
+      {"packing",
+       [&reader, data](const YAML::Node& node, const std::string& path) {
+         const Fields packing = {MEGATRAIN_JOB_FIELD(
+             "document_attention", String, data->mutable_packing()->set_document_attention)};
+         return ReadMapping(reader, node, path, packing);
+       }},
   };
 }
 

@@ -14,9 +14,18 @@ inline constexpr int32_t kIgnoreLabel = -100;
 // One micro-batch: B sequences of T tokens, row-major [B, T].
 // labels[b*T + t] is the token expected after position t (already shifted),
 // or kIgnoreLabel.
+//
+// position_ids (Note [Document attention] in engine/model/layers.h): empty
+// when the rows attend causally across everything they hold, with
+// positions 0..T-1 (data.packing.document_attention: shared); else each
+// token's position within its document: 0 where a document begins (and at
+// every row's first token), else the previous token's plus one. A token
+// attends only to the earlier tokens of its own document, and RoPE rotates
+// it by its position id.
 struct MicroBatch {
-  std::vector<int32_t> input_ids;  // [B*T], each in [0, vocab_size)
-  std::vector<int32_t> labels;     // [B*T], in [0, vocab_size) or -100
+  std::vector<int32_t> input_ids;     // [B*T], each in [0, vocab_size)
+  std::vector<int32_t> labels;        // [B*T], in [0, vocab_size) or -100
+  std::vector<int32_t> position_ids;  // [B*T] or empty (see above)
 };
 
 // The distinct values of `ids` (e.g. the embedding rows a micro-batch

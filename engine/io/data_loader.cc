@@ -232,15 +232,28 @@ absl::StatusOr<Source> OpenSource(const std::string& path, absl::string_view fie
   return source;
 }
 
+// A window being read: tokens, whether each may be a label (its mask), and
+// whether each begins a document (Note [Packing rule]); T + 1 entries.
+struct Window {
+  explicit Window(size_t size) : tokens(size), trained(size), starts(size) {}
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;
+  std::vector<uint8_t> starts;
+};
+
 // Reads up to `count` tokens of the packed stream of `source` from `pos`
-// (advancing it) into tokens[0, n) and trained[0, n) (1: the token may be a
-// label). `doc_at(epoch, position)` gives the global index of a document
-// among `num_docs` per epoch. With `wrap`, epochs follow one another and n
-// == count; without, reading stops at the end of epoch 0. Returns n.
+// (advancing it) into window entries [at, at + n): tokens, trained (1: the
+// token may be a label) and starts (1: a document's first token).
+// `doc_at(epoch, position)` gives the global index of a document among
+// `num_docs` per epoch. With `wrap`, epochs follow one another and n ==
+// count; without, reading stops at the end of epoch 0. Returns n.
 template <typename DocAt>
 absl::StatusOr<size_t> ReadStream(const Source& source, DocAt&& doc_at, uint64_t num_docs,
                                   bool wrap, int32_t eos_id, StreamPos& pos, size_t count,
-                                  int32_t* tokens, uint8_t* trained) {
+                                  Window& window, size_t at) {
+  int32_t* tokens = window.tokens.data() + at;
+  uint8_t* trained = window.trained.data() + at;
+  uint8_t* starts = window.starts.data() + at;
   std::vector<int32_t> mask_chunk;
   size_t done = 0;
   while (done < count) {
@@ -252,6 +265,8 @@ absl::StatusOr<size_t> ReadStream(const Source& source, DocAt&& doc_at, uint64_t
       const size_t n = static_cast<size_t>(std::min<uint64_t>(count - done, doc.size - pos.offset));
       MEGATRAIN_RETURN_IF_ERROR(
           shard.CopyTokens(doc.begin + pos.offset, absl::MakeSpan(tokens + done, n)));
+      std::fill(starts + done, starts + done + n, uint8_t{0});
+      starts[done] = pos.offset == 0;
       if (mask.has_value()) {
         mask_chunk.resize(n);
         MEGATRAIN_RETURN_IF_ERROR(
@@ -268,6 +283,7 @@ absl::StatusOr<size_t> ReadStream(const Source& source, DocAt&& doc_at, uint64_t
     // (documents in a stream are never empty).
     tokens[done] = eos_id;
     trained[done] = mask.has_value() ? mask->token(doc.begin + doc.size - 1) != 0 : 1;
+    starts[done] = 0;
     ++done;
     ++pos.position;
     pos.offset = 0;
@@ -282,15 +298,35 @@ absl::StatusOr<size_t> ReadStream(const Source& source, DocAt&& doc_at, uint64_t
 }
 
 // Writes row `row` of `batch` from a window of `count` tokens (count <=
-// T + 1; missing positions stay padding).
-void FillRow(const int32_t* window, const uint8_t* trained, size_t count, size_t seq_len,
-             size_t row, MicroBatch& batch) {
+// T + 1; missing positions stay padding). `isolated`: also the row's
+// position ids, and no label across a document boundary (Note [Packing
+// rule]); padding continues the last document's positions (nothing before
+// it attends to it).
+void FillRow(const Window& window, size_t count, size_t seq_len, bool isolated, size_t row,
+             MicroBatch& batch) {
+  const int32_t* tokens = window.tokens.data();
   int32_t* input_ids = batch.input_ids.data() + row * seq_len;
   int32_t* labels = batch.labels.data() + row * seq_len;
-  for (size_t t = 0; t < seq_len && t < count; ++t) input_ids[t] = window[t];
+  for (size_t t = 0; t < seq_len && t < count; ++t) input_ids[t] = tokens[t];
   for (size_t t = 0; t + 1 < count; ++t) {
-    labels[t] = trained[t + 1] ? window[t + 1] : kIgnoreLabel;
+    const bool crosses = isolated && window.starts[t + 1];
+    labels[t] = window.trained[t + 1] && !crosses ? tokens[t + 1] : kIgnoreLabel;
   }
+  if (!isolated) return;
+  int32_t* positions = batch.position_ids.data() + row * seq_len;
+  for (size_t t = 0; t < seq_len; ++t) {
+    positions[t] = t == 0 || (t < count && window.starts[t]) ? 0 : positions[t - 1] + 1;
+  }
+}
+
+// An empty micro-batch of `rows` x `seq_len` padding: EOS inputs, no
+// labels, and position ids when `isolated`.
+MicroBatch PaddedBatch(size_t rows, size_t seq_len, int32_t eos_id, bool isolated) {
+  MicroBatch batch;
+  batch.input_ids.assign(rows * seq_len, eos_id);
+  batch.labels.assign(rows * seq_len, kIgnoreLabel);
+  if (isolated) batch.position_ids.assign(rows * seq_len, 0);
+  return batch;
 }
 
 absl::Status CheckMicroBatch(int64_t micro_batch, int64_t seq_len) {
@@ -400,8 +436,9 @@ struct DataLoader::State {
   uint64_t num_train_tokens = 0;
   uint64_t num_eval_tokens = 0;
 
-  StreamPos pos;         // next window's first token
-  uint64_t windows = 0;  // returned so far
+  StreamPos pos;          // next window's first token
+  uint64_t windows = 0;   // returned so far
+  bool isolated = false;  // options.document_attention resolved
 
   // Shuffled orders of the last two epochs used (a window may span two).
   struct EpochOrder {
@@ -428,13 +465,12 @@ struct DataLoader::State {
     return train_docs[slot->order[position]];
   }
 
-  absl::StatusOr<size_t> ReadTrain(StreamPos& stream_pos, size_t count, int32_t* tokens,
-                                   uint8_t* trained) {
+  absl::StatusOr<size_t> ReadTrain(StreamPos& stream_pos, size_t count, Window& window, size_t at) {
     return ReadStream(
         train_source,
         [this](uint64_t epoch, uint64_t position) { return TrainDocAt(epoch, position); },
         train_docs.size(), /*wrap=*/true, static_cast<int32_t>(options.eos_id), stream_pos, count,
-        tokens, trained);
+        window, at);
   }
 };
 
@@ -522,6 +558,15 @@ absl::Status SplitByHash(const Source& train, const DataLoaderOptions& options,
   return absl::OkStatus();
 }
 
+// kAuto: isolated when a training shard has a loss mask (SFT or chat
+// data, whose documents are independent examples), else shared.
+DocumentAttention ResolveDocumentAttention(DocumentAttention requested, const Source& train) {
+  if (requested != DocumentAttention::kAuto) return requested;
+  const bool masked = std::any_of(train.masks.begin(), train.masks.end(),
+                                  [](const auto& mask) { return mask.has_value(); });
+  return masked ? DocumentAttention::kIsolated : DocumentAttention::kShared;
+}
+
 }  // namespace
 
 absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) {
@@ -552,6 +597,8 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataLoaderOptions& options) 
   for (uint64_t doc_idx : state->eval_docs) {
     state->num_eval_tokens += state->eval_from().docs[doc_idx].size;
   }
+  state->isolated =
+      ResolveDocumentAttention(options.document_attention, train) == DocumentAttention::kIsolated;
   // One EOS per document.
   const uint64_t stream_tokens = state->num_train_tokens + state->train_docs.size();
   const uint64_t window_tokens = static_cast<uint64_t>(options.seq_len) + 1;
@@ -571,19 +618,15 @@ absl::StatusOr<MicroBatch> DataLoader::NextTrainBatch(int64_t micro_batch) {
   MEGATRAIN_RETURN_IF_ERROR(CheckMicroBatch(micro_batch, s.options.seq_len));
   const size_t seq_len = static_cast<size_t>(s.options.seq_len);
   const size_t rows = static_cast<size_t>(micro_batch);
-  MicroBatch batch;
-  batch.input_ids.assign(rows * seq_len, static_cast<int32_t>(s.options.eos_id));
-  batch.labels.assign(rows * seq_len, kIgnoreLabel);
-  std::vector<int32_t> window(seq_len + 1);
-  std::vector<uint8_t> trained(seq_len + 1);
+  MicroBatch batch = PaddedBatch(rows, seq_len, static_cast<int32_t>(s.options.eos_id), s.isolated);
+  Window window(seq_len + 1);
   StreamPos pos = s.pos;
   for (size_t row = 0; row < rows; ++row) {
     // T tokens give the next window's start; one more closes this window.
-    MEGATRAIN_ASSIGN_OR_RETURN(size_t n, s.ReadTrain(pos, seq_len, window.data(), trained.data()));
+    MEGATRAIN_ASSIGN_OR_RETURN(size_t n, s.ReadTrain(pos, seq_len, window, 0));
     const StreamPos next_window = pos;
-    MEGATRAIN_ASSIGN_OR_RETURN(
-        size_t last, s.ReadTrain(pos, 1, window.data() + seq_len, trained.data() + seq_len));
-    FillRow(window.data(), trained.data(), n + last, seq_len, row, batch);
+    MEGATRAIN_ASSIGN_OR_RETURN(size_t last, s.ReadTrain(pos, 1, window, seq_len));
+    FillRow(window, n + last, seq_len, s.isolated, row, batch);
     pos = next_window;
   }
   // Commit only after the whole batch was read: an error leaves the cursor.
@@ -609,29 +652,26 @@ absl::StatusOr<std::vector<MicroBatch>> DataLoader::EvalBatches(int64_t micro_ba
   const size_t rows = static_cast<size_t>(micro_batch);
   const Source& source = s.eval_from();
   const auto doc_at = [&s](uint64_t /*epoch*/, uint64_t position) { return s.eval_docs[position]; };
-  const auto read = [&](StreamPos& stream_pos, size_t count, int32_t* tokens, uint8_t* trained) {
+  const auto read = [&](StreamPos& stream_pos, size_t count, Window& window, size_t at) {
     return ReadStream(source, doc_at, s.eval_docs.size(), /*wrap=*/false,
-                      static_cast<int32_t>(s.options.eos_id), stream_pos, count, tokens, trained);
+                      static_cast<int32_t>(s.options.eos_id), stream_pos, count, window, at);
   };
-  std::vector<int32_t> window(seq_len + 1);
-  std::vector<uint8_t> trained(seq_len + 1);
+  Window window(seq_len + 1);
   std::vector<MicroBatch> batches;
   StreamPos pos;
   bool exhausted = false;
   while (!exhausted && batches.size() < static_cast<size_t>(max_batches)) {
-    MicroBatch batch;
-    batch.input_ids.assign(rows * seq_len, static_cast<int32_t>(s.options.eos_id));
-    batch.labels.assign(rows * seq_len, kIgnoreLabel);
+    MicroBatch batch =
+        PaddedBatch(rows, seq_len, static_cast<int32_t>(s.options.eos_id), s.isolated);
     size_t rows_filled = 0;
     for (size_t row = 0; row < rows && !exhausted; ++row) {
-      MEGATRAIN_ASSIGN_OR_RETURN(size_t n, read(pos, seq_len, window.data(), trained.data()));
+      MEGATRAIN_ASSIGN_OR_RETURN(size_t n, read(pos, seq_len, window, 0));
       const StreamPos next_window = pos;
-      MEGATRAIN_ASSIGN_OR_RETURN(size_t last,
-                                 read(pos, 1, window.data() + seq_len, trained.data() + seq_len));
+      MEGATRAIN_ASSIGN_OR_RETURN(size_t last, read(pos, 1, window, seq_len));
       // A window needs two tokens to hold a label; after a short one the
       // stream is over.
       if (n + last < 2) break;
-      FillRow(window.data(), trained.data(), n + last, seq_len, row, batch);
+      FillRow(window, n + last, seq_len, s.isolated, row, batch);
       ++rows_filled;
       exhausted = last == 0;
       pos = next_window;
@@ -684,6 +724,10 @@ absl::Status DataLoader::RestoreCursor(const DataCursor& cursor) {
       .epoch = cursor.epoch, .position = cursor.document_position, .offset = cursor.token_offset};
   s.windows = cursor.windows;
   return absl::OkStatus();
+}
+
+DocumentAttention DataLoader::document_attention() const {
+  return state_->isolated ? DocumentAttention::kIsolated : DocumentAttention::kShared;
 }
 
 const std::vector<uint64_t>& DataLoader::train_documents() const { return state_->train_docs; }

@@ -28,6 +28,15 @@
 //     token it names is 0; an EOS takes the mask of its document's last
 //     token. Shards without a mask train on every token.
 //   * Micro-batch: B consecutive windows, row b = window (first + b).
+//   * Documents in a window (data.packing.document_attention, Note
+//     [Document attention] in engine/model/layers.h): shared leaves
+//     MicroBatch::position_ids empty (every row attends across the
+//     documents it holds). Isolated fills them: 0 at the row's first
+//     token and at each document's first token, else the previous plus
+//     one (a document's EOS is its last token); and the label of a
+//     position whose next token begins a document is kIgnoreLabel (it
+//     would predict a document from another one). auto is isolated when
+//     a training shard has a loss mask (SFT, chat), else shared.
 //   * Eval: the held-out documents in index order, packed the same way but
 //     once (no shuffle, no wrap); the last window and batch are padded with
 //     EOS inputs and kIgnoreLabel labels.
@@ -43,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/io/batch.h"
+#include "engine/spec/document_attention.h"
 
 namespace megatrain::engine {
 
@@ -138,6 +148,10 @@ struct DataLoaderOptions {
   // data; TokenShardParseOptions::verify_body). Ids are checked against
   // vocab_size either way.
   bool verify_shards = true;
+  // Whether packed documents attend to each other (Note [Packing rule]).
+  // kShared here, so that a loader built without it packs as it always
+  // did; the job spec's default is kAuto.
+  DocumentAttention document_attention = DocumentAttention::kShared;
 };
 
 // Turns token shards into MicroBatches (Note [Packing rule] above).
@@ -211,6 +225,9 @@ class DataLoader {
 
   // Where the training stream stands now (after the last NextTrainBatch).
   DataCursor cursor() const;
+
+  // options.document_attention with kAuto resolved: kIsolated or kShared.
+  DocumentAttention document_attention() const;
 
   // Moves the training stream to `cursor`, a value from cursor() of a loader
   // built from the same data and options.

@@ -39,7 +39,10 @@ double Median(std::vector<double> v) {
 }
 
 // Random tokens; labels are the inputs shifted by one (next-token targets).
-MicroBatch RandomBatch(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng) {
+// `document_tokens` > 0: position ids of documents of that many tokens
+// (BenchOptions::document_tokens).
+MicroBatch RandomBatch(int64_t b, int64_t t, int64_t vocab, int64_t document_tokens,
+                       std::mt19937_64& rng) {
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
   MicroBatch mb;
   for (int64_t row = 0; row < b; ++row) {
@@ -47,6 +50,9 @@ MicroBatch RandomBatch(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng
     for (int32_t& x : seq) x = token(rng);
     mb.input_ids.insert(mb.input_ids.end(), seq.begin(), seq.end() - 1);
     mb.labels.insert(mb.labels.end(), seq.begin() + 1, seq.end());
+    for (int64_t i = 0; i < t && document_tokens > 0; ++i) {
+      mb.position_ids.push_back(static_cast<int32_t>(i % document_tokens));
+    }
   }
   return mb;
 }
@@ -313,6 +319,7 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["compute_dtype"] = o.compute_dtype;
   (*j)["micro_batch"] = o.micro_batch;
   (*j)["seq_len"] = o.seq_len;
+  (*j)["document_tokens"] = o.document_tokens;
   (*j)["offload_activations"] = o.offload_activations;
   (*j)["optimizer_nice"] = o.optimizer_nice;
   (*j)["critical_threads"] = o.critical_threads;
@@ -408,13 +415,15 @@ absl::StatusOr<BenchRun> RunSteps(const BenchOptions& o, const ModelConfig& conf
       (dp != nullptr ? dp->world_size() * dp->num_processes() : std::max(o.devices, 1));
   std::vector<MicroBatch> fixed;
   for (int64_t m = 0; m < global_micro_batches; ++m) {
-    fixed.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
+    fixed.push_back(
+        RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, o.document_tokens, rng));
   }
   auto make_batches = [&]() {
     if (o.data != "random") return fixed;
     std::vector<MicroBatch> out;
     for (int64_t m = 0; m < global_micro_batches; ++m) {
-      out.push_back(RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, rng));
+      out.push_back(
+          RandomBatch(o.micro_batch, o.seq_len, config.vocab_size, o.document_tokens, rng));
     }
     return out;
   };

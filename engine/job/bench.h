@@ -17,6 +17,10 @@ struct BenchOptions {
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int64_t micro_batch = 8;     // B
   int64_t seq_len = 128;       // T
+  // > 0: each row packs isolated documents of this many tokens (the last
+  // one shorter), with position ids (Note [Document attention] in
+  // engine/model/layers.h); 0: one shared row, no position ids.
+  int64_t document_tokens = 0;
   int64_t gradient_accumulation_steps = 1;
   // Data-parallel devices (docs/distributed.md): N ranks on base `device`
   // (cuda -> cuda:0..N-1), each running gradient_accumulation_steps (per

@@ -580,7 +580,8 @@ std::string TrainingJobImpl::DescribeData() const {
   const uint64_t seq_len = static_cast<uint64_t>(spec_.train.seq_len);
   const DataLoader::MaskedDocumentCounts masked = loader_->CountMaskedDocuments(seq_len);
   const bool rule = data_report_.has_value() && data_report_->max_document_tokens > 0;
-  if (masked.masked_documents == 0 && !rule) return "";
+  const bool isolated = loader_->document_attention() == DocumentAttention::kIsolated;
+  if (masked.masked_documents == 0 && !rule && !isolated) return "";
   std::vector<std::string> parts;
   if (masked.masked_documents > 0) {
     parts.push_back(absl::StrFormat(
@@ -595,6 +596,11 @@ std::string TrainingJobImpl::DescribeData() const {
         data_report_->max_document_tokens,
         data_report_->long_documents == LongDocumentRule::kDrop ? "drop" : "truncate",
         data_report_->truncated_documents, data_report_->dropped_documents));
+  }
+  if (isolated) {  // Note [Document attention] in engine/model/layers.h
+    parts.push_back(
+        absl::StrCat("packed documents attend only to themselves (", kDocumentAttentionField, ": ",
+                     DocumentAttentionName(spec_.data.packing.document_attention), ")"));
   }
   return absl::StrCat("data: ", absl::StrJoin(parts, "; "));
 }
@@ -630,6 +636,7 @@ absl::Status TrainingJobImpl::OpenData() {
   d.eos_id = eos_id_;
   d.eval_fraction = spec_.data.text.empty() ? spec_.data.eval_fraction : 0.0;
   d.shuffle_seed = spec_.data.shuffle_seed;
+  d.document_attention = spec_.data.packing.document_attention;
   absl::StatusOr<DataLoader> loader = DataLoader::Create(d);
   if (!loader.ok()) return Annotate(loader.status(), "data");
   loader_.emplace(std::move(*loader));

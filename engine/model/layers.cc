@@ -99,9 +99,11 @@ std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& inv_freq, int64_t
 // any floating dtype): Note [RoPE kernels].
 void RotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool adjoint,
                 const at::Tensor& out) {
-  const int64_t t = cos.size(0), rotary = cos.size(1), half = rotary / 2;
-  const at::Tensor c = cos.view({1, t, 1, rotary});
-  const at::Tensor s = sin.view({1, t, 1, rotary});
+  // [T, Dr], or [B, T, Dr] per token (Note [Document attention]).
+  const int64_t rows = cos.dim() == 3 ? cos.size(0) : 1;
+  const int64_t t = cos.size(-2), rotary = cos.size(-1), half = rotary / 2;
+  const at::Tensor c = cos.view({rows, t, 1, rotary});
+  const at::Tensor s = sin.view({rows, t, 1, rotary});
   const at::Tensor xc = at::mul(x.narrow(-1, 0, rotary), c);  // fp32 [B, T, heads, Dr]
   const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   const at::Tensor s1 = s.narrow(-1, 0, half), s2 = s.narrow(-1, half, half);
@@ -297,6 +299,52 @@ at::Tensor BuildAttentionMask(const ModelConfig& config, int64_t seq_len,
   return (distance >= 0).logical_and(distance < config.sliding_window).to(device);
 }
 
+PackedDocuments MakePackedDocuments(absl::Span<const int32_t> position_ids, int64_t micro_batch,
+                                    int64_t seq_len, const at::Device& device) {
+  const int64_t n = micro_batch * seq_len;
+  // [2, B*T] int64: the position ids, then the document ids.
+  at::Tensor ids = at::empty({2, n}, at::kLong);
+  int64_t* positions = ids.data_ptr<int64_t>();
+  int64_t* documents = positions + n;
+  std::vector<int32_t> ends;  // cumulative lengths, 0 first
+  for (int64_t i = 0; i < n; ++i) {
+    positions[i] = position_ids[static_cast<size_t>(i)];
+    if (positions[i] == 0) ends.push_back(static_cast<int32_t>(i));
+    documents[i] = static_cast<int64_t>(ends.size()) - 1;
+  }
+  ends.push_back(static_cast<int32_t>(n));
+  PackedDocuments docs;
+  for (size_t d = 1; d < ends.size(); ++d) {
+    docs.max_seqlen = std::max<int64_t>(docs.max_seqlen, ends[d] - ends[d - 1]);
+  }
+  at::Tensor cu = at::tensor(ends, at::kInt);  // [S + 1]
+  if (device.is_cuda()) {                      // pinned, so the copies do not wait on the host
+    ids = ids.pin_memory();
+    cu = cu.pin_memory();
+  }
+  ids = ids.to(device, /*non_blocking=*/true);
+  docs.position_ids = ids[0].view({micro_batch, seq_len});
+  docs.document_ids = ids[1].view({micro_batch, seq_len});
+  docs.cu_seqlens = cu.to(device, /*non_blocking=*/true);
+  return docs;
+}
+
+at::Tensor RopeAtPositions(const at::Tensor& table, const at::Tensor& position_ids) {
+  return table.index_select(0, position_ids.reshape({-1}))
+      .view({position_ids.size(0), position_ids.size(1), table.size(1)});
+}
+
+at::Tensor DocumentAttentionMask(const PackedDocuments& docs, int64_t window) {
+  // Query i sees key j iff same document and 0 <= i - j (< window).
+  const at::Tensor& ids = docs.document_ids;  // [B, T]
+  const int64_t t = ids.size(1);
+  const at::Tensor qi = at::arange(t, ids.options()).unsqueeze(1);
+  const at::Tensor ki = at::arange(t, ids.options()).unsqueeze(0);
+  at::Tensor allowed = (ids.unsqueeze(2) == ids.unsqueeze(1)).logical_and(ki <= qi);  // [B, T, T]
+  if (window > 0) allowed = allowed.logical_and(qi - ki < window);
+  return allowed.unsqueeze(1);
+}
+
 std::vector<at::Tensor> DecoderLayerWeights::List() const {
   std::vector<at::Tensor> out;
   // Fused tensors stand for their row views.
@@ -439,7 +487,7 @@ void ScaleScoresOverCap(at::Tensor& scores, double scale, double cap) {
 at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor& k_seen,
                                     const at::Tensor& v_seen, int64_t start, int64_t key_begin,
                                     double scale, double cap, int64_t window,
-                                    SoftcapBlockSaved* saved) {
+                                    const at::Tensor& document_ids, SoftcapBlockSaved* saved) {
   at::NoGradGuard no_grad;
   const int64_t n = q_block.size(2);
   at::Tensor tanh = at::matmul(q_block, k_seen.transpose(-2, -1));  // [B, H, n, S]
@@ -451,6 +499,11 @@ at::Tensor SoftcappedAttentionBlock(const at::Tensor& q_block, const at::Tensor&
   at::Tensor ki = at::arange(key_begin, start + n, positions).unsqueeze(0);
   at::Tensor blocked = ki > qi;
   if (window > 0) blocked = blocked.logical_or(qi - ki >= window);
+  if (document_ids.defined()) {  // Note [Document attention]: [B, 1, n, S]
+    const at::Tensor doc_q = document_ids.narrow(1, start, n).unsqueeze(2);
+    const at::Tensor doc_k = document_ids.narrow(1, key_begin, start + n - key_begin).unsqueeze(1);
+    blocked = blocked.logical_or(doc_q != doc_k).unsqueeze(1);
+  }
   scores.masked_fill_(blocked, -std::numeric_limits<double>::infinity());
   at::Tensor probs32 = at::softmax(scores, -1, at::kFloat);
   scores.reset();
@@ -527,8 +580,10 @@ int64_t SoftcapKeptBytes(const at::Tensor& q, int64_t chunk, int64_t window) {
 struct SoftcappedAttentionFunction : public torch::autograd::Function<SoftcappedAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, double scale, double cap,
-                            int64_t window, int64_t max_chunk_bytes, int64_t max_kept_bytes) {
+                            int64_t window, int64_t max_chunk_bytes, int64_t max_kept_bytes,
+                            const at::Tensor& document_ids) {
     ctx->saved_data["scale"] = scale;
+    if (document_ids.numel() > 0) ctx->saved_data["document_ids"] = document_ids;
     ctx->saved_data["cap"] = cap;
     ctx->saved_data["window"] = window;
     ctx->saved_data["max_chunk_bytes"] = max_chunk_bytes;
@@ -542,7 +597,8 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
       SoftcapBlockSaved saved;
       at::Tensor block = SoftcappedAttentionBlock(
           q.narrow(2, start, n), k.narrow(2, key_begin, keys), v.narrow(2, key_begin, keys), start,
-          key_begin, scale, cap, window, &saved);
+          key_begin, scale, cap, window, document_ids.numel() > 0 ? document_ids : at::Tensor(),
+          &saved);
       out.narrow(2, start, n).copy_(block);
       if (keep) kept.insert(kept.end(), {saved.tanh, saved.probs32, saved.probs});
     }
@@ -558,6 +614,10 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
     const double scale = ctx->saved_data["scale"].toDouble();
     const double cap = ctx->saved_data["cap"].toDouble();
     const int64_t window = ctx->saved_data["window"].toInt();
+    at::Tensor document_ids;
+    if (auto it = ctx->saved_data.find("document_ids"); it != ctx->saved_data.end()) {
+      document_ids = it->second.toTensor();
+    }
     const int64_t t = q.size(2);
     const int64_t chunk = SoftcapQueriesPerBlock(q, ctx->saved_data["max_chunk_bytes"].toInt());
     std::vector<at::Tensor> kept;
@@ -586,7 +646,7 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
                  std::move(kept[3 * block_index + 2])};
       } else {
         SoftcappedAttentionBlock(q_block, k_seen, v_seen, start, key_begin, scale, cap, window,
-                                 &block);
+                                 document_ids, &block);
       }
       SoftcapBlockBackward(std::move(block), grad_out.narrow(2, start, n),
                            delta.narrow(2, start, n), q_block, k_seen, v_seen, scale,
@@ -596,6 +656,7 @@ struct SoftcappedAttentionFunction : public torch::autograd::Function<Softcapped
     return {grad_q,
             grad_k.to(k.scalar_type()),
             grad_v.to(v.scalar_type()),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -614,22 +675,41 @@ at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const a
 
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, double cap, int64_t window, int64_t max_chunk_bytes,
-                               int64_t max_kept_bytes) {
+                               int64_t max_kept_bytes, const at::Tensor& document_ids) {
   // Keep the graphs only when a gradient will be taken (the recomputation
   // of activation checkpointing), never in a no-grad forward.
   const bool backward_follows =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  return SoftcappedAttentionFunction::apply(q, k, v, scale, cap, window, max_chunk_bytes,
-                                            backward_follows ? max_kept_bytes : int64_t{0});
+  // An autograd function's tensor arguments must be defined: no documents
+  // travel as an empty tensor.
+  return SoftcappedAttentionFunction::apply(
+      q, k, v, scale, cap, window, max_chunk_bytes, backward_follows ? max_kept_bytes : int64_t{0},
+      document_ids.defined() ? document_ids : at::empty({0}, q.options().dtype(at::kLong)));
 }
 
 namespace {
+
+// Note [Document attention]: q, k, v [B, H, T, Dh] (kv heads repeated) ->
+// [B, H, T, Dh], each query against the earlier keys of its document (and
+// within `window` > 0).
+at::Tensor DocumentCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const PackedDocuments& docs, int64_t window, double scale) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), dh = q.size(3);
+  const auto tokens = [&](const at::Tensor& x) {  // [B*T, H, Dh]
+    return x.transpose(1, 2).reshape({b * t, h, dh});
+  };
+  at::Tensor out = compat::VarlenCausalAttention(tokens(q), tokens(k), tokens(v), docs.cu_seqlens,
+                                                 docs.max_seqlen, scale, window);
+  if (out.defined()) return out.reshape({b, t, h, dh}).transpose(1, 2);
+  return compat::ScaledDotProductAttention(q, k, v, DocumentAttentionMask(docs, window),
+                                           /*is_causal=*/false, scale);
+}
 
 // Attention sub-layer: n1 [B, T, C] compute dtype -> [B, T, C] (o_proj
 // output, compute dtype).
 at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, const at::Tensor& n1,
                           const RopeCache& rope, const at::Tensor& attention_mask,
-                          at::ScalarType cd) {
+                          at::ScalarType cd, const PackedDocuments* docs) {
   const int64_t b = n1.size(0), t = n1.size(1);
   const int64_t h = c.num_attention_heads, kv = c.num_key_value_heads, dh = c.head_dim;
   const bool sliding = c.AttentionType(w.layer_idx) == LayerType::kSlidingAttention;
@@ -641,17 +721,25 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
     k = RmsNorm(k, w.k_norm, c.rms_norm_eps, c.norm_kind).to(cd);
   }
   const bool local_rope = sliding && rope.local_cos.defined();
-  const at::Tensor& cos = local_rope ? rope.local_cos : rope.cos;
-  const at::Tensor& sin = local_rope ? rope.local_sin : rope.sin;
+  at::Tensor cos = local_rope ? rope.local_cos : rope.cos;  // [T, Dr]
+  at::Tensor sin = local_rope ? rope.local_sin : rope.sin;
+  if (docs != nullptr) {  // Note [Document attention]: [B, T, Dr]
+    cos = RopeAtPositions(cos, docs->position_ids);
+    sin = RopeAtPositions(sin, docs->position_ids);
+  }
   q = ApplyRotaryEmbedding(q, cos, sin).transpose(1, 2);  // [B, H, T, Dh]
   k = ApplyRotaryEmbedding(k, cos, sin).transpose(1, 2);  // [B, KV, T, Dh]
   v = v.transpose(1, 2);
   k = RepeatKv(k, h / kv);  // [B, H, T, Dh]
   v = RepeatKv(v, h / kv);
   at::Tensor attn;
+  const int64_t window = sliding ? c.sliding_window : 0;
   if (c.attn_logit_softcapping > 0) {  // Note [Soft-capped attention]
-    attn = SoftcappedAttention(q, k, v, c.AttentionScale(), c.attn_logit_softcapping,
-                               sliding ? c.sliding_window : 0);
+    attn = SoftcappedAttention(q, k, v, c.AttentionScale(), c.attn_logit_softcapping, window,
+                               kAttentionChunkBytes, kAttentionKeptBytes,
+                               docs != nullptr ? docs->document_ids : at::Tensor());
+  } else if (docs != nullptr) {
+    attn = DocumentCausalAttention(q, k, v, *docs, window, c.AttentionScale());
   } else {
     attn = compat::ScaledDotProductAttention(q, k, v, sliding ? attention_mask : at::Tensor(),
                                              /*is_causal=*/true, c.AttentionScale());
@@ -665,7 +753,7 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
 at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& w,
                                const at::Tensor& x_in, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType cd,
-                               int64_t mlp_chunk_bytes) {
+                               int64_t mlp_chunk_bytes, const PackedDocuments* documents) {
   at::Tensor x = x_in;
   if (c.scale_embeddings && w.layer_idx == 0) {  // Note [Embedding scale]
     const double normalizer =
@@ -678,8 +766,8 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   const double eps = c.rms_norm_eps;
 
   // Attention block.
-  at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);       // [B, T, C]
-  at::Tensor attn = AttentionBlock(c, w, n1, rope, attention_mask, cd);  // [B, T, C]
+  at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);                  // [B, T, C]
+  at::Tensor attn = AttentionBlock(c, w, n1, rope, attention_mask, cd, documents);  // [B, T, C]
   if (c.sandwich_norms) attn = RmsNorm(attn, w.post_attention_layernorm, eps, kind);
   at::Tensor hidden = x + attn;  // fp32 [B, T, C]
 
@@ -777,8 +865,9 @@ at::Tensor HeadLoss(const ModelConfig& c, const at::Tensor& hidden, const at::Te
 
 at::Tensor DecoderAttention(const ModelConfig& c, const DecoderLayerWeights& w,
                             const at::Tensor& n1, const RopeCache& rope,
-                            const at::Tensor& attention_mask, at::ScalarType cd) {
-  return AttentionBlock(c, w, n1, rope, attention_mask, cd);
+                            const at::Tensor& attention_mask, at::ScalarType cd,
+                            const PackedDocuments* documents) {
+  return AttentionBlock(c, w, n1, rope, attention_mask, cd, documents);
 }
 
 }  // namespace megatrain::engine

@@ -91,12 +91,37 @@
 // The final norm, lm_head and cross-entropy are chunked the same way by
 // HeadForwardBackward / HeadLoss (`chunk_tokens` rows of logits at a time,
 // ExecutorOptions::loss_chunk_tokens): no [B*T, V] tensor exists either.
+//
+// Note [Document attention]
+// With data.packing.document_attention: isolated (engine/spec/
+// document_attention.h) a micro-batch carries position ids
+// (MicroBatch::position_ids) and the layers get them as PackedDocuments:
+// each token attends only to the earlier tokens of its own document
+// (causal within a document, and within the window on sliding layers),
+// and RoPE rotates it by its position in that document (rows of the
+// tables built for seq_len, so LongRoPE's factors are those of seq_len as
+// in shared rows), so every document computes what it would alone in a
+// row of seq_len tokens of its own, padded (HF's packing with
+// position ids, `DataCollatorWithFlattening`; Megatron-LM's
+// reset_position_ids + reset_attention_mask). On CUDA in bf16 / fp16 the
+// attention is flash attention's variable-length kernel over the
+// flattened [B*T] tokens with cumulative document lengths
+// (compat::VarlenCausalAttention: no mask exists); elsewhere (the CPU,
+// fp32 / tf32 compute) SDPA with a boolean [B, 1, T, T] block-diagonal
+// causal mask built per layer call (B x T x T bytes, freed after the
+// call); soft-capped layers (Note [Soft-capped attention]) add the
+// same-document test to their block masks. The layers then never run
+// from CUDA graphs (each micro-batch has its own documents). Without
+// PackedDocuments (shared) nothing here changes.
 #ifndef MEGATRAIN_ENGINE_LAYERS_H_
 #define MEGATRAIN_ENGINE_LAYERS_H_
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <vector>
+
+#include "absl/types/span.h"
 
 #include "engine/model/model_config.h"
 #include "engine/model/param_layout.h"
@@ -153,9 +178,38 @@ struct RopeCache {
 // longrope_frequency_update does for positions [0, seq_len).
 RopeCache BuildRopeCache(const ModelConfig& config, int64_t seq_len, const at::Device& device);
 
+// Note [Document attention]: a micro-batch's documents on the device.
+// position_ids and document_ids are what the mask path reads, cu_seqlens
+// and max_seqlen what the varlen kernel reads.
+struct PackedDocuments {
+  at::Tensor position_ids;  // [B, T] int64: each token's position in its document
+  at::Tensor document_ids;  // [B, T] int64: its document's index in the micro-batch
+                            // (row-major, ascending; rows never share one)
+  at::Tensor cu_seqlens;    // [S + 1] int32: S documents' cumulative lengths over
+                            // the flattened [B*T] tokens, 0 first, B*T last
+  int64_t max_seqlen = 0;   // longest document, in tokens
+};
+
+// PackedDocuments of MicroBatch::position_ids ([B*T] host; each row starts
+// at 0, then each id is 0 or the previous plus one: the executor checks
+// that first) on `device`. On CUDA the copies are enqueued on the current
+// stream from pinned memory. LibTorch errors are thrown (c10::Error).
+PackedDocuments MakePackedDocuments(absl::Span<const int32_t> position_ids, int64_t micro_batch,
+                                    int64_t seq_len, const at::Device& device);
+
+// A RoPE table [T, Dr] read at each token's position: position_ids [B, T]
+// int64 (values < T) -> [B, T, Dr] (Note [Document attention]).
+at::Tensor RopeAtPositions(const at::Tensor& table, const at::Tensor& position_ids);
+
+// The boolean [B, 1, T, T] mask of `docs` (true = attend): query i sees key
+// j of the same document with j <= i, and i - j < window when window > 0.
+at::Tensor DocumentAttentionMask(const PackedDocuments& docs, int64_t window);
+
 // Rotary position embedding (HF apply_rotary_pos_emb with rotate_half) of
 // x [B, T, heads, Dh] (compute dtype, or fp32; the last dimension
-// contiguous) with cos, sin [T, Dr] (Dr <= Dh, even; cast to fp32): the
+// contiguous) with cos, sin [T, Dr], or [B, T, Dr] per token (the tables
+// gathered at position ids, Note [Document attention]) (Dr <= Dh, even;
+// cast to fp32): the
 // first Dr dimensions rotate, the rest pass through. Returns a contiguous
 // [B, T, heads, Dh] tensor of x's dtype, computed in fp32 and rounded once
 // (Notes [RoPE precision] and [RoPE kernels] in layers.cc); differentiable
@@ -223,10 +277,13 @@ at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const a
 // kAttentionChunkBytes, and block graphs kept from forward to backward only
 // while they take at most `max_kept_bytes` (0: always recompute in
 // backward) instead of kAttentionKeptBytes: tests use it to get several
-// blocks at short T and either backward.
+// blocks at short T and either backward. `document_ids` ([B, T] int64,
+// PackedDocuments) also keeps each query to keys of its own document
+// (Note [Document attention]); undefined: none.
 at::Tensor SoftcappedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, double cap, int64_t window, int64_t max_chunk_bytes,
-                               int64_t max_kept_bytes);
+                               int64_t max_kept_bytes,
+                               const at::Tensor& document_ids = at::Tensor());
 
 // Rows per chunk of the gated MLP (Note [Chunked MLP]) for `rows` rows of
 // `intermediate` (F) elements of `element_size` bytes: `rows` when
@@ -256,20 +313,25 @@ at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::
 // `attention_mask` and rope's local tables. Weights must already be in
 // `compute_dtype` on x's device. The MLP is GatedMlp with
 // `mlp_chunk_bytes` (> 0; Note [Chunked MLP]; tests pass small values to
-// get several chunks).
+// get several chunks). `documents` (null: shared) isolates the packed
+// documents of x (Note [Document attention]); rope's tables are then
+// read at their position ids and `attention_mask` is not used.
 at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeights& w,
                                const at::Tensor& x, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType compute_dtype,
-                               int64_t mlp_chunk_bytes = kMlpChunkBytes);
+                               int64_t mlp_chunk_bytes = kMlpChunkBytes,
+                               const PackedDocuments* documents = nullptr);
 
 // The attention sub-layer of DecoderLayerForward, for layers that differ
 // from it only in their MLP (the MoE families, engine/model/moe_layers.h):
 // n1 [B, T, C] (the normed input, compute dtype) -> o_proj(attn(...))
 // [B, T, C] compute dtype, before any post-attention norm or residual.
-// `attention_mask` is used on the sliding layers of `config` (AttentionType).
+// `attention_mask` is used on the sliding layers of `config` (AttentionType);
+// `documents` as in DecoderLayerForward.
 at::Tensor DecoderAttention(const ModelConfig& config, const DecoderLayerWeights& w,
                             const at::Tensor& n1, const RopeCache& rope,
-                            const at::Tensor& attention_mask, at::ScalarType compute_dtype);
+                            const at::Tensor& attention_mask, at::ScalarType compute_dtype,
+                            const PackedDocuments* documents = nullptr);
 
 // Result of the head (final norm + lm_head + cross-entropy) on a micro-batch.
 struct HeadResult {

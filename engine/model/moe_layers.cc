@@ -53,9 +53,10 @@ at::Tensor AttentionWithSinks(const at::Tensor& q, const at::Tensor& k, const at
 
 // The attention half of a decoder layer: x + o_proj(attn(...)). x [B, T, C]
 // fp32 -> [B, T, C] fp32.
-at::Tensor AttentionBlock(const MoeModelConfig& config, const MoeDecoderLayerWeights& w,
-                          const at::Tensor& x, const RopeCache& rope, const at::Tensor& mask,
-                          at::ScalarType cd) {
+at::Tensor AttentionBlock(const MoeModelConfig& config, int64_t layer_idx,
+                          const MoeDecoderLayerWeights& w, const at::Tensor& x,
+                          const RopeCache& rope, const at::Tensor& mask, at::ScalarType cd,
+                          const PackedDocuments* docs) {
   const ModelConfig& c = config.base;
   const DecoderLayerWeights& d = w.dense;
   const int64_t b = x.size(0), t = x.size(1);
@@ -65,7 +66,7 @@ at::Tensor AttentionBlock(const MoeModelConfig& config, const MoeDecoderLayerWei
   // implementation, layers.cc); config.base.layer_types marks the sliding
   // layers (ParseMoeHfConfig). Only gpt_oss's sinks need the softmax below.
   if (!w.sinks.defined()) {
-    return x + DecoderAttention(c, d, n1, rope, mask, cd).to(at::kFloat);
+    return x + DecoderAttention(c, d, n1, rope, mask, cd, docs).to(at::kFloat);
   }
   at::Tensor q = Linear(n1, d.q_proj, d.q_bias).view({b, t, h, dh});
   at::Tensor k = Linear(n1, d.k_proj, d.k_bias).view({b, t, kv, dh});
@@ -74,11 +75,19 @@ at::Tensor AttentionBlock(const MoeModelConfig& config, const MoeDecoderLayerWei
     q = RmsNorm(q, d.q_norm.to(at::kFloat), c.rms_norm_eps).to(cd);
     k = RmsNorm(k, d.k_norm.to(at::kFloat), c.rms_norm_eps).to(cd);
   }
-  q = ApplyRotaryEmbedding(q, rope.cos, rope.sin).transpose(1, 2);  // [B, H, T, Dh]
-  k = RepeatKv(ApplyRotaryEmbedding(k, rope.cos, rope.sin).transpose(1, 2), h / kv);
+  at::Tensor cos = rope.cos, sin = rope.sin;  // [T, Dh]
+  at::Tensor allowed = mask;
+  if (docs != nullptr) {  // Note [Document attention]: [B, T, Dh], [B, 1, T, T]
+    cos = RopeAtPositions(cos, docs->position_ids);
+    sin = RopeAtPositions(sin, docs->position_ids);
+    allowed = DocumentAttentionMask(
+        *docs, config.moe.layer_sliding_window[static_cast<size_t>(layer_idx)]);
+  }
+  q = ApplyRotaryEmbedding(q, cos, sin).transpose(1, 2);  // [B, H, T, Dh]
+  k = RepeatKv(ApplyRotaryEmbedding(k, cos, sin).transpose(1, 2), h / kv);
   v = RepeatKv(v.transpose(1, 2), h / kv);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  at::Tensor attn = AttentionWithSinks(q, k, v, w.sinks, mask, scale);  // [B, H, T, Dh]
+  at::Tensor attn = AttentionWithSinks(q, k, v, w.sinks, allowed, scale);  // [B, H, T, Dh]
   attn = attn.transpose(1, 2).reshape({b, t, h * dh});
   return x + Linear(attn, d.o_proj, d.o_bias).to(at::kFloat);
 }
@@ -324,11 +333,12 @@ at::Tensor MoeMlpForward(const MoeConfig& config, const MoeMlpWeights& w, const 
 MoeLayerOutput MoeDecoderLayerForward(const MoeModelConfig& config, int64_t layer_idx,
                                       const MoeDecoderLayerWeights& w, const at::Tensor& x,
                                       const RopeCache& rope, const at::Tensor& mask,
-                                      const at::Tensor& jitter, at::ScalarType cd) {
-  (void)layer_idx;  // the layer's shape is in `w` (is_moe) and its window in `mask`
+                                      const at::Tensor& jitter, at::ScalarType cd,
+                                      const PackedDocuments* documents) {
   const ModelConfig& c = config.base;
   const int64_t b = x.size(0), t = x.size(1), hidden = x.size(2);
-  at::Tensor h = AttentionBlock(config, w, x, rope, mask, cd);  // [B, T, C] fp32
+  at::Tensor h =
+      AttentionBlock(config, layer_idx, w, x, rope, mask, cd, documents);  // [B, T, C] fp32
   at::Tensor n2 = RmsNorm(h, w.dense.post_attention_layernorm.to(at::kFloat), c.rms_norm_eps)
                       .view({b * t, hidden});  // [N, C] fp32
   MoeLayerOutput out;

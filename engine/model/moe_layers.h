@@ -187,10 +187,14 @@ struct MoeLayerOutput {
 // for qwen2/3_moe dense layers, the dense SwiGLU MLP. x [B, T, C] fp32;
 // weights in the compute dtype except that routers may be any dtype (they
 // are cast to fp32). `mask` from BuildMoeLayerAttentionMask(layer_idx).
+// `documents` (null: shared) isolates packed documents as
+// DecoderLayerForward does (Note [Document attention] in layers.h; `mask`
+// is then not used).
 MoeLayerOutput MoeDecoderLayerForward(const MoeModelConfig& config, int64_t layer_idx,
                                       const MoeDecoderLayerWeights& w, const at::Tensor& x,
                                       const RopeCache& rope, const at::Tensor& mask,
-                                      const at::Tensor& jitter, at::ScalarType compute_dtype);
+                                      const at::Tensor& jitter, at::ScalarType compute_dtype,
+                                      const PackedDocuments* documents = nullptr);
 
 // Note [Load-balancing loss in a streamed backward]
 // HF's load_balancing_loss_func concatenates the router logits of every MoE

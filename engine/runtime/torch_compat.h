@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <limits>
@@ -64,7 +65,8 @@ inline constexpr bool kGlooHasReduceScatterBase = false;
 
 // softmax(q k^T * scale + mask) v for q [B, H, T, Dh] and k, v [B, H, S, Dh]
 // (same head count: callers repeat kv heads first). `mask` is boolean
-// [T, S] (true = attend) or undefined; `is_causal` applies the causal mask
+// [T, S] or [B, 1, T, S] (true = attend; every query must see a key) or
+// undefined; `is_causal` applies the causal mask
 // when `mask` is undefined. Uses the fused kernel (flash / memory-efficient
 // / cuDNN) on torch >= 2.1; the math path on 1.13, whose SDPA is private.
 inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tensor& k,
@@ -90,6 +92,59 @@ inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tenso
   at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
   return at::matmul(probs, v);
 #endif
+}
+
+// Note [Document attention] in engine/model/layers.h: causal attention
+// within each of S packed documents, by flash attention's variable-length
+// kernel (ATen's _flash_attention_forward with cumulative sequence
+// lengths; differentiable: autograd's formula is
+// _flash_attention_backward). q, k, v [N, H, Dh] (N tokens of the
+// flattened micro-batch; kv heads repeated or not, H divisible by k's);
+// cu_seqlens [S + 1] int32 on q's device, 0 first and N last; max_seqlen
+// the longest document; `window` > 0 keeps query i to keys (i - window, i]
+// (HF's sliding window: flash's window_size_left = window - 1). Returns
+// [N, H, Dh] in q's dtype, or an undefined tensor where the kernel is not
+// taken: torch < 2.5 (no window arguments), the CPU, dtypes other than
+// bf16 / fp16, Dh not a multiple of 8 or above 256 (the kernel's limits),
+// or after the kernel refused a call once (remembered process-wide,
+// thread-safe); callers then use ScaledDotProductAttention with a mask.
+// Out-of-memory errors propagate. Enqueued on the current stream.
+inline at::Tensor VarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& cu_seqlens,
+                                        int64_t max_seqlen, double scale, int64_t window) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 5)
+  static std::atomic<bool> refused{false};
+  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  const int64_t head_dim = q.size(-1);
+  if (q.is_cuda() && half && head_dim % 8 == 0 && head_dim <= 256 &&
+      !refused.load(std::memory_order_relaxed)) {
+    std::optional<int64_t> window_left;
+    std::optional<int64_t> window_right;
+    if (window > 0) {
+      window_left = window - 1;
+      window_right = 0;
+    }
+    try {
+      auto result = at::_flash_attention_forward(
+          q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, cu_seqlens, max_seqlen,
+          max_seqlen, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale,
+          window_left, window_right);
+      return std::get<0>(result);
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const c10::Error& e) {
+      if (!refused.exchange(true)) {
+        std::fprintf(stderr,
+                     "megatrain: flash attention's varlen kernel refused packed documents (%s); "
+                     "using SDPA with a document mask instead\n",
+                     e.what_without_backtrace());
+      }
+    }
+  }
+#else
+  (void)q, (void)k, (void)v, (void)cu_seqlens, (void)max_seqlen, (void)scale, (void)window;
+#endif
+  return at::Tensor();
 }
 
 // True when `e` reports device (or host) memory exhaustion: c10's

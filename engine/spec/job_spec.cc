@@ -34,6 +34,12 @@ absl::Status CheckSources(const JobSpec& s) {
     return absl::InvalidArgumentError(
         "data.eval_fraction: must be 0 when data.eval_tokens gives the held-out set");
   }
+  const DocumentAttention attention = s.data.packing.document_attention;
+  if (attention != DocumentAttention::kAuto && attention != DocumentAttention::kIsolated &&
+      attention != DocumentAttention::kShared) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kDocumentAttentionField, ": unknown value ", static_cast<int>(attention)));
+  }
   return absl::OkStatus();
 }
 

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/precision.h"
+#include "engine/spec/document_attention.h"
 #include "engine/spec/nan_policy.h"
 #include "engine/spec/memory_modes.h"
 #include "engine/spec/nvme_tier_mode.h"
@@ -56,6 +57,12 @@ struct DataSpec {
   std::string tokenizer;
   double eval_fraction = 0.0;  // held-out share of documents, kEvalFractionRange
   uint64_t shuffle_seed = 1234;
+  // How documents are packed into sequences (docs/job-spec.md, "Packing").
+  struct Packing {
+    // Whether packed documents see each other (engine/spec/
+    // document_attention.h): auto is isolated for masked (SFT, chat) data.
+    DocumentAttention document_attention = DocumentAttention::kAuto;
+  } packing;
 };
 
 struct TrainSpec {

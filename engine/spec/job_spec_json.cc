@@ -62,7 +62,7 @@ json OptimizerToJson(const OptimizerSpec& o) {
           {"min_lr_ratio", o.min_lr_ratio}};
 }
 
-void ModelAndDataFromJson(const json& j, JobSpec* spec) {
+absl::Status ModelAndDataFromJson(const json& j, JobSpec* spec) {
   const json& model = Section(j, "model");
   Get(model, "preset", &spec->model.preset);
   Get(model, "hf_dir", &spec->model.hf_dir);
@@ -76,6 +76,15 @@ void ModelAndDataFromJson(const json& j, JobSpec* spec) {
   Get(data, "tokenizer", &spec->data.tokenizer);
   Get(data, "eval_fraction", &spec->data.eval_fraction);
   Get(data, "shuffle_seed", &spec->data.shuffle_seed);
+  // Absent (the default, or a spec written before the field): auto.
+  std::string attention(DocumentAttentionName(spec->data.packing.document_attention));
+  Get(Section(data, "packing"), "document_attention", &attention);
+  absl::StatusOr<DocumentAttention> mode = ParseDocumentAttention(attention);
+  if (!mode.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", mode.status().message()));
+  }
+  spec->data.packing.document_attention = *mode;
+  return absl::OkStatus();
 }
 
 absl::Status TrainFromJson(const json& j, TrainSpec* t) {
@@ -176,6 +185,10 @@ json JobSpecToJsonObject(const JobSpec& s) {
                {"tokenizer", s.data.tokenizer},
                {"eval_fraction", s.data.eval_fraction},
                {"shuffle_seed", s.data.shuffle_seed}};
+  if (s.data.packing.document_attention != DocumentAttention::kAuto) {
+    j["data"]["packing"] = {{"document_attention", std::string(DocumentAttentionName(
+                                                       s.data.packing.document_attention))}};
+  }
   j["train"] = TrainToJson(s.train);
   j["optimizer"] = OptimizerToJson(s.optimizer);
   j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
@@ -201,7 +214,7 @@ absl::Status JobSpecFromJsonObject(const json& j, JobSpec* spec) {
   if (!j.is_object()) return absl::DataLossError("job spec JSON: not an object");
   try {
     Get(j, "name", &spec->name);
-    ModelAndDataFromJson(j, spec);
+    if (absl::Status status = ModelAndDataFromJson(j, spec); !status.ok()) return status;
     if (absl::Status status = TrainFromJson(j, &spec->train); !status.ok()) return status;
     OptimizerEvalCheckpointFromJson(j, spec);
     if (absl::Status status = MemoryFromJson(j, &spec->memory); !status.ok()) return status;

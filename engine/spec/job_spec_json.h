@@ -39,9 +39,12 @@ std::string JobSpecToJson(const JobSpec& spec);
 // Missing fields keep the values `spec` has (callers start from the
 // defaults); unknown keys are ignored. Reads the spellings of older
 // writers: train.skip_nonfinite_steps (a bool, before train.nan_policy); a
-// missing train.offload_activations is off, as those jobs ran. Does not
+// missing train.offload_activations is off, as those jobs ran; a missing
+// data.packing.document_attention is auto (the default: a job with masked
+// data written before the field resumes isolated). Does not
 // validate (ValidateJobSpec does). DATA_LOSS "job spec JSON: ..." for a
-// field of the wrong type or an unknown compute_dtype / nan_policy: the text
+// field of the wrong type or an unknown compute_dtype / nan_policy /
+// document_attention: the text
 // was written by us, so a bad one is a corrupt store or checkpoint.
 absl::Status JobSpecFromJsonObject(const nlohmann::json& object, JobSpec* spec);
 

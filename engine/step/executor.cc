@@ -64,6 +64,29 @@ struct PassState {
   void EndMicroBatch(int m) { micro_batch[m] = MicroBatchState(); }
 };
 
+// Micro-batch `m`'s position ids (MicroBatch::position_ids): none, or
+// [n] with every row of `seq_len` starting at 0 and each next id 0 or the
+// previous plus one. INVALID_ARGUMENT naming the first bad one otherwise.
+absl::Status CheckPositionIds(const MicroBatch& mb, size_t m, size_t n, size_t seq_len) {
+  const std::vector<int32_t>& positions = mb.position_ids;
+  if (positions.empty()) return absl::OkStatus();
+  if (positions.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch ", m, ": expected ", n,
+                                                   " position_ids (micro_batch x seq_len) or none, "
+                                                   "got ",
+                                                   positions.size()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t expected_next = i % seq_len == 0 ? 0 : positions[i - 1] + 1;
+    if (positions[i] != 0 && positions[i] != expected_next) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "micro-batch ", m, ": position_ids[", i, "] = ", positions[i], " must be 0 (a document ",
+          "begins) or ", expected_next, " (the previous plus one; rows begin at 0)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Thrown between plan actions when ExecutorOptions::abandon_step is set
 // (Note [Abandoned steps] in executor.h); caught in Run only.
 struct StepAbandoned {};
@@ -143,16 +166,21 @@ class StreamingExecutor::Impl {
   void BackwardLayer(const StepAction& a, PassState& p);
   // Activation checkpointing: recomputes the layer's forward from `input`
   // with autograd local to the layer; returns the gradients of its
-  // parameters (in BindBlockParams order) and, last, of `input`.
+  // parameters (in BindBlockParams order) and, last, of `input`. `docs`:
+  // the micro-batch's documents or null (Note [Document attention] in
+  // model/layers.h).
   std::vector<at::Tensor> RecomputeAndBackward(const BlockLayout& bl, const at::Tensor& flat,
-                                               const at::Tensor& input, const at::Tensor& grad_y);
+                                               const at::Tensor& input, const at::Tensor& grad_y,
+                                               const PackedDocuments* docs);
   // A dense decoder layer's forward, and its recompute and backward (as
   // RecomputeAndBackward), from CUDA graphs when they are on (Note [Layer
-  // graphs] in step/layer_graphs.h).
-  at::Tensor DenseForward(const BlockLayout& bl, const at::Tensor& flat, const at::Tensor& x);
+  // graphs] in step/layer_graphs.h) and the micro-batch has no documents.
+  at::Tensor DenseForward(const BlockLayout& bl, const at::Tensor& flat, const at::Tensor& x,
+                          const PackedDocuments* docs);
   std::vector<at::Tensor> DenseRecomputeAndBackward(const BlockLayout& bl, const at::Tensor& flat,
                                                     const at::Tensor& input,
-                                                    const at::Tensor& grad_y);
+                                                    const at::Tensor& grad_y,
+                                                    const PackedDocuments* docs);
   void EmbeddingBackward(const StepAction& a, PassState& p);
   // A contribution to `block`'s device sum is in place; on the last one
   // of the pass the sum lands in the store.
@@ -256,6 +284,7 @@ absl::Status StreamingExecutor::Impl::ValidateBatches(absl::Span<const MicroBatc
       }
       ++*counted;
     }
+    MEGATRAIN_RETURN_IF_ERROR(CheckPositionIds(mb, m, n, static_cast<size_t>(options_.seq_len)));
   }
   return absl::OkStatus();
 }
@@ -407,9 +436,10 @@ void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
     mb.saved[a.layer] = mb.x;
   }
   const int token = env_.timer.Begin(StreamKind::kCompute);
+  const PackedDocuments* docs = mb.input.documents ? &*mb.input.documents : nullptr;
   mb.x = moe_ ? moe_->Forward(a.micro_batch, env_.layout.blocks[a.block], flat, mb.x,
-                              env_.compute_dtype)
-              : DenseForward(env_.layout.blocks[a.block], flat, mb.x);
+                              env_.compute_dtype, docs)
+              : DenseForward(env_.layout.blocks[a.block], flat, mb.x, docs);
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
   if (!resident) slots_->Release(a.use);
   // Free offloaded inputs once their copy is done: the compute stream
@@ -501,7 +531,8 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
 std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const BlockLayout& bl,
                                                                       const at::Tensor& flat,
                                                                       const at::Tensor& input,
-                                                                      const at::Tensor& grad_y) {
+                                                                      const at::Tensor& grad_y,
+                                                                      const PackedDocuments* docs) {
   std::vector<at::Tensor> leaves;
   for (const at::Tensor& p : BindBlockParams(bl, flat)) {
     leaves.push_back(p.detach().requires_grad_(true));
@@ -511,12 +542,17 @@ std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const Bloc
   inputs.push_back(x_leaf);
   at::Tensor y =
       DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf, rope_,
-                          attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes);
+                          attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes, docs);
   return torch::autograd::grad({y}, inputs, {grad_y});
 }
 
 at::Tensor StreamingExecutor::Impl::DenseForward(const BlockLayout& bl, const at::Tensor& flat,
-                                                 const at::Tensor& x) {
+                                                 const at::Tensor& x, const PackedDocuments* docs) {
+  if (docs != nullptr) {  // each micro-batch its own documents: no graph
+    at::NoGradGuard no_grad;
+    return DecoderLayerForward(env_.config, BindDecoderLayerWeights(bl, flat), x, rope_,
+                               attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes, docs);
+  }
   const BlockLayout* block = &bl;
   return graphs_
       ->Run(LayerWork::kForward, flat.data_ptr(), LayerGraphVariant(env_.config, bl.layer_idx), {x},
@@ -532,12 +568,13 @@ at::Tensor StreamingExecutor::Impl::DenseForward(const BlockLayout& bl, const at
 
 std::vector<at::Tensor> StreamingExecutor::Impl::DenseRecomputeAndBackward(
     const BlockLayout& bl, const at::Tensor& flat, const at::Tensor& input,
-    const at::Tensor& grad_y) {
+    const at::Tensor& grad_y, const PackedDocuments* docs) {
+  if (docs != nullptr) return RecomputeAndBackward(bl, flat, input, grad_y, docs);
   const BlockLayout* block = &bl;
   return graphs_->Run(LayerWork::kRecomputeBackward, flat.data_ptr(),
                       LayerGraphVariant(env_.config, bl.layer_idx), {input, grad_y},
                       /*kept_last=*/1, [this, block, flat](const std::vector<at::Tensor>& in) {
-                        return RecomputeAndBackward(*block, flat, in[0], in[1]);
+                        return RecomputeAndBackward(*block, flat, in[0], in[1], nullptr);
                       });
 }
 
@@ -554,10 +591,11 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   if (a.input_offloaded) offload_->WaitLoaded(a.layer, a.micro_batch);
   MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
+  const PackedDocuments* docs = mb.input.documents ? &*mb.input.documents : nullptr;
   std::vector<at::Tensor> grads =
       moe_ ? moe_->RecomputeAndBackward(a.micro_batch, bl, flat, mb.saved[a.layer], mb.grad_y,
-                                        env_.compute_dtype)
-           : DenseRecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y);
+                                        env_.compute_dtype, docs)
+           : DenseRecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y, docs);
   bool slot_sum_last = false;
   if (a.grad_to == GradTo::kSlotSum) {
     slot_sum_last = SlotSum(a, p, BlockKind::kDecoderLayer, grads);

@@ -317,7 +317,8 @@ class StreamingExecutor {
   // the pass's train-time noise (Note [Router jitter] in
   // model/moe_layers.h), so a pass repeated with the same step, or after a
   // resume, draws the same noise.
-  // Errors: INVALID_ARGUMENT for a token id or label out of range or a
+  // Errors: INVALID_ARGUMENT for a token id or label out of range, position
+  // ids that do not describe documents (MicroBatch::position_ids), or a
   // wrong size (naming micro-batch and position); RESOURCE_EXHAUSTED for
   // device out of memory (suggesting a smaller micro_batch); INTERNAL for
   // CUDA or LibTorch failures. After an error the gradients are undefined;

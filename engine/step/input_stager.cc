@@ -70,6 +70,15 @@ void InputStager::GatherSources(const MicroBatch& mb) {
 }
 
 UploadedInput InputStager::Upload(const MicroBatch& mb, const at::Tensor& resident_table) {
+  UploadedInput up = UploadTokens(mb, resident_table);
+  if (!mb.position_ids.empty()) {  // Note [Document attention] in model/layers.h
+    up.documents = MakePackedDocuments(mb.position_ids, b_, t_, env_->runtime->device());
+    env_->h2d_bytes += up.documents->cu_seqlens.numel() * 4 + b_ * t_ * 16;
+  }
+  return up;
+}
+
+UploadedInput InputStager::UploadTokens(const MicroBatch& mb, const at::Tensor& resident_table) {
   DeviceRuntime* runtime = env_->runtime;
   if (pending_) runtime->HostWait(*done_);  // staging reused
   if (resident_table.defined()) return UploadIds(mb, resident_table);

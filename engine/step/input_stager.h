@@ -23,11 +23,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/io/batch.h"
+#include "engine/model/layers.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/step/step_env.h"
 
@@ -45,6 +47,9 @@ struct UploadedInput {
   at::Tensor x;       // [B, T, C] fp32: layer 0's input
   at::Tensor labels;  // [B, T] int64
   at::Tensor ids;     // [B*T] int64, with a resident embedding only
+  // The micro-batch's documents when it carries position ids (Note
+  // [Document attention] in engine/model/layers.h), else none.
+  std::optional<PackedDocuments> documents;
 };
 
 class InputStager {
@@ -64,6 +69,8 @@ class InputStager {
 
   // Stages `mb` and enqueues its upload; kCompute waits for it. With
   // `resident_table` ([V, C] fp32, device) defined, gathers on the device.
+  // With position ids, also their PackedDocuments, copied on the current
+  // stream (MakePackedDocuments; the executor's is kCompute).
   UploadedInput Upload(const MicroBatch& mb, const at::Tensor& resident_table);
 
   // The pass is over (or failed): the buffer is free.
@@ -75,6 +82,8 @@ class InputStager {
   InputStager(StepEnv* env, int64_t micro_batch, int64_t seq_len)
       : env_(env), b_(micro_batch), t_(seq_len) {}
   UploadedInput UploadIds(const MicroBatch& mb, const at::Tensor& table);
+  // Upload without the documents: rows gathered here or on the device.
+  UploadedInput UploadTokens(const MicroBatch& mb, const at::Tensor& resident_table);
   // Points row_sources_ at the current value of every token's row.
   void GatherSources(const MicroBatch& mb);
 

@@ -37,12 +37,13 @@ at::Tensor MoeLayerRunner::Jitter(int micro_batch, int64_t layer_idx, const at::
 }
 
 at::Tensor MoeLayerRunner::Forward(int micro_batch, const BlockLayout& block,
-                                   const at::Tensor& flat, const at::Tensor& x, at::ScalarType cd) {
+                                   const at::Tensor& flat, const at::Tensor& x, at::ScalarType cd,
+                                   const PackedDocuments* docs) {
   at::NoGradGuard no_grad;
   const int64_t layer_idx = block.layer_idx;
   MoeLayerOutput out = MoeDecoderLayerForward(
       config_, layer_idx, BindMoeDecoderLayerWeights(block, flat), x, rope_,
-      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, x), cd);
+      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, x), cd, docs);
   if (aux_loss_ && out.router_logits.defined()) {
     AccumulateLoadBalancing(config_.moe, out.router_logits,
                             &router_stats_[static_cast<size_t>(micro_batch)]);
@@ -52,7 +53,7 @@ at::Tensor MoeLayerRunner::Forward(int micro_batch, const BlockLayout& block,
 
 std::vector<at::Tensor> MoeLayerRunner::RecomputeAndBackward(
     int micro_batch, const BlockLayout& block, const at::Tensor& flat, const at::Tensor& input,
-    const at::Tensor& grad_y, at::ScalarType cd) {
+    const at::Tensor& grad_y, at::ScalarType cd, const PackedDocuments* docs) {
   std::vector<at::Tensor> inputs;  // the parameters' leaves, then the input's
   for (const at::Tensor& p : BindBlockParams(block, flat)) {
     inputs.push_back(p.detach().requires_grad_(true));
@@ -63,7 +64,7 @@ std::vector<at::Tensor> MoeLayerRunner::RecomputeAndBackward(
   const int64_t layer_idx = block.layer_idx;
   MoeLayerOutput out = MoeDecoderLayerForward(
       config_, layer_idx, MoeDecoderLayerWeightsFromParams(block, leaves), x_leaf, rope_,
-      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, input), cd);
+      masks_[static_cast<size_t>(layer_idx)], Jitter(micro_batch, layer_idx, input), cd, docs);
   std::vector<at::Tensor> outputs = {out.hidden};
   std::vector<at::Tensor> grad_outputs = {grad_y};
   const LoadBalancingStats& stats = router_stats_[static_cast<size_t>(micro_batch)];

@@ -66,9 +66,10 @@ class MoeLayerRunner {
   // (its index in the pass: the jitter's key), no autograd: x [B, T, C]
   // fp32 -> [B, T, C] fp32. `flat` holds the
   // block in the compute dtype `cd`. Adds the layer's router statistics to
-  // the micro-batch's when the aux loss is on.
+  // the micro-batch's when the aux loss is on. `docs`: the micro-batch's
+  // documents, or null (Note [Document attention] in model/layers.h).
   at::Tensor Forward(int micro_batch, const BlockLayout& block, const at::Tensor& flat,
-                     const at::Tensor& x, at::ScalarType cd);
+                     const at::Tensor& x, at::ScalarType cd, const PackedDocuments* docs = nullptr);
 
   // Activation checkpointing: recomputes the layer's forward from `input`
   // with autograd local to the layer and takes the gradient of
@@ -80,7 +81,8 @@ class MoeLayerRunner {
   // (the same key: bit-identical).
   std::vector<at::Tensor> RecomputeAndBackward(int micro_batch, const BlockLayout& block,
                                                const at::Tensor& flat, const at::Tensor& input,
-                                               const at::Tensor& grad_y, at::ScalarType cd);
+                                               const at::Tensor& grad_y, at::ScalarType cd,
+                                               const PackedDocuments* docs = nullptr);
 
   // sum_m aux_m over the pass's micro-batches (Note [Load-balancing loss
   // across micro-batches]): [] fp64 on the device, 0 when the aux loss is

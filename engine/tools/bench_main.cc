@@ -29,6 +29,10 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--device", o.device, "cpu | cuda | cuda:N");
   app.add_option("--micro_batch", o.micro_batch, "sequences per forward/backward");
   app.add_option("--seq_len", o.seq_len, "tokens per sequence");
+  app.add_option("--document_tokens", o.document_tokens,
+                 "> 0: each sequence packs isolated documents of this many tokens "
+                 "(data.packing.document_attention: isolated; docs/job-spec.md, \"Packing\")")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
                  "micro-batches per step");
   app.add_option("--devices", o.devices,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/spec/document_attention.h"
 #include "engine/spec/nvme_tier_mode.h"
 #include "server/core/logging.h"
 
@@ -293,6 +294,10 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   spec.data.tokenizer = data.tokenizer();
   if (data.has_eval_fraction()) spec.data.eval_fraction = data.eval_fraction();
   if (data.has_shuffle_seed()) spec.data.shuffle_seed = data.shuffle_seed();
+  if (!data.packing().document_attention().empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(spec.data.packing.document_attention,
+                               engine::ParseDocumentAttention(data.packing().document_attention()));
+  }
 
   MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
   OptimizerEvalCheckpointFromProto(in, &spec);
@@ -327,6 +332,8 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   data->set_tokenizer(spec.data.tokenizer);
   data->set_eval_fraction(spec.data.eval_fraction);
   data->set_shuffle_seed(spec.data.shuffle_seed);
+  data->mutable_packing()->set_document_attention(
+      std::string(engine::DocumentAttentionName(spec.data.packing.document_attention)));
   v1::TrainSpec* train = out->mutable_train();
   train->set_micro_batch(spec.train.micro_batch);
   train->set_seq_len(spec.train.seq_len);

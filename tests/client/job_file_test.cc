@@ -310,5 +310,16 @@ TEST(JobFileTest, MemoryNvmeTier) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("memory.nvme_tier")));
 }
 
+// data.packing.document_attention passes through to the proto (the
+// daemon parses it); an unknown key under data.packing names its path.
+TEST(JobFileTest, DataPackingDocumentAttention) {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobYaml("data: {tokens: t, packing: {document_attention: shared}}\n", "/", "j.yaml");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->data().packing().document_attention(), "shared");
+  EXPECT_THAT(ParseJobYaml("data: {packing: {attention: shared}}\n", "/", "j.yaml").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.packing.attention")));
+}
+
 }  // namespace
 }  // namespace megatrain::client

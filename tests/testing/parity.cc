@@ -175,6 +175,36 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
   return out;
 }
 
+// Records in `out` the worst gradient error of the store's gradients
+// against the reference's (`params` after backward): Note [Near-cancelling
+// gradients] below.
+void CompareGradients(const HostStore& store, const ReferenceParams& params, ParityResult* out) {
+  const ModelLayout& layout = store.layout();
+  for (size_t blk = 0; blk < layout.blocks.size(); ++blk) {
+    const float* grad = store.grad(static_cast<int64_t>(blk));
+    // Note [Near-cancelling gradients]: softmax is invariant to a shift of
+    // all keys, so the k_proj bias gradient nearly cancels (only RoPE keeps
+    // it from being exactly 0); its norm-relative error measures rounding
+    // noise over a near-zero value. Each tensor's error is therefore taken
+    // relative to max(its norm, 5% of its block's gradient norm).
+    double block_norm_sq = 0;
+    for (const ParamSpec& p : layout.blocks[blk].params) {
+      block_norm_sq += params.at(p.hf_name).grad().to(at::kDouble).square().sum().item<double>();
+    }
+    for (const ParamSpec& p : layout.blocks[blk].params) {
+      at::Tensor ours = at::from_blob(const_cast<float*>(grad + p.offset), p.shape, at::kFloat);
+      const at::Tensor& ref = params.at(p.hf_name).grad();
+      const double floor = 0.05 * std::sqrt(block_norm_sq);
+      const double err = (ours.to(at::kDouble) - ref.to(at::kDouble)).norm().item<double>() /
+                         std::max({ref.to(at::kDouble).norm().item<double>(), floor, 1e-30});
+      if (err > out->worst_grad_error) {
+        out->worst_grad_error = err;
+        out->worst_grad = p.hf_name;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ParityResult RunParity(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
@@ -229,31 +259,95 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
   at::Tensor loss = ReferenceLoss(config, params, ids_t, labels_t, dtype == ComputeDtype::kBf16);
   loss.backward();
   out.loss_error = std::abs(result->loss() - loss.item<double>()) / std::abs(loss.item<double>());
-  const ModelLayout& layout = store->layout();
-  for (size_t blk = 0; blk < layout.blocks.size(); ++blk) {
-    const float* grad = store->grad(static_cast<int64_t>(blk));
-    // Note [Near-cancelling gradients]: softmax is invariant to a shift of
-    // all keys, so the k_proj bias gradient nearly cancels (only RoPE keeps
-    // it from being exactly 0); its norm-relative error measures rounding
-    // noise over a near-zero value. Each tensor's error is therefore taken
-    // relative to max(its norm, 5% of its block's gradient norm).
-    double block_norm_sq = 0;
-    for (const ParamSpec& p : layout.blocks[blk].params) {
-      block_norm_sq += params.at(p.hf_name).grad().to(at::kDouble).square().sum().item<double>();
-    }
-    for (const ParamSpec& p : layout.blocks[blk].params) {
-      at::Tensor ours = at::from_blob(const_cast<float*>(grad + p.offset), p.shape, at::kFloat);
-      const at::Tensor& ref = params.at(p.hf_name).grad();
-      const double floor = 0.05 * std::sqrt(block_norm_sq);
-      const double err = (ours.to(at::kDouble) - ref.to(at::kDouble)).norm().item<double>() /
-                         std::max({ref.to(at::kDouble).norm().item<double>(), floor, 1e-30});
-      if (err > out.worst_grad_error) {
-        out.worst_grad_error = err;
-        out.worst_grad = p.hf_name;
+  CompareGradients(*store, params, &out);
+  out.ran = true;
+  return out;
+}
+
+std::vector<MicroBatch> MakePackedBatches(const std::vector<std::vector<int64_t>>& rows, int64_t b,
+                                          int64_t t, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<MicroBatch> out(rows.size() / static_cast<size_t>(b));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    MicroBatch& mb = out[r / static_cast<size_t>(b)];
+    int64_t filled = 0;
+    for (const int64_t length : rows[r]) {
+      std::vector<int32_t> doc(static_cast<size_t>(length));
+      for (int32_t& id : doc) id = token(rng);
+      for (int64_t i = 0; i < length; ++i) {
+        mb.input_ids.push_back(doc[i]);
+        mb.labels.push_back(i + 1 < length ? doc[i + 1] : kIgnoreLabel);
+        mb.position_ids.push_back(static_cast<int32_t>(i));
       }
+      filled += length;
+    }
+    EXPECT_EQ(filled, t) << "row " << r << " of the packed layout";
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> PackedParityRows() { return {{7, 5}, {3, 9}, {12}, {4, 4, 4}}; }
+
+ParityResult RunPackedDocumentParity(const ModelConfig& config, const std::string& device,
+                                     ComputeDtype dtype, double init_range,
+                                     const std::vector<std::vector<int64_t>>& rows, int64_t b,
+                                     int64_t t) {
+  ParityResult out;
+  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
+      config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/7,
+      /*offload_activations=*/false, /*resident_layers=*/0, /*resident_embedding=*/false,
+      /*device_grad_accumulation=*/false, StepSchedule::kMicroBatchMajor, /*wave=*/1,
+      /*mlp_chunk_bytes=*/0, /*cuda_graphs=*/false);
+  if (under_test == nullptr) return out;
+  const std::vector<MicroBatch> batches = MakePackedBatches(rows, b, t, config.vocab_size, 13);
+  auto result = under_test->executor->ForwardBackward(batches);
+  EXPECT_THAT(result, IsOk());
+  if (!result.ok()) return out;
+  // Reference: one row per document, filler (token 0, no label) after it.
+  std::vector<int32_t> ids, labels;
+  for (const MicroBatch& mb : batches) {
+    for (size_t begin = 0; begin < mb.position_ids.size();) {
+      size_t end = begin + 1;
+      while (end < mb.position_ids.size() && mb.position_ids[end] != 0) ++end;
+      ids.insert(ids.end(), mb.input_ids.begin() + begin, mb.input_ids.begin() + end);
+      labels.insert(labels.end(), mb.labels.begin() + begin, mb.labels.begin() + end);
+      ids.resize(ids.size() + static_cast<size_t>(t) - (end - begin), 0);
+      labels.resize(labels.size() + static_cast<size_t>(t) - (end - begin), kIgnoreLabel);
+      begin = end;
     }
   }
+  const int64_t documents = static_cast<int64_t>(ids.size()) / t;
+  ReferenceParams params = ParamsFromStore(*under_test->store);
+  at::Tensor loss = ReferenceLoss(
+      config, params, at::tensor(ids).to(at::kLong).view({documents, t}),
+      at::tensor(labels).to(at::kLong).view({documents, t}), dtype == ComputeDtype::kBf16);
+  loss.backward();
+  out.loss_error = std::abs(result->loss() - loss.item<double>()) / std::abs(loss.item<double>());
+  CompareGradients(*under_test->store, params, &out);
   out.ran = true;
+  return out;
+}
+
+GradientRun RunGradientsOn(const ModelConfig& config, const std::string& device, ComputeDtype dtype,
+                           double init_range, int64_t b, int64_t t,
+                           const std::vector<MicroBatch>& batches) {
+  GradientRun out;
+  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
+      config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0,
+      /*offload_activations=*/false, /*resident_layers=*/0, /*resident_embedding=*/false,
+      /*device_grad_accumulation=*/false, StepSchedule::kMicroBatchMajor, /*wave=*/1,
+      /*mlp_chunk_bytes=*/0, /*cuda_graphs=*/false);
+  if (under_test == nullptr) return out;
+  auto result = under_test->executor->ForwardBackward(batches);
+  EXPECT_THAT(result, IsOk());
+  if (!result.ok()) return out;
+  const HostStore& store = *under_test->store;
+  for (int64_t blk = 0; blk < store.num_blocks(); ++blk) {
+    out.grads.insert(out.grads.end(), store.grad(blk), store.grad(blk) + store.block_numel(blk));
+  }
+  out.loss = result->loss();
+  out.stats = result->stats;
   return out;
 }
 

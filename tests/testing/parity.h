@@ -128,6 +128,39 @@ GradientRun RunGradients(const engine::ModelConfig& config, const std::string& d
                          engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
                          int wave = 1, bool cuda_graphs = false);
 
+// Note [Document attention] (engine/model/layers.h): micro-batches of
+// [b, t] whose rows pack several documents and carry position ids.
+// `rows[r]` lists the lengths of row r's documents (each >= 2, summing to
+// t); micro-batch m holds rows [m * b, (m + 1) * b). Tokens are drawn from
+// `seed`; a document's labels are its next tokens, its last one ignored
+// (as the data loader's isolated packing leaves them).
+std::vector<engine::MicroBatch> MakePackedBatches(const std::vector<std::vector<int64_t>>& rows,
+                                                  int64_t b, int64_t t, int64_t vocab,
+                                                  uint32_t seed);
+
+// Row layouts for micro-batches of [2, 12]: two micro-batches, documents
+// shorter and longer than the variants' sliding windows (5 and 7), a row
+// of one document and rows of two and three.
+std::vector<std::vector<int64_t>> PackedParityRows();
+
+// The executor on MakePackedBatches(rows, b, t) on `device` against the
+// reference run on every document alone: one reference row of t tokens
+// per document, the document first and filler after it with ignored
+// labels ("as if run one by one, up to padding": causal attention never
+// reads the filler, and RoPE tables and LongRoPE factors are those of
+// length t on both sides). Errors as RunParity's.
+ParityResult RunPackedDocumentParity(const engine::ModelConfig& config, const std::string& device,
+                                     engine::ComputeDtype dtype, double init_range,
+                                     const std::vector<std::vector<int64_t>>& rows, int64_t b,
+                                     int64_t t);
+
+// Gradients and loss of one ForwardBackward over `batches` ([b, t] each)
+// on `device`, from weights seeded as in RunParity (RunGradients with given
+// micro-batches).
+GradientRun RunGradientsOn(const engine::ModelConfig& config, const std::string& device,
+                           engine::ComputeDtype dtype, double init_range, int64_t b, int64_t t,
+                           const std::vector<engine::MicroBatch>& batches);
+
 }  // namespace megatrain::testing
 
 #endif  // MEGATRAIN_TESTS_TESTING_PARITY_H_

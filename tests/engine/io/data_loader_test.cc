@@ -231,6 +231,109 @@ TEST(DataLoaderTest, AppliesSftLossMask) {
                                          kIgnoreLabel, kIgnoreLabel, 7, 8, kEos, kIgnoreLabel, 10));
 }
 
+// Note [Packing rule], isolated documents: positions restart at 0 where a
+// document begins (and at each row's start), and no label crosses into the
+// next document.
+TEST(DataLoaderTest, IsolatedPackingRestartsPositionsPerDocument) {
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
+  WriteShard(path, {{10, 11, 12}, {20, 21}, {30, 31, 32, 33}});
+  DataLoaderOptions options = Options(path, 4);
+  options.shuffle = false;
+  options.document_attention = DocumentAttention::kIsolated;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(options);
+  ASSERT_THAT(loader, IsOk());
+  EXPECT_EQ(loader->document_attention(), DocumentAttention::kIsolated);
+  // Stream: 10 11 12 E 20 21 E 30 31 32 33 E | 10 ...; the same windows as
+  // shared packing (PacksDocumentsWithEosAndShiftedLabels).
+  absl::StatusOr<MicroBatch> batch = loader->NextTrainBatch(2);
+  ASSERT_THAT(batch, IsOk());
+  EXPECT_THAT(batch->input_ids, ElementsAre(10, 11, 12, kEos,  //
+                                            20, 21, kEos, 30));
+  EXPECT_THAT(batch->position_ids, ElementsAre(0, 1, 2, 3,  //
+                                               0, 1, 2, 0));
+  // E -> 20 and E -> 30 would predict a document from another one.
+  EXPECT_THAT(batch->labels, ElementsAre(11, 12, kEos, kIgnoreLabel,  //
+                                         21, kEos, kIgnoreLabel, 31));
+  // A row that starts inside a document starts at position 0 too.
+  batch = loader->NextTrainBatch(1);
+  ASSERT_THAT(batch, IsOk());
+  EXPECT_THAT(batch->input_ids, ElementsAre(31, 32, 33, kEos));
+  EXPECT_THAT(batch->position_ids, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(batch->labels, ElementsAre(32, 33, kEos, kIgnoreLabel));
+}
+
+// shared, and auto on shards without loss masks, pack exactly as the
+// loader always did: no position ids, the same batches as a loader built
+// without the option.
+TEST(DataLoaderTest, SharedPackingIsUnchangedAndCarriesNoPositionIds) {
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
+  WriteShard(path, NumberedDocs(9, 5));
+  const DataLoaderOptions plain = Options(path, 8);
+  absl::StatusOr<DataLoader> reference = DataLoader::Create(plain);
+  ASSERT_THAT(reference, IsOk());
+  const std::vector<MicroBatch> expected = TakeBatches(*reference, 4, 3);
+  for (const DocumentAttention mode : {DocumentAttention::kShared, DocumentAttention::kAuto}) {
+    SCOPED_TRACE(DocumentAttentionName(mode));
+    DataLoaderOptions options = plain;
+    options.document_attention = mode;
+    absl::StatusOr<DataLoader> loader = DataLoader::Create(options);
+    ASSERT_THAT(loader, IsOk());
+    EXPECT_EQ(loader->document_attention(), DocumentAttention::kShared);
+    const std::vector<MicroBatch> batches = TakeBatches(*loader, 4, 3);
+    ASSERT_EQ(batches.size(), expected.size());
+    for (size_t i = 0; i < batches.size(); ++i) {
+      EXPECT_EQ(batches[i].input_ids, expected[i].input_ids);
+      EXPECT_EQ(batches[i].labels, expected[i].labels);
+      EXPECT_TRUE(batches[i].position_ids.empty());
+    }
+  }
+}
+
+// auto isolates the documents of masked (SFT, chat) shards; their labels
+// at a boundary were masked prompt tokens anyway.
+TEST(DataLoaderTest, AutoIsolatesDocumentsOfMaskedShards) {
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/sft.mtt";
+  WriteShard(path, {{5, 6, 7, 8}, {9, 10}});
+  WriteShard(path + kLossMaskSuffix, {{0, 0, 1, 1}, {0, 1}}, 2);
+  DataLoaderOptions options = Options(path, 7);
+  options.shuffle = false;
+  options.document_attention = DocumentAttention::kAuto;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(options);
+  ASSERT_THAT(loader, IsOk());
+  EXPECT_EQ(loader->document_attention(), DocumentAttention::kIsolated);
+  absl::StatusOr<MicroBatch> batch = loader->NextTrainBatch(2);
+  ASSERT_THAT(batch, IsOk());
+  // The labels of AppliesSftLossMask; positions restart at 5 and 9.
+  EXPECT_THAT(batch->labels, ElementsAre(kIgnoreLabel, 7, 8, kEos, kIgnoreLabel, 10, kEos,
+                                         kIgnoreLabel, kIgnoreLabel, 7, 8, kEos, kIgnoreLabel, 10));
+  EXPECT_THAT(batch->position_ids, ElementsAre(0, 1, 2, 3, 4, 0, 1,  //
+                                               0, 0, 1, 2, 3, 4, 0));
+}
+
+// Eval batches carry position ids too; padding continues the last
+// document's (nothing before it attends to it), an empty row is all 0.
+TEST(DataLoaderTest, IsolatedEvalBatchesCarryPositionIds) {
+  const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
+  WriteShard(path, {{1, 2, 3}, {4, 5, 6, 7, 8, 9, 10, 11}});
+  const std::string eval_path = testing::MakeTempDir("data_loader_test") + "/eval.mtt";
+  WriteShard(eval_path, {{20, 21, 22}, {30, 31}});
+  DataLoaderOptions options = Options(path, 4);
+  options.eval_tokens = eval_path;
+  options.document_attention = DocumentAttention::kIsolated;
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(options);
+  ASSERT_THAT(loader, IsOk());
+  absl::StatusOr<std::vector<MicroBatch>> batches = loader->EvalBatches(3, 5);
+  ASSERT_THAT(batches, IsOk());
+  ASSERT_EQ(batches->size(), 1u);
+  EXPECT_THAT((*batches)[0].position_ids, ElementsAre(0, 1, 2, 3,  //
+                                                      0, 1, 2, 3,  //
+                                                      0, 0, 0, 0));
+  EXPECT_THAT((*batches)[0].labels,
+              ElementsAre(21, 22, kEos, kIgnoreLabel,            //
+                          31, kEos, kIgnoreLabel, kIgnoreLabel,  //
+                          kIgnoreLabel, kIgnoreLabel, kIgnoreLabel, kIgnoreLabel));
+}
+
 // ---------------------------------------------------------------------------
 // Shuffle, epochs, resume
 

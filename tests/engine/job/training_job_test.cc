@@ -296,7 +296,8 @@ TEST(TrainingJobTest, DataDescriptionCountsLongConversations) {
   EXPECT_EQ((*job)->data_description(),
             "data: 39 training documents with loss masks, 9 longer than train.seq_len 16 "
             "(trained across windows); megatrain tokenize --max_document_tokens 20 "
-            "--long_documents truncate: 4 truncated, 0 dropped");
+            "--long_documents truncate: 4 truncated, 0 dropped; packed documents attend only "
+            "to themselves (data.packing.document_attention: auto)");
   // Unmasked data without a tokenize report: nothing to say.
   auto plain = TrainingJob::Create(TinySpec(WriteDataset(), testing::MakeTempDir("job")), "cpu",
                                    std::nullopt);
@@ -399,6 +400,61 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
   ASSERT_EQ(second.losses.size(), 5u);
   // Same weights, optimizer state, schedule and data cursor: the losses of
   // steps 4..8 are bit-identical to the uninterrupted run's.
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << i;
+}
+
+// data.packing.document_attention reaches the loader and the executor: an
+// isolated job says so in its data event and trains to other losses than
+// the shared job on the same data (its windows hold 24-token documents
+// that no longer see each other), and a suspended isolated job resumes to
+// the uninterrupted run's losses exactly (the cursor is the same in every
+// mode; Note [Packing rule] in engine/io/data_loader.h).
+TEST(TrainingJobTest, IsolatedDocumentsTrainAndResumeExactly) {
+  const std::string data = WriteDataset();
+  const auto spec = [&data](const std::string& out, DocumentAttention mode) {
+    JobSpec s = TinySpec(data, out);
+    s.data.packing.document_attention = mode;
+    return s;
+  };
+  Recorder shared, straight;
+  {
+    auto job = TrainingJob::Create(spec(testing::MakeTempDir("shared"), DocumentAttention::kShared),
+                                   "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    EXPECT_EQ((*job)->data_description(), "");
+    ASSERT_THAT((*job)->Run(&shared), IsOk());
+  }
+  {
+    auto job = TrainingJob::Create(
+        spec(testing::MakeTempDir("straight"), DocumentAttention::kIsolated), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    EXPECT_EQ((*job)->data_description(),
+              "data: packed documents attend only to themselves "
+              "(data.packing.document_attention: isolated)");
+    ASSERT_THAT((*job)->Run(&straight), IsOk());
+  }
+  ASSERT_EQ(straight.losses.size(), 8u);
+  ASSERT_EQ(shared.losses.size(), 8u);
+  EXPECT_LT(straight.losses.back(), straight.losses.front());
+  EXPECT_NE(straight.losses.front(), shared.losses.front());
+  const std::string out = testing::MakeTempDir("suspended");
+  Recorder first;
+  {
+    auto job = TrainingJob::Create(spec(out, DocumentAttention::kIsolated), "cpu", std::nullopt);
+    ASSERT_THAT(job, IsOk());
+    first.job = job->get();
+    first.stop_at = 3;
+    ASSERT_THAT((*job)->Run(&first), IsOk());
+  }
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  Recorder second;
+  auto job =
+      TrainingJob::Create(spec(out, DocumentAttention::kIsolated), "cpu", listed->back().dir);
+  ASSERT_THAT(job, IsOk());
+  ASSERT_THAT((*job)->Run(&second), IsOk());
+  ASSERT_EQ(second.losses.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << i;
 }
 

@@ -237,6 +237,32 @@ TEST(JobSpecJsonTest, DevicesRoundTripAndDefaultToOne) {
   EXPECT_EQ(old->train.devices, 1);
 }
 
+// data.packing.document_attention: written only when not auto (a default
+// spec keeps its bytes), read back, auto when absent; an unknown spelling
+// in the store is DATA_LOSS, an out-of-range value at validation
+// INVALID_ARGUMENT, both naming the field.
+TEST(JobSpecJsonTest, DocumentAttentionRoundTripsAndDefaultsToAuto) {
+  JobSpec spec = TinyJob();
+  EXPECT_EQ(JobSpecToJson(spec).find("packing"), std::string::npos);
+  spec.data.packing.document_attention = DocumentAttention::kIsolated;
+  EXPECT_NE(JobSpecToJson(spec).find(R"("packing":{"document_attention":"isolated"})"),
+            std::string::npos);
+  absl::StatusOr<JobSpec> back = JobSpecFromJson(JobSpecToJson(spec));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->data.packing.document_attention, DocumentAttention::kIsolated);
+  absl::StatusOr<JobSpec> old = JobSpecFromJson(JobSpecToJson(TinyJob()));
+  ASSERT_THAT(old, IsOk());
+  EXPECT_EQ(old->data.packing.document_attention, DocumentAttention::kAuto);
+  EXPECT_THAT(JobSpecFromJson(R"({"data": {"packing": {"document_attention": "sometimes"}}})"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("data.packing.document_attention: must be auto, isolated or "
+                                 "shared, got 'sometimes'")));
+  spec.data.packing.document_attention = static_cast<DocumentAttention>(7);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.packing.document_attention: unknown value 7")));
+}
+
 // train.resident_layers: auto (-1) or a count in [0, 4096] (the model's
 // layers bound it at submission); none resident with the NVMe tier or
 // data parallelism.

@@ -556,5 +556,26 @@ TEST(SpecConvertTest, MemoryNvmeTierRoundTrips) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("memory.nvme_tier")));
 }
 
+// JobSpec.data.packing.document_attention: empty is auto, the spellings
+// are parsed once here and written back; a bad one names the field.
+TEST(SpecConvertTest, DocumentAttentionRoundTrips) {
+  v1::JobSpec in = TinySpec();
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(in);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.data.packing.document_attention, engine::DocumentAttention::kAuto);
+  in.mutable_data()->mutable_packing()->set_document_attention("isolated");
+  request = JobRequestFromProto(in);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.data.packing.document_attention, engine::DocumentAttention::kIsolated);
+  v1::JobSpec out;
+  JobRequestToProto(*request, &out);
+  EXPECT_EQ(out.data().packing().document_attention(), "isolated");
+  in.mutable_data()->mutable_packing()->set_document_attention("cross");
+  EXPECT_THAT(JobRequestFromProto(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.packing.document_attention: must be auto, isolated or "
+                                 "shared, got 'cross'")));
+}
+
 }  // namespace
 }  // namespace megatrain::server
