@@ -229,6 +229,18 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
         num_processes_ > 1 ? absl::StrCat(" x WORLD_SIZE=", num_processes_) : "", ", got ",
         micro_batches.size()));
   }
+  // Refused here, on every rank and process alike (each holds the global
+  // batch), rather than by one rank's executor while the others wait in a
+  // collective.
+  const size_t seq_len = static_cast<size_t>(ranks_[0]->options().seq_len);
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    if (!PositionIdsValid(micro_batches[m], seq_len)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch: micro-batch ", m,
+                       ": position_ids must be empty or one per token, each row "
+                       "starting at 0 and each next id 0 or the previous plus one"));
+    }
+  }
   // Every process gets the job's global batch; global rank g takes the
   // g-th contiguous share (Note [Replica processes]).
   const size_t share = micro_batches.size() / (world * num_processes_);

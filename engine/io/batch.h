@@ -28,6 +28,20 @@ struct MicroBatch {
   std::vector<int32_t> position_ids;  // [B*T] or empty (see above)
 };
 
+// Whether `mb`'s position ids are none, or one per token with every row of
+// `seq_len` starting at 0 and each next id 0 or the previous plus one (the
+// executor's check, without its message). O(B*T); thread-safe.
+inline bool PositionIdsValid(const MicroBatch& mb, size_t seq_len) {
+  const std::vector<int32_t>& p = mb.position_ids;
+  if (p.empty()) return true;
+  if (p.size() != mb.input_ids.size() || seq_len == 0) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const int32_t expected_next = i % seq_len == 0 ? 0 : p[i - 1] + 1;
+    if (p[i] != 0 && p[i] != expected_next) return false;
+  }
+  return true;
+}
+
 // The distinct values of `ids` (e.g. the embedding rows a micro-batch
 // reads), ascending. O(n log n); thread-safe.
 template <typename Ids>

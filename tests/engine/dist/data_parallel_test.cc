@@ -306,6 +306,13 @@ TEST(DataParallelTest, RefusesBatchesAndOptionsRanksCannotSplit) {
   EXPECT_THAT((*dp)->Step(MakeBatches(3, kB, kT, config.vocab_size, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("multiple of train.devices=2, got 3")));
+  // Bad position ids on one rank's share fail the step on every rank.
+  std::vector<MicroBatch> bad = MakeBatches(4, kB, kT, config.vocab_size, 2);
+  bad[3].position_ids.assign(static_cast<size_t>(kB * kT), 0);
+  bad[3].position_ids[1] = 5;
+  EXPECT_THAT((*dp)->Step(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("micro-batch 3: position_ids")));
+  EXPECT_THAT((*dp)->Step(MakeBatches(4, kB, kT, config.vocab_size, 3)), IsOk());
 }
 
 // Note [Device reduce-scatter] in engine/step/gradient_reducer.h, run on
