@@ -24,8 +24,8 @@ void AddOptions(CLI::App* app, TokenizeOptions* o, std::string* format, std::str
       ->required();
   app->add_option("--tokenizer", o->tokenizer_model,
                   "HF model directory (its tokenizer.json and tokenizer_config.json), a "
-                  "tokenizer.json file, or a SentencePiece .model file")
-      ->required();
+                  "tokenizer.json file, or a SentencePiece .model file; every format but sft "
+                  "needs one");
   app->add_option("--out", o->output_dir, "Output directory for the shards")->required();
   app->add_option("--format", *format,
                   "auto | text | jsonl | sft | chat (the output of python3 -m "
