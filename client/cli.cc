@@ -78,9 +78,9 @@ class Cli {
         server_(std::move(server)),
         connection_(std::move(connection)) {}
 
-  // Prints `status` as "megatrain: CODE: message"; returns the exit code:
-  // kExitUsage for bad input (INVALID_ARGUMENT, here or from the daemon),
-  // kExitError otherwise. A daemon that does not answer gets a hint naming
+  // Prints `status` as "megatrain: CODE: message"; returns the exit code of
+  // its code (ExitCodeFor: kExitUsage for INVALID_ARGUMENT, here or from
+  // the daemon). A daemon that does not answer gets a hint naming
   // the address tried and how to start or point at one.
   int Fail(const absl::Status& status) {
     err_ << "megatrain: " << absl::StatusCodeToString(status.code()) << ": "
@@ -91,7 +91,7 @@ class Cli {
            << "`, or `systemctl start megatraind`; docs/operations.md), or point --server or "
               "MEGATRAIN_SERVER at a running one.\n";
     }
-    return absl::IsInvalidArgument(status) ? kExitUsage : kExitError;
+    return ExitCodeFor(status.code());
   }
 
   // A job file that cannot be loaded is bad input, whatever the code.
@@ -469,152 +469,237 @@ class Cli {
   std::unique_ptr<Connection> connection_;
 };
 
-}  // namespace
-
-int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
-           bool interactive) {
+// The parsed command line: global flags, every subcommand's arguments, and
+// the subcommands (owned by the CLI::App that made them).
+struct CliArgs {
   ConnectionOptions connection;
   bool json = false;
   double timeout_seconds = 0;
+  std::string file, job_id, checkpoint_id, out_dir, dtype, request_id, owner, page_token, prefix;
+  std::string audit_user, audit_method;
+  bool wait = false, all = false, force = false;
+  int page_size = 0;
+  std::vector<std::string> states;
+  PlanArgs plan;
+  PlotArgs plot;
+  CLI::App* submit = nullptr;
+  CLI::App* list = nullptr;
+  CLI::App* get = nullptr;
+  CLI::App* watch = nullptr;
+  CLI::App* cancel = nullptr;
+  CLI::App* suspend = nullptr;
+  CLI::App* resume = nullptr;
+  CLI::App* checkpoint = nullptr;
+  CLI::App* checkpoints = nullptr;
+  CLI::App* export_cmd = nullptr;
+  CLI::App* delete_checkpoint = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* metrics = nullptr;
+  CLI::App* audit = nullptr;
+  CLI::App* plan_cmd = nullptr;
+  CLI::App* plot_cmd = nullptr;
+  CLI::App* hash_token = nullptr;
+};
 
-  CLI::App app{
-      "megatrain: submit and manage training jobs on a megatraind daemon\n"
-      "  megatrain tokenize ...  turns text, JSONL or chat JSONL into token shards locally\n"
-      "                          (no daemon; `megatrain tokenize --help`; docs/data-format.md)"};
+void AddGlobalFlags(CLI::App& app, CliArgs& a) {
   app.name("megatrain");
   app.set_version_flag("--version", std::string("megatrain ") + Version());
   // Global flags may also follow the subcommand.
   app.fallthrough();
   app.require_subcommand(1, 1);
-  app.add_option("--server", connection.server, "Daemon address host:port")
+  app.add_option("--server", a.connection.server, "Daemon address host:port")
       ->envname("MEGATRAIN_SERVER")
       ->capture_default_str();
-  app.add_option("--token", connection.token, "Bearer token (or MEGATRAIN_TOKEN)")
+  app.add_option("--token", a.connection.token, "Bearer token (or MEGATRAIN_TOKEN)")
       ->envname("MEGATRAIN_TOKEN");
-  app.add_flag("--json", json, "Machine-readable JSON output");
-  app.add_option("--timeout", timeout_seconds,
+  app.add_flag("--json", a.json, "Machine-readable JSON output");
+  app.add_option("--timeout", a.timeout_seconds,
                  "Seconds per RPC (default 30; checkpoint 1800; export none)");
-  app.add_flag("--tls", connection.tls, "Use TLS with the system's root certificates");
-  app.add_option("--tls_ca", connection.tls_ca, "PEM roots to verify the daemon (implies TLS)");
-  app.add_option("--tls_cert", connection.tls_cert, "PEM client certificate (mutual TLS)");
-  app.add_option("--tls_key", connection.tls_key, "PEM client key (mutual TLS)");
-  app.add_option("--tls_server_name", connection.tls_server_name,
+  app.add_flag("--tls", a.connection.tls, "Use TLS with the system's root certificates");
+  app.add_option("--tls_ca", a.connection.tls_ca, "PEM roots to verify the daemon (implies TLS)");
+  app.add_option("--tls_cert", a.connection.tls_cert, "PEM client certificate (mutual TLS)");
+  app.add_option("--tls_key", a.connection.tls_key, "PEM client key (mutual TLS)");
+  app.add_option("--tls_server_name", a.connection.tls_server_name,
                  "Name expected in the daemon's certificate");
+}
 
-  std::string file, job_id, checkpoint_id, out_dir, dtype, request_id, owner, page_token, prefix;
-  bool wait = false, all = false;
-  int page_size = 0;
-  std::vector<std::string> states;
+// submit, list, get, watch, cancel, suspend, resume.
+void AddJobCommands(CLI::App& app, CliArgs& a) {
+  a.submit = app.add_subcommand("submit", "Submit a job file (YAML)");
+  a.submit->add_option("file", a.file, "Job file")->required();
+  a.submit->add_flag("--wait", a.wait, "Follow the job; exit 0 only if it SUCCEEDED");
+  a.submit->add_option("--request_id", a.request_id, "Idempotency key (default: random)");
+  a.list = app.add_subcommand("list", "List jobs, newest first");
+  a.list->add_option("--state", a.states, "Only jobs in this state (repeatable)");
+  a.list->add_option("--owner", a.owner, "Only jobs of this user (admins)");
+  a.list->add_option("--page_size", a.page_size, "Jobs per page (default 50, at most 1000)");
+  a.list->add_option("--page_token", a.page_token, "Continue from a previous page");
+  a.list->add_flag("--all", a.all, "Fetch every page");
+  a.get = app.add_subcommand("get", "Show one job");
+  a.get->add_option("job", a.job_id, "Job id")->required();
+  a.watch = app.add_subcommand("watch", "Follow a job's progress until it ends");
+  a.watch->add_option("job", a.job_id, "Job id")->required();
+  a.cancel = app.add_subcommand("cancel", "Cancel a job");
+  a.cancel->add_option("job", a.job_id, "Job id")->required();
+  a.cancel->add_flag("--force", a.force,
+                     "Abandon the running step (lost) instead of finishing it; stops in seconds");
+  a.suspend = app.add_subcommand("suspend", "Checkpoint a job and release its device");
+  a.suspend->add_option("job", a.job_id, "Job id")->required();
+  a.resume = app.add_subcommand("resume", "Queue a suspended job again");
+  a.resume->add_option("job", a.job_id, "Job id")->required();
+}
 
-  CLI::App* submit = app.add_subcommand("submit", "Submit a job file (YAML)");
-  submit->add_option("file", file, "Job file")->required();
-  submit->add_flag("--wait", wait, "Follow the job; exit 0 only if it SUCCEEDED");
-  submit->add_option("--request_id", request_id, "Idempotency key (default: random)");
-  CLI::App* list = app.add_subcommand("list", "List jobs, newest first");
-  list->add_option("--state", states, "Only jobs in this state (repeatable)");
-  list->add_option("--owner", owner, "Only jobs of this user (admins)");
-  list->add_option("--page_size", page_size, "Jobs per page (default 50, at most 1000)");
-  list->add_option("--page_token", page_token, "Continue from a previous page");
-  list->add_flag("--all", all, "Fetch every page");
-  CLI::App* get = app.add_subcommand("get", "Show one job");
-  get->add_option("job", job_id, "Job id")->required();
-  CLI::App* watch = app.add_subcommand("watch", "Follow a job's progress until it ends");
-  watch->add_option("job", job_id, "Job id")->required();
-  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
-  cancel->add_option("job", job_id, "Job id")->required();
-  bool force = false;
-  cancel->add_flag("--force", force,
-                   "Abandon the running step (lost) instead of finishing it; stops in seconds");
-  CLI::App* suspend = app.add_subcommand("suspend", "Checkpoint a job and release its device");
-  suspend->add_option("job", job_id, "Job id")->required();
-  CLI::App* resume = app.add_subcommand("resume", "Queue a suspended job again");
-  resume->add_option("job", job_id, "Job id")->required();
-  CLI::App* checkpoint = app.add_subcommand("checkpoint", "Checkpoint a running job now");
-  checkpoint->add_option("job", job_id, "Job id")->required();
-  CLI::App* checkpoints = app.add_subcommand("checkpoints", "List a job's checkpoints");
-  checkpoints->add_option("job", job_id, "Job id")->required();
-  CLI::App* export_cmd = app.add_subcommand("export", "Write a checkpoint as a HF model directory");
-  export_cmd->add_option("checkpoint", checkpoint_id, "Checkpoint id (job-000001/step-60)")
+// checkpoint, checkpoints, export, delete-checkpoint.
+void AddCheckpointCommands(CLI::App& app, CliArgs& a) {
+  a.checkpoint = app.add_subcommand("checkpoint", "Checkpoint a running job now");
+  a.checkpoint->add_option("job", a.job_id, "Job id")->required();
+  a.checkpoints = app.add_subcommand("checkpoints", "List a job's checkpoints");
+  a.checkpoints->add_option("job", a.job_id, "Job id")->required();
+  a.export_cmd = app.add_subcommand("export", "Write a checkpoint as a HF model directory");
+  a.export_cmd->add_option("checkpoint", a.checkpoint_id, "Checkpoint id (job-000001/step-60)")
       ->required();
-  export_cmd->add_option("--out", out_dir, "Output directory (must not exist or be empty)")
+  a.export_cmd->add_option("--out", a.out_dir, "Output directory (must not exist or be empty)")
       ->required();
-  export_cmd->add_option("--dtype", dtype, "bf16 (default) or fp32");
-  CLI::App* delete_checkpoint = app.add_subcommand("delete-checkpoint", "Delete a checkpoint");
-  delete_checkpoint->add_option("checkpoint", checkpoint_id, "Checkpoint id")->required();
-  CLI::App* status = app.add_subcommand("status", "Show devices, memory and queue");
-  CLI::App* metrics = app.add_subcommand("metrics", "Print the daemon's metrics");
-  metrics->add_option("--prefix", prefix, "Only families starting with this");
-  std::string audit_user, audit_method;
-  CLI::App* audit = app.add_subcommand("audit", "Show the audit log of mutating calls (admins)");
-  audit->add_option("--user", audit_user, "Only calls by this user");
-  audit->add_option("--job", job_id, "Only calls on this job and its checkpoints");
-  audit->add_option("--method", audit_method, "Only this RPC (SubmitJob, CancelJob, ...)");
-  audit->add_option("--page_size", page_size, "Records per page (default 50, at most 1000)");
-  audit->add_option("--page_token", page_token, "Continue from a previous page");
-  audit->add_flag("--all", all, "Fetch every page");
-  PlanArgs plan_args;
-  CLI::App* plan = AddPlanCommand(&app, &plan_args);
-  PlotArgs plot_args;
-  CLI::App* plot = AddPlotCommand(&app, &plot_args);
-  CLI::App* hash_token = app.add_subcommand("hash-token",
-                                            "Print the SHA-256 of a token read from stdin, for the "
-                                            "daemon's --auth_tokens file");
+  a.export_cmd->add_option("--dtype", a.dtype, "bf16 (default) or fp32");
+  a.delete_checkpoint = app.add_subcommand("delete-checkpoint", "Delete a checkpoint");
+  a.delete_checkpoint->add_option("checkpoint", a.checkpoint_id, "Checkpoint id")->required();
+}
 
+// status, metrics, audit, plan, hash-token.
+void AddServerCommands(CLI::App& app, CliArgs& a) {
+  a.status = app.add_subcommand("status", "Show devices, memory and queue");
+  a.metrics = app.add_subcommand("metrics", "Print the daemon's metrics");
+  a.metrics->add_option("--prefix", a.prefix, "Only families starting with this");
+  a.audit = app.add_subcommand("audit", "Show the audit log of mutating calls (admins)");
+  a.audit->add_option("--user", a.audit_user, "Only calls by this user");
+  a.audit->add_option("--job", a.job_id, "Only calls on this job and its checkpoints");
+  a.audit->add_option("--method", a.audit_method, "Only this RPC (SubmitJob, CancelJob, ...)");
+  a.audit->add_option("--page_size", a.page_size, "Records per page (default 50, at most 1000)");
+  a.audit->add_option("--page_token", a.page_token, "Continue from a previous page");
+  a.audit->add_flag("--all", a.all, "Fetch every page");
+  a.plan_cmd = AddPlanCommand(&app, &a.plan);
+  a.plot_cmd = AddPlotCommand(&app, &a.plot);
+  a.hash_token = app.add_subcommand("hash-token",
+                                    "Print the SHA-256 of a token read from stdin, for the "
+                                    "daemon's --auth_tokens file");
+}
+
+// `megatrain hash-token`: the SHA-256 of the first line of stdin, in hex.
+int HashToken(std::ostream& out) {
+  std::string token;
+  std::getline(std::cin, token);
+  token = std::string(absl::StripAsciiWhitespace(token));
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  out << absl::BytesToHexString(
+             absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)))
+      << "\n";
+  return kExitOk;
+}
+
+// Runs the parsed daemon subcommand; -1 when none matched.
+int Dispatch(Cli& cli, const CliArgs& a) {
+  if (a.submit->parsed()) return cli.Submit(a.file, a.wait, a.request_id);
+  if (a.list->parsed()) return cli.List(a.states, a.owner, a.page_size, a.page_token, a.all);
+  if (a.get->parsed()) return cli.Get(a.job_id);
+  if (a.watch->parsed()) return cli.Watch(a.job_id);
+  if (a.cancel->parsed()) return cli.Control("cancel", a.job_id, a.force);
+  if (a.suspend->parsed()) return cli.Control("suspend", a.job_id);
+  if (a.resume->parsed()) return cli.Control("resume", a.job_id);
+  if (a.checkpoint->parsed()) return cli.CreateCheckpoint(a.job_id);
+  if (a.checkpoints->parsed()) return cli.Checkpoints(a.job_id);
+  if (a.export_cmd->parsed()) return cli.Export(a.checkpoint_id, a.out_dir, a.dtype);
+  if (a.delete_checkpoint->parsed()) return cli.DeleteCheckpoint(a.checkpoint_id);
+  if (a.status->parsed()) return cli.Status();
+  if (a.metrics->parsed()) return cli.Metrics(a.prefix);
+  if (a.audit->parsed()) {
+    return cli.Audit(a.audit_user, a.job_id, a.audit_method, a.page_size, a.page_token, a.all);
+  }
+  return -1;
+}
+
+}  // namespace
+
+int ExitCodeFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kUnavailable:
+      return kExitError;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitUsage;
+    case absl::StatusCode::kNotFound:
+      return 4;
+    case absl::StatusCode::kAlreadyExists:
+      return 5;
+    case absl::StatusCode::kPermissionDenied:
+      return 6;
+    case absl::StatusCode::kUnauthenticated:
+      return 7;
+    case absl::StatusCode::kResourceExhausted:
+      return 8;
+    case absl::StatusCode::kFailedPrecondition:
+      return 9;
+    case absl::StatusCode::kUnimplemented:
+      return 10;
+    case absl::StatusCode::kDataLoss:
+      return 11;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 12;
+    case absl::StatusCode::kInternal:
+      return 13;
+    case absl::StatusCode::kAborted:
+      return 14;
+    case absl::StatusCode::kCancelled:
+      return 15;
+    case absl::StatusCode::kOutOfRange:
+      return 16;
+    default:
+      return 17;  // UNKNOWN and codes past the table
+  }
+}
+
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+           bool interactive) {
+  CLI::App app{
+      "megatrain: submit and manage training jobs on a megatraind daemon\n"
+      "  megatrain tokenize ...  turns text, JSONL or chat JSONL into token shards locally\n"
+      "                          (no daemon; `megatrain tokenize --help`; docs/data-format.md)"};
+  CliArgs a;
+  AddGlobalFlags(app, a);
+  AddJobCommands(app, a);
+  AddCheckpointCommands(app, a);
+  AddServerCommands(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e, out, err);
     return code == 0 ? kExitOk : kExitUsage;
   }
-
-  if (hash_token->parsed()) {
-    std::string token;
-    std::getline(std::cin, token);
-    token = std::string(absl::StripAsciiWhitespace(token));
-    unsigned char digest[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
-    out << absl::BytesToHexString(
-               absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)))
-        << "\n";
-    return kExitOk;
-  }
-  if (timeout_seconds < 0) {
+  if (a.hash_token->parsed()) return HashToken(out);
+  if (a.timeout_seconds < 0) {
     err << "megatrain: --timeout: must be >= 0\n";
     return kExitUsage;
   }
-  absl::StatusOr<std::unique_ptr<Connection>> created = Connection::Create(connection);
+  absl::StatusOr<std::unique_ptr<Connection>> created = Connection::Create(a.connection);
   if (!created.ok()) {
     err << "megatrain: " << created.status().message() << "\n";
     return kExitUsage;
   }
-  if (plan->parsed()) {
-    return RunPlan(plan_args, **created,
-                   timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::Seconds(30), json,
+  if (a.plan_cmd->parsed()) {
+    return RunPlan(a.plan, **created,
+                   a.timeout_seconds > 0 ? absl::Seconds(a.timeout_seconds) : absl::Seconds(30),
+                   a.json, out, err);
+  }
+  if (a.plot_cmd->parsed()) {
+    return RunPlot(a.plot, **created,
+                   a.timeout_seconds > 0 ? absl::Seconds(a.timeout_seconds) : absl::Seconds(60),
                    out, err);
   }
-  if (plot->parsed()) {
-    return RunPlot(plot_args, **created,
-                   timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::Seconds(60), out,
-                   err);
-  }
-  Cli cli(out, err, interactive, json, absl::Seconds(timeout_seconds), connection.server,
+  Cli cli(out, err, interactive, a.json, absl::Seconds(a.timeout_seconds), a.connection.server,
           *std::move(created));
-  if (submit->parsed()) return cli.Submit(file, wait, request_id);
-  if (list->parsed()) return cli.List(states, owner, page_size, page_token, all);
-  if (get->parsed()) return cli.Get(job_id);
-  if (watch->parsed()) return cli.Watch(job_id);
-  if (cancel->parsed()) return cli.Control("cancel", job_id, force);
-  if (suspend->parsed()) return cli.Control("suspend", job_id);
-  if (resume->parsed()) return cli.Control("resume", job_id);
-  if (checkpoint->parsed()) return cli.CreateCheckpoint(job_id);
-  if (checkpoints->parsed()) return cli.Checkpoints(job_id);
-  if (export_cmd->parsed()) return cli.Export(checkpoint_id, out_dir, dtype);
-  if (delete_checkpoint->parsed()) return cli.DeleteCheckpoint(checkpoint_id);
-  if (status->parsed()) return cli.Status();
-  if (metrics->parsed()) return cli.Metrics(prefix);
-  if (audit->parsed()) {
-    return cli.Audit(audit_user, job_id, audit_method, page_size, page_token, all);
-  }
+  const int code = Dispatch(cli, a);
+  if (code >= 0) return code;
   err << app.help();
   return kExitUsage;
 }

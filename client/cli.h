@@ -5,10 +5,11 @@
 // subcommand; MEGATRAIN_SERVER and MEGATRAIN_TOKEN supply --server and
 // --token.
 //
-// Exit codes: 0 success; 1 the server (or connection) returned an error,
-// printed as "megatrain: CODE: message"; 2 bad usage or bad input (a flag,
-// a job file that does not load, or INVALID_ARGUMENT from the daemon); 3 the
-// job ended in a state other than SUCCEEDED (submit --wait, watch).
+// Exit codes (docs/api.md, "Exit codes"): 0 success; 2 bad usage or bad
+// input (a flag, a job file that does not load, or INVALID_ARGUMENT from the
+// daemon); 3 the job ended in a state other than SUCCEEDED (submit --wait,
+// watch); otherwise one code per gRPC code of the error, printed as
+// "megatrain: CODE: message" (ExitCodeFor: 1 UNAVAILABLE, 4 NOT_FOUND, ...).
 // `megatrain tokenize ...` (main.cc) runs the local megatrain-tokenize tool;
 // `megatrain --version` prints the version.
 //
@@ -19,12 +20,21 @@
 
 #include <ostream>
 
+#include "absl/status/status.h"
+
 namespace megatrain::client {
 
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;
+inline constexpr int kExitError = 1;  // UNAVAILABLE: no daemon answered, or it is draining
 inline constexpr int kExitUsage = 2;  // also bad input (INVALID_ARGUMENT)
 inline constexpr int kExitJobNotSucceeded = 3;
+
+// The exit code of an error with `code`, one per gRPC code: OK 0,
+// UNAVAILABLE 1, INVALID_ARGUMENT 2, NOT_FOUND 4, ALREADY_EXISTS 5,
+// PERMISSION_DENIED 6, UNAUTHENTICATED 7, RESOURCE_EXHAUSTED 8,
+// FAILED_PRECONDITION 9, UNIMPLEMENTED 10, DATA_LOSS 11, DEADLINE_EXCEEDED
+// 12, INTERNAL 13, ABORTED 14, CANCELLED 15, OUT_OF_RANGE 16, UNKNOWN 17.
+int ExitCodeFor(absl::StatusCode code);
 
 // The version of this build (CMake's PROJECT_VERSION), as `--version` prints.
 const char* Version();

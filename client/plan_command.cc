@@ -206,7 +206,7 @@ int RunPlan(const PlanArgs& args, Connection& connection, absl::Duration timeout
   if (!status.ok()) {
     err << "megatrain: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
         << "\n";
-    return kExitError;
+    return ExitCodeFor(status.code());
   }
   if (json) {
     std::string text;

@@ -57,8 +57,8 @@ absl::StatusOr<v1::PlanJobRequest> PlanRequestFromArgs(const PlanArgs& args);
 std::string PlanText(const v1::PlanJobResponse& plan);
 
 // Runs the subcommand: asks the daemon and prints the plan (JSON with
-// `json`). Exit codes of cli.h: kExitUsage for a bad flag, kExitError for
-// an RPC error, kExitOk otherwise (also when the job does not fit: the
+// `json`). Exit codes of cli.h: kExitUsage for a bad flag, ExitCodeFor its
+// code for an RPC error, kExitOk otherwise (also when the job does not fit: the
 // verdict says so).
 int RunPlan(const PlanArgs& args, Connection& connection, absl::Duration timeout, bool json,
             std::ostream& out, std::ostream& err);

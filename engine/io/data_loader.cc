@@ -679,6 +679,19 @@ absl::StatusOr<std::vector<MicroBatch>> DataLoader::EvalBatches(int64_t micro_ba
     if (rows_filled == 0) break;
     batches.push_back(std::move(batch));
   }
+  // An eval loss is a mean over targets: with none it would be 0/0, shown as
+  // 0.0 (a perfect score) by a caller that does not check.
+  const bool any_target = std::any_of(batches.begin(), batches.end(), [](const MicroBatch& batch) {
+    return std::any_of(batch.labels.begin(), batch.labels.end(),
+                       [](int32_t label) { return label != kIgnoreLabel; });
+  });
+  if (!any_target) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        s.options.eval_tokens.empty() ? "data.eval_fraction" : "data.eval_tokens",
+        ": the eval set has no trained token in its ", batches.size(),
+        " micro-batch(es) (every loss-mask value is 0): its loss would be undefined; give "
+        "eval documents with answers (chat: assistant turns)"));
+  }
   return batches;
 }
 

@@ -217,9 +217,11 @@ class DataLoader {
   // The eval set as up to `max_batches` micro-batches: always the same list
   // for the same data and options (independent of the cursor). Padded
   // positions have input eos_id and label kIgnoreLabel.
-  // Errors: INVALID_ARGUMENT when micro_batch < 1 or max_batches < 1;
-  // FAILED_PRECONDITION when there is no eval set (eval_fraction 0 and no
-  // eval_tokens).
+  // Errors: INVALID_ARGUMENT when micro_batch < 1 or max_batches < 1, or
+  // when no label of the batches is a target (every loss-mask value 0: the
+  // eval loss would be undefined; names data.eval_tokens or
+  // data.eval_fraction); FAILED_PRECONDITION when there is no eval set
+  // (eval_fraction 0 and no eval_tokens).
   absl::StatusOr<std::vector<MicroBatch>> EvalBatches(int64_t micro_batch,
                                                       int64_t max_batches) const;
 

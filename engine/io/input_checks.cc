@@ -10,13 +10,18 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/io/data_loader.h"
 #include "engine/io/safetensors.h"
+#include "engine/io/text_corpus.h"
 #include "engine/io/token_shard.h"
+#include "engine/io/tokenizer.h"
+#include "engine/spec/job_spec.h"
 
 namespace megatrain::engine {
 namespace {
@@ -180,6 +185,109 @@ absl::Status CheckHfWeightHeaders(const std::string& hf_dir, const ModelConfig& 
     return absl::OkStatus();
   }
   return absl::OkStatus();  // other names: the full check at the job's start
+}
+
+namespace {
+
+// `field: message` as INVALID_ARGUMENT (the field is wrong, whatever the
+// underlying code).
+absl::Status FieldError(absl::string_view field, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+void CheckTokenizer(const DataInputsToCheck& in, SpecErrors& errors) {
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(in.tokenizer);
+  if (!tokenizer.ok()) {
+    errors.Add(FieldError(
+        in.tokenizer_field,
+        absl::StrCat(tokenizer.status().message(),
+                     in.tokenizer_field == "model.hf_dir"
+                         ? " (data.text is tokenized with model.hf_dir's tokenizer.json; set "
+                           "data.tokenizer to a model directory with one, or the file)"
+                         : "")));
+    return;
+  }
+  if (in.model_vocab_size > 0 && tokenizer->vocab_size() > in.model_vocab_size) {
+    errors.Add(FieldError(in.tokenizer_field,
+                          absl::StrCat(in.tokenizer, " has ", tokenizer->vocab_size(),
+                                       " ids, more than the model's vocab_size ",
+                                       in.model_vocab_size, ": its ids from ", in.model_vocab_size,
+                                       " up have no embedding row (another model's tokenizer?)")));
+  }
+}
+
+// The loss-mask files of `path` (a shard file's mask, or a directory's).
+std::vector<std::string> MaskFiles(const std::string& path) {
+  std::vector<std::string> masks;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    if (fs::is_regular_file(path + kLossMaskSuffix, ec)) masks.push_back(path + kLossMaskSuffix);
+    return masks;
+  }
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (absl::EndsWith(name, absl::StrCat(kTokenShardSuffix, kLossMaskSuffix))) {
+      masks.push_back(it->path().string());
+    }
+    if (masks.size() >= static_cast<size_t>(kMaxCheckedShards)) break;
+  }
+  std::sort(masks.begin(), masks.end());
+  return masks;
+}
+
+// Whether the masks of `path` hold a 1 (scanning at most
+// kMaxScannedMaskTokens); nullopt when there are none or it cannot tell.
+std::optional<bool> MasksTrainSomething(const std::string& path) {
+  const std::vector<std::string> masks = MaskFiles(path);
+  if (masks.empty()) return std::nullopt;
+  uint64_t scanned = 0;
+  for (const std::string& mask_path : masks) {
+    absl::StatusOr<TokenShardReader> mask = TokenShardReader::Open(mask_path);
+    if (!mask.ok()) return std::nullopt;  // the job's start names it
+    for (uint64_t t = 0; t < mask->num_tokens(); ++t, ++scanned) {
+      if (scanned >= kMaxScannedMaskTokens) return std::nullopt;
+      if (mask->token(t) != 0) return true;
+    }
+  }
+  return false;
+}
+
+void CheckTrainedTokens(absl::string_view field, const std::string& path, SpecErrors& errors) {
+  if (path.empty()) return;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    absl::StatusOr<TokenizeReport> report = ReadTokenizeReport(path);
+    if (report.ok() && report->masked && report->trained_counts_known) {
+      if (report->trained_tokens == 0) {
+        errors.Add(FieldError(
+            field, absl::StrCat(path, "/", kTokenizeReportFileName,
+                                ": no trained token (every loss-mask value is 0): the job would "
+                                "train on nothing; chat data needs assistant answers (see "
+                                "docs/data-format.md, \"Chat-format SFT\")")));
+      }
+      return;
+    }
+  }
+  if (MasksTrainSomething(path) == false) {
+    errors.Add(FieldError(field, absl::StrCat(path,
+                                              ": no trained token (every loss-mask value of its "
+                                              "*.mtt.mask files is 0): the job would train on "
+                                              "nothing")));
+  }
+}
+
+}  // namespace
+
+absl::Status CheckDataInputs(const DataInputsToCheck& inputs) {
+  SpecErrors errors;
+  if (!inputs.text.empty()) {
+    const absl::Status text = CheckTextInputHead(inputs.text, "text");
+    if (!text.ok()) errors.Add(FieldError("data.text", text.message()));
+    if (!inputs.tokenizer.empty()) CheckTokenizer(inputs, errors);
+  }
+  CheckTrainedTokens("data.tokens", inputs.tokens, errors);
+  CheckTrainedTokens("data.eval_tokens", inputs.eval_tokens, errors);
+  return errors.ToStatus();
 }
 
 }  // namespace megatrain::engine

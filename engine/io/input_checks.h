@@ -56,6 +56,41 @@ absl::StatusOr<std::vector<TokenShardHeaderFacts>> ReadTokenShardHeaders(const s
 // INVALID_ARGUMENT naming the tensor, its shape and config.json's.
 absl::Status CheckHfWeightHeaders(const std::string& hf_dir, const ModelConfig& config);
 
+// The data of a job, for CheckDataInputs (the daemon fills it from the spec:
+// server/core/data_checks.h).
+struct DataInputsToCheck {
+  std::string text;              // data.text; empty: none
+  std::string tokenizer;         // what data.text is tokenized with; empty: none
+  std::string tokenizer_field;   // its YAML field: "data.tokenizer" or "model.hf_dir"
+  std::string tokens;            // data.tokens; empty: none
+  std::string eval_tokens;       // data.eval_tokens; empty: none
+  int64_t model_vocab_size = 0;  // config.json vocab_size; 0: unknown
+};
+
+// Most loss-mask tokens CheckDataInputs scans per directory to find one
+// trained token (where no tokenize.json counts them); past it the data is
+// taken as trained (the job's start reads it all). 2^28 uint16 = 512 MiB of
+// mapped reads at most, typically the first few bytes.
+inline constexpr uint64_t kMaxScannedMaskTokens = uint64_t{1} << 28;
+
+// Note [Data checks at submit]
+// What can be known about a job's data before it runs, every problem at
+// once (SpecErrors: messages joined by "; "), each naming its YAML field:
+//   - data.text: CheckTextInputHead (not empty; JSONL that is text, not
+//     chat or SFT data, with the command that reads the other formats);
+//   - its tokenizer (data.tokenizer, a model directory with tokenizer.json
+//     or the file, or model.hf_dir's): Tokenizer::Load succeeds, and its
+//     vocab_size is at most the model's;
+//   - data.tokens / data.eval_tokens with loss masks: at least one trained
+//     token (tokenize.json's counts where the directory has one, else a
+//     scan of the *.mtt.mask files up to kMaxScannedMaskTokens), since a
+//     job on all-zero masks trains on nothing and reports loss 0.
+// The shard headers (vocab_size against the model's) are
+// ReadTokenShardHeaders's. Reads files (a tokenizer.json in full); call it
+// outside locks. INVALID_ARGUMENT for every problem found (a missing file
+// too: the field is wrong).
+absl::Status CheckDataInputs(const DataInputsToCheck& inputs);
+
 }  // namespace megatrain::engine
 
 #endif  // MEGATRAIN_ENGINE_IO_INPUT_CHECKS_H_

@@ -116,6 +116,13 @@ absl::Status PrepareOutputDir(const DirFd& dir, const std::string& shown, absl::
   return absl::OkStatus();
 }
 
+// Tokens a document trains on: those with mask 1, or all of them without a
+// mask.
+uint64_t TrainedTokens(absl::Span<const int32_t> tokens, absl::Span<const int32_t> mask) {
+  if (mask.empty()) return tokens.size();
+  return static_cast<uint64_t>(std::count(mask.begin(), mask.end(), 1));
+}
+
 // Writes one series of shards `<dir>/<prefix>-NNNNN.mtt` (and, with masks,
 // `<shard>.mask`), starting a new shard when one reaches max_shard_tokens.
 // Files are created through `dir`'s descriptor (AtomicFileWriter on
@@ -140,6 +147,7 @@ class ShardSeries {
     if (with_mask_) MEGATRAIN_RETURN_IF_ERROR(Shown(mask_writer_->AppendDocument(mask)));
     ++documents_;
     tokens_ += tokens.size();
+    trained_tokens_ += TrainedTokens(tokens, mask);
     if (writer_->num_tokens() >= max_shard_tokens_) return CloseCurrent();
     return absl::OkStatus();
   }
@@ -150,6 +158,7 @@ class ShardSeries {
   const std::vector<std::string>& paths() const { return paths_; }
   uint64_t documents() const { return documents_; }
   uint64_t tokens() const { return tokens_; }
+  uint64_t trained_tokens() const { return trained_tokens_; }
   uint64_t bytes_written() const { return bytes_written_; }
 
  private:
@@ -203,6 +212,7 @@ class ShardSeries {
   std::vector<std::string> paths_;
   uint64_t documents_ = 0;
   uint64_t tokens_ = 0;
+  uint64_t trained_tokens_ = 0;
   uint64_t bytes_written_ = 0;
 };
 
@@ -212,13 +222,18 @@ class DocumentSink {
   DocumentSink(const TokenizeOptions& options, ShardSeries* train, ShardSeries* eval)
       : options_(options), train_(train), eval_(eval) {}
 
-  // Adds the next document (empty ones are counted and dropped).
-  absl::Status Add(absl::Span<const int32_t> tokens, absl::Span<const int32_t> mask) {
+  // Adds the next document. Empty ones are counted and left out, and so are
+  // ones whose mask is all 0 (they would cost compute and train nothing).
+  // `turns_dropped`: a chat conversation the caller already shortened to
+  // max_document_tokens by dropping its oldest turns (counted as truncated).
+  absl::Status Add(absl::Span<const int32_t> tokens, absl::Span<const int32_t> mask,
+                   bool turns_dropped = false) {
     const uint64_t doc_idx = next_doc_idx_++;
     if (tokens.empty()) {
       ++skipped_;
       return absl::OkStatus();
     }
+    truncated_long_ += turns_dropped;
     // Long documents (TokenizeOptions::max_document_tokens): keep the first
     // max tokens (and their mask) or drop the document; both counted.
     const uint64_t max_tokens = options_.max_document_tokens;
@@ -231,13 +246,25 @@ class DocumentSink {
       tokens = tokens.subspan(0, max_tokens);
       if (!mask.empty()) mask = mask.subspan(0, max_tokens);
     }
+    if (!mask.empty() && TrainedTokens(tokens, mask) == 0) {
+      ++untrained_;
+      return absl::OkStatus();
+    }
     for (int32_t value : mask) masked_tokens_ += value == 0;
     const bool held_out =
         eval_ != nullptr && IsHeldOutDocument(doc_idx, options_.split_seed, options_.eval_fraction);
     return (held_out ? eval_ : train_)->Append(tokens, mask);
   }
 
+  // Counts the next document as over max_document_tokens and left out (a
+  // chat conversation that cannot be kept whole).
+  void DropLong() {
+    ++next_doc_idx_;
+    ++dropped_long_;
+  }
+
   uint64_t skipped() const { return skipped_; }
+  uint64_t untrained() const { return untrained_; }
   uint64_t masked_tokens() const { return masked_tokens_; }
   uint64_t truncated_long() const { return truncated_long_; }
   uint64_t dropped_long() const { return dropped_long_; }
@@ -248,6 +275,7 @@ class DocumentSink {
   ShardSeries* eval_;  // nullptr: no split
   uint64_t next_doc_idx_ = 0;
   uint64_t skipped_ = 0;
+  uint64_t untrained_ = 0;
   uint64_t masked_tokens_ = 0;
   uint64_t truncated_long_ = 0;
   uint64_t dropped_long_ = 0;
@@ -362,10 +390,34 @@ absl::Status ForEachJsonObject(const std::string& path, OnObject&& on_object) {
   });
 }
 
+// ": <what it is and the fix>" when a text-JSONL object is another format's
+// (chat or SFT data read as text would train on the wrong tokens, or fail
+// on a missing "text"); empty otherwise.
+std::string OtherFormatHint(const nlohmann::json& json) {
+  if (json.contains("messages") || json.contains("conversations")) {
+    return ": this is chat data ({\"messages\"} or {\"conversations\"}), not text: render it "
+           "with `python3 -m megatrain_client.chat_template --model MODEL_DIR in.jsonl "
+           "chat.jsonl`, then `megatrain tokenize --format chat` and train on data.tokens "
+           "(docs/data-format.md, \"Chat-format SFT\")";
+  }
+  if (json.contains("assistant_spans")) {
+    return ": this is rendered chat ({\"text\", \"assistant_spans\"}): tokenize it with "
+           "`megatrain tokenize --format chat` so that only the answers are trained";
+  }
+  if (json.contains("input_ids")) {
+    return ": this is pre-tokenized SFT data ({\"input_ids\"}): tokenize it with "
+           "`megatrain tokenize --format sft`";
+  }
+  return "";
+}
+
 absl::Status ReadJsonl(const std::string& path, const Tokenizer& tokenizer,
                        const std::string& text_field, bool add_bos, DocumentSink& sink) {
   return ForEachJsonObject(
       path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
+        const std::string other_format = OtherFormatHint(json);
+        if (!other_format.empty())
+          return absl::InvalidArgumentError(absl::StrCat(where, other_format));
         const auto it = json.find(text_field);
         if (it == json.end()) {
           return absl::InvalidArgumentError(
@@ -500,43 +552,177 @@ std::vector<int32_t> ChatLossMask(absl::string_view text,
   return mask;
 }
 
-// Chat JSONL (megatrain_client.chat_template's output): {"text": rendered,
-// "assistant_spans": [[start, end], ...]} (UTF-8 byte offsets).
-absl::Status ReadChatJsonl(const std::string& path, const Tokenizer& tokenizer,
-                           bool train_on_all_turns, DocumentSink& sink) {
+// One conversation of chat JSONL (megatrain_client.chat_template's output):
+// {"text": rendered, "assistant_spans": [[start, end], ...], "turns":
+// [{"role", "start", "end"}, ...] (optional)}, offsets in UTF-8 bytes.
+struct ChatTurn {
+  std::string role;
+  size_t start = 0;
+  size_t end = 0;
+};
+struct ChatConversation {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> assistant_spans;
+  std::vector<ChatTurn> turns;  // in order, not overlapping; empty: not given
+};
+
+// A byte offset of `value` in [min, max]; false otherwise.
+bool ReadOffset(const nlohmann::json& value, size_t min, size_t max, size_t* out) {
+  if (!value.is_number_unsigned()) return false;
+  const uint64_t offset = value.get<uint64_t>();
+  if (offset < min || offset > max) return false;
+  *out = static_cast<size_t>(offset);
+  return true;
+}
+
+absl::Status ParseChatTurns(const nlohmann::json& json, ChatConversation& chat) {
+  const auto turns = json.find("turns");
+  if (turns == json.end()) return absl::OkStatus();
+  if (!turns->is_array()) return absl::InvalidArgumentError("field \"turns\" must be an array");
+  size_t previous_end = 0;
+  for (size_t k = 0; k < turns->size(); ++k) {
+    const nlohmann::json& turn = (*turns)[k];
+    ChatTurn parsed;
+    const bool ok = turn.is_object() && turn.contains("role") && turn["role"].is_string() &&
+                    turn.contains("start") && turn.contains("end") &&
+                    ReadOffset(turn["start"], previous_end, chat.text.size(), &parsed.start) &&
+                    ReadOffset(turn["end"], parsed.start, chat.text.size(), &parsed.end);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "turns[", k, "] = ", turn.dump(), " must be {\"role\": string, \"start\", \"end\"} with ",
+          previous_end, " <= start <= end <= ", chat.text.size(), " (in order, not overlapping)"));
+    }
+    parsed.role = turn["role"].get<std::string>();
+    previous_end = parsed.end;
+    chat.turns.push_back(std::move(parsed));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChatConversation> ParseChatConversation(const nlohmann::json& json) {
+  ChatConversation chat;
+  const auto text = json.find("text");
+  if (text == json.end() || !text->is_string()) {
+    return absl::InvalidArgumentError(
+        "field \"text\" must be a string (chat JSONL is the output of python3 -m "
+        "megatrain_client.chat_template, not {\"messages\": ...}: run that first)");
+  }
+  chat.text = text->get<std::string>();
+  const auto spans = json.find("assistant_spans");
+  if (spans == json.end() || !spans->is_array()) {
+    return absl::InvalidArgumentError("field \"assistant_spans\" must be an array");
+  }
+  for (size_t k = 0; k < spans->size(); ++k) {
+    const nlohmann::json& span = (*spans)[k];
+    size_t start = 0;
+    size_t end = 0;
+    if (!span.is_array() || span.size() != 2 || !ReadOffset(span[0], 0, chat.text.size(), &start) ||
+        !ReadOffset(span[1], start, chat.text.size(), &end)) {
+      return absl::InvalidArgumentError(absl::StrCat("assistant_spans[", k, "] = ", span.dump(),
+                                                     " must be [start, end] with 0 <= start <= "
+                                                     "end <= ",
+                                                     chat.text.size()));
+    }
+    chat.assistant_spans.emplace_back(start, end);
+  }
+  MEGATRAIN_RETURN_IF_ERROR(ParseChatTurns(json, chat));
+  return chat;
+}
+
+// A tokenized conversation: ids and loss mask.
+struct ChatTokens {
   std::vector<int32_t> ids;
-  std::vector<std::pair<size_t, size_t>> token_spans;
+  std::vector<int32_t> mask;
+  std::vector<std::pair<size_t, size_t>> token_spans;  // bytes of each token
+};
+
+absl::StatusOr<ChatTokens> TokenizeChat(const Tokenizer& tokenizer, const ChatConversation& chat,
+                                        bool train_on_all_turns) {
+  ChatTokens out;
+  MEGATRAIN_RETURN_IF_ERROR(tokenizer.EncodeWithSpans(chat.text, &out.ids, &out.token_spans));
+  out.mask = train_on_all_turns ? std::vector<int32_t>(out.ids.size(), 1)
+                                : ChatLossMask(chat.text, out.token_spans, chat.assistant_spans);
+  return out;
+}
+
+// `chat` without the bytes [cut_start, cut_end) (whole turns), its spans
+// moved to match; spans inside the cut go with it.
+ChatConversation CutTurns(const ChatConversation& chat, size_t cut_start, size_t cut_end) {
+  ChatConversation out;
+  out.text = chat.text.substr(0, cut_start) + chat.text.substr(cut_end);
+  const size_t removed = cut_end - cut_start;
+  for (const auto& [start, end] : chat.assistant_spans) {
+    if (end <= cut_start) out.assistant_spans.emplace_back(start, end);
+    if (start >= cut_end) out.assistant_spans.emplace_back(start - removed, end - removed);
+  }
+  return out;
+}
+
+// Note [Chat truncation]
+// A conversation over max_document_tokens keeps whole turns: its leading
+// system turns (and whatever the template writes before the first turn)
+// stay, and the oldest turns after them go, the fewest such that it fits
+// and still starts with a user turn. The token count of each candidate is
+// estimated from the whole conversation's tokens, then checked by
+// tokenizing the shortened text (what the model will see). nullopt when no
+// cut fits or none leaves an assistant answer (the caller drops the
+// conversation and counts it).
+absl::StatusOr<std::optional<ChatTokens>> DropOldestTurns(const Tokenizer& tokenizer,
+                                                          const ChatConversation& chat,
+                                                          const ChatTokens& whole,
+                                                          uint64_t max_tokens,
+                                                          bool train_on_all_turns) {
+  size_t first = 0;  // the first turn that is not a system prompt
+  while (first < chat.turns.size() &&
+         (chat.turns[first].role == "system" || chat.turns[first].role == "developer")) {
+    ++first;
+  }
+  for (size_t keep = first + 1; keep < chat.turns.size(); ++keep) {
+    if (chat.turns[keep].role != "user") continue;
+    const size_t cut_start = first < chat.turns.size() ? chat.turns[first].start : 0;
+    const size_t cut_end = chat.turns[keep].start;
+    uint64_t estimate = 0;
+    for (const auto& [start, end] : whole.token_spans) {
+      estimate += start < cut_start || start >= cut_end;
+    }
+    if (estimate > max_tokens) continue;
+    const ChatConversation shorter = CutTurns(chat, cut_start, cut_end);
+    if (shorter.assistant_spans.empty() && !train_on_all_turns) break;
+    MEGATRAIN_ASSIGN_OR_RETURN(ChatTokens tokens,
+                               TokenizeChat(tokenizer, shorter, train_on_all_turns));
+    if (tokens.ids.size() <= max_tokens) return std::optional<ChatTokens>(std::move(tokens));
+  }
+  return std::optional<ChatTokens>();
+}
+
+// Chat JSONL (ChatConversation): tokenized, masked (Note [Chat loss mask]),
+// and, over max_document_tokens, shortened by whole turns (Note [Chat
+// truncation]) or dropped.
+absl::Status ReadChatJsonl(const std::string& path, const Tokenizer& tokenizer,
+                           const TokenizeOptions& options, DocumentSink& sink) {
   return ForEachJsonObject(
       path, [&](const nlohmann::json& json, const std::string& where) -> absl::Status {
-        const auto text = json.find("text");
-        if (text == json.end() || !text->is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": field \"text\" must be a string"));
+        absl::StatusOr<ChatConversation> chat = ParseChatConversation(json);
+        if (!chat.ok()) return Annotate(chat.status(), where);
+        absl::StatusOr<ChatTokens> tokens =
+            TokenizeChat(tokenizer, *chat, options.train_on_all_turns);
+        if (!tokens.ok()) return Annotate(tokens.status(), where);
+        const uint64_t max_tokens = options.max_document_tokens;
+        if (max_tokens == 0 || tokens->ids.size() <= max_tokens) {
+          return sink.Add(tokens->ids, tokens->mask);
         }
-        const std::string& rendered = text->get_ref<const std::string&>();
-        std::vector<std::pair<size_t, size_t>> assistant_spans;
-        const auto spans = json.find("assistant_spans");
-        if (spans == json.end() || !spans->is_array()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": field \"assistant_spans\" must be an array"));
+        if (options.long_documents == LongDocumentRule::kDrop || chat->turns.empty()) {
+          sink.DropLong();
+          return absl::OkStatus();
         }
-        for (size_t k = 0; k < spans->size(); ++k) {
-          const nlohmann::json& span = (*spans)[k];
-          if (!span.is_array() || span.size() != 2 || !span[0].is_number_unsigned() ||
-              !span[1].is_number_unsigned() || span[0].get<uint64_t>() > span[1].get<uint64_t>() ||
-              span[1].get<uint64_t>() > rendered.size()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(where, ": assistant_spans[", k, "] = ", span.dump(),
-                             " must be [start, end] with 0 <= start <= end <= ", rendered.size()));
-          }
-          assistant_spans.emplace_back(span[0].get<size_t>(), span[1].get<size_t>());
+        absl::StatusOr<std::optional<ChatTokens>> shorter =
+            DropOldestTurns(tokenizer, *chat, *tokens, max_tokens, options.train_on_all_turns);
+        if (!shorter.ok()) return Annotate(shorter.status(), where);
+        if (!shorter->has_value()) {
+          sink.DropLong();
+          return absl::OkStatus();
         }
-        MEGATRAIN_RETURN_IF_ERROR(
-            Annotate(tokenizer.EncodeWithSpans(rendered, &ids, &token_spans), where));
-        std::vector<int32_t> mask = train_on_all_turns
-                                        ? std::vector<int32_t>(ids.size(), 1)
-                                        : ChatLossMask(rendered, token_spans, assistant_spans);
-        return sink.Add(ids, mask);
+        return sink.Add((*shorter)->ids, (*shorter)->mask, /*turns_dropped=*/true);
       });
 }
 
@@ -607,7 +793,7 @@ absl::Status ReadInputFile(const std::string& path, const TokenizeOptions& optio
       MEGATRAIN_RETURN_IF_ERROR(ReadSftJsonl(path, vocab_size, sink));
       break;
     case CorpusFormat::kChatJsonl:
-      MEGATRAIN_RETURN_IF_ERROR(ReadChatJsonl(path, *tokenizer, options.train_on_all_turns, sink));
+      MEGATRAIN_RETURN_IF_ERROR(ReadChatJsonl(path, *tokenizer, options, sink));
       break;
     case CorpusFormat::kAuto:
       break;  // resolved above
@@ -627,10 +813,14 @@ const char* LongDocumentRuleName(LongDocumentRule rule) {
 absl::Status WriteReportFile(const DirFd& dir, const std::string& shown,
                              const TokenizeReport& report) {
   const nlohmann::json j = {{"format", kReportFormat},
-                            {"version", 1},
+                            {"version", 2},
                             {"documents", report.documents},
                             {"tokens", report.tokens},
+                            {"trained_tokens", report.trained_tokens},
                             {"eval_documents", report.eval_documents},
+                            {"eval_tokens", report.eval_tokens},
+                            {"eval_trained_tokens", report.eval_trained_tokens},
+                            {"untrained_documents", report.untrained_documents},
                             {"eos_id", report.eos_id},
                             {"masked", report.masked},
                             {"max_document_tokens", report.max_document_tokens},
@@ -663,6 +853,9 @@ void FillReport(const TokenizeOptions& options, const ShardSeries& train, const 
   report->tokens = train.tokens();
   report->eval_documents = eval.documents();
   report->eval_tokens = eval.tokens();
+  report->trained_tokens = train.trained_tokens();
+  report->eval_trained_tokens = eval.trained_tokens();
+  report->untrained_documents = sink.untrained();
   report->skipped_documents = sink.skipped();
   report->masked_tokens = sink.masked_tokens();
   report->truncated_documents = sink.truncated_long();
@@ -672,6 +865,30 @@ void FillReport(const TokenizeOptions& options, const ShardSeries& train, const 
   report->eval_shards = eval.paths();
   report->max_document_tokens = options.max_document_tokens;
   report->long_documents = options.long_documents;
+}
+
+}  // namespace
+
+namespace {
+
+// Version 2's counts of trained tokens (Note [Tokenize report]); a version 1
+// report leaves trained_counts_known false.
+absl::Status ReadTrainedCounts(const nlohmann::json& j, const std::string& path,
+                               TokenizeReport* report) {
+  if (j.value("version", 1) < 2) return absl::OkStatus();
+  for (auto [key, field] :
+       {std::pair<const char*, uint64_t*>{"trained_tokens", &report->trained_tokens},
+        {"eval_tokens", &report->eval_tokens},
+        {"eval_trained_tokens", &report->eval_trained_tokens},
+        {"untrained_documents", &report->untrained_documents}}) {
+    if (!j.contains(key) || !j[key].is_number_unsigned()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": \"", key, "\": missing or not a count"));
+    }
+    *field = j[key].get<uint64_t>();
+  }
+  report->trained_counts_known = true;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -703,12 +920,78 @@ absl::StatusOr<TokenizeReport> ReadTokenizeReport(const std::string& dir) {
   }
   report.eos_id = j["eos_id"].get<int64_t>();
   report.masked = j.value("masked", false);
+  MEGATRAIN_RETURN_IF_ERROR(ReadTrainedCounts(j, path, &report));
   const std::string rule = j.value("long_documents", "");
   if (rule != "truncate" && rule != "drop") {
     return invalid(absl::StrCat("\"long_documents\": must be truncate or drop, got '", rule, "'"));
   }
   report.long_documents = rule == "drop" ? LongDocumentRule::kDrop : LongDocumentRule::kTruncate;
   return report;
+}
+
+namespace {
+
+// The vocab_size written into the shards (TokenizeOptions::vocab_size):
+// the option when set, else the tokenizer's, else 0 (unknown). A tokenizer
+// that makes the ids (every format but SFT) must fit in the option: its
+// ids at or above it would index past the model's embedding.
+absl::StatusOr<int64_t> ShardVocabSize(const TokenizeOptions& options,
+                                       const std::optional<Tokenizer>& tokenizer) {
+  if (!tokenizer.has_value()) return options.vocab_size;
+  if (options.vocab_size == 0) return tokenizer->vocab_size();
+  if (options.format != CorpusFormat::kSftJsonl && tokenizer->vocab_size() > options.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vocab_size: ", options.vocab_size, " but the tokenizer ", options.tokenizer_model, " has ",
+        tokenizer->vocab_size(), " ids: its ids from ", options.vocab_size,
+        " up would not exist in the model (another model's tokenizer?); give the model's "
+        "vocab_size (config.json), at least the tokenizer's, or 0 for the tokenizer's"));
+  }
+  return options.vocab_size;
+}
+
+}  // namespace
+
+absl::Status CheckTextInputHead(const std::string& path, const std::string& text_field) {
+  MEGATRAIN_ASSIGN_OR_RETURN(const int fd, OpenInputFile(path));
+  std::string head(static_cast<size_t>(kTextInputHeadBytes), '\0');
+  size_t done = 0;
+  ssize_t got = 0;
+  while (done < head.size() && (got = ::read(fd, head.data() + done, head.size() - done)) != 0) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int error = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(error, absl::StrCat(path, ": read failed"));
+    }
+    done += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  head.resize(done);
+  const bool whole = done < static_cast<size_t>(kTextInputHeadBytes);
+  const size_t first = head.find_first_not_of(" \t\r\n\f\v");
+  if (first == std::string::npos) {
+    if (!whole) return absl::OkStatus();  // a blank first MiB: the tokenizer decides
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", done == 0 ? "is empty" : "holds only blank lines",
+                     ": no document to train on"));
+  }
+  if (!absl::EndsWith(path, ".jsonl")) return absl::OkStatus();
+  const size_t line_end = head.find('\n', first);
+  if (line_end == std::string::npos && !whole) return absl::OkStatus();  // a longer first line
+  const std::string where =
+      absl::StrCat(path, ":", 1 + std::count(head.begin(), head.begin() + first, '\n'));
+  absl::StatusOr<nlohmann::json> json = ParseJsonObject(absl::string_view(head).substr(
+      first, line_end == std::string::npos ? std::string::npos : line_end - first));
+  if (!json.ok()) return Annotate(json.status(), where);
+  const std::string other_format = OtherFormatHint(*json);
+  if (!other_format.empty()) return absl::InvalidArgumentError(absl::StrCat(where, other_format));
+  const auto text = json->find(text_field);
+  if (text == json->end() || !text->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field \"", text_field, "\" (the document's text) is ",
+                     text == json->end() ? "missing" : "not a string"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) {
@@ -729,13 +1012,7 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
   }
 
   TokenizeReport report;
-  if (sft && !chat) {
-    report.vocab_size = options.vocab_size != 0 ? options.vocab_size
-                        : tokenizer.has_value() ? tokenizer->vocab_size()
-                                                : 0;
-  } else {
-    report.vocab_size = tokenizer->vocab_size();
-  }
+  MEGATRAIN_ASSIGN_OR_RETURN(report.vocab_size, ShardVocabSize(options, tokenizer));
   report.eos_id = tokenizer.has_value() ? tokenizer->eos_id() : -1;
 
   const std::string eval_dir =
@@ -775,10 +1052,13 @@ absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options) 
 
   FillReport(options, train, eval, sink, &report);
   report.masked = sft;
+  report.trained_counts_known = true;
   if (report.documents + report.eval_documents == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("input_paths: no document with tokens in ", options.input_paths.size(),
-                     " file(s) (", report.skipped_documents, " empty documents); nothing written"));
+        absl::StrCat("input_paths: no document with ", sft ? "trained " : "", "tokens in ",
+                     options.input_paths.size(), " file(s) (", report.skipped_documents, " empty, ",
+                     report.untrained_documents, " with no trained token (loss mask all 0), ",
+                     report.dropped_documents, " over max_document_tokens); nothing written"));
   }
   MEGATRAIN_RETURN_IF_ERROR(
       Annotate(WriteReportFile(train_fd, options.output_dir, report), "output_dir"));

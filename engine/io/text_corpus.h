@@ -34,15 +34,21 @@ enum class CorpusFormat {
   kPlainText,  // documents separated by blank lines
   kJsonl,      // {"text": ...} per line
   kSftJsonl,   // {"input_ids": [...], "labels" | "loss_mask": [...]} per line
-  kChatJsonl,  // {"text": rendered chat, "assistant_spans": [[start, end], ...]}
-               // per line (client/python/megatrain_client/chat_template.py);
-               // needs a HF tokenizer; written with a loss mask that is 1 on
-               // the tokens of the spans (Note [Chat loss mask] in the .cc)
+  kChatJsonl,  // {"text": rendered chat, "assistant_spans": [[start, end], ...],
+               // "turns": [{"role", "start", "end"}, ...]} per line (UTF-8 byte
+               // offsets; client/python/megatrain_client/chat_template.py;
+               // "turns" optional); needs a HF tokenizer; written with a loss
+               // mask that is 1 on the tokens of the spans (Note [Chat loss
+               // mask] in the .cc)
 };
 
 // What TokenizeToShards does with a document over max_document_tokens.
 enum class LongDocumentRule {
-  kTruncate,  // keep its first max_document_tokens tokens (and mask)
+  kTruncate,  // keep its first max_document_tokens tokens (and mask); a chat
+              // conversation keeps whole turns instead: its oldest turns after
+              // the system prompt go (Note [Chat truncation] in the .cc), or,
+              // when no cut fits, without "turns", or when no answer would
+              // be left, it is left out (counted as dropped)
   kDrop,      // leave it out
 };
 
@@ -69,10 +75,11 @@ struct TokenizeOptions {
   // conversation is never split over two training windows.
   uint64_t max_document_tokens = 0;
   LongDocumentRule long_documents = LongDocumentRule::kTruncate;
-  // kSftJsonl: ids must be below it, and it is written into the shards;
-  // 0 = the tokenizer's vocab_size, or unknown (ids up to 2^31 - 1; uint32
-  // shards) without a tokenizer. Text formats use the tokenizer's and
-  // ignore this field.
+  // The model's vocabulary (config.json vocab_size): ids must be below it,
+  // and it is written into the shards' headers. 0 = the tokenizer's
+  // vocab_size, or unknown (ids up to 2^31 - 1; uint32 shards) for SFT
+  // without a tokenizer. A tokenizer that makes the ids (every format but
+  // kSftJsonl) with more ids than this is refused (INVALID_ARGUMENT).
   int64_t vocab_size = 0;
 
   // Directory for the training shards `<shard_prefix>-NNNNN.mtt` (created,
@@ -111,11 +118,16 @@ struct TokenizeOptions {
 struct TokenizeReport {
   uint64_t documents = 0;                // training documents written
   uint64_t tokens = 0;                   // their tokens (BOS included, if added)
+  uint64_t trained_tokens = 0;           // of those, with loss mask 1 (all without masks)
   uint64_t eval_documents = 0;           // held-out documents written
   uint64_t eval_tokens = 0;              // their tokens
+  uint64_t eval_trained_tokens = 0;      // of those, with loss mask 1
   uint64_t skipped_documents = 0;        // documents with no tokens, not written
+  uint64_t untrained_documents = 0;      // SFT, chat: documents whose loss mask is all 0
+                                         // (after truncation), not written
   uint64_t masked_tokens = 0;            // SFT: tokens with loss mask 0 (both sets)
-  uint64_t truncated_documents = 0;      // over max_document_tokens, truncated
+  uint64_t truncated_documents = 0;      // over max_document_tokens, truncated (chat:
+                                         // oldest turns dropped)
   uint64_t dropped_documents = 0;        // over max_document_tokens, left out
   uint64_t bytes_written = 0;            // all shard and mask files, in bytes
   uint64_t input_bytes = 0;              // sizes of the input files, in bytes
@@ -130,17 +142,27 @@ struct TokenizeReport {
   uint64_t max_document_tokens = 0;
   LongDocumentRule long_documents = LongDocumentRule::kTruncate;
   bool masked = false;  // shards written with loss masks (SFT, chat)
+  // ReadTokenizeReport of a version 1 report (written before the trained
+  // counts existed): false, and trained_tokens, eval_tokens,
+  // eval_trained_tokens and untrained_documents are unknown (0).
+  bool trained_counts_known = true;
 };
 
 // Note [Tokenize report]
 // TokenizeToShards leaves `tokenize.json` in output_dir beside the shards
 // (written atomically through the directory's descriptor):
-//   {"format": "megatrain-tokenize-report", "version": 1, "documents": N,
-//    "tokens": N, "eval_documents": N, "eos_id": N, "masked": bool,
-//    "max_document_tokens": N, "long_documents": "truncate" | "drop",
-//    "truncated_documents": N, "dropped_documents": N}
+//   {"format": "megatrain-tokenize-report", "version": 2, "documents": N,
+//    "tokens": N, "trained_tokens": N, "eval_documents": N,
+//    "eval_tokens": N, "eval_trained_tokens": N, "untrained_documents": N,
+//    "eos_id": N, "masked": bool, "max_document_tokens": N,
+//    "long_documents": "truncate" | "drop", "truncated_documents": N,
+//    "dropped_documents": N}
 // so that a job trained on the shards (data.tokens) can say in its events
-// what the long-document rule did to its data (TrainingJob, "data:" event).
+// what the long-document rule did to its data (TrainingJob, "data:" event)
+// and submission can refuse shards with no trained token (data_checks.h).
+// Since documents whose loss mask is all 0 are not written, "masked": true
+// comes with trained_tokens > 0 unless documents is 0. Version 1 (no trained
+// counts) is still read.
 inline constexpr char kTokenizeReportFileName[] = "tokenize.json";
 
 // Reads `<dir>/tokenize.json` (Note [Tokenize report]; through
@@ -161,8 +183,9 @@ absl::StatusOr<TokenizeReport> ReadTokenizeReport(const std::string& dir);
 //     "eval_fraction", ...); an input that is a directory; a bad JSONL line
 //     ("<file>:<line>: ..." saying what is wrong: invalid JSON, not an
 //     object, missing or non-string text field, bad input_ids / labels /
-//     loss_mask, an id outside [0, vocab_size)); inputs with no tokens at
-//     all.
+//     loss_mask, an id outside [0, vocab_size), bad assistant_spans or
+//     turns); inputs with no (trained) tokens at all; a tokenizer with
+//     more ids than vocab_size.
 //   NOT_FOUND: an input file or the tokenizer model does not exist.
 //   ALREADY_EXISTS: an output directory already holds shards with this
 //     prefix and overwrite is false.
@@ -184,6 +207,21 @@ absl::StatusOr<TokenizeReport> ReadTokenizeReport(const std::string& dir);
 //   // "data/tokens/eval", eos_id = report.eos_id, vocab_size >=
 //   // report.vocab_size.
 absl::StatusOr<TokenizeReport> TokenizeToShards(const TokenizeOptions& options);
+
+// Most bytes CheckTextInputHead reads.
+inline constexpr int64_t kTextInputHeadBytes = int64_t{1} << 20;
+
+// A cheap look at a text input before it is tokenized (submission of a
+// data.text job): reads at most the first kTextInputHeadBytes of `path`
+// (OpenInputFile: a regular file, never a FIFO) and refuses a file with no
+// document (empty or blank, when it all fits in that head) and, for a
+// "*.jsonl" file, a first line that is not a JSON object with a string
+// `text_field`: chat data ({"messages"} or {"conversations"}), rendered
+// chat ({"assistant_spans"}) and SFT data ({"input_ids"}) are named with the
+// command that reads them. Messages start with `path` (the caller adds the
+// field). Errors: NOT_FOUND, INVALID_ARGUMENT as said; others from
+// read(2).
+absl::Status CheckTextInputHead(const std::string& path, const std::string& text_field);
 
 }  // namespace megatrain::engine
 

@@ -483,6 +483,18 @@ void TearDown(FILE* progress, int64_t steps, std::unique_ptr<DataParallelTrainer
   std::fflush(progress);
 }
 
+// RESOURCE_EXHAUSTED naming host memory when the run's footprint exceeds
+// --host_memory_budget: refused before anything is allocated, never an
+// out-of-memory kill.
+absl::Status CheckHostMemoryBudget(const BenchOptions& o, const ModelConfig& config) {
+  const int64_t need = BenchFootprint(o, config).host_total_bytes;
+  if (o.host_memory_budget <= 0 || need <= o.host_memory_budget) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "host memory: the run needs %.1f GiB (the footprint: docs/operations.md, \"Sizing host "
+      "memory\"), --host_memory_budget is %.1f GiB",
+      need / 1073741824.0, o.host_memory_budget / 1073741824.0));
+}
+
 // Data parallel (docs/distributed.md): --devices ranks in this process (they
 // share the cores), joined to the other processes' with --dist=env.
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
@@ -501,14 +513,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, BenchModelConfig(o));
-  // Refused before anything is allocated (never an out-of-memory kill).
-  if (const int64_t need = BenchFootprint(o, config).host_total_bytes;
-      o.host_memory_budget > 0 && need > o.host_memory_budget) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "host memory: the run needs %.1f GiB (the footprint: docs/operations.md, \"Sizing host "
-        "memory\"), --host_memory_budget is %.1f GiB",
-        need / 1073741824.0, o.host_memory_budget / 1073741824.0));
-  }
+  MEGATRAIN_RETURN_IF_ERROR(CheckHostMemoryBudget(o, config));
   MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions topt, BenchTrainerOptions(o));
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.

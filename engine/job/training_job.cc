@@ -265,7 +265,8 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
       DeviceSavedLayers(spec, config) - (plan.activation_ring_bytes > 0 ? 2 : 0);
   f.device_estimate_bytes =
       plan.device_bytes() + saved_outside_plan * tokens * config.hidden_size * 4 +
-      12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize;
+      12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
+      LossWorkingBytes(config, spec.train.compute_dtype, tokens);  // the logits' chunk
   return UsesNvmeTier(spec) ? WithNvmeMoments(f) : f;
 }
 

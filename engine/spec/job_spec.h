@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -241,12 +242,36 @@ absl::Status CheckRealInRange(absl::string_view field, double value, RealRange r
 // batch shape is not positive (a spec ValidateJobSpec refuses).
 int64_t MaxSteps(const JobSpec& spec);
 
+// Collects the errors of several independent checks so that a spec with
+// several mistakes is refused once, naming each field ("all errors at
+// once"). Not thread-safe (a local of one validation).
+//
+// Example:
+//   SpecErrors errors;
+//   errors.Add(CheckIntInRange("train.seq_len", t.seq_len, kSeqLenRange));
+//   errors.Add(CheckIntInRange("train.micro_batch", ...));
+//   return errors.ToStatus();
+class SpecErrors {
+ public:
+  // Records `status` unless it is OK.
+  void Add(const absl::Status& status);
+  bool empty() const { return errors_.empty(); }
+  // OK when nothing was recorded; else the first error's code with every
+  // message, in order, joined by "; " (each starts with its field's name).
+  absl::Status ToStatus() const;
+
+ private:
+  absl::StatusCode code_ = absl::StatusCode::kOk;
+  std::vector<std::string> errors_;
+};
+
 // Checks every field against its bound and the fields' combinations (one of
 // model.preset / model.hf_dir, one of data.tokens / data.text, a tokenizer
 // for text, max_steps or max_tokens, warmup_steps <= MaxSteps, a known
 // schedule and preset). INVALID_ARGUMENT naming the field path and the value
 // ("train.micro_batch: must be in [1, 4096], got 0"); those of PresetConfig
-// for an unknown preset. Does not touch the file system (an hf_dir model's
+// for an unknown preset. Every error of the spec at once (SpecErrors: the
+// messages joined by "; ", the first one's code). Does not touch the file system (an hf_dir model's
 // config is checked when the job is created). `output_dir` may still be
 // empty here (the server assigns one); TrainingJob::Create needs it.
 absl::Status ValidateJobSpec(const JobSpec& spec);

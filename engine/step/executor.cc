@@ -87,6 +87,100 @@ absl::Status CheckPositionIds(const MicroBatch& mb, size_t m, size_t n, size_t s
   return absl::OkStatus();
 }
 
+// ExecutorOptions' bounds. INVALID_ARGUMENT naming the first field out of
+// range.
+absl::Status CheckExecutorBounds(const HostStore* store, const ExecutorOptions& options) {
+  // The job spec's bounds (Note [One place per bound] in engine/spec/job_spec.h).
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckIntInRange("train.micro_batch", options.micro_batch, kMicroBatchRange));
+  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", options.seq_len, kSeqLenRange));
+  if (options.num_weight_slots < 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.num_weight_slots: must be >= 3, got ", options.num_weight_slots));
+  }
+  if (options.weight_shard_world < 1 || options.weight_shard_rank < 0 ||
+      options.weight_shard_rank >= options.weight_shard_world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.weight_shard_rank: must be in [0, weight_shard_world=",
+                     options.weight_shard_world, "), got ", options.weight_shard_rank));
+  }
+  if (options.num_grad_slots < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));
+  }
+  if (options.resident_layers < 0 || options.resident_layers > store->layout().num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.resident_layers: must be in [0, num_hidden_layers=", store->layout().num_layers(),
+        "], got ", options.resident_layers));
+  }
+  if (options.resident_embedding) {
+    const ModelLayout& layout = store->layout();
+    const BlockLayout& emb = layout.blocks[layout.embedding_block()];
+    if (emb.params.size() != 1 || emb.params[0].shape.size() != 2 || emb.params[0].offset != 0) {
+      return absl::InvalidArgumentError(
+          "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "
+          "table");
+    }
+  }
+  // A layer-major pass needs a wave of at least one micro-batch (no auto
+  // here); the upper bound is the spec's.
+  if (options.schedule == StepSchedule::kLayerMajor &&
+      (options.wave < 1 || options.wave > kWaveRange.max)) {
+    return absl::InvalidArgumentError(absl::StrCat("executor.wave: must be in [1, ", kWaveRange.max,
+                                                   "] with the layer-major schedule, got ",
+                                                   options.wave));
+  }
+  return absl::OkStatus();
+}
+
+// Whether `store` was built for these options (weight stream, gradient
+// ring, embedding gradient) and the options agree with each other.
+// FAILED_PRECONDITION or INVALID_ARGUMENT naming the field.
+absl::Status CheckStoreMatchesOptions(const HostStore* store, const ExecutorOptions& options) {
+  if (options.compute_dtype == ComputeDtype::kBf16 &&
+      store->options().streaming_bf16 == options.stream_fp32_master) {
+    return absl::FailedPreconditionError(
+        "executor: bf16 compute streams the store's bf16 copy or (stream_fp32_master) the fp32 "
+        "master; the store and the options disagree");
+  }
+  if (options.grad_chunk_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.grad_chunk_elements: must be >= 1, got ", options.grad_chunk_elements));
+  }
+  if (options.mlp_chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.mlp_chunk_bytes: must be >= 1, got ", options.mlp_chunk_bytes));
+  }
+  if (options.stream_fp32_master && options.cast_chunk_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.cast_chunk_elements: must be >= 1, got ", options.cast_chunk_elements));
+  }
+  if (options.compute_dtype != ComputeDtype::kBf16 && options.stream_fp32_master) {
+    return absl::InvalidArgumentError(
+        "executor.stream_fp32_master: bf16 compute only (fp32/tf32 always stream the master)");
+  }
+  if (options.compute_dtype != ComputeDtype::kBf16 && store->options().streaming_bf16) {
+    return absl::FailedPreconditionError(
+        "executor: fp32/tf32 compute streams the fp32 master; the store has a bf16 copy");
+  }
+  if (store->options().gradient_ring != options.gradient_ring) {
+    return absl::FailedPreconditionError(
+        "executor.gradient_ring: the store and the options disagree (HostStoreOptions::"
+        "gradient_ring)");
+  }
+  if (options.gradient_ring && !options.resident_embedding &&
+      !store->options().embedding_grad_in_host) {
+    return absl::FailedPreconditionError(
+        "executor.resident_embedding: the embedding lands on the host but the store keeps no "
+        "gradient for it (HostStoreOptions::embedding_grad_in_host)");
+  }
+  if (options.gradient_ring && store->config().moe != nullptr) {
+    return absl::InvalidArgumentError(
+        "executor.gradient_ring: not for mixture-of-experts models (memory.gradient_landing)");
+  }
+  return absl::OkStatus();
+}
+
 // Thrown between plan actions when ExecutorOptions::abandon_step is set
 // (Note [Abandoned steps] in executor.h); caught in Run only.
 struct StepAbandoned {};
@@ -721,87 +815,8 @@ StreamingExecutor::~StreamingExecutor() = default;
 
 absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
     HostStore* store, DeviceRuntime* runtime, ThreadPool* pool, const ExecutorOptions& options) {
-  // The job spec's bounds (Note [One place per bound] in engine/spec/job_spec.h).
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckIntInRange("train.micro_batch", options.micro_batch, kMicroBatchRange));
-  MEGATRAIN_RETURN_IF_ERROR(CheckIntInRange("train.seq_len", options.seq_len, kSeqLenRange));
-  if (options.num_weight_slots < 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("executor.num_weight_slots: must be >= 3, got ", options.num_weight_slots));
-  }
-  if (options.weight_shard_world < 1 || options.weight_shard_rank < 0 ||
-      options.weight_shard_rank >= options.weight_shard_world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("executor.weight_shard_rank: must be in [0, weight_shard_world=",
-                     options.weight_shard_world, "), got ", options.weight_shard_rank));
-  }
-  if (options.num_grad_slots < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));
-  }
-  if (options.resident_layers < 0 || options.resident_layers > store->layout().num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "executor.resident_layers: must be in [0, num_hidden_layers=", store->layout().num_layers(),
-        "], got ", options.resident_layers));
-  }
-  if (options.resident_embedding) {
-    const ModelLayout& layout = store->layout();
-    const BlockLayout& emb = layout.blocks[layout.embedding_block()];
-    if (emb.params.size() != 1 || emb.params[0].shape.size() != 2 || emb.params[0].offset != 0) {
-      return absl::InvalidArgumentError(
-          "executor.resident_embedding: the embedding block is not one [vocab_size, hidden_size] "
-          "table");
-    }
-  }
-  // A layer-major pass needs a wave of at least one micro-batch (no auto
-  // here); the upper bound is the spec's.
-  if (options.schedule == StepSchedule::kLayerMajor &&
-      (options.wave < 1 || options.wave > kWaveRange.max)) {
-    return absl::InvalidArgumentError(absl::StrCat("executor.wave: must be in [1, ", kWaveRange.max,
-                                                   "] with the layer-major schedule, got ",
-                                                   options.wave));
-  }
-  if (options.compute_dtype == ComputeDtype::kBf16 &&
-      store->options().streaming_bf16 == options.stream_fp32_master) {
-    return absl::FailedPreconditionError(
-        "executor: bf16 compute streams the store's bf16 copy or (stream_fp32_master) the fp32 "
-        "master; the store and the options disagree");
-  }
-  if (options.grad_chunk_elements < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "executor.grad_chunk_elements: must be >= 1, got ", options.grad_chunk_elements));
-  }
-  if (options.mlp_chunk_bytes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("executor.mlp_chunk_bytes: must be >= 1, got ", options.mlp_chunk_bytes));
-  }
-  if (options.stream_fp32_master && options.cast_chunk_elements < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "executor.cast_chunk_elements: must be >= 1, got ", options.cast_chunk_elements));
-  }
-  if (options.compute_dtype != ComputeDtype::kBf16 && options.stream_fp32_master) {
-    return absl::InvalidArgumentError(
-        "executor.stream_fp32_master: bf16 compute only (fp32/tf32 always stream the master)");
-  }
-  if (options.compute_dtype != ComputeDtype::kBf16 && store->options().streaming_bf16) {
-    return absl::FailedPreconditionError(
-        "executor: fp32/tf32 compute streams the fp32 master; the store has a bf16 copy");
-  }
-  if (store->options().gradient_ring != options.gradient_ring) {
-    return absl::FailedPreconditionError(
-        "executor.gradient_ring: the store and the options disagree (HostStoreOptions::"
-        "gradient_ring)");
-  }
-  if (options.gradient_ring && !options.resident_embedding &&
-      !store->options().embedding_grad_in_host) {
-    return absl::FailedPreconditionError(
-        "executor.resident_embedding: the embedding lands on the host but the store keeps no "
-        "gradient for it (HostStoreOptions::embedding_grad_in_host)");
-  }
-  if (options.gradient_ring && store->config().moe != nullptr) {
-    return absl::InvalidArgumentError(
-        "executor.gradient_ring: not for mixture-of-experts models (memory.gradient_landing)");
-  }
+  MEGATRAIN_RETURN_IF_ERROR(CheckExecutorBounds(store, options));
+  MEGATRAIN_RETURN_IF_ERROR(CheckStoreMatchesOptions(store, options));
   auto impl = std::make_unique<Impl>(store, runtime, pool, options);
   MEGATRAIN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<StreamingExecutor>(new StreamingExecutor(std::move(impl), options));

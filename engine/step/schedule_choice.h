@@ -195,6 +195,16 @@ int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t 
 int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
                      int64_t seq_len);
 
+// Bytes of one micro-batch's head and loss at a time (Note [Loss working
+// bytes] in the .cc): the logits of one loss chunk ([rows, V]; rows =
+// `loss_chunk_tokens`, or the executor's auto kLossChunkLogitBytes / (4 V),
+// at least 64, never more than the micro-batch's B * T tokens) in the
+// compute dtype and in fp32, their fp32 log-softmax and fp32 gradient. They
+// live where the step runs: device memory on a GPU, host memory on the CPU.
+// Pure.
+int64_t LossWorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t tokens,
+                         int64_t loss_chunk_tokens = 0);
+
 // Checks `request` (INVALID_ARGUMENT naming the option: `wave` must be in
 // kWaveRange, [0, 4096] (engine/spec/job_spec.h), and 0 or 1 with
 // micro-batch-major; `gradient_accumulation_steps` >= 1; resident_layers -1

@@ -228,6 +228,28 @@ std::vector<bool> PrivateLandingBlocks(const ModelLayout& layout, const Executor
   return whole;
 }
 
+// The executor's doors to data parallelism (Note [Data-parallel step] in
+// gradient_reducer.h): the device reduce-scatter of streamed blocks, the
+// gather of sharded weight loads and the sum of resident gradients.
+void ConnectReducer(GradientReducer* reducer, StreamingExecutor& executor) {
+  executor.SetDeviceReduction(
+      [reducer](int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end) {
+        return reducer->ReduceScatterOnDevice(block, grad, numel, begin, end);
+      });
+  executor.SetWeightGather(
+      [reducer](int64_t block, void* slot, int64_t shard_numel, int element_bytes) {
+        reducer->AllGatherWeights(block, slot, shard_numel, element_bytes);
+      });
+  // Note [Resident blocks on every rank]: a reducer that cannot sum on the
+  // devices would leave a resident gradient this rank's own, silently
+  // training each replica apart.
+  executor.SetResidentReduction([reducer](int64_t block, float* grad, int64_t numel) {
+    const bool summed = reducer->AllReduceOnDevice(block, grad, numel);
+    ABSL_RAW_CHECK(summed, "trainer: resident blocks with a reducer that cannot sum on devices");
+    return summed;
+  });
+}
+
 // Note [Gradient ring] in grad_lander.h: releases a ring piece once the
 // last of its update's slices has run (whichever thread runs it).
 class PieceRelease {
@@ -453,24 +475,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
   } else {
     t->executor_->SetWeightGate([queue](int64_t block) { queue->WaitBlock(block); });
   }
-  if (GradientReducer* reducer = options.gradient_reducer; reducer != nullptr) {
-    // Note [Device reduce-scatter] in gradient_reducer.h.
-    t->executor_->SetDeviceReduction(
-        [reducer](int64_t block, float* grad, int64_t numel, int64_t* begin, int64_t* end) {
-          return reducer->ReduceScatterOnDevice(block, grad, numel, begin, end);
-        });
-    // Note [Resident blocks on every rank] in gradient_reducer.h: a
-    // reducer that cannot sum on the devices leaves a resident gradient
-    // this rank's own, which would silently train each replica apart.
-    t->executor_->SetWeightGather(
-        [reducer](int64_t block, void* slot, int64_t shard_numel, int element_bytes) {
-          reducer->AllGatherWeights(block, slot, shard_numel, element_bytes);
-        });
-    t->executor_->SetResidentReduction([reducer](int64_t block, float* grad, int64_t numel) {
-      const bool summed = reducer->AllReduceOnDevice(block, grad, numel);
-      ABSL_RAW_CHECK(summed, "trainer: resident blocks with a reducer that cannot sum on devices");
-      return summed;
-    });
+  if (options.gradient_reducer != nullptr) {
+    ConnectReducer(options.gradient_reducer, *t->executor_);
   }
   // A resident embedding is updated on the device instead; with the tier
   // (Note [Tiered trainer]) or a shared store (Note [Shared host store]),

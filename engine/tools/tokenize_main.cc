@@ -24,23 +24,25 @@ void AddOptions(CLI::App* app, TokenizeOptions* o, std::string* format, std::str
       ->required();
   app->add_option("--tokenizer", o->tokenizer_model,
                   "HF model directory (its tokenizer.json and tokenizer_config.json), a "
-                  "tokenizer.json file, or a SentencePiece .model file")
-      ->required();
+                  "tokenizer.json file, or a SentencePiece .model file; every format but sft "
+                  "needs one");
   app->add_option("--out", o->output_dir, "Output directory for the shards")->required();
   app->add_option("--format", *format,
                   "auto | text | jsonl | sft | chat (the output of python3 -m "
                   "megatrain_client.chat_template; needs a HF tokenizer)")
       ->capture_default_str();
   app->add_option("--max_document_tokens", o->max_document_tokens,
-                  "Documents longer than this are truncated or dropped (--long_documents); "
-                  "0: no limit. For SFT/chat use the job's seq_len");
+                  "Documents longer than this are truncated or dropped (--long_documents; "
+                  "chat keeps whole turns: its oldest turns go); 0: no limit. For SFT/chat "
+                  "use the job's seq_len");
   app->add_option("--long_documents", *long_documents, "truncate | drop")->capture_default_str();
   app->add_flag("--train_on_all_turns", o->train_on_all_turns,
                 "chat: train on every token, not only the assistant turns");
   app->add_option("--text_field", o->text_field, "JSONL field holding the text")
       ->capture_default_str();
   app->add_option("--vocab_size", o->vocab_size,
-                  "Model vocabulary (ids must be below it; 0: the tokenizer's)");
+                  "The model's vocab_size (config.json): written into the shards, ids must be "
+                  "below it, and a tokenizer with more ids is refused; 0: the tokenizer's");
   app->add_option("--eval_fraction", o->eval_fraction, "Share of documents held out, [0, 0.5]");
   app->add_option("--eval_out", o->eval_output_dir, "Output directory of the held-out shards");
   app->add_option("--split_seed", o->split_seed, "Seed of the held-out split");
@@ -88,9 +90,12 @@ void PrintReport(const TokenizeReport& r, const TokenizeOptions& o, bool json) {
   if (json) {
     nlohmann::json j{{"documents", r.documents},
                      {"tokens", r.tokens},
+                     {"trained_tokens", r.trained_tokens},
                      {"eval_documents", r.eval_documents},
                      {"eval_tokens", r.eval_tokens},
+                     {"eval_trained_tokens", r.eval_trained_tokens},
                      {"skipped_documents", r.skipped_documents},
+                     {"untrained_documents", r.untrained_documents},
                      {"masked_tokens", r.masked_tokens},
                      {"truncated_documents", r.truncated_documents},
                      {"dropped_documents", r.dropped_documents},
@@ -107,15 +112,26 @@ void PrintReport(const TokenizeReport& r, const TokenizeOptions& o, bool json) {
     std::printf("%llu documents, %llu tokens in %zu shard(s) under %s",
                 static_cast<unsigned long long>(r.documents),
                 static_cast<unsigned long long>(r.tokens), r.shards.size(), o.output_dir.c_str());
+    if (r.masked) {
+      std::printf(" (%llu trained)", static_cast<unsigned long long>(r.trained_tokens));
+    }
     if (r.eval_documents > 0) {
       std::printf("; held out %llu documents, %llu tokens",
                   static_cast<unsigned long long>(r.eval_documents),
                   static_cast<unsigned long long>(r.eval_tokens));
+      if (r.masked) {
+        std::printf(" (%llu trained)", static_cast<unsigned long long>(r.eval_trained_tokens));
+      }
     }
     if (r.truncated_documents + r.dropped_documents > 0) {
-      std::printf("; over --max_document_tokens: %llu truncated, %llu dropped",
+      std::printf("; over --max_document_tokens: %llu truncated%s, %llu dropped",
                   static_cast<unsigned long long>(r.truncated_documents),
+                  o.format == megatrain::engine::CorpusFormat::kChatJsonl ? " (oldest turns)" : "",
                   static_cast<unsigned long long>(r.dropped_documents));
+    }
+    if (r.untrained_documents > 0) {
+      std::printf("; %llu documents with no trained token (loss mask all 0) left out",
+                  static_cast<unsigned long long>(r.untrained_documents));
     }
     std::printf("; %.2f MB in %.2f s (%.1f MB/s)\n", static_cast<double>(r.input_bytes) / 1e6,
                 r.seconds, mb_per_s);

@@ -126,6 +126,10 @@ class RealEngineBackend final : public EngineBackend {
     return Guard("ReadTokenShardHeaders", [&] { return engine::ReadTokenShardHeaders(path); });
   }
 
+  absl::Status CheckDataInputs(const engine::DataInputsToCheck& inputs) override {
+    return Guard("CheckDataInputs", [&] { return engine::CheckDataInputs(inputs); });
+  }
+
   absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
                                     const std::string& hf_config_json) override {
     return Guard("CheckHfWeightHeaders", [&]() -> absl::Status {

@@ -91,6 +91,12 @@ class EngineBackend {
     (void)path;
     return std::vector<engine::TokenShardHeaderFacts>{};
   }
+  // engine::CheckDataInputs (Note [Data checks at submit] in
+  // engine/io/input_checks.h). The default, for fakes: OK.
+  virtual absl::Status CheckDataInputs(const engine::DataInputsToCheck& inputs) {
+    (void)inputs;
+    return absl::OkStatus();
+  }
   // engine::CheckHfWeightHeaders with the model of `hf_config_json`.
   virtual absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
                                             const std::string& hf_config_json) {

@@ -308,7 +308,9 @@ absl::StatusOr<std::string> ReadHfConfig(const std::string& hf_dir) {
   constexpr absl::string_view field = "model.hf_dir";
   struct stat dir_info {};
   if (::stat(hf_dir.c_str(), &dir_info) != 0) {
-    return absl::NotFoundError(absl::StrCat(field, ": '", hf_dir, "': ", std::strerror(errno)));
+    // A path in the spec that is not there: the field is wrong.
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", hf_dir, "': ", std::strerror(errno)));
   }
   if (!S_ISDIR(dir_info.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -321,7 +323,7 @@ absl::StatusOr<std::string> ReadHfConfig(const std::string& hf_dir) {
   if (file.fd < 0) {
     const int error = errno;
     if (error == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(field, ": '", path, "' does not exist"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' does not exist"));
     }
     return absl::PermissionDeniedError(
         absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(error)));
@@ -370,7 +372,8 @@ absl::StatusOr<JobInputs> PreflightJobInputs(const engine::JobSpec& spec) {
   MEGATRAIN_RETURN_IF_ERROR(CheckInputKind("data.tokens", spec.data.tokens, true));
   MEGATRAIN_RETURN_IF_ERROR(CheckInputKind("data.eval_tokens", spec.data.eval_tokens, true));
   MEGATRAIN_RETURN_IF_ERROR(CheckInputKind("data.text", spec.data.text, false));
-  MEGATRAIN_RETURN_IF_ERROR(CheckInputKind("data.tokenizer", spec.data.tokenizer, false));
+  // A model directory (its tokenizer.json) or the file (docs/job-spec.md).
+  MEGATRAIN_RETURN_IF_ERROR(CheckInputKind("data.tokenizer", spec.data.tokenizer, true));
   return inputs;
 }
 

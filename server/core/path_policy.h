@@ -163,9 +163,10 @@ struct JobInputs {
 // model.hf_dir's config.json, which sizes the job now. INVALID_ARGUMENT
 // naming the field and the path for a FIFO, socket or device node, a
 // model.hf_dir that is not a directory or a config.json that is not a
-// regular file or is larger than kMaxHfConfigBytes; NOT_FOUND for a missing
-// config.json; PERMISSION_DENIED when it cannot be read. Never blocks on a
-// FIFO or opens a device; may block as long as a hung file system does.
+// regular file or is larger than kMaxHfConfigBytes, or a missing
+// model.hf_dir or config.json (the field is wrong); PERMISSION_DENIED
+// when it cannot be read. Never blocks on a FIFO or opens a device; may
+// block as long as a hung file system does.
 absl::StatusOr<JobInputs> PreflightJobInputs(const engine::JobSpec& spec);
 
 // Splits a comma-separated flag value into paths, trimming blanks and

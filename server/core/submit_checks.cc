@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
+#include "server/core/data_checks.h"
 
 namespace megatrain::server {
 namespace {
@@ -92,6 +93,7 @@ absl::Status CheckSubmission(const engine::JobSpec& spec, const JobInputs& input
       CheckShards("data.tokens", spec.data.tokens, limits->vocab_size, backend));
   MEGATRAIN_RETURN_IF_ERROR(
       CheckShards("data.eval_tokens", spec.data.eval_tokens, limits->vocab_size, backend));
+  MEGATRAIN_RETURN_IF_ERROR(CheckJobData(spec, limits->vocab_size, backend));  // data_checks.h
   if (!spec.model.hf_dir.empty()) {
     absl::Status weights = backend->CheckHfWeightHeaders(spec.model.hf_dir, config_json);
     if (!weights.ok()) return Refuse("model.hf_dir", weights);

@@ -582,6 +582,29 @@ TEST(DataLoaderTest, EvalBatchesPadsTheLastWindowAndHonoursMaxBatches) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eval.batches")));
 }
 
+// An eval set whose loss masks are all 0 has no target: its loss would be
+// 0/0 (it used to be reported as 0.0), so it is refused naming the field.
+TEST(DataLoaderTest, EvalBatchesWithoutATargetAreRefused) {
+  const std::string dir = testing::MakeTempDir("data_loader_test");
+  WriteShard(dir + "/data.mtt", {{1, 2, 3, 4, 5, 6}});
+  WriteShard(dir + "/eval.mtt", {{20, 21, 22}, {30, 31}});
+  WriteShard(dir + "/eval.mtt" + kLossMaskSuffix, {{0, 0, 0}, {0, 0}}, 2);
+  DataLoaderOptions options = Options(dir + "/data.mtt", 4);
+  options.eval_tokens = dir + "/eval.mtt";
+  absl::StatusOr<DataLoader> loader = DataLoader::Create(options);
+  ASSERT_THAT(loader, IsOk());
+  EXPECT_THAT(loader->EvalBatches(2, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.eval_tokens: the eval set has no trained token")));
+  // One trained token is enough.
+  WriteShard(dir + "/eval2.mtt", {{20, 21, 22}});
+  WriteShard(dir + "/eval2.mtt" + kLossMaskSuffix, {{0, 1, 0}}, 2);
+  options.eval_tokens = dir + "/eval2.mtt";
+  loader = DataLoader::Create(options);
+  ASSERT_THAT(loader, IsOk());
+  EXPECT_THAT(loader->EvalBatches(2, 4), IsOk());
+}
+
 TEST(DataLoaderTest, EvalFractionHoldsOutAtLeastOneDocument) {
   const std::string path = testing::MakeTempDir("data_loader_test") + "/data.mtt";
   WriteShard(path, NumberedDocs(3, 4));

@@ -101,5 +101,78 @@ TEST(InputChecksTest, SafetensorsHeadersAndTheEmbeddingShapeAgainstConfig) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
 }
 
+// Note [Data checks at submit]: every problem of a job's data at once, each
+// naming its field.
+TEST(DataInputsCheckTest, EveryProblemIsReportedAtOnceNamingItsField) {
+  const std::string dir = megatrain::testing::MakeTempDir("data-checks");
+  std::ofstream(dir + "/empty.txt").flush();
+  fs::create_directories(dir + "/model");  // no tokenizer.json
+  // data.tokens: a shard whose loss mask is all 0 (no tokenize.json).
+  fs::create_directories(dir + "/tokens");
+  WriteShard(dir + "/tokens/train-00000.mtt", {{5, 6, 7}}, 100);
+  WriteShard(dir + "/tokens/train-00000.mtt.mask", {{0, 0, 0}}, 2);
+  // data.eval_tokens: a tokenize.json that counts no trained token.
+  fs::create_directories(dir + "/eval");
+  WriteShard(dir + "/eval/train-00000.mtt", {{5, 6}}, 100);
+  std::ofstream(dir + "/eval/tokenize.json")
+      << R"({"format": "megatrain-tokenize-report", "version": 2, "documents": 1, "tokens": 2,
+            "trained_tokens": 0, "eval_documents": 0, "eval_tokens": 0,
+            "eval_trained_tokens": 0, "untrained_documents": 0, "eos_id": 1, "masked": true,
+            "max_document_tokens": 0, "long_documents": "truncate",
+            "truncated_documents": 0, "dropped_documents": 0})";
+  DataInputsToCheck inputs;
+  inputs.text = dir + "/empty.txt";
+  inputs.tokenizer = dir + "/model";
+  inputs.tokenizer_field = "model.hf_dir";
+  inputs.tokens = dir + "/tokens";
+  inputs.eval_tokens = dir + "/eval";
+  inputs.model_vocab_size = 100;
+  const absl::Status status = CheckDataInputs(inputs);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr("data.text: " + dir + "/empty.txt: is empty")));
+  EXPECT_THAT(status.message(), HasSubstr("model.hf_dir: "));
+  EXPECT_THAT(status.message(), HasSubstr("tokenizer.json"));
+  EXPECT_THAT(status.message(), HasSubstr("set data.tokenizer"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("data.tokens: " + dir + "/tokens: no trained token (every loss-mask"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("data.eval_tokens: " + dir + "/eval/tokenize.json: no trained token"));
+}
+
+TEST(DataInputsCheckTest, TokenizerWithMoreIdsThanTheModelIsRefused) {
+  const std::string dir = megatrain::testing::MakeTempDir("data-checks-vocab");
+  std::ofstream(dir + "/in.txt") << "some text\n";
+  DataInputsToCheck inputs;
+  inputs.text = dir + "/in.txt";
+  // A model directory's tokenizer.json (the fixture has 2000 ids).
+  inputs.tokenizer = std::string(MEGATRAIN_TESTDATA_DIR) + "/tokenizers/llama3-bpe";
+  inputs.tokenizer_field = "data.tokenizer";
+  inputs.model_vocab_size = 100;
+  EXPECT_THAT(CheckDataInputs(inputs),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.tokenizer: " + inputs.tokenizer +
+                                 " has 2000 ids, more than the model's vocab_size 100")));
+  inputs.model_vocab_size = 2048;
+  EXPECT_THAT(CheckDataInputs(inputs), IsOk());
+}
+
+TEST(DataInputsCheckTest, MasksWithATrainedTokenAndUnmaskedShardsPass) {
+  const std::string dir = megatrain::testing::MakeTempDir("data-checks-ok");
+  WriteShard(dir + "/a-00000.mtt", {{5, 6, 7}}, 100);
+  WriteShard(dir + "/a-00000.mtt.mask", {{0, 0, 0}}, 2);
+  WriteShard(dir + "/a-00001.mtt", {{5, 6}}, 100);
+  WriteShard(dir + "/a-00001.mtt.mask", {{0, 1}}, 2);
+  const std::string plain = megatrain::testing::MakeTempDir("data-checks-plain");
+  WriteShard(plain + "/a-00000.mtt", {{5, 6, 7}}, 100);
+  DataInputsToCheck inputs;
+  inputs.tokens = dir;
+  inputs.eval_tokens = plain;
+  EXPECT_THAT(CheckDataInputs(inputs), IsOk());
+  // A single shard file with an all-zero mask beside it.
+  inputs.tokens = dir + "/a-00000.mtt";
+  EXPECT_THAT(CheckDataInputs(inputs),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.tokens: ")));
+}
+
 }  // namespace
 }  // namespace megatrain::engine

@@ -590,41 +590,91 @@ TEST(TextCorpusChatTest, TrainOnAllTurnsAndBadSpans) {
 namespace megatrain::engine {
 namespace {
 
-// Conversations over max_document_tokens: truncated (with their mask) or
-// dropped, and counted.
-TEST(TextCorpusChatTest, LongConversationsAreTruncatedOrDroppedAndCounted) {
-  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
-  std::ifstream in(fixture + "/expected.json");
-  const nlohmann::json chats = nlohmann::json::parse(in).at("chats");
-  std::ifstream spans_in("tests/testdata/tokenizers/chat_spans.json");
-  const nlohmann::json spans = nlohmann::json::parse(spans_in).at("qwen2-bpe");
-  const std::string dir = testing::MakeTempDir("text_corpus_chat_long");
-  std::string jsonl;
-  for (size_t i = 0; i < chats.size(); ++i) {
-    jsonl +=
-        nlohmann::json{{"text", chats[i].at("rendered")}, {"assistant_spans", spans.at(i)}}.dump() +
-        "\n";
+// Reads a JSONL file into one object per line.
+std::vector<nlohmann::json> ReadJsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// The released templates (no {% generation %} blocks) of tests/testdata/chat/:
+// megatrain_client.chat_template found the answers from prefix renders
+// (tests/python/chat_template_test.py wrote <name>.rendered.jsonl); tokenized,
+// they must give transformers' ids and assistant masks, which transformers
+// computed from the generation-block versions of the same templates.
+TEST(TextCorpusChatTest, ReleasedTemplatesGiveTransformersMasks) {
+  int checked = 0;
+  for (const auto& [name, sibling] : std::vector<std::pair<std::string, std::string>>{
+           {"llama3-released", "llama3-bpe"}, {"qwen2-chatml-released", "qwen2-bpe"}}) {
+    const std::string fixture = "tests/testdata/tokenizers/" + sibling;
+    std::ifstream in(fixture + "/expected.json");
+    const nlohmann::json chats = nlohmann::json::parse(in).at("chats");
+    const std::string dir = testing::MakeTempDir("text_corpus_released");
+    TokenizeOptions options;
+    options.input_paths = {"tests/testdata/chat/" + name + ".rendered.jsonl"};
+    options.format = CorpusFormat::kChatJsonl;
+    options.tokenizer_model = fixture;
+    options.output_dir = dir + "/out";
+    absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+    ASSERT_THAT(report, IsOk()) << name;
+    const auto docs = ReadDocs(report->shards.at(0));
+    const auto masks = ReadDocs(report->shards.at(0) + kLossMaskSuffix);
+    ASSERT_EQ(docs.size(), chats.size()) << name;
+    uint64_t trained = 0;
+    for (size_t i = 0; i < chats.size(); ++i) {
+      EXPECT_EQ(docs[i], chats[i].at("ids").get<std::vector<int32_t>>()) << name << " " << i;
+      EXPECT_EQ(masks[i], chats[i].at("assistant_masks").get<std::vector<int32_t>>())
+          << name << " " << i;
+      for (int32_t m : masks[i]) trained += m;
+      ++checked;
+    }
+    EXPECT_GT(trained, 0u);
+    EXPECT_EQ(report->trained_tokens, trained);
+    EXPECT_EQ(report->untrained_documents, 0u);
+    absl::StatusOr<TokenizeReport> read = ReadTokenizeReport(dir + "/out");
+    ASSERT_THAT(read, IsOk());
+    EXPECT_TRUE(read->masked);
+    EXPECT_TRUE(read->trained_counts_known);
+    EXPECT_EQ(read->trained_tokens, trained);
   }
-  WriteFile(dir + "/chat.jsonl", jsonl);
-  // The three conversations have 48, 83 and 81 tokens.
+  EXPECT_EQ(checked, 6);
+}
+
+// Note [Chat truncation]: over max_document_tokens a conversation loses its
+// oldest turns after the system prompt, and is then exactly what the
+// template renders for the shorter conversation (tests/python/
+// chat_template_test.py wrote <name>.shortened.jsonl: conversation 1 without
+// its first user/assistant exchange). One without a turn to spare is dropped.
+TEST(TextCorpusChatTest, LongConversationsDropTheirOldestTurnsOrAreDropped) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  const std::string chat = "tests/testdata/chat/qwen2-chatml-released";
+  const std::string dir = testing::MakeTempDir("text_corpus_chat_long");
   TokenizeOptions options;
-  options.input_paths = {dir + "/chat.jsonl"};
+  options.input_paths = {chat + ".shortened.jsonl"};
   options.format = CorpusFormat::kChatJsonl;
   options.tokenizer_model = fixture;
+  options.output_dir = dir + "/shortened";
+  absl::StatusOr<TokenizeReport> shortened = TokenizeToShards(options);
+  ASSERT_THAT(shortened, IsOk());
+  const auto want_ids = ReadDocs(shortened->shards.at(0)).at(0);
+  const auto want_mask = ReadDocs(shortened->shards.at(0) + kLossMaskSuffix).at(0);
+  // The three conversations have 48, 83 and 81 tokens; the shortened one
+  // has fewer than 64.
+  ASSERT_LE(want_ids.size(), 64u);
+
+  options.input_paths = {chat + ".rendered.jsonl"};
   options.max_document_tokens = 64;
   options.output_dir = dir + "/truncate";
   absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
   ASSERT_THAT(report, IsOk());
-  EXPECT_EQ(report->truncated_documents, 2u);
-  EXPECT_EQ(report->documents, 3u);
+  EXPECT_EQ(report->documents, 2u);
+  EXPECT_EQ(report->truncated_documents, 1u);
+  EXPECT_EQ(report->dropped_documents, 1u);  // conversation 2: one exchange only
   const auto docs = ReadDocs(report->shards.at(0));
   const auto masks = ReadDocs(report->shards.at(0) + kLossMaskSuffix);
-  ASSERT_EQ(docs.size(), 3u);
-  std::vector<int32_t> want = chats[1].at("ids").get<std::vector<int32_t>>();
-  want.resize(64);
-  EXPECT_EQ(docs[1], want);
-  std::vector<int32_t> want_mask = chats[1].at("assistant_masks").get<std::vector<int32_t>>();
-  want_mask.resize(64);
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[1], want_ids);
   EXPECT_EQ(masks[1], want_mask);
 
   options.long_documents = LongDocumentRule::kDrop;
@@ -633,6 +683,145 @@ TEST(TextCorpusChatTest, LongConversationsAreTruncatedOrDroppedAndCounted) {
   ASSERT_THAT(report, IsOk());
   EXPECT_EQ(report->dropped_documents, 2u);
   EXPECT_EQ(report->documents, 1u);
+
+  // Without "turns" a conversation cannot be cut between turns: dropped.
+  std::string no_turns;
+  for (nlohmann::json line : ReadJsonl(chat + ".rendered.jsonl")) {
+    line.erase("turns");
+    no_turns += line.dump() + "\n";
+  }
+  WriteFile(dir + "/no_turns.jsonl", no_turns);
+  options.input_paths = {dir + "/no_turns.jsonl"};
+  options.long_documents = LongDocumentRule::kTruncate;
+  options.output_dir = dir + "/no_turns";
+  report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->documents, 1u);
+  EXPECT_EQ(report->truncated_documents, 0u);
+  EXPECT_EQ(report->dropped_documents, 2u);
+}
+
+// A conversation with no answer trains on nothing: left out and counted,
+// and a file of only such conversations is refused (it used to write an
+// all-zero mask under "masked": true).
+TEST(TextCorpusChatTest, ConversationsWithoutAnswersAreLeftOutAndCounted) {
+  const std::string fixture = "tests/testdata/tokenizers/qwen2-bpe";
+  const std::string dir = testing::MakeTempDir("text_corpus_chat_untrained");
+  WriteFile(dir + "/chat.jsonl",
+            R"({"text": "<|im_start|>user\nhi<|im_end|>\n", "assistant_spans": []})"
+            "\n"
+            R"({"text": "<|im_start|>assistant\nhello<|im_end|>\n", "assistant_spans": [[22, 37]]})"
+            "\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/chat.jsonl"};
+  options.format = CorpusFormat::kChatJsonl;
+  options.tokenizer_model = fixture;
+  options.output_dir = dir + "/out";
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->documents, 1u);
+  EXPECT_EQ(report->untrained_documents, 1u);
+  const auto masks = ReadDocs(report->shards.at(0) + kLossMaskSuffix);
+  ASSERT_EQ(masks.size(), 1u);
+  uint64_t trained = 0;
+  for (int32_t m : masks[0]) trained += m;
+  EXPECT_GT(trained, 0u);
+  EXPECT_EQ(report->trained_tokens, trained);
+  absl::StatusOr<TokenizeReport> read = ReadTokenizeReport(dir + "/out");
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(read->untrained_documents, 1u);
+  EXPECT_EQ(read->trained_tokens, trained);
+
+  WriteFile(dir + "/none.jsonl",
+            R"({"text": "<|im_start|>user\nhi<|im_end|>\n", "assistant_spans": []})"
+            "\n");
+  options.input_paths = {dir + "/none.jsonl"};
+  options.output_dir = dir + "/none";
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("no document with trained tokens"),
+                             HasSubstr("1 with no trained token"))));
+}
+
+// SFT examples whose head (kept by truncation) has no trained token are left
+// out and counted too.
+TEST(TextCorpusSftTest, TruncationThatLeavesNoTrainedTokenIsCounted) {
+  const std::string dir = testing::MakeTempDir("text_corpus_test");
+  const std::string input = dir + "/sft.jsonl";
+  WriteFile(input,
+            "{\"input_ids\": [5, 6, 7, 8], \"labels\": [-100, -100, 7, 8]}\n"
+            "{\"input_ids\": [9, 10], \"loss_mask\": [0, 1]}\n");
+  TokenizeOptions options = SftOptions(input, dir + "/out");
+  options.max_document_tokens = 2;
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->truncated_documents, 1u);
+  EXPECT_EQ(report->untrained_documents, 1u);
+  EXPECT_EQ(report->documents, 1u);
+  EXPECT_EQ(report->trained_tokens, 1u);
+}
+
+// --vocab_size is the model's: written into the headers, and a tokenizer
+// with more ids is refused (it used to be ignored for text).
+TEST(TextCorpusHfTest, VocabSizeIsWrittenAndCheckedAgainstTheTokenizer) {
+  const std::string fixture = "tests/testdata/tokenizers/llama3-bpe";
+  const std::string dir = testing::MakeTempDir("text_corpus_vocab");
+  WriteFile(dir + "/in.txt", "some text\n");
+  TokenizeOptions options;
+  options.input_paths = {dir + "/in.txt"};
+  options.tokenizer_model = fixture;
+  options.output_dir = dir + "/small";
+  options.vocab_size = 512;
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("vocab_size: 512 but the tokenizer"), HasSubstr(fixture))));
+  options.vocab_size = 70000;
+  options.output_dir = dir + "/large";
+  absl::StatusOr<TokenizeReport> report = TokenizeToShards(options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->vocab_size, 70000);
+  absl::StatusOr<TokenShardReader> reader = TokenShardReader::Open(report->shards.at(0));
+  ASSERT_THAT(reader, IsOk());
+  EXPECT_EQ(reader->vocab_size(), 70000u);
+}
+
+// Chat or SFT data given as text: the message names what it is and the fix,
+// in TokenizeToShards and in the submit-time look at the file's head.
+TEST(TextCorpusHfTest, OtherFormatsGivenAsTextNameTheFix) {
+  const std::string fixture = "tests/testdata/tokenizers/llama3-bpe";
+  const std::string dir = testing::MakeTempDir("text_corpus_formats");
+  const std::string chat = dir + "/chat.jsonl";
+  WriteFile(chat, "\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+  TokenizeOptions options;
+  options.input_paths = {chat};
+  options.tokenizer_model = fixture;
+  options.output_dir = dir + "/out";
+  EXPECT_THAT(TokenizeToShards(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("chat.jsonl:2: this is chat data"),
+                             HasSubstr("megatrain_client.chat_template"))));
+  EXPECT_THAT(
+      CheckTextInputHead(chat, "text"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("chat.jsonl:2: this is chat data"), HasSubstr("--format chat"))));
+  WriteFile(dir + "/sft.jsonl", "{\"input_ids\": [1, 2]}\n");
+  EXPECT_THAT(CheckTextInputHead(dir + "/sft.jsonl", "text"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--format sft")));
+  WriteFile(dir + "/other.jsonl", "{\"body\": \"x\"}\n");
+  EXPECT_THAT(
+      CheckTextInputHead(dir + "/other.jsonl", "text"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("other.jsonl:1: field \"text\" (the document's text) is missing")));
+  WriteFile(dir + "/empty.txt", "");
+  EXPECT_THAT(CheckTextInputHead(dir + "/empty.txt", "text"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty.txt: is empty")));
+  WriteFile(dir + "/blank.jsonl", "\n  \n");
+  EXPECT_THAT(CheckTextInputHead(dir + "/blank.jsonl", "text"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only blank lines")));
+  WriteFile(dir + "/good.jsonl", "{\"text\": \"hello\"}\n");
+  EXPECT_THAT(CheckTextInputHead(dir + "/good.jsonl", "text"), IsOk());
+  EXPECT_THAT(CheckTextInputHead(dir + "/missing.txt", "text"),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
 }
 
 }  // namespace

@@ -186,6 +186,49 @@ TEST(ValidateJobSpecTest, WarmupIsBoundedByTheRunsSteps) {
                        HasSubstr("optimizer.warmup_steps: must be in [0, 10], got 11")));
 }
 
+// All errors at once (SpecErrors): each named by its field, in the order of
+// the spec, joined by "; ".
+TEST(ValidateJobSpecTest, EveryErrorIsReportedAtOnce) {
+  JobSpec spec = TinyJob();
+  spec.data.text = "/data/corpus.txt";  // with data.tokens: one too many
+  spec.data.tokenizer = "/data/spm.model";
+  spec.train.micro_batch = 0;
+  spec.train.seq_len = 0;
+  spec.optimizer.lr = 2;
+  spec.eval.batches = 0;
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr("data: set exactly one of data.tokens and data.text; "
+                                         "train.micro_batch: must be in [1, 4096], got 0; "
+                                         "train.seq_len: must be in")));
+  EXPECT_THAT(status.message(), HasSubstr("; optimizer.lr: must be in (0, 1], got 2"));
+  EXPECT_THAT(status.message(), HasSubstr("; eval.batches: must be in"));
+}
+
+// A bad batch shape leaves the run's length unknown: warmup_steps is not
+// checked against it (no second, misleading error).
+TEST(ValidateJobSpecTest, WarmupIsNotCheckedAgainstAnUnknownLength) {
+  JobSpec spec = TinyJob();
+  spec.train.micro_batch = 0;
+  spec.optimizer.warmup_steps = 5;
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.micro_batch")));
+  EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("warmup_steps")));
+}
+
+TEST(SpecErrorsTest, OneErrorKeepsItsCodeAndMessageAndNoneIsOk) {
+  SpecErrors errors;
+  EXPECT_TRUE(errors.empty());
+  EXPECT_THAT(errors.ToStatus(), IsOk());
+  errors.Add(absl::OkStatus());
+  errors.Add(absl::UnimplementedError("model.hf_dir: architecture X"));
+  EXPECT_THAT(errors.ToStatus(),
+              StatusIs(absl::StatusCode::kUnimplemented, "model.hf_dir: architecture X"));
+  errors.Add(absl::InvalidArgumentError("train.seq_len: bad"));
+  EXPECT_THAT(errors.ToStatus(), StatusIs(absl::StatusCode::kUnimplemented,
+                                          "model.hf_dir: architecture X; train.seq_len: bad"));
+}
+
 TEST(ValidateJobSpecTest, UnknownScheduleAndPresetAreRefused) {
   JobSpec spec = TinyJob();
   spec.optimizer.schedule = "step";

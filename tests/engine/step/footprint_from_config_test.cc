@@ -13,6 +13,7 @@
 #include "engine/job/training_job.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/executor.h"
+#include "engine/step/schedule_choice.h"
 #include "engine/store/nvme_tier.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -226,6 +227,36 @@ TEST(FootprintModesTest, DescriptionGivesBytesPerParameterByKind) {
             "host 12.14 bytes/param = master 4.00 + grad 0.00 + exp_avg 4.00 + exp_avg_sq 4.00 + "
             "streaming 0.00 + staging 0.14 (gradient ring 0.10) + lookahead 0.00");
   EXPECT_THAT(DescribeHostBytesPerParam(WithNvmeMoments(f)), HasSubstr("NVMe 8.00 bytes/param"));
+}
+
+// Note [Loss working bytes] (engine/step/schedule_choice.h): the logits of a
+// micro-batch, one loss chunk at a time, in the device estimate (issue 35: a
+// tiny job of micro_batch 4096 x seq_len 256 holds gigabytes of them).
+TEST(FootprintLossTest, CountsTheLogitsOfAMicroBatch) {
+  const ModelConfig tiny = *PresetConfig("tiny");
+  ASSERT_EQ(tiny.vocab_size, 512);
+  const int64_t tokens = int64_t{4096} * 256;  // 1,048,576
+  // The auto chunk is 2^30 / (4 x 512) = 524,288 rows, below the
+  // micro-batch's tokens; each row holds V logits in fp32 (compute dtype
+  // fp32: 4 bytes), again in fp32, their log-softmax and gradient (12).
+  const int64_t chunk_bytes = int64_t{524288} * 512 * (4 + 12);  // 4 GiB
+  EXPECT_EQ(LossWorkingBytes(tiny, ComputeDtype::kFp32, tokens), chunk_bytes);
+  // bf16 logits take 2 bytes; a micro-batch below a chunk holds all rows.
+  EXPECT_EQ(LossWorkingBytes(tiny, ComputeDtype::kBf16, 256), int64_t{256} * 512 * (2 + 12));
+  // An explicit chunk (ExecutorOptions::loss_chunk_tokens) caps the rows.
+  EXPECT_EQ(LossWorkingBytes(tiny, ComputeDtype::kFp32, tokens, 1024), int64_t{1024} * 512 * 16);
+
+  JobSpec spec;
+  spec.model.preset = "tiny";
+  spec.data.tokens = "/data/train.mtt";
+  spec.train.max_steps = 1;
+  spec.train.micro_batch = 4096;
+  spec.train.seq_len = 256;
+  absl::StatusOr<MemoryFootprint> f = EstimateFootprint(spec);
+  ASSERT_THAT(f, IsOk());
+  // At least the loss chunk and the layer working set (12 [B, T, F] fp32
+  // tensors, F = 384) beside each other.
+  EXPECT_GE(f->device_estimate_bytes, chunk_bytes + 12 * tokens * 384 * 4);
 }
 
 }  // namespace

@@ -940,8 +940,9 @@ TEST_F(JobManagerTest, ModelConfigMissingOrTooLargeIsRefused) {
   JobRequest request = Request("config");
   request.spec.model.preset.clear();
   request.spec.model.hf_dir = hf_dir;
-  EXPECT_THAT(manager_->Submit(kAlice, request, ""),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json' does not exist")));
+  EXPECT_THAT(
+      manager_->Submit(kAlice, request, ""),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config.json' does not exist")));
   const std::string config = hf_dir + "/config.json";
   { std::ofstream create(config); }
   std::filesystem::resize_file(config, kMaxHfConfigBytes + 1);

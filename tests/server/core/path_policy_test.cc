@@ -253,10 +253,12 @@ TEST_F(PathPolicyTest, PreflightRefusesFifosDevicesAndWrongKinds) {
                        HasSubstr("data.text: '/dev/null' is a character device; must be a "
                                  "regular file")));
   spec.data.text.clear();
-  spec.data.tokenizer = data_;
+  spec.data.tokenizer = data_;  // a model directory (its tokenizer.json) is accepted
+  EXPECT_THAT(PreflightJobInputs(spec), IsOk());
+  spec.data.tokenizer = fifo;
   EXPECT_THAT(PreflightJobInputs(spec),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("data.tokenizer: '" + data_ + "' is a directory")));
+                       HasSubstr("data.tokenizer: '" + fifo + "' is a FIFO")));
   spec.data.tokenizer = data_ + "/not-yet.model";  // missing: the job's start reports it
   EXPECT_THAT(PreflightJobInputs(spec), IsOk());
   spec.model.hf_dir = data_ + "/tiny/shard.mtt";

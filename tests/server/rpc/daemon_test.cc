@@ -203,7 +203,7 @@ TEST_F(DaemonTest, CheckpointsJsonListsIdsAndExportWritesADirectory) {
 
   CliResult missing =
       Cli({"--server", address_, "export", "job-000001/step-3", "--out", out_dir + "2"});
-  EXPECT_EQ(missing.code, client::kExitError);
+  EXPECT_EQ(missing.code, client::ExitCodeFor(absl::StatusCode::kNotFound));
   EXPECT_THAT(missing.err, HasSubstr("NOT_FOUND"));
 }
 
@@ -257,7 +257,7 @@ TEST_F(DaemonTest, CancelSuspendResumeThroughTheCli) {
 
   // Issue 20: resume of a job that is not SUSPENDED fails at once.
   CliResult again = Cli({"--server", address_, "resume", "job-000001"});
-  EXPECT_EQ(again.code, client::kExitError);
+  EXPECT_EQ(again.code, client::ExitCodeFor(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(again.err, HasSubstr("FAILED_PRECONDITION: job job-000001 is"));
   EXPECT_THAT(again.err, HasSubstr("only SUSPENDED jobs resume"));
 
@@ -274,7 +274,7 @@ TEST_F(DaemonTest, CancelSuspendResumeThroughTheCli) {
   EXPECT_THAT(watch.out, HasSubstr("forced cancel requested by"));
   // Checkpoint of a job that is not RUNNING fails at once.
   CliResult checkpoint = Cli({"--server", address_, "checkpoint", "job-000001"});
-  EXPECT_EQ(checkpoint.code, client::kExitError);
+  EXPECT_EQ(checkpoint.code, client::ExitCodeFor(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(checkpoint.err, HasSubstr("FAILED_PRECONDITION"));
   EXPECT_THAT(checkpoint.err, Not(HasSubstr("waiting")));
 }
@@ -292,7 +292,7 @@ TEST(CliContractTest, VersionHelpBadInputAndNoDaemon) {
   CliResult missing_file = Cli({"--server", "127.0.0.1:1", "submit", "/nonexistent/job.yaml"});
   EXPECT_EQ(missing_file.code, client::kExitUsage);
   CliResult down = Cli({"--server", "127.0.0.1:1", "--timeout", "5", "list"});
-  EXPECT_EQ(down.code, client::kExitError);
+  EXPECT_EQ(down.code, client::ExitCodeFor(absl::StatusCode::kUnavailable));
   EXPECT_THAT(down.err, HasSubstr("UNAVAILABLE"));
   EXPECT_THAT(down.err, HasSubstr("no megatraind answered at 127.0.0.1:1"));
   EXPECT_THAT(down.err, HasSubstr("megatraind --state_dir=DIR --listen=127.0.0.1:1"));
@@ -334,7 +334,7 @@ TEST_F(DaemonTest, InvalidSpecsAreRefusedNamingTheField) {
 TEST_F(DaemonTest, JobThatCanNeverFitIsResourceExhausted) {
   StartDaemon();
   CliResult huge = Cli({"--server", address_, "submit", WriteJob("huge", "", 5, "huge")});
-  EXPECT_EQ(huge.code, client::kExitError);
+  EXPECT_EQ(huge.code, client::ExitCodeFor(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(huge.err, HasSubstr("RESOURCE_EXHAUSTED: job needs 1024.00 GiB"));
   EXPECT_THAT(huge.err, HasSubstr("--host_memory_budget is 64.00 MiB"));
 }
@@ -546,7 +546,7 @@ TEST_F(AuthDaemonTest, UsersManageOnlyTheirJobsAdminsAll) {
   ASSERT_EQ(submitted.code, 0) << submitted.err;
 
   CliResult no_token = Cli({"--server", address_, "get", "job-000001"});
-  EXPECT_EQ(no_token.code, client::kExitError);
+  EXPECT_EQ(no_token.code, client::ExitCodeFor(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(no_token.err, HasSubstr("UNAUTHENTICATED: missing bearer token"));
   CliResult bad_token = Cli({"--server", address_, "--token", "nope", "get", "job-000001"});
   EXPECT_THAT(bad_token.err, HasSubstr("UNAUTHENTICATED: invalid bearer token"));
@@ -565,7 +565,7 @@ TEST_F(AuthDaemonTest, UsersManageOnlyTheirJobsAdminsAll) {
     std::vector<std::string> args = {"--server", address_, "--token", "bob-secret"};
     args.insert(args.end(), command.begin(), command.end());
     CliResult denied = Cli(args);
-    EXPECT_EQ(denied.code, client::kExitError) << command[0];
+    EXPECT_EQ(denied.code, client::ExitCodeFor(absl::StatusCode::kPermissionDenied)) << command[0];
     EXPECT_THAT(denied.err, HasSubstr("PERMISSION_DENIED")) << command[0];
   }
 
@@ -627,7 +627,7 @@ TEST_F(TlsDaemonTest, ServesTlsToClientsTrustingItsCertificate) {
   ASSERT_EQ(trusted.code, 0) << trusted.err;
   EXPECT_EQ(ParseJson(trusted)["version"], kVersion);
   CliResult plaintext = Cli({"--server", address_, "--timeout", "5", "status"});
-  EXPECT_EQ(plaintext.code, client::kExitError);
+  EXPECT_EQ(plaintext.code, client::ExitCodeFor(absl::StatusCode::kUnavailable));
   EXPECT_THAT(plaintext.err, HasSubstr("UNAVAILABLE"));
 }
 
@@ -640,7 +640,7 @@ TEST_F(TlsDaemonTest, MutualTlsRequiresAClientCertificate) {
   EXPECT_EQ(with_cert.code, 0) << with_cert.err;
   CliResult without_cert = Cli(
       {"--server", address_, "--timeout", "5", "--tls_ca", state_dir_ + "/server.pem", "status"});
-  EXPECT_EQ(without_cert.code, client::kExitError);
+  EXPECT_EQ(without_cert.code, client::ExitCodeFor(absl::StatusCode::kUnavailable));
   EXPECT_THAT(without_cert.err, HasSubstr("UNAVAILABLE"));
 }
 
