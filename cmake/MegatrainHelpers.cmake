@@ -28,6 +28,9 @@ function(_megatrain_sources_missing out)
 endfunction()
 
 function(_megatrain_common_options target)
+  # Every target declared here, for later passes over all of them
+  # (megatrain_torch_pch() in cmake/MegatrainPch.cmake).
+  set_property(GLOBAL APPEND PROPERTY MEGATRAIN_TARGETS ${target})
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   target_include_directories(${target} PUBLIC "${PROJECT_SOURCE_DIR}")
   if(MEGATRAIN_WITH_CUDA)
@@ -86,6 +89,15 @@ endfunction()
 # programs of a label directly, one process per program).
 file(REMOVE_RECURSE "${CMAKE_BINARY_DIR}/megatrain_tests")
 
+# Test programs that ctest runs as one test, one process, instead of one
+# process per test case: programs of many short cases whose cost under ctest
+# is LibTorch's start-up per case. executor_parity_test: 251 cases of about
+# 0.05 s each, while a process that loads LibTorch takes about 0.5 s of CPU
+# to start; one process runs all 251 in 25 s of CPU (docs/testing.md,
+# "CI time"). A failing case is named in the program's output
+# (--output-on-failure); run one case with --gtest_filter.
+set(MEGATRAIN_WHOLE_PROGRAM_TESTS executor_parity_test)
+
 function(megatrain_cc_test)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   if(MEGATRAIN_ALLOW_MISSING_SOURCES)
@@ -113,6 +125,12 @@ function(megatrain_cc_test)
     add_dependencies(megatrain_tests_${_label} ${ARG_NAME})
     file(APPEND "${CMAKE_BINARY_DIR}/megatrain_tests/${_label}.txt" "${ARG_NAME}\n")
   endforeach()
+  if(ARG_NAME IN_LIST MEGATRAIN_WHOLE_PROGRAM_TESTS)
+    # One ctest test for the whole program (see MEGATRAIN_WHOLE_PROGRAM_TESTS).
+    add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}")
+    set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${_labels}" TIMEOUT 900)
+    return()
+  endif()
   gtest_discover_tests(${ARG_NAME}
     TEST_PREFIX "${ARG_NAME}."
     DISCOVERY_MODE PRE_TEST
