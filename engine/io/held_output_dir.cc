@@ -68,7 +68,8 @@ absl::StatusOr<struct stat> StatOf(const DirFd& dir) {
 }  // namespace
 
 absl::StatusOr<HeldOutputDir> HeldOutputDir::Open(const std::string& output_dir,
-                                                  const std::vector<std::string>& roots) {
+                                                  const std::vector<std::string>& roots,
+                                                  DirFd::Create create) {
   if (output_dir.empty() || output_dir.front() != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("output_dir: '", output_dir, "': must be an absolute path"));
@@ -96,14 +97,14 @@ absl::StatusOr<HeldOutputDir> HeldOutputDir::Open(const std::string& output_dir,
     // The root is the operator's (a --output_roots entry, or the jobs
     // directory, made on first use).
     std::error_code ec;
-    fs::create_directories(best_root, ec);
+    if (create == DirFd::Create::kYes) fs::create_directories(best_root, ec);
     absl::StatusOr<DirFd> opened_root = DirFd::Open(best_root);
     if (!opened_root.ok()) return Annotate(opened_root.status(), "output root");
     root_fd = std::move(*opened_root);
-    dir = Walk(*root_fd, *relative, DirFd::Create::kYes);
+    dir = Walk(*root_fd, *relative, create);
   } else {
     std::error_code ec;
-    fs::create_directories(path, ec);
+    if (create == DirFd::Create::kYes) fs::create_directories(path, ec);
     if (ec) {
       return absl::FailedPreconditionError(
           absl::StrCat("output_dir: cannot create '", path, "': ", ec.message()));

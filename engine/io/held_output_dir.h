@@ -59,8 +59,12 @@ class HeldOutputDir {
   // when a symbolic link or non-directory is on the way below the root;
   // INVALID_ARGUMENT for a relative path or a ".." component; others from
   // errno (dir_fd.h).
+  // With DirFd::Create::kNo nothing is created (NOT_FOUND when missing):
+  // the daemon's check that a path still leads, without links, to the
+  // directory it names before it deletes there (DeleteCheckpoint).
   static absl::StatusOr<HeldOutputDir> Open(const std::string& output_dir,
-                                            const std::vector<std::string>& roots);
+                                            const std::vector<std::string>& roots,
+                                            DirFd::Create create = DirFd::Create::kYes);
 
   HeldOutputDir(HeldOutputDir&&) noexcept = default;
   HeldOutputDir& operator=(HeldOutputDir&&) noexcept = default;

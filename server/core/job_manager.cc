@@ -1275,6 +1275,18 @@ absl::StatusOr<engine::HeldOutputDir> JobManager::HoldOutputDir(Active* active,
                                                                 const JobRecord& job) {
   std::vector<std::string> roots = options_.path_policy.output_roots();
   if (!options_.jobs_dir.empty()) roots.push_back(options_.jobs_dir);
+  // Exclusivity again, before anything is created (HeldOutputDir::Open
+  // then makes sure the path is the directory's real place): an older job
+  // that claims an overlapping directory (the oldest claimant comes first)
+  // fails this start.
+  MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> claimant,
+                             store_->FindOutputDirOverlap(job.request.spec.output_dir));
+  if (claimant.has_value() && claimant->id != job.id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("output_dir: '", job.request.spec.output_dir,
+                     "' overlaps the output directory of an older job that still claims it; output "
+                     "directories are exclusive to one job"));
+  }
   MEGATRAIN_ASSIGN_OR_RETURN(engine::HeldOutputDir held,
                              engine::HeldOutputDir::Open(job.request.spec.output_dir, roots));
   std::lock_guard<std::mutex> lock(mu_);
@@ -1518,6 +1530,19 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
   JobRecord job;
   MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint,
                              FindCheckpoint(caller, checkpoint_id, &job));
+  // Note [Held output directory]: the job's output_dir must still lead,
+  // without a link, to the directory it names (a parent swapped for a link
+  // would aim the delete at another directory); a missing one is left to
+  // RemoveCheckpointDir.
+  std::vector<std::string> roots = options_.path_policy.output_roots();
+  if (!options_.jobs_dir.empty()) roots.push_back(options_.jobs_dir);
+  absl::Status unmoved =
+      engine::HeldOutputDir::Open(job.request.spec.output_dir, roots, engine::DirFd::Create::kNo)
+          .status();
+  if (!unmoved.ok() && !absl::IsNotFound(unmoved)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", checkpoint_id, "' not deleted: ", unmoved.message()));
+  }
   {
     // Under mu_ only the store: the job's state now, then the record goes,
     // so that no resume chosen from here on can pick this checkpoint.

@@ -91,6 +91,34 @@ TEST_F(OutputClaimsTest, CancelledJobWithoutCheckpointsFreesItsPath) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("another job's output directory")));
 }
 
+TEST_F(OutputClaimsTest, AJobWhoseDirectoryAnOlderJobClaimsFailsAtStart) {
+  // As a database from before the submit-time check could hold: an older
+  // job with checkpoints in root/shared, a queued one inside it.
+  InsertFinished(1, "alice", JobState::kCancelled, root_ + "/shared", {2});
+  const JobRecord late = InsertFinished(2, "bob", JobState::kQueued, root_ + "/shared/bob", {});
+  StartManager();
+  WaitFor(late.id, StateIs(JobState::kFailed));
+  absl::StatusOr<JobRecord> failed = manager_->Get(kBob, late.id);
+  ASSERT_THAT(failed, IsOk());
+  EXPECT_THAT(failed->message, HasSubstr("overlaps the output directory of an older job"));
+  EXPECT_FALSE(fs::exists(root_ + "/shared/bob"));  // nothing was created there
+}
+
+TEST_F(OutputClaimsTest, DeleteThroughASwappedParentIsRefusedAndDeletesNothing) {
+  StartManager();
+  const JobRecord victim = Submit(kAlice, Request("victim", root_ + "/alice/run"));
+  WaitFor(victim.id, StateIs(JobState::kSucceeded));
+  const JobRecord mine = Submit(kBob, Request("mine", root_ + "/bob/runs/run"));
+  WaitFor(mine.id, StateIs(JobState::kSucceeded));
+  // bob's runs/ becomes a link to alice's directory, which has a step-2 too.
+  fs::rename(root_ + "/bob/runs", root_ + "/bob/runs.moved");
+  fs::create_directory_symlink(root_ + "/alice", root_ + "/bob/runs");
+  EXPECT_THAT(manager_->DeleteCheckpoint(kBob, CheckpointId(mine.id, 2)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("not deleted"), HasSubstr("symbolic link"))));
+  EXPECT_TRUE(fs::exists(root_ + "/alice/run/step-2"));
+}
+
 TEST_F(OutputClaimsTest, ExportIntoAnotherJobsDirectoryOrTheJobsDirectoryIsRefused) {
   StartManager();
   const JobRecord mine = Submit(kAlice, Request("mine", root_ + "/alice"));
