@@ -2,6 +2,7 @@
 #include "client/loadtest.h"
 
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "engine/runtime/status_macros.h"
 
 namespace megatrain::client {
 namespace {
@@ -217,7 +220,9 @@ absl::StatusOr<ProcessSample> SampleProcess(int pid) {
   return sample;
 }
 
-absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::ostream& log) {
+namespace {
+
+absl::Status CheckOptions(const LoadTestOptions& options) {
   if (options.clients < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--clients: must be >= 1, got ", options.clients));
@@ -226,122 +231,126 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
     return absl::InvalidArgumentError(
         absl::StrCat("--watch_fraction: must be in [0, 1], got ", options.watch_fraction));
   }
-  ConnectionOptions connection_options = options.connection;
-  connection_options.own_connection = true;
-  absl::StatusOr<std::unique_ptr<Connection>> control = Connection::Create(connection_options);
-  if (!control.ok()) return control.status();
-  Connection& main = **control;
-
-  LoadTestReport report;
-  report.clients = options.clients;
-  report.watchers = static_cast<int>(std::lround(options.clients * options.watch_fraction));
-  report.job_id = options.job_id;
-  if (report.job_id.empty()) {
-    v1::ListJobsRequest request;
-    request.add_states(v1::JOB_STATE_RUNNING);
-    request.set_page_size(1);
-    v1::ListJobsResponse response;
-    grpc::Status status =
-        main.jobs().ListJobs(main.NewContext(options.call_timeout).get(), request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    if (response.jobs_size() == 0) {
-      return absl::NotFoundError("no RUNNING job to measure; submit one or pass --job");
-    }
-    report.job_id = response.jobs(0).id();
+  if (options.client_nice < 0 || options.client_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--client_nice: must be in [0, 19], got ", options.client_nice));
   }
+  return absl::OkStatus();
+}
 
-  // Throughput before the load: tokens trained over `baseline`.
-  absl::StatusOr<v1::Job> job = GetJob(main, report.job_id, options.call_timeout);
+// `job_id`, or the newest RUNNING job's id (NOT_FOUND when none).
+absl::StatusOr<std::string> JobToMeasure(Connection& main, const std::string& job_id,
+                                         absl::Duration timeout) {
+  if (!job_id.empty()) return job_id;
+  v1::ListJobsRequest request;
+  request.add_states(v1::JOB_STATE_RUNNING);
+  request.set_page_size(1);
+  v1::ListJobsResponse response;
+  grpc::Status status = main.jobs().ListJobs(main.NewContext(timeout).get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (response.jobs_size() == 0) {
+    return absl::NotFoundError("no RUNNING job to measure; submit one or pass --job");
+  }
+  return response.jobs(0).id();
+}
+
+// Where the job's progress stood at one moment.
+struct ProgressMark {
+  absl::Time time;
+  int64_t tokens = 0;
+  int64_t step = 0;
+};
+
+absl::StatusOr<ProgressMark> MarkProgress(Connection& main, const std::string& job_id,
+                                          absl::Duration timeout) {
+  absl::StatusOr<v1::Job> job = GetJob(main, job_id, timeout);
+  if (!job.ok()) return job.status();
+  return ProgressMark{absl::Now(), job->progress().tokens(), job->progress().step()};
+}
+
+// Tokens/s and steps/s between two marks.
+void Rates(const ProgressMark& from, const ProgressMark& to, double* tokens_per_s,
+           double* steps_per_s) {
+  const double seconds = std::max(absl::ToDoubleSeconds(to.time - from.time), 1e-9);
+  *tokens_per_s = static_cast<double>(to.tokens - from.tokens) / seconds;
+  *steps_per_s = static_cast<double>(to.step - from.step) / seconds;
+}
+
+// The job alone for `baseline`: fills the *_before rates.
+absl::Status MeasureBaseline(Connection& main, const LoadTestOptions& options,
+                             LoadTestReport* report, std::ostream& log) {
+  absl::StatusOr<v1::Job> job = GetJob(main, report->job_id, options.call_timeout);
   if (!job.ok()) return job.status();
   if (job->state() != v1::JOB_STATE_RUNNING) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", report.job_id, " is not RUNNING; the load test measures a training job"));
+        "job ", report->job_id, " is not RUNNING; the load test measures a training job"));
   }
-  log << "measuring " << report.job_id << " alone for " << absl::FormatDuration(options.baseline)
+  log << "measuring " << report->job_id << " alone for " << absl::FormatDuration(options.baseline)
       << "\n";
-  absl::Time t0 = absl::Now();
-  const int64_t tokens0 = job->progress().tokens();
+  absl::StatusOr<ProgressMark> from = MarkProgress(main, report->job_id, options.call_timeout);
+  if (!from.ok()) return from.status();
   absl::SleepFor(options.baseline);
-  job = GetJob(main, report.job_id, options.call_timeout);
-  if (!job.ok()) return job.status();
-  const double baseline_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  report.tokens_per_s_before =
-      static_cast<double>(job->progress().tokens() - tokens0) / baseline_seconds;
+  absl::StatusOr<ProgressMark> to = MarkProgress(main, report->job_id, options.call_timeout);
+  if (!to.ok()) return to.status();
+  Rates(*from, *to, &report->tokens_per_s_before, &report->steps_per_s_before);
+  return absl::OkStatus();
+}
 
-  if (options.daemon_pid > 0) {
-    absl::StatusOr<ProcessSample> before = SampleProcess(options.daemon_pid);
-    if (!before.ok()) return before.status();
-    report.process_before = *before;
-    report.measured_process = true;
-  }
+// Runs `client` on a thread at nice `nice` (0: unchanged).
+std::thread ClientThread(int nice, std::function<void()> client) {
+  return std::thread([nice, client = std::move(client)] {
+    if (nice > 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
+    client();
+  });
+}
 
-  // The load.
+// The load phase: every client on its own connection until `duration` ends.
+absl::StatusOr<std::vector<ClientResult>> RunClients(const LoadTestOptions& options,
+                                                     const ConnectionOptions& connection_options,
+                                                     const LoadTestReport& report, absl::Time end) {
   std::vector<std::unique_ptr<Connection>> connections;
   for (int client_idx = 0; client_idx < options.clients; ++client_idx) {
     absl::StatusOr<std::unique_ptr<Connection>> connection = Connection::Create(connection_options);
     if (!connection.ok()) return connection.status();
     connections.push_back(*std::move(connection));
   }
-  log << "load: " << options.clients << " clients (" << report.watchers << " watching) for "
-      << absl::FormatDuration(options.duration) << "\n";
   std::vector<ClientResult> results(options.clients);
-  report.poll_interval_ms = absl::ToDoubleMilliseconds(options.poll_interval);
-  const double client_cpu_start = SelfCpuSeconds();
-  t0 = absl::Now();
-  const int64_t tokens_start = job->progress().tokens();
-  const absl::Time end = t0 + options.duration;
   std::vector<std::thread> threads;
   for (int client_idx = 0; client_idx < options.clients; ++client_idx) {
     Connection* connection = connections[client_idx].get();
     ClientResult* result = &results[client_idx];
     if (client_idx < report.watchers) {
-      threads.emplace_back(WatchLoop, std::ref(*connection), report.job_id, end, options.watch_hold,
-                           options.call_timeout, static_cast<uint32_t>(client_idx + 1), result);
+      threads.push_back(ClientThread(options.client_nice, [&, connection, result, client_idx] {
+        WatchLoop(*connection, report.job_id, end, options.watch_hold, options.call_timeout,
+                  static_cast<uint32_t>(client_idx + 1), result);
+      }));
     } else {
-      threads.emplace_back(PollLoop, std::ref(*connection), report.job_id, end,
-                           options.call_timeout, options.poll_interval, result);
+      threads.push_back(ClientThread(options.client_nice, [&, connection, result] {
+        PollLoop(*connection, report.job_id, end, options.call_timeout, options.poll_interval,
+                 result);
+      }));
     }
   }
   for (std::thread& thread : threads) thread.join();
-  report.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  report.client_cpu_cores_during = (SelfCpuSeconds() - client_cpu_start) / report.seconds;
-  job = GetJob(main, report.job_id, options.call_timeout);
-  if (job.ok()) {
-    report.tokens_per_s_during =
-        static_cast<double>(job->progress().tokens() - tokens_start) / report.seconds;
-  }
-  if (report.measured_process) {
-    absl::StatusOr<ProcessSample> after = SampleProcess(options.daemon_pid);
-    if (after.ok()) {
-      report.process_after = *after;
-      report.daemon_cpu_cores_during =
-          (after->cpu_seconds - report.process_before.cpu_seconds) / report.seconds;
-    }
-  }
-  connections.clear();  // every client hangs up
+  return results;  // `connections` close here: every client hangs up
+}
 
-  // The daemon notices hung-up watchers within a second: poll the gauge for
-  // up to 10 s (a benchmark may poll; tests wait on the daemon instead).
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    report.watch_streams_after = WatchStreams(main, options.call_timeout);
-    if (report.watch_streams_after <= 0) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-
+// Calls, errors and latency quantiles of every method over all clients.
+void AddClientResults(const std::vector<ClientResult>& results, LoadTestReport* report) {
   for (const ClientResult& result : results) {
-    report.watch_events += result.watch_events;
-    for (const auto& [method, calls] : result.calls) report.methods[method].calls += calls;
+    report->watch_events += result.watch_events;
+    for (const auto& [method, calls] : result.calls) report->methods[method].calls += calls;
     for (const auto& [method, codes] : result.errors) {
       for (const auto& [code, count] : codes) {
-        report.methods[method].errors += count;
-        report.methods[method].errors_by_code[code] += count;
+        report->methods[method].errors += count;
+        report->methods[method].errors_by_code[code] += count;
       }
     }
     for (const auto& [method, error] : result.first_error) {
-      if (report.methods[method].first_error.empty()) report.methods[method].first_error = error;
+      if (report->methods[method].first_error.empty()) report->methods[method].first_error = error;
     }
   }
-  for (auto& [method, method_report] : report.methods) {
+  for (auto& [method, method_report] : report->methods) {
     std::vector<double> all;
     for (const ClientResult& result : results) {
       auto it = result.latency_ms.find(method);
@@ -353,6 +362,63 @@ absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::
     method_report.p99_ms = Quantile(all, 0.99);
     method_report.max_ms = all.empty() ? 0 : all.back();
   }
+}
+
+// The daemon notices hung-up watchers within a second: poll the gauge for
+// up to 10 s (a benchmark may poll; tests wait on the daemon instead).
+int64_t WatchStreamsOnceSettled(Connection& main, absl::Duration timeout) {
+  int64_t streams = -1;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    streams = WatchStreams(main, timeout);
+    if (streams <= 0) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return streams;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadTestReport> RunLoadTest(const LoadTestOptions& options, std::ostream& log) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckOptions(options));
+  ConnectionOptions connection_options = options.connection;
+  connection_options.own_connection = true;
+  absl::StatusOr<std::unique_ptr<Connection>> control = Connection::Create(connection_options);
+  if (!control.ok()) return control.status();
+  Connection& main = **control;
+  LoadTestReport report;
+  report.clients = options.clients;
+  report.watchers = static_cast<int>(std::lround(options.clients * options.watch_fraction));
+  report.client_nice = options.client_nice;
+  report.poll_interval_ms = absl::ToDoubleMilliseconds(options.poll_interval);
+  MEGATRAIN_ASSIGN_OR_RETURN(report.job_id,
+                             JobToMeasure(main, options.job_id, options.call_timeout));
+  MEGATRAIN_RETURN_IF_ERROR(MeasureBaseline(main, options, &report, log));
+  if (options.daemon_pid > 0) {
+    MEGATRAIN_ASSIGN_OR_RETURN(report.process_before, SampleProcess(options.daemon_pid));
+    report.measured_process = true;
+  }
+  log << "load: " << options.clients << " clients (" << report.watchers << " watching) for "
+      << absl::FormatDuration(options.duration) << "\n";
+  const double client_cpu_start = SelfCpuSeconds();
+  MEGATRAIN_ASSIGN_OR_RETURN(const ProgressMark start,
+                             MarkProgress(main, report.job_id, options.call_timeout));
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      const std::vector<ClientResult> results,
+      RunClients(options, connection_options, report, start.time + options.duration));
+  report.seconds = absl::ToDoubleSeconds(absl::Now() - start.time);
+  report.client_cpu_cores_during = (SelfCpuSeconds() - client_cpu_start) / report.seconds;
+  absl::StatusOr<ProgressMark> stop = MarkProgress(main, report.job_id, options.call_timeout);
+  if (stop.ok()) Rates(start, *stop, &report.tokens_per_s_during, &report.steps_per_s_during);
+  if (report.measured_process) {
+    absl::StatusOr<ProcessSample> after = SampleProcess(options.daemon_pid);
+    if (after.ok()) {
+      report.process_after = *after;
+      report.daemon_cpu_cores_during =
+          (after->cpu_seconds - report.process_before.cpu_seconds) / report.seconds;
+    }
+  }
+  report.watch_streams_after = WatchStreamsOnceSettled(main, options.call_timeout);
+  AddClientResults(results, &report);
   return report;
 }
 
@@ -396,6 +462,12 @@ std::string FormatLoadTestReport(const LoadTestReport& report) {
                             : 0;
   out << absl::StrFormat("tokens/s        %.0f before, %.0f during the load (%+.1f%%)\n",
                          report.tokens_per_s_before, report.tokens_per_s_during, change);
+  const double step_ratio =
+      report.steps_per_s_before > 0 ? report.steps_per_s_during / report.steps_per_s_before : 0;
+  out << absl::StrFormat("steps/s         %.2f idle, %.2f under %d clients (%.0f%% of idle)\n",
+                         report.steps_per_s_before, report.steps_per_s_during, report.clients,
+                         100.0 * step_ratio);
+  out << absl::StrFormat("client threads  nice %d\n", report.client_nice);
   out << "watch streams   " << report.watch_streams_after << " open after every client hung up\n";
   return out.str();
 }
@@ -425,6 +497,9 @@ json LoadTestReportToJson(const LoadTestReport& report) {
               {"watch_events", report.watch_events},
               {"tokens_per_s_before", report.tokens_per_s_before},
               {"tokens_per_s_during", report.tokens_per_s_during},
+              {"steps_per_s_before", report.steps_per_s_before},
+              {"steps_per_s_during", report.steps_per_s_during},
+              {"client_nice", report.client_nice},
               {"watch_streams_after", report.watch_streams_after},
               {"client_cpu_cores_during", report.client_cpu_cores_during},
               {"poll_interval_ms", report.poll_interval_ms}};

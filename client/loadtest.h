@@ -55,6 +55,10 @@ struct LoadTestOptions {
   // A polling client calls once per interval (fixed rate); zero: a closed
   // loop, the next call as soon as the previous one returns (a stress test).
   absl::Duration poll_interval = absl::ZeroDuration();
+  // Nice value of the client threads, in [0, 19]. On the daemon's own
+  // machine the clients stand in for users on other machines; niced, their
+  // own CPU use does not count against the job (0: compete equally).
+  int client_nice = 19;
 };
 
 // Latency and errors of one method.
@@ -93,6 +97,9 @@ struct LoadTestReport {
   double poll_interval_ms = 0;         // as configured; 0: closed loop
   double tokens_per_s_before = 0;      // from progress.tokens over `baseline`
   double tokens_per_s_during = 0;      // over the load phase
+  double steps_per_s_before = 0;       // from progress.step over `baseline` (idle)
+  double steps_per_s_during = 0;       // over the load phase
+  int client_nice = 0;                 // as configured
   int64_t watch_streams_after = -1;    // megatrain_watch_streams once all hung up
 };
 

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
                  "Each polling client calls once per interval (0: closed loop, a stress test)");
   app.add_option("--baseline_seconds", baseline_seconds,
                  "Throughput is measured alone for this long first");
+  app.add_option("--client_nice", options.client_nice,
+                 "Nice value of the client threads, 0-19 (on the daemon's machine: keeps the "
+                 "clients' own CPU use from counting against the job)");
   app.add_flag("--json", json, "Print the report as JSON");
   try {
     app.parse(argc, argv);

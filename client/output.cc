@@ -28,6 +28,71 @@ bool ParseStateName(const std::string& name, v1::JobState* state) {
          *state != v1::JOB_STATE_UNSPECIFIED;
 }
 
+namespace {
+
+// Length of the UTF-8 sequence starting at text[pos] and its code point,
+// or 0 when the bytes there are not well-formed UTF-8 (RFC 3629: no
+// overlong forms, no surrogates, at most U+10FFFF).
+size_t DecodeUtf8(absl::string_view text, size_t pos, char32_t* code_point) {
+  const auto byte = [&](size_t idx) { return static_cast<unsigned char>(text[idx]); };
+  const unsigned char lead = byte(pos);
+  size_t length = 0;
+  char32_t value = 0;
+  char32_t min_value = 0;
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    length = 2, value = lead & 0x1f, min_value = 0x80;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    length = 3, value = lead & 0x0f, min_value = 0x800;
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    length = 4, value = lead & 0x07, min_value = 0x10000;
+  } else {
+    return 0;
+  }
+  if (pos + length > text.size()) return 0;
+  for (size_t idx = 1; idx < length; ++idx) {
+    if ((byte(pos + idx) & 0xc0) != 0x80) return 0;
+    value = (value << 6) | (byte(pos + idx) & 0x3f);
+  }
+  if (value < min_value || value > 0x10ffff || (value >= 0xd800 && value <= 0xdfff)) return 0;
+  *code_point = value;
+  return length;
+}
+
+// C1 controls and the bidirectional formatting characters (Unicode UAX #9).
+bool IsUnsafeCodePoint(char32_t c) {
+  return (c >= 0x80 && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f ||
+         (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+}
+
+}  // namespace
+
+std::string Printable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const unsigned char lead = static_cast<unsigned char>(text[pos]);
+    if (lead < 0x80) {
+      out.append(EscapeControlCharacters(text.substr(pos, 1)));
+      ++pos;
+      continue;
+    }
+    char32_t code_point = 0;
+    const size_t length = DecodeUtf8(text, pos, &code_point);
+    if (length == 0) {
+      absl::StrAppend(&out, "\\x", absl::Hex(lead, absl::kZeroPad2));
+      ++pos;
+    } else if (IsUnsafeCodePoint(code_point)) {
+      absl::StrAppend(&out, "\\u", absl::Hex(static_cast<uint32_t>(code_point), absl::kZeroPad4));
+      pos += length;
+    } else {
+      out.append(text.data() + pos, length);
+      pos += length;
+    }
+  }
+  return out;
+}
+
 bool IsTerminalState(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_CANCELLED;
@@ -286,6 +351,9 @@ std::string JobDetails(const v1::Job& job) {
   rows.push_back({"started:", FormatTime(job.start_time_unix_ms())});
   rows.push_back({"ended:", FormatTime(job.end_time_unix_ms())});
   rows.push_back({"output dir:", job.spec().output_dir()});
+  if (!job.spec().memory().nvme_tier().empty()) {
+    rows.push_back({"NVMe tier:", job.spec().memory().nvme_tier()});  // resolved at submission
+  }
   if (!job.resume_from().empty()) rows.push_back({"resume from:", job.resume_from()});
   if (!job.error_code().empty()) rows.push_back({"error:", job.error_code()});
   if (!job.status_message().empty()) rows.push_back({"message:", job.status_message()});

@@ -23,8 +23,9 @@
 //
 // Escaping: every string the daemon sends (job names, labels, owners, paths,
 // messages, audit rows) may come from another user; the human forms print
-// it through Printable, so that a name holding "\n" or a terminal escape
-// sequence cannot forge lines or drive the reader's terminal. JSON output
+// it through Printable, so that a name holding "\n", a terminal escape
+// sequence (7- or 8-bit) or a right-to-left override cannot forge lines,
+// drive the reader's terminal or reorder what it shows. JSON output
 // is escaped by the JSON encoder.
 //
 // Thread-safety: pure functions.
@@ -44,11 +45,14 @@
 
 namespace megatrain::client {
 
-// `text` with every ASCII control character (0x00-0x1f, 0x7f, ESC
-// included) written as \n, \r, \t or \xNN; other bytes kept. The CLI's
-// name for EscapeControlCharacters (common/escape.h, shared with the
-// daemon's log).
-inline std::string Printable(absl::string_view text) { return EscapeControlCharacters(text); }
+// `text` made safe for a terminal: ASCII control characters (0x00-0x1f,
+// 0x7f, ESC included) as \n, \r, \t or \xNN (EscapeControlCharacters,
+// common/escape.h); the C1 controls U+0080-U+009F (U+009B is an 8-bit CSI)
+// and the bidirectional controls (U+061C, U+200E, U+200F, U+202A-U+202E,
+// U+2066-U+2069: U+202E reverses what follows) as \uXXXX; bytes that are
+// not UTF-8 (a lone 0x9B is a CSI on an 8-bit terminal) as \xNN. Other
+// UTF-8 text is kept.
+std::string Printable(absl::string_view text);
 
 // "QUEUED", "RUNNING", ... ("UNSPECIFIED" for 0).
 std::string StateName(v1::JobState state);

@@ -14,8 +14,9 @@
 # megatrain-loadtest`), CLIENTS (64), SECONDS_LOAD (60), WATCH_FRACTION
 # (0.25), BASELINE_SECONDS (15), DEVICE (cpu; e.g. cuda:0 on a GPU machine),
 # and the training job's shape: JOB_PRESET (tiny), JOB_MICRO_BATCH (8),
-# JOB_SEQ_LEN (128), JOB_DTYPE (fp32). Extra arguments go to
-# megatrain-loadtest.
+# JOB_SEQ_LEN (128), JOB_DTYPE (fp32), DAEMON_FLAGS (extra megatraind flags,
+# e.g. --rpc_nice=0). Extra arguments go to megatrain-loadtest (e.g.
+# --client_nice=0).
 # The report is printed on stdout; the daemon's log stays in the work
 # directory printed at the start (removed unless KEEP_WORK=1).
 set -euo pipefail
@@ -50,7 +51,7 @@ echo "loadtest: work directory $WORK" >&2
 # The daemon, on free loopback ports; its ready line names them.
 mkfifo "$WORK/ready.fifo"
 "$DAEMON" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$WORK/state" \
-  --device="${DEVICE:-cpu}" >"$WORK/ready.fifo" 2>"$WORK/daemon.log" &
+  --device="${DEVICE:-cpu}" ${DAEMON_FLAGS:-} >"$WORK/ready.fifo" 2>"$WORK/daemon.log" &
 DAEMON_PID=$!
 IFS= read -r -t 120 line <"$WORK/ready.fifo" || { echo "loadtest: daemon not ready" >&2; exit 1; }
 [[ "$line" =~ grpc=([^ ]+) ]] || { echo "loadtest: unexpected: $line" >&2; exit 1; }

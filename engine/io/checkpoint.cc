@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "engine/io/dir_fd.h"
+#include "engine/io/held_output_dir.h"
 #include "engine/io/hf_export.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/mapped_file.h"
@@ -842,12 +843,14 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
                                                NvmeMomentFiles* tier) {
   MEGATRAIN_RETURN_IF_ERROR(CheckWriteArguments(store, state, retention, tier));
   // Note [Checkpoint publication] above.
-  std::error_code ec;
-  std::filesystem::create_directories(output_dir, ec);
-  if (ec) return ErrnoError(ec.value(), output_dir, "create directory");
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      DirFd root_fd, DirFd::OpenBeneath(output_dir, kCheckpointsSubdir, DirFd::Create::kYes));
+  // Note [Held output directory] (held_output_dir.h): on the daemon's job
+  // thread output_dir is the held descriptor, verified to still be where
+  // its path leads; nothing below is reached by its path.
+  MEGATRAIN_ASSIGN_OR_RETURN(DirFd root_fd,
+                             OpenOutputSubdir(output_dir, kCheckpointsSubdir, DirFd::Create::kYes));
   const std::string& root = root_fd.path();
+  // Durable `checkpoints/` entry (an fsync writes nothing, wherever the
+  // path leads now).
   MEGATRAIN_RETURN_IF_ERROR(FsyncDirectory(output_dir));
   // Note [Checkpoint ledger]: only what this writer recorded is deleted.
   Ledger ledger = ReadLedger(root_fd);
@@ -1013,7 +1016,7 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& checkpoint_di
 absl::StatusOr<int64_t> AdoptRecordedCheckpoints(const std::string& output_dir,
                                                  const std::vector<std::string>& checkpoint_dirs) {
   absl::StatusOr<DirFd> root_fd =
-      DirFd::OpenBeneath(output_dir, kCheckpointsSubdir, DirFd::Create::kNo);
+      OpenOutputSubdir(output_dir, kCheckpointsSubdir, DirFd::Create::kNo);
   if (absl::IsNotFound(root_fd.status())) return 0;
   if (!root_fd.ok()) return root_fd.status();
   const std::filesystem::path root =

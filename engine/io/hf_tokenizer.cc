@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/escape.h"
 #include "engine/io/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -783,6 +784,35 @@ absl::StatusOr<int32_t> ConfigTokenId(const json& config, const char* key,
   return it->second;
 }
 
+// Note [Tokenizer id bound]
+// The id -> token table is sized by the largest id, so an id must lie below
+// the number of tokens the file defines plus kMaxTokenIdGap (HF vocabularies
+// are dense, 0..N-1; the slack allows a few unused reserved ids). Without
+// this, one id of 2^30 in a 1 KB file would make a 32 GB table.
+constexpr int64_t kMaxTokenIdGap = 1024;
+
+absl::Status CheckIdsWithinTokenCount(const HfTokenizer::Impl& t) {
+  const int64_t tokens = static_cast<int64_t>(t.vocab.size() + t.added.size());
+  const int64_t limit = tokens + kMaxTokenIdGap;
+  for (const auto& [token, id] : t.vocab) {
+    if (id >= limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.vocab['", EscapeControlCharacters(token.substr(0, 64)), "']: id ", id,
+                       " is beyond the file's ", tokens, " tokens (ids must be below ", limit,
+                       ": the token count + ", kMaxTokenIdGap, ", Note [Tokenizer id bound])"));
+    }
+  }
+  for (const AddedToken& a : t.added) {
+    if (a.id >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "added_tokens: id ", a.id, " of '", EscapeControlCharacters(a.content.substr(0, 64)),
+          "' is beyond the file's ", tokens, " tokens (ids must be below ", limit,
+          ", Note [Tokenizer id bound])"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Build(const json& j, const json& config, HfTokenizer::Impl* t) {
   MEGATRAIN_RETURN_IF_ERROR(ParseModel(j.at("model"), t));
   if (j.contains("added_tokens")) {
@@ -802,6 +832,7 @@ absl::Status Build(const json& j, const json& config, HfTokenizer::Impl* t) {
     t->has_decoder = true;
     MEGATRAIN_RETURN_IF_ERROR(ParseDecoder(j.at("decoder"), "decoder", &t->decoder));
   }
+  MEGATRAIN_RETURN_IF_ERROR(CheckIdsWithinTokenCount(*t));
   int32_t max_id = -1;
   for (const auto& [token, id] : t->vocab) max_id = std::max(max_id, id);
   for (const AddedToken& a : t->added) max_id = std::max(max_id, a.id);

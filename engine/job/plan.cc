@@ -324,6 +324,9 @@ absl::StatusOr<ModelConfig> ConfigForParamCount(absl::string_view family, double
   const double per_layer = static_cast<double>(c.LayerParamCount());
   const double outside = static_cast<double>(c.ParamCount()) - per_layer * c.num_hidden_layers;
   c.num_hidden_layers = std::max<int64_t>(1, std::llround((params - outside) / per_layer));
+  // Rounding up may pass 1e13 by part of a layer: stay within Note [Model
+  // bounds] (model_config.h).
+  while (c.num_hidden_layers > 1 && c.ParamCount() > kMaxModelParams) --c.num_hidden_layers;
   return c;
 }
 

@@ -1,12 +1,14 @@
 // HF config.json parsing, validation and presets of the dense families.
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/model/json_field_reader.h"
 #include "engine/model/moe_config.h"
@@ -280,7 +282,87 @@ absl::Status CheckRopeScaling(const ModelConfig& c) {
 
 }  // namespace
 
+namespace {
+
+using WideCount = __int128;  // Note [Model bounds]: no product of bounded sizes overflows it
+
+// ParamCount() in 128-bit arithmetic for a dense model (LayerParamCount's
+// terms), an upper bound for a MoE one (a MoE layer counted as its experts
+// plus router, shared expert, biases and sinks), for sizes already within
+// their bounds.
+WideCount ParamCountUpperBound(const ModelConfig& c) {
+  const WideCount h = c.hidden_size;
+  const WideCount q = WideCount{c.num_attention_heads} * c.head_dim;
+  const WideCount kv = WideCount{c.num_key_value_heads} * c.head_dim;
+  WideCount attention = (c.sandwich_norms ? 4 : 2) * h + h * (q + 2 * kv) + q * h;
+  if (c.HasQkvBias()) attention += q + 2 * kv;
+  if (c.HasOutputBias()) attention += h;
+  if (c.qk_norm) attention += 2 * WideCount{c.head_dim};
+  WideCount mlp = 3 * h * c.intermediate_size;
+  if (c.moe != nullptr) {
+    attention += c.num_attention_heads;  // gpt_oss attention sinks
+    const WideCount e = c.moe->num_experts, fe = c.moe->moe_intermediate_size;
+    const WideCount fs = c.moe->shared_expert_intermediate_size;
+    const WideCount experts = e * h + e + e * (3 * h * fe + 2 * fe + h) + 3 * fs * h + h;
+    mlp = std::max(mlp, experts);
+  }
+  const WideCount embeddings = (c.tie_word_embeddings ? 1 : 2) * WideCount{c.vocab_size} * h;
+  return WideCount{c.num_hidden_layers} * (attention + mlp) + embeddings + h;
+}
+
+// "1.23e+15" for a count too wide for int64.
+std::string WideText(WideCount n) { return absl::StrFormat("%.3g", static_cast<double>(n)); }
+
+}  // namespace
+
+absl::Status CheckModelBounds(const ModelConfig& c) {
+  struct Bound {
+    const char* field;
+    int64_t value;
+    int64_t limit;
+  };
+  std::vector<Bound> bounds = {
+      {"num_hidden_layers", c.num_hidden_layers, kMaxHiddenLayers},
+      {"hidden_size", c.hidden_size, kMaxHiddenSize},
+      {"intermediate_size", c.intermediate_size, kMaxIntermediateSize},
+      {"num_attention_heads", c.num_attention_heads, kMaxAttentionHeads},
+      {"num_key_value_heads", c.num_key_value_heads, kMaxAttentionHeads},
+      {"head_dim", c.head_dim, kMaxHeadDim},
+      {"vocab_size", c.vocab_size, kMaxVocabSize},
+      {"max_position_embeddings", c.max_position_embeddings, kMaxPositionEmbeddings},
+      {"layer_types", static_cast<int64_t>(c.layer_types.size()),
+       std::min(kMaxHiddenLayers, std::max<int64_t>(c.num_hidden_layers, 0))}};
+  if (c.moe != nullptr) {
+    bounds.push_back({"num_experts", c.moe->num_experts, kMaxMoeExperts});
+    bounds.push_back(
+        {"moe_intermediate_size", c.moe->moe_intermediate_size, kMaxMoeIntermediateSize});
+    bounds.push_back({"shared_expert_intermediate_size", c.moe->shared_expert_intermediate_size,
+                      kMaxMoeIntermediateSize});
+  }
+  std::vector<std::string> over;
+  bool any_negative = false;
+  for (const Bound& b : bounds) {
+    any_negative = any_negative || b.value < 0;
+    if (b.value > b.limit) {
+      over.push_back(absl::StrCat(b.field, ": must be <= ", b.limit, ", got ", b.value));
+    }
+  }
+  // The total only for sizes that are in bounds (so it cannot overflow)
+  // and not negative (Validate names those).
+  if (over.empty() && !any_negative) {
+    const WideCount params = ParamCountUpperBound(c);
+    if (params > kMaxModelParams) {
+      over.push_back(absl::StrCat("parameters: the model has about ", WideText(params),
+                                  " parameters; must be <= ", WideText(kMaxModelParams)));
+    }
+  }
+  if (over.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(absl::StrJoin(over, "; "), " (bounds of Note [Model bounds], model_config.h)"));
+}
+
 absl::Status ModelConfig::Validate() const {
+  MEGATRAIN_RETURN_IF_ERROR(CheckModelBounds(*this));
   if (FindFamily(model_type) == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
         "model_type: '", model_type, "' is not supported (supported: ", SupportedFamilies(), ")"));
@@ -694,6 +776,8 @@ absl::StatusOr<ModelConfig> ParseDenseConfig(const json& j, absl::string_view so
                      "' is not supported (supported: ", SupportedFamilies(), ")"));
   }
   MEGATRAIN_RETURN_IF_ERROR(ParseCommonFields(j, r, &c));
+  // Before anything is sized by them (Gemma's layer pattern below).
+  if (absl::Status bounded = CheckModelBounds(c); !bounded.ok()) return Annotate(bounded, source);
   MEGATRAIN_RETURN_IF_ERROR(ParseMlpFields(j, r, *family, &c));
   if (c.model_type == "qwen3") c.qk_norm = true;
   if (family->fused_projections) MEGATRAIN_RETURN_IF_ERROR(ParsePhi3Fields(j, r, &c));
@@ -721,7 +805,12 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (auto type = j.find("model_type");
       type != j.end() && type->is_string() && IsMoeModelType(type->get<std::string>())) {
     MEGATRAIN_ASSIGN_OR_RETURN(MoeModelConfig m, ParseMoeHfConfig(json_text, source));
-    return ModelConfigOf(m);
+    ModelConfig config = ModelConfigOf(m);
+    // The experts count in the total (Note [Model bounds]).
+    if (absl::Status bounded = CheckModelBounds(config); !bounded.ok()) {
+      return Annotate(bounded, source);
+    }
+    return config;
   }
   if (j.value("model_type", "") == "gemma3" && j.contains("text_config") &&
       j["text_config"].is_object()) {

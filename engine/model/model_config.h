@@ -198,6 +198,48 @@ struct ModelConfig {
   std::string ToHfConfigJson() const;
 };
 
+// Note [Model bounds]
+// Every size a caller controls is bounded before anything is sized from it,
+// so that a config.json or a PlanJob request cannot make the daemon spend
+// unbounded memory or time (an admission estimate is O(layers) and builds
+// one small record per layer). The bounds are far above any released model
+// (largest today: 126 layers, hidden 25,600, vocabulary 262,144, 384
+// experts, 2e12 parameters):
+//   num_hidden_layers            <= kMaxHiddenLayers (4,096; PlanJob's
+//                                   family/param_count reaches ~3,100 at 1e13)
+//   hidden_size                  <= kMaxHiddenSize (262,144)
+//   intermediate_size            <= kMaxIntermediateSize (4,194,304)
+//   num_attention_heads, num_key_value_heads <= kMaxAttentionHeads (16,384)
+//   head_dim                     <= kMaxHeadDim (16,384)
+//   vocab_size                   <= kMaxVocabSize (16,777,216)
+//   max_position_embeddings      <= kMaxPositionEmbeddings (1,073,741,824)
+//   layer_types                  at most num_hidden_layers entries
+//   parameters (every expert)    <= kMaxModelParams (1e13), summed in 128-bit
+//                                   integers so that no product overflows
+// MoE fields keep their own bounds (moe_config.h: <= 4,096 experts, expert
+// widths <= 2^24), and count in the parameter total.
+inline constexpr int64_t kMaxHiddenLayers = 4096;
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 18;
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;
+inline constexpr int64_t kMaxAttentionHeads = int64_t{1} << 14;
+inline constexpr int64_t kMaxHeadDim = int64_t{1} << 14;
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 30;
+inline constexpr int64_t kMaxModelParams = 10'000'000'000'000;
+// MoeConfig::Validate's bounds (moe_config.cc), here so that the total
+// above is computed only from bounded sizes.
+inline constexpr int64_t kMaxMoeExperts = 4096;
+inline constexpr int64_t kMaxMoeIntermediateSize = int64_t{1} << 24;
+
+// Checks the bounds of Note [Model bounds]: the first thing ParseHfConfig
+// does after reading the sizes and the first thing ModelConfig::Validate
+// does, so that PlanJob, SubmitJob's admission, the bench and `megatrain
+// plan` all pass here before any layout or footprint is computed. O(1) time,
+// no allocation beyond the error message. Returns INVALID_ARGUMENT naming
+// every field over its bound with the value and the limit (all at once);
+// sizes below 1 are left to Validate.
+absl::Status CheckModelBounds(const ModelConfig& config);
+
 // Parses HF `config.json` text. `source` names the file in error messages.
 // A MoE model_type (mixtral, qwen2_moe, qwen3_moe, gpt_oss) is parsed by
 // ParseMoeHfConfig and comes back with `moe` set.

@@ -20,7 +20,7 @@ using nlohmann::json;
 
 // Upper bounds on caller-controlled sizes (the largest released models have
 // 256 experts and 8 per token; the bounds only stop absurd allocations).
-constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxExperts = kMaxMoeExperts;  // model_config.h
 constexpr int64_t kMaxLayers = 100000;
 
 absl::StatusOr<MoeFamily> FamilyOf(absl::string_view model_type, absl::string_view source) {
@@ -237,9 +237,9 @@ absl::Status MoeConfig::Validate(int64_t num_hidden_layers) const {
   MEGATRAIN_RETURN_IF_ERROR(InRange("num_experts", num_experts, 1, kMaxExperts));
   MEGATRAIN_RETURN_IF_ERROR(InRange("num_experts_per_tok", num_experts_per_tok, 1, num_experts));
   MEGATRAIN_RETURN_IF_ERROR(
-      InRange("moe_intermediate_size", moe_intermediate_size, 1, int64_t{1} << 24));
+      InRange("moe_intermediate_size", moe_intermediate_size, 1, kMaxMoeIntermediateSize));
   MEGATRAIN_RETURN_IF_ERROR(InRange("shared_expert_intermediate_size",
-                                    shared_expert_intermediate_size, 0, int64_t{1} << 24));
+                                    shared_expert_intermediate_size, 0, kMaxMoeIntermediateSize));
   MEGATRAIN_RETURN_IF_ERROR(InRange("decoder_sparse_step", decoder_sparse_step, 1, kMaxLayers));
   for (int64_t layer_idx : mlp_only_layers) {
     MEGATRAIN_RETURN_IF_ERROR(InRange("mlp_only_layers", layer_idx, 0, num_hidden_layers - 1));

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/escape.h"
 
 namespace megatrain::server {
 
@@ -32,8 +33,13 @@ std::string DigestHex(const Sha256Digest& digest) {
 
 namespace {
 
+// Note [User names]: 1-64 characters of [a-z0-9_.-], the first one of
+// [a-z0-9_]. A name becomes a path component (per-user data and output
+// roots, {user} in --data_root) and a word in listings, so "." and "..",
+// hidden names (".x") and option-like names ("-x") are refused.
 bool IsValidUserName(absl::string_view name) {
   if (name.empty() || name.size() > 64) return false;
+  if (name.front() == '.' || name.front() == '-') return false;
   for (char c : name) {
     if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '_' || c == '.' || c == '-')) {
       return false;
@@ -99,7 +105,8 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromTokensYaml(
       }
       if (!IsValidUserName(user.name)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ".name: must be 1-64 characters of [a-z0-9_.-], got '", user.name, "'"));
+            where, ".name: must be 1-64 characters of [a-z0-9_.-] starting with [a-z0-9_], got '",
+            EscapeControlCharacters(user.name), "'"));
       }
       if (!names.insert(user.name).second) {
         return absl::InvalidArgumentError(

@@ -10,7 +10,7 @@
 // Tokens file (YAML):
 //
 //   users:
-//     - name: alice            # [a-z0-9_.-]{1,64}, unique
+//     - name: alice            # [a-z0-9_][a-z0-9_.-]{0,63}, unique
 //       role: user             # user | admin
 //       token_sha256: 2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824
 //

@@ -2,7 +2,10 @@
 // The only server file that calls engine functions, so that megatrain_server
 // builds and tests without megatrain_engine; this file is in the library
 // megatrain_server_engine.
+#include <malloc.h>
+
 #include <exception>
+#include <new>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,11 +22,17 @@ namespace megatrain::server {
 namespace {
 
 // Runs `fn`, mapping any exception that escapes the engine to INTERNAL (the
-// engine should catch its own; this is the last line).
+// engine should catch its own; this is the last line), and std::bad_alloc
+// to RESOURCE_EXHAUSTED: that call fails, the daemon goes on, and the heap
+// the failed call freed goes back to the system (malloc_trim).
 template <typename Fn>
 auto Guard(absl::string_view what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
+  } catch (const std::bad_alloc&) {
+    ::malloc_trim(0);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": out of host memory (std::bad_alloc); the call was abandoned"));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": engine threw: ", e.what()));
   } catch (...) {

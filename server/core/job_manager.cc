@@ -6,6 +6,7 @@
 #include <exception>
 #include <optional>
 #include <filesystem>
+#include <new>
 #include <system_error>
 #include <utility>
 
@@ -20,6 +21,7 @@
 #include "server/core/job_request_json.h"
 #include "server/core/job_scalars.h"
 #include "server/core/logging.h"
+#include "server/core/serial_worker.h"
 #include "server/core/submit_checks.h"
 
 namespace megatrain::server {
@@ -46,6 +48,13 @@ engine::TrainingJob::StopKind StopKindFor(bool cancel) {
   return cancel ? engine::TrainingJob::StopKind::kCancel : engine::TrainingJob::StopKind::kSuspend;
 }
 
+// True when normal paths `a` and `b` are equal or one lies inside the
+// other (whole components: "/a/b" and "/a/bc" do not overlap).
+bool PathsOverlap(const std::string& a, const std::string& b) {
+  return a == b || absl::StartsWith(a, b == "/" ? b : b + "/") ||
+         absl::StartsWith(b, a == "/" ? a : a + "/");
+}
+
 }  // namespace
 
 // Why a running job was asked to stop.
@@ -69,6 +78,11 @@ struct JobManager::Active {
   bool checkpoint_requested = false;
   std::string preempted_for;  // job id that caused kPreempt
   std::string last_checkpoint_dir;
+  // Device and inode of the held output directory once the job thread
+  // opened it (Note [Held output directory] in engine/io/held_output_dir.h);
+  // 0 before.
+  dev_t output_device = 0;
+  ino_t output_inode = 0;
   std::thread thread;
 };
 
@@ -131,9 +145,13 @@ class JobManager::Observer : public engine::JobObserver {
     event.devices = report.devices;
     event.device_tokens_per_s = report.device_tokens_per_s;
     Persist(event);
-    manager_->metrics_->RecordStep(devices_, report);
-    manager_->metrics_->RecordJobStep(job_id_, report);
-    if (scalars_ != nullptr) scalars_->AddStep(event);
+    // Note [Progress off the step]: the metrics' locks are /metrics's too,
+    // and the curve files are disk writes.
+    writer_.Post([this, manager = manager_, devices = devices_, report, event] {
+      manager->metrics_->RecordStep(devices, report);
+      manager->metrics_->RecordJobStep(job_id_, report);
+      if (scalars_ != nullptr) scalars_->AddStep(event);
+    });
   }
 
   void OnEval(int64_t step, double eval_loss) override {
@@ -147,11 +165,17 @@ class JobManager::Observer : public engine::JobObserver {
     Persist(event);
     manager_->metrics_->RecordEval(devices_.front(), eval_loss);
     manager_->metrics_->RecordJobEval(job_id_, eval_loss);
-    if (scalars_ != nullptr) scalars_->AddEval(event);
+    // After the steps before it, on the writer (the curve files' one user).
+    writer_.Post([this, event] {
+      if (scalars_ != nullptr) scalars_->AddEval(event);
+    });
   }
 
   // Note [Checkpoint ownership]: the record makes the checkpoint the job's.
   void OnCheckpointWritten(const engine::CheckpointInfo& info, double seconds) override {
+    // The steps before it first, so that events keep their order (a
+    // checkpoint is rare: waiting here costs nothing per step).
+    writer_.Drain();
     const int64_t step = info.step;
     const std::string& checkpoint_dir = info.dir;
     CheckpointRecord checkpoint;
@@ -185,12 +209,16 @@ class JobManager::Observer : public engine::JobObserver {
   }
 
  private:
+  // Note [Progress off the step] (serial_worker.h): stored and announced on
+  // writer_'s thread, in order; the job thread only copies.
   void Persist(const JobEvent& event) {
-    absl::StatusOr<int64_t> seq = manager_->store_->UpdateProgress(job_id_, progress_, event);
-    if (!seq.ok()) {
-      LogError(absl::StrCat(job_id_, ": recording progress: ", seq.status().ToString()));
-    }
-    manager_->NotifyEvents();
+    writer_.Post([manager = manager_, job_id = job_id_, progress = progress_, event] {
+      absl::StatusOr<int64_t> seq = manager->store_->UpdateProgress(job_id, progress, event);
+      if (!seq.ok()) {
+        LogError(absl::StrCat(job_id, ": recording progress: ", seq.status().ToString()));
+      }
+      manager->NotifyEvents();
+    });
   }
 
   JobManager* const manager_;
@@ -201,6 +229,10 @@ class JobManager::Observer : public engine::JobObserver {
   JobProgress progress_;
   double avg_step_seconds_ = 0;
   std::unique_ptr<JobScalarWriter> scalars_;  // null when its files could not be opened
+  // Last: destroyed (drained, joined) first, while the members its tasks
+  // copied from or use (scalars_) still exist; before the job's final
+  // state is written.
+  SerialWorker writer_;
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
@@ -874,23 +906,33 @@ void JobManager::StartLocked(JobRecord job, std::vector<std::string> devices) {
   for (const std::string& d : devices) job_on_device_[d] = job.id;
   Active* raw = active.get();
   active_[job.id] = std::move(active);
-  raw->thread = std::thread(&JobManager::RunJob, this, raw, std::move(job));
+  // Started by launcher_, a thread at the daemon's own priority: a thread
+  // inherits its creator's nice value, and this may be an RPC handler's
+  // (Note [RPC threads below training] in server/rpc/rpc_priority.h). The
+  // job thread takes mu_ before it can finish, so it cannot end before
+  // `thread` is set.
+  launcher_.Post([this, raw, job = std::move(job)] {
+    std::lock_guard<std::mutex> lock(mu_);
+    raw->thread = std::thread(&JobManager::RunJob, this, raw, job);
+  });
 }
 
 void JobManager::RunJob(Active* active, JobRecord job) {
   // No exception may leave this thread (STYLE: errors).
   absl::StatusOr<engine::JobOutcome> outcome = absl::InternalError("job did not run");
   try {
-    std::error_code ec;
     // Again at start: the roots may have changed since submission (a
     // restart with other flags), or a directory on the way may have become
     // a symbolic link (Note [Path checks] in path_policy.h).
     absl::Status paths = options_.path_policy.CheckJobSpec(job.request.spec, job.owner);
-    if (!paths.ok()) {
-      outcome = paths;
-    } else if (fs::create_directories(job.request.spec.output_dir, ec); ec) {
-      outcome = absl::FailedPreconditionError(absl::StrCat(
-          "output_dir: cannot create '", job.request.spec.output_dir, "': ", ec.message()));
+    // Note [Held output directory]: opened once from its root without
+    // following links, claimed, and this thread's for the whole run.
+    absl::StatusOr<engine::HeldOutputDir> held =
+        paths.ok() ? HoldOutputDir(active, job) : absl::StatusOr<engine::HeldOutputDir>(paths);
+    std::optional<engine::ScopedHeldOutputDir> held_scope;
+    if (held.ok()) held_scope.emplace(&*held);
+    if (!held.ok()) {
+      outcome = held.status();
     } else if (absl::StatusOr<std::string> intact = SelectResumeCheckpoint(job); !intact.ok()) {
       outcome = intact.status();
     } else {
@@ -930,6 +972,8 @@ void JobManager::RunJob(Active* active, JobRecord job) {
         outcome = training_job->Run(&observer);
       }
     }
+  } catch (const std::bad_alloc&) {
+    outcome = absl::ResourceExhaustedError("out of host memory (std::bad_alloc) in the engine");
   } catch (const std::exception& e) {
     outcome = absl::InternalError(absl::StrCat("engine threw: ", e.what()));
   } catch (...) {
@@ -1249,15 +1293,70 @@ absl::StatusOr<std::string> JobManager::SelectResumeCheckpoint(const JobRecord& 
       "job ", job.id, ": no intact checkpoint to resume from: ", absl::StrJoin(failures, "; ")));
 }
 
+absl::StatusOr<engine::HeldOutputDir> JobManager::HoldOutputDir(Active* active,
+                                                                const JobRecord& job) {
+  std::vector<std::string> roots = options_.path_policy.output_roots();
+  if (!options_.jobs_dir.empty()) roots.push_back(options_.jobs_dir);
+  // Exclusivity again, before anything is created (HeldOutputDir::Open
+  // then makes sure the path is the directory's real place): an older job
+  // that claims an overlapping directory (the oldest claimant comes first)
+  // fails this start.
+  MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> claimant,
+                             store_->FindOutputDirOverlap(job.request.spec.output_dir));
+  if (claimant.has_value() && claimant->id != job.id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("output_dir: '", job.request.spec.output_dir,
+                     "' overlaps the output directory of an older job that still claims it; output "
+                     "directories are exclusive to one job"));
+  }
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::HeldOutputDir held,
+                             engine::HeldOutputDir::Open(job.request.spec.output_dir, roots));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& entry : active_) {
+    const Active* other = entry.second.get();
+    if (other == active || other->output_inode == 0) continue;
+    if (other->output_device == held.device() && other->output_inode == held.inode()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "output_dir: '", job.request.spec.output_dir,
+          "' is the directory another running job writes (the same directory, reached by "
+          "another path); output directories are exclusive to one job"));
+    }
+  }
+  active->output_device = held.device();
+  active->output_inode = held.inode();
+  return held;
+}
+
+absl::Status JobManager::CheckExportTarget(const Principal& caller, const std::string& out_dir,
+                                           const std::string& resolved_out) {
+  const std::string jobs_dir = NormalizeOutputDir(options_.jobs_dir);
+  for (const std::string& dir : {NormalizeOutputDir(out_dir), NormalizeOutputDir(resolved_out)}) {
+    if (!jobs_dir.empty() && PathsOverlap(dir, jobs_dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "out_dir: '", out_dir, "' overlaps the daemon's jobs directory '", jobs_dir,
+          "' (its jobs' directories, and those of jobs not yet submitted); export elsewhere"));
+    }
+    MEGATRAIN_ASSIGN_OR_RETURN(std::optional<JobRecord> other, store_->FindOutputDirOverlap(dir));
+    if (other.has_value()) {
+      const bool visible = caller.is_admin() || other->owner == caller.name;
+      return absl::InvalidArgumentError(
+          absl::StrCat("out_dir: '", out_dir, "' equals, contains or lies inside ",
+                       visible ? absl::StrCat("the output directory of job ", other->id)
+                               : std::string("another job's output directory"),
+                       "; exports go outside every job's directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobManager::CheckOutputDirExclusive(const Principal& caller,
                                                  const std::string& output_dir, bool explicit_dir) {
   const std::string dir = NormalizeOutputDir(output_dir);
   const std::string jobs_dir = NormalizeOutputDir(options_.jobs_dir);
-  const auto overlaps = [](const std::string& a, const std::string& b) {
-    return a == b || absl::StartsWith(a, b == "/" ? b : b + "/") ||
-           absl::StartsWith(b, a == "/" ? a : a + "/");
-  };
-  if (explicit_dir && !jobs_dir.empty() && overlaps(dir, jobs_dir)) {
+  if (explicit_dir) {
+    MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckNotOutputRoot("output_dir", output_dir));
+  }
+  if (explicit_dir && !jobs_dir.empty() && PathsOverlap(dir, jobs_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "output_dir: '", output_dir, "' overlaps the daemon's jobs directory '", jobs_dir,
         "', which holds the default output directories; leave output_dir empty to get one "
@@ -1421,6 +1520,7 @@ absl::StatusOr<engine::HfExportReport> JobManager::ExportCheckpoint(const Princi
   // CheckWrite fails the export instead of leading out of the root.
   MEGATRAIN_ASSIGN_OR_RETURN(const std::string resolved_out,
                              ResolvePathBeneath("out_dir", out_dir));
+  MEGATRAIN_RETURN_IF_ERROR(CheckExportTarget(caller, out_dir, resolved_out));
   LogInfo(absl::StrCat(checkpoint_id, ": exporting to ", resolved_out, " (", export_dtype, ") for ",
                        caller.name));
   // The source model directory, as the job's own reads are checked: the
@@ -1471,6 +1571,19 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
   JobRecord job;
   MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint,
                              FindCheckpoint(caller, checkpoint_id, &job));
+  // Note [Held output directory]: the job's output_dir must still lead,
+  // without a link, to the directory it names (a parent swapped for a link
+  // would aim the delete at another directory); a missing one is left to
+  // RemoveCheckpointDir.
+  std::vector<std::string> roots = options_.path_policy.output_roots();
+  if (!options_.jobs_dir.empty()) roots.push_back(options_.jobs_dir);
+  absl::Status unmoved =
+      engine::HeldOutputDir::Open(job.request.spec.output_dir, roots, engine::DirFd::Create::kNo)
+          .status();
+  if (!unmoved.ok() && !absl::IsNotFound(unmoved)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", checkpoint_id, "' not deleted: ", unmoved.message()));
+  }
   {
     // Under mu_ only the store: the job's state now, then the record goes,
     // so that no resume chosen from here on can pick this checkpoint.

@@ -146,6 +146,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/io/held_output_dir.h"
 #include "server/core/auth.h"
 #include "server/core/engine_backend.h"
 #include "server/core/job.h"
@@ -153,6 +154,7 @@
 #include "server/core/metrics.h"
 #include "server/core/nvme_admission.h"
 #include "server/core/path_policy.h"
+#include "server/core/serial_worker.h"
 
 namespace megatrain::server {
 
@@ -405,6 +407,20 @@ class JobManager {
   // INVALID_ARGUMENT naming output_dir when `output_dir` overlaps another
   // job's (equal, inside, containing; any owner and state; the other job is
   // named only to its owner and admins) or, when `explicit_dir`, jobs_dir.
+  // An export's `out_dir` (and `resolved_out`, what it resolves to) must
+  // lie outside the jobs directory and outside every job's output
+  // directory that is still claimed (JobStore::FindOutputDirOverlap):
+  // INVALID_ARGUMENT naming out_dir otherwise (the other job named only to
+  // those who may see it).
+  absl::Status CheckExportTarget(const Principal& caller, const std::string& out_dir,
+                                 const std::string& resolved_out);
+  // Note [Held output directory] (engine/io/held_output_dir.h), on the job
+  // thread at start: opens `job`'s output_dir from its root (an output root
+  // or the jobs directory) without following links and claims its identity
+  // for `active`. FAILED_PRECONDITION when a link is on the way or another
+  // running job holds the same directory; errors of HeldOutputDir::Open.
+  // Takes mu_ briefly.
+  absl::StatusOr<engine::HeldOutputDir> HoldOutputDir(Active* active, const JobRecord& job);
   absl::Status CheckOutputDirExclusive(const Principal& caller, const std::string& output_dir,
                                        bool explicit_dir);
   // FAILED_PRECONDITION when the store has no job but jobs_dir holds job
@@ -460,6 +476,11 @@ class JobManager {
   std::condition_variable events_cv_;
   int64_t event_generation_ = 0;  // bumped on every new event; guarded by events_mu_
   bool stopped_ = false;          // drained; guarded by events_mu_
+
+  // Creates the job threads (StartJobLocked), so that they start at the
+  // priority of the thread that built the manager, never an RPC thread's.
+  // Last: destroyed first, after Drain.
+  SerialWorker launcher_;
 };
 
 }  // namespace megatrain::server

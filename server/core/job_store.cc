@@ -779,10 +779,13 @@ absl::StatusOr<std::optional<JobRecord>> JobStore::FindOutputDirOverlap(
                    " FROM jobs WHERE output_dir <> '' AND (output_dir = ?1 OR "
                    "substr(output_dir, 1, length(?2)) = ?2 OR "
                    "substr(?1, 1, length(output_dir) + 1) = output_dir || '/' OR output_dir = '/') "
+                   "AND (state NOT IN (?3, ?4, ?5) OR "
+                   "EXISTS (SELECT 1 FROM checkpoints WHERE checkpoints.job_id = jobs.id)) "
                    "ORDER BY seq LIMIT 1");
   std::lock_guard<std::mutex> lock(mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, sql));
-  stmt.BindAll(dir, dir_prefix);
+  stmt.BindAll(dir, dir_prefix, static_cast<int64_t>(JobState::kSucceeded),
+               static_cast<int64_t>(JobState::kFailed), static_cast<int64_t>(JobState::kCancelled));
   return ReadOptionalJob(stmt);
 }
 

@@ -121,10 +121,13 @@ class JobStore {
   // Number of jobs per state (every state present, possibly 0).
   absl::StatusOr<std::map<JobState, int64_t>> CountByState();
 
-  // A job (any owner, any state) whose output_dir equals `output_dir`, lies
-  // inside it or contains it (compared after NormalizeOutputDir, whole path
-  // components only: "/a/b" and "/a/bc" do not overlap); the oldest such
-  // job, or nullopt. O(jobs) in SQLite, no file system access.
+  // A job (any owner) that still claims its output_dir, which equals
+  // `output_dir`, lies inside it or contains it (compared after
+  // NormalizeOutputDir, whole path components only: "/a/b" and "/a/bc" do
+  // not overlap); the oldest such job, or nullopt. A job claims its
+  // directory while it is not terminal, and after that while checkpoints of
+  // it are recorded (a cancelled job without checkpoints frees its path).
+  // O(jobs) in SQLite, no file system access.
   absl::StatusOr<std::optional<JobRecord>> FindOutputDirOverlap(absl::string_view output_dir);
 
   // Number of jobs of `owner` in `state`.

@@ -225,6 +225,23 @@ absl::Status PathPolicy::CheckWrite(absl::string_view field, absl::string_view p
                       "--output_roots");
 }
 
+absl::Status PathPolicy::CheckNotOutputRoot(absl::string_view field, absl::string_view path) const {
+  if (path.empty() || output_roots_.empty()) return absl::OkStatus();
+  std::string normal = fs::path(std::string(path)).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  absl::StatusOr<std::string> resolved = ResolvePathBeneath(field, std::string(path));
+  for (const std::string& root : output_roots_) {
+    if (normal == root || (resolved.ok() && *resolved == root)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": '", path, "' is the output root '", root,
+          "' itself (--output_roots); a job's output directory is exclusive to it, so it must "
+          "lie below a root, e.g. '",
+          root == "/" ? "" : root, "/<name>'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PathPolicy::CheckJobSpec(const engine::JobSpec& spec, absl::string_view user) const {
   MEGATRAIN_RETURN_IF_ERROR(CheckRead("model.hf_dir", spec.model.hf_dir, user));
   MEGATRAIN_RETURN_IF_ERROR(CheckRead("data.tokens", spec.data.tokens, user));

@@ -105,6 +105,11 @@ class PathPolicy {
   // PERMISSION_DENIED.
   absl::Status CheckWrite(absl::string_view field, absl::string_view path) const;
 
+  // INVALID_ARGUMENT naming `field` when `path` is an output root itself
+  // (lexically, or resolved as CheckWrite resolves it): a job's output_dir
+  // is exclusive to that job, so one equal to a root would claim every
+  // other job's directory below it. OK without output roots.
+  absl::Status CheckNotOutputRoot(absl::string_view field, absl::string_view path) const;
   // Checks every path of `spec` for a job of `user`: model.hf_dir,
   // data.tokens, data.eval_tokens, data.text and data.tokenizer are read;
   // output_dir is written. The first refusal is returned.

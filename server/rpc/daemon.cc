@@ -46,6 +46,7 @@
 #include "server/core/output_group.h"
 #include "server/core/path_policy.h"
 #include "server/core/pcie_link_model.h"
+#include "server/rpc/rpc_priority.h"
 #include "server/rpc/server_service.h"
 
 namespace megatrain::server {
@@ -76,6 +77,10 @@ absl::Status CheckLimits(const DaemonOptions& options) {
   if (options.max_threads < kMinThreads) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_threads: must be >= ", kMinThreads, ", got ", options.max_threads));
+  }
+  if (options.rpc_nice < 0 || options.rpc_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rpc_nice: must be in [0, 19], got ", options.rpc_nice));
   }
   if (options.max_watch_streams < 1 || options.max_watch_streams > options.max_threads / 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -560,6 +565,7 @@ absl::Status Daemon::Parts::StartGrpc(const StartupFlags& flags, ServerFacts fac
                                                        metrics.get(), nvml.get(), audit.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  SetRpcThreadNice(options.rpc_nice);  // Note [RPC threads below training]
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, flags.credentials, &grpc_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));

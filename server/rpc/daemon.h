@@ -105,6 +105,9 @@ struct DaemonOptions {
   int64_t max_message_bytes = int64_t{16} << 20;
   // Most threads the gRPC server may use (grpc::ResourceQuota); >= 8.
   int max_threads = 256;
+  // Nice value of the threads that run RPC handlers, in [0, 19] (Note [RPC
+  // threads below training] in server/rpc/rpc_priority.h); 0: unchanged.
+  int rpc_nice = 19;
   // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
   // unary calls always find threads.
   int max_watch_streams = 64;

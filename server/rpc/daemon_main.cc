@@ -94,6 +94,9 @@ void AddFlags(CLI::App* app, DaemonOptions* options, RawFlags* flags) {
                   "Largest gRPC message received or sent, e.g. 16MiB");
   app->add_option("--max_threads", options->max_threads,
                   "Most threads of the gRPC server (calls beyond: RESOURCE_EXHAUSTED)");
+  app->add_option("--rpc_nice", options->rpc_nice,
+                  "Nice value of the threads serving RPCs, 0-19 (default 19: training first; "
+                  "0: the same priority as training)");
   app->add_option("--max_watch_streams", options->max_watch_streams,
                   "Most concurrent WatchJob streams (at most --max_threads / 2)");
   app->add_option("--max_watch_streams_per_user", options->max_watch_streams_per_user,

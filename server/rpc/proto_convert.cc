@@ -62,6 +62,11 @@ absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
 }  // namespace
 
 absl::Status CheckLength(absl::string_view field, absl::string_view value, size_t max_bytes) {
+  if (const size_t nul = value.find('\0'); nul != absl::string_view::npos) {
+    // A NUL cuts the string for every C API below (paths, the terminal).
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": contains a NUL byte (at byte ", nul, "); not allowed"));
+  }
   if (value.size() <= max_bytes) return absl::OkStatus();
   // Why 32: enough to recognise the value, little enough to echo.
   constexpr size_t kQuotedPrefixBytes = 32;
@@ -385,10 +390,10 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   out->mutable_memory()->set_gradient_landing(
       std::string(engine::GradientLandingName(spec.memory.gradient_landing)));
   out->set_output_dir(spec.output_dir);
-  if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff) {
-    out->mutable_memory()->set_nvme_tier(
-        std::string(engine::NvmeTierModeName(spec.memory.nvme_tier)));
-  }
+  // Always written: a job's spec holds the resolved tier (auto became off
+  // or moments at submission), and `get` shows it rather than "".
+  out->mutable_memory()->set_nvme_tier(
+      std::string(engine::NvmeTierModeName(spec.memory.nvme_tier)));
   out->set_priority(request.priority);
   for (const auto& [key, value] : request.labels) (*out->mutable_labels())[key] = value;
 }

@@ -58,7 +58,8 @@ absl::StatusOr<std::vector<JobState>> JobStatesFromProto(
 // (job ids are "job-000001", user names at most 64 bytes); docs/api.md
 // ("Limits") lists them. A string over its cap is INVALID_ARGUMENT naming
 // the field, its length and the cap; the message quotes at most
-// kMaxQuotedInputBytes of it (QuoteForError, logging.h).
+// kMaxQuotedInputBytes of it (QuoteForError, logging.h). No string may
+// hold a NUL byte (it would cut a path or a name for every C API below).
 // Labels and request_id use the caps of server/core/job.h (kMaxLabels,
 // kMaxLabelKeyLength, kMaxLabelValueLength, kMaxRequestIdLength).
 inline constexpr size_t kMaxIdBytes = 128;            // job_id, checkpoint_id
@@ -70,7 +71,8 @@ inline constexpr size_t kMaxKeywordBytes = 64;        // preset, schedule, dtype
 inline constexpr size_t kMaxMetricPrefixBytes = 256;  // GetMetricsRequest.name_prefix
 
 // INVALID_ARGUMENT "`field`: N bytes, more than the M allowed (starts
-// '...')" when `value` is longer than `max_bytes`; OK otherwise.
+// '...')" when `value` is longer than `max_bytes`, "`field`: contains a NUL
+// byte" when it holds one (Note [String caps]); OK otherwise.
 absl::Status CheckLength(absl::string_view field, absl::string_view value, size_t max_bytes);
 
 // The caps of Note [String caps] for each request (INVALID_ARGUMENT naming

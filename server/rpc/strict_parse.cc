@@ -1,6 +1,8 @@
 // See strict_parse.h.
 #include "server/rpc/strict_parse.h"
 
+#include <malloc.h>
+
 #include <google/protobuf/descriptor.h>
 
 #include "absl/base/internal/raw_logging.h"
@@ -24,6 +26,13 @@ grpc::Status MalformedRequestStatus(const std::string& message_type) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                       absl::StrCat("the request is not a valid ", message_type,
                                    " message (it does not parse as protobuf, or is missing)"));
+}
+
+grpc::Status OutOfMemoryStatus() {
+  ::malloc_trim(0);  // give the failed call's freed heap back to the system
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "the daemon ran out of memory serving this call (std::bad_alloc); "
+                      "the call was abandoned");
 }
 
 }  // namespace megatrain::server

@@ -23,6 +23,7 @@
 #ifndef MEGATRAIN_SERVER_STRICT_PARSE_H_
 #define MEGATRAIN_SERVER_STRICT_PARSE_H_
 
+#include <new>
 #include <string>
 
 #include <google/protobuf/descriptor.h>
@@ -32,6 +33,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/string_view.h"
+#include "server/rpc/rpc_priority.h"
 
 namespace megatrain::server {
 
@@ -44,6 +46,24 @@ int MethodIndex(absl::string_view service, absl::string_view method,
 
 // INVALID_ARGUMENT "the request is not a valid <type> message ...".
 grpc::Status MalformedRequestStatus(const std::string& message_type);
+
+// RESOURCE_EXHAUSTED for a call that ran out of memory.
+grpc::Status OutOfMemoryStatus();
+
+// Runs a service method on a thread at the RPC priority (rpc_priority.h);
+// a std::bad_alloc anywhere under it (the engine's
+// own boundary maps its own, engine_backend.cc) fails that call with
+// RESOURCE_EXHAUSTED instead of ending the daemon. Other exceptions are
+// not caught here (gRPC's handler turns them into UNKNOWN).
+template <class Fn>
+grpc::Status CallRefusingBadAlloc(Fn&& fn) {
+  LowerThisRpcThread();  // Note [RPC threads below training]
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemoryStatus();
+  }
+}
 
 // A unary handler for MarkMethodStreamed that parses the request itself
 // and calls (service->*method) with it. Ownership passes to gRPC.
@@ -59,7 +79,8 @@ grpc::internal::MethodHandler* NewStrictUnaryHandler(
           return MalformedRequestStatus(Request::descriptor()->full_name());
         }
         Response response;
-        grpc::Status status = (service->*method)(context, &request, &response);
+        grpc::Status status =
+            CallRefusingBadAlloc([&] { return (service->*method)(context, &request, &response); });
         // A failed Write means the client went away: nothing to tell it.
         if (status.ok()) stream->Write(response);
         return status;
@@ -79,7 +100,7 @@ grpc::internal::MethodHandler* NewStrictServerStreamingHandler(
         if (!stream->Read(&request)) {
           return MalformedRequestStatus(Request::descriptor()->full_name());
         }
-        return (service->*method)(context, &request, stream);
+        return CallRefusingBadAlloc([&] { return (service->*method)(context, &request, stream); });
       });
 }
 

@@ -27,6 +27,12 @@ add_test(NAME integration_plan
           $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(integration_plan PROPERTIES LABELS integration TIMEOUT 300)
+# Issue 36: hostile model sizes and output roots against the real daemon.
+add_test(NAME integration_hostile_user
+  COMMAND bash ${_it_dir}/hostile_user_test.sh
+          $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(integration_hostile_user PROPERTIES LABELS integration TIMEOUT 300)
 # Issue 20: `cmake --install` to a temporary prefix, then the installed
 # daemon, CLI and SentencePiece module run from there.
 add_test(NAME integration_install

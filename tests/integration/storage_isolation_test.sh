@@ -51,13 +51,18 @@ alice_file=$(write_job alices 6 "output_dir: $out/alice-run")
 sed -i 's/every_steps: 20/every_steps: 3/' "$alice_file"  # checkpoints at steps 3 and 6
 job=$(alice --json submit "$alice_file" | jq -r .id)
 [[ "$job" == job-* ]] || fail "alice could not submit"
-for dir in "$out/alice-run" "$out/alice-run/inside" "$out"; do
+for dir in "$out/alice-run" "$out/alice-run/inside"; do
   bob_file=$(write_job bobs 5 "output_dir: $dir")
   expect_cli_error INVALID_ARGUMENT "output_dir: '$dir' equals, contains or lies inside another job's output directory" \
     --token bob-secret submit "$bob_file"
   err=$(cli --token bob-secret submit "$bob_file" 2>&1 >/dev/null || true)
   [[ "$err" != *"$job"* ]] || fail "bob learned alice's job id: $err"
 done
+# The output root itself is nobody's (issue 36): it would claim every job's
+# directory below it.
+bob_file=$(write_job bobs 5 "output_dir: $out")
+expect_cli_error INVALID_ARGUMENT "output_dir: '$out' is the output root" \
+  --token bob-secret submit "$bob_file"
 expect_cli_error INVALID_ARGUMENT "of job $job" --token alice-secret submit "$alice_file"
 alice watch "$job" >/dev/null || fail "$job did not succeed"
 

@@ -115,6 +115,22 @@ std::string Llama3JsonWith(const std::string& key, const nlohmann::json& value) 
   return j.dump();
 }
 
+// Issue 36, Note [Tokenizer id bound]: a ~1 KB tokenizer.json with an id of
+// 2^30 is refused naming the token, not a 32 GB id table (std::bad_alloc).
+TEST(HfTokenizerTest, IdFarBeyondTheTokenCountIsInvalidArgumentBeforeAllocation) {
+  const std::string vocab_id = R"({"model": {"type": "BPE", "merges": [],
+      "vocab": {"a": 0, "b": 1, "huge": 1073741824}}})";
+  EXPECT_THAT(HfTokenizer::FromJson(vocab_id, "", "tokenizer.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.vocab['huge']: id 1073741824 is beyond the file's 3 "
+                                 "tokens (ids must be below 1027")));
+  const std::string added_id = R"({"model": {"type": "BPE", "merges": [],
+      "vocab": {"a": 0}}, "added_tokens": [{"id": 1073741824, "content": "<x>"}]})";
+  EXPECT_THAT(HfTokenizer::FromJson(added_id, "", "tokenizer.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("added_tokens: id 1073741824 of '<x>' is beyond")));
+}
+
 TEST(HfTokenizerTest, LoadRefusesOtherModelTypesNamingTheField) {
   EXPECT_THAT(LoadJson(Llama3JsonWith("model.type", "Unigram")),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("model.type: 'Unigram'")));

@@ -113,6 +113,16 @@ INSTANTIATE_TEST_SUITE_P(
                       "users[0].email: unknown key"},
         BadTokensCase{"BadName", "users:\n  - {name: Alice!, token_sha256: " + kHash + "}\n",
                       "users[0].name: must be"},
+        BadTokensCase{"DotName", "users:\n  - {name: '.', token_sha256: " + kHash + "}\n",
+                      "users[0].name: must be 1-64 characters of [a-z0-9_.-] starting with "
+                      "[a-z0-9_], got '.'"},
+        BadTokensCase{"DotDotName", "users:\n  - {name: '..', token_sha256: " + kHash + "}\n",
+                      "users[0].name: must be 1-64 characters of [a-z0-9_.-] starting with "
+                      "[a-z0-9_], got '..'"},
+        BadTokensCase{"HiddenName", "users:\n  - {name: .alice, token_sha256: " + kHash + "}\n",
+                      "got '.alice'"},
+        BadTokensCase{"OptionLikeName", "users:\n  - {name: -rf, token_sha256: " + kHash + "}\n",
+                      "got '-rf'"},
         BadTokensCase{"BadRole", "users:\n  - {name: a, role: root, token_sha256: " + kHash + "}\n",
                       "users[0].role: must be 'user' or 'admin', got 'root'"},
         BadTokensCase{"BadHash", "users:\n  - {name: a, token_sha256: abc}\n",

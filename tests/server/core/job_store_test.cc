@@ -476,6 +476,26 @@ TEST_F(JobStoreTest, FindOutputDirOverlapComparesWholePathComponents) {
   }
 }
 
+// Issue 36: a terminal job claims its directory only while checkpoints of
+// it are recorded; a cancelled job that wrote none frees its path.
+TEST_F(JobStoreTest, FindOutputDirOverlapSkipsTerminalJobsWithoutCheckpoints) {
+  Insert(MakeJob(1, "alice", 0, JobState::kCancelled));  // /out/job-000001, no checkpoints
+  Insert(MakeJob(2, "bob", 0, JobState::kSucceeded));    // /out/job-000002, one checkpoint
+  CheckpointRecord record;
+  record.job_id = "job-000002";
+  record.step = 4;
+  record.dir = "/out/job-000002/checkpoints/step-00000004";
+  record.owner = "bob";
+  MEGATRAIN_ASSERT_OK(store_->RecordCheckpoint(record));
+  absl::StatusOr<std::optional<JobRecord>> freed = store_->FindOutputDirOverlap("/out/job-000001");
+  ASSERT_THAT(freed, IsOk());
+  EXPECT_FALSE(freed->has_value());
+  absl::StatusOr<std::optional<JobRecord>> claimed = store_->FindOutputDirOverlap("/out");
+  ASSERT_THAT(claimed, IsOk());
+  ASSERT_TRUE(claimed->has_value());
+  EXPECT_EQ((*claimed)->id, "job-000002");
+}
+
 TEST_F(JobStoreTest, WritesFailClearlyAfterTheFileWasReplaced) {
   Insert(MakeJob(1, "alice"));
   // Another database moved into place under the same name (a restore while

@@ -540,6 +540,20 @@ TEST(SpecConvertCorpusTest, SeedsConvertAsTheirNamesSay) {
   EXPECT_GT(valid, 0);
 }
 
+// Issue 36: a NUL in any request string is refused at the boundary naming
+// the field (it would cut a name or path for every C API below).
+TEST(SpecConvertTest, NulInAStringIsInvalidArgumentNamingTheField) {
+  v1::JobSpec in = TinySpec();
+  in.set_name(std::string("job\0name", 8));
+  EXPECT_THAT(JobRequestFromProto(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.name: contains a NUL byte (at byte 3)")));
+  v1::GetJobRequest get;
+  get.set_job_id(std::string("job-000001\0", 11));
+  EXPECT_THAT(CheckRequestBounds(get),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id: contains a NUL")));
+}
+
 // JobSpec.memory.nvme_tier (issue 19): parsed, written back, and a bad
 // value names the field.
 TEST(SpecConvertTest, MemoryNvmeTierRoundTrips) {
@@ -551,6 +565,10 @@ TEST(SpecConvertTest, MemoryNvmeTierRoundTrips) {
   v1::JobSpec out;
   JobRequestToProto(*request, &out);
   EXPECT_EQ(out.memory().nvme_tier(), "auto");
+  // The resolved "off" (an auto that fit in host memory) is shown, not "".
+  request->spec.memory.nvme_tier = engine::NvmeTierMode::kOff;
+  JobRequestToProto(*request, &out);
+  EXPECT_EQ(out.memory().nvme_tier(), "off");
   in.mutable_memory()->set_nvme_tier("ssd");
   EXPECT_THAT(JobRequestFromProto(in).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("memory.nvme_tier")));
