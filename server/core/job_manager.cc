@@ -590,7 +590,48 @@ void JobManager::FillQueuePositions(std::vector<JobRecord*> jobs) {
     if (job->state != JobState::kQueued) continue;
     absl::StatusOr<int64_t> position = store_->QueuePosition(job->id);
     if (position.ok()) job->queue_position = *position;
+    absl::MutexLock lock(&wait_mu_);  // Note [Why a queued job waits]
+    if (job->id == waiting_job_) job->message = waiting_reason_;
   }
+}
+
+void JobManager::NoteHeadWaitingForDevicesLocked() {
+  // One row of the queue (indexed): the job every free device would go to.
+  absl::StatusOr<std::vector<JobRecord>> head = store_->QueuedJobsPage(std::nullopt, 1);
+  std::string job_id, reason;
+  if (head.ok() && !head->empty()) {
+    const JobRecord& job = head->front();
+    job_id = job.id;
+    reason = WaitReasonLocked(
+        job, 0, static_cast<size_t>(std::max<int64_t>(1, job.request.spec.train.devices)), true);
+  }
+  absl::MutexLock lock(&wait_mu_);
+  waiting_job_ = std::move(job_id);
+  waiting_reason_ = std::move(reason);
+}
+
+std::string JobManager::WaitReasonLocked(const JobRecord& job, size_t free_devices, size_t wanted,
+                                         bool host_fits) const {
+  if (free_devices < wanted) {
+    std::vector<std::string> busy;
+    for (const auto& [device, holder] : job_on_device_) {
+      if (!holder.empty()) busy.push_back(absl::StrCat(device, " (", holder, ")"));
+    }
+    return absl::StrCat("waiting for ", wanted,
+                        " device(s) at once (train.devices): ", free_devices, " of ",
+                        options_.devices.size(), " free; busy: ", absl::StrJoin(busy, ", "));
+  }
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (!host_fits) {
+    return absl::StrFormat(
+        "waiting for host memory: needs %.1f GiB; running jobs hold %.1f of "
+        "--host_memory_budget's %.1f GiB",
+        job.host_memory_bytes / kGiB, reserved_bytes_ / kGiB,
+        options_.host_memory_budget_bytes / kGiB);
+  }
+  return absl::StrFormat(
+      "waiting for NVMe tier space: needs %.1f GiB; running jobs hold %.1f of %.1f GiB",
+      NvmeBytesLocked(job) / kGiB, nvme_reserved_bytes_ / kGiB, options_.nvme.budget_bytes / kGiB);
 }
 
 absl::StatusOr<JobRecord> JobManager::Get(const Principal& caller, absl::string_view job_id) {
@@ -772,6 +813,7 @@ void JobManager::ScheduleLocked() {
       std::any_of(options_.devices.begin(), options_.devices.end(),
                   [this](const std::string& device) { return job_on_device_[device].empty(); });
   if (!any_free_device && !options_.preemption) {
+    NoteHeadWaitingForDevicesLocked();
     RefreshGaugesLocked();
     return;
   }
@@ -785,6 +827,7 @@ void JobManager::ScheduleLocked() {
   // job (no free device), so its cost does not follow the queue's length.
   std::optional<JobStore::QueueCursor> cursor;
   bool stop = false;
+  std::string waiting_job, waiting_reason;  // Note [Why a queued job waits]
   while (!stop) {
     absl::StatusOr<std::vector<JobRecord>> page = store_->QueuedJobsPage(cursor, kSchedulePageSize);
     if (!page.ok()) {
@@ -813,11 +856,14 @@ void JobManager::ScheduleLocked() {
           free_devices.push_back(device);
         }
       }
+      const bool host_fits =
+          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
       const bool fits =
-          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes &&
-          nvme_reserved_bytes_ + NvmeBytesLocked(job) <= options_.nvme.budget_bytes;
+          host_fits && nvme_reserved_bytes_ + NvmeBytesLocked(job) <= options_.nvme.budget_bytes;
       if (free_devices.size() < wanted || !fits) {
         if (options_.preemption) MaybePreemptLocked(job);
+        waiting_job = job.id;
+        waiting_reason = WaitReasonLocked(job, free_devices.size(), wanted, host_fits);
         stop = true;
         break;
       }
@@ -826,6 +872,11 @@ void JobManager::ScheduleLocked() {
       StartLocked(std::move(job), std::move(free_devices));
     }
     if (last_page) break;
+  }
+  {
+    absl::MutexLock lock(&wait_mu_);
+    waiting_job_ = std::move(waiting_job);
+    waiting_reason_ = std::move(waiting_reason);
   }
   RefreshGaugesLocked();
 }

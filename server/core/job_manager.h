@@ -143,8 +143,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/io/held_output_dir.h"
 #include "server/core/auth.h"
@@ -374,8 +376,16 @@ class JobManager {
   absl::Status HoldQueuedJobsThatCanNeverStart();
   // Loads a job and checks that `caller` may access it.
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
-  // Fills queue_position of QUEUED jobs.
+  // Fills queue_position of QUEUED jobs, and the message of the job at the
+  // head of the queue with why it cannot start (Note [Why a queued job
+  // waits]).
   void FillQueuePositions(std::vector<JobRecord*> jobs);
+  // Note [Why a queued job waits]: what keeps `job`, the first queued job
+  // that could not start, from starting (devices or memory), for the view.
+  std::string WaitReasonLocked(const JobRecord& job, size_t free_devices, size_t wanted,
+                               bool host_fits) const;
+  // Records the queue's first job as waiting for devices (every device busy).
+  void NoteHeadWaitingForDevicesLocked();
   // Note [Checkpoint ownership]. Newest recorded checkpoint directory of
   // `job`, from the store only (no file I/O: called under mu_; a directory
   // that has vanished is found out by SelectResumeCheckpoint at start); ""
@@ -463,9 +473,17 @@ class JobManager {
   std::condition_variable idle_cv_;                        // active_ became empty
   std::map<std::string, std::unique_ptr<Active>> active_;  // by job id; guarded by mu_
   std::map<std::string, std::string> job_on_device_;       // device -> job id; guarded by mu_
-  std::vector<std::thread> finished_threads_;              // to join; guarded by mu_
-  int64_t reserved_bytes_ = 0;                             // guarded by mu_
-  bool draining_ = false;                                  // guarded by mu_
+  // Note [Why a queued job waits]
+  // The scheduler's last pass stopped at this queued job (empty: none)
+  // for this reason. Reads take only wait_mu_ (after mu_ when both), so
+  // that Get and List need not wait for a scheduling pass. Not stored: a
+  // view of the scheduler's state, rewritten by every pass.
+  mutable absl::Mutex wait_mu_;
+  std::string waiting_job_ ABSL_GUARDED_BY(wait_mu_);
+  std::string waiting_reason_ ABSL_GUARDED_BY(wait_mu_);
+  std::vector<std::thread> finished_threads_;  // to join; guarded by mu_
+  int64_t reserved_bytes_ = 0;                 // guarded by mu_
+  bool draining_ = false;                      // guarded by mu_
   // Note [NVMe admission]: admitted moment bytes by job id (tiered jobs
   // only; sized at submission or, for jobs from before a restart, by
   // Create), and those of the running jobs. Guarded by mu_.

@@ -41,6 +41,7 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 JobRequest Request(const std::string& name, int64_t max_steps = 5, int32_t priority = 0) {
   JobRequest request;
@@ -293,6 +294,13 @@ TEST_F(JobManagerTest, GangJobWaitsForAllItsDevicesAndHoldsThem) {
   EXPECT_EQ(StateOf(wide.id), JobState::kQueued) << "one of its two devices is busy";
   EXPECT_EQ(StateOf(after.id), JobState::kQueued) << "no overtaking the wide job";
   EXPECT_EQ(backend_.created_count(), 1);
+  // Note [Why a queued job waits]: the head of the queue says what it
+  // waits for; the job behind it says nothing of the kind.
+  EXPECT_THAT(manager_->Get(kAdmin, wide.id)->message,
+              HasSubstr("waiting for 2 device(s) at once (train.devices): 1 of 2 free; busy: cpu "
+                        "(" +
+                        narrow.id + ")"));
+  EXPECT_THAT(manager_->Get(kAdmin, after.id)->message, Not(HasSubstr("waiting for")));
 
   first->AllowSteps(1);
   WaitFor(narrow.id, StateIs(JobState::kSucceeded));
