@@ -15,6 +15,7 @@
 #   TORCH_CUDA_ARCH_LIST  default 9.0 (Hopper); Torch ignores
 #                      CMAKE_CUDA_ARCHITECTURES.
 #   MEGATRAIN_BUILD_SERVER  ON (default) or OFF to build only the engine.
+#   MEGATRAIN_CMAKE_ARGS    further configure arguments (-DMEGATRAIN_PCH=OFF).
 #
 # After it, run binaries with the environment printed at the end (the
 # unpacked libraries need LD_LIBRARY_PATH). Traps (see docs/operations.md):
@@ -62,6 +63,9 @@ if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
                -DGTest_DIR="$lib/cmake/GTest")
 fi
 cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix_path")
+# Extra configure arguments, e.g. MEGATRAIN_CMAKE_ARGS=-DMEGATRAIN_PCH=OFF.
+read -r -a extra_args <<< "${MEGATRAIN_CMAKE_ARGS:-}"
+cmake_args+=("${extra_args[@]}")
 
 cmake "${cmake_args[@]}"
 if [ ${#targets[@]} -gt 0 ]; then
