@@ -118,7 +118,9 @@ JobSpec SmallSpec(ComputeDtype dtype, WeightStream stream, GradientLanding landi
 // host accumulation (none with the gradient ring, whose landings are
 // whole), each token's int64 id and label, and the gradient ring.
 int64_t Staging(int64_t ring_bytes) {
-  const int64_t norms = 2 * 8;
+  // The two gradient slots' norms and the resident norm ring (Note
+  // [Resident norm ring] in engine/step/grad_lander.h).
+  const int64_t norms = 2 * 8 + kResidentNormSlots * 8;
   const int64_t chunk_ring = ring_bytes > 0 ? 0 : kGradChunkBuffers * 4 * kHead;
   const int64_t inputs = kTokens * 16;
   return norms + chunk_ring + inputs + ring_bytes;
@@ -195,8 +197,8 @@ TEST(FootprintModesTest, TiedEmbeddingKeepsItsGradientAndLeavesTheRingToTheLayer
   EXPECT_EQ(f.gradient_ring_bytes, kGradRingBuffers * 4 * kLayer);
   // The table is on the host: its d hidden_0 is staged per gradient slot
   // and the inputs carry its gathered fp32 rows; no chunk ring.
-  const int64_t staging =
-      2 * (kTokens * 64 * 4 + 8) + kTokens * (64 * 4 + 8) + kGradRingBuffers * 4 * kLayer;
+  const int64_t staging = 2 * (kTokens * 64 * 4 + 8) + kTokens * (64 * 4 + 8) +
+                          kGradRingBuffers * 4 * kLayer + kResidentNormSlots * 8;
   EXPECT_EQ(f.host.staging, staging);
   EXPECT_EQ(f.embedding_lookahead_bytes, 0);
 }

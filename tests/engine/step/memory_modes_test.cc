@@ -231,10 +231,13 @@ TEST(GradStagingTest, ChunkedHostAccumulationIsBitIdentical) {
     ASSERT_THAT(executor, IsOk());
     const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
     EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
-    // The ring: kGradChunkBuffers chunks of min(chunk, largest block) fp32.
+    // The ring: kGradChunkBuffers chunks of min(chunk, largest block) fp32;
+    // and the resident norm ring (Note [Resident norm ring] in
+    // engine/step/grad_lander.h).
     const int64_t slot_bytes = kB * kT * config.hidden_size * 4 + 8;
     EXPECT_EQ(plan.grad_staging_bytes,
-              2 * slot_bytes + kGradChunkBuffers * 4 * std::min(chunk, plan.max_slot_numel));
+              2 * slot_bytes + kGradChunkBuffers * 4 * std::min(chunk, plan.max_slot_numel) +
+                  kResidentNormSlots * 8);
     ASSERT_THAT((*executor)->ForwardBackward(batches, {}), IsOk());
     std::vector<float> g;
     for (int64_t b = 0; b < (*store)->num_blocks(); ++b) {
