@@ -1,11 +1,13 @@
 // Data-parallel training on several devices of one host: one Trainer per
 // device ("rank"), each a thread of this process, all sharing one host
 // store (weights, AdamW moments, streaming copy, reduced gradient) and one
-// CPU AdamW, gradients combined over c10d (gloo on the CPU, NCCL on CUDA)
-// as they land (Notes [Data-parallel step] and [Shared host store] in
-// step/gradient_reducer.h). No LibTorch types here: the job and the
-// benchmark use it. docs/distributed.md has the design and what is not
-// built (device-side reduce-scatter, multi-host jobs).
+// CPU AdamW split by shard over the ranks; resident blocks are replicated
+// on every device and summed there; streamed blocks are loaded in shards
+// and gathered (Notes [Data-parallel step], [Shared host store], [Sharded
+// optimizer] and [Resident blocks on every rank] in step/gradient_reducer.h;
+// [Sharded weight streaming] in step/weight_slots.h). No LibTorch types
+// here: the job and the benchmark use it. docs/distributed.md has the
+// design and what is not built.
 #ifndef MEGATRAIN_ENGINE_DIST_DATA_PARALLEL_H_
 #define MEGATRAIN_ENGINE_DIST_DATA_PARALLEL_H_
 
@@ -57,8 +59,9 @@ inline constexpr int kMaxDataParallelRanks = 64;
 // Note [Replica processes]
 // With several processes (hosts), the job's ranks are process p's local
 // rank l at global rank p * L + l (L local ranks in every process). Each
-// process holds a full replica of the host store and one AdamW (its local
-// rank 0's). Every block's gradient is reduced over all P * L ranks before
+// process holds a full replica of the host store and runs one AdamW over it
+// (split by shard over its local ranks, Note [Sharded optimizer] in
+// step/gradient_reducer.h). Every block's gradient is reduced over all P * L ranks before
 // it lands in the replicas (host path: one all-reduce over all ranks;
 // device path: a reduce-scatter over the process's L ranks, then each
 // shard all-reduced over the P ranks of its local index), so every
