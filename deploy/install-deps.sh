@@ -23,8 +23,9 @@ PACKAGES=(
   prometheus-cpp-dev libcpp-httplib-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev libssl-dev
   # tests
   libgtest-dev libgmock-dev prometheus curl openssl jq python3
-  # Python client (client/python) and its integration test
-  python3-grpcio python3-protobuf python3-yaml
+  # Python client (client/python), its wheel (deploy/build-python-wheel.sh)
+  # and its integration test (a venv)
+  python3-grpcio python3-protobuf python3-yaml python3-setuptools python3-wheel python3-venv
   # chat templates (client/python/megatrain_client/chat_template.py)
   python3-jinja2
 )
