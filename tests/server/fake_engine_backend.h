@@ -167,6 +167,49 @@ class FakeEngineBackend final : public EngineBackend {
   std::vector<std::string> export_source_dirs_;                                // guarded by mu_
 };
 
+// A backend whose engine calls go to an owned FakeEngineBackend
+// (`fake_`); a test derives from it and overrides only the calls it
+// scripts (the submission checks' model limits, shard headers, data
+// inputs). Thread-safety: as FakeEngineBackend.
+class ForwardingEngineBackend : public EngineBackend {
+ public:
+  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
+    return fake_.ValidateJobSpec(spec);
+  }
+  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {
+    return fake_.EstimateFootprint(spec);
+  }
+  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
+      const engine::JobSpec& spec, const std::string& device,
+      const std::optional<std::string>& resume_from) override {
+    return fake_.CreateJob(spec, device, resume_from);
+  }
+  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
+      const std::string& output_dir) override {
+    return fake_.ListCheckpoints(output_dir);
+  }
+  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& dir,
+                                                          bool check_data) override {
+    return fake_.VerifyCheckpoint(dir, check_data);
+  }
+  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
+      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override {
+    return fake_.AdoptRecordedCheckpoints(output_dir, checkpoint_dirs);
+  }
+  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const std::string& dtype) override {
+    return fake_.ExportHfModel(checkpoint_dir, out_dir, dtype);
+  }
+  int CudaDeviceCount() override { return 0; }
+  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
+      const std::string& device, const std::function<void()>& between_directions) override {
+    return fake_.MeasureLinkBandwidth(device, between_directions);
+  }
+
+ protected:
+  FakeEngineBackend fake_;
+};
+
 // Writes a fake checkpoint of `step` written by `job_id` as `dir`
 // (created) and returns what the fake reports for it (its hash included).
 engine::CheckpointInfo WriteFakeCheckpoint(const std::string& dir, int64_t step,

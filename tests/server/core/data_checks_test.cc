@@ -23,43 +23,10 @@ using ::testing::HasSubstr;
 
 // The fake engine, recording the data checks it is asked for and answering
 // `data_status`.
-class DataCheckingBackend final : public EngineBackend {
+class DataCheckingBackend final : public testing::ForwardingEngineBackend {
  public:
   std::vector<engine::DataInputsToCheck> checked;
   absl::Status data_status;
-
-  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
-    return fake_.ValidateJobSpec(spec);
-  }
-  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {
-    return fake_.EstimateFootprint(spec);
-  }
-  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
-      const engine::JobSpec& spec, const std::string& device,
-      const std::optional<std::string>& resume_from) override {
-    return fake_.CreateJob(spec, device, resume_from);
-  }
-  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
-      const std::string& output_dir) override {
-    return fake_.ListCheckpoints(output_dir);
-  }
-  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& dir,
-                                                          bool check_data) override {
-    return fake_.VerifyCheckpoint(dir, check_data);
-  }
-  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
-      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override {
-    return fake_.AdoptRecordedCheckpoints(output_dir, checkpoint_dirs);
-  }
-  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
-                             const std::string& dtype) override {
-    return fake_.ExportHfModel(checkpoint_dir, out_dir, dtype);
-  }
-  int CudaDeviceCount() override { return 0; }
-  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
-      const std::string& device, const std::function<void()>& between_directions) override {
-    return fake_.MeasureLinkBandwidth(device, between_directions);
-  }
 
   absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec&, const std::string&) override {
     return ModelLimits{32000, 4096, 16};
@@ -68,9 +35,6 @@ class DataCheckingBackend final : public EngineBackend {
     checked.push_back(inputs);
     return data_status;
   }
-
- private:
-  testing::FakeEngineBackend fake_;
 };
 
 TEST(DataChecksTest, TextIsCheckedWithTheModelDirectoryTokenizerUnlessOneIsGiven) {

@@ -24,46 +24,13 @@ using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // The fake engine plus scripted answers for the submit checks.
-class ScriptedBackend final : public EngineBackend {
+class ScriptedBackend final : public testing::ForwardingEngineBackend {
  public:
   ModelLimits limits{32000, 4096, 16};
   std::vector<engine::TokenShardHeaderFacts> shards;
   absl::Status shard_status;
   absl::Status weights_status;
   std::vector<std::string> shard_paths_read;
-
-  absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
-    return fake_.ValidateJobSpec(spec);
-  }
-  absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {
-    return fake_.EstimateFootprint(spec);
-  }
-  absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(
-      const engine::JobSpec& spec, const std::string& device,
-      const std::optional<std::string>& resume_from) override {
-    return fake_.CreateJob(spec, device, resume_from);
-  }
-  absl::StatusOr<std::vector<engine::CheckpointInfo>> ListCheckpoints(
-      const std::string& output_dir) override {
-    return fake_.ListCheckpoints(output_dir);
-  }
-  absl::StatusOr<engine::CheckpointInfo> VerifyCheckpoint(const std::string& dir,
-                                                          bool check_data) override {
-    return fake_.VerifyCheckpoint(dir, check_data);
-  }
-  absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
-      const std::string& output_dir, const std::vector<std::string>& checkpoint_dirs) override {
-    return fake_.AdoptRecordedCheckpoints(output_dir, checkpoint_dirs);
-  }
-  absl::Status ExportHfModel(const std::string& checkpoint_dir, const std::string& out_dir,
-                             const std::string& dtype) override {
-    return fake_.ExportHfModel(checkpoint_dir, out_dir, dtype);
-  }
-  int CudaDeviceCount() override { return 0; }
-  absl::StatusOr<LinkBandwidth> MeasureLinkBandwidth(
-      const std::string& device, const std::function<void()>& between_directions) override {
-    return fake_.MeasureLinkBandwidth(device, between_directions);
-  }
 
   absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec&, const std::string&) override {
     return limits;
@@ -77,9 +44,6 @@ class ScriptedBackend final : public EngineBackend {
   absl::Status CheckHfWeightHeaders(const std::string&, const std::string&) override {
     return weights_status;
   }
-
- private:
-  testing::FakeEngineBackend fake_;
 };
 
 class SubmitChecksTest : public ::testing::Test {
