@@ -195,6 +195,13 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     if (r > 0) ForceChoiceOf(*t->ranks_[0], &rank_options);
     rank_options.device = dp.devices[static_cast<size_t>(r)];
     rank_options.gradient_accumulation_steps = options.gradient_accumulation_steps / world;
+    if (r == 0 && groups.device_reduce_scatter && rank_options.gradient_accumulation_steps > 1 &&
+        rank_options.device_grad_accumulation < 0) {
+      // Note [Shard-only landing] in store/host_store.h: the ranks' several
+      // micro-batches summed on the device, so that each lands only its
+      // shard of a block's reduced gradient, never a whole arena of its own.
+      rank_options.device_grad_accumulation = 1;
+    }
     rank_options.gradient_reducer = t->reducers_[r].get();
     rank_options.shared_store = t->shared_.get();
     rank_options.optimizer_shard_rank = r;

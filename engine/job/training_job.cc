@@ -238,18 +238,17 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
     // Note [Shared host store] (step/gradient_reducer.h): the weights,
     // moments, streaming copy and reduced gradient once; each rank's
     // pinned landing gradients and executor staging; no embedding
-    // lookahead. Note [Shard-only landing] (store/host_store.h): ranks of
-    // one micro-batch each on the device path (NCCL, as on a GPU) land
-    // their shards in the shared gradient itself, and only the embedding's
-    // rows, unless it is resident, in a buffer of their own; otherwise
-    // every rank lands whole blocks in an arena of its own.
+    // lookahead. Note [Shard-only landing] (store/host_store.h): on the
+    // device path (NCCL, as on a GPU) the ranks sum their micro-batches on
+    // the device (DataParallelTrainer asks for device gradient
+    // accumulation), land their shards in the shared gradient itself, and
+    // only the embedding's rows, unless it is resident, in a buffer of
+    // their own.
     const int64_t ranks = spec.train.devices;
     const ModelLayout layout = ModelLayout::Create(config);
     const int64_t embedding_bytes =
         (layout.blocks[layout.embedding_block()].numel + 1023) / 1024 * 1024 * 4;
-    const int64_t landing = spec.train.gradient_accumulation_steps != ranks ? f.host.grad
-                            : exec.resident_embedding                       ? 0
-                                                                            : embedding_bytes;
+    const int64_t landing = exec.resident_embedding ? 0 : embedding_bytes;
     f.host.pinned += ranks * landing;
     f.host.grad += ranks * landing;
     f.host.staging *= ranks;

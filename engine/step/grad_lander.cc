@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 
+#include "absl/strings/str_cat.h"
 #include "engine/optim/adamw.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/status_macros.h"
@@ -248,6 +250,7 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
     runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
   }
+  CheckShardOnly(task, begin, end);
   if (kind == Task::Kind::kDense && !task.direct) {
     task.keep_alive = std::move(keep_alive);
     OffloadChunks(task, device_src);
@@ -280,6 +283,21 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   task.keep_alive = std::move(keep_alive);
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
+}
+
+void GradLander::CheckShardOnly(const Task& task, int64_t begin, int64_t end) const {
+  // Note [Shard-only landing] in store/host_store.h: a rank writes into
+  // the shared gradient only its shard of a whole, reduced gradient.
+  // Anything else (a later micro-batch's contribution, a whole block)
+  // would add into or overwrite the other ranks' shards.
+  if (!env_->store->lands_shard_only(task.block)) return;
+  const bool whole_range = begin == 0 && end == task.numel && task.numel > 0;
+  if (task.direct && task.final && env_->reduce_on_device && !whole_range) return;
+  throw std::runtime_error(absl::StrCat(
+      "data parallelism: block ", task.block,
+      " would land a partial gradient in the shared store; each rank's micro-batches must be "
+      "summed on the device (device gradient accumulation needs ",
+      task.numel * 4, " bytes of device memory for this block; see the stderr line above)"));
 }
 
 void GradLander::OffloadRing(const Task& task, const float* device_src) {

@@ -286,6 +286,10 @@ class GradLander {
   explicit GradLander(StepEnv* env) : env_(env) {}
   // Enqueues the D2H copy of `numel` fp32 at `device_src` (in slot `slot`,
   // whose device work is enqueued) and queues its host task.
+  // Throws std::runtime_error where `task` would write into another
+  // rank's part of a shared gradient (Note [Shard-only landing]): only the
+  // shard [begin, end) of a whole gradient reduced on the device may land.
+  void CheckShardOnly(const Task& task, int64_t begin, int64_t end) const;
   void Offload(int slot, int64_t block, int64_t numel, const float* device_src,
                at::Tensor keep_alive, Task::Kind kind, std::vector<int32_t> rows, bool whole);
   // The later contribution in `task` (dense, not direct) at `device_src`,

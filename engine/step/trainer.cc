@@ -213,14 +213,20 @@ absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config
 // Note [Shard-only landing] in store/host_store.h: the blocks this rank
 // lands whole in a buffer of its own (every block, but where the reducer
 // reduce-scatters on the device and each block's gradient of a pass is
-// one contribution, whole on the device: then only the embedding's rows,
-// summed on the host, unless it is resident).
+// one contribution, whole on the device: one micro-batch per rank, or
+// several summed on the device (Note [Device gradient accumulation] in
+// executor.h, or a layer-major schedule in one wave); then only the
+// embedding's rows, summed on the host, unless it is resident).
 std::vector<bool> PrivateLandingBlocks(const ModelLayout& layout, const ExecutorOptions& exec,
                                        const TrainerOptions& options) {
   std::vector<bool> whole(layout.blocks.size(), true);
   const GradientReducer* reducer = options.gradient_reducer;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  const bool device_sums =
+      exec.device_grad_accumulation ||
+      (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
   if (reducer == nullptr || !reducer->reduce_scatters_on_device() ||
-      options.gradient_accumulation_steps != 1) {
+      (accumulation != 1 && !device_sums)) {
     return whole;
   }
   std::fill(whole.begin(), whole.end(), false);

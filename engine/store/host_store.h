@@ -93,6 +93,12 @@ class HostStore {
   // ranks add no landing arena to the host's footprint.
   static absl::StatusOr<std::unique_ptr<HostStore>> CreateGradientView(
       const HostStore& weights, const std::vector<bool>& private_landing = {});
+  // Whether this view lands only its shard of `block` in the shared
+  // gradient (Note [Shard-only landing]): false for a store that owns its
+  // gradients and for the blocks a view lands whole.
+  bool lands_shard_only(int64_t block) const {
+    return !private_offsets_.empty() && private_offsets_[block] < 0;
+  }
   // The store whose weights a view reads (null for a store that owns them).
   const HostStore* weights_owner() const { return weights_; }
 

@@ -19,26 +19,42 @@
 #     with RESOURCE_EXHAUSTED, and still runs a 1-device job; without the
 #     limit the held job resumes on both slots from its checkpoint.
 # Skipped (exit 0, "SKIP") on a build whose LibTorch has no gloo.
+# The same checks run on two GPUs with an HF model directory
+# (deploy/gpu-dp-scale.sh, phase daemon-hf) through these variables:
+# DP_DEVICES (cpu,cpu:1), DP_MODEL (the job's model: line, {preset: tiny}),
+# DP_TRAIN (extra train: fields), DP_STEPS (12), DP_CHECKPOINT (the
+# checkpoint: line) and DP_LIMITS (1: the --max_devices_per_user part; 0
+# skips it).
 # The numerics (2 ranks = 1 device accumulating the global batch, within
 # 1e-6) are tests/engine/job/data_parallel_job_test.cc's.
 source "$(dirname "$0")/lib.sh"
 
-# dp_job NAME DEVICES MAX_STEPS: a tiny fp32 job with 2 micro-batches per step.
+DP_DEVICES=${DP_DEVICES:-cpu,cpu:1}
+FIRST=${DP_DEVICES%%,*}
+SECOND=${DP_DEVICES#*,}
+DP_MODEL=${DP_MODEL:-"{preset: tiny}"}
+DP_TRAIN=${DP_TRAIN:-}
+DP_STEPS=${DP_STEPS:-12}
+DP_CHECKPOINT=${DP_CHECKPOINT:-"{every_steps: 4, keep_last: 2}"}
+DP_LIMITS=${DP_LIMITS:-1}
+
+# dp_job NAME DEVICES MAX_STEPS: a job (tiny, fp32 unless DP_MODEL and
+# DP_TRAIN say otherwise) with 2 micro-batches per step.
 dp_job() {
   local path="$WORK/$1.yaml"
   cat >"$path" <<YAML
 name: $1
-model: {preset: tiny}
+model: $DP_MODEL
 data: {tokens: $TINY_DATA}
 train: {micro_batch: 4, seq_len: 64, gradient_accumulation_steps: 2, devices: $2,
-        max_steps: $3, max_grad_norm: 1.0}
+        max_steps: $3, max_grad_norm: 1.0 ${DP_TRAIN:+, $DP_TRAIN}}
 optimizer: {lr: 3.0e-3, warmup_steps: 2}
-checkpoint: {every_steps: 4, keep_last: 2}
+checkpoint: $DP_CHECKPOINT
 YAML
   echo "$path"
 }
 
-DAEMON_DEVICE=cpu,cpu:1 start_daemon "$WORK/state"
+DAEMON_DEVICE=$DP_DEVICES start_daemon "$WORK/state"
 probe_out=$(cli submit "$(dp_job probe 2 3)" 2>&1) || true
 if [[ "$probe_out" == *"no c10d backend"* ]]; then
   log "SKIP: this build's LibTorch has no gloo"
@@ -54,35 +70,35 @@ expect_cli_error RESOURCE_EXHAUSTED "train.devices: 3 requested, this daemon has
   submit "$(dp_job three 3 4)"
 
 log "an uninterrupted 2-device run"
-straight=$(cli --json submit "$(dp_job straight 2 12)" | jq -r .id)
+straight=$(cli --json submit "$(dp_job straight 2 "$DP_STEPS")" | jq -r .id)
 progress=$(cli watch "$straight") || fail "$straight did not succeed: $(cli get "$straight" --json)"
 [[ "$progress" == *"(2 devices, "*" each)"* ]] || fail "watch lines: $progress"
 json=$(cli get "$straight" --json)
-[[ $(json_field "$json" .progress.step) == 12 ]] || fail "final step: $json"
+[[ $(json_field "$json" .progress.step) == "$DP_STEPS" ]] || fail "final step: $json"
 straight_events=$(cli --json watch "$straight")
-jq -se '[.[] | select(.kind == "step")] | length == 12 and
+jq -se --argjson n "$DP_STEPS" '[.[] | select(.kind == "step")] | length == $n and
         all(.devices == 2 and .device_tokens_per_s > 0 and
             (.tokens_per_s - 2 * .device_tokens_per_s | fabs) <= 1e-6 * .tokens_per_s)' \
   <<<"$straight_events" >/dev/null || fail "step events: $straight_events"
-grep -q "started on cpu,cpu:1" "$WORK/daemon.log" || fail "not started on both slots"
+grep -q "started on $DP_DEVICES" "$WORK/daemon.log" || fail "not started on both slots"
 
 log "suspended and resumed: the same losses as the uninterrupted run"
-resumed=$(cli --json submit "$(dp_job resumed 2 12)" | jq -r .id)
+resumed=$(cli --json submit "$(dp_job resumed 2 "$DP_STEPS")" | jq -r .id)
 wait_for_event "$resumed" '.kind == "step" and .step >= 3' || fail "no step of $resumed"
 # While it runs (a job's end zeroes its devices' gauges): tokens/s on both
 # slots and the job's under the first.
 metrics=$(cli metrics)
 cli suspend "$resumed" >/dev/null
-grep -qE '^megatrain_tokens_per_second\{device="cpu:1"\} [1-9]' <<<"$metrics" ||
-  fail "tokens/s of cpu:1: $(grep tokens_per_second <<<"$metrics")"
-grep -qE '^megatrain_job_tokens_per_second\{device="cpu"\} [1-9]' <<<"$metrics" ||
+grep -qE "^megatrain_tokens_per_second\\{device=\"$SECOND\"\\} [1-9]" <<<"$metrics" ||
+  fail "tokens/s of $SECOND: $(grep tokens_per_second <<<"$metrics")"
+grep -qE "^megatrain_job_tokens_per_second\\{device=\"$FIRST\"\\} [1-9]" <<<"$metrics" ||
   fail "job tokens/s: $(grep tokens_per_second <<<"$metrics")"
 wait_for_event "$resumed" '.kind == "state" and .state == "SUSPENDED"' ||
   fail "$resumed never SUSPENDED"
 json=$(cli get "$resumed" --json)
 suspended_step=$(json_field "$json" .progress.step)
 [[ -d $(json_field "$json" .resume_from) ]] || fail "no checkpoint to resume from: $json"
-(( suspended_step < 12 )) || fail "finished before the suspend took effect: $json"
+(( suspended_step < DP_STEPS )) || fail "finished before the suspend took effect: $json"
 cli resume "$resumed" >/dev/null
 cli watch "$resumed" >/dev/null || fail "$resumed did not succeed: $(cli get "$resumed" --json)"
 losses() {  # EVENTS FROM_STEP: "step loss" lines of the applied steps after FROM_STEP
@@ -94,6 +110,18 @@ after_resume=$(losses "$(cli --json watch "$resumed")" "$suspended_step")
 [[ -n "$after_resume" && "$after_resume" == "$after_straight" ]] ||
   fail "losses after step $suspended_step differ: resumed [$after_resume] straight [$after_straight]"
 log "resumed after step $suspended_step: $(wc -l <<<"$after_resume") steps identical"
+if [[ $FIRST == cuda* ]]; then  # each GPU's host-to-device bandwidth while the job ran
+  for device in "$FIRST" "$SECOND"; do
+    grep -qE "^megatrain_pcie_bandwidth_bytes_per_second\{device=\"$device\",direction=\"h2d\"\} [1-9]" <<<"$metrics" ||
+      fail "PCIe bandwidth of $device: $(grep pcie_bandwidth <<<"$metrics")"
+  done
+fi
+
+if [[ $DP_LIMITS != 1 ]]; then
+  stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
+  log "PASS (DP_LIMITS=0: the --max_devices_per_user part skipped)"
+  exit 0
+fi
 
 log "--max_devices_per_user: a negative value is a start-up error naming the flag"
 rc=0
@@ -107,7 +135,7 @@ capped=$(cli --json submit "$(dp_job capped 2 400)" | jq -r .id)
 wait_for_event "$capped" '.kind == "step" and .step >= 1' || fail "no step of $capped"
 behind=$(cli --json submit "$(dp_job behind 2 4)" | jq -r .id)
 stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
-DAEMON_DEVICE=cpu,cpu:1 start_daemon "$WORK/state" --max_devices_per_user=1
+DAEMON_DEVICE=$DP_DEVICES start_daemon "$WORK/state" --max_devices_per_user=1
 expect_cli_error RESOURCE_EXHAUSTED \
   "train.devices 2 exceeds --max_devices_per_user 1; the job can never run on this daemon" \
   submit "$(dp_job two 2 4)"
@@ -127,11 +155,11 @@ cli watch "$one" >/dev/null || fail "$one did not succeed: $(cli get "$one" --js
 stop_daemon TERM || fail "megatraind exited $? on SIGTERM"
 
 log "limit lifted: the held job resumes on both slots from its checkpoint"
-DAEMON_DEVICE=cpu,cpu:1 start_daemon "$WORK/state"
+DAEMON_DEVICE=$DP_DEVICES start_daemon "$WORK/state"
 held_from=$(json_field "$(cli get "$capped" --json)" .resume_from)
 [[ -d "$held_from" ]] || fail "$capped has no checkpoint to resume from: $(cli get "$capped" --json)"
 cli resume "$capped" >/dev/null
-wait_for_event "$capped" '.kind == "state" and .state == "RUNNING" and (.message | test("resuming on cpu,cpu:1 from"))' ||
+wait_for_event "$capped" ".kind == \"state\" and .state == \"RUNNING\" and (.message | test(\"resuming on $DP_DEVICES from\"))" ||
   fail "$capped did not resume on both slots: $(cli get "$capped" --json)"
 cli cancel "$capped" >/dev/null
 cli cancel "$behind" >/dev/null
