@@ -6,6 +6,7 @@
 #
 #   PHASES="build tests" deploy/gpu-dp-scale.sh
 #   PHASES="scale" RUNS="llama-3b:1 llama-8b:1:fp32" deploy/gpu-dp-scale.sh
+#   PHASES="build daemon-hf" deploy/gpu-dp-scale.sh
 #
 # Phases (in this order, each skipped unless named in PHASES):
 #   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of
@@ -23,6 +24,11 @@
 #             "llama-1b llama-3b"), eager and each decoder layer compiled:
 #             deploy/torch_baselines.py.
 #   daemon    deploy/gpu-dp-daemon-check.sh (a 2-GPU megatraind job).
+#   daemon-hf tests/integration/data_parallel_test.sh on cuda:0,cuda:1 with
+#             an HF model directory of the llama-1b shape (random weights,
+#             written by transformers): SUCCEEDED with per-device tokens/s
+#             and PCIe bandwidth, suspend and resume bit for bit, 3 devices
+#             refused.
 # Results: the tables on stdout; every log in $OUT/dp-scale.tgz (the device
 # tool brings back few files).
 set -uo pipefail
@@ -128,6 +134,27 @@ if has daemon; then
     > "$work/daemon.log" 2>&1
   elapsed "daemon check: exit $?"
   tail -25 "$work/daemon.log"
+fi
+if has daemon-hf && [ "$gpus" -ge 2 ]; then
+  hf=/tmp/dp-llama-1b-hf
+  python3 - "$hf" > "$work/hf-dir.log" 2>&1 <<'PY'
+import sys, torch, transformers
+c = transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+    num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+    tie_word_embeddings=False, torch_dtype="bfloat16")
+with torch.device("cuda"):
+    m = transformers.LlamaForCausalLM(c).to(torch.bfloat16)
+m.save_pretrained(sys.argv[1])
+print("hf dir:", sys.argv[1], sum(p.numel() for p in m.parameters()), "parameters")
+PY
+  elapsed "$(tail -1 "$work/hf-dir.log")"
+  DP_DEVICES=cuda:0,cuda:1 DP_MODEL="{hf_dir: $hf}" DP_TRAIN="compute_dtype: bf16" \
+    DP_STEPS=${DP_STEPS:-60} DP_CHECKPOINT="{every_steps: 1000, keep_last: 1}" DP_LIMITS=0 \
+    timeout 420 bash tests/integration/data_parallel_test.sh "$BUILD_DIR/server/megatraind" \
+    "$BUILD_DIR/client/megatrain" "$PWD" > "$work/daemon-hf.log" 2>&1
+  elapsed "daemon-hf: exit $?"
+  tail -12 "$work/daemon-hf.log"
 fi
 tar czf "$OUT/dp-scale.tgz" -C "$work" . 2>/dev/null
 elapsed "done"
