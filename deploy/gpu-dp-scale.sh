@@ -91,13 +91,27 @@ if has tests; then
 fi
 
 if has scale; then
+  # Public shapes past the presets, as HF config.json files (random
+  # weights): RUNS may name qwen2.5-14b.
+  mkdir -p /tmp/shapes/qwen2.5-14b
+  cat > /tmp/shapes/qwen2.5-14b/config.json <<'JSON'
+{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 152064,
+ "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
+ "num_attention_heads": 40, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+ "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+ "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643}
+JSON
+  # Never more than the host has (the bench refuses before allocating).
+  budget=$(awk '/MemAvailable/ {printf "%d", ($2 - 6 * 1048576) * 1024}' /proc/meminfo)
   for run in ${RUNS:-"llama-3b:1 llama-8b:1:fp32"}; do
     IFS=: read -r model accum stream <<< "$run"
     label="$model-a$accum${stream:+-$stream}"
+    [ -d "/tmp/shapes/$model" ] && model=/tmp/shapes/$model
     elapsed "scale $label"
     OUT="$work/$label" MODEL="$model" ACCUM="$accum" SKIP_BUILD=1 JOB_CHECK=0 \
       STEPS=${STEPS:-4} WARMUP=${WARMUP:-2} DEVICES="${DEVICES:-1 2 4}" \
-      bash deploy/gpu-dp-check.sh --weight_stream="${stream:-bf16}" ${BENCH_ARGS:-} 2>&1 |
+      bash deploy/gpu-dp-check.sh --weight_stream="${stream:-bf16}" \
+      --host_memory_budget="$budget" ${BENCH_ARGS:-} 2>&1 |
       grep -v '^$' | head -40
   done
 fi

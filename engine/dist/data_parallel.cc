@@ -258,6 +258,7 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
                                ranks_[r]->Step(micro_batches.subspan((first + r) * share, share)));
     return absl::OkStatus();
   }));
+  for (const StepResult& r : results) results[0].rank_stats.push_back(r.stats);
   return results[0];
 }
 

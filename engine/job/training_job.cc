@@ -798,6 +798,7 @@ StepReport TrainingJobImpl::ReportOf(const StepResult& r, double flops_per_token
   report.lr = r.lr;
   report.skipped = r.skipped;
   report.stats = r.stats;
+  report.device_stats = r.rank_stats;
   // Note [Data-parallel job]: rank 0's stats count its share of the
   // global batch; every rank's share is the same.
   report.devices = trainer_->devices();

@@ -159,6 +159,10 @@ struct StepReport {
   StepStats stats;       // phases, bytes of this step (with several
                          // devices: rank 0's, except `tokens`, the
                          // global batch's)
+  // With several devices in this process: each device's own stats (its
+  // share of the tokens, its own H2D/D2H bytes and seconds), in the order
+  // of the job's devices; empty for one device.
+  std::vector<StepStats> device_stats;
 };
 
 // Receives job progress. Called on the job's thread; must not block long.

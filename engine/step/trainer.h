@@ -322,6 +322,10 @@ struct StepResult {
   bool partial = false;  // skipped, but (clipping off) blocks updated before
                          // the non-finite one kept their update
   StepStats stats;
+  // Data parallelism (DataParallelTrainer::Step): each of this process's
+  // ranks' stats, in device order (rank_stats[0] == stats); empty for one
+  // device.
+  std::vector<StepStats> rank_stats;
 };
 
 class Trainer {

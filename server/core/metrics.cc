@@ -254,7 +254,13 @@ void ServerMetrics::RecordStep(const std::vector<std::string>& devices,
         .Increment(static_cast<double>(std::max<int64_t>(stats.nvme_written_bytes, 0)));
   }
   if (IsCpuDevice(device)) return;  // Note [Not applicable on the CPU] in metrics.h
-  RecordLinkStep(device, stats);
+  // Note [Per-device metrics]: each GPU's own copies where the engine
+  // reports them per device.
+  if (report.device_stats.size() == devices.size()) {
+    for (size_t i = 0; i < devices.size(); ++i) RecordLinkStep(devices[i], report.device_stats[i]);
+  } else {
+    RecordLinkStep(device, stats);
+  }
 }
 
 void ServerMetrics::RecordLinkStep(const std::string& device, const engine::StepStats& stats) {

@@ -97,9 +97,11 @@
 // equal), and megatrain_mfu_ratio{device} on each to the per-device MFU;
 // megatrain_job_tokens_per_second{device} under the job's first device is
 // the job's total (N times a device's). Counters (tokens, steps, phases)
-// count the job once: tokens the global batch's, phase seconds and PCIe
-// bytes rank 0's (the first device's; the engine reports no other rank's
-// stats), and the loss, eval loss, PCIe bandwidth and peak device memory
+// count the job once: tokens the global batch's, phase seconds rank 0's
+// (the first device's). The PCIe series are each device's own
+// (StepReport::device_stats): megatrain_pcie_bytes_total sums every
+// device's copies, and the bandwidth, utilization, link-estimate and peak
+// device memory series carry each device's label. The loss and eval loss
 // series are the first device's. sum(megatrain_tokens_per_second) is the
 // daemon's throughput over every device. NVML's per-device series
 // (megatrain_nvml_*, megatrain_gpu_memory_used_bytes) are sampled for

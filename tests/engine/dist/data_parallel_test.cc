@@ -124,6 +124,8 @@ TEST_P(DataParallelParityTest, TwoRanksMatchOneDeviceAccumulating) {
     ASSERT_THAT(r, IsOk());
     EXPECT_EQ(r->step, static_cast<int64_t>(s) + 1);
     EXPECT_NEAR(r->loss, single_losses[s], 1e-6 * std::abs(single_losses[s]));
+    ASSERT_EQ(r->rank_stats.size(), 2u);  // each rank's own, its share of the tokens
+    EXPECT_EQ(r->rank_stats[1].tokens, r->stats.tokens);
   }
   ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
   // One store: an AdamW applied twice per step (once per rank) would leave

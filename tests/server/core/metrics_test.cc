@@ -152,6 +152,27 @@ TEST(MetricsTest, EvalLossOfADeviceIsRemovedWhenItsJobEnds) {
   EXPECT_THAT(metrics.TextExposition(), Not(HasSubstr("megatrain_eval_loss{device=")));
 }
 
+// Note [Per-device metrics]: with each device's stats, each GPU's PCIe
+// bandwidth under its own label and the bytes of both in the total.
+TEST(MetricsTest, DataParallelStepGivesEachDeviceItsOwnPcieSeries) {
+  ServerMetrics metrics;
+  engine::StepReport report = Step(2048);
+  report.devices = 2;
+  engine::StepStats second = report.stats;
+  second.h2d_bytes = 3000;
+  second.h2d_seconds = 0.5;
+  report.device_stats = {report.stats, second};
+  metrics.RecordStep(std::vector<std::string>{"cuda:2", "cuda:3"}, report);
+  const std::string text = metrics.TextExposition();
+  EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"h2d\"} 4000"));
+  EXPECT_THAT(text, HasSubstr(
+                        "megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:2\",direction="
+                        "\"h2d\"} 4000"));
+  EXPECT_THAT(text, HasSubstr(
+                        "megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:3\",direction="
+                        "\"h2d\"} 6000"));
+}
+
 // Note [Per-device metrics]: a 2-device job's step gives each device its
 // tokens/s and MFU, the job's total under its first device, and counts the
 // global batch's tokens once.
@@ -170,7 +191,7 @@ TEST(MetricsTest, DataParallelStepGivesTokensPerSecondPerDeviceAndInTotal) {
   EXPECT_THAT(text, HasSubstr("megatrain_mfu_ratio{device=\"cuda:3\"} 0.4"));
   EXPECT_THAT(text, HasSubstr("megatrain_tokens_total 2048"));
   EXPECT_THAT(text, HasSubstr("megatrain_steps_total 1"));
-  // Rank 0's copies, under the first device only.
+  // Without per-device stats: rank 0's copies, under the first device only.
   EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"h2d\"} 1000"));
   EXPECT_THAT(text, Not(HasSubstr("megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:3\"")));
   // One device: its tokens/s is the job's.
