@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dist/peer_exchange.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
@@ -110,7 +113,7 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   local_groups_.resize(static_cast<size_t>(local));
   cross_groups_.resize(static_cast<size_t>(local));
   weight_groups_.resize(static_cast<size_t>(local));
-  return OnEveryRank([&](int r) -> absl::Status {
+  MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
     const std::string& device = dp.devices[static_cast<size_t>(r)];
     MEGATRAIN_ASSIGN_OR_RETURN(
         local_groups_[r],
@@ -129,7 +132,34 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
                                   device, dp.timeout, absl::StrCat("megatrain/cross/", r)));
     }
     return absl::OkStatus();
-  });
+  }));
+  return UsePeerCopies(dp);
+}
+
+absl::Status DataParallelTrainer::UsePeerCopies(const DataParallelOptions& dp) {
+  if (!dp.peer_copies || dp.devices.size() < 2) return absl::OkStatus();
+  std::vector<int> indices;
+  for (const std::string& device : dp.devices) {
+    int index = 0;
+    if (!absl::StartsWith(device, "cuda:") || !absl::SimpleAtoi(device.substr(5), &index)) {
+      return absl::OkStatus();  // CPU ranks (gloo): no peer copies
+    }
+    indices.push_back(index);
+  }
+  // One exchange per group: each keeps its own order of collectives.
+  absl::StatusOr<std::shared_ptr<PeerExchange>> gradients = PeerExchange::Create(indices, dp.timeout);
+  absl::StatusOr<std::shared_ptr<PeerExchange>> weights = PeerExchange::Create(indices, dp.timeout);
+  if (!gradients.ok() || !weights.ok()) {
+    std::fprintf(stderr, "megatrain: peer copies off (%s); NCCL carries the collectives\n",
+                 std::string((gradients.ok() ? weights : gradients).status().message()).c_str());
+    return absl::OkStatus();
+  }
+  for (size_t r = 0; r < dp.devices.size(); ++r) {
+    local_groups_[r]->UsePeerCopies(*gradients);
+    if (weight_groups_[r] != nullptr) weight_groups_[r]->UsePeerCopies(*weights);
+  }
+  peer_copies_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create(

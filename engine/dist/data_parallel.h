@@ -43,6 +43,11 @@ struct DataParallelOptions {
   // one another (the weights cross host memory once per step, not once
   // per rank). False: every rank loads whole blocks (for comparison).
   bool shard_weights = true;
+  // Note [Peer copies] in dist/peer_exchange.h: on CUDA, this process's
+  // ranks reduce-scatter, all-reduce and all-gather among themselves by
+  // peer copies on the copy engines, not NCCL kernels, where every pair of
+  // GPUs has peer access (else NCCL, with a line on stderr). False: NCCL.
+  bool peer_copies = true;
 
   // Note [Replica processes]: several processes (one per host, launched by
   // torchrun), each with `devices` local ranks and its own replica of the
@@ -156,6 +161,9 @@ class DataParallelTrainer {
   GradientReduction gradient_reduction() const { return reduction_; }
   Trainer& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
   const std::string& backend_name() const { return groups_[0]->backend_name(); }
+  // Whether this process's ranks exchange by peer copies (Note [Peer
+  // copies]).
+  bool peer_copies() const { return peer_copies_; }
 
  private:
   DataParallelTrainer() = default;
@@ -167,7 +175,11 @@ class DataParallelTrainer {
   // device path local_groups_ and cross_groups_).
   absl::Status JoinGroups(const DataParallelOptions& dp);
 
+  // Note [Peer copies]: the local and weight groups' exchanges, where on.
+  absl::Status UsePeerCopies(const DataParallelOptions& dp);
+
   int process_rank_ = 0, num_processes_ = 1;
+  bool peer_copies_ = false;
   GradientReduction reduction_ = GradientReduction::kHostAllReduce;
   std::unique_ptr<HostStore> shared_;  // destroyed last (declared first)
   std::unique_ptr<GradientShards> shards_;

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dist/gradient_shard.h"
+#include "engine/dist/peer_exchange.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/torch_compat.h"
 
@@ -42,6 +43,7 @@ struct RendezvousStore::Impl {
 struct CollectiveGroup::Impl {
   c10::intrusive_ptr<compat::DistBackend> backend;
   at::Device device = at::kCPU;
+  std::shared_ptr<PeerExchange> peers;  // Note [Peer copies]
 };
 
 namespace {
@@ -288,11 +290,20 @@ absl::Status CollectiveGroup::AllReduceSumOnDevice(float* data, int64_t numel, f
     MEGATRAIN_RETURN_IF_ERROR(
         Collective("scale", [&] { DeviceTensor(*impl_, data, numel).mul_(scale); }));
   }
+  if (impl_->peers != nullptr) return impl_->peers->AllReduceSum(rank_, data, numel);
   return AllReduceInPlace(*impl_, data, numel);
 }
 
+void CollectiveGroup::UsePeerCopies(std::shared_ptr<PeerExchange> exchange) {
+  impl_->peers = std::move(exchange);
+}
+bool CollectiveGroup::uses_peer_copies() const { return impl_->peers != nullptr; }
+
 absl::Status CollectiveGroup::AllGatherInPlace(void* data, int64_t shard_numel, int element_bytes) {
   if (shard_numel == 0 || world_size_ == 1) return absl::OkStatus();
+  if (impl_->peers != nullptr) {
+    return impl_->peers->AllGather(rank_, data, shard_numel, element_bytes);
+  }
   return Collective("allgather", [&] {
     const auto options = at::TensorOptions()
                              .dtype(element_bytes == 2 ? at::kBFloat16 : at::kFloat)
@@ -321,6 +332,7 @@ absl::Status CollectiveGroup::ReduceScatterSum(float* data, int64_t numel, float
     MEGATRAIN_RETURN_IF_ERROR(
         Collective("scale", [&] { DeviceTensor(*impl_, data, numel).mul_(scale); }));
   }
+  if (impl_->peers != nullptr) return impl_->peers->ReduceScatterSum(rank_, data, numel);
   if (!has_reduce_scatter()) return AllReduceInPlace(*impl_, data, numel);
   return Collective("reduce_scatter", [&] {
     const int64_t s = PaddedShardNumel(numel, world_size_);

@@ -19,6 +19,8 @@
 
 namespace megatrain::engine {
 
+class PeerExchange;
+
 // torchrun's rendezvous variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
 // RANK, LOCAL_RANK).
 //
@@ -143,6 +145,13 @@ class CollectiveGroup {
   // ReduceScatterSum) over the ranks, in place, on the current stream,
   // after multiplying it by `scale` (on the device; skipped at 1).
   absl::Status AllReduceSumOnDevice(float* data, int64_t numel, float scale = 1.0f);
+
+  // Note [Peer copies] in peer_exchange.h: from now on ReduceScatterSum,
+  // AllGatherInPlace and AllReduceSumOnDevice run as peer copies through
+  // `exchange` (whose rank rank() is this group's) rather than NCCL. For
+  // the groups of one process's ranks only; call before any collective.
+  void UsePeerCopies(std::shared_ptr<PeerExchange> exchange);
+  bool uses_peer_copies() const;
 
   struct Impl;
 

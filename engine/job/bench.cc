@@ -505,6 +505,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
   MEGATRAIN_RETURN_IF_ERROR(JoinBenchProcesses(o, &dpo));
   dpo.devices = DataParallelDevices(BenchBaseDevice(o), o.devices);
   dpo.shard_weights = o.shard_weights;
+  dpo.peer_copies = o.peer_copies;
   topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices * dpo.num_processes;
   return DataParallelTrainer::Create(config, topt, o.seed, dpo);
 }
@@ -567,6 +568,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   if (dp != nullptr) {
     j["gradient_reduction"] = GradientReductionName(dp->gradient_reduction());
     j["shard_weights"] = o.shard_weights;
+    j["peer_copies"] = dp->peer_copies();
   }
   AddTimingJson(run, link, &j);
   j["tokens_per_s"] = tokens / step_median;

@@ -47,6 +47,9 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--shard_weights", o.shard_weights,
                  "data parallel: each device loads 1/N of a streamed block and gathers the rest "
                  "over the peer links (default true)");
+  app.add_option("--peer_copies", o.peer_copies,
+                 "data parallel on CUDA: collectives as copy-engine peer copies (default true; "
+                 "false: NCCL kernels)");
   app.add_option("--host_memory_budget", o.host_memory_budget,
                  "bytes of host memory the run may hold: a larger footprint is refused before "
                  "anything is allocated (0: not checked)")
