@@ -46,8 +46,10 @@ struct DataParallelOptions {
   // Note [Peer copies] in dist/peer_exchange.h: on CUDA, this process's
   // ranks reduce-scatter, all-reduce and all-gather among themselves by
   // peer copies on the copy engines, not NCCL kernels, where every pair of
-  // GPUs has peer access (else NCCL, with a line on stderr). False: NCCL.
-  bool peer_copies = true;
+  // GPUs has peer access (else NCCL, with a line on stderr). Off by
+  // default: its first GPU run did not finish within the device call
+  // (cause not found; docs/distributed.md "What is not built").
+  bool peer_copies = false;
 
   // Note [Replica processes]: several processes (one per host, launched by
   // torchrun), each with `devices` local ranks and its own replica of the

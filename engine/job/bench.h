@@ -37,8 +37,8 @@ struct BenchOptions {
   // devices, each loads 1/N of a streamed block and gathers the rest.
   bool shard_weights = true;
   // Note [Peer copies] in dist/peer_exchange.h: the devices' collectives
-  // as copy-engine peer copies (false: NCCL kernels).
-  bool peer_copies = true;
+  // as copy-engine peer copies (false, the default: NCCL kernels).
+  bool peer_copies = false;
   // Bytes of host memory the run may hold; a larger footprint is refused
   // (RESOURCE_EXHAUSTED) before anything is allocated. 0: not checked.
   int64_t host_memory_budget = 0;

@@ -48,8 +48,8 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "data parallel: each device loads 1/N of a streamed block and gathers the rest "
                  "over the peer links (default true)");
   app.add_option("--peer_copies", o.peer_copies,
-                 "data parallel on CUDA: collectives as copy-engine peer copies (default true; "
-                 "false: NCCL kernels)");
+                 "data parallel on CUDA: collectives as copy-engine peer copies (default false: "
+                 "NCCL kernels; not yet validated on a GPU)");
   app.add_option("--host_memory_budget", o.host_memory_budget,
                  "bytes of host memory the run may hold: a larger footprint is refused before "
                  "anything is allocated (0: not checked)")
