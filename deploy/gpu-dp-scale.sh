@@ -30,7 +30,9 @@
 #             and PCIe bandwidth, suspend and resume bit for bit, 3 devices
 #             refused.
 # Results: the tables on stdout; every log in $OUT/dp-scale.tgz (the device
-# tool brings back few files).
+# tool brings back few files). Give the device tool this script's output
+# as it is (it keeps the last 12,000 characters): piped through `tail`, a
+# call that reaches its time limit brings back nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
