@@ -147,7 +147,8 @@ absl::Status DataParallelTrainer::UsePeerCopies(const DataParallelOptions& dp) {
     indices.push_back(index);
   }
   // One exchange per group: each keeps its own order of collectives.
-  absl::StatusOr<std::shared_ptr<PeerExchange>> gradients = PeerExchange::Create(indices, dp.timeout);
+  absl::StatusOr<std::shared_ptr<PeerExchange>> gradients =
+      PeerExchange::Create(indices, dp.timeout);
   absl::StatusOr<std::shared_ptr<PeerExchange>> weights = PeerExchange::Create(indices, dp.timeout);
   if (!gradients.ok() || !weights.ok()) {
     std::fprintf(stderr, "megatrain: peer copies off (%s); NCCL carries the collectives\n",

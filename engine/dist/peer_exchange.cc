@@ -103,8 +103,10 @@ struct PeerExchange::Impl {
   absl::Status AddPeers(int rank, const std::vector<Post>& posts_now, float* data,
                         ShardRange shard) {
     if (shard.size() == 0) return absl::OkStatus();
-    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(
-        at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(devices[rank])));
+    const auto fp32 =
+        at::TensorOptions()
+            .dtype(at::kFloat)
+            .device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(devices[rank])));
     if (!receive[rank].defined()) receive[rank] = at::empty({kChunkElements}, fp32);
     for (int64_t first = shard.begin; first < shard.end; first += kChunkElements) {
       const int64_t count = std::min(kChunkElements, shard.end - first);
@@ -123,14 +125,16 @@ struct PeerExchange::Impl {
 
 absl::StatusOr<std::shared_ptr<PeerExchange>> PeerExchange::Create(
     const std::vector<int>& devices, std::chrono::milliseconds timeout) {
-  if (devices.size() < 2 || std::set<int>(devices.begin(), devices.end()).size() != devices.size()) {
+  if (devices.size() < 2 ||
+      std::set<int>(devices.begin(), devices.end()).size() != devices.size()) {
     return absl::InvalidArgumentError("peer copies: needs 2 or more distinct devices");
   }
   for (const int a : devices) {
     for (const int b : devices) {
       if (a == b) continue;
       int can = 0;
-      MEGATRAIN_RETURN_IF_ERROR(CudaStatus(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer"));
+      MEGATRAIN_RETURN_IF_ERROR(
+          CudaStatus(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer"));
       if (can == 0) {
         return absl::UnavailableError(
             absl::StrCat("peer copies: cuda:", a, " cannot access cuda:", b, "'s memory"));

@@ -225,19 +225,7 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   int64_t begin = 0, end = numel;
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
   if (task.direct && task.final && env_->reduce_on_device) {
-    // The collective and the shard's norm on kD2H, after the backward that
-    // made the gradient, so that the compute stream goes on with the next
-    // layer meanwhile (the copy below follows them on kD2H).
-    runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
-    runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
-    auto scope = runtime->Use(StreamKind::kD2H);
-    const int token = env_->timer.Begin(StreamKind::kD2H);
-    if (!env_->reduce_on_device(block, const_cast<float*>(device_src), numel, &begin, &end)) {
-      begin = 0, end = numel;
-    }
-    at::Tensor flat = at::from_blob(const_cast<float*>(device_src) + begin, {end - begin}, fp32);
-    task.keep_alive_norm = compat::VectorNormFp64(flat);
-    env_->timer.End(StreamKind::kD2H, token);
+    ReduceOnDevice(slot, device_src, &task, &begin, &end);
   } else {
     if (task.direct) {
       // The block's gradient so far is this one: its norm, on the device
@@ -283,6 +271,26 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
   task.keep_alive = std::move(keep_alive);
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
+}
+
+void GradLander::ReduceOnDevice(int slot, const float* device_src, Task* task, int64_t* begin,
+                                int64_t* end) {
+  // The collective and the shard's norm on kD2H, after the backward that
+  // made the gradient, so that the compute stream goes on with the next
+  // layer meanwhile (the D2H copy follows them on kD2H).
+  DeviceRuntime* runtime = env_->runtime;
+  runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
+  runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
+  auto scope = runtime->Use(StreamKind::kD2H);
+  const int token = env_->timer.Begin(StreamKind::kD2H);
+  float* grad = const_cast<float*>(device_src);
+  if (!env_->reduce_on_device(task->block, grad, task->numel, begin, end)) {
+    *begin = 0, *end = task->numel;
+  }
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
+  at::Tensor flat = at::from_blob(grad + *begin, {*end - *begin}, fp32);
+  task->keep_alive_norm = compat::VectorNormFp64(flat);
+  env_->timer.End(StreamKind::kD2H, token);
 }
 
 void GradLander::CheckShardOnly(const Task& task, int64_t begin, int64_t end) const {

@@ -286,6 +286,10 @@ class GradLander {
   explicit GradLander(StepEnv* env) : env_(env) {}
   // Enqueues the D2H copy of `numel` fp32 at `device_src` (in slot `slot`,
   // whose device work is enqueued) and queues its host task.
+  // Reduces `task`'s whole device gradient over the ranks on kD2H (Note
+  // [Device reduce-scatter] in gradient_reducer.h) and takes the norm of
+  // the range this rank lands, [*begin, *end).
+  void ReduceOnDevice(int slot, const float* device_src, Task* task, int64_t* begin, int64_t* end);
   // Throws std::runtime_error where `task` would write into another
   // rank's part of a shared gradient (Note [Shard-only landing]): only the
   // shard [begin, end) of a whole gradient reduced on the device may land.

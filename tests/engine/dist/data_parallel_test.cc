@@ -480,7 +480,8 @@ TEST(DataParallelTest, SeveralMicroBatchesPerRankLandShardsSummedOnTheDevice) {
   const int64_t emb = shared.layout().embedding_block();
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE((*t)->rank(r).device_grad_accumulation()) << "rank " << r;
-    EXPECT_EQ((*t)->rank(r).store().bytes().grad, (shared.block_numel(emb) + 1023) / 1024 * 1024 * 4)
+    EXPECT_EQ((*t)->rank(r).store().bytes().grad,
+              (shared.block_numel(emb) + 1023) / 1024 * 1024 * 4)
         << "rank " << r;
   }
   const auto steps = Steps(config, 2);

@@ -165,11 +165,11 @@ TEST(MetricsTest, DataParallelStepGivesEachDeviceItsOwnPcieSeries) {
   metrics.RecordStep(std::vector<std::string>{"cuda:2", "cuda:3"}, report);
   const std::string text = metrics.TextExposition();
   EXPECT_THAT(text, HasSubstr("megatrain_pcie_bytes_total{direction=\"h2d\"} 4000"));
-  EXPECT_THAT(text, HasSubstr(
-                        "megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:2\",direction="
+  EXPECT_THAT(text,
+              HasSubstr("megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:2\",direction="
                         "\"h2d\"} 4000"));
-  EXPECT_THAT(text, HasSubstr(
-                        "megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:3\",direction="
+  EXPECT_THAT(text,
+              HasSubstr("megatrain_pcie_bandwidth_bytes_per_second{device=\"cuda:3\",direction="
                         "\"h2d\"} 6000"));
 }
 
