@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/dist/process_group.h"
-#include "engine/io/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -478,7 +478,8 @@ TEST(DataParallelTest, SeveralMicroBatchesPerRankLandShardsSummedOnTheDevice) {
   const int64_t emb = shared.layout().embedding_block();
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE((*t)->rank(r).device_grad_accumulation()) << "rank " << r;
-    EXPECT_EQ((*t)->rank(r).store().bytes().grad, (shared.block_numel(emb) + 1023) / 1024 * 1024 * 4)
+    EXPECT_EQ((*t)->rank(r).store().bytes().grad,
+              (shared.block_numel(emb) + 1023) / 1024 * 1024 * 4)
         << "rank " << r;
   }
   const auto steps = Steps(config, 2);

@@ -33,7 +33,7 @@
 
 #include "engine/dist/data_parallel.h"
 #include "engine/dist/process_group.h"
-#include "engine/io/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"

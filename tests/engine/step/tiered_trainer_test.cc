@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/io/mapped_file.h"
+#include "engine/fs/mapped_file.h"
 #include "engine/optim/tiered_adamw.h"
 #include "engine/step/trainer.h"
 #include "gmock/gmock.h"
