@@ -4,7 +4,7 @@
 # JSON's tier bytes (moments read and written), and
 # nothing left in the directory (the tier's subdirectory is removed with
 # RemoveTree; std::filesystem::remove_all crashed it on CUDA builds, Note
-# [No std::filesystem::remove_all] in engine/io/mapped_file.h).
+# [No std::filesystem::remove_all] in engine/fs/mapped_file.h).
 #   cmake -DBENCH=path -DDIR=scratch-dir -P CheckBenchNvmeTeardown.cmake
 file(REMOVE_RECURSE "${DIR}")
 file(MAKE_DIRECTORY "${DIR}")

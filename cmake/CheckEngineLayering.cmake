@@ -3,10 +3,11 @@
 #    server/, client/ or proto/ (the engine must not depend on the server
 #    side), or
 #  - includes a header from a folder above its own. The folders, lowest
-#    first: runtime, model, spec, store, io, optim, step, dist, job, tools. A file may
-#    include its own folder and any folder before it (docs/architecture.md).
+#    first: runtime, fs, model, spec, store, formats, tokenizer, data,
+#    checkpoint, optim, step, dist, job, tools. A file may include its own
+#    folder and any folder before it (docs/architecture.md).
 cmake_minimum_required(VERSION 3.22)
-set(_order runtime model spec store io optim step dist job tools)
+set(_order runtime fs model spec store formats tokenizer data checkpoint optim step dist job tools)
 file(GLOB_RECURSE _files "${ENGINE_DIR}/*.h" "${ENGINE_DIR}/*.cc")
 set(_bad "")
 foreach(_f IN LISTS _files)

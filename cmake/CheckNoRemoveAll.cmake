@@ -2,7 +2,7 @@
 # under one of DIRS (a ;-list) calls remove_all (std::filesystem's or an
 # alias's) outside a comment line: pip's libtorch.so interposes its own
 # copy, which jumps to address 0 in any process that loads it (Note [No
-# std::filesystem::remove_all] in engine/io/mapped_file.h; it crashed
+# std::filesystem::remove_all] in engine/fs/mapped_file.h; it crashed
 # checkpoint retention, then megatrain-bench --nvme_tier's teardown, on
 # CUDA only). Use RemoveTree or DirFd::RemoveTreeAt instead.
 cmake_minimum_required(VERSION 3.22)
@@ -22,7 +22,7 @@ foreach(_dir IN LISTS DIRS)
 endforeach()
 if(_bad)
   string(REPLACE ";" "\n" _bad "${_bad}")
-  message(FATAL_ERROR "remove_all called (use RemoveTree, engine/io/mapped_file.h):\n${_bad}")
+  message(FATAL_ERROR "remove_all called (use RemoveTree, engine/fs/mapped_file.h):\n${_bad}")
 endif()
 if(_n EQUAL 0)
   message(FATAL_ERROR "no sources found under ${DIRS}")

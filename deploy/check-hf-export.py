@@ -12,7 +12,7 @@ arithmetic (soft-capped Gemma 2 needs it).
 
 With --source SRC (the HF directory the model was trained or loaded from),
 it also checks that the export is a model directory people can use (Note
-[Export copies] in engine/io/hf_export.h): config.json has every key of
+[Export copies] in engine/formats/hf_export.h): config.json has every key of
 SRC's with the same value (the dtype aside), the tokenizer and generation
 files SRC has are there byte for byte, and AutoTokenizer loads the export
 and encodes and applies the chat template as it does from SRC. Without

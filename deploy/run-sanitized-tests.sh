@@ -14,7 +14,8 @@
 # <repo>/build-asan-engine).
 #
 # Second phase (ENGINE_SANITIZE=on): the engine's unit tests of our own
-# memory handling (engine/io, store, optim, runtime, dist and the step
+# memory handling (engine/fs, formats, data, checkpoint, store, optim,
+# runtime, dist and the step
 # suites that drive the executor's buffers; the list below) in a gcc build
 # with LibTorch, our code instrumented; "all": every engine suite of label
 # cpu (CMake target megatrain_tests_cpu). LibTorch is not instrumented.
@@ -61,7 +62,7 @@ echo "run-sanitized-tests: server unit tests passed under ASan + UBSan (${BUILD_
 # LibTorch 1.13's headers (std::vector<c10::IValue> instantiated while
 # c10::IValue is incomplete); gcc 12 is the project's compiler and has the
 # same two sanitizers. -O0: half the compile time of -O1 (21.8 s against
-# 42.1 s of CPU for engine/io/checkpoint.cc), and the phase's cost is its
+# 42.1 s of CPU for engine/checkpoint/checkpoint.cc), and the phase's cost is its
 # build; LibTorch's own arithmetic, not instrumented, runs at full speed
 # either way.
 ENGINE_SANITIZE="${ENGINE_SANITIZE:-on}"
@@ -75,8 +76,8 @@ case "${ENGINE_SANITIZE}" in
 esac
 ENGINE_BUILD_DIR="${ENGINE_BUILD_DIR:-${REPO}/build-asan-engine}"
 # The suites of our own memory handling (docs/testing.md, "Engine tests
-# under the sanitizers", has the rule and what is left out): engine/io,
-# engine/store, engine/optim, engine/runtime, engine/dist, and the step
+# under the sanitizers", has the rule and what is left out): engine/fs,
+# engine/formats, engine/data, engine/checkpoint, engine/store, engine/optim, engine/runtime, engine/dist, and the step
 # suites that drive the executor's buffers (weight slots, gradient landing
 # and rings, activation offload, the NVMe tier). ENGINE_SANITIZE=all builds
 # and runs every CPU suite of the engine (target megatrain_tests_cpu).

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {

@@ -23,7 +23,7 @@
 #include "engine/dist/collective_reducer.h"
 #include "engine/dist/gradient_shard.h"
 #include "engine/dist/process_group.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/step/trainer.h"
 
 namespace megatrain::engine {

@@ -19,8 +19,8 @@
 #include "absl/strings/str_format.h"
 #include "engine/runtime/device_info.h"
 #include "engine/runtime/kernel_trace.h"
-#include "engine/io/hf_model.h"
-#include "engine/io/mapped_file.h"
+#include "engine/formats/hf_model.h"
+#include "engine/fs/mapped_file.h"
 #include "engine/job/training_job.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
@@ -133,7 +133,7 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
 // --nvme_tier moments: a fresh directory under --nvme_dir for the moment
 // files, removed (with them) by the destructor through RemoveTree (nftw),
 // never std::filesystem::remove_all (Note [No std::filesystem::remove_all]
-// in io/mapped_file.h: with pip's libtorch.so it jumped to address 0 after
+// in fs/mapped_file.h: with pip's libtorch.so it jumped to address 0 after
 // the last step of every tiered run on CUDA); null for --nvme_tier off.
 // Destroy after the trainer, which holds the files open.
 class BenchTierDir {

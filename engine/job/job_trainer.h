@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/dist/data_parallel.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/step/trainer.h"
 
 namespace megatrain::engine {

@@ -21,18 +21,18 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/io/checkpoint.h"
-#include "engine/io/data_loader.h"
-#include "engine/io/dir_fd.h"
-#include "engine/io/mapped_file.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/data/data_loader.h"
+#include "engine/fs/dir_fd.h"
+#include "engine/fs/mapped_file.h"
 #include "engine/step/executor.h"
 #include "engine/step/schedule_choice.h"
-#include "engine/io/hf_model.h"
+#include "engine/formats/hf_model.h"
 #include "engine/model/moe_layout.h"
 #include "engine/store/host_store.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/runtime/status_macros.h"
-#include "engine/io/text_corpus.h"
+#include "engine/data/text_corpus.h"
 #include "engine/job/job_trainer.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
@@ -136,7 +136,7 @@ bool UsesNvmeTier(const JobSpec& spec) {
 // The job's subdirectory of the daemon's NVMe directory, holding its
 // moment files (Note [Tiered trainer] in step/trainer.h): created through
 // a descriptor of that directory (Note [Directory descriptors] in
-// io/dir_fd.h), emptied first (a crashed run's files are never reused: a
+// fs/dir_fd.h), emptied first (a crashed run's files are never reused: a
 // resume reads the moments from its checkpoint), removed with everything
 // in it when the job object goes away (finished, failed, cancelled,
 // suspended). Not thread-safe; move-only through unique_ptr.

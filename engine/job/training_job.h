@@ -5,7 +5,7 @@
 //
 // The job spec itself (JobSpec, ValidateJobSpec, MaxSteps, its JSON) is the
 // job-spec library, engine/spec/ (included here); checkpoints' listing,
-// verification and export are engine/io/checkpoint_info.h.
+// verification and export are engine/checkpoint/checkpoint_info.h.
 #ifndef MEGATRAIN_ENGINE_TRAINING_JOB_H_
 #define MEGATRAIN_ENGINE_TRAINING_JOB_H_
 
@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "engine/io/checkpoint_info.h"
+#include "engine/checkpoint/checkpoint_info.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/stats.h"
 #include "engine/spec/job_spec.h"

@@ -5,9 +5,11 @@
 // A MoE decoder layer is one block of the host store and of the executor,
 // like a dense layer (param_layout.h: aligned offsets, HF names, PyTorch
 // shapes); its experts are two fused 3-D tensors (ExpertLayout in
-// moe_config.h). ModelLayout::Create builds these blocks for a config with
-// `moe` set, so the store, checkpoints, admission and the executor see one
-// layout.
+// moe_config.h). param_layout.cc builds every block, dense and MoE
+// (DecoderLayerBlock, ModelLayout::Create for a config with `moe` set), so
+// the store, checkpoints, admission and the executor see one layout; the
+// functions here are views of it for a MoeModelConfig. This file depends on
+// param_layout, never the reverse.
 //
 // Thread-safety: stateless functions; safe to call concurrently.
 #ifndef MEGATRAIN_ENGINE_MODEL_MOE_LAYOUT_H_
@@ -31,12 +33,14 @@ namespace megatrain::engine {
 // biases `..._bias`), and qwen2_moe's shared expert
 // (`mlp.shared_expert.{gate,up,down}_proj.weight`,
 // `mlp.shared_expert_gate.weight` [1, C]). Offsets are aligned as
-// ModelLayout's (kParamAlignElements).
+// ModelLayout's (kParamAlignElements). DecoderLayerBlock of
+// ModelConfigOf(config).
 BlockLayout MoeDecoderLayerBlock(const MoeModelConfig& config, int64_t layer_idx);
 
 // The model's streaming blocks for the host store and the executor:
 // embedding and head blocks as ModelLayout::Create(config.base) makes them,
-// decoder layers as MoeDecoderLayerBlock (mixed shapes for qwen2/3_moe).
+// decoder layers as MoeDecoderLayerBlock (mixed shapes for qwen2/3_moe):
+// ModelLayout::Create(ModelConfigOf(config)).
 ModelLayout MoeModelLayout(const MoeModelConfig& config);
 
 // Every parameter of the model in HF order (embedding, layers, final norm,

@@ -78,6 +78,13 @@ struct ModelLayout {
   bool FindHfName(absl::string_view hf_name, int64_t* block_idx, const ParamSpec** param) const;
 };
 
+// The block of decoder layer `layer_idx` (0 <= layer_idx <
+// config.num_hidden_layers) of any family (kind kDecoderLayer): norms and
+// attention, then the MLP: the gated dense MLP, or, on a MoE layer of a
+// config with `moe` set, the router and fused experts (moe_layout.h lists
+// them). ModelLayout::Create's decoder layers are these. Thread-safe.
+BlockLayout DecoderLayerBlock(const ModelConfig& config, int64_t layer_idx);
+
 }  // namespace megatrain::engine
 
 #endif  // MEGATRAIN_ENGINE_PARAM_LAYOUT_H_

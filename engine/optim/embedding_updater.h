@@ -27,7 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/optim/adamw.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/store/host_store.h"
 #include "engine/optim/optimizer_queue.h"
 #include "engine/runtime/thread_pool.h"

@@ -1,7 +1,7 @@
 // Whether the documents packed into one sequence see each other: the job
 // field `data.packing.document_attention` (docs/job-spec.md, "Packing";
 // Note [Document attention] in engine/model/layers.h). Shared by the job
-// spec, which carries it, and the data loader (engine/io/data_loader.h),
+// spec, which carries it, and the data loader (engine/data/data_loader.h),
 // which applies it; torch-free, header-only.
 #ifndef MEGATRAIN_ENGINE_SPEC_DOCUMENT_ATTENTION_H_
 #define MEGATRAIN_ENGINE_SPEC_DOCUMENT_ATTENTION_H_

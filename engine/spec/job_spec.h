@@ -2,7 +2,7 @@
 // shape, optimizer, evaluation, checkpoints), its validation and its step
 // count. One library without LibTorch (CMake target megatrain_spec), used by
 // the engine's job runner (engine/job/training_job.h), checkpoints
-// (engine/io/checkpoint.h: retention) and the server (which stores,
+// (engine/checkpoint/checkpoint.h: retention) and the server (which stores,
 // converts and admits specs without linking the engine).
 //
 // Field names follow the job file (examples/jobs/tiny.yaml), the proto

@@ -127,7 +127,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/optim/adamw.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/store/host_store.h"
 #include "engine/model/precision.h"

@@ -55,7 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 
 namespace megatrain::engine {
 

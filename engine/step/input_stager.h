@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/step/step_env.h"

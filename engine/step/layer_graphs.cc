@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "engine/step/schedule_choice.h"
+#include "engine/step/working_bytes.h"
 
 namespace megatrain::engine {
 

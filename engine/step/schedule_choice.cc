@@ -47,37 +47,6 @@ int64_t ScheduleChoice::planned_device_bytes() const {
          (activation_device_bytes - (offload_activations ? 2 * layer_input_bytes : 0));
 }
 
-int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes) {
-  return 12 * tokens * std::max(config.hidden_size, config.intermediate_size) * compute_bytes;
-}
-
-// Note [Loss working bytes]
-// HeadForwardBackward / HeadLoss (engine/model/layers.h) never form the
-// [B*T, V] logits: they take `chunk` rows at a time (Executor: chunk_tokens_,
-// from ExecutorOptions::loss_chunk_tokens or kLossChunkLogitBytes / (4 V)).
-// One chunk holds its logits in the compute dtype and in fp32, the fp32
-// log-softmax and the fp32 gradient of the logits: rows x V x (esize + 12).
-// A micro-batch smaller than a chunk (small vocabularies: the tiny preset's
-// 512 gives 524,288 rows) holds all its B*T rows at once, so the bytes grow
-// with micro_batch x seq_len until the chunk caps them.
-int64_t LossWorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t tokens,
-                         int64_t loss_chunk_tokens) {
-  const int64_t esize = compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
-  const int64_t vocab = std::max<int64_t>(1, config.vocab_size);
-  const int64_t chunk = loss_chunk_tokens > 0
-                            ? loss_chunk_tokens
-                            : std::max<int64_t>(64, kLossChunkLogitBytes / (4 * vocab));
-  return std::min(std::max<int64_t>(tokens, 0), chunk) * vocab * (esize + 3 * 4);
-}
-
-int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
-                     int64_t seq_len) {
-  const int64_t esize = compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
-  const int64_t tokens = micro_batch * seq_len;
-  return LayerActivationBytes(config, tokens, esize) + config.LayerParamCount() * (4 + esize) +
-         4 * kLossChunkLogitBytes;
-}
-
 namespace {
 
 absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& request) {

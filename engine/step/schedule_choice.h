@@ -90,6 +90,7 @@
 #include "engine/model/precision.h"
 #include "engine/spec/step_schedule.h"  // ActivationPlacement, ParseStepSchedule, ...
 #include "engine/step/step_plan.h"
+#include "engine/step/working_bytes.h"  // WorkingBytes, LossWorkingBytes
 
 namespace megatrain::engine {
 
@@ -178,32 +179,6 @@ struct ScheduleChoice {
   // "resident: 4 layers (resident_layers) ...".
   std::string Describe() const;
 };
-
-// Activations of one decoder layer's recompute and backward at `tokens` (B x
-// T) tokens, in bytes: 12 [B, T, max(C, F)] tensors of `compute_bytes`
-// (2 or 4) per element (activation checkpointing's per-layer autograd graph
-// and its gradients). Pure.
-int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes);
-
-// One layer's recompute and backward and the loss chunks, in bytes (Note
-// [Auto resident layers]): 12 [B, T, max(C, F)] compute-dtype tensors
-// (activation checkpointing's per-layer autograd graph and its
-// gradients), the largest decoder layer's parameter gradients in fp32 and
-// the compute dtype, and 4 GiB for a loss chunk (kLossChunkLogitBytes of
-// fp32 logits in engine/model/layers.h, their compute-dtype copy, the
-// log-softmax and the gradient).
-int64_t WorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t micro_batch,
-                     int64_t seq_len);
-
-// Bytes of one micro-batch's head and loss at a time (Note [Loss working
-// bytes] in the .cc): the logits of one loss chunk ([rows, V]; rows =
-// `loss_chunk_tokens`, or the executor's auto kLossChunkLogitBytes / (4 V),
-// at least 64, never more than the micro-batch's B * T tokens) in the
-// compute dtype and in fp32, their fp32 log-softmax and fp32 gradient. They
-// live where the step runs: device memory on a GPU, host memory on the CPU.
-// Pure.
-int64_t LossWorkingBytes(const ModelConfig& config, ComputeDtype compute_dtype, int64_t tokens,
-                         int64_t loss_chunk_tokens = 0);
 
 // Checks `request` (INVALID_ARGUMENT naming the option: `wave` must be in
 // kWaveRange, [0, 4096] (engine/spec/job_spec.h), and 0 or 1 with

@@ -144,7 +144,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/optim/adamw.h"
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/store/host_store.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/model/model_config.h"

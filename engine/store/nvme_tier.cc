@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "engine/fs/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
@@ -23,25 +24,6 @@ constexpr int64_t kAlignElements = 1024;
 constexpr int64_t kAlignBytes = kAlignElements * 4;
 
 int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
-
-// The status for errno `err` of `what` on `path`.
-absl::Status FileError(int err, const std::string& path, absl::string_view what) {
-  const std::string message = absl::StrCat(path, ": ", what, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 }  // namespace
 
@@ -84,7 +66,7 @@ class PassIo {
     op = Op{write, offset_bytes, bytes, true};
     ++pending_;
     const int submitted = io_uring_submit(ring_);
-    if (submitted < 0) return FileError(-submitted, paths_[k], "io_uring_submit");
+    if (submitted < 0) return FileErrnoStatus(-submitted, paths_[k], "io_uring_submit");
     return absl::OkStatus();
   }
 
@@ -128,9 +110,10 @@ class PassIo {
     --pending_;
     const std::string& path = paths_[index % 2];
     if (res < 0) {
-      return op.write ? FileError(-res, path, absl::StrCat("write at offset ", op.offset_bytes))
-                      : absl::DataLossError(absl::StrCat(path, ": read at offset ", op.offset_bytes,
-                                                         ": ", std::strerror(-res)));
+      return op.write
+                 ? FileErrnoStatus(-res, path, absl::StrCat("write at offset ", op.offset_bytes))
+                 : absl::DataLossError(absl::StrCat(path, ": read at offset ", op.offset_bytes,
+                                                    ": ", std::strerror(-res)));
     }
     (op.write ? written_total_ : read_total_)->fetch_add(res);
     if (res != op.bytes) {
@@ -181,8 +164,8 @@ absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> NvmeMomentFiles::Create(
       files->direct_ = false;
       f.fd = ::open(open_path.c_str(), flags, 0600);
     }
-    if (f.fd < 0) return FileError(errno, f.path, "open");
-    if (::ftruncate(f.fd, numel * 4) != 0) return FileError(errno, f.path, "ftruncate");
+    if (f.fd < 0) return FileErrnoStatus(errno, f.path, "open");
+    if (::ftruncate(f.fd, numel * 4) != 0) return FileErrnoStatus(errno, f.path, "ftruncate");
   }
   if (!files->direct_) {
     // The first file may have been opened with O_DIRECT before the second
@@ -221,7 +204,7 @@ absl::Status NvmeMomentFiles::SyncIo(bool write, MomentKind kind, int64_t offset
                             : ::pread(f.fd, p, bytes - done, offset + done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return write ? FileError(errno, f.path, absl::StrCat("write at offset ", offset + done))
+      return write ? FileErrnoStatus(errno, f.path, absl::StrCat("write at offset ", offset + done))
                    : absl::DataLossError(absl::StrCat(f.path, ": read at offset ", offset + done,
                                                       ": ", std::strerror(errno)));
     }

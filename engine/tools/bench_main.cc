@@ -8,7 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "engine/job/bench.h"
 #include "engine/runtime/host_buffer.h"
-#include "engine/optim/optimizer_bench.h"
+#include "engine/tools/optimizer_bench.h"
 #include "engine/runtime/torch_compat.h"
 #include "nlohmann/json.hpp"
 

@@ -12,9 +12,9 @@
 #include <fstream>
 
 #include "CLI/CLI.hpp"
-#include "engine/io/hf_export.h"
-#include "engine/io/hf_model.h"
-#include "engine/io/token_shard.h"
+#include "engine/formats/hf_export.h"
+#include "engine/formats/hf_model.h"
+#include "engine/data/token_shard.h"
 #include "engine/step/trainer.h"
 #include "engine/runtime/torch_compat.h"
 #include "nlohmann/json.hpp"
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   }
   if (!export_dir.empty()) {
     // As `megatrain export` does: the model directory's config keys and
-    // tokenizer files kept (Note [Export copies] in engine/io/hf_export.h).
+    // tokenizer files kept (Note [Export copies] in engine/formats/hf_export.h).
     engine::HfExportOptions export_options;
     export_options.dtype = engine::ExportDtype::kFp32;
     if (std::filesystem::is_directory(model)) {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "engine/io/text_corpus.h"
+#include "engine/data/text_corpus.h"
 #include "nlohmann/json.hpp"
 
 namespace {

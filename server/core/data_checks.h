@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "engine/io/input_checks.h"
+#include "engine/data/input_checks.h"
 #include "engine/spec/job_spec.h"
 #include "server/core/engine_backend.h"
 
@@ -21,7 +21,7 @@ namespace megatrain::server {
 // model's vocab_size (`model_vocab_size`, 0: unknown). Pure.
 engine::DataInputsToCheck DataInputsOf(const engine::JobSpec& spec, int64_t model_vocab_size);
 
-// Note [Data checks at submit] (engine/io/input_checks.h), through
+// Note [Data checks at submit] (engine/data/input_checks.h), through
 // `backend`: INVALID_ARGUMENT listing every problem of the job's data, each
 // starting with its field (data.text, data.tokenizer, model.hf_dir,
 // data.tokens, data.eval_tokens). Reads files (a whole tokenizer.json):

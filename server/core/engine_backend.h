@@ -19,8 +19,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/io/hf_export.h"
-#include "engine/io/input_checks.h"
+#include "engine/formats/hf_export.h"
+#include "engine/data/input_checks.h"
 #include "engine/job/plan.h"
 #include "engine/job/training_job.h"
 
@@ -92,7 +92,7 @@ class EngineBackend {
     return std::vector<engine::TokenShardHeaderFacts>{};
   }
   // engine::CheckDataInputs (Note [Data checks at submit] in
-  // engine/io/input_checks.h). The default, for fakes: OK.
+  // engine/data/input_checks.h). The default, for fakes: OK.
   virtual absl::Status CheckDataInputs(const engine::DataInputsToCheck& inputs) {
     (void)inputs;
     return absl::OkStatus();
@@ -151,7 +151,7 @@ class EngineBackend {
 
   // Removes checkpoint directory `checkpoint_dir`, which lies below
   // `output_dir`, through a descriptor of `output_dir` without following
-  // symbolic links (Note [Directory descriptors] in engine/io/dir_fd.h). A
+  // symbolic links (Note [Directory descriptors] in engine/fs/dir_fd.h). A
   // missing directory is OK. INTERNAL when `checkpoint_dir` is not below
   // `output_dir`; FAILED_PRECONDITION when a link is in the way; others
   // from errno. May take as long as the file system: never call it under a
@@ -161,7 +161,7 @@ class EngineBackend {
                                            const std::string& checkpoint_dir);
 
   // engine::AdoptRecordedCheckpoints (Note [Checkpoint adoption] in
-  // engine/io/checkpoint_info.h): records `checkpoint_dirs`, this job's
+  // engine/checkpoint/checkpoint_info.h): records `checkpoint_dirs`, this job's
   // checkpoints in the job store, in `output_dir`'s checkpoint ledger.
   // Returns how many were newly recorded.
   virtual absl::StatusOr<int64_t> AdoptRecordedCheckpoints(
@@ -172,7 +172,7 @@ class EngineBackend {
                                      const std::string& dtype) = 0;
 
   // engine::ExportHfModel keeping `source_dir`'s config keys and tokenizer
-  // files (Note [Export copies] in engine/io/hf_export.h; `source_dir`
+  // files (Note [Export copies] in engine/formats/hf_export.h; `source_dir`
   // resolved, empty for none). The default, for fakes, calls the form above
   // and copies nothing.
   virtual absl::StatusOr<engine::HfExportReport> ExportHfModelFrom(

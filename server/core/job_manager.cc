@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "engine/io/dir_fd.h"
+#include "engine/fs/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 #include "server/core/job_request_json.h"
 #include "server/core/job_scalars.h"
@@ -79,7 +79,7 @@ struct JobManager::Active {
   std::string preempted_for;  // job id that caused kPreempt
   std::string last_checkpoint_dir;
   // Device and inode of the held output directory once the job thread
-  // opened it (Note [Held output directory] in engine/io/held_output_dir.h);
+  // opened it (Note [Held output directory] in engine/fs/held_output_dir.h);
   // 0 before.
   dev_t output_device = 0;
   ino_t output_inode = 0;
@@ -995,7 +995,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
       // Note [NVMe admission]: the tier's files go under <nvme_dir>/<job id>.
       if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff)
         spec.memory.nvme_dir = options_.nvme.dir;
-      // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
+      // Note [Confined reads] in engine/fs/dir_fd.h: every input the engine
       // opens on this thread, now and while it runs, stays below the roots.
       absl::StatusOr<engine::ReadConfinement> confinement =
           options_.path_policy.ConfineJobReads(&spec, job.owner);
@@ -1596,7 +1596,7 @@ absl::StatusOr<engine::HfExportReport> JobManager::ExportCheckpoint(const Princi
 
 absl::Status EngineBackend::RemoveCheckpointDir(const std::string& output_dir,
                                                 const std::string& checkpoint_dir) {
-  // Note [Directory descriptors] in engine/io/dir_fd.h: reached from the job's
+  // Note [Directory descriptors] in engine/fs/dir_fd.h: reached from the job's
   // output directory one component at a time, never through a link.
   const fs::path root = fs::path(output_dir).lexically_normal();
   const fs::path relative = fs::path(checkpoint_dir).lexically_normal().lexically_relative(root);

@@ -148,7 +148,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/io/held_output_dir.h"
+#include "engine/fs/held_output_dir.h"
 #include "server/core/auth.h"
 #include "server/core/engine_backend.h"
 #include "server/core/job.h"
@@ -312,7 +312,7 @@ class JobManager {
   // directory no longer holds what the job wrote; errors of the engine's
   // export. A job loaded from model.hf_dir exports with that directory's
   // config keys and tokenizer files (Note [Export copies] in
-  // engine/io/hf_export.h), read only while the owner's data roots still
+  // engine/formats/hf_export.h), read only while the owner's data roots still
   // allow it; the report says what was copied and skipped.
   absl::StatusOr<engine::HfExportReport> ExportCheckpoint(const Principal& caller,
                                                           absl::string_view checkpoint_id,
@@ -393,7 +393,7 @@ class JobManager {
   std::string LatestCheckpointDir(const JobRecord& job);
   // The recorded checkpoints of `job` whose directories exist, oldest first.
   absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
-  // Note [Checkpoint adoption] in engine/io/checkpoint_info.h: puts the
+  // Note [Checkpoint adoption] in engine/checkpoint/checkpoint_info.h: puts the
   // checkpoints the store records for `job` into its output directory's
   // ledger, so retention applies to ones written before the ledger. On the
   // job's thread, before the job is created; failures are logged.
@@ -424,7 +424,7 @@ class JobManager {
   // those who may see it).
   absl::Status CheckExportTarget(const Principal& caller, const std::string& out_dir,
                                  const std::string& resolved_out);
-  // Note [Held output directory] (engine/io/held_output_dir.h), on the job
+  // Note [Held output directory] (engine/fs/held_output_dir.h), on the job
   // thread at start: opens `job`'s output_dir from its root (an output root
   // or the jobs directory) without following links and claims its identity
   // for `active`. FAILED_PRECONDITION when a link is on the way or another

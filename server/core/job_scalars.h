@@ -19,7 +19,7 @@
 // by the job's steps (about 100 bytes each in CSV, 150 in the event file).
 //
 // The daemon writes with its own permissions into a directory its user
-// may also write, so (Note [Directory descriptors] in engine/io/dir_fd.h)
+// may also write, so (Note [Directory descriptors] in engine/fs/dir_fd.h)
 // `metrics/` is reached from output_dir through descriptors without
 // following a symbolic link, and its files are opened O_NOFOLLOW |
 // O_NONBLOCK and must be regular files without another hard link.

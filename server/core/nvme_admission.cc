@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/io/dir_fd.h"
+#include "engine/fs/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::server {

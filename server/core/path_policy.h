@@ -23,10 +23,10 @@
 // window after them, in which a user with write access inside a root could
 // swap a checked file or directory for a symbolic link, is closed by
 // opening every input below its root at use time (ConfineJobReads; Note
-// [Confined reads] in engine/io/dir_fd.h). The files the daemon
+// [Confined reads] in engine/fs/dir_fd.h). The files the daemon
 // itself creates, renames and deletes in a job's output directory go
 // through a descriptor of that directory without following symbolic links
-// (engine/io/dir_fd.h, Note [Directory descriptors]). Run the daemon as a
+// (engine/fs/dir_fd.h, Note [Directory descriptors]). Run the daemon as a
 // dedicated user (deploy/megatraind.service) so that its own permissions
 // bound what a race could reach.
 //
@@ -71,7 +71,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/io/dir_fd.h"
+#include "engine/fs/dir_fd.h"
 #include "engine/job/training_job.h"
 
 namespace megatrain::server {
@@ -115,7 +115,7 @@ class PathPolicy {
   // output_dir is written. The first refusal is returned.
   absl::Status CheckJobSpec(const engine::JobSpec& spec, absl::string_view user = "") const;
 
-  // Note [Confined reads] in engine/io/dir_fd.h, at a job's start (after
+  // Note [Confined reads] in engine/fs/dir_fd.h, at a job's start (after
   // CheckJobSpec): rewrites the input paths of `spec` (model.hf_dir,
   // data.*) to their resolved form (ResolvePathBeneath) and returns the
   // confinement the engine reads them under: the data roots of `user`

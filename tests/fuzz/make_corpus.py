@@ -4,7 +4,7 @@
     python3 tests/fuzz/make_corpus.py [out_dir]   # default: tests/fuzz/corpus
 
 Files named valid_* must parse; invalid_* must be refused. The C++ tests
-(tests/engine/io/safetensors_test.cc, token_shard_test.cc) check exactly that,
+(tests/engine/formats/safetensors_test.cc, token_shard_test.cc) check exactly that,
 so this script doubles as an independent implementation of both formats
 (safetensors per the huggingface/safetensors README; token shards per
 docs/data-format.md), with its own XXH64

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/io/safetensors.h"
+#include "engine/formats/safetensors.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/io/token_shard.h"
+#include "engine/data/token_shard.h"
 
 namespace {
 

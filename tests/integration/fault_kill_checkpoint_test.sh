@@ -2,7 +2,7 @@
 # Integration: kill -9 of megatraind while a checkpoint is being written.
 # A job checkpoints after every step; the test polls its checkpoints
 # directory and kills the daemon the moment a `.tmp-step-*` directory (a
-# write in progress, Note [Checkpoint publication] in engine/io/checkpoint.cc)
+# write in progress, Note [Checkpoint publication] in engine/checkpoint/checkpoint.cc)
 # exists, restarting and retrying until a kill leaves one behind (the write
 # was really cut). Then: every `step-*` checkpoint on disk verifies against
 # its manifest (sizes and XXH64, fault_verify_checkpoint.py), the restarted

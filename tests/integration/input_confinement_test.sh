@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Integration (issue 14, reads confined at use time; Note [Confined reads] in
-# engine/io/dir_fd.h): with the real daemon, engine and CLI,
+# engine/fs/dir_fd.h): with the real daemon, engine and CLI,
 #  1. a token shard reached through a symbolic link that stays inside the
 #     data root trains;
 #  2. one whose link leads out of the data root (to a file the daemon could

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/model/model_config.h"
 #include "engine/model/precision.h"
 #include "engine/runtime/stats.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/token_shard.h"
+#include "engine/data/token_shard.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/hf_moe_names.h"
+#include "engine/formats/hf_moe_names.h"
 #include "engine/model/moe_config.h"
 
 namespace megatrain::testing {

@@ -14,7 +14,7 @@ namespace megatrain::testing {
 // pieces on it with Debian's `spm_train` (package `sentencepiece`; run as a
 // child process, because libsentencepiece cannot share a process with
 // LibTorch's libprotobuf: Note [SentencePiece module] in
-// engine/io/tokenizer.cc). One thread, so the model is the same on every run.
+// engine/tokenizer/tokenizer.cc). One thread, so the model is the same on every run.
 // Ids: unk 0, bos 1, eos 2, no pad. Returns the `.model` path. Takes well
 // under a second.
 // Errors: NOT_FOUND when spm_train is not on PATH; INTERNAL when it fails.

@@ -19,9 +19,10 @@
 #include <vector>
 
 #include "engine/dist/process_group.h"
-#include "engine/io/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_state.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/reference_llama.h"
 
@@ -33,8 +34,10 @@
 namespace megatrain::engine {
 namespace {
 
+using ::megatrain::testing::AllState;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
+using ::megatrain::testing::SmallDataParallelOptions;
 using ::megatrain::testing::SmallLlama;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -44,19 +47,7 @@ constexpr int kMicroBatches = 4;  // per global batch
 constexpr uint64_t kSeed = 5;
 
 TrainerOptions Options(double max_grad_norm) {
-  TrainerOptions o;
-  o.micro_batch = kB;
-  o.seq_len = kT;
-  o.adamw.lr = 1e-3;
-  o.adamw.weight_decay = 0.1;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 1;
-  o.schedule.total_steps = 8;
-  o.max_grad_norm = max_grad_norm;
-  o.gradient_accumulation_steps = kMicroBatches;
-  o.threads = 1;  // ranks are threads of one process on a 2-core CI machine
-  o.critical_threads = 1;
-  return o;
+  return SmallDataParallelOptions(kB, kT, max_grad_norm, kMicroBatches);
 }
 
 // Global batches of kMicroBatches micro-batches, one per step.
@@ -64,17 +55,6 @@ std::vector<std::vector<MicroBatch>> Steps(const ModelConfig& config, int steps)
   std::vector<std::vector<MicroBatch>> out;
   for (int s = 0; s < steps; ++s) {
     out.push_back(MakeBatches(kMicroBatches, kB, kT, config.vocab_size, 100 + s));
-  }
-  return out;
-}
-
-// Master weights and AdamW moments of every block, back to back.
-std::vector<float> State(HostStore& store) {
-  std::vector<float> out;
-  for (int64_t b = 0; b < store.num_blocks(); ++b) {
-    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
-      out.insert(out.end(), data, data + store.block_numel(b));
-    }
   }
   return out;
 }
@@ -92,7 +72,7 @@ std::vector<float> TrainSingle(const ModelConfig& config, const TrainerOptions& 
     if (losses != nullptr && r.ok()) losses->push_back(r->loss);
   }
   EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-  return State((*trainer)->store());
+  return AllState((*trainer)->store());
 }
 
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> MakeDp(const ModelConfig& config,
@@ -130,14 +110,14 @@ TEST_P(DataParallelParityTest, TwoRanksMatchOneDeviceAccumulating) {
   ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
   // One store: an AdamW applied twice per step (once per rank) would leave
   // moments and weights far from one device's.
-  const std::vector<float> rank0 = State((*dp)->store());
+  const std::vector<float> rank0 = AllState((*dp)->store());
   EXPECT_LE(RelativeError(rank0, single), 1e-6);
   std::fprintf(stderr, "weights and moments vs one device: %.3g relative\n",
                RelativeError(rank0, single));
   auto initial = HostStore::Create(config, {});
   ASSERT_THAT(initial, IsOk());
   (*initial)->InitializeWeights(kSeed);
-  EXPECT_GT(RelativeError(rank0, State(**initial)), 1e-4) << "training moved the weights";
+  EXPECT_GT(RelativeError(rank0, AllState(**initial)), 1e-4) << "training moved the weights";
 }
 
 // Note [Shared host store]: the weights, moments and the reduced gradient
@@ -191,7 +171,7 @@ TEST(DataParallelTest, CheckpointResumesExactlyAndLoadsOnOtherRankCounts) {
   ASSERT_THAT(info, IsOk());
   for (int s = 2; s < 4; ++s) ASSERT_THAT((*dp)->Step(steps[s]), IsOk());
   ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
-  const std::vector<float> uninterrupted = State((*dp)->store());
+  const std::vector<float> uninterrupted = AllState((*dp)->store());
 
   // Same world size: continues bit for bit.
   auto resumed = MakeDp(config, o, 2);
@@ -205,7 +185,7 @@ TEST(DataParallelTest, CheckpointResumesExactlyAndLoadsOnOtherRankCounts) {
     EXPECT_EQ(r->step, s + 1);
   }
   ASSERT_THAT((*resumed)->WaitForOptimizer(), IsOk());
-  const std::vector<float> after = State((*resumed)->store());
+  const std::vector<float> after = AllState((*resumed)->store());
   ASSERT_EQ(after.size(), uninterrupted.size());
   EXPECT_EQ(std::memcmp(after.data(), uninterrupted.data(), after.size() * sizeof(float)), 0);
 
@@ -218,7 +198,7 @@ TEST(DataParallelTest, CheckpointResumesExactlyAndLoadsOnOtherRankCounts) {
   (*single)->set_step(read1->step);
   for (int s = 2; s < 4; ++s) ASSERT_THAT((*single)->Step(steps[s]), IsOk());
   ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
-  EXPECT_LE(RelativeError(State((*single)->store()), uninterrupted), 1e-6);
+  EXPECT_LE(RelativeError(AllState((*single)->store()), uninterrupted), 1e-6);
 
   auto four = MakeDp(config, o, 4);
   ASSERT_THAT(four, IsOk());
@@ -227,7 +207,7 @@ TEST(DataParallelTest, CheckpointResumesExactlyAndLoadsOnOtherRankCounts) {
   (*four)->set_step(read4->step);
   for (int s = 2; s < 4; ++s) ASSERT_THAT((*four)->Step(steps[s]), IsOk());
   ASSERT_THAT((*four)->WaitForOptimizer(), IsOk());
-  EXPECT_LE(RelativeError(State((*four)->store()), uninterrupted), 1e-6);
+  EXPECT_LE(RelativeError(AllState((*four)->store()), uninterrupted), 1e-6);
 }
 
 // A checkpoint of one device loads on two ranks (1 -> 2) and continues as
@@ -248,7 +228,7 @@ TEST(DataParallelTest, OneDeviceCheckpointLoadsOnTwoRanks) {
   ASSERT_THAT(info, IsOk());
   for (int s = 2; s < 4; ++s) ASSERT_THAT((*single)->Step(steps[s]), IsOk());
   ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
-  const std::vector<float> uninterrupted = State((*single)->store());
+  const std::vector<float> uninterrupted = AllState((*single)->store());
 
   auto dp = MakeDp(config, o, 2);
   ASSERT_THAT(dp, IsOk());
@@ -256,14 +236,14 @@ TEST(DataParallelTest, OneDeviceCheckpointLoadsOnTwoRanks) {
   ASSERT_THAT(read, IsOk());
   EXPECT_EQ(read->step, 2);
   (*dp)->set_step(read->step);
-  const std::vector<float> loaded = State((*dp)->store());
+  const std::vector<float> loaded = AllState((*dp)->store());
   for (int s = 2; s < 4; ++s) {
     auto r = (*dp)->Step(steps[s]);
     ASSERT_THAT(r, IsOk());
     EXPECT_EQ(r->step, s + 1);
   }
   ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
-  const std::vector<float> after = State((*dp)->store());
+  const std::vector<float> after = AllState((*dp)->store());
   EXPECT_LE(RelativeError(after, uninterrupted), 1e-6);
   EXPECT_GT(RelativeError(after, loaded), 1e-5) << "the two ranks trained";
 }
@@ -354,7 +334,7 @@ TEST_P(DataParallelParityTest, DeviceReduceScatterPathLandsShardsAndMatchesTheHo
       losses[path].push_back(r->loss);
     }
     ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
-    state[path] = State((*t)->store());
+    state[path] = AllState((*t)->store());
   }
   EXPECT_EQ(losses[0], losses[1]);
   if (GetParam() == 0) {
@@ -424,7 +404,7 @@ TEST_P(DataParallelParityTest, ResidentBlocksOnEveryRankMatchOneDevice) {
     // its weight (measured 6.7e-5 on the embedding's master, 4.8e-6 over
     // the whole state, with clipping; 1e-8 on the other blocks). A wrong
     // reduction (a missing scale, a sum counted twice) is O(1).
-    const std::vector<float> state = State((*t)->store());
+    const std::vector<float> state = AllState((*t)->store());
     EXPECT_LE(RelativeError(state, single), 1e-5) << GradientReductionName(path);
   }
 }
@@ -488,7 +468,7 @@ TEST(DataParallelTest, SeveralMicroBatchesPerRankLandShardsSummedOnTheDevice) {
   for (const auto& batch : steps) ASSERT_THAT((*t)->Step(batch), IsOk());
   ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
   const std::vector<float> single = TrainSingle(config, o, steps, nullptr);
-  EXPECT_LE(RelativeError(State((*t)->store()), single), 1e-5);
+  EXPECT_LE(RelativeError(AllState((*t)->store()), single), 1e-5);
 }
 
 // Note [Sharded weight streaming] (engine/step/weight_slots.h): each rank
@@ -517,7 +497,7 @@ TEST(DataParallelTest, ShardedWeightStreamingHalvesEachRanksLoadsBitForBit) {
       losses[sharded].push_back(r->loss);
     }
     ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
-    state[sharded] = State((*t)->store());
+    state[sharded] = AllState((*t)->store());
     // Evaluation runs on rank 0 alone, with whole-block loads.
     ASSERT_THAT((*t)->Evaluate(steps[0]), IsOk());
   }

@@ -33,17 +33,21 @@
 
 #include "engine/dist/data_parallel.h"
 #include "engine/dist/process_group.h"
-#include "engine/io/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_state.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/reference_llama.h"
 
 namespace megatrain::engine {
 namespace {
 
+using ::megatrain::testing::AllState;
+using ::megatrain::testing::BitIdentical;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
+using ::megatrain::testing::SmallDataParallelOptions;
 using ::megatrain::testing::SmallLlama;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -58,34 +62,11 @@ constexpr char kChildDir[] = "MEGATRAIN_TEST_DIST_CHILD_DIR";
 constexpr char kChildMode[] = "MEGATRAIN_TEST_DIST_CHILD_MODE";
 
 TrainerOptions Options() {
-  TrainerOptions o;
-  o.micro_batch = kB;
-  o.seq_len = kT;
-  o.adamw.lr = 1e-3;
-  o.adamw.weight_decay = 0.1;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 1;
-  o.schedule.total_steps = 8;
-  o.max_grad_norm = 1.0;
-  o.gradient_accumulation_steps = kMicroBatches;
-  o.threads = 1;
-  o.critical_threads = 1;
-  return o;
+  return SmallDataParallelOptions(kB, kT, /*max_grad_norm=*/1.0, kMicroBatches);
 }
 
 std::vector<MicroBatch> Batch(const ModelConfig& config, int step) {
   return MakeBatches(kMicroBatches, kB, kT, config.vocab_size, 100 + step);
-}
-
-// Master weights and AdamW moments of every block, back to back.
-std::vector<float> State(HostStore& store) {
-  std::vector<float> out;
-  for (int64_t b = 0; b < store.num_blocks(); ++b) {
-    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
-      out.insert(out.end(), data, data + store.block_numel(b));
-    }
-  }
-  return out;
 }
 
 void WriteFloats(const std::string& path, const std::vector<float>& v) {
@@ -102,10 +83,6 @@ std::vector<float> ReadFloats(const std::string& path) {
 }
 
 using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
 
 // One process of the job (run by MultiProcessTest through the variables
 // above; skipped otherwise). "train": steps 1..kSteps, process 0 writes
@@ -156,7 +133,7 @@ TEST(MultiProcessChild, Run) {
   auto agree = t.ReplicasAgree();
   ASSERT_THAT(agree, IsOk());
   const std::string base = std::string(dir) + "/" + mode + "." + std::to_string(t.process_rank());
-  WriteFloats(base + ".bin", State(t.store()));
+  WriteFloats(base + ".bin", AllState(t.store()));
   std::ofstream(base + ".agree") << (*agree ? "yes" : "no");
 }
 
@@ -240,7 +217,7 @@ TEST(MultiProcessTest, TwoProcessesMatchOneAccumulatingAndResumeExactly) {
   const std::vector<float> p1 = ReadFloats(dir + "/train.1.bin");
   ASSERT_FALSE(p0.empty());
   // The replicas: bit-identical, and each process saw it (ReplicasAgree).
-  EXPECT_TRUE(SameBits(p0, p1));
+  EXPECT_TRUE(BitIdentical(p0, p1));
   EXPECT_EQ(ReadText(dir + "/train.0.agree"), "yes");
   EXPECT_EQ(ReadText(dir + "/train.1.agree"), "yes");
   // Checkpoints written once: process 0's only.
@@ -260,7 +237,7 @@ TEST(MultiProcessTest, TwoProcessesMatchOneAccumulatingAndResumeExactly) {
   ASSERT_THAT(dp, IsOk());
   for (int s = 0; s < kSteps; ++s) ASSERT_THAT((*dp)->Step(Batch(config, s)), IsOk());
   ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
-  EXPECT_TRUE(SameBits(State((*dp)->store()), p0));
+  EXPECT_TRUE(BitIdentical(AllState((*dp)->store()), p0));
 
   // One process, one device, accumulating all 4 micro-batches (twice each
   // process's 2): the fp32 summation order differs (Note [Gradient
@@ -269,14 +246,14 @@ TEST(MultiProcessTest, TwoProcessesMatchOneAccumulatingAndResumeExactly) {
   ASSERT_THAT(single, IsOk());
   for (int s = 0; s < kSteps; ++s) ASSERT_THAT((*single)->Step(Batch(config, s)), IsOk());
   ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
-  const double err = RelativeError(p0, State((*single)->store()));
+  const double err = RelativeError(p0, AllState((*single)->store()));
   EXPECT_LE(err, 1e-6);
   std::fprintf(stderr, "2 processes vs 1 accumulating: %.3g relative\n", err);
 
   // Resume from process 0's checkpoint on two processes: bit for bit.
   ASSERT_TRUE(RunJob(dir, "resume", std::chrono::seconds(240)));
-  EXPECT_TRUE(SameBits(ReadFloats(dir + "/resume.0.bin"), p0));
-  EXPECT_TRUE(SameBits(ReadFloats(dir + "/resume.1.bin"), p0));
+  EXPECT_TRUE(BitIdentical(ReadFloats(dir + "/resume.0.bin"), p0));
+  EXPECT_TRUE(BitIdentical(ReadFloats(dir + "/resume.1.bin"), p0));
 }
 
 void ClearTorchrunEnv() {

@@ -19,10 +19,12 @@
 #include "tests/testing/parity.h"
 #include "tests/testing/reference_llama.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_state.h"
 
 namespace megatrain::engine {
 namespace {
 
+using ::megatrain::testing::AllState;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
 using ::megatrain::testing::SmallLlama;
@@ -67,16 +69,6 @@ TEST(NcclReduceScatterTest, EachGpuHoldsItsShardOfTheSum) {
   }
 }
 
-std::vector<float> State(HostStore& store) {
-  std::vector<float> out;
-  for (int64_t b = 0; b < store.num_blocks(); ++b) {
-    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
-      out.insert(out.end(), data, data + store.block_numel(b));
-    }
-  }
-  return out;
-}
-
 // Two GPUs, one micro-batch each, fp32, no clipping: kAuto picks the device
 // reduce-scatter on NCCL; its weights and moments are bit-identical to the
 // host all-reduce's (2 ranks: the same two fp32 addends), and GPU 0's D2H
@@ -115,7 +107,7 @@ TEST(NcclReduceScatterTest, DevicePathMatchesTheHostPathWithHalfTheD2HBytes) {
       d2h[path] = r->stats.d2h_bytes;
     }
     ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
-    state[path] = State((*t)->store());
+    state[path] = AllState((*t)->store());
   }
   ASSERT_EQ(state[0].size(), state[1].size());
   EXPECT_EQ(std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float)), 0);
@@ -153,7 +145,7 @@ TEST(NcclReduceScatterTest, ResidentBlocksOnTwoGpusMatchOneGpu) {
   ASSERT_GT((*single)->resident_layers(), 0);
   for (const auto& batch : steps) ASSERT_THAT((*single)->Step(batch), IsOk());
   ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
-  const std::vector<float> one = State((*single)->store());
+  const std::vector<float> one = AllState((*single)->store());
 
   DataParallelOptions dp;
   dp.devices = DataParallelDevices("cuda", 2);
@@ -169,7 +161,7 @@ TEST(NcclReduceScatterTest, ResidentBlocksOnTwoGpusMatchOneGpu) {
   ASSERT_THAT(loss0, IsOk());
   ASSERT_THAT(loss1, IsOk());
   EXPECT_EQ(*loss0, *loss1);
-  const std::vector<float> two = State((*t)->store());
+  const std::vector<float> two = AllState((*t)->store());
   EXPECT_LE(::megatrain::testing::RelativeError(two, one), 1e-5);
 }
 

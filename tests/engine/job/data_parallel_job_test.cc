@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "engine/dist/process_group.h"
-#include "engine/io/checkpoint.h"
-#include "engine/io/checkpoint_info.h"
-#include "engine/io/token_shard.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/checkpoint_info.h"
+#include "engine/data/token_shard.h"
 #include "tests/testing/pattern_dataset.h"
 #include "engine/job/job_trainer.h"
 #include "engine/job/training_job.h"

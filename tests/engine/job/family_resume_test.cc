@@ -14,8 +14,8 @@
 
 #include "nlohmann/json.hpp"
 
-#include "engine/io/checkpoint.h"
-#include "engine/io/token_shard.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/data/token_shard.h"
 #include "tests/testing/pattern_dataset.h"
 #include "engine/job/training_job.h"
 #include "tests/testing/status_matchers.h"

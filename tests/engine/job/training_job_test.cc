@@ -19,12 +19,12 @@
 #include <thread>
 #include <chrono>
 
-#include "engine/io/checkpoint.h"
-#include "engine/io/text_corpus.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/data/text_corpus.h"
 #include "engine/runtime/device_info.h"
 #include "engine/store/host_store.h"
 #include "engine/model/param_layout.h"
-#include "engine/io/token_shard.h"
+#include "engine/data/token_shard.h"
 #include "tests/testing/pattern_dataset.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -408,7 +408,7 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
 // the shared job on the same data (its windows hold 24-token documents
 // that no longer see each other), and a suspended isolated job resumes to
 // the uninterrupted run's losses exactly (the cursor is the same in every
-// mode; Note [Packing rule] in engine/io/data_loader.h).
+// mode; Note [Packing rule] in engine/data/data_loader.h).
 TEST(TrainingJobTest, IsolatedDocumentsTrainAndResumeExactly) {
   const std::string data = WriteDataset();
   const auto spec = [&data](const std::string& out, DocumentAttention mode) {

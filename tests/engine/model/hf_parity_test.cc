@@ -17,9 +17,9 @@
 
 #include "engine/runtime/device_runtime.h"
 #include "engine/step/executor.h"
-#include "engine/io/hf_model.h"
+#include "engine/formats/hf_model.h"
 #include "engine/store/host_store.h"
-#include "engine/io/safetensors.h"
+#include "engine/formats/safetensors.h"
 #include "engine/runtime/thread_pool.h"
 #include "tests/testing/status_matchers.h"
 

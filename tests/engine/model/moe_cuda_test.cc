@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "engine/io/hf_moe_names.h"
+#include "engine/formats/hf_moe_names.h"
 #include "engine/model/moe_config.h"
 #include "engine/model/moe_layers.h"
-#include "engine/io/safetensors.h"
+#include "engine/formats/safetensors.h"
 #include "tests/testing/reference_llama.h"
 #include "tests/testing/reference_moe.h"
 #include "tests/testing/status_matchers.h"

@@ -15,11 +15,11 @@
 #include <set>
 #include <sstream>
 
-#include "engine/io/hf_moe_names.h"
+#include "engine/formats/hf_moe_names.h"
 #include "engine/model/moe_config.h"
 #include "engine/model/moe_layers.h"
-#include "engine/io/mxfp4.h"
-#include "engine/io/safetensors.h"
+#include "engine/formats/mxfp4.h"
+#include "engine/formats/safetensors.h"
 #include "tests/testing/reference_llama.h"
 #include "tests/testing/reference_moe.h"
 #include "tests/testing/status_matchers.h"
@@ -535,7 +535,7 @@ TEST(MoeNamesTest, ExtraExpertIsRefused) {
 }
 
 // The E2M1 values by code, written out from the OCP MX spec table 5.3.3
-// (independent of engine/io/mxfp4.cc's table).
+// (independent of engine/formats/mxfp4.cc's table).
 constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/io/batch.h"
+#include "engine/data/batch.h"
 #include "engine/model/model_config.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/device_runtime.h"

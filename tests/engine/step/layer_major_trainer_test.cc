@@ -21,13 +21,17 @@
 #include "engine/step/trainer.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_state.h"
 
 namespace megatrain::engine {
 namespace {
 
+using ::megatrain::testing::AllState;
+using ::megatrain::testing::BitIdentical;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
 using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::SmallTrainerOptions;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -40,34 +44,10 @@ constexpr int64_t kB = 2, kT = 8;
 // same fp32 sum and the reported grad_norm is equal too (host-side
 // accumulation sums the squares in another fp64 order).
 TrainerOptions Options(double max_grad_norm, StepSchedule schedule) {
-  TrainerOptions o;
-  o.micro_batch = kB;
-  o.seq_len = kT;
-  o.adamw.lr = 1e-2;
-  o.adamw.weight_decay = 0.1;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 1;
-  o.schedule.total_steps = 4;
-  o.max_grad_norm = max_grad_norm;
-  o.threads = 2;
+  TrainerOptions o = SmallTrainerOptions(kB, kT, max_grad_norm, /*total_steps=*/4);
   o.step_schedule = schedule;
   o.device_grad_accumulation = 1;
   return o;
-}
-
-// Master weights and AdamW moments of every block, back to back.
-std::vector<float> AllState(HostStore& store) {
-  std::vector<float> out;
-  for (int64_t b = 0; b < store.num_blocks(); ++b) {
-    for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
-      out.insert(out.end(), data, data + store.block_numel(b));
-    }
-  }
-  return out;
-}
-
-bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 struct TrainingRun {

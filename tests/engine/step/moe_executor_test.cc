@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/checkpoint.h"
-#include "engine/io/hf_model.h"
-#include "engine/io/hf_moe_names.h"
-#include "engine/io/safetensors.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/formats/hf_model.h"
+#include "engine/formats/hf_moe_names.h"
+#include "engine/formats/safetensors.h"
 #include "engine/job/training_job.h"
 #include "engine/model/model_config.h"
 #include "engine/model/moe_config.h"

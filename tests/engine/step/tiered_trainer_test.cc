@@ -13,38 +13,32 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/io/mapped_file.h"
+#include "engine/fs/mapped_file.h"
 #include "engine/optim/tiered_adamw.h"
 #include "engine/step/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_state.h"
 #include "tests/testing/temp_dir.h"
 
 namespace megatrain::engine {
 namespace {
 
+using ::megatrain::testing::BitIdentical;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
 using ::megatrain::testing::MakeTempDir;
 using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::SmallTrainerOptions;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr int64_t kB = 2, kT = 8;
 
 TrainerOptions Options(double max_grad_norm) {
-  TrainerOptions o;
-  o.micro_batch = kB;
-  o.seq_len = kT;
-  o.adamw.lr = 1e-2;
-  o.adamw.weight_decay = 0.1;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 1;
-  o.schedule.total_steps = 6;
-  o.max_grad_norm = max_grad_norm;
-  o.threads = 2;
+  TrainerOptions o = SmallTrainerOptions(kB, kT, max_grad_norm, /*total_steps=*/6);
   o.gradient_accumulation_steps = 2;
   // Several slices per block and several chunks per slice (rounded up to
   // 3072 with the tier: Note [Tiered trainer]).
@@ -74,10 +68,6 @@ std::vector<float> State(Trainer& trainer) {
     out.insert(out.end(), exp_avg_sq, exp_avg_sq + numel);
   }
   return out;
-}
-
-bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 // (max_grad_norm, tied embeddings).

@@ -21,13 +21,19 @@
 #include "engine/runtime/thread_pool.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_state.h"
 
 namespace megatrain::engine {
 namespace {
 
+using ::megatrain::testing::AllState;
+using ::megatrain::testing::BitIdentical;
+using ::megatrain::testing::BlockState;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
+using ::megatrain::testing::Masters;
 using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::SmallTrainerOptions;
 using ::megatrain::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -35,50 +41,7 @@ using ::testing::HasSubstr;
 constexpr int64_t kB = 2, kT = 8;
 
 TrainerOptions Options(double max_grad_norm) {
-  TrainerOptions o;
-  o.micro_batch = kB;
-  o.seq_len = kT;
-  o.adamw.lr = 1e-2;
-  o.adamw.weight_decay = 0.1;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 1;
-  o.schedule.total_steps = 4;
-  o.max_grad_norm = max_grad_norm;
-  o.threads = 2;
-  return o;
-}
-
-std::vector<float> Masters(HostStore& store) {
-  std::vector<float> out;
-  for (int64_t b = 0; b < store.num_blocks(); ++b) {
-    out.insert(out.end(), store.master(b), store.master(b) + store.block_numel(b));
-  }
-  return out;
-}
-
-// Everything a step updates in one block: master, exp_avg, exp_avg_sq.
-std::vector<float> BlockState(HostStore& store, int64_t b) {
-  std::vector<float> out;
-  for (float* (HostStore::*kind)(int64_t) const :
-       {&HostStore::master, &HostStore::exp_avg, &HostStore::exp_avg_sq}) {
-    const float* data = (store.*kind)(b);
-    out.insert(out.end(), data, data + store.block_numel(b));
-  }
-  return out;
-}
-
-// BlockState of every block, back to back.
-std::vector<float> AllState(HostStore& store) {
-  std::vector<float> out;
-  for (int64_t b = 0; b < store.num_blocks(); ++b) {
-    std::vector<float> block = BlockState(store, b);
-    out.insert(out.end(), block.begin(), block.end());
-  }
-  return out;
-}
-
-bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  return SmallTrainerOptions(kB, kT, max_grad_norm, /*total_steps=*/4);
 }
 
 // Sequential reference: ForwardBackward, global norm, clip, AdamW per block.

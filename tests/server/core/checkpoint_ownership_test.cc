@@ -176,7 +176,7 @@ TEST_F(CheckpointOwnershipTest, ExportAndDeleteUseTheRecords) {
   EXPECT_EQ((*recorded)[0].step, 4);
 }
 
-// Note [Export copies] in engine/io/hf_export.h: the engine gets the job's
+// Note [Export copies] in engine/formats/hf_export.h: the engine gets the job's
 // model.hf_dir resolved (no link on the way); a preset job gets none.
 TEST_F(CheckpointOwnershipTest, ExportPassesTheJobsResolvedModelDirectory) {
   const std::string model_dir = MakeTempDir();

@@ -1,8 +1,8 @@
 // server/core/data_checks.h: the daemon's side of Note [Data checks at
-// submit] (engine/io/input_checks.h): which tokenizer and field a data.text
+// submit] (engine/data/input_checks.h): which tokenizer and field a data.text
 // job is checked with, every problem refused as INVALID_ARGUMENT, and
 // CheckSubmission calling it with the model's vocab_size. The engine's checks
-// themselves are tested in tests/engine/io/input_checks_test.cc.
+// themselves are tested in tests/engine/data/input_checks_test.cc.
 #include "server/core/data_checks.h"
 
 #include <string>

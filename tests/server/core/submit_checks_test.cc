@@ -2,7 +2,7 @@
 // model limits and shard headers are scripted: the spec-level rules, the
 // file existence checks and the mapping of every refusal to
 // INVALID_ARGUMENT naming the field. The engine's header readers are tested
-// in tests/engine/io/input_checks_test.cc and through a real daemon in
+// in tests/engine/data/input_checks_test.cc and through a real daemon in
 // tests/integration/submit_checks_test.sh.
 #include "server/core/submit_checks.h"
 

@@ -1,0 +1,87 @@
+// Helpers shared by the trainer tests (tests/engine/step/) and the
+// data-parallel tests (tests/engine/dist/): the small trainer options they
+// start from, flat copies of a host store's state, and the bit-for-bit
+// comparison their "ends where the other run ends" checks use.
+#ifndef MEGATRAIN_TESTS_TESTING_TRAINER_STATE_H_
+#define MEGATRAIN_TESTS_TESTING_TRAINER_STATE_H_
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "engine/store/host_store.h"
+#include "engine/step/trainer.h"
+
+namespace megatrain::testing {
+
+// Options of a short run on a small model (SmallLlama in parity.h): AdamW
+// at lr 1e-2 with weight decay 0.1, a cosine schedule of `total_steps`
+// with one warm-up step, clipping at `max_grad_norm` (0: none), two
+// optimizer threads. Tests change what they test from here.
+inline engine::TrainerOptions SmallTrainerOptions(int64_t micro_batch, int64_t seq_len,
+                                                  double max_grad_norm, int64_t total_steps) {
+  engine::TrainerOptions o;
+  o.micro_batch = micro_batch;
+  o.seq_len = seq_len;
+  o.adamw.lr = 1e-2;
+  o.adamw.weight_decay = 0.1;
+  o.schedule.kind = engine::LrScheduleKind::kCosine;
+  o.schedule.warmup_steps = 1;
+  o.schedule.total_steps = total_steps;
+  o.max_grad_norm = max_grad_norm;
+  o.threads = 2;
+  return o;
+}
+
+// SmallTrainerOptions for data-parallel ranks that run as threads of one
+// process on a 2-core CI machine: one optimizer and one critical thread
+// each, lr 1e-3, eight scheduled steps, `micro_batches` micro-batches per
+// global batch.
+inline engine::TrainerOptions SmallDataParallelOptions(int64_t micro_batch, int64_t seq_len,
+                                                       double max_grad_norm, int micro_batches) {
+  engine::TrainerOptions o =
+      SmallTrainerOptions(micro_batch, seq_len, max_grad_norm, /*total_steps=*/8);
+  o.adamw.lr = 1e-3;
+  o.gradient_accumulation_steps = micro_batches;
+  o.threads = 1;
+  o.critical_threads = 1;
+  return o;
+}
+
+// Master weights of every block, back to back (fp32).
+inline std::vector<float> Masters(const engine::HostStore& store) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    out.insert(out.end(), store.master(b), store.master(b) + store.block_numel(b));
+  }
+  return out;
+}
+
+// Everything a step updates in block `b`: master, exp_avg, exp_avg_sq, back
+// to back. The moments must be in host memory (not on an NVMe tier).
+inline std::vector<float> BlockState(const engine::HostStore& store, int64_t b) {
+  std::vector<float> out;
+  for (const float* data : {store.master(b), store.exp_avg(b), store.exp_avg_sq(b)}) {
+    out.insert(out.end(), data, data + store.block_numel(b));
+  }
+  return out;
+}
+
+// BlockState of every block, back to back.
+inline std::vector<float> AllState(const engine::HostStore& store) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    std::vector<float> block = BlockState(store, b);
+    out.insert(out.end(), block.begin(), block.end());
+  }
+  return out;
+}
+
+// Same length and the same bits (NaNs and signed zeros included).
+inline bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace megatrain::testing
+
+#endif  // MEGATRAIN_TESTS_TESTING_TRAINER_STATE_H_
