@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/job/step_options.h"
 #include "engine/model/param_layout.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/step/executor.h"
@@ -107,23 +108,14 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
 
 // The trainer's schedule and resident blocks for `spec` on a device of
 // `gpu_bytes` (0: unknown; then the floor of Note [Auto resident layers]
-// for the projection): the same ChooseSchedule call as Trainer::Create's.
+// for the projection): the same ChooseSchedule call as Trainer::Create's,
+// on the same options (StepOptionsOf).
 absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelConfig& config,
                                              int64_t gpu_bytes,
                                              std::string* resident_shortfall = nullptr) {
-  ScheduleRequest request;
-  request.resident_layers = static_cast<int>(spec.train.resident_layers);
-  MEGATRAIN_ASSIGN_OR_RETURN(request.schedule,
-                             ParseStepSchedule(spec.train.schedule, "train.schedule"));
-  request.wave = static_cast<int>(spec.train.wave);
-  MEGATRAIN_ASSIGN_OR_RETURN(request.activations,
-                             ParseActivationPlacement(spec.train.activations, "train.activations"));
-  if (spec.train.offload_activations) request.activations = ActivationPlacement::kHost;
-  request.gradient_accumulation_steps = spec.train.gradient_accumulation_steps;
-  ExecutorOptions executor;
-  executor.compute_dtype = spec.train.compute_dtype;
-  executor.micro_batch = spec.train.micro_batch;
-  executor.seq_len = spec.train.seq_len;
+  const TrainerOptions options = StepOptionsOf(spec);
+  const ScheduleRequest request = ScheduleRequestOf(options);
+  const ExecutorOptions executor = ExecutorOptionsOf(options);
   MEGATRAIN_ASSIGN_OR_RETURN(ScheduleChoice choice,
                              ChooseSchedule(config, request, executor, gpu_bytes));
   // The trainer's refusal of a forced count that can never fit, as the
@@ -208,7 +200,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   // Note [Schedule choice] in step/schedule_choice.h: the saved layer
   // inputs the trainer moves to pinned host memory, in its wave, count on
   // the host.
-  if (choice.offload_activations) in_ram.train.activations = "host";
+  if (choice.offload_activations) in_ram.train.activations = ActivationPlacement::kHost;
   if (choice.schedule == StepSchedule::kLayerMajor) in_ram.train.wave = choice.wave;
   const MemoryFootprint ram = ForDevice(EstimateFootprintForConfig(in_ram, config), choice);
   const MemoryFootprint tiered = WithNvmeMoments(ram);

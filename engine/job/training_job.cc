@@ -34,6 +34,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/data/text_corpus.h"
 #include "engine/job/job_trainer.h"
+#include "engine/job/step_options.h"
 #include "engine/step/trainer.h"
 #include "nlohmann/json.hpp"
 
@@ -76,8 +77,9 @@ bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
   // Note [Shared host store]: data-parallel gradients land in the arena.
   if (spec.train.devices > 1) return false;
   if (landing == GradientLanding::kRing) return true;
-  return landing == GradientLanding::kAuto && spec.train.max_grad_norm <= 0 &&
-         config.moe == nullptr && spec.train.gradient_accumulation_steps == 1;
+  return landing == GradientLanding::kAuto &&
+         !ClippingForbidsGradientRing(spec.train.max_grad_norm) && config.moe == nullptr &&
+         spec.train.gradient_accumulation_steps == 1;
 }
 
 // Whether the footprint plans the embedding resident on the device: an
@@ -96,23 +98,19 @@ HostStoreOptions StoreOptions(const JobSpec& spec, const ModelConfig& config, bo
   return o;
 }
 
-// Whether the spec asks for the saved layer inputs in pinned host memory.
+// Whether the spec asks for the saved layer inputs in pinned host memory
+// (RequestedActivations).
 bool OffloadsActivations(const JobSpec& spec) {
-  return spec.train.offload_activations || spec.train.activations == "host";
+  return ScheduleRequestOf(StepOptionsOf(spec)).activations == ActivationPlacement::kHost;
 }
 
 // Micro-batches whose layer inputs are saved at once: the layer-major wave
-// (train.schedule layer-major, or auto with accumulation on a GPU: Note
-// [Schedule choice] in step/schedule_choice.h), else 1. Auto's own move of
-// the inputs to host memory when they do not fit the device is not
+// the spec asks for on a GPU (RequestedOrder, Note [Schedule choice] in
+// step/schedule_choice.h), else 1. Auto's own move of the inputs to host
+// memory, or its smaller wave, when they do not fit the device is not
 // foreseen here.
 int64_t SavedMicroBatches(const JobSpec& spec) {
-  const int64_t accumulation = spec.train.gradient_accumulation_steps;
-  const bool layer_major =
-      spec.train.schedule == "layer-major" ||
-      (spec.train.schedule == "auto" && (accumulation > 1 || spec.train.wave > 0));
-  if (!layer_major) return 1;
-  return spec.train.wave > 0 ? std::min(spec.train.wave, accumulation) : accumulation;
+  return RequestedOrder(ScheduleRequestOf(StepOptionsOf(spec)), /*gpu=*/true).wave;
 }
 
 // Layer inputs saved for backward that stay on the device: all L of them
@@ -206,13 +204,8 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   // (embedding and accumulation buffers as upper bounds: they stay on the
   // host when the device is too small for them; the CPU has none of them,
   // but the estimate is for a GPU).
-  ExecutorOptions exec;
-  exec.compute_dtype = spec.train.compute_dtype;
-  exec.stream_fp32_master = spec.train.compute_dtype == ComputeDtype::kBf16 &&
-                            spec.memory.weight_stream == WeightStream::kFp32;
+  ExecutorOptions exec = ExecutorOptionsOf(StepOptionsOf(spec));
   exec.gradient_ring = CountsGradientRing(spec, config);
-  exec.micro_batch = spec.train.micro_batch;
-  exec.seq_len = spec.train.seq_len;
   exec.offload_activations = OffloadsActivations(spec);
   if (SavedMicroBatches(spec) > 1) {
     exec.schedule = StepSchedule::kLayerMajor;
@@ -651,35 +644,8 @@ absl::Status TrainingJobImpl::OpenData() {
 }
 
 absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions() {
-  TrainerOptions t;  // t.device: JobTrainer::Create's
-  t.compute_dtype = spec_.train.compute_dtype;
-  t.weight_stream = spec_.memory.weight_stream;
-  t.gradient_landing = spec_.memory.gradient_landing;
-  t.micro_batch = spec_.train.micro_batch;
-  t.seq_len = spec_.train.seq_len;
-  t.adamw.lr = spec_.optimizer.lr;
-  t.adamw.beta1 = spec_.optimizer.beta1;
-  t.adamw.beta2 = spec_.optimizer.beta2;
-  t.adamw.eps = spec_.optimizer.eps;
-  t.adamw.weight_decay = spec_.optimizer.weight_decay;
-  MEGATRAIN_ASSIGN_OR_RETURN(t.schedule.kind, ParseLrScheduleKind(spec_.optimizer.schedule));
-  t.schedule.warmup_steps = spec_.optimizer.warmup_steps;
-  t.schedule.total_steps = max_steps_;
-  t.schedule.min_lr_ratio = spec_.optimizer.min_lr_ratio;
-  t.max_grad_norm = spec_.train.max_grad_norm;
-  t.nan_policy = spec_.train.nan_policy;
-  t.offload_activations = spec_.train.offload_activations;
+  TrainerOptions t = StepOptionsOf(spec_);  // t.device: JobTrainer::Create's
   t.abandon_step = &abandon_step_;
-  MEGATRAIN_ASSIGN_OR_RETURN(t.step_schedule,
-                             ParseStepSchedule(spec_.train.schedule, "train.schedule"));
-  t.wave = static_cast<int>(spec_.train.wave);
-  MEGATRAIN_ASSIGN_OR_RETURN(
-      t.activation_placement,
-      ParseActivationPlacement(spec_.train.activations, "train.activations"));
-  t.gradient_accumulation_steps = spec_.train.gradient_accumulation_steps;
-  t.resident_layers = static_cast<int>(spec_.train.resident_layers);  // -1: auto
-  MEGATRAIN_ASSIGN_OR_RETURN(t.cuda_graphs,
-                             ParseCudaGraphs(spec_.train.cuda_graphs, "train.cuda_graphs"));
   MEGATRAIN_ASSIGN_OR_RETURN(t.debug_nonfinite, DebugInjectionFromEnv());
   if (t.debug_nonfinite.step > 0) {
     std::fprintf(stderr, "megatrain: debug knob %s=%s: step %lld of this job goes non-finite\n",
@@ -721,7 +687,7 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
   state.data_cursor_json = (consumed_cursor_ ? *consumed_cursor_ : loader_->cursor()).ToJson();
   state.job_spec_json = JobSpecToJson(spec_);
   state.schedule_json = nlohmann::json{
-      {"schedule", spec_.optimizer.schedule},
+      {"schedule", std::string(LrScheduleKindName(spec_.optimizer.schedule))},
       {"warmup_steps", spec_.optimizer.warmup_steps},
       {"total_steps", max_steps_},
       {"min_lr_ratio", spec_.optimizer.min_lr_ratio},

@@ -8,8 +8,6 @@
 #include "engine/model/model_config.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/checkpoint_retention.h"
-#include "engine/spec/lr_schedule_kind.h"
-#include "engine/spec/step_schedule.h"
 
 namespace megatrain::engine {
 namespace {
@@ -43,22 +41,30 @@ void CheckSources(const JobSpec& s, SpecErrors& errors) {
   }
 }
 
+// Enums out of their range: only a caller that casts an integer makes
+// one (the edges parse words into the enums).
+template <typename Enum>
+void CheckEnumValue(absl::string_view field, Enum value, Enum last, SpecErrors& errors) {
+  const int n = static_cast<int>(value);
+  if (n < 0 || n > static_cast<int>(last)) {
+    errors.Add(absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", n)));
+  }
+}
+
 // train.schedule, train.wave, train.activations and train.cuda_graphs (Note [Schedule choice]
-// in engine/step/schedule_choice.h); the spellings are step_schedule.h's.
+// in engine/step/schedule_choice.h); the rules are step_schedule.h's.
 void CheckTrainSchedule(const TrainSpec& t, SpecErrors& errors) {
-  const absl::StatusOr<std::optional<StepSchedule>> schedule =
-      ParseStepSchedule(t.schedule, "train.schedule");
-  errors.Add(schedule.status());
-  const absl::StatusOr<ActivationPlacement> activations =
-      ParseActivationPlacement(t.activations, "train.activations");
-  errors.Add(activations.status());
+  if (t.schedule.has_value()) {
+    CheckEnumValue("train.schedule", *t.schedule, StepSchedule::kLayerMajor, errors);
+  }
+  CheckEnumValue("train.activations", t.activations, ActivationPlacement::kHost, errors);
   errors.Add(CheckIntInRange("train.wave", t.wave, kWaveRange));
-  errors.Add(ParseCudaGraphs(t.cuda_graphs, "train.cuda_graphs").status());
-  if (t.wave > 1 && schedule.ok() && *schedule == StepSchedule::kMicroBatchMajor) {
+  CheckEnumValue("train.cuda_graphs", t.cuda_graphs, CudaGraphs::kOn, errors);
+  if (WaveContradictsSchedule(t.schedule, t.wave)) {
     errors.Add(absl::InvalidArgumentError(absl::StrCat(
         "train.wave: ", t.wave, " micro-batches per wave needs train.schedule: layer-major")));
   }
-  if (t.offload_activations && activations.ok() && *activations == ActivationPlacement::kDevice) {
+  if (t.offload_activations && t.activations == ActivationPlacement::kDevice) {
     errors.Add(absl::InvalidArgumentError(
         "train.activations: 'device' contradicts train.offload_activations: true"));
   }
@@ -137,7 +143,7 @@ void CheckOptimizer(const JobSpec& s, bool train_ok, SpecErrors& errors) {
   errors.Add(CheckRealInRange("optimizer.eps", o.eps, kEpsRange));
   errors.Add(CheckRealInRange("optimizer.weight_decay", o.weight_decay, kWeightDecayRange));
   errors.Add(CheckRealInRange("optimizer.min_lr_ratio", o.min_lr_ratio, kMinLrRatioRange));
-  errors.Add(ParseLrScheduleKind(o.schedule).status());
+  CheckEnumValue("optimizer.schedule", o.schedule, LrScheduleKind::kConstant, errors);
   if (train_ok) {
     errors.Add(CheckIntInRange("optimizer.warmup_steps", o.warmup_steps, IntRange{0, MaxSteps(s)}));
   }
@@ -160,11 +166,11 @@ void CheckMemory(const JobSpec& spec, SpecErrors& errors) {
   }
   // Note [Gradient ring] in engine/step/grad_lander.h: the norm of the
   // whole gradient is needed before any update when clipping.
-  if (spec.memory.gradient_landing == GradientLanding::kRing && spec.train.max_grad_norm > 0) {
+  if (spec.memory.gradient_landing == GradientLanding::kRing &&
+      ClippingForbidsGradientRing(spec.train.max_grad_norm)) {
     errors.Add(absl::InvalidArgumentError(absl::StrCat(
-        "memory.gradient_landing: ring needs train.max_grad_norm 0 (clipping needs the whole "
-        "gradient's norm before any update), got max_grad_norm ",
-        spec.train.max_grad_norm, "; use arena or auto")));
+        "memory.gradient_landing: ring needs train.max_grad_norm 0 (", kGradientRingClippingReason,
+        "), got max_grad_norm ", spec.train.max_grad_norm, "; use arena or auto")));
   }
   // Note [Shared host store] in engine/step/gradient_reducer.h: the ranks'
   // reduced shards land in the shared store's gradient arena.

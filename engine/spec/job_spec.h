@@ -8,7 +8,10 @@
 // Field names follow the job file (examples/jobs/tiny.yaml), the proto
 // (proto/megatrain/v1/job.proto) and the JSON (job_spec_json.h):
 // `train.micro_batch`, `optimizer.lr`, ...; error messages name the field by
-// that path. docs/job-spec.md documents every field.
+// that path. docs/job-spec.md documents every field. Keyword fields are
+// enums, parsed once at the edges (server/rpc/proto_convert.cc,
+// job_spec_json.cc, megatrain-bench's flags); engine/job/step_options.h
+// turns a spec into the step's options.
 //
 // Note [One place per bound]: each numeric bound of a field is written once,
 // as a k...Range constant below, and checked with CheckIntInRange /
@@ -30,9 +33,11 @@
 #include "absl/strings/string_view.h"
 #include "engine/model/precision.h"
 #include "engine/spec/document_attention.h"
-#include "engine/spec/nan_policy.h"
+#include "engine/spec/lr_schedule_kind.h"
 #include "engine/spec/memory_modes.h"
+#include "engine/spec/nan_policy.h"
 #include "engine/spec/nvme_tier_mode.h"
+#include "engine/spec/step_schedule.h"
 
 namespace megatrain::engine {
 
@@ -89,16 +94,19 @@ struct TrainSpec {
   // RoPE then runs past the positions the model was trained on.
   bool allow_seq_len_above_max_position_embeddings = false;
   // The step schedule (issue 16; Note [Schedule choice] in
-  // engine/step/schedule_choice.h): "auto" | "micro-batch-major" |
-  // "layer-major"; layer-major micro-batches per wave (0 = auto); where the
-  // saved layer inputs live, "auto" | "device" | "host" (offload_activations
-  // true means "host"). Auto picks from the plan's sizes on the device.
-  std::string schedule = "auto";
+  // engine/step/schedule_choice.h): the order (empty: auto; "auto" |
+  // "micro-batch-major" | "layer-major" in job files), layer-major
+  // micro-batches per wave (0 = auto), where the saved layer inputs live
+  // ("auto" | "device" | "host"; offload_activations true means host:
+  // RequestedActivations). Auto picks from the plan's sizes on the device.
+  // The words are parsed at the edges (the proto conversion, the JSON
+  // reader) by step_schedule.h.
+  std::optional<StepSchedule> schedule;
   int64_t wave = 0;
-  std::string activations = "auto";
+  ActivationPlacement activations = ActivationPlacement::kAuto;
   // CUDA graphs of the dense decoder layers (Note [Layer graphs] in
   // engine/step/layer_graphs.h): "auto" | "on" | "off".
-  std::string cuda_graphs = "auto";
+  CudaGraphs cuda_graphs = CudaGraphs::kAuto;
   // Devices the job trains on, data parallel (docs/distributed.md): N >= 1,
   // or kAllDevices for every device of the daemon (resolved at submission).
   // gradient_accumulation_steps must be a multiple of N: each device runs
@@ -125,8 +133,8 @@ struct OptimizerSpec {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;
-  std::string schedule = "cosine";  // cosine | linear | constant (LrScheduleKind)
-  double min_lr_ratio = 0.0;        // final lr / peak lr
+  LrScheduleKind schedule = LrScheduleKind::kCosine;  // "cosine" | "linear" | "constant"
+  double min_lr_ratio = 0.0;                          // final lr / peak lr
 };
 
 struct EvalSpec {
@@ -268,7 +276,8 @@ class SpecErrors {
 // Checks every field against its bound and the fields' combinations (one of
 // model.preset / model.hf_dir, one of data.tokens / data.text, a tokenizer
 // for text, max_steps or max_tokens, warmup_steps <= MaxSteps, a known
-// schedule and preset). INVALID_ARGUMENT naming the field path and the value
+// preset, the enums' values, the schedule's rules between fields). INVALID_ARGUMENT naming the
+// field path and the value
 // ("train.micro_batch: must be in [1, 4096], got 0"); those of PresetConfig
 // for an unknown preset. Every error of the spec at once (SpecErrors: the
 // messages joined by "; ", the first one's code). Does not touch the file system (an hf_dir model's

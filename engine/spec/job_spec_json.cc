@@ -42,10 +42,12 @@ json TrainToJson(const TrainSpec& t) {
   if (t.allow_seq_len_above_max_position_embeddings) {
     j["allow_seq_len_above_max_position_embeddings"] = true;
   }
-  if (t.schedule != "auto") j["schedule"] = t.schedule;
+  if (t.schedule.has_value()) j["schedule"] = StepScheduleName(*t.schedule);
   if (t.wave != 0) j["wave"] = t.wave;
-  if (t.activations != "auto") j["activations"] = t.activations;
-  if (t.cuda_graphs != "auto") j["cuda_graphs"] = t.cuda_graphs;
+  if (t.activations != ActivationPlacement::kAuto) {
+    j["activations"] = ActivationPlacementName(t.activations);
+  }
+  if (t.cuda_graphs != CudaGraphs::kAuto) j["cuda_graphs"] = CudaGraphsName(t.cuda_graphs);
   if (t.devices != 1) j["devices"] = t.devices;
   if (t.resident_layers != kAutoResidentLayers) j["resident_layers"] = t.resident_layers;
   return j;
@@ -58,7 +60,7 @@ json OptimizerToJson(const OptimizerSpec& o) {
           {"eps", o.eps},
           {"weight_decay", o.weight_decay},
           {"warmup_steps", o.warmup_steps},
-          {"schedule", o.schedule},
+          {"schedule", std::string(LrScheduleKindName(o.schedule))},
           {"min_lr_ratio", o.min_lr_ratio}};
 }
 
@@ -84,6 +86,28 @@ absl::Status ModelAndDataFromJson(const json& j, JobSpec* spec) {
     return absl::DataLossError(absl::StrCat("job spec JSON: ", mode.status().message()));
   }
   spec->data.packing.document_attention = *mode;
+  return absl::OkStatus();
+}
+
+// The keywords of train.schedule, train.activations and train.cuda_graphs
+// (step_schedule.h; absent: auto).
+absl::Status ScheduleFromJson(const json& train, TrainSpec* t) {
+  std::string schedule = StepScheduleRequestName(t->schedule);
+  Get(train, "schedule", &schedule);
+  absl::StatusOr<std::optional<StepSchedule>> order = ParseStepSchedule(schedule, "train.schedule");
+  std::string activations = ActivationPlacementName(t->activations);
+  Get(train, "activations", &activations);
+  absl::StatusOr<ActivationPlacement> placement =
+      ParseActivationPlacement(activations, "train.activations");
+  std::string cuda_graphs = CudaGraphsName(t->cuda_graphs);
+  Get(train, "cuda_graphs", &cuda_graphs);
+  absl::StatusOr<CudaGraphs> graphs = ParseCudaGraphs(cuda_graphs, "train.cuda_graphs");
+  for (const absl::Status& status : {order.status(), placement.status(), graphs.status()}) {
+    if (!status.ok()) return absl::DataLossError(absl::StrCat("job spec JSON: ", status.message()));
+  }
+  t->schedule = *order;
+  t->activations = *placement;
+  t->cuda_graphs = *graphs;
   return absl::OkStatus();
 }
 
@@ -117,13 +141,10 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   Get(train, "offload_activations", &t->offload_activations);
   Get(train, "allow_seq_len_above_max_position_embeddings",
       &t->allow_seq_len_above_max_position_embeddings);
-  Get(train, "schedule", &t->schedule);
   Get(train, "wave", &t->wave);
-  Get(train, "activations", &t->activations);
-  Get(train, "cuda_graphs", &t->cuda_graphs);
   Get(train, "devices", &t->devices);                  // absent before data parallelism: 1
   Get(train, "resident_layers", &t->resident_layers);  // absent: auto
-  return absl::OkStatus();
+  return ScheduleFromJson(train, t);
 }
 
 absl::Status MemoryFromJson(const json& j, MemorySpec* m) {
@@ -151,7 +172,7 @@ absl::Status MemoryFromJson(const json& j, MemorySpec* m) {
   return absl::OkStatus();
 }
 
-void OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
+absl::Status OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
   const json& optimizer = Section(j, "optimizer");
   Get(optimizer, "lr", &spec->optimizer.lr);
   Get(optimizer, "beta1", &spec->optimizer.beta1);
@@ -159,7 +180,13 @@ void OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
   Get(optimizer, "eps", &spec->optimizer.eps);
   Get(optimizer, "weight_decay", &spec->optimizer.weight_decay);
   Get(optimizer, "warmup_steps", &spec->optimizer.warmup_steps);
-  Get(optimizer, "schedule", &spec->optimizer.schedule);
+  std::string schedule(LrScheduleKindName(spec->optimizer.schedule));
+  Get(optimizer, "schedule", &schedule);
+  absl::StatusOr<LrScheduleKind> kind = ParseLrScheduleKind(schedule);
+  if (!kind.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", kind.status().message()));
+  }
+  spec->optimizer.schedule = *kind;
   Get(optimizer, "min_lr_ratio", &spec->optimizer.min_lr_ratio);
   const json& eval = Section(j, "eval");
   Get(eval, "every_steps", &spec->eval.every_steps);
@@ -168,6 +195,7 @@ void OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
   Get(checkpoint, "every_steps", &spec->checkpoint.every_steps);
   Get(checkpoint, "keep_last", &spec->checkpoint.keep_last);
   Get(checkpoint, "keep_every", &spec->checkpoint.keep_every);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -216,7 +244,9 @@ absl::Status JobSpecFromJsonObject(const json& j, JobSpec* spec) {
     Get(j, "name", &spec->name);
     if (absl::Status status = ModelAndDataFromJson(j, spec); !status.ok()) return status;
     if (absl::Status status = TrainFromJson(j, &spec->train); !status.ok()) return status;
-    OptimizerEvalCheckpointFromJson(j, spec);
+    if (absl::Status status = OptimizerEvalCheckpointFromJson(j, spec); !status.ok()) {
+      return status;
+    }
     if (absl::Status status = MemoryFromJson(j, &spec->memory); !status.ok()) return status;
     Get(j, "output_dir", &spec->output_dir);
   } catch (const json::exception& e) {

@@ -43,8 +43,8 @@ std::string JobSpecToJson(const JobSpec& spec);
 // data.packing.document_attention is auto (the default: a job with masked
 // data written before the field resumes isolated). Does not
 // validate (ValidateJobSpec does). DATA_LOSS "job spec JSON: ..." for a
-// field of the wrong type or an unknown compute_dtype / nan_policy /
-// document_attention: the text
+// field of the wrong type or an unknown keyword (compute_dtype, nan_policy,
+// document_attention, the schedule's, optimizer.schedule, memory.*): the text
 // was written by us, so a bad one is a corrupt store or checkpoint.
 absl::Status JobSpecFromJsonObject(const nlohmann::json& object, JobSpec* spec);
 

@@ -45,6 +45,17 @@ enum class GradientLanding {
   kAuto,   // kRing where it is allowed, else kArena
 };
 
+// Note [Gradient ring] in engine/step/grad_lander.h: clipping needs the
+// whole gradient's norm before any update, so the ring lands gradients
+// only with clipping off (max_grad_norm 0). The one statement of the rule:
+// the job spec refuses ring with clipping (ValidateJobSpec), the trainer
+// refuses or (auto) declines it, the footprint does not count it.
+inline bool ClippingForbidsGradientRing(double max_grad_norm) { return max_grad_norm > 0; }
+
+// Why, for the messages of the refusals above.
+inline constexpr char kGradientRingClippingReason[] =
+    "clipping needs the whole gradient's norm before any update";
+
 // "arena", "ring", "auto".
 inline absl::string_view GradientLandingName(GradientLanding mode) {
   switch (mode) {

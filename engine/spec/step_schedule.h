@@ -1,12 +1,16 @@
 // The step schedule's words: the order of work of a step (the job field
-// `train.schedule`, megatrain-bench --schedule) and where the saved layer
-// inputs live (`train.activations`, --activations). One place for their
-// spellings: the job spec checks them (job_spec.cc), the trainer's choice
+// `train.schedule`, megatrain-bench --schedule), where the saved layer
+// inputs live (`train.activations`, --activations) and whether layers run
+// from CUDA graphs (`train.cuda_graphs`, --cuda_graphs). One place for
+// their spellings and for the rules between them: the edges parse them
+// (the proto conversion, the spec's JSON reader, megatrain-bench's flags)
+// into the enums the job spec carries (job_spec.h); the trainer's choice
 // and the executor use the enums (engine/step/schedule_choice.h,
 // step_plan.h). Torch-free, header-only.
 #ifndef MEGATRAIN_ENGINE_SPEC_STEP_SCHEDULE_H_
 #define MEGATRAIN_ENGINE_SPEC_STEP_SCHEDULE_H_
 
+#include <cstdint>
 #include <optional>
 
 #include "absl/status/statusor.h"
@@ -25,6 +29,20 @@ enum class StepSchedule {
 // "micro-batch-major" / "layer-major" (the job spec's and the bench's words).
 inline const char* StepScheduleName(StepSchedule schedule) {
   return schedule == StepSchedule::kLayerMajor ? "layer-major" : "micro-batch-major";
+}
+
+// "auto" for an empty optional (the trainer's choice), else StepScheduleName.
+inline const char* StepScheduleRequestName(std::optional<StepSchedule> schedule) {
+  return schedule.has_value() ? StepScheduleName(*schedule) : "auto";
+}
+
+// Note [Schedule choice] in engine/step/schedule_choice.h: a wave of more
+// than one micro-batch is a layer-major wave, so it contradicts a forced
+// micro-batch-major schedule. The one statement of the rule: the job spec
+// (ValidateJobSpec) and the trainer's choice (ChooseSchedule) word the
+// refusal each for its own field.
+inline bool WaveContradictsSchedule(std::optional<StepSchedule> schedule, int64_t wave) {
+  return wave > 1 && schedule == StepSchedule::kMicroBatchMajor;
 }
 
 // "auto" (empty), "micro-batch-major", "layer-major"; an empty optional for
@@ -71,15 +89,55 @@ inline absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string
       absl::StrCat(field, ": expected auto, device or host, got '", text, "'"));
 }
 
+// Where the saved layer inputs live as asked: train.offload_activations
+// (TrainerOptions::offload_activations, --offload_activations) true means
+// kHost whatever `placement` says (the job spec refuses kDevice with it);
+// otherwise `placement`. The one statement of the rule.
+inline ActivationPlacement RequestedActivations(bool offload_activations,
+                                                ActivationPlacement placement) {
+  return offload_activations ? ActivationPlacement::kHost : placement;
+}
+
 // Whether dense decoder layers run from CUDA graphs (`train.cuda_graphs`,
 // megatrain-bench --cuda_graphs; Note [Layer graphs] in
-// engine/step/layer_graphs.h): "auto" (empty) -1, "off" 0, "on" 1.
-// INVALID_ARGUMENT "<field>: expected auto, on or off, got '<text>'"
-// otherwise, quoting at most 32 bytes of `text`.
-inline absl::StatusOr<int> ParseCudaGraphs(absl::string_view text, absl::string_view field) {
-  if (text.empty() || text == "auto") return -1;
-  if (text == "off") return 0;
-  if (text == "on") return 1;
+// engine/step/layer_graphs.h).
+enum class CudaGraphs {
+  kAuto,  // on a GPU when a micro-batch is small (kCudaGraphMaxTokens)
+  kOff,
+  kOn,
+};
+
+// "auto", "off", "on".
+inline const char* CudaGraphsName(CudaGraphs graphs) {
+  switch (graphs) {
+    case CudaGraphs::kAuto:
+      return "auto";
+    case CudaGraphs::kOff:
+      return "off";
+    case CudaGraphs::kOn:
+      return "on";
+  }
+  return "?";
+}
+
+// The trainer's spelling (TrainerOptions::cuda_graphs,
+// ScheduleRequest::cuda_graphs, megatrain-bench --cuda_graphs): -1 auto,
+// 0 off, 1 on.
+inline int CudaGraphsOption(CudaGraphs graphs) {
+  return graphs == CudaGraphs::kOn ? 1 : graphs == CudaGraphs::kOff ? 0 : -1;
+}
+
+// Inverse of CudaGraphsOption; anything but 0 and 1 is auto.
+inline CudaGraphs CudaGraphsFromOption(int option) {
+  return option == 1 ? CudaGraphs::kOn : option == 0 ? CudaGraphs::kOff : CudaGraphs::kAuto;
+}
+
+// "auto" (empty), "off", "on". INVALID_ARGUMENT "<field>: expected auto,
+// on or off, got '<text>'" otherwise, quoting at most 32 bytes of `text`.
+inline absl::StatusOr<CudaGraphs> ParseCudaGraphs(absl::string_view text, absl::string_view field) {
+  if (text.empty() || text == "auto") return CudaGraphs::kAuto;
+  if (text == "off") return CudaGraphs::kOff;
+  if (text == "on") return CudaGraphs::kOn;
   constexpr size_t kQuoted = 32;
   return absl::InvalidArgumentError(absl::StrCat(field, ": expected auto, on or off, got '",
                                                  text.substr(0, kQuoted),

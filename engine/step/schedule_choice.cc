@@ -59,7 +59,7 @@ absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& requ
                                                    " (auto), ", kWaveRange.max, "], got ",
                                                    request.wave));
   }
-  if (request.wave > 1 && request.schedule == StepSchedule::kMicroBatchMajor) {
+  if (WaveContradictsSchedule(request.schedule, request.wave)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "wave: ", request.wave, " micro-batches per wave needs the layer-major schedule"));
   }
@@ -89,12 +89,9 @@ absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& requ
 void ChooseOrder(const ModelConfig& config, const ScheduleRequest& request,
                  int64_t layer_input_bytes, int64_t device_total_bytes,
                  int64_t executor_device_bytes, ScheduleChoice* choice) {
-  const int64_t accumulation = request.gradient_accumulation_steps;
   const bool gpu = device_total_bytes > 0;
-  // A wave asked for implies layer-major.
-  const bool layer_major = (gpu && accumulation > 1) || request.wave > 0;
-  choice->schedule = request.schedule.value_or(layer_major ? StepSchedule::kLayerMajor
-                                                           : StepSchedule::kMicroBatchMajor);
+  const ScheduleOrder order = RequestedOrder(request, gpu);
+  choice->schedule = order.schedule;
   const int64_t layers = config.num_hidden_layers;
   // Live activations of a wave of w (Note [Schedule choice]).
   auto kept = [&](int64_t w) { return w * (layers + 2) * layer_input_bytes; };
@@ -105,10 +102,7 @@ void ChooseOrder(const ModelConfig& config, const ScheduleRequest& request,
         static_cast<double>(std::max<int64_t>(0, device_total_bytes - executor_device_bytes)));
   }
   const int64_t budget = choice->activation_budget_bytes;
-  int64_t wave = 1;
-  if (choice->schedule == StepSchedule::kLayerMajor) {
-    wave = request.wave > 0 ? std::min<int64_t>(request.wave, accumulation) : accumulation;
-  }
+  int64_t wave = order.wave;
   bool host = request.activations == ActivationPlacement::kHost;
   if (request.activations == ActivationPlacement::kAuto && gpu) {
     if (kept(wave) > budget && layers > 1) host = true;
@@ -154,6 +148,19 @@ ExecutorMemoryPlan PlanWith(const ModelConfig& config, const ExecutorOptions& ex
 }
 
 }  // namespace
+
+ScheduleOrder RequestedOrder(const ScheduleRequest& request, bool gpu) {
+  const int64_t accumulation = request.gradient_accumulation_steps;
+  // A wave asked for implies layer-major.
+  const bool layer_major = (gpu && accumulation > 1) || request.wave > 0;
+  ScheduleOrder order;
+  order.schedule = request.schedule.value_or(layer_major ? StepSchedule::kLayerMajor
+                                                         : StepSchedule::kMicroBatchMajor);
+  if (order.schedule == StepSchedule::kLayerMajor) {
+    order.wave = request.wave > 0 ? std::min<int64_t>(request.wave, accumulation) : accumulation;
+  }
+  return order;
+}
 
 ExecutorOptions WithChoice(const ExecutorOptions& executor, const ScheduleChoice& choice) {
   ExecutorOptions out = executor;

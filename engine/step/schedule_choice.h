@@ -180,6 +180,20 @@ struct ScheduleChoice {
   std::string Describe() const;
 };
 
+// The order of a step and its wave as `request` asks for them (Note
+// [Schedule choice]), before the activation budget: layer-major when
+// forced, or auto with A > 1 micro-batches on a GPU (`gpu`) or a wave
+// asked for; the wave asked for capped at A, else A (1 for
+// micro-batch-major). ChooseSchedule starts from it (and may shrink an
+// auto wave to fit); the footprint (engine/job/training_job.h), which
+// plans for a GPU of unknown size, stops there. `request` as
+// ChooseSchedule checks it.
+struct ScheduleOrder {
+  StepSchedule schedule = StepSchedule::kMicroBatchMajor;
+  int64_t wave = 1;  // micro-batches whose layer inputs are saved at once
+};
+ScheduleOrder RequestedOrder(const ScheduleRequest& request, bool gpu);
+
 // Checks `request` (INVALID_ARGUMENT naming the option: `wave` must be in
 // kWaveRange, [0, 4096] (engine/spec/job_spec.h), and 0 or 1 with
 // micro-batch-major; `gradient_accumulation_steps` >= 1; resident_layers -1

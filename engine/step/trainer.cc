@@ -30,7 +30,10 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// INVALID_ARGUMENT naming the first option out of range.
+// The trainer's own preconditions: INVALID_ARGUMENT (UNIMPLEMENTED for
+// what is not built) naming the first option out of range. The schedule's
+// and residency's options are ChooseSchedule's to check (Create calls it
+// through ResolveExecutorOptions), a job's fields ValidateJobSpec's.
 absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& options) {
   if (options.optimizer_nice < 0 || options.optimizer_nice > 19) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -40,20 +43,6 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
   if (options.critical_threads < 0 || options.critical_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("critical_threads: must be in [0, 1024], got ", options.critical_threads));
-  }
-  if (options.resident_layers < -1 || options.resident_layers > config.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resident_layers: must be -1 (auto) or in [0, num_hidden_layers=", config.num_hidden_layers,
-        "], got ", options.resident_layers));
-  }
-  if (options.resident_embedding < -1 || options.resident_embedding > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resident_embedding: must be -1 (auto), 0 or 1, got ", options.resident_embedding));
-  }
-  if (options.device_grad_accumulation < -1 || options.device_grad_accumulation > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device_grad_accumulation: must be -1 (auto), 0 or 1, got ",
-                     options.device_grad_accumulation));
   }
   if (!options.nvme_dir.empty() &&
       (options.resident_layers > 0 || options.resident_embedding == 1)) {
@@ -112,8 +101,10 @@ absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const Mo
       exec.device_grad_accumulation ||
       (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
   const char* refusal = nullptr;
-  if (options.max_grad_norm > 0) {
-    refusal = "needs max_grad_norm 0 (clipping needs the whole gradient's norm before any update)";
+  std::string clipping;
+  if (ClippingForbidsGradientRing(options.max_grad_norm)) {
+    clipping = absl::StrCat("needs max_grad_norm 0 (", kGradientRingClippingReason, ")");
+    refusal = clipping.c_str();
   } else if (config.moe != nullptr) {
     refusal = "not for mixture-of-experts models";
   } else if (options.gradient_reducer != nullptr) {
@@ -147,31 +138,14 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
                                                        const ModelConfig& config,
                                                        const DeviceRuntime& runtime,
                                                        ScheduleChoice* choice) {
-  ExecutorOptions exec;
-  exec.compute_dtype = options.compute_dtype;
-  exec.micro_batch = options.micro_batch;
-  exec.seq_len = options.seq_len;
-  exec.num_weight_slots = options.num_weight_slots;
-  exec.loss_chunk_tokens = options.loss_chunk_tokens;
-  exec.offload_activations = options.offload_activations;
+  ExecutorOptions exec = ExecutorOptionsOf(options);
   exec.abandon_step = options.abandon_step;
-  exec.stream_fp32_master =
-      options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kFp32;
   if (const GradientReducer* reducer = options.gradient_reducer; reducer != nullptr) {
     // Note [Sharded weight streaming] in weight_slots.h.
     exec.weight_shard_world = reducer->weight_shard_world();
     exec.weight_shard_rank = reducer->weight_shard_rank();
   }
-  ScheduleRequest request;
-  request.schedule = options.step_schedule;
-  request.wave = options.wave;
-  request.activations =
-      options.offload_activations ? ActivationPlacement::kHost : options.activation_placement;
-  request.gradient_accumulation_steps = options.gradient_accumulation_steps;
-  request.resident_layers = options.resident_layers;
-  request.resident_embedding = options.resident_embedding;
-  request.device_grad_accumulation = options.device_grad_accumulation;
-  request.cuda_graphs = options.cuda_graphs;
+  const ScheduleRequest request = ScheduleRequestOf(options);
   // Notes [Schedule choice] and [Auto resident layers] in schedule_choice.h.
   MEGATRAIN_ASSIGN_OR_RETURN(
       *choice, ChooseSchedule(config, request, exec, runtime.is_cuda() ? runtime.TotalBytes() : 0));
@@ -409,6 +383,33 @@ void Trainer::set_step(int64_t step) {
 }
 
 void Trainer::SetTestHooks(std::unique_ptr<TrainerTestHooks> hooks) { hooks_ = std::move(hooks); }
+
+ScheduleRequest ScheduleRequestOf(const TrainerOptions& options) {
+  ScheduleRequest request;
+  request.schedule = options.step_schedule;
+  request.wave = options.wave;
+  request.activations =
+      RequestedActivations(options.offload_activations, options.activation_placement);
+  request.gradient_accumulation_steps = options.gradient_accumulation_steps;
+  request.resident_layers = options.resident_layers;
+  request.resident_embedding = options.resident_embedding;
+  request.device_grad_accumulation = options.device_grad_accumulation;
+  request.cuda_graphs = options.cuda_graphs;
+  return request;
+}
+
+ExecutorOptions ExecutorOptionsOf(const TrainerOptions& options) {
+  ExecutorOptions exec;
+  exec.compute_dtype = options.compute_dtype;
+  exec.micro_batch = options.micro_batch;
+  exec.seq_len = options.seq_len;
+  exec.num_weight_slots = options.num_weight_slots;
+  exec.loss_chunk_tokens = options.loss_chunk_tokens;
+  exec.offload_activations = options.offload_activations;
+  exec.stream_fp32_master =
+      options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kFp32;
+  return exec;
+}
 
 int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda) {
   if (option >= 0) return option;

@@ -298,6 +298,21 @@ struct TrainerOptions {
   std::function<void(int64_t block)> shared_weight_gate;
 };
 
+// What `options` ask of the step's schedule (Note [Schedule choice] in
+// schedule_choice.h): order, wave, where the saved layer inputs live
+// (RequestedActivations: offload_activations means the host), the
+// micro-batches per step, residency, device gradient accumulation and CUDA
+// graphs. Trainer::Create and `megatrain plan` (engine/job/plan.cc) pass
+// it to ChooseSchedule; the footprint reads its order.
+ScheduleRequest ScheduleRequestOf(const TrainerOptions& options);
+
+// The executor's options that `options` fix before the schedule choice
+// (compute dtype, [micro_batch, seq_len], weight slots, loss chunk,
+// weight stream); the choice (WithChoice), the gradient ring and the
+// data-parallel doors come on top. Create, the plan and the footprint
+// start from it.
+ExecutorOptions ExecutorOptionsOf(const TrainerOptions& options);
+
 // The decoder layers TrainerOptions::resident_layers `option` keeps on a
 // device of unknown size: `option`, or for auto the floor of Note [Auto
 // resident layers] (min(2, num_hidden_layers - 1) on CUDA; none on the CPU

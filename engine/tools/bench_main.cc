@@ -6,7 +6,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "engine/job/bench.h"
+#include "engine/tools/bench.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/tools/optimizer_bench.h"
 #include "engine/runtime/torch_compat.h"

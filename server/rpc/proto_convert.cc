@@ -164,6 +164,33 @@ absl::Status BatchShapeFromProto(const v1::TrainSpec& train, engine::TrainSpec* 
   return absl::OkStatus();
 }
 
+// The keywords of train.schedule, train.activations and train.cuda_graphs,
+// parsed into the spec's enums (engine/spec/step_schedule.h: unset or
+// empty is auto); INVALID_ARGUMENT naming the field and the value, every
+// bad one at once.
+absl::Status ScheduleFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
+  engine::SpecErrors errors;
+  if (train.has_schedule()) {
+    absl::StatusOr<std::optional<engine::StepSchedule>> schedule =
+        engine::ParseStepSchedule(train.schedule(), "train.schedule");
+    errors.Add(schedule.status());
+    if (schedule.ok()) train_spec->schedule = *schedule;
+  }
+  if (train.has_activations()) {
+    absl::StatusOr<engine::ActivationPlacement> activations =
+        engine::ParseActivationPlacement(train.activations(), "train.activations");
+    errors.Add(activations.status());
+    if (activations.ok()) train_spec->activations = *activations;
+  }
+  if (train.has_cuda_graphs()) {
+    absl::StatusOr<engine::CudaGraphs> graphs =
+        engine::ParseCudaGraphs(train.cuda_graphs(), "train.cuda_graphs");
+    errors.Add(graphs.status());
+    if (graphs.ok()) train_spec->cuda_graphs = *graphs;
+  }
+  return errors.ToStatus();
+}
+
 // The rest of the train section: length, precision, clipping, NaN policy.
 absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
   MEGATRAIN_RETURN_IF_ERROR(BatchShapeFromProto(train, train_spec));
@@ -205,11 +232,9 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
     train_spec->allow_seq_len_above_max_position_embeddings =
         train.allow_seq_len_above_max_position_embeddings();
   }
-  if (train.has_schedule()) train_spec->schedule = train.schedule();
+  MEGATRAIN_RETURN_IF_ERROR(ScheduleFromProto(train, train_spec));
   if (train.has_wave()) train_spec->wave = train.wave();
   if (train.has_devices()) train_spec->devices = train.devices();
-  if (train.has_activations()) train_spec->activations = train.activations();
-  if (train.has_cuda_graphs()) train_spec->cuda_graphs = train.cuda_graphs();
   if (train.has_resident_layers()) {
     // Unset is auto; a negative count is no spelling of it.
     if (train.resident_layers() < 0) {
@@ -223,8 +248,8 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
 }
 
 // The optimizer, eval and checkpoint sections (unset optional fields keep
-// the spec's defaults).
-void OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* spec_out) {
+// the spec's defaults); INVALID_ARGUMENT for an unknown optimizer.schedule.
+absl::Status OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* spec_out) {
   engine::JobSpec& spec = *spec_out;
   const v1::OptimizerSpec& optimizer = in.optimizer();
   if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
@@ -233,7 +258,10 @@ void OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* sp
   if (optimizer.has_eps()) spec.optimizer.eps = optimizer.eps();
   spec.optimizer.weight_decay = optimizer.weight_decay();
   spec.optimizer.warmup_steps = optimizer.warmup_steps();
-  if (!optimizer.schedule().empty()) spec.optimizer.schedule = optimizer.schedule();
+  if (!optimizer.schedule().empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(spec.optimizer.schedule,
+                               engine::ParseLrScheduleKind(optimizer.schedule()));
+  }
   spec.optimizer.min_lr_ratio = optimizer.min_lr_ratio();
 
   spec.eval.every_steps = in.eval().every_steps();
@@ -242,6 +270,7 @@ void OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* sp
   spec.checkpoint.every_steps = in.checkpoint().every_steps();
   if (in.checkpoint().has_keep_last()) spec.checkpoint.keep_last = in.checkpoint().keep_last();
   spec.checkpoint.keep_every = in.checkpoint().keep_every();
+  return absl::OkStatus();
 }
 
 // The memory section (unset fields keep the spec's defaults). Values are
@@ -305,7 +334,7 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   }
 
   MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
-  OptimizerEvalCheckpointFromProto(in, &spec);
+  MEGATRAIN_RETURN_IF_ERROR(OptimizerEvalCheckpointFromProto(in, &spec));
   MEGATRAIN_RETURN_IF_ERROR(MemoryFromProto(in.memory(), &spec.memory));
   spec.output_dir = in.output_dir();
   if (in.memory().has_nvme_tier()) {
@@ -363,11 +392,11 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_offload_activations(spec.train.offload_activations);
   train->set_allow_seq_len_above_max_position_embeddings(
       spec.train.allow_seq_len_above_max_position_embeddings);
-  train->set_schedule(spec.train.schedule);
+  train->set_schedule(engine::StepScheduleRequestName(spec.train.schedule));
   train->set_wave(spec.train.wave);
   train->set_devices(static_cast<int32_t>(spec.train.devices));
-  train->set_activations(spec.train.activations);
-  train->set_cuda_graphs(spec.train.cuda_graphs);
+  train->set_activations(engine::ActivationPlacementName(spec.train.activations));
+  train->set_cuda_graphs(engine::CudaGraphsName(spec.train.cuda_graphs));
   if (spec.train.resident_layers != engine::kAutoResidentLayers) {
     train->set_resident_layers(static_cast<int32_t>(spec.train.resident_layers));
   }
@@ -378,7 +407,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   optimizer->set_eps(spec.optimizer.eps);
   optimizer->set_weight_decay(spec.optimizer.weight_decay);
   optimizer->set_warmup_steps(spec.optimizer.warmup_steps);
-  optimizer->set_schedule(spec.optimizer.schedule);
+  optimizer->set_schedule(std::string(engine::LrScheduleKindName(spec.optimizer.schedule)));
   optimizer->set_min_lr_ratio(spec.optimizer.min_lr_ratio);
   out->mutable_eval()->set_every_steps(spec.eval.every_steps);
   out->mutable_eval()->set_batches(spec.eval.batches);

@@ -17,7 +17,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/spec/job_spec.h"
-#include "engine/spec/lr_schedule_kind.h"
 
 namespace megatrain::server::testing {
 
@@ -240,10 +239,6 @@ absl::Status FakeEngineBackend::ValidateJobSpec(const engine::JobSpec& spec) {
   if (!(spec.optimizer.lr > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer.lr: must be > 0, got ", spec.optimizer.lr));
-  }
-  if (absl::Status status = engine::ParseLrScheduleKind(spec.optimizer.schedule).status();
-      !status.ok()) {
-    return status;
   }
   if (spec.data.tokens.empty() == spec.data.text.empty()) {
     return absl::InvalidArgumentError("data: give exactly one of tokens and text");

@@ -286,7 +286,7 @@ TEST(PlanTest, DeviceBytesFollowTheTrainersAutoChoicesForTheGpu) {
   // device: like the trainer's auto choice, the plan puts them in pinned
   // host memory, which the host tier then counts.
   JobSpec offloaded = spec;
-  offloaded.train.activations = "host";
+  offloaded.train.activations = ActivationPlacement::kHost;
   EXPECT_EQ(plan->tiers.host_bytes, EstimateFootprintForConfig(offloaded, config).host_total_bytes);
   EXPECT_GT(plan->tiers.host_bytes, upper.host_total_bytes);
   EXPECT_TRUE(plan->fits) << plan->verdict;

@@ -58,7 +58,7 @@ JobSpec EveryFieldSet() {
   s.optimizer.eps = 1e-6;
   s.optimizer.weight_decay = 0.1;
   s.optimizer.warmup_steps = 7;
-  s.optimizer.schedule = "linear";
+  s.optimizer.schedule = LrScheduleKind::kLinear;
   s.optimizer.min_lr_ratio = 0.1;
   s.eval.every_steps = 9;
   s.eval.batches = 2;
@@ -111,7 +111,7 @@ TEST(JobSpecJsonTest, FormerTextReadsBackToTheSameSpec) {
   EXPECT_EQ(spec->train.compute_dtype, ComputeDtype::kBf16);
   EXPECT_EQ(spec->train.nan_policy, NanPolicy::kFail);
   EXPECT_TRUE(spec->train.offload_activations);
-  EXPECT_EQ(spec->optimizer.schedule, "linear");
+  EXPECT_EQ(spec->optimizer.schedule, LrScheduleKind::kLinear);
   EXPECT_EQ(spec->checkpoint.keep_every, 8);
 }
 
@@ -231,9 +231,9 @@ TEST(SpecErrorsTest, OneErrorKeepsItsCodeAndMessageAndNoneIsOk) {
 
 TEST(ValidateJobSpecTest, UnknownScheduleAndPresetAreRefused) {
   JobSpec spec = TinyJob();
-  spec.optimizer.schedule = "step";
-  EXPECT_THAT(ValidateJobSpec(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer.schedule")));
+  spec.optimizer.schedule = static_cast<LrScheduleKind>(3);
+  EXPECT_THAT(ValidateJobSpec(spec), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("optimizer.schedule: unknown value 3")));
   spec = TinyJob();
   spec.model.preset = "no-such-model";
   EXPECT_THAT(ValidateJobSpec(spec),
@@ -391,6 +391,67 @@ TEST(LrScheduleKindTest, NamesParseBack) {
     ASSERT_THAT(parsed.status(), IsOk());
     EXPECT_EQ(*parsed, kind);
   }
+}
+
+// The schedule's words are parsed once, at the edges (step_schedule.h):
+// the spec's JSON reader turns them into the enums and back, and refuses an
+// unknown one as a corrupt store (DATA_LOSS naming the field).
+TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
+  JobSpec s = TinyJob();
+  s.train.schedule = StepSchedule::kLayerMajor;
+  s.train.wave = 3;
+  s.train.activations = ActivationPlacement::kHost;
+  s.train.cuda_graphs = CudaGraphs::kOn;
+  const std::string text = JobSpecToJson(s);
+  EXPECT_THAT(text, HasSubstr(R"("schedule":"layer-major")"));
+  EXPECT_THAT(text, HasSubstr(R"("cuda_graphs":"on")"));
+  absl::StatusOr<JobSpec> back = JobSpecFromJson(text);
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->train.schedule, StepSchedule::kLayerMajor);
+  EXPECT_EQ(back->train.wave, 3);
+  EXPECT_EQ(back->train.activations, ActivationPlacement::kHost);
+  EXPECT_EQ(back->train.cuda_graphs, CudaGraphs::kOn);
+  // Absent words are auto.
+  absl::StatusOr<JobSpec> plain = JobSpecFromJson(JobSpecToJson(TinyJob()));
+  ASSERT_THAT(plain.status(), IsOk());
+  EXPECT_FALSE(plain->train.schedule.has_value());
+  EXPECT_EQ(plain->train.activations, ActivationPlacement::kAuto);
+  EXPECT_EQ(plain->train.cuda_graphs, CudaGraphs::kAuto);
+  EXPECT_THAT(JobSpecFromJson(R"({"train":{"schedule":"layer_major"}})").status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                                 "layer-major, got 'layer_major'")));
+  EXPECT_THAT(JobSpecFromJson(R"({"train":{"cuda_graphs":"yes"}})").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.cuda_graphs")));
+  EXPECT_THAT(
+      JobSpecFromJson(R"({"optimizer":{"schedule":"step"}})").status(),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("optimizer.schedule: unknown 'step'")));
+}
+
+// The words' parsers name the field and quote the value (at most 32 bytes
+// of it: the value may be as long as the proto allows).
+TEST(StepScheduleTest, ParsersNameTheFieldAndTheValue) {
+  EXPECT_THAT(ParseStepSchedule("layer_major", "train.schedule").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                                 "layer-major, got 'layer_major'")));
+  EXPECT_THAT(ParseActivationPlacement("gpu", "train.activations").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.activations: expected auto, device or host, got 'gpu'")));
+  EXPECT_THAT(ParseCudaGraphs("yes", "train.cuda_graphs").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.cuda_graphs: expected auto, on or off, got 'yes'")));
+  EXPECT_THAT(ParseCudaGraphs(std::string(1000, 'x'), "train.cuda_graphs").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("got '" + std::string(32, 'x') + "...'")));
+  absl::StatusOr<CudaGraphs> off = ParseCudaGraphs("off", "train.cuda_graphs");
+  ASSERT_THAT(off.status(), IsOk());
+  EXPECT_EQ(CudaGraphsOption(*off), 0);
+  EXPECT_EQ(CudaGraphsFromOption(CudaGraphsOption(CudaGraphs::kOn)), CudaGraphs::kOn);
+  EXPECT_STREQ(StepScheduleRequestName(std::nullopt), "auto");
+  EXPECT_TRUE(WaveContradictsSchedule(StepSchedule::kMicroBatchMajor, 2));
+  EXPECT_FALSE(WaveContradictsSchedule(std::nullopt, 2));
+  EXPECT_EQ(RequestedActivations(true, ActivationPlacement::kAuto), ActivationPlacement::kHost);
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ TEST(SpecConvertTest, ConvertsEveryGivenField) {
   EXPECT_EQ(spec.train.compute_dtype, engine::ComputeDtype::kFp32);
   EXPECT_DOUBLE_EQ(spec.optimizer.lr, 3e-3);
   EXPECT_EQ(spec.optimizer.warmup_steps, 5);
-  EXPECT_EQ(spec.optimizer.schedule, "cosine");
+  EXPECT_EQ(spec.optimizer.schedule, engine::LrScheduleKind::kCosine);
   EXPECT_EQ(spec.checkpoint.every_steps, 20);
   EXPECT_EQ(spec.checkpoint.keep_last, 2);
   EXPECT_EQ(request->priority, 3);
@@ -156,9 +156,9 @@ TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
 }
 
 // Issue 16: train.schedule, train.wave, train.activations and
-// train.cuda_graphs go through the proto and the stored JSON unchanged
-// (validated by the engine, their length at the door); a job stored before
-// them reads back as auto.
+// train.cuda_graphs go through the proto and the stored JSON both ways,
+// parsed into the spec's enums at the door (their length first); unset is
+// auto, as is a job stored before them.
 TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   v1::JobSpec spec = TinySpec();
   spec.mutable_train()->set_schedule("layer-major");
@@ -167,10 +167,10 @@ TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   spec.mutable_train()->set_cuda_graphs("off");
   absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
   ASSERT_THAT(request, IsOk());
-  EXPECT_EQ(request->spec.train.schedule, "layer-major");
+  EXPECT_EQ(request->spec.train.schedule, engine::StepSchedule::kLayerMajor);
   EXPECT_EQ(request->spec.train.wave, 3);
-  EXPECT_EQ(request->spec.train.activations, "host");
-  EXPECT_EQ(request->spec.train.cuda_graphs, "off");
+  EXPECT_EQ(request->spec.train.activations, engine::ActivationPlacement::kHost);
+  EXPECT_EQ(request->spec.train.cuda_graphs, engine::CudaGraphs::kOff);
   v1::JobSpec back;
   JobRequestToProto(*request, &back);
   EXPECT_EQ(back.train().schedule(), "layer-major");
@@ -179,16 +179,20 @@ TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   EXPECT_EQ(back.train().cuda_graphs(), "off");
   absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
   ASSERT_THAT(parsed, IsOk());
-  EXPECT_EQ(parsed->spec.train.schedule, "layer-major");
+  EXPECT_EQ(parsed->spec.train.schedule, engine::StepSchedule::kLayerMajor);
   EXPECT_EQ(parsed->spec.train.wave, 3);
-  EXPECT_EQ(parsed->spec.train.activations, "host");
-  EXPECT_EQ(parsed->spec.train.cuda_graphs, "off");
+  EXPECT_EQ(parsed->spec.train.activations, engine::ActivationPlacement::kHost);
+  EXPECT_EQ(parsed->spec.train.cuda_graphs, engine::CudaGraphs::kOff);
   absl::StatusOr<JobRequest> plain = JobRequestFromProto(TinySpec());
   ASSERT_THAT(plain, IsOk());
-  EXPECT_EQ(plain->spec.train.schedule, "auto");
+  EXPECT_FALSE(plain->spec.train.schedule.has_value());
   EXPECT_EQ(plain->spec.train.wave, 0);
-  EXPECT_EQ(plain->spec.train.activations, "auto");
-  EXPECT_EQ(plain->spec.train.cuda_graphs, "auto");
+  EXPECT_EQ(plain->spec.train.activations, engine::ActivationPlacement::kAuto);
+  EXPECT_EQ(plain->spec.train.cuda_graphs, engine::CudaGraphs::kAuto);
+  JobRequestToProto(*plain, &back);
+  EXPECT_EQ(back.train().schedule(), "auto");
+  EXPECT_EQ(back.train().activations(), "auto");
+  EXPECT_EQ(back.train().cuda_graphs(), "auto");
   // The words are bounded at the door (Note [String caps]).
   v1::JobSpec long_word = TinySpec();
   long_word.mutable_train()->set_cuda_graphs(std::string(100, 'o'));
@@ -198,6 +202,31 @@ TEST(SpecConvertTest, StepScheduleConvertsBothWays) {
   long_word.mutable_train()->set_schedule(std::string(100, 'l'));
   EXPECT_THAT(JobRequestFromProto(long_word),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train.schedule")));
+}
+
+// An unknown word is INVALID_ARGUMENT at the door naming the field and the
+// word, every bad one of the section at once (the messages ValidateJobSpec
+// gave when the spec carried the words).
+TEST(SpecConvertTest, UnknownScheduleWordsAreRefusedAtTheDoor) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_schedule("layer_major");
+  spec.mutable_train()->set_activations("gpu");
+  spec.mutable_train()->set_cuda_graphs("yes");
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  EXPECT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                                          "layer-major, got 'layer_major'")));
+  EXPECT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("train.activations: expected auto, device or host, got "
+                                          "'gpu'")));
+  EXPECT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("train.cuda_graphs: expected auto, on or off, got "
+                                          "'yes'")));
+  spec = TinySpec();
+  spec.mutable_optimizer()->set_schedule("exponential");
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("optimizer.schedule: unknown 'exponential'")));
 }
 
 // train.resident_layers: a count goes through the proto and the stored
@@ -408,7 +437,7 @@ TEST(SpecConvertTest, StoreJsonEqualsTheFormerWriter) {
   s.optimizer.eps = 1e-6;
   s.optimizer.weight_decay = 0.1;
   s.optimizer.warmup_steps = 7;
-  s.optimizer.schedule = "linear";
+  s.optimizer.schedule = engine::LrScheduleKind::kLinear;
   s.optimizer.min_lr_ratio = 0.1;
   s.eval.every_steps = 9;
   s.eval.batches = 2;

@@ -1,8 +1,11 @@
 // megatrain-bench: trains a model for a few steps on synthetic tokens and
 // reports throughput, phase times and memory as JSON (docs/performance.md).
-// The library part lives here so the binary is a thin main.
-#ifndef MEGATRAIN_ENGINE_BENCH_H_
-#define MEGATRAIN_ENGINE_BENCH_H_
+// The run lives here, beside the binary's thin main (bench_main.cc: the
+// flags); its flags become a JobSpec, so that the trainer's options and the
+// footprint come from the job path's StepOptionsOf
+// (engine/job/step_options.h).
+#ifndef MEGATRAIN_ENGINE_TOOLS_BENCH_H_
+#define MEGATRAIN_ENGINE_TOOLS_BENCH_H_
 
 #include <cstdint>
 #include <string>
@@ -129,4 +132,4 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& options);
 
 }  // namespace megatrain::engine
 
-#endif  // MEGATRAIN_ENGINE_BENCH_H_
+#endif  // MEGATRAIN_ENGINE_TOOLS_BENCH_H_

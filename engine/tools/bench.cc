@@ -1,5 +1,5 @@
 // The training benchmark behind megatrain-bench.
-#include "engine/job/bench.h"
+#include "engine/tools/bench.h"
 
 #include <algorithm>
 #include <array>
@@ -21,6 +21,7 @@
 #include "engine/runtime/kernel_trace.h"
 #include "engine/formats/hf_model.h"
 #include "engine/fs/mapped_file.h"
+#include "engine/job/step_options.h"
 #include "engine/job/training_job.h"
 #include "engine/model/moe_layout.h"
 #include "engine/runtime/status_macros.h"
@@ -87,7 +88,14 @@ absl::StatusOr<ModelConfig> BenchModelConfig(const BenchOptions& o) {
   return PresetConfig(o.model);
 }
 
-absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
+// The job the bench runs, as a JobSpec: its flags parsed once (errors
+// name the flag), so that the trainer's options (StepOptionsOf) and the
+// footprint (EstimateFootprintForConfig) read the same fields a job's do.
+// The ranks of this process (--devices) are the spec's devices, each
+// running --gradient_accumulation_steps micro-batches of a step. AdamW has
+// AdamWOptions' betas and eps, --lr and no weight decay, under a constant
+// LR schedule.
+absl::StatusOr<JobSpec> BenchJobSpec(const BenchOptions& o) {
   if (o.data != "fixed" && o.data != "random") {
     return absl::InvalidArgumentError(
         absl::StrCat("--data: expected fixed or random, got '", o.data, "'"));
@@ -96,37 +104,53 @@ absl::StatusOr<TrainerOptions> BenchTrainerOptions(const BenchOptions& o) {
     return absl::InvalidArgumentError(
         "--steps must be >= 1, --warmup >= 0, --gradient_accumulation_steps >= 1");
   }
-  TrainerOptions topt;
-  topt.device = o.device;
-  MEGATRAIN_ASSIGN_OR_RETURN(topt.compute_dtype,
+  JobSpec spec;
+  TrainSpec& t = spec.train;
+  t.micro_batch = o.micro_batch;
+  t.seq_len = o.seq_len;
+  t.devices = std::max(o.devices, 1);
+  t.gradient_accumulation_steps = o.gradient_accumulation_steps * t.devices;
+  t.max_steps = o.steps + o.warmup;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.compute_dtype,
                              ParseComputeDtype(o.compute_dtype, "--compute_dtype"));
-  topt.micro_batch = o.micro_batch;
-  topt.seq_len = o.seq_len;
-  topt.adamw.lr = o.lr;
-  topt.adamw.weight_decay = 0.0;
-  topt.schedule.kind = LrScheduleKind::kConstant;
-  topt.schedule.total_steps = o.steps + o.warmup;
+  t.max_grad_norm = o.max_grad_norm;
+  t.seed = o.seed;
+  t.offload_activations = o.offload_activations;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.schedule, ParseStepSchedule(o.schedule, "--schedule"));
+  t.wave = o.wave;
+  MEGATRAIN_ASSIGN_OR_RETURN(t.activations,
+                             ParseActivationPlacement(o.activations, "--activations"));
+  t.cuda_graphs = CudaGraphsFromOption(o.cuda_graphs);
+  t.resident_layers = o.resident_layers;
+  const AdamWOptions adamw;
+  spec.optimizer.lr = o.lr;
+  spec.optimizer.beta1 = adamw.beta1;
+  spec.optimizer.beta2 = adamw.beta2;
+  spec.optimizer.eps = adamw.eps;
+  spec.optimizer.weight_decay = 0.0;
+  spec.optimizer.schedule = LrScheduleKind::kConstant;
+  MEGATRAIN_ASSIGN_OR_RETURN(spec.memory.weight_stream,
+                             ParseWeightStream(o.weight_stream, "--weight_stream"));
+  MEGATRAIN_ASSIGN_OR_RETURN(spec.memory.gradient_landing,
+                             ParseGradientLanding(o.gradient_landing, "--gradient_landing"));
+  if (o.nvme_tier == "moments") spec.memory.nvme_tier = NvmeTierMode::kMoments;
+  return spec;
+}
+
+// The trainer's options of the bench's job (StepOptionsOf) with the knobs
+// a job file does not have.
+TrainerOptions BenchTrainerOptions(const BenchOptions& o, const JobSpec& spec) {
+  TrainerOptions topt = StepOptionsOf(spec);
+  topt.device = o.device;
+  topt.gradient_accumulation_steps = o.gradient_accumulation_steps;  // per rank
   topt.threads = o.threads;
-  topt.max_grad_norm = o.max_grad_norm;
   topt.num_weight_slots = o.num_weight_slots;
-  topt.offload_activations = o.offload_activations;
   topt.optimizer_nice = o.optimizer_nice;
   topt.critical_threads = o.critical_threads;
   topt.optimizer_slice_elements = o.optimizer_slice_elements;
-  topt.resident_layers = o.resident_layers;
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
-  topt.cuda_graphs = o.cuda_graphs;
   topt.loss_chunk_tokens = o.loss_chunk_tokens;
-  MEGATRAIN_ASSIGN_OR_RETURN(topt.step_schedule, ParseStepSchedule(o.schedule, "--schedule"));
-  topt.wave = o.wave;
-  MEGATRAIN_ASSIGN_OR_RETURN(topt.activation_placement,
-                             ParseActivationPlacement(o.activations, "--activations"));
-  topt.gradient_accumulation_steps = o.gradient_accumulation_steps;
-  MEGATRAIN_ASSIGN_OR_RETURN(topt.weight_stream,
-                             ParseWeightStream(o.weight_stream, "--weight_stream"));
-  MEGATRAIN_ASSIGN_OR_RETURN(topt.gradient_landing,
-                             ParseGradientLanding(o.gradient_landing, "--gradient_landing"));
   return topt;
 }
 
@@ -164,30 +188,6 @@ class BenchTierDir {
   explicit BenchTierDir(std::string path) : path_(std::move(path)) {}
   std::string path_;
 };
-
-// Admission's footprint (EstimateFootprintForConfig, WithNvmeMoments for
-// --nvme_tier moments) of a job with the bench's settings, for comparison
-// with what the run holds.
-MemoryFootprint BenchFootprint(const BenchOptions& o, const ModelConfig& config) {
-  JobSpec spec;
-  spec.train.micro_batch = o.micro_batch;
-  spec.train.seq_len = o.seq_len;
-  // Data parallel: this process's ranks, each running the bench's
-  // accumulation (Note [Shared host store]).
-  spec.train.devices = std::max(o.devices, 1);
-  spec.train.gradient_accumulation_steps = o.gradient_accumulation_steps * spec.train.devices;
-  spec.train.compute_dtype = ParseComputeDtype(o.compute_dtype).value_or(ComputeDtype::kFp32);
-  spec.train.max_grad_norm = o.max_grad_norm;
-  spec.train.offload_activations = o.offload_activations;
-  spec.train.schedule = o.schedule;
-  spec.train.wave = o.wave;
-  spec.train.activations = o.activations;
-  spec.memory.weight_stream = ParseWeightStream(o.weight_stream).value_or(WeightStream::kBf16);
-  spec.memory.gradient_landing =
-      ParseGradientLanding(o.gradient_landing).value_or(GradientLanding::kArena);
-  const MemoryFootprint f = EstimateFootprintForConfig(spec, config);
-  return o.nvme_tier == "moments" ? WithNvmeMoments(f) : f;
-}
 
 // The footprint's host bytes by kind (docs/operations.md "Sizing host
 // memory"), beside what the run holds (host_bytes).
@@ -293,8 +293,8 @@ struct BenchRun {
 };
 
 // The run's setup: options and the resolved trainer settings.
-void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& trainer,
-                  const DataParallelTrainer* dp, nlohmann::json* j) {
+void AddSetupJson(const BenchOptions& o, const JobSpec& spec, const ModelConfig& config,
+                  Trainer& trainer, const DataParallelTrainer* dp, nlohmann::json* j) {
   (*j)["model"] = o.model;
   (*j)["params"] = config.ParamCount();
   // MoE: the parameters one token uses (k of E experts), what MFU counts.
@@ -356,7 +356,9 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config, Trainer& tra
   (*j)["rss_anon_bytes"] = rss.rss_anon_bytes;
   (*j)["rss_file_bytes"] = rss.rss_file_bytes;
   (*j)["rss_shmem_bytes"] = rss.rss_shmem_bytes;
-  const MemoryFootprint footprint = BenchFootprint(o, config);
+  // Admission's footprint of the bench's job (with --nvme_tier moments the
+  // moments on NVMe), beside what the run holds.
+  const MemoryFootprint footprint = EstimateFootprintForConfig(spec, config);
   (*j)["footprint_host_bytes"] = footprint.host_total_bytes;
   (*j)["footprint"] = FootprintJson(footprint);
   (*j)["nvme_tier"] = o.nvme_tier;
@@ -486,8 +488,9 @@ void TearDown(FILE* progress, int64_t steps, std::unique_ptr<DataParallelTrainer
 // RESOURCE_EXHAUSTED naming host memory when the run's footprint exceeds
 // --host_memory_budget: refused before anything is allocated, never an
 // out-of-memory kill.
-absl::Status CheckHostMemoryBudget(const BenchOptions& o, const ModelConfig& config) {
-  const int64_t need = BenchFootprint(o, config).host_total_bytes;
+absl::Status CheckHostMemoryBudget(const BenchOptions& o, const JobSpec& spec,
+                                   const ModelConfig& config) {
+  const int64_t need = EstimateFootprintForConfig(spec, config).host_total_bytes;
   if (o.host_memory_budget <= 0 || need <= o.host_memory_budget) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
       "host memory: the run needs %.1f GiB (the footprint: docs/operations.md, \"Sizing host "
@@ -514,8 +517,9 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, BenchModelConfig(o));
-  MEGATRAIN_RETURN_IF_ERROR(CheckHostMemoryBudget(o, config));
-  MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions topt, BenchTrainerOptions(o));
+  MEGATRAIN_ASSIGN_OR_RETURN(const JobSpec spec, BenchJobSpec(o));
+  MEGATRAIN_RETURN_IF_ERROR(CheckHostMemoryBudget(o, spec, config));
+  TrainerOptions topt = BenchTrainerOptions(o, spec);
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
   absl::StatusOr<LinkBandwidthMeasurement> link = MeasureLinkBandwidth(o.device);
@@ -547,7 +551,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   std::fprintf(progress, "megatrain-bench: schedule %s\n",
                trainer->schedule_choice().Describe().c_str());
   std::fprintf(progress, "megatrain-bench: footprint %s\n",
-               DescribeHostBytesPerParam(BenchFootprint(o, config)).c_str());
+               DescribeHostBytesPerParam(EstimateFootprintForConfig(spec, config)).c_str());
   if (dp != nullptr) {
     std::fprintf(progress,
                  "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
@@ -562,7 +566,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       static_cast<double>(o.micro_batch * o.seq_len * o.gradient_accumulation_steps *
                           std::max(o.devices, 1) * processes);
   nlohmann::json j;
-  AddSetupJson(o, config, *trainer, dp.get(), &j);
+  AddSetupJson(o, spec, config, *trainer, dp.get(), &j);
   j["devices"] = std::max(o.devices, 1);
   j["processes"] = processes;
   if (dp != nullptr) {
