@@ -6,44 +6,10 @@
 // and the SIGTERM drain. It never mentions gRPC or protobuf: the RPC
 // handlers (job_service.cc, ...) convert requests and call it.
 //
-// Note [Scheduling policy]
-// Queued jobs are ordered by priority (highest first), then by submission
-// order (JobRecord.seq), also for jobs re-queued after a preemption or
-// restart. A scheduling pass walks that order and starts each job on a free
-// device while its host-memory footprint fits the remaining budget
-// (--host_memory_budget minus the footprints of the running jobs). A job
-// whose owner is at --max_running_jobs_per_user, or whose start would take
-// its owner over --max_devices_per_user (Note [Device limit]), is skipped
-// (others may pass it). The first job that finds no free device or not
-// enough memory stops the pass: smaller jobs behind it do not overtake it, so big jobs are not
-// starved. With preemption on, that job may instead suspend the running job
-// of lowest priority below its own (one preemption at a time; only when that
-// frees enough for it: host memory and, for a job on the NVMe tier, the
-// victim's NVMe bytes, Note [NVMe admission]); the preempted job writes a checkpoint at its next
-// step boundary and goes back to the queue, resuming from that checkpoint.
-// Passes run after every submit, resume, cancel and job end.
-//
-// Note [Gang scheduling]
-// A job with train.devices N > 1 (data parallel; docs/distributed.md) needs
-// N free devices at once: it starts only when N are free (the first N free
-// in --device order), holds all N until it ends, and frees them together.
-// Until then it waits as the head of the queue does (later jobs do not
-// overtake it, even 1-device ones that would fit a free device). Its host
-// memory is reserved once (the footprint of the whole job: one shared host
-// store plus each rank's landing gradients and staging, engine
-// EstimateFootprint); device memory is per device, each of the N holding
-// what one device of a 1-device job holds (the engine refuses at start what
-// does not fit). The job's step, eval and host-store metrics are recorded
-// under its first device (loss and tokens/s of the global batch: the job's
-// total); its other devices show it in GetStatus. A preemption frees one
-// victim's devices at a time; a job needing more waits for the next pass.
-// No job is preempted for it unless the free devices and those of every
-// job it may preempt (lower priority, or stopping already) add up to N:
-// otherwise each victim would be checkpointed and stopped for nothing
-// while a job of higher priority keeps the devices it lacks.
-// Only backends that run data-parallel jobs get them
-// (EngineBackend::RunsDataParallelJobs); otherwise Submit refuses N > 1 with
-// UNIMPLEMENTED.
+// The scheduling policy (Note [Scheduling policy], Note [Gang scheduling],
+// Note [Why a queued job waits]) is a pure function in scheduling_policy.h;
+// the job state machine (Note [Job state transitions]) is a table in
+// job_transitions.h. The manager carries out what they decide.
 //
 // Note [Device limit]
 // --max_devices_per_user bounds the devices one user's jobs hold at once:
@@ -101,29 +67,8 @@
 // limit]). A store with no job beside a jobs_dir holding job directories
 // refuses to start (the database was lost; ids would be reused).
 //
-// Note [Checkpoint ownership]
-// A checkpoint belongs to the job that wrote it, not to the directory it
-// lies in: when a job writes one (JobObserver::OnCheckpointWritten), its
-// record (job id, owner, step, path, XXH64 of manifest.json) goes into the
-// store, and listing, export, deletion and resume use only those records
-// (a stat of the recorded path, never a directory scan). The engine writes
-// the job id into the checkpoint's state.json and refuses to resume from a
-// checkpoint naming another job. Output directories are exclusive: Submit
-// refuses an output_dir that equals, contains or lies inside another job's
-// (any user, any state) or the jobs directory. Records from before schema
-// version 3 (no manifest hash; their state.json names no job) are legacy:
-// trusted as recorded, by path and step only.
-//
-// Note [Resume verification]
-// Before a job resumes, its thread verifies the recorded checkpoints newest
-// first, from the one it was to resume from down (engine::VerifyCheckpoint
-// with check_data: every file against its XXH64, then against the record).
-// One that fails is quarantined (renamed quarantined-step-N, its record
-// dropped, an event appended) and the next older one is tried; when none is
-// intact the job fails with DATA_LOSS naming each file and why. This reads
-// the checkpoint once more than the restore does: the price of never
-// handing the engine a damaged or foreign checkpoint (and of knowing which
-// older one to fall back to before the model is built).
+// Checkpoint records (Note [Checkpoint ownership], Note [Resume
+// verification]) are kept by CheckpointRecords (checkpoint_records.h).
 //
 // Thread-safety: every public method is thread-safe. Lock order: mu_, then
 // events_mu_, then the store's own mutex. Ownership: the store, backend and
@@ -150,12 +95,14 @@
 #include "absl/time/time.h"
 #include "engine/io/held_output_dir.h"
 #include "server/core/auth.h"
+#include "server/core/checkpoint_records.h"
 #include "server/core/engine_backend.h"
 #include "server/core/job.h"
 #include "server/core/job_store.h"
 #include "server/core/metrics.h"
 #include "server/core/nvme_admission.h"
 #include "server/core/path_policy.h"
+#include "server/core/scheduling_policy.h"
 #include "server/core/serial_worker.h"
 
 namespace megatrain::server {
@@ -205,12 +152,6 @@ struct EventBatch {
   // True when the job is terminal and every event was delivered: the watch
   // is over.
   bool finished = false;
-};
-
-// One device and the job on it.
-struct DeviceState {
-  std::string name;
-  std::string job_id;  // empty when idle
 };
 
 // Snapshot for GetServerStatus.
@@ -380,40 +321,6 @@ class JobManager {
   // head of the queue with why it cannot start (Note [Why a queued job
   // waits]).
   void FillQueuePositions(std::vector<JobRecord*> jobs);
-  // Note [Why a queued job waits]: what keeps `job`, the first queued job
-  // that could not start, from starting (devices or memory), for the view.
-  std::string WaitReasonLocked(const JobRecord& job, size_t free_devices, size_t wanted,
-                               bool host_fits) const;
-  // Records the queue's first job as waiting for devices (every device busy).
-  void NoteHeadWaitingForDevicesLocked();
-  // Note [Checkpoint ownership]. Newest recorded checkpoint directory of
-  // `job`, from the store only (no file I/O: called under mu_; a directory
-  // that has vanished is found out by SelectResumeCheckpoint at start); ""
-  // when none (job.resume_from when the store fails).
-  std::string LatestCheckpointDir(const JobRecord& job);
-  // The recorded checkpoints of `job` whose directories exist, oldest first.
-  absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
-  // Note [Checkpoint adoption] in engine/io/checkpoint_info.h: puts the
-  // checkpoints the store records for `job` into its output directory's
-  // ledger, so retention applies to ones written before the ledger. On the
-  // job's thread, before the job is created; failures are logged.
-  void AdoptRecordedCheckpoints(const JobRecord& job);
-  // Drops the records of `job_id` (but `written_step`'s) whose directories
-  // are gone: the engine's retention deleted them.
-  void ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step);
-  // DATA_LOSS naming the file unless `found` (read from record.dir) is the
-  // checkpoint the record describes: same step, its state names the job
-  // (none for a legacy record), same manifest hash (unless legacy).
-  static absl::Status VerifyAgainstRecord(const CheckpointRecord& record,
-                                          const engine::CheckpointInfo& found);
-  // Note [Resume verification]. The checkpoint directory `job` resumes from:
-  // "" for a fresh start; DATA_LOSS naming every file when no recorded
-  // checkpoint is intact. Reads whole checkpoints: call without mu_.
-  absl::StatusOr<std::string> SelectResumeCheckpoint(const JobRecord& job);
-  // Renames record.dir to quarantined-<name>, forgets the record and
-  // appends an event; returns "<dir>: <why> (<what was done>)".
-  std::string QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
-                                   const absl::Status& why);
   // INVALID_ARGUMENT naming output_dir when `output_dir` overlaps another
   // job's (equal, inside, containing; any owner and state; the other job is
   // named only to its owner and admins) or, when `explicit_dir`, jobs_dir.
@@ -439,7 +346,16 @@ class JobManager {
   absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
                                                   absl::string_view checkpoint_id, JobRecord* job);
 
+  // One scheduling pass: a snapshot of the devices, the running jobs and
+  // the queue (read a page at a time, as far as the policy needs), then
+  // Next()'s decision carried out (Note [Scheduling policy]).
   void ScheduleLocked();
+  // The devices, running jobs and limits, with an empty queue.
+  SchedulerSnapshot SnapshotLocked();
+  // `job` as the policy sees it.
+  QueuedJobView QueuedViewLocked(const JobRecord& job) const;
+  // Asks the victim of `preemption` to checkpoint and re-queue.
+  void PreemptLocked(const Preemption& preemption);
   // The admitted NVMe moment bytes of `job` (0 off the tier; the whole
   // budget when it could not be sized).
   int64_t NvmeBytesLocked(const JobRecord& job) const;
@@ -450,10 +366,14 @@ class JobManager {
   // daemon left (Note [Stale NVMe tier directories] in nvme_admission.h),
   // logging what it removed and left.
   void SweepStaleNvmeTierDirs();
-  void MaybePreemptLocked(const JobRecord& waiting);
   // Starts `job` on `devices` (its train.devices of them, all free).
   void StartLocked(JobRecord job, std::vector<std::string> devices);
+  // The job thread: HoldAndRun, then FinishJob. Catches every exception.
   void RunJob(Active* active, JobRecord job);
+  // On the job thread: checks the paths again, holds the output directory,
+  // chooses the checkpoint to resume from (appending the events that
+  // produced), creates the job and runs it. Takes mu_ briefly.
+  absl::StatusOr<engine::JobOutcome> HoldAndRun(Active* active, const JobRecord& job);
   // Records a starting job's schedule and data descriptions as RUNNING
   // events (logged, not returned, when the store refuses them). Takes no
   // lock; call without mu_.
@@ -461,13 +381,21 @@ class JobManager {
   void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome);
   void ReapThreadsLocked();
   void RefreshGaugesLocked();
+  // Commits `job`'s change to `state`, with `message` as its event, to the
+  // store and wakes the watchers; returns the event's seq.
+  // FAILED_PRECONDITION, nothing written, when Note [Job state transitions]
+  // (job_transitions.h) does not allow it.
   absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message);
+  // Appends `events` to the store (failures are logged), then wakes the
+  // watchers. Takes no lock of the manager but events_mu_.
+  void AppendEvents(const std::vector<JobEvent>& events);
   void NotifyEvents();
 
   const JobManagerOptions options_;
   JobStore* const store_;
   EngineBackend* const backend_;
   ServerMetrics* const metrics_;
+  CheckpointRecords checkpoints_;
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;                        // active_ became empty
