@@ -60,11 +60,9 @@ bool PathsOverlap(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-// Why a running job was asked to stop.
-enum class StopReason { kNone, kCancel, kSuspend, kPreempt, kShutdown };
-
 // A job holding a device. Owned by JobManager::active_; fields guarded by
-// JobManager::mu_ except where noted.
+// JobManager::mu_ except where noted (in words only: clang's analysis
+// cannot name the owner's mutex from a nested struct; job_manager.h).
 struct JobManager::Active {
   std::string job_id;
   std::string owner;
@@ -181,7 +179,7 @@ class JobManager::Observer : public engine::JobObserver {
     writer_.Drain();
     const JobEvent event = manager_->checkpoints_.RecordWritten(job_id_, owner_, info, seconds);
     {
-      std::lock_guard<std::mutex> lock(manager_->mu_);
+      absl::MutexLock lock(&manager_->mu_);
       active_->last_checkpoint_dir = info.dir;
     }
     manager_->metrics_->RecordCheckpoint(seconds);
@@ -243,7 +241,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions
   MEGATRAIN_RETURN_IF_ERROR(manager->HoldQueuedJobsThatCanNeverStart());
   manager->SizeRecoveredNvmeJobs();
   manager->SweepStaleNvmeTierDirs();
-  std::lock_guard<std::mutex> lock(manager->mu_);
+  absl::MutexLock lock(&manager->mu_);
   manager->RefreshGaugesLocked();
   manager->ScheduleLocked();
   return manager;
@@ -255,7 +253,7 @@ JobManager::~JobManager() {
 }
 
 absl::Status JobManager::Recover() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> running,
                              store_->JobsInState(JobState::kRunning));
   for (JobRecord& job : running) {
@@ -283,7 +281,7 @@ absl::Status JobManager::Recover() {
 absl::Status JobManager::HoldQueuedJobsThatCanNeverStart() {
   // Note [Device limit]: the limit or --device may have changed since these
   // jobs were admitted (Recover has just re-queued the running ones).
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> queued, store_->JobsInState(JobState::kQueued));
   for (JobRecord& job : queued) {
     const absl::Status can_run = CheckAdmittedJobCanStart(job);
@@ -316,7 +314,7 @@ void JobManager::SizeRecoveredNvmeJobs() {
         LogError(absl::StrCat(job.id, ": sizing its NVMe tier: ", f.status().ToString()));
         continue;
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       nvme_bytes_by_job_[job.id] = f->nvme_bytes;
     }
   }
@@ -515,7 +513,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
 
   JobRecord job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("the daemon is shutting down; submit later");
     // Again under the lock: a concurrent call with the same request_id may
     // have inserted it meanwhile (the store reads are quick and indexed).
@@ -618,7 +616,7 @@ absl::StatusOr<int64_t> JobManager::TransitionLocked(JobRecord& job, JobState st
 
 absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::string_view job_id,
                                              bool force) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
   MEGATRAIN_ASSIGN_OR_RETURN(const ControlStep step,
                              PlanControl(JobControl::kCancel, job.id, job.state));
@@ -653,7 +651,7 @@ absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::stri
 }
 
 absl::StatusOr<JobRecord> JobManager::Suspend(const Principal& caller, absl::string_view job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
   MEGATRAIN_ASSIGN_OR_RETURN(const ControlStep step,
                              PlanControl(JobControl::kSuspend, job.id, job.state));
@@ -684,7 +682,7 @@ absl::StatusOr<JobRecord> JobManager::Suspend(const Principal& caller, absl::str
 }
 
 absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::string_view job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
   MEGATRAIN_ASSIGN_OR_RETURN(const ControlStep step,
                              PlanControl(JobControl::kResume, job.id, job.state));
@@ -837,7 +835,7 @@ void JobManager::StartLocked(JobRecord job, std::vector<std::string> devices) {
   // job thread takes mu_ before it can finish, so it cannot end before
   // `thread` is set.
   launcher_.Post([this, raw, job = std::move(job)] {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     raw->thread = std::thread(&JobManager::RunJob, this, raw, job);
   });
 }
@@ -857,7 +855,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
   // Free the job's memory before releasing its reservation.
   std::unique_ptr<engine::TrainingJob> finished;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     finished = std::move(active->job);
   }
   finished.reset();
@@ -893,7 +891,7 @@ absl::StatusOr<engine::JobOutcome> JobManager::HoldAndRun(Active* active, const 
                              backend_->CreateJobOnDevices(spec, active->devices, resume_from));
   engine::TrainingJob* training_job = created.get();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     active->job = std::move(created);
     if (active->stop != StopReason::kNone) {
       training_job->RequestStop(StopKindFor(active->stop == StopReason::kCancel));
@@ -927,64 +925,14 @@ void JobManager::RecordStartEvents(const std::string& job_id,
 }
 
 void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string job_id = active->job_id;
   const std::vector<std::string> devices = active->devices;
   // Note [Per-job series] in metrics.h: gone before watchers see the end.
   metrics_->RemoveJob(job_id);
   absl::StatusOr<JobRecord> loaded = store_->GetJob(job_id);
   if (loaded.ok()) {
-    JobRecord& job = *loaded;
-    job.device.clear();
-    JobState state = JobState::kFailed;
-    std::string message;
-    if (outcome.ok()) {
-      switch (*outcome) {
-        case engine::JobOutcome::kSucceeded:
-          state = JobState::kSucceeded;
-          message = absl::StrCat("finished at step ", job.progress.step);
-          break;
-        case engine::JobOutcome::kCancelled:
-          state = JobState::kCancelled;
-          message = absl::StrCat("cancelled at step ", job.progress.step);
-          break;
-        case engine::JobOutcome::kSuspended: {
-          const std::string checkpoint = !active->last_checkpoint_dir.empty()
-                                             ? active->last_checkpoint_dir
-                                             : checkpoints_.LatestDir(job);
-          job.resume_from = checkpoint;
-          switch (active->stop) {
-            case StopReason::kCancel:
-              state = JobState::kCancelled;
-              message = absl::StrCat("cancelled at step ", job.progress.step);
-              break;
-            case StopReason::kPreempt:
-              state = JobState::kQueued;
-              message = absl::StrCat("preempted by ", active->preempted_for,
-                                     "; re-queued, resumes from ", checkpoint);
-              break;
-            case StopReason::kShutdown:
-              state = JobState::kQueued;
-              message = absl::StrCat("daemon shut down; re-queued, resumes from ", checkpoint);
-              break;
-            case StopReason::kSuspend:
-            case StopReason::kNone:
-              state = JobState::kSuspended;
-              message = absl::StrCat("suspended at step ", job.progress.step, "; checkpoint ",
-                                     checkpoint);
-              break;
-          }
-          break;
-        }
-      }
-    } else {
-      state = JobState::kFailed;
-      job.error_code = outcome.status().code();
-      message = std::string(outcome.status().message());
-    }
-    absl::StatusOr<int64_t> seq = TransitionLocked(job, state, message);
-    if (!seq.ok()) LogError(absl::StrCat(job_id, ": recording the end: ", seq.status().ToString()));
-    LogInfo(absl::StrCat(job_id, ": ", JobStateName(state), ": ", message));
+    RecordEndLocked(*active, outcome, *loaded);
   } else {
     LogError(absl::StrCat(job_id, ": reading the job at its end: ", loaded.status().ToString()));
   }
@@ -994,8 +942,43 @@ void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutco
   for (const std::string& device : devices) job_on_device_[device].clear();
   finished_threads_.push_back(std::move(active->thread));
   active_.erase(job_id);  // destroys *active
-  if (active_.empty()) idle_cv_.notify_all();
+  if (active_.empty()) idle_cv_.SignalAll();
   ScheduleLocked();
+}
+
+void JobManager::RecordEndLocked(const Active& active,
+                                 const absl::StatusOr<engine::JobOutcome>& outcome, JobRecord job) {
+  job.device.clear();
+  JobState state = JobState::kFailed;
+  std::string message;
+  if (!outcome.ok()) {
+    job.error_code = outcome.status().code();
+    message = std::string(outcome.status().message());
+  } else {
+    state = EndStateOf(*outcome, active.stop);
+    std::string checkpoint;
+    if (*outcome == engine::JobOutcome::kSuspended) {
+      checkpoint = !active.last_checkpoint_dir.empty() ? active.last_checkpoint_dir
+                                                       : checkpoints_.LatestDir(job);
+      job.resume_from = checkpoint;
+    }
+    const int64_t step = job.progress.step;
+    if (state == JobState::kSucceeded) {
+      message = absl::StrCat("finished at step ", step);
+    } else if (state == JobState::kCancelled) {
+      message = absl::StrCat("cancelled at step ", step);
+    } else if (state == JobState::kSuspended) {
+      message = absl::StrCat("suspended at step ", step, "; checkpoint ", checkpoint);
+    } else if (active.stop == StopReason::kPreempt) {
+      message = absl::StrCat("preempted by ", active.preempted_for, "; re-queued, resumes from ",
+                             checkpoint);
+    } else {
+      message = absl::StrCat("daemon shut down; re-queued, resumes from ", checkpoint);
+    }
+  }
+  absl::StatusOr<int64_t> seq = TransitionLocked(job, state, message);
+  if (!seq.ok()) LogError(absl::StrCat(job.id, ": recording the end: ", seq.status().ToString()));
+  LogInfo(absl::StrCat(job.id, ": ", JobStateName(state), ": ", message));
 }
 
 void JobManager::ReapThreadsLocked() {
@@ -1032,10 +1015,17 @@ void JobManager::AppendEvents(const std::vector<JobEvent>& events) {
 
 void JobManager::NotifyEvents() {
   {
-    std::lock_guard<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
     ++event_generation_;
   }
-  events_cv_.notify_all();
+  events_cv_.SignalAll();
+}
+
+void JobManager::WaitForEventsAfter(int64_t generation, absl::Time deadline) {
+  absl::MutexLock lock(&events_mu_);
+  while (!stopped_ && event_generation_ == generation) {
+    if (events_cv_.WaitWithDeadline(&events_mu_, deadline)) return;  // timed out
+  }
 }
 
 absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl::string_view job_id,
@@ -1045,7 +1035,7 @@ absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl:
   while (true) {
     int64_t generation = 0;
     {
-      std::lock_guard<std::mutex> lock(events_mu_);
+      absl::MutexLock lock(&events_mu_);
       if (stopped_) return absl::UnavailableError("the daemon is shutting down");
       generation = event_generation_;
     }
@@ -1061,11 +1051,8 @@ absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl:
       batch.finished = true;
       return batch;
     }
-    std::unique_lock<std::mutex> lock(events_mu_);
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return batch;
-    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now),
-                        [&] { return stopped_ || event_generation_ != generation; });
+    if (absl::Now() >= deadline) return batch;
+    WaitForEventsAfter(generation, deadline);
   }
 }
 
@@ -1090,7 +1077,7 @@ absl::StatusOr<engine::HeldOutputDir> JobManager::HoldOutputDir(Active* active,
   }
   MEGATRAIN_ASSIGN_OR_RETURN(engine::HeldOutputDir held,
                              engine::HeldOutputDir::Open(job.request.spec.output_dir, roots));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& entry : active_) {
     const Active* other = entry.second.get();
     if (other == active || other->output_inode == 0) continue;
@@ -1187,7 +1174,7 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
     const std::function<bool()>& cancelled) {
   int64_t after_seq = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
     auto it = active_.find(job.id);
     if (job.state != JobState::kRunning || it == active_.end()) {
@@ -1203,7 +1190,7 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
   while (true) {
     int64_t generation = 0;
     {
-      std::lock_guard<std::mutex> lock(events_mu_);
+      absl::MutexLock lock(&events_mu_);
       if (stopped_) return absl::UnavailableError("the daemon is shutting down");
       generation = event_generation_;
     }
@@ -1236,9 +1223,7 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
                        ": no checkpoint written before the deadline; the "
                        "request stays pending until the next step boundary"));
     }
-    std::unique_lock<std::mutex> lock(events_mu_);
-    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, kMaxWaitSlice)),
-                        [&] { return stopped_ || event_generation_ != generation; });
+    WaitForEventsAfter(generation, std::min(deadline, now + kMaxWaitSlice));
   }
 }
 
@@ -1360,7 +1345,7 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
   {
     // Under mu_ only the store: the job's state now, then the record goes,
     // so that no resume chosen from here on can pick this checkpoint.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     MEGATRAIN_ASSIGN_OR_RETURN(job, store_->GetJob(job.id));
     if ((job.state == JobState::kQueued || job.state == JobState::kSuspended) &&
         job.resume_from == checkpoint.dir) {
@@ -1387,7 +1372,7 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
 // Status and shutdown.
 
 absl::StatusOr<ManagerStatus> JobManager::GetStatus() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ManagerStatus status;
   for (const std::string& device : options_.devices) {
     status.devices.push_back(DeviceState{device, job_on_device_[device]});
@@ -1400,38 +1385,39 @@ absl::StatusOr<ManagerStatus> JobManager::GetStatus() {
 }
 
 bool JobManager::draining() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return draining_;
 }
 
 bool JobManager::Drain(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!draining_) {
-    draining_ = true;
-    for (auto& [id, active] : active_) {
-      // A user's suspend or cancel stands; everything else checkpoints and
-      // re-queues.
-      if (active->stop == StopReason::kNone || active->stop == StopReason::kPreempt) {
-        active->stop = StopReason::kShutdown;
-        if (active->job != nullptr) active->job->RequestStop(StopKindFor(false));
-        LogInfo(absl::StrCat(id, ": checkpointing for shutdown"));
+  bool idle = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!draining_) {
+      draining_ = true;
+      for (auto& [id, active] : active_) {
+        // A user's suspend or cancel stands; everything else checkpoints
+        // and re-queues.
+        if (active->stop == StopReason::kNone || active->stop == StopReason::kPreempt) {
+          active->stop = StopReason::kShutdown;
+          if (active->job != nullptr) active->job->RequestStop(StopKindFor(false));
+          LogInfo(absl::StrCat(id, ": checkpointing for shutdown"));
+        }
       }
     }
+    // absl::Now() + InfiniteDuration() is InfiniteFuture: no deadline.
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!active_.empty()) {
+      if (idle_cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+    }
+    idle = active_.empty();
+    if (idle) ReapThreadsLocked();
   }
-  bool idle = true;
-  if (timeout == absl::InfiniteDuration()) {
-    idle_cv_.wait(lock, [this] { return active_.empty(); });
-  } else {
-    idle = idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                             [this] { return active_.empty(); });
-  }
-  if (idle) ReapThreadsLocked();
-  lock.unlock();
   {
-    std::lock_guard<std::mutex> events_lock(events_mu_);
+    absl::MutexLock events_lock(&events_mu_);
     stopped_ = true;
   }
-  events_cv_.notify_all();
+  events_cv_.SignalAll();
   return idle;
 }
 

@@ -77,12 +77,10 @@
 #ifndef MEGATRAIN_SERVER_JOB_MANAGER_H_
 #define MEGATRAIN_SERVER_JOB_MANAGER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <thread>
@@ -196,7 +194,7 @@ class JobManager {
   // ALREADY_EXISTS when request_id was used with a different spec;
   // UNAVAILABLE while draining.
   absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
-                                   absl::string_view request_id);
+                                   absl::string_view request_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // NOT_FOUND for an unknown id; PERMISSION_DENIED for another user's job.
   absl::StatusOr<JobRecord> Get(const Principal& caller, absl::string_view job_id);
@@ -221,9 +219,11 @@ class JobManager {
   // only that step) instead of finishing it: TrainingJob::StopKind::
   // kForceCancel; a forced cancel may follow a plain one.
   absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id,
-                                   bool force = false);
-  absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id);
-  absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id);
+                                   bool force = false) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until job `job_id` has events with seq > after_seq, its watch is
   // over (EventBatch.finished), or `max_wait` passes (empty batch). Returns
@@ -237,7 +237,8 @@ class JobManager {
   // `cancelled()` turns true (polled about once a second).
   absl::StatusOr<CheckpointRecord> CreateCheckpoint(const Principal& caller,
                                                     absl::string_view job_id, absl::Time deadline,
-                                                    const std::function<bool()>& cancelled);
+                                                    const std::function<bool()>& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Recorded checkpoints of `job_id` whose directories exist, oldest first
   // (Note [Checkpoint ownership]; a directory nobody recorded is never
@@ -263,9 +264,10 @@ class JobManager {
   // Deletes a recorded checkpoint's directory and record. NOT_FOUND for one
   // that is not recorded; FAILED_PRECONDITION when a QUEUED or SUSPENDED
   // job will resume from it.
-  absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id);
+  absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::StatusOr<ManagerStatus> GetStatus();
+  absl::StatusOr<ManagerStatus> GetStatus() ABSL_LOCKS_EXCLUDED(mu_);
 
   // SIGTERM: refuses new work from now on (UNAVAILABLE), asks every running
   // job to write a checkpoint and stop, re-queues them to resume on the next
@@ -273,10 +275,10 @@ class JobManager {
   // threads ended within `timeout`, false otherwise (they keep running; the
   // caller should then exit the process without destroying the manager).
   // Idempotent.
-  bool Drain(absl::Duration timeout);
+  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once Drain has started.
-  bool draining() const;
+  bool draining() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Active;
@@ -285,7 +287,7 @@ class JobManager {
   JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
              ServerMetrics* metrics);
 
-  absl::Status Recover();
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // The job `caller` created earlier with `request_id` (*found true), or
   // an empty record (*found false; also for an empty request_id).
   // ALREADY_EXISTS when that job has a different spec. Takes no lock.
@@ -295,10 +297,12 @@ class JobManager {
   // (Note [Lock-free admission]): must be called without mu_. Errors as
   // Submit's.
   absl::StatusOr<engine::MemoryFootprint> AdmitSpec(const Principal& caller,
-                                                    const JobRequest& request);
+                                                    const JobRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // RESOURCE_EXHAUSTED when `joining` more jobs of `owner` would exceed a
   // job limit (Note [Job limits]).
-  absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining);
+  absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED naming train.devices when a job asking for
   // `devices` (resolved: >= 1) could never start on this daemon: more
   // than --max_devices_per_user (Note [Device limit]) or than the daemon's
@@ -314,13 +318,13 @@ class JobManager {
   // CheckAdmittedJobCanStart refuses as SUSPENDED, with its message (Note
   // [Device limit]): such a job would wait for ever, and stop every
   // scheduling pass when its devices or memory can never be free.
-  absl::Status HoldQueuedJobsThatCanNeverStart();
+  absl::Status HoldQueuedJobsThatCanNeverStart() ABSL_LOCKS_EXCLUDED(mu_);
   // Loads a job and checks that `caller` may access it.
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
   // Fills queue_position of QUEUED jobs, and the message of the job at the
   // head of the queue with why it cannot start (Note [Why a queued job
   // waits]).
-  void FillQueuePositions(std::vector<JobRecord*> jobs);
+  void FillQueuePositions(std::vector<JobRecord*> jobs) ABSL_LOCKS_EXCLUDED(wait_mu_);
   // INVALID_ARGUMENT naming output_dir when `output_dir` overlaps another
   // job's (equal, inside, containing; any owner and state; the other job is
   // named only to its owner and admins) or, when `explicit_dir`, jobs_dir.
@@ -337,7 +341,8 @@ class JobManager {
   // for `active`. FAILED_PRECONDITION when a link is on the way or another
   // running job holds the same directory; errors of HeldOutputDir::Open.
   // Takes mu_ briefly.
-  absl::StatusOr<engine::HeldOutputDir> HoldOutputDir(Active* active, const JobRecord& job);
+  absl::StatusOr<engine::HeldOutputDir> HoldOutputDir(Active* active, const JobRecord& job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckOutputDirExclusive(const Principal& caller, const std::string& output_dir,
                                        bool explicit_dir);
   // FAILED_PRECONDITION when the store has no job but jobs_dir holds job
@@ -349,47 +354,61 @@ class JobManager {
   // One scheduling pass: a snapshot of the devices, the running jobs and
   // the queue (read a page at a time, as far as the policy needs), then
   // Next()'s decision carried out (Note [Scheduling policy]).
-  void ScheduleLocked();
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The devices, running jobs and limits, with an empty queue.
-  SchedulerSnapshot SnapshotLocked();
+  SchedulerSnapshot SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job` as the policy sees it.
-  QueuedJobView QueuedViewLocked(const JobRecord& job) const;
+  QueuedJobView QueuedViewLocked(const JobRecord& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the victim of `preemption` to checkpoint and re-queue.
-  void PreemptLocked(const Preemption& preemption);
+  void PreemptLocked(const Preemption& preemption) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The admitted NVMe moment bytes of `job` (0 off the tier; the whole
   // budget when it could not be sized).
-  int64_t NvmeBytesLocked(const JobRecord& job) const;
+  int64_t NvmeBytesLocked(const JobRecord& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Create: sizes the tiered queued and suspended jobs of the store
   // (reads their configs; Note [NVMe admission]).
-  void SizeRecoveredNvmeJobs();
+  void SizeRecoveredNvmeJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Create, before any job runs: removes the tier directories a killed
   // daemon left (Note [Stale NVMe tier directories] in nvme_admission.h),
   // logging what it removed and left.
   void SweepStaleNvmeTierDirs();
   // Starts `job` on `devices` (its train.devices of them, all free).
-  void StartLocked(JobRecord job, std::vector<std::string> devices);
+  void StartLocked(JobRecord job, std::vector<std::string> devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job thread: HoldAndRun, then FinishJob. Catches every exception.
-  void RunJob(Active* active, JobRecord job);
+  void RunJob(Active* active, JobRecord job) ABSL_LOCKS_EXCLUDED(mu_);
   // On the job thread: checks the paths again, holds the output directory,
   // chooses the checkpoint to resume from (appending the events that
   // produced), creates the job and runs it. Takes mu_ briefly.
-  absl::StatusOr<engine::JobOutcome> HoldAndRun(Active* active, const JobRecord& job);
+  absl::StatusOr<engine::JobOutcome> HoldAndRun(Active* active, const JobRecord& job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Records a starting job's schedule and data descriptions as RUNNING
   // events (logged, not returned, when the store refuses them). Takes no
   // lock; call without mu_.
-  void RecordStartEvents(const std::string& job_id, const engine::TrainingJob& training_job);
-  void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome);
-  void ReapThreadsLocked();
-  void RefreshGaugesLocked();
+  void RecordStartEvents(const std::string& job_id, const engine::TrainingJob& training_job)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // On the job thread, once its run ended: records the end, frees the
+  // job's devices and reservations, and schedules.
+  void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits the state `job` ends in after `outcome` of `active`'s run
+  // (EndStateOf) with its message.
+  void RecordEndLocked(const Active& active, const absl::StatusOr<engine::JobOutcome>& outcome,
+                       JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapThreadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits `job`'s change to `state`, with `message` as its event, to the
   // store and wakes the watchers; returns the event's seq.
   // FAILED_PRECONDITION, nothing written, when Note [Job state transitions]
   // (job_transitions.h) does not allow it.
-  absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message);
+  absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `events` to the store (failures are logged), then wakes the
   // watchers. Takes no lock of the manager but events_mu_.
-  void AppendEvents(const std::vector<JobEvent>& events);
-  void NotifyEvents();
+  void AppendEvents(const std::vector<JobEvent>& events) ABSL_LOCKS_EXCLUDED(events_mu_);
+  void NotifyEvents() ABSL_LOCKS_EXCLUDED(events_mu_);
+  // Blocks until an event newer than `generation` is announced, the
+  // manager stops, or `deadline` passes.
+  void WaitForEventsAfter(int64_t generation, absl::Time deadline) ABSL_LOCKS_EXCLUDED(events_mu_);
 
   const JobManagerOptions options_;
   JobStore* const store_;
@@ -397,31 +416,38 @@ class JobManager {
   ServerMetrics* const metrics_;
   CheckpointRecords checkpoints_;
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_cv_;                        // active_ became empty
-  std::map<std::string, std::unique_ptr<Active>> active_;  // by job id; guarded by mu_
-  std::map<std::string, std::string> job_on_device_;       // device -> job id; guarded by mu_
+  // Guards the scheduler's state: the members below, and the fields of
+  // every Active (Note [Lock-free admission]). Lock order: mu_, then
+  // wait_mu_ or events_mu_, then the store's own mutex.
+  mutable absl::Mutex mu_;
+  absl::CondVar idle_cv_;  // active_ became empty; waited on with mu_
+  // The jobs holding devices, by job id. The fields of an Active are
+  // guarded by mu_ too: clang's analysis cannot name this mutex from the
+  // nested struct, so every function that touches them holds mu_ (or is
+  // ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)), except where Active says.
+  std::map<std::string, std::unique_ptr<Active>> active_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> job_on_device_ ABSL_GUARDED_BY(mu_);  // device -> job id
   // Note [Why a queued job waits]
   // The scheduler's last pass stopped at this queued job (empty: none)
   // for this reason. Reads take only wait_mu_ (after mu_ when both), so
   // that Get and List need not wait for a scheduling pass. Not stored: a
   // view of the scheduler's state, rewritten by every pass.
-  mutable absl::Mutex wait_mu_;
+  mutable absl::Mutex wait_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::string waiting_job_ ABSL_GUARDED_BY(wait_mu_);
   std::string waiting_reason_ ABSL_GUARDED_BY(wait_mu_);
-  std::vector<std::thread> finished_threads_;  // to join; guarded by mu_
-  int64_t reserved_bytes_ = 0;                 // guarded by mu_
-  bool draining_ = false;                      // guarded by mu_
+  std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);  // to join
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of the running jobs
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // Note [NVMe admission]: admitted moment bytes by job id (tiered jobs
   // only; sized at submission or, for jobs from before a restart, by
-  // Create), and those of the running jobs. Guarded by mu_.
-  std::map<std::string, int64_t> nvme_bytes_by_job_;
-  int64_t nvme_reserved_bytes_ = 0;
+  // Create), and those of the running jobs.
+  std::map<std::string, int64_t> nvme_bytes_by_job_ ABSL_GUARDED_BY(mu_);
+  int64_t nvme_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::mutex events_mu_;
-  std::condition_variable events_cv_;
-  int64_t event_generation_ = 0;  // bumped on every new event; guarded by events_mu_
-  bool stopped_ = false;          // drained; guarded by events_mu_
+  absl::Mutex events_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar events_cv_;  // an event was announced or the manager stopped
+  int64_t event_generation_ ABSL_GUARDED_BY(events_mu_) = 0;  // bumped on every new event
+  bool stopped_ ABSL_GUARDED_BY(events_mu_) = false;          // drained
 
   // Creates the job threads (StartJobLocked), so that they start at the
   // priority of the thread that built the manager, never an RPC thread's.

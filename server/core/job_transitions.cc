@@ -79,4 +79,26 @@ absl::StatusOr<ControlStep> PlanControl(JobControl control, absl::string_view jo
       absl::StrCat(JobControlName(control), ": job ", job_id, " is ", JobStateName(from)));
 }
 
+JobState EndStateOf(engine::JobOutcome outcome, StopReason stop) {
+  switch (outcome) {
+    case engine::JobOutcome::kSucceeded:
+      return JobState::kSucceeded;
+    case engine::JobOutcome::kCancelled:
+      return JobState::kCancelled;
+    case engine::JobOutcome::kSuspended:
+      break;
+  }
+  switch (stop) {
+    case StopReason::kCancel:
+      return JobState::kCancelled;
+    case StopReason::kPreempt:
+    case StopReason::kShutdown:
+      return JobState::kQueued;
+    case StopReason::kSuspend:
+    case StopReason::kNone:
+      break;
+  }
+  return JobState::kSuspended;
+}
+
 }  // namespace megatrain::server

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/job/training_job.h"
 #include "server/core/job.h"
 
 namespace megatrain::server {
@@ -96,6 +97,18 @@ struct ControlStep {
 // kStopRun step it returns is an allowed transition.
 absl::StatusOr<ControlStep> PlanControl(JobControl control, absl::string_view job_id,
                                         JobState from);
+
+// Why a running job was asked to stop (kNone: it was not).
+enum class StopReason { kNone, kCancel, kSuspend, kPreempt, kShutdown };
+
+// The state a job's run ends in, given the engine's outcome and what asked
+// it to stop: kSucceeded is SUCCEEDED and kCancelled CANCELLED; a run that
+// stopped at a checkpoint (kSuspended) is CANCELLED for a cancel, QUEUED
+// (to resume) for a preemption or the drain, SUSPENDED for a suspend or
+// nothing. A run that failed (an error status) is FAILED, not asked here.
+// From RUNNING every result is an allowed transition; from SUSPENDING
+// (stop kSuspend or kCancel) too.
+JobState EndStateOf(engine::JobOutcome outcome, StopReason stop);
 
 }  // namespace megatrain::server
 

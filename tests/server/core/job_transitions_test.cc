@@ -177,5 +177,38 @@ TEST(JobControlTest, EveryStepThatChangesStateIsAnAllowedTransition) {
   }
 }
 
+TEST(JobEndTest, FinishedAndCancelledRunsEndSoWhateverAskedThemToStop) {
+  for (StopReason stop : {StopReason::kNone, StopReason::kCancel, StopReason::kSuspend,
+                          StopReason::kPreempt, StopReason::kShutdown}) {
+    EXPECT_EQ(EndStateOf(engine::JobOutcome::kSucceeded, stop), S::kSucceeded);
+    EXPECT_EQ(EndStateOf(engine::JobOutcome::kCancelled, stop), S::kCancelled);
+  }
+}
+
+TEST(JobEndTest, RunStoppedAtACheckpointEndsAsItsStopAsked) {
+  EXPECT_EQ(EndStateOf(engine::JobOutcome::kSuspended, StopReason::kCancel), S::kCancelled);
+  EXPECT_EQ(EndStateOf(engine::JobOutcome::kSuspended, StopReason::kPreempt), S::kQueued);
+  EXPECT_EQ(EndStateOf(engine::JobOutcome::kSuspended, StopReason::kShutdown), S::kQueued);
+  EXPECT_EQ(EndStateOf(engine::JobOutcome::kSuspended, StopReason::kSuspend), S::kSuspended);
+  EXPECT_EQ(EndStateOf(engine::JobOutcome::kSuspended, StopReason::kNone), S::kSuspended);
+}
+
+TEST(JobEndTest, EveryEndIsAnAllowedTransition) {
+  // A RUNNING job may have any stop; a SUSPENDING one only a suspend or a
+  // cancel (SuspendJob replaces a preemption or the drain's stop).
+  for (engine::JobOutcome outcome : {engine::JobOutcome::kSucceeded, engine::JobOutcome::kCancelled,
+                                     engine::JobOutcome::kSuspended}) {
+    for (StopReason stop : {StopReason::kNone, StopReason::kCancel, StopReason::kSuspend,
+                            StopReason::kPreempt, StopReason::kShutdown}) {
+      EXPECT_TRUE(IsAllowedTransition(S::kRunning, EndStateOf(outcome, stop)));
+    }
+    for (StopReason stop : {StopReason::kCancel, StopReason::kSuspend}) {
+      EXPECT_TRUE(IsAllowedTransition(S::kSuspending, EndStateOf(outcome, stop)));
+    }
+  }
+  EXPECT_TRUE(IsAllowedTransition(S::kRunning, S::kFailed));
+  EXPECT_TRUE(IsAllowedTransition(S::kSuspending, S::kFailed));
+}
+
 }  // namespace
 }  // namespace megatrain::server
