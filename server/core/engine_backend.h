@@ -125,7 +125,7 @@ class EngineBackend {
   }
 
   // Builds a job on `devices` (its train.devices of them, gang-scheduled:
-  // Note [Gang scheduling] in job_manager.h), resuming as CreateJob. The
+  // Note [Gang scheduling] in scheduling_policy.h), resuming as CreateJob. The
   // engine's: engine::TrainingJob::CreateOnDevices (one rank per device).
   // The default, for fakes: one device is CreateJob; several are
   // UNIMPLEMENTED.

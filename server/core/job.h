@@ -139,7 +139,7 @@ struct JobEvent {
 
 // A checkpoint of a job, recorded in the job store when the daemon saw the
 // job write it: the record, not the directory it lies in, makes it the
-// job's (Note [Checkpoint ownership] in server/core/job_manager.h).
+// job's (Note [Checkpoint ownership] in server/core/checkpoint_records.h).
 struct CheckpointRecord {
   std::string job_id;
   int64_t step = 0;

@@ -18,9 +18,12 @@
 #include "absl/time/clock.h"
 #include "engine/fs/dir_fd.h"
 #include "engine/runtime/status_macros.h"
+#include "server/core/checkpoint_records.h"
 #include "server/core/job_request_json.h"
 #include "server/core/job_scalars.h"
+#include "server/core/job_transitions.h"
 #include "server/core/logging.h"
+#include "server/core/scheduling_policy.h"
 #include "server/core/serial_worker.h"
 #include "server/core/submit_checks.h"
 
@@ -57,11 +60,9 @@ bool PathsOverlap(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-// Why a running job was asked to stop.
-enum class StopReason { kNone, kCancel, kSuspend, kPreempt, kShutdown };
-
 // A job holding a device. Owned by JobManager::active_; fields guarded by
-// JobManager::mu_ except where noted.
+// JobManager::mu_ except where noted (in words only: clang's analysis
+// cannot name the owner's mutex from a nested struct; job_manager.h).
 struct JobManager::Active {
   std::string job_id;
   std::string owner;
@@ -176,36 +177,13 @@ class JobManager::Observer : public engine::JobObserver {
     // The steps before it first, so that events keep their order (a
     // checkpoint is rare: waiting here costs nothing per step).
     writer_.Drain();
-    const int64_t step = info.step;
-    const std::string& checkpoint_dir = info.dir;
-    CheckpointRecord checkpoint;
-    checkpoint.job_id = job_id_;
-    checkpoint.step = step;
-    checkpoint.dir = checkpoint_dir;
-    checkpoint.bytes = info.bytes;
-    checkpoint.create_time_unix_ms = NowUnixMs();
-    checkpoint.write_seconds = seconds;
-    checkpoint.owner = owner_;
-    checkpoint.manifest_xxh64 = info.manifest_xxh64;
-    absl::Status status = manager_->store_->RecordCheckpoint(checkpoint);
-    if (!status.ok())
-      LogError(absl::StrCat(job_id_, ": recording checkpoint: ", status.ToString()));
-    manager_->ForgetVanishedCheckpoints(job_id_, step);
+    const JobEvent event = manager_->checkpoints_.RecordWritten(job_id_, owner_, info, seconds);
     {
-      std::lock_guard<std::mutex> lock(manager_->mu_);
-      active_->last_checkpoint_dir = checkpoint_dir;
+      absl::MutexLock lock(&manager_->mu_);
+      active_->last_checkpoint_dir = info.dir;
     }
-    JobEvent event;
-    event.job_id = job_id_;
-    event.time_unix_ms = checkpoint.create_time_unix_ms;
-    event.kind = JobEvent::Kind::kCheckpoint;
-    event.step = step;
-    event.checkpoint_dir = checkpoint_dir;
-    event.checkpoint_seconds = seconds;
-    absl::StatusOr<int64_t> seq = manager_->store_->AppendEvent(event);
-    if (!seq.ok()) LogError(absl::StrCat(job_id_, ": recording event: ", seq.status().ToString()));
     manager_->metrics_->RecordCheckpoint(seconds);
-    manager_->NotifyEvents();
+    manager_->AppendEvents({event});
   }
 
  private:
@@ -237,7 +215,11 @@ class JobManager::Observer : public engine::JobObserver {
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
                        ServerMetrics* metrics)
-    : options_(std::move(options)), store_(store), backend_(backend), metrics_(metrics) {}
+    : options_(std::move(options)),
+      store_(store),
+      backend_(backend),
+      metrics_(metrics),
+      checkpoints_(store, backend) {}
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions options,
                                                                JobStore* store,
@@ -259,7 +241,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions
   MEGATRAIN_RETURN_IF_ERROR(manager->HoldQueuedJobsThatCanNeverStart());
   manager->SizeRecoveredNvmeJobs();
   manager->SweepStaleNvmeTierDirs();
-  std::lock_guard<std::mutex> lock(manager->mu_);
+  absl::MutexLock lock(&manager->mu_);
   manager->RefreshGaugesLocked();
   manager->ScheduleLocked();
   return manager;
@@ -271,11 +253,11 @@ JobManager::~JobManager() {
 }
 
 absl::Status JobManager::Recover() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> running,
                              store_->JobsInState(JobState::kRunning));
   for (JobRecord& job : running) {
-    job.resume_from = LatestCheckpointDir(job);
+    job.resume_from = checkpoints_.LatestDir(job);
     job.device.clear();
     const std::string message =
         job.resume_from.empty()
@@ -287,7 +269,7 @@ absl::Status JobManager::Recover() {
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> suspending,
                              store_->JobsInState(JobState::kSuspending));
   for (JobRecord& job : suspending) {
-    job.resume_from = LatestCheckpointDir(job);
+    job.resume_from = checkpoints_.LatestDir(job);
     job.device.clear();
     MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspended,
                                                "suspended (the daemon restarted while suspending)")
@@ -299,7 +281,7 @@ absl::Status JobManager::Recover() {
 absl::Status JobManager::HoldQueuedJobsThatCanNeverStart() {
   // Note [Device limit]: the limit or --device may have changed since these
   // jobs were admitted (Recover has just re-queued the running ones).
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> queued, store_->JobsInState(JobState::kQueued));
   for (JobRecord& job : queued) {
     const absl::Status can_run = CheckAdmittedJobCanStart(job);
@@ -332,7 +314,7 @@ void JobManager::SizeRecoveredNvmeJobs() {
         LogError(absl::StrCat(job.id, ": sizing its NVMe tier: ", f.status().ToString()));
         continue;
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       nvme_bytes_by_job_[job.id] = f->nvme_bytes;
     }
   }
@@ -531,7 +513,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
 
   JobRecord job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("the daemon is shutting down; submit later");
     // Again under the lock: a concurrent call with the same request_id may
     // have inserted it meanwhile (the store reads are quick and indexed).
@@ -595,45 +577,6 @@ void JobManager::FillQueuePositions(std::vector<JobRecord*> jobs) {
   }
 }
 
-void JobManager::NoteHeadWaitingForDevicesLocked() {
-  // One row of the queue (indexed): the job every free device would go to.
-  absl::StatusOr<std::vector<JobRecord>> head = store_->QueuedJobsPage(std::nullopt, 1);
-  std::string job_id, reason;
-  if (head.ok() && !head->empty()) {
-    const JobRecord& job = head->front();
-    job_id = job.id;
-    reason = WaitReasonLocked(
-        job, 0, static_cast<size_t>(std::max<int64_t>(1, job.request.spec.train.devices)), true);
-  }
-  absl::MutexLock lock(&wait_mu_);
-  waiting_job_ = std::move(job_id);
-  waiting_reason_ = std::move(reason);
-}
-
-std::string JobManager::WaitReasonLocked(const JobRecord& job, size_t free_devices, size_t wanted,
-                                         bool host_fits) const {
-  if (free_devices < wanted) {
-    std::vector<std::string> busy;
-    for (const auto& [device, holder] : job_on_device_) {
-      if (!holder.empty()) busy.push_back(absl::StrCat(device, " (", holder, ")"));
-    }
-    return absl::StrCat("waiting for ", wanted,
-                        " device(s) at once (train.devices): ", free_devices, " of ",
-                        options_.devices.size(), " free; busy: ", absl::StrJoin(busy, ", "));
-  }
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  if (!host_fits) {
-    return absl::StrFormat(
-        "waiting for host memory: needs %.1f GiB; running jobs hold %.1f of "
-        "--host_memory_budget's %.1f GiB",
-        job.host_memory_bytes / kGiB, reserved_bytes_ / kGiB,
-        options_.host_memory_budget_bytes / kGiB);
-  }
-  return absl::StrFormat(
-      "waiting for NVMe tier space: needs %.1f GiB; running jobs hold %.1f of %.1f GiB",
-      NvmeBytesLocked(job) / kGiB, nvme_reserved_bytes_ / kGiB, options_.nvme.budget_bytes / kGiB);
-}
-
 absl::StatusOr<JobRecord> JobManager::Get(const Principal& caller, absl::string_view job_id) {
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
   FillQueuePositions({&job});
@@ -660,6 +603,7 @@ absl::StatusOr<JobPage> JobManager::List(const Principal& caller, JobQuery query
 
 absl::StatusOr<int64_t> JobManager::TransitionLocked(JobRecord& job, JobState state,
                                                      std::string message) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckTransition(job.state, state));
   job.state = state;
   job.message = message;
   if (IsTerminal(state)) job.end_time_unix_ms = NowUnixMs();
@@ -672,86 +616,65 @@ absl::StatusOr<int64_t> JobManager::TransitionLocked(JobRecord& job, JobState st
 
 absl::StatusOr<JobRecord> JobManager::Cancel(const Principal& caller, absl::string_view job_id,
                                              bool force) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
-  switch (job.state) {
-    case JobState::kQueued:
-    case JobState::kSuspended:
-      MEGATRAIN_RETURN_IF_ERROR(
-          TransitionLocked(job, JobState::kCancelled, absl::StrCat("cancelled by ", caller.name))
-              .status());
-      LogInfo(absl::StrCat(job.id, ": cancelled by ", caller.name));
-      RefreshGaugesLocked();
-      ScheduleLocked();
-      break;
-    case JobState::kRunning:
-    case JobState::kSuspending: {
-      auto it = active_.find(job.id);
-      if (it != active_.end() && (it->second->stop != StopReason::kCancel || force)) {
-        Active& active = *it->second;
-        active.stop = StopReason::kCancel;
-        if (active.job != nullptr) {
-          active.job->RequestStop(force ? engine::TrainingJob::StopKind::kForceCancel
-                                        : StopKindFor(true));
-        }
-        MEGATRAIN_RETURN_IF_ERROR(
-            TransitionLocked(
-                job, job.state,
-                absl::StrCat(
-                    force ? "forced cancel requested by " : "cancel requested by ", caller.name,
-                    force ? "; abandons the running step" : "; stops at the next step boundary"))
-                .status());
-        LogInfo(absl::StrCat(job.id, ": cancel requested by ", caller.name));
+  MEGATRAIN_ASSIGN_OR_RETURN(const ControlStep step,
+                             PlanControl(JobControl::kCancel, job.id, job.state));
+  if (step.effect == ControlEffect::kTransition) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        TransitionLocked(job, step.to, absl::StrCat("cancelled by ", caller.name)).status());
+    LogInfo(absl::StrCat(job.id, ": cancelled by ", caller.name));
+    RefreshGaugesLocked();
+    ScheduleLocked();
+  } else if (step.effect == ControlEffect::kStopRun) {
+    auto it = active_.find(job.id);
+    // A forced cancel may follow a plain one; a plain one once.
+    if (it != active_.end() && (it->second->stop != StopReason::kCancel || force)) {
+      Active& active = *it->second;
+      active.stop = StopReason::kCancel;
+      if (active.job != nullptr) {
+        active.job->RequestStop(force ? engine::TrainingJob::StopKind::kForceCancel
+                                      : StopKindFor(true));
       }
-      break;
+      MEGATRAIN_RETURN_IF_ERROR(
+          TransitionLocked(
+              job, step.to,
+              absl::StrCat(
+                  force ? "forced cancel requested by " : "cancel requested by ", caller.name,
+                  force ? "; abandons the running step" : "; stops at the next step boundary"))
+              .status());
+      LogInfo(absl::StrCat(job.id, ": cancel requested by ", caller.name));
     }
-    case JobState::kCancelled:
-      break;  // idempotent
-    case JobState::kSucceeded:
-    case JobState::kFailed:
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
   return updated;
 }
 
 absl::StatusOr<JobRecord> JobManager::Suspend(const Principal& caller, absl::string_view job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
-  switch (job.state) {
-    case JobState::kQueued:
-      MEGATRAIN_RETURN_IF_ERROR(
-          TransitionLocked(job, JobState::kSuspended, absl::StrCat("held by ", caller.name))
-              .status());
-      RefreshGaugesLocked();
-      ScheduleLocked();
-      break;
-    case JobState::kRunning: {
-      auto it = active_.find(job.id);
-      if (it == active_.end()) return absl::InternalError(absl::StrCat(job.id, ": not active"));
-      Active& active = *it->second;
-      if (active.stop == StopReason::kCancel) {
-        return absl::FailedPreconditionError(absl::StrCat("job ", job.id, " is being cancelled"));
-      }
-      active.stop = StopReason::kSuspend;
-      if (active.job != nullptr) active.job->RequestStop(StopKindFor(false));
-      MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, JobState::kSuspending,
-                                                 absl::StrCat("suspend requested by ", caller.name,
-                                                              "; checkpoints at the next step"))
-                                    .status());
-      LogInfo(absl::StrCat(job.id, ": suspend requested by ", caller.name));
-      RefreshGaugesLocked();
-      break;
+  MEGATRAIN_ASSIGN_OR_RETURN(const ControlStep step,
+                             PlanControl(JobControl::kSuspend, job.id, job.state));
+  if (step.effect == ControlEffect::kTransition) {
+    MEGATRAIN_RETURN_IF_ERROR(
+        TransitionLocked(job, step.to, absl::StrCat("held by ", caller.name)).status());
+    RefreshGaugesLocked();
+    ScheduleLocked();
+  } else if (step.effect == ControlEffect::kStopRun) {
+    auto it = active_.find(job.id);
+    if (it == active_.end()) return absl::InternalError(absl::StrCat(job.id, ": not active"));
+    Active& active = *it->second;
+    if (active.stop == StopReason::kCancel) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job.id, " is being cancelled"));
     }
-    case JobState::kSuspending:
-    case JobState::kSuspended:
-      break;  // idempotent
-    case JobState::kSucceeded:
-    case JobState::kFailed:
-    case JobState::kCancelled:
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
+    active.stop = StopReason::kSuspend;
+    if (active.job != nullptr) active.job->RequestStop(StopKindFor(false));
+    MEGATRAIN_RETURN_IF_ERROR(TransitionLocked(job, step.to,
+                                               absl::StrCat("suspend requested by ", caller.name,
+                                                            "; checkpoints at the next step"))
+                                  .status());
+    LogInfo(absl::StrCat(job.id, ": suspend requested by ", caller.name));
+    RefreshGaugesLocked();
   }
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
   FillQueuePositions({&updated});
@@ -759,44 +682,29 @@ absl::StatusOr<JobRecord> JobManager::Suspend(const Principal& caller, absl::str
 }
 
 absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::string_view job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
-  switch (job.state) {
-    case JobState::kSuspended: {
-      if (draining_) return absl::UnavailableError("the daemon is shutting down; resume later");
-      // The job already counts (Note [Job limits]); a limit lowered since
-      // it was suspended (a restart with other flags) still holds.
-      MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
-      // Note [Device limit]: one that could never start would wait for ever
-      // (and, beyond the daemon's devices or budget, stop every scheduling
-      // pass).
-      MEGATRAIN_RETURN_IF_ERROR(CheckAdmittedJobCanStart(job));
-      job.resume_from = LatestCheckpointDir(job);
-      MEGATRAIN_RETURN_IF_ERROR(
-          TransitionLocked(job, JobState::kQueued,
-                           absl::StrCat("resumed by ", caller.name,
-                                        job.resume_from.empty()
-                                            ? std::string()
-                                            : absl::StrCat("; continues from ", job.resume_from)))
-              .status());
-      LogInfo(absl::StrCat(job.id, ": resumed by ", caller.name));
-      RefreshGaugesLocked();
-      ScheduleLocked();
-      break;
-    }
-    case JobState::kQueued:
-    case JobState::kRunning:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job.id, " is ", JobStateName(job.state), "; only SUSPENDED jobs resume"));
-    case JobState::kSuspending:
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job.id, " is still SUSPENDING; resume it once it is SUSPENDED"));
-    case JobState::kSucceeded:
-    case JobState::kFailed:
-    case JobState::kCancelled:
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job.id, " already ended ", JobStateName(job.state)));
-  }
+  MEGATRAIN_ASSIGN_OR_RETURN(const ControlStep step,
+                             PlanControl(JobControl::kResume, job.id, job.state));
+  if (draining_) return absl::UnavailableError("the daemon is shutting down; resume later");
+  // The job already counts (Note [Job limits]); a limit lowered since it
+  // was suspended (a restart with other flags) still holds.
+  MEGATRAIN_RETURN_IF_ERROR(CheckJobLimitsLocked(job.owner, 0));
+  // Note [Device limit]: one that could never start would wait for ever
+  // (and, beyond the daemon's devices or budget, stop every scheduling
+  // pass).
+  MEGATRAIN_RETURN_IF_ERROR(CheckAdmittedJobCanStart(job));
+  job.resume_from = checkpoints_.LatestDir(job);
+  MEGATRAIN_RETURN_IF_ERROR(
+      TransitionLocked(job, step.to,
+                       absl::StrCat("resumed by ", caller.name,
+                                    job.resume_from.empty()
+                                        ? std::string()
+                                        : absl::StrCat("; continues from ", job.resume_from)))
+          .status());
+  LogInfo(absl::StrCat(job.id, ": resumed by ", caller.name));
+  RefreshGaugesLocked();
+  ScheduleLocked();
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord updated, store_->GetJob(job.id));
   FillQueuePositions({&updated});
   return updated;
@@ -808,122 +716,86 @@ absl::StatusOr<JobRecord> JobManager::Resume(const Principal& caller, absl::stri
 void JobManager::ScheduleLocked() {
   ReapThreadsLocked();
   if (draining_) return;
-  // Nothing can start without a free device; only a preemption could help.
-  const bool any_free_device =
-      std::any_of(options_.devices.begin(), options_.devices.end(),
-                  [this](const std::string& device) { return job_on_device_[device].empty(); });
-  if (!any_free_device && !options_.preemption) {
-    NoteHeadWaitingForDevicesLocked();
-    RefreshGaugesLocked();
-    return;
-  }
-  std::map<std::string, int> running_by_owner;
-  std::map<std::string, int64_t> devices_by_owner;  // Note [Device limit]
-  for (const auto& [id, active] : active_) {
-    ++running_by_owner[active->owner];
-    devices_by_owner[active->owner] += static_cast<int64_t>(active->devices.size());
-  }
-  // The queue is read a page at a time: a pass usually stops at its first
-  // job (no free device), so its cost does not follow the queue's length.
+  SchedulerSnapshot snapshot = SnapshotLocked();
+  // The queue is read a page at a time, as far as the policy walks it: a
+  // pass usually stops at its first job, so its cost does not follow the
+  // queue's length. Every device busy and no preemption: only the head.
+  const int page_size = NeedsOnlyQueueHead(snapshot) ? 1 : kSchedulePageSize;
+  std::map<std::string, JobRecord> read;  // the queued jobs read, by id
   std::optional<JobStore::QueueCursor> cursor;
-  bool stop = false;
-  std::string waiting_job, waiting_reason;  // Note [Why a queued job waits]
-  while (!stop) {
-    absl::StatusOr<std::vector<JobRecord>> page = store_->QueuedJobsPage(cursor, kSchedulePageSize);
+  SchedulingDecision decision;
+  while (true) {
+    absl::StatusOr<std::vector<JobRecord>> page = store_->QueuedJobsPage(cursor, page_size);
     if (!page.ok()) {
       LogError(absl::StrCat("scheduler: reading the queue: ", page.status().ToString()));
       break;
     }
-    if (page->empty()) break;
-    cursor = JobStore::QueueCursor{page->back().request.priority, page->back().seq};
-    const bool last_page = page->size() < static_cast<size_t>(kSchedulePageSize);
-    for (JobRecord& job : *page) {
-      if (options_.max_running_jobs_per_user > 0 &&
-          running_by_owner[job.owner] >= options_.max_running_jobs_per_user) {
-        continue;
-      }
-      // Note [Gang scheduling]: all of the job's devices or none.
-      const size_t wanted =
-          static_cast<size_t>(std::max<int64_t>(1, job.request.spec.train.devices));
-      if (options_.max_devices_per_user > 0 &&
-          devices_by_owner[job.owner] + static_cast<int64_t>(wanted) >
-              options_.max_devices_per_user) {
-        continue;  // Note [Device limit]
-      }
-      std::vector<std::string> free_devices;
-      for (const std::string& device : options_.devices) {
-        if (job_on_device_[device].empty() && free_devices.size() < wanted) {
-          free_devices.push_back(device);
-        }
-      }
-      const bool host_fits =
-          reserved_bytes_ + job.host_memory_bytes <= options_.host_memory_budget_bytes;
-      const bool fits =
-          host_fits && nvme_reserved_bytes_ + NvmeBytesLocked(job) <= options_.nvme.budget_bytes;
-      if (free_devices.size() < wanted || !fits) {
-        if (options_.preemption) MaybePreemptLocked(job);
-        waiting_job = job.id;
-        waiting_reason = WaitReasonLocked(job, free_devices.size(), wanted, host_fits);
-        stop = true;
-        break;
-      }
-      ++running_by_owner[job.owner];
-      devices_by_owner[job.owner] += static_cast<int64_t>(wanted);
-      StartLocked(std::move(job), std::move(free_devices));
+    snapshot.queue_complete = page->size() < static_cast<size_t>(page_size);
+    if (!page->empty()) {
+      cursor = JobStore::QueueCursor{page->back().request.priority, page->back().seq};
     }
-    if (last_page) break;
+    for (JobRecord& job : *page) {
+      snapshot.queue.push_back(QueuedViewLocked(job));
+      read.emplace(job.id, std::move(job));
+    }
+    decision = Next(snapshot);
+    if (!decision.needs_more_queue) break;
   }
+  for (JobStart& start : decision.starts) {
+    StartLocked(std::move(read.at(start.job_id)), std::move(start.devices));
+  }
+  if (decision.preemption.has_value()) PreemptLocked(*decision.preemption);
   {
     absl::MutexLock lock(&wait_mu_);
-    waiting_job_ = std::move(waiting_job);
-    waiting_reason_ = std::move(waiting_reason);
+    waiting_job_ = std::move(decision.waiting_job);
+    waiting_reason_ = std::move(decision.waiting_reason);
   }
   RefreshGaugesLocked();
 }
 
-void JobManager::MaybePreemptLocked(const JobRecord& waiting) {
-  // Note [Gang scheduling]: only when the devices it could ever get are
-  // enough for it.
-  const size_t wanted =
-      static_cast<size_t>(std::max<int64_t>(1, waiting.request.spec.train.devices));
-  size_t reachable = 0;
+SchedulerSnapshot JobManager::SnapshotLocked() {
+  SchedulerSnapshot snapshot;
+  snapshot.limits.host_memory_budget_bytes = options_.host_memory_budget_bytes;
+  snapshot.limits.nvme_budget_bytes = options_.nvme.budget_bytes;
+  snapshot.limits.max_running_jobs_per_user = options_.max_running_jobs_per_user;
+  snapshot.limits.max_devices_per_user = options_.max_devices_per_user;
+  snapshot.limits.preemption = options_.preemption;
   for (const std::string& device : options_.devices) {
-    if (job_on_device_[device].empty()) ++reachable;
+    snapshot.devices.push_back(DeviceState{device, job_on_device_[device]});
   }
   for (const auto& [id, active] : active_) {
-    if (active->stop != StopReason::kNone || active->priority < waiting.request.priority) {
-      reachable += active->devices.size();
-    }
+    const RunStop stop = active->stop == StopReason::kNone      ? RunStop::kNone
+                         : active->stop == StopReason::kPreempt ? RunStop::kPreempt
+                                                                : RunStop::kOther;
+    snapshot.running.push_back(RunningJobView{
+        id, active->owner, active->priority, static_cast<int64_t>(active->devices.size()),
+        active->reserved_bytes, active->nvme_reserved_bytes, stop});
   }
-  if (reachable < wanted) return;
-  Active* victim = nullptr;
-  for (const auto& [id, active] : active_) {
-    if (active->stop == StopReason::kPreempt) return;  // one preemption at a time
-    if (active->stop != StopReason::kNone || active->priority >= waiting.request.priority) continue;
-    // Lowest priority first; among equals the later submission.
-    if (victim == nullptr || active->priority < victim->priority ||
-        (active->priority == victim->priority && active->job_id > victim->job_id)) {
-      victim = active.get();
-    }
-  }
-  if (victim == nullptr) return;
-  // Only when stopping the victim lets `waiting` start (it frees a device
-  // in any case; host memory and NVMe bytes must fit too: a suspended job
-  // holds neither, Note [NVMe admission]).
-  const bool fits_after =
-      reserved_bytes_ - victim->reserved_bytes + waiting.host_memory_bytes <=
-          options_.host_memory_budget_bytes &&
-      nvme_reserved_bytes_ - victim->nvme_reserved_bytes + NvmeBytesLocked(waiting) <=
-          options_.nvme.budget_bytes;
-  if (!fits_after) return;
+  return snapshot;
+}
+
+QueuedJobView JobManager::QueuedViewLocked(const JobRecord& job) const {
+  return QueuedJobView{job.id,
+                       job.owner,
+                       job.request.priority,
+                       std::max<int64_t>(1, job.request.spec.train.devices),
+                       job.host_memory_bytes,
+                       NvmeBytesLocked(job)};
+}
+
+void JobManager::PreemptLocked(const Preemption& preemption) {
+  auto it = active_.find(preemption.victim_id);
+  if (it == active_.end()) return;
+  Active* victim = it->second.get();
   victim->stop = StopReason::kPreempt;
-  victim->preempted_for = waiting.id;
+  victim->preempted_for = preemption.for_job_id;
   if (victim->job != nullptr) victim->job->RequestStop(StopKindFor(false));
-  LogInfo(absl::StrCat(victim->job_id, ": preempted by ", waiting.id, " (priority ",
-                       waiting.request.priority, " > ", victim->priority, ")"));
-  JobEvent note = JobEvent::StateChange(
-      victim->job_id, JobState::kRunning,
-      absl::StrCat("preempted by ", waiting.id, "; checkpoints at the next step and re-queues"));
+  LogInfo(absl::StrCat(victim->job_id, ": preempted by ", preemption.for_job_id, " (priority ",
+                       preemption.for_priority, " > ", victim->priority, ")"));
+  JobEvent note =
+      JobEvent::StateChange(victim->job_id, JobState::kRunning,
+                            absl::StrCat("preempted by ", preemption.for_job_id,
+                                         "; checkpoints at the next step and re-queues"));
   absl::StatusOr<int64_t> seq = store_->AppendEvent(note);
   if (!seq.ok()) LogError(seq.status().ToString());
   NotifyEvents();
@@ -963,7 +835,7 @@ void JobManager::StartLocked(JobRecord job, std::vector<std::string> devices) {
   // job thread takes mu_ before it can finish, so it cannot end before
   // `thread` is set.
   launcher_.Post([this, raw, job = std::move(job)] {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     raw->thread = std::thread(&JobManager::RunJob, this, raw, job);
   });
 }
@@ -972,57 +844,7 @@ void JobManager::RunJob(Active* active, JobRecord job) {
   // No exception may leave this thread (STYLE: errors).
   absl::StatusOr<engine::JobOutcome> outcome = absl::InternalError("job did not run");
   try {
-    // Again at start: the roots may have changed since submission (a
-    // restart with other flags), or a directory on the way may have become
-    // a symbolic link (Note [Path checks] in path_policy.h).
-    absl::Status paths = options_.path_policy.CheckJobSpec(job.request.spec, job.owner);
-    // Note [Held output directory]: opened once from its root without
-    // following links, claimed, and this thread's for the whole run.
-    absl::StatusOr<engine::HeldOutputDir> held =
-        paths.ok() ? HoldOutputDir(active, job) : absl::StatusOr<engine::HeldOutputDir>(paths);
-    std::optional<engine::ScopedHeldOutputDir> held_scope;
-    if (held.ok()) held_scope.emplace(&*held);
-    if (!held.ok()) {
-      outcome = held.status();
-    } else if (absl::StatusOr<std::string> intact = SelectResumeCheckpoint(job); !intact.ok()) {
-      outcome = intact.status();
-    } else {
-      std::optional<std::string> resume_from;
-      if (!intact->empty()) resume_from = *intact;
-      AdoptRecordedCheckpoints(job);
-      engine::JobSpec spec = job.request.spec;
-      spec.job_id = job.id;  // written into its checkpoints, required of resume_from
-      // Note [NVMe admission]: the tier's files go under <nvme_dir>/<job id>.
-      if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff)
-        spec.memory.nvme_dir = options_.nvme.dir;
-      // Note [Confined reads] in engine/fs/dir_fd.h: every input the engine
-      // opens on this thread, now and while it runs, stays below the roots.
-      absl::StatusOr<engine::ReadConfinement> confinement =
-          options_.path_policy.ConfineJobReads(&spec, job.owner);
-      std::optional<engine::ScopedReadConfinement> confined;
-      if (confinement.ok()) confined.emplace(&*confinement);
-      absl::StatusOr<std::unique_ptr<engine::TrainingJob>> created =
-          confinement.ok()
-              ? backend_->CreateJobOnDevices(spec, active->devices, resume_from)
-              : absl::StatusOr<std::unique_ptr<engine::TrainingJob>>(confinement.status());
-      if (!created.ok()) {
-        outcome = created.status();
-      } else {
-        engine::TrainingJob* training_job = created->get();
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          active->job = std::move(*created);
-          if (active->stop != StopReason::kNone) {
-            training_job->RequestStop(StopKindFor(active->stop == StopReason::kCancel));
-          }
-          if (active->checkpoint_requested) training_job->RequestCheckpoint();
-        }
-        metrics_->SetHostStore(active->devices.front(), training_job->footprint().host);
-        RecordStartEvents(job.id, *training_job);
-        Observer observer(this, active, job);
-        outcome = training_job->Run(&observer);
-      }
-    }
+    outcome = HoldAndRun(active, job);
   } catch (const std::bad_alloc&) {
     outcome = absl::ResourceExhaustedError("out of host memory (std::bad_alloc) in the engine");
   } catch (const std::exception& e) {
@@ -1033,11 +855,53 @@ void JobManager::RunJob(Active* active, JobRecord job) {
   // Free the job's memory before releasing its reservation.
   std::unique_ptr<engine::TrainingJob> finished;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     finished = std::move(active->job);
   }
   finished.reset();
   FinishJob(active, outcome);
+}
+
+absl::StatusOr<engine::JobOutcome> JobManager::HoldAndRun(Active* active, const JobRecord& job) {
+  // Again at start: the roots may have changed since submission (a restart
+  // with other flags), or a directory on the way may have become a
+  // symbolic link (Note [Path checks] in path_policy.h).
+  MEGATRAIN_RETURN_IF_ERROR(options_.path_policy.CheckJobSpec(job.request.spec, job.owner));
+  // Note [Held output directory]: opened once from its root without
+  // following links, claimed, and this thread's for the whole run.
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::HeldOutputDir held, HoldOutputDir(active, job));
+  engine::ScopedHeldOutputDir held_scope(&held);
+  // Note [Resume verification] in checkpoint_records.h.
+  ResumeSelection selection = checkpoints_.SelectResume(job);
+  AppendEvents(selection.events);
+  MEGATRAIN_RETURN_IF_ERROR(selection.dir.status());
+  std::optional<std::string> resume_from;
+  if (!selection.dir->empty()) resume_from = *selection.dir;
+  checkpoints_.Adopt(job);
+  engine::JobSpec spec = job.request.spec;
+  spec.job_id = job.id;  // written into its checkpoints, required of resume_from
+  // Note [NVMe admission]: the tier's files go under <nvme_dir>/<job id>.
+  if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff) spec.memory.nvme_dir = options_.nvme.dir;
+  // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
+  // opens on this thread, now and while it runs, stays below the roots.
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::ReadConfinement confinement,
+                             options_.path_policy.ConfineJobReads(&spec, job.owner));
+  engine::ScopedReadConfinement confined(&confinement);
+  MEGATRAIN_ASSIGN_OR_RETURN(std::unique_ptr<engine::TrainingJob> created,
+                             backend_->CreateJobOnDevices(spec, active->devices, resume_from));
+  engine::TrainingJob* training_job = created.get();
+  {
+    absl::MutexLock lock(&mu_);
+    active->job = std::move(created);
+    if (active->stop != StopReason::kNone) {
+      training_job->RequestStop(StopKindFor(active->stop == StopReason::kCancel));
+    }
+    if (active->checkpoint_requested) training_job->RequestCheckpoint();
+  }
+  metrics_->SetHostStore(active->devices.front(), training_job->footprint().host);
+  RecordStartEvents(job.id, *training_job);
+  Observer observer(this, active, job);
+  return training_job->Run(&observer);
 }
 
 void JobManager::RecordStartEvents(const std::string& job_id,
@@ -1061,64 +925,14 @@ void JobManager::RecordStartEvents(const std::string& job_id,
 }
 
 void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string job_id = active->job_id;
   const std::vector<std::string> devices = active->devices;
   // Note [Per-job series] in metrics.h: gone before watchers see the end.
   metrics_->RemoveJob(job_id);
   absl::StatusOr<JobRecord> loaded = store_->GetJob(job_id);
   if (loaded.ok()) {
-    JobRecord& job = *loaded;
-    job.device.clear();
-    JobState state = JobState::kFailed;
-    std::string message;
-    if (outcome.ok()) {
-      switch (*outcome) {
-        case engine::JobOutcome::kSucceeded:
-          state = JobState::kSucceeded;
-          message = absl::StrCat("finished at step ", job.progress.step);
-          break;
-        case engine::JobOutcome::kCancelled:
-          state = JobState::kCancelled;
-          message = absl::StrCat("cancelled at step ", job.progress.step);
-          break;
-        case engine::JobOutcome::kSuspended: {
-          const std::string checkpoint = !active->last_checkpoint_dir.empty()
-                                             ? active->last_checkpoint_dir
-                                             : LatestCheckpointDir(job);
-          job.resume_from = checkpoint;
-          switch (active->stop) {
-            case StopReason::kCancel:
-              state = JobState::kCancelled;
-              message = absl::StrCat("cancelled at step ", job.progress.step);
-              break;
-            case StopReason::kPreempt:
-              state = JobState::kQueued;
-              message = absl::StrCat("preempted by ", active->preempted_for,
-                                     "; re-queued, resumes from ", checkpoint);
-              break;
-            case StopReason::kShutdown:
-              state = JobState::kQueued;
-              message = absl::StrCat("daemon shut down; re-queued, resumes from ", checkpoint);
-              break;
-            case StopReason::kSuspend:
-            case StopReason::kNone:
-              state = JobState::kSuspended;
-              message = absl::StrCat("suspended at step ", job.progress.step, "; checkpoint ",
-                                     checkpoint);
-              break;
-          }
-          break;
-        }
-      }
-    } else {
-      state = JobState::kFailed;
-      job.error_code = outcome.status().code();
-      message = std::string(outcome.status().message());
-    }
-    absl::StatusOr<int64_t> seq = TransitionLocked(job, state, message);
-    if (!seq.ok()) LogError(absl::StrCat(job_id, ": recording the end: ", seq.status().ToString()));
-    LogInfo(absl::StrCat(job_id, ": ", JobStateName(state), ": ", message));
+    RecordEndLocked(*active, outcome, *loaded);
   } else {
     LogError(absl::StrCat(job_id, ": reading the job at its end: ", loaded.status().ToString()));
   }
@@ -1128,8 +942,43 @@ void JobManager::FinishJob(Active* active, const absl::StatusOr<engine::JobOutco
   for (const std::string& device : devices) job_on_device_[device].clear();
   finished_threads_.push_back(std::move(active->thread));
   active_.erase(job_id);  // destroys *active
-  if (active_.empty()) idle_cv_.notify_all();
+  if (active_.empty()) idle_cv_.SignalAll();
   ScheduleLocked();
+}
+
+void JobManager::RecordEndLocked(const Active& active,
+                                 const absl::StatusOr<engine::JobOutcome>& outcome, JobRecord job) {
+  job.device.clear();
+  JobState state = JobState::kFailed;
+  std::string message;
+  if (!outcome.ok()) {
+    job.error_code = outcome.status().code();
+    message = std::string(outcome.status().message());
+  } else {
+    state = EndStateOf(*outcome, active.stop);
+    std::string checkpoint;
+    if (*outcome == engine::JobOutcome::kSuspended) {
+      checkpoint = !active.last_checkpoint_dir.empty() ? active.last_checkpoint_dir
+                                                       : checkpoints_.LatestDir(job);
+      job.resume_from = checkpoint;
+    }
+    const int64_t step = job.progress.step;
+    if (state == JobState::kSucceeded) {
+      message = absl::StrCat("finished at step ", step);
+    } else if (state == JobState::kCancelled) {
+      message = absl::StrCat("cancelled at step ", step);
+    } else if (state == JobState::kSuspended) {
+      message = absl::StrCat("suspended at step ", step, "; checkpoint ", checkpoint);
+    } else if (active.stop == StopReason::kPreempt) {
+      message = absl::StrCat("preempted by ", active.preempted_for, "; re-queued, resumes from ",
+                             checkpoint);
+    } else {
+      message = absl::StrCat("daemon shut down; re-queued, resumes from ", checkpoint);
+    }
+  }
+  absl::StatusOr<int64_t> seq = TransitionLocked(job, state, message);
+  if (!seq.ok()) LogError(absl::StrCat(job.id, ": recording the end: ", seq.status().ToString()));
+  LogInfo(absl::StrCat(job.id, ": ", JobStateName(state), ": ", message));
 }
 
 void JobManager::ReapThreadsLocked() {
@@ -1154,12 +1003,29 @@ void JobManager::RefreshGaugesLocked() {
 // ---------------------------------------------------------------------------
 // Events.
 
+void JobManager::AppendEvents(const std::vector<JobEvent>& events) {
+  for (const JobEvent& event : events) {
+    absl::StatusOr<int64_t> seq = store_->AppendEvent(event);
+    if (!seq.ok()) {
+      LogError(absl::StrCat(event.job_id, ": recording event: ", seq.status().ToString()));
+    }
+  }
+  if (!events.empty()) NotifyEvents();
+}
+
 void JobManager::NotifyEvents() {
   {
-    std::lock_guard<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
     ++event_generation_;
   }
-  events_cv_.notify_all();
+  events_cv_.SignalAll();
+}
+
+void JobManager::WaitForEventsAfter(int64_t generation, absl::Time deadline) {
+  absl::MutexLock lock(&events_mu_);
+  while (!stopped_ && event_generation_ == generation) {
+    if (events_cv_.WaitWithDeadline(&events_mu_, deadline)) return;  // timed out
+  }
 }
 
 absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl::string_view job_id,
@@ -1169,7 +1035,7 @@ absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl:
   while (true) {
     int64_t generation = 0;
     {
-      std::lock_guard<std::mutex> lock(events_mu_);
+      absl::MutexLock lock(&events_mu_);
       if (stopped_) return absl::UnavailableError("the daemon is shutting down");
       generation = event_generation_;
     }
@@ -1185,164 +1051,13 @@ absl::StatusOr<EventBatch> JobManager::WaitEvents(const Principal& caller, absl:
       batch.finished = true;
       return batch;
     }
-    std::unique_lock<std::mutex> lock(events_mu_);
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return batch;
-    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now),
-                        [&] { return stopped_ || event_generation_ != generation; });
+    if (absl::Now() >= deadline) return batch;
+    WaitForEventsAfter(generation, deadline);
   }
 }
 
 // ---------------------------------------------------------------------------
 // Checkpoints.
-
-absl::StatusOr<std::vector<CheckpointRecord>> JobManager::RecordedCheckpoints(
-    const JobRecord& job) {
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
-                             store_->ListCheckpoints(job.id));
-  // Only the recorded path is looked at (no directory scan): a record whose
-  // directory is gone (retention, deleted by hand) is not listed. A stat
-  // per record: never called under mu_ (Note [Lock-free admission]).
-  std::vector<CheckpointRecord> present;
-  for (CheckpointRecord& checkpoint : recorded) {
-    std::error_code ec;
-    if (fs::is_directory(checkpoint.dir, ec)) present.push_back(std::move(checkpoint));
-  }
-  return present;
-}
-
-void JobManager::AdoptRecordedCheckpoints(const JobRecord& job) {
-  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job.id);
-  if (!recorded.ok()) {
-    LogError(absl::StrCat(job.id, ": adopting checkpoints: ", recorded.status().ToString()));
-    return;
-  }
-  if (recorded->empty()) return;
-  std::vector<std::string> dirs;
-  for (const CheckpointRecord& checkpoint : *recorded) dirs.push_back(checkpoint.dir);
-  absl::StatusOr<int64_t> adopted =
-      backend_->AdoptRecordedCheckpoints(job.request.spec.output_dir, dirs);
-  if (!adopted.ok()) {
-    // The job's own checkpoint write reports a broken directory; retention
-    // then simply keeps the unadopted checkpoints.
-    LogError(absl::StrCat(job.id, ": adopting checkpoints: ", adopted.status().ToString()));
-  } else if (*adopted > 0) {
-    LogInfo(absl::StrCat(job.id, ": ", *adopted,
-                         " recorded checkpoint(s) from before the checkpoint ledger now come "
-                         "under retention"));
-  }
-}
-
-void JobManager::ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step) {
-  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(job_id);
-  if (!recorded.ok()) return;
-  for (const CheckpointRecord& checkpoint : *recorded) {
-    std::error_code ec;
-    if (checkpoint.step == written_step || fs::exists(checkpoint.dir, ec)) continue;
-    absl::Status status = store_->DeleteCheckpoint(job_id, checkpoint.step);
-    if (!status.ok()) {
-      LogWarning(absl::StrCat(job_id, ": forgetting ", checkpoint.dir, ": ", status.ToString()));
-    }
-  }
-}
-
-std::string JobManager::LatestCheckpointDir(const JobRecord& job) {
-  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints = store_->ListCheckpoints(job.id);
-  if (!checkpoints.ok()) {
-    LogWarning(absl::StrCat(job.id, ": listing checkpoints: ", checkpoints.status().ToString()));
-    return job.resume_from;
-  }
-  if (checkpoints->empty()) return "";
-  return checkpoints->back().dir;
-}
-
-absl::Status JobManager::VerifyAgainstRecord(const CheckpointRecord& record,
-                                             const engine::CheckpointInfo& found) {
-  if (found.step != record.step) {
-    return absl::DataLossError(absl::StrCat(record.dir, "/state.json: step ", found.step,
-                                            ", but it was recorded as step ", record.step));
-  }
-  const bool legacy = record.manifest_xxh64 == 0;  // recorded before schema version 3
-  if (found.job_id.empty() ? !legacy : found.job_id != record.job_id) {
-    return absl::DataLossError(absl::StrCat(record.dir, "/state.json: names job '", found.job_id,
-                                            "', but job ", record.job_id,
-                                            " wrote this checkpoint; it was replaced since"));
-  }
-  if (!legacy && found.manifest_xxh64 != record.manifest_xxh64) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s/manifest.json: XXH64 %016x, but %016x was recorded when job %s wrote it; it was "
-        "replaced since",
-        record.dir, found.manifest_xxh64, record.manifest_xxh64, record.job_id));
-  }
-  return absl::OkStatus();
-}
-
-std::string JobManager::QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
-                                             const absl::Status& why) {
-  std::string moved_to;
-  std::error_code ec;
-  if (fs::exists(record.dir, ec)) {
-    const fs::path dir(record.dir);
-    fs::path target = dir.parent_path() / absl::StrCat("quarantined-", dir.filename().string());
-    if (fs::exists(target, ec)) {
-      target += absl::StrCat(".", NowUnixMs());
-    }
-    fs::rename(dir, target, ec);
-    moved_to = ec ? absl::StrCat("could not be moved aside (", ec.message(), ")")
-                  : absl::StrCat("quarantined as ", target.string());
-  } else {
-    moved_to = "is gone";
-  }
-  const std::string message = absl::StrCat("checkpoint ", CheckpointId(job.id, record.step),
-                                           " failed verification at resume (", why.message(),
-                                           "); it ", moved_to, " and is no longer listed");
-  LogWarning(absl::StrCat(job.id, ": ", message));
-  absl::Status forgotten = store_->DeleteCheckpoint(job.id, record.step);
-  if (!forgotten.ok()) LogError(absl::StrCat(job.id, ": ", forgotten.ToString()));
-  absl::StatusOr<int64_t> seq =
-      store_->AppendEvent(JobEvent::StateChange(job.id, job.state, message));
-  if (!seq.ok()) LogError(absl::StrCat(job.id, ": recording event: ", seq.status().ToString()));
-  NotifyEvents();
-  return absl::StrCat(record.dir, ": ", why.message(), " (", moved_to, ")");
-}
-
-absl::StatusOr<std::string> JobManager::SelectResumeCheckpoint(const JobRecord& job) {
-  if (job.resume_from.empty()) return std::string();
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> recorded,
-                             store_->ListCheckpoints(job.id));
-  // Newest first, from the one the job was to resume from downwards.
-  int64_t max_step = INT64_MAX;
-  for (const CheckpointRecord& record : recorded) {
-    if (record.dir == job.resume_from) max_step = record.step;
-  }
-  std::vector<std::string> failures;
-  for (auto it = recorded.rbegin(); it != recorded.rend(); ++it) {
-    if (it->step > max_step) continue;
-    absl::StatusOr<engine::CheckpointInfo> found =
-        backend_->VerifyCheckpoint(it->dir, /*check_data=*/true);
-    absl::Status verified = found.ok() ? VerifyAgainstRecord(*it, *found) : found.status();
-    if (verified.ok()) {
-      if (!failures.empty()) {
-        const std::string message = absl::StrCat("resuming from the newest intact checkpoint ",
-                                                 CheckpointId(job.id, it->step));
-        absl::StatusOr<int64_t> seq =
-            store_->AppendEvent(JobEvent::StateChange(job.id, job.state, message));
-        if (!seq.ok()) LogError(absl::StrCat(job.id, ": ", seq.status().ToString()));
-        LogInfo(absl::StrCat(job.id, ": ", message));
-      }
-      return it->dir;
-    }
-    failures.push_back(QuarantineCheckpoint(job, *it, verified));
-  }
-  if (failures.empty()) {
-    return absl::DataLossError(absl::StrCat(
-        "job ", job.id, ": resume_from '", job.resume_from,
-        "' is not a checkpoint recorded for this job and it has no other; refusing to resume "
-        "from an unrecorded directory"));
-  }
-  return absl::DataLossError(absl::StrCat(
-      "job ", job.id, ": no intact checkpoint to resume from: ", absl::StrJoin(failures, "; ")));
-}
 
 absl::StatusOr<engine::HeldOutputDir> JobManager::HoldOutputDir(Active* active,
                                                                 const JobRecord& job) {
@@ -1362,7 +1077,7 @@ absl::StatusOr<engine::HeldOutputDir> JobManager::HoldOutputDir(Active* active,
   }
   MEGATRAIN_ASSIGN_OR_RETURN(engine::HeldOutputDir held,
                              engine::HeldOutputDir::Open(job.request.spec.output_dir, roots));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& entry : active_) {
     const Active* other = entry.second.get();
     if (other == active || other->output_inode == 0) continue;
@@ -1459,7 +1174,7 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
     const std::function<bool()>& cancelled) {
   int64_t after_seq = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
     auto it = active_.find(job.id);
     if (job.state != JobState::kRunning || it == active_.end()) {
@@ -1475,7 +1190,7 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
   while (true) {
     int64_t generation = 0;
     {
-      std::lock_guard<std::mutex> lock(events_mu_);
+      absl::MutexLock lock(&events_mu_);
       if (stopped_) return absl::UnavailableError("the daemon is shutting down");
       generation = event_generation_;
     }
@@ -1508,16 +1223,14 @@ absl::StatusOr<CheckpointRecord> JobManager::CreateCheckpoint(
                        ": no checkpoint written before the deadline; the "
                        "request stays pending until the next step boundary"));
     }
-    std::unique_lock<std::mutex> lock(events_mu_);
-    events_cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, kMaxWaitSlice)),
-                        [&] { return stopped_ || event_generation_ != generation; });
+    WaitForEventsAfter(generation, std::min(deadline, now + kMaxWaitSlice));
   }
 }
 
 absl::StatusOr<std::vector<CheckpointRecord>> JobManager::ListCheckpoints(
     const Principal& caller, absl::string_view job_id) {
   MEGATRAIN_ASSIGN_OR_RETURN(JobRecord job, LoadForCaller(caller, job_id));
-  return RecordedCheckpoints(job);
+  return checkpoints_.Present(job.id);
 }
 
 absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& caller,
@@ -1525,13 +1238,7 @@ absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& cal
                                                             JobRecord* job) {
   MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
   MEGATRAIN_ASSIGN_OR_RETURN(*job, LoadForCaller(caller, parsed.first));
-  MEGATRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, RecordedCheckpoints(*job));
-  for (CheckpointRecord& checkpoint : checkpoints) {
-    if (checkpoint.step == parsed.second) return std::move(checkpoint);
-  }
-  return absl::NotFoundError(absl::StrCat("checkpoint '", checkpoint_id, "' not found (job ",
-                                          job->id, " has ", checkpoints.size(),
-                                          " recorded checkpoints)"));
+  return checkpoints_.Find(*job, parsed.second, checkpoint_id);
 }
 
 absl::StatusOr<engine::HfExportReport> JobManager::ExportCheckpoint(const Principal& caller,
@@ -1565,7 +1272,7 @@ absl::StatusOr<engine::HfExportReport> JobManager::ExportCheckpoint(const Princi
   // only; the export verifies the weights it reads).
   MEGATRAIN_ASSIGN_OR_RETURN(engine::CheckpointInfo found,
                              backend_->VerifyCheckpoint(checkpoint.dir, /*check_data=*/false));
-  MEGATRAIN_RETURN_IF_ERROR(VerifyAgainstRecord(checkpoint, found));
+  MEGATRAIN_RETURN_IF_ERROR(CheckpointRecords::VerifyAgainstRecord(checkpoint, found));
   // The export walks every component of the resolved path from "/" without
   // following a link (engine::ExportHfDirectory): a link swapped in after
   // CheckWrite fails the export instead of leading out of the root.
@@ -1638,7 +1345,7 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
   {
     // Under mu_ only the store: the job's state now, then the record goes,
     // so that no resume chosen from here on can pick this checkpoint.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     MEGATRAIN_ASSIGN_OR_RETURN(job, store_->GetJob(job.id));
     if ((job.state == JobState::kQueued || job.state == JobState::kSuspended) &&
         job.resume_from == checkpoint.dir) {
@@ -1665,7 +1372,7 @@ absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
 // Status and shutdown.
 
 absl::StatusOr<ManagerStatus> JobManager::GetStatus() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ManagerStatus status;
   for (const std::string& device : options_.devices) {
     status.devices.push_back(DeviceState{device, job_on_device_[device]});
@@ -1678,38 +1385,39 @@ absl::StatusOr<ManagerStatus> JobManager::GetStatus() {
 }
 
 bool JobManager::draining() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return draining_;
 }
 
 bool JobManager::Drain(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!draining_) {
-    draining_ = true;
-    for (auto& [id, active] : active_) {
-      // A user's suspend or cancel stands; everything else checkpoints and
-      // re-queues.
-      if (active->stop == StopReason::kNone || active->stop == StopReason::kPreempt) {
-        active->stop = StopReason::kShutdown;
-        if (active->job != nullptr) active->job->RequestStop(StopKindFor(false));
-        LogInfo(absl::StrCat(id, ": checkpointing for shutdown"));
+  bool idle = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!draining_) {
+      draining_ = true;
+      for (auto& [id, active] : active_) {
+        // A user's suspend or cancel stands; everything else checkpoints
+        // and re-queues.
+        if (active->stop == StopReason::kNone || active->stop == StopReason::kPreempt) {
+          active->stop = StopReason::kShutdown;
+          if (active->job != nullptr) active->job->RequestStop(StopKindFor(false));
+          LogInfo(absl::StrCat(id, ": checkpointing for shutdown"));
+        }
       }
     }
+    // absl::Now() + InfiniteDuration() is InfiniteFuture: no deadline.
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!active_.empty()) {
+      if (idle_cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+    }
+    idle = active_.empty();
+    if (idle) ReapThreadsLocked();
   }
-  bool idle = true;
-  if (timeout == absl::InfiniteDuration()) {
-    idle_cv_.wait(lock, [this] { return active_.empty(); });
-  } else {
-    idle = idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                             [this] { return active_.empty(); });
-  }
-  if (idle) ReapThreadsLocked();
-  lock.unlock();
   {
-    std::lock_guard<std::mutex> events_lock(events_mu_);
+    absl::MutexLock events_lock(&events_mu_);
     stopped_ = true;
   }
-  events_cv_.notify_all();
+  events_cv_.SignalAll();
   return idle;
 }
 

@@ -6,44 +6,10 @@
 // and the SIGTERM drain. It never mentions gRPC or protobuf: the RPC
 // handlers (job_service.cc, ...) convert requests and call it.
 //
-// Note [Scheduling policy]
-// Queued jobs are ordered by priority (highest first), then by submission
-// order (JobRecord.seq), also for jobs re-queued after a preemption or
-// restart. A scheduling pass walks that order and starts each job on a free
-// device while its host-memory footprint fits the remaining budget
-// (--host_memory_budget minus the footprints of the running jobs). A job
-// whose owner is at --max_running_jobs_per_user, or whose start would take
-// its owner over --max_devices_per_user (Note [Device limit]), is skipped
-// (others may pass it). The first job that finds no free device or not
-// enough memory stops the pass: smaller jobs behind it do not overtake it, so big jobs are not
-// starved. With preemption on, that job may instead suspend the running job
-// of lowest priority below its own (one preemption at a time; only when that
-// frees enough for it: host memory and, for a job on the NVMe tier, the
-// victim's NVMe bytes, Note [NVMe admission]); the preempted job writes a checkpoint at its next
-// step boundary and goes back to the queue, resuming from that checkpoint.
-// Passes run after every submit, resume, cancel and job end.
-//
-// Note [Gang scheduling]
-// A job with train.devices N > 1 (data parallel; docs/distributed.md) needs
-// N free devices at once: it starts only when N are free (the first N free
-// in --device order), holds all N until it ends, and frees them together.
-// Until then it waits as the head of the queue does (later jobs do not
-// overtake it, even 1-device ones that would fit a free device). Its host
-// memory is reserved once (the footprint of the whole job: one shared host
-// store plus each rank's landing gradients and staging, engine
-// EstimateFootprint); device memory is per device, each of the N holding
-// what one device of a 1-device job holds (the engine refuses at start what
-// does not fit). The job's step, eval and host-store metrics are recorded
-// under its first device (loss and tokens/s of the global batch: the job's
-// total); its other devices show it in GetStatus. A preemption frees one
-// victim's devices at a time; a job needing more waits for the next pass.
-// No job is preempted for it unless the free devices and those of every
-// job it may preempt (lower priority, or stopping already) add up to N:
-// otherwise each victim would be checkpointed and stopped for nothing
-// while a job of higher priority keeps the devices it lacks.
-// Only backends that run data-parallel jobs get them
-// (EngineBackend::RunsDataParallelJobs); otherwise Submit refuses N > 1 with
-// UNIMPLEMENTED.
+// The scheduling policy (Note [Scheduling policy], Note [Gang scheduling],
+// Note [Why a queued job waits]) is a pure function in scheduling_policy.h;
+// the job state machine (Note [Job state transitions]) is a table in
+// job_transitions.h. The manager carries out what they decide.
 //
 // Note [Device limit]
 // --max_devices_per_user bounds the devices one user's jobs hold at once:
@@ -101,29 +67,8 @@
 // limit]). A store with no job beside a jobs_dir holding job directories
 // refuses to start (the database was lost; ids would be reused).
 //
-// Note [Checkpoint ownership]
-// A checkpoint belongs to the job that wrote it, not to the directory it
-// lies in: when a job writes one (JobObserver::OnCheckpointWritten), its
-// record (job id, owner, step, path, XXH64 of manifest.json) goes into the
-// store, and listing, export, deletion and resume use only those records
-// (a stat of the recorded path, never a directory scan). The engine writes
-// the job id into the checkpoint's state.json and refuses to resume from a
-// checkpoint naming another job. Output directories are exclusive: Submit
-// refuses an output_dir that equals, contains or lies inside another job's
-// (any user, any state) or the jobs directory. Records from before schema
-// version 3 (no manifest hash; their state.json names no job) are legacy:
-// trusted as recorded, by path and step only.
-//
-// Note [Resume verification]
-// Before a job resumes, its thread verifies the recorded checkpoints newest
-// first, from the one it was to resume from down (engine::VerifyCheckpoint
-// with check_data: every file against its XXH64, then against the record).
-// One that fails is quarantined (renamed quarantined-step-N, its record
-// dropped, an event appended) and the next older one is tried; when none is
-// intact the job fails with DATA_LOSS naming each file and why. This reads
-// the checkpoint once more than the restore does: the price of never
-// handing the engine a damaged or foreign checkpoint (and of knowing which
-// older one to fall back to before the model is built).
+// Checkpoint records (Note [Checkpoint ownership], Note [Resume
+// verification]) are kept by CheckpointRecords (checkpoint_records.h).
 //
 // Thread-safety: every public method is thread-safe. Lock order: mu_, then
 // events_mu_, then the store's own mutex. Ownership: the store, backend and
@@ -132,12 +77,10 @@
 #ifndef MEGATRAIN_SERVER_JOB_MANAGER_H_
 #define MEGATRAIN_SERVER_JOB_MANAGER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <thread>
@@ -150,12 +93,14 @@
 #include "absl/time/time.h"
 #include "engine/fs/held_output_dir.h"
 #include "server/core/auth.h"
+#include "server/core/checkpoint_records.h"
 #include "server/core/engine_backend.h"
 #include "server/core/job.h"
 #include "server/core/job_store.h"
 #include "server/core/metrics.h"
 #include "server/core/nvme_admission.h"
 #include "server/core/path_policy.h"
+#include "server/core/scheduling_policy.h"
 #include "server/core/serial_worker.h"
 
 namespace megatrain::server {
@@ -207,12 +152,6 @@ struct EventBatch {
   bool finished = false;
 };
 
-// One device and the job on it.
-struct DeviceState {
-  std::string name;
-  std::string job_id;  // empty when idle
-};
-
 // Snapshot for GetServerStatus.
 struct ManagerStatus {
   std::vector<DeviceState> devices;
@@ -255,7 +194,7 @@ class JobManager {
   // ALREADY_EXISTS when request_id was used with a different spec;
   // UNAVAILABLE while draining.
   absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
-                                   absl::string_view request_id);
+                                   absl::string_view request_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // NOT_FOUND for an unknown id; PERMISSION_DENIED for another user's job.
   absl::StatusOr<JobRecord> Get(const Principal& caller, absl::string_view job_id);
@@ -280,9 +219,11 @@ class JobManager {
   // only that step) instead of finishing it: TrainingJob::StopKind::
   // kForceCancel; a forced cancel may follow a plain one.
   absl::StatusOr<JobRecord> Cancel(const Principal& caller, absl::string_view job_id,
-                                   bool force = false);
-  absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id);
-  absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id);
+                                   bool force = false) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<JobRecord> Suspend(const Principal& caller, absl::string_view job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<JobRecord> Resume(const Principal& caller, absl::string_view job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until job `job_id` has events with seq > after_seq, its watch is
   // over (EventBatch.finished), or `max_wait` passes (empty batch). Returns
@@ -296,7 +237,8 @@ class JobManager {
   // `cancelled()` turns true (polled about once a second).
   absl::StatusOr<CheckpointRecord> CreateCheckpoint(const Principal& caller,
                                                     absl::string_view job_id, absl::Time deadline,
-                                                    const std::function<bool()>& cancelled);
+                                                    const std::function<bool()>& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Recorded checkpoints of `job_id` whose directories exist, oldest first
   // (Note [Checkpoint ownership]; a directory nobody recorded is never
@@ -322,9 +264,10 @@ class JobManager {
   // Deletes a recorded checkpoint's directory and record. NOT_FOUND for one
   // that is not recorded; FAILED_PRECONDITION when a QUEUED or SUSPENDED
   // job will resume from it.
-  absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id);
+  absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::StatusOr<ManagerStatus> GetStatus();
+  absl::StatusOr<ManagerStatus> GetStatus() ABSL_LOCKS_EXCLUDED(mu_);
 
   // SIGTERM: refuses new work from now on (UNAVAILABLE), asks every running
   // job to write a checkpoint and stop, re-queues them to resume on the next
@@ -332,10 +275,10 @@ class JobManager {
   // threads ended within `timeout`, false otherwise (they keep running; the
   // caller should then exit the process without destroying the manager).
   // Idempotent.
-  bool Drain(absl::Duration timeout);
+  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once Drain has started.
-  bool draining() const;
+  bool draining() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Active;
@@ -344,7 +287,7 @@ class JobManager {
   JobManager(JobManagerOptions options, JobStore* store, EngineBackend* backend,
              ServerMetrics* metrics);
 
-  absl::Status Recover();
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // The job `caller` created earlier with `request_id` (*found true), or
   // an empty record (*found false; also for an empty request_id).
   // ALREADY_EXISTS when that job has a different spec. Takes no lock.
@@ -354,10 +297,12 @@ class JobManager {
   // (Note [Lock-free admission]): must be called without mu_. Errors as
   // Submit's.
   absl::StatusOr<engine::MemoryFootprint> AdmitSpec(const Principal& caller,
-                                                    const JobRequest& request);
+                                                    const JobRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // RESOURCE_EXHAUSTED when `joining` more jobs of `owner` would exceed a
   // job limit (Note [Job limits]).
-  absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining);
+  absl::Status CheckJobLimitsLocked(const std::string& owner, int64_t joining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED naming train.devices when a job asking for
   // `devices` (resolved: >= 1) could never start on this daemon: more
   // than --max_devices_per_user (Note [Device limit]) or than the daemon's
@@ -373,47 +318,13 @@ class JobManager {
   // CheckAdmittedJobCanStart refuses as SUSPENDED, with its message (Note
   // [Device limit]): such a job would wait for ever, and stop every
   // scheduling pass when its devices or memory can never be free.
-  absl::Status HoldQueuedJobsThatCanNeverStart();
+  absl::Status HoldQueuedJobsThatCanNeverStart() ABSL_LOCKS_EXCLUDED(mu_);
   // Loads a job and checks that `caller` may access it.
   absl::StatusOr<JobRecord> LoadForCaller(const Principal& caller, absl::string_view job_id);
   // Fills queue_position of QUEUED jobs, and the message of the job at the
   // head of the queue with why it cannot start (Note [Why a queued job
   // waits]).
-  void FillQueuePositions(std::vector<JobRecord*> jobs);
-  // Note [Why a queued job waits]: what keeps `job`, the first queued job
-  // that could not start, from starting (devices or memory), for the view.
-  std::string WaitReasonLocked(const JobRecord& job, size_t free_devices, size_t wanted,
-                               bool host_fits) const;
-  // Records the queue's first job as waiting for devices (every device busy).
-  void NoteHeadWaitingForDevicesLocked();
-  // Note [Checkpoint ownership]. Newest recorded checkpoint directory of
-  // `job`, from the store only (no file I/O: called under mu_; a directory
-  // that has vanished is found out by SelectResumeCheckpoint at start); ""
-  // when none (job.resume_from when the store fails).
-  std::string LatestCheckpointDir(const JobRecord& job);
-  // The recorded checkpoints of `job` whose directories exist, oldest first.
-  absl::StatusOr<std::vector<CheckpointRecord>> RecordedCheckpoints(const JobRecord& job);
-  // Note [Checkpoint adoption] in engine/checkpoint/checkpoint_info.h: puts the
-  // checkpoints the store records for `job` into its output directory's
-  // ledger, so retention applies to ones written before the ledger. On the
-  // job's thread, before the job is created; failures are logged.
-  void AdoptRecordedCheckpoints(const JobRecord& job);
-  // Drops the records of `job_id` (but `written_step`'s) whose directories
-  // are gone: the engine's retention deleted them.
-  void ForgetVanishedCheckpoints(const std::string& job_id, int64_t written_step);
-  // DATA_LOSS naming the file unless `found` (read from record.dir) is the
-  // checkpoint the record describes: same step, its state names the job
-  // (none for a legacy record), same manifest hash (unless legacy).
-  static absl::Status VerifyAgainstRecord(const CheckpointRecord& record,
-                                          const engine::CheckpointInfo& found);
-  // Note [Resume verification]. The checkpoint directory `job` resumes from:
-  // "" for a fresh start; DATA_LOSS naming every file when no recorded
-  // checkpoint is intact. Reads whole checkpoints: call without mu_.
-  absl::StatusOr<std::string> SelectResumeCheckpoint(const JobRecord& job);
-  // Renames record.dir to quarantined-<name>, forgets the record and
-  // appends an event; returns "<dir>: <why> (<what was done>)".
-  std::string QuarantineCheckpoint(const JobRecord& job, const CheckpointRecord& record,
-                                   const absl::Status& why);
+  void FillQueuePositions(std::vector<JobRecord*> jobs) ABSL_LOCKS_EXCLUDED(wait_mu_);
   // INVALID_ARGUMENT naming output_dir when `output_dir` overlaps another
   // job's (equal, inside, containing; any owner and state; the other job is
   // named only to its owner and admins) or, when `explicit_dir`, jobs_dir.
@@ -430,7 +341,8 @@ class JobManager {
   // for `active`. FAILED_PRECONDITION when a link is on the way or another
   // running job holds the same directory; errors of HeldOutputDir::Open.
   // Takes mu_ briefly.
-  absl::StatusOr<engine::HeldOutputDir> HoldOutputDir(Active* active, const JobRecord& job);
+  absl::StatusOr<engine::HeldOutputDir> HoldOutputDir(Active* active, const JobRecord& job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckOutputDirExclusive(const Principal& caller, const std::string& output_dir,
                                        bool explicit_dir);
   // FAILED_PRECONDITION when the store has no job but jobs_dir holds job
@@ -439,61 +351,103 @@ class JobManager {
   absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
                                                   absl::string_view checkpoint_id, JobRecord* job);
 
-  void ScheduleLocked();
+  // One scheduling pass: a snapshot of the devices, the running jobs and
+  // the queue (read a page at a time, as far as the policy needs), then
+  // Next()'s decision carried out (Note [Scheduling policy]).
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The devices, running jobs and limits, with an empty queue.
+  SchedulerSnapshot SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` as the policy sees it.
+  QueuedJobView QueuedViewLocked(const JobRecord& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the victim of `preemption` to checkpoint and re-queue.
+  void PreemptLocked(const Preemption& preemption) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The admitted NVMe moment bytes of `job` (0 off the tier; the whole
   // budget when it could not be sized).
-  int64_t NvmeBytesLocked(const JobRecord& job) const;
+  int64_t NvmeBytesLocked(const JobRecord& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Create: sizes the tiered queued and suspended jobs of the store
   // (reads their configs; Note [NVMe admission]).
-  void SizeRecoveredNvmeJobs();
+  void SizeRecoveredNvmeJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Create, before any job runs: removes the tier directories a killed
   // daemon left (Note [Stale NVMe tier directories] in nvme_admission.h),
   // logging what it removed and left.
   void SweepStaleNvmeTierDirs();
-  void MaybePreemptLocked(const JobRecord& waiting);
   // Starts `job` on `devices` (its train.devices of them, all free).
-  void StartLocked(JobRecord job, std::vector<std::string> devices);
-  void RunJob(Active* active, JobRecord job);
+  void StartLocked(JobRecord job, std::vector<std::string> devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job thread: HoldAndRun, then FinishJob. Catches every exception.
+  void RunJob(Active* active, JobRecord job) ABSL_LOCKS_EXCLUDED(mu_);
+  // On the job thread: checks the paths again, holds the output directory,
+  // chooses the checkpoint to resume from (appending the events that
+  // produced), creates the job and runs it. Takes mu_ briefly.
+  absl::StatusOr<engine::JobOutcome> HoldAndRun(Active* active, const JobRecord& job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Records a starting job's schedule and data descriptions as RUNNING
   // events (logged, not returned, when the store refuses them). Takes no
   // lock; call without mu_.
-  void RecordStartEvents(const std::string& job_id, const engine::TrainingJob& training_job);
-  void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome);
-  void ReapThreadsLocked();
-  void RefreshGaugesLocked();
-  absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message);
-  void NotifyEvents();
+  void RecordStartEvents(const std::string& job_id, const engine::TrainingJob& training_job)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // On the job thread, once its run ended: records the end, frees the
+  // job's devices and reservations, and schedules.
+  void FinishJob(Active* active, const absl::StatusOr<engine::JobOutcome>& outcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits the state `job` ends in after `outcome` of `active`'s run
+  // (EndStateOf) with its message.
+  void RecordEndLocked(const Active& active, const absl::StatusOr<engine::JobOutcome>& outcome,
+                       JobRecord job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapThreadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits `job`'s change to `state`, with `message` as its event, to the
+  // store and wakes the watchers; returns the event's seq.
+  // FAILED_PRECONDITION, nothing written, when Note [Job state transitions]
+  // (job_transitions.h) does not allow it.
+  absl::StatusOr<int64_t> TransitionLocked(JobRecord& job, JobState state, std::string message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `events` to the store (failures are logged), then wakes the
+  // watchers. Takes no lock of the manager but events_mu_.
+  void AppendEvents(const std::vector<JobEvent>& events) ABSL_LOCKS_EXCLUDED(events_mu_);
+  void NotifyEvents() ABSL_LOCKS_EXCLUDED(events_mu_);
+  // Blocks until an event newer than `generation` is announced, the
+  // manager stops, or `deadline` passes.
+  void WaitForEventsAfter(int64_t generation, absl::Time deadline) ABSL_LOCKS_EXCLUDED(events_mu_);
 
   const JobManagerOptions options_;
   JobStore* const store_;
   EngineBackend* const backend_;
   ServerMetrics* const metrics_;
+  CheckpointRecords checkpoints_;
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_cv_;                        // active_ became empty
-  std::map<std::string, std::unique_ptr<Active>> active_;  // by job id; guarded by mu_
-  std::map<std::string, std::string> job_on_device_;       // device -> job id; guarded by mu_
+  // Guards the scheduler's state: the members below, and the fields of
+  // every Active (Note [Lock-free admission]). Lock order: mu_, then
+  // wait_mu_ or events_mu_, then the store's own mutex.
+  mutable absl::Mutex mu_;
+  absl::CondVar idle_cv_;  // active_ became empty; waited on with mu_
+  // The jobs holding devices, by job id. The fields of an Active are
+  // guarded by mu_ too: clang's analysis cannot name this mutex from the
+  // nested struct, so every function that touches them holds mu_ (or is
+  // ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)), except where Active says.
+  std::map<std::string, std::unique_ptr<Active>> active_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> job_on_device_ ABSL_GUARDED_BY(mu_);  // device -> job id
   // Note [Why a queued job waits]
   // The scheduler's last pass stopped at this queued job (empty: none)
   // for this reason. Reads take only wait_mu_ (after mu_ when both), so
   // that Get and List need not wait for a scheduling pass. Not stored: a
   // view of the scheduler's state, rewritten by every pass.
-  mutable absl::Mutex wait_mu_;
+  mutable absl::Mutex wait_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::string waiting_job_ ABSL_GUARDED_BY(wait_mu_);
   std::string waiting_reason_ ABSL_GUARDED_BY(wait_mu_);
-  std::vector<std::thread> finished_threads_;  // to join; guarded by mu_
-  int64_t reserved_bytes_ = 0;                 // guarded by mu_
-  bool draining_ = false;                      // guarded by mu_
+  std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);  // to join
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of the running jobs
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // Note [NVMe admission]: admitted moment bytes by job id (tiered jobs
   // only; sized at submission or, for jobs from before a restart, by
-  // Create), and those of the running jobs. Guarded by mu_.
-  std::map<std::string, int64_t> nvme_bytes_by_job_;
-  int64_t nvme_reserved_bytes_ = 0;
+  // Create), and those of the running jobs.
+  std::map<std::string, int64_t> nvme_bytes_by_job_ ABSL_GUARDED_BY(mu_);
+  int64_t nvme_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::mutex events_mu_;
-  std::condition_variable events_cv_;
-  int64_t event_generation_ = 0;  // bumped on every new event; guarded by events_mu_
-  bool stopped_ = false;          // drained; guarded by events_mu_
+  absl::Mutex events_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar events_cv_;  // an event was announced or the manager stopped
+  int64_t event_generation_ ABSL_GUARDED_BY(events_mu_) = 0;  // bumped on every new event
+  bool stopped_ ABSL_GUARDED_BY(events_mu_) = false;          // drained
 
   // Creates the job threads (StartJobLocked), so that they start at the
   // priority of the thread that built the manager, never an RPC thread's.

@@ -10,44 +10,47 @@ SerialWorker::SerialWorker() : thread_(&SerialWorker::Loop, this) {}
 
 SerialWorker::~SerialWorker() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  changed_.notify_all();
   thread_.join();  // Loop runs what is queued before it returns
 }
 
+bool SerialWorker::HasRoom() const { return tasks_.size() < kMaxPendingTasks; }
+
+bool SerialWorker::Idle() const { return tasks_.empty() && !running_task_; }
+
+bool SerialWorker::HasTaskOrStopping() const { return stopping_ || !tasks_.empty(); }
+
 void SerialWorker::Post(std::function<void()> task) {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [this] { return tasks_.size() < kMaxPendingTasks; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &SerialWorker::HasRoom));
   tasks_.push_back(std::move(task));
-  lock.unlock();
-  changed_.notify_all();
 }
 
 void SerialWorker::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [this] { return tasks_.empty() && !running_task_; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &SerialWorker::Idle));
 }
 
 void SerialWorker::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    changed_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;  // stopping, nothing left
-    std::function<void()> task = std::move(tasks_.front());
-    tasks_.pop_front();
-    running_task_ = true;
-    lock.unlock();
-    changed_.notify_all();  // a full queue has room
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &SerialWorker::HasTaskOrStopping));
+      if (tasks_.empty()) return;  // stopping, nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_task_ = true;
+    }
     try {
       task();
     } catch (...) {
       // A task must not throw (serial_worker.h); nothing to tell anyone.
     }
-    lock.lock();
+    absl::MutexLock lock(&mu_);
     running_task_ = false;
-    changed_.notify_all();  // Drain may be done
   }
 }
 

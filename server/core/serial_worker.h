@@ -21,14 +21,13 @@
 #ifndef MEGATRAIN_SERVER_SERIAL_WORKER_H_
 #define MEGATRAIN_SERVER_SERIAL_WORKER_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace megatrain::server {
 
@@ -44,16 +43,20 @@ class SerialWorker {
   SerialWorker& operator=(const SerialWorker&) = delete;
 
   // Queues `task`; returns at once unless kMaxPendingTasks are waiting.
-  void Post(std::function<void()> task);
+  void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Returns once every task posted before the call has run.
-  void Drain();
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Conditions for mu_.Await (absl::Mutex re-checks them on every unlock:
+  // no condition variable to signal).
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasTaskOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::mutex mu_;
-  std::condition_variable changed_;
+  absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool running_task_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -107,7 +107,7 @@ class FakeEngineBackend final : public EngineBackend {
       const engine::JobSpec& spec, const std::string& device,
       const std::optional<std::string>& resume_from) override;
   // Runs data-parallel jobs when `data_parallel` (Note [Gang scheduling] in
-  // server/core/job_manager.h): CreateJobOnDevices then creates a job like
+  // server/core/scheduling_policy.h): CreateJobOnDevices then creates a job like
   // CreateJob whose FakeJobControl::device is the devices joined by ",".
   bool data_parallel = false;
   bool RunsDataParallelJobs(const std::vector<std::string>&) override { return data_parallel; }
