@@ -87,7 +87,7 @@ class CheckpointRecords {
   // store fails.
   std::string LatestDir(const JobRecord& job);
 
-  // Note [Checkpoint adoption] in engine/io/checkpoint_info.h: puts the
+  // Note [Checkpoint adoption] in engine/checkpoint/checkpoint_info.h: puts the
   // records of `job` into its output directory's ledger, so retention
   // applies to checkpoints written before the ledger. Failures are logged.
   void Adopt(const JobRecord& job);

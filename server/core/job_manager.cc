@@ -882,7 +882,7 @@ absl::StatusOr<engine::JobOutcome> JobManager::HoldAndRun(Active* active, const 
   spec.job_id = job.id;  // written into its checkpoints, required of resume_from
   // Note [NVMe admission]: the tier's files go under <nvme_dir>/<job id>.
   if (spec.memory.nvme_tier != engine::NvmeTierMode::kOff) spec.memory.nvme_dir = options_.nvme.dir;
-  // Note [Confined reads] in engine/io/dir_fd.h: every input the engine
+  // Note [Confined reads] in engine/fs/dir_fd.h: every input the engine
   // opens on this thread, now and while it runs, stays below the roots.
   MEGATRAIN_ASSIGN_OR_RETURN(engine::ReadConfinement confinement,
                              options_.path_policy.ConfineJobReads(&spec, job.owner));
