@@ -97,6 +97,35 @@ file(REMOVE_RECURSE "${CMAKE_BINARY_DIR}/megatrain_tests")
 # "CI time"). A failing case is named in the program's output
 # (--output-on-failure); run one case with --gtest_filter.
 set(MEGATRAIN_WHOLE_PROGRAM_TESTS executor_parity_test)
+# CI (deploy/run-tests.sh) goes further: every test program that links
+# LibTorch (DEPS megatrain_engine, megatrain_testing or
+# megatrain_server_engine) is one ctest test. Such a process takes about
+# 0.5 s of CPU to start, and those programs have about 830 cases, most of
+# them much shorter than that (docs/testing.md, "CI time"). Off by default:
+# a developer's `ctest -R Suite.Case` needs one test per case.
+option(MEGATRAIN_CTEST_WHOLE_PROGRAMS
+  "One ctest test per test program that links LibTorch, not one per case (CI)" OFF)
+set(_MEGATRAIN_TORCH_TEST_DEPS megatrain_engine megatrain_testing megatrain_server_engine)
+# Extra compile flags for the test programs' own sources (CI: -O1, about a
+# quarter less compile time than -O2 for a gtest source; the libraries under
+# test keep the build type's flags). A list, e.g. "-O1".
+set(MEGATRAIN_TEST_CXX_FLAGS "" CACHE STRING "Extra compile flags for test programs' sources")
+
+# Sets `out` to TRUE when test program `name` with dependencies `deps` runs
+# as one ctest test (MEGATRAIN_WHOLE_PROGRAM_TESTS, MEGATRAIN_CTEST_WHOLE_PROGRAMS).
+function(_megatrain_whole_program_test name deps out)
+  set(_whole FALSE)
+  if(name IN_LIST MEGATRAIN_WHOLE_PROGRAM_TESTS)
+    set(_whole TRUE)
+  elseif(MEGATRAIN_CTEST_WHOLE_PROGRAMS)
+    foreach(_dep IN LISTS _MEGATRAIN_TORCH_TEST_DEPS)
+      if(_dep IN_LIST deps)
+        set(_whole TRUE)
+      endif()
+    endforeach()
+  endif()
+  set(${out} ${_whole} PARENT_SCOPE)
+endfunction()
 
 function(megatrain_cc_test)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
@@ -110,6 +139,9 @@ function(megatrain_cc_test)
   add_executable(${ARG_NAME} ${ARG_SRCS})
   _megatrain_common_options(${ARG_NAME})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  if(MEGATRAIN_TEST_CXX_FLAGS)
+    target_compile_options(${ARG_NAME} PRIVATE ${MEGATRAIN_TEST_CXX_FLAGS})
+  endif()
   set(_labels cpu)
   if(ARG_LABELS)
     set(_labels ${ARG_LABELS})
@@ -125,7 +157,8 @@ function(megatrain_cc_test)
     add_dependencies(megatrain_tests_${_label} ${ARG_NAME})
     file(APPEND "${CMAKE_BINARY_DIR}/megatrain_tests/${_label}.txt" "${ARG_NAME}\n")
   endforeach()
-  if(ARG_NAME IN_LIST MEGATRAIN_WHOLE_PROGRAM_TESTS)
+  _megatrain_whole_program_test(${ARG_NAME} "${ARG_DEPS}" _whole)
+  if(_whole)
     # One ctest test for the whole program (see MEGATRAIN_WHOLE_PROGRAM_TESTS).
     add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}")
     set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${_labels}" TIMEOUT 900)

@@ -7,8 +7,9 @@
 #
 #   deploy/run-fuzzers.sh [seconds_per_target]    # default 20
 #
-# Environment: BUILD_DIR (default <repo>/build-fuzz), JOBS (default 2),
-# FUZZ_TARGETS (default: all), RSS_LIMIT_MB (default 2048).
+# Environment: BUILD_DIR (default <repo>/build-fuzz), JOBS (default 2: the
+# build's jobs and the targets run at once), FUZZ_TARGETS (default: all),
+# RSS_LIMIT_MB (default 2048).
 #
 # The build is the standalone project tests/fuzz/CMakeLists.txt: only the
 # pure-C++ I/O sources, the job file parser and the daemon's spec
@@ -44,32 +45,54 @@ fi
 cmake --build "${BUILD_DIR}" -j "${JOBS}" --target "${TARGETS[@]}"
 
 mkdir -p "${BUILD_DIR}/artifacts"
-failed=()
-for target in "${TARGETS[@]}"; do
-  seeds="${REPO}/tests/fuzz/corpus/${target}"
-  work="${BUILD_DIR}/corpus/${target}"
+# run_target TARGET: one bounded libFuzzer run; its log in
+# ${BUILD_DIR}/TARGET.log, its exit status that of the run.
+run_target() {
+  local target=$1
+  local seeds="${REPO}/tests/fuzz/corpus/${target}"
+  local work="${BUILD_DIR}/corpus/${target}"
   mkdir -p "${work}"
-  dict=()
+  local dict=()
   if [ -f "${REPO}/tests/fuzz/${target}.dict" ]; then
     dict=(-dict="${REPO}/tests/fuzz/${target}.dict")
   fi
   echo "run-fuzzers: ${target} for ${SECONDS_PER_TARGET}s (seeds: ${seeds})"
   # New inputs go to ${work} (the first corpus dir); the seeds are read only.
-  if "${BUILD_DIR}/${target}" "${work}" "${seeds}" "${dict[@]}" \
-      -max_total_time="${SECONDS_PER_TARGET}" \
-      -rss_limit_mb="${RSS_LIMIT_MB}" \
-      -max_len=65536 \
-      -print_final_stats=1 \
-      -artifact_prefix="${BUILD_DIR}/artifacts/${target}-" \
-      > "${BUILD_DIR}/${target}.log" 2>&1; then
+  "${BUILD_DIR}/${target}" "${work}" "${seeds}" "${dict[@]}" \
+    -max_total_time="${SECONDS_PER_TARGET}" \
+    -rss_limit_mb="${RSS_LIMIT_MB}" \
+    -max_len=65536 \
+    -print_final_stats=1 \
+    -artifact_prefix="${BUILD_DIR}/artifacts/${target}-" \
+    > "${BUILD_DIR}/${target}.log" 2>&1
+}
+
+# JOBS targets at a time: a libFuzzer run uses one core for its fixed time,
+# so on 2 cores two at once halve the wall time and keep each run's
+# executions.
+failed=()
+pids=()
+names=()
+finish_oldest() {
+  local target=${names[0]}
+  if wait "${pids[0]}"; then
     grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb)|DONE" \
-      "${BUILD_DIR}/${target}.log" | sed "s/^/  /" || true
+      "${BUILD_DIR}/${target}.log" | sed "s/^/  ${target}: /" || true
   else
     echo "run-fuzzers: ${target} FAILED; last lines of ${BUILD_DIR}/${target}.log:" >&2
     tail -n 40 "${BUILD_DIR}/${target}.log" >&2
     failed+=("${target}")
   fi
+  pids=("${pids[@]:1}")
+  names=("${names[@]:1}")
+}
+for target in "${TARGETS[@]}"; do
+  if [ ${#pids[@]} -ge "${JOBS}" ]; then finish_oldest; fi
+  run_target "${target}" &
+  pids+=($!)
+  names+=("${target}")
 done
+while [ ${#pids[@]} -gt 0 ]; do finish_oldest; done
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "run-fuzzers: failures in ${failed[*]}; reproducers in ${BUILD_DIR}/artifacts/" >&2

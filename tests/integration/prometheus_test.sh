@@ -7,7 +7,8 @@ source "$(dirname "$0")/lib.sh"
 
 command -v prometheus >/dev/null || fail "prometheus is required (apt-get install prometheus)"
 start_daemon "$WORK/state"
-cli submit "$TINY_JOB" --wait >/dev/null || fail "tiny job did not succeed"
+# A 10-step job: the scrape needs tokens counted, not the whole example job.
+cli submit "$(write_job scraped 10)" --wait >/dev/null || fail "the 10-step job did not succeed"
 
 start_prometheus
 
