@@ -409,6 +409,16 @@ TEST_P(DataParallelParityTest, ResidentBlocksOnEveryRankMatchOneDevice) {
   }
 }
 
+// Two gloo ranks taking the device path's reduce-scatter (Note [Device
+// reduce-scatter]), as NCCL ranks would.
+DataParallelOptions DevicePathOnTwoCpuRanks() {
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", 2);
+  dp.timeout = std::chrono::seconds(60);
+  dp.gradient_reduction = GradientReduction::kDeviceReduceScatter;
+  return dp;
+}
+
 // Note [Shard-only landing] (engine/store/host_store.h): with one
 // micro-batch per rank on the device path, each rank lands its shard of a
 // streamed block in the shared gradient itself; only the embedding's rows
@@ -419,11 +429,7 @@ TEST(DataParallelTest, DevicePathRanksLandShardsInTheSharedGradient) {
   const ModelConfig config = SmallLlama();
   TrainerOptions o = Options(1.0);
   o.gradient_accumulation_steps = 2;  // one micro-batch per rank
-  DataParallelOptions dp;
-  dp.devices = DataParallelDevices("cpu", 2);
-  dp.timeout = std::chrono::seconds(60);
-  dp.gradient_reduction = GradientReduction::kDeviceReduceScatter;
-  auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+  auto t = DataParallelTrainer::Create(config, o, kSeed, DevicePathOnTwoCpuRanks());
   ASSERT_THAT(t, IsOk());
   HostStore& shared = (*t)->store();
   const int64_t emb = shared.layout().embedding_block();
@@ -450,11 +456,7 @@ TEST(DataParallelTest, SeveralMicroBatchesPerRankLandShardsSummedOnTheDevice) {
   const ModelConfig config = SmallLlama();
   TrainerOptions o = Options(1.0);
   o.gradient_accumulation_steps = 4;  // two micro-batches per rank
-  DataParallelOptions dp;
-  dp.devices = DataParallelDevices("cpu", 2);
-  dp.timeout = std::chrono::seconds(60);
-  dp.gradient_reduction = GradientReduction::kDeviceReduceScatter;
-  auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+  auto t = DataParallelTrainer::Create(config, o, kSeed, DevicePathOnTwoCpuRanks());
   ASSERT_THAT(t, IsOk());
   HostStore& shared = (*t)->store();
   const int64_t emb = shared.layout().embedding_block();
