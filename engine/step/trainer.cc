@@ -89,6 +89,15 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
   return absl::OkStatus();
 }
 
+// Whether a pass of `accumulation` micro-batches with `exec` sums each
+// block's gradient on the device, so that it lands once, whole (Note
+// [Device gradient accumulation] in executor.h, or a layer-major schedule
+// in one wave summing in the gradient slots).
+bool SumsMicroBatchesOnDevice(const ExecutorOptions& exec, int64_t accumulation) {
+  return exec.device_grad_accumulation ||
+         (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
+}
+
 // Whether TrainerOptions::gradient_landing puts the gradients in the ring
 // with `exec` resolved (Note [Gradient ring] in grad_lander.h).
 // INVALID_ARGUMENT naming the reason when kRing is asked for where it is
@@ -97,9 +106,7 @@ absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const Mo
                                          const ExecutorOptions& exec) {
   if (options.gradient_landing == GradientLanding::kArena) return false;
   const int64_t accumulation = options.gradient_accumulation_steps;
-  const bool device_sums =
-      exec.device_grad_accumulation ||
-      (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
+  const bool device_sums = SumsMicroBatchesOnDevice(exec, accumulation);
   const char* refusal = nullptr;
   std::string clipping;
   if (ClippingForbidsGradientRing(options.max_grad_norm)) {
@@ -196,9 +203,7 @@ std::vector<bool> PrivateLandingBlocks(const ModelLayout& layout, const Executor
   std::vector<bool> whole(layout.blocks.size(), true);
   const GradientReducer* reducer = options.gradient_reducer;
   const int64_t accumulation = options.gradient_accumulation_steps;
-  const bool device_sums =
-      exec.device_grad_accumulation ||
-      (exec.schedule == StepSchedule::kLayerMajor && exec.wave >= accumulation);
+  const bool device_sums = SumsMicroBatchesOnDevice(exec, accumulation);
   if (reducer == nullptr || !reducer->reduce_scatters_on_device() ||
       (accumulation != 1 && !device_sums)) {
     return whole;
