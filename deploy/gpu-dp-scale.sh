@@ -13,7 +13,12 @@
 #             the data-parallel path, megatraind and the CLI.
 #   probe     the peer link: a GPU-to-GPU copy and NCCL's all-reduce of
 #             512 MiB (torch), with NCCL's transport (P2P, SHM or NET).
-#   tests     nccl_reduce_scatter_test, data_parallel_job_test (2 GPUs).
+#   tests     nccl_reduce_scatter_test, peer_exchange_test,
+#             data_parallel_job_test (2+ GPUs).
+#   peer      llama-1b on 2 GPUs, NCCL's collectives against peer copies
+#             (--peer_copies), 3 steps of one fixed batch: loss and tokens/s
+#             of each; a run still going after PEER_LIMIT s (default 150)
+#             has its threads' stacks printed (gdb) and is stopped.
 #   scale     for each RUNS entry MODEL:ACCUM[:WEIGHT_STREAM], llama shapes
 #             at 8 x 2048 per GPU, clip 1.0, bf16, on DEVICES GPUs (default
 #             "1 2 4", cut to the host's): deploy/gpu-dp-check.sh's table
@@ -51,7 +56,7 @@ elapsed "host: $gpus GPU(s), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB
 
 if has build; then
   bash deploy/gpu-build.sh "$BUILD_DIR" megatrain-bench data_parallel_job_test \
-    nccl_reduce_scatter_test megatraind megatrain > "$work/build.log" 2>&1 ||
+    nccl_reduce_scatter_test peer_exchange_test megatraind megatrain > "$work/build.log" 2>&1 ||
     { tail -40 "$work/build.log"; tar czf "$OUT/dp-scale.tgz" -C "$work" .; exit 1; }
   elapsed "build done; $(grep -h 'c10d backends' "$work/build.log" | head -1)"
 fi
@@ -85,10 +90,31 @@ PY
 fi
 
 if has tests; then
-  for t in nccl_reduce_scatter_test data_parallel_job_test; do
+  for t in nccl_reduce_scatter_test peer_exchange_test data_parallel_job_test; do
     timeout 300 "$BUILD_DIR/tests/$t" > "$work/$t.log" 2>&1
     elapsed "$t: exit $? $(grep -E '^\[  (PASSED|SKIPPED|FAILED) ' "$work/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED|Failure|error' "$work/$t.log" | head -10
+  done
+fi
+
+if has peer && [ "$gpus" -ge 2 ]; then
+  for peer in false true; do
+    "$BUILD_DIR/engine/megatrain-bench" --model=llama-1b --device=cuda --devices=2 \
+      --compute_dtype=bf16 --micro_batch=8 --seq_len=2048 --gradient_accumulation_steps=1 \
+      --max_grad_norm=1.0 --steps=3 --warmup=1 --data=fixed --json --peer_copies=$peer \
+      --collective_timeout_s=60 > "$work/peer-$peer.json" 2> "$work/peer-$peer.log" &
+    pid=$!
+    for _ in $(seq "${PEER_LIMIT:-150}"); do kill -0 $pid 2> /dev/null || break; sleep 1; done
+    if kill -0 $pid 2> /dev/null; then
+      elapsed "peer_copies=$peer: still running; its threads:"
+      command -v gdb > /dev/null &&
+        timeout 60 gdb -p $pid -batch -ex 'thread apply all bt 14' 2>&1 |
+        grep -E '^Thread|^#' | grep -vE 'libc\.so|pthread_cond|futex|__GI_|syscall' | head -90
+      kill -9 $pid
+    fi
+    wait $pid
+    elapsed "peer_copies=$peer: exit $? $(grep -oE '"(tokens_per_s|loss_last|peer_copies)":[^,]*' "$work/peer-$peer.json" | tr '\n' ' ')"
+    grep -iE 'error|peer copies' "$work/peer-$peer.log" | head -5
   done
 fi
 

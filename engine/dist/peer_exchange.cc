@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/dist/gradient_shard.h"
@@ -34,11 +35,29 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
 }
 
 // One rank's publication at a meeting.
+// `what` and `count` name the collective, so that ranks that call them in
+// different orders fail with an error rather than exchange wrong data.
 struct Post {
   int64_t seq = -1;
   void* ptr = nullptr;
   cudaEvent_t event = nullptr;
+  const char* what = "";
+  int64_t count = 0;
 };
+
+// INTERNAL when the ranks' publications of one meeting name different
+// collectives (a bug in the caller's ordering, never a user's mistake).
+absl::Status SameCollective(const std::vector<Post>& posts, int rank, int64_t seq) {
+  for (size_t q = 0; q < posts.size(); ++q) {
+    const Post& mine = posts[static_cast<size_t>(rank)];
+    if (absl::string_view(posts[q].what) != mine.what || posts[q].count != mine.count) {
+      return absl::InternalError(absl::StrCat(
+          "peer copies: at collective ", seq, " rank ", rank, " called ", mine.what, " of ",
+          mine.count, " elements and rank ", q, " ", posts[q].what, " of ", posts[q].count));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -60,7 +79,7 @@ struct PeerExchange::Impl {
   // Records this rank's event, publishes it with `ptr`, waits for every
   // rank's publication of the same meeting and makes this rank's stream
   // wait for the others' events. Returns every rank's publication.
-  absl::StatusOr<std::vector<Post>> Meet(int rank, void* ptr) {
+  absl::StatusOr<std::vector<Post>> Meet(int rank, void* ptr, const char* what, int64_t count) {
     const int64_t seq = next_seq[rank]++;
     const int slot = static_cast<int>(seq % kSlots);
     cudaEvent_t event = events[rank][slot];
@@ -68,7 +87,7 @@ struct PeerExchange::Impl {
     std::vector<Post> out;
     {
       absl::MutexLock lock(&mu);
-      posts[rank][slot] = Post{seq, ptr, event};
+      posts[rank][slot] = Post{seq, ptr, event, what, count};
       auto all = [this, slot, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
         for (const auto& p : posts) {
           if (p[slot].seq != seq) return false;
@@ -82,6 +101,7 @@ struct PeerExchange::Impl {
       }
       for (const auto& p : posts) out.push_back(p[slot]);
     }
+    MEGATRAIN_RETURN_IF_ERROR(SameCollective(out, rank, seq));
     for (int q = 0; q < world(); ++q) {
       if (q == rank) continue;
       MEGATRAIN_RETURN_IF_ERROR(
@@ -193,26 +213,28 @@ absl::Status Guarded(const char* what, F&& f) {
 
 absl::Status PeerExchange::ReduceScatterSum(int rank, float* data, int64_t numel) {
   if (numel == 0) return absl::OkStatus();
-  return Guarded("reduce-scatter", [&]() -> absl::Status {
+  static constexpr char kWhat[] = "reduce-scatter";
+  return Guarded(kWhat, [&]() -> absl::Status {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(impl_->devices[rank]));
-    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data));
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data, kWhat, numel));
     MEGATRAIN_RETURN_IF_ERROR(
         impl_->AddPeers(rank, posts, data, ShardOf(numel, rank, impl_->world())));
     // Every peer has read from `data` before this rank's stream goes on.
-    return impl_->Meet(rank, data).status();
+    return impl_->Meet(rank, data, kWhat, numel).status();
   });
 }
 
 absl::Status PeerExchange::AllReduceSum(int rank, float* data, int64_t numel) {
   if (numel == 0) return absl::OkStatus();
-  return Guarded("all-reduce", [&]() -> absl::Status {
+  static constexpr char kWhat[] = "all-reduce";
+  return Guarded(kWhat, [&]() -> absl::Status {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(impl_->devices[rank]));
     const int world = impl_->world();
-    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data));
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data, kWhat, numel));
     MEGATRAIN_RETURN_IF_ERROR(impl_->AddPeers(rank, posts, data, ShardOf(numel, rank, world)));
     // Every shard summed by its owner, and every read of the unsummed
     // values done: gather the sums.
-    MEGATRAIN_ASSIGN_OR_RETURN(posts, impl_->Meet(rank, data));
+    MEGATRAIN_ASSIGN_OR_RETURN(posts, impl_->Meet(rank, data, kWhat, numel));
     for (int q = 0; q < world; ++q) {
       if (q == rank) continue;
       const ShardRange s = ShardOf(numel, q, world);
@@ -220,15 +242,16 @@ absl::Status PeerExchange::AllReduceSum(int rank, float* data, int64_t numel) {
                                             static_cast<const float*>(posts[q].ptr) + s.begin,
                                             s.size() * 4));
     }
-    return impl_->Meet(rank, data).status();
+    return impl_->Meet(rank, data, kWhat, numel).status();
   });
 }
 
 absl::Status PeerExchange::AllGather(int rank, void* data, int64_t shard_numel, int element_bytes) {
   if (shard_numel == 0) return absl::OkStatus();
-  return Guarded("all-gather", [&]() -> absl::Status {
+  static constexpr char kWhat[] = "all-gather";
+  return Guarded(kWhat, [&]() -> absl::Status {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(impl_->devices[rank]));
-    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data));
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data, kWhat, shard_numel));
     const int64_t bytes = shard_numel * element_bytes;
     for (int q = 0; q < impl_->world(); ++q) {
       if (q == rank) continue;
@@ -236,7 +259,7 @@ absl::Status PeerExchange::AllGather(int rank, void* data, int64_t shard_numel, 
                                             static_cast<const char*>(posts[q].ptr) + q * bytes,
                                             bytes));
     }
-    return impl_->Meet(rank, data).status();
+    return impl_->Meet(rank, data, kWhat, shard_numel).status();
   });
 }
 

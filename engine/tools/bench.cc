@@ -509,6 +509,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
   dpo.devices = DataParallelDevices(BenchBaseDevice(o), o.devices);
   dpo.shard_weights = o.shard_weights;
   dpo.peer_copies = o.peer_copies;
+  dpo.timeout = std::chrono::seconds(o.collective_timeout_s);
   topt.gradient_accumulation_steps = o.gradient_accumulation_steps * o.devices * dpo.num_processes;
   return DataParallelTrainer::Create(config, topt, o.seed, dpo);
 }

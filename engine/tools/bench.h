@@ -42,6 +42,9 @@ struct BenchOptions {
   // Note [Peer copies] in dist/peer_exchange.h: the devices' collectives
   // as copy-engine peer copies (false, the default: NCCL kernels).
   bool peer_copies = false;
+  // Seconds a rank waits for the others at a collective before the run
+  // fails with UNAVAILABLE (DataParallelOptions::timeout).
+  int64_t collective_timeout_s = 600;
   // Bytes of host memory the run may hold; a larger footprint is refused
   // (RESOURCE_EXHAUSTED) before anything is allocated. 0: not checked.
   int64_t host_memory_budget = 0;

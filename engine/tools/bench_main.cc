@@ -50,6 +50,10 @@ void AddTrainingOptions(CLI::App& app, megatrain::engine::BenchOptions& o) {
   app.add_option("--peer_copies", o.peer_copies,
                  "data parallel on CUDA: collectives as copy-engine peer copies (default false: "
                  "NCCL kernels; not yet validated on a GPU)");
+  app.add_option("--collective_timeout_s", o.collective_timeout_s,
+                 "data parallel: seconds a rank waits for the others at a collective before the "
+                 "run fails (default 600)")
+      ->check(CLI::Range(1, 86400));
   app.add_option("--host_memory_budget", o.host_memory_budget,
                  "bytes of host memory the run may hold: a larger footprint is refused before "
                  "anything is allocated (0: not checked)")
