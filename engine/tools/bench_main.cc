@@ -6,6 +6,8 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "engine/tools/bench.h"
 #include "engine/runtime/host_buffer.h"
 #include "engine/tools/optimizer_bench.h"
@@ -190,6 +192,10 @@ int RunOptimizerOnly(const OtherModes& m, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A crash (SIGSEGV, SIGABRT, ...) prints every thread's symbolized stack
+  // on stderr before the process dies.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   megatrain::engine::compat::PreferExpandableSegments();  // Note [Expandable segments]
   megatrain::engine::BenchOptions o;
   OtherModes modes;
