@@ -21,7 +21,16 @@ for i in $(seq "${RUNS_N:-3}"); do
   rc=$?
   echo "run $i: exit $rc in $(( $(date +%s) - start )) s $(grep -oE '"tokens_per_s":[0-9.]*' "$work/run-$i.json")"
   if [ "$rc" -ne 0 ]; then
-    grep -vE '^megatrain-bench: (footprint|schedule|[0-9]+ devices)' "$work/run-$i.log" |
-      grep -E '\*\*\*|@ |SIG|error|Error' | head -60
+    grep -E '^\*\*\*|^PC:|error' "$work/run-$i.log" | head -8
+    # glibc's frames; the bench's own as file:line (addr2line).
+    sed -n '/stack by glibc/,$p' "$work/run-$i.log" | head -45 | while read -r line; do
+      if [[ "$line" =~ megatrain-bench\(\+(0x[0-9a-f]+)\) ]]; then
+        echo "  $(addr2line -Cfpe "$BUILD_DIR/engine/megatrain-bench" "${BASH_REMATCH[1]}" 2>/dev/null |
+          sed 's|.*/megatrain/||' | cut -c1-150)"
+      else
+        echo "  ${line##*/}" | cut -c1-150
+      fi
+    done
+    break
   fi
 done

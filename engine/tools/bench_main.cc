@@ -1,7 +1,11 @@
 // megatrain-bench: the engine's benchmark. Trains on synthetic tokens and
 // prints one JSON line; --optimizer_only times the CPU AdamW against
 // torch::optim::AdamW. See docs/performance.md.
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <string>
 
@@ -15,6 +19,29 @@
 #include "nlohmann/json.hpp"
 
 namespace {
+
+// The crashing thread's frames by glibc's unwinder (the .eh_frame tables,
+// which LibTorch and libstdc++ have where they have no frame pointers),
+// printed after absl's report (its unwinder stops at such frames).
+void PrintUnwoundStack(int signo) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  constexpr char kHeader[] = "*** stack by glibc's unwinder:\n";
+  (void)!write(2, kHeader, sizeof(kHeader) - 1);
+  backtrace_symbols_fd(frames, n, 2);
+}
+
+void InstallCrashReports(const char* argv0) {
+  void* warm[1];
+  (void)backtrace(warm, 1);  // loads libgcc_s now, not inside a signal handler
+  for (const int signo : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
+    std::signal(signo, PrintUnwoundStack);
+  }
+  absl::InitializeSymbolizer(argv0);
+  absl::FailureSignalHandlerOptions options;
+  options.call_previous_handler = true;  // then PrintUnwoundStack
+  absl::InstallFailureSignalHandler(options);
+}
 
 // Modes beside the training benchmark.
 struct OtherModes {
@@ -192,10 +219,9 @@ int RunOptimizerOnly(const OtherModes& m, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // A crash (SIGSEGV, SIGABRT, ...) prints every thread's symbolized stack
-  // on stderr before the process dies.
-  absl::InitializeSymbolizer(argv[0]);
-  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+  // A crash (SIGSEGV, SIGABRT, ...) prints the crashing thread's stack on
+  // stderr before the process dies.
+  InstallCrashReports(argv[0]);
   megatrain::engine::compat::PreferExpandableSegments();  // Note [Expandable segments]
   megatrain::engine::BenchOptions o;
   OtherModes modes;
