@@ -2,7 +2,9 @@
 # Runs one megatrain-bench configuration RUNS_N times (default 3) and prints,
 # for each run, its exit code and, after a crash, the stack that absl's
 # failure signal handler wrote (or gdb's, where gdb is installed). For
-# crashes seen once in a table of deploy/gpu-dp-scale.sh.
+# crashes seen once in a table of deploy/gpu-dp-scale.sh. A run still going
+# after RUN_LIMIT seconds (default 150) gets its threads' stacks from gdb
+# (where installed) and is stopped.
 #   PHASES=build deploy/gpu-crash-hunt.sh --model=llama-3b --devices=4 ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +17,21 @@ if [[ " ${PHASES:-} " == *" build "* ]]; then
     { tail -30 "$work/build.log"; exit 1; }
 fi
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+echo "built; each run bounded by RUN_LIMIT=${RUN_LIMIT:-150} s"
 for i in $(seq "${RUNS_N:-3}"); do
   start=$(date +%s)
-  "$BUILD_DIR/engine/megatrain-bench" --json "$@" > "$work/run-$i.json" 2> "$work/run-$i.log"
+  "$BUILD_DIR/engine/megatrain-bench" --json "$@" > "$work/run-$i.json" 2> "$work/run-$i.log" &
+  pid=$!
+  for _ in $(seq "${RUN_LIMIT:-150}"); do kill -0 $pid 2> /dev/null || break; sleep 1; done
+  if kill -0 $pid 2> /dev/null; then
+    # A hang: every thread's stack where gdb is installed, then stop it.
+    echo "run $i: still running after ${RUN_LIMIT:-150} s; gdb: $(command -v gdb || echo none)"
+    command -v gdb > /dev/null &&
+      timeout 90 gdb -p $pid -batch -ex 'thread apply all bt 16' 2>&1 |
+      grep -E '^Thread|^#' | grep -vE 'pthread_cond|futex|__GI_|syscall|clock_nanosleep' | head -80
+    kill -9 $pid
+  fi
+  wait $pid
   rc=$?
   echo "run $i: exit $rc in $(( $(date +%s) - start )) s $(grep -oE '"tokens_per_s":[0-9.]*' "$work/run-$i.json")"
   if [ "$rc" -ne 0 ]; then
