@@ -17,6 +17,12 @@ if [[ " ${PHASES:-} " == *" build "* ]]; then
     { tail -30 "$work/build.log"; exit 1; }
 fi
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# Whether this LibTorch guards its cuBLAS workspace maps (std::maps that
+# every rank thread inserts into on its first GEMM on a new stream).
+torch_include=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)/include
+echo "torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null): cuBLAS workspace maps:" \
+  "$(grep -hoE 'WorkspaceMapWithMutex|thread_local[^;]*Workspace[^;]*' \
+    "$torch_include/ATen/cuda/CUDAContextLight.h" 2>/dev/null | sort -u | tr '\n' ' ')"
 echo "built; each run bounded by RUN_LIMIT=${RUN_LIMIT:-150} s"
 for i in $(seq "${RUNS_N:-3}"); do
   start=$(date +%s)
