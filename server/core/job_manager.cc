@@ -370,6 +370,24 @@ absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const 
   return *std::move(existing);
 }
 
+namespace {
+
+// Note [CPU working memory]: the footprint's device estimate (weight
+// slots, saved layer inputs, one layer's recompute and backward, a
+// micro-batch's logits and loss chunk) is host memory when the daemon's
+// devices are CPUs, so admission adds it to the job's host bytes. What a
+// GPU would keep resident (device_resident_bytes) is not counted: on the
+// CPU nothing is resident (auto resolves to 0).
+int64_t CpuWorkingBytes(const engine::MemoryFootprint& f, const std::vector<std::string>& devices) {
+  if (devices.empty()) return 0;
+  for (const std::string& d : devices) {
+    if (!absl::StartsWith(d, "cpu")) return 0;
+  }
+  return std::max<int64_t>(0, f.device_estimate_bytes - f.device_resident_bytes);
+}
+
+}  // namespace
+
 absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& caller,
                                                               const JobRequest& request) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobRequest(request));
@@ -387,9 +405,11 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
                                        spec, inputs.hf_config_json.value_or(""));
                                  },
                                  options_.host_memory_budget_bytes, options_.nvme));
-  const engine::MemoryFootprint& footprint = admitted.footprint;
+  engine::MemoryFootprint footprint = admitted.footprint;
   MEGATRAIN_RETURN_IF_ERROR(engine::CheckBlockSlotsFitDevice(
       footprint, options_.device_memory_bytes, "memory (the smallest of --devices)"));
+  const int64_t cpu_working = CpuWorkingBytes(footprint, options_.devices);
+  footprint.host_total_bytes += cpu_working;
   if (footprint.host_total_bytes > options_.host_memory_budget_bytes) {
     const engine::HostStoreBytes& host = footprint.host;
     const std::string offload = footprint.activation_offload_bytes > 0
@@ -400,8 +420,10 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
         "job needs ", FormatBytes(footprint.host_total_bytes), " of host memory for ",
         footprint.params, " parameters (master ", host.master, ", grad ", host.grad, ", exp_avg ",
         host.exp_avg, ", exp_avg_sq ", host.exp_avg_sq, ", streaming ", host.streaming,
-        ", staging ", host.staging, offload, " bytes) but --host_memory_budget is ",
-        FormatBytes(options_.host_memory_budget_bytes), "; it can never run on this daemon",
+        ", staging ", host.staging, offload,
+        cpu_working > 0 ? absl::StrCat(", working memory of a step on the CPU ", cpu_working) : "",
+        " bytes) but --host_memory_budget is ", FormatBytes(options_.host_memory_budget_bytes),
+        "; it can never run on this daemon",
         footprint.nvme_bytes > 0 ? absl::StrCat(" (with ", FormatBytes(footprint.nvme_bytes),
                                                 " of AdamW moments on the NVMe tier)")
                                  : ""));

@@ -273,6 +273,8 @@ absl::StatusOr<engine::MemoryFootprint> FakeEngineBackend::EstimateFootprint(
     if (spec.train.offload_activations) {
       footprint.activation_offload_bytes = activation_offload_bytes;
     }
+    footprint.device_estimate_bytes = device_estimate_bytes;
+    footprint.device_resident_bytes = device_resident_bytes;
   }
   footprint.params = bytes / 16;
   footprint.host.master = bytes / 4;

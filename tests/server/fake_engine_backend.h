@@ -95,6 +95,10 @@ class FakeEngineBackend final : public EngineBackend {
   // Added to the footprint of a spec with train.offload_activations (as
   // host.staging and activation_offload_bytes, like the engine's estimate).
   int64_t activation_offload_bytes = 0;
+  // Every footprint's device_estimate_bytes (of which device_resident_bytes
+  // is what a GPU would keep resident; the CPU keeps none).
+  int64_t device_estimate_bytes = 0;
+  int64_t device_resident_bytes = 0;
   // What every created job's data_description() returns.
   std::string data_description;
   // CreateJob fails with this for specs named `fail_create_name`.

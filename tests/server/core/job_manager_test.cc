@@ -417,6 +417,30 @@ TEST_F(JobManagerTest, ActivationOffloadCountsAgainstTheBudget) {
                                         HasSubstr("it can never run on this daemon"))));
 }
 
+// Note [CPU working memory] in job_manager.cc: on CPU devices a step's
+// working memory (here 1 GiB besides 1 MiB a GPU would keep resident) is
+// host memory and counts against the 64 MiB budget; on GPUs it does not.
+TEST_F(JobManagerTest, CpuDaemonCountsAStepsWorkingMemoryAgainstTheBudget) {
+  options_.devices = {"cpu", "cpu:1"};
+  backend_.device_estimate_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);
+  backend_.device_resident_bytes = int64_t{1} << 20;
+  StartManager();
+  EXPECT_THAT(manager_->Submit(kAlice, Request("big-logits"), ""),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("job needs 1.00 GiB"),
+                                        HasSubstr("working memory of a step on the CPU 1073741824 "
+                                                  "bytes"),
+                                        HasSubstr("it can never run on this daemon"))));
+}
+
+TEST_F(JobManagerTest, GpuDaemonLeavesAStepsWorkingMemoryToTheDevice) {
+  options_.devices = {"cuda:0", "cuda:1"};
+  backend_.device_estimate_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);
+  backend_.device_resident_bytes = int64_t{1} << 20;
+  StartManager();
+  EXPECT_THAT(manager_->Submit(kAlice, Request("big-logits"), ""), IsOk());
+}
+
 TEST_F(JobManagerTest, JobThatFitsLaterWaitsForMemory) {
   backend_.gated = true;
   options_.devices = {"cuda:0", "cuda:1"};
