@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dist/peer_exchange.h"
+#include "engine/dist/rank_threads.h"
 #include "engine/runtime/status_macros.h"
 
 namespace megatrain::engine {
@@ -50,16 +51,8 @@ void ForceChoiceOf(const Trainer& rank0, TrainerOptions* options) {
 
 }  // namespace
 
-template <typename F>
-absl::Status DataParallelTrainer::OnEveryRank(F fn) {
-  std::vector<absl::Status> status(ranks_.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    threads.emplace_back([&, r] { status[r] = fn(static_cast<int>(r)); });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : status) MEGATRAIN_RETURN_IF_ERROR(s);
-  return absl::OkStatus();
+absl::Status DataParallelTrainer::OnEveryRank(const std::function<absl::Status(int)>& fn) {
+  return threads_->Run(fn);
 }
 
 DataParallelTrainer::~DataParallelTrainer() {
@@ -187,6 +180,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
         options.gradient_accumulation_steps));
   }
   std::unique_ptr<DataParallelTrainer> t(new DataParallelTrainer());
+  t->threads_ = std::make_unique<RankThreads>(local);  // Note [Rank threads]
   t->process_rank_ = dp.process_rank;
   t->num_processes_ = dp.num_processes;
   // Note [Shared host store]: the options Trainer::Create would give its

@@ -12,6 +12,7 @@
 #define MEGATRAIN_ENGINE_DIST_DATA_PARALLEL_H_
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/dist/collective_reducer.h"
+#include "engine/dist/rank_threads.h"
 #include "engine/dist/gradient_shard.h"
 #include "engine/dist/process_group.h"
 #include "engine/data/batch.h"
@@ -169,9 +171,9 @@ class DataParallelTrainer {
 
  private:
   DataParallelTrainer() = default;
-  // Runs fn(r) on one thread per rank; returns the lowest rank's error.
-  template <typename F>
-  absl::Status OnEveryRank(F fn);
+  // Runs fn(r) on rank r's thread (Note [Rank threads]) for every rank at
+  // once; returns the lowest rank's error.
+  absl::Status OnEveryRank(const std::function<absl::Status(int)>& fn);
 
   // Joins this process's ranks to the job's groups (groups_, and for the
   // device path local_groups_ and cross_groups_).
@@ -183,7 +185,8 @@ class DataParallelTrainer {
   int process_rank_ = 0, num_processes_ = 1;
   bool peer_copies_ = false;
   GradientReduction reduction_ = GradientReduction::kHostAllReduce;
-  std::unique_ptr<HostStore> shared_;  // destroyed last (declared first)
+  std::unique_ptr<RankThreads> threads_;  // idle when the others go
+  std::unique_ptr<HostStore> shared_;     // destroyed after the ranks
   std::unique_ptr<GradientShards> shards_;
   std::vector<std::unique_ptr<CollectiveGroup>> groups_;        // every rank of the job
   std::vector<std::unique_ptr<CollectiveGroup>> local_groups_;  // device path: this process's

@@ -251,7 +251,8 @@ absl::Status PeerExchange::AllGather(int rank, void* data, int64_t shard_numel, 
   static constexpr char kWhat[] = "all-gather";
   return Guarded(kWhat, [&]() -> absl::Status {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(impl_->devices[rank]));
-    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts, impl_->Meet(rank, data, kWhat, shard_numel));
+    MEGATRAIN_ASSIGN_OR_RETURN(std::vector<Post> posts,
+                               impl_->Meet(rank, data, kWhat, shard_numel));
     const int64_t bytes = shard_numel * element_bytes;
     for (int q = 0; q < impl_->world(); ++q) {
       if (q == rank) continue;
