@@ -158,8 +158,8 @@ TEST(PeerExchangeTest, ManyCollectivesInARowStayOrdered) {
   ASSERT_NE(exchange, nullptr);
   std::vector<at::Tensor> data;
   for (int r = 0; r < world; ++r) {
-    data.push_back(at::ones({kNumel}, at::TensorOptions().device(
-                                          at::kCUDA, static_cast<c10::DeviceIndex>(r))));
+    data.push_back(at::ones(
+        {kNumel}, at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(r))));
   }
   for (const absl::Status& s : OnEveryRank(world, [&](int r) -> absl::Status {
          for (int i = 0; i < kRounds; ++i) {
