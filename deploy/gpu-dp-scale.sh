@@ -29,7 +29,8 @@
 #             "llama-1b llama-3b"), eager and each decoder layer compiled:
 #             deploy/torch_baselines.py.
 #   daemon    deploy/gpu-dp-daemon-check.sh (a 2-GPU megatraind job).
-#   daemon-hf tests/integration/data_parallel_test.sh on cuda:0,cuda:1 with
+#   daemon-hf tests/integration/data_parallel_test.sh on HF_DEVICES
+#             (default cuda:0,cuda:1; cuda:0,cuda:1,cuda:2,cuda:3 for 4) with
 #             an HF model directory of the llama-1b shape (random weights,
 #             written by transformers): SUCCEEDED with per-device tokens/s
 #             and PCIe bandwidth, suspend and resume bit for bit, 3 devices
@@ -191,7 +192,7 @@ m.save_pretrained(sys.argv[1])
 print("hf dir:", sys.argv[1], sum(p.numel() for p in m.parameters()), "parameters")
 PY
   elapsed "$(tail -1 "$work/hf-dir.log")"
-  DP_DEVICES=cuda:0,cuda:1 DP_MODEL="{hf_dir: $hf}" DP_TRAIN="compute_dtype: bf16" \
+  DP_DEVICES=${HF_DEVICES:-cuda:0,cuda:1} DP_MODEL="{hf_dir: $hf}" DP_TRAIN="compute_dtype: bf16" \
     DP_STEPS=${DP_STEPS:-60} DP_CHECKPOINT="{every_steps: 1000, keep_last: 1}" DP_LIMITS=0 \
     timeout 420 bash tests/integration/data_parallel_test.sh "$BUILD_DIR/server/megatraind" \
     "$BUILD_DIR/client/megatrain" "$PWD" > "$work/daemon-hf.log" 2>&1
