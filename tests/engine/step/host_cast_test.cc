@@ -161,5 +161,38 @@ TEST(WeightSlotsTest, HostCastLoadsTheMastersBf16Bits) {
   EXPECT_EQ(std::count(gated.begin(), gated.end(), head), 4);
 }
 
+// Note [Sharded weight streaming] with the host cast: rank 1 of 2 casts
+// and copies only its shard, elements [S, numel) with S = ceil(numel / 2),
+// and the gather brings the rest (here a stand-in for rank 0 writing its
+// cast of [0, S)); the slot then holds the whole block's bf16 bits.
+TEST(WeightSlotsTest, HostCastLoadsOnlyThisRanksShard) {
+  Fixture f;
+  const int64_t l2 = f.store->layout().layer_block(2);
+  const int64_t n = f.numel(l2), shard = (n + 1) / 2;
+  f.env->weight_sharding.rank = 1;
+  f.env->weight_sharding.world = 2;
+  std::vector<int64_t> gathered;
+  f.env->weight_sharding.all_gather = [&](int64_t block, void* slot, int64_t shard_numel,
+                                          int element_bytes) {
+    ASSERT_EQ(element_bytes, 2);
+    ASSERT_EQ(shard_numel, shard);
+    const std::vector<bf16_bits> peer = Expected(*f.store, block, 0, shard_numel);
+    std::copy(peer.begin(), peer.end(), static_cast<bf16_bits*>(slot));
+    gathered.push_back(block);
+  };
+  auto stager = HostCastStager::Create(f.env.get(), n, /*chunk_elements=*/1000);
+  ASSERT_THAT(stager, IsOk());
+  WeightSlots slots(f.env.get(), 3, n, /*cast_chunk_elements=*/0, std::move(*stager));
+  f.env->BeginPass();
+  slots.BeginPass({l2}, /*sharded=*/true);
+  const at::Tensor w = slots.Acquire(0);
+  EXPECT_EQ(std::vector<bf16_bits>(static_cast<const bf16_bits*>(w.data_ptr()),
+                                   static_cast<const bf16_bits*>(w.data_ptr()) + n),
+            Expected(*f.store, l2, 0, n));
+  slots.Release(0);
+  EXPECT_EQ(f.env->h2d_weight_bytes, 2 * (n - shard));
+  EXPECT_THAT(gathered, ::testing::ElementsAre(l2));
+}
+
 }  // namespace
 }  // namespace megatrain::engine
