@@ -168,11 +168,13 @@ TEST(WeightStreamTest, Fp32MasterStreamIsBitIdenticalToTheBf16Copy) {
 // threads into pinned staging just before each load gives the bf16 copy's
 // results bit for bit, over three steps of two micro-batches each (gradient
 // accumulation), with and without clipping, with and without a resident
-// layer: the same losses, the same master and moments. Each step's cast
-// reads the master its previous step's AdamW wrote (the weight gate); a
-// stale read would change the second step's loss. The host holds no bf16
-// copy, as with weight_stream fp32. (Chunks smaller than a block: the
-// next test.)
+// layer: the same losses, the same master and moments. (Each cast must
+// read the master after its block's AdamW of the previous step: here the
+// optimizer is usually done before the cast, so a missing wait would
+// rarely show; HostCastStagerTest.CastsABlockOnlyAfterItsGateReturns in
+// host_cast_test.cc checks that order deterministically.) The host holds
+// no bf16 copy, as with weight_stream fp32. (Chunks smaller than a block:
+// the next test.)
 TEST(WeightStreamTest, HostCastIsBitIdenticalToTheBf16Copy) {
   const ModelConfig config = SmallLlama();
   for (const double clip : {0.0, 1.0}) {
