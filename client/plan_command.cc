@@ -87,8 +87,9 @@ CLI::App* AddPlanCommand(CLI::App* app, PlanArgs* a) {
   plan->add_flag("--offload_activations", a->offload_activations, "Activation offload");
   plan->add_option("--nvme_tier", a->nvme_tier, "memory.nvme_tier: off, moments or auto");
   plan->add_option("--weight_stream", a->weight_stream,
-                   "memory.weight_stream: bf16 (a bf16 host copy) or fp32 (the master, cast on "
-                   "the device)");
+                   "memory.weight_stream: bf16 (a bf16 host copy, the default), fp32 (the "
+                   "master, cast on the device) or host_cast (the master, cast by CPU threads "
+                   "into pinned staging)");
   plan->add_option("--gradient_landing", a->gradient_landing,
                    "memory.gradient_landing: arena, ring or auto");
   plan->add_option("--host_memory", a->host_memory, "Host memory (default: the daemon's budget)");

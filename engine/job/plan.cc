@@ -71,11 +71,12 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   const double passes = choice.schedule == StepSchedule::kLayerMajor
                             ? static_cast<double>((micro_batches + choice.wave - 1) / choice.wave)
                             : static_cast<double>(micro_batches);
-  // Bytes per streamed weight: the bf16 copy, or the fp32 master (fp32 and
-  // tf32 compute, or memory.weight_stream fp32: Note [Weight streaming]).
-  const bool bf16_copy = spec.train.compute_dtype == ComputeDtype::kBf16 &&
-                         spec.memory.weight_stream == WeightStream::kBf16;
-  const double esize = bf16_copy ? 2.0 : 4.0;
+  // Bytes per streamed weight: bf16 (the copy, or the host cast), or the
+  // fp32 master (fp32 and tf32 compute, or memory.weight_stream fp32: Note
+  // [Weight streaming]).
+  const double esize = spec.train.compute_dtype == ComputeDtype::kBf16
+                           ? WeightStreamH2dBytesPerParam(spec.memory.weight_stream)
+                           : 4.0;
   p.h2d_seconds = Over(passes * 2.0 * esize * streamed_numel, m.h2d_bytes_per_second);
   p.d2h_seconds = Over((choice.device_grad_accumulation ? 1 : passes) * 4.0 * streamed_numel,
                        m.d2h_bytes_per_second);

@@ -76,7 +76,8 @@ struct MemoryFootprint {
   // layer with all its experts, or the head with lm_head): its decoder
   // layer (-1: the head), its parameters, and the device bytes of the
   // executor's weight slots (compute dtype, plus the fp32 cast staging
-  // under memory.weight_stream fp32) and gradient slots (fp32) sized for
+  // under memory.weight_stream fp32; none under host_cast, whose ring is
+  // pinned host memory) and gradient slots (fp32) sized for
   // it, with no layer resident. A floor of device memory that no
   // micro_batch, sequence length or residency setting lowers. Part of
   // device_estimate_bytes.

@@ -222,6 +222,25 @@ MEGATRAIN_TARGET_AVX2 void AdamWAvx2(const AdamWCoefficients& c, float* params, 
                bf16_out == nullptr ? nullptr : bf16_out + i);
 }
 
+// fp32 -> bf16 over `n` elements, bit-for-bit FloatToBf16 (CastToBf16).
+MEGATRAIN_TARGET_AVX2 void CastToBf16Avx2(const float* src, bf16_bits* dst, int64_t n) {
+  constexpr int kWidth = 8;
+  int64_t i = 0;
+  if (Streamable(dst, 16)) {
+    for (; i + kWidth <= n; i += kWidth) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       Bf16RoundAvx2(_mm256_loadu_ps(src + i)));
+    }
+    _mm_sfence();  // the streaming stores are visible before the caller's release
+  } else {
+    for (; i + kWidth <= n; i += kWidth) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       Bf16RoundAvx2(_mm256_loadu_ps(src + i)));
+    }
+  }
+  for (; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+}
+
 MEGATRAIN_TARGET_AVX2 double SumOfSquaresAvx2(const float* x, int64_t n) {
   // Four independent accumulators of 4 doubles hide the FMA latency.
   __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
@@ -336,6 +355,25 @@ MEGATRAIN_TARGET_AVX512 void AdamWAvx512(const AdamWCoefficients& c, float* para
   AdamWVectorAvx512<Bf16Store::kPlain>(k, tail.p, tail.g, tail.m, tail.v, tail.b);
   tail.CopyOut(params + i, exp_avg + i, exp_avg_sq + i,
                bf16_out == nullptr ? nullptr : bf16_out + i);
+}
+
+// fp32 -> bf16 over `n` elements, bit-for-bit FloatToBf16 (CastToBf16).
+MEGATRAIN_TARGET_AVX512 void CastToBf16Avx512(const float* src, bf16_bits* dst, int64_t n) {
+  constexpr int kWidth = 16;
+  int64_t i = 0;
+  if (Streamable(dst, 32)) {
+    for (; i + kWidth <= n; i += kWidth) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                          Bf16RoundAvx512(_mm512_loadu_ps(src + i)));
+    }
+    _mm_sfence();  // the streaming stores are visible before the caller's release
+  } else {
+    for (; i + kWidth <= n; i += kWidth) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                          Bf16RoundAvx512(_mm512_loadu_ps(src + i)));
+    }
+  }
+  for (; i < n; ++i) dst[i] = FloatToBf16(src[i]);
 }
 
 MEGATRAIN_TARGET_AVX512 double SumOfSquaresAvx512(const float* x, int64_t n) {
@@ -477,6 +515,23 @@ void AdamWUpdate(const AdamWStepParams& hp, float* params, const float* grads, f
 #endif
     default:
       AdamWScalar(c, params, grads, exp_avg, exp_avg_sq, bf16_out, n);
+      return;
+  }
+}
+
+void CastToBf16(const float* src, bf16_bits* dst, int64_t n, CpuKernel kernel) {
+  if (n <= 0) return;
+  switch (Resolve(kernel)) {
+#if MEGATRAIN_X86_KERNELS
+    case CpuKernel::kAvx512:
+      CastToBf16Avx512(src, dst, n);
+      return;
+    case CpuKernel::kAvx2:
+      CastToBf16Avx2(src, dst, n);
+      return;
+#endif
+    default:
+      for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
       return;
   }
 }

@@ -124,6 +124,16 @@ void AdamWUpdate(const AdamWStepParams& hp, float* params, const float* grads, f
                  float* exp_avg_sq, bf16_bits* bf16_out, int64_t n,
                  CpuKernel kernel = CpuKernel::kAuto);
 
+// Writes FloatToBf16(src[i]) (round to nearest even, NaN kept quiet;
+// engine/runtime/bf16.h) into dst[i] for i in [0, n), bit for bit the
+// scalar function and AdamWUpdate's bf16_out, with the same vector rounding.
+// Where `dst` is aligned to the vector's store width the stores are
+// non-temporal (the destination is meant for a DMA copy, not the CPU's
+// cache), followed by a store fence. Single-threaded; thread-safe for
+// disjoint buffers. An unsupported `kernel` runs as kAuto. No errors.
+// Preconditions: the buffers do not overlap; n >= 0.
+void CastToBf16(const float* src, bf16_bits* dst, int64_t n, CpuKernel kernel = CpuKernel::kAuto);
+
 // ---------------------------------------------------------------------------
 // CpuAdamW
 

@@ -48,6 +48,9 @@ struct StepStats {
   double gap_head_seconds = 0;
   double gap_backward_seconds = 0;
   int64_t h2d_bytes = 0;          // host -> device bytes
+  int64_t h2d_weight_bytes = 0;   // of h2d_bytes, streamed weights loaded into the
+                                  // device slots (2 or 4 per parameter and load,
+                                  // memory.weight_stream)
   int64_t d2h_bytes = 0;          // device -> host bytes
   int64_t peak_device_bytes = 0;  // peak device memory allocated in the step
   // Distinct embedding rows (Note [Embedding lookahead] in trainer.h): rows the row
@@ -83,6 +86,7 @@ struct StepStats {
     gap_backward_seconds += other.gap_backward_seconds;
     cuda_graph_replays += other.cuda_graph_replays;
     h2d_bytes += other.h2d_bytes;
+    h2d_weight_bytes += other.h2d_weight_bytes;
     d2h_bytes += other.d2h_bytes;
     if (other.peak_device_bytes > peak_device_bytes) peak_device_bytes = other.peak_device_bytes;
     gate_rows += other.gate_rows;

@@ -160,7 +160,9 @@ struct MemorySpec {
   // runs in host memory and moments fails at start (FAILED_PRECONDITION).
   std::string nvme_dir;
   // memory.weight_stream (memory_modes.h): bf16 compute streams a bf16
-  // host copy (kBf16) or the fp32 master cast on the device (kFp32).
+  // host copy (kBf16, the default), the fp32 master cast on the device
+  // (kFp32) or the fp32 master cast on the host into pinned staging
+  // (kHostCast).
   WeightStream weight_stream = WeightStream::kBf16;
   // memory.gradient_landing (memory_modes.h): kRing needs
   // train.max_grad_norm 0 (ValidateJobSpec).

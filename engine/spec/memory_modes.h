@@ -15,25 +15,50 @@ namespace megatrain::engine {
 // [Weight streaming] in engine/step/weight_slots.h). fp32/tf32 compute
 // always streams the fp32 master; the field changes nothing there.
 enum class WeightStream {
-  kBf16,  // a bf16 copy of the master in host memory (2 bytes/param), streamed
-  kFp32,  // the fp32 master streamed and cast to bf16 on the device: no copy,
-          // twice the weight H2D bytes; bit-identical results
+  kBf16,      // a bf16 copy of the master in host memory (2 bytes/param),
+              // streamed; the default
+  kFp32,      // the fp32 master streamed and cast to bf16 on the device: no
+              // copy, twice the weight H2D bytes; bit-identical results
+  kHostCast,  // the fp32 master cast to bf16 by CPU threads into a pinned
+              // staging ring just before its H2D copy (Note [Host cast] in
+              // engine/step/host_cast.h): no copy, the bf16 H2D bytes;
+              // bit-identical results
 };
 
-// "bf16", "fp32": the spelling of job files, JSON, flags and docs.
+// "bf16", "fp32", "host_cast": the spelling of job files, JSON, flags and
+// docs.
 inline absl::string_view WeightStreamName(WeightStream mode) {
-  return mode == WeightStream::kFp32 ? "fp32" : "bf16";
+  switch (mode) {
+    case WeightStream::kFp32:
+      return "fp32";
+    case WeightStream::kHostCast:
+      return "host_cast";
+    case WeightStream::kBf16:
+      break;
+  }
+  return "bf16";
+}
+
+// Whether bf16 compute under `mode` keeps a bf16 copy of the master in host
+// memory (HostStoreOptions::streaming_bf16): kBf16 only.
+inline bool KeepsBf16Copy(WeightStream mode) { return mode == WeightStream::kBf16; }
+
+// Bytes that cross PCIe per streamed parameter under bf16 compute: 4 for
+// the fp32 master, 2 for the bf16 copy or the host cast.
+inline int WeightStreamH2dBytesPerParam(WeightStream mode) {
+  return mode == WeightStream::kFp32 ? 4 : 2;
 }
 
 // Inverse of WeightStreamName; INVALID_ARGUMENT naming `field` and the
 // value otherwise.
 inline absl::StatusOr<WeightStream> ParseWeightStream(
     absl::string_view name, absl::string_view field = "memory.weight_stream") {
-  for (const WeightStream mode : {WeightStream::kBf16, WeightStream::kFp32}) {
+  for (const WeightStream mode :
+       {WeightStream::kBf16, WeightStream::kFp32, WeightStream::kHostCast}) {
     if (name == WeightStreamName(mode)) return mode;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be bf16 or fp32, got '", name, "'"));
+      absl::StrCat(field, ": must be bf16, fp32 or host_cast, got '", name, "'"));
 }
 
 // Where block gradients land in host memory (Note [Gradient ring] in

@@ -21,6 +21,7 @@
 #include "engine/step/activation_offload.h"
 #include "engine/step/device_grad_accumulator.h"
 #include "engine/step/grad_lander.h"
+#include "engine/step/host_cast.h"
 #include "engine/step/input_stager.h"
 #include "engine/step/layer_graphs.h"
 #include "engine/step/moe_block.h"
@@ -155,6 +156,14 @@ absl::Status CheckStoreMatchesOptions(const HostStore* store, const ExecutorOpti
     return absl::InvalidArgumentError(absl::StrCat(
         "executor.cast_chunk_elements: must be >= 1, got ", options.cast_chunk_elements));
   }
+  if (options.host_cast && !options.stream_fp32_master) {
+    return absl::InvalidArgumentError(
+        "executor.host_cast: casts the fp32 master, so it needs stream_fp32_master");
+  }
+  if (options.host_cast && options.host_cast_chunk_elements < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.host_cast_chunk_elements: must be >= 1, got ", options.host_cast_chunk_elements));
+  }
   if (options.compute_dtype != ComputeDtype::kBf16 && options.stream_fp32_master) {
     return absl::InvalidArgumentError(
         "executor.stream_fp32_master: bf16 compute only (fp32/tf32 always stream the master)");
@@ -218,7 +227,7 @@ class StreamingExecutor::Impl {
   }
   int64_t staging_host_bytes() const {
     return lander_->pinned_bytes() + inputs_->pinned_bytes() +
-           (offload_ ? offload_->pinned_bytes() : 0);
+           (offload_ ? offload_->pinned_bytes() : 0) + slots_->pinned_bytes();
   }
   void SetWeightGate(std::function<void(int64_t)> gate) { env_.weight_gate = std::move(gate); }
   void SetDeviceReduction(decltype(StepEnv::reduce_on_device) reduce) {
@@ -319,9 +328,15 @@ absl::Status StreamingExecutor::Impl::Init() {
     attention_mask_ = BuildAttentionMask(config, options_.seq_len, device);
     env_.weight_sharding.rank = options_.weight_shard_rank;
     env_.weight_sharding.world = options_.weight_shard_world;
+    std::unique_ptr<HostCastStager> host_cast;  // Note [Host cast] in step/host_cast.h
+    if (options_.host_cast && max_numel > 0) {
+      MEGATRAIN_ASSIGN_OR_RETURN(
+          host_cast, HostCastStager::Create(&env_, max_numel, options_.host_cast_chunk_elements));
+    }
     slots_ = std::make_unique<WeightSlots>(
         &env_, options_.num_weight_slots, max_numel,
-        options_.stream_fp32_master ? options_.cast_chunk_elements : 0);
+        options_.stream_fp32_master && !options_.host_cast ? options_.cast_chunk_elements : 0,
+        std::move(host_cast));
     MEGATRAIN_ASSIGN_OR_RETURN(
         lander_, GradLander::Create(&env_, options_.num_grad_slots, max_numel,
                                     GradStagingBytes(options_, config.hidden_size),
@@ -792,6 +807,7 @@ void StreamingExecutor::Impl::FillStats(size_t micro_batches, StepClock::time_po
   stats->gap_head_seconds = gaps[2];
   stats->gap_backward_seconds = gaps[3];
   stats->h2d_bytes = env_.h2d_bytes;
+  stats->h2d_weight_bytes = env_.h2d_weight_bytes;
   stats->d2h_bytes = env_.d2h_bytes;
   stats->tokens = static_cast<int64_t>(micro_batches) * options_.micro_batch * options_.seq_len;
   stats->peak_device_bytes = env_.runtime->PeakAllocatedBytes();

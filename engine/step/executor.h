@@ -186,6 +186,14 @@ struct ExecutorOptions {
   // default kCastChunkElements, smaller in tests).
   bool stream_fp32_master = false;
   int64_t cast_chunk_elements = int64_t{1} << 24;
+  // With stream_fp32_master: the master is cast to bf16 by host threads
+  // (the pool) into a pinned ring just ahead of each load, and the slots
+  // copy bf16 (Note [Host cast] in step/host_cast.h; memory.weight_stream
+  // host_cast): no device staging, half the weight H2D bytes, the same
+  // bits. In chunks of host_cast_chunk_elements (>= 1; the default
+  // kHostCastChunkElements, smaller in tests).
+  bool host_cast = false;
+  int64_t host_cast_chunk_elements = int64_t{1} << 22;
   // fp32 elements per chunk of a dense block's host-accumulated gradient
   // (>= 1; Note [Bounded gradient staging] in step/grad_lander.h; the
   // default kGradChunkElements, smaller in tests).
@@ -228,8 +236,8 @@ struct ExecutorMemoryPlan {
   int64_t max_slot_numel = 0;  // elements of the largest block that visits a device slot
   // Device memory.
   int64_t weight_slot_bytes = 0;      // num_weight_slots x max_slot_numel, compute dtype
-  int64_t cast_staging_bytes = 0;     // stream_fp32_master: CastStagingNumel(max_slot_numel,
-                                      // cast_chunk_elements) fp32
+  int64_t cast_staging_bytes = 0;     // stream_fp32_master without host_cast:
+                                      // CastStagingNumel(max_slot_numel, cast_chunk_elements) fp32
   int64_t grad_slot_bytes = 0;        // num_grad_slots x max_slot_numel, fp32
   int64_t activation_ring_bytes = 0;  // offload: 2 x [B, T, C] fp32 (Note [Activation offload])
   int64_t resident_bytes = 0;         // Notes [Resident layers] and [Resident embedding]
@@ -251,6 +259,8 @@ struct ExecutorMemoryPlan {
                                          // + label) with a resident embedding
   int64_t activation_offload_bytes = 0;  // W x (L-1) x [B, T, C] fp32, offload only
                                          // (W: the layer-major wave, else 1)
+  int64_t host_cast_staging_bytes = 0;   // host_cast: HostCastRingOf(max_slot_numel,
+                                         // host_cast_chunk_elements) bf16 (one block + a chunk)
 
   // Every device buffer (the accumulation buffers included).
   int64_t device_bytes() const {
@@ -258,7 +268,8 @@ struct ExecutorMemoryPlan {
            resident_bytes + grad_accumulation_bytes + layer_graph_bytes;
   }
   int64_t pinned_bytes() const {
-    return grad_staging_bytes + grad_ring_bytes + input_staging_bytes + activation_offload_bytes;
+    return grad_staging_bytes + grad_ring_bytes + input_staging_bytes + activation_offload_bytes +
+           host_cast_staging_bytes;
   }
 };
 
@@ -426,7 +437,7 @@ class StreamingExecutor {
   // gradient accumulation buffers (Note [Executor memory plan]).
   int64_t slot_device_bytes() const;
   // Pinned host bytes of its staging buffers (gradients, input, offloaded
-  // activations).
+  // activations, the host cast's ring).
   int64_t staging_host_bytes() const;
 
  private:

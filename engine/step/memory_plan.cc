@@ -6,6 +6,7 @@
 #include "engine/model/layers.h"
 #include "engine/model/param_layout.h"
 #include "engine/step/grad_lander.h"
+#include "engine/step/host_cast.h"
 #include "engine/step/input_stager.h"
 #include "engine/step/layer_graphs.h"
 #include "engine/step/weight_slots.h"
@@ -16,6 +17,8 @@ static_assert(ExecutorOptions{}.mlp_chunk_bytes == kMlpChunkBytes,
               "ExecutorOptions::mlp_chunk_bytes defaults to layers.h's constant");
 static_assert(ExecutorOptions{}.cast_chunk_elements == kCastChunkElements,
               "ExecutorOptions::cast_chunk_elements defaults to weight_slots.h's constant");
+static_assert(ExecutorOptions{}.host_cast_chunk_elements == kHostCastChunkElements,
+              "ExecutorOptions::host_cast_chunk_elements defaults to host_cast.h's constant");
 static_assert(ExecutorOptions{}.grad_chunk_elements == kGradChunkElements,
               "ExecutorOptions::grad_chunk_elements defaults to grad_lander.h's constant");
 
@@ -50,7 +53,10 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
   const int64_t layer_input_bytes = tokens * config.hidden_size * 4;  // [B, T, C] fp32
   plan.weight_slot_bytes = options.num_weight_slots * esize *
                            ShardedSlotNumel(plan.max_slot_numel, options.weight_shard_world);
-  if (options.stream_fp32_master) {
+  if (options.stream_fp32_master && options.host_cast) {  // Note [Host cast]
+    plan.host_cast_staging_bytes =
+        HostCastRingOf(plan.max_slot_numel, options.host_cast_chunk_elements).pinned_bytes();
+  } else if (options.stream_fp32_master) {
     plan.cast_staging_bytes =
         4 * CastStagingNumel(plan.max_slot_numel, options.cast_chunk_elements);
   }

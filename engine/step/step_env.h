@@ -117,7 +117,7 @@ struct StepEnv {
 
   // Zeroes the per-pass counters and the timer.
   void BeginPass() {
-    h2d_bytes = d2h_bytes = 0;
+    h2d_bytes = d2h_bytes = h2d_weight_bytes = 0;
     gate_wait_seconds = grad_wait_seconds = 0;
     timer.Reset();
   }
@@ -164,6 +164,7 @@ struct StepEnv {
 
   // Per pass (BeginPass).
   int64_t h2d_bytes = 0, d2h_bytes = 0;
+  int64_t h2d_weight_bytes = 0;  // of h2d_bytes, the weight slots' loads
   double gate_wait_seconds = 0;  // enqueuing thread in the weight and row gates
   double grad_wait_seconds = 0;  // enqueuing thread waiting for a free gradient slot
 };

@@ -412,7 +412,9 @@ ExecutorOptions ExecutorOptionsOf(const TrainerOptions& options) {
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
   exec.offload_activations = options.offload_activations;
   exec.stream_fp32_master =
-      options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kFp32;
+      options.compute_dtype == ComputeDtype::kBf16 && !KeepsBf16Copy(options.weight_stream);
+  exec.host_cast = options.compute_dtype == ComputeDtype::kBf16 &&
+                   options.weight_stream == WeightStream::kHostCast;
   return exec;
 }
 

@@ -209,9 +209,11 @@ struct TrainerOptions {
   // H200 host (docs/performance.md); 0 keeps the process's priority.
   int optimizer_nice = 10;
   int num_weight_slots = 3;  // device weight buffers
-  // bf16 compute: stream a bf16 copy kept in host memory, or the fp32
-  // master cast on the device (memory.weight_stream; Note [Weight
-  // streaming] in step/weight_slots.h). Ignored for fp32/tf32.
+  // bf16 compute: stream a bf16 copy kept in host memory, the fp32 master
+  // cast on the device, or the fp32 master cast by host threads into pinned
+  // staging (memory.weight_stream; Note [Weight streaming] in
+  // step/weight_slots.h, Note [Host cast] in step/host_cast.h). Ignored for
+  // fp32/tf32.
   WeightStream weight_stream = WeightStream::kBf16;
   // Where block gradients land in host memory (memory.gradient_landing;
   // Note [Gradient ring] in step/grad_lander.h): the arena, the ring

@@ -8,8 +8,8 @@
 namespace megatrain::engine {
 
 WeightSlots::WeightSlots(StepEnv* env, int num_slots, int64_t max_numel,
-                         int64_t cast_chunk_elements)
-    : env_(env) {
+                         int64_t cast_chunk_elements, std::unique_ptr<HostCastStager> host_cast)
+    : env_(env), host_cast_(std::move(host_cast)) {
   const auto options = at::TensorOptions().dtype(env->compute_dtype).device(env->runtime->device());
   if (cast_chunk_elements > 0) {
     cast_staging_ =
@@ -30,6 +30,25 @@ void WeightSlots::BeginPass(const std::vector<int64_t>& blocks, bool sharded) {
   uses_ = AssignWeightSlots(blocks, static_cast<int>(slots_.size()));
   next_load_ = 0;
   released_.assign(uses_.size(), false);
+  if (host_cast_ != nullptr) {  // Note [Host cast]: the loads, in the order IssueLoads issues them
+    std::vector<HostCastStager::Range> ranges;
+    for (const WeightSlotUse& use : uses_) {
+      if (!use.load) continue;
+      const auto [begin, end] = LoadRange(use.block);
+      ranges.push_back({use.block, begin, end});
+    }
+    host_cast_->BeginPass(std::move(ranges));
+  }
+}
+
+std::pair<int64_t, int64_t> WeightSlots::LoadRange(int64_t block) const {
+  const int64_t numel = env_->store->block_numel(block);
+  if (!sharded_) return {0, numel};
+  // Note [Sharded weight streaming]: this rank's shard.
+  const StepEnv::WeightSharding& sharding = env_->weight_sharding;
+  const int64_t shard = (numel + sharding.world - 1) / sharding.world;
+  const int64_t begin = std::min(numel, sharding.rank * shard);
+  return {begin, std::min(numel, begin + shard)};
 }
 
 void WeightSlots::IssueLoads() {
@@ -45,19 +64,19 @@ void WeightSlots::IssueLoads() {
       env_->timer.End(StreamKind::kH2D, token);
       runtime->Record(StreamKind::kH2D, *weights_ready_[use.slot]);
       env_->h2d_bytes += bytes;
+      env_->h2d_weight_bytes += bytes;
     }
     ++next_load_;
   }
 }
 
 int64_t WeightSlots::Load(int64_t block, const at::Tensor& slot) {
-  const int64_t numel = env_->store->block_numel(block);
-  if (!sharded_) return CopyRange(block, slot, 0, numel);
+  const auto [begin, end] = LoadRange(block);
+  const int64_t bytes = CopyRange(block, slot, begin, end);
+  if (!sharded_) return bytes;
   // Note [Sharded weight streaming]: this rank's shard, then the gather.
   const StepEnv::WeightSharding& sharding = env_->weight_sharding;
-  const int64_t shard = (numel + sharding.world - 1) / sharding.world;
-  const int64_t begin = std::min(numel, sharding.rank * shard);
-  const int64_t bytes = CopyRange(block, slot, begin, std::min(numel, begin + shard));
+  const int64_t shard = (env_->store->block_numel(block) + sharding.world - 1) / sharding.world;
   auto scope = env_->runtime->Use(StreamKind::kH2D);
   sharding.all_gather(block, slot.data_ptr(), shard, static_cast<int>(slot.element_size()));
   return bytes;
@@ -66,6 +85,10 @@ int64_t WeightSlots::Load(int64_t block, const at::Tensor& slot) {
 int64_t WeightSlots::CopyRange(int64_t block, const at::Tensor& slot, int64_t begin, int64_t end) {
   DeviceRuntime* runtime = env_->runtime;
   if (begin >= end) return 0;
+  if (host_cast_ != nullptr) {  // Note [Host cast]: bf16 chunks cast by the host
+    return host_cast_->CopyRange(block, begin, end,
+                                 static_cast<char*>(slot.data_ptr()) + begin * 2);
+  }
   if (!cast_staging_.defined()) {
     const int64_t element_bytes =
         env_->store->streaming_bytes(block) / env_->store->block_numel(block);

@@ -10,18 +10,20 @@
 // slot is not loaded again (AssignWeightSlots).
 //
 // Note [Weight streaming]
-// Under bf16 compute a slot is loaded from one of two host sources
+// Under bf16 compute a slot is loaded from one of three host sources
 // (memory.weight_stream, HostStore's streaming_bf16 option):
 //   bf16: the store's bf16 copy (2 bytes/param of host memory, rewritten by
 //         the CPU AdamW), copied straight into the slot;
 //   fp32: the fp32 master itself, copied in chunks of at most
 //         kCastChunkElements into a device fp32 staging buffer and cast
-//         into the slot on kH2D (no host copy; twice the H2D bytes).
-// The two give the same bits: the host copy is FloatToBf16 (round to
-// nearest, ties to even; bf16.h) and LibTorch's fp32 -> bf16 cast rounds to
-// nearest even too (c10::BFloat16's round_to_nearest_even on the CPU,
-// cvt.rn.bf16.f32 on CUDA). They differ only in the payload of a NaN,
-// which a master weight never holds (Note [Non-finite steps] in
+//         into the slot on kH2D (no host copy; twice the H2D bytes);
+//   host_cast: the fp32 master cast to bf16 by CPU threads into a pinned
+//         ring just ahead of its copy (no host copy, the bf16 H2D bytes;
+//         Note [Host cast] in host_cast.h).
+// They give the same bits (host_cast rounds with FloatToBf16 too): the host copy is FloatToBf16
+// (round to nearest, ties to even; bf16.h) and LibTorch's fp32 -> bf16 cast rounds to nearest even
+// too (c10::BFloat16's round_to_nearest_even on the CPU, cvt.rn.bf16.f32 on CUDA). They differ only
+// in the payload of a NaN, which a master weight never holds (Note [Non-finite steps] in
 // trainer.h). tests/engine/step/memory_modes_test.cc checks both.
 // The copy and the cast of a chunk run in order on kH2D, so one staging
 // buffer serves every slot without an event.
@@ -54,8 +56,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "engine/step/host_cast.h"
 #include "engine/step/step_env.h"
 #include "engine/step/step_plan.h"
 
@@ -86,8 +90,11 @@ class WeightSlots {
   // compute dtype, and with `cast_chunk_elements` > 0 (bf16 compute
   // streaming the fp32 master, Note [Weight streaming]) the fp32 staging
   // buffer of CastStagingNumel(max_numel, cast_chunk_elements) elements.
-  // Throws LibTorch's exceptions (the executor maps them).
-  WeightSlots(StepEnv* env, int num_slots, int64_t max_numel, int64_t cast_chunk_elements);
+  // With `host_cast` (bf16 compute, weight_stream host_cast; then
+  // cast_chunk_elements is 0) loads copy the stager's bf16 chunks instead
+  // (Note [Host cast]). Throws LibTorch's exceptions (the executor maps them).
+  WeightSlots(StepEnv* env, int num_slots, int64_t max_numel, int64_t cast_chunk_elements,
+              std::unique_ptr<HostCastStager> host_cast = nullptr);
 
   // Starts a pass whose uses are `blocks` (StepPlan::weight_uses); with
   // `sharded` and a sharding world above 1, its loads are shards gathered
@@ -104,12 +111,18 @@ class WeightSlots {
 
   // Bytes of the slots' device buffers (the cast staging included).
   int64_t device_bytes() const { return device_bytes_; }
+  // Pinned host bytes of the host cast's ring (0 without it).
+  int64_t pinned_bytes() const { return host_cast_ != nullptr ? host_cast_->pinned_bytes() : 0; }
 
  private:
   // Issues, in use order, every load whose slot's previous user is released.
   void IssueLoads();
-  // Enqueues on kH2D the load of `block` into `slot`: a copy, or with
-  // cast_staging_ copies and casts chunk by chunk. Returns the H2D bytes.
+  // Elements [begin, end) of `block` this executor loads from the host:
+  // all of it, or its shard in a sharded pass.
+  std::pair<int64_t, int64_t> LoadRange(int64_t block) const;
+  // Enqueues on kH2D the load of `block` into `slot`: a copy, with
+  // cast_staging_ copies and casts chunk by chunk, with host_cast_ copies of
+  // the host's casts. Returns the H2D bytes.
   int64_t Load(int64_t block, const at::Tensor& slot);
   // Enqueues on kH2D the host-to-device copy of elements [begin, end) of
   // `block`'s streaming source into the same range of `slot`. Returns the
@@ -119,6 +132,7 @@ class WeightSlots {
   StepEnv* env_;
   std::vector<at::Tensor> slots_;  // [max numel] compute dtype
   at::Tensor cast_staging_;        // [CastStagingNumel] fp32, device; undefined without the cast
+  std::unique_ptr<HostCastStager> host_cast_;                // weight_stream host_cast only
   std::vector<std::unique_ptr<DeviceEvent>> weights_ready_;  // per slot, on kH2D
   std::vector<std::unique_ptr<DeviceEvent>> slot_free_;      // per slot, on kCompute
   std::vector<WeightSlotUse> uses_;

@@ -389,6 +389,7 @@ void AddTimingJson(const BenchRun& run, const absl::StatusOr<LinkBandwidthMeasur
                                  {"backward", Median(s.gap[3])}};
   const double h2d_median = Median(s.h2d);
   (*j)["h2d_bytes"] = run.last.h2d_bytes;
+  (*j)["h2d_weight_bytes"] = run.last.h2d_weight_bytes;
   (*j)["d2h_bytes"] = run.last.d2h_bytes;
   (*j)["h2d_gb_per_s_busy"] = h2d_median > 0 ? run.last.h2d_bytes / h2d_median / 1e9 : 0.0;
   (*j)["peak_gpu_bytes"] = run.last.peak_device_bytes;

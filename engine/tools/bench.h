@@ -75,7 +75,7 @@ struct BenchOptions {
   std::string schedule = "auto";
   int wave = 0;
   std::string activations = "auto";
-  std::string weight_stream = "bf16";      // TrainerOptions::weight_stream: bf16 | fp32
+  std::string weight_stream = "bf16";      // TrainerOptions::weight_stream: bf16 | fp32 | host_cast
   std::string gradient_landing = "arena";  // TrainerOptions::gradient_landing: arena | ring | auto
   uint64_t seed = 0;
   // The NVMe tier (Note [Tiered trainer] in step/trainer.h): "off" or
@@ -95,7 +95,9 @@ struct BenchOptions {
 // step_seconds, loss_first, loss_last, phase seconds (h2d, compute, d2h,
 // optimizer, optimizer_exposed (compute-stream idle caused by the gates),
 // gpu_idle, and the enqueue thread's gate_wait, grad_wait and drain waits;
-// medians over measured steps), h2d_bytes and d2h_bytes per step, the last
+// medians over measured steps), h2d_bytes and d2h_bytes per step (the last
+// step's) and of h2d_bytes h2d_weight_bytes (the streamed weights' loads:
+// halved by weight_stream bf16 or host_cast against fp32), the last
 // step's gate_rows and lookahead_rows (Note [Embedding lookahead] in
 // trainer.h), resident_layers (the resolved TrainerOptions::resident_layers;
 // Note [Resident layers] in executor.h), resident_embedding and

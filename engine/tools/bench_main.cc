@@ -153,10 +153,12 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
       ->check(CLI::IsMember({"off", "moments"}));
   app.add_option("--nvme_dir", o.nvme_dir, "directory on a local SSD for --nvme_tier moments");
   app.add_option("--weight_stream", o.weight_stream,
-                 "bf16 compute: stream a bf16 copy kept in host memory (bf16) or the fp32 "
-                 "master cast on the device (fp32: 2 bytes/param less host memory, twice the "
-                 "weight H2D bytes, the same results)")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
+                 "bf16 compute: stream a bf16 copy kept in host memory (bf16, the default), "
+                 "the fp32 master cast on the device (fp32: 2 bytes/param less host memory, "
+                 "twice the weight H2D bytes) or the fp32 master cast by CPU threads into "
+                 "pinned staging (host_cast: the host memory of fp32 plus one block of staging, "
+                 "the H2D bytes of bf16); the same results")
+      ->check(CLI::IsMember({"bf16", "fp32", "host_cast"}));
   app.add_option("--gradient_landing", o.gradient_landing,
                  "where gradients land: arena (fp32, 4 bytes/param), ring (a bounded pinned ring "
                  "the optimizer consumes; needs --max_grad_norm 0) or auto")

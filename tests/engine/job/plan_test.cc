@@ -5,6 +5,7 @@
 #include "engine/job/plan.h"
 #include "engine/step/executor.h"
 #include "engine/step/grad_lander.h"
+#include "engine/step/host_cast.h"
 #include "engine/step/schedule_choice.h"
 #include "engine/model/param_layout.h"
 #include "engine/store/nvme_tier.h"
@@ -379,6 +380,39 @@ TEST(PlanTest, FootprintNamesTheLargestStreamedBlockAndItsSlots) {
   const MemoryFootprint head = EstimateFootprintForConfig(dense, llama);
   EXPECT_EQ(head.largest_block_layer_idx, -1);
   EXPECT_EQ(head.largest_block_params, ModelLayout::Create(llama).blocks.back().numel);
+}
+
+// Note [Host cast] (engine/step/host_cast.h): weight_stream host_cast
+// holds fp32's host bytes (no bf16 copy) plus its pinned ring (one largest
+// streamed block and one chunk, as staging), moves bf16's H2D bytes (the
+// plan's H2D time is the copy's, half of fp32's), and needs no device
+// cast staging.
+TEST(PlanTest, HostCastHasTheFp32HostBytesAndTheBf16H2dTime) {
+  JobSpec spec = Llama8bSpec();
+  spec.train.gradient_accumulation_steps = 4;
+  const ModelConfig config = *PresetConfig("llama-8b");
+  const PlanMachine machine = DefaultPlanMachine();
+  absl::StatusOr<JobPlan> plans[3];
+  const WeightStream streams[] = {WeightStream::kBf16, WeightStream::kFp32,
+                                  WeightStream::kHostCast};
+  for (int i = 0; i < 3; ++i) {
+    spec.memory.weight_stream = streams[i];
+    plans[i] = PlanJob(spec, config, machine);
+    ASSERT_TRUE(plans[i].ok()) << plans[i].status();
+  }
+  const JobPlan &copy = *plans[0], &fp32 = *plans[1], &cast = *plans[2];
+  EXPECT_EQ(cast.footprint.host.streaming, 0);
+  EXPECT_EQ(cast.footprint.host.master, fp32.footprint.host.master);
+  EXPECT_EQ(cast.footprint.host.grad, fp32.footprint.host.grad);
+  EXPECT_EQ(cast.footprint.host.pinned, fp32.footprint.host.pinned);
+  const int64_t ring = HostCastRingOf(cast.footprint.largest_block_params).pinned_bytes();
+  EXPECT_GT(ring, 0);
+  EXPECT_EQ(cast.footprint.host.staging - fp32.footprint.host.staging, ring);
+  EXPECT_EQ(cast.tiers.host_bytes - fp32.tiers.host_bytes, ring);
+  EXPECT_DOUBLE_EQ(cast.projection.h2d_seconds, copy.projection.h2d_seconds);
+  EXPECT_DOUBLE_EQ(fp32.projection.h2d_seconds, 2 * cast.projection.h2d_seconds);
+  EXPECT_LT(cast.footprint.block_slot_bytes, fp32.footprint.block_slot_bytes);
+  EXPECT_EQ(cast.footprint.block_slot_bytes, copy.footprint.block_slot_bytes);
 }
 
 // The 7B MoE presets on the GPU machine (one H200, 125 GiB of host

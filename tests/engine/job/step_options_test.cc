@@ -84,6 +84,11 @@ TEST(StepOptionsTest, RequestAndExecutorOptionsFollowTheSpec) {
   EXPECT_EQ(request.cuda_graphs, 0);
   const ExecutorOptions exec = ExecutorOptionsOf(StepOptionsOf(s));
   EXPECT_TRUE(exec.stream_fp32_master);
+  EXPECT_FALSE(exec.host_cast);
+  s.memory.weight_stream = WeightStream::kHostCast;  // Note [Host cast]: no copy either
+  EXPECT_TRUE(ExecutorOptionsOf(StepOptionsOf(s)).stream_fp32_master);
+  EXPECT_TRUE(ExecutorOptionsOf(StepOptionsOf(s)).host_cast);
+  s.memory.weight_stream = WeightStream::kFp32;
   EXPECT_EQ(exec.micro_batch, 3);
   EXPECT_EQ(exec.seq_len, 64);
   s.train.activations = ActivationPlacement::kAuto;

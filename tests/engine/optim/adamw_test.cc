@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -266,6 +267,33 @@ TEST_P(AdamWKernelTest, Bf16CopyIsTheSameAtEveryAlignment) {
     EXPECT_EQ(std::memcmp(p.data(), p_plain.data(), n * sizeof(float)), 0);
   }
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(plain[i], FloatToBf16(p_plain[i])) << i;
+}
+
+// CastToBf16 (the host cast of Note [Host cast] in engine/step/host_cast.h)
+// is FloatToBf16 on every element, bit for bit: ties to even both ways,
+// overflow to inf, denormals, signed zeros, infinities, NaNs with payloads
+// and random bit patterns, in full vectors and the tail, with streaming
+// stores (aligned outputs) and plain ones.
+TEST_P(AdamWKernelTest, CastToBf16EqualsFloatToBf16AtEveryAlignment) {
+  std::vector<float> src;
+  for (const uint32_t bits :
+       {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu, 0x00000001u,
+        0x00018000u, 0x00008000u, 0x807fffffu, 0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+        0x7fc00000u, 0x7fc00001u, 0xffc12345u, 0x7fffffffu, 0x7f800001u}) {
+    src.push_back(BitsToFloat(bits));
+  }
+  std::mt19937 rng(17);
+  while (src.size() < 1001) src.push_back(BitsToFloat(static_cast<uint32_t>(rng())));
+  const int64_t n = static_cast<int64_t>(src.size());
+  std::vector<bf16_bits> expected(n);
+  for (int64_t i = 0; i < n; ++i) expected[i] = FloatToBf16(src[i]);
+  std::vector<bf16_bits> storage(n + 64);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(storage.data());
+  for (const int64_t offset : {0, 1, 8, 16}) {
+    bf16_bits* out = storage.data() + (64 - base % 64) % 64 / sizeof(bf16_bits) + offset;
+    CastToBf16(src.data(), out, n, GetParam());
+    EXPECT_EQ(std::vector<bf16_bits>(out, out + n), expected) << "offset " << offset;
+  }
 }
 
 TEST_P(AdamWKernelTest, MultithreadedResultEqualsSingleThreadedBitwise) {

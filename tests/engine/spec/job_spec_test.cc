@@ -143,6 +143,27 @@ TEST(JobSpecJsonTest, CorruptTextIsDataLossNamingTheProblem) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("job spec JSON: ")));
 }
 
+// memory.weight_stream: every mode's spelling reads back to itself; the
+// default (bf16) is not written; an unknown one is DATA_LOSS naming the
+// field and the modes.
+TEST(JobSpecJsonTest, WeightStreamRoundTripsEveryMode) {
+  for (const WeightStream mode :
+       {WeightStream::kBf16, WeightStream::kFp32, WeightStream::kHostCast}) {
+    JobSpec spec = JobSpec();
+    spec.memory.weight_stream = mode;
+    const std::string text = JobSpecToJson(spec);
+    EXPECT_EQ(text.find("weight_stream") == std::string::npos, mode == WeightStream::kBf16) << text;
+    absl::StatusOr<JobSpec> back = JobSpecFromJson(text);
+    ASSERT_THAT(back, IsOk());
+    EXPECT_EQ(back->memory.weight_stream, mode) << WeightStreamName(mode);
+  }
+  EXPECT_EQ(ParseWeightStream("host_cast").value(), WeightStream::kHostCast);
+  EXPECT_THAT(JobSpecFromJson(R"({"memory": {"weight_stream": "fp16"}})"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("memory.weight_stream: must be bf16, fp32 or host_cast, got "
+                                 "'fp16'")));
+}
+
 TEST(JobSpecJsonTest, ObjectFormTakesExtraKeysOfTheCaller) {
   nlohmann::json j = JobSpecToJsonObject(TinyJob());
   j["priority"] = 5;

@@ -133,6 +133,7 @@ TEST(FootprintModesTest, BytesByKindForEachMode) {
     const char* name;
     JobSpec spec;
     int64_t grad, streaming, ring;
+    int64_t cast_ring = 0;  // weight_stream host_cast: its pinned ring (Note [Host cast])
   };
   // Gradient ring (Note [Gradient ring]): kGradRingBuffers buffers of the
   // largest streamed block but the head (layers 2-3), whatever the
@@ -155,6 +156,15 @@ TEST(FootprintModesTest, BytesByKindForEachMode) {
       {"fp32, auto without clipping (ring)",
        SmallSpec(ComputeDtype::kFp32, WeightStream::kBf16, GradientLanding::kAuto, 0.0), 0, 0,
        ring},
+      // The host cast's ring holds the largest streamed block (the head,
+      // below one 4 Mi-element chunk: one buffer of it) and one chunk more:
+      // two buffers of kHead bf16 elements (a multiple of 64: no padding).
+      {"bf16 host cast, arena, clipping",
+       SmallSpec(ComputeDtype::kBf16, WeightStream::kHostCast, GradientLanding::kArena, 1.0),
+       4 * kArena, 0, 0, 2 * kHead * 2},
+      {"bf16 host cast, ring",
+       SmallSpec(ComputeDtype::kBf16, WeightStream::kHostCast, GradientLanding::kRing, 0.0), 0, 0,
+       ring, 2 * kHead * 2},
   };
   for (const Mode& mode : modes) {
     SCOPED_TRACE(mode.name);
@@ -166,10 +176,11 @@ TEST(FootprintModesTest, BytesByKindForEachMode) {
     EXPECT_EQ(f.host.exp_avg_sq, 4 * kArena);
     EXPECT_EQ(f.host.streaming, mode.streaming);
     EXPECT_EQ(f.gradient_ring_bytes, mode.ring);
-    EXPECT_EQ(f.host.staging, Staging(mode.ring));
+    EXPECT_EQ(f.host.staging, Staging(mode.ring) + mode.cast_ring);
     // The resident embedding has no lookahead buffers.
     EXPECT_EQ(f.embedding_lookahead_bytes, 0);
-    EXPECT_EQ(f.host_total_bytes, 4 * kArena * 3 + mode.grad + mode.streaming + Staging(mode.ring));
+    EXPECT_EQ(f.host_total_bytes,
+              4 * kArena * 3 + mode.grad + mode.streaming + Staging(mode.ring) + mode.cast_ring);
     EXPECT_EQ(f.nvme_bytes, 0);
     // The moments on NVMe: 8 bytes per arena element on disk, the tier's
     // staging in memory.

@@ -2,7 +2,9 @@
 // bits as the default ones and hold exactly their plan:
 //   Note [Weight streaming] (engine/step/weight_slots.h): streaming the fp32
 //   master and casting on the device gives what streaming the host's bf16
-//   copy gives, with 2 bytes/param less host memory;
+//   copy gives, with 2 bytes/param less host memory; so does casting it on
+//   the host (Note [Host cast] in engine/step/host_cast.h) with the copy's
+//   H2D bytes;
 //   Note [Bounded gradient staging] (engine/step/grad_lander.h): host
 //   accumulation through a bounded chunk ring sums as whole-block staging;
 //   Note [Gradient ring] (engine/step/grad_lander.h): without clipping,
@@ -31,6 +33,7 @@
 #include "engine/runtime/thread_pool.h"
 #include "engine/step/executor.h"
 #include "engine/step/grad_lander.h"
+#include "engine/step/host_cast.h"
 #include "engine/step/trainer.h"
 #include "engine/step/weight_slots.h"
 #include "engine/job/training_job.h"
@@ -158,6 +161,99 @@ TEST(WeightStreamTest, Fp32MasterStreamIsBitIdenticalToTheBf16Copy) {
       EXPECT_EQ(b.bytes.streaming, 0);
       EXPECT_EQ(a.bytes.master, b.bytes.master);
     }
+  }
+}
+
+// Note [Host cast] (engine/step/host_cast.h): the fp32 master cast by host
+// threads into pinned staging just before each load gives the bf16 copy's
+// results bit for bit, over three steps of two micro-batches each (gradient
+// accumulation), with and without clipping, with and without a resident
+// layer: the same losses, the same master and moments. (Each cast must
+// read the master after its block's AdamW of the previous step: here the
+// optimizer is usually done before the cast, so a missing wait would
+// rarely show; HostCastStagerTest.CastsABlockOnlyAfterItsGateReturns in
+// host_cast_test.cc checks that order deterministically.) The host holds
+// no bf16 copy, as with weight_stream fp32. (Chunks smaller than a block:
+// the next test.)
+TEST(WeightStreamTest, HostCastIsBitIdenticalToTheBf16Copy) {
+  const ModelConfig config = SmallLlama();
+  for (const double clip : {0.0, 1.0}) {
+    for (const int resident : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat("max_grad_norm ", clip, " resident_layers ", resident));
+      TrainerOptions copy = Bf16Options(clip, WeightStream::kBf16);
+      copy.resident_layers = resident;
+      TrainerOptions cast = copy;
+      cast.weight_stream = WeightStream::kHostCast;
+      const TrainedRun a = Train(config, copy);
+      const TrainedRun b = Train(config, cast);
+      ASSERT_EQ(a.losses.size(), 3u);
+      EXPECT_EQ(a.losses, b.losses);
+      EXPECT_NE(a.losses[0], a.losses[1]);  // the updates changed the weights
+      ASSERT_EQ(a.state.size(), b.state.size());
+      EXPECT_EQ(std::memcmp(a.state.data(), b.state.data(), a.state.size() * 4), 0);
+      EXPECT_EQ(b.bytes.streaming, 0);
+      EXPECT_EQ(a.bytes.master, b.bytes.master);
+    }
+  }
+}
+
+// One ForwardBackward per weight stream: host_cast in chunks smaller than
+// a block (the ring wraps, the last chunk of a block is partial) loads the
+// bf16 copy's weights (same loss and gradients, bit for bit) with its H2D
+// weight bytes, half of fp32's; each executor holds exactly its plan (the
+// pinned ring: one largest block plus one chunk; no device cast staging).
+TEST(WeightStreamTest, HostCastMovesHalfTheFp32WeightBytesAndHoldsItsPlan) {
+  const ModelConfig config = SmallLlama();
+  const std::vector<MicroBatch> batches = MakeBatches(2, kB, kT, config.vocab_size, 11);
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(2);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  std::vector<int64_t> weight_bytes;
+  for (const WeightStream stream :
+       {WeightStream::kBf16, WeightStream::kFp32, WeightStream::kHostCast}) {
+    SCOPED_TRACE(WeightStreamName(stream));
+    HostStoreOptions store_options;
+    store_options.streaming_bf16 = KeepsBf16Copy(stream);
+    auto store = HostStore::Create(config, store_options);
+    ASSERT_THAT(store, IsOk());
+    (*store)->InitializeWeights(3);
+    ExecutorOptions options;
+    options.compute_dtype = ComputeDtype::kBf16;
+    options.micro_batch = kB;
+    options.seq_len = kT;
+    options.stream_fp32_master = !KeepsBf16Copy(stream);
+    options.host_cast = stream == WeightStream::kHostCast;
+    options.host_cast_chunk_elements = 1000;
+    auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
+    ASSERT_THAT(executor, IsOk());
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);
+    const HostCastRing ring = HostCastRingOf(plan.max_slot_numel, 1000);
+    EXPECT_EQ(plan.host_cast_staging_bytes, options.host_cast ? ring.pinned_bytes() : 0);
+    EXPECT_EQ(plan.cast_staging_bytes,
+              stream == WeightStream::kFp32 ? 4 * CastStagingNumel(plan.max_slot_numel) : 0);
+    EXPECT_EQ((*executor)->slot_device_bytes(), plan.device_bytes());
+    EXPECT_EQ((*executor)->staging_host_bytes(), plan.pinned_bytes());
+    auto result = (*executor)->ForwardBackward(batches, {});
+    ASSERT_THAT(result, IsOk());
+    losses.push_back(result->loss());
+    std::vector<float> g;
+    for (int64_t b = 0; b < (*store)->num_blocks(); ++b) {
+      g.insert(g.end(), (*store)->grad(b), (*store)->grad(b) + (*store)->block_numel(b));
+    }
+    grads.push_back(std::move(g));
+    weight_bytes.push_back(result->stats.h2d_weight_bytes);
+    EXPECT_LT(result->stats.h2d_weight_bytes, result->stats.h2d_bytes);
+  }
+  EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(losses[1], losses[2]);
+  EXPECT_GT(weight_bytes[0], 0);
+  EXPECT_EQ(weight_bytes[2], weight_bytes[0]);
+  EXPECT_EQ(weight_bytes[1], 2 * weight_bytes[2]);
+  for (const auto& g : {grads[1], grads[2]}) {
+    ASSERT_EQ(grads[0].size(), g.size());
+    EXPECT_EQ(std::memcmp(grads[0].data(), g.data(), g.size() * 4), 0);
   }
 }
 
@@ -579,6 +675,10 @@ TEST(FootprintTest, StoreAndStagingEqualTheFootprintInEveryMode) {
        GradientLanding::kArena, 1.0, 4096},
       {"bf16 fp32-stream ring, tied", ComputeDtype::kBf16, WeightStream::kFp32,
        GradientLanding::kRing, 0.0, 4096, true},
+      {"bf16 host-cast arena clip", ComputeDtype::kBf16, WeightStream::kHostCast,
+       GradientLanding::kArena, 1.0},
+      {"bf16 host-cast ring, tied", ComputeDtype::kBf16, WeightStream::kHostCast,
+       GradientLanding::kRing, 0.0, 4096, true},
   };
   for (const Mode& mode : modes) {
     SCOPED_TRACE(mode.name);
@@ -648,6 +748,13 @@ TEST(WeightStreamTest, ExecutorRefusesAStoreThatDisagrees) {
   ASSERT_THAT(fp32_store, IsOk());
   EXPECT_THAT(StreamingExecutor::Create(fp32_store->get(), runtime->get(), pool.get(), options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bf16 compute only")));
+  // The host cast casts the fp32 master: it needs the store without a copy.
+  options.compute_dtype = ComputeDtype::kBf16;
+  options.stream_fp32_master = false;
+  options.host_cast = true;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.host_cast: casts the fp32 master")));
 }
 
 }  // namespace

@@ -295,9 +295,10 @@ TEST(SpecConvertTest, MemoryModesConvertBothWays) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("memory.gradient_landing: ring needs train.max_grad_norm 0")));
   spec.mutable_memory()->set_weight_stream("fp16");
-  EXPECT_THAT(JobRequestFromProto(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("memory.weight_stream: must be bf16 or fp32, got 'fp16'")));
+  EXPECT_THAT(
+      JobRequestFromProto(spec),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("memory.weight_stream: must be bf16, fp32 or host_cast, got 'fp16'")));
   spec.mutable_memory()->set_weight_stream("fp32");
   spec.mutable_memory()->set_gradient_landing(std::string(100, 'x'));
   EXPECT_THAT(JobRequestFromProto(spec),
