@@ -279,7 +279,7 @@ absl::Status MemoryFromProto(const v1::MemorySpec& memory, engine::MemorySpec* o
   constexpr size_t kMaxKeywordBytes = 32;
   if (memory.has_weight_stream()) {
     if (memory.weight_stream().size() > kMaxKeywordBytes) {
-      return absl::InvalidArgumentError("memory.weight_stream: must be bf16 or fp32");
+      return absl::InvalidArgumentError("memory.weight_stream: must be bf16, fp32 or host_cast");
     }
     MEGATRAIN_ASSIGN_OR_RETURN(out->weight_stream,
                                engine::ParseWeightStream(memory.weight_stream()));
