@@ -7,6 +7,9 @@
 #   PHASES="build tests" deploy/gpu-dp-scale.sh
 #   PHASES="scale" RUNS="llama-3b:1 llama-8b:1:fp32" deploy/gpu-dp-scale.sh
 #   PHASES="build daemon-hf" deploy/gpu-dp-scale.sh
+#   PHASES=scale RUNS=qwen2.5-14b:1:fp32 DEVICES="1 2" BENCH_ARGS=--peer_copies=true \
+#     deploy/gpu-dp-scale.sh     # peer copies at 14B (then DEVICES=2 without, for NCCL)
+#   PHASES="build daemon-hf" HF_DEVICES=cuda:0,cuda:1,cuda:2,cuda:3 deploy/gpu-dp-scale.sh
 #
 # Phases (in this order, each skipped unless named in PHASES):
 #   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of
