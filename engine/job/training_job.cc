@@ -69,16 +69,15 @@ absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
 
 // Whether the job's gradients are counted in the ring (Note [Gradient ring]
 // in step/grad_lander.h): memory.gradient_landing ring, or auto where the
-// trainer surely takes it (clipping off, dense model, one micro-batch per
-// step). Auto with accumulation is counted as the arena: whether the
+// trainer surely takes it (clipping off, one micro-batch per step). Auto with accumulation is counted as the arena: whether the
 // device sums the micro-batches is known only on the device.
-bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
+bool CountsGradientRing(const JobSpec& spec) {
   const GradientLanding landing = spec.memory.gradient_landing;
   // Note [Shared host store]: data-parallel gradients land in the arena.
   if (spec.train.devices > 1) return false;
   if (landing == GradientLanding::kRing) return true;
   return landing == GradientLanding::kAuto &&
-         !ClippingForbidsGradientRing(spec.train.max_grad_norm) && config.moe == nullptr &&
+         !ClippingForbidsGradientRing(spec.train.max_grad_norm) &&
          spec.train.gradient_accumulation_steps == 1;
 }
 
@@ -90,7 +89,7 @@ bool PlansResidentEmbedding(const ModelConfig& config) { return !config.tie_word
 
 HostStoreOptions StoreOptions(const JobSpec& spec, const ModelConfig& config, bool pin) {
   HostStoreOptions o;
-  o.gradient_ring = CountsGradientRing(spec, config);
+  o.gradient_ring = CountsGradientRing(spec);
   o.embedding_grad_in_host = !PlansResidentEmbedding(config);
   o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16 &&
                      spec.memory.weight_stream == WeightStream::kBf16;
@@ -205,7 +204,7 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   // host when the device is too small for them; the CPU has none of them,
   // but the estimate is for a GPU).
   ExecutorOptions exec = ExecutorOptionsOf(StepOptionsOf(spec));
-  exec.gradient_ring = CountsGradientRing(spec, config);
+  exec.gradient_ring = CountsGradientRing(spec);
   exec.offload_activations = OffloadsActivations(spec);
   if (SavedMicroBatches(spec) > 1) {
     exec.schedule = StepSchedule::kLayerMajor;

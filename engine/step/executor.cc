@@ -183,10 +183,6 @@ absl::Status CheckStoreMatchesOptions(const HostStore* store, const ExecutorOpti
         "executor.resident_embedding: the embedding lands on the host but the store keeps no "
         "gradient for it (HostStoreOptions::embedding_grad_in_host)");
   }
-  if (options.gradient_ring && store->config().moe != nullptr) {
-    return absl::InvalidArgumentError(
-        "executor.gradient_ring: not for mixture-of-experts models (memory.gradient_landing)");
-  }
   return absl::OkStatus();
 }
 

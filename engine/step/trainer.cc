@@ -112,8 +112,6 @@ absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const Mo
   if (ClippingForbidsGradientRing(options.max_grad_norm)) {
     clipping = absl::StrCat("needs max_grad_norm 0 (", kGradientRingClippingReason, ")");
     refusal = clipping.c_str();
-  } else if (config.moe != nullptr) {
-    refusal = "not for mixture-of-experts models";
   } else if (options.gradient_reducer != nullptr) {
     // Note [Data-parallel step]: ReduceBlock combines whole landed
     // gradients; the ring hands a large block on in pieces.
