@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/spec/spec_fields.h"
 
 namespace megatrain::client {
 namespace {
@@ -173,6 +174,11 @@ absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std
     }                                                                     \
   }
 
+// The Reader method of a kind of Note [Spec field table]
+// (engine/spec/spec_fields.h).
+#define MEGATRAIN_YAML_Int Int
+#define MEGATRAIN_YAML_Real Double
+
 // An integer >= 0 (a seed), handed to `set`.
 Field NonNegativeField(const Reader& reader, std::function<void(uint64_t)> set) {
   return [&reader, set](const YAML::Node& node, const std::string& path) {
@@ -280,7 +286,7 @@ Field ResidentLayersField(const Reader& reader, v1::TrainSpec* train) {
 }
 
 Fields TrainFields(const Reader& reader, v1::TrainSpec* train) {
-  return {
+  Fields fields = {
       MEGATRAIN_JOB_FIELD("micro_batch", Int, train->set_micro_batch),
       MEGATRAIN_JOB_FIELD("seq_len", Int, train->set_seq_len),
       MEGATRAIN_JOB_FIELD("gradient_accumulation_steps", Int,
@@ -289,32 +295,36 @@ Fields TrainFields(const Reader& reader, v1::TrainSpec* train) {
       MEGATRAIN_JOB_FIELD("max_steps", Int, train->set_max_steps),
       MEGATRAIN_JOB_FIELD("max_tokens", Int, train->set_max_tokens),
       {"compute_dtype", ComputeDtypeField(reader, train)},
-      MEGATRAIN_JOB_FIELD("max_grad_norm", Double, train->set_max_grad_norm),
       {"seed", NonNegativeField(reader, [train](uint64_t seed) { train->set_seed(seed); })},
       {"nan_policy", NanPolicyField(reader, train)},
       MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
       MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
                           train->set_allow_seq_len_above_max_position_embeddings),
       MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
-      MEGATRAIN_JOB_FIELD("wave", Int, train->set_wave),
       MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
       MEGATRAIN_JOB_FIELD("cuda_graphs", String, train->set_cuda_graphs),
       {"devices", DevicesField(reader, train)},
       {"resident_layers", ResidentLayersField(reader, train)},
   };
+#define MEGATRAIN_YAML(name, kind, range, json) \
+  fields.push_back(MEGATRAIN_JOB_FIELD(#name, MEGATRAIN_YAML_##kind, train->set_##name));
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_YAML)
+#undef MEGATRAIN_YAML
+  return fields;
 }
 
 Fields OptimizerFields(const Reader& reader, v1::OptimizerSpec* optimizer) {
-  return {
-      MEGATRAIN_JOB_FIELD("lr", Double, optimizer->set_lr),
-      MEGATRAIN_JOB_FIELD("beta1", Double, optimizer->set_beta1),
-      MEGATRAIN_JOB_FIELD("beta2", Double, optimizer->set_beta2),
-      MEGATRAIN_JOB_FIELD("eps", Double, optimizer->set_eps),
+  Fields fields = {
       MEGATRAIN_JOB_FIELD("weight_decay", Double, optimizer->set_weight_decay),
       MEGATRAIN_JOB_FIELD("warmup_steps", Int, optimizer->set_warmup_steps),
       MEGATRAIN_JOB_FIELD("schedule", String, optimizer->set_schedule),
       MEGATRAIN_JOB_FIELD("min_lr_ratio", Double, optimizer->set_min_lr_ratio),
   };
+#define MEGATRAIN_YAML(name, kind, range, json) \
+  fields.push_back(MEGATRAIN_JOB_FIELD(#name, MEGATRAIN_YAML_##kind, optimizer->set_##name));
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_YAML)
+#undef MEGATRAIN_YAML
+  return fields;
 }
 
 Fields EvalFields(const Reader& reader, v1::EvalSpec* eval) {

@@ -112,17 +112,18 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
 // for the projection): the same ChooseSchedule call as Trainer::Create's,
 // on the same options (StepOptionsOf).
 absl::StatusOr<ScheduleChoice> TrainerChoice(const JobSpec& spec, const ModelConfig& config,
-                                             int64_t gpu_bytes,
+                                             int64_t gpu_bytes, const Cancellation& cancel,
                                              std::string* resident_shortfall = nullptr) {
   const TrainerOptions options = StepOptionsOf(spec);
   const ScheduleRequest request = ScheduleRequestOf(options);
   const ExecutorOptions executor = ExecutorOptionsOf(options);
   MEGATRAIN_ASSIGN_OR_RETURN(ScheduleChoice choice,
-                             ChooseSchedule(config, request, executor, gpu_bytes));
+                             ChooseSchedule(config, request, executor, gpu_bytes, cancel));
   // The trainer's refusal of a forced count that can never fit, as the
   // plan's reason.
-  const absl::Status fit =
-      CheckForcedResidentLayersFit(config, request, executor, choice, "train.resident_layers");
+  const absl::Status fit = CheckForcedResidentLayersFit(config, request, executor, choice,
+                                                        "train.resident_layers", cancel);
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   if (!fit.ok() && resident_shortfall != nullptr) *resident_shortfall = std::string(fit.message());
   if (gpu_bytes <= 0) {
     choice.resident_layers =
@@ -189,7 +190,7 @@ std::string LayerSlotShortfall(const MemoryFootprint& f, const PlanMachine& m) {
 }  // namespace
 
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
-                                const PlanMachine& machine) {
+                                const PlanMachine& machine, const Cancellation& cancel) {
   MEGATRAIN_RETURN_IF_ERROR(CheckMachine(machine));
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
   JobSpec in_ram = spec;
@@ -197,13 +198,15 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   std::string resident_short;
   MEGATRAIN_ASSIGN_OR_RETURN(
       const ScheduleChoice choice,
-      TrainerChoice(spec, config, machine.gpu_memory_bytes, &resident_short));
+      TrainerChoice(spec, config, machine.gpu_memory_bytes, cancel, &resident_short));
   // Note [Schedule choice] in step/schedule_choice.h: the saved layer
   // inputs the trainer moves to pinned host memory, in its wave, count on
   // the host.
   if (choice.offload_activations) in_ram.train.activations = ActivationPlacement::kHost;
   if (choice.schedule == StepSchedule::kLayerMajor) in_ram.train.wave = choice.wave;
-  const MemoryFootprint ram = ForDevice(EstimateFootprintForConfig(in_ram, config), choice);
+  MEGATRAIN_ASSIGN_OR_RETURN(const MemoryFootprint in_ram_footprint,
+                             EstimateFootprintForConfig(in_ram, config, cancel));
+  const MemoryFootprint ram = ForDevice(in_ram_footprint, choice);
   const MemoryFootprint tiered = WithNvmeMoments(ram);
   JobPlan plan;
   plan.params = ram.params;
@@ -258,12 +261,13 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   // The host bytes by kind, per parameter (docs/operations.md "Sizing host
   // memory"), for checking against megatrain-bench's measured host_bytes.
   absl::StrAppend(&plan.verdict, "; ", DescribeHostBytesPerParam(plan.footprint));
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   plan.projection = Project(spec, config, plan, machine, choice);
   return plan;
 }
 
 absl::StatusOr<JobPlan> PlanJobForModel(const PlanModel& model, const JobSpec& spec,
-                                        const PlanMachine& machine) {
+                                        const PlanMachine& machine, const Cancellation& cancel) {
   const int sources = !model.preset.empty() + !model.hf_config_json.empty() + !model.family.empty();
   if (sources != 1) {
     return absl::InvalidArgumentError(
@@ -283,7 +287,7 @@ absl::StatusOr<JobPlan> PlanJobForModel(const PlanModel& model, const JobSpec& s
   checked.train.max_tokens = 0;
   checked.optimizer.warmup_steps = 0;
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobSpec(checked));
-  return PlanJob(spec, *config, machine);
+  return PlanJob(spec, *config, machine, cancel);
 }
 
 absl::StatusOr<ModelConfig> ConfigForParamCount(absl::string_view family, double params) {

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "engine/job/training_job.h"
 #include "engine/model/model_config.h"
+#include "engine/runtime/cancellation.h"
 
 namespace megatrain::engine {
 
@@ -119,9 +120,12 @@ struct JobPlan {
 // .nvme_tier kAuto puts the moments on NVMe only when the job does not fit
 // the host otherwise and the tier has room; kMoments always (then fits
 // needs the tier). Errors: INVALID_ARGUMENT naming the machine field for a
-// negative size or rate.
+// negative size or rate; the status of `cancel` (CANCELLED,
+// DEADLINE_EXCEEDED), which is checked between the plan's phases and
+// between the tries of its resident-layer search, as soon as it is not OK.
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
-                                const PlanMachine& machine);
+                                const PlanMachine& machine,
+                                const Cancellation& cancel = Cancellation());
 
 // The model of a plan: exactly one of `preset`, `hf_config_json` (a HF
 // config.json's text) and `family` with `param_count`.
@@ -136,9 +140,11 @@ struct PlanModel {
 // PlanJob RPC. Only spec.train and spec.memory are read; they are checked
 // as ValidateJobSpec checks a job (INVALID_ARGUMENT naming the field), and
 // so is the model (INVALID_ARGUMENT "model: set exactly one of ..." or the
-// errors of PresetConfig, ParseHfConfig and ConfigForParamCount).
+// errors of PresetConfig, ParseHfConfig and ConfigForParamCount), and
+// `cancel` as PlanJob checks it.
 absl::StatusOr<JobPlan> PlanJobForModel(const PlanModel& model, const JobSpec& spec,
-                                        const PlanMachine& machine);
+                                        const PlanMachine& machine,
+                                        const Cancellation& cancel = Cancellation());
 
 // A model of `family` with about `params` parameters, for planning models
 // the presets do not have: the Llama-3 shape (8B, 70B or 405B: hidden,

@@ -192,10 +192,16 @@ void SetLargestBlock(const ModelConfig& config, ExecutorOptions exec, MemoryFoot
   }
 }
 
-MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
+// The footprint of `spec` on `config`. `cancel` is checked between the
+// phases that each lay out every block (the host store, the executor's
+// plan, the largest block): its status is returned when it is not OK.
+absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConfig& config,
+                                            const Cancellation& cancel) {
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   MemoryFootprint f;
   f.params = config.ParamCount();
   f.host = HostStore::EstimateBytes(config, StoreOptions(spec, config, /*pin=*/true));
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   const int64_t esize = spec.train.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = spec.train.micro_batch * spec.train.seq_len;
   // The executor's buffers exactly as it allocates them (Note [Executor
@@ -218,7 +224,9 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
   exec.resident_embedding = PlansResidentEmbedding(config);
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
   const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   SetLargestBlock(config, exec, &f);
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   f.activation_offload_bytes = plan.activation_offload_bytes;
   f.host.staging = plan.pinned_bytes();
   f.gradient_ring_bytes = plan.grad_ring_bytes;
@@ -259,6 +267,11 @@ MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
       12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
       LossWorkingBytes(config, spec.train.compute_dtype, tokens);  // the logits' chunk
   return UsesNvmeTier(spec) ? WithNvmeMoments(f) : f;
+}
+
+// FootprintOf, never cancelled.
+MemoryFootprint FootprintOf(const JobSpec& spec, const ModelConfig& config) {
+  return *FootprintOf(spec, config, Cancellation());
 }
 
 std::string GiB(int64_t bytes) {
@@ -317,18 +330,28 @@ MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfi
   return FootprintOf(spec, config);
 }
 
+absl::StatusOr<MemoryFootprint> EstimateFootprintForConfig(const JobSpec& spec,
+                                                           const ModelConfig& config,
+                                                           const Cancellation& cancel) {
+  return FootprintOf(spec, config, cancel);
+}
+
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   return FootprintOf(spec, config);
 }
 
 absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spec,
-                                                              absl::string_view hf_config_json) {
-  if (spec.model.hf_dir.empty()) return EstimateFootprint(spec);
+                                                              absl::string_view hf_config_json,
+                                                              const Cancellation& cancel) {
+  if (spec.model.hf_dir.empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+    return FootprintOf(spec, config, cancel);
+  }
   absl::StatusOr<ModelConfig> config =
       ParseHfConfig(hf_config_json, (fs::path(spec.model.hf_dir) / "config.json").string());
   if (!config.ok()) return Annotate(config.status(), "model.hf_dir");
-  return FootprintOf(spec, *config);
+  return FootprintOf(spec, *config, cancel);
 }
 
 absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,

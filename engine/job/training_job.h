@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/checkpoint/checkpoint_info.h"
 #include "engine/model/model_config.h"
+#include "engine/runtime/cancellation.h"
 #include "engine/runtime/stats.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
@@ -126,13 +127,21 @@ MemoryFootprint WithNvmeMoments(const MemoryFootprint& f);
 
 // The footprint of `spec` with its model given as `config` (reads no file).
 MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config);
+// As above, checking `cancel` between its phases (engine/runtime/
+// cancellation.h): its status (CANCELLED, DEADLINE_EXCEEDED) once not OK.
+absl::StatusOr<MemoryFootprint> EstimateFootprintForConfig(const JobSpec& spec,
+                                                           const ModelConfig& config,
+                                                           const Cancellation& cancel);
 // Computes the footprint of `spec`'s model (reads config.json for hf_dir).
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec);
 // As EstimateFootprint, with an hf_dir model's config.json given as
 // `hf_config_json` (read by the caller) instead of read from disk; a preset
-// spec ignores it. Errors of ParseHfConfig, prefixed "model.hf_dir".
-absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(const JobSpec& spec,
-                                                              absl::string_view hf_config_json);
+// spec ignores it. Errors of ParseHfConfig, prefixed "model.hf_dir"; the
+// status of `cancel` (checked between the estimate's phases) once it is not
+// OK.
+absl::StatusOr<MemoryFootprint> EstimateFootprintFromHfConfig(
+    const JobSpec& spec, absl::string_view hf_config_json,
+    const Cancellation& cancel = Cancellation());
 
 // Engine-side state of a running job, reported through JobObserver.
 struct StepReport {

@@ -8,6 +8,7 @@
 #include "engine/model/model_config.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/checkpoint_retention.h"
+#include "engine/spec/spec_fields.h"
 
 namespace megatrain::engine {
 namespace {
@@ -58,7 +59,6 @@ void CheckTrainSchedule(const TrainSpec& t, SpecErrors& errors) {
     CheckEnumValue("train.schedule", *t.schedule, StepSchedule::kLayerMajor, errors);
   }
   CheckEnumValue("train.activations", t.activations, ActivationPlacement::kHost, errors);
-  errors.Add(CheckIntInRange("train.wave", t.wave, kWaveRange));
   CheckEnumValue("train.cuda_graphs", t.cuda_graphs, CudaGraphs::kOn, errors);
   if (WaveContradictsSchedule(t.schedule, t.wave)) {
     errors.Add(absl::InvalidArgumentError(absl::StrCat(
@@ -124,7 +124,11 @@ void CheckTrain(const TrainSpec& t, SpecErrors& errors) {
     errors.Add(absl::InvalidArgumentError(
         "train.max_steps: set train.max_steps or train.max_tokens (> 0)"));
   }
-  errors.Add(CheckRealInRange("train.max_grad_norm", t.max_grad_norm, kMaxGradNormRange));
+  // Note [Spec field table].
+#define MEGATRAIN_CHECK(name, kind, range, json) \
+  errors.Add(Check##kind##InRange("train." #name, t.name, range));
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
   if (t.nan_policy != NanPolicy::kSkip && t.nan_policy != NanPolicy::kFail) {
     errors.Add(absl::InvalidArgumentError(
         absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(t.nan_policy))));
@@ -137,10 +141,10 @@ void CheckTrain(const TrainSpec& t, SpecErrors& errors) {
 // (CheckTrain found nothing: the length is known).
 void CheckOptimizer(const JobSpec& s, bool train_ok, SpecErrors& errors) {
   const OptimizerSpec& o = s.optimizer;
-  errors.Add(CheckRealInRange("optimizer.lr", o.lr, kLrRange));
-  errors.Add(CheckRealInRange("optimizer.beta1", o.beta1, kBeta1Range));
-  errors.Add(CheckRealInRange("optimizer.beta2", o.beta2, kBeta2Range));
-  errors.Add(CheckRealInRange("optimizer.eps", o.eps, kEpsRange));
+#define MEGATRAIN_CHECK(name, kind, range, json) \
+  errors.Add(Check##kind##InRange("optimizer." #name, o.name, range));
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
   errors.Add(CheckRealInRange("optimizer.weight_decay", o.weight_decay, kWeightDecayRange));
   errors.Add(CheckRealInRange("optimizer.min_lr_ratio", o.min_lr_ratio, kMinLrRatioRange));
   CheckEnumValue("optimizer.schedule", o.schedule, LrScheduleKind::kConstant, errors);

@@ -2,6 +2,7 @@
 #include "engine/spec/job_spec_json.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/spec_fields.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain::engine {
@@ -28,6 +29,15 @@ const json& Section(const json& j, const char* key) {
 // Fields added after the format was pinned (job_spec_test's former-writer
 // bytes) are written only when they differ from their default, so that a
 // default spec keeps its bytes and older readers see what they know.
+// Note [Spec field table]: a row's value into `j` (kPinned always,
+// kIfSet when it differs from the section's default).
+constexpr bool kPinned = true;
+constexpr bool kIfSet = false;
+template <typename T>
+void PutField(json& j, const char* key, const T& value, const T& default_value, bool pinned) {
+  if (pinned || value != default_value) j[key] = value;
+}
+
 json TrainToJson(const TrainSpec& t) {
   json j = {{"micro_batch", t.micro_batch},
             {"seq_len", t.seq_len},
@@ -35,7 +45,6 @@ json TrainToJson(const TrainSpec& t) {
             {"max_steps", t.max_steps},
             {"max_tokens", t.max_tokens},
             {"compute_dtype", ComputeDtypeName(t.compute_dtype)},
-            {"max_grad_norm", t.max_grad_norm},
             {"seed", t.seed},
             {"nan_policy", NanPolicyName(t.nan_policy)},
             {"offload_activations", t.offload_activations}};
@@ -43,25 +52,29 @@ json TrainToJson(const TrainSpec& t) {
     j["allow_seq_len_above_max_position_embeddings"] = true;
   }
   if (t.schedule.has_value()) j["schedule"] = StepScheduleName(*t.schedule);
-  if (t.wave != 0) j["wave"] = t.wave;
   if (t.activations != ActivationPlacement::kAuto) {
     j["activations"] = ActivationPlacementName(t.activations);
   }
   if (t.cuda_graphs != CudaGraphs::kAuto) j["cuda_graphs"] = CudaGraphsName(t.cuda_graphs);
   if (t.devices != 1) j["devices"] = t.devices;
   if (t.resident_layers != kAutoResidentLayers) j["resident_layers"] = t.resident_layers;
+#define MEGATRAIN_PUT(name, kind, range, pinned) \
+  PutField(j, #name, t.name, TrainSpec{}.name, pinned);
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_PUT)
+#undef MEGATRAIN_PUT
   return j;
 }
 
 json OptimizerToJson(const OptimizerSpec& o) {
-  return {{"lr", o.lr},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"eps", o.eps},
-          {"weight_decay", o.weight_decay},
-          {"warmup_steps", o.warmup_steps},
-          {"schedule", std::string(LrScheduleKindName(o.schedule))},
-          {"min_lr_ratio", o.min_lr_ratio}};
+  json j = {{"weight_decay", o.weight_decay},
+            {"warmup_steps", o.warmup_steps},
+            {"schedule", std::string(LrScheduleKindName(o.schedule))},
+            {"min_lr_ratio", o.min_lr_ratio}};
+#define MEGATRAIN_PUT(name, kind, range, pinned) \
+  PutField(j, #name, o.name, OptimizerSpec{}.name, pinned);
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_PUT)
+#undef MEGATRAIN_PUT
+  return j;
 }
 
 absl::Status ModelAndDataFromJson(const json& j, JobSpec* spec) {
@@ -125,7 +138,6 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
     return absl::DataLossError(absl::StrCat("job spec JSON: ", compute_dtype.status().message()));
   }
   t->compute_dtype = *compute_dtype;
-  Get(train, "max_grad_norm", &t->max_grad_norm);
   Get(train, "seed", &t->seed);
   // Specs written before nan_policy replaced the bool skip_nonfinite_steps.
   bool skip_nonfinite_steps = t->nan_policy == NanPolicy::kSkip;
@@ -141,7 +153,9 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   Get(train, "offload_activations", &t->offload_activations);
   Get(train, "allow_seq_len_above_max_position_embeddings",
       &t->allow_seq_len_above_max_position_embeddings);
-  Get(train, "wave", &t->wave);
+#define MEGATRAIN_GET(name, kind, range, pinned) Get(train, #name, &t->name);
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_GET)
+#undef MEGATRAIN_GET
   Get(train, "devices", &t->devices);                  // absent before data parallelism: 1
   Get(train, "resident_layers", &t->resident_layers);  // absent: auto
   return ScheduleFromJson(train, t);
@@ -174,10 +188,9 @@ absl::Status MemoryFromJson(const json& j, MemorySpec* m) {
 
 absl::Status OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
   const json& optimizer = Section(j, "optimizer");
-  Get(optimizer, "lr", &spec->optimizer.lr);
-  Get(optimizer, "beta1", &spec->optimizer.beta1);
-  Get(optimizer, "beta2", &spec->optimizer.beta2);
-  Get(optimizer, "eps", &spec->optimizer.eps);
+#define MEGATRAIN_GET(name, kind, range, pinned) Get(optimizer, #name, &spec->optimizer.name);
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_GET)
+#undef MEGATRAIN_GET
   Get(optimizer, "weight_decay", &spec->optimizer.weight_decay);
   Get(optimizer, "warmup_steps", &spec->optimizer.warmup_steps);
   std::string schedule(LrScheduleKindName(spec->optimizer.schedule));

@@ -177,8 +177,10 @@ ExecutorOptions WithChoice(const ExecutorOptions& executor, const ScheduleChoice
 absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
                                               const ScheduleRequest& request,
                                               const ExecutorOptions& executor,
-                                              int64_t device_total_bytes) {
+                                              int64_t device_total_bytes,
+                                              const Cancellation& cancel) {
   MEGATRAIN_RETURN_IF_ERROR(CheckRequest(config, request));
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   const bool gpu = device_total_bytes > 0;
   ScheduleChoice choice;
   choice.layer_input_bytes = executor.micro_batch * executor.seq_len * config.hidden_size * 4;
@@ -220,6 +222,7 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
       int fitting = 0;
       int lo = 1, hi = static_cast<int>(config.num_hidden_layers);
       while (lo <= hi) {
+        MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
         const int mid = lo + (hi - lo) / 2;
         choice.resident_layers = mid;
         if (fits(choice)) {
@@ -241,7 +244,8 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
 
 absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const ScheduleRequest& request,
                                           const ExecutorOptions& executor,
-                                          const ScheduleChoice& choice, absl::string_view field) {
+                                          const ScheduleChoice& choice, absl::string_view field,
+                                          const Cancellation& cancel) {
   const int64_t device = choice.device_total_bytes;
   if (request.resident_layers < 0 || device <= 0 || choice.executor_device_bytes <= device) {
     return absl::OkStatus();
@@ -250,7 +254,8 @@ absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const Sched
   ScheduleRequest auto_request = request;
   auto_request.resident_layers = -1;
   const absl::StatusOr<ScheduleChoice> auto_choice =
-      ChooseSchedule(config, auto_request, executor, device);
+      ChooseSchedule(config, auto_request, executor, device, cancel);
+  MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   return absl::ResourceExhaustedError(absl::StrCat(
       field, ": ", choice.resident_layers, " resident decoder layers need ",
       Gigabytes(choice.executor_device_bytes),

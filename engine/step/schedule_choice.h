@@ -88,6 +88,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
 #include "engine/model/precision.h"
+#include "engine/runtime/cancellation.h"
 #include "engine/spec/step_schedule.h"  // ActivationPlacement, ParseStepSchedule, ...
 #include "engine/step/step_plan.h"
 #include "engine/step/working_bytes.h"  // WorkingBytes, LossWorkingBytes
@@ -202,11 +203,15 @@ ScheduleOrder RequestedOrder(const ScheduleRequest& request, bool gpu);
 // device of `device_total_bytes` (0: the CPU), with the executor's other
 // options (compute dtype, [micro_batch, seq_len], slots) from `executor`
 // (Notes [Schedule choice] and [Auto resident layers]). The residency and
-// schedule fields of `executor` are not read.
+// schedule fields of `executor` are not read. `cancel` is checked before
+// the search and between its tries (each plans every block: ~13 tries at
+// 4,096 layers); its status (CANCELLED, DEADLINE_EXCEEDED) is returned as
+// soon as it is not OK.
 absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
                                               const ScheduleRequest& request,
                                               const ExecutorOptions& executor,
-                                              int64_t device_total_bytes);
+                                              int64_t device_total_bytes,
+                                              const Cancellation& cancel = Cancellation());
 
 // Whether a forced resident layer count (ScheduleRequest::resident_layers
 // >= 0) can run on `choice`'s device: RESOURCE_EXHAUSTED, starting with
@@ -219,10 +224,13 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
 // on the CPU (device_total_bytes 0) and whenever they fit (activations
 // and working memory are not counted: those are ChooseSchedule's
 // estimates, and the plan reports them).
-// `config`, `request` and `executor` are ChooseSchedule's arguments.
+// `config`, `request`, `executor` and `cancel` are ChooseSchedule's
+// arguments; a cancelled search returns its status (CANCELLED,
+// DEADLINE_EXCEEDED) instead.
 absl::Status CheckForcedResidentLayersFit(const ModelConfig& config, const ScheduleRequest& request,
                                           const ExecutorOptions& executor,
-                                          const ScheduleChoice& choice, absl::string_view field);
+                                          const ScheduleChoice& choice, absl::string_view field,
+                                          const Cancellation& cancel = Cancellation());
 
 // `executor` with `choice`'s schedule, wave, activation placement and
 // resident blocks.

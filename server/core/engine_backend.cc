@@ -52,14 +52,17 @@ class RealEngineBackend final : public EngineBackend {
 
   absl::StatusOr<engine::JobPlan> PlanJob(const engine::PlanModel& model,
                                           const engine::JobSpec& spec,
-                                          const engine::PlanMachine& machine) override {
-    return Guard("PlanJob", [&] { return engine::PlanJobForModel(model, spec, machine); });
+                                          const engine::PlanMachine& machine,
+                                          const engine::Cancellation& cancel) override {
+    return Guard("PlanJob", [&] { return engine::PlanJobForModel(model, spec, machine, cancel); });
   }
 
   absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
-      const engine::JobSpec& spec, const std::string& hf_config_json) override {
-    return Guard("EstimateFootprint",
-                 [&] { return engine::EstimateFootprintFromHfConfig(spec, hf_config_json); });
+      const engine::JobSpec& spec, const std::string& hf_config_json,
+      const engine::Cancellation& cancel) override {
+    return Guard("EstimateFootprint", [&] {
+      return engine::EstimateFootprintFromHfConfig(spec, hf_config_json, cancel);
+    });
   }
 
   absl::StatusOr<std::unique_ptr<engine::TrainingJob>> CreateJob(

@@ -23,6 +23,7 @@
 #include "engine/data/input_checks.h"
 #include "engine/job/plan.h"
 #include "engine/job/training_job.h"
+#include "engine/runtime/cancellation.h"
 
 namespace megatrain::server {
 
@@ -50,20 +51,27 @@ class EngineBackend {
   // As EstimateFootprint, but sizes an hf_dir model from `hf_config_json`
   // (its config.json, already read by the caller: Note [Input preflight] in
   // path_policy.h) instead of opening the file; a preset spec ignores it.
-  // The default, for fakes that read no files, calls EstimateFootprint.
+  // Stops with `cancel`'s status (CANCELLED, DEADLINE_EXCEEDED) once it is
+  // not OK (Note [Cancelled engine calls] in server/rpc/rpc_call.h). The
+  // default, for fakes that read no files, checks `cancel` once and calls
+  // EstimateFootprint.
   virtual absl::StatusOr<engine::MemoryFootprint> EstimateFootprintFromHfConfig(
-      const engine::JobSpec& spec, const std::string& hf_config_json) {
+      const engine::JobSpec& spec, const std::string& hf_config_json,
+      const engine::Cancellation& cancel) {
     (void)hf_config_json;
+    absl::Status go_on = cancel.Check();
+    if (!go_on.ok()) return go_on;
     return EstimateFootprint(spec);
   }
 
   // engine::PlanJobForModel: where `spec`'s bytes go on `machine`, whether
-  // it fits and its projected step time. The default, for fakes,
-  // UNIMPLEMENTED.
+  // it fits and its projected step time; stops with `cancel`'s status as
+  // above. The default, for fakes, UNIMPLEMENTED.
   virtual absl::StatusOr<engine::JobPlan> PlanJob(const engine::PlanModel& model,
                                                   const engine::JobSpec& spec,
-                                                  const engine::PlanMachine& machine) {
-    (void)model, (void)spec, (void)machine;
+                                                  const engine::PlanMachine& machine,
+                                                  const engine::Cancellation& cancel) {
+    (void)model, (void)spec, (void)machine, (void)cancel;
     return absl::UnimplementedError("PlanJob: not available without the engine");
   }
 

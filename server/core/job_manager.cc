@@ -389,7 +389,8 @@ int64_t CpuWorkingBytes(const engine::MemoryFootprint& f, const std::vector<std:
 }  // namespace
 
 absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& caller,
-                                                              const JobRequest& request) {
+                                                              const JobRequest& request,
+                                                              const engine::Cancellation& cancel) {
   MEGATRAIN_RETURN_IF_ERROR(ValidateJobRequest(request));
   MEGATRAIN_RETURN_IF_ERROR(backend_->ValidateJobSpec(request.spec));
   // The policy first: a refusal must not depend on (and so reveal) what
@@ -402,7 +403,7 @@ absl::StatusOr<engine::MemoryFootprint> JobManager::AdmitSpec(const Principal& c
                                  request.spec,
                                  [&](const engine::JobSpec& spec) {
                                    return backend_->EstimateFootprintFromHfConfig(
-                                       spec, inputs.hf_config_json.value_or(""));
+                                       spec, inputs.hf_config_json.value_or(""), cancel);
                                  },
                                  options_.host_memory_budget_bytes, options_.nvme));
   engine::MemoryFootprint footprint = admitted.footprint;
@@ -514,7 +515,8 @@ absl::Status CheckDataParallelSpec(bool data_parallel, const engine::TrainSpec& 
 }  // namespace
 
 absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest request,
-                                             absl::string_view request_id) {
+                                             absl::string_view request_id,
+                                             const engine::Cancellation& cancel) {
   if (request_id.size() > kMaxRequestIdLength) {
     return absl::InvalidArgumentError(absl::StrCat("request_id: at most ", kMaxRequestIdLength,
                                                    " characters, got ", request_id.size()));
@@ -531,7 +533,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   MEGATRAIN_RETURN_IF_ERROR(CheckDevicesCanRun(request.spec.train.devices, requested_all));
   MEGATRAIN_RETURN_IF_ERROR(CheckDataParallelSpec(backend_->RunsDataParallelJobs(options_.devices),
                                                   request.spec.train, &request.spec.memory));
-  MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request));
+  MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request, cancel));
 
   JobRecord job;
   {

@@ -92,6 +92,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/fs/held_output_dir.h"
+#include "engine/runtime/cancellation.h"
 #include "server/core/auth.h"
 #include "server/core/checkpoint_records.h"
 #include "server/core/engine_backend.h"
@@ -192,9 +193,13 @@ class JobManager {
   // daemon's devices or --max_devices_per_user (Note [Device limit]) or a
   // job limit is reached (Note [Job limits]);
   // ALREADY_EXISTS when request_id was used with a different spec;
-  // UNAVAILABLE while draining.
+  // UNAVAILABLE while draining; `cancel`'s status (CANCELLED,
+  // DEADLINE_EXCEEDED) when it stops the footprint estimate (Note
+  // [Cancelled engine calls] in server/rpc/rpc_call.h; nothing is queued).
   absl::StatusOr<JobRecord> Submit(const Principal& caller, JobRequest request,
-                                   absl::string_view request_id) ABSL_LOCKS_EXCLUDED(mu_);
+                                   absl::string_view request_id,
+                                   const engine::Cancellation& cancel = engine::Cancellation())
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // NOT_FOUND for an unknown id; PERMISSION_DENIED for another user's job.
   absl::StatusOr<JobRecord> Get(const Principal& caller, absl::string_view job_id);
@@ -297,7 +302,8 @@ class JobManager {
   // (Note [Lock-free admission]): must be called without mu_. Errors as
   // Submit's.
   absl::StatusOr<engine::MemoryFootprint> AdmitSpec(const Principal& caller,
-                                                    const JobRequest& request)
+                                                    const JobRequest& request,
+                                                    const engine::Cancellation& cancel)
       ABSL_LOCKS_EXCLUDED(mu_);
   // RESOURCE_EXHAUSTED when `joining` more jobs of `owner` would exceed a
   // job limit (Note [Job limits]).

@@ -82,6 +82,10 @@ absl::Status CheckLimits(const DaemonOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rpc_nice: must be in [0, 19], got ", options.rpc_nice));
   }
+  if (!(options.max_engine_call_seconds > 0 && options.max_engine_call_seconds <= 3600)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_engine_call_seconds: must be in (0, 3600], got ", options.max_engine_call_seconds));
+  }
   if (options.max_watch_streams < 1 || options.max_watch_streams > options.max_threads / 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_watch_streams: must be in [1, --max_threads / 2 = ", options.max_threads / 2,
@@ -464,6 +468,7 @@ ServerFacts Daemon::Parts::Facts(const StartupFlags& flags) const {
   facts.preemption_enabled = options.preemption;
   facts.backend = backend.get();
   facts.nvme_budget_bytes = options.nvme_budget_bytes;
+  facts.max_engine_call = absl::Seconds(options.max_engine_call_seconds);
   return facts;
 }
 
@@ -556,9 +561,9 @@ absl::Status Daemon::Parts::StartJobManager(const StartupFlags& flags) {
 // The services, and the gRPC server on --listen with the message, thread
 // and keepalive limits (daemon.h).
 absl::Status Daemon::Parts::StartGrpc(const StartupFlags& flags, ServerFacts facts) {
-  job_service = std::make_unique<JobServiceImpl>(manager.get(), auth.get(), metrics.get(),
-                                                 audit.get(), options.max_watch_streams,
-                                                 options.max_watch_streams_per_user);
+  job_service = std::make_unique<JobServiceImpl>(
+      manager.get(), auth.get(), metrics.get(), audit.get(), options.max_watch_streams,
+      options.max_watch_streams_per_user, absl::Seconds(options.max_engine_call_seconds));
   checkpoint_service = std::make_unique<CheckpointServiceImpl>(manager.get(), auth.get(),
                                                                metrics.get(), audit.get());
   server_service = std::make_unique<ServerServiceImpl>(std::move(facts), manager.get(), auth.get(),

@@ -108,6 +108,10 @@ struct DaemonOptions {
   // Nice value of the threads that run RPC handlers, in [0, 19] (Note [RPC
   // threads below training] in server/rpc/rpc_priority.h); 0: unchanged.
   int rpc_nice = 19;
+  // Longest engine call under an RPC (PlanJob's plan, SubmitJob's
+  // footprint estimate), in seconds, in (0, 3600], whatever the client's
+  // deadline (Note [Cancelled engine calls] in server/rpc/rpc_call.h).
+  double max_engine_call_seconds = 60;
   // Most concurrent WatchJob streams; in [1, max_threads / 2] so that
   // unary calls always find threads.
   int max_watch_streams = 64;

@@ -97,6 +97,9 @@ void AddFlags(CLI::App* app, DaemonOptions* options, RawFlags* flags) {
   app->add_option("--rpc_nice", options->rpc_nice,
                   "Nice value of the threads serving RPCs, 0-19 (default 19: training first; "
                   "0: the same priority as training)");
+  app->add_option("--max_engine_call_seconds", options->max_engine_call_seconds,
+                  "Longest plan or admission estimate under one RPC, whatever the client's "
+                  "deadline (default 60; beyond: DEADLINE_EXCEEDED)");
   app->add_option("--max_watch_streams", options->max_watch_streams,
                   "Most concurrent WatchJob streams (at most --max_threads / 2)");
   app->add_option("--max_watch_streams_per_user", options->max_watch_streams_per_user,

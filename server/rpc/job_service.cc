@@ -101,7 +101,8 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
   absl::StatusOr<JobRequest> job_request = JobRequestFromProto(request->spec());
   if (!job_request.ok()) return call.Finish(job_request.status());
   absl::StatusOr<JobRecord> job =
-      manager_->Submit(*caller, *std::move(job_request), request->request_id());
+      manager_->Submit(*caller, *std::move(job_request), request->request_id(),
+                       call.EngineCancellation(max_engine_call_));
   if (!job.ok()) return call.Finish(job.status());
   call.set_audit_target(job->id);
   JobToProto(*job, response);

@@ -24,6 +24,7 @@
 #include "server/core/auth.h"
 #include "server/core/job_manager.h"
 #include "server/core/metrics.h"
+#include "server/rpc/rpc_call.h"
 
 namespace megatrain::server {
 
@@ -32,9 +33,12 @@ class JobServiceImpl final : public v1::JobService::Service {
   // `max_watch_streams` (> 0) bounds the concurrent WatchJob streams;
   // `max_watch_streams_per_user` those of one user (0: three quarters of
   // max_watch_streams, rounded up, so that one user cannot take every
-  // stream from the others).
+  // stream from the others). `max_engine_call` (> 0) bounds SubmitJob's
+  // footprint estimate whatever the client's deadline (Note [Cancelled
+  // engine calls] in rpc_call.h).
   JobServiceImpl(JobManager* manager, const Authenticator* auth, ServerMetrics* metrics,
-                 AuditLog* audit, int max_watch_streams, int max_watch_streams_per_user = 0)
+                 AuditLog* audit, int max_watch_streams, int max_watch_streams_per_user = 0,
+                 absl::Duration max_engine_call = kDefaultMaxEngineCall)
       : manager_(manager),
         auth_(auth),
         metrics_(metrics),
@@ -42,7 +46,8 @@ class JobServiceImpl final : public v1::JobService::Service {
         max_watch_streams_(max_watch_streams),
         max_watch_streams_per_user_(max_watch_streams_per_user > 0
                                         ? max_watch_streams_per_user
-                                        : (3 * max_watch_streams + 3) / 4) {
+                                        : (3 * max_watch_streams + 3) / 4),
+        max_engine_call_(max_engine_call) {
     ParseRequestsStrictly();
   }
 
@@ -88,6 +93,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   AuditLog* const audit_;
   const int max_watch_streams_;
   const int max_watch_streams_per_user_;
+  const absl::Duration max_engine_call_;
 
   mutable std::mutex watch_mu_;
   mutable std::condition_variable watch_cv_;          // watch_streams_ changed

@@ -8,6 +8,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/document_attention.h"
 #include "engine/spec/nvme_tier_mode.h"
+#include "engine/spec/spec_fields.h"
 #include "server/core/logging.h"
 
 namespace megatrain::server {
@@ -211,7 +212,11 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
       return absl::InvalidArgumentError(absl::StrCat("train.compute_dtype: unknown value ",
                                                      static_cast<int>(train.compute_dtype())));
   }
-  if (train.has_max_grad_norm()) train_spec->max_grad_norm = train.max_grad_norm();
+    // Note [Spec field table] (engine/spec/spec_fields.h).
+#define MEGATRAIN_FROM_PROTO(name, kind, range, json) \
+  if (train.has_##name()) train_spec->name = train.name();
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_FROM_PROTO)
+#undef MEGATRAIN_FROM_PROTO
   train_spec->seed = train.seed();
   switch (train.nan_policy()) {
     case v1::NAN_POLICY_UNSPECIFIED:
@@ -233,7 +238,6 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
         train.allow_seq_len_above_max_position_embeddings();
   }
   MEGATRAIN_RETURN_IF_ERROR(ScheduleFromProto(train, train_spec));
-  if (train.has_wave()) train_spec->wave = train.wave();
   if (train.has_devices()) train_spec->devices = train.devices();
   if (train.has_resident_layers()) {
     // Unset is auto; a negative count is no spelling of it.
@@ -252,10 +256,10 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
 absl::Status OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* spec_out) {
   engine::JobSpec& spec = *spec_out;
   const v1::OptimizerSpec& optimizer = in.optimizer();
-  if (optimizer.has_lr()) spec.optimizer.lr = optimizer.lr();
-  if (optimizer.has_beta1()) spec.optimizer.beta1 = optimizer.beta1();
-  if (optimizer.has_beta2()) spec.optimizer.beta2 = optimizer.beta2();
-  if (optimizer.has_eps()) spec.optimizer.eps = optimizer.eps();
+#define MEGATRAIN_FROM_PROTO(name, kind, range, json) \
+  if (optimizer.has_##name()) spec.optimizer.name = optimizer.name();
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_FROM_PROTO)
+#undef MEGATRAIN_FROM_PROTO
   spec.optimizer.weight_decay = optimizer.weight_decay();
   spec.optimizer.warmup_steps = optimizer.warmup_steps();
   if (!optimizer.schedule().empty()) {
@@ -385,7 +389,9 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
       train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
       break;
   }
-  train->set_max_grad_norm(spec.train.max_grad_norm);
+#define MEGATRAIN_TO_PROTO(name, kind, range, json) train->set_##name(spec.train.name);
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_TO_PROTO)
+#undef MEGATRAIN_TO_PROTO
   train->set_seed(spec.train.seed);
   train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
                                                                           : v1::NAN_POLICY_SKIP);
@@ -393,7 +399,6 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   train->set_allow_seq_len_above_max_position_embeddings(
       spec.train.allow_seq_len_above_max_position_embeddings);
   train->set_schedule(engine::StepScheduleRequestName(spec.train.schedule));
-  train->set_wave(spec.train.wave);
   train->set_devices(static_cast<int32_t>(spec.train.devices));
   train->set_activations(engine::ActivationPlacementName(spec.train.activations));
   train->set_cuda_graphs(engine::CudaGraphsName(spec.train.cuda_graphs));
@@ -401,10 +406,9 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
     train->set_resident_layers(static_cast<int32_t>(spec.train.resident_layers));
   }
   v1::OptimizerSpec* optimizer = out->mutable_optimizer();
-  optimizer->set_lr(spec.optimizer.lr);
-  optimizer->set_beta1(spec.optimizer.beta1);
-  optimizer->set_beta2(spec.optimizer.beta2);
-  optimizer->set_eps(spec.optimizer.eps);
+#define MEGATRAIN_TO_PROTO(name, kind, range, json) optimizer->set_##name(spec.optimizer.name);
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_TO_PROTO)
+#undef MEGATRAIN_TO_PROTO
   optimizer->set_weight_decay(spec.optimizer.weight_decay);
   optimizer->set_warmup_steps(spec.optimizer.warmup_steps);
   optimizer->set_schedule(std::string(engine::LrScheduleKindName(spec.optimizer.schedule)));

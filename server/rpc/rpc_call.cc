@@ -93,4 +93,30 @@ absl::Time RpcCall::deadline() const {
   return absl::FromChrono(deadline);
 }
 
+engine::Cancellation RpcCall::EngineCancellation(absl::Duration max_engine_call) const {
+  grpc::ServerContext* const context = context_;
+  const absl::string_view method = method_;
+  const absl::Time client_deadline = deadline();
+  const absl::Time own_deadline = start_ + max_engine_call;
+  return engine::Cancellation([=]() -> absl::Status {
+    // The deadline first: gRPC also marks a call whose deadline passed as
+    // cancelled.
+    const absl::Time now = absl::Now();
+    if (now >= client_deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(method, ": the call's deadline passed; the engine call was stopped"));
+    }
+    if (now >= own_deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          method, ": the engine call ran past the daemon's bound of ",
+          absl::FormatDuration(max_engine_call), " (--max_engine_call_seconds) and was stopped"));
+    }
+    if (context->IsCancelled()) {
+      return absl::CancelledError(absl::StrCat(
+          method, ": the client cancelled the call or went away; the engine call was stopped"));
+    }
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace megatrain::server

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "engine/runtime/cancellation.h"
 #include "server/core/audit_log.h"
 #include "server/core/auth.h"
 #include "server/core/metrics.h"
@@ -59,6 +60,24 @@ absl::Status CapStatusMessage(const absl::Status& status);
 // and `deadline` (so also when it passed): the client has given up, or will
 // before any answer reaches it, so the call must do nothing. Thread-safe.
 absl::Status CheckDeadline(absl::Time deadline, absl::Time now);
+
+// Note [Cancelled engine calls]
+// An engine call under an RPC that can take long on a large model
+// (PlanJob's plan, SubmitJob's admission estimate: seconds at the 4,096
+// layers of Note [Model bounds] on 2 cores) is handed the
+// engine::Cancellation of RpcCall::EngineCancellation
+// (engine/runtime/cancellation.h). The engine checks it between the steps
+// of its work (the tries of the resident-layer search, the footprint's
+// phases, each a layout of every block) and stops the call with
+//   DEADLINE_EXCEEDED  once the client's deadline has passed, or the
+//                      daemon's own bound (--max_engine_call_seconds,
+//                      kDefaultMaxEngineCall, counted from the call's
+//                      start) so that a client that sets no deadline
+//                      cannot hold a core for longer;
+//   CANCELLED          once the client cancelled or hung up
+//                      (grpc::ServerContext::IsCancelled).
+// Nothing is kept of a stopped call: a submission is not queued.
+inline constexpr absl::Duration kDefaultMaxEngineCall = absl::Seconds(60);
 
 class RpcCall {
  public:
@@ -93,6 +112,12 @@ class RpcCall {
 
   // The call's deadline; absl::InfiniteFuture() when it has none.
   absl::Time deadline() const;
+
+  // Note [Cancelled engine calls]: a cancellation for an engine call made
+  // by this handler, which stops it once the client cancels, its deadline
+  // passes or `max_engine_call` (> 0) has passed since the call started.
+  // Valid while the call is (the handler's scope).
+  engine::Cancellation EngineCancellation(absl::Duration max_engine_call) const;
 
  private:
   const absl::string_view method_;

@@ -123,7 +123,8 @@ grpc::Status ServerServiceImpl::PlanJob(grpc::ServerContext* context,
     }
   }
   const engine::PlanMachine machine = ResolvePlanMachine(in->machine, daemon);
-  absl::StatusOr<engine::JobPlan> plan = facts_.backend->PlanJob(in->model, in->spec, machine);
+  absl::StatusOr<engine::JobPlan> plan = facts_.backend->PlanJob(
+      in->model, in->spec, machine, call.EngineCancellation(facts_.max_engine_call));
   if (!plan.ok()) return call.Finish(plan.status());
   JobPlanToProto(*plan, machine, response);
   return call.Finish(absl::OkStatus());

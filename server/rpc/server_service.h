@@ -17,6 +17,7 @@
 #include "server/core/job_manager.h"
 #include "server/core/metrics.h"
 #include "server/core/nvml.h"
+#include "server/rpc/rpc_call.h"
 
 namespace megatrain::server {
 
@@ -32,6 +33,9 @@ struct ServerFacts {
   // PlanJob's door to the engine (not owned; outlives the service); null:
   // PlanJob is UNIMPLEMENTED.
   EngineBackend* backend = nullptr;
+  // Longest PlanJob engine call, whatever the client's deadline
+  // (--max_engine_call_seconds; Note [Cancelled engine calls] in rpc_call.h).
+  absl::Duration max_engine_call = kDefaultMaxEngineCall;
 };
 
 class ServerServiceImpl final : public v1::ServerService::Service {

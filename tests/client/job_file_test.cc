@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/spec_fields.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -104,6 +105,25 @@ TEST(JobFileTest, StepScheduleKeys) {
   ASSERT_THAT(absent, IsOk());
   EXPECT_FALSE(absent->train().has_schedule());
   EXPECT_FALSE(absent->train().has_wave());
+}
+
+// Note [Spec field table]: every row is a YAML key of its section, read
+// as its kind (ranges are the daemon's check, not the parser's).
+TEST(JobFileTest, EveryTableRowIsAKeyOfItsSection) {
+  std::string yaml = "train:\n";
+#define MEGATRAIN_KEY(name, kind, range, json) absl::StrAppend(&yaml, "  " #name ": 3\n");
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_KEY)
+  absl::StrAppend(&yaml, "optimizer:\n");
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_KEY)
+#undef MEGATRAIN_KEY
+  const absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(yaml, "/", "j.yaml");
+  ASSERT_THAT(spec.status(), IsOk());
+#define MEGATRAIN_EXPECT(name, kind, range, json) EXPECT_EQ(spec->train().name(), 3) << #name;
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#undef MEGATRAIN_EXPECT
+#define MEGATRAIN_EXPECT(name, kind, range, json) EXPECT_EQ(spec->optimizer().name(), 3) << #name;
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#undef MEGATRAIN_EXPECT
 }
 
 TEST(JobFileTest, DevicesTakeACountOrAll) {

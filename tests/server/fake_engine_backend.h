@@ -79,7 +79,7 @@ class FakeJobControl {
   bool checkpoint_requested_ = false;                  // guarded by mu_
 };
 
-class FakeEngineBackend final : public EngineBackend {
+class FakeEngineBackend : public EngineBackend {
  public:
   // Settings; change before jobs are created.
   bool gated = false;

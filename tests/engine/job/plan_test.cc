@@ -465,6 +465,75 @@ TEST(PlanTest, RejectsANegativeRateNamingTheField) {
                        HasSubstr("machine.nvme_write_bytes_per_second")));
 }
 
+// A Cancellation that counts its checks and cancels from check
+// `cancel_at` on (0: never), so that a test stops a plan at a chosen point
+// without clocks or threads.
+class CountingCancellation {
+ public:
+  explicit CountingCancellation(int cancel_at) : cancel_at_(cancel_at) {}
+  Cancellation token() {
+    return Cancellation([this] {
+      ++checks_;
+      return cancel_at_ > 0 && checks_ >= cancel_at_
+                 ? absl::CancelledError(absl::StrCat("test: cancelled at check ", checks_))
+                 : absl::OkStatus();
+    });
+  }
+  int checks() const { return checks_; }
+
+ private:
+  const int cancel_at_;
+  int checks_ = 0;
+};
+
+TEST(PlanCancellationTest, AnAlreadyCancelledPlanReturnsCancelledAtItsFirstCheck) {
+  CountingCancellation cancel(1);
+  EXPECT_THAT(
+      PlanJob(Llama8bSpec(), *PresetConfig("llama-8b"), DefaultPlanMachine(), cancel.token()),
+      StatusIs(absl::StatusCode::kCancelled, HasSubstr("test: cancelled at check 1")));
+  EXPECT_EQ(cancel.checks(), 1);
+}
+
+// llama-8b on an H200: the resident-layer search runs (32 layers, ~5
+// tries) and the footprint's phases follow; a plan cancelled at any check
+// returns that check's status and checks nothing more (no step of work
+// runs after the cancellation is seen).
+TEST(PlanCancellationTest, APlanCancelledAtAnyCheckStopsThereWithCancelled) {
+  const JobSpec spec = Llama8bSpec();
+  const ModelConfig config = *PresetConfig("llama-8b");
+  CountingCancellation never(0);
+  ASSERT_THAT(PlanJob(spec, config, DefaultPlanMachine(), never.token()).status(), IsOk());
+  const int total = never.checks();
+  // The search's tries, the footprint's four phases and the projection.
+  ASSERT_GE(total, 8);
+  for (int cancel_at = 1; cancel_at <= total; ++cancel_at) {
+    CountingCancellation cancel(cancel_at);
+    EXPECT_THAT(PlanJob(spec, config, DefaultPlanMachine(), cancel.token()),
+                StatusIs(absl::StatusCode::kCancelled,
+                         HasSubstr(absl::StrCat("cancelled at check ", cancel_at))));
+    EXPECT_EQ(cancel.checks(), cancel_at);
+  }
+}
+
+// The largest model Note [Model bounds] admits through PlanJob's family
+// (1e13 parameters, ~3,100 layers: seconds of plan on 2 cores) stops at
+// the check that cancels it: after at most one layout of every block.
+TEST(PlanCancellationTest, ALargeModelsPlanStopsAtTheCheckThatCancelsIt) {
+  const absl::StatusOr<ModelConfig> config = ConfigForParamCount("llama", 1e13);
+  ASSERT_THAT(config.status(), IsOk());
+  CountingCancellation cancel(3);
+  EXPECT_THAT(PlanJob(Llama8bSpec(), *config, DefaultPlanMachine(), cancel.token()),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled at check 3")));
+  EXPECT_EQ(cancel.checks(), 3);
+}
+
+TEST(PlanCancellationTest, ACancelledFootprintEstimateReturnsTheCancellationsStatus) {
+  CountingCancellation cancel(2);
+  EXPECT_THAT(EstimateFootprintForConfig(Llama8bSpec(), *PresetConfig("llama-8b"), cancel.token()),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled at check 2")));
+  EXPECT_EQ(cancel.checks(), 2);
+}
+
 TEST(ConfigForParamCountTest, ScalesTheNearestLlamaShape) {
   const absl::StatusOr<ModelConfig> c = ConfigForParamCount("llama", 120e9);
   ASSERT_TRUE(c.ok()) << c.status();

@@ -12,6 +12,7 @@
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
 #include "engine/spec/lr_schedule_kind.h"
+#include "engine/spec/spec_fields.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
 
@@ -95,6 +96,31 @@ constexpr char kDefaultJson[] =
     R"("train":{"compute_dtype":"fp32","gradient_accumulation_steps":1,"max_grad_norm":1.0,)"
     R"("max_steps":0,"max_tokens":0,"micro_batch":8,"nan_policy":"skip",)"
     R"("offload_activations":false,"seed":0,"seq_len":128}})";
+
+// Note [Spec field table]: every row's range is checked, naming the field
+// and the range, each row's error reported with the others'.
+int64_t BelowInt(IntRange range) { return range.min - 1; }
+double BelowReal(RealRange range) { return range.min - 1; }
+
+TEST(SpecFieldTableTest, EveryRowBelowItsRangeIsRefusedNamingTheField) {
+  JobSpec spec = TinyJob();
+#define MEGATRAIN_SET(name, kind, range, json) spec.train.name = Below##kind(range);
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_SET)
+#undef MEGATRAIN_SET
+#define MEGATRAIN_SET(name, kind, range, json) spec.optimizer.name = Below##kind(range);
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_SET)
+#undef MEGATRAIN_SET
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+#define MEGATRAIN_EXPECT(name, kind, range, json) \
+  EXPECT_THAT(std::string(status.message()), HasSubstr("train." #name ": must be in"));
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#undef MEGATRAIN_EXPECT
+#define MEGATRAIN_EXPECT(name, kind, range, json) \
+  EXPECT_THAT(std::string(status.message()), HasSubstr("optimizer." #name ": must be in"));
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#undef MEGATRAIN_EXPECT
+}
 
 TEST(JobSpecJsonTest, WriterOutputEqualsTheFormerWriters) {
   EXPECT_EQ(JobSpecToJson(EveryFieldSet()), kEveryFieldSetJson);

@@ -96,9 +96,26 @@ TEST_F(ModelBoundsAdmissionTest, PlanThroughTheBackendRefusesAHostileHfConfig) {
   engine::PlanModel model;
   model.hf_config_json = R"({"model_type": "llama", "vocab_size": 512, "hidden_size": 128,
       "intermediate_size": 384, "num_attention_heads": 4, "num_hidden_layers": 2147483648})";
-  EXPECT_THAT(backend_->PlanJob(model, engine::JobSpec(), engine::DefaultPlanMachine()),
+  EXPECT_THAT(backend_->PlanJob(model, engine::JobSpec(), engine::DefaultPlanMachine(),
+                                engine::Cancellation()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("num_hidden_layers: must be <= 4096, got 2147483648")));
+}
+
+// Note [Cancelled engine calls]: SubmitJob's admission estimate of a
+// 4,096-layer model stops with the status of its cancellation.
+TEST_F(ModelBoundsAdmissionTest, ACancelledAdmissionEstimateReturnsCancelled) {
+  engine::JobSpec spec;
+  spec.model.hf_dir = state_dir_ + "/model";
+  const std::string json = R"({"model_type": "llama", "vocab_size": 512, "hidden_size": 128,
+      "intermediate_size": 384, "num_attention_heads": 4, "num_hidden_layers": 4096})";
+  int checks = 0;
+  const engine::Cancellation cancel([&checks] {
+    return ++checks >= 2 ? absl::CancelledError("test: the client went") : absl::OkStatus();
+  });
+  EXPECT_THAT(backend_->EstimateFootprintFromHfConfig(spec, json, cancel),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("test: the client went")));
+  EXPECT_EQ(checks, 2);
 }
 
 }  // namespace

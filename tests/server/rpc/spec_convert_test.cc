@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/spec/job_spec.h"
+#include "engine/spec/job_spec_json.h"
+#include "engine/spec/spec_fields.h"
 #include "server/core/job.h"
 #include "server/core/job_request_json.h"
 #include "server/rpc/proto_convert.h"
@@ -623,6 +625,46 @@ TEST(SpecConvertTest, DocumentAttentionRoundTrips) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("data.packing.document_attention: must be auto, isolated or "
                                  "shared, got 'cross'")));
+}
+
+// A value inside `range` and off every default: the next integer above
+// the minimum, the middle of a real range.
+int64_t InsideInt(engine::IntRange range) { return range.min + 1; }
+double InsideReal(engine::RealRange range) { return (range.min + range.max) / 2; }
+
+// Note [Spec field table]: every row goes from the proto to the spec, back
+// to the proto and through the spec's JSON with its value, so that a new
+// row is covered without a test of its own.
+TEST(SpecFieldTableTest, EveryRowRoundTripsThroughProtoAndJson) {
+  v1::JobSpec proto = TinySpec();
+#define MEGATRAIN_SET(name, kind, range, json) \
+  proto.mutable_train()->set_##name(Inside##kind(engine::range));
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_SET)
+#undef MEGATRAIN_SET
+#define MEGATRAIN_SET(name, kind, range, json) \
+  proto.mutable_optimizer()->set_##name(Inside##kind(engine::range));
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_SET)
+#undef MEGATRAIN_SET
+  const absl::StatusOr<JobRequest> request = JobRequestFromProto(proto);
+  ASSERT_THAT(request.status(), IsOk());
+  EXPECT_THAT(engine::ValidateJobSpec(request->spec), IsOk());
+  v1::JobSpec back;
+  JobRequestToProto(*request, &back);
+  const absl::StatusOr<engine::JobSpec> read =
+      engine::JobSpecFromJson(engine::JobSpecToJson(request->spec));
+  ASSERT_THAT(read.status(), IsOk());
+#define MEGATRAIN_EXPECT(name, kind, range, json)                     \
+  EXPECT_EQ(request->spec.train.name, proto.train().name()) << #name; \
+  EXPECT_EQ(back.train().name(), proto.train().name()) << #name;      \
+  EXPECT_EQ(read->train.name, request->spec.train.name) << #name;
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#undef MEGATRAIN_EXPECT
+#define MEGATRAIN_EXPECT(name, kind, range, json)                             \
+  EXPECT_EQ(request->spec.optimizer.name, proto.optimizer().name()) << #name; \
+  EXPECT_EQ(back.optimizer().name(), proto.optimizer().name()) << #name;      \
+  EXPECT_EQ(read->optimizer.name, request->spec.optimizer.name) << #name;
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#undef MEGATRAIN_EXPECT
 }
 
 }  // namespace

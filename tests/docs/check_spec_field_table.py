@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Keeps Note [Spec field table] (engine/spec/spec_fields.h) honest.
+
+For every row of the table (a train.* or optimizer.* number field) checks
+that none of the table's consumers also spells the field out by hand, so
+that a row stays the one place the field is declared for them, and that
+docs/job-spec.md lists the field:
+
+  engine/spec/job_spec.cc       no Check...InRange("section.name", ...)
+  engine/spec/job_spec_json.cc  no "name" key
+  server/rpc/proto_convert.cc   no section.has_name() / section->set_name()
+  client/job_file.cc            no "name" YAML key
+  docs/job-spec.md              a `section.name` row
+
+Usage: check_spec_field_table.py <source root>; exit status 1 with one
+line per problem.
+"""
+import pathlib
+import re
+import sys
+
+SECTIONS = {"MEGATRAIN_TRAIN_NUMBER_FIELDS": "train",
+            "MEGATRAIN_OPTIMIZER_NUMBER_FIELDS": "optimizer"}
+
+
+def rows(header):
+    """(section, name) of every row, from the #define of each table."""
+    out = []
+    for macro, section in SECTIONS.items():
+        match = re.search(r"#define " + macro + r"\(X\)((?:.*\\\n)*.*\n)", header)
+        if match is None:
+            sys.exit(f"spec_fields.h: no #define {macro}(X)")
+        for name in re.findall(r"X\((\w+),", match.group(1)):
+            out.append((section, name))
+    return out
+
+
+def main():
+    root = pathlib.Path(sys.argv[1])
+    read = lambda path: (root / path).read_text()
+    table = rows(read("engine/spec/spec_fields.h"))
+    if not table:
+        sys.exit("spec_fields.h: the tables have no rows")
+    checks = [
+        ("engine/spec/job_spec.cc", lambda s, n: rf'InRange\("{s}\.{n}"'),
+        ("engine/spec/job_spec_json.cc", lambda s, n: rf'"{n}"'),
+        ("server/rpc/proto_convert.cc", lambda s, n: rf"\b{s}(\.has|->set)_{n}\("),
+        ("client/job_file.cc", lambda s, n: rf'"{n}"'),
+    ]
+    problems = []
+    for path, pattern in checks:
+        text = read(path)
+        for section, name in table:
+            if re.search(pattern(section, name), text):
+                problems.append(f"{path}: spells out {section}.{name} by hand; "
+                                "it is a row of engine/spec/spec_fields.h")
+    docs = read("docs/job-spec.md")
+    for section, name in table:
+        if f"`{section}.{name}`" not in docs:
+            problems.append(f"docs/job-spec.md: no row for `{section}.{name}`")
+    for problem in problems:
+        print(problem)
+    print(f"{len(table)} fields checked, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
