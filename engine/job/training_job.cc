@@ -69,8 +69,8 @@ absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
 
 // Whether the job's gradients are counted in the ring (Note [Gradient ring]
 // in step/grad_lander.h): memory.gradient_landing ring, or auto where the
-// trainer surely takes it (clipping off, one micro-batch per step). Auto with accumulation is counted as the arena: whether the
-// device sums the micro-batches is known only on the device.
+// trainer surely takes it (clipping off, one micro-batch per step). Auto with accumulation is
+// counted as the arena: whether the device sums the micro-batches is known only on the device.
 bool CountsGradientRing(const JobSpec& spec) {
   const GradientLanding landing = spec.memory.gradient_landing;
   // Note [Shared host store]: data-parallel gradients land in the arena.
