@@ -139,8 +139,13 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
 // .bin file) leave the store untouched.
 // `tier`: where the moments go when the store keeps none (as
 // WriteCheckpoint); FAILED_PRECONDITION when it is needed and null.
-absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
-                                               NvmeMomentFiles* tier = nullptr);
+// `moments`: kSkip reads the master weights only and leaves the store's
+// moments as they are (a new job's store has them zeroed: model.init_from
+// with a fresh optimizer); the tier is then not needed.
+enum class CheckpointMoments { kRead, kSkip };
+absl::StatusOr<CheckpointState> ReadCheckpoint(
+    const std::string& checkpoint_dir, HostStore* store, NvmeMomentFiles* tier = nullptr,
+    CheckpointMoments moments = CheckpointMoments::kRead);
 
 // The model config stored in the checkpoint (its config.json, checked
 // against the manifest). Errors as ReadCheckpoint's for that file, plus
