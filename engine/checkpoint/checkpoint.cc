@@ -916,6 +916,11 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_d
   return ParseHfConfig(text, JoinPath(checkpoint_dir, kConfigFile));
 }
 
+absl::Status CheckCheckpointModel(const std::string& checkpoint_dir, const ModelConfig& config) {
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig stored, ReadCheckpointConfig(checkpoint_dir));
+  return CompareLayouts(checkpoint_dir, ModelLayout::Create(stored), ModelLayout::Create(config));
+}
+
 absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
                                                NvmeMomentFiles* tier, CheckpointMoments moments) {
   if (store == nullptr) return absl::InvalidArgumentError("ReadCheckpoint: store is null");

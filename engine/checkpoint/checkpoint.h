@@ -152,6 +152,12 @@ absl::StatusOr<CheckpointState> ReadCheckpoint(
 // INVALID_ARGUMENT / UNIMPLEMENTED from ParseHfConfig.
 absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_dir);
 
+// Checks that the model of the checkpoint in `checkpoint_dir` has the
+// tensors of `config` (same blocks, tensor names and shapes: what
+// ReadCheckpoint requires of a store of `config`). Reads config.json only.
+// FAILED_PRECONDITION naming what differs; ReadCheckpointConfig's errors.
+absl::Status CheckCheckpointModel(const std::string& checkpoint_dir, const ModelConfig& config);
+
 // ListCheckpoints, VerifyCheckpoint and ExportHfModel are declared in
 // checkpoint_info.h (torch-free, for the server) and implemented in
 // checkpoint.cc.

@@ -336,6 +336,19 @@ absl::StatusOr<MemoryFootprint> EstimateFootprintForConfig(const JobSpec& spec,
   return FootprintOf(spec, config, cancel);
 }
 
+absl::Status CheckInitFromModel(const JobSpec& spec, const std::string& checkpoint_dir) {
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  const std::string field =
+      absl::StrCat("model.init_from.checkpoint ", spec.model.init_from.checkpoint);
+  absl::Status same = CheckCheckpointModel(checkpoint_dir, config);
+  if (absl::IsFailedPrecondition(same)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": the checkpoint's model is not the job's model (",
+        spec.model.preset.empty() ? "model.hf_dir" : "model.preset", "): ", same.message()));
+  }
+  return Annotate(same, field);
+}
+
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   return FootprintOf(spec, config);
