@@ -406,9 +406,9 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
 
 // model.init_from. The data is one 31-token document, so with seq_len 16
 // and micro_batch 2 every micro-batch is the same (Note [Packing rule]: the
-// stream repeats every 32 tokens, two windows) and a step's loss depends on the weights and AdamW state only,
-// not on where the data cursor stands. Losses are compared bit for bit: the
-// same weights, moments, step count and batch on the CPU give the same bits.
+// stream repeats every 32 tokens, two windows) and a step's loss depends on the weights and AdamW
+// state only, not on where the data cursor stands. Losses are compared bit for bit: the same
+// weights, moments, step count and batch on the CPU give the same bits.
 JobSpec OneWindowSpec(const std::string& tokens, const std::string& output_dir) {
   JobSpec s = TinySpec(tokens, output_dir);
   s.data.eval_fraction = 0;
@@ -475,6 +475,23 @@ TEST(TrainingJobInitFromTest, RestoredOptimizerContinuesAsTheOriginalJob) {
   ASSERT_EQ(rec.losses.size(), 2u);
   EXPECT_EQ(rec.losses[0], straight.losses[4]);
   EXPECT_EQ(rec.losses[1], straight.losses[5]);
+}
+
+TEST(CheckInitFromModelTest, OtherModelIsInvalidArgumentNamingTheField) {
+  const std::string data = WriteOneWindowDataset();
+  Recorder straight;
+  const std::string step4 = RunOriginal(data, &straight);
+  JobSpec spec = OneWindowSpec(data, testing::MakeTempDir("mismatch"));
+  spec.model.init_from.checkpoint = "job-000001/step-4";
+  EXPECT_THAT(CheckInitFromModel(spec, step4), IsOk());
+  spec.model.preset = "llama-1b";  // layouts only: nothing is allocated
+  EXPECT_THAT(CheckInitFromModel(spec, step4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.init_from.checkpoint job-000001/step-4: the "
+                                       "checkpoint's model is not the job's model (model.preset)"),
+                             HasSubstr("blocks"))));
+  EXPECT_THAT(CheckInitFromModel(spec, step4 + "-gone"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.init_from.checkpoint")));
 }
 
 TEST(ValidateJobSpecTest, HostileInitFromCheckpointIsRefusedNamingTheField) {
