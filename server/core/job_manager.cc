@@ -360,6 +360,9 @@ absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const 
   if (normalized.spec.train.devices == engine::kAllDevices) {
     normalized.spec.train.devices = existing->request.spec.train.devices;  // resolved
   }
+  // Resolved at submit from the records (ResolveInitFrom), never the caller's.
+  normalized.spec.model.init_from.checkpoint_dir =
+      existing->request.spec.model.init_from.checkpoint_dir;
   if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
                                                  "' was already used for job ", existing->id,

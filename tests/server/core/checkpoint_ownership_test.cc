@@ -216,7 +216,11 @@ TEST_F(CheckpointOwnershipTest, InitFromResolvesAnOwnCheckpointThroughItsRecord)
   request.spec.model.init_from.checkpoint = CheckpointId(source.id, 4);
   request.spec.model.init_from.optimizer = engine::InitOptimizer::kRestore;
   request.spec.model.init_from.checkpoint_dir = "/etc";  // dropped
-  const JobRecord job = Submit(kAlice, std::move(request));
+  const JobRecord job = Submit(kAlice, request, "tune-1");
+  // The same request again is the same job (the resolved directory aside).
+  absl::StatusOr<JobRecord> repeat = manager_->Submit(kAlice, request, "tune-1");
+  ASSERT_THAT(repeat, IsOk());
+  EXPECT_EQ(repeat->id, job.id);
   absl::StatusOr<JobRecord> stored = store_->GetJob(job.id);
   ASSERT_THAT(stored, IsOk());
   const engine::InitFrom& init = stored->request.spec.model.init_from;
