@@ -190,11 +190,42 @@ Field NonNegativeField(const Reader& reader, std::function<void(uint64_t)> set) 
   };
 }
 
+// model.init_from: "job-000012/step-400" (a fresh optimizer), or a mapping
+// {checkpoint: job-000012/step-400, optimizer: fresh | restore}.
+Field InitFromField(const Reader& reader, v1::InitFrom* init) {
+  return [&reader, init](const YAML::Node& node, const std::string& path) {
+    if (node.IsScalar()) {
+      auto value = reader.String(node, path);
+      if (!value.ok()) return value.status();
+      init->set_checkpoint(*value);
+      return absl::OkStatus();
+    }
+    const Fields fields = {
+        MEGATRAIN_JOB_FIELD("checkpoint", String, init->set_checkpoint),
+        {"optimizer", [&reader, init](const YAML::Node& node, const std::string& path) {
+           auto value = reader.String(node, path);
+           if (!value.ok()) return value.status();
+           if (*value != "fresh" && *value != "restore") {
+             return reader.Error(path,
+                                 absl::StrCat("must be fresh or restore, got '", *value, "'"));
+           }
+           init->set_optimizer(*value);
+           return absl::OkStatus();
+         }}};
+    absl::Status status = ReadMapping(reader, node, path, fields);
+    if (status.ok() && init->checkpoint().empty()) {
+      return reader.Error(absl::StrCat(path, ".checkpoint"), "required");
+    }
+    return status;
+  };
+}
+
 Fields ModelFields(const Reader& reader, v1::ModelSource* model) {
   return {
       MEGATRAIN_JOB_FIELD("preset", String, model->set_preset),
       MEGATRAIN_JOB_FIELD("hf_dir", Path, model->set_hf_dir),
       MEGATRAIN_JOB_FIELD("output_router_logits", Bool, model->set_output_router_logits),
+      {"init_from", InitFromField(reader, model->mutable_init_from())},
   };
 }
 

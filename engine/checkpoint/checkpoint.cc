@@ -916,10 +916,16 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_d
   return ParseHfConfig(text, JoinPath(checkpoint_dir, kConfigFile));
 }
 
+absl::Status CheckCheckpointModel(const std::string& checkpoint_dir, const ModelConfig& config) {
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig stored, ReadCheckpointConfig(checkpoint_dir));
+  return CompareLayouts(checkpoint_dir, ModelLayout::Create(stored), ModelLayout::Create(config));
+}
+
 absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
-                                               NvmeMomentFiles* tier) {
+                                               NvmeMomentFiles* tier, CheckpointMoments moments) {
   if (store == nullptr) return absl::InvalidArgumentError("ReadCheckpoint: store is null");
-  if (store->options().optimizer_state && !store->options().moments_in_host && tier == nullptr) {
+  const bool read_moments = store->options().optimizer_state && moments == CheckpointMoments::kRead;
+  if (read_moments && !store->options().moments_in_host && tier == nullptr) {
     return absl::FailedPreconditionError(
         "ReadCheckpoint: the store keeps its AdamW moments on the NVMe tier, and no tier was "
         "given");
@@ -945,7 +951,7 @@ absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir
 
   // Open and check every tensor file before writing the store.
   std::vector<const TensorFileKind*> kinds = {&kMasterFile};
-  if (store->options().optimizer_state) {
+  if (read_moments) {
     kinds.push_back(&kExpAvgFile);
     kinds.push_back(&kExpAvgSqFile);
   }

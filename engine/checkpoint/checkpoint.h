@@ -139,13 +139,24 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
 // .bin file) leave the store untouched.
 // `tier`: where the moments go when the store keeps none (as
 // WriteCheckpoint); FAILED_PRECONDITION when it is needed and null.
-absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
-                                               NvmeMomentFiles* tier = nullptr);
+// `moments`: kSkip reads the master weights only and leaves the store's
+// moments as they are (a new job's store has them zeroed: model.init_from
+// with a fresh optimizer); the tier is then not needed.
+enum class CheckpointMoments { kRead, kSkip };
+absl::StatusOr<CheckpointState> ReadCheckpoint(
+    const std::string& checkpoint_dir, HostStore* store, NvmeMomentFiles* tier = nullptr,
+    CheckpointMoments moments = CheckpointMoments::kRead);
 
 // The model config stored in the checkpoint (its config.json, checked
 // against the manifest). Errors as ReadCheckpoint's for that file, plus
 // INVALID_ARGUMENT / UNIMPLEMENTED from ParseHfConfig.
 absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& checkpoint_dir);
+
+// Checks that the model of the checkpoint in `checkpoint_dir` has the
+// tensors of `config` (same blocks, tensor names and shapes: what
+// ReadCheckpoint requires of a store of `config`). Reads config.json only.
+// FAILED_PRECONDITION naming what differs; ReadCheckpointConfig's errors.
+absl::Status CheckCheckpointModel(const std::string& checkpoint_dir, const ModelConfig& config);
 
 // ListCheckpoints, VerifyCheckpoint and ExportHfModel are declared in
 // checkpoint_info.h (torch-free, for the server) and implemented in

@@ -336,6 +336,19 @@ absl::StatusOr<MemoryFootprint> EstimateFootprintForConfig(const JobSpec& spec,
   return FootprintOf(spec, config, cancel);
 }
 
+absl::Status CheckInitFromModel(const JobSpec& spec, const std::string& checkpoint_dir) {
+  MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
+  const std::string field =
+      absl::StrCat("model.init_from.checkpoint ", spec.model.init_from.checkpoint);
+  absl::Status same = CheckCheckpointModel(checkpoint_dir, config);
+  if (absl::IsFailedPrecondition(same)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": the checkpoint's model is not the job's model (",
+        spec.model.preset.empty() ? "model.hf_dir" : "model.preset", "): ", same.message()));
+  }
+  return Annotate(same, field);
+}
+
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(spec.model));
   return FootprintOf(spec, config);
@@ -459,6 +472,10 @@ class TrainingJobImpl final : public TrainingJob {
   absl::Status OpenData();
   absl::StatusOr<TrainerOptions> MakeTrainerOptions();
   absl::Status Resume(const std::string& resume_from);
+  // model.init_from: the checkpoint's weights (and AdamW state with
+  // `optimizer: restore`) into the new job's store. The data cursor is the
+  // job's own (its start).
+  absl::Status InitFromCheckpoint();
   absl::Status WriteCheckpointNow(JobObserver* observer);
   // One step boundary's requests: a stop ends the run (after a checkpoint
   // for a suspend not yet checkpointed), a checkpoint request is served.
@@ -634,11 +651,12 @@ absl::Status TrainingJobImpl::Init(const std::vector<std::string>& devices,
   MEGATRAIN_RETURN_IF_ERROR(OpenData());
   MEGATRAIN_ASSIGN_OR_RETURN(TrainerOptions t, MakeTrainerOptions());
   MEGATRAIN_ASSIGN_OR_RETURN(trainer_, JobTrainer::Create(config_, t, spec_.train.seed, devices));
+  if (resume_from.has_value()) return Resume(*resume_from);
+  if (!spec_.model.init_from.checkpoint.empty()) return InitFromCheckpoint();
   if (!spec_.model.hf_dir.empty()) {
     MEGATRAIN_RETURN_IF_ERROR(
         Annotate(LoadHfWeights(spec_.model.hf_dir, &trainer_->store()), "model.hf_dir"));
   }
-  if (resume_from.has_value()) MEGATRAIN_RETURN_IF_ERROR(Resume(*resume_from));
   return absl::OkStatus();
 }
 
@@ -680,6 +698,25 @@ absl::StatusOr<TrainerOptions> TrainingJobImpl::MakeTrainerOptions() {
     t.nvme_dir_io = nvme_dir_->io_path();
   }
   return t;
+}
+
+absl::Status TrainingJobImpl::InitFromCheckpoint() {
+  const InitFrom& init = spec_.model.init_from;
+  if (init.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.init_from.checkpoint: '", init.checkpoint, "' was not resolved to a directory"));
+  }
+  const bool restore = init.optimizer == InitOptimizer::kRestore;
+  absl::StatusOr<CheckpointState> state =
+      ReadCheckpoint(init.checkpoint_dir, &trainer_->store(), trainer_->nvme_moments(),
+                     restore ? CheckpointMoments::kRead : CheckpointMoments::kSkip);
+  if (!state.ok()) {
+    return Annotate(state.status(), absl::StrCat("model.init_from.checkpoint ", init.checkpoint));
+  }
+  // Fresh: step 0, the store's zeroed moments. Restore: the AdamW step
+  // count too, so bias correction and the schedule go on from it.
+  if (restore) trainer_->set_step(state->step);
+  return absl::OkStatus();
 }
 
 absl::Status TrainingJobImpl::Resume(const std::string& resume_from) {

@@ -132,6 +132,14 @@ MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfi
 absl::StatusOr<MemoryFootprint> EstimateFootprintForConfig(const JobSpec& spec,
                                                            const ModelConfig& config,
                                                            const Cancellation& cancel);
+// model.init_from at submit: the model of the checkpoint in
+// `checkpoint_dir` (the daemon's resolution of spec.model.init_from) must
+// be spec's model (preset, or hf_dir's config.json read here): same
+// tensors and shapes. INVALID_ARGUMENT naming model.init_from.checkpoint and
+// what differs; the checkpoint's config.json errors (DATA_LOSS, NOT_FOUND)
+// with the same prefix; ResolveModel's errors naming model.hf_dir.
+absl::Status CheckInitFromModel(const JobSpec& spec, const std::string& checkpoint_dir);
+
 // Computes the footprint of `spec`'s model (reads config.json for hf_dir).
 absl::StatusOr<MemoryFootprint> EstimateFootprint(const JobSpec& spec);
 // As EstimateFootprint, with an hf_dir model's config.json given as

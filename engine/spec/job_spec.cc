@@ -13,6 +13,16 @@
 namespace megatrain::engine {
 namespace {
 
+// Enums out of their range: only a caller that casts an integer makes
+// one (the edges parse words into the enums).
+template <typename Enum>
+void CheckEnumValue(absl::string_view field, Enum value, Enum last, SpecErrors& errors) {
+  const int n = static_cast<int>(value);
+  if (n < 0 || n > static_cast<int>(last)) {
+    errors.Add(absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", n)));
+  }
+}
+
 // Exactly one of each pair of fields, and the tokenizer that text needs.
 void CheckSources(const JobSpec& s, SpecErrors& errors) {
   if (s.model.preset.empty() == s.model.hf_dir.empty()) {
@@ -20,6 +30,11 @@ void CheckSources(const JobSpec& s, SpecErrors& errors) {
         absl::InvalidArgumentError("model: set exactly one of model.preset and model.hf_dir"));
   }
   if (!s.model.preset.empty()) errors.Add(PresetConfig(s.model.preset).status());
+  if (!s.model.init_from.checkpoint.empty()) {
+    errors.Add(CheckInitFromCheckpointId(s.model.init_from.checkpoint));
+  }
+  CheckEnumValue("model.init_from.optimizer", s.model.init_from.optimizer, InitOptimizer::kRestore,
+                 errors);
   if (s.data.tokens.empty() == s.data.text.empty()) {
     errors.Add(absl::InvalidArgumentError("data: set exactly one of data.tokens and data.text"));
   }
@@ -39,16 +54,6 @@ void CheckSources(const JobSpec& s, SpecErrors& errors) {
       attention != DocumentAttention::kShared) {
     errors.Add(absl::InvalidArgumentError(
         absl::StrCat(kDocumentAttentionField, ": unknown value ", static_cast<int>(attention))));
-  }
-}
-
-// Enums out of their range: only a caller that casts an integer makes
-// one (the edges parse words into the enums).
-template <typename Enum>
-void CheckEnumValue(absl::string_view field, Enum value, Enum last, SpecErrors& errors) {
-  const int n = static_cast<int>(value);
-  if (n < 0 || n > static_cast<int>(last)) {
-    errors.Add(absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", n)));
   }
 }
 

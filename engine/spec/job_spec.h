@@ -37,6 +37,7 @@
 #include "engine/spec/memory_modes.h"
 #include "engine/spec/nan_policy.h"
 #include "engine/spec/nvme_tier_mode.h"
+#include "engine/spec/init_from.h"
 #include "engine/spec/step_schedule.h"
 
 namespace megatrain::engine {
@@ -51,6 +52,11 @@ struct ModelSource {
   // unset keeps the config's. Set for a dense model: INVALID_ARGUMENT when
   // the model is resolved (EstimateFootprint, TrainingJob::Create).
   std::optional<bool> output_router_logits;
+  // Starting weights from a checkpoint of another job of the same user, in
+  // place of the preset's initialisation or hf_dir's weights; the model
+  // (preset or hf_dir) must still be given and must match the checkpoint's
+  // (init_from.h).
+  InitFrom init_from;
 };
 
 // Where the training data comes from: exactly one of `tokens` and `text`.

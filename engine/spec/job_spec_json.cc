@@ -84,6 +84,18 @@ absl::Status ModelAndDataFromJson(const json& j, JobSpec* spec) {
   if (auto it = model.find("output_router_logits"); it != model.end() && !it->is_null()) {
     spec->model.output_router_logits = it->get<bool>();
   }
+  // Absent (no init_from, or a spec written before the field): none.
+  if (auto it = model.find("init_from"); it != model.end() && it->is_object()) {
+    Get(*it, "checkpoint", &spec->model.init_from.checkpoint);
+    Get(*it, "checkpoint_dir", &spec->model.init_from.checkpoint_dir);
+    std::string optimizer(InitOptimizerName(spec->model.init_from.optimizer));
+    Get(*it, "optimizer", &optimizer);
+    absl::StatusOr<InitOptimizer> parsed = ParseInitOptimizer(optimizer);
+    if (!parsed.ok()) {
+      return absl::DataLossError(absl::StrCat("job spec JSON: ", parsed.status().message()));
+    }
+    spec->model.init_from.optimizer = *parsed;
+  }
   const json& data = Section(j, "data");
   Get(data, "tokens", &spec->data.tokens);
   Get(data, "eval_tokens", &spec->data.eval_tokens);
@@ -219,6 +231,11 @@ json JobSpecToJsonObject(const JobSpec& s) {
   j["model"] = {{"preset", s.model.preset}, {"hf_dir", s.model.hf_dir}};
   if (s.model.output_router_logits.has_value()) {
     j["model"]["output_router_logits"] = *s.model.output_router_logits;
+  }
+  if (!s.model.init_from.checkpoint.empty()) {
+    j["model"]["init_from"] = {{"checkpoint", s.model.init_from.checkpoint},
+                               {"optimizer", InitOptimizerName(s.model.init_from.optimizer)},
+                               {"checkpoint_dir", s.model.init_from.checkpoint_dir}};
   }
   j["data"] = {{"tokens", s.data.tokens},
                {"eval_tokens", s.data.eval_tokens},

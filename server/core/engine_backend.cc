@@ -138,6 +138,11 @@ class RealEngineBackend final : public EngineBackend {
     return Guard("ReadTokenShardHeaders", [&] { return engine::ReadTokenShardHeaders(path); });
   }
 
+  absl::Status CheckInitFromModel(const engine::JobSpec& spec,
+                                  const std::string& checkpoint_dir) override {
+    return Guard("CheckInitFromModel",
+                 [&] { return engine::CheckInitFromModel(spec, checkpoint_dir); });
+  }
   absl::Status CheckDataInputs(const engine::DataInputsToCheck& inputs) override {
     return Guard("CheckDataInputs", [&] { return engine::CheckDataInputs(inputs); });
   }

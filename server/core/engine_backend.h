@@ -105,6 +105,14 @@ class EngineBackend {
     (void)inputs;
     return absl::OkStatus();
   }
+  // engine::CheckInitFromModel: model.init_from's checkpoint in
+  // `checkpoint_dir` holds spec's model. The default, for fakes: OK.
+  virtual absl::Status CheckInitFromModel(const engine::JobSpec& spec,
+                                          const std::string& checkpoint_dir) {
+    (void)spec;
+    (void)checkpoint_dir;
+    return absl::OkStatus();
+  }
   // engine::CheckHfWeightHeaders with the model of `hf_config_json`.
   virtual absl::Status CheckHfWeightHeaders(const std::string& hf_dir,
                                             const std::string& hf_config_json) {

@@ -360,6 +360,9 @@ absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const 
   if (normalized.spec.train.devices == engine::kAllDevices) {
     normalized.spec.train.devices = existing->request.spec.train.devices;  // resolved
   }
+  // Resolved at submit from the records (ResolveInitFrom), never the caller's.
+  normalized.spec.model.init_from.checkpoint_dir =
+      existing->request.spec.model.init_from.checkpoint_dir;
   if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
                                                  "' was already used for job ", existing->id,
@@ -534,6 +537,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   MEGATRAIN_RETURN_IF_ERROR(CheckDataParallelSpec(backend_->RunsDataParallelJobs(options_.devices),
                                                   request.spec.train, &request.spec.memory));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request, cancel));
+  MEGATRAIN_RETURN_IF_ERROR(ResolveInitFrom(caller, &request.spec));
 
   JobRecord job;
   {
@@ -1263,6 +1267,28 @@ absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& cal
   MEGATRAIN_ASSIGN_OR_RETURN(auto parsed, ParseCheckpointId(checkpoint_id));
   MEGATRAIN_ASSIGN_OR_RETURN(*job, LoadForCaller(caller, parsed.first));
   return checkpoints_.Find(*job, parsed.second, checkpoint_id);
+}
+
+absl::Status JobManager::ResolveInitFrom(const Principal& caller, engine::JobSpec* spec) {
+  engine::InitFrom& init = spec->model.init_from;
+  init.checkpoint_dir.clear();  // never the caller's
+  if (init.checkpoint.empty()) return absl::OkStatus();
+  constexpr absl::string_view kField = "model.init_from.checkpoint";
+  // Also checked with the spec's other fields (ValidateJobSpec); again
+  // here, before the id reaches the store: no path, only
+  // job-<digits>/step-<digits>.
+  MEGATRAIN_RETURN_IF_ERROR(engine::CheckInitFromCheckpointId(init.checkpoint));
+  JobRecord source;
+  absl::StatusOr<CheckpointRecord> record = FindCheckpoint(caller, init.checkpoint, &source);
+  if (!record.ok()) return Annotate(record.status(), kField);
+  absl::StatusOr<engine::CheckpointInfo> found =
+      backend_->VerifyCheckpoint(record->dir, /*check_data=*/false);
+  if (!found.ok()) return Annotate(found.status(), kField);
+  MEGATRAIN_RETURN_IF_ERROR(
+      Annotate(CheckpointRecords::VerifyAgainstRecord(*record, *found), kField));
+  MEGATRAIN_RETURN_IF_ERROR(backend_->CheckInitFromModel(*spec, record->dir));
+  init.checkpoint_dir = record->dir;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<engine::HfExportReport> JobManager::ExportCheckpoint(const Principal& caller,

@@ -356,6 +356,16 @@ class JobManager {
   absl::Status CheckStoreMatchesJobsDir();
   absl::StatusOr<CheckpointRecord> FindCheckpoint(const Principal& caller,
                                                   absl::string_view checkpoint_id, JobRecord* job);
+  // model.init_from at submit (Note [Checkpoint ownership]): resolves
+  // spec->model.init_from.checkpoint through the records as every other
+  // checkpoint access does and sets init_from.checkpoint_dir (whatever the
+  // caller sent is dropped). Errors naming model.init_from.checkpoint:
+  // PERMISSION_DENIED for another user's job, NOT_FOUND for an unknown job
+  // or checkpoint, DATA_LOSS for one no longer what its job wrote,
+  // INVALID_ARGUMENT for a model other than the job's. Reads the
+  // checkpoint's manifest, state and config.json: call without mu_.
+  absl::Status ResolveInitFrom(const Principal& caller, engine::JobSpec* spec)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // One scheduling pass: a snapshot of the devices, the running jobs and
   // the queue (read a page at a time, as far as the policy needs), then

@@ -34,6 +34,8 @@ absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("spec.name", spec.name(), kMaxJobNameBytes));
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.preset", spec.model().preset(), kMaxKeywordBytes));
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.hf_dir", spec.model().hf_dir(), kMaxPathBytes));
+  MEGATRAIN_RETURN_IF_ERROR(CheckLength("model.init_from.checkpoint",
+                                        spec.model().init_from().checkpoint(), kMaxKeywordBytes));
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokens", spec.data().tokens(), kMaxPathBytes));
   MEGATRAIN_RETURN_IF_ERROR(
       CheckLength("data.eval_tokens", spec.data().eval_tokens(), kMaxPathBytes));
@@ -324,6 +326,11 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   if (in.model().has_output_router_logits()) {
     spec.model.output_router_logits = in.model().output_router_logits();
   }
+  spec.model.init_from.checkpoint = in.model().init_from().checkpoint();
+  if (!in.model().init_from().optimizer().empty()) {
+    MEGATRAIN_ASSIGN_OR_RETURN(spec.model.init_from.optimizer,
+                               engine::ParseInitOptimizer(in.model().init_from().optimizer()));
+  }
 
   const v1::DataSpec& data = in.data();
   spec.data.tokens = data.tokens();
@@ -360,8 +367,10 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   if (spec.model.output_router_logits.has_value()) {
     out->mutable_model()->set_output_router_logits(*spec.model.output_router_logits);
   }
-  if (spec.model.output_router_logits.has_value()) {
-    out->mutable_model()->set_output_router_logits(*spec.model.output_router_logits);
+  if (!spec.model.init_from.checkpoint.empty()) {
+    v1::InitFrom* init = out->mutable_model()->mutable_init_from();
+    init->set_checkpoint(spec.model.init_from.checkpoint);
+    init->set_optimizer(engine::InitOptimizerName(spec.model.init_from.optimizer));
   }
   v1::DataSpec* data = out->mutable_data();
   data->set_tokens(spec.data.tokens);

@@ -141,6 +141,33 @@ TEST(JobFileTest, DevicesTakeACountOrAll) {
 
 // train.resident_layers: a count (set), auto (unset, as absent); anything
 // else names the field.
+TEST(JobFileTest, InitFromTakesAnIdOrAMappingWithTheOptimizer) {
+  absl::StatusOr<v1::JobSpec> id =
+      ParseJobYaml("model: {preset: tiny, init_from: job-000012/step-400}\n", "/", "j.yaml");
+  ASSERT_THAT(id, IsOk());
+  EXPECT_EQ(id->model().init_from().checkpoint(), "job-000012/step-400");
+  EXPECT_EQ(id->model().init_from().optimizer(), "");  // fresh
+  absl::StatusOr<v1::JobSpec> restore = ParseJobYaml(
+      "model:\n  preset: tiny\n  init_from: {checkpoint: job-000012/step-400, optimizer: "
+      "restore}\n",
+      "/", "j.yaml");
+  ASSERT_THAT(restore, IsOk());
+  EXPECT_EQ(restore->model().init_from().checkpoint(), "job-000012/step-400");
+  EXPECT_EQ(restore->model().init_from().optimizer(), "restore");
+  EXPECT_THAT(
+      ParseJobYaml("model: {init_from: {checkpoint: job-1/step-2, optimizer: keep}}\n", "/",
+                   "j.yaml"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("model.init_from.optimizer: must be fresh or restore, got 'keep'")));
+  EXPECT_THAT(ParseJobYaml("model: {init_from: {optimizer: fresh}}\n", "/", "j.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.init_from.checkpoint: required")));
+  EXPECT_THAT(
+      ParseJobYaml("model: {init_from: {step: 4}}\n", "/", "j.yaml"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("model.init_from.step: unknown key (known: checkpoint, optimizer)")));
+}
+
 TEST(JobFileTest, ResidentLayersTakeACountOrAuto) {
   absl::StatusOr<v1::JobSpec> four = ParseJobYaml("train: {resident_layers: 4}\n", "/", "j.yaml");
   ASSERT_THAT(four, IsOk());

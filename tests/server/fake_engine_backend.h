@@ -104,6 +104,15 @@ class FakeEngineBackend : public EngineBackend {
   // CreateJob fails with this for specs named `fail_create_name`.
   std::string fail_create_name;
   absl::Status fail_create_status = absl::ResourceExhaustedError("fake: out of memory");
+  // What CheckInitFromModel returns (set before the manager starts): the
+  // model match itself is the engine's, tested in training_job_test.
+  absl::Status init_from_model_status = absl::OkStatus();
+  absl::Status CheckInitFromModel(const engine::JobSpec& spec,
+                                  const std::string& checkpoint_dir) override {
+    (void)spec;
+    (void)checkpoint_dir;
+    return init_from_model_status;
+  }
 
   absl::Status ValidateJobSpec(const engine::JobSpec& spec) override;
   absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override;

@@ -33,6 +33,7 @@
 namespace megatrain::engine {
 namespace {
 
+namespace fs = std::filesystem;
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
 using ::testing::AllOf;
@@ -401,6 +402,111 @@ TEST(TrainingJobTest, SuspendThenResumeContinuesExactly) {
   // Same weights, optimizer state, schedule and data cursor: the losses of
   // steps 4..8 are bit-identical to the uninterrupted run's.
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << i;
+}
+
+// model.init_from. The data is one 31-token document, so with seq_len 16
+// and micro_batch 2 every micro-batch is the same (Note [Packing rule]: the
+// stream repeats every 32 tokens, two windows) and a step's loss depends on the weights and AdamW
+// state only, not on where the data cursor stands. Losses are compared bit for bit: the same
+// weights, moments, step count and batch on the CPU give the same bits.
+JobSpec OneWindowSpec(const std::string& tokens, const std::string& output_dir) {
+  JobSpec s = TinySpec(tokens, output_dir);
+  s.data.eval_fraction = 0;
+  s.eval.every_steps = 0;
+  s.train.max_steps = 6;
+  s.checkpoint.keep_last = 3;
+  return s;
+}
+
+std::string WriteOneWindowDataset() {
+  testing::PatternDataset d;
+  d.documents = 1;
+  d.pattern_length = 31;  // + EOS = 2 x seq_len = one micro-batch
+  return testing::WritePatternDataset(d);
+}
+
+// The original job: 6 steps straight, checkpoints at 2, 4 and 6; returns
+// the directory of step 4.
+std::string RunOriginal(const std::string& data, Recorder* straight) {
+  const std::string out = testing::MakeTempDir("original");
+  auto job = TrainingJob::Create(OneWindowSpec(data, out), "cpu", std::nullopt);
+  EXPECT_THAT(job, IsOk());
+  if (!job.ok()) return "";
+  EXPECT_THAT((*job)->Run(straight), IsOk());
+  return (fs::path(out) / "checkpoints" / CheckpointDirName(4)).string();
+}
+
+TEST(TrainingJobInitFromTest, FreshOptimizerStartsFromTheCheckpointWeights) {
+  const std::string data = WriteOneWindowDataset();
+  Recorder straight;
+  const std::string step4 = RunOriginal(data, &straight);
+  ASSERT_EQ(straight.losses.size(), 6u);
+  JobSpec spec = OneWindowSpec(data, testing::MakeTempDir("fresh"));
+  spec.model.init_from = {.checkpoint = "job-000001/step-4", .checkpoint_dir = step4};
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ((*job)->step(), 0);  // a fresh schedule
+  Recorder rec;
+  ASSERT_THAT((*job)->Run(&rec), IsOk());
+  ASSERT_EQ(rec.losses.size(), 6u);
+  // The first loss is computed with the weights before any update: the
+  // checkpoint's weights give step 5's loss of the original, bit for bit.
+  EXPECT_EQ(rec.losses[0], straight.losses[4]);
+  // Then zero moments and warm-up: not the original's step 6.
+  EXPECT_NE(rec.losses[1], straight.losses[5]);
+}
+
+TEST(TrainingJobInitFromTest, RestoredOptimizerContinuesAsTheOriginalJob) {
+  const std::string data = WriteOneWindowDataset();
+  Recorder straight;
+  const std::string step4 = RunOriginal(data, &straight);
+  ASSERT_EQ(straight.losses.size(), 6u);
+  JobSpec spec = OneWindowSpec(data, testing::MakeTempDir("restore"));
+  spec.model.init_from = {.checkpoint = "job-000001/step-4",
+                          .optimizer = InitOptimizer::kRestore,
+                          .checkpoint_dir = step4};
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ((*job)->step(), 4);
+  Recorder rec;
+  ASSERT_THAT((*job)->Run(&rec), IsOk());
+  // Steps 5 and 6 with the checkpoint's moments and step count (bias
+  // correction, learning rate): the original's, bit for bit.
+  ASSERT_EQ(rec.losses.size(), 2u);
+  EXPECT_EQ(rec.losses[0], straight.losses[4]);
+  EXPECT_EQ(rec.losses[1], straight.losses[5]);
+}
+
+TEST(CheckInitFromModelTest, OtherModelIsInvalidArgumentNamingTheField) {
+  const std::string data = WriteOneWindowDataset();
+  Recorder straight;
+  const std::string step4 = RunOriginal(data, &straight);
+  JobSpec spec = OneWindowSpec(data, testing::MakeTempDir("mismatch"));
+  spec.model.init_from.checkpoint = "job-000001/step-4";
+  EXPECT_THAT(CheckInitFromModel(spec, step4), IsOk());
+  spec.model.preset = "llama-1b";  // layouts only: nothing is allocated
+  EXPECT_THAT(CheckInitFromModel(spec, step4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.init_from.checkpoint job-000001/step-4: the "
+                                       "checkpoint's model is not the job's model (model.preset)"),
+                             HasSubstr("blocks"))));
+  EXPECT_THAT(CheckInitFromModel(spec, step4 + "-gone"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.init_from.checkpoint")));
+}
+
+TEST(ValidateJobSpecTest, HostileInitFromCheckpointIsRefusedNamingTheField) {
+  for (const char* hostile : {"../job-000001/step-4", "/etc/step-4", "job-000001/../step-4",
+                              "job-000001/step-4/..", "job-1/step-x", "job-000001"}) {
+    JobSpec spec = TinySpec("/data", "/out");
+    spec.model.init_from.checkpoint = hostile;
+    EXPECT_THAT(ValidateJobSpec(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("model.init_from.checkpoint: expected '<job id>/step-<step>'")))
+        << hostile;
+  }
+  JobSpec spec = TinySpec("/data", "/out");
+  spec.model.init_from.checkpoint = "job-000012/step-400";
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
 }
 
 // data.packing.document_attention reaches the loader and the executor: an

@@ -207,6 +207,62 @@ TEST_F(CheckpointOwnershipTest, ExportPassesTheJobsResolvedModelDirectory) {
               ::testing::ElementsAre(fs::canonical(model_dir).string(), ""));
 }
 
+// model.init_from resolves through the records, as export and delete do:
+// the job gets the recorded directory (not one the caller sent).
+TEST_F(CheckpointOwnershipTest, InitFromResolvesAnOwnCheckpointThroughItsRecord) {
+  StartManager();
+  const JobRecord source = RunToEnd("a");
+  JobRequest request = Request("tuned", 2);
+  request.spec.model.init_from.checkpoint = CheckpointId(source.id, 4);
+  request.spec.model.init_from.optimizer = engine::InitOptimizer::kRestore;
+  request.spec.model.init_from.checkpoint_dir = "/etc";  // dropped
+  const JobRecord job = Submit(kAlice, request, "tune-1");
+  // The same request again is the same job (the resolved directory aside).
+  absl::StatusOr<JobRecord> repeat = manager_->Submit(kAlice, request, "tune-1");
+  ASSERT_THAT(repeat, IsOk());
+  EXPECT_EQ(repeat->id, job.id);
+  absl::StatusOr<JobRecord> stored = store_->GetJob(job.id);
+  ASSERT_THAT(stored, IsOk());
+  const engine::InitFrom& init = stored->request.spec.model.init_from;
+  EXPECT_EQ(init.checkpoint, CheckpointId(source.id, 4));
+  EXPECT_EQ(init.optimizer, engine::InitOptimizer::kRestore);
+  absl::StatusOr<std::vector<CheckpointRecord>> recorded = store_->ListCheckpoints(source.id);
+  ASSERT_THAT(recorded, IsOk());
+  ASSERT_EQ(recorded->size(), 2u);
+  EXPECT_EQ((*recorded)[1].step, 4);
+  EXPECT_EQ(init.checkpoint_dir, (*recorded)[1].dir);
+  WaitFor(job.id, StateIs(JobState::kSucceeded));
+}
+
+TEST_F(CheckpointOwnershipTest, InitFromRefusesUnknownForeignHostileAndMismatchedCheckpoints) {
+  StartManager();
+  const JobRecord source = RunToEnd("a");
+  const auto submit = [&](const Principal& who, const std::string& checkpoint) {
+    JobRequest request = Request("tuned", 2);
+    request.spec.model.init_from.checkpoint = checkpoint;
+    return manager_->Submit(who, std::move(request), "").status();
+  };
+  EXPECT_THAT(submit(kAlice, CheckpointId(source.id, 3)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.init_from.checkpoint: ")));
+  EXPECT_THAT(submit(kAlice, "job-000099/step-4"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.init_from.checkpoint: ")));
+  EXPECT_THAT(
+      submit(kBob, CheckpointId(source.id, 4)),
+      StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("model.init_from.checkpoint: ")));
+  for (const std::string hostile :
+       {"../" + source.id + "/step-4", source.request.spec.output_dir + "/step-4",
+        source.id + "/../step-4"}) {
+    EXPECT_THAT(submit(kAlice, hostile),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("model.init_from.checkpoint: expected '<job id>/step-<step>'")))
+        << hostile;
+  }
+  backend_.init_from_model_status =
+      absl::InvalidArgumentError("model.init_from.checkpoint x: the checkpoint's model is not");
+  EXPECT_THAT(submit(kAlice, CheckpointId(source.id, 4)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model is not")));
+}
+
 TEST_F(CheckpointOwnershipTest, DeleteRemovesTheFilesWithoutTheManagersLock) {
   StartManager();
   const JobRecord job = RunToEnd("a");

@@ -157,6 +157,38 @@ TEST(SpecConvertTest, NanPolicyConvertsBothWays) {
                                                   HasSubstr("train.nan_policy: unknown value 7")));
 }
 
+// model.init_from goes through the proto both ways (the optimizer's word
+// parsed at the door), and through the stored JSON with the directory the
+// daemon resolved; a job stored without it has none.
+TEST(SpecConvertTest, InitFromConvertsBothWays) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_model()->mutable_init_from()->set_checkpoint("job-000012/step-400");
+  spec.mutable_model()->mutable_init_from()->set_optimizer("restore");
+  absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->spec.model.init_from.checkpoint, "job-000012/step-400");
+  EXPECT_EQ(request->spec.model.init_from.optimizer, engine::InitOptimizer::kRestore);
+  EXPECT_EQ(request->spec.model.init_from.checkpoint_dir, "");
+  v1::JobSpec back;
+  JobRequestToProto(*request, &back);
+  EXPECT_EQ(back.model().init_from().checkpoint(), "job-000012/step-400");
+  EXPECT_EQ(back.model().init_from().optimizer(), "restore");
+  request->spec.model.init_from.checkpoint_dir = "/state/jobs/job-000012/step-00000400";
+  absl::StatusOr<JobRequest> parsed = JobRequestFromJson(JobRequestToJson(*request));
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->spec.model.init_from.checkpoint_dir, "/state/jobs/job-000012/step-00000400");
+  EXPECT_EQ(parsed->spec.model.init_from.optimizer, engine::InitOptimizer::kRestore);
+  absl::StatusOr<JobRequest> none = JobRequestFromProto(TinySpec());
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ(none->spec.model.init_from.checkpoint, "");
+  EXPECT_EQ(JobRequestToJson(*none).find("init_from"), std::string::npos);
+
+  spec.mutable_model()->mutable_init_from()->set_optimizer("keep");
+  EXPECT_THAT(JobRequestFromProto(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.init_from.optimizer: must be fresh or restore")));
+}
+
 // Issue 16: train.schedule, train.wave, train.activations and
 // train.cuda_graphs go through the proto and the stored JSON both ways,
 // parsed into the spec's enums at the door (their length first); unset is
