@@ -8,6 +8,7 @@
 #   PHASES=build deploy/gpu-crash-hunt.sh --model=llama-3b --devices=4 ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source deploy/gpu-bounded.sh
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 work=${WORK:-/tmp/crash-hunt}
 mkdir -p "$work"
@@ -27,17 +28,7 @@ echo "built; each run bounded by RUN_LIMIT=${RUN_LIMIT:-150} s"
 for i in $(seq "${RUNS_N:-3}"); do
   start=$(date +%s)
   "$BUILD_DIR/engine/megatrain-bench" --json "$@" > "$work/run-$i.json" 2> "$work/run-$i.log" &
-  pid=$!
-  for _ in $(seq "${RUN_LIMIT:-150}"); do kill -0 $pid 2> /dev/null || break; sleep 1; done
-  if kill -0 $pid 2> /dev/null; then
-    # A hang: every thread's stack where gdb is installed, then stop it.
-    echo "run $i: still running after ${RUN_LIMIT:-150} s; gdb: $(command -v gdb || echo none)"
-    command -v gdb > /dev/null &&
-      timeout 90 gdb -p $pid -batch -ex 'thread apply all bt 16' 2>&1 |
-      grep -E '^Thread|^#' | grep -vE 'pthread_cond|futex|__GI_|syscall|clock_nanosleep' | head -80
-    kill -9 $pid
-  fi
-  wait $pid
+  wait_bounded $! "${RUN_LIMIT:-150}" "run $i"
   rc=$?
   echo "run $i: exit $rc in $(( $(date +%s) - start )) s $(grep -oE '"tokens_per_s":[0-9.]*' "$work/run-$i.json")"
   if [ "$rc" -ne 0 ]; then

@@ -44,6 +44,7 @@
 # call that reaches its time limit brings back nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source deploy/gpu-bounded.sh
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 work=${WORK:-/tmp/dp-scale}
@@ -107,16 +108,7 @@ if has peer && [ "$gpus" -ge 2 ]; then
       --compute_dtype=bf16 --micro_batch=8 --seq_len=2048 --gradient_accumulation_steps=1 \
       --max_grad_norm=1.0 --steps=3 --warmup=1 --data=fixed --json --peer_copies=$peer \
       --collective_timeout_s=60 > "$work/peer-$peer.json" 2> "$work/peer-$peer.log" &
-    pid=$!
-    for _ in $(seq "${PEER_LIMIT:-150}"); do kill -0 $pid 2> /dev/null || break; sleep 1; done
-    if kill -0 $pid 2> /dev/null; then
-      elapsed "peer_copies=$peer: still running; its threads:"
-      command -v gdb > /dev/null &&
-        timeout 60 gdb -p $pid -batch -ex 'thread apply all bt 14' 2>&1 |
-        grep -E '^Thread|^#' | grep -vE 'libc\.so|pthread_cond|futex|__GI_|syscall' | head -90
-      kill -9 $pid
-    fi
-    wait $pid
+    wait_bounded $! "${PEER_LIMIT:-150}" "peer_copies=$peer"
     elapsed "peer_copies=$peer: exit $? $(grep -oE '"(tokens_per_s|loss_last|peer_copies)":[^,]*' "$work/peer-$peer.json" | tr '\n' ' ')"
     grep -iE 'error|peer copies' "$work/peer-$peer.log" | head -5
   done
