@@ -706,6 +706,17 @@ absl::Status TrainingJobImpl::InitFromCheckpoint() {
     return absl::FailedPreconditionError(absl::StrCat(
         "model.init_from.checkpoint: '", init.checkpoint, "' was not resolved to a directory"));
   }
+  if (init.manifest_xxh64 != 0) {  // InitFrom::manifest_xxh64: replaced since submit?
+    absl::StatusOr<CheckpointInfo> found = VerifyCheckpoint(init.checkpoint_dir, false);
+    if (!found.ok()) {
+      return Annotate(found.status(), absl::StrCat("model.init_from.checkpoint ", init.checkpoint));
+    }
+    if (found->manifest_xxh64 != init.manifest_xxh64) {
+      return absl::DataLossError(absl::StrCat(
+          "model.init_from.checkpoint ", init.checkpoint, ": ", init.checkpoint_dir,
+          " is not the checkpoint recorded at submission (manifest.json replaced since)"));
+    }
+  }
   const bool restore = init.optimizer == InitOptimizer::kRestore;
   absl::StatusOr<CheckpointState> state =
       ReadCheckpoint(init.checkpoint_dir, &trainer_->store(), trainer_->nvme_moments(),

@@ -6,6 +6,7 @@
 #ifndef MEGATRAIN_ENGINE_SPEC_INIT_FROM_H_
 #define MEGATRAIN_ENGINE_SPEC_INIT_FROM_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -55,6 +56,11 @@ struct InitFrom {
   // never from the user (not in the job file or the proto); a standalone
   // run sets it itself. The engine reads only this.
   std::string checkpoint_dir;
+  // XXH64 of its manifest.json as the daemon's record has it (Note
+  // [Checkpoint ownership]); 0: not checked. The job checks it again when
+  // it starts, so that a directory replaced while the job was queued (a
+  // link swapped in above it) is refused, not read.
+  uint64_t manifest_xxh64 = 0;
 };
 
 // The largest step a checkpoint id may name (a 64-bit step count).

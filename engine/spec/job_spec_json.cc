@@ -88,6 +88,9 @@ absl::Status ModelAndDataFromJson(const json& j, JobSpec* spec) {
   if (auto it = model.find("init_from"); it != model.end() && it->is_object()) {
     Get(*it, "checkpoint", &spec->model.init_from.checkpoint);
     Get(*it, "checkpoint_dir", &spec->model.init_from.checkpoint_dir);
+    if (auto h = it->find("manifest_xxh64"); h != it->end() && h->is_number_unsigned()) {
+      spec->model.init_from.manifest_xxh64 = h->get<uint64_t>();
+    }
     std::string optimizer(InitOptimizerName(spec->model.init_from.optimizer));
     Get(*it, "optimizer", &optimizer);
     absl::StatusOr<InitOptimizer> parsed = ParseInitOptimizer(optimizer);
@@ -235,7 +238,8 @@ json JobSpecToJsonObject(const JobSpec& s) {
   if (!s.model.init_from.checkpoint.empty()) {
     j["model"]["init_from"] = {{"checkpoint", s.model.init_from.checkpoint},
                                {"optimizer", InitOptimizerName(s.model.init_from.optimizer)},
-                               {"checkpoint_dir", s.model.init_from.checkpoint_dir}};
+                               {"checkpoint_dir", s.model.init_from.checkpoint_dir},
+                               {"manifest_xxh64", s.model.init_from.manifest_xxh64}};
   }
   j["data"] = {{"tokens", s.data.tokens},
                {"eval_tokens", s.data.eval_tokens},

@@ -363,6 +363,8 @@ absl::StatusOr<JobRecord> JobManager::FindRepeat(const Principal& caller, const 
   // Resolved at submit from the records (ResolveInitFrom), never the caller's.
   normalized.spec.model.init_from.checkpoint_dir =
       existing->request.spec.model.init_from.checkpoint_dir;
+  normalized.spec.model.init_from.manifest_xxh64 =
+      existing->request.spec.model.init_from.manifest_xxh64;
   if (JobRequestToJson(normalized) != JobRequestToJson(existing->request)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
                                                  "' was already used for job ", existing->id,
@@ -1272,6 +1274,7 @@ absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& cal
 absl::Status JobManager::ResolveInitFrom(const Principal& caller, engine::JobSpec* spec) {
   engine::InitFrom& init = spec->model.init_from;
   init.checkpoint_dir.clear();  // never the caller's
+  init.manifest_xxh64 = 0;
   if (init.checkpoint.empty()) return absl::OkStatus();
   constexpr absl::string_view kField = "model.init_from.checkpoint";
   // Also checked with the spec's other fields (ValidateJobSpec); again
@@ -1288,6 +1291,7 @@ absl::Status JobManager::ResolveInitFrom(const Principal& caller, engine::JobSpe
       Annotate(CheckpointRecords::VerifyAgainstRecord(*record, *found), kField));
   MEGATRAIN_RETURN_IF_ERROR(backend_->CheckInitFromModel(*spec, record->dir));
   init.checkpoint_dir = record->dir;
+  init.manifest_xxh64 = record->manifest_xxh64;
   return absl::OkStatus();
 }
 

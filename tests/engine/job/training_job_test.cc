@@ -477,6 +477,36 @@ TEST(TrainingJobInitFromTest, RestoredOptimizerContinuesAsTheOriginalJob) {
   EXPECT_EQ(rec.losses[1], straight.losses[5]);
 }
 
+// InitFrom::manifest_xxh64: a directory whose manifest is not the one the
+// daemon recorded at submission (replaced while the job was queued) is
+// refused with DATA_LOSS when the job starts, before its weights are read.
+TEST(TrainingJobInitFromTest, CheckpointReplacedSinceSubmissionIsDataLoss) {
+  const std::string data = WriteOneWindowDataset();
+  Recorder straight;
+  const std::string step4 = RunOriginal(data, &straight);
+  auto info = VerifyCheckpoint(step4, false);
+  ASSERT_THAT(info, IsOk());
+  JobSpec spec = OneWindowSpec(data, testing::MakeTempDir("replaced"));
+  spec.model.init_from = {.checkpoint = "job-000001/step-4",
+                          .checkpoint_dir = step4,
+                          .manifest_xxh64 = info->manifest_xxh64 ^ 1};
+  absl::Status status;
+  auto job = TrainingJob::Create(spec, "cpu", std::nullopt);
+  if (!job.ok()) {
+    status = job.status();
+  } else {
+    Recorder rec;
+    status = (*job)->Run(&rec).status();
+  }
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss,
+                               HasSubstr("not the checkpoint recorded at submission")));
+  spec.model.init_from.manifest_xxh64 = info->manifest_xxh64;  // the recorded one: it starts
+  auto ok = TrainingJob::Create(spec, "cpu", std::nullopt);
+  ASSERT_THAT(ok, IsOk());
+  Recorder rec;
+  EXPECT_THAT((*ok)->Run(&rec), IsOk());
+}
+
 TEST(CheckInitFromModelTest, OtherModelIsInvalidArgumentNamingTheField) {
   const std::string data = WriteOneWindowDataset();
   Recorder straight;
