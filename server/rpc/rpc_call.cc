@@ -112,6 +112,14 @@ engine::Cancellation RpcCall::EngineCancellation(absl::Duration max_engine_call)
           absl::FormatDuration(max_engine_call), " (--max_engine_call_seconds) and was stopped"));
     }
     if (context->IsCancelled()) {
+      // A client whose deadline passes hangs up on its own clock, before
+      // the daemon's copy of the deadline (which starts when the request
+      // arrives) passes here: a hang-up that close to the deadline is the
+      // deadline's (Note [Cancelled engine calls]).
+      if (client_deadline - now <= kDeadlineHangUpSlack) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            method, ": the call's deadline passed; the engine call was stopped"));
+      }
       return absl::CancelledError(absl::StrCat(
           method, ": the client cancelled the call or went away; the engine call was stopped"));
     }

@@ -75,9 +75,17 @@ absl::Status CheckDeadline(absl::Time deadline, absl::Time now);
 //                      start) so that a client that sets no deadline
 //                      cannot hold a core for longer;
 //   CANCELLED          once the client cancelled or hung up
-//                      (grpc::ServerContext::IsCancelled).
+//                      (grpc::ServerContext::IsCancelled) while more than
+//                      kDeadlineHangUpSlack of its deadline was left.
+// A client's deadline runs on the client's clock from the moment it sent
+// the call; the daemon's copy starts when the request arrives, later by
+// the request's transit (milliseconds, more on a loaded host). So the
+// client hangs up first, and the daemon sees a cancel just before its
+// copy of the deadline: a hang-up within kDeadlineHangUpSlack of the
+// deadline is reported as DEADLINE_EXCEEDED, what the client saw.
 // Nothing is kept of a stopped call: a submission is not queued.
 inline constexpr absl::Duration kDefaultMaxEngineCall = absl::Seconds(60);
+inline constexpr absl::Duration kDeadlineHangUpSlack = absl::Seconds(1);
 
 class RpcCall {
  public:
