@@ -10,6 +10,8 @@
 #   PHASES=scale RUNS=qwen2.5-14b:1:fp32 DEVICES="1 2" BENCH_ARGS=--peer_copies=true \
 #     deploy/gpu-dp-scale.sh     # peer copies at 14B (then DEVICES=2 without, for NCCL)
 #   PHASES="build daemon-hf" HF_DEVICES=cuda:0,cuda:1,cuda:2,cuda:3 deploy/gpu-dp-scale.sh
+#   PHASES="build scale" RUNS="qwen2.5-14b:4:fp32 mistral-small-24b:4:fp32" DEVICES="1 4" \
+#     deploy/gpu-dp-scale.sh     # the largest shapes a 4-GPU host holds
 #
 # Phases (in this order, each skipped unless named in PHASES):
 #   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of
@@ -116,8 +118,17 @@ fi
 
 if has scale; then
   # Public shapes past the presets, as HF config.json files (random
-  # weights): RUNS may name qwen2.5-14b.
-  mkdir -p /tmp/shapes/qwen2.5-14b
+  # weights): RUNS may name qwen2.5-14b or mistral-small-24b (23.57 B
+  # parameters: about 380 GB at 16 bytes/param, a 4-GPU host's size).
+  mkdir -p /tmp/shapes/qwen2.5-14b /tmp/shapes/mistral-small-24b
+  cat > /tmp/shapes/mistral-small-24b/config.json <<'JSON'
+{"model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 131072,
+ "hidden_size": 5120, "intermediate_size": 32768, "num_hidden_layers": 40,
+ "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+ "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 100000000.0,
+ "tie_word_embeddings": false, "hidden_act": "silu", "sliding_window": null,
+ "bos_token_id": 1, "eos_token_id": 2}
+JSON
   cat > /tmp/shapes/qwen2.5-14b/config.json <<'JSON'
 {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 152064,
  "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
