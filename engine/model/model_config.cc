@@ -184,8 +184,15 @@ absl::Status CheckDimensions(const ModelConfig& c) {
                      c.num_attention_heads, "), got ", c.num_key_value_heads));
   }
   if (c.head_dim % 2 != 0) {
+    // HF's default head_dim is hidden_size // num_attention_heads: say so
+    // when that is where an odd one came from.
+    const std::string derived =
+        c.head_dim == c.hidden_size / c.num_attention_heads
+            ? absl::StrCat(" (hidden_size ", c.hidden_size, " / num_attention_heads ",
+                           c.num_attention_heads, " when config.json gives no head_dim)")
+            : "";
     return absl::InvalidArgumentError(
-        absl::StrCat("head_dim: must be even for RoPE, got ", c.head_dim));
+        absl::StrCat("head_dim: must be even for RoPE, got ", c.head_dim, derived));
   }
   if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1)) {
     return absl::InvalidArgumentError(

@@ -16,7 +16,9 @@ namespace {
 
 using ::megatrain::testing::IsOk;
 using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Llama-3.2-1B's config.json as published (fields that matter here).
 constexpr char kLlama32Config[] = R"({
@@ -71,6 +73,21 @@ TEST(ParseHfConfigTest, RefusesHeadsThatDoNotDivide) {
                                 "intermediate_size": 4, "num_hidden_layers": 1,
                                 "num_attention_heads": 6, "num_key_value_heads": 4})"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
+}
+
+TEST(ParseHfConfigTest, AnOddDefaultHeadDimSaysWhereItCameFrom) {
+  EXPECT_THAT(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 4096,
+                                "intermediate_size": 4, "num_hidden_layers": 1,
+                                "num_attention_heads": 3})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("head_dim: must be even for RoPE, got 1365 (hidden_size 4096 / "
+                                 "num_attention_heads 3 when config.json gives no head_dim)")));
+  EXPECT_THAT(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 4096,
+                                "intermediate_size": 4, "num_hidden_layers": 1,
+                                "num_attention_heads": 32, "head_dim": 127})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("head_dim: must be even for RoPE, got 127"),
+                             Not(HasSubstr("when config.json gives no head_dim")))));
 }
 
 TEST(ParseHfConfigTest, RefusesUnsupportedRopeScaling) {
