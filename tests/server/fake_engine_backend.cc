@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/spec/job_spec.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::server::testing {
 
@@ -462,11 +463,6 @@ std::vector<std::string> FakeEngineBackend::created_names() {
   return names;
 }
 
-std::string MakeTempDir() {
-  std::string pattern = (fs::path(::testing::TempDir()) / "megatrain-XXXXXX").string();
-  char* dir = mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
+std::string MakeTempDir() { return ::megatrain::testing::MakeTempDir("megatrain"); }
 
 }  // namespace megatrain::server::testing

@@ -6,19 +6,61 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace megatrain::testing {
 
+namespace temp_dir_internal {
+
+// The directories MakeTempDir made in this process, removed when the
+// process exits (static destruction, after every test and its daemons
+// have stopped), so that repeated runs do not fill the temp dir. Only the
+// process that made them removes them: a forked child (a death test) that
+// exits leaves them. MEGATRAIN_KEEP_TEST_DIRS=1 keeps them for a look.
+class Made {
+ public:
+  void Add(std::string dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(std::move(dir));
+  }
+  ~Made() {
+    const char* keep = ::getenv("MEGATRAIN_KEEP_TEST_DIRS");
+    if (::getpid() != owner_ || (keep != nullptr && std::string(keep) == "1")) return;
+    for (const std::string& dir : dirs_) {
+      std::error_code ignored;  // a test may have made a part unreadable
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
+
+ private:
+  const pid_t owner_ = ::getpid();
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+
+inline Made& MadeDirs() {
+  static Made made;
+  return made;
+}
+
+}  // namespace temp_dir_internal
+
 // Creates `<TempDir>/<prefix>.XXXXXX` with mkdtemp and returns its path;
-// records a test failure if it cannot.
+// records a test failure if it cannot. The directory and what is in it
+// are removed when the process exits (temp_dir_internal::Made).
 inline std::string MakeTempDir(const std::string& prefix = "megatrain") {
   std::string pattern = ::testing::TempDir() + "/" + prefix + ".XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr) << "mkdtemp " << pattern;
+  const bool made = ::mkdtemp(pattern.data()) != nullptr;
+  EXPECT_TRUE(made) << "mkdtemp " << pattern;
+  if (made) temp_dir_internal::MadeDirs().Add(pattern);
   return pattern;
 }
 
