@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a GPU machine for issue 19's session-10 changes: builds
+# One call on a GPU machine for issue 19's changes of 2026-11-24: builds
 # megatrain-bench (deploy/gpu-build.sh, no server), then
 #   1. the NVMe-tier teardown: a tiny model with --nvme_tier moments on
 #      CUDA; it must exit 0, print the teardown markers and leave nothing

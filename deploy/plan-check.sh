@@ -38,7 +38,7 @@ print(f"| {label} | {measured:.3f} ({tps:,.0f} tokens/s) | {projected:.3f} | {pr
 PY
 }
 S=(--micro_batch 8 --seq_len 2048 --dtype bf16)
-# Session 9 (nvidia-h200, merged code).
+# 2026-11-24 (nvidia-h200, merged code).
 row "llama-1b, accumulation 1, clip 1.0" 33112 --preset llama-1b "${S[@]}" \
   --gradient_accumulation_steps 1 --max_grad_norm 1
 row "llama-1b, accumulation 4, clip 1.0" 34845 --preset llama-1b "${S[@]}" \
@@ -67,11 +67,11 @@ row "llama-3b, accumulation 8, clip 1.0, all in RAM" 14485 --preset llama-3b "${
 row "llama-3b, accumulation 8, clip 1.0, moments on NVMe (best of 4,572-5,137)" 5137 \
   --preset llama-3b "${S[@]}" --gradient_accumulation_steps 8 --max_grad_norm 1 \
   --nvme_tier moments --nvme 1TB --nvme_read_gbps 2.6 --nvme_write_gbps 2.6
-# Sessions 5-7 (the check docs/operations.md recorded first; one
+# 2026-11-21 (the check docs/operations.md recorded first; one
 # micro-batch per step, the default clipping).
-row "llama-1b, session 5-7 (0.529 s)" 30973 --preset llama-1b "${S[@]}" \
+row "llama-1b, 2026-11-21 (0.529 s)" 30973 --preset llama-1b "${S[@]}" \
   --gradient_accumulation_steps 1
-row "llama-3b, session 5-7 (1.190 s)" 13768 --preset llama-3b "${S[@]}" \
+row "llama-3b, 2026-11-21 (1.190 s)" 13768 --preset llama-3b "${S[@]}" \
   --gradient_accumulation_steps 1
-row "llama-8b, session 5-7 (2.230 s)" 7347 --preset llama-8b "${S[@]}" \
+row "llama-8b, 2026-11-21 (2.230 s)" 7347 --preset llama-8b "${S[@]}" \
   --gradient_accumulation_steps 1

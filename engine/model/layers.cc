@@ -790,8 +790,8 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
 // epilogue adds into the fp32 accumulator (compat::AddmmIntoFp32), where
 // autograd would round each chunk's dW to bf16 and add it with a separate,
 // unvectorised mixed-dtype kernel: a whole [V, C] read-modify-write per
-// chunk either way, but one pass instead of three (docs/performance.md,
-// "session 11" and "session 12"; kLossChunkLogitBytes sets how many rows
+// chunk either way, but one pass instead of three (docs/performance-history.md,
+// "2026-11-24 (kernel-profile)" and "(head-GEMM)"; kLossChunkLogitBytes sets how many rows
 // share it). The fused sum is closer to the exact gradient, not farther;
 // where the GEMM is missing (CPU, older torch) the per-chunk rounding
 // stays as it was. Chunks are summed in row order in every schedule, so

@@ -288,7 +288,7 @@ inline bool AddmmIntoFp32(at::Tensor& acc, const at::Tensor& mat1, const at::Ten
 // (_fused_rms_norm and its backward) where the composite form launches
 // about five kernels forward and ten backward, each a full [.., D] fp32
 // pass: the largest elementwise cost of the decoder layer at 8B
-// (docs/performance.md, "session 14"). The fused kernel sums x^2 in its
+// (docs/performance-history.md, "2026-11-24 (CUDA-graphs)"). The fused kernel sums x^2 in its
 // own order, so rstd, and the output, can differ from the composite's in
 // the last bit; it is one function for every schedule, tier and resume, so
 // those stay bit-identical to each other. Returns an undefined tensor where
@@ -314,7 +314,7 @@ inline at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, do
 // fragmentation: with fixed-size segments, llama-3b at 8 x 2048 x
 // accumulation 4 with 20 resident layers on an 80 GB H100 failed with
 // 9.9 GiB reserved but unallocated; with expandable segments it ran
-// (docs/performance.md, "session 12"). torch >= 2.1 (older versions
+// (docs/performance-history.md, "2026-11-24 (head-GEMM)"). torch >= 2.1 (older versions
 // reject the key, so nothing is set there). Call from main() before any
 // thread starts and before the first CUDA allocation: the allocator reads
 // the variable once, and setenv is not thread-safe.

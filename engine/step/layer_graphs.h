@@ -6,7 +6,7 @@
 // decoder layer's forward is ~30 kernels and its recompute and backward
 // ~90, each of a few tens of microseconds at 1 x 2048 tokens, and
 // LibTorch's dispatch and autograd between two launches take about as
-// long as the kernel (docs/performance.md, "session 13": 43% of a traced
+// long as the kernel (docs/performance-history.md, "2026-11-24 (CUDA-graphs)": 43% of a traced
 // micro-batch-1 step is launch gaps, in both this engine and resident
 // PyTorch). Captured once as a CUDA graph, the same kernels are replayed
 // with one launch.

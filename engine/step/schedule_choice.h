@@ -57,7 +57,7 @@
 //     bytes of device memory traffic per parameter (Note [Fused device
 //     AdamW]), a CPU update ~40 bytes of host memory traffic, and hosts
 //     differ: on some the CPU AdamW of the streamed layers outlasts the
-//     GPU's step (docs/performance.md, "session 12");
+//     GPU's step (docs/performance-history.md, "2026-11-24 (head-GEMM)");
 // such that
 //   PlanExecutorMemory(final options).device_bytes()  (slots, ring,
 //       resident blocks, accumulation buffers: exactly what is allocated)
@@ -121,7 +121,7 @@ inline constexpr double kDeviceGradAccumulationMaxFraction = 1.0 / 4;
 // layers from CUDA graphs on a GPU when a micro-batch has at most this many
 // tokens (B x T). Below it a layer's kernels are short enough that host
 // launch work between them leaves the GPU idle (llama-1b at 1 x 2048:
-// 43% of a step, docs/performance.md "session 13"); above it the kernels
+// 43% of a step, docs/performance-history.md "2026-11-24 (CUDA-graphs)"); above it the kernels
 // hide the launches and the graphs' memory buys little.
 inline constexpr int64_t kCudaGraphMaxTokens = 4096;
 

@@ -104,7 +104,7 @@ HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
 // untouched, their pages are faulted and zeroed by the optimizer's first
 // step, inside the step: on llama-8b (8 bytes per parameter of moments)
 // that made the first update several times slower than the next ones and
-// the step wait for it (docs/performance.md, session 13). Faulting
+// the step wait for it (docs/performance-history.md, "2026-11-24 (RoPE-kernels)"). Faulting
 // them in at creation, on all cores, moves that cost out of training and
 // makes the process's resident memory equal admission's footprint from
 // the start.

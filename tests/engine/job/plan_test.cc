@@ -142,7 +142,7 @@ TEST(PlanTest, WeightStreamAndGradientRingChangeTheHostBytes) {
 // fp32 weight stream, 8 x 2048, accumulation 1) on both of its models: the
 // ring is kGradRingBuffers decoder layers whatever the vocabulary (Note
 // [Gradient ring]), so llama-3b's 128,256 x 3,072 head no longer sets it
-// (session 10: one head-sized buffer and one layer, 12.55 bytes/param).
+// (before, 2026-11-24: one head-sized buffer and one layer, 12.55 bytes/param).
 TEST(PlanTest, GradientRingMeetsTwelveAndAHalfBytesPerParameter) {
   struct Case {
     const char* preset;

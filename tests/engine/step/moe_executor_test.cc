@@ -301,7 +301,7 @@ std::map<std::string, at::Tensor> LeavesOfStore(const HostStore& store, bool bf1
 }
 
 // Note [MoE bf16 parity]
-// Measured on the CPU (session 9, seeds 17-20 of the weights, the batches
+// Measured on the CPU (2026-11-24, seeds 17-20 of the weights, the batches
 // below) against an fp64 run of the reference on the same weights (the
 // exact model), with the norm-relative metric of Note [Near-cancelling
 // gradients]:
