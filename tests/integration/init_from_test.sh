@@ -12,7 +12,9 @@
 #     the AdamW moments on the NVMe tier (memory.nvme_tier: moments);
 #   * another user's checkpoint is PERMISSION_DENIED (exit 6), a deleted
 #     checkpoint and an unknown job NOT_FOUND (exit 4), a path
-#     INVALID_ARGUMENT (exit 2), each naming model.init_from.checkpoint.
+#     INVALID_ARGUMENT (exit 2), each naming model.init_from.checkpoint; a
+#     restore that leaves no step after the checkpoint's is INVALID_ARGUMENT
+#     naming train.max_steps.
 # Why the losses can be compared: the data is one 31-token document, so the
 # stream repeats every 32 tokens (31 + EOS; Note [Packing rule] in
 # engine/data/data_loader.h) and with seq_len 16 and micro_batch 2 every
@@ -149,6 +151,8 @@ expect_exit 4 NOT_FOUND "model.init_from.checkpoint" --token alice-secret \
   submit "$(one_job deleted 4 "init_from: $a/step-8")"
 expect_exit 4 NOT_FOUND "model.init_from.checkpoint" --token alice-secret \
   submit "$(one_job unknown 4 "init_from: job-999999/step-4")"
+expect_exit 2 INVALID_ARGUMENT "train.max_steps: 4 leaves nothing to train after model.init_from" \
+  --token alice-secret submit "$(one_job short 4 "init_from: {checkpoint: $a/step-4, optimizer: restore}")"
 expect_exit 2 INVALID_ARGUMENT "model.init_from.checkpoint: expected '<job id>/step-<step>'" \
   --token alice-secret submit "$(one_job path 4 "init_from: $WORK/state")"
 
