@@ -1271,6 +1271,32 @@ absl::StatusOr<CheckpointRecord> JobManager::FindCheckpoint(const Principal& cal
   return checkpoints_.Find(*job, parsed.second, checkpoint_id);
 }
 
+namespace {
+
+// model.init_from.optimizer restore goes on from the checkpoint's step to
+// the job's last step, counted from 0 (docs/job-spec.md, "Starting from a
+// checkpoint"): a job whose last step is not past the checkpoint's would
+// train nothing and end SUCCEEDED. INVALID_ARGUMENT naming train.max_steps
+// (or train.max_tokens, what set the step count).
+absl::Status CheckRestoreLeavesSteps(const engine::JobSpec& spec, int64_t checkpoint_step) {
+  const int64_t max_steps = engine::MaxSteps(spec);
+  if (spec.model.init_from.optimizer != engine::InitOptimizer::kRestore ||
+      max_steps > checkpoint_step) {
+    return absl::OkStatus();
+  }
+  const std::string steps =
+      spec.train.max_steps > 0
+          ? absl::StrCat("train.max_steps: ", max_steps)
+          : absl::StrCat("train.max_tokens: ", spec.train.max_tokens, " (", max_steps, " steps)");
+  return absl::InvalidArgumentError(absl::StrCat(
+      steps, " leaves nothing to train after model.init_from.checkpoint ",
+      spec.model.init_from.checkpoint, " with optimizer: restore, which goes on from step ",
+      checkpoint_step + 1, " to the job's last step; give more steps than ", checkpoint_step,
+      ", or optimizer: fresh to count from step 1"));
+}
+
+}  // namespace
+
 absl::Status JobManager::ResolveInitFrom(const Principal& caller, engine::JobSpec* spec) {
   engine::InitFrom& init = spec->model.init_from;
   init.checkpoint_dir.clear();  // never the caller's
@@ -1284,6 +1310,7 @@ absl::Status JobManager::ResolveInitFrom(const Principal& caller, engine::JobSpe
   JobRecord source;
   absl::StatusOr<CheckpointRecord> record = FindCheckpoint(caller, init.checkpoint, &source);
   if (!record.ok()) return Annotate(record.status(), kField);
+  MEGATRAIN_RETURN_IF_ERROR(CheckRestoreLeavesSteps(*spec, record->step));
   absl::StatusOr<engine::CheckpointInfo> found =
       backend_->VerifyCheckpoint(record->dir, /*check_data=*/false);
   if (!found.ok()) return Annotate(found.status(), kField);

@@ -362,8 +362,10 @@ class JobManager {
   // caller sent is dropped). Errors naming model.init_from.checkpoint:
   // PERMISSION_DENIED for another user's job, NOT_FOUND for an unknown job
   // or checkpoint, DATA_LOSS for one no longer what its job wrote,
-  // INVALID_ARGUMENT for a model other than the job's. Reads the
-  // checkpoint's manifest, state and config.json: call without mu_.
+  // INVALID_ARGUMENT for a model other than the job's; INVALID_ARGUMENT
+  // naming train.max_steps (or train.max_tokens) when `optimizer: restore`
+  // leaves no step after the checkpoint's. Reads the checkpoint's
+  // manifest, state and config.json: call without mu_.
   absl::Status ResolveInitFrom(const Principal& caller, engine::JobSpec* spec)
       ABSL_LOCKS_EXCLUDED(mu_);
 

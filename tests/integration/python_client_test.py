@@ -1,7 +1,8 @@
 """Driven by python_client_test.sh against a real megatraind, with the
 installed package: every call of megatrain_client (plan, submit from a dict
 and from YAML, wait with progress, list, get, suspend, resume, cancel,
-checkpoints, checkpoint_now, delete_checkpoint, export, metrics, status),
+checkpoints, checkpoint_now, delete_checkpoint, export, metrics, status,
+submit with init_from),
 integers as ints, its errors (gRPC code and message on MegatrainError; a
 bad spec's every field by YAML path on JobSpecError), and an export of a
 job trained from a HF directory that keeps its config keys and tokenizer
@@ -88,6 +89,16 @@ with Client(addr, token=token, timeout_s=120) as c:
     check(os.path.isfile(os.path.join(out, "config.json")), "export() wrote config.json")
     check(exported["copied_files"] == [] and exported["skipped_files"] == [],
           "a preset job's export copies nothing")
+    # submit(init_from=, optimizer=): a job from the last checkpoint with its
+    # AdamW state goes on from step 41 to its max_steps, 42.
+    restored = c.submit(spec("py-init-from", 42), init_from=ckpts[-1], optimizer="restore")
+    check(restored["spec"]["model"]["init_from"] ==
+          {"checkpoint": ckpts[-1]["id"], "optimizer": "restore"},
+          f"submit(init_from=..., optimizer='restore') sets model.init_from ({restored['spec']['model']})")
+    final_restored = c.wait(restored["id"], progress=False)
+    steps = [e["step"]["step"] for e in c.watch(restored["id"]) if "step" in e]
+    check(final_restored["state"] == "JOB_STATE_SUCCEEDED" and steps == [41, 42],
+          f"the restored job ran steps 41..42 ({final_restored['state']}, {steps})")
     c.delete_checkpoint(ckpts[0]["id"])
     check(all(k["id"] != ckpts[0]["id"] for k in c.checkpoints(job["id"])), "delete_checkpoint()")
 
@@ -194,4 +205,6 @@ with Client(addr, token="wrong") as c:
     expect_error(grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token", c.status)
 with Client(addr, token=other_token) as c:
     expect_error(grpc.StatusCode.PERMISSION_DENIED, "", c.get, job["id"])
+    expect_error(grpc.StatusCode.PERMISSION_DENIED, "model.init_from.checkpoint",
+                 lambda: c.submit(spec("py-not-mine", 10), init_from=ckpts[-1]["id"]))
 print("python client: all checks passed")

@@ -15,7 +15,7 @@ import unittest
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="megatrain-client-test.")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "client", "python"))
 from megatrain_client import Client, JobSpecError, job_spec  # noqa: E402
-from megatrain_client.client import _to_dict, job_pb2, server_pb2  # noqa: E402
+from megatrain_client.client import _to_dict, _with_init_from, job_pb2, server_pb2  # noqa: E402
 
 
 class JobSpecTest(unittest.TestCase):
@@ -66,6 +66,58 @@ class JobSpecTest(unittest.TestCase):
     def test_preset_and_hf_dir_together_are_refused(self):
         with self.assertRaisesRegex(JobSpecError, "model: give one of preset and hf_dir, not both"):
             job_spec({"model": {"preset": "tiny", "hf_dir": "/m"}})
+
+
+class InitFromTest(unittest.TestCase):
+    """model.init_from as the job file writes it, and submit()'s init_from
+    and optimizer arguments (docs/job-spec.md, "Starting from a
+    checkpoint")."""
+
+    def test_string_is_the_checkpoint_with_a_fresh_optimizer(self):
+        spec = job_spec({"model": {"preset": "tiny", "init_from": "job-000012/step-400"}})
+
+        self.assertEqual(spec.model.init_from.checkpoint, "job-000012/step-400")
+        self.assertEqual(spec.model.init_from.optimizer, "")  # the daemon's default: fresh
+
+    def test_mapping_sets_checkpoint_and_optimizer(self):
+        spec = job_spec({"model": {"init_from": {"checkpoint": "job-000012/step-400",
+                                                 "optimizer": "restore"}}})
+
+        self.assertEqual(spec.model.init_from.checkpoint, "job-000012/step-400")
+        self.assertEqual(spec.model.init_from.optimizer, "restore")
+
+    def test_bad_optimizer_and_missing_checkpoint_are_reported_by_yaml_path(self):
+        with self.assertRaises(JobSpecError) as raised:
+            job_spec({"model": {"init_from": {"optimizer": "keep"}}})
+
+        self.assertEqual(raised.exception.errors, [
+            "model.init_from.optimizer: must be fresh or restore, got 'keep'",
+            "model.init_from.checkpoint: required"])
+
+    def test_submit_arguments_set_init_from_on_a_copy(self):
+        original = job_spec({"model": {"preset": "tiny"}})
+
+        spec = _with_init_from(original, {"id": "job-000001/step-4", "step": 4}, "restore")
+
+        self.assertEqual(spec.model.init_from.checkpoint, "job-000001/step-4")
+        self.assertEqual(spec.model.init_from.optimizer, "restore")
+        self.assertEqual(spec.model.preset, "tiny")
+        self.assertFalse(original.model.HasField("init_from"))  # the caller's spec is untouched
+        self.assertEqual(_with_init_from(original, "job-000001/step-4", None)
+                         .model.init_from.optimizer, "")
+
+    def test_submit_arguments_refuse_what_they_cannot_mean(self):
+        tiny = job_spec({"model": {"preset": "tiny"}})
+        with_one = job_spec({"model": {"preset": "tiny", "init_from": "job-000001/step-4"}})
+
+        with self.assertRaisesRegex(ValueError, "optimizer: given without init_from"):
+            _with_init_from(tiny, None, "restore")
+        with self.assertRaisesRegex(ValueError, "optimizer: must be fresh or restore, got 'keep'"):
+            _with_init_from(tiny, "job-000001/step-4", "keep")
+        with self.assertRaisesRegex(ValueError, "init_from: expected a checkpoint id"):
+            _with_init_from(tiny, {"step": 4}, None)
+        with self.assertRaisesRegex(ValueError, "the spec already has model.init_from"):
+            _with_init_from(with_one, "job-000001/step-8", None)
 
 
 class ResultTest(unittest.TestCase):

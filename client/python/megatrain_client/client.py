@@ -33,6 +33,13 @@ _PATH_KEYS = {"model.hf_dir", "data.tokens", "data.eval_tokens", "data.text", "d
 # Words the job file accepts in place of a number (client/job_file.cc):
 # train.devices "all" is 0 in the proto; train.resident_layers "auto" unset.
 _WORD_VALUES = {("train.devices", "all"): 0, ("train.resident_layers", "auto"): None}
+# Messages the job file also accepts as one string, and the field it sets:
+# `init_from: job-000012/step-400` is {checkpoint: job-000012/step-400}.
+_SHORTHAND = {"model.init_from": "checkpoint"}
+# String fields that take one of a few words (the daemon checks them too).
+_STRING_CHOICES = {"model.init_from.optimizer": ("fresh", "restore")}
+# Messages whose field must be set when the mapping is given.
+_REQUIRED = {"model.init_from": "checkpoint"}
 _TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"}
 _INT_TYPES = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
               FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32,
@@ -129,8 +136,15 @@ def _fill(message, spec, path, base_dir, errors):
             errors.append(f"{where}: missing value")
         elif field.message_type is not None and field.message_type.GetOptions().map_entry:
             _fill_map(getattr(message, key), value, where, errors)
+        elif field.message_type is not None and isinstance(value, str) and where in _SHORTHAND:
+            setattr(getattr(message, key), _SHORTHAND[where], value)
         elif field.message_type is not None:
             _fill(getattr(message, key), value, where, base_dir, errors)
+            required = _REQUIRED.get(where)
+            if required and isinstance(value, dict) and required not in value:
+                errors.append(f"{where}.{required}: required")
+        elif where in _STRING_CHOICES and value not in _STRING_CHOICES[where]:
+            errors.append(f"{where}: must be {' or '.join(_STRING_CHOICES[where])}, got {value!r}")
         elif isinstance(value, str) and (where, value) in _WORD_VALUES:
             if _WORD_VALUES[(where, value)] is not None:
                 setattr(message, key, _WORD_VALUES[(where, value)])
@@ -186,6 +200,30 @@ def job_spec(spec):
     if errors:
         raise JobSpecError(source, errors)
     return message
+
+
+def _with_init_from(spec, init_from, optimizer):
+    """A copy of JobSpec `spec` with model.init_from set from submit()'s
+    init_from (a checkpoint id or a checkpoints() dict) and optimizer;
+    ValueError naming the argument when they are bad."""
+    if init_from is None:
+        raise ValueError("optimizer: given without init_from (the checkpoint to start from)")
+    checkpoint = init_from.get("id") if isinstance(init_from, dict) else init_from
+    if not isinstance(checkpoint, str) or not checkpoint:
+        raise ValueError("init_from: expected a checkpoint id such as 'job-000012/step-400' or a "
+                         f"dict from checkpoints(), got {init_from!r}")
+    choices = _STRING_CHOICES["model.init_from.optimizer"]
+    if optimizer is not None and optimizer not in choices:
+        raise ValueError(f"optimizer: must be {' or '.join(choices)}, got {optimizer!r}")
+    if spec.model.init_from.checkpoint:
+        raise ValueError(f"init_from: the spec already has model.init_from "
+                         f"({spec.model.init_from.checkpoint!r}); give it in one place")
+    result = job_pb2.JobSpec()
+    result.CopyFrom(spec)
+    result.model.init_from.checkpoint = checkpoint
+    if optimizer is not None:
+        result.model.init_from.optimizer = optimizer
+    return result
 
 
 def _fix_ints(value, descriptor):
@@ -265,10 +303,30 @@ class Client:
         self.close()
 
     # -- jobs -------------------------------------------------------------
-    def submit(self, spec, request_id=""):
+    def submit(self, spec, request_id="", *, init_from=None, optimizer=None):
         """Queues a job from a dict, a YAML job file path or a JobSpec;
-        returns the Job. A repeated request_id returns the same job."""
-        request = job_pb2.SubmitJobRequest(spec=job_spec(spec), request_id=request_id)
+        returns the Job. A repeated request_id returns the same job.
+
+        init_from: start from the weights of one of your checkpoints, by its
+        id ("job-000012/step-400") or a dict that checkpoints() returned; it
+        sets the spec's model.init_from (docs/job-spec.md, "Starting from a
+        checkpoint"). optimizer: "fresh" (the default: a new AdamW from step
+        0) or "restore" (the checkpoint's AdamW moments and step count: the
+        job goes on from the checkpoint's step to train.max_steps). Raises
+        ValueError for optimizer without init_from, a bad optimizer word, or
+        init_from when the spec has one; the daemon's refusals are
+        MegatrainError: another user's checkpoint PERMISSION_DENIED, an
+        unknown or deleted one NOT_FOUND, each naming
+        model.init_from.checkpoint.
+
+        Example:
+            last = c.checkpoints("job-000012")[-1]
+            c.submit("sft.yaml", init_from=last, optimizer="restore")
+        """
+        message = job_spec(spec)
+        if init_from is not None or optimizer is not None:
+            message = _with_init_from(message, init_from, optimizer)
+        request = job_pb2.SubmitJobRequest(spec=message, request_id=request_id)
         return _to_dict(self._call(self._jobs.SubmitJob, request))
 
     def get(self, job_id):

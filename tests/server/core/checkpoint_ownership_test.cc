@@ -212,7 +212,7 @@ TEST_F(CheckpointOwnershipTest, ExportPassesTheJobsResolvedModelDirectory) {
 TEST_F(CheckpointOwnershipTest, InitFromResolvesAnOwnCheckpointThroughItsRecord) {
   StartManager();
   const JobRecord source = RunToEnd("a");
-  JobRequest request = Request("tuned", 2);
+  JobRequest request = Request("tuned", 6);  // restore: steps 5 and 6
   request.spec.model.init_from.checkpoint = CheckpointId(source.id, 4);
   request.spec.model.init_from.optimizer = engine::InitOptimizer::kRestore;
   request.spec.model.init_from.checkpoint_dir = "/etc";  // dropped
@@ -261,6 +261,37 @@ TEST_F(CheckpointOwnershipTest, InitFromRefusesUnknownForeignHostileAndMismatche
       absl::InvalidArgumentError("model.init_from.checkpoint x: the checkpoint's model is not");
   EXPECT_THAT(submit(kAlice, CheckpointId(source.id, 4)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model is not")));
+}
+
+// optimizer: restore goes on from the checkpoint's step: a job whose last
+// step is not past it would train nothing and end SUCCEEDED, so it is
+// refused at submit naming the field that set its step count; a fresh
+// optimizer counts from step 1 and may run fewer steps.
+TEST_F(CheckpointOwnershipTest, InitFromRestoreWithoutStepsLeftIsInvalidArgument) {
+  StartManager();
+  const JobRecord source = RunToEnd("a");
+  const auto submit = [&](int64_t max_steps, int64_t max_tokens, engine::InitOptimizer optimizer) {
+    JobRequest request = Request("tuned", max_steps);
+    request.spec.train.max_tokens = max_tokens;
+    request.spec.model.init_from.checkpoint = CheckpointId(source.id, 4);
+    request.spec.model.init_from.optimizer = optimizer;
+    return manager_->Submit(kAlice, std::move(request), "").status();
+  };
+  EXPECT_THAT(submit(4, 0, engine::InitOptimizer::kRestore),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("train.max_steps: 4 leaves nothing to train after "
+                                       "model.init_from.checkpoint " +
+                                       CheckpointId(source.id, 4)),
+                             HasSubstr("give more steps than 4"))));
+  // max_tokens: one step of the default shape, not past step 4.
+  const JobRequest shape = Request("shape");
+  const int64_t step_tokens = shape.spec.train.micro_batch * shape.spec.train.seq_len *
+                              shape.spec.train.gradient_accumulation_steps;
+  EXPECT_THAT(submit(0, step_tokens, engine::InitOptimizer::kRestore),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("train.max_tokens: ", step_tokens, " (1 steps)"))));
+  EXPECT_THAT(submit(2, 0, engine::InitOptimizer::kFresh), IsOk());
+  EXPECT_THAT(submit(5, 0, engine::InitOptimizer::kRestore), IsOk());
 }
 
 TEST_F(CheckpointOwnershipTest, DeleteRemovesTheFilesWithoutTheManagersLock) {
