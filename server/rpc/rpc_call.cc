@@ -117,8 +117,8 @@ engine::Cancellation RpcCall::EngineCancellation(absl::Duration max_engine_call)
       // arrives) passes here: a hang-up that close to the deadline is the
       // deadline's (Note [Cancelled engine calls]).
       if (client_deadline - now <= kDeadlineHangUpSlack) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            method, ": the call's deadline passed; the engine call was stopped"));
+        return absl::DeadlineExceededError(
+            absl::StrCat(method, ": the call's deadline passed; the engine call was stopped"));
       }
       return absl::CancelledError(absl::StrCat(
           method, ": the client cancelled the call or went away; the engine call was stopped"));

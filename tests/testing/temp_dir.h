@@ -57,7 +57,8 @@ inline Made& MadeDirs() {
 // records a test failure if it cannot. The directory and what is in it
 // are removed when the process exits (temp_dir_internal::Made).
 inline std::string MakeTempDir(const std::string& prefix = "megatrain") {
-  std::string pattern = ::testing::TempDir() + "/" + prefix + ".XXXXXX";
+  std::string pattern =
+      (std::filesystem::path(::testing::TempDir()) / (prefix + ".XXXXXX")).string();
   const bool made = ::mkdtemp(pattern.data()) != nullptr;
   EXPECT_TRUE(made) << "mkdtemp " << pattern;
   if (made) temp_dir_internal::MadeDirs().Add(pattern);
