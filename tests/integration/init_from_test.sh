@@ -121,6 +121,8 @@ json=$(alice get "$c" --json)
 [[ $(json_field "$json" .spec.model.init_from.checkpoint) == "$a/step-4" &&
    $(json_field "$json" .spec.model.init_from.optimizer) == restore ]] ||
   fail "GetJob does not show init_from: $(json_field "$json" .spec.model)"
+alice get "$c" | grep -qE "^init from: +$a/step-4 \(optimizer restore\)$" ||
+  fail "megatrain get does not show init_from: $(alice get "$c")"
 
 log "the same on 2 CPU device slots (gloo)"
 probe_out=$(DEVICES=2 alice submit "$(one_job probe 2)" 2>&1) || true
