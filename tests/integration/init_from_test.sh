@@ -16,7 +16,8 @@
 #     checkpoint and an unknown job NOT_FOUND (exit 4), a path
 #     INVALID_ARGUMENT (exit 2), each naming model.init_from.checkpoint; a
 #     restore that leaves no step after the checkpoint's is INVALID_ARGUMENT
-#     naming train.max_steps.
+#     naming train.max_steps; the audit log's SubmitJob record names the
+#     checkpoint bob tried.
 # Why the losses can be compared: the data is one 31-token document, so the
 # stream repeats every 32 tokens (31 + EOS; Note [Packing rule] in
 # engine/data/data_loader.h) and with seq_len 16 and micro_batch 2 every
@@ -30,6 +31,7 @@ tokens="$WORK/tokens.yaml"
   echo "users:"
   echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
   echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
+  echo "  - {name: root, role: admin, token_sha256: $(printf root-secret | "$CLI_BIN" hash-token)}"
 } >"$tokens"
 chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
 
@@ -154,6 +156,11 @@ alice --json watch "$c3" | jq -se '[.[] | select(.kind == "step") | .nvme_read_b
 log "refusals at submit, each naming model.init_from.checkpoint"
 expect_exit 6 PERMISSION_DENIED "model.init_from.checkpoint" --token bob-secret \
   submit "$(one_job bobs 4 "init_from: $a/step-4")"
+# The audit log names the checkpoint bob tried to start from.
+cli --token root-secret --json audit --user bob --method SubmitJob |
+  jq -e --arg c "$a/step-4" '.records[0] | .code == "PERMISSION_DENIED" and
+    (.detail | contains("init_from=" + $c + " optimizer=fresh"))' >/dev/null ||
+  fail "audit of bob's submit: $(cli --token root-secret --json audit --user bob)"
 alice delete-checkpoint "$a/step-8" >/dev/null || fail "delete-checkpoint $a/step-8"
 expect_exit 4 NOT_FOUND "model.init_from.checkpoint" --token alice-secret \
   submit "$(one_job deleted 4 "init_from: $a/step-8")"
