@@ -42,8 +42,8 @@ python3 -c 'import json; print(json.dumps({"input_ids": list(range(3, 34))}))' >
 
 # one_job NAME MAX_STEPS [MODEL_EXTRA] [TOP_EXTRA]: tiny on the one-window
 # data, 2 micro-batches a step (so that 2 devices split them), checkpoints
-# every 4 steps. MODEL_EXTRA goes into model:, TOP_EXTRA (e.g. a train:
-# override) at the top level.
+# every 4 steps. MODEL_EXTRA goes into model:, TOP_EXTRA (e.g. a memory:
+# line) at the top level; $DEVICES, when set, is train.devices.
 one_job() {
   local path="$WORK/$1.yaml"
   cat >"$path" <<YAML
