@@ -6,8 +6,10 @@
 #     loss (A's step-4 weights on the same batch), it counts its steps from
 #     1, and its second loss is not A's step 6 (zero moments, its own
 #     warm-up);
-#   * C, `{checkpoint: A/step-4, optimizer: restore}`: runs steps 5..8 with
-#     A's losses of those steps, bit for bit;
+#   * C, `{checkpoint: A/step-4, optimizer: restore}` (given as `megatrain
+#     submit --init_from A/step-4 --optimizer restore`): runs steps 5..8
+#     with A's losses of those steps, bit for bit; the flags alone or with
+#     the file's own init_from are usage errors (exit 2);
 #   * the same two on two CPU device slots (train.devices 2, gloo) and with
 #     the AdamW moments on the NVMe tier (memory.nvme_tier: moments); both
 #     at once is UNIMPLEMENTED (exit 10) naming memory.nvme_tier, as for
@@ -64,10 +66,11 @@ losses() {
   alice --json watch "$1" | jq -r 'select(.kind == "step") | "\(.step) \(.loss)"' | sort -n -u
 }
 
-# run_job FILE: submits as alice, waits for SUCCEEDED, prints the id.
+# run_job FILE [SUBMIT_FLAGS...]: submits as alice, waits for SUCCEEDED,
+# prints the id.
 run_job() {
   local id
-  id=$(alice --json submit "$1" | jq -r .id)
+  id=$(alice --json submit "$@" | jq -r .id)
   [[ "$id" == job-* ]] || fail "submit $1 failed"
   alice watch "$id" >/dev/null || fail "$id ($1) did not succeed: $(alice get "$id" --json)"
   echo "$id"
@@ -117,7 +120,8 @@ a_losses=$(losses "$a")
 
 log "B (fresh) and C (restore) on one device"
 b=$(run_job "$(one_job b 4 "init_from: $a/step-4")")
-c=$(run_job "$(one_job c 8 "init_from: {checkpoint: $a/step-4, optimizer: restore}")")
+# C through the CLI's flags rather than the job file.
+c=$(run_job "$(one_job c 8)" --init_from "$a/step-4" --optimizer restore)
 check_fresh_and_restored "1 device" "$a_losses" "$b" "$c"
 json=$(alice get "$c" --json)
 [[ $(json_field "$json" .spec.model.init_from.checkpoint) == "$a/step-4" &&
@@ -168,6 +172,10 @@ expect_exit 4 NOT_FOUND "model.init_from.checkpoint" --token alice-secret \
   submit "$(one_job unknown 4 "init_from: job-999999/step-4")"
 expect_exit 2 INVALID_ARGUMENT "train.max_steps: 4 leaves nothing to train after model.init_from" \
   --token alice-secret submit "$(one_job short 4 "init_from: {checkpoint: $a/step-4, optimizer: restore}")"
+expect_exit 2 INVALID_ARGUMENT "--optimizer: only with --init_from" \
+  --token alice-secret submit "$(one_job flags 4)" --optimizer restore
+expect_exit 2 INVALID_ARGUMENT "--init_from: the job file has model.init_from ($a/step-4) already" \
+  --token alice-secret submit "$(one_job twice 4 "init_from: $a/step-4")" --init_from "$a/step-8"
 expect_exit 2 INVALID_ARGUMENT "model.init_from.checkpoint: expected '<job id>/step-<step>'" \
   --token alice-secret submit "$(one_job path 4 "init_from: $WORK/state")"
 
