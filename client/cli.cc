@@ -50,6 +50,28 @@ bool IsConnectFailure(absl::string_view message) {
 
 using nlohmann::json;
 
+// `submit --init_from CHECKPOINT [--optimizer fresh|restore]`: the job
+// file's model.init_from given on the command line (docs/api.md, "CLI").
+// INVALID_ARGUMENT naming the flag for --optimizer alone, or --init_from
+// when the file has model.init_from too.
+absl::Status ApplyInitFromFlags(const std::string& init_from, const std::string& optimizer,
+                                v1::JobSpec* spec) {
+  if (init_from.empty()) {
+    if (optimizer.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError("--optimizer: only with --init_from (the checkpoint)");
+  }
+  const std::string& in_file = spec->model().init_from().checkpoint();
+  if (!in_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--init_from: the job file has model.init_from (", in_file,
+                     ") already; give it in one place"));
+  }
+  v1::InitFrom* init = spec->mutable_model()->mutable_init_from();
+  init->set_checkpoint(init_from);
+  init->set_optimizer(optimizer);
+  return absl::OkStatus();
+}
+
 // Default per-RPC timeouts when --timeout is not given.
 constexpr absl::Duration kDefaultTimeout = absl::Seconds(30);
 constexpr absl::Duration kCheckpointTimeout = absl::Minutes(30);
@@ -104,9 +126,13 @@ class Cli {
     return connection_->NewContext(timeout_ != absl::ZeroDuration() ? timeout_ : fallback);
   }
 
-  int Submit(const std::string& file, bool wait, std::string request_id) {
+  // `init_from`, `optimizer`: ApplyInitFromFlags'.
+  int Submit(const std::string& file, bool wait, std::string request_id,
+             const std::string& init_from, const std::string& optimizer) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobFile(file);
     if (!spec.ok()) return FailInput(spec.status());
+    absl::Status flags = ApplyInitFromFlags(init_from, optimizer, &*spec);
+    if (!flags.ok()) return FailInput(flags);
     v1::SubmitJobRequest request;
     *request.mutable_spec() = *std::move(spec);
     request.set_request_id(request_id.empty() ? RandomRequestId() : request_id);
@@ -476,7 +502,7 @@ struct CliArgs {
   bool json = false;
   double timeout_seconds = 0;
   std::string file, job_id, checkpoint_id, out_dir, dtype, request_id, owner, page_token, prefix;
-  std::string audit_user, audit_method;
+  std::string audit_user, audit_method, init_from, init_optimizer;
   bool wait = false, all = false, force = false;
   int page_size = 0;
   std::vector<std::string> states;
@@ -529,6 +555,13 @@ void AddJobCommands(CLI::App& app, CliArgs& a) {
   a.submit->add_option("file", a.file, "Job file")->required();
   a.submit->add_flag("--wait", a.wait, "Follow the job; exit 0 only if it SUCCEEDED");
   a.submit->add_option("--request_id", a.request_id, "Idempotency key (default: random)");
+  a.submit->add_option("--init_from", a.init_from,
+                       "Start from this checkpoint of yours (model.init_from, e.g. "
+                       "job-000012/step-400)");
+  a.submit
+      ->add_option("--optimizer", a.init_optimizer,
+                   "With --init_from: fresh (default) or restore (its AdamW state)")
+      ->check(CLI::IsMember({"fresh", "restore"}));
   a.list = app.add_subcommand("list", "List jobs, newest first");
   a.list->add_option("--state", a.states, "Only jobs in this state (repeatable)");
   a.list->add_option("--owner", a.owner, "Only jobs of this user (admins)");
@@ -599,7 +632,9 @@ int HashToken(std::ostream& out) {
 
 // Runs the parsed daemon subcommand; -1 when none matched.
 int Dispatch(Cli& cli, const CliArgs& a) {
-  if (a.submit->parsed()) return cli.Submit(a.file, a.wait, a.request_id);
+  if (a.submit->parsed()) {
+    return cli.Submit(a.file, a.wait, a.request_id, a.init_from, a.init_optimizer);
+  }
   if (a.list->parsed()) return cli.List(a.states, a.owner, a.page_size, a.page_token, a.all);
   if (a.get->parsed()) return cli.Get(a.job_id);
   if (a.watch->parsed()) return cli.Watch(a.job_id);

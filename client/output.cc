@@ -354,6 +354,11 @@ std::string JobDetails(const v1::Job& job) {
   if (!job.spec().memory().nvme_tier().empty()) {
     rows.push_back({"NVMe tier:", job.spec().memory().nvme_tier()});  // resolved at submission
   }
+  if (const v1::InitFrom& init = job.spec().model().init_from(); !init.checkpoint().empty()) {
+    rows.push_back(
+        {"init from:", absl::StrCat(init.checkpoint(), " (optimizer ",
+                                    init.optimizer().empty() ? "fresh" : init.optimizer(), ")")});
+  }
   if (!job.resume_from().empty()) rows.push_back({"resume from:", job.resume_from()});
   if (!job.error_code().empty()) rows.push_back({"error:", job.error_code()});
   if (!job.status_message().empty()) rows.push_back({"message:", job.status_message()});

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Notebook-style walk through megatrain_client (each `# %%` is a cell):
 plan the tiny job, submit it, watch it with a progress bar, read its
-per-job metrics, look at its checkpoints and export the last one.
+per-job metrics, look at its checkpoints, export the last one and start
+a next job from it.
 
     pip install client/python        # or the wheel of deploy/build-python-wheel.sh
     python3 examples/python_client.py --server 127.0.0.1:50051 [--token ...] \
@@ -62,6 +63,14 @@ if args.export:
     last = client.checkpoints(job["id"])[-1]["id"]
     exported = client.export(last, args.export)
     print("exported to", exported["out_dir"], "copied:", exported["copied_files"])
+
+# %% A next job from the last checkpoint's weights, without exporting
+# (model.init_from; optimizer="restore" would also take its AdamW state).
+tuned = dict(spec, name="python-example-next",
+             train=dict(spec["train"], max_steps=10))
+last = client.checkpoints(job["id"])[-1]
+nxt = client.submit(tuned, init_from=last, optimizer="fresh")
+print("from", last["id"], ":", client.wait(nxt["id"], progress=False)["state"])
 
 # %% Errors carry the gRPC status code and the daemon's message.
 try:

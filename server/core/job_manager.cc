@@ -1404,12 +1404,34 @@ absl::Status EngineBackend::RemoveCheckpointDir(const std::string& output_dir,
   return parent->RemoveTreeAt(relative.filename().string());
 }
 
+absl::Status JobManager::CheckNoQueuedJobStartsFrom(const std::string& owner,
+                                                    const std::string& dir,
+                                                    absl::string_view checkpoint_id) {
+  JobQuery query;
+  query.owner = owner;
+  query.states = {JobState::kQueued};
+  query.page_size = kMaxPageSize;
+  do {
+    MEGATRAIN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(query));
+    for (const JobRecord& queued : page.jobs) {
+      if (queued.resume_from.empty() && queued.request.spec.model.init_from.checkpoint_dir == dir) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint '", checkpoint_id, "' is where QUEUED job ", queued.id,
+                         " starts from (model.init_from); cancel it first"));
+      }
+    }
+    query.page_token = page.next_page_token;
+  } while (!query.page_token.empty());
+  return absl::OkStatus();
+}
+
 absl::Status JobManager::DeleteCheckpoint(const Principal& caller,
                                           absl::string_view checkpoint_id) {
   // Access and existence without mu_ (a stat of the recorded directory).
   JobRecord job;
   MEGATRAIN_ASSIGN_OR_RETURN(CheckpointRecord checkpoint,
                              FindCheckpoint(caller, checkpoint_id, &job));
+  MEGATRAIN_RETURN_IF_ERROR(CheckNoQueuedJobStartsFrom(job.owner, checkpoint.dir, checkpoint_id));
   // Note [Held output directory]: the job's output_dir must still lead,
   // without a link, to the directory it names (a parent swapped for a link
   // would aim the delete at another directory); a missing one is left to

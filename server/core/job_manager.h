@@ -268,7 +268,10 @@ class JobManager {
 
   // Deletes a recorded checkpoint's directory and record. NOT_FOUND for one
   // that is not recorded; FAILED_PRECONDITION when a QUEUED or SUSPENDED
-  // job will resume from it.
+  // job will resume from it, or a QUEUED job of its owner without a
+  // checkpoint of its own will start from it (model.init_from; one of
+  // another user, an admin's, or one submitted while the delete runs fails
+  // when it starts, NOT_FOUND naming the field).
   absl::Status DeleteCheckpoint(const Principal& caller, absl::string_view checkpoint_id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -368,6 +371,12 @@ class JobManager {
   // manifest, state and config.json: call without mu_.
   absl::Status ResolveInitFrom(const Principal& caller, engine::JobSpec* spec)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // DeleteCheckpoint's model.init_from check: FAILED_PRECONDITION naming
+  // the first QUEUED job of `owner` that has no checkpoint of its own and
+  // starts from `dir`. Reads that user's queued jobs a page at a time
+  // (bounded by their queue): call without mu_.
+  absl::Status CheckNoQueuedJobStartsFrom(const std::string& owner, const std::string& dir,
+                                          absl::string_view checkpoint_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // One scheduling pass: a snapshot of the devices, the running jobs and
   // the queue (read a page at a time, as far as the policy needs), then

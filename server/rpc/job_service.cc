@@ -92,8 +92,14 @@ bool JobServiceImpl::WaitForWatchStreams(int count, absl::Duration timeout) cons
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request, v1::Job* response) {
   RpcCall call("SubmitJob", context, *auth_, metrics_, audit_);
-  call.set_audit_detail(
-      absl::StrCat("name=", request->spec().name(), " request_id=", request->request_id()));
+  // model.init_from reads a checkpoint: the audit names it (refused or not).
+  const v1::InitFrom& init = request->spec().model().init_from();
+  call.set_audit_detail(absl::StrCat(
+      "name=", request->spec().name(), " request_id=", request->request_id(),
+      init.checkpoint().empty()
+          ? ""
+          : absl::StrCat(" init_from=", init.checkpoint(),
+                         " optimizer=", init.optimizer().empty() ? "fresh" : init.optimizer())));
   absl::StatusOr<Principal> caller = call.Start();
   if (!caller.ok()) return call.Finish(caller.status());
   absl::Status bounds = CheckRequestBounds(*request);

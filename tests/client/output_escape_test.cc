@@ -75,5 +75,18 @@ TEST(JobDetailsTest, ShowsTheResolvedNvmeTier) {
   EXPECT_THAT(JobDetails(job), ::testing::ContainsRegex("NVMe tier: +off\n"));
 }
 
+// model.init_from: the checkpoint and the optimizer's word (fresh when the
+// proto leaves it empty); no row for a job that does not start from one.
+TEST(JobDetailsTest, ShowsTheCheckpointAJobStartsFrom) {
+  v1::Job job;
+  job.set_id("job-000002");
+  EXPECT_THAT(JobDetails(job), ::testing::Not(HasSubstr("init from:")));
+  job.mutable_spec()->mutable_model()->mutable_init_from()->set_checkpoint("job-000001/step-4");
+  EXPECT_THAT(JobDetails(job),
+              ::testing::ContainsRegex("init from: +job-000001/step-4 \\(optimizer fresh\\)\n"));
+  job.mutable_spec()->mutable_model()->mutable_init_from()->set_optimizer("restore");
+  EXPECT_THAT(JobDetails(job), HasSubstr("job-000001/step-4 (optimizer restore)"));
+}
+
 }  // namespace
 }  // namespace megatrain::client

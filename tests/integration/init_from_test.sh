@@ -6,15 +6,20 @@
 #     loss (A's step-4 weights on the same batch), it counts its steps from
 #     1, and its second loss is not A's step 6 (zero moments, its own
 #     warm-up);
-#   * C, `{checkpoint: A/step-4, optimizer: restore}`: runs steps 5..8 with
-#     A's losses of those steps, bit for bit;
+#   * C, `{checkpoint: A/step-4, optimizer: restore}` (given as `megatrain
+#     submit --init_from A/step-4 --optimizer restore`): runs steps 5..8
+#     with A's losses of those steps, bit for bit; the flags alone or with
+#     the file's own init_from are usage errors (exit 2);
 #   * the same two on two CPU device slots (train.devices 2, gloo) and with
-#     the AdamW moments on the NVMe tier (memory.nvme_tier: moments);
+#     the AdamW moments on the NVMe tier (memory.nvme_tier: moments); both
+#     at once is UNIMPLEMENTED (exit 10) naming memory.nvme_tier, as for
+#     any job;
 #   * another user's checkpoint is PERMISSION_DENIED (exit 6), a deleted
 #     checkpoint and an unknown job NOT_FOUND (exit 4), a path
 #     INVALID_ARGUMENT (exit 2), each naming model.init_from.checkpoint; a
 #     restore that leaves no step after the checkpoint's is INVALID_ARGUMENT
-#     naming train.max_steps.
+#     naming train.max_steps; the audit log's SubmitJob record names the
+#     checkpoint bob tried.
 # Why the losses can be compared: the data is one 31-token document, so the
 # stream repeats every 32 tokens (31 + EOS; Note [Packing rule] in
 # engine/data/data_loader.h) and with seq_len 16 and micro_batch 2 every
@@ -28,6 +33,7 @@ tokens="$WORK/tokens.yaml"
   echo "users:"
   echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
   echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
+  echo "  - {name: root, role: admin, token_sha256: $(printf root-secret | "$CLI_BIN" hash-token)}"
 } >"$tokens"
 chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
 
@@ -38,8 +44,8 @@ python3 -c 'import json; print(json.dumps({"input_ids": list(range(3, 34))}))' >
 
 # one_job NAME MAX_STEPS [MODEL_EXTRA] [TOP_EXTRA]: tiny on the one-window
 # data, 2 micro-batches a step (so that 2 devices split them), checkpoints
-# every 4 steps. MODEL_EXTRA goes into model:, TOP_EXTRA (e.g. a train:
-# override) at the top level.
+# every 4 steps. MODEL_EXTRA goes into model:, TOP_EXTRA (e.g. a memory:
+# line) at the top level; $DEVICES, when set, is train.devices.
 one_job() {
   local path="$WORK/$1.yaml"
   cat >"$path" <<YAML
@@ -60,10 +66,11 @@ losses() {
   alice --json watch "$1" | jq -r 'select(.kind == "step") | "\(.step) \(.loss)"' | sort -n -u
 }
 
-# run_job FILE: submits as alice, waits for SUCCEEDED, prints the id.
+# run_job FILE [SUBMIT_FLAGS...]: submits as alice, waits for SUCCEEDED,
+# prints the id.
 run_job() {
   local id
-  id=$(alice --json submit "$1" | jq -r .id)
+  id=$(alice --json submit "$@" | jq -r .id)
   [[ "$id" == job-* ]] || fail "submit $1 failed"
   alice watch "$id" >/dev/null || fail "$id ($1) did not succeed: $(alice get "$id" --json)"
   echo "$id"
@@ -113,12 +120,15 @@ a_losses=$(losses "$a")
 
 log "B (fresh) and C (restore) on one device"
 b=$(run_job "$(one_job b 4 "init_from: $a/step-4")")
-c=$(run_job "$(one_job c 8 "init_from: {checkpoint: $a/step-4, optimizer: restore}")")
+# C through the CLI's flags rather than the job file.
+c=$(run_job "$(one_job c 8)" --init_from "$a/step-4" --optimizer restore)
 check_fresh_and_restored "1 device" "$a_losses" "$b" "$c"
 json=$(alice get "$c" --json)
 [[ $(json_field "$json" .spec.model.init_from.checkpoint) == "$a/step-4" &&
    $(json_field "$json" .spec.model.init_from.optimizer) == restore ]] ||
   fail "GetJob does not show init_from: $(json_field "$json" .spec.model)"
+alice get "$c" | grep -qE "^init from: +$a/step-4 \(optimizer restore\)$" ||
+  fail "megatrain get does not show init_from: $(alice get "$c")"
 
 log "the same on 2 CPU device slots (gloo)"
 probe_out=$(DEVICES=2 alice submit "$(one_job probe 2)" 2>&1) || true
@@ -132,6 +142,10 @@ else
   check_fresh_and_restored "2 devices" "$a_losses" "$b2" "$c2"
   alice --json watch "$c2" | jq -se '[.[] | select(.kind == "step")] | length == 4 and
     all(.devices == 2)' >/dev/null || fail "$c2 did not train on 2 devices"
+  # The tier with several devices is not built, init_from or not.
+  expect_exit 10 UNIMPLEMENTED "memory.nvme_tier: moments is not built with train.devices > 1" \
+    --token alice-secret submit "$(DEVICES=2 one_job dp-nvme 8 \
+      "init_from: {checkpoint: $a/step-4, optimizer: restore}" "memory: {nvme_tier: moments}")"
 fi
 
 log "the same with the AdamW moments on the NVMe tier"
@@ -146,6 +160,11 @@ alice --json watch "$c3" | jq -se '[.[] | select(.kind == "step") | .nvme_read_b
 log "refusals at submit, each naming model.init_from.checkpoint"
 expect_exit 6 PERMISSION_DENIED "model.init_from.checkpoint" --token bob-secret \
   submit "$(one_job bobs 4 "init_from: $a/step-4")"
+# The audit log names the checkpoint bob tried to start from.
+cli --token root-secret --json audit --user bob --method SubmitJob |
+  jq -e --arg c "$a/step-4" '.records[0] | .code == "PERMISSION_DENIED" and
+    (.detail | contains("init_from=" + $c + " optimizer=fresh"))' >/dev/null ||
+  fail "audit of bob's submit: $(cli --token root-secret --json audit --user bob)"
 alice delete-checkpoint "$a/step-8" >/dev/null || fail "delete-checkpoint $a/step-8"
 expect_exit 4 NOT_FOUND "model.init_from.checkpoint" --token alice-secret \
   submit "$(one_job deleted 4 "init_from: $a/step-8")"
@@ -153,6 +172,10 @@ expect_exit 4 NOT_FOUND "model.init_from.checkpoint" --token alice-secret \
   submit "$(one_job unknown 4 "init_from: job-999999/step-4")"
 expect_exit 2 INVALID_ARGUMENT "train.max_steps: 4 leaves nothing to train after model.init_from" \
   --token alice-secret submit "$(one_job short 4 "init_from: {checkpoint: $a/step-4, optimizer: restore}")"
+expect_exit 2 INVALID_ARGUMENT "--optimizer: only with --init_from" \
+  --token alice-secret submit "$(one_job flags 4)" --optimizer restore
+expect_exit 2 INVALID_ARGUMENT "--init_from: the job file has model.init_from ($a/step-4) already" \
+  --token alice-secret submit "$(one_job twice 4 "init_from: $a/step-4")" --init_from "$a/step-8"
 expect_exit 2 INVALID_ARGUMENT "model.init_from.checkpoint: expected '<job id>/step-<step>'" \
   --token alice-secret submit "$(one_job path 4 "init_from: $WORK/state")"
 

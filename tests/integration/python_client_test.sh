@@ -72,4 +72,6 @@ log "examples/python_client.py"
   --max_steps 20 --export "$WORK/out/example-hf" >"$WORK/example.log" 2>&1 ||
   fail "example failed: $(tail -n 20 "$WORK/example.log")"
 [[ -f "$WORK/out/example-hf/config.json" ]] || fail "the example exported nothing"
+grep -qE "^from job-[0-9]+/step-20 : JOB_STATE_SUCCEEDED$" "$WORK/example.log" ||
+  fail "the example's init_from job: $(tail -n 5 "$WORK/example.log")"
 log "PASS"

@@ -407,7 +407,8 @@ class Client:
 
     def delete_checkpoint(self, checkpoint_id):
         """Deletes a checkpoint directory (FAILED_PRECONDITION when a queued
-        or suspended job will resume from it)."""
+        or suspended job will resume from it, or a queued job will start
+        from it through model.init_from)."""
         request = checkpoint_pb2.DeleteCheckpointRequest(checkpoint_id=checkpoint_id)
         self._call(self._checkpoints.DeleteCheckpoint, request)
 

@@ -294,6 +294,32 @@ TEST_F(CheckpointOwnershipTest, InitFromRestoreWithoutStepsLeftIsInvalidArgument
   EXPECT_THAT(submit(5, 0, engine::InitOptimizer::kRestore), IsOk());
 }
 
+// A queued job that will start from a checkpoint (model.init_from) keeps
+// it from being deleted, as a queued job's resume_from does; once the job
+// is cancelled the delete goes through. Other checkpoints are deletable.
+TEST_F(CheckpointOwnershipTest, DeleteOfACheckpointAQueuedJobStartsFromIsFailedPrecondition) {
+  StartManager();
+  const JobRecord source = RunToEnd("a");
+  backend_.gated = true;  // the blocker holds the only device: "tuned" stays QUEUED
+  const JobRecord blocker = Submit(kAlice, Request("blocker", 1));
+  std::shared_ptr<FakeJobControl> running = backend_.WaitForCreated(2, kTimeout);
+  ASSERT_NE(running, nullptr);
+  JobRequest request = Request("tuned", 2);
+  request.spec.model.init_from.checkpoint = CheckpointId(source.id, 4);
+  const JobRecord tuned = Submit(kAlice, request);
+  ASSERT_EQ(StateOf(tuned.id), JobState::kQueued);
+
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, CheckpointId(source.id, 4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is where QUEUED job " + tuned.id + " starts from")));
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, CheckpointId(source.id, 2)), IsOk());
+  ASSERT_THAT(manager_->Cancel(kAlice, tuned.id), IsOk());
+  EXPECT_THAT(manager_->DeleteCheckpoint(kAlice, CheckpointId(source.id, 4)), IsOk());
+
+  ASSERT_THAT(manager_->Cancel(kAlice, blocker.id, /*force=*/true), IsOk());
+  WaitFor(blocker.id, StateIs(JobState::kCancelled));
+}
+
 TEST_F(CheckpointOwnershipTest, DeleteRemovesTheFilesWithoutTheManagersLock) {
   StartManager();
   const JobRecord job = RunToEnd("a");
