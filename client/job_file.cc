@@ -186,10 +186,10 @@ absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std
 #define MEGATRAIN_YAML_Real Double
 #define MEGATRAIN_YAML_NUMBER(name, kind, range, json, proto) \
   fields.push_back(MEGATRAIN_JOB_FIELD(#name, MEGATRAIN_YAML_##kind, section->set_##name));
-#define MEGATRAIN_YAML_KEYWORD(name, keywords, json)                                           \
-  fields.push_back({#name, KeywordField(reader, keywords, [section](const std::string& word) { \
-                      section->set_##name(word);                                               \
-                    })});
+#define MEGATRAIN_YAML_KEYWORD(name, keywords, json) \
+  fields.push_back(                                  \
+      {#name, KeywordField(reader, engine::keywords, \
+                           [section](const std::string& word) { section->set_##name(word); })});
 
 // A keyword of `keywords`, handed to `set`; INVALID_ARGUMENT "<path>: must
 // be a, b or c, got '<word>'" for another word.

@@ -144,10 +144,11 @@ namespace {
 #define MEGATRAIN_NUMBER_FROM_PROTO(name, kind, range, json, proto) \
   if (MEGATRAIN_PROTO_HAS_##proto(in, name)) out->name = in.name();
 #define MEGATRAIN_KEYWORD_FROM_PROTO(name, keywords, json) \
-  errors.Add(KeywordFromProto(in.name(), absl::StrCat(prefix, #name), keywords, &out->name));
+  errors.Add(                                              \
+      KeywordFromProto(in.name(), absl::StrCat(prefix, #name), engine::keywords, &out->name));
 #define MEGATRAIN_NUMBER_TO_PROTO(name, kind, range, json, proto) out->set_##name(in.name);
 #define MEGATRAIN_KEYWORD_TO_PROTO(name, keywords, json) \
-  out->set_##name(KeywordOrUnknown(keywords, in.name));
+  out->set_##name(KeywordOrUnknown(engine::keywords, in.name));
 
 template <typename T, size_t N>
 absl::Status KeywordFromProto(const std::string& word, absl::string_view field,
@@ -157,8 +158,8 @@ absl::Status KeywordFromProto(const std::string& word, absl::string_view field,
   return absl::OkStatus();
 }
 
-// The keyword of `value`; "?" for an enum cast from a bad integer (a spec
-// ValidateJobSpec refuses).
+// The keyword of `value`; "?" for an enum cast from a bad integer (a
+// spec ValidateJobSpec refuses).
 template <typename T, size_t N>
 std::string KeywordOrUnknown(const engine::Keyword<T> (&keywords)[N], const T& value) {
   const char* word = engine::KeywordName(keywords, value);
@@ -225,24 +226,25 @@ void RowsToProto(const engine::JobSpec& spec, v1::JobSpec* proto) {
     v1::CheckpointSpec* out = proto->mutable_checkpoint();
     MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_NUMBER_TO_PROTO)
   }
-  // memory.nvme_tier always written: a job's spec holds the resolved tier
-  // (auto became off or moments at submission), and `get` shows it rather
-  // than "".
+  // memory.nvme_tier always written: a job's spec holds the resolved
+  // tier (auto became off or moments at submission), and `get` shows
+  // it rather than "".
   const engine::MemorySpec& in = spec.memory;
   v1::MemorySpec* out = proto->mutable_memory();
   MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_TO_PROTO)
 }
 
 // train.global_batch (server-side only), after the rows: sets
-// gradient_accumulation_steps = global_batch / micro_batch, which a given
-// gradient_accumulation_steps must agree with.
+// gradient_accumulation_steps = global_batch / micro_batch, which a
+// given gradient_accumulation_steps must agree with.
 absl::Status GlobalBatchFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
   if (!train.has_global_batch()) return absl::OkStatus();
   const int64_t global_batch = train.global_batch();
   const int64_t micro_batch = train_spec->micro_batch;
   if (global_batch <= 0 || micro_batch <= 0 || global_batch % micro_batch != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("train.global_batch: must be a positive multiple of train.micro_batch (",
+        absl::StrCat("train.global_batch: must be a positive "
+                     "multiple of train.micro_batch (",
                      micro_batch, "), got ", global_batch));
   }
   const int64_t steps = global_batch / micro_batch;
@@ -301,7 +303,8 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
     // Unset is auto; a negative count is no spelling of it.
     if (train.resident_layers() < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("train.resident_layers: must be >= 0 (leave it unset for auto), got ",
+          absl::StrCat("train.resident_layers: must be >= 0 (leave "
+                       "it unset for auto), got ",
                        train.resident_layers()));
     }
     train_spec->resident_layers = train.resident_layers();
@@ -430,7 +433,8 @@ void JobToProto(const JobRecord& job, v1::Job* out) {
   progress->set_loss(job.progress.loss);
   if (job.progress.eval_loss.has_value()) progress->set_eval_loss(*job.progress.eval_loss);
   progress->set_tokens_per_s(job.progress.tokens_per_s);
-  // 0: unknown (the engine has no peak for the device); absent, not 0.
+  // 0: unknown (the engine has no peak for the device); absent, not
+  // 0.
   if (job.progress.mfu > 0) progress->set_mfu(job.progress.mfu);
   progress->set_tokens(job.progress.tokens);
   progress->set_eta_seconds(job.progress.eta_seconds);
@@ -439,8 +443,8 @@ void JobToProto(const JobRecord& job, v1::Job* out) {
   if (job.state == JobState::kFailed && job.error_code != absl::StatusCode::kOk) {
     out->set_error_code(absl::StatusCodeToString(job.error_code));
   }
-  // Note [Status text]: error_message only for FAILED; the latest note of
-  // any state is status_message.
+  // Note [Status text]: error_message only for FAILED; the latest
+  // note of any state is status_message.
   if (job.state == JobState::kFailed) out->set_error_message(job.message);
   out->set_status_message(job.message);
   out->set_resume_from(job.resume_from);

@@ -166,8 +166,8 @@ void ExpectEveryKeywordIsAccepted(const engine::Keyword<T> (&keywords)[N],
 // Note [Spec field table]: every keyword row is a YAML key of its section
 // taking exactly its table's words.
 TEST(JobFileTest, EveryKeywordRowTakesItsWordsOnly) {
-#define MEGATRAIN_ACCEPTS(section, name, keywords)        \
-  ExpectEveryKeywordIsAccepted(keywords, #section, #name, \
+#define MEGATRAIN_ACCEPTS(section, name, keywords)                \
+  ExpectEveryKeywordIsAccepted(engine::keywords, #section, #name, \
                                [](const v1::JobSpec& p) { return p.section().name(); });
 #define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_ACCEPTS(train, name, keywords)
 #define MEGATRAIN_OPTIMIZER(name, keywords, json) MEGATRAIN_ACCEPTS(optimizer, name, keywords)

@@ -671,6 +671,7 @@ double InsideReal(engine::RealRange range) { return (range.min + range.max) / 2;
 // that a new row is covered without a test of its own.
 TEST(SpecFieldTableTest, EveryRowRoundTripsThroughProtoAndJson) {
   v1::JobSpec proto = TinySpec();
+  proto.mutable_optimizer()->set_warmup_steps(0);  // within max_steps' row value (1)
 #define MEGATRAIN_SET(name, kind, range, json, proto) \
   section->set_##name(Inside##kind(engine::range));
   {
@@ -756,7 +757,7 @@ void ExpectEveryKeywordConverts(const engine::Keyword<T> (&keywords)[N], const s
 TEST(SpecFieldTableTest, EveryKeywordOfEveryRowConvertsBothWays) {
 #define MEGATRAIN_CONVERTS(section, name, keywords)                                       \
   ExpectEveryKeywordConverts(                                                             \
-      keywords, #section "." #name,                                                       \
+      engine::keywords, #section "." #name,                                               \
       [](v1::JobSpec& p, const std::string& w) { p.mutable_##section()->set_##name(w); }, \
       [](const engine::JobSpec& s) { return s.section.name; },                            \
       [](const v1::JobSpec& p) { return p.section().name(); });
