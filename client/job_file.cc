@@ -12,12 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/spec/job_spec.h"  // the rows' members, ranges and keyword tables
 #include "engine/spec/keyword.h"
-#include "engine/spec/lr_schedule_kind.h"
-#include "engine/spec/memory_modes.h"
-#include "engine/spec/nvme_tier_mode.h"
 #include "engine/spec/spec_fields.h"
-#include "engine/spec/step_schedule.h"
 
 namespace megatrain::client {
 namespace {

@@ -13,12 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/job_spec.h"  // the rows' members, ranges and keyword tables
 #include "engine/spec/keyword.h"
-#include "engine/spec/lr_schedule_kind.h"
-#include "engine/spec/memory_modes.h"
-#include "engine/spec/nvme_tier_mode.h"
 #include "engine/spec/spec_fields.h"
-#include "engine/spec/step_schedule.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
