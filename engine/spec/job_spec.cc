@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/model/model_config.h"
-#include "engine/runtime/status_macros.h"
 #include "engine/spec/checkpoint_retention.h"
 #include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
