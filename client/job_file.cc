@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/spec/job_spec.h"  // the rows' members, ranges and keyword tables
+#include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
 
 namespace megatrain::client {
@@ -174,10 +176,33 @@ absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std
     }                                                                     \
   }
 
-// The Reader method of a kind of Note [Spec field table]
-// (engine/spec/spec_fields.h).
+// Note [Spec field table] (engine/spec/spec_fields.h): a number row is
+// a key read as its kind (the daemon checks the range), a keyword row a
+// key whose word must be one of its table's.
 #define MEGATRAIN_YAML_Int Int
 #define MEGATRAIN_YAML_Real Double
+#define MEGATRAIN_YAML_NUMBER(name, kind, range, json, proto) \
+  fields.push_back(MEGATRAIN_JOB_FIELD(#name, MEGATRAIN_YAML_##kind, section->set_##name));
+#define MEGATRAIN_YAML_KEYWORD(name, keywords, json) \
+  fields.push_back(                                  \
+      {#name, KeywordField(reader, engine::keywords, \
+                           [section](const std::string& word) { section->set_##name(word); })});
+
+// A keyword of `keywords`, handed to `set`; INVALID_ARGUMENT "<path>: must
+// be a, b or c, got '<word>'" for another word.
+template <typename T, size_t N>
+Field KeywordField(const Reader& reader, const engine::Keyword<T> (&keywords)[N],
+                   std::function<void(const std::string&)> set) {
+  return [&reader, &keywords, set](const YAML::Node& node, const std::string& path) {
+    auto value = reader.String(node, path);
+    if (!value.ok()) return value.status();
+    if (!engine::ParseKeyword(keywords, *value, path).ok()) {
+      return reader.Error(path, engine::KeywordError(keywords, *value));
+    }
+    set(*value);
+    return absl::OkStatus();
+  };
+}
 
 // An integer >= 0 (a seed), handed to `set`.
 Field NonNegativeField(const Reader& reader, std::function<void(uint64_t)> set) {
@@ -316,77 +341,53 @@ Field ResidentLayersField(const Reader& reader, v1::TrainSpec* train) {
   };
 }
 
-Fields TrainFields(const Reader& reader, v1::TrainSpec* train) {
-  Fields fields = {
-      MEGATRAIN_JOB_FIELD("micro_batch", Int, train->set_micro_batch),
-      MEGATRAIN_JOB_FIELD("seq_len", Int, train->set_seq_len),
-      MEGATRAIN_JOB_FIELD("gradient_accumulation_steps", Int,
-                          train->set_gradient_accumulation_steps),
-      MEGATRAIN_JOB_FIELD("global_batch", Int, train->set_global_batch),
-      MEGATRAIN_JOB_FIELD("max_steps", Int, train->set_max_steps),
-      MEGATRAIN_JOB_FIELD("max_tokens", Int, train->set_max_tokens),
-      {"compute_dtype", ComputeDtypeField(reader, train)},
-      {"seed", NonNegativeField(reader, [train](uint64_t seed) { train->set_seed(seed); })},
-      {"nan_policy", NanPolicyField(reader, train)},
-      MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
-      MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
-                          train->set_allow_seq_len_above_max_position_embeddings),
-      MEGATRAIN_JOB_FIELD("schedule", String, train->set_schedule),
-      MEGATRAIN_JOB_FIELD("activations", String, train->set_activations),
-      MEGATRAIN_JOB_FIELD("cuda_graphs", String, train->set_cuda_graphs),
-      {"devices", DevicesField(reader, train)},
-      {"resident_layers", ResidentLayersField(reader, train)},
-  };
-#define MEGATRAIN_YAML(name, kind, range, json) \
-  fields.push_back(MEGATRAIN_JOB_FIELD(#name, MEGATRAIN_YAML_##kind, train->set_##name));
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_YAML)
-#undef MEGATRAIN_YAML
+// The rows first: "unknown key (known: micro_batch, seq_len, ...)".
+Fields TrainFields(const Reader& reader, v1::TrainSpec* section) {
+  Fields fields;
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_YAML_NUMBER)
+  v1::TrainSpec* train = section;
+  fields.insert(
+      fields.end(),
+      {
+          MEGATRAIN_JOB_FIELD("global_batch", Int, train->set_global_batch),
+          {"compute_dtype", ComputeDtypeField(reader, train)},
+          {"seed", NonNegativeField(reader, [train](uint64_t seed) { train->set_seed(seed); })},
+          {"nan_policy", NanPolicyField(reader, train)},
+          MEGATRAIN_JOB_FIELD("offload_activations", Bool, train->set_offload_activations),
+          MEGATRAIN_JOB_FIELD("allow_seq_len_above_max_position_embeddings", Bool,
+                              train->set_allow_seq_len_above_max_position_embeddings),
+          {"devices", DevicesField(reader, train)},
+          {"resident_layers", ResidentLayersField(reader, train)},
+      });
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_YAML_KEYWORD)
   return fields;
 }
 
-Fields OptimizerFields(const Reader& reader, v1::OptimizerSpec* optimizer) {
+Fields OptimizerFields(const Reader& reader, v1::OptimizerSpec* section) {
   Fields fields = {
-      MEGATRAIN_JOB_FIELD("weight_decay", Double, optimizer->set_weight_decay),
-      MEGATRAIN_JOB_FIELD("warmup_steps", Int, optimizer->set_warmup_steps),
-      MEGATRAIN_JOB_FIELD("schedule", String, optimizer->set_schedule),
-      MEGATRAIN_JOB_FIELD("min_lr_ratio", Double, optimizer->set_min_lr_ratio),
+      MEGATRAIN_JOB_FIELD("warmup_steps", Int, section->set_warmup_steps),
   };
-#define MEGATRAIN_YAML(name, kind, range, json) \
-  fields.push_back(MEGATRAIN_JOB_FIELD(#name, MEGATRAIN_YAML_##kind, optimizer->set_##name));
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_YAML)
-#undef MEGATRAIN_YAML
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_YAML_NUMBER)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_YAML_KEYWORD)
   return fields;
 }
 
-Fields EvalFields(const Reader& reader, v1::EvalSpec* eval) {
-  return {
-      MEGATRAIN_JOB_FIELD("every_steps", Int, eval->set_every_steps),
-      MEGATRAIN_JOB_FIELD("batches", Int, eval->set_batches),
-  };
+Fields EvalFields(const Reader& reader, v1::EvalSpec* section) {
+  Fields fields;
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_YAML_NUMBER)
+  return fields;
 }
 
-Fields CheckpointFields(const Reader& reader, v1::CheckpointSpec* checkpoint) {
-  return {
-      MEGATRAIN_JOB_FIELD("every_steps", Int, checkpoint->set_every_steps),
-      MEGATRAIN_JOB_FIELD("keep_last", Int, checkpoint->set_keep_last),
-      MEGATRAIN_JOB_FIELD("keep_every", Int, checkpoint->set_keep_every),
-  };
+Fields CheckpointFields(const Reader& reader, v1::CheckpointSpec* section) {
+  Fields fields;
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_YAML_NUMBER)
+  return fields;
 }
 
-Fields MemoryFields(const Reader& reader, v1::MemorySpec* memory) {
-  return {
-      {"nvme_tier",
-       [&reader, memory](const YAML::Node& node, const std::string& path) {
-         auto value = reader.String(node, path);
-         if (!value.ok()) return value.status();
-         if (*value != "off" && *value != "moments" && *value != "auto") {
-           return reader.Error(path,
-                               absl::StrCat("must be off, moments or auto, got '", *value, "'"));
-         }
-         memory->set_nvme_tier(*value);
-         return absl::OkStatus();
-       }},
-  };
+Fields MemoryFields(const Reader& reader, v1::MemorySpec* section) {
+  Fields fields;
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_YAML_KEYWORD)
+  return fields;
 }
 
 // labels: a mapping of UTF-8 label keys to string values.

@@ -11,10 +11,12 @@
 
 namespace megatrain::engine {
 
-// checkpoint.keep_last and checkpoint.keep_every against
-// kCheckpointKeepLastRange / kCheckpointKeepEveryRange; used by
-// ValidateJobSpec and WriteCheckpoint. INVALID_ARGUMENT as CheckIntInRange
-// ("checkpoint.keep_last: must be in [1, 1048576], got 0"). Thread-safe.
+// The checkpoint section's rows (Note [Spec field table] in
+// spec_fields.h: checkpoint.every_steps, keep_last, keep_every) against
+// their ranges; used by ValidateJobSpec and WriteCheckpoint.
+// INVALID_ARGUMENT as CheckIntInRange ("checkpoint.keep_last: must be in
+// [1, 1048576], got 0"), every bad field's message joined by "; ".
+// Thread-safe.
 absl::Status CheckCheckpointRetention(const CheckpointSpec& checkpoint);
 
 }  // namespace megatrain::engine

@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/model/model_config.h"
-#include "engine/runtime/status_macros.h"
 #include "engine/spec/checkpoint_retention.h"
+#include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
 
 namespace megatrain::engine {
@@ -20,6 +20,27 @@ void CheckEnumValue(absl::string_view field, Enum value, Enum last, SpecErrors& 
   const int n = static_cast<int>(value);
   if (n < 0 || n > static_cast<int>(last)) {
     errors.Add(absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", n)));
+  }
+}
+
+// The number of an enum, for the message of one out of its range.
+template <typename Enum>
+int EnumNumber(Enum value) {
+  return static_cast<int>(value);
+}
+template <typename Enum>
+int EnumNumber(std::optional<Enum> value) {
+  return value.has_value() ? static_cast<int>(*value) : -1;
+}
+
+// Note [Spec field table]: a keyword row's value must be one of its
+// table's (only a caller that casts an integer makes another).
+template <typename T, size_t N>
+void CheckKeyword(absl::string_view field, const T& value, const Keyword<T> (&keywords)[N],
+                  SpecErrors& errors) {
+  if (KeywordName(keywords, value) == nullptr) {
+    errors.Add(
+        absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", EnumNumber(value))));
   }
 }
 
@@ -60,11 +81,6 @@ void CheckSources(const JobSpec& s, SpecErrors& errors) {
 // train.schedule, train.wave, train.activations and train.cuda_graphs (Note [Schedule choice]
 // in engine/step/schedule_choice.h); the rules are step_schedule.h's.
 void CheckTrainSchedule(const TrainSpec& t, SpecErrors& errors) {
-  if (t.schedule.has_value()) {
-    CheckEnumValue("train.schedule", *t.schedule, StepSchedule::kLayerMajor, errors);
-  }
-  CheckEnumValue("train.activations", t.activations, ActivationPlacement::kHost, errors);
-  CheckEnumValue("train.cuda_graphs", t.cuda_graphs, CudaGraphs::kOn, errors);
   if (WaveContradictsSchedule(t.schedule, t.wave)) {
     errors.Add(absl::InvalidArgumentError(absl::StrCat(
         "train.wave: ", t.wave, " micro-batches per wave needs train.schedule: layer-major")));
@@ -119,21 +135,19 @@ void CheckResidentLayers(const JobSpec& s, SpecErrors& errors) {
 }
 
 void CheckTrain(const TrainSpec& t, SpecErrors& errors) {
-  errors.Add(CheckIntInRange("train.micro_batch", t.micro_batch, kMicroBatchRange));
-  errors.Add(CheckIntInRange("train.seq_len", t.seq_len, kSeqLenRange));
-  errors.Add(CheckIntInRange("train.gradient_accumulation_steps", t.gradient_accumulation_steps,
-                             kGradientAccumulationStepsRange));
-  errors.Add(CheckIntInRange("train.max_steps", t.max_steps, kMaxStepsRange));
-  errors.Add(CheckIntInRange("train.max_tokens", t.max_tokens, kMaxTokensRange));
+  // Note [Spec field table].
+#define MEGATRAIN_CHECK(name, kind, range, json, proto) \
+  errors.Add(Check##kind##InRange("train." #name, t.name, range));
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
+#define MEGATRAIN_CHECK(name, keywords, json) \
+  CheckKeyword("train." #name, t.name, keywords, errors);
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
   if (t.max_steps == 0 && t.max_tokens == 0) {
     errors.Add(absl::InvalidArgumentError(
         "train.max_steps: set train.max_steps or train.max_tokens (> 0)"));
   }
-  // Note [Spec field table].
-#define MEGATRAIN_CHECK(name, kind, range, json) \
-  errors.Add(Check##kind##InRange("train." #name, t.name, range));
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_CHECK)
-#undef MEGATRAIN_CHECK
   if (t.nan_policy != NanPolicy::kSkip && t.nan_policy != NanPolicy::kFail) {
     errors.Add(absl::InvalidArgumentError(
         absl::StrCat("train.nan_policy: unknown value ", static_cast<int>(t.nan_policy))));
@@ -146,33 +160,34 @@ void CheckTrain(const TrainSpec& t, SpecErrors& errors) {
 // (CheckTrain found nothing: the length is known).
 void CheckOptimizer(const JobSpec& s, bool train_ok, SpecErrors& errors) {
   const OptimizerSpec& o = s.optimizer;
-#define MEGATRAIN_CHECK(name, kind, range, json) \
+#define MEGATRAIN_CHECK(name, kind, range, json, proto) \
   errors.Add(Check##kind##InRange("optimizer." #name, o.name, range));
   MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_CHECK)
 #undef MEGATRAIN_CHECK
-  errors.Add(CheckRealInRange("optimizer.weight_decay", o.weight_decay, kWeightDecayRange));
-  errors.Add(CheckRealInRange("optimizer.min_lr_ratio", o.min_lr_ratio, kMinLrRatioRange));
-  CheckEnumValue("optimizer.schedule", o.schedule, LrScheduleKind::kConstant, errors);
+#define MEGATRAIN_CHECK(name, keywords, json) \
+  CheckKeyword("optimizer." #name, o.name, keywords, errors);
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
   if (train_ok) {
     errors.Add(CheckIntInRange("optimizer.warmup_steps", o.warmup_steps, IntRange{0, MaxSteps(s)}));
   }
 }
 
 void CheckEvalAndCheckpoint(const JobSpec& s, SpecErrors& errors) {
-  errors.Add(CheckIntInRange("eval.every_steps", s.eval.every_steps, kEvalEveryStepsRange));
-  errors.Add(CheckIntInRange("eval.batches", s.eval.batches, kEvalBatchesRange));
-  errors.Add(CheckIntInRange("checkpoint.every_steps", s.checkpoint.every_steps,
-                             kCheckpointEveryStepsRange));
+#define MEGATRAIN_CHECK(name, kind, range, json, proto) \
+  errors.Add(Check##kind##InRange("eval." #name, s.eval.name, range));
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
   errors.Add(CheckCheckpointRetention(s.checkpoint));
 }
 
 // memory.nvme_tier and memory.gradient_landing against the rest.
 void CheckMemory(const JobSpec& spec, SpecErrors& errors) {
-  const NvmeTierMode tier = spec.memory.nvme_tier;
-  if (tier != NvmeTierMode::kOff && tier != NvmeTierMode::kMoments && tier != NvmeTierMode::kAuto) {
-    errors.Add(absl::InvalidArgumentError(
-        absl::StrCat("memory.nvme_tier: unknown value ", static_cast<int>(tier))));
-  }
+  const MemorySpec& m = spec.memory;
+#define MEGATRAIN_CHECK(name, keywords, json) \
+  CheckKeyword("memory." #name, m.name, keywords, errors);
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
   // Note [Gradient ring] in engine/step/grad_lander.h: the norm of the
   // whole gradient is needed before any update when clipping.
   if (spec.memory.gradient_landing == GradientLanding::kRing &&
@@ -194,9 +209,12 @@ void CheckMemory(const JobSpec& spec, SpecErrors& errors) {
 }  // namespace
 
 absl::Status CheckCheckpointRetention(const CheckpointSpec& checkpoint) {
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckIntInRange("checkpoint.keep_last", checkpoint.keep_last, kCheckpointKeepLastRange));
-  return CheckIntInRange("checkpoint.keep_every", checkpoint.keep_every, kCheckpointKeepEveryRange);
+  SpecErrors errors;  // Note [Spec field table]
+#define MEGATRAIN_CHECK(name, kind, range, json, proto) \
+  errors.Add(Check##kind##InRange("checkpoint." #name, checkpoint.name, range));
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_CHECK)
+#undef MEGATRAIN_CHECK
+  return errors.ToStatus();
 }
 
 absl::Status CheckIntInRange(absl::string_view field, int64_t value, IntRange range) {

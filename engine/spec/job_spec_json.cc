@@ -2,6 +2,7 @@
 #include "engine/spec/job_spec_json.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
 #include "nlohmann/json.hpp"
 
@@ -38,42 +39,91 @@ void PutField(json& j, const char* key, const T& value, const T& default_value, 
   if (pinned || value != default_value) j[key] = value;
 }
 
+// A keyword row's word into `j`, as PutField.
+template <typename T, size_t N>
+void PutKeyword(json& j, const char* key, const T& value, const T& default_value, bool pinned,
+                const Keyword<T> (&keywords)[N]) {
+  if (!pinned && value == default_value) return;
+  const char* word = KeywordName(keywords, value);
+  j[key] = word != nullptr ? word : "?";  // "?": an enum cast from a bad integer
+}
+
+// A keyword row from `section` into `*out`: absent, null or empty keeps
+// `*out`; DATA_LOSS "job spec JSON: <field>: must be ..." for an unknown word
+// (the text was written by us).
+template <typename T, size_t N>
+absl::Status GetKeyword(const json& section, const char* key, absl::string_view field,
+                        const Keyword<T> (&keywords)[N], T* out) {
+  std::string word;
+  Get(section, key, &word);
+  if (word.empty()) return absl::OkStatus();
+  absl::StatusOr<T> value = ParseKeyword(keywords, word, field);
+  if (!value.ok()) {
+    return absl::DataLossError(absl::StrCat("job spec JSON: ", value.status().message()));
+  }
+  *out = *value;
+  return absl::OkStatus();
+}
+
+// The rows of one section (Note [Spec field table]), written with
+// `defaults` as the section's default and read back; `prefix` is the
+// section's field path ("train.").
+#define MEGATRAIN_JSON_PUT_NUMBER(name, kind, range, pinned, proto) \
+  PutField(j, #name, section.name, defaults.name, pinned);
+#define MEGATRAIN_JSON_PUT_KEYWORD(name, keywords, pinned) \
+  PutKeyword(j, #name, section.name, defaults.name, pinned, keywords);
+#define MEGATRAIN_JSON_GET_NUMBER(name, kind, range, pinned, proto) Get(j, #name, &section->name);
+#define MEGATRAIN_JSON_GET_KEYWORD(name, keywords, pinned)                             \
+  if (absl::Status status =                                                            \
+          GetKeyword(j, #name, absl::StrCat(prefix, #name), keywords, &section->name); \
+      !status.ok()) {                                                                  \
+    return status;                                                                     \
+  }
+
 json TrainToJson(const TrainSpec& t) {
-  json j = {{"micro_batch", t.micro_batch},
-            {"seq_len", t.seq_len},
-            {"gradient_accumulation_steps", t.gradient_accumulation_steps},
-            {"max_steps", t.max_steps},
-            {"max_tokens", t.max_tokens},
-            {"compute_dtype", ComputeDtypeName(t.compute_dtype)},
+  json j = {{"compute_dtype", ComputeDtypeName(t.compute_dtype)},
             {"seed", t.seed},
             {"nan_policy", NanPolicyName(t.nan_policy)},
             {"offload_activations", t.offload_activations}};
   if (t.allow_seq_len_above_max_position_embeddings) {
     j["allow_seq_len_above_max_position_embeddings"] = true;
   }
-  if (t.schedule.has_value()) j["schedule"] = StepScheduleName(*t.schedule);
-  if (t.activations != ActivationPlacement::kAuto) {
-    j["activations"] = ActivationPlacementName(t.activations);
-  }
-  if (t.cuda_graphs != CudaGraphs::kAuto) j["cuda_graphs"] = CudaGraphsName(t.cuda_graphs);
   if (t.devices != 1) j["devices"] = t.devices;
   if (t.resident_layers != kAutoResidentLayers) j["resident_layers"] = t.resident_layers;
-#define MEGATRAIN_PUT(name, kind, range, pinned) \
-  PutField(j, #name, t.name, TrainSpec{}.name, pinned);
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_PUT)
-#undef MEGATRAIN_PUT
+  const TrainSpec& section = t;
+  const TrainSpec defaults;
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_JSON_PUT_NUMBER)
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_JSON_PUT_KEYWORD)
   return j;
 }
 
-json OptimizerToJson(const OptimizerSpec& o) {
-  json j = {{"weight_decay", o.weight_decay},
-            {"warmup_steps", o.warmup_steps},
-            {"schedule", std::string(LrScheduleKindName(o.schedule))},
-            {"min_lr_ratio", o.min_lr_ratio}};
-#define MEGATRAIN_PUT(name, kind, range, pinned) \
-  PutField(j, #name, o.name, OptimizerSpec{}.name, pinned);
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_PUT)
-#undef MEGATRAIN_PUT
+json OptimizerToJson(const OptimizerSpec& section) {
+  json j = {{"warmup_steps", section.warmup_steps}};
+  const OptimizerSpec defaults;
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_JSON_PUT_NUMBER)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_JSON_PUT_KEYWORD)
+  return j;
+}
+
+json EvalToJson(const EvalSpec& section) {
+  json j = json::object();
+  const EvalSpec defaults;
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_JSON_PUT_NUMBER)
+  return j;
+}
+
+json CheckpointToJson(const CheckpointSpec& section) {
+  json j = json::object();
+  const CheckpointSpec defaults;
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_JSON_PUT_NUMBER)
+  return j;
+}
+
+// Empty for a default memory section (then the spec has no "memory" key).
+json MemoryToJson(const MemorySpec& section) {
+  json j = json::object();
+  const MemorySpec defaults;
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_JSON_PUT_KEYWORD)
   return j;
 }
 
@@ -117,35 +167,41 @@ absl::Status ModelAndDataFromJson(const json& j, JobSpec* spec) {
   return absl::OkStatus();
 }
 
-// The keywords of train.schedule, train.activations and train.cuda_graphs
-// (step_schedule.h; absent: auto).
-absl::Status ScheduleFromJson(const json& train, TrainSpec* t) {
-  std::string schedule = StepScheduleRequestName(t->schedule);
-  Get(train, "schedule", &schedule);
-  absl::StatusOr<std::optional<StepSchedule>> order = ParseStepSchedule(schedule, "train.schedule");
-  std::string activations = ActivationPlacementName(t->activations);
-  Get(train, "activations", &activations);
-  absl::StatusOr<ActivationPlacement> placement =
-      ParseActivationPlacement(activations, "train.activations");
-  std::string cuda_graphs = CudaGraphsName(t->cuda_graphs);
-  Get(train, "cuda_graphs", &cuda_graphs);
-  absl::StatusOr<CudaGraphs> graphs = ParseCudaGraphs(cuda_graphs, "train.cuda_graphs");
-  for (const absl::Status& status : {order.status(), placement.status(), graphs.status()}) {
-    if (!status.ok()) return absl::DataLossError(absl::StrCat("job spec JSON: ", status.message()));
-  }
-  t->schedule = *order;
-  t->activations = *placement;
-  t->cuda_graphs = *graphs;
+// The rows of the sections (Note [Spec field table]); absent keys keep
+// their values, keywords absent before their field existed are the default.
+absl::Status TrainRowsFromJson(const json& j, TrainSpec* section) {
+  constexpr absl::string_view prefix = "train.";
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_JSON_GET_NUMBER)
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_JSON_GET_KEYWORD)
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerFromJson(const json& j, OptimizerSpec* section) {
+  constexpr absl::string_view prefix = "optimizer.";
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_JSON_GET_NUMBER)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_JSON_GET_KEYWORD)
+  Get(j, "warmup_steps", &section->warmup_steps);
+  return absl::OkStatus();
+}
+
+absl::Status EvalFromJson(const json& j, EvalSpec* section) {
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_JSON_GET_NUMBER)
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointFromJson(const json& j, CheckpointSpec* section) {
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_JSON_GET_NUMBER)
+  return absl::OkStatus();
+}
+
+absl::Status MemoryFromJson(const json& j, MemorySpec* section) {
+  constexpr absl::string_view prefix = "memory.";
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_JSON_GET_KEYWORD)
   return absl::OkStatus();
 }
 
 absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   const json& train = Section(j, "train");
-  Get(train, "micro_batch", &t->micro_batch);
-  Get(train, "seq_len", &t->seq_len);
-  Get(train, "gradient_accumulation_steps", &t->gradient_accumulation_steps);
-  Get(train, "max_steps", &t->max_steps);
-  Get(train, "max_tokens", &t->max_tokens);
   std::string dtype = ComputeDtypeName(t->compute_dtype);
   Get(train, "compute_dtype", &dtype);
   absl::StatusOr<ComputeDtype> compute_dtype = ParseComputeDtype(dtype);
@@ -168,62 +224,9 @@ absl::Status TrainFromJson(const json& j, TrainSpec* t) {
   Get(train, "offload_activations", &t->offload_activations);
   Get(train, "allow_seq_len_above_max_position_embeddings",
       &t->allow_seq_len_above_max_position_embeddings);
-#define MEGATRAIN_GET(name, kind, range, pinned) Get(train, #name, &t->name);
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_GET)
-#undef MEGATRAIN_GET
   Get(train, "devices", &t->devices);                  // absent before data parallelism: 1
   Get(train, "resident_layers", &t->resident_layers);  // absent: auto
-  return ScheduleFromJson(train, t);
-}
-
-absl::Status MemoryFromJson(const json& j, MemorySpec* m) {
-  std::string tier(NvmeTierModeName(m->nvme_tier));
-  Get(Section(j, "memory"), "nvme_tier", &tier);
-  absl::StatusOr<NvmeTierMode> mode = ParseNvmeTierMode(tier);
-  if (!mode.ok()) {
-    return absl::DataLossError(absl::StrCat("job spec JSON: ", mode.status().message()));
-  }
-  m->nvme_tier = *mode;
-  std::string weight_stream(WeightStreamName(m->weight_stream));
-  Get(Section(j, "memory"), "weight_stream", &weight_stream);
-  absl::StatusOr<WeightStream> stream = ParseWeightStream(weight_stream);
-  if (!stream.ok()) {
-    return absl::DataLossError(absl::StrCat("job spec JSON: ", stream.status().message()));
-  }
-  m->weight_stream = *stream;
-  std::string landing(GradientLandingName(m->gradient_landing));
-  Get(Section(j, "memory"), "gradient_landing", &landing);
-  absl::StatusOr<GradientLanding> land = ParseGradientLanding(landing);
-  if (!land.ok()) {
-    return absl::DataLossError(absl::StrCat("job spec JSON: ", land.status().message()));
-  }
-  m->gradient_landing = *land;
-  return absl::OkStatus();
-}
-
-absl::Status OptimizerEvalCheckpointFromJson(const json& j, JobSpec* spec) {
-  const json& optimizer = Section(j, "optimizer");
-#define MEGATRAIN_GET(name, kind, range, pinned) Get(optimizer, #name, &spec->optimizer.name);
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_GET)
-#undef MEGATRAIN_GET
-  Get(optimizer, "weight_decay", &spec->optimizer.weight_decay);
-  Get(optimizer, "warmup_steps", &spec->optimizer.warmup_steps);
-  std::string schedule(LrScheduleKindName(spec->optimizer.schedule));
-  Get(optimizer, "schedule", &schedule);
-  absl::StatusOr<LrScheduleKind> kind = ParseLrScheduleKind(schedule);
-  if (!kind.ok()) {
-    return absl::DataLossError(absl::StrCat("job spec JSON: ", kind.status().message()));
-  }
-  spec->optimizer.schedule = *kind;
-  Get(optimizer, "min_lr_ratio", &spec->optimizer.min_lr_ratio);
-  const json& eval = Section(j, "eval");
-  Get(eval, "every_steps", &spec->eval.every_steps);
-  Get(eval, "batches", &spec->eval.batches);
-  const json& checkpoint = Section(j, "checkpoint");
-  Get(checkpoint, "every_steps", &spec->checkpoint.every_steps);
-  Get(checkpoint, "keep_last", &spec->checkpoint.keep_last);
-  Get(checkpoint, "keep_every", &spec->checkpoint.keep_every);
-  return absl::OkStatus();
+  return TrainRowsFromJson(train, t);
 }
 
 }  // namespace
@@ -253,19 +256,9 @@ json JobSpecToJsonObject(const JobSpec& s) {
   }
   j["train"] = TrainToJson(s.train);
   j["optimizer"] = OptimizerToJson(s.optimizer);
-  j["eval"] = {{"every_steps", s.eval.every_steps}, {"batches", s.eval.batches}};
-  j["checkpoint"] = {{"every_steps", s.checkpoint.every_steps},
-                     {"keep_last", s.checkpoint.keep_last},
-                     {"keep_every", s.checkpoint.keep_every}};
-  if (s.memory.nvme_tier != NvmeTierMode::kOff) {
-    j["memory"] = {{"nvme_tier", std::string(NvmeTierModeName(s.memory.nvme_tier))}};
-  }
-  if (s.memory.weight_stream != WeightStream::kBf16) {
-    j["memory"]["weight_stream"] = std::string(WeightStreamName(s.memory.weight_stream));
-  }
-  if (s.memory.gradient_landing != GradientLanding::kArena) {
-    j["memory"]["gradient_landing"] = std::string(GradientLandingName(s.memory.gradient_landing));
-  }
+  j["eval"] = EvalToJson(s.eval);
+  j["checkpoint"] = CheckpointToJson(s.checkpoint);
+  if (json memory = MemoryToJson(s.memory); !memory.empty()) j["memory"] = std::move(memory);
   j["output_dir"] = s.output_dir;
   return j;
 }
@@ -278,10 +271,20 @@ absl::Status JobSpecFromJsonObject(const json& j, JobSpec* spec) {
     Get(j, "name", &spec->name);
     if (absl::Status status = ModelAndDataFromJson(j, spec); !status.ok()) return status;
     if (absl::Status status = TrainFromJson(j, &spec->train); !status.ok()) return status;
-    if (absl::Status status = OptimizerEvalCheckpointFromJson(j, spec); !status.ok()) {
+    if (absl::Status status = OptimizerFromJson(Section(j, "optimizer"), &spec->optimizer);
+        !status.ok()) {
       return status;
     }
-    if (absl::Status status = MemoryFromJson(j, &spec->memory); !status.ok()) return status;
+    if (absl::Status status = EvalFromJson(Section(j, "eval"), &spec->eval); !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = CheckpointFromJson(Section(j, "checkpoint"), &spec->checkpoint);
+        !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = MemoryFromJson(Section(j, "memory"), &spec->memory); !status.ok()) {
+      return status;
+    }
     Get(j, "output_dir", &spec->output_dir);
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat("job spec JSON: ", e.what()));

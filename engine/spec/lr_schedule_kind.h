@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/spec/keyword.h"
 
 namespace megatrain::engine {
 
@@ -20,29 +21,25 @@ enum class LrScheduleKind {
   kConstant,  // peak after warmup
 };
 
-// "cosine", "linear" or "constant": the spelling of job files, JSON and docs.
+// optimizer.schedule's keywords (engine/spec/keyword.h): "cosine",
+// "linear" or "constant", the spelling of job files, JSON and docs.
+inline constexpr Keyword<LrScheduleKind> kLrScheduleKindKeywords[] = {
+    {"cosine", LrScheduleKind::kCosine},
+    {"linear", LrScheduleKind::kLinear},
+    {"constant", LrScheduleKind::kConstant},
+};
+
 inline std::string_view LrScheduleKindName(LrScheduleKind kind) {
-  switch (kind) {
-    case LrScheduleKind::kCosine:
-      return "cosine";
-    case LrScheduleKind::kLinear:
-      return "linear";
-    case LrScheduleKind::kConstant:
-      return "constant";
-  }
-  return "unknown";
+  const char* name = KeywordName(kLrScheduleKindKeywords, kind);
+  return name != nullptr ? name : "unknown";
 }
 
 // Parses a LrScheduleKindName() spelling (exact, lower case). Errors:
-// INVALID_ARGUMENT "optimizer.schedule: unknown 'x' (expected
-// cosine|linear|constant)".
+// INVALID_ARGUMENT "optimizer.schedule: must be cosine, linear or
+// constant, got 'x'".
 inline absl::StatusOr<LrScheduleKind> ParseLrScheduleKind(std::string_view name) {
-  for (LrScheduleKind kind :
-       {LrScheduleKind::kCosine, LrScheduleKind::kLinear, LrScheduleKind::kConstant}) {
-    if (name == LrScheduleKindName(kind)) return kind;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("optimizer.schedule: unknown '", std::string(name),
-                                                 "' (expected cosine|linear|constant)"));
+  return ParseKeyword(kLrScheduleKindKeywords, absl::string_view(name.data(), name.size()),
+                      "optimizer.schedule");
 }
 
 }  // namespace megatrain::engine

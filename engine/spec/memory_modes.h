@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "engine/spec/keyword.h"
 
 namespace megatrain::engine {
 
@@ -25,18 +26,17 @@ enum class WeightStream {
               // bit-identical results
 };
 
-// "bf16", "fp32", "host_cast": the spelling of job files, JSON, flags and
-// docs.
+// memory.weight_stream's keywords (engine/spec/keyword.h): "bf16", "fp32",
+// "host_cast", the spelling of job files, JSON, flags and docs.
+inline constexpr Keyword<WeightStream> kWeightStreamKeywords[] = {
+    {"bf16", WeightStream::kBf16},
+    {"fp32", WeightStream::kFp32},
+    {"host_cast", WeightStream::kHostCast},
+};
+
 inline absl::string_view WeightStreamName(WeightStream mode) {
-  switch (mode) {
-    case WeightStream::kFp32:
-      return "fp32";
-    case WeightStream::kHostCast:
-      return "host_cast";
-    case WeightStream::kBf16:
-      break;
-  }
-  return "bf16";
+  const char* name = KeywordName(kWeightStreamKeywords, mode);
+  return name != nullptr ? name : "bf16";
 }
 
 // Whether bf16 compute under `mode` keeps a bf16 copy of the master in host
@@ -49,16 +49,11 @@ inline int WeightStreamH2dBytesPerParam(WeightStream mode) {
   return mode == WeightStream::kFp32 ? 4 : 2;
 }
 
-// Inverse of WeightStreamName; INVALID_ARGUMENT naming `field` and the
-// value otherwise.
+// Inverse of WeightStreamName; INVALID_ARGUMENT "<field>: must be bf16,
+// fp32 or host_cast, got '<name>'" otherwise.
 inline absl::StatusOr<WeightStream> ParseWeightStream(
     absl::string_view name, absl::string_view field = "memory.weight_stream") {
-  for (const WeightStream mode :
-       {WeightStream::kBf16, WeightStream::kFp32, WeightStream::kHostCast}) {
-    if (name == WeightStreamName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be bf16, fp32 or host_cast, got '", name, "'"));
+  return ParseKeyword(kWeightStreamKeywords, name, field);
 }
 
 // Where block gradients land in host memory (Note [Gradient ring] in
@@ -81,29 +76,24 @@ inline bool ClippingForbidsGradientRing(double max_grad_norm) { return max_grad_
 inline constexpr char kGradientRingClippingReason[] =
     "clipping needs the whole gradient's norm before any update";
 
+// memory.gradient_landing's keywords (engine/spec/keyword.h).
+inline constexpr Keyword<GradientLanding> kGradientLandingKeywords[] = {
+    {"arena", GradientLanding::kArena},
+    {"ring", GradientLanding::kRing},
+    {"auto", GradientLanding::kAuto},
+};
+
 // "arena", "ring", "auto".
 inline absl::string_view GradientLandingName(GradientLanding mode) {
-  switch (mode) {
-    case GradientLanding::kRing:
-      return "ring";
-    case GradientLanding::kAuto:
-      return "auto";
-    case GradientLanding::kArena:
-      break;
-  }
-  return "arena";
+  const char* name = KeywordName(kGradientLandingKeywords, mode);
+  return name != nullptr ? name : "arena";
 }
 
-// Inverse of GradientLandingName; INVALID_ARGUMENT naming `field` and the
-// value otherwise.
+// Inverse of GradientLandingName; INVALID_ARGUMENT "<field>: must be arena,
+// ring or auto, got '<name>'" otherwise.
 inline absl::StatusOr<GradientLanding> ParseGradientLanding(
     absl::string_view name, absl::string_view field = "memory.gradient_landing") {
-  for (const GradientLanding mode :
-       {GradientLanding::kArena, GradientLanding::kRing, GradientLanding::kAuto}) {
-    if (name == GradientLandingName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be arena, ring or auto, got '", name, "'"));
+  return ParseKeyword(kGradientLandingKeywords, name, field);
 }
 
 }  // namespace megatrain::engine

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "engine/spec/keyword.h"
 
 namespace megatrain::engine {
 
@@ -17,28 +18,23 @@ enum class NvmeTierMode {
   kAuto,     // kMoments only when the job does not fit the host budget otherwise
 };
 
-// "off", "moments", "auto": the spelling of job files, JSON and docs.
+// memory.nvme_tier's keywords (engine/spec/keyword.h): "off", "moments",
+// "auto", the spelling of job files, JSON and docs.
+inline constexpr Keyword<NvmeTierMode> kNvmeTierModeKeywords[] = {
+    {"off", NvmeTierMode::kOff},
+    {"moments", NvmeTierMode::kMoments},
+    {"auto", NvmeTierMode::kAuto},
+};
+
 inline absl::string_view NvmeTierModeName(NvmeTierMode mode) {
-  switch (mode) {
-    case NvmeTierMode::kMoments:
-      return "moments";
-    case NvmeTierMode::kAuto:
-      return "auto";
-    case NvmeTierMode::kOff:
-      break;
-  }
-  return "off";
+  const char* name = KeywordName(kNvmeTierModeKeywords, mode);
+  return name != nullptr ? name : "off";
 }
 
-// Inverse of NvmeTierModeName; INVALID_ARGUMENT naming memory.nvme_tier and
-// the value otherwise.
+// Inverse of NvmeTierModeName; INVALID_ARGUMENT "memory.nvme_tier: must be
+// off, moments or auto, got '<name>'" otherwise.
 inline absl::StatusOr<NvmeTierMode> ParseNvmeTierMode(absl::string_view name) {
-  for (const NvmeTierMode mode :
-       {NvmeTierMode::kOff, NvmeTierMode::kMoments, NvmeTierMode::kAuto}) {
-    if (name == NvmeTierModeName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("memory.nvme_tier: must be off, moments or auto, got '", name, "'"));
+  return ParseKeyword(kNvmeTierModeKeywords, name, "memory.nvme_tier");
 }
 
 }  // namespace megatrain::engine

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "engine/spec/keyword.h"
 
 namespace megatrain::engine {
 
@@ -26,9 +27,18 @@ enum class StepSchedule {
                      // layer (Note [Layer-major schedule] in engine/step/step_plan.h)
 };
 
+// train.schedule's keywords (engine/spec/keyword.h): auto is the empty
+// optional, the trainer's choice.
+inline constexpr Keyword<std::optional<StepSchedule>> kStepScheduleKeywords[] = {
+    {"auto", std::nullopt},
+    {"micro-batch-major", StepSchedule::kMicroBatchMajor},
+    {"layer-major", StepSchedule::kLayerMajor},
+};
+
 // "micro-batch-major" / "layer-major" (the job spec's and the bench's words).
 inline const char* StepScheduleName(StepSchedule schedule) {
-  return schedule == StepSchedule::kLayerMajor ? "layer-major" : "micro-batch-major";
+  const char* name = KeywordName(kStepScheduleKeywords, std::optional(schedule));
+  return name != nullptr ? name : "?";
 }
 
 // "auto" for an empty optional (the trainer's choice), else StepScheduleName.
@@ -46,15 +56,12 @@ inline bool WaveContradictsSchedule(std::optional<StepSchedule> schedule, int64_
 }
 
 // "auto" (empty), "micro-batch-major", "layer-major"; an empty optional for
-// auto. INVALID_ARGUMENT "<field>: expected auto, micro-batch-major or
+// auto. INVALID_ARGUMENT "<field>: must be auto, micro-batch-major or
 // layer-major, got '<text>'" otherwise.
 inline absl::StatusOr<std::optional<StepSchedule>> ParseStepSchedule(absl::string_view text,
                                                                      absl::string_view field) {
-  if (text.empty() || text == "auto") return std::optional<StepSchedule>();
-  if (text == "micro-batch-major") return std::optional(StepSchedule::kMicroBatchMajor);
-  if (text == "layer-major") return std::optional(StepSchedule::kLayerMajor);
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected auto, micro-batch-major or layer-major, got '", text, "'"));
+  if (text.empty()) return std::optional<StepSchedule>();
+  return ParseKeyword(kStepScheduleKeywords, text, field);
 }
 
 // Where the saved layer inputs live (Note [Activation offload] in
@@ -65,28 +72,25 @@ enum class ActivationPlacement {
   kHost,    // pinned host memory (train.offload_activations)
 };
 
+// train.activations' keywords (engine/spec/keyword.h).
+inline constexpr Keyword<ActivationPlacement> kActivationPlacementKeywords[] = {
+    {"auto", ActivationPlacement::kAuto},
+    {"device", ActivationPlacement::kDevice},
+    {"host", ActivationPlacement::kHost},
+};
+
 // "auto", "device", "host".
 inline const char* ActivationPlacementName(ActivationPlacement placement) {
-  switch (placement) {
-    case ActivationPlacement::kAuto:
-      return "auto";
-    case ActivationPlacement::kDevice:
-      return "device";
-    case ActivationPlacement::kHost:
-      return "host";
-  }
-  return "?";
+  const char* name = KeywordName(kActivationPlacementKeywords, placement);
+  return name != nullptr ? name : "?";
 }
 
-// "auto" (empty), "device", "host". INVALID_ARGUMENT "<field>: expected
+// "auto" (empty), "device", "host". INVALID_ARGUMENT "<field>: must be
 // auto, device or host, got '<text>'" otherwise.
 inline absl::StatusOr<ActivationPlacement> ParseActivationPlacement(absl::string_view text,
                                                                     absl::string_view field) {
-  if (text.empty() || text == "auto") return ActivationPlacement::kAuto;
-  if (text == "device") return ActivationPlacement::kDevice;
-  if (text == "host") return ActivationPlacement::kHost;
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected auto, device or host, got '", text, "'"));
+  if (text.empty()) return ActivationPlacement::kAuto;
+  return ParseKeyword(kActivationPlacementKeywords, text, field);
 }
 
 // Where the saved layer inputs live as asked: train.offload_activations
@@ -107,17 +111,17 @@ enum class CudaGraphs {
   kOn,
 };
 
+// train.cuda_graphs' keywords (engine/spec/keyword.h).
+inline constexpr Keyword<CudaGraphs> kCudaGraphsKeywords[] = {
+    {"auto", CudaGraphs::kAuto},
+    {"off", CudaGraphs::kOff},
+    {"on", CudaGraphs::kOn},
+};
+
 // "auto", "off", "on".
 inline const char* CudaGraphsName(CudaGraphs graphs) {
-  switch (graphs) {
-    case CudaGraphs::kAuto:
-      return "auto";
-    case CudaGraphs::kOff:
-      return "off";
-    case CudaGraphs::kOn:
-      return "on";
-  }
-  return "?";
+  const char* name = KeywordName(kCudaGraphsKeywords, graphs);
+  return name != nullptr ? name : "?";
 }
 
 // The trainer's spelling (TrainerOptions::cuda_graphs,
@@ -132,16 +136,11 @@ inline CudaGraphs CudaGraphsFromOption(int option) {
   return option == 1 ? CudaGraphs::kOn : option == 0 ? CudaGraphs::kOff : CudaGraphs::kAuto;
 }
 
-// "auto" (empty), "off", "on". INVALID_ARGUMENT "<field>: expected auto,
-// on or off, got '<text>'" otherwise, quoting at most 32 bytes of `text`.
+// "auto" (empty), "off", "on". INVALID_ARGUMENT "<field>: must be auto,
+// off or on, got '<text>'" otherwise, quoting at most 32 bytes of `text`.
 inline absl::StatusOr<CudaGraphs> ParseCudaGraphs(absl::string_view text, absl::string_view field) {
-  if (text.empty() || text == "auto") return CudaGraphs::kAuto;
-  if (text == "off") return CudaGraphs::kOff;
-  if (text == "on") return CudaGraphs::kOn;
-  constexpr size_t kQuoted = 32;
-  return absl::InvalidArgumentError(absl::StrCat(field, ": expected auto, on or off, got '",
-                                                 text.substr(0, kQuoted),
-                                                 text.size() > kQuoted ? "...'" : "'"));
+  if (text.empty()) return CudaGraphs::kAuto;
+  return ParseKeyword(kCudaGraphsKeywords, text, field);
 }
 
 }  // namespace megatrain::engine

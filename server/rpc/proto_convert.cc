@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/document_attention.h"
+#include "engine/spec/keyword.h"
 #include "engine/spec/nvme_tier_mode.h"
 #include "engine/spec/spec_fields.h"
 #include "server/core/logging.h"
@@ -41,14 +42,8 @@ absl::Status CheckJobSpecBounds(const v1::JobSpec& spec) {
       CheckLength("data.eval_tokens", spec.data().eval_tokens(), kMaxPathBytes));
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.text", spec.data().text(), kMaxPathBytes));
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("data.tokenizer", spec.data().tokenizer(), kMaxPathBytes));
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckLength("optimizer.schedule", spec.optimizer().schedule(), kMaxKeywordBytes));
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckLength("train.schedule", spec.train().schedule(), kMaxKeywordBytes));
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckLength("train.activations", spec.train().activations(), kMaxKeywordBytes));
-  MEGATRAIN_RETURN_IF_ERROR(
-      CheckLength("train.cuda_graphs", spec.train().cuda_graphs(), kMaxKeywordBytes));
+  // Keyword rows (Note [Spec field table]) need no cap: a word not in the
+  // row's table is refused quoting at most 32 bytes of it, escaped.
   MEGATRAIN_RETURN_IF_ERROR(CheckLength("output_dir", spec.output_dir(), kMaxPathBytes));
   if (spec.labels_size() > kMaxLabels) {
     return absl::InvalidArgumentError(
@@ -139,66 +134,135 @@ absl::Status CheckRequestBounds(const v1::ListAuditRecordsRequest& request) {
 
 namespace {
 
-// train.micro_batch, seq_len and gradient_accumulation_steps, the latter
-// possibly given as train.global_batch (then it must agree).
-absl::Status BatchShapeFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
-  if (train.has_micro_batch()) train_spec->micro_batch = train.micro_batch();
-  if (train.has_seq_len()) train_spec->seq_len = train.seq_len();
-  if (train.has_gradient_accumulation_steps()) {
-    train_spec->gradient_accumulation_steps = train.gradient_accumulation_steps();
-  }
-  if (train.has_global_batch()) {
-    const int64_t global_batch = train.global_batch();
-    const int64_t micro_batch = train_spec->micro_batch;
-    if (global_batch <= 0 || micro_batch <= 0 || global_batch % micro_batch != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("train.global_batch: must be a positive multiple of train.micro_batch (",
-                       micro_batch, "), got ", global_batch));
-    }
-    const int64_t steps = global_batch / micro_batch;
-    if (train.has_gradient_accumulation_steps() && train.gradient_accumulation_steps() != steps) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("train.gradient_accumulation_steps: ", train.gradient_accumulation_steps(),
-                       " disagrees with train.global_batch / train.micro_batch = ", global_batch,
-                       " / ", micro_batch, " = ", steps, "; give one of the two"));
-    }
-    train_spec->gradient_accumulation_steps = steps;
-  }
+// Note [Spec field table] (engine/spec/spec_fields.h): a row from its
+// proto section `in` into the spec's section `out`, and back. A number
+// row's Optional proto field keeps the default when unset; a keyword row's
+// unset or empty string keeps it, and an unknown word is INVALID_ARGUMENT
+// naming the field (`prefix` is the section's path, "train.").
+#define MEGATRAIN_PROTO_HAS_Optional(message, name) message.has_##name()
+#define MEGATRAIN_PROTO_HAS_Plain(message, name) true
+#define MEGATRAIN_NUMBER_FROM_PROTO(name, kind, range, json, proto) \
+  if (MEGATRAIN_PROTO_HAS_##proto(in, name)) out->name = in.name();
+#define MEGATRAIN_KEYWORD_FROM_PROTO(name, keywords, json) \
+  errors.Add(                                              \
+      KeywordFromProto(in.name(), absl::StrCat(prefix, #name), engine::keywords, &out->name));
+#define MEGATRAIN_NUMBER_TO_PROTO(name, kind, range, json, proto) out->set_##name(in.name);
+#define MEGATRAIN_KEYWORD_TO_PROTO(name, keywords, json) \
+  out->set_##name(KeywordOrUnknown(engine::keywords, in.name));
+
+template <typename T, size_t N>
+absl::Status KeywordFromProto(const std::string& word, absl::string_view field,
+                              const engine::Keyword<T> (&keywords)[N], T* out) {
+  if (word.empty()) return absl::OkStatus();
+  MEGATRAIN_ASSIGN_OR_RETURN(*out, engine::ParseKeyword(keywords, word, field));
   return absl::OkStatus();
 }
 
-// The keywords of train.schedule, train.activations and train.cuda_graphs,
-// parsed into the spec's enums (engine/spec/step_schedule.h: unset or
-// empty is auto); INVALID_ARGUMENT naming the field and the value, every
-// bad one at once.
-absl::Status ScheduleFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
+// The keyword of `value`; "?" for an enum cast from a bad integer (a
+// spec ValidateJobSpec refuses).
+template <typename T, size_t N>
+std::string KeywordOrUnknown(const engine::Keyword<T> (&keywords)[N], const T& value) {
+  const char* word = engine::KeywordName(keywords, value);
+  return word != nullptr ? word : "?";
+}
+
+// The rows of the train section; every bad keyword at once.
+absl::Status TrainRowsFromProto(const v1::TrainSpec& in, engine::TrainSpec* out) {
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_NUMBER_FROM_PROTO)
   engine::SpecErrors errors;
-  if (train.has_schedule()) {
-    absl::StatusOr<std::optional<engine::StepSchedule>> schedule =
-        engine::ParseStepSchedule(train.schedule(), "train.schedule");
-    errors.Add(schedule.status());
-    if (schedule.ok()) train_spec->schedule = *schedule;
-  }
-  if (train.has_activations()) {
-    absl::StatusOr<engine::ActivationPlacement> activations =
-        engine::ParseActivationPlacement(train.activations(), "train.activations");
-    errors.Add(activations.status());
-    if (activations.ok()) train_spec->activations = *activations;
-  }
-  if (train.has_cuda_graphs()) {
-    absl::StatusOr<engine::CudaGraphs> graphs =
-        engine::ParseCudaGraphs(train.cuda_graphs(), "train.cuda_graphs");
-    errors.Add(graphs.status());
-    if (graphs.ok()) train_spec->cuda_graphs = *graphs;
-  }
+  constexpr absl::string_view prefix = "train.";
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_FROM_PROTO)
   return errors.ToStatus();
 }
 
-// The rest of the train section: length, precision, clipping, NaN policy.
+// The rows of the optimizer, eval, checkpoint and memory sections.
+absl::Status OtherRowsFromProto(const v1::JobSpec& proto, engine::JobSpec* spec) {
+  engine::SpecErrors errors;
+  {
+    const v1::OptimizerSpec& in = proto.optimizer();
+    engine::OptimizerSpec* out = &spec->optimizer;
+    constexpr absl::string_view prefix = "optimizer.";
+    MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_NUMBER_FROM_PROTO)
+    MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_FROM_PROTO)
+  }
+  {
+    const v1::EvalSpec& in = proto.eval();
+    engine::EvalSpec* out = &spec->eval;
+    MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_NUMBER_FROM_PROTO)
+  }
+  {
+    const v1::CheckpointSpec& in = proto.checkpoint();
+    engine::CheckpointSpec* out = &spec->checkpoint;
+    MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_NUMBER_FROM_PROTO)
+  }
+  const v1::MemorySpec& in = proto.memory();
+  engine::MemorySpec* out = &spec->memory;
+  constexpr absl::string_view prefix = "memory.";
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_FROM_PROTO)
+  return errors.ToStatus();
+}
+
+// The rows of every section, back into the proto.
+void RowsToProto(const engine::JobSpec& spec, v1::JobSpec* proto) {
+  {
+    const engine::TrainSpec& in = spec.train;
+    v1::TrainSpec* out = proto->mutable_train();
+    MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_NUMBER_TO_PROTO)
+    MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_TO_PROTO)
+  }
+  {
+    const engine::OptimizerSpec& in = spec.optimizer;
+    v1::OptimizerSpec* out = proto->mutable_optimizer();
+    MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_NUMBER_TO_PROTO)
+    MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_TO_PROTO)
+  }
+  {
+    const engine::EvalSpec& in = spec.eval;
+    v1::EvalSpec* out = proto->mutable_eval();
+    MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_NUMBER_TO_PROTO)
+  }
+  {
+    const engine::CheckpointSpec& in = spec.checkpoint;
+    v1::CheckpointSpec* out = proto->mutable_checkpoint();
+    MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_NUMBER_TO_PROTO)
+  }
+  // memory.nvme_tier always written: a job's spec holds the resolved
+  // tier (auto became off or moments at submission), and `get` shows
+  // it rather than "".
+  const engine::MemorySpec& in = spec.memory;
+  v1::MemorySpec* out = proto->mutable_memory();
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_KEYWORD_TO_PROTO)
+}
+
+// train.global_batch (server-side only), after the rows: sets
+// gradient_accumulation_steps = global_batch / micro_batch, which a
+// given gradient_accumulation_steps must agree with.
+absl::Status GlobalBatchFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
+  if (!train.has_global_batch()) return absl::OkStatus();
+  const int64_t global_batch = train.global_batch();
+  const int64_t micro_batch = train_spec->micro_batch;
+  if (global_batch <= 0 || micro_batch <= 0 || global_batch % micro_batch != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.global_batch: must be a positive "
+                     "multiple of train.micro_batch (",
+                     micro_batch, "), got ", global_batch));
+  }
+  const int64_t steps = global_batch / micro_batch;
+  if (train.has_gradient_accumulation_steps() && train_spec->gradient_accumulation_steps != steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.gradient_accumulation_steps: ", train_spec->gradient_accumulation_steps,
+                     " disagrees with train.global_batch / train.micro_batch = ", global_batch,
+                     " / ", micro_batch, " = ", steps, "; give one of the two"));
+  }
+  train_spec->gradient_accumulation_steps = steps;
+  return absl::OkStatus();
+}
+
+// The train section: the rows, the global_batch rule, precision, NaN
+// policy, the flags, devices and resident layers.
 absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train_spec) {
-  MEGATRAIN_RETURN_IF_ERROR(BatchShapeFromProto(train, train_spec));
-  train_spec->max_steps = train.max_steps();
-  train_spec->max_tokens = train.max_tokens();
+  MEGATRAIN_RETURN_IF_ERROR(TrainRowsFromProto(train, train_spec));
+  MEGATRAIN_RETURN_IF_ERROR(GlobalBatchFromProto(train, train_spec));
   switch (train.compute_dtype()) {
     case v1::COMPUTE_DTYPE_UNSPECIFIED:
     case v1::COMPUTE_DTYPE_FP32:
@@ -214,11 +278,6 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
       return absl::InvalidArgumentError(absl::StrCat("train.compute_dtype: unknown value ",
                                                      static_cast<int>(train.compute_dtype())));
   }
-    // Note [Spec field table] (engine/spec/spec_fields.h).
-#define MEGATRAIN_FROM_PROTO(name, kind, range, json) \
-  if (train.has_##name()) train_spec->name = train.name();
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_FROM_PROTO)
-#undef MEGATRAIN_FROM_PROTO
   train_spec->seed = train.seed();
   switch (train.nan_policy()) {
     case v1::NAN_POLICY_UNSPECIFIED:
@@ -239,63 +298,16 @@ absl::Status TrainFromProto(const v1::TrainSpec& train, engine::TrainSpec* train
     train_spec->allow_seq_len_above_max_position_embeddings =
         train.allow_seq_len_above_max_position_embeddings();
   }
-  MEGATRAIN_RETURN_IF_ERROR(ScheduleFromProto(train, train_spec));
   if (train.has_devices()) train_spec->devices = train.devices();
   if (train.has_resident_layers()) {
     // Unset is auto; a negative count is no spelling of it.
     if (train.resident_layers() < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("train.resident_layers: must be >= 0 (leave it unset for auto), got ",
+          absl::StrCat("train.resident_layers: must be >= 0 (leave "
+                       "it unset for auto), got ",
                        train.resident_layers()));
     }
     train_spec->resident_layers = train.resident_layers();
-  }
-  return absl::OkStatus();
-}
-
-// The optimizer, eval and checkpoint sections (unset optional fields keep
-// the spec's defaults); INVALID_ARGUMENT for an unknown optimizer.schedule.
-absl::Status OptimizerEvalCheckpointFromProto(const v1::JobSpec& in, engine::JobSpec* spec_out) {
-  engine::JobSpec& spec = *spec_out;
-  const v1::OptimizerSpec& optimizer = in.optimizer();
-#define MEGATRAIN_FROM_PROTO(name, kind, range, json) \
-  if (optimizer.has_##name()) spec.optimizer.name = optimizer.name();
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_FROM_PROTO)
-#undef MEGATRAIN_FROM_PROTO
-  spec.optimizer.weight_decay = optimizer.weight_decay();
-  spec.optimizer.warmup_steps = optimizer.warmup_steps();
-  if (!optimizer.schedule().empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(spec.optimizer.schedule,
-                               engine::ParseLrScheduleKind(optimizer.schedule()));
-  }
-  spec.optimizer.min_lr_ratio = optimizer.min_lr_ratio();
-
-  spec.eval.every_steps = in.eval().every_steps();
-  if (in.eval().has_batches()) spec.eval.batches = in.eval().batches();
-
-  spec.checkpoint.every_steps = in.checkpoint().every_steps();
-  if (in.checkpoint().has_keep_last()) spec.checkpoint.keep_last = in.checkpoint().keep_last();
-  spec.checkpoint.keep_every = in.checkpoint().keep_every();
-  return absl::OkStatus();
-}
-
-// The memory section (unset fields keep the spec's defaults). Values are
-// keywords: longer ones are refused without echoing them.
-absl::Status MemoryFromProto(const v1::MemorySpec& memory, engine::MemorySpec* out) {
-  constexpr size_t kMaxKeywordBytes = 32;
-  if (memory.has_weight_stream()) {
-    if (memory.weight_stream().size() > kMaxKeywordBytes) {
-      return absl::InvalidArgumentError("memory.weight_stream: must be bf16, fp32 or host_cast");
-    }
-    MEGATRAIN_ASSIGN_OR_RETURN(out->weight_stream,
-                               engine::ParseWeightStream(memory.weight_stream()));
-  }
-  if (memory.has_gradient_landing()) {
-    if (memory.gradient_landing().size() > kMaxKeywordBytes) {
-      return absl::InvalidArgumentError("memory.gradient_landing: must be arena, ring or auto");
-    }
-    MEGATRAIN_ASSIGN_OR_RETURN(out->gradient_landing,
-                               engine::ParseGradientLanding(memory.gradient_landing()));
   }
   return absl::OkStatus();
 }
@@ -345,13 +357,9 @@ absl::StatusOr<JobRequest> JobRequestFromProto(const v1::JobSpec& in) {
   }
 
   MEGATRAIN_RETURN_IF_ERROR(TrainFromProto(in.train(), &spec.train));
-  MEGATRAIN_RETURN_IF_ERROR(OptimizerEvalCheckpointFromProto(in, &spec));
-  MEGATRAIN_RETURN_IF_ERROR(MemoryFromProto(in.memory(), &spec.memory));
+  MEGATRAIN_RETURN_IF_ERROR(OtherRowsFromProto(in, &spec));
   spec.output_dir = in.output_dir();
-  if (in.memory().has_nvme_tier()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(spec.memory.nvme_tier,
-                               engine::ParseNvmeTierMode(in.memory().nvme_tier()));
-  }
+  spec.optimizer.warmup_steps = in.optimizer().warmup_steps();
   request.priority = in.priority();
   request.labels = std::map<std::string, std::string>(in.labels().begin(), in.labels().end());
 
@@ -382,11 +390,7 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
   data->mutable_packing()->set_document_attention(
       std::string(engine::DocumentAttentionName(spec.data.packing.document_attention)));
   v1::TrainSpec* train = out->mutable_train();
-  train->set_micro_batch(spec.train.micro_batch);
-  train->set_seq_len(spec.train.seq_len);
-  train->set_gradient_accumulation_steps(spec.train.gradient_accumulation_steps);
-  train->set_max_steps(spec.train.max_steps);
-  train->set_max_tokens(spec.train.max_tokens);
+  RowsToProto(spec, out);
   switch (spec.train.compute_dtype) {
     case engine::ComputeDtype::kFp32:
       train->set_compute_dtype(v1::COMPUTE_DTYPE_FP32);
@@ -398,44 +402,18 @@ void JobRequestToProto(const JobRequest& request, v1::JobSpec* out) {
       train->set_compute_dtype(v1::COMPUTE_DTYPE_BF16);
       break;
   }
-#define MEGATRAIN_TO_PROTO(name, kind, range, json) train->set_##name(spec.train.name);
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_TO_PROTO)
-#undef MEGATRAIN_TO_PROTO
   train->set_seed(spec.train.seed);
   train->set_nan_policy(spec.train.nan_policy == engine::NanPolicy::kFail ? v1::NAN_POLICY_FAIL
                                                                           : v1::NAN_POLICY_SKIP);
   train->set_offload_activations(spec.train.offload_activations);
   train->set_allow_seq_len_above_max_position_embeddings(
       spec.train.allow_seq_len_above_max_position_embeddings);
-  train->set_schedule(engine::StepScheduleRequestName(spec.train.schedule));
   train->set_devices(static_cast<int32_t>(spec.train.devices));
-  train->set_activations(engine::ActivationPlacementName(spec.train.activations));
-  train->set_cuda_graphs(engine::CudaGraphsName(spec.train.cuda_graphs));
   if (spec.train.resident_layers != engine::kAutoResidentLayers) {
     train->set_resident_layers(static_cast<int32_t>(spec.train.resident_layers));
   }
-  v1::OptimizerSpec* optimizer = out->mutable_optimizer();
-#define MEGATRAIN_TO_PROTO(name, kind, range, json) optimizer->set_##name(spec.optimizer.name);
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_TO_PROTO)
-#undef MEGATRAIN_TO_PROTO
-  optimizer->set_weight_decay(spec.optimizer.weight_decay);
-  optimizer->set_warmup_steps(spec.optimizer.warmup_steps);
-  optimizer->set_schedule(std::string(engine::LrScheduleKindName(spec.optimizer.schedule)));
-  optimizer->set_min_lr_ratio(spec.optimizer.min_lr_ratio);
-  out->mutable_eval()->set_every_steps(spec.eval.every_steps);
-  out->mutable_eval()->set_batches(spec.eval.batches);
-  out->mutable_checkpoint()->set_every_steps(spec.checkpoint.every_steps);
-  out->mutable_checkpoint()->set_keep_last(spec.checkpoint.keep_last);
-  out->mutable_checkpoint()->set_keep_every(spec.checkpoint.keep_every);
-  out->mutable_memory()->set_weight_stream(
-      std::string(engine::WeightStreamName(spec.memory.weight_stream)));
-  out->mutable_memory()->set_gradient_landing(
-      std::string(engine::GradientLandingName(spec.memory.gradient_landing)));
+  out->mutable_optimizer()->set_warmup_steps(spec.optimizer.warmup_steps);
   out->set_output_dir(spec.output_dir);
-  // Always written: a job's spec holds the resolved tier (auto became off
-  // or moments at submission), and `get` shows it rather than "".
-  out->mutable_memory()->set_nvme_tier(
-      std::string(engine::NvmeTierModeName(spec.memory.nvme_tier)));
   out->set_priority(request.priority);
   for (const auto& [key, value] : request.labels) (*out->mutable_labels())[key] = value;
 }
@@ -455,7 +433,8 @@ void JobToProto(const JobRecord& job, v1::Job* out) {
   progress->set_loss(job.progress.loss);
   if (job.progress.eval_loss.has_value()) progress->set_eval_loss(*job.progress.eval_loss);
   progress->set_tokens_per_s(job.progress.tokens_per_s);
-  // 0: unknown (the engine has no peak for the device); absent, not 0.
+  // 0: unknown (the engine has no peak for the device); absent, not
+  // 0.
   if (job.progress.mfu > 0) progress->set_mfu(job.progress.mfu);
   progress->set_tokens(job.progress.tokens);
   progress->set_eta_seconds(job.progress.eta_seconds);
@@ -464,8 +443,8 @@ void JobToProto(const JobRecord& job, v1::Job* out) {
   if (job.state == JobState::kFailed && job.error_code != absl::StatusCode::kOk) {
     out->set_error_code(absl::StatusCodeToString(job.error_code));
   }
-  // Note [Status text]: error_message only for FAILED; the latest note of
-  // any state is status_message.
+  // Note [Status text]: error_message only for FAILED; the latest
+  // note of any state is status_message.
   if (job.state == JobState::kFailed) out->set_error_message(job.message);
   out->set_status_message(job.message);
   out->set_resume_from(job.resume_from);

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/job_spec.h"  // the rows' members, ranges and keyword tables
+#include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
@@ -107,23 +109,73 @@ TEST(JobFileTest, StepScheduleKeys) {
   EXPECT_FALSE(absent->train().has_wave());
 }
 
-// Note [Spec field table]: every row is a YAML key of its section, read
-// as its kind (ranges are the daemon's check, not the parser's).
+// Note [Spec field table]: every number row is a YAML key of its section,
+// read as its kind (ranges are the daemon's check, not the parser's).
 TEST(JobFileTest, EveryTableRowIsAKeyOfItsSection) {
-  std::string yaml = "train:\n";
-#define MEGATRAIN_KEY(name, kind, range, json) absl::StrAppend(&yaml, "  " #name ": 3\n");
+  std::string yaml;
+#define MEGATRAIN_KEY(name, kind, range, json, proto) absl::StrAppend(&yaml, "  " #name ": 3\n");
+  absl::StrAppend(&yaml, "train:\n");
   MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_KEY)
   absl::StrAppend(&yaml, "optimizer:\n");
   MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_KEY)
+  absl::StrAppend(&yaml, "eval:\n");
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_KEY)
+  absl::StrAppend(&yaml, "checkpoint:\n");
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_KEY)
 #undef MEGATRAIN_KEY
   const absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(yaml, "/", "j.yaml");
   ASSERT_THAT(spec.status(), IsOk());
-#define MEGATRAIN_EXPECT(name, kind, range, json) EXPECT_EQ(spec->train().name(), 3) << #name;
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#define MEGATRAIN_EXPECT(section, name) EXPECT_EQ(spec->section().name(), 3) << #section "." #name;
+#define MEGATRAIN_TRAIN(name, kind, range, json, proto) MEGATRAIN_EXPECT(train, name)
+#define MEGATRAIN_OPTIMIZER(name, kind, range, json, proto) MEGATRAIN_EXPECT(optimizer, name)
+#define MEGATRAIN_EVAL(name, kind, range, json, proto) MEGATRAIN_EXPECT(eval, name)
+#define MEGATRAIN_CHECKPOINT(name, kind, range, json, proto) MEGATRAIN_EXPECT(checkpoint, name)
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_TRAIN)
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_OPTIMIZER)
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_EVAL)
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_CHECKPOINT)
+#undef MEGATRAIN_TRAIN
+#undef MEGATRAIN_OPTIMIZER
+#undef MEGATRAIN_EVAL
+#undef MEGATRAIN_CHECKPOINT
 #undef MEGATRAIN_EXPECT
-#define MEGATRAIN_EXPECT(name, kind, range, json) EXPECT_EQ(spec->optimizer().name(), 3) << #name;
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT)
-#undef MEGATRAIN_EXPECT
+}
+
+// Every keyword of `keywords` is accepted under `section`.`key` and lands
+// in the proto as the word (`word` reads it); another word is refused
+// naming the key path and listing the keywords.
+template <typename T, size_t N, typename Word>
+void ExpectEveryKeywordIsAccepted(const engine::Keyword<T> (&keywords)[N],
+                                  const std::string& section, const std::string& key, Word word) {
+  for (const engine::Keyword<T>& keyword : keywords) {
+    const absl::StatusOr<v1::JobSpec> spec =
+        ParseJobYaml(absl::StrCat(section, ":\n  ", key, ": ", keyword.word, "\n"), "/", "j.yaml");
+    ASSERT_THAT(spec.status(), IsOk()) << section << "." << key << ": " << keyword.word;
+    EXPECT_EQ(word(*spec), keyword.word) << section << "." << key;
+  }
+  EXPECT_THAT(
+      ParseJobYaml(absl::StrCat(section, ":\n  ", key, ": no-such-word\n"), "/", "j.yaml"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr(absl::StrCat("j.yaml: ", section, ".", key, ": must be ",
+                                      engine::KeywordList(keywords), ", got 'no-such-word'"))));
+}
+
+// Note [Spec field table]: every keyword row is a YAML key of its section
+// taking exactly its table's words.
+TEST(JobFileTest, EveryKeywordRowTakesItsWordsOnly) {
+#define MEGATRAIN_ACCEPTS(section, name, keywords)                \
+  ExpectEveryKeywordIsAccepted(engine::keywords, #section, #name, \
+                               [](const v1::JobSpec& p) { return p.section().name(); });
+#define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_ACCEPTS(train, name, keywords)
+#define MEGATRAIN_OPTIMIZER(name, keywords, json) MEGATRAIN_ACCEPTS(optimizer, name, keywords)
+#define MEGATRAIN_MEMORY(name, keywords, json) MEGATRAIN_ACCEPTS(memory, name, keywords)
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_TRAIN)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_OPTIMIZER)
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_MEMORY)
+#undef MEGATRAIN_TRAIN
+#undef MEGATRAIN_OPTIMIZER
+#undef MEGATRAIN_MEMORY
+#undef MEGATRAIN_ACCEPTS
 }
 
 TEST(JobFileTest, DevicesTakeACountOrAll) {

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Keeps Note [Spec field table] (engine/spec/spec_fields.h) honest.
 
-For every row of the table (a train.* or optimizer.* number field) checks
-that none of the table's consumers also spells the field out by hand, so
-that a row stays the one place the field is declared for them, and that
-docs/job-spec.md lists the field:
+For every row of the tables (a number or keyword field of train.*,
+optimizer.*, eval.*, checkpoint.* or memory.*) checks that none of the
+table's consumers also spells the field out by hand, so that a row stays
+the one place the field is declared for them, and that docs/job-spec.md
+lists the field:
 
-  engine/spec/job_spec.cc       no Check...InRange("section.name", ...)
+  engine/spec/job_spec.cc       no "section.name" literal (a check by hand)
   engine/spec/job_spec_json.cc  no "name" key
-  server/rpc/proto_convert.cc   no section.has_name() / section->set_name()
+  server/rpc/proto_convert.cc   no section...name() / section...set_name()
+                                (a rule may still ask has_name())
   client/job_file.cc            no "name" YAML key
   docs/job-spec.md              a `section.name` row
 
@@ -19,18 +21,16 @@ import pathlib
 import re
 import sys
 
-SECTIONS = {"MEGATRAIN_TRAIN_NUMBER_FIELDS": "train",
-            "MEGATRAIN_OPTIMIZER_NUMBER_FIELDS": "optimizer"}
+TABLE = re.compile(r"#define MEGATRAIN_([A-Z]+)_(?:NUMBER|KEYWORD)_FIELDS\(X\)"
+                   r"((?:.*\\\n)*.*\n)")
 
 
 def rows(header):
     """(section, name) of every row, from the #define of each table."""
     out = []
-    for macro, section in SECTIONS.items():
-        match = re.search(r"#define " + macro + r"\(X\)((?:.*\\\n)*.*\n)", header)
-        if match is None:
-            sys.exit(f"spec_fields.h: no #define {macro}(X)")
-        for name in re.findall(r"X\((\w+),", match.group(1)):
+    for match in TABLE.finditer(header):
+        section = match.group(1).lower()
+        for name in re.findall(r"X\((\w+),", match.group(2)):
             out.append((section, name))
     return out
 
@@ -42,9 +42,10 @@ def main():
     if not table:
         sys.exit("spec_fields.h: the tables have no rows")
     checks = [
-        ("engine/spec/job_spec.cc", lambda s, n: rf'InRange\("{s}\.{n}"'),
+        ("engine/spec/job_spec.cc", lambda s, n: rf'"{s}\.{n}"'),
         ("engine/spec/job_spec_json.cc", lambda s, n: rf'"{n}"'),
-        ("server/rpc/proto_convert.cc", lambda s, n: rf"\b{s}(\.has|->set)_{n}\("),
+        ("server/rpc/proto_convert.cc",
+         lambda s, n: rf"(?<![\w]){s}(\(\))?(\.|->)(set_)?{n}\("),
         ("client/job_file.cc", lambda s, n: rf'"{n}"'),
     ]
     problems = []

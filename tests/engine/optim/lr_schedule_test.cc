@@ -99,8 +99,7 @@ TEST(LrScheduleTest, ParseAcceptsKnownKindsAndRejectsOthers) {
   absl::StatusOr<LrScheduleKind> bad = ParseLrScheduleKind("step");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(),
-            "optimizer.schedule: unknown 'step' (expected "
-            "cosine|linear|constant)");
+            "optimizer.schedule: must be cosine, linear or constant, got 'step'");
 }
 
 TEST(LrScheduleTest, CreateReturnsInvalidArgumentNamingFieldWhenOptionIsBad) {

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
+#include "engine/spec/keyword.h"
 #include "engine/spec/lr_schedule_kind.h"
 #include "engine/spec/spec_fields.h"
 #include "nlohmann/json.hpp"
@@ -104,22 +106,138 @@ double BelowReal(RealRange range) { return range.min - 1; }
 
 TEST(SpecFieldTableTest, EveryRowBelowItsRangeIsRefusedNamingTheField) {
   JobSpec spec = TinyJob();
-#define MEGATRAIN_SET(name, kind, range, json) spec.train.name = Below##kind(range);
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_SET)
-#undef MEGATRAIN_SET
-#define MEGATRAIN_SET(name, kind, range, json) spec.optimizer.name = Below##kind(range);
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_SET)
+#define MEGATRAIN_SET(name, kind, range, json, proto) section.name = Below##kind(range);
+  {
+    TrainSpec& section = spec.train;
+    MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    OptimizerSpec& section = spec.optimizer;
+    MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    EvalSpec& section = spec.eval;
+    MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    CheckpointSpec& section = spec.checkpoint;
+    MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
 #undef MEGATRAIN_SET
   const absl::Status status = ValidateJobSpec(spec);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-#define MEGATRAIN_EXPECT(name, kind, range, json) \
-  EXPECT_THAT(std::string(status.message()), HasSubstr("train." #name ": must be in"));
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+  const std::string message(status.message());
+#define MEGATRAIN_EXPECT(section, name) \
+  EXPECT_THAT(message, HasSubstr(section #name ": must be in")) << section #name;
+#define MEGATRAIN_EXPECT_TRAIN(name, kind, range, json, proto) MEGATRAIN_EXPECT("train.", name)
+#define MEGATRAIN_EXPECT_OPTIMIZER(name, kind, range, json, proto) \
+  MEGATRAIN_EXPECT("optimizer.", name)
+#define MEGATRAIN_EXPECT_EVAL(name, kind, range, json, proto) MEGATRAIN_EXPECT("eval.", name)
+#define MEGATRAIN_EXPECT_CHECKPOINT(name, kind, range, json, proto) \
+  MEGATRAIN_EXPECT("checkpoint.", name)
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT_TRAIN)
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT_OPTIMIZER)
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_EXPECT_EVAL)
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_EXPECT_CHECKPOINT)
+#undef MEGATRAIN_EXPECT_TRAIN
+#undef MEGATRAIN_EXPECT_OPTIMIZER
+#undef MEGATRAIN_EXPECT_EVAL
+#undef MEGATRAIN_EXPECT_CHECKPOINT
 #undef MEGATRAIN_EXPECT
-#define MEGATRAIN_EXPECT(name, kind, range, json) \
-  EXPECT_THAT(std::string(status.message()), HasSubstr("optimizer." #name ": must be in"));
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT)
-#undef MEGATRAIN_EXPECT
+}
+
+// An enum value no keyword stands for (a caller casting an integer).
+template <typename Enum>
+Enum NoKeyword(Enum) {
+  return static_cast<Enum>(99);
+}
+template <typename Enum>
+std::optional<Enum> NoKeyword(std::optional<Enum>) {
+  return static_cast<Enum>(99);
+}
+
+// Note [Spec field table]: a keyword row's member outside its table is
+// refused naming the field.
+TEST(SpecFieldTableTest, EveryKeywordRowOutsideItsTableIsRefusedNamingTheField) {
+  JobSpec spec = TinyJob();
+#define MEGATRAIN_SET(name, keywords, json) section.name = NoKeyword(section.name);
+  {
+    TrainSpec& section = spec.train;
+    MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    OptimizerSpec& section = spec.optimizer;
+    MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    MemorySpec& section = spec.memory;
+    MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_SET)
+  }
+#undef MEGATRAIN_SET
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(status.message());
+#define MEGATRAIN_EXPECT_TRAIN(name, keywords, json) \
+  EXPECT_THAT(message, HasSubstr("train." #name ": unknown value 99"));
+#define MEGATRAIN_EXPECT_OPTIMIZER(name, keywords, json) \
+  EXPECT_THAT(message, HasSubstr("optimizer." #name ": unknown value 99"));
+#define MEGATRAIN_EXPECT_MEMORY(name, keywords, json) \
+  EXPECT_THAT(message, HasSubstr("memory." #name ": unknown value 99"));
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_EXPECT_TRAIN)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_EXPECT_OPTIMIZER)
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_EXPECT_MEMORY)
+#undef MEGATRAIN_EXPECT_TRAIN
+#undef MEGATRAIN_EXPECT_OPTIMIZER
+#undef MEGATRAIN_EXPECT_MEMORY
+}
+
+// Every keyword of `keywords`, set into a spec by `set`, survives the
+// spec's JSON, and the word itself is what the JSON holds under `key`
+// when it is written.
+template <typename T, size_t N, typename Set, typename Get>
+void ExpectEveryKeywordRoundTrips(const Keyword<T> (&keywords)[N], const char* section,
+                                  const char* key, Set set, Get get) {
+  for (const Keyword<T>& keyword : keywords) {
+    JobSpec spec = TinyJob();
+    set(spec, keyword.value);
+    const nlohmann::json object = JobSpecToJsonObject(spec);
+    if (object.contains(section) && object[section].contains(key)) {
+      EXPECT_EQ(object[section][key], keyword.word) << section << "." << key;
+    }
+    const absl::StatusOr<JobSpec> back = JobSpecFromJson(object.dump());
+    ASSERT_THAT(back.status(), IsOk()) << keyword.word;
+    EXPECT_TRUE(get(*back) == keyword.value) << section << "." << key << ": " << keyword.word;
+    EXPECT_THAT(ValidateJobSpec(*back),
+                ::testing::Not(StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr(std::string(key) + ": unknown value"))));
+  }
+  const std::string bad = absl::StrCat(R"({")", section, R"(":{")", key, R"(":"no-such-word"}})");
+  EXPECT_THAT(JobSpecFromJson(bad).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat(section, ".", key, ": must be ",
+                                              KeywordList(keywords), ", got 'no-such-word'"))));
+}
+
+// Note [Spec field table]: each keyword of each keyword row goes through
+// the JSON and back; an unknown word is DATA_LOSS naming the field and
+// listing the keywords.
+TEST(SpecFieldTableTest, EveryKeywordOfEveryRowRoundTripsThroughJson) {
+#define MEGATRAIN_ROUND_TRIP(section, member, name, keywords)                         \
+  ExpectEveryKeywordRoundTrips(                                                       \
+      keywords, section, #name, [](JobSpec& s, const auto& v) { s.member.name = v; }, \
+      [](const JobSpec& s) { return s.member.name; });
+#define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_ROUND_TRIP("train", train, name, keywords)
+#define MEGATRAIN_OPTIMIZER(name, keywords, json) \
+  MEGATRAIN_ROUND_TRIP("optimizer", optimizer, name, keywords)
+#define MEGATRAIN_MEMORY(name, keywords, json) \
+  MEGATRAIN_ROUND_TRIP("memory", memory, name, keywords)
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_TRAIN)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_OPTIMIZER)
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_MEMORY)
+#undef MEGATRAIN_TRAIN
+#undef MEGATRAIN_OPTIMIZER
+#undef MEGATRAIN_MEMORY
+#undef MEGATRAIN_ROUND_TRIP
 }
 
 TEST(JobSpecJsonTest, WriterOutputEqualsTheFormerWriters) {
@@ -466,13 +584,14 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
   EXPECT_EQ(plain->train.cuda_graphs, CudaGraphs::kAuto);
   EXPECT_THAT(JobSpecFromJson(R"({"train":{"schedule":"layer_major"}})").status(),
               StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                       HasSubstr("train.schedule: must be auto, micro-batch-major or "
                                  "layer-major, got 'layer_major'")));
   EXPECT_THAT(JobSpecFromJson(R"({"train":{"cuda_graphs":"yes"}})").status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("train.cuda_graphs")));
   EXPECT_THAT(
       JobSpecFromJson(R"({"optimizer":{"schedule":"step"}})").status(),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("optimizer.schedule: unknown 'step'")));
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("optimizer.schedule: must be cosine, linear or constant, got 'step'")));
 }
 
 // The words' parsers name the field and quote the value (at most 32 bytes
@@ -480,14 +599,14 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
 TEST(StepScheduleTest, ParsersNameTheFieldAndTheValue) {
   EXPECT_THAT(ParseStepSchedule("layer_major", "train.schedule").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                       HasSubstr("train.schedule: must be auto, micro-batch-major or "
                                  "layer-major, got 'layer_major'")));
   EXPECT_THAT(ParseActivationPlacement("gpu", "train.activations").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("train.activations: expected auto, device or host, got 'gpu'")));
+                       HasSubstr("train.activations: must be auto, device or host, got 'gpu'")));
   EXPECT_THAT(ParseCudaGraphs("yes", "train.cuda_graphs").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("train.cuda_graphs: expected auto, on or off, got 'yes'")));
+                       HasSubstr("train.cuda_graphs: must be auto, off or on, got 'yes'")));
   EXPECT_THAT(ParseCudaGraphs(std::string(1000, 'x'), "train.cuda_graphs").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("got '" + std::string(32, 'x') + "...'")));

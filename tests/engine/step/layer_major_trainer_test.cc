@@ -270,11 +270,11 @@ TEST(ScheduleChoiceTest, RejectsBadOptionsNamingThem) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs the layer-major")));
   EXPECT_THAT(ParseStepSchedule("layer_major", "train.schedule"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                       HasSubstr("train.schedule: must be auto, micro-batch-major or "
                                  "layer-major, got 'layer_major'")));
   EXPECT_THAT(ParseActivationPlacement("gpu", "--activations"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("--activations: expected auto, device or host, got 'gpu'")));
+                       HasSubstr("--activations: must be auto, device or host, got 'gpu'")));
   TrainerOptions o = Options(1.0, StepSchedule::kMicroBatchMajor);
   o.wave = 3;
   EXPECT_THAT(Trainer::Create(config, o, 1),

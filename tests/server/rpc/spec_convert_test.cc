@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
+#include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
 #include "server/core/job.h"
 #include "server/core/job_request_json.h"
@@ -248,19 +249,20 @@ TEST(SpecConvertTest, UnknownScheduleWordsAreRefusedAtTheDoor) {
   spec.mutable_train()->set_cuda_graphs("yes");
   absl::StatusOr<JobRequest> request = JobRequestFromProto(spec);
   EXPECT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
-                                HasSubstr("train.schedule: expected auto, micro-batch-major or "
+                                HasSubstr("train.schedule: must be auto, micro-batch-major or "
                                           "layer-major, got 'layer_major'")));
   EXPECT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
-                                HasSubstr("train.activations: expected auto, device or host, got "
+                                HasSubstr("train.activations: must be auto, device or host, got "
                                           "'gpu'")));
   EXPECT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
-                                HasSubstr("train.cuda_graphs: expected auto, on or off, got "
+                                HasSubstr("train.cuda_graphs: must be auto, off or on, got "
                                           "'yes'")));
   spec = TinySpec();
   spec.mutable_optimizer()->set_schedule("exponential");
   EXPECT_THAT(JobRequestFromProto(spec),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("optimizer.schedule: unknown 'exponential'")));
+                       HasSubstr("optimizer.schedule: must be cosine, linear or constant, got "
+                                 "'exponential'")));
 }
 
 // train.resident_layers: a count goes through the proto and the stored
@@ -664,18 +666,30 @@ TEST(SpecConvertTest, DocumentAttentionRoundTrips) {
 int64_t InsideInt(engine::IntRange range) { return range.min + 1; }
 double InsideReal(engine::RealRange range) { return (range.min + range.max) / 2; }
 
-// Note [Spec field table]: every row goes from the proto to the spec, back
-// to the proto and through the spec's JSON with its value, so that a new
-// row is covered without a test of its own.
+// Note [Spec field table]: every number row goes from the proto to the
+// spec, back to the proto and through the spec's JSON with its value, so
+// that a new row is covered without a test of its own.
 TEST(SpecFieldTableTest, EveryRowRoundTripsThroughProtoAndJson) {
   v1::JobSpec proto = TinySpec();
-#define MEGATRAIN_SET(name, kind, range, json) \
-  proto.mutable_train()->set_##name(Inside##kind(engine::range));
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_SET)
-#undef MEGATRAIN_SET
-#define MEGATRAIN_SET(name, kind, range, json) \
-  proto.mutable_optimizer()->set_##name(Inside##kind(engine::range));
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_SET)
+  proto.mutable_optimizer()->set_warmup_steps(0);  // within max_steps' row value (1)
+#define MEGATRAIN_SET(name, kind, range, json, proto) \
+  section->set_##name(Inside##kind(engine::range));
+  {
+    v1::TrainSpec* section = proto.mutable_train();
+    MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    v1::OptimizerSpec* section = proto.mutable_optimizer();
+    MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    v1::EvalSpec* section = proto.mutable_eval();
+    MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
+  {
+    v1::CheckpointSpec* section = proto.mutable_checkpoint();
+    MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_SET)
+  }
 #undef MEGATRAIN_SET
   const absl::StatusOr<JobRequest> request = JobRequestFromProto(proto);
   ASSERT_THAT(request.status(), IsOk());
@@ -685,18 +699,78 @@ TEST(SpecFieldTableTest, EveryRowRoundTripsThroughProtoAndJson) {
   const absl::StatusOr<engine::JobSpec> read =
       engine::JobSpecFromJson(engine::JobSpecToJson(request->spec));
   ASSERT_THAT(read.status(), IsOk());
-#define MEGATRAIN_EXPECT(name, kind, range, json)                     \
-  EXPECT_EQ(request->spec.train.name, proto.train().name()) << #name; \
-  EXPECT_EQ(back.train().name(), proto.train().name()) << #name;      \
-  EXPECT_EQ(read->train.name, request->spec.train.name) << #name;
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_EXPECT)
+#define MEGATRAIN_EXPECT(section, name)                                            \
+  EXPECT_EQ(request->spec.section.name, proto.section().name()) << #section #name; \
+  EXPECT_EQ(back.section().name(), proto.section().name()) << #section #name;      \
+  EXPECT_EQ(read->section.name, request->spec.section.name) << #section #name;
+#define MEGATRAIN_TRAIN(name, kind, range, json, proto) MEGATRAIN_EXPECT(train, name)
+#define MEGATRAIN_OPTIMIZER(name, kind, range, json, proto) MEGATRAIN_EXPECT(optimizer, name)
+#define MEGATRAIN_EVAL(name, kind, range, json, proto) MEGATRAIN_EXPECT(eval, name)
+#define MEGATRAIN_CHECKPOINT(name, kind, range, json, proto) MEGATRAIN_EXPECT(checkpoint, name)
+  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_TRAIN)
+  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_OPTIMIZER)
+  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_EVAL)
+  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_CHECKPOINT)
+#undef MEGATRAIN_TRAIN
+#undef MEGATRAIN_OPTIMIZER
+#undef MEGATRAIN_EVAL
+#undef MEGATRAIN_CHECKPOINT
 #undef MEGATRAIN_EXPECT
-#define MEGATRAIN_EXPECT(name, kind, range, json)                             \
-  EXPECT_EQ(request->spec.optimizer.name, proto.optimizer().name()) << #name; \
-  EXPECT_EQ(back.optimizer().name(), proto.optimizer().name()) << #name;      \
-  EXPECT_EQ(read->optimizer.name, request->spec.optimizer.name) << #name;
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_EXPECT)
-#undef MEGATRAIN_EXPECT
+}
+
+// Every keyword of `keywords` goes from the proto (`set` writes the word)
+// to the spec (`get` reads the member), back to the same word in the proto
+// (`word` reads it) and through the spec's JSON; an unknown word is
+// INVALID_ARGUMENT naming `field` and listing the keywords, and an empty
+// one keeps the default.
+template <typename T, size_t N, typename Set, typename Get, typename Word>
+void ExpectEveryKeywordConverts(const engine::Keyword<T> (&keywords)[N], const std::string& field,
+                                Set set, Get get, Word word) {
+  for (const engine::Keyword<T>& keyword : keywords) {
+    v1::JobSpec proto = TinySpec();
+    set(proto, keyword.word);
+    const absl::StatusOr<JobRequest> request = JobRequestFromProto(proto);
+    ASSERT_THAT(request.status(), IsOk()) << field << ": " << keyword.word;
+    EXPECT_TRUE(get(request->spec) == keyword.value) << field << ": " << keyword.word;
+    v1::JobSpec back;
+    JobRequestToProto(*request, &back);
+    EXPECT_EQ(word(back), keyword.word) << field;
+    const absl::StatusOr<engine::JobSpec> read =
+        engine::JobSpecFromJson(engine::JobSpecToJson(request->spec));
+    ASSERT_THAT(read.status(), IsOk());
+    EXPECT_TRUE(get(*read) == keyword.value) << field << ": " << keyword.word;
+  }
+  v1::JobSpec proto = TinySpec();
+  set(proto, "");
+  const absl::StatusOr<JobRequest> empty = JobRequestFromProto(proto);
+  ASSERT_THAT(empty.status(), IsOk()) << field;
+  EXPECT_TRUE(get(empty->spec) == get(engine::JobSpec())) << field;
+  set(proto, "no-such-word");
+  EXPECT_THAT(JobRequestFromProto(proto).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat(field, ": must be ", engine::KeywordList(keywords),
+                                              ", got 'no-such-word'"))));
+}
+
+// Note [Spec field table]: each keyword of each keyword row converts both
+// ways and through the JSON; an unknown one is refused naming the field.
+TEST(SpecFieldTableTest, EveryKeywordOfEveryRowConvertsBothWays) {
+#define MEGATRAIN_CONVERTS(section, name, keywords)                                       \
+  ExpectEveryKeywordConverts(                                                             \
+      engine::keywords, #section "." #name,                                               \
+      [](v1::JobSpec& p, const std::string& w) { p.mutable_##section()->set_##name(w); }, \
+      [](const engine::JobSpec& s) { return s.section.name; },                            \
+      [](const v1::JobSpec& p) { return p.section().name(); });
+#define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_CONVERTS(train, name, keywords)
+#define MEGATRAIN_OPTIMIZER(name, keywords, json) MEGATRAIN_CONVERTS(optimizer, name, keywords)
+#define MEGATRAIN_MEMORY(name, keywords, json) MEGATRAIN_CONVERTS(memory, name, keywords)
+  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_TRAIN)
+  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_OPTIMIZER)
+  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_MEMORY)
+#undef MEGATRAIN_TRAIN
+#undef MEGATRAIN_OPTIMIZER
+#undef MEGATRAIN_MEMORY
+#undef MEGATRAIN_CONVERTS
 }
 
 }  // namespace
