@@ -19,10 +19,10 @@ static_assert(static_cast<int>(MlpActivation::kSilu) ==
               "fused::GatedActivation numbers MlpActivation's values");
 
 const __nv_bfloat16* Bf16(const at::Tensor& t) {
-  return reinterpret_cast<const __nv_bfloat16*>(t.const_data_ptr());
+  return reinterpret_cast<const __nv_bfloat16*>(t.data_ptr());
 }
-__nv_bfloat16* MutableBf16(at::Tensor& t) {
-  return reinterpret_cast<__nv_bfloat16*>(t.mutable_data_ptr());
+__nv_bfloat16* MutableBf16(const at::Tensor& t) {
+  return reinterpret_cast<__nv_bfloat16*>(t.data_ptr());
 }
 
 void CheckLaunch(cudaError_t err, const char* what) {
