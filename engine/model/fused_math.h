@@ -13,7 +13,12 @@
 // CUDA build, bf16 compute, the gated product runs as one forward kernel
 // (reads gate and up, writes the product) and one backward kernel (reads
 // gate, up and dP, writes dG and dU), computing in fp32 and rounding once
-// to bf16. The formulas are HF's ACT2FN (activations.py): silu(x) = x
+// to bf16; and the residual add before the MLP with its RMSNorm
+// (h = x + attn; n2 = RMSNorm(h) in bf16) runs as one kernel forward and
+// one backward (plus a sum of the weight gradient's per-block partials)
+// instead of the add, the norm, the cast and their backwards. The layer's
+// input norm (no add before it in the layer) and the final norm are not
+// fused. The formulas are HF's ACT2FN (activations.py): silu(x) = x
 // sigmoid(x); gelu_pytorch_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x +
 // 0.044715 x^3))); gelu(x) = 0.5 x (1 + erf(x / sqrt(2))), and their
 // derivatives as ATen's silu_backward / gelu_backward compute them.

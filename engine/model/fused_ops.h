@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 #include "engine/model/model_config.h"
 
 namespace megatrain::engine {
@@ -31,6 +33,23 @@ bool FusedGatedProductApplies(const at::Tensor& gate, const at::Tensor& up);
 // ATen path also keeps act(gate)). Precondition: FusedGatedProductApplies.
 // Throws c10::Error on a CUDA launch error (as ATen ops do).
 at::Tensor FusedGatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivation a);
+
+// Whether FusedAddRmsNorm takes these: a CUDA build, residual fp32 and
+// delta bf16 [..., C] of one shape on one CUDA device, weight [C] bf16,
+// C <= 16384.
+bool FusedAddRmsNormApplies(const at::Tensor& residual, const at::Tensor& delta,
+                            const at::Tensor& weight);
+
+// hidden = residual + delta (fp32 [..., C]) and normed = RMSNorm(hidden)
+// in bf16 ([..., C]; weight scale w or 1 + w by `kind`), as one kernel,
+// differentiable in residual, delta and weight: its backward is one kernel
+// for the residual's gradient (hidden's own gradient plus the norm's) and
+// the weight gradient's partial sums, then one sum over row blocks.
+// Saves hidden and the per-row inverse RMS ([rows] fp32). Precondition:
+// FusedAddRmsNormApplies. Throws c10::Error on a CUDA launch error.
+std::pair<at::Tensor, at::Tensor> FusedAddRmsNorm(const at::Tensor& residual,
+                                                  const at::Tensor& delta, const at::Tensor& weight,
+                                                  double eps, NormKind kind);
 
 }  // namespace megatrain::engine
 

@@ -760,6 +760,24 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
   return Linear(attn, w.o_proj, w.o_bias);
 }
 
+// hidden = x + delta (fp32 [B, T, C]) and RmsNorm(hidden) in `cd`: with
+// `fused` one kernel each way where FusedAddRmsNormApplies (Note [Fused
+// kernels]), else the add, the norm and the cast.
+std::pair<at::Tensor, at::Tensor> ResidualAddRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps,
+                                                     NormKind kind, at::ScalarType cd, bool fused) {
+#ifdef MEGATRAIN_WITH_CUDA
+  if (fused && cd == at::kBFloat16 && FusedAddRmsNormApplies(x, delta, weight)) {
+    return FusedAddRmsNorm(x, delta, weight, eps, kind);
+  }
+#else
+  (void)fused;
+#endif
+  at::Tensor hidden = x + delta;
+  at::Tensor normed = RmsNorm(hidden, weight, eps, kind).to(cd);
+  return {std::move(hidden), std::move(normed)};
+}
+
 }  // namespace
 
 at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& w,
@@ -782,12 +800,11 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);                  // [B, T, C]
   at::Tensor attn = AttentionBlock(c, w, n1, rope, attention_mask, cd, documents);  // [B, T, C]
   if (c.sandwich_norms) attn = RmsNorm(attn, w.post_attention_layernorm, eps, kind);
-  at::Tensor hidden = x + attn;  // fp32 [B, T, C]
 
   // MLP block (gated: SwiGLU or GeGLU).
   const at::Tensor& pre_mlp_norm =
       c.sandwich_norms ? w.pre_feedforward_layernorm : w.post_attention_layernorm;
-  at::Tensor n2 = RmsNorm(hidden, pre_mlp_norm, eps, kind).to(cd);
+  auto [hidden, n2] = ResidualAddRmsNorm(x, attn, pre_mlp_norm, eps, kind, cd, fused_kernels);
   at::Tensor mlp = GatedMlp(n2, w.gate_proj, w.up_proj, w.down_proj, c.hidden_activation,
                             mlp_chunk_bytes, fused_kernels);  // [B, T, C]; Note [Chunked MLP]
   if (c.sandwich_norms) mlp = RmsNorm(mlp, w.post_feedforward_layernorm, eps, kind);

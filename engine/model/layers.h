@@ -318,7 +318,9 @@ at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::
 // get several chunks). `documents` (null: shared) isolates the packed
 // documents of x (Note [Document attention]); rope's tables are then
 // read at their position ids and `attention_mask` is not used.
-// `fused_kernels` (ExecutorOptions::fused_kernels) passes to GatedMlp.
+// `fused_kernels` (ExecutorOptions::fused_kernels): GatedMlp's, and the
+// residual add + pre-MLP RMSNorm as one kernel each way (Note [Fused
+// kernels] in fused_math.h; CUDA bf16 only, the ATen ops elsewhere).
 at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeights& w,
                                const at::Tensor& x, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType compute_dtype,

@@ -150,8 +150,9 @@ struct ExecutorOptions {
   // bytes (>= 1; the default kMlpChunkBytes, smaller in tests).
   int64_t mlp_chunk_bytes = int64_t{1} << 30;
   // Note [Fused kernels] in model/fused_math.h: the dense layers' gated MLP
-  // product runs as one fused kernel each way (CUDA, bf16 compute; other
-  // dtypes keep the ATen ops). A CPU build refuses it (UNIMPLEMENTED).
+  // product and their residual add + pre-MLP RMSNorm run as fused kernels
+  // (CUDA, bf16 compute; other dtypes keep the ATen ops; MoE layers do not
+  // use them). A CPU build refuses it (UNIMPLEMENTED).
   // Off by default until a GPU measurement shows a gain.
   bool fused_kernels = false;
   // Activation offload (Note [Activation offload]): the saved input of every

@@ -3,14 +3,16 @@
 // random inputs of llama-1b widths (C 2048, F 8192) and 2 x 2048 tokens:
 // the gated product forward and backward (FusedGatedProduct, and GatedMlp
 // with fused_kernels on, plain and chunked, against fused_kernels off), and
-// residual add + RMSNorm forward and backward (both norm kinds) against
-// ATen's composite ops. Built only in CUDA builds; skipped without a device.
+// residual add + RMSNorm forward and backward (both norm kinds; the raw
+// launchers against ATen's composite ops, FusedAddRmsNorm against the
+// layer's unfused path). Built only in CUDA builds; skipped without a device.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "engine/model/fused_kernels.h"
@@ -179,6 +181,53 @@ TEST(FusedAddRmsNormCudaTest, MatchesAtenWhenWeightScale) {
 TEST(FusedAddRmsNormCudaTest, MatchesAtenWhenOnePlusWeightScale) {
   if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
   CheckAddRmsNorm(/*one_plus=*/true);
+}
+
+// FusedAddRmsNorm (the autograd function DecoderLayerForward uses with
+// fused_kernels) against the layer's unfused path: x + delta, RmsNorm, cast.
+void CheckFusedAddRmsNormAutograd(NormKind kind) {
+  at::manual_seed(14);
+  constexpr double kEps = 1e-5;
+  const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const at::Tensor x = at::randn({2, 2048, kHidden}, f32);
+  const at::Tensor delta = RandnBf16({2, 2048, kHidden});
+  const at::Tensor weight =
+      (RandnBf16({kHidden}, 0.1).to(at::kFloat) + (kind == NormKind::kRms ? 1.0 : 0.0))
+          .to(at::kBFloat16);
+  const at::Tensor d_hidden = at::randn({2, 2048, kHidden}, f32);
+  const at::Tensor d_normed = RandnBf16({2, 2048, kHidden});
+  std::vector<std::vector<at::Tensor>> results;
+  for (const bool fused : {false, true}) {
+    const at::Tensor xl = x.clone().requires_grad_(true);
+    const at::Tensor dl = delta.clone().requires_grad_(true);
+    const at::Tensor wl = weight.clone().requires_grad_(true);
+    at::Tensor hidden, normed;
+    if (fused) {
+      ASSERT_TRUE(FusedAddRmsNormApplies(xl, dl, wl));
+      std::tie(hidden, normed) = FusedAddRmsNorm(xl, dl, wl, kEps, kind);
+    } else {
+      hidden = xl + dl;
+      normed = RmsNorm(hidden, wl, kEps, kind).to(at::kBFloat16);
+    }
+    auto grads = torch::autograd::grad({hidden, normed}, {xl, dl, wl}, {d_hidden, d_normed});
+    results.push_back({hidden, normed, grads[0], grads[1], grads[2]});
+  }
+  EXPECT_TRUE(at::equal(results[1][0], results[0][0]));  // one fp32 add each
+  EXPECT_LE(MismatchFraction(results[1][1], results[0][1], kBf16Rtol, kBf16Atol), kMaxMismatch);
+  // fp32 row reductions in another order: 1e-4 relative.
+  EXPECT_TRUE(at::allclose(results[1][2], results[0][2], 1e-4, 1e-5));
+  EXPECT_LE(MismatchFraction(results[1][3], results[0][3], kBf16Rtol, kBf16Atol), kMaxMismatch);
+  EXPECT_LE(MismatchFraction(results[1][4], results[0][4], kBf16Rtol, 1e-2), 0.0);
+}
+
+TEST(FusedAddRmsNormCudaTest, AutogradMatchesLayerPathWhenRmsNorm) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckFusedAddRmsNormAutograd(NormKind::kRms);
+}
+
+TEST(FusedAddRmsNormCudaTest, AutogradMatchesLayerPathWhenOnePlusWeight) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckFusedAddRmsNormAutograd(NormKind::kRmsOnePlusWeight);
 }
 
 }  // namespace
