@@ -27,7 +27,7 @@ start=$(date +%s)
 
 MEGATRAIN_BUILD_SERVER=OFF bash deploy/gpu-build.sh build-gpu megatrain-bench \
   fused_kernels_cuda_test > "$OUT/build.log" 2>&1 &
-wait_bounded $! 400 build || { echo "build failed"; tail -30 "$OUT/build.log"; exit 1; }
+wait_bounded $! 400 build || { echo "build failed"; grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 

@@ -184,7 +184,7 @@ cudaError_t LaunchGatedForward(const __nv_bfloat16* gate, const __nv_bfloat16* u
   if (n <= 0) return cudaSuccess;
   const bool vec = Aligned16(gate) && Aligned16(up) && Aligned16(p);
   const int64_t vec_n = vec ? n / kVec : 0;
-  GatedForwardKernel<<<GridFor(std::max<int64_t>(vec_n, 1)), kThreads, 0, stream>>>(
+  GatedForwardKernel<<<GridFor(vec ? std::max<int64_t>(vec_n, 1) : n), kThreads, 0, stream>>>(
       gate, up, p, n, vec_n, static_cast<GatedActivation>(activation));
   return cudaGetLastError();
 }
@@ -196,7 +196,7 @@ cudaError_t LaunchGatedBackward(const __nv_bfloat16* gate, const __nv_bfloat16* 
   const bool vec =
       Aligned16(gate) && Aligned16(up) && Aligned16(dp) && Aligned16(d_gate) && Aligned16(d_up);
   const int64_t vec_n = vec ? n / kVec : 0;
-  GatedBackwardKernel<<<GridFor(std::max<int64_t>(vec_n, 1)), kThreads, 0, stream>>>(
+  GatedBackwardKernel<<<GridFor(vec ? std::max<int64_t>(vec_n, 1) : n), kThreads, 0, stream>>>(
       gate, up, dp, d_gate, d_up, n, vec_n, static_cast<GatedActivation>(activation));
   return cudaGetLastError();
 }
