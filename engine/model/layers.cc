@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/model/fused_ops.h"
 #include "engine/runtime/torch_compat.h"
 
 namespace megatrain::engine {
@@ -171,8 +172,14 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 }
 
 // One chunk's act(gate(x)) * up(x) [N, F] from its gate and up outputs
-// (the MLP's elementwise part; differentiable).
-at::Tensor GatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivation a) {
+// (the MLP's elementwise part; differentiable). With `fused` (Note [Fused
+// kernels] in fused_math.h) bf16 CUDA tensors take the fused kernel.
+at::Tensor GatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivation a, bool fused) {
+#ifdef MEGATRAIN_WITH_CUDA
+  if (fused && FusedGatedProductApplies(gate, up)) return FusedGatedProduct(gate, up, a);
+#else
+  (void)fused;
+#endif
   return Activation(gate, a) * up;
 }
 
@@ -182,9 +189,11 @@ at::Tensor GatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivat
 struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& gate_proj, const at::Tensor& up_proj,
-                            const at::Tensor& down_proj, int64_t activation, int64_t chunk_rows) {
+                            const at::Tensor& down_proj, int64_t activation, int64_t chunk_rows,
+                            bool fused) {
     ctx->save_for_backward({x, gate_proj, up_proj, down_proj});
     ctx->saved_data["activation"] = activation;
+    ctx->saved_data["fused"] = fused;
     ctx->saved_data["chunk_rows"] = chunk_rows;
     const auto a = static_cast<MlpActivation>(activation);
     const int64_t rows = x.size(0);
@@ -192,7 +201,7 @@ struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction>
     for (int64_t start = 0; start < rows; start += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - start);
       const at::Tensor xs = x.narrow(0, start, n);
-      at::Tensor p = GatedProduct(at::linear(xs, gate_proj), at::linear(xs, up_proj), a);
+      at::Tensor p = GatedProduct(at::linear(xs, gate_proj), at::linear(xs, up_proj), a, fused);
       out.narrow(0, start, n).copy_(at::linear(p, down_proj));
     }
     return out;
@@ -205,6 +214,7 @@ struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction>
     const at::Tensor& down_proj = saved[3];
     const auto a = static_cast<MlpActivation>(ctx->saved_data["activation"].toInt());
     const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const bool fused = ctx->saved_data["fused"].toBool();
     const at::Tensor grad_y = grad_outputs[0].to(x.scalar_type());  // [N, C]
     const int64_t rows = x.size(0);
     at::Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
@@ -226,7 +236,7 @@ struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction>
       at::Tensor p, dg, du;
       {
         at::AutoGradMode enable_grad(true);
-        p = GatedProduct(g, u, a);
+        p = GatedProduct(g, u, a, fused);
         at::Tensor dp = at::matmul(dy, down_proj);  // [n, F]
         auto grads = torch::autograd::grad({p}, {g, u}, {dp});
         dg = std::move(grads[0]);
@@ -239,7 +249,8 @@ struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction>
       grad_x.narrow(0, start, n).copy_(at::matmul(dg, gate_proj) + at::matmul(du, up_proj));
     }
     const at::ScalarType dt = x.scalar_type();
-    return {grad_x, grad_gate.to(dt), grad_up.to(dt), grad_down.to(dt), at::Tensor(), at::Tensor()};
+    return {grad_x,       grad_gate.to(dt), grad_up.to(dt), grad_down.to(dt),
+            at::Tensor(), at::Tensor(),     at::Tensor()};
   }
 };
 
@@ -257,19 +268,20 @@ int64_t MlpChunkRows(int64_t rows, int64_t intermediate, int64_t element_size,
 }
 
 at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
-                    const at::Tensor& down_proj, MlpActivation activation,
-                    int64_t max_chunk_bytes) {
+                    const at::Tensor& down_proj, MlpActivation activation, int64_t max_chunk_bytes,
+                    bool fused_kernels) {
   const int64_t width = x.size(-1), rows = x.numel() / width;
   const int64_t chunk_rows = MlpChunkRows(rows, gate_proj.size(0),
                                           static_cast<int64_t>(x.element_size()), max_chunk_bytes);
   if (chunk_rows >= rows) {  // the plain ops (what HF computes)
-    return at::linear(GatedProduct(at::linear(x, gate_proj), at::linear(x, up_proj), activation),
-                      down_proj);
+    return at::linear(
+        GatedProduct(at::linear(x, gate_proj), at::linear(x, up_proj), activation, fused_kernels),
+        down_proj);
   }
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = down_proj.size(0);
   return ChunkedMlpFunction::apply(x.reshape({rows, width}), gate_proj, up_proj, down_proj,
-                                   static_cast<int64_t>(activation), chunk_rows)
+                                   static_cast<int64_t>(activation), chunk_rows, fused_kernels)
       .view(out_shape);
 }
 
@@ -748,12 +760,31 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
   return Linear(attn, w.o_proj, w.o_bias);
 }
 
+// hidden = x + delta (fp32 [B, T, C]) and RmsNorm(hidden) in `cd`: with
+// `fused` one kernel each way where FusedAddRmsNormApplies (Note [Fused
+// kernels]), else the add, the norm and the cast.
+std::pair<at::Tensor, at::Tensor> ResidualAddRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps,
+                                                     NormKind kind, at::ScalarType cd, bool fused) {
+#ifdef MEGATRAIN_WITH_CUDA
+  if (fused && cd == at::kBFloat16 && FusedAddRmsNormApplies(x, delta, weight)) {
+    return FusedAddRmsNorm(x, delta, weight, eps, kind);
+  }
+#else
+  (void)fused;
+#endif
+  at::Tensor hidden = x + delta;
+  at::Tensor normed = RmsNorm(hidden, weight, eps, kind).to(cd);
+  return {std::move(hidden), std::move(normed)};
+}
+
 }  // namespace
 
 at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& w,
                                const at::Tensor& x_in, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType cd,
-                               int64_t mlp_chunk_bytes, const PackedDocuments* documents) {
+                               int64_t mlp_chunk_bytes, const PackedDocuments* documents,
+                               bool fused_kernels) {
   at::Tensor x = x_in;
   if (c.scale_embeddings && w.layer_idx == 0) {  // Note [Embedding scale]
     const double normalizer =
@@ -769,14 +800,13 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);                  // [B, T, C]
   at::Tensor attn = AttentionBlock(c, w, n1, rope, attention_mask, cd, documents);  // [B, T, C]
   if (c.sandwich_norms) attn = RmsNorm(attn, w.post_attention_layernorm, eps, kind);
-  at::Tensor hidden = x + attn;  // fp32 [B, T, C]
 
   // MLP block (gated: SwiGLU or GeGLU).
   const at::Tensor& pre_mlp_norm =
       c.sandwich_norms ? w.pre_feedforward_layernorm : w.post_attention_layernorm;
-  at::Tensor n2 = RmsNorm(hidden, pre_mlp_norm, eps, kind).to(cd);
+  auto [hidden, n2] = ResidualAddRmsNorm(x, attn, pre_mlp_norm, eps, kind, cd, fused_kernels);
   at::Tensor mlp = GatedMlp(n2, w.gate_proj, w.up_proj, w.down_proj, c.hidden_activation,
-                            mlp_chunk_bytes);  // [B, T, C]; Note [Chunked MLP]
+                            mlp_chunk_bytes, fused_kernels);  // [B, T, C]; Note [Chunked MLP]
   if (c.sandwich_norms) mlp = RmsNorm(mlp, w.post_feedforward_layernorm, eps, kind);
   return hidden + mlp;
 }

@@ -298,10 +298,12 @@ int64_t MlpChunkRows(int64_t rows, int64_t intermediate, int64_t element_size,
 // Returns [..., C] in x's dtype. Differentiable in x and the weights; runs
 // in chunks of MlpChunkRows(rows, F, x.element_size(), max_chunk_bytes)
 // rows when one [rows, F] tensor would exceed `max_chunk_bytes` (> 0;
-// Note [Chunked MLP]), else as the plain ops.
+// Note [Chunked MLP]), else as the plain ops. `fused_kernels`: act(gate) *
+// up as one kernel each way on CUDA bf16 (Note [Fused kernels] in
+// fused_math.h; ignored elsewhere and in CPU builds).
 at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
                     const at::Tensor& down_proj, MlpActivation activation,
-                    int64_t max_chunk_bytes = kMlpChunkBytes);
+                    int64_t max_chunk_bytes = kMlpChunkBytes, bool fused_kernels = false);
 
 // One decoder layer: x [B, T, C] fp32 -> [B, T, C] fp32 (Llama form):
 //   h = x + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))   n1 = RMSNorm(x)
@@ -316,11 +318,15 @@ at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::
 // get several chunks). `documents` (null: shared) isolates the packed
 // documents of x (Note [Document attention]); rope's tables are then
 // read at their position ids and `attention_mask` is not used.
+// `fused_kernels` (ExecutorOptions::fused_kernels): GatedMlp's, and the
+// residual add + pre-MLP RMSNorm as one kernel each way (Note [Fused
+// kernels] in fused_math.h; CUDA bf16 only, the ATen ops elsewhere).
 at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeights& w,
                                const at::Tensor& x, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType compute_dtype,
                                int64_t mlp_chunk_bytes = kMlpChunkBytes,
-                               const PackedDocuments* documents = nullptr);
+                               const PackedDocuments* documents = nullptr,
+                               bool fused_kernels = false);
 
 // The attention sub-layer of DecoderLayerForward, for layers that differ
 // from it only in their MLP (the MoE families, engine/model/moe_layers.h):

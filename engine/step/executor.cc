@@ -15,6 +15,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/fused_ops.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/spec/job_spec.h"
@@ -151,6 +152,10 @@ absl::Status CheckStoreMatchesOptions(const HostStore* store, const ExecutorOpti
   if (options.mlp_chunk_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("executor.mlp_chunk_bytes: must be >= 1, got ", options.mlp_chunk_bytes));
+  }
+  if (options.fused_kernels && !FusedKernelsCompiled()) {
+    return absl::UnimplementedError(
+        "executor.fused_kernels: this build has no CUDA, so no fused kernels (--fused_kernels)");
   }
   if (options.stream_fp32_master && options.cast_chunk_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -645,9 +650,9 @@ std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const Bloc
   at::Tensor x_leaf = input.detach().requires_grad_(true);
   std::vector<at::Tensor> inputs = leaves;
   inputs.push_back(x_leaf);
-  at::Tensor y =
-      DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf, rope_,
-                          attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes, docs);
+  at::Tensor y = DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf,
+                                     rope_, attention_mask_, env_.compute_dtype,
+                                     options_.mlp_chunk_bytes, docs, options_.fused_kernels);
   return torch::autograd::grad({y}, inputs, {grad_y});
 }
 
@@ -656,7 +661,8 @@ at::Tensor StreamingExecutor::Impl::DenseForward(const BlockLayout& bl, const at
   if (docs != nullptr) {  // each micro-batch its own documents: no graph
     at::NoGradGuard no_grad;
     return DecoderLayerForward(env_.config, BindDecoderLayerWeights(bl, flat), x, rope_,
-                               attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes, docs);
+                               attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes, docs,
+                               options_.fused_kernels);
   }
   const BlockLayout* block = &bl;
   return graphs_
@@ -666,7 +672,8 @@ at::Tensor StreamingExecutor::Impl::DenseForward(const BlockLayout& bl, const at
               at::NoGradGuard no_grad;
               return std::vector<at::Tensor>{DecoderLayerForward(
                   env_.config, BindDecoderLayerWeights(*block, flat), in[0], rope_, attention_mask_,
-                  env_.compute_dtype, options_.mlp_chunk_bytes)};
+                  env_.compute_dtype, options_.mlp_chunk_bytes, /*documents=*/nullptr,
+                  options_.fused_kernels)};
             })
       .front();
 }

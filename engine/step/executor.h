@@ -149,6 +149,12 @@ struct ExecutorOptions {
   // rows when one [B*T, F] compute-dtype tensor would exceed this many
   // bytes (>= 1; the default kMlpChunkBytes, smaller in tests).
   int64_t mlp_chunk_bytes = int64_t{1} << 30;
+  // Note [Fused kernels] in model/fused_math.h: the dense layers' gated MLP
+  // product and their residual add + pre-MLP RMSNorm run as fused kernels
+  // (CUDA, bf16 compute; other dtypes keep the ATen ops; MoE layers do not
+  // use them). A CPU build refuses it (UNIMPLEMENTED).
+  // Off by default until a GPU measurement shows a gain.
+  bool fused_kernels = false;
   // Activation offload (Note [Activation offload]): the saved input of every
   // decoder layer but the last ([B, T, C] fp32, B*T*C*4 bytes each) goes to
   // pinned host memory during forward and comes back, one layer ahead,

@@ -13,6 +13,7 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
+#include "engine/model/fused_ops.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/step/executor.h"
 #include "engine/step/gradient_reducer.h"
@@ -85,6 +86,10 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
   if (options.optimizer_slice_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer_slice_elements: must be >= 1, got ",
                                                    options.optimizer_slice_elements));
+  }
+  if (options.fused_kernels && !FusedKernelsCompiled()) {  // Note [Fused kernels]
+    return absl::UnimplementedError(
+        "fused_kernels: this build has no CUDA, so no fused kernels (--fused_kernels=true)");
   }
   return absl::OkStatus();
 }
@@ -408,6 +413,7 @@ ExecutorOptions ExecutorOptionsOf(const TrainerOptions& options) {
   exec.seq_len = options.seq_len;
   exec.num_weight_slots = options.num_weight_slots;
   exec.loss_chunk_tokens = options.loss_chunk_tokens;
+  exec.fused_kernels = options.fused_kernels;
   exec.offload_activations = options.offload_activations;
   exec.stream_fp32_master =
       options.compute_dtype == ComputeDtype::kBf16 && !KeepsBf16Copy(options.weight_stream);

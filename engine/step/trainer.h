@@ -223,6 +223,7 @@ struct TrainerOptions {
   // Parameters per queued AdamW task (Note [Optimizer slices]); >= 1.
   int64_t optimizer_slice_elements = int64_t{1} << 24;
   int64_t loss_chunk_tokens = 0;     // 0 = auto
+  bool fused_kernels = false;        // ExecutorOptions::fused_kernels
   bool offload_activations = false;  // saved layer inputs in pinned host memory
                                      // (Note [Activation offload] in executor.h)
   // Set by another thread to abandon the running step (Note [Abandoned

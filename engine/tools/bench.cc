@@ -151,6 +151,7 @@ TrainerOptions BenchTrainerOptions(const BenchOptions& o, const JobSpec& spec) {
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
   topt.loss_chunk_tokens = o.loss_chunk_tokens;
+  topt.fused_kernels = o.fused_kernels;
   return topt;
 }
 
@@ -329,6 +330,7 @@ void AddSetupJson(const BenchOptions& o, const JobSpec& spec, const ModelConfig&
   (*j)["resident_embedding"] = trainer.resident_embedding();
   (*j)["device_grad_accumulation"] = trainer.device_grad_accumulation();
   (*j)["cuda_graphs"] = trainer.schedule_choice().cuda_graphs;
+  (*j)["fused_kernels"] = o.fused_kernels;
   (*j)["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;

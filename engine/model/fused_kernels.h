@@ -1,0 +1,61 @@
+// Launchers of the fused elementwise kernels (fused_kernels.cu; Note
+// [Fused kernels] in fused_math.h). Raw pointers, sizes and a stream in, a
+// cudaError_t out: no ATen here, so the .cu file compiles with nvcc alone
+// (deploy/nvcc-check.sh). The ATen-facing wrappers are fused_ops.h.
+//
+// Conventions: tensors are contiguous, row-major, on the device of
+// `stream`; bf16 is __nv_bfloat16 (2 bytes); math is fp32, rounded once to
+// bf16 on store. Every launcher only enqueues on `stream` and returns the
+// launch's error (cudaGetLastError); it never synchronises.
+#ifndef MEGATRAIN_ENGINE_MODEL_FUSED_KERNELS_H_
+#define MEGATRAIN_ENGINE_MODEL_FUSED_KERNELS_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megatrain::engine::fused {
+
+// p[i] = act(gate[i]) * up[i] for i in [0, n); `activation` is a
+// GatedActivation (fused_math.h) as int. gate, up, p: bf16 [n].
+cudaError_t LaunchGatedForward(const __nv_bfloat16* gate, const __nv_bfloat16* up, __nv_bfloat16* p,
+                               int64_t n, int activation, cudaStream_t stream);
+
+// d_gate[i] = dp[i] * up[i] * act'(gate[i]), d_up[i] = dp[i] * act(gate[i]).
+// All bf16 [n]; d_gate and d_up may not alias the inputs.
+cudaError_t LaunchGatedBackward(const __nv_bfloat16* gate, const __nv_bfloat16* up,
+                                const __nv_bfloat16* dp, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
+                                int64_t n, int activation, cudaStream_t stream);
+
+// Residual add + RMSNorm over `rows` rows of `width` (<= 16384):
+//   hidden = residual + delta                        fp32 [rows, width]
+//   r      = rsqrt(mean(hidden^2) + eps)             fp32 [rows] (inv_rms)
+//   normed = bf16(hidden * r * scale(weight))        bf16 [rows, width]
+// residual fp32, delta bf16 [rows, width], weight bf16 [width]; scale is w
+// or 1 + w (`one_plus`, Gemma). `hidden` may alias `residual`.
+cudaError_t LaunchAddRmsNormForward(const float* residual, const __nv_bfloat16* delta,
+                                    const __nv_bfloat16* weight, float* hidden,
+                                    __nv_bfloat16* normed, float* inv_rms, int64_t rows, int width,
+                                    float eps, bool one_plus, cudaStream_t stream);
+
+// RMSNorm backward fused with the residual gradient add:
+//   d_hidden = d_residual + r * (g - x_hat * mean(g * x_hat)),
+//   g = d_normed * scale(weight), x_hat = hidden * r
+// and the weight gradient's per-row-block partial sums
+//   d_weight_partial[b, c] = sum over the rows of block b of d_normed * x_hat
+// (fp32 [blocks, width], blocks = FusedRmsNormBackwardBlocks(rows); the
+// caller sums over b). hidden, d_residual, d_hidden fp32 [rows, width];
+// d_normed bf16; inv_rms from the forward. d_hidden may alias d_residual.
+cudaError_t LaunchAddRmsNormBackward(const float* hidden, const float* inv_rms,
+                                     const __nv_bfloat16* d_normed, const float* d_residual,
+                                     const __nv_bfloat16* weight, float* d_hidden,
+                                     float* d_weight_partial, int64_t rows, int width,
+                                     bool one_plus, cudaStream_t stream);
+
+// Row blocks of LaunchAddRmsNormBackward's weight-gradient partial sums.
+int64_t FusedRmsNormBackwardBlocks(int64_t rows);
+
+}  // namespace megatrain::engine::fused
+
+#endif  // MEGATRAIN_ENGINE_MODEL_FUSED_KERNELS_H_

@@ -1,0 +1,56 @@
+// ATen-facing wrappers of the fused kernels (Note [Fused kernels] in
+// fused_math.h): tensor checks, the current CUDA stream, autograd. The
+// definitions (fused_ops.cc) are compiled only in CUDA builds
+// (MEGATRAIN_WITH_CUDA); callers test FusedGatedProductApplies first and
+// keep the ATen path otherwise.
+#ifndef MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_
+#define MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "engine/model/model_config.h"
+
+namespace megatrain::engine {
+
+// True when this build has the fused kernels (a CUDA build).
+constexpr bool FusedKernelsCompiled() {
+#ifdef MEGATRAIN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Whether FusedGatedProduct takes gate and up: a CUDA build, both CUDA
+// bf16 tensors of one shape. Other dtypes (fp32 / tf32 compute) keep the
+// ATen ops.
+bool FusedGatedProductApplies(const at::Tensor& gate, const at::Tensor& up);
+
+// act(gate) * up [..., F] bf16 as one kernel, differentiable: its backward
+// is one kernel producing d_gate and d_up; it saves gate and up only (the
+// ATen path also keeps act(gate)). Precondition: FusedGatedProductApplies.
+// Throws c10::Error on a CUDA launch error (as ATen ops do).
+at::Tensor FusedGatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivation a);
+
+// Whether FusedAddRmsNorm takes these: a CUDA build, residual fp32 and
+// delta bf16 [..., C] of one shape on one CUDA device, weight [C] bf16,
+// C <= 16384.
+bool FusedAddRmsNormApplies(const at::Tensor& residual, const at::Tensor& delta,
+                            const at::Tensor& weight);
+
+// hidden = residual + delta (fp32 [..., C]) and normed = RMSNorm(hidden)
+// in bf16 ([..., C]; weight scale w or 1 + w by `kind`), as one kernel,
+// differentiable in residual, delta and weight: its backward is one kernel
+// for the residual's gradient (hidden's own gradient plus the norm's) and
+// the weight gradient's partial sums, then one sum over row blocks.
+// Saves hidden and the per-row inverse RMS ([rows] fp32). Precondition:
+// FusedAddRmsNormApplies. Throws c10::Error on a CUDA launch error.
+std::pair<at::Tensor, at::Tensor> FusedAddRmsNorm(const at::Tensor& residual,
+                                                  const at::Tensor& delta, const at::Tensor& weight,
+                                                  double eps, NormKind kind);
+
+}  // namespace megatrain::engine
+
+#endif  // MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_

@@ -1,0 +1,234 @@
+// The fused kernels (engine/model/fused_kernels.cu, Note [Fused kernels] in
+// engine/model/fused_math.h) on a CUDA device against the ATen path, on
+// random inputs of llama-1b widths (C 2048, F 8192) and 2 x 2048 tokens:
+// the gated product forward and backward (FusedGatedProduct, and GatedMlp
+// with fused_kernels on, plain and chunked, against fused_kernels off), and
+// residual add + RMSNorm forward and backward (both norm kinds; the raw
+// launchers against ATen's composite ops, FusedAddRmsNorm against the
+// layer's unfused path). Built only in CUDA builds; skipped without a device.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "engine/model/fused_kernels.h"
+#include "engine/model/fused_ops.h"
+#include "engine/model/layers.h"
+
+namespace megatrain::engine {
+namespace {
+
+constexpr int64_t kRows = 2 * 2048;  // B x T
+constexpr int64_t kHidden = 2048;    // llama-1b C
+constexpr int64_t kInter = 8192;     // llama-1b F
+// bf16 outputs: both paths compute in fp32 and round to bf16; the ATen
+// path rounds act(g) to bf16 before the product (and autograd rounds its
+// intermediates), the fused one once, so they differ by up to about two
+// bf16 steps (2^-8 relative each): 2e-2 relative.
+constexpr double kBf16Rtol = 2e-2;
+constexpr double kBf16Atol = 2e-2;
+
+bool HasCuda() { return at::hasCUDA(); }
+
+at::Tensor RandnBf16(std::vector<int64_t> shape, double scale = 1.0) {
+  return (at::randn(shape, at::TensorOptions().device(at::kCUDA)) * scale).to(at::kBFloat16);
+}
+
+// Fraction of elements outside the tolerance: a rounding flip can put a
+// few single elements past it; a wrong formula puts most of them there.
+double MismatchFraction(const at::Tensor& a, const at::Tensor& b, double rtol, double atol) {
+  const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+  const at::Tensor bad = (af - bf).abs() > (bf.abs() * rtol + atol);
+  return bad.to(at::kFloat).mean().item<double>();
+}
+
+// At most 1e-4 of the elements may sit past the bf16 tolerance (values near
+// 0 after cancellation in the product's gradient).
+constexpr double kMaxMismatch = 1e-4;
+
+class FusedGatedCudaTest : public ::testing::TestWithParam<MlpActivation> {};
+
+TEST_P(FusedGatedCudaTest, ForwardAndBackwardMatchAtenWhenLlama1bWidths) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(11);
+  const MlpActivation a = GetParam();
+  const at::Tensor g = RandnBf16({kRows, kInter}, 2.0).requires_grad_(true);
+  const at::Tensor u = RandnBf16({kRows, kInter}).requires_grad_(true);
+  const at::Tensor dp = RandnBf16({kRows, kInter});
+  ASSERT_TRUE(FusedGatedProductApplies(g, u));
+
+  const at::Tensor p = FusedGatedProduct(g, u, a);
+  const auto grads = torch::autograd::grad({p}, {g, u}, {dp});
+  at::Tensor act;
+  switch (a) {
+    case MlpActivation::kSilu:
+      act = at::silu(g);
+      break;
+    case MlpActivation::kGeluTanh:
+      act = at::gelu(g, "tanh");
+      break;
+    case MlpActivation::kGelu:
+      act = at::gelu(g);
+      break;
+  }
+  const at::Tensor ref = act * u;
+  const auto ref_grads = torch::autograd::grad({ref}, {g, u}, {dp});
+
+  EXPECT_LE(MismatchFraction(p, ref, kBf16Rtol, kBf16Atol), kMaxMismatch);
+  EXPECT_LE(MismatchFraction(grads[0], ref_grads[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
+  EXPECT_LE(MismatchFraction(grads[1], ref_grads[1], kBf16Rtol, kBf16Atol), kMaxMismatch);
+}
+
+TEST_P(FusedGatedCudaTest, GatedMlpMatchesUnfusedWhenPlainAndChunked) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(12);
+  const MlpActivation a = GetParam();
+  const at::Tensor x = RandnBf16({kRows, kHidden});
+  const at::Tensor gate = RandnBf16({kInter, kHidden}, 0.02);
+  const at::Tensor up = RandnBf16({kInter, kHidden}, 0.02);
+  const at::Tensor down = RandnBf16({kHidden, kInter}, 0.02);
+  const at::Tensor dy = RandnBf16({kRows, kHidden});
+  // Plain, and chunked into 4 chunks of rows (Note [Chunked MLP]).
+  for (const int64_t chunk_bytes : {kMlpChunkBytes, kRows / 4 * kInter * 2}) {
+    std::vector<at::Tensor> outs, dxs, dgates;
+    for (const bool fused : {false, true}) {
+      const at::Tensor xl = x.clone().requires_grad_(true);
+      const at::Tensor gl = gate.clone().requires_grad_(true);
+      const at::Tensor y = GatedMlp(xl, gl, up, down, a, chunk_bytes, fused);
+      const auto grads = torch::autograd::grad({y}, {xl, gl}, {dy});
+      outs.push_back(y);
+      dxs.push_back(grads[0]);
+      dgates.push_back(grads[1]);
+    }
+    EXPECT_LE(MismatchFraction(outs[1], outs[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
+    EXPECT_LE(MismatchFraction(dxs[1], dxs[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
+    EXPECT_LE(MismatchFraction(dgates[1], dgates[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, FusedGatedCudaTest,
+                         ::testing::Values(MlpActivation::kSilu, MlpActivation::kGeluTanh,
+                                           MlpActivation::kGelu));
+
+const __nv_bfloat16* Bf16(const at::Tensor& t) {
+  return reinterpret_cast<const __nv_bfloat16*>(t.data_ptr());
+}
+__nv_bfloat16* Bf16Out(const at::Tensor& t) {
+  return reinterpret_cast<__nv_bfloat16*>(t.data_ptr());
+}
+
+// Residual add + RMSNorm against ATen's composite ops (the engine's
+// RmsNorm: fp32 statistics, weight in fp32, output rounded to bf16), and
+// its backward against autograd of the same, with the residual gradient.
+void CheckAddRmsNorm(bool one_plus) {
+  at::manual_seed(13);
+  constexpr float kEps = 1e-5f;
+  const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const at::Tensor residual = at::randn({kRows, kHidden}, f32).requires_grad_(true);
+  const at::Tensor delta = RandnBf16({kRows, kHidden}).requires_grad_(true);
+  const at::Tensor weight = (RandnBf16({kHidden}, 0.1).to(at::kFloat) + (one_plus ? 0.0 : 1.0))
+                                .to(at::kBFloat16)
+                                .requires_grad_(true);
+  const at::Tensor d_normed = RandnBf16({kRows, kHidden});
+  const at::Tensor d_hidden_later = at::randn({kRows, kHidden}, f32);
+
+  // Reference: hidden = residual + delta; normed = (hidden * r * scale).bf16.
+  const at::Tensor hidden_ref = residual + delta;
+  const at::Tensor scale = one_plus ? weight.to(at::kFloat) + 1.0 : weight.to(at::kFloat);
+  const at::Tensor normed_ref =
+      (hidden_ref * at::rsqrt(hidden_ref.pow(2).mean(-1, true) + kEps) * scale).to(at::kBFloat16);
+  // The residual's total gradient: through the norm and from later layers.
+  const auto ref = torch::autograd::grad({normed_ref, hidden_ref}, {residual, weight},
+                                         {d_normed, d_hidden_later});
+
+  at::Tensor hidden = at::empty({kRows, kHidden}, f32);
+  at::Tensor normed = at::empty({kRows, kHidden}, f32.dtype(at::kBFloat16));
+  at::Tensor inv_rms = at::empty({kRows}, f32);
+  const at::Tensor res = residual.detach(), del = delta.detach(), w = weight.detach();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  ASSERT_EQ(fused::LaunchAddRmsNormForward(
+                res.data_ptr<float>(), Bf16(del), Bf16(w), hidden.data_ptr<float>(),
+                Bf16Out(normed), inv_rms.data_ptr<float>(), kRows, kHidden, kEps, one_plus, stream),
+            cudaSuccess);
+  const int64_t blocks = fused::FusedRmsNormBackwardBlocks(kRows);
+  at::Tensor d_hidden = at::empty({kRows, kHidden}, f32);
+  at::Tensor partial = at::empty({blocks, kHidden}, f32);
+  ASSERT_EQ(fused::LaunchAddRmsNormBackward(
+                hidden.data_ptr<float>(), inv_rms.data_ptr<float>(), Bf16(d_normed),
+                d_hidden_later.data_ptr<float>(), Bf16(w), d_hidden.data_ptr<float>(),
+                partial.data_ptr<float>(), kRows, kHidden, one_plus, stream),
+            cudaSuccess);
+
+  // hidden: one fp32 add each side, bit for bit.
+  EXPECT_TRUE(at::equal(hidden, hidden_ref.detach()));
+  EXPECT_LE(MismatchFraction(normed, normed_ref, kBf16Rtol, kBf16Atol), kMaxMismatch);
+  // fp32 row sums in another order: 1e-4 relative over 2048 terms.
+  EXPECT_TRUE(at::allclose(d_hidden, ref[0], 1e-4, 1e-5));
+  // The weight gradient: 4096 rows summed in fp32 in another order; the
+  // reference rounds it to bf16 (weight's dtype), hence bf16's tolerance.
+  EXPECT_TRUE(at::allclose(partial.sum(0), ref[1].to(at::kFloat), kBf16Rtol, 1e-2));
+}
+
+TEST(FusedAddRmsNormCudaTest, MatchesAtenWhenWeightScale) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckAddRmsNorm(/*one_plus=*/false);
+}
+
+TEST(FusedAddRmsNormCudaTest, MatchesAtenWhenOnePlusWeightScale) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckAddRmsNorm(/*one_plus=*/true);
+}
+
+// FusedAddRmsNorm (the autograd function DecoderLayerForward uses with
+// fused_kernels) against the layer's unfused path: x + delta, RmsNorm, cast.
+void CheckFusedAddRmsNormAutograd(NormKind kind) {
+  at::manual_seed(14);
+  constexpr double kEps = 1e-5;
+  const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const at::Tensor x = at::randn({2, 2048, kHidden}, f32);
+  const at::Tensor delta = RandnBf16({2, 2048, kHidden});
+  const at::Tensor weight =
+      (RandnBf16({kHidden}, 0.1).to(at::kFloat) + (kind == NormKind::kRms ? 1.0 : 0.0))
+          .to(at::kBFloat16);
+  const at::Tensor d_hidden = at::randn({2, 2048, kHidden}, f32);
+  const at::Tensor d_normed = RandnBf16({2, 2048, kHidden});
+  std::vector<std::vector<at::Tensor>> results;
+  for (const bool fused : {false, true}) {
+    const at::Tensor xl = x.clone().requires_grad_(true);
+    const at::Tensor dl = delta.clone().requires_grad_(true);
+    const at::Tensor wl = weight.clone().requires_grad_(true);
+    at::Tensor hidden, normed;
+    if (fused) {
+      ASSERT_TRUE(FusedAddRmsNormApplies(xl, dl, wl));
+      std::tie(hidden, normed) = FusedAddRmsNorm(xl, dl, wl, kEps, kind);
+    } else {
+      hidden = xl + dl;
+      normed = RmsNorm(hidden, wl, kEps, kind).to(at::kBFloat16);
+    }
+    auto grads = torch::autograd::grad({hidden, normed}, {xl, dl, wl}, {d_hidden, d_normed});
+    results.push_back({hidden, normed, grads[0], grads[1], grads[2]});
+  }
+  EXPECT_TRUE(at::equal(results[1][0], results[0][0]));  // one fp32 add each
+  EXPECT_LE(MismatchFraction(results[1][1], results[0][1], kBf16Rtol, kBf16Atol), kMaxMismatch);
+  // fp32 row reductions in another order: 1e-4 relative.
+  EXPECT_TRUE(at::allclose(results[1][2], results[0][2], 1e-4, 1e-5));
+  EXPECT_LE(MismatchFraction(results[1][3], results[0][3], kBf16Rtol, kBf16Atol), kMaxMismatch);
+  EXPECT_LE(MismatchFraction(results[1][4], results[0][4], kBf16Rtol, 1e-2), 0.0);
+}
+
+TEST(FusedAddRmsNormCudaTest, AutogradMatchesLayerPathWhenRmsNorm) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckFusedAddRmsNormAutograd(NormKind::kRms);
+}
+
+TEST(FusedAddRmsNormCudaTest, AutogradMatchesLayerPathWhenOnePlusWeight) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckFusedAddRmsNormAutograd(NormKind::kRmsOnePlusWeight);
+}
+
+}  // namespace
+}  // namespace megatrain::engine
