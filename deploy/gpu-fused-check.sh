@@ -25,7 +25,9 @@ REPEATS=${REPEATS:-2}
 CLIP=${CLIP:-1.0}
 start=$(date +%s)
 
-MEGATRAIN_BUILD_SERVER=OFF bash deploy/gpu-build.sh build-gpu megatrain-bench \
+# The kernels are built only when asked (-DMEGATRAIN_FUSED_KERNELS=ON).
+MEGATRAIN_CMAKE_ARGS="-DMEGATRAIN_FUSED_KERNELS=ON ${MEGATRAIN_CMAKE_ARGS:-}" \
+  MEGATRAIN_BUILD_SERVER=OFF bash deploy/gpu-build.sh build-gpu megatrain-bench \
   fused_kernels_cuda_test > "$OUT/build.log" 2>&1 &
 wait_bounded $! 400 build || { echo "build failed"; grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"

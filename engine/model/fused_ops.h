@@ -1,8 +1,9 @@
 // ATen-facing wrappers of the fused kernels (Note [Fused kernels] in
 // fused_math.h): tensor checks, the current CUDA stream, autograd. The
-// definitions (fused_ops.cc) are compiled only in CUDA builds
-// (MEGATRAIN_WITH_CUDA); callers test FusedGatedProductApplies first and
-// keep the ATen path otherwise.
+// definitions (fused_ops.cc) are compiled only in CUDA builds configured
+// with -DMEGATRAIN_FUSED_KERNELS=ON (the macro MEGATRAIN_FUSED_KERNELS);
+// callers test FusedGatedProductApplies first and keep the ATen path
+// otherwise.
 #ifndef MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_
 #define MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_
 
@@ -14,9 +15,10 @@
 
 namespace megatrain::engine {
 
-// True when this build has the fused kernels (a CUDA build).
+// True when this build has the fused kernels (a CUDA build configured
+// with -DMEGATRAIN_FUSED_KERNELS=ON).
 constexpr bool FusedKernelsCompiled() {
-#ifdef MEGATRAIN_WITH_CUDA
+#ifdef MEGATRAIN_FUSED_KERNELS
   return true;
 #else
   return false;

@@ -175,7 +175,7 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // (the MLP's elementwise part; differentiable). With `fused` (Note [Fused
 // kernels] in fused_math.h) bf16 CUDA tensors take the fused kernel.
 at::Tensor GatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpActivation a, bool fused) {
-#ifdef MEGATRAIN_WITH_CUDA
+#ifdef MEGATRAIN_FUSED_KERNELS
   if (fused && FusedGatedProductApplies(gate, up)) return FusedGatedProduct(gate, up, a);
 #else
   (void)fused;
@@ -766,7 +766,7 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
 std::pair<at::Tensor, at::Tensor> ResidualAddRmsNorm(const at::Tensor& x, const at::Tensor& delta,
                                                      const at::Tensor& weight, double eps,
                                                      NormKind kind, at::ScalarType cd, bool fused) {
-#ifdef MEGATRAIN_WITH_CUDA
+#ifdef MEGATRAIN_FUSED_KERNELS
   if (fused && cd == at::kBFloat16 && FusedAddRmsNormApplies(x, delta, weight)) {
     return FusedAddRmsNorm(x, delta, weight, eps, kind);
   }

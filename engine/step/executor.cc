@@ -155,7 +155,8 @@ absl::Status CheckStoreMatchesOptions(const HostStore* store, const ExecutorOpti
   }
   if (options.fused_kernels && !FusedKernelsCompiled()) {
     return absl::UnimplementedError(
-        "executor.fused_kernels: this build has no CUDA, so no fused kernels (--fused_kernels)");
+        "executor.fused_kernels: this build has no fused kernels (a CUDA build configured "
+        "with -DMEGATRAIN_FUSED_KERNELS=ON has them; --fused_kernels)");
   }
   if (options.stream_fp32_master && options.cast_chunk_elements < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
