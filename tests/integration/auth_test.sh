@@ -7,13 +7,7 @@
 source "$(dirname "$0")/lib.sh"
 
 tokens="$WORK/tokens.yaml"
-{
-  echo "users:"
-  echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: root, role: admin, token_sha256: $(printf root-secret | "$CLI_BIN" hash-token)}"
-} >"$tokens"
-chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
+write_tokens "$tokens" alice:user bob:user root:admin
 
 log "without --auth_tokens a non-loopback --listen is refused"
 rc=0

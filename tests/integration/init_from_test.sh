@@ -29,13 +29,7 @@
 source "$(dirname "$0")/lib.sh"
 
 tokens="$WORK/tokens.yaml"
-{
-  echo "users:"
-  echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: root, role: admin, token_sha256: $(printf root-secret | "$CLI_BIN" hash-token)}"
-} >"$tokens"
-chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
+write_tokens "$tokens" alice:user bob:user root:admin
 
 log "one 31-token document"
 python3 -c 'import json; print(json.dumps({"input_ids": list(range(3, 34))}))' >"$WORK/one.jsonl"

@@ -7,12 +7,7 @@
 source "$(dirname "$0")/lib.sh"
 
 tokens="$WORK/tokens.yaml"
-{
-  echo "users:"
-  echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
-} >"$tokens"
-chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
+write_tokens "$tokens" alice:user bob:user
 data=$(realpath "$WORK")/data
 mkdir -p "$data/alice" "$data/bob" "$WORK/out"
 cp -r "$TINY_DATA" "$data/alice/tiny"

@@ -31,6 +31,21 @@ trap cleanup EXIT
 
 log() { echo "[$(date +%T)] $*" >&2; }
 
+# write_tokens FILE NAME:ROLE...: a tokens file (docs/api.md, --auth_tokens)
+# giving each user the token "<name>-secret", readable by its owner only
+# (the daemon refuses a tokens file others may read).
+write_tokens() {
+  local file=$1 spec
+  shift
+  {
+    echo "users:"
+    for spec in "$@"; do
+      echo "  - {name: ${spec%%:*}, role: ${spec#*:}, token_sha256: $(printf '%s-secret' "${spec%%:*}" | "$CLI_BIN" hash-token)}"
+    done
+  } >"$file"
+  chmod 600 "$file"
+}
+
 fail() {
   echo "FAIL: $*" >&2
   if [[ -f "$WORK/daemon.log" ]]; then

@@ -47,12 +47,7 @@ grep -q "megatrain_client needs the protobuf package (pip install grpcio protobu
   fail "no install hint without grpcio: $(tail -n 3 "$WORK/bare.log")"
 
 tokens="$WORK/tokens.yaml"
-{
-  echo "users:"
-  echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
-} >"$tokens"
-chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
+write_tokens "$tokens" alice:user bob:user
 mkdir -p "$WORK/out"
 start_daemon "$WORK/state" --auth_tokens="$tokens" --data_roots="$SOURCE_DIR/examples,$WORK" \
   --output_roots="$WORK/out" --host_memory_budget=4GiB

@@ -13,12 +13,7 @@
 source "$(dirname "$0")/lib.sh"
 
 tokens="$WORK/tokens.yaml"
-{
-  echo "users:"
-  echo "  - {name: alice, role: user, token_sha256: $(printf alice-secret | "$CLI_BIN" hash-token)}"
-  echo "  - {name: bob, role: user, token_sha256: $(printf bob-secret | "$CLI_BIN" hash-token)}"
-} >"$tokens"
-chmod 600 "$tokens"  # the daemon refuses a tokens file others may read
+write_tokens "$tokens" alice:user bob:user
 out=$(realpath -m "$WORK/out")
 mkdir -p "$out"
 start_daemon "$WORK/state" --auth_tokens="$tokens" --data_roots="$SOURCE_DIR/examples" \
