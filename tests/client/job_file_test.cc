@@ -17,6 +17,7 @@
 #include "engine/spec/keyword.h"
 #include "engine/spec/spec_fields.h"
 #include "tests/server/fake_engine_backend.h"
+#include "tests/testing/spec_rows.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -126,18 +127,9 @@ TEST(JobFileTest, EveryTableRowIsAKeyOfItsSection) {
   const absl::StatusOr<v1::JobSpec> spec = ParseJobYaml(yaml, "/", "j.yaml");
   ASSERT_THAT(spec.status(), IsOk());
 #define MEGATRAIN_EXPECT(section, name) EXPECT_EQ(spec->section().name(), 3) << #section "." #name;
-#define MEGATRAIN_TRAIN(name, kind, range, json, proto) MEGATRAIN_EXPECT(train, name)
-#define MEGATRAIN_OPTIMIZER(name, kind, range, json, proto) MEGATRAIN_EXPECT(optimizer, name)
-#define MEGATRAIN_EVAL(name, kind, range, json, proto) MEGATRAIN_EXPECT(eval, name)
-#define MEGATRAIN_CHECKPOINT(name, kind, range, json, proto) MEGATRAIN_EXPECT(checkpoint, name)
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_TRAIN)
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_OPTIMIZER)
-  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_EVAL)
-  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_CHECKPOINT)
-#undef MEGATRAIN_TRAIN
-#undef MEGATRAIN_OPTIMIZER
-#undef MEGATRAIN_EVAL
-#undef MEGATRAIN_CHECKPOINT
+#define MEGATRAIN_NUMBER_ROW(section, name, kind, range) MEGATRAIN_EXPECT(section, name)
+  MEGATRAIN_EACH_NUMBER_ROW
+#undef MEGATRAIN_NUMBER_ROW
 #undef MEGATRAIN_EXPECT
 }
 
@@ -166,15 +158,9 @@ TEST(JobFileTest, EveryKeywordRowTakesItsWordsOnly) {
 #define MEGATRAIN_ACCEPTS(section, name, keywords)                \
   ExpectEveryKeywordIsAccepted(engine::keywords, #section, #name, \
                                [](const v1::JobSpec& p) { return p.section().name(); });
-#define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_ACCEPTS(train, name, keywords)
-#define MEGATRAIN_OPTIMIZER(name, keywords, json) MEGATRAIN_ACCEPTS(optimizer, name, keywords)
-#define MEGATRAIN_MEMORY(name, keywords, json) MEGATRAIN_ACCEPTS(memory, name, keywords)
-  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_TRAIN)
-  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_OPTIMIZER)
-  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_MEMORY)
-#undef MEGATRAIN_TRAIN
-#undef MEGATRAIN_OPTIMIZER
-#undef MEGATRAIN_MEMORY
+#define MEGATRAIN_KEYWORD_ROW(section, name, keywords) MEGATRAIN_ACCEPTS(section, name, keywords)
+  MEGATRAIN_EACH_KEYWORD_ROW
+#undef MEGATRAIN_KEYWORD_ROW
 #undef MEGATRAIN_ACCEPTS
 }
 

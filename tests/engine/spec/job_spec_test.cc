@@ -16,6 +16,7 @@
 #include "engine/spec/lr_schedule_kind.h"
 #include "engine/spec/spec_fields.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/spec_rows.h"
 #include "tests/testing/status_matchers.h"
 
 namespace megatrain::engine {
@@ -222,22 +223,12 @@ void ExpectEveryKeywordRoundTrips(const Keyword<T> (&keywords)[N], const char* s
 // the JSON and back; an unknown word is DATA_LOSS naming the field and
 // listing the keywords.
 TEST(SpecFieldTableTest, EveryKeywordOfEveryRowRoundTripsThroughJson) {
-#define MEGATRAIN_ROUND_TRIP(section, member, name, keywords)                         \
-  ExpectEveryKeywordRoundTrips(                                                       \
-      keywords, section, #name, [](JobSpec& s, const auto& v) { s.member.name = v; }, \
-      [](const JobSpec& s) { return s.member.name; });
-#define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_ROUND_TRIP("train", train, name, keywords)
-#define MEGATRAIN_OPTIMIZER(name, keywords, json) \
-  MEGATRAIN_ROUND_TRIP("optimizer", optimizer, name, keywords)
-#define MEGATRAIN_MEMORY(name, keywords, json) \
-  MEGATRAIN_ROUND_TRIP("memory", memory, name, keywords)
-  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_TRAIN)
-  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_OPTIMIZER)
-  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_MEMORY)
-#undef MEGATRAIN_TRAIN
-#undef MEGATRAIN_OPTIMIZER
-#undef MEGATRAIN_MEMORY
-#undef MEGATRAIN_ROUND_TRIP
+#define MEGATRAIN_KEYWORD_ROW(section, name, keywords)                                  \
+  ExpectEveryKeywordRoundTrips(                                                         \
+      keywords, #section, #name, [](JobSpec& s, const auto& v) { s.section.name = v; }, \
+      [](const JobSpec& s) { return s.section.name; });
+  MEGATRAIN_EACH_KEYWORD_ROW
+#undef MEGATRAIN_KEYWORD_ROW
 }
 
 TEST(JobSpecJsonTest, WriterOutputEqualsTheFormerWriters) {

@@ -18,6 +18,7 @@
 #include "server/core/job.h"
 #include "server/core/job_request_json.h"
 #include "server/rpc/proto_convert.h"
+#include "tests/testing/spec_rows.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -703,18 +704,9 @@ TEST(SpecFieldTableTest, EveryRowRoundTripsThroughProtoAndJson) {
   EXPECT_EQ(request->spec.section.name, proto.section().name()) << #section #name; \
   EXPECT_EQ(back.section().name(), proto.section().name()) << #section #name;      \
   EXPECT_EQ(read->section.name, request->spec.section.name) << #section #name;
-#define MEGATRAIN_TRAIN(name, kind, range, json, proto) MEGATRAIN_EXPECT(train, name)
-#define MEGATRAIN_OPTIMIZER(name, kind, range, json, proto) MEGATRAIN_EXPECT(optimizer, name)
-#define MEGATRAIN_EVAL(name, kind, range, json, proto) MEGATRAIN_EXPECT(eval, name)
-#define MEGATRAIN_CHECKPOINT(name, kind, range, json, proto) MEGATRAIN_EXPECT(checkpoint, name)
-  MEGATRAIN_TRAIN_NUMBER_FIELDS(MEGATRAIN_TRAIN)
-  MEGATRAIN_OPTIMIZER_NUMBER_FIELDS(MEGATRAIN_OPTIMIZER)
-  MEGATRAIN_EVAL_NUMBER_FIELDS(MEGATRAIN_EVAL)
-  MEGATRAIN_CHECKPOINT_NUMBER_FIELDS(MEGATRAIN_CHECKPOINT)
-#undef MEGATRAIN_TRAIN
-#undef MEGATRAIN_OPTIMIZER
-#undef MEGATRAIN_EVAL
-#undef MEGATRAIN_CHECKPOINT
+#define MEGATRAIN_NUMBER_ROW(section, name, kind, range) MEGATRAIN_EXPECT(section, name)
+  MEGATRAIN_EACH_NUMBER_ROW
+#undef MEGATRAIN_NUMBER_ROW
 #undef MEGATRAIN_EXPECT
 }
 
@@ -761,15 +753,9 @@ TEST(SpecFieldTableTest, EveryKeywordOfEveryRowConvertsBothWays) {
       [](v1::JobSpec& p, const std::string& w) { p.mutable_##section()->set_##name(w); }, \
       [](const engine::JobSpec& s) { return s.section.name; },                            \
       [](const v1::JobSpec& p) { return p.section().name(); });
-#define MEGATRAIN_TRAIN(name, keywords, json) MEGATRAIN_CONVERTS(train, name, keywords)
-#define MEGATRAIN_OPTIMIZER(name, keywords, json) MEGATRAIN_CONVERTS(optimizer, name, keywords)
-#define MEGATRAIN_MEMORY(name, keywords, json) MEGATRAIN_CONVERTS(memory, name, keywords)
-  MEGATRAIN_TRAIN_KEYWORD_FIELDS(MEGATRAIN_TRAIN)
-  MEGATRAIN_OPTIMIZER_KEYWORD_FIELDS(MEGATRAIN_OPTIMIZER)
-  MEGATRAIN_MEMORY_KEYWORD_FIELDS(MEGATRAIN_MEMORY)
-#undef MEGATRAIN_TRAIN
-#undef MEGATRAIN_OPTIMIZER
-#undef MEGATRAIN_MEMORY
+#define MEGATRAIN_KEYWORD_ROW(section, name, keywords) MEGATRAIN_CONVERTS(section, name, keywords)
+  MEGATRAIN_EACH_KEYWORD_ROW
+#undef MEGATRAIN_KEYWORD_ROW
 #undef MEGATRAIN_CONVERTS
 }
 
