@@ -83,6 +83,20 @@ TEST_P(FusedGatedCudaTest, ForwardAndBackwardMatchAtenWhenLlama1bWidths) {
   EXPECT_LE(MismatchFraction(grads[1], ref_grads[1], kBf16Rtol, kBf16Atol), kMaxMismatch);
 }
 
+// Norm-relative difference ||a - b|| / ||b||, in fp32.
+double NormRelative(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+  return ((af - bf).norm() / bf.norm()).item<double>();
+}
+
+// The layer's outputs and gradients with the fused product against the
+// unfused bf16 path, both measured against the same layer in fp32 (the
+// reference arithmetic). The weight gradient sums 4,096 rows of products,
+// so its elements near 0 carry an absolute rounding noise of about
+// sqrt(rows) bf16 steps that no element-wise tolerance separates from a
+// wrong formula: the comparison is norm-relative (the project's bf16
+// bound, 2e-2), and the fused path may not be less exact than the unfused
+// one by more than half again.
 TEST_P(FusedGatedCudaTest, GatedMlpMatchesUnfusedWhenPlainAndChunked) {
   if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
   at::manual_seed(12);
@@ -94,19 +108,26 @@ TEST_P(FusedGatedCudaTest, GatedMlpMatchesUnfusedWhenPlainAndChunked) {
   const at::Tensor dy = RandnBf16({kRows, kHidden});
   // Plain, and chunked into 4 chunks of rows (Note [Chunked MLP]).
   for (const int64_t chunk_bytes : {kMlpChunkBytes, kRows / 4 * kInter * 2}) {
+    // Runs 0 (unfused bf16), 1 (fused bf16), 2 (unfused fp32 reference).
     std::vector<at::Tensor> outs, dxs, dgates;
-    for (const bool fused : {false, true}) {
-      const at::Tensor xl = x.clone().requires_grad_(true);
-      const at::Tensor gl = gate.clone().requires_grad_(true);
-      const at::Tensor y = GatedMlp(xl, gl, up, down, a, chunk_bytes, fused);
-      const auto grads = torch::autograd::grad({y}, {xl, gl}, {dy});
+    for (const int run : {0, 1, 2}) {
+      const at::ScalarType dtype = run == 2 ? at::kFloat : at::kBFloat16;
+      const at::Tensor xl = x.to(dtype).requires_grad_(true);
+      const at::Tensor gl = gate.to(dtype).requires_grad_(true);
+      const at::Tensor y = GatedMlp(xl, gl, up.to(dtype), down.to(dtype), a, chunk_bytes,
+                                    /*fused_kernels=*/run == 1);
+      const auto grads = torch::autograd::grad({y}, {xl, gl}, {dy.to(dtype)});
       outs.push_back(y);
       dxs.push_back(grads[0]);
       dgates.push_back(grads[1]);
     }
-    EXPECT_LE(MismatchFraction(outs[1], outs[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
-    EXPECT_LE(MismatchFraction(dxs[1], dxs[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
-    EXPECT_LE(MismatchFraction(dgates[1], dgates[0], kBf16Rtol, kBf16Atol), kMaxMismatch);
+    for (const auto* t : {&outs, &dxs, &dgates}) {
+      const double fused_error = NormRelative((*t)[1], (*t)[2]);
+      const double unfused_error = NormRelative((*t)[0], (*t)[2]);
+      EXPECT_LE(fused_error, kBf16Rtol);
+      EXPECT_LE(fused_error, 1.5 * unfused_error + 1e-4)
+          << "unfused bf16 error " << unfused_error << " (chunk bytes " << chunk_bytes << ")";
+    }
   }
 }
 
