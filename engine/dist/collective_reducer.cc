@@ -117,8 +117,7 @@ bool CollectiveGradientReducer::ReduceScatterOnDevice(int64_t block, float* grad
   }
   const ShardRange shard = ShardOf(numel, local_rank_, shards_->world());
   if (status.ok()) {
-    // The same N_r / N as the host path (Note [Gradient all-reduce]).
-    status = local_group_->ReduceScatterSum(grad, numel, static_cast<float>(scale_));
+    status = local_group_->ReduceScatterSum(grad, numel);  // Note [Gradient all-reduce]
   }
   if (status.ok() && cross_group_ != nullptr) {
     status = cross_group_->AllReduceSumOnDevice(grad + shard.begin, shard.size());
@@ -147,9 +146,7 @@ bool CollectiveGradientReducer::AllReduceOnDevice(int64_t block, float* grad, in
     absl::MutexLock lock(&mu_);
     status = error_;
   }
-  // The same N_r / N as every other block (Note [Gradient all-reduce]).
-  if (status.ok())
-    status = local_group_->AllReduceSumOnDevice(grad, numel, static_cast<float>(scale_));
+  if (status.ok()) status = local_group_->AllReduceSumOnDevice(grad, numel);
   if (status.ok() && cross_group_ != nullptr) {
     status = cross_group_->AllReduceSumOnDevice(grad, numel);
   }
@@ -179,7 +176,7 @@ absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> m
     }
     counts[1] += bad ? 1 : 0;
   }
-  const int64_t local_tokens = counts[0];
+  const int64_t local_micro_batches = counts[2];
   MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(counts, 4));
   const int64_t world = group_->world_size();
   if (counts[1] > 0) {
@@ -193,7 +190,7 @@ absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> m
                      " over ", world, " ranks)"));
   }
   global_tokens_ = counts[0];
-  scale_ = global_tokens_ > 0 ? static_cast<double>(local_tokens) / global_tokens_ : 1.0;
+  first_micro_batch_ = static_cast<int64_t>(group_->rank()) * local_micro_batches;
   return absl::OkStatus();
 }
 
@@ -211,10 +208,6 @@ double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_
     }
   }
   if (status.ok() && !on_device) {  // Note [Shard landing]: the host path
-    if (scale_ != 1.0) {
-      at::from_blob(grad, {numel}, at::TensorOptions().dtype(at::kFloat))
-          .mul_(static_cast<float>(scale_));
-    }
     status = group_->AllReduceSum(grad, numel);
   }
   const ShardRange shard = ShardOf(numel, local_rank_, shards_->world());
@@ -232,13 +225,15 @@ double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_
   return on_device ? shards_->ShardNormsSum(block) : SquaredNorm(grad, numel);
 }
 
-absl::StatusOr<double> CollectiveGradientReducer::EndStep(double loss_sum) {
+absl::StatusOr<PassSums> CollectiveGradientReducer::EndStep(const PassSums& local) {
   {
     absl::MutexLock lock(&mu_);
     if (!error_.ok()) return error_;
   }
-  MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(&loss_sum, 1));
-  return loss_sum;
+  // The term count is a small integer: exact in a double.
+  double sums[3] = {local.loss_sum, local.aux_loss_sum, static_cast<double>(local.aux_loss_terms)};
+  MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(sums, 3));
+  return PassSums{sums[0], sums[1], static_cast<int64_t>(sums[2])};
 }
 
 }  // namespace megatrain::engine

@@ -20,13 +20,12 @@ namespace megatrain::engine {
 
 // Note [Gradient all-reduce]
 // Rank r's landed gradient is g_r = sum over its micro-batches of d(token
-// losses) / N_r, N_r its counted tokens (the executor's loss scale). The
-// reducer multiplies it by N_r / N (N the global count, agreed in
-// BeginStep) and sums over the ranks, so the result is the gradient of
-// the mean over the global batch. With equal N_r and a power-of-two world
-// size the factor is a power of two and the rescaling is exact; the only
-// difference from one device accumulating the whole batch is the order of
-// the fp32 sum (each rank sums its micro-batches in order, then the
+// losses) / N, N the global batch's counted tokens (agreed in BeginStep;
+// the executor's loss scale, BatchShare), plus the MoE aux terms of its
+// micro-batches (Note [Data-parallel step]). The reducer sums the g_r
+// over the ranks, so the result is the gradient of one device
+// accumulating the global batch; the only difference is the order of the
+// fp32 sum (each rank sums its micro-batches in order, then the
 // all-reduce adds the ranks' sums). The squared norm is summed in fp64
 // over fixed 1 M-element chunks, in chunk order, so every rank computes the
 // same bits whatever its thread count.
@@ -134,14 +133,15 @@ class CollectiveGradientReducer : public GradientReducer {
 
   absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) override;
   double ReduceBlock(int64_t block, float* grad, int64_t numel) override;
-  absl::StatusOr<double> EndStep(double loss_sum) override;
+  absl::StatusOr<PassSums> EndStep(const PassSums& local) override;
   int64_t global_counted_tokens() const override { return global_tokens_; }
+  int64_t first_micro_batch() const override { return first_micro_batch_; }
   // Note [Device reduce-scatter]: false unless groups.device_reduce_scatter.
   bool ReduceScatterOnDevice(int64_t block, float* grad, int64_t numel, int64_t* begin,
                              int64_t* end) override;
   // Note [Resident blocks on every rank]: false unless groups.local was
-  // given; scales by N_r / N, sums over the local ranks, then over the
-  // processes (the cross group).
+  // given; sums over the local ranks, then over the processes (the cross
+  // group).
   bool AllReduceOnDevice(int64_t block, float* grad, int64_t numel) override;
   bool reduce_scatters_on_device() const override { return device_reduce_scatter_; }
   // Note [Sharded weight streaming]: over groups.weights.
@@ -168,8 +168,8 @@ class CollectiveGradientReducer : public GradientReducer {
   GradientShards* shards_;
   bool owner_;
   absl::Duration timeout_;
-  std::vector<int64_t> rounds_;  // per block: ReduceBlock calls (accumulator thread only)
-  double scale_ = 1;             // N_r / N
+  std::vector<int64_t> rounds_;    // per block: ReduceBlock calls (accumulator thread only)
+  int64_t first_micro_batch_ = 0;  // this rank's, in the global batch (BeginStep)
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // first failed collective of the step
   // Per block: reduced on the device this round (set on the enqueuing

@@ -219,7 +219,7 @@ class StreamingExecutor::Impl {
   // `step`: the optimizer step of a training pass (backward), which keys
   // its train-time noise (Note [Router jitter] in model/moe_layers.h).
   absl::StatusOr<ForwardBackwardResult> Run(absl::Span<const MicroBatch> micro_batches,
-                                            bool backward, int64_t step,
+                                            bool backward, int64_t step, const BatchShare& share,
                                             const BlockFinalCallback& on_block_final,
                                             std::vector<float>* logits = nullptr);
   int64_t slot_device_bytes() const {
@@ -447,7 +447,7 @@ int StreamingExecutor::Impl::Wave(size_t micro_batches) const {
 // The pass: validate, plan, run the plan's actions in order, read the
 // loss, drain. The plan fixes the order of work (Note [Step plan]).
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
-    absl::Span<const MicroBatch> mbs, bool backward, int64_t step,
+    absl::Span<const MicroBatch> mbs, bool backward, int64_t step, const BatchShare& share,
     const BlockFinalCallback& on_block_final, std::vector<float>* logits) {
   ForwardBackwardResult result;
   MEGATRAIN_RETURN_IF_ERROR(ValidateBatches(mbs, &result.counted_tokens));
@@ -456,7 +456,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
   graph_replays_at_pass_start_ = graphs_->replays();
   PassState pass;
   pass.micro_batches = mbs;
-  pass.loss_scale = result.counted_tokens > 0 ? 1.0 / result.counted_tokens : 0.0;
+  // Note [Data-parallel step]: a rank divides by the global batch's count.
+  const int64_t loss_tokens =
+      share.global_counted_tokens > 0 ? share.global_counted_tokens : result.counted_tokens;
+  pass.loss_scale = loss_tokens > 0 ? 1.0 / static_cast<double>(loss_tokens) : 0.0;
   pass.logits = logits;
   pass.micro_batch.resize(mbs.size());
   pass.open_grad_slot.assign(env_.layout.blocks.size(), -1);
@@ -468,7 +471,10 @@ absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Impl::Run(
     env_.timer.MarkStart();
     resident_->ApplyPending();  // the update the trainer asked for after the last pass
     const StepPlan plan = PlanStep(env_.layout, plan_options);
-    if (moe_) moe_->BeginPass(static_cast<int>(mbs.size()), /*train=*/backward, step);
+    if (moe_) {
+      moe_->BeginPass(static_cast<int>(mbs.size()), /*train=*/backward, step,
+                      share.first_micro_batch);
+    }
     lander_->BeginPass(plan.contributions, on_block_final, assume_embedding_grad_zero_);
     // Note [Sharded weight streaming]: training passes only (every rank
     // runs them; evaluation runs on one).
@@ -844,13 +850,13 @@ absl::StatusOr<std::unique_ptr<StreamingExecutor>> StreamingExecutor::Create(
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::ForwardBackward(
     absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final,
-    int64_t step) {
-  return impl_->Run(micro_batches, /*backward=*/true, step, on_block_final);
+    int64_t step, const BatchShare& share) {
+  return impl_->Run(micro_batches, /*backward=*/true, step, share, on_block_final);
 }
 
 absl::StatusOr<ForwardBackwardResult> StreamingExecutor::Evaluate(
     absl::Span<const MicroBatch> micro_batches) {
-  return impl_->Run(micro_batches, /*backward=*/false, /*step=*/0, {});
+  return impl_->Run(micro_batches, /*backward=*/false, /*step=*/0, {}, {});
 }
 
 void StreamingExecutor::SetWeightGate(std::function<void(int64_t)> gate) {
@@ -878,9 +884,10 @@ void StreamingExecutor::SetEmbeddingRowGate(EmbeddingRowGate gate) {
 
 absl::StatusOr<std::vector<float>> StreamingExecutor::Logits(const MicroBatch& micro_batch) {
   std::vector<float> logits;
-  MEGATRAIN_RETURN_IF_ERROR(
-      impl_->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false, /*step=*/0, {}, &logits)
-          .status());
+  MEGATRAIN_RETURN_IF_ERROR(impl_
+                                ->Run(absl::MakeConstSpan(&micro_batch, 1), /*backward=*/false,
+                                      /*step=*/0, {}, {}, &logits)
+                                .status());
   return logits;
 }
 

@@ -283,6 +283,20 @@ struct ExecutorMemoryPlan {
 // pass StreamingExecutor::Create's checks). No allocation; thread-safe.
 ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorOptions& options);
 
+// Where one data-parallel rank's pass sits in its step's global batch
+// (Note [Data-parallel step] in step/gradient_reducer.h). The default, {},
+// is a pass that is the whole batch.
+struct BatchShare {
+  // Counted tokens (labels != -100) of the global batch; the pass's token
+  // losses are divided by it, so that the ranks' gradients sum to the
+  // global batch's. 0: the pass's own count.
+  int64_t global_counted_tokens = 0;
+  // Index of the pass's first micro-batch in the global batch: keys the
+  // train-time noise (Note [Router jitter] in model/moe_layers.h) as one
+  // device accumulating the whole batch would.
+  int64_t first_micro_batch = 0;
+};
+
 // What one ForwardBackward produced.
 struct ForwardBackwardResult {
   double loss_sum = 0;         // sum of token losses over the global batch (nats)
@@ -333,7 +347,9 @@ class StreamingExecutor {
   // (from 1; the trainer's step number): with options.noise_seed it keys
   // the pass's train-time noise (Note [Router jitter] in
   // model/moe_layers.h), so a pass repeated with the same step, or after a
-  // resume, draws the same noise.
+  // resume, draws the same noise. `share`: a data-parallel rank's place in
+  // the global batch (the gradient is then of the global batch's token
+  // count; BatchShare).
   // Errors: INVALID_ARGUMENT for a token id or label out of range, position
   // ids that do not describe documents (MicroBatch::position_ids), or a
   // wrong size (naming micro-batch and position); RESOURCE_EXHAUSTED for
@@ -342,7 +358,7 @@ class StreamingExecutor {
   // weights are untouched.
   absl::StatusOr<ForwardBackwardResult> ForwardBackward(
       absl::Span<const MicroBatch> micro_batches, const BlockFinalCallback& on_block_final = {},
-      int64_t step = 0);
+      int64_t step = 0, const BatchShare& share = {});
 
   // Forward only (no train-time noise); returns loss sum and counted
   // tokens (stats: bytes, time).

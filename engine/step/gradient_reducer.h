@@ -12,10 +12,18 @@
 //                                    the store is final (accumulator thread,
 //                                    blocks in the executor's landing order,
 //                                    identical on every rank);
-//   EndStep(loss_sum)                after the pass (step thread).
-// After ReduceBlock every rank's landing buffer holds the gradient of the
-// mean loss over the counted tokens of the GLOBAL batch, bit for bit the
-// same on every rank.
+//   EndStep(sums)                    after the pass (step thread).
+// Each rank's pass divides its token losses by the GLOBAL batch's counted
+// tokens N (agreed in BeginStep; the executor's BatchShare), so rank r's
+// gradient is that of CE_r / N + router_aux_loss_coef * sum of aux_m over
+// its micro-batches (MoE models, Note [Load-balancing loss across
+// micro-batches] in moe_block.h), and the plain sum over the ranks is the
+// gradient of one device accumulating the whole global batch: CE / N +
+// coef * sum of aux_m over every micro-batch. (Scaling each rank's own
+// mean by N_r / N instead would scale the aux terms too.) A rank's
+// micro-batches keep their global indices for the train-time noise
+// (BatchShare::first_micro_batch). After ReduceBlock every rank's landing
+// buffer holds that gradient, bit for bit the same on every rank.
 //
 // Note [Shared host store]
 // The ranks of one host share one host store (TrainerOptions::shared_store;
@@ -59,6 +67,13 @@
 
 namespace megatrain::engine {
 
+// The sums of one pass that EndStep adds over the ranks.
+struct PassSums {
+  double loss_sum = 0;         // token losses (nats)
+  double aux_loss_sum = 0;     // MoE load-balancing aux losses, one per micro-batch
+  int64_t aux_loss_terms = 0;  // micro-batches summed into aux_loss_sum
+};
+
 // Thread-safety: BeginStep and EndStep on the step thread, ReduceBlock on
 // the executor's accumulator thread, never concurrently with each other
 // within one step (Note [Data-parallel step]).
@@ -73,23 +88,27 @@ class GradientReducer {
   virtual absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) = 0;
 
   // Replaces `grad` ([numel] fp32, host: the store's gradient of `block`,
-  // the mean over this rank's counted tokens) by the gradient of the mean
+  // this rank's part: its token losses over the global count) by the gradient of the mean
   // over the global batch's counted tokens. Returns its squared L2 norm
   // (fp32 values summed in fp64, in a fixed order); NaN after a failed
   // collective, whose error EndStep returns.
   virtual double ReduceBlock(int64_t block, float* grad, int64_t numel) = 0;
 
-  // Ends the step: the global loss sum (nats) from this rank's `loss_sum`.
+  // Ends the step: the global batch's sums from this rank's `local` ones.
   // Returns the first error of the step's collectives.
-  virtual absl::StatusOr<double> EndStep(double loss_sum) = 0;
+  virtual absl::StatusOr<PassSums> EndStep(const PassSums& local) = 0;
 
   // Counted tokens of the global batch (after BeginStep).
   virtual int64_t global_counted_tokens() const = 0;
 
+  // Index of this rank's first micro-batch in the global batch (after
+  // BeginStep): the rank's global index times its micro-batch count.
+  virtual int64_t first_micro_batch() const = 0;
+
   // Note [Device reduce-scatter]
   // Optional, before a block lands: `grad` ([numel] fp32, device memory:
   // the executor's gradient slot or device accumulator, holding the block's
-  // whole gradient of this pass, the mean over this rank's counted tokens)
+  // whole gradient of this pass, this rank's part of the global batch's)
   // may be reduced over the ranks on the device. Returns false when this
   // reducer does not (the default): the block lands whole and ReduceBlock
   // reduces it on the host. Returns true when grad[*begin, *end) now holds
@@ -133,8 +152,8 @@ class GradientReducer {
   // master, AdamW moments and gradient (Notes [Resident layers] and
   // [Resident embedding] in step/executor.h). When such a block's gradient
   // of the pass is final, `grad` ([numel] fp32, device memory: the
-  // resident gradient, the mean over this rank's counted tokens) is
-  // scaled by N_r / N and summed over every rank of the job in place, on
+  // resident gradient: this rank's part of the global batch's, Note
+  // [Data-parallel step]) is summed over every rank of the job in place, on
   // the device (NCCL over NVLink; gloo on CPU ranks), so that every rank
   // holds the same bits of the global batch's gradient. Every rank then
   // computes the same norm and applies the same AdamW to the same state:

@@ -22,18 +22,21 @@ MoeLayerRunner::MoeLayerRunner(const ModelConfig& config, int64_t seq_len, const
   }
 }
 
-void MoeLayerRunner::BeginPass(int micro_batches, bool train, int64_t step) {
+void MoeLayerRunner::BeginPass(int micro_batches, bool train, int64_t step,
+                               int64_t first_micro_batch) {
   router_stats_.assign(static_cast<size_t>(micro_batches), LoadBalancingStats());
   train_ = train;
   step_ = step;
+  first_micro_batch_ = first_micro_batch;
 }
 
 at::Tensor MoeLayerRunner::Jitter(int micro_batch, int64_t layer_idx, const at::Tensor& x) const {
   if (!train_ || !(config_.moe.router_jitter_noise > 0)) return at::Tensor();
   // Note [Router jitter]: a function of the key alone, so the recompute
   // draws the forward's values whatever ran in between.
-  return MakeRouterJitter(config_.moe, x.size(0) * x.size(1), x.size(2),
-                          RouterJitterKey(noise_seed_, step_, micro_batch, layer_idx), device_);
+  return MakeRouterJitter(
+      config_.moe, x.size(0) * x.size(1), x.size(2),
+      RouterJitterKey(noise_seed_, step_, first_micro_batch_ + micro_batch, layer_idx), device_);
 }
 
 at::Tensor MoeLayerRunner::Forward(int micro_batch, const BlockLayout& block,

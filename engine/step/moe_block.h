@@ -58,9 +58,11 @@ class MoeLayerRunner {
   // Starts a pass over `micro_batches` micro-batches: forgets the router
   // statistics of the last one. `train`: a training pass (HF's
   // `self.training`), whose MoE layers draw router jitter keyed by
-  // (noise_seed, step, micro-batch, layer) when router_jitter_noise > 0;
-  // evaluation and logits passes (train false) never jitter.
-  void BeginPass(int micro_batches, bool train, int64_t step);
+  // (noise_seed, step, first_micro_batch + micro-batch, layer) when
+  // router_jitter_noise > 0 (`first_micro_batch`: the pass's place in a
+  // data-parallel step's global batch, BatchShare in executor.h); evaluation
+  // and logits passes (train false) never jitter.
+  void BeginPass(int micro_batches, bool train, int64_t step, int64_t first_micro_batch = 0);
 
   // Forward of the decoder layer of `block` for micro-batch `micro_batch`
   // (its index in the pass: the jitter's key), no autograd: x [B, T, C]
@@ -97,8 +99,9 @@ class MoeLayerRunner {
   bool aux_loss_ = false;
   at::Device device_;
   uint64_t noise_seed_ = 0;
-  bool train_ = false;  // of the current pass
-  int64_t step_ = 0;    // of the current pass
+  int64_t first_micro_batch_ = 0;  // of the current pass (BeginPass)
+  bool train_ = false;             // of the current pass
+  int64_t step_ = 0;               // of the current pass
   RopeCache rope_;
   std::vector<at::Tensor> masks_;                 // [L]: undefined or [T, T] bool
   std::vector<LoadBalancingStats> router_stats_;  // [micro-batches] of the pass

@@ -51,11 +51,6 @@ absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& op
         "resident_layers / resident_embedding: nothing can be resident on the device with the "
         "AdamW moments on the NVMe tier (memory.nvme_tier; Note [Tiered trainer])");
   }
-  if (options.gradient_reducer != nullptr && config.moe != nullptr) {
-    // Note [Data-parallel step].
-    return absl::UnimplementedError(
-        "train.devices: data parallelism over a mixture-of-experts model is not built");
-  }
   if (options.optimizer_shard_world < 1 || options.optimizer_shard_rank < 0 ||
       options.optimizer_shard_rank >= options.optimizer_shard_world) {
     return absl::InvalidArgumentError(
@@ -541,20 +536,28 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
       embedding_->QueueLookahead(s.step, s.lr, micro_batches, next_input_ids);
     }
   }
+  BatchShare share;  // Note [Data-parallel step]
+  if (reducer != nullptr) {
+    share.global_counted_tokens = reducer->global_counted_tokens();
+    share.first_micro_batch = reducer->first_micro_batch();
+  }
   absl::StatusOr<ForwardBackwardResult> fb = executor_->ForwardBackward(
-      micro_batches, [this, &s](const FinalGradient& g) { OnBlockFinal(s, g); }, s.step);
+      micro_batches, [this, &s](const FinalGradient& g) { OnBlockFinal(s, g); }, s.step, share);
   // The lookahead this step's gathers could use is spent (Note [Embedding
   // lookahead]).
   if (embedding_ != nullptr) embedding_->EndGather();
   if (fb.ok() && reducer != nullptr) {
     // The global batch's loss (Note [Data-parallel step]); a failed
     // collective fails the step.
-    absl::StatusOr<double> loss_sum = reducer->EndStep(fb->loss_sum);
-    if (loss_sum.ok()) {
-      fb->loss_sum = *loss_sum;
+    absl::StatusOr<PassSums> sums =
+        reducer->EndStep({fb->loss_sum, fb->aux_loss_sum, fb->aux_loss_terms});
+    if (sums.ok()) {
+      fb->loss_sum = sums->loss_sum;
+      fb->aux_loss_sum = sums->aux_loss_sum;
+      fb->aux_loss_terms = sums->aux_loss_terms;
       fb->counted_tokens = reducer->global_counted_tokens();
     } else {
-      fb = loss_sum.status();
+      fb = sums.status();
     }
   }
   if (!fb.ok()) {

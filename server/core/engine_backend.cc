@@ -128,8 +128,7 @@ class RealEngineBackend final : public EngineBackend {
                                                        : engine::ParseHfConfig(hf_config_json);
       if (!config.ok()) return config.status();
       return ModelLimits{config->vocab_size, config->max_position_embeddings,
-                         config->num_hidden_layers,
-                         config->moe != nullptr ? config->moe->num_experts : 0};
+                         config->num_hidden_layers};
     });
   }
 

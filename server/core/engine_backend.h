@@ -85,7 +85,6 @@ class EngineBackend {
     int64_t vocab_size = 0;               // 0: unknown
     int64_t max_position_embeddings = 0;  // 0: unknown
     int64_t num_hidden_layers = 0;        // 0: unknown
-    int64_t num_experts = 0;              // experts per MoE layer; 0: dense or unknown
   };
   virtual absl::StatusOr<ModelLimits> ModelLimitsOf(const engine::JobSpec& spec,
                                                     const std::string& hf_config_json) {

@@ -81,14 +81,6 @@ absl::Status CheckSubmission(const engine::JobSpec& spec, const JobInputs& input
         absl::StrCat("train.resident_layers: ", spec.train.resident_layers,
                      " is more than the model's num_hidden_layers ", limits->num_hidden_layers));
   }
-  if (spec.train.devices > 1 && limits->num_experts > 0) {
-    // The experts' gradients do not land in the shared store (Note
-    // [Data-parallel step] in engine/step/gradient_reducer.h).
-    return absl::UnimplementedError(
-        absl::StrCat("train.devices: ", spec.train.devices,
-                     " devices: data parallelism over a mixture-of-experts model (",
-                     limits->num_experts, " experts) is not built; use train.devices: 1"));
-  }
   MEGATRAIN_RETURN_IF_ERROR(
       CheckShards("data.tokens", spec.data.tokens, limits->vocab_size, backend));
   MEGATRAIN_RETURN_IF_ERROR(

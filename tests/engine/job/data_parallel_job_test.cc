@@ -45,12 +45,18 @@ using ::testing::HasSubstr;
 // 40 documents of 4 repeated patterns (training_job_test's data).
 std::string WriteDataset() { return testing::WritePatternDataset({.prefix = "dp-tokens"}); }
 
-// tiny preset, fp32, global batch 4 micro-batches of 2 x 16 tokens, with
-// clipping; `devices` ranks share the accumulation.
-JobSpec Spec(const std::string& tokens, const std::string& output_dir, int64_t devices) {
+// tiny preset (or the HF model directory `hf_dir`), fp32, global batch 4
+// micro-batches of 2 x 16 tokens, with clipping; `devices` ranks share the
+// accumulation.
+JobSpec Spec(const std::string& tokens, const std::string& output_dir, int64_t devices,
+             const std::string& hf_dir = "") {
   JobSpec s;
   s.name = "dp";
-  s.model.preset = "tiny";
+  if (hf_dir.empty()) {
+    s.model.preset = "tiny";
+  } else {
+    s.model.hf_dir = hf_dir;
+  }
   s.data.tokens = tokens;
   s.data.eval_fraction = 0.1;
   s.train.micro_batch = 2;
@@ -100,12 +106,13 @@ Recorder RunJob(const JobSpec& spec, const std::vector<std::string>& devices,
   return recorder;
 }
 
-// Master weights and AdamW moments of the newest checkpoint under `dir`.
-std::vector<float> LastCheckpointState(const std::string& dir) {
+// Master weights and AdamW moments of the newest checkpoint under `dir`,
+// of the tiny preset or of the model in `hf_dir`.
+std::vector<float> LastCheckpointState(const std::string& dir, const std::string& hf_dir = "") {
   auto listed = ListCheckpoints(dir);
   EXPECT_THAT(listed, IsOk());
   if (!listed.ok() || listed->empty()) return {};
-  auto config = PresetConfig("tiny");
+  auto config = hf_dir.empty() ? PresetConfig("tiny") : LoadHfConfigFile(hf_dir + "/config.json");
   EXPECT_THAT(config, IsOk());
   auto store = HostStore::Create(*config, {});
   EXPECT_THAT(store, IsOk());
@@ -130,13 +137,16 @@ using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
 // [Gradient all-reduce] in engine/dist/collective_reducer.h), about 1e-7
 // relative per gradient, carried through six AdamW steps. Not bit-identical
 // for that reason.
+// `hf_dir`: the model (empty: the tiny preset); `data`: its token shards
+// (empty: WriteDataset's).
 void ExpectTwoDevicesTrainAsOne(const std::vector<std::string>& one_device,
-                                const std::vector<std::string>& two_devices, double tolerance) {
-  const std::string data = WriteDataset();
+                                const std::vector<std::string>& two_devices, double tolerance,
+                                const std::string& hf_dir = "", std::string data = "") {
+  if (data.empty()) data = WriteDataset();
   const std::string one_dir = testing::MakeTempDir("dp-one");
   const std::string two_dir = testing::MakeTempDir("dp-two");
-  const Recorder one = RunJob(Spec(data, one_dir, 1), one_device);
-  const Recorder two = RunJob(Spec(data, two_dir, 2), two_devices);
+  const Recorder one = RunJob(Spec(data, one_dir, 1, hf_dir), one_device);
+  const Recorder two = RunJob(Spec(data, two_dir, 2, hf_dir), two_devices);
   ASSERT_EQ(one.losses.size(), 6u);
   ASSERT_EQ(two.losses.size(), 6u);
   for (size_t s = 0; s < 6; ++s) {
@@ -145,8 +155,8 @@ void ExpectTwoDevicesTrainAsOne(const std::vector<std::string>& one_device,
   }
   ASSERT_EQ(two.evals.size(), 2u);
   EXPECT_NEAR(two.evals[1], one.evals[1], tolerance * std::abs(one.evals[1]));
-  const std::vector<float> one_state = LastCheckpointState(one_dir);
-  const std::vector<float> two_state = LastCheckpointState(two_dir);
+  const std::vector<float> one_state = LastCheckpointState(one_dir, hf_dir);
+  const std::vector<float> two_state = LastCheckpointState(two_dir, hf_dir);
   ASSERT_FALSE(one_state.empty());
   const double error = RelativeError(two_state, one_state);
   std::fprintf(stderr, "2 devices (%s) vs 1 accumulating: weights and moments %.3g relative\n",
@@ -171,6 +181,17 @@ void ExpectTwoDevicesTrainAsOne(const std::vector<std::string>& one_device,
 TEST(DataParallelJobTest, TwoDevicesTrainAsOneDeviceAccumulatingTheGlobalBatch) {
   MEGATRAIN_SKIP_WITHOUT_GLOO();
   ExpectTwoDevicesTrainAsOne({"cpu"}, CpuRanks(2), 1e-6);
+}
+
+// A mixture of experts (transformers' tiny Mixtral fixture, its
+// load-balancing loss on): the job's ranks sum to one device's objective
+// (Note [Data-parallel step] in engine/step/gradient_reducer.h).
+TEST(DataParallelJobTest, TwoDevicesTrainAMixtureOfExpertsAsOneDevice) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const std::string data =
+      testing::WritePatternDataset({.prefix = "dp-moe-tokens", .vocab_size = 128, .id_span = 120});
+  ExpectTwoDevicesTrainAsOne({"cpu"}, CpuRanks(2), 1e-6,
+                             std::string(MEGATRAIN_TESTDATA_DIR) + "/hf/mixtral", data);
 }
 
 // Suspended at step 4 (a suspend checkpoints), resumed on the same

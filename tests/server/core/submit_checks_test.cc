@@ -103,21 +103,6 @@ TEST_F(SubmitChecksTest, ResidentLayersAboveTheModelsLayersAreRefused) {
   }
 }
 
-// Data parallelism over experts is not built: refused at submission (the
-// engine's trainer refuses it too, when the job would start).
-TEST_F(SubmitChecksTest, DataParallelJobOverAMixtureOfExpertsIsUnimplemented) {
-  spec_.train.devices = 2;
-  spec_.train.gradient_accumulation_steps = 2;
-  EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_), IsOk()) << "dense";
-  backend_.limits.num_experts = 8;
-  EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_),
-              StatusIs(absl::StatusCode::kUnimplemented,
-                       HasSubstr("train.devices: 2 devices: data parallelism over a "
-                                 "mixture-of-experts model (8 experts) is not built")));
-  spec_.train.devices = 1;
-  EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_), IsOk()) << "one device";
-}
-
 TEST_F(SubmitChecksTest, ShardForALargerVocabularyIsRefusedNamingTheFile) {
   backend_.shards = {{spec_.data.tokens, 128256, 100, 2}};
   EXPECT_THAT(CheckSubmission(spec_, inputs_, &backend_),
