@@ -12,6 +12,8 @@
 #   PHASES="build daemon-hf" HF_DEVICES=cuda:0,cuda:1,cuda:2,cuda:3 deploy/gpu-dp-scale.sh
 #   PHASES="build scale" RUNS="qwen2.5-14b:4:fp32 mistral-small-24b:4:fp32" DEVICES="1 4" \
 #     deploy/gpu-dp-scale.sh     # the largest shapes a 4-GPU host holds
+#   PHASES="build scale" RUNS="qwen3-30b-a3b-12l:4:fp32" DEVICES="1 2" \
+#     deploy/gpu-dp-scale.sh     # a mixture of experts on 2 GPUs
 #
 # Phases (in this order, each skipped unless named in PHASES):
 #   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of
@@ -118,9 +120,21 @@ fi
 
 if has scale; then
   # Public shapes past the presets, as HF config.json files (random
-  # weights): RUNS may name qwen2.5-14b or mistral-small-24b (23.57 B
-  # parameters: about 380 GB at 16 bytes/param, a 4-GPU host's size).
-  mkdir -p /tmp/shapes/qwen2.5-14b /tmp/shapes/mistral-small-24b
+  # weights): RUNS may name qwen2.5-14b, mistral-small-24b (23.57 B
+  # parameters: about 380 GB at 16 bytes/param, a 4-GPU host's size) or
+  # qwen3-30b-a3b-12l (Qwen3-30B-A3B's widths, 128 experts, top 8, 12 of
+  # its 48 layers: about 8.1 B parameters, 130 GB, a 2-GPU host's size).
+  mkdir -p /tmp/shapes/qwen2.5-14b /tmp/shapes/mistral-small-24b /tmp/shapes/qwen3-30b-a3b-12l
+  cat > /tmp/shapes/qwen3-30b-a3b-12l/config.json <<'JSON'
+{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936,
+ "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+ "num_hidden_layers": 12, "num_attention_heads": 32, "num_key_value_heads": 4,
+ "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+ "mlp_only_layers": [], "norm_topk_prob": true, "output_router_logits": true,
+ "router_aux_loss_coef": 0.001, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+ "rope_theta": 1000000.0, "tie_word_embeddings": false, "hidden_act": "silu",
+ "bos_token_id": 151643, "eos_token_id": 151645}
+JSON
   cat > /tmp/shapes/mistral-small-24b/config.json <<'JSON'
 {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 131072,
  "hidden_size": 5120, "intermediate_size": 32768, "num_hidden_layers": 40,
