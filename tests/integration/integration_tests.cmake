@@ -8,7 +8,7 @@
 set(_it_dir ${CMAKE_CURRENT_SOURCE_DIR}/integration)
 foreach(_it cli_flow crash_resume auth prometheus grafana_dashboard tls fault_nan fault_kill_checkpoint
            fault_sigterm fault_disk_full storage_isolation
-           python_client isolation_ops ux data_parallel data_checks init_from)
+           python_client isolation_ops ux data_parallel data_checks init_from readme_walkthrough)
   add_test(NAME integration_${_it}
     COMMAND bash ${_it_dir}/${_it}_test.sh
             $<TARGET_FILE:megatraind> $<TARGET_FILE:megatrain> ${PROJECT_SOURCE_DIR}
