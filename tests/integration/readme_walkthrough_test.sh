@@ -18,6 +18,11 @@
 # Steps 1 and 2 (build, install, systemd) are install_test.sh's and the
 # set-up scripts'. Then checks: the job SUCCEEDED with an eval loss, and
 # the export is a model directory with the source's tokenizer.
+# Second, docs/data-format.md's "Walkthrough with a released template"
+# (chat SFT: render with a template that has no generation blocks, then
+# tokenize), run as written with /tmp/chat moved into the test's
+# directory: each output its `#` comments show (up to a "...") must be
+# what the commands print.
 source "$(dirname "$0")/lib.sh"
 
 QWEN="$SOURCE_DIR/tests/testdata/tokenizers/qwen2-bpe"
@@ -118,3 +123,28 @@ cmp -s "$WORK/my-llama/tokenizer.json" "$WORK/my-llama-tuned/tokenizer.json" ||
   fail "the export's tokenizer.json differs from the source's"
 log "$(grep -E "tokens|eval|ended" "$WORK/walkthrough.log" | tail -4)"
 log "ok: README walkthrough ran (tokenize, job file, submit --wait, export)"
+
+log "docs/data-format.md: walkthrough with a released template"
+awk '/^### Walkthrough with a released template/ {on = 1} on && /^```/ {n++; if (n == 2) exit; next}
+     on && n == 1' "$SOURCE_DIR/docs/data-format.md" >"$WORK/chat.sh"
+grep -q /tmp/chat "$WORK/chat.sh" || fail "data-format.md walkthrough no longer writes /tmp/chat"
+sed -i "s|/tmp/chat|$WORK/chat|g" "$WORK/chat.sh"
+(cd "$SOURCE_DIR" && PATH="$WORK/bin:$PATH" bash -euo pipefail "$WORK/chat.sh") \
+  >"$WORK/chat.log" 2>&1 || fail "the chat walkthrough failed: $(tail -20 "$WORK/chat.log")"
+python3 - "$WORK/chat.sh" "$WORK/chat.log" <<'PY' || fail "the chat walkthrough's output differs"
+import sys
+script, log = open(sys.argv[1]).read().splitlines(), " ".join(open(sys.argv[2]).read().split())
+expected, block = [], []
+for line in script + [""]:
+    if line.startswith("# "):
+        block.append(line[2:])
+    elif block:
+        expected.append(" ".join(block).split(" ...")[0].rstrip("; "))
+        block = []
+missing = [e for e in expected if e not in log]
+print(f"{len(expected)} documented outputs, {len(missing)} not printed", file=sys.stderr)
+for e in missing:
+    print(f"documented but not printed: {e}", file=sys.stderr)
+sys.exit(1 if missing or not expected else 0)
+PY
+log "ok: the chat walkthrough printed what data-format.md shows"

@@ -209,6 +209,19 @@ class InputErrorsTest(unittest.TestCase):
         records, counts, _ = convert(self.model, path, keep_unanswered=True)
         self.assertEqual(counts["rendered"], 2)
 
+    def test_output_directory_is_made_when_missing(self):
+        path = self.write("in.jsonl", [{"messages": [{"role": "user", "content": "a"},
+                                                     {"role": "assistant", "content": "b"}]}])
+        out = os.path.join(self.tmp.name, "new", "dir", "rendered.jsonl")
+        with open(os.devnull, "w") as devnull:
+            stderr, sys.stderr = sys.stderr, devnull
+            try:
+                chat_template.main(["--model", self.model, path, out])
+            finally:
+                sys.stderr = stderr
+        with open(out, encoding="utf-8") as f:
+            self.assertEqual(len(f.readlines()), 1)
+
     def test_model_dir_without_tokenizer_config_exits_with_a_message(self):
         path = self.write("in.jsonl", [{"messages": []}])
         with self.assertRaises(SystemExit) as exited:

@@ -335,6 +335,8 @@ def convert(args, log=None):
                             "no {% generation %} blocks; use --assistant_mask prefixes")
     template = compile_template(source)
     counts = {"rendered": 0, "refused": 0, "no_answer": 0}
+    # As `megatrain tokenize --out` does, the output's directory is made.
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.input, encoding="utf-8") as fin, open(args.output, "w", encoding="utf-8") as fout:
         for line_no, line in enumerate(fin, 1):
             if not line.strip():
@@ -375,7 +377,7 @@ def main(argv=None):
     ap.add_argument("--keep_unanswered", action="store_true",
                     help="write conversations without an assistant answer too")
     ap.add_argument("input")
-    ap.add_argument("output")
+    ap.add_argument("output", help="rendered JSONL (its directory is made if missing)")
     args = ap.parse_args(argv)
     try:
         counts = convert(args)
