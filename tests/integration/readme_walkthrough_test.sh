@@ -23,6 +23,13 @@
 # tokenize), run as written with /tmp/chat moved into the test's
 # directory: each output its `#` comments show (up to a "...") must be
 # what the commands print.
+# Third, the README's "Using it" block against a fresh daemon, from the
+# repository root, each line as written but for: megatraind (the test
+# starts it) and megatrain-bench (GPU) are not run; /tmp/tiny-hf, the
+# tokenize line's corpus.txt, spm.model and data/ go to the test's
+# directory and examples/; `megatrain checkpoint` ("now, for a running
+# job") of the job `--wait` already finished must fail with
+# FAILED_PRECONDITION, every other line must succeed.
 source "$(dirname "$0")/lib.sh"
 
 QWEN="$SOURCE_DIR/tests/testdata/tokenizers/qwen2-bpe"
@@ -148,3 +155,34 @@ for e in missing:
 sys.exit(1 if missing or not expected else 0)
 PY
 log "ok: the chat walkthrough printed what data-format.md shows"
+
+log "README.md: Using it"
+stop_daemon || true
+start_daemon "$WORK/state2" --host_memory_budget=4GiB
+awk '/^## Using it/ {on = 1} on && /^```/ {n++; if (n == 2) exit; next} on && n == 1' \
+  "$SOURCE_DIR/README.md" | sed 's/ *# .*$//' >"$WORK/using.txt"
+grep -q '^megatrain submit examples/jobs/tiny.yaml --wait' "$WORK/using.txt" ||
+  fail "README.md's Using it block no longer submits examples/jobs/tiny.yaml --wait"
+cp "$SOURCE_DIR/examples/data/corpus/GPL-3.txt" "$WORK/corpus.txt"
+ran=0
+while IFS= read -r line; do
+  [[ -z "$line" || "$line" == megatraind* || "$line" == megatrain-bench* ]] && continue
+  line=${line//\/tmp\/tiny-hf/$WORK/tiny-hf}
+  line=${line//corpus.txt/$WORK/corpus.txt}
+  line=${line//spm.model/examples/data/tiny-spm.model}
+  line=${line//--out data\//--out $WORK/data/}
+  rc=0
+  (cd "$SOURCE_DIR" && PATH="$WORK/bin:$PATH" MEGATRAIN_SERVER="$GRPC_ADDR" \
+    bash -c "$line") >"$WORK/line.log" 2>&1 || rc=$?
+  if [[ "$line" == "megatrain checkpoint "* ]]; then
+    [[ $rc != 0 ]] && grep -q FAILED_PRECONDITION "$WORK/line.log" ||
+      fail "'$line' of a finished job: rc $rc, $(cat "$WORK/line.log")"
+  else
+    [[ $rc == 0 ]] || fail "README.md: '$line' failed (rc $rc): $(tail -5 "$WORK/line.log")"
+  fi
+  ran=$((ran + 1))
+done <"$WORK/using.txt"
+[[ $ran -ge 7 ]] || fail "ran $ran lines of README.md's Using it block"
+[[ -s "$WORK/tiny-hf/config.json" && -s "$WORK/data/tokenize.json" ]] ||
+  fail "no export or token shards from the Using it block"
+log "ok: $ran lines of README.md's Using it block"
