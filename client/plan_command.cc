@@ -82,6 +82,8 @@ CLI::App* AddPlanCommand(CLI::App* app, PlanArgs* a) {
   plan->add_option("--seq_len", a->seq_len, "Tokens per sequence");
   plan->add_option("--gradient_accumulation_steps", a->gradient_accumulation_steps,
                    "Micro-batches per step");
+  plan->add_option("--devices", a->devices,
+                   "train.devices: GPUs of one host training data-parallel (1..64)");
   plan->add_option("--dtype", a->dtype, "Compute dtype: fp32, tf32 or bf16");
   plan->add_option("--max_grad_norm", a->max_grad_norm, "Clipping threshold (0: off)");
   plan->add_flag("--offload_activations", a->offload_activations, "Activation offload");
@@ -128,6 +130,7 @@ absl::StatusOr<v1::PlanJobRequest> PlanRequestFromArgs(const PlanArgs& a) {
   }
   v1::TrainSpec* train = request.mutable_train();
   if (a.micro_batch) train->set_micro_batch(*a.micro_batch);
+  if (a.devices) train->set_devices(*a.devices);
   if (a.seq_len) train->set_seq_len(*a.seq_len);
   if (a.gradient_accumulation_steps) {
     train->set_gradient_accumulation_steps(*a.gradient_accumulation_steps);
@@ -183,6 +186,12 @@ std::string PlanText(const v1::PlanJobResponse& plan) {
       static_cast<double>(plan.params()) / 1e9, plan.nvme_tier(), Gb(plan.host_bytes()),
       Gb(plan.pinned_bytes()), Gb(m.host_memory_bytes()), Gb(plan.device_bytes()),
       Gb(m.gpu_memory_bytes()), Gb(plan.nvme_bytes()), Gb(m.nvme_bytes()), plan.verdict());
+  if (plan.devices() > 1) {
+    absl::StrAppendFormat(&text,
+                          "devices      %d GPUs, data parallel: device bytes, the step's terms "
+                          "and MFU are one GPU's; tokens/s the job's\n",
+                          plan.devices());
+  }
   absl::StrAppendFormat(&text,
                         "step         %.3f s projected (%s-bound), %.0f tokens/s, MFU %.1f%%\n"
                         "  compute %.3f s, h2d %.3f s, d2h %.3f s, adamw %.3f s, nvme %.3f s\n"

@@ -26,7 +26,8 @@ namespace megatrain::client {
 struct PlanArgs {
   std::string preset, hf_dir, family, params;
   std::optional<int64_t> micro_batch, seq_len, gradient_accumulation_steps;
-  std::string dtype;  // fp32 | tf32 | bf16
+  std::optional<int32_t> devices;  // train.devices
+  std::string dtype;               // fp32 | tf32 | bf16
   std::optional<double> max_grad_norm;
   bool offload_activations = false;
   std::string nvme_tier;                      // off | moments | auto

@@ -52,13 +52,17 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   const ModelLayout layout = ModelLayout::Create(config);
   const int64_t micro_batches = spec.train.gradient_accumulation_steps;
   p.tokens = spec.train.micro_batch * spec.train.seq_len * micro_batches;
+  // Data parallelism (Note [Plan projection]): each GPU's share.
+  const int64_t ranks = std::max<int64_t>(1, spec.train.devices);
+  const double share = 1.0 / static_cast<double>(ranks);
+  const int64_t rank_micro_batches = std::max<int64_t>(1, micro_batches / ranks);
   const double n = static_cast<double>(plan.params);
   const double attention = 12.0 * static_cast<double>(config.num_hidden_layers) *
                            static_cast<double>(config.num_attention_heads * config.head_dim) *
                            static_cast<double>(spec.train.seq_len);
   p.model_flops = (6.0 * n + attention) * static_cast<double>(p.tokens);
   const double hardware_flops = (8.0 * n + attention) * static_cast<double>(p.tokens);
-  p.compute_seconds = Over(hardware_flops, m.matmul_flops_per_second * kPlanMatmulFraction);
+  p.compute_seconds = Over(hardware_flops * share, m.matmul_flops_per_second * kPlanMatmulFraction);
   // The blocks that stream, with the trainer's choices on this device
   // (Note [Auto resident layers] in step/schedule_choice.h).
   double streamed_numel = 0;
@@ -68,18 +72,22 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   const double embedding_numel = static_cast<double>(layout.blocks[layout.embedding_block()].numel);
   if (config.tie_word_embeddings && !choice.resident_embedding) streamed_numel += embedding_numel;
   // Weights cross twice per wave (Note [Layer-major schedule]).
-  const double passes = choice.schedule == StepSchedule::kLayerMajor
-                            ? static_cast<double>((micro_batches + choice.wave - 1) / choice.wave)
-                            : static_cast<double>(micro_batches);
+  const double passes =
+      choice.schedule == StepSchedule::kLayerMajor
+          ? static_cast<double>((rank_micro_batches + choice.wave - 1) / choice.wave)
+          : static_cast<double>(rank_micro_batches);
   // Bytes per streamed weight: bf16 (the copy, or the host cast), or the
   // fp32 master (fp32 and tf32 compute, or memory.weight_stream fp32: Note
   // [Weight streaming]).
   const double esize = spec.train.compute_dtype == ComputeDtype::kBf16
                            ? WeightStreamH2dBytesPerParam(spec.memory.weight_stream)
                            : 4.0;
-  p.h2d_seconds = Over(passes * 2.0 * esize * streamed_numel, m.h2d_bytes_per_second);
-  p.d2h_seconds = Over((choice.device_grad_accumulation ? 1 : passes) * 4.0 * streamed_numel,
-                       m.d2h_bytes_per_second);
+  // With N GPUs each loads 1/N of a streamed block and lands 1/N of its
+  // gradient (Notes [Sharded weight streaming], [Shard landing]).
+  p.h2d_seconds = Over(passes * 2.0 * esize * streamed_numel * share, m.h2d_bytes_per_second);
+  p.d2h_seconds = Over(
+      (choice.device_grad_accumulation || ranks > 1 ? 1 : passes) * 4.0 * streamed_numel * share,
+      m.d2h_bytes_per_second);
   // The CPU AdamW updates what is not resident.
   double resident_numel = choice.resident_embedding ? embedding_numel : 0.0;
   for (int64_t l = 0; l < choice.resident_layers; ++l) {
@@ -103,7 +111,7 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
   }
   p.step_seconds = longest + kPlanStepOverheadSeconds;
   p.tokens_per_second = static_cast<double>(p.tokens) / p.step_seconds;
-  p.mfu = Over(p.model_flops / p.step_seconds, m.matmul_flops_per_second);
+  p.mfu = Over(p.model_flops * share / p.step_seconds, m.matmul_flops_per_second);
   return p;
 }
 
@@ -210,6 +218,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   const MemoryFootprint tiered = WithNvmeMoments(ram);
   JobPlan plan;
   plan.params = ram.params;
+  plan.devices = std::max<int64_t>(1, spec.train.devices);
   const std::string ram_short = Shortfall(ram, machine);
   const std::string tiered_short = Shortfall(tiered, machine);
   switch (spec.memory.nvme_tier) {

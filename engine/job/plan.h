@@ -19,6 +19,15 @@
 //   adamw   = parameters / AdamW rate
 //   nvme    = moment bytes read / read rate + written / write rate
 //   step    = max(compute, h2d, d2h, adamw, nvme) + kPlanStepOverheadSeconds
+// With train.devices N > 1 (data parallelism, docs/distributed.md) the
+// terms are one GPU's: compute and the micro-batches divided by N, each GPU
+// loading 1/N of every streamed block (sharded streaming: the rest comes
+// over the peer links, not counted) and landing 1/N of its gradient once
+// (the ranks sum their micro-batches on the device); the CPU AdamW is the
+// whole model's (the ranks split it, and the cores). MFU is per GPU. A
+// host whose GPUs have no fast peer link streams every block to every GPU
+// (docs/distributed.md): the projection is then optimistic by up to N x
+// the h2d term.
 // kPlanMatmulFraction is calibrated on llama-8b at 8 x 2048 on an H200
 // (docs/performance.md: 2.230 s per step against 780 TFLOP/s measured).
 #ifndef MEGATRAIN_ENGINE_JOB_PLAN_H_
@@ -104,6 +113,9 @@ struct StepProjection {
 
 struct JobPlan {
   int64_t params = 0;
+  // GPUs the plan is for (train.devices): the projection is one GPU's
+  // share of the step (Note [Plan projection]).
+  int64_t devices = 1;
   NvmeTierMode nvme_tier = NvmeTierMode::kOff;  // resolved: kOff or kMoments
   MemoryFootprint footprint;                    // with the resolved tier
   TierBytes tiers;

@@ -111,6 +111,7 @@ absl::StatusOr<PlanInputs> PlanInputsFromProto(const v1::PlanJobRequest& request
 void JobPlanToProto(const engine::JobPlan& plan, const engine::PlanMachine& machine,
                     v1::PlanJobResponse* out) {
   out->set_params(plan.params);
+  out->set_devices(static_cast<int32_t>(plan.devices));
   out->set_nvme_tier(TierName(plan.nvme_tier));
   out->set_host_bytes(plan.tiers.host_bytes);
   out->set_pinned_bytes(plan.tiers.pinned_bytes);

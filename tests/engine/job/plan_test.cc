@@ -268,6 +268,37 @@ TEST(PlanTest, ProjectionMatchesTheMeasuredLlama8bStep) {
   EXPECT_EQ(plan->projection.tokens, 8 * 2048);
 }
 
+// Note [Plan projection] with train.devices N: one GPU's share of the
+// compute and of the streamed bytes (1/N of each block loaded, 1/N of its
+// gradient landed once), the whole CPU AdamW, MFU per GPU. llama-8b with
+// weight_stream fp32 at accumulation 4 streams its layers, so every term
+// is non-zero.
+TEST(PlanTest, DataParallelProjectionIsOneGpusShare) {
+  const ModelConfig config = *PresetConfig("llama-8b");
+  JobSpec one = Llama8bSpec();
+  one.train.gradient_accumulation_steps = 4;
+  one.memory.weight_stream = WeightStream::kFp32;
+  one.train.resident_layers = 8;  // the same choices on every count
+  one.train.schedule = StepSchedule::kMicroBatchMajor;
+  JobSpec four = one;
+  four.train.devices = 4;
+  const absl::StatusOr<JobPlan> a = PlanJob(one, config, DefaultPlanMachine());
+  const absl::StatusOr<JobPlan> b = PlanJob(four, config, DefaultPlanMachine());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const StepProjection &p1 = a->projection, &p4 = b->projection;
+  EXPECT_EQ(p4.tokens, p1.tokens) << "the global batch";
+  EXPECT_DOUBLE_EQ(p4.compute_seconds, p1.compute_seconds / 4);
+  ASSERT_GT(p1.h2d_seconds, 0);
+  // 1 of 4 micro-batches per GPU, 1/4 of each block: 1/16 of the loads.
+  EXPECT_DOUBLE_EQ(p4.h2d_seconds, p1.h2d_seconds / 16);
+  EXPECT_DOUBLE_EQ(p4.adamw_seconds, p1.adamw_seconds);
+  EXPECT_NEAR(p4.mfu,
+              p4.model_flops / 4 / p4.step_seconds / DefaultPlanMachine().matmul_flops_per_second,
+              1e-12);
+  EXPECT_GT(p4.tokens_per_second, p1.tokens_per_second);
+}
+
 TEST(PlanTest, DeviceBytesFollowTheTrainersAutoChoicesForTheGpu) {
   // 70B with accumulation: its streamed gradients (4 B/param, 280 GB) are
   // far over a quarter of an H200, so the trainer keeps them on the host;
