@@ -246,10 +246,11 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     rank_options.threads = std::max(1, cores / local);
     MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
   }
-  // Note [Serial first use]: each rank thread's first GEMMs, one rank at a
-  // time, before the first step would make them all at once.
-  MEGATRAIN_RETURN_IF_ERROR(t->threads_->RunOneAtATime(
-      [self](int r) { return WarmUpFirstUse(self->ranks_[static_cast<size_t>(r)]->runtime()); }));
+  // Note [Serial first use]: each rank thread's first GEMMs and attention,
+  // one rank at a time, before the first step would make them all at once.
+  MEGATRAIN_RETURN_IF_ERROR(t->threads_->RunOneAtATime([self, &config](int r) {
+    return WarmUpFirstUse(self->ranks_[static_cast<size_t>(r)]->runtime(), config.head_dim);
+  }));
   return t;
 }
 

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <exception>
 #include <string>
 #include <vector>
@@ -45,9 +46,26 @@ struct FirstUseFunction : public torch::autograd::Function<FirstUseFunction> {
   }
 };
 
+// Causal attention over q, k, v [1, kHeads, kTokens, head_dim] laid out as
+// the model's (transposed from [B, T, H, Dh]): forward on this thread,
+// backward on autograd's thread for the device.
+void Attention(const at::TensorOptions& options, int64_t head_dim) {
+  constexpr int64_t kHeads = 2, kTokens = 128;
+  std::vector<at::Tensor> leaves;  // [1, kTokens, kHeads, head_dim] each
+  std::vector<at::Tensor> qkv;     // [1, kHeads, kTokens, head_dim] each
+  for (int i = 0; i < 3; ++i) {
+    leaves.push_back(at::full({1, kTokens, kHeads, head_dim}, 0.1, options).requires_grad_(true));
+    qkv.push_back(leaves.back().transpose(1, 2));
+  }
+  const at::Tensor out =
+      compat::ScaledDotProductAttention(qkv[0], qkv[1], qkv[2], at::Tensor(), /*is_causal=*/true,
+                                        1.0 / std::sqrt(static_cast<double>(head_dim)));
+  torch::autograd::grad({out.sum()}, leaves);
+}
+
 }  // namespace
 
-absl::Status WarmUpFirstUse(DeviceRuntime& runtime) {
+absl::Status WarmUpFirstUse(DeviceRuntime& runtime, int64_t head_dim) {
   absl::MutexLock lock(&first_use_mu);
   try {
     auto scope = runtime.Use(StreamKind::kCompute);
@@ -58,6 +76,10 @@ absl::Status WarmUpFirstUse(DeviceRuntime& runtime) {
       at::Tensor x = at::ones({kWarmUpDim, kWarmUpDim}, options).requires_grad_(true);
       at::Tensor y = FirstUseFunction::apply(x);
       torch::autograd::grad({y.sum()}, {x});
+    }
+    if (head_dim > 0) {
+      const at::ScalarType dtype = runtime.is_cuda() ? at::kBFloat16 : at::kFloat;
+      Attention(at::TensorOptions().dtype(dtype).device(runtime.device()), head_dim);
     }
     runtime.Synchronize();
   } catch (const std::exception& e) {

@@ -31,6 +31,17 @@ namespace megatrain::engine {
 // only what the first step would: one workspace per map for the rank
 // thread and one for autograd's thread, on the compute stream.
 //
+// The same holds for attention: LibTorch 2.11 on sm90 with its bundled
+// cuDNN (>= 9.15) takes cuDNN's attention for SDPA by default, and every
+// rank thread (forward) and autograd thread (backward) builds its first
+// cuDNN graphs at once, inside libcudnn's process-wide state (cuDNN
+// promises thread safety across handles; its frontend's KernelCache, for
+// one, was not, until NVIDIA/cudnn-frontend#815). The warm-up therefore
+// also runs one causal attention, forward and backward, with the model's
+// head_dim: cuDNN's (or flash's) process-wide first use happens one rank
+// at a time; the step's own shapes still build their graphs concurrently
+// (each thread keeps its own cache of them).
+//
 // It does not cover a first use outside a trainer's rank threads: two
 // jobs of one daemon starting at once still meet the maps together (each
 // warm-up holds a process-wide lock, but a single-device job does not
@@ -39,12 +50,14 @@ namespace megatrain::engine {
 
 // On the calling thread, with `runtime`'s compute stream current: fp32 and
 // (on CUDA) bf16 GEMMs through cuBLAS (a matrix product) and cuBLASLt (a
-// linear layer with a bias), forward on this thread and backward on
-// autograd's thread for the device; then waits for the device. Holds a
-// process-wide lock throughout, so that two warm-ups never overlap.
-// Errors: RESOURCE_EXHAUSTED when the device is out of memory, INTERNAL
-// for any other LibTorch error (naming the device).
-absl::Status WarmUpFirstUse(DeviceRuntime& runtime);
+// linear layer with a bias), and, for `head_dim` > 0, a causal attention
+// of 2 heads x 128 tokens x head_dim (bf16 on CUDA, fp32 on the CPU),
+// each forward on this thread and backward on autograd's thread for the
+// device; then waits for the device. Holds a process-wide lock
+// throughout, so that two warm-ups never overlap. Errors:
+// RESOURCE_EXHAUSTED when the device is out of memory, INTERNAL for any
+// other LibTorch error (naming the device).
+absl::Status WarmUpFirstUse(DeviceRuntime& runtime, int64_t head_dim);
 
 }  // namespace megatrain::engine
 

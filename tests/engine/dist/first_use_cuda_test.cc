@@ -19,6 +19,9 @@ namespace {
 
 using ::megatrain::testing::IsOk;
 
+// A head_dim of the common models (llama's).
+constexpr int64_t kHeadDim = 128;
+
 // Every GPU (2 or more): several rounds of fresh runtimes (new streams, so
 // new keys of LibTorch's workspace maps), each warmed up one rank at a
 // time, then every rank's first step GEMMs at once, released together.
@@ -34,7 +37,9 @@ TEST(FirstUseCudaTest, WarmedUpRanksRunTheirFirstGemmsTogetherOnEveryGpu) {
   for (int round = 0; round < kRounds; ++round) {
     auto runtimes = Runtimes(devices);
     ASSERT_EQ(runtimes.size(), devices.size());
-    ASSERT_THAT(threads.RunOneAtATime([&](int r) { return WarmUpFirstUse(*runtimes[r]); }), IsOk());
+    ASSERT_THAT(
+        threads.RunOneAtATime([&](int r) { return WarmUpFirstUse(*runtimes[r], kHeadDim); }),
+        IsOk());
     absl::Mutex mu;
     int arrived = 0;
     ASSERT_THAT(

@@ -20,6 +20,9 @@ namespace {
 
 using ::megatrain::testing::IsOk;
 
+// A head_dim of the common models (llama's).
+constexpr int64_t kHeadDim = 128;
+
 // CPU ranks: the warm-up runs (its GEMMs and autograd) on every rank's
 // thread, one after the other, and the ranks' concurrent GEMMs after it
 // give the right gradient.
@@ -28,7 +31,8 @@ TEST(FirstUseTest, RanksWarmUpOneAtATimeThenRunTogetherOnCpu) {
   auto runtimes = Runtimes(std::vector<std::string>(kRanks, "cpu"));
   ASSERT_EQ(runtimes.size(), size_t{kRanks});
   RankThreads threads(kRanks);
-  ASSERT_THAT(threads.RunOneAtATime([&](int r) { return WarmUpFirstUse(*runtimes[r]); }), IsOk());
+  ASSERT_THAT(threads.RunOneAtATime([&](int r) { return WarmUpFirstUse(*runtimes[r], kHeadDim); }),
+              IsOk());
   absl::Mutex mu;
   int arrived = 0;
   EXPECT_THAT(
@@ -42,7 +46,7 @@ TEST(FirstUseTest, ConcurrentWarmUpsBothSucceed) {
   auto runtimes = Runtimes({"cpu", "cpu"});
   ASSERT_EQ(runtimes.size(), size_t{2});
   RankThreads threads(2);
-  EXPECT_THAT(threads.Run([&](int r) { return WarmUpFirstUse(*runtimes[r]); }), IsOk());
+  EXPECT_THAT(threads.Run([&](int r) { return WarmUpFirstUse(*runtimes[r], kHeadDim); }), IsOk());
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/runtime/device_runtime.h"
+#include "engine/runtime/torch_compat.h"
 #include "tests/testing/status_matchers.h"
 
 namespace megatrain::engine {
@@ -34,8 +35,8 @@ inline std::vector<std::unique_ptr<DeviceRuntime>> Runtimes(
 }
 
 // What a step's first use does on rank r's thread, all ranks released
-// together: a forward GEMM on the compute stream and its backward on
-// autograd's thread.
+// together: forward GEMMs and attention on the compute stream, their
+// backward on autograd's thread.
 inline absl::Status FirstStepGemms(DeviceRuntime& runtime, absl::Mutex* mu, int* arrived,
                                    int ranks) {
   {
@@ -52,8 +53,20 @@ inline absl::Status FirstStepGemms(DeviceRuntime& runtime, absl::Mutex* mu, int*
   // S = sum(linear(x x, x, 0)) = sum_ijk (x x)_ik x_jk at x = ones(8, 8):
   // dS/dx_pq = sum_i (x x)_iq (64) + 8 (sum_k x_qk + sum_i x_ip) (128) =
   // 192 for every element; small integers, exact in fp32.
-  if (grad.cpu().eq(192).all().item<bool>()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(runtime.name(), ": wrong gradient"));
+  if (!grad.cpu().eq(192).all().item<bool>()) {
+    return absl::InternalError(absl::StrCat(runtime.name(), ": wrong GEMM gradient"));
+  }
+  // A causal attention of other shapes than the warm-up's (256 tokens): a
+  // step's own attention graphs are still built by every rank at once.
+  const auto half = options.dtype(runtime.is_cuda() ? at::kBFloat16 : at::kFloat);
+  at::Tensor qkv = at::full({1, 256, 2, 128}, 0.1, half).requires_grad_(true);  // [B, T, H, Dh]
+  const at::Tensor q = qkv.transpose(1, 2);                                     // [B, H, T, Dh]
+  const at::Tensor out = compat::ScaledDotProductAttention(q, q, q, at::Tensor(), true, 0.125);
+  const at::Tensor attn_grad = torch::autograd::grad({out.to(at::kFloat).sum()}, {qkv})[0];
+  if (!attn_grad.isfinite().all().item<bool>()) {
+    return absl::InternalError(absl::StrCat(runtime.name(), ": non-finite attention gradient"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace megatrain::engine
