@@ -6,6 +6,8 @@
 # after RUN_LIMIT seconds (default 150) gets its threads' stacks from gdb
 # (where installed) and is stopped.
 #   PHASES=build deploy/gpu-crash-hunt.sh --model=llama-3b --devices=4 ...
+# PHASES=first-use (with build: builds it too) first runs first_use_cuda_test
+# (Note [Serial first use] in engine/dist/first_use.h) on every GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source deploy/gpu-bounded.sh
@@ -14,7 +16,9 @@ work=${WORK:-/tmp/crash-hunt}
 mkdir -p "$work"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [[ " ${PHASES:-} " == *" build "* ]]; then
-  bash deploy/gpu-build.sh "$BUILD_DIR" megatrain-bench > "$work/build.log" 2>&1 ||
+  targets=(megatrain-bench)
+  [[ " ${PHASES:-} " == *" first-use "* ]] && targets+=(first_use_cuda_test)
+  bash deploy/gpu-build.sh "$BUILD_DIR" "${targets[@]}" > "$work/build.log" 2>&1 ||
     { tail -30 "$work/build.log"; exit 1; }
 fi
 export LD_LIBRARY_PATH=${MEGATRAIN_PREFIX:-/opt/megatrain-deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -25,6 +29,11 @@ echo "torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null): 
   "$(grep -hoE 'WorkspaceMapWithMutex|thread_local[^;]*Workspace[^;]*' \
     "$torch_include/ATen/cuda/CUDAContextLight.h" 2>/dev/null | sort -u | tr '\n' ' ')"
 echo "built; each run bounded by RUN_LIMIT=${RUN_LIMIT:-150} s"
+if [[ " ${PHASES:-} " == *" first-use "* ]]; then
+  "$BUILD_DIR/tests/first_use_cuda_test" > "$work/first-use.log" 2>&1 &
+  wait_bounded $! "${RUN_LIMIT:-150}" "first_use_cuda_test"
+  echo "first_use_cuda_test: exit $? $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) ' "$work/first-use.log" | tr '\n' ' ')"
+fi
 for i in $(seq "${RUNS_N:-3}"); do
   start=$(date +%s)
   "$BUILD_DIR/engine/megatrain-bench" --json "$@" > "$work/run-$i.json" 2> "$work/run-$i.log" &

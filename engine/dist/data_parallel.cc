@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dist/first_use.h"
 #include "engine/dist/peer_exchange.h"
 #include "engine/dist/rank_threads.h"
 #include "engine/runtime/status_macros.h"
@@ -47,6 +48,32 @@ void ForceChoiceOf(const Trainer& rank0, TrainerOptions* options) {
   options->wave = choice.wave;
   options->activation_placement =
       choice.offload_activations ? ActivationPlacement::kHost : ActivationPlacement::kDevice;
+}
+
+// INVALID_ARGUMENT unless the device count, the process's rank and the
+// accumulation steps (a multiple of every rank of every process) hold.
+absl::Status CheckDataParallelOptions(const TrainerOptions& options,
+                                      const DataParallelOptions& dp) {
+  const int local = static_cast<int>(dp.devices.size());
+  if (local < 1 || local > kMaxDataParallelRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.devices: must be in [1, ", kMaxDataParallelRanks, "], got ", local));
+  }
+  if (dp.num_processes < 1 || dp.process_rank < 0 || dp.process_rank >= dp.num_processes ||
+      (dp.num_processes > 1 && dp.rendezvous == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
+                     ") with a rendezvous store, got ", dp.process_rank));
+  }
+  const int world = local * dp.num_processes;
+  if (options.gradient_accumulation_steps % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.gradient_accumulation_steps: must be a multiple of train.devices=", local,
+        dp.num_processes > 1 ? absl::StrCat(" x WORLD_SIZE=", dp.num_processes) : "",
+        " (each device runs the same number of micro-batches), got ",
+        options.gradient_accumulation_steps));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -159,26 +186,10 @@ absl::Status DataParallelTrainer::UsePeerCopies(const DataParallelOptions& dp) {
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create(
     const ModelConfig& config, const TrainerOptions& options, uint64_t seed,
     const DataParallelOptions& dp) {
+  MEGATRAIN_RETURN_IF_ERROR(CheckDataParallelOptions(options, dp));
   const int local = static_cast<int>(dp.devices.size());
-  if (local < 1 || local > kMaxDataParallelRanks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.devices: must be in [1, ", kMaxDataParallelRanks, "], got ", local));
-  }
-  if (dp.num_processes < 1 || dp.process_rank < 0 || dp.process_rank >= dp.num_processes ||
-      (dp.num_processes > 1 && dp.rendezvous == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
-                     ") with a rendezvous store, got ", dp.process_rank));
-  }
   // Every rank of every process (Note [Replica processes]).
   const int world = local * dp.num_processes;
-  if (options.gradient_accumulation_steps % world != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.gradient_accumulation_steps: must be a multiple of train.devices=", local,
-        dp.num_processes > 1 ? absl::StrCat(" x WORLD_SIZE=", dp.num_processes) : "",
-        " (each device runs the same number of micro-batches), got ",
-        options.gradient_accumulation_steps));
-  }
   std::unique_ptr<DataParallelTrainer> t(new DataParallelTrainer());
   t->threads_ = std::make_unique<RankThreads>(local);  // Note [Rank threads]
   t->process_rank_ = dp.process_rank;
@@ -235,6 +246,11 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     rank_options.threads = std::max(1, cores / local);
     MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
   }
+  // Note [Serial first use]: each rank thread's first GEMMs and attention,
+  // one rank at a time, before the first step would make them all at once.
+  MEGATRAIN_RETURN_IF_ERROR(t->threads_->RunOneAtATime([self, &config](int r) {
+    return WarmUpFirstUse(self->ranks_[static_cast<size_t>(r)]->runtime(), config.head_dim);
+  }));
   return t;
 }
 

@@ -37,6 +37,16 @@ absl::Status RankThreads::Run(const std::function<absl::Status(int)>& fn) {
   return absl::OkStatus();
 }
 
+absl::Status RankThreads::RunOneAtATime(const std::function<absl::Status(int)>& fn) {
+  for (int turn = 0; turn < size(); ++turn) {
+    // The other ranks' threads return at once: one Run per turn.
+    absl::Status status =
+        Run([&fn, turn](int rank) { return rank == turn ? fn(rank) : absl::OkStatus(); });
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
 void RankThreads::Loop(int rank) {
   long seen = 0;
   while (true) {

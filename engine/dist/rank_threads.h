@@ -36,6 +36,12 @@ class RankThreads {
   // are serialised; fn must not call Run (it would wait for itself).
   absl::Status Run(const std::function<absl::Status(int)>& fn);
 
+  // Runs fn(r) on rank r's thread for one rank at a time, rank 0 first,
+  // each after the previous one returned (Note [Serial first use] in
+  // dist/first_use.h); stops at the first error and returns it (the later
+  // ranks do not run). Serialised with Run; fn must not call Run.
+  absl::Status RunOneAtATime(const std::function<absl::Status(int)>& fn);
+
  private:
   void Loop(int rank);
 

@@ -428,6 +428,9 @@ class Trainer {
   void SetTestHooks(std::unique_ptr<TrainerTestHooks> hooks);
   std::string device_name() const;
   bool is_cuda() const;
+  // The device runtime (streams, events) this trainer's steps run on;
+  // owned by the trainer (Note [Serial first use] in dist/first_use.h).
+  DeviceRuntime& runtime() const { return *runtime_; }
   // Device bytes of the weight/gradient slots; pinned staging bytes.
   int64_t slot_device_bytes() const;
   int64_t staging_host_bytes() const;

@@ -72,5 +72,47 @@ TEST(RankThreadsTest, RanksRunConcurrently) {
               IsOk());
 }
 
+// Note [Serial first use]: each rank on its own thread (the one Run uses),
+// in rank order, never two at once.
+TEST(RankThreadsTest, RunOneAtATimeRunsEachRankAloneOnItsThreadInRankOrder) {
+  constexpr int kRanks = 4;
+  RankThreads threads(kRanks);
+  std::vector<std::thread::id> own(kRanks);
+  ASSERT_THAT(threads.Run([&](int r) {
+    own[static_cast<size_t>(r)] = std::this_thread::get_id();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  std::atomic<int> running{0};
+  std::atomic<bool> overlapped{false};
+  std::vector<int> order;  // written by one rank at a time (what is checked)
+  std::vector<std::thread::id> seen(kRanks);
+  ASSERT_THAT(threads.RunOneAtATime([&](int r) {
+    if (++running > 1) overlapped = true;
+    order.push_back(r);
+    seen[static_cast<size_t>(r)] = std::this_thread::get_id();
+    --running;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  EXPECT_FALSE(overlapped.load());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(seen, own);
+}
+
+// The first failing rank's error comes back; the ranks after it never run.
+TEST(RankThreadsTest, RunOneAtATimeStopsAtTheFirstError) {
+  RankThreads threads(4);
+  std::vector<int> ran;
+  EXPECT_THAT(threads.RunOneAtATime([&](int r) {
+    ran.push_back(r);
+    return r == 1 ? absl::ResourceExhaustedError(absl::StrCat("rank ", r, " out of memory"))
+                  : absl::OkStatus();
+  }),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::HasSubstr("rank 1")));
+  EXPECT_EQ(ran, (std::vector<int>{0, 1}));
+  EXPECT_THAT(threads.Run([](int) { return absl::OkStatus(); }), IsOk());
+}
+
 }  // namespace
 }  // namespace megatrain::engine
