@@ -304,6 +304,26 @@ std::thread ClientThread(int nice, std::function<void()> client) {
   });
 }
 
+// Every client's connection is up before the load starts, so that the run
+// counts the daemon's answers under load, not the set-up: a channel whose
+// first connect attempt failed (seen once in a loaded 2-core CI run) fails
+// every call at once until its reconnect backoff (about 1 s) ends,
+// thousands of errors a second. UNAVAILABLE naming the client when it is
+// not connected within `timeout`.
+absl::Status WaitUntilConnected(Connection& connection, int client_idx, const std::string& server,
+                                absl::Duration timeout) {
+  const std::shared_ptr<grpc::Channel>& channel = connection.channel();
+  const absl::Time deadline = absl::Now() + timeout;
+  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY &&
+         channel->WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+    state = channel->GetState(/*try_to_connect=*/true);
+  }
+  if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("client ", client_idx, ": not connected to ", server,
+                                             " within ", absl::FormatDuration(timeout)));
+}
+
 // The load phase: every client on its own connection until `duration` ends.
 absl::StatusOr<std::vector<ClientResult>> RunClients(const LoadTestOptions& options,
                                                      const ConnectionOptions& connection_options,
@@ -313,6 +333,10 @@ absl::StatusOr<std::vector<ClientResult>> RunClients(const LoadTestOptions& opti
     absl::StatusOr<std::unique_ptr<Connection>> connection = Connection::Create(connection_options);
     if (!connection.ok()) return connection.status();
     connections.push_back(*std::move(connection));
+  }
+  for (int client_idx = 0; client_idx < options.clients; ++client_idx) {
+    MEGATRAIN_RETURN_IF_ERROR(WaitUntilConnected(*connections[client_idx], client_idx,
+                                                 connection_options.server, options.call_timeout));
   }
   std::vector<ClientResult> results(options.clients);
   std::vector<std::thread> threads;
