@@ -299,6 +299,21 @@ TEST(PlanTest, DataParallelProjectionIsOneGpusShare) {
   EXPECT_GT(p4.tokens_per_second, p1.tokens_per_second);
 }
 
+// A caller's device count is bounded as at submission (the projection
+// divides by it): PlanJobForModel, what PlanJob runs, refuses it.
+TEST(PlanTest, ADeviceCountOutOfRangeIsRefusedNamingTheField) {
+  PlanModel model;
+  model.preset = "llama-8b";
+  for (const int64_t devices : {int64_t{100000}, int64_t{-3}}) {
+    JobSpec spec = Llama8bSpec();
+    spec.train.devices = devices;
+    EXPECT_THAT(PlanJobForModel(model, spec, DefaultPlanMachine()).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("train.devices: must be in [0, 64]")))
+        << devices;
+  }
+}
+
 TEST(PlanTest, DeviceBytesFollowTheTrainersAutoChoicesForTheGpu) {
   // 70B with accumulation: its streamed gradients (4 B/param, 280 GB) are
   // far over a quarter of an H200, so the trainer keeps them on the host;

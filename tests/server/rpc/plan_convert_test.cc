@@ -89,6 +89,7 @@ TEST(ResolvePlanMachineTest, RequestThenDaemonThenDefault) {
 TEST(JobPlanToProtoTest, CopiesEveryTierAndTerm) {
   engine::JobPlan plan;
   plan.params = 7;
+  plan.devices = 4;
   plan.nvme_tier = engine::NvmeTierMode::kMoments;
   plan.tiers = {10, 4, 5, 6};
   plan.fits = true;
@@ -100,6 +101,7 @@ TEST(JobPlanToProtoTest, CopiesEveryTierAndTerm) {
   v1::PlanJobResponse out;
   JobPlanToProto(plan, machine, &out);
   EXPECT_EQ(out.params(), 7);
+  EXPECT_EQ(out.devices(), 4);
   EXPECT_EQ(out.nvme_tier(), "moments");
   EXPECT_EQ(out.host_bytes(), 10);
   EXPECT_EQ(out.pinned_bytes(), 4);
