@@ -63,15 +63,19 @@ std::vector<std::vector<MicroBatch>> Steps(const ModelConfig& config, int steps)
 
 using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
 
+// One device accumulating each global batch; its losses (and MoE aux
+// losses) per step into `losses` (`aux_losses`) when not null.
 std::vector<float> TrainSingle(const ModelConfig& config, const TrainerOptions& o,
                                const std::vector<std::vector<MicroBatch>>& steps,
-                               std::vector<double>* losses) {
+                               std::vector<double>* losses,
+                               std::vector<double>* aux_losses = nullptr) {
   auto trainer = Trainer::Create(config, o, kSeed);
   EXPECT_THAT(trainer, IsOk());
   for (const auto& batch : steps) {
     auto r = (*trainer)->Step(batch);
     EXPECT_THAT(r, IsOk());
     if (losses != nullptr && r.ok()) losses->push_back(r->loss);
+    if (aux_losses != nullptr && r.ok()) aux_losses->push_back(r->aux_loss);
   }
   EXPECT_THAT((*trainer)->WaitForOptimizer(), IsOk());
   return AllState((*trainer)->store());
@@ -158,19 +162,8 @@ TEST_P(DataParallelParityTest, TwoRanksMatchOneDeviceOverAMixtureOfExperts) {
     }
   }
   std::vector<double> single_losses, single_aux;
-  std::vector<float> single;
-  {
-    auto trainer = Trainer::Create(config, o, kSeed);
-    ASSERT_THAT(trainer, IsOk());
-    for (const auto& batch : steps) {
-      auto r = (*trainer)->Step(batch);
-      ASSERT_THAT(r, IsOk());
-      single_losses.push_back(r->loss);
-      single_aux.push_back(r->aux_loss);
-    }
-    ASSERT_THAT((*trainer)->WaitForOptimizer(), IsOk());
-    single = AllState((*trainer)->store());
-  }
+  const std::vector<float> single = TrainSingle(config, o, steps, &single_losses, &single_aux);
+  ASSERT_EQ(single_aux.size(), steps.size());
 
   auto dp = MakeDp(config, o, 2);
   ASSERT_THAT(dp, IsOk());
