@@ -35,7 +35,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 // what is not built) naming the first option out of range. The schedule's
 // and residency's options are ChooseSchedule's to check (Create calls it
 // through ResolveExecutorOptions), a job's fields ValidateJobSpec's.
-absl::Status ValidateOptions(const ModelConfig& config, const TrainerOptions& options) {
+absl::Status ValidateOptions(const TrainerOptions& options) {
   if (options.optimizer_nice < 0 || options.optimizer_nice > 19) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer_nice: must be in [0, 19] (only lowering the priority needs no privilege), got ",
@@ -432,7 +432,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
                                                          const TrainerOptions& options,
                                                          uint64_t seed) {
   MEGATRAIN_RETURN_IF_ERROR(config.Validate());
-  MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(config, options));
+  MEGATRAIN_RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = WithTierDefaults(options);
   t->pool_ = ThreadPool::Create(options.threads, options.optimizer_nice);
