@@ -9,7 +9,7 @@
 # $OUT/host-cast.jsonl.
 #
 #   deploy/gpu-host-cast-check.sh [extra megatrain-bench flags...]
-# Environment: BUILD_DIR (build-gpu), SKIP_BUILD (0), STEPS (4), WARMUP (2),
+# Environment: BUILD_DIR (build-gpu), SKIP_BUILD (0), STEPS (4), WARMUP (2), MODEL (llama-8b),
 # SHAPES (one shape per line of megatrain-bench flags; default: 8 x 2048 x
 # accumulation 4 with the auto resident layers, and the transfer-bound
 # 1 x 2048 x accumulation 8 with every block streamed).
@@ -34,7 +34,7 @@ while IFS= read -r shape; do
   for stream in fp32 host_cast; do
     i=$((i + 1))
     # shellcheck disable=SC2086
-    line=$("$BUILD_DIR/engine/megatrain-bench" --model=llama-8b --device=cuda --compute_dtype=bf16 \
+    line=$("$BUILD_DIR/engine/megatrain-bench" --model="${MODEL:-llama-8b}" --device=cuda --compute_dtype=bf16 \
       --seq_len=2048 --max_grad_norm=1.0 --steps="${STEPS:-4}" --warmup="${WARMUP:-2}" \
       --data=random --json $shape --weight_stream="$stream" "$@" 2> "$OUT/host-cast-$i.err" | tail -1)
     echo "$line" >> "$OUT/host-cast.jsonl"

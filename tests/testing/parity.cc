@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 
+#include "engine/model/fused_ops.h"
 #include "engine/runtime/device_runtime.h"
 #include "engine/step/executor.h"
 #include "engine/store/host_store.h"
@@ -139,7 +140,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
     const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
     int64_t b, int64_t t, int64_t loss_chunk_tokens, bool offload_activations, int resident_layers,
     bool resident_embedding, bool device_grad_accumulation, StepSchedule schedule, int wave,
-    int64_t mlp_chunk_bytes, bool cuda_graphs) {
+    int64_t mlp_chunk_bytes, bool cuda_graphs, bool fused_kernels = false) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -167,6 +168,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
   options.wave = wave;
   if (mlp_chunk_bytes > 0) options.mlp_chunk_bytes = mlp_chunk_bytes;
   options.cuda_graphs = cuda_graphs;
+  options.fused_kernels = fused_kernels;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -211,13 +213,13 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
                        double init_range, int micro_batches, int64_t b, int64_t t,
                        bool offload_activations, int resident_layers, bool resident_embedding,
                        bool device_grad_accumulation, StepSchedule schedule, int wave,
-                       int64_t mlp_chunk_bytes, bool cuda_graphs) {
+                       int64_t mlp_chunk_bytes, bool cuda_graphs, bool fused_kernels) {
   ParityResult out;
-  std::unique_ptr<ExecutorUnderTest> under_test =
-      MakeExecutorUnderTest(config, device, dtype, init_range, b, t,
-                            /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
-                            offload_activations, resident_layers, resident_embedding,
-                            device_grad_accumulation, schedule, wave, mlp_chunk_bytes, cuda_graphs);
+  std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
+      config, device, dtype, init_range, b, t,
+      /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
+      offload_activations, resident_layers, resident_embedding, device_grad_accumulation, schedule,
+      wave, mlp_chunk_bytes, cuda_graphs, fused_kernels);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -401,6 +403,22 @@ std::vector<ParityMode> LayerMajorParityModes() {
   };
 }
 
+std::vector<ParityMode> FusedKernelParityModes() {
+  if (!FusedKernelsCompiled()) return {};
+  constexpr ComputeDtype kBf16 = ComputeDtype::kBf16;
+  constexpr StepSchedule kMbm = StepSchedule::kMicroBatchMajor, kLm = StepSchedule::kLayerMajor;
+  std::vector<ParityMode> modes = {
+      {"Bf16Fused", kBf16, 2, false, 0},
+      {"Bf16FusedWithMlpChunksAndActivationOffload", kBf16, 2, true, 0, false, false, kMbm, 1,
+       kParityMlpChunkBytes},
+      {"Bf16FusedWithResidentLayersAndDeviceAccumulation", kBf16, 3, false, 1, true, true},
+      {"Bf16FusedWithCudaGraphs", kBf16, 3, false, 0, false, false, kMbm, 1, 0, true},
+      {"Bf16FusedLayerMajorAccumulation4", kBf16, 4, false, 0, false, false, kLm, 4},
+  };
+  for (ParityMode& mode : modes) mode.fused_kernels = true;
+  return modes;
+}
+
 void ExpectParity(const Variant& variant, const std::string& device, const ParityMode& mode) {
   const bool bf16 = mode.dtype == ComputeDtype::kBf16;
   const double tolerance = bf16 ? 2e-2 : 1e-5;
@@ -408,7 +426,7 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
       RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
                 mode.offload_activations, mode.resident_layers, mode.resident_embedding,
                 mode.device_grad_accumulation, mode.schedule, mode.wave, mode.mlp_chunk_bytes,
-                mode.cuda_graphs);
+                mode.cuda_graphs, mode.fused_kernels);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;

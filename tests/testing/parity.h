@@ -53,13 +53,16 @@ struct ParityResult {
 // `schedule` and `wave` choose the order of work (Note [Layer-major
 // schedule] in engine/step/step_plan.h); `cuda_graphs` replays dense
 // layers from graphs (Note [Layer graphs]), and then a layer-major pass
-// in waves of 3 or more must have replayed some (a failure otherwise).
+// in waves of 3 or more must have replayed some (a failure otherwise);
+// `fused_kernels` runs the fused elementwise kernels (Note [Fused kernels]
+// in engine/model/fused_math.h) where they apply (bf16 on a GPU).
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches, int64_t b,
                        int64_t t, bool offload_activations = false, int resident_layers = 0,
                        bool resident_embedding = false, bool device_grad_accumulation = false,
                        engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
-                       int wave = 1, int64_t mlp_chunk_bytes = 0, bool cuda_graphs = false);
+                       int wave = 1, int64_t mlp_chunk_bytes = 0, bool cuda_graphs = false,
+                       bool fused_kernels = false);
 
 // ExecutorOptions::mlp_chunk_bytes of the parity modes that chunk the MLP
 // (Note [Chunked MLP] in engine/model/layers.h): with the variants'
@@ -83,6 +86,7 @@ struct ParityMode {
   int wave = 1;                 // layer-major micro-batches per wave
   int64_t mlp_chunk_bytes = 0;  // 0: the executor's default (no chunking at these sizes)
   bool cuda_graphs = false;     // Note [Layer graphs] (the CPU runtime re-runs the bodies)
+  bool fused_kernels = false;   // ExecutorOptions::fused_kernels (Note [Fused kernels])
 };
 
 // The modes both parity suites run: plain fp32 and bf16 with
@@ -104,6 +108,14 @@ std::vector<ParityMode> ParityModes(int plain_micro_batches);
 // micro-batches, activations on the device and offloaded, the MLP in
 // chunks (kParityMlpChunkBytes), and dense layers from CUDA graphs.
 std::vector<ParityMode> LayerMajorParityModes();
+
+// bf16 modes of both schedules with ExecutorOptions::fused_kernels on
+// (Note [Fused kernels] in engine/model/fused_math.h): plain, with the MLP
+// in chunks and activation offload, with a resident layer and device
+// accumulation, from CUDA graphs, and layer-major in one wave. Empty in a
+// build without the kernels (engine::FusedKernelsCompiled()), where the
+// executor refuses the option.
+std::vector<ParityMode> FusedKernelParityModes();
 
 // RunParity of `variant` on `device` in `mode` (micro-batches of [2, 12];
 // weights init range 0.2 for fp32, 0.02 for bf16), then the loss and every

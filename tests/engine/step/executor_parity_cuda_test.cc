@@ -148,5 +148,15 @@ INSTANTIATE_TEST_SUITE_P(Variants, ExecutorParityCudaTest,
                            return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
                          });
 
+// Note [Fused kernels] in engine/model/fused_math.h: the bf16 modes again
+// with the fused kernels, on every variant (SiLU and GELU-tanh gates, 1 +
+// weight norms, sandwich norms); none in a build without the kernels.
+INSTANTIATE_TEST_SUITE_P(FusedKernels, ExecutorParityCudaTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::Variants()),
+                                            ::testing::ValuesIn(testing::FusedKernelParityModes())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
+                         });
+
 }  // namespace
 }  // namespace megatrain::engine
