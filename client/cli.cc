@@ -739,4 +739,25 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   return kExitUsage;
 }
 
+std::optional<std::vector<std::string>> TokenizeArguments(int argc, const char* const* argv) {
+  // The global flags only; parsing stops at the first word they do not
+  // take, and that word and all after it are left unparsed.
+  CLI::App app;
+  CliArgs ignored;
+  AddGlobalFlags(app, ignored);
+  app.require_subcommand(0);
+  app.set_help_flag();
+  app.set_version_flag();
+  app.prefix_command();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError&) {
+    return std::nullopt;
+  }
+  std::vector<std::string> rest = app.remaining();
+  if (rest.empty() || rest.front() != "tokenize") return std::nullopt;
+  rest.erase(rest.begin());
+  return rest;
+}
+
 }  // namespace megatrain::client

@@ -18,7 +18,10 @@
 #ifndef MEGATRAIN_CLIENT_CLI_H_
 #define MEGATRAIN_CLIENT_CLI_H_
 
+#include <optional>
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -44,6 +47,13 @@ const char* Version();
 // turns the watch output into one live progress line.
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
            bool interactive);
+
+// The arguments to hand to megatrain-tokenize when argv's subcommand is
+// `tokenize`, after any global flags (`megatrain --server H:P tokenize
+// a.jsonl ...`: they are accepted and unused, tokenizing needs no daemon):
+// every argument after the word `tokenize`, unparsed. nullopt when the
+// subcommand is another one or argv does not parse (RunCli then reports it).
+std::optional<std::vector<std::string>> TokenizeArguments(int argc, const char* const* argv);
 
 }  // namespace megatrain::client
 

@@ -1,20 +1,21 @@
 // megatrain: the MegaTrain command-line client. See client/cli.h.
 //
-// `megatrain tokenize ...` runs locally, without a daemon: it executes the
-// `megatrain-tokenize` program installed beside this one (the tokenizer
-// lives in the engine, which this client does not link).
+// `megatrain [global flags] tokenize ...` runs locally, without a daemon:
+// it executes the `megatrain-tokenize` program installed beside this one
+// (the tokenizer lives in the engine, which this client does not link).
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "client/cli.h"
 
 namespace {
 
-int RunTokenize(int argc, char** argv) {
+int RunTokenize(const std::vector<std::string>& arguments) {
   std::error_code ec;
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   std::vector<std::filesystem::path> candidates;
@@ -25,10 +26,11 @@ int RunTokenize(int argc, char** argv) {
   }
   for (const auto& path : candidates) {
     if (!std::filesystem::exists(path)) continue;
+    std::vector<std::string> owned = arguments;
     std::vector<char*> args;
     std::string program = path.string();
     args.push_back(program.data());
-    for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+    for (std::string& arg : owned) args.push_back(arg.data());
     args.push_back(nullptr);
     execv(program.c_str(), args.data());
     std::cerr << "megatrain tokenize: cannot run " << program << ": " << std::strerror(errno)
@@ -42,6 +44,8 @@ int RunTokenize(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "tokenize") == 0) return RunTokenize(argc, argv);
+  if (auto arguments = megatrain::client::TokenizeArguments(argc, argv)) {
+    return RunTokenize(*arguments);
+  }
   return megatrain::client::RunCli(argc, argv, std::cout, std::cerr, isatty(STDOUT_FILENO) == 1);
 }

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -959,8 +960,15 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   if (name == "mixtral-7b") return ParseHfConfig(kMixtral7bConfig, "preset mixtral-7b");
   if (name == "qwen3-moe-4b") return ParseHfConfig(kQwen3Moe4bConfig, "preset qwen3-moe-4b");
   if (name == "mixtral-4b") return ParseHfConfig(kMixtral4bConfig, "preset mixtral-4b");
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model.preset: unknown '", name, "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
+  // A path that names no directory reaches here from the tools that take
+  // either (megatrain-bench --model, megatrain-logits --model).
+  const std::string known =
+      absl::StrCat("(known presets: ", absl::StrJoin(PresetNames(), ", "), ")");
+  if (absl::StrContains(name, '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.preset: '", name, "' is neither a model directory nor a preset ", known));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("model.preset: unknown '", name, "' ", known));
 }
 
 }  // namespace megatrain::engine

@@ -171,6 +171,11 @@ TEST(PresetConfigTest, MatchesBaselineShapes) {
   EXPECT_NEAR(llama3b->ParamCount() / 1e9, 3.607, 0.0005);
   EXPECT_THAT(PresetConfig("llama-70b"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.preset")));
+  // A mistyped directory (the tools take a directory or a preset) is named as one.
+  EXPECT_THAT(
+      PresetConfig("/models/no-such-dir"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("'/models/no-such-dir' is neither a model directory nor a preset")));
 }
 
 TEST(ModelLayoutTest, AlignsParamsAndCountsThemOnce) {
