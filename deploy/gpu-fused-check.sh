@@ -3,7 +3,7 @@
 # engine/model/fused_math.h; docs/performance.md, issue 33): builds
 # megatrain-bench and fused_kernels_cuda_test, runs the kernels' GPU tests
 # against the ATen path, then an interleaved speed A/B of
-# `megatrain-bench --fused_kernels=false` (A) and `=true` (B), each
+# `megatrain-bench --fused_kernels=off` (A) and `=on` (B), each
 # configuration A, B, A, B, ... REPEATS times, and prints a table of the
 # median tokens/s of each and their ratio.
 #
@@ -51,8 +51,8 @@ bench() {  # bench PRESET FUSED >> jsonl
 : > "$OUT/fused-ab.jsonl"
 for preset in $presets; do
   for _ in $(seq "$REPEATS"); do
-    bench "$preset" false
-    bench "$preset" true
+    bench "$preset" off
+    bench "$preset" on
   done
 done
 python3 - "$OUT/fused-ab.jsonl" <<'PY' | tee "$OUT/fused-ab.txt"

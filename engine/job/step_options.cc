@@ -1,6 +1,8 @@
 // See step_options.h.
 #include "engine/job/step_options.h"
 
+#include "engine/model/fused_ops.h"
+
 namespace megatrain::engine {
 
 TrainerOptions StepOptionsOf(const JobSpec& spec) {
@@ -26,6 +28,7 @@ TrainerOptions StepOptionsOf(const JobSpec& spec) {
   t.wave = static_cast<int>(train.wave);
   t.activation_placement = train.activations;
   t.cuda_graphs = CudaGraphsOption(train.cuda_graphs);
+  t.fused_kernels = FusedKernelsEnabled(train.fused_kernels, FusedKernelsCompiled());
   t.resident_layers = static_cast<int>(train.resident_layers);  // -1: auto
   t.weight_stream = spec.memory.weight_stream;
   t.gradient_landing = spec.memory.gradient_landing;

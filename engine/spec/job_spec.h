@@ -113,6 +113,9 @@ struct TrainSpec {
   // CUDA graphs of the dense decoder layers (Note [Layer graphs] in
   // engine/step/layer_graphs.h): "auto" | "on" | "off".
   CudaGraphs cuda_graphs = CudaGraphs::kAuto;
+  // The fused elementwise kernels (Note [Fused kernels] in
+  // engine/model/fused_math.h): "auto" (on in CUDA builds) | "on" | "off".
+  FusedKernels fused_kernels = FusedKernels::kAuto;
   // Devices the job trains on, data parallel (docs/distributed.md): N >= 1,
   // or kAllDevices for every device of the daemon (resolved at submission).
   // gradient_accumulation_steps must be a multiple of N: each device runs

@@ -60,7 +60,8 @@
 #define MEGATRAIN_TRAIN_KEYWORD_FIELDS(X)              \
   X(schedule, kStepScheduleKeywords, kIfSet)           \
   X(activations, kActivationPlacementKeywords, kIfSet) \
-  X(cuda_graphs, kCudaGraphsKeywords, kIfSet)
+  X(cuda_graphs, kCudaGraphsKeywords, kIfSet)          \
+  X(fused_kernels, kFusedKernelsKeywords, kIfSet)
 
 // optimizer.* (OptimizerSpec, v1::OptimizerSpec). warmup_steps is not a
 // row: its bound is the run's length (CheckOptimizer).

@@ -1,7 +1,8 @@
 // The step schedule's words: the order of work of a step (the job field
 // `train.schedule`, megatrain-bench --schedule), where the saved layer
-// inputs live (`train.activations`, --activations) and whether layers run
-// from CUDA graphs (`train.cuda_graphs`, --cuda_graphs). One place for
+// inputs live (`train.activations`, --activations), whether layers run
+// from CUDA graphs (`train.cuda_graphs`, --cuda_graphs) and through the
+// fused kernels (`train.fused_kernels`, --fused_kernels). One place for
 // their spellings and for the rules between them: the edges parse them
 // (the proto conversion, the spec's JSON reader, megatrain-bench's flags)
 // into the enums the job spec carries (job_spec.h); the trainer's choice
@@ -141,6 +142,37 @@ inline CudaGraphs CudaGraphsFromOption(int option) {
 inline absl::StatusOr<CudaGraphs> ParseCudaGraphs(absl::string_view text, absl::string_view field) {
   if (text.empty()) return CudaGraphs::kAuto;
   return ParseKeyword(kCudaGraphsKeywords, text, field);
+}
+
+// Whether dense decoder layers run the fused elementwise kernels
+// (`train.fused_kernels`, megatrain-bench --fused_kernels; Note [Fused
+// kernels] in engine/model/fused_math.h). They act only on CUDA bf16
+// tensors; elsewhere the layers keep the ATen ops whatever the choice.
+enum class FusedKernels {
+  kAuto,  // on where the build has them (CUDA builds), as kOn
+  kOff,
+  kOn,  // refused at submission by a build without them
+};
+
+// train.fused_kernels' keywords (engine/spec/keyword.h).
+inline constexpr Keyword<FusedKernels> kFusedKernelsKeywords[] = {
+    {"auto", FusedKernels::kAuto},
+    {"off", FusedKernels::kOff},
+    {"on", FusedKernels::kOn},
+};
+
+// "auto", "off", "on".
+inline const char* FusedKernelsName(FusedKernels fused) {
+  const char* name = KeywordName(kFusedKernelsKeywords, fused);
+  return name != nullptr ? name : "?";
+}
+
+// TrainerOptions::fused_kernels for `choice` in a build that has the
+// kernels (`compiled`, engine::FusedKernelsCompiled()) or not: kOn is on
+// (the trainer refuses it without the kernels), kAuto is on exactly when
+// they are compiled.
+inline bool FusedKernelsEnabled(FusedKernels choice, bool compiled) {
+  return choice == FusedKernels::kOn || (choice == FusedKernels::kAuto && compiled);
 }
 
 }  // namespace megatrain::engine

@@ -85,7 +85,8 @@ absl::Status ValidateOptions(const TrainerOptions& options) {
   if (options.fused_kernels && !FusedKernelsCompiled()) {  // Note [Fused kernels]
     return absl::UnimplementedError(
         "fused_kernels: this build has no fused kernels (a CUDA build configured with "
-        "-DMEGATRAIN_FUSED_KERNELS=ON has them; --fused_kernels=true)");
+        "-DMEGATRAIN_FUSED_KERNELS=ON has them; train.fused_kernels / --fused_kernels: auto or "
+        "off)");
   }
   return absl::OkStatus();
 }

@@ -121,6 +121,8 @@ absl::StatusOr<JobSpec> BenchJobSpec(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(t.activations,
                              ParseActivationPlacement(o.activations, "--activations"));
   t.cuda_graphs = CudaGraphsFromOption(o.cuda_graphs);
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      t.fused_kernels, ParseKeyword(kFusedKernelsKeywords, o.fused_kernels, "--fused_kernels"));
   t.resident_layers = o.resident_layers;
   const AdamWOptions adamw;
   spec.optimizer.lr = o.lr;
@@ -151,7 +153,6 @@ TrainerOptions BenchTrainerOptions(const BenchOptions& o, const JobSpec& spec) {
   topt.resident_embedding = o.resident_embedding;
   topt.device_grad_accumulation = o.device_grad_accumulation;
   topt.loss_chunk_tokens = o.loss_chunk_tokens;
-  topt.fused_kernels = o.fused_kernels;
   return topt;
 }
 
@@ -330,7 +331,7 @@ void AddSetupJson(const BenchOptions& o, const JobSpec& spec, const ModelConfig&
   (*j)["resident_embedding"] = trainer.resident_embedding();
   (*j)["device_grad_accumulation"] = trainer.device_grad_accumulation();
   (*j)["cuda_graphs"] = trainer.schedule_choice().cuda_graphs;
-  (*j)["fused_kernels"] = o.fused_kernels;
+  (*j)["fused_kernels"] = trainer.options().fused_kernels;  // as resolved
   (*j)["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   (*j)["steps"] = o.steps;
   (*j)["max_grad_norm"] = o.max_grad_norm;

@@ -70,7 +70,8 @@ struct BenchOptions {
   int device_grad_accumulation = -1;  // TrainerOptions::device_grad_accumulation (-1 = auto)
   int cuda_graphs = -1;               // TrainerOptions::cuda_graphs (-1 = auto)
   int64_t loss_chunk_tokens = 0;      // TrainerOptions::loss_chunk_tokens (rows; 0 = auto)
-  bool fused_kernels = false;         // TrainerOptions::fused_kernels (Note [Fused kernels])
+  std::string fused_kernels =
+      "auto";  // train.fused_kernels: auto | on | off (Note [Fused kernels])
   // Note [Schedule choice] in step/schedule_choice.h: auto |
   // micro-batch-major | layer-major; wave (0 = auto); auto | device | host.
   std::string schedule = "auto";

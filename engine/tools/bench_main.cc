@@ -121,7 +121,9 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "rows of logits per loss chunk (0: auto, about 1 GiB of fp32 logits)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--fused_kernels", o.fused_kernels,
-                 "true: fused gated-MLP kernels on CUDA bf16 (A/B; CUDA builds only)");
+                 "auto | on | off: the fused elementwise kernels on CUDA bf16 (auto: on in "
+                 "CUDA builds; on: refused by a build without them)")
+      ->capture_default_str();
   app.add_option("--resident_layers", o.resident_layers,
                  "decoder layers kept on the device with their AdamW state (-1: auto, 2 on CUDA)");
   app.add_option("--resident_embedding", o.resident_embedding,

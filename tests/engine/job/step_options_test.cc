@@ -4,6 +4,7 @@
 // (RequestedActivations, RequestedOrder).
 #include "engine/job/step_options.h"
 
+#include "engine/model/fused_ops.h"
 #include "engine/step/executor.h"
 #include "engine/step/schedule_choice.h"
 #include "gmock/gmock.h"
@@ -25,6 +26,7 @@ JobSpec EverythingSet() {
   s.train.wave = 4;
   s.train.activations = ActivationPlacement::kDevice;
   s.train.cuda_graphs = CudaGraphs::kOff;
+  s.train.fused_kernels = FusedKernels::kOff;
   s.train.resident_layers = 2;
   s.optimizer.lr = 2e-4;
   s.optimizer.beta1 = 0.8;
@@ -51,6 +53,7 @@ TEST(StepOptionsTest, EveryStepFieldReachesTheTrainerOptions) {
   EXPECT_EQ(t.wave, 4);
   EXPECT_EQ(t.activation_placement, ActivationPlacement::kDevice);
   EXPECT_EQ(t.cuda_graphs, 0);
+  EXPECT_FALSE(t.fused_kernels);
   EXPECT_EQ(t.resident_layers, 2);
   EXPECT_EQ(t.adamw.lr, 2e-4);
   EXPECT_EQ(t.adamw.beta1, 0.8);
@@ -68,6 +71,19 @@ TEST(StepOptionsTest, EveryStepFieldReachesTheTrainerOptions) {
   EXPECT_EQ(t.resident_embedding, -1);
   EXPECT_EQ(t.device_grad_accumulation, -1);
   EXPECT_TRUE(t.nvme_dir.empty());
+}
+
+// train.fused_kernels: auto is on exactly in a build with the kernels;
+// on is on (the spec's validation refuses it in a build without them).
+TEST(StepOptionsTest, FusedKernelsAutoFollowsTheBuild) {
+  JobSpec s = EverythingSet();
+  s.train.fused_kernels = FusedKernels::kAuto;
+  EXPECT_EQ(StepOptionsOf(s).fused_kernels, FusedKernelsCompiled());
+  s.train.fused_kernels = FusedKernels::kOn;
+  EXPECT_TRUE(StepOptionsOf(s).fused_kernels);
+  EXPECT_FALSE(FusedKernelsEnabled(FusedKernels::kAuto, /*compiled=*/false));
+  EXPECT_TRUE(FusedKernelsEnabled(FusedKernels::kAuto, /*compiled=*/true));
+  EXPECT_FALSE(FusedKernelsEnabled(FusedKernels::kOff, /*compiled=*/true));
 }
 
 // The request and the executor's options are those Trainer::Create

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/fused_ops.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
 #include "engine/spec/keyword.h"
@@ -396,6 +397,25 @@ TEST(ValidateJobSpecTest, UnknownScheduleAndPresetAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-such-model")));
 }
 
+// train.fused_kernels 'on' is refused at submission by a build without
+// the kernels (UNIMPLEMENTED naming the field), accepted by one with them;
+// auto and off are accepted by both.
+TEST(ValidateJobSpecTest, FusedKernelsOnNeedsABuildWithThem) {
+  JobSpec spec = TinyJob();
+  spec.train.fused_kernels = FusedKernels::kOn;
+  if (FusedKernelsCompiled()) {
+    EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  } else {
+    EXPECT_THAT(ValidateJobSpec(spec),
+                StatusIs(absl::StatusCode::kUnimplemented,
+                         HasSubstr("train.fused_kernels: 'on' needs a CUDA build")));
+  }
+  for (FusedKernels word : {FusedKernels::kAuto, FusedKernels::kOff}) {
+    spec.train.fused_kernels = word;
+    EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << FusedKernelsName(word);
+  }
+}
+
 TEST(ValidateJobSpecTest, DevicesAreBoundedAndDivideTheAccumulation) {
   JobSpec spec = TinyJob();
   spec.train.devices = 65;
@@ -558,6 +578,7 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
   s.train.wave = 3;
   s.train.activations = ActivationPlacement::kHost;
   s.train.cuda_graphs = CudaGraphs::kOn;
+  s.train.fused_kernels = FusedKernels::kOff;
   const std::string text = JobSpecToJson(s);
   EXPECT_THAT(text, HasSubstr(R"("schedule":"layer-major")"));
   EXPECT_THAT(text, HasSubstr(R"("cuda_graphs":"on")"));
@@ -567,12 +588,14 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
   EXPECT_EQ(back->train.wave, 3);
   EXPECT_EQ(back->train.activations, ActivationPlacement::kHost);
   EXPECT_EQ(back->train.cuda_graphs, CudaGraphs::kOn);
+  EXPECT_EQ(back->train.fused_kernels, FusedKernels::kOff);
   // Absent words are auto.
   absl::StatusOr<JobSpec> plain = JobSpecFromJson(JobSpecToJson(TinyJob()));
   ASSERT_THAT(plain.status(), IsOk());
   EXPECT_FALSE(plain->train.schedule.has_value());
   EXPECT_EQ(plain->train.activations, ActivationPlacement::kAuto);
   EXPECT_EQ(plain->train.cuda_graphs, CudaGraphs::kAuto);
+  EXPECT_EQ(plain->train.fused_kernels, FusedKernels::kAuto);
   EXPECT_THAT(JobSpecFromJson(R"({"train":{"schedule":"layer_major"}})").status(),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("train.schedule: must be auto, micro-batch-major or "
