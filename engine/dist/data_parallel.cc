@@ -65,6 +65,14 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
         absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
                      ") with a rendezvous store, got ", dp.process_rank));
   }
+  if (options.gradient_landing == GradientLanding::kRing &&
+      dp.gradient_reduction == GradientReduction::kHostAllReduce) {
+    // Note [Ring shards] in step/gradient_reducer.h.
+    return absl::InvalidArgumentError(
+        "memory.gradient_landing: ring with train.devices > 1 needs the device reduce-scatter "
+        "(each rank lands its reduced shard in its ring); gradient_reduction host_all_reduce "
+        "lands whole blocks: use device_reduce_scatter or auto");
+  }
   const int world = local * dp.num_processes;
   if (options.gradient_accumulation_steps % world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -127,6 +135,9 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   }));
   reduction_ = SelectGradientReduction(dp.gradient_reduction, groups_[0]->backend_name(),
                                        groups_[0]->has_reduce_scatter());
+  // Note [Ring shards] in step/gradient_reducer.h: the ring takes the
+  // device path (emulated on gloo by an all-reduce and the shard).
+  if (gradient_ring_) reduction_ = GradientReduction::kDeviceReduceScatter;
   // The enqueuing thread's groups (Notes [Shard landing] and [Resident
   // blocks on every rank]): every path has them, since resident blocks
   // are summed on the devices whatever the streamed blocks take.
@@ -200,6 +211,11 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   store_options.streaming_bf16 =
       options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kBf16;
   store_options.pin = absl::StartsWith(dp.devices[0], "cuda");
+  // Note [Ring shards]: with the ring no gradient arena at all (the
+  // embedding's reduced gradient stays in each rank's landing buffer).
+  t->gradient_ring_ = options.gradient_landing == GradientLanding::kRing;
+  store_options.gradient_ring = t->gradient_ring_;
+  store_options.embedding_grad_in_host = false;
   MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));
   t->shared_->InitializeWeights(seed);
   t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), local);
