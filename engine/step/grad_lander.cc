@@ -241,7 +241,7 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
     runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
   }
-  CheckShardOnly(task, begin, end);
+  CheckShardOnly(task);
   if (kind == Task::Kind::kDense && !task.direct) {
     task.keep_alive = std::move(keep_alive);
     OffloadChunks(task, device_src);
@@ -287,23 +287,21 @@ void GradLander::ReduceOnDevice(int slot, const float* device_src, Task* task, i
   auto scope = runtime->Use(StreamKind::kD2H);
   const int token = env_->timer.Begin(StreamKind::kD2H);
   float* grad = const_cast<float*>(device_src);
-  if (!env_->reduce_on_device(task->block, grad, task->numel, begin, end)) {
-    *begin = 0, *end = task->numel;
-  }
+  task->reduced = env_->reduce_on_device(task->block, grad, task->numel, begin, end);
+  if (!task->reduced) *begin = 0, *end = task->numel;
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
   at::Tensor flat = at::from_blob(grad + *begin, {*end - *begin}, fp32);
   task->keep_alive_norm = compat::VectorNormFp64(flat);
   env_->timer.End(StreamKind::kD2H, token);
 }
 
-void GradLander::CheckShardOnly(const Task& task, int64_t begin, int64_t end) const {
+void GradLander::CheckShardOnly(const Task& task) const {
   // Note [Shard-only landing] in store/host_store.h: a rank writes into
   // the shared gradient only its shard of a whole, reduced gradient.
   // Anything else (a later micro-batch's contribution, a whole block)
   // would add into or overwrite the other ranks' shards.
-  if (!env_->store->lands_shard_only(task.block)) return;
-  const bool whole_range = begin == 0 && end == task.numel && task.numel > 0;
-  if (task.direct && task.final && env_->reduce_on_device && !whole_range) return;
+  // (With one rank per process the shard is the whole block.)
+  if (!env_->store->lands_shard_only(task.block) || task.reduced) return;
   throw std::runtime_error(absl::StrCat(
       "data parallelism: block ", task.block,
       " would land a partial gradient in the shared store; each rank's micro-batches must be "

@@ -297,6 +297,9 @@ class GradLander {
                                 // (offset: the piece's first element in the block)
     bool handed_on = false;     // ring: the callback took the piece (and its release)
     bool first_piece = false;   // ring: the first piece of its landing (carries the norm)
+    // Reduced over the ranks on the device (GradientReducer::
+    // ReduceScatterOnDevice returned true): only this rank's shard lands.
+    bool reduced = false;
     std::vector<int32_t> rows;  // token ids of kEmbeddingRows, [B*T]
     at::Tensor keep_alive;      // device tensors read by the D2H copies
     at::Tensor keep_alive_norm;
@@ -311,8 +314,9 @@ class GradLander {
   void ReduceOnDevice(int slot, const float* device_src, Task* task, int64_t* begin, int64_t* end);
   // Throws std::runtime_error where `task` would write into another
   // rank's part of a shared gradient (Note [Shard-only landing]): only the
-  // shard [begin, end) of a whole gradient reduced on the device may land.
-  void CheckShardOnly(const Task& task, int64_t begin, int64_t end) const;
+  // shard of a whole gradient reduced on the device (task.reduced) may
+  // land.
+  void CheckShardOnly(const Task& task) const;
   void Offload(int slot, int64_t block, int64_t numel, const float* device_src,
                at::Tensor keep_alive, Task::Kind kind, std::vector<int32_t> rows, bool whole);
   // The later contribution in `task` (dense, not direct) at `device_src`,
