@@ -617,6 +617,9 @@ struct RingCase {
   int per_rank;  // micro-batches per rank (summed on the device when > 1)
   bool moe;
   bool tied;  // tie_word_embeddings: lm_head's gradient lands in the table
+  // Layer 0 and the embedding resident on every rank (summed on the
+  // devices, no ring; Note [Resident blocks on every rank]).
+  bool resident = false;
 };
 void PrintTo(const RingCase& c, std::ostream* os) { *os << c.name; }
 
@@ -638,6 +641,10 @@ TEST_P(GradientRingParityTest, RanksLandingShardsInRingsMatchTheArenaAndOneDevic
   const int global = c.ranks * c.per_rank;
   TrainerOptions o = Options(0.0);
   o.gradient_accumulation_steps = global;
+  if (c.resident) {
+    o.resident_layers = 1;
+    o.resident_embedding = 1;
+  }
   std::vector<std::vector<MicroBatch>> steps;
   for (int s = 0; s < 3; ++s) {
     steps.push_back(MakeBatches(global, kB, kT, config.vocab_size, 500 + s));
@@ -685,6 +692,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradientRingParityTest,
                                            RingCase{"dense_2x2", 2, 2, false, false},
                                            RingCase{"dense_3x1", 3, 1, false, false},
                                            RingCase{"tied_2x1", 2, 1, false, true},
+                                           RingCase{"resident_2x2", 2, 2, false, false, true},
                                            RingCase{"moe_2x1", 2, 1, true, false},
                                            RingCase{"moe_2x2", 2, 2, true, false}),
                          [](const ::testing::TestParamInfo<RingCase>& info) {
