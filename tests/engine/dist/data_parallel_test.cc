@@ -733,6 +733,40 @@ TEST(DataParallelTest, GradientRingKeepsNoArenaAndShardSizedRings) {
             shard_ring - whole_ring);
 }
 
+// Note [Ring shards]: a view of a store without a gradient arena may own
+// a landing buffer for the embedding only; an empty flag list (every
+// block whole) or any other block is refused.
+TEST(DataParallelTest, GradientRingViewLandsOnlyTheEmbeddingInABufferOfItsOwn) {
+  const ModelConfig config = SmallLlama();
+  HostStoreOptions ring;
+  ring.gradient_ring = true;
+  ring.embedding_grad_in_host = false;
+  auto shared = HostStore::Create(config, ring);
+  ASSERT_THAT(shared, IsOk());
+  const int64_t emb = (*shared)->layout().embedding_block();
+  const int64_t layer0 = (*shared)->layout().layer_block(0);
+  std::vector<bool> flags(static_cast<size_t>((*shared)->num_blocks()), false);
+  flags[static_cast<size_t>(layer0)] = true;
+  for (const std::vector<bool>& bad : {std::vector<bool>{}, flags}) {
+    EXPECT_THAT(HostStore::CreateGradientView(**shared, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("land only the embedding in a buffer of their own")));
+  }
+  flags[static_cast<size_t>(layer0)] = false;
+  auto none = HostStore::CreateGradientView(**shared, flags);
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ((*none)->bytes().grad, 0);
+  EXPECT_FALSE((*none)->options().embedding_grad_in_host);
+  flags[static_cast<size_t>(emb)] = true;
+  auto view = HostStore::CreateGradientView(**shared, flags);
+  ASSERT_THAT(view, IsOk());
+  EXPECT_EQ((*view)->bytes().grad, ((*shared)->block_numel(emb) + 1023) / 1024 * 1024 * 4);
+  EXPECT_TRUE((*view)->options().embedding_grad_in_host);
+  EXPECT_NE((*view)->grad(emb), nullptr);
+  EXPECT_EQ((*view)->grad(layer0), nullptr);
+  EXPECT_TRUE((*view)->lands_shard_only(layer0));
+}
+
 // Where the ring cannot land shards with several ranks, INVALID_ARGUMENT
 // names the field and the reason, before any step.
 TEST(DataParallelTest, GradientRingRefusesWhatRanksCannotLandInIt) {
