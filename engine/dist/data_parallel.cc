@@ -32,6 +32,19 @@ std::vector<std::string> DataParallelDevices(const std::string& base_device, int
   return out;
 }
 
+bool DataParallelGradientRing(const TrainerOptions& options, const ModelConfig& config, int world,
+                              GradientReduction reduction) {
+  if (options.gradient_landing != GradientLanding::kAuto) {
+    return options.gradient_landing == GradientLanding::kRing;
+  }
+  const int64_t per_rank = options.gradient_accumulation_steps / std::max(world, 1);
+  const bool whole =
+      per_rank <= 1 || (options.device_grad_accumulation != 0 &&
+                        (!config.tie_word_embeddings || options.resident_embedding == 1));
+  return !ClippingForbidsGradientRing(options.max_grad_norm) && options.nvme_dir.empty() &&
+         reduction != GradientReduction::kHostAllReduce && whole;
+}
+
 namespace {
 
 // Note [Resident blocks on every rank] in step/gradient_reducer.h: every
@@ -213,7 +226,8 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   store_options.pin = absl::StartsWith(dp.devices[0], "cuda");
   // Note [Ring shards]: with the ring no gradient arena at all (the
   // embedding's reduced gradient stays in each rank's landing buffer).
-  t->gradient_ring_ = options.gradient_landing == GradientLanding::kRing;
+  t->gradient_ring_ =
+      DataParallelGradientRing(options, config, local * dp.num_processes, dp.gradient_reduction);
   store_options.gradient_ring = t->gradient_ring_;
   store_options.embedding_grad_in_host = false;
   MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));

@@ -89,6 +89,19 @@ inline constexpr int kMaxDataParallelRanks = 64;
 // checkpoint into its replica and set_step()s: the same world size
 // continues bit for bit.
 
+// Note [Ring shards] in step/gradient_reducer.h: whether `world` ranks
+// (every process's) training with `options` on `config` land their
+// gradients in rings of shards: memory.gradient_landing ring, or auto
+// where the ring is sure to be allowed (otherwise the arena): clipping
+// off, no NVMe tier, `reduction` not kHostAllReduce, and each rank's
+// landings whole: one micro-batch per rank, or several summed on the
+// device (DataParallelTrainer asks for it; not where
+// device_grad_accumulation is forced off), and then no tied table on
+// the host (resident_embedding not forced on). The job's footprint
+// counts the same.
+bool DataParallelGradientRing(const TrainerOptions& options, const ModelConfig& config, int world,
+                              GradientReduction reduction);
+
 // Fills dp's rendezvous, process_rank and num_processes from torchrun's
 // variables (ReadTorchrunEnv; WORLD_SIZE = processes, RANK = this
 // process), joining the TCPStore at MASTER_ADDR:MASTER_PORT within
@@ -168,8 +181,7 @@ class DataParallelTrainer {
   // with the gradient ring).
   GradientReduction gradient_reduction() const { return reduction_; }
   // Whether the ranks land their shards in gradient rings (Note [Ring
-  // shards] in step/gradient_reducer.h): TrainerOptions::gradient_landing
-  // ring; auto and arena keep the shared store's gradient arena.
+  // shards] in step/gradient_reducer.h; DataParallelGradientRing).
   bool gradient_ring() const { return gradient_ring_; }
   Trainer& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
   const std::string& backend_name() const { return groups_[0]->backend_name(); }

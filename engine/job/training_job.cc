@@ -71,12 +71,15 @@ absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
 // in step/grad_lander.h): memory.gradient_landing ring, or auto where the
 // trainer surely takes it (clipping off, one micro-batch per step). Auto with accumulation is
 // counted as the arena: whether the device sums the micro-batches is known only on the device.
-// With train.devices > 1 ring only: auto keeps the shared store's arena (Note [Ring shards] in
-// step/gradient_reducer.h).
-bool CountsGradientRing(const JobSpec& spec) {
+// With train.devices > 1 what DataParallelTrainer takes (DataParallelGradientRing: the job's
+// ranks reduce on the device path, which sums several micro-batches per rank on the device).
+bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
   const GradientLanding landing = spec.memory.gradient_landing;
+  if (spec.train.devices > 1) {
+    return DataParallelGradientRing(StepOptionsOf(spec), config,
+                                    static_cast<int>(spec.train.devices), GradientReduction::kAuto);
+  }
   if (landing == GradientLanding::kRing) return true;
-  if (spec.train.devices > 1) return false;
   return landing == GradientLanding::kAuto &&
          !ClippingForbidsGradientRing(spec.train.max_grad_norm) &&
          spec.train.gradient_accumulation_steps == 1;
@@ -90,7 +93,7 @@ bool PlansResidentEmbedding(const ModelConfig& config) { return !config.tie_word
 
 HostStoreOptions StoreOptions(const JobSpec& spec, const ModelConfig& config, bool pin) {
   HostStoreOptions o;
-  o.gradient_ring = CountsGradientRing(spec);
+  o.gradient_ring = CountsGradientRing(spec, config);
   // With train.devices > 1 and the ring the shared store keeps no gradient
   // (Note [Ring shards]); each rank's embedding landing is counted apart.
   o.embedding_grad_in_host = !PlansResidentEmbedding(config) && spec.train.devices <= 1;
@@ -213,7 +216,7 @@ absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConf
   // host when the device is too small for them; the CPU has none of them,
   // but the estimate is for a GPU).
   ExecutorOptions exec = ExecutorOptionsOf(StepOptionsOf(spec));
-  exec.gradient_ring = CountsGradientRing(spec);
+  exec.gradient_ring = CountsGradientRing(spec, config);
   exec.offload_activations = OffloadsActivations(spec);
   if (SavedMicroBatches(spec) > 1) {
     exec.schedule = StepSchedule::kLayerMajor;

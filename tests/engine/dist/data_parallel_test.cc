@@ -767,6 +767,47 @@ TEST(DataParallelTest, GradientRingViewLandsOnlyTheEmbeddingInABufferOfItsOwn) {
   EXPECT_TRUE((*view)->lands_shard_only(layer0));
 }
 
+// memory.gradient_landing auto with several ranks: the ring where it is
+// sure to be allowed (DataParallelGradientRing), else the arena.
+TEST(DataParallelTest, AutoLandingTakesTheRingWhereEveryRankLandsWholeGradients) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(0.0);
+  o.gradient_landing = GradientLanding::kAuto;
+  auto ring = MakeDp(config, o, 2);  // two micro-batches per rank, summed on the device
+  ASSERT_THAT(ring, IsOk());
+  EXPECT_TRUE((*ring)->gradient_ring());
+  EXPECT_EQ((*ring)->gradient_reduction(), GradientReduction::kDeviceReduceScatter);
+  EXPECT_THAT((*ring)->Step(Steps(config, 1)[0]), IsOk());
+  struct Arena {
+    const char* why;
+    double max_grad_norm;
+    int device_grad_accumulation;
+    bool tied;
+    GradientReduction reduction;
+  };
+  for (const Arena& a :
+       {Arena{"clipping", 1.0, -1, false, GradientReduction::kAuto},
+        Arena{"host sums", 0.0, 0, false, GradientReduction::kAuto},
+        Arena{"tied table", 0.0, -1, true, GradientReduction::kAuto},
+        Arena{"host all-reduce", 0.0, -1, false, GradientReduction::kHostAllReduce}}) {
+    TrainerOptions arena = o;
+    arena.max_grad_norm = a.max_grad_norm;
+    arena.device_grad_accumulation = a.device_grad_accumulation;
+    config.tie_word_embeddings = a.tied;
+    EXPECT_FALSE(DataParallelGradientRing(arena, config, 2, a.reduction)) << a.why;
+  }
+  config.tie_word_embeddings = false;
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", 2);
+  dp.timeout = std::chrono::seconds(60);
+  dp.gradient_reduction = GradientReduction::kHostAllReduce;
+  auto host = DataParallelTrainer::Create(config, o, kSeed, dp);
+  ASSERT_THAT(host, IsOk());
+  EXPECT_FALSE((*host)->gradient_ring());
+  EXPECT_EQ((*host)->gradient_reduction(), GradientReduction::kHostAllReduce);
+}
+
 // Where the ring cannot land shards with several ranks, INVALID_ARGUMENT
 // names the field and the reason, before any step.
 TEST(DataParallelTest, GradientRingRefusesWhatRanksCannotLandInIt) {

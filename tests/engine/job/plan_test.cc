@@ -101,6 +101,13 @@ TEST(PlanTest, DataParallelGradientRingCountsAShardSizedRingPerRank) {
     EXPECT_EQ(plan->devices, devices);
     EXPECT_EQ(plan->footprint.gradient_ring_bytes, b.gradient_ring_bytes);
     EXPECT_LT(static_cast<double>(plan->tiers.host_bytes) / static_cast<double>(a.params), 12.5);
+    // auto counts the ring too (clipping off, the accumulation summed on
+    // the devices: DataParallelGradientRing); with clipping the arena.
+    many.memory.gradient_landing = GradientLanding::kAuto;
+    many.train.gradient_accumulation_steps = 2 * devices;
+    EXPECT_EQ(EstimateFootprintForConfig(many, config).gradient_ring_bytes, b.gradient_ring_bytes);
+    many.train.max_grad_norm = 1.0;
+    EXPECT_EQ(EstimateFootprintForConfig(many, config).gradient_ring_bytes, 0);
   }
 }
 
