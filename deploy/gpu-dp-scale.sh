@@ -14,6 +14,9 @@
 #     deploy/gpu-dp-scale.sh     # the largest shapes a 4-GPU host holds
 #   PHASES="build scale" RUNS="qwen3-30b-a3b-12l:4:fp32" DEVICES="1 2" \
 #     deploy/gpu-dp-scale.sh     # a mixture of experts on 2 GPUs
+#   PHASES="build tests scale" RUNS="llama-8b:1:fp32 llama-8b:4:fp32" DEVICES="1 2" CLIP=0 \
+#     BENCH_ARGS=--gradient_landing=ring deploy/gpu-dp-scale.sh   # the gradient ring
+#     (Note [Ring shards]; CLIP reaches deploy/gpu-dp-check.sh)
 #
 # Phases (in this order, each skipped unless named in PHASES):
 #   build     deploy/gpu-build.sh into build-gpu: the bench, the GPU tests of

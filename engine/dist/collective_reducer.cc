@@ -47,10 +47,15 @@ GradientShards::GradientShards(HostStore* shared, int world)
 
 void GradientShards::Land(int rank, int64_t block, const float* reduced, double shard_sq) {
   // A view landing in place (Note [Shard-only landing] in
-  // store/host_store.h) has nothing to copy.
-  if (reduced != nullptr && reduced != shared_->grad(block)) {
+  // store/host_store.h) has nothing to copy; nor has a shared store with
+  // no gradient of the block (Note [Ring shards] in
+  // step/gradient_reducer.h: with the gradient ring the embedding's
+  // reduced gradient stays in every rank's landing buffer, where its
+  // AdamW shard reads it).
+  float* dst = shared_->grad(block);
+  if (reduced != nullptr && dst != nullptr && reduced != dst) {
     const ShardRange shard = ShardOf(shared_->block_numel(block), rank, world_);
-    std::memcpy(shared_->grad(block) + shard.begin, reduced + shard.begin,
+    std::memcpy(dst + shard.begin, reduced + shard.begin,
                 static_cast<size_t>(shard.size()) * sizeof(float));
   }
   absl::MutexLock lock(&mu_);
@@ -194,19 +199,36 @@ absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> m
   return absl::OkStatus();
 }
 
-double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_t numel) {
+int64_t CollectiveGradientReducer::BeginRound(int64_t block, bool* on_device,
+                                              absl::Status* status) {
   if (rounds_.size() <= static_cast<size_t>(block)) rounds_.resize(static_cast<size_t>(block) + 1);
-  const int64_t round = ++rounds_[static_cast<size_t>(block)];
-  absl::Status status;
-  bool on_device = false;
-  {
-    absl::MutexLock lock(&mu_);
-    status = error_;
-    if (on_device_.size() > static_cast<size_t>(block)) {
-      on_device = on_device_[static_cast<size_t>(block)];
-      on_device_[static_cast<size_t>(block)] = false;
-    }
+  absl::MutexLock lock(&mu_);
+  *status = error_;
+  *on_device = false;
+  if (on_device_.size() > static_cast<size_t>(block)) {
+    *on_device = on_device_[static_cast<size_t>(block)];
+    on_device_[static_cast<size_t>(block)] = false;
   }
+  return ++rounds_[static_cast<size_t>(block)];
+}
+
+double CollectiveGradientReducer::EndRound(int64_t block, int64_t round, bool wait,
+                                           absl::Status status,
+                                           const std::function<double()>& squared_norm) {
+  if (status.ok() && wait && !shards_->WaitLanded(block, round, timeout_)) {
+    status = absl::UnavailableError("a rank's shard did not land within the collective timeout");
+  }
+  if (!status.ok()) {
+    Fail(block, status);
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  return squared_norm();
+}
+
+double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_t numel) {
+  bool on_device = false;
+  absl::Status status;
+  const int64_t round = BeginRound(block, &on_device, &status);
   if (status.ok() && !on_device) {  // Note [Shard landing]: the host path
     status = group_->AllReduceSum(grad, numel);
   }
@@ -215,14 +237,25 @@ double CollectiveGradientReducer::ReduceBlock(int64_t block, float* grad, int64_
       status.ok() && on_device ? SquaredNorm(grad + shard.begin, shard.size()) : 0.0;
   // Counted even after a failure, so no rank waits for it.
   shards_->Land(local_rank_, block, status.ok() ? grad : nullptr, shard_sq);
-  if (status.ok() && (owner_ || on_device) && !shards_->WaitLanded(block, round, timeout_)) {
-    status = absl::UnavailableError("a rank's shard did not land within the collective timeout");
+  return EndRound(block, round, owner_ || on_device, status, [&] {
+    return on_device ? shards_->ShardNormsSum(block) : SquaredNorm(grad, numel);
+  });
+}
+
+double CollectiveGradientReducer::ReduceRingShard(int64_t block, double shard_squared_norm) {
+  bool on_device = false;
+  absl::Status status;
+  const int64_t round = BeginRound(block, &on_device, &status);
+  if (status.ok() && !on_device) {
+    status = absl::FailedPreconditionError(
+        "memory.gradient_landing ring: a ring landing of a block not reduce-scattered on the "
+        "device (the ring needs gradient_reduction device_reduce_scatter)");
   }
-  if (!status.ok()) {
-    Fail(block, status);
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  return on_device ? shards_->ShardNormsSum(block) : SquaredNorm(grad, numel);
+  // Note [Ring shards]: nothing to copy (the shard is in this rank's ring);
+  // counted even after a failure, so no rank waits for it.
+  shards_->Land(local_rank_, block, nullptr, status.ok() ? shard_squared_norm : 0.0);
+  return EndRound(block, round, /*wait=*/true, status,
+                  [&] { return shards_->ShardNormsSum(block); });
 }
 
 absl::StatusOr<PassSums> CollectiveGradientReducer::EndStep(const PassSums& local) {

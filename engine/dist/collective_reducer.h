@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -56,7 +57,13 @@ namespace megatrain::engine {
 //   block whose whole gradient is not on the device at landing (the
 //   embedding; a block summed over micro-batches on the host) is not
 //   offered to ReduceScatterOnDevice and takes the host path.
-// A rank's ReduceBlock waits until all L shards of the block landed
+//   With the gradient ring (Note [Ring shards] in step/gradient_reducer.h)
+//   the shard goes to the rank's ring instead: ReduceRingShard lands
+//   nothing but the shard's squared norm (taken on the device) and
+//   returns the same rank-order sum. The ring takes this path only: the
+//   shared store then has no gradient arena, and the embedding (host
+//   path) keeps its reduced gradient in each rank's landing buffer.
+// A rank's ReduceBlock (or ReduceRingShard) waits until all L shards of the block landed
 // (`round` counts its calls for that block: the shard of round k cannot
 // arrive before the k-th collective of that block, one it takes part in).
 //
@@ -72,7 +79,10 @@ class GradientShards {
   // Rank `rank` lands its shard of `block` from `reduced` ([numel] fp32,
   // its landing buffer: only the shard's range is read); null when its
   // collective failed (the shard is not copied but counted, so that no
-  // rank waits forever; the step fails through EndStep). `shard_sq`: the
+  // rank waits forever; the step fails through EndStep) or when the
+  // shard is in the rank's gradient ring (Note [Ring shards]); not
+  // copied either where the shared store has no gradient of `block`
+  // (the ring's store). `shard_sq`: the
   // shard's squared norm (ShardNormsSum; 0 where unused).
   void Land(int rank, int64_t block, const float* reduced, double shard_sq = 0);
   // Blocks until `block` was landed by every rank `round` times, or
@@ -133,6 +143,12 @@ class CollectiveGradientReducer : public GradientReducer {
 
   absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) override;
   double ReduceBlock(int64_t block, float* grad, int64_t numel) override;
+  // Note [Ring shards]: the device path only (a block the host path
+  // reduces has no ring landing).
+  double ReduceRingShard(int64_t block, double shard_squared_norm) override;
+  int gradient_shard_world() const override {
+    return device_reduce_scatter_ ? shards_->world() : 1;
+  }
   absl::StatusOr<PassSums> EndStep(const PassSums& local) override;
   int64_t global_counted_tokens() const override { return global_tokens_; }
   int64_t first_micro_batch() const override { return first_micro_batch_; }
@@ -156,6 +172,15 @@ class CollectiveGradientReducer : public GradientReducer {
  private:
   // Records the step's first failed collective (for EndStep).
   void Fail(int64_t block, const absl::Status& status);
+  // The start of a block's ReduceBlock or ReduceRingShard: counts its
+  // round (returned), and takes whether the block was reduced on the
+  // device this round (`*on_device`, then cleared) and the step's error.
+  int64_t BeginRound(int64_t block, bool* on_device, absl::Status* status);
+  // The end of either: waits (when `wait`) until every rank's shard of
+  // `block` landed `round` times; records a failure and returns NaN, or
+  // `squared_norm()`.
+  double EndRound(int64_t block, int64_t round, bool wait, absl::Status status,
+                  const std::function<double()>& squared_norm);
 
   CollectiveGroup* group_;
   CollectiveGroup* local_group_ = nullptr;

@@ -32,6 +32,19 @@ std::vector<std::string> DataParallelDevices(const std::string& base_device, int
   return out;
 }
 
+bool DataParallelGradientRing(const TrainerOptions& options, const ModelConfig& config, int world,
+                              GradientReduction reduction) {
+  if (options.gradient_landing != GradientLanding::kAuto) {
+    return options.gradient_landing == GradientLanding::kRing;
+  }
+  const int64_t per_rank = options.gradient_accumulation_steps / std::max(world, 1);
+  const bool whole =
+      per_rank <= 1 || (options.device_grad_accumulation != 0 &&
+                        (!config.tie_word_embeddings || options.resident_embedding == 1));
+  return !ClippingForbidsGradientRing(options.max_grad_norm) && options.nvme_dir.empty() &&
+         reduction != GradientReduction::kHostAllReduce && whole;
+}
+
 namespace {
 
 // Note [Resident blocks on every rank] in step/gradient_reducer.h: every
@@ -64,6 +77,14 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
     return absl::InvalidArgumentError(
         absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
                      ") with a rendezvous store, got ", dp.process_rank));
+  }
+  if (options.gradient_landing == GradientLanding::kRing &&
+      dp.gradient_reduction == GradientReduction::kHostAllReduce) {
+    // Note [Ring shards] in step/gradient_reducer.h.
+    return absl::InvalidArgumentError(
+        "memory.gradient_landing: ring with train.devices > 1 needs the device reduce-scatter "
+        "(each rank lands its reduced shard in its ring); gradient_reduction host_all_reduce "
+        "lands whole blocks: use device_reduce_scatter or auto");
   }
   const int world = local * dp.num_processes;
   if (options.gradient_accumulation_steps % world != 0) {
@@ -127,6 +148,9 @@ absl::Status DataParallelTrainer::JoinGroups(const DataParallelOptions& dp) {
   }));
   reduction_ = SelectGradientReduction(dp.gradient_reduction, groups_[0]->backend_name(),
                                        groups_[0]->has_reduce_scatter());
+  // Note [Ring shards] in step/gradient_reducer.h: the ring takes the
+  // device path (emulated on gloo by an all-reduce and the shard).
+  if (gradient_ring_) reduction_ = GradientReduction::kDeviceReduceScatter;
   // The enqueuing thread's groups (Notes [Shard landing] and [Resident
   // blocks on every rank]): every path has them, since resident blocks
   // are summed on the devices whatever the streamed blocks take.
@@ -200,6 +224,12 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   store_options.streaming_bf16 =
       options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kBf16;
   store_options.pin = absl::StartsWith(dp.devices[0], "cuda");
+  // Note [Ring shards]: with the ring no gradient arena at all (the
+  // embedding's reduced gradient stays in each rank's landing buffer).
+  t->gradient_ring_ =
+      DataParallelGradientRing(options, config, local * dp.num_processes, dp.gradient_reduction);
+  store_options.gradient_ring = t->gradient_ring_;
+  store_options.embedding_grad_in_host = false;
   MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));
   t->shared_->InitializeWeights(seed);
   t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), local);

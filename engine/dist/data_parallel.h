@@ -89,6 +89,19 @@ inline constexpr int kMaxDataParallelRanks = 64;
 // checkpoint into its replica and set_step()s: the same world size
 // continues bit for bit.
 
+// Note [Ring shards] in step/gradient_reducer.h: whether `world` ranks
+// (every process's) training with `options` on `config` land their
+// gradients in rings of shards: memory.gradient_landing ring, or auto
+// where the ring is sure to be allowed (otherwise the arena): clipping
+// off, no NVMe tier, `reduction` not kHostAllReduce, and each rank's
+// landings whole: one micro-batch per rank, or several summed on the
+// device (DataParallelTrainer asks for it; not where
+// device_grad_accumulation is forced off), and then no tied table on
+// the host (resident_embedding not forced on). The job's footprint
+// counts the same.
+bool DataParallelGradientRing(const TrainerOptions& options, const ModelConfig& config, int world,
+                              GradientReduction reduction);
+
 // Fills dp's rendezvous, process_rank and num_processes from torchrun's
 // variables (ReadTorchrunEnv; WORLD_SIZE = processes, RANK = this
 // process), joining the TCPStore at MASTER_ADDR:MASTER_PORT within
@@ -107,13 +120,16 @@ std::vector<std::string> DataParallelDevices(const std::string& base_device, int
 // one thread per rank internally and joins them before it returns.
 class DataParallelTrainer {
  public:
-  // Allocates the shared host store (weights initialised from `seed`),
-  // builds one Trainer per device with `options` (its device replaced,
-  // gradient_accumulation_steps divided by the rank count; rank 0 owns the
-  // optimizer) and joins them in one process group. Errors:
-  // INVALID_ARGUMENT for no or too many devices, or an accumulation count
-  // the rank count does not divide; Trainer::Create's and
-  // CollectiveGroup::Create's.
+  // Allocates the shared host store (weights initialised from `seed`;
+  // without a gradient arena for options.gradient_landing ring, Note
+  // [Ring shards] in step/gradient_reducer.h), builds one Trainer per
+  // device with `options` (its device replaced,
+  // gradient_accumulation_steps divided by the rank count; each rank
+  // updates its shard) and joins them in one process group. Errors:
+  // INVALID_ARGUMENT for no or too many devices, an accumulation count
+  // the rank count does not divide, or the ring with
+  // dp.gradient_reduction kHostAllReduce; Trainer::Create's (the ring's
+  // refusals among them) and CollectiveGroup::Create's.
   static absl::StatusOr<std::unique_ptr<DataParallelTrainer>> Create(const ModelConfig& config,
                                                                      const TrainerOptions& options,
                                                                      uint64_t seed,
@@ -161,8 +177,12 @@ class DataParallelTrainer {
   int num_processes() const { return num_processes_; }
   // Whether this process writes checkpoints (process 0 only).
   bool writes_checkpoints() const { return process_rank_ == 0; }
-  // The reduction the groups took (never kAuto).
+  // The reduction the groups took (never kAuto; kDeviceReduceScatter
+  // with the gradient ring).
   GradientReduction gradient_reduction() const { return reduction_; }
+  // Whether the ranks land their shards in gradient rings (Note [Ring
+  // shards] in step/gradient_reducer.h; DataParallelGradientRing).
+  bool gradient_ring() const { return gradient_ring_; }
   Trainer& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
   const std::string& backend_name() const { return groups_[0]->backend_name(); }
   // Whether this process's ranks exchange by peer copies (Note [Peer
@@ -184,6 +204,7 @@ class DataParallelTrainer {
 
   int process_rank_ = 0, num_processes_ = 1;
   bool peer_copies_ = false;
+  bool gradient_ring_ = false;
   GradientReduction reduction_ = GradientReduction::kHostAllReduce;
   std::unique_ptr<RankThreads> threads_;  // idle when the others go
   std::unique_ptr<HostStore> shared_;     // destroyed after the ranks

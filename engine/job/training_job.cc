@@ -71,10 +71,14 @@ absl::StatusOr<ModelConfig> ResolveModel(const ModelSource& model) {
 // in step/grad_lander.h): memory.gradient_landing ring, or auto where the
 // trainer surely takes it (clipping off, one micro-batch per step). Auto with accumulation is
 // counted as the arena: whether the device sums the micro-batches is known only on the device.
-bool CountsGradientRing(const JobSpec& spec) {
+// With train.devices > 1 what DataParallelTrainer takes (DataParallelGradientRing: the job's
+// ranks reduce on the device path, which sums several micro-batches per rank on the device).
+bool CountsGradientRing(const JobSpec& spec, const ModelConfig& config) {
   const GradientLanding landing = spec.memory.gradient_landing;
-  // Note [Shared host store]: data-parallel gradients land in the arena.
-  if (spec.train.devices > 1) return false;
+  if (spec.train.devices > 1) {
+    return DataParallelGradientRing(StepOptionsOf(spec), config,
+                                    static_cast<int>(spec.train.devices), GradientReduction::kAuto);
+  }
   if (landing == GradientLanding::kRing) return true;
   return landing == GradientLanding::kAuto &&
          !ClippingForbidsGradientRing(spec.train.max_grad_norm) &&
@@ -89,8 +93,10 @@ bool PlansResidentEmbedding(const ModelConfig& config) { return !config.tie_word
 
 HostStoreOptions StoreOptions(const JobSpec& spec, const ModelConfig& config, bool pin) {
   HostStoreOptions o;
-  o.gradient_ring = CountsGradientRing(spec);
-  o.embedding_grad_in_host = !PlansResidentEmbedding(config);
+  o.gradient_ring = CountsGradientRing(spec, config);
+  // With train.devices > 1 and the ring the shared store keeps no gradient
+  // (Note [Ring shards]); each rank's embedding landing is counted apart.
+  o.embedding_grad_in_host = !PlansResidentEmbedding(config) && spec.train.devices <= 1;
   o.streaming_bf16 = spec.train.compute_dtype == ComputeDtype::kBf16 &&
                      spec.memory.weight_stream == WeightStream::kBf16;
   o.pin = pin;
@@ -210,7 +216,7 @@ absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConf
   // host when the device is too small for them; the CPU has none of them,
   // but the estimate is for a GPU).
   ExecutorOptions exec = ExecutorOptionsOf(StepOptionsOf(spec));
-  exec.gradient_ring = CountsGradientRing(spec);
+  exec.gradient_ring = CountsGradientRing(spec, config);
   exec.offload_activations = OffloadsActivations(spec);
   if (SavedMicroBatches(spec) > 1) {
     exec.schedule = StepSchedule::kLayerMajor;
@@ -223,6 +229,8 @@ absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConf
       config.num_hidden_layers);
   exec.resident_embedding = PlansResidentEmbedding(config);
   exec.device_grad_accumulation = spec.train.gradient_accumulation_steps > 1;
+  // Note [Ring shards]: each rank's ring holds its shard of a block.
+  exec.grad_shard_world = static_cast<int>(std::max<int64_t>(1, spec.train.devices));
   const ExecutorMemoryPlan plan = PlanExecutorMemory(config, exec);
   MEGATRAIN_RETURN_IF_ERROR(cancel.Check());
   SetLargestBlock(config, exec, &f);
@@ -243,7 +251,9 @@ absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConf
     // the device (DataParallelTrainer asks for device gradient
     // accumulation), land their shards in the shared gradient itself, and
     // only the embedding's rows, unless it is resident, in a buffer of
-    // their own.
+    // their own. With the ring (Note [Ring shards] in
+    // step/gradient_reducer.h) the shared store has no gradient and each
+    // rank's ring holds shards (1/N of a layer per buffer), in staging.
     const int64_t ranks = spec.train.devices;
     const ModelLayout layout = ModelLayout::Create(config);
     const int64_t embedding_bytes =
@@ -252,6 +262,7 @@ absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConf
     f.host.pinned += ranks * landing;
     f.host.grad += ranks * landing;
     f.host.staging *= ranks;
+    f.gradient_ring_bytes *= ranks;
     f.embedding_lookahead_bytes = 0;
   }
   f.host_total_bytes = f.host.Total() + f.embedding_lookahead_bytes;

@@ -66,7 +66,9 @@ struct MemoryFootprint {
   int64_t embedding_lookahead_bytes = 0;
   // Pinned host bytes of the gradient ring (Note [Gradient ring] in
   // step/grad_lander.h): kGradRingBuffers x 4 x GradRingNumels (the
-  // largest streamed decoder layer); 0 without it. Part of host.staging.
+  // largest streamed decoder layer); with train.devices N > 1 every
+  // rank's ring, each of 1/N of that layer (ceil; Note [Ring shards] in
+  // step/gradient_reducer.h); 0 without it. Part of host.staging.
   int64_t gradient_ring_bytes = 0;
   // Bytes in files on the NVMe tier (memory.nvme_tier: moments): the two
   // AdamW moments, host.exp_avg and host.exp_avg_sq then 0 and host.staging

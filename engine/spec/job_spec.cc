@@ -204,14 +204,6 @@ void CheckMemory(const JobSpec& spec, SpecErrors& errors) {
         "memory.gradient_landing: ring needs train.max_grad_norm 0 (", kGradientRingClippingReason,
         "), got max_grad_norm ", spec.train.max_grad_norm, "; use arena or auto")));
   }
-  // Note [Shared host store] in engine/step/gradient_reducer.h: the ranks'
-  // reduced shards land in the shared store's gradient arena.
-  if (spec.memory.gradient_landing == GradientLanding::kRing && spec.train.devices > 1) {
-    errors.Add(absl::InvalidArgumentError(absl::StrCat(
-        "memory.gradient_landing: ring is not built with train.devices > 1 (the reduced "
-        "gradients land in the shared store's arena), got devices ",
-        spec.train.devices, "; use arena or auto")));
-  }
 }
 
 }  // namespace

@@ -106,6 +106,10 @@ absl::Status CheckExecutorBounds(const HostStore* store, const ExecutorOptions& 
         absl::StrCat("executor.weight_shard_rank: must be in [0, weight_shard_world=",
                      options.weight_shard_world, "), got ", options.weight_shard_rank));
   }
+  if (options.grad_shard_world < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor.grad_shard_world: must be >= 1, got ", options.grad_shard_world));
+  }
   if (options.num_grad_slots < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("executor.num_grad_slots: must be >= 2, got ", options.num_grad_slots));

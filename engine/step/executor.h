@@ -229,6 +229,12 @@ struct ExecutorOptions {
   // world is above 1). Slots hold ShardedSlotNumel elements.
   int weight_shard_world = 1;
   int weight_shard_rank = 0;
+  // With gradient_ring: the ranks each streamed block's gradient is
+  // reduce-scattered over before it lands (GradientReducer::
+  // gradient_shard_world; Note [Ring shards] in gradient_reducer.h), so
+  // that a ring buffer holds one shard, ceil(numel / world) elements.
+  // 1: whole blocks land.
+  int grad_shard_world = 1;
 };
 
 // Note [Executor memory plan]

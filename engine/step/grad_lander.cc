@@ -18,11 +18,14 @@
 namespace megatrain::engine {
 
 std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel,
-                                    int64_t largest_layer_numel) {
-  const int64_t numel =
+                                    int64_t largest_layer_numel, int shard_world) {
+  const int64_t block_numel =
       layer_numels.empty()
           ? (largest_layer_numel > 0 ? std::min(head_numel, largest_layer_numel) : head_numel)
           : *std::max_element(layer_numels.begin(), layer_numels.end());
+  // Note [Shard layout] in dist/gradient_shard.h: S = ceil(numel / world).
+  const int world = std::max(shard_world, 1);
+  const int64_t numel = (block_numel + world - 1) / world;
   if (numel <= 0) return {};
   return std::vector<int64_t>(kGradRingBuffers, numel);
 }
@@ -238,17 +241,17 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
     runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
     runtime->Wait(StreamKind::kD2H, *grad_ready_[slot]);
   }
-  CheckShardOnly(task, begin, end);
+  CheckShardOnly(task);
   if (kind == Task::Kind::kDense && !task.direct) {
     task.keep_alive = std::move(keep_alive);
     OffloadChunks(task, device_src);
     return;
   }
-  // The ring and a gradient reducer exclude each other (Note [Gradient
-  // ring]): a ring landing is always the whole block.
+  // A ring landing is the whole block, or this rank's reduced shard of it
+  // (Note [Ring shards] in gradient_reducer.h).
   if (task.direct && !ring_.empty() && block != env_->layout.embedding_block()) {
     task.keep_alive = std::move(keep_alive);
-    OffloadRing(task, device_src);
+    OffloadRing(task, device_src, begin, end);
     return;
   }
   const int64_t bytes = (end - begin) * 4;
@@ -284,23 +287,21 @@ void GradLander::ReduceOnDevice(int slot, const float* device_src, Task* task, i
   auto scope = runtime->Use(StreamKind::kD2H);
   const int token = env_->timer.Begin(StreamKind::kD2H);
   float* grad = const_cast<float*>(device_src);
-  if (!env_->reduce_on_device(task->block, grad, task->numel, begin, end)) {
-    *begin = 0, *end = task->numel;
-  }
+  task->reduced = env_->reduce_on_device(task->block, grad, task->numel, begin, end);
+  if (!task->reduced) *begin = 0, *end = task->numel;
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
   at::Tensor flat = at::from_blob(grad + *begin, {*end - *begin}, fp32);
   task->keep_alive_norm = compat::VectorNormFp64(flat);
   env_->timer.End(StreamKind::kD2H, token);
 }
 
-void GradLander::CheckShardOnly(const Task& task, int64_t begin, int64_t end) const {
+void GradLander::CheckShardOnly(const Task& task) const {
   // Note [Shard-only landing] in store/host_store.h: a rank writes into
   // the shared gradient only its shard of a whole, reduced gradient.
   // Anything else (a later micro-batch's contribution, a whole block)
   // would add into or overwrite the other ranks' shards.
-  if (!env_->store->lands_shard_only(task.block)) return;
-  const bool whole_range = begin == 0 && end == task.numel && task.numel > 0;
-  if (task.direct && task.final && env_->reduce_on_device && !whole_range) return;
+  // (With one rank per process the shard is the whole block.)
+  if (!env_->store->lands_shard_only(task.block) || task.reduced) return;
   throw std::runtime_error(absl::StrCat(
       "data parallelism: block ", task.block,
       " would land a partial gradient in the shared store; each rank's micro-batches must be "
@@ -308,20 +309,27 @@ void GradLander::CheckShardOnly(const Task& task, int64_t begin, int64_t end) co
       task.numel * 4, " bytes of device memory for this block; see the stderr line above)"));
 }
 
-void GradLander::OffloadRing(const Task& task, const float* device_src) {
+void GradLander::OffloadRing(const Task& task, const float* device_src, int64_t begin,
+                             int64_t end) {
   // Note [Gradient ring]: the executor lands only whole gradients here.
   ABSL_RAW_CHECK(task.first && task.final, "gradient ring: a partial gradient landed");
   DeviceRuntime* runtime = env_->runtime;
   const int64_t piece = static_cast<int64_t>(ring_[0].bytes() / 4);  // all of one size
-  for (int64_t offset = 0; offset < task.numel; offset += piece) {
-    const int64_t count = std::min(piece, task.numel - offset);
-    const bool last = offset + count >= task.numel;
+  // At least one piece, even for an empty range (a rank that owns no
+  // element of the block, or a failed collective): its callback is how
+  // the rank takes part in the block's ReduceRingShard.
+  int64_t offset = begin;
+  do {
+    const int64_t count = std::min(piece, end - offset);
+    const bool last = offset + count >= end;
     const int r = AcquireRing();
     try {
       const int token = env_->timer.Begin(StreamKind::kD2H);
-      runtime->CopyDeviceToHost(ring_[r].data(), device_src + offset,
-                                static_cast<size_t>(count) * 4);
-      if (offset == 0) {  // the whole block's norm, read by every piece
+      if (count > 0) {
+        runtime->CopyDeviceToHost(ring_[r].data(), device_src + offset,
+                                  static_cast<size_t>(count) * 4);
+      }
+      if (offset == begin) {  // the landed range's norm, read by every piece
         runtime->CopyDeviceToHost(static_cast<double*>(norm_host_.data()) + task.slot,
                                   task.keep_alive_norm.data_ptr(), sizeof(double));
       }
@@ -335,14 +343,18 @@ void GradLander::OffloadRing(const Task& task, const float* device_src) {
     piece_task.ring = r;
     piece_task.offset = offset;
     piece_task.numel = count;
+    piece_task.first_piece = offset == begin;
     piece_task.releases_slot = last;
     // The first piece keeps the norm, the last the source alive.
-    if (offset > 0) piece_task.keep_alive_norm.reset();
+    if (offset > begin) piece_task.keep_alive_norm.reset();
     if (!last) piece_task.keep_alive.reset();
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(piece_task));
-  }
-  env_->d2h_bytes += task.numel * 4;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(piece_task));
+    }
+    offset += count;
+  } while (offset < end);
+  env_->d2h_bytes += (end - begin) * 4;
 }
 
 int GradLander::AcquireRing() {
@@ -372,7 +384,7 @@ void GradLander::RunRingPiece(Task& task) {
   piece.begin = task.offset;
   piece.count = task.numel;
   piece.data = static_cast<const float*>(ring_[task.ring].data());
-  piece.first = task.offset == 0;
+  piece.first = task.first_piece;
   piece.last = task.releases_slot;
   piece.release = [this, r = task.ring] { ReleaseRing(r); };
   task.handed_on = true;

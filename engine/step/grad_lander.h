@@ -66,6 +66,22 @@
 // AdamW is elementwise, so the update of a block in pieces reads the same
 // fp32 values and computes the same bits as from the arena.
 //
+// With data parallelism (Note [Ring shards] in gradient_reducer.h) each
+// rank's ring lands only the rank's reduce-scattered shard of a block,
+// [begin, end) = ShardOf(numel, rank, L), so its buffers are sized by
+// the shard: GradRingNumels of ceil(numel / L) (ExecutorOptions::
+// grad_shard_world = L). The pieces are [begin, begin + n), ..., the
+// FinalGradient's begin counted in the whole block, and the norm that
+// travels with them is the shard's; the trainer replaces it by the
+// block's (every rank's shard norm, ReduceRingShard) before deciding on
+// the block. A rank that owns no element of a block still lands one
+// empty piece, so that it takes part in the block's ReduceRingShard.
+// Ownership of a ring buffer: the enqueuing thread from AcquireRing to
+// the queued piece; the accumulator thread until the callback took it;
+// then the trainer's AdamW slices of that piece (this rank's optimizer
+// queue only), the last of which releases it. No other rank ever reads
+// it: each rank updates exactly its own shard (Note [Sharded optimizer]).
+//
 // Host bytes (issue 19): kGradRingBuffers x 4 x the largest ring block
 // but one, whatever the vocabulary: llama-3b 3 x 0.40 GB (0.33 B/param;
 // one buffer of its head and one of a layer took 0.55), llama-8b 3 x 0.87
@@ -160,8 +176,10 @@ inline int64_t GradChunkNumel(int64_t max_numel, int64_t chunk_elements = kGradC
 // Note [Gradient ring]: buffers in the ring, all of GradRingNumels.
 inline constexpr int kGradRingBuffers = 3;
 
-// Elements of each ring buffer (Note [Gradient ring]): kGradRingBuffers
-// times the largest of `layer_numels` (the streamed decoder layers'
+// Elements of each ring buffer (Note [Gradient ring]), for landings of
+// whole blocks (`shard_world` 1) or of shards of ceil(numel /
+// shard_world) elements (Note [Ring shards] in gradient_reducer.h):
+// kGradRingBuffers times the largest of `layer_numels` (the streamed decoder layers'
 // blocks); when no layer streams (every one resident), the smaller of
 // `head_numel` (the head block) and `largest_layer_numel` (the model's
 // largest decoder layer, resident or not; 0: none), so that the ring's
@@ -169,7 +187,7 @@ inline constexpr int kGradRingBuffers = 3;
 // larger than a buffer (an untied head) lands in pieces of that size.
 // Empty when the chosen size is 0.
 std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel,
-                                    int64_t largest_layer_numel);
+                                    int64_t largest_layer_numel, int shard_world = 1);
 
 // Pinned bytes of a GradLander: `num_slots` staging buffers of
 // `slot_staging_bytes` (the embedding's contribution; 0 when it is
@@ -278,6 +296,10 @@ class GradLander {
     int ring = -1;              // Note [Gradient ring]: the ring buffer its piece landed in
                                 // (offset: the piece's first element in the block)
     bool handed_on = false;     // ring: the callback took the piece (and its release)
+    bool first_piece = false;   // ring: the first piece of its landing (carries the norm)
+    // Reduced over the ranks on the device (GradientReducer::
+    // ReduceScatterOnDevice returned true): only this rank's shard lands.
+    bool reduced = false;
     std::vector<int32_t> rows;  // token ids of kEmbeddingRows, [B*T]
     at::Tensor keep_alive;      // device tensors read by the D2H copies
     at::Tensor keep_alive_norm;
@@ -292,8 +314,9 @@ class GradLander {
   void ReduceOnDevice(int slot, const float* device_src, Task* task, int64_t* begin, int64_t* end);
   // Throws std::runtime_error where `task` would write into another
   // rank's part of a shared gradient (Note [Shard-only landing]): only the
-  // shard [begin, end) of a whole gradient reduced on the device may land.
-  void CheckShardOnly(const Task& task, int64_t begin, int64_t end) const;
+  // shard of a whole gradient reduced on the device (task.reduced) may
+  // land.
+  void CheckShardOnly(const Task& task) const;
   void Offload(int slot, int64_t block, int64_t numel, const float* device_src,
                at::Tensor keep_alive, Task::Kind kind, std::vector<int32_t> rows, bool whole);
   // The later contribution in `task` (dense, not direct) at `device_src`,
@@ -301,9 +324,11 @@ class GradLander {
   void OffloadChunks(const Task& task, const float* device_src);
   // Waits for a free chunk buffer; returns it, marked busy.
   int AcquireChunk();
-  // The direct landing in `task` at `device_src` through the gradient ring,
-  // in pieces of a ring buffer (Note [Gradient ring]).
-  void OffloadRing(const Task& task, const float* device_src);
+  // The direct landing in `task` at `device_src` through the gradient ring:
+  // elements [begin, end) of the block (all of it, or this rank's reduced
+  // shard, Note [Ring shards] in gradient_reducer.h), in pieces of a ring
+  // buffer (Note [Gradient ring]); one empty piece for an empty range.
+  void OffloadRing(const Task& task, const float* device_src, int64_t begin, int64_t end);
   // Waits until the next ring buffer in turn is released; returns it,
   // marked busy.
   int AcquireRing();

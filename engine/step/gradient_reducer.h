@@ -42,7 +42,8 @@
 // A non-resident embedding then
 // updates as one block (no row gate, no lookahead: Notes [Embedding rows on
 // demand] and [Embedding lookahead] in trainer.h), the gradient lands in
-// the arena (no ring), and the NVMe tier is not available.
+// the arena, or with the gradient ring in each rank's own shard-sized
+// ring (Note [Ring shards]), and the NVMe tier is not available.
 //
 // Note [Sharded optimizer]
 // The CPU AdamW of the shared store is split by shard: rank r of the
@@ -93,6 +94,33 @@ class GradientReducer {
   // (fp32 values summed in fp64, in a fixed order); NaN after a failed
   // collective, whose error EndStep returns.
   virtual double ReduceBlock(int64_t block, float* grad, int64_t numel) = 0;
+
+  // Note [Ring shards]
+  // With the gradient ring (memory.gradient_landing ring, clipping off;
+  // Note [Gradient ring] in step/grad_lander.h) a streamed block's
+  // gradient never lands in the store: ReduceScatterOnDevice reduced it
+  // and this rank's shard, grad[begin, end) of the device buffer, went to
+  // the rank's own ring buffers, in pieces its AdamW shard reads there.
+  // The store has no gradient of such a block (grad() is nullptr), so the
+  // block's ReduceBlock is replaced by this call, once per block and pass
+  // with its first piece: `shard_squared_norm` is the squared norm of this
+  // rank's reduced shard (fp64, taken on the device before the first
+  // piece landed). Counts the landing and returns the block's squared
+  // norm, every rank's shard norm added in rank order once every rank's
+  // shard landed, so that every rank decides the block's non-finite check
+  // (Note [Non-finite steps] in trainer.h) alike and reports the same
+  // gradient norm. No clipping depends on it: the ring needs
+  // max_grad_norm 0. NaN after a failed collective, or when the block was
+  // not reduced on the device (FAILED_PRECONDITION from EndStep); the
+  // step then fails.
+  virtual double ReduceRingShard(int64_t block, double shard_squared_norm) = 0;
+
+  // The ranks a streamed block's gradient is reduce-scattered over on the
+  // device (this process's ranks on the device path; Note [Device
+  // reduce-scatter]): each rank lands a shard of ceil(numel / world)
+  // elements at most, which sizes the gradient ring's buffers. 1 where
+  // blocks land whole (the default).
+  virtual int gradient_shard_world() const { return 1; }
 
   // Ends the step: the global batch's sums from this rank's `local` ones.
   // Returns the first error of the step's collectives.

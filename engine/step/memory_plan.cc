@@ -45,8 +45,9 @@ ExecutorMemoryPlan PlanExecutorMemory(const ModelConfig& config, const ExecutorO
     if (layer >= 0) ring_layer_numels.push_back(layout.blocks[i].numel);
   }
   if (options.gradient_ring) {
-    plan.grad_ring_numels = GradRingNumels(
-        ring_layer_numels, layout.blocks[layout.head_block()].numel, largest_layer_numel);
+    plan.grad_ring_numels =
+        GradRingNumels(ring_layer_numels, layout.blocks[layout.head_block()].numel,
+                       largest_layer_numel, options.grad_shard_world);
   }
   const int64_t esize = options.compute_dtype == ComputeDtype::kBf16 ? 2 : 4;
   const int64_t tokens = options.micro_batch * options.seq_len;

@@ -72,10 +72,12 @@ absl::Status ValidateOptions(const TrainerOptions& options) {
       return absl::UnimplementedError(
           "memory.nvme_tier: not built with train.devices > 1 (one shared host store)");
     }
-    if (options.gradient_landing == GradientLanding::kRing) {
+    if (options.gradient_landing != GradientLanding::kAuto &&
+        (options.gradient_landing == GradientLanding::kRing) !=
+            options.shared_store->options().gradient_ring) {
       return absl::InvalidArgumentError(
-          "gradient_landing ring: not with train.devices > 1 (the ranks' shards land in the "
-          "shared store's gradient arena)");
+          absl::StrCat("gradient_landing ", GradientLandingName(options.gradient_landing),
+                       ": the shared store was built for the other landing (Note [Ring shards])"));
     }
   }
   if (options.optimizer_slice_elements < 1) {
@@ -114,10 +116,13 @@ absl::StatusOr<bool> ResolveGradientRing(const TrainerOptions& options, const Mo
   if (ClippingForbidsGradientRing(options.max_grad_norm)) {
     clipping = absl::StrCat("needs max_grad_norm 0 (", kGradientRingClippingReason, ")");
     refusal = clipping.c_str();
-  } else if (options.gradient_reducer != nullptr) {
-    // Note [Data-parallel step]: ReduceBlock combines whole landed
-    // gradients; the ring hands a large block on in pieces.
-    refusal = "not with data parallelism (a gradient reducer)";
+  } else if (options.gradient_reducer != nullptr &&
+             !options.gradient_reducer->reduce_scatters_on_device()) {
+    // Note [Ring shards] in gradient_reducer.h: each rank's ring takes
+    // its shard of a block reduce-scattered on the device.
+    refusal =
+        "with train.devices > 1 needs the device reduce-scatter (gradient_reduction "
+        "device_reduce_scatter or auto): the host all-reduce reduces whole landed blocks";
   } else if (!options.nvme_dir.empty()) {
     refusal = "not with the NVMe tier (memory.nvme_tier): its optimizer reads the gradient arena";
   } else if (accumulation > 1 && config.tie_word_embeddings && !exec.resident_embedding) {
@@ -151,6 +156,7 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
     // Note [Sharded weight streaming] in weight_slots.h.
     exec.weight_shard_world = reducer->weight_shard_world();
     exec.weight_shard_rank = reducer->weight_shard_rank();
+    exec.grad_shard_world = reducer->gradient_shard_world();  // Note [Ring shards]
   }
   const ScheduleRequest request = ScheduleRequestOf(options);
   // Notes [Schedule choice] and [Auto resident layers] in schedule_choice.h.
@@ -168,7 +174,11 @@ absl::StatusOr<ExecutorOptions> ResolveExecutorOptions(const TrainerOptions& opt
 // a gradient reducer resident blocks are summed over the ranks on the
 // devices: Note [Resident blocks on every rank] in gradient_reducer.h.)
 TrainerOptions WithTierDefaults(TrainerOptions options) {
-  if (options.shared_store != nullptr) options.gradient_landing = GradientLanding::kArena;
+  if (options.shared_store != nullptr) {  // Note [Ring shards]: the shared store's landing
+    options.gradient_landing = options.shared_store->options().gradient_ring
+                                   ? GradientLanding::kRing
+                                   : GradientLanding::kArena;
+  }
   if (options.nvme_dir.empty()) return options;
   options.resident_layers = 0;
   options.resident_embedding = 0;
@@ -183,7 +193,8 @@ absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config
   const HostStoreOptions& have = shared.options();
   if (shared.arena_numel() != HostStore::EstimateBytes(config, {}).master / 4 ||
       have.streaming_bf16 != options.streaming_bf16 || have.pin != options.pin ||
-      !have.optimizer_state || !have.moments_in_host || have.gradient_ring) {
+      !have.optimizer_state || !have.moments_in_host ||
+      have.gradient_ring != options.gradient_ring) {
     return absl::InvalidArgumentError(
         "shared_store: built for another model or other options (streaming copy, pinning, "
         "moments in host memory, gradient arena) than this trainer's");
@@ -281,7 +292,10 @@ AdamWBuffers Trainer::StoreBuffers(int64_t block, int64_t offset, int64_t count)
   buffers.params = store.master(block) + offset;
   buffers.exp_avg = store.exp_avg(block) + offset;
   buffers.exp_avg_sq = store.exp_avg_sq(block) + offset;
-  if (const float* grads = store.grad(block); grads != nullptr) buffers.grads = grads + offset;
+  // Note [Ring shards]: a shared store with the ring keeps no gradient;
+  // the embedding's reduced gradient is then in this rank's view.
+  const float* grads = store.grad(block) != nullptr ? store.grad(block) : store_->grad(block);
+  if (grads != nullptr) buffers.grads = grads + offset;
   bf16_bits* bf16 = store.streaming_bf16(block);
   buffers.bf16_params = bf16 != nullptr ? bf16 + offset : nullptr;
   buffers.num_elements = count;
@@ -592,8 +606,9 @@ void Trainer::OnBlockFinal(StepState& s, const FinalGradient& g) {
     // Note [Data-parallel step]; a resident block was summed on the
     // devices before its norm (Note [Resident blocks on every rank]).
     if (options_.gradient_reducer != nullptr && ResidentIndexOf(block) < 0) {
-      grad_sq = options_.gradient_reducer->ReduceBlock(block, store_->grad(block),
-                                                       store_->block_numel(block));
+      grad_sq = g.release ? options_.gradient_reducer->ReduceRingShard(block, grad_sq)
+                          : options_.gradient_reducer->ReduceBlock(block, store_->grad(block),
+                                                                   store_->block_numel(block));
     }
     // The hooks may rewrite a gradient that is whole in host memory (not
     // a resident block's, nor one in ring pieces).
@@ -608,7 +623,9 @@ void Trainer::OnBlockFinal(StepState& s, const FinalGradient& g) {
     s.block_applied[block] = s.overlap && !s.stopped;
     if (s.block_applied[block]) ++s.blocks_updated;
   }
-  if (!s.block_applied[block]) {
+  // An empty ring piece (Note [Ring shards]: a shard with no element)
+  // has nothing to update.
+  if (!s.block_applied[block] || (g.release && g.count == 0)) {
     if (g.release) g.release();
     return;
   }

@@ -217,8 +217,12 @@ struct TrainerOptions {
   WeightStream weight_stream = WeightStream::kBf16;
   // Where block gradients land in host memory (memory.gradient_landing;
   // Note [Gradient ring] in step/grad_lander.h): the arena, the ring
-  // (INVALID_ARGUMENT where not allowed: clipping on, a MoE model, or
-  // accumulation without device sums), or auto (the ring where allowed).
+  // (INVALID_ARGUMENT where not allowed: clipping on, accumulation without
+  // device sums, a gradient_reducer that does not reduce-scatter on the
+  // device), or auto (the ring where allowed). With shared_store the
+  // store's choice (HostStoreOptions::gradient_ring; Note [Ring shards]
+  // in gradient_reducer.h): auto follows it, the other must match it
+  // (INVALID_ARGUMENT).
   GradientLanding gradient_landing = GradientLanding::kArena;
   // Parameters per queued AdamW task (Note [Optimizer slices]); >= 1.
   int64_t optimizer_slice_elements = int64_t{1} << 24;
@@ -288,7 +292,8 @@ struct TrainerOptions {
   // built with the options this trainer would give its own store
   // (INVALID_ARGUMENT otherwise; its weights are not initialised by
   // Create). This trainer's store() is then a view holding its landing
-  // gradients.
+  // gradients. With the gradient ring the shared store keeps no gradient
+  // (Note [Ring shards]).
   HostStore* shared_store = nullptr;
   // Note [Sharded optimizer] in gradient_reducer.h (with shared_store):
   // this trainer's CPU AdamW updates shard `optimizer_shard_rank` of

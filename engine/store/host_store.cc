@@ -78,6 +78,22 @@ int64_t GradArenaNumel(const ModelLayout& layout, const HostStoreOptions& option
   return AlignUp(layout.blocks[layout.embedding_block()].numel, kBlockAlignElements);
 }
 
+// Note [Ring shards] in step/gradient_reducer.h: a view of a store with
+// the gradient ring lands every block but the embedding in its own ring,
+// so only the embedding may have a landing buffer of the view's own.
+absl::Status CheckRingView(const HostStore& weights, const std::vector<bool>& private_landing) {
+  if (!weights.options().gradient_ring) return absl::OkStatus();
+  bool ok = static_cast<int64_t>(private_landing.size()) == weights.num_blocks();
+  for (size_t b = 0; ok && b < private_landing.size(); ++b) {
+    ok = !private_landing[b] || static_cast<int64_t>(b) == weights.layout().embedding_block();
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "HostStore::CreateGradientView: a shared store with the gradient ring (no gradient arena) "
+      "takes views that land only the embedding in a buffer of their own (every other block's "
+      "reduced shard goes to the rank's ring: the device reduce-scatter)");
+}
+
 }  // namespace
 
 HostStoreBytes HostStore::EstimateBytes(const ModelConfig& config,
@@ -137,14 +153,18 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelConfig& 
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::CreateGradientView(
     const HostStore& weights, const std::vector<bool>& private_landing) {
-  if (!weights.options().optimizer_state || weights.options().gradient_ring ||
-      weights.weights_ != nullptr) {
+  if (!weights.options().optimizer_state || weights.weights_ != nullptr) {
     return absl::InvalidArgumentError(
-        "HostStore::CreateGradientView: the shared store needs a gradient arena of its own "
-        "(optimizer_state, no gradient ring) and must not itself be a view");
+        "HostStore::CreateGradientView: the shared store needs optimizer state and must not "
+        "itself be a view");
   }
-  std::unique_ptr<HostStore> view(
-      new HostStore(weights.config_, weights.layout_, weights.options_));
+  MEGATRAIN_RETURN_IF_ERROR(CheckRingView(weights, private_landing));
+  HostStoreOptions view_options = weights.options_;
+  if (weights.options_.gradient_ring) {  // Note [Ring shards]: the embedding's own, or none
+    view_options.embedding_grad_in_host =
+        private_landing[static_cast<size_t>(weights.layout_.embedding_block())];
+  }
+  std::unique_ptr<HostStore> view(new HostStore(weights.config_, weights.layout_, view_options));
   view->block_offsets_ = weights.block_offsets_;
   view->arena_numel_ = weights.arena_numel_;
   view->weights_ = &weights;

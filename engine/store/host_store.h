@@ -80,8 +80,12 @@ class HostStore {
   // view), grad() is the view's own arena (the rank's landing buffer,
   // pinned as `weights`' options say). bytes() counts only that arena, so
   // summing the shared store's and the views' bytes counts the weights and
-  // moments once. INVALID_ARGUMENT when `weights` has no optimizer state or
-  // uses the gradient ring; RESOURCE_EXHAUSTED as Create.
+  // moments once. INVALID_ARGUMENT when `weights` has no optimizer state,
+  // or uses the gradient ring and `private_landing` names any block but
+  // the embedding (Note [Ring shards] in step/gradient_reducer.h: the
+  // view's ring takes the others' shards; the view then keeps a gradient
+  // of the embedding only where it lands it, embedding_grad_in_host);
+  // RESOURCE_EXHAUSTED as Create.
   //
   // Note [Shard-only landing]: `private_landing` (empty: every block)
   // names the blocks whose gradient this rank lands whole (the host path:

@@ -22,6 +22,7 @@
 #include "engine/data/batch.h"
 #include "engine/dist/process_group.h"
 #include "engine/model/model_config.h"
+#include "engine/step/grad_lander.h"
 #include "tests/testing/parity.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/trainer_state.h"
@@ -603,6 +604,246 @@ TEST(DataParallelTest, GlooTakesTheHostAllReduce) {
   auto agree = (*dp)->ReplicasAgree();  // one replica: trivially
   ASSERT_THAT(agree, IsOk());
   EXPECT_TRUE(*agree);
+}
+
+// Note [Ring shards] (engine/step/gradient_reducer.h): with
+// memory.gradient_landing ring and clipping off, each rank lands its
+// reduce-scattered shard of a streamed block in a shard-sized gradient
+// ring of its own and updates it from there; the shared store keeps no
+// gradient arena. One case per model and split of the global batch.
+struct RingCase {
+  const char* name;
+  int ranks;
+  int per_rank;  // micro-batches per rank (summed on the device when > 1)
+  bool moe;
+  bool tied;  // tie_word_embeddings: lm_head's gradient lands in the table
+  // Layer 0 and the embedding resident on every rank (summed on the
+  // devices, no ring; Note [Resident blocks on every rank]).
+  bool resident = false;
+};
+void PrintTo(const RingCase& c, std::ostream* os) { *os << c.name; }
+
+class GradientRingParityTest : public ::testing::TestWithParam<RingCase> {};
+
+// The same ranks with the arena on the device path land the same shards
+// (the same reduce-scatter) and AdamW is elementwise, so the ring's
+// weights and moments are bit for bit the arena's. Against one device
+// accumulating the global batch in the arena: losses within 1e-6 relative
+// and the state within 1e-5, the bounds of
+// SeveralMicroBatchesPerRankLandShardsSummedOnTheDevice and their reason
+// (the fp32 summation order, magnified in the embedding's moments near
+// eps^2).
+TEST_P(GradientRingParityTest, RanksLandingShardsInRingsMatchTheArenaAndOneDevice) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const RingCase c = GetParam();
+  ModelConfig config = c.moe ? SmallMixtral() : SmallLlama();
+  config.tie_word_embeddings = c.tied;
+  const int global = c.ranks * c.per_rank;
+  TrainerOptions o = Options(0.0);
+  o.gradient_accumulation_steps = global;
+  if (c.resident) {
+    o.resident_layers = 1;
+    o.resident_embedding = 1;
+  }
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < 3; ++s) {
+    steps.push_back(MakeBatches(global, kB, kT, config.vocab_size, 500 + s));
+  }
+  std::vector<double> single_losses;
+  const std::vector<float> single = TrainSingle(config, o, steps, &single_losses);
+  std::vector<std::vector<float>> state(2);
+  std::vector<std::vector<double>> losses(2);
+  for (const bool ring : {false, true}) {
+    DataParallelOptions dp;
+    dp.devices = DataParallelDevices("cpu", c.ranks);
+    dp.timeout = std::chrono::seconds(60);
+    // The ring takes the device path itself (auto); the arena is asked.
+    dp.gradient_reduction =
+        ring ? GradientReduction::kAuto : GradientReduction::kDeviceReduceScatter;
+    o.gradient_landing = ring ? GradientLanding::kRing : GradientLanding::kArena;
+    auto t = DataParallelTrainer::Create(config, o, kSeed, dp);
+    ASSERT_THAT(t, IsOk());
+    EXPECT_EQ((*t)->gradient_ring(), ring);
+    EXPECT_EQ((*t)->gradient_reduction(), GradientReduction::kDeviceReduceScatter);
+    for (int r = 0; r < c.ranks; ++r) EXPECT_EQ((*t)->rank(r).gradient_ring(), ring) << r;
+    if (ring) {
+      EXPECT_EQ((*t)->store().bytes().grad, 0) << "no gradient arena";
+    }
+    for (size_t s = 0; s < steps.size(); ++s) {
+      auto r = (*t)->Step(steps[s]);
+      ASSERT_THAT(r, IsOk());
+      losses[ring].push_back(r->loss);
+      EXPECT_NEAR(r->loss, single_losses[s], 1e-6 * std::abs(single_losses[s])) << "step " << s;
+      EXPECT_TRUE(std::isfinite(r->grad_norm) && r->grad_norm > 0) << "step " << s;
+    }
+    ASSERT_THAT((*t)->WaitForOptimizer(), IsOk());
+    state[ring] = AllState((*t)->store());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(state[0].size(), state[1].size());
+  EXPECT_EQ(std::memcmp(state[0].data(), state[1].data(), state[0].size() * sizeof(float)), 0);
+  EXPECT_LE(RelativeError(state[1], single), 1e-5);
+  std::fprintf(stderr, "%s: ring vs one device: %.3g relative\n", c.name,
+               RelativeError(state[1], single));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GradientRingParityTest,
+                         ::testing::Values(RingCase{"dense_2x1", 2, 1, false, false},
+                                           RingCase{"dense_2x2", 2, 2, false, false},
+                                           RingCase{"dense_3x1", 3, 1, false, false},
+                                           RingCase{"tied_2x1", 2, 1, false, true},
+                                           RingCase{"resident_2x2", 2, 2, false, false, true},
+                                           RingCase{"moe_2x1", 2, 1, true, false},
+                                           RingCase{"moe_2x2", 2, 2, true, false}),
+                         [](const ::testing::TestParamInfo<RingCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// Note [Ring shards]: each rank's ring holds shards (ceil(numel / N) of
+// the largest streamed layer per buffer), its view a landing buffer of the
+// embedding only, and the shared store no gradient at all.
+TEST(DataParallelTest, GradientRingKeepsNoArenaAndShardSizedRings) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(0.0);
+  o.gradient_accumulation_steps = 2;
+  o.gradient_landing = GradientLanding::kRing;
+  auto t = MakeDp(config, o, 2);
+  ASSERT_THAT(t, IsOk());
+  HostStore& shared = (*t)->store();
+  const int64_t emb = shared.layout().embedding_block();
+  const int64_t emb_bytes = (shared.block_numel(emb) + 1023) / 1024 * 1024 * 4;
+  EXPECT_EQ(shared.bytes().grad, 0);
+  EXPECT_EQ(shared.grad(shared.layout().layer_block(0)), nullptr);
+  for (int r = 0; r < 2; ++r) {
+    HostStore& view = (*t)->rank(r).store();
+    EXPECT_EQ(view.bytes().grad, emb_bytes) << "rank " << r;
+    EXPECT_NE(view.grad(emb), nullptr) << "rank " << r;
+  }
+  EXPECT_EQ((*t)->host_bytes().grad, 2 * emb_bytes);
+  // The executor's pinned buffers: the ring of shards, against a ring of
+  // whole layers on one device.
+  const int64_t layer = shared.block_numel(shared.layout().layer_block(0));
+  const int64_t whole_ring = kGradRingBuffers * 4 * layer;
+  const int64_t shard_ring = kGradRingBuffers * 4 * ((layer + 1) / 2);
+  o.gradient_accumulation_steps = 1;
+  auto single = Trainer::Create(config, o, kSeed);
+  ASSERT_THAT(single, IsOk());
+  EXPECT_EQ((*t)->rank(0).staging_host_bytes() - (*single)->staging_host_bytes(),
+            shard_ring - whole_ring);
+}
+
+// Note [Ring shards]: a view of a store without a gradient arena may own
+// a landing buffer for the embedding only; an empty flag list (every
+// block whole) or any other block is refused.
+TEST(DataParallelTest, GradientRingViewLandsOnlyTheEmbeddingInABufferOfItsOwn) {
+  const ModelConfig config = SmallLlama();
+  HostStoreOptions ring;
+  ring.gradient_ring = true;
+  ring.embedding_grad_in_host = false;
+  auto shared = HostStore::Create(config, ring);
+  ASSERT_THAT(shared, IsOk());
+  const int64_t emb = (*shared)->layout().embedding_block();
+  const int64_t layer0 = (*shared)->layout().layer_block(0);
+  std::vector<bool> flags(static_cast<size_t>((*shared)->num_blocks()), false);
+  flags[static_cast<size_t>(layer0)] = true;
+  for (const std::vector<bool>& bad : {std::vector<bool>{}, flags}) {
+    EXPECT_THAT(HostStore::CreateGradientView(**shared, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("land only the embedding in a buffer of their own")));
+  }
+  flags[static_cast<size_t>(layer0)] = false;
+  auto none = HostStore::CreateGradientView(**shared, flags);
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ((*none)->bytes().grad, 0);
+  EXPECT_FALSE((*none)->options().embedding_grad_in_host);
+  flags[static_cast<size_t>(emb)] = true;
+  auto view = HostStore::CreateGradientView(**shared, flags);
+  ASSERT_THAT(view, IsOk());
+  EXPECT_EQ((*view)->bytes().grad, ((*shared)->block_numel(emb) + 1023) / 1024 * 1024 * 4);
+  EXPECT_TRUE((*view)->options().embedding_grad_in_host);
+  EXPECT_NE((*view)->grad(emb), nullptr);
+  EXPECT_EQ((*view)->grad(layer0), nullptr);
+  EXPECT_TRUE((*view)->lands_shard_only(layer0));
+}
+
+// memory.gradient_landing auto with several ranks: the ring where it is
+// sure to be allowed (DataParallelGradientRing), else the arena.
+TEST(DataParallelTest, AutoLandingTakesTheRingWhereEveryRankLandsWholeGradients) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(0.0);
+  o.gradient_landing = GradientLanding::kAuto;
+  auto ring = MakeDp(config, o, 2);  // two micro-batches per rank, summed on the device
+  ASSERT_THAT(ring, IsOk());
+  EXPECT_TRUE((*ring)->gradient_ring());
+  EXPECT_EQ((*ring)->gradient_reduction(), GradientReduction::kDeviceReduceScatter);
+  EXPECT_THAT((*ring)->Step(Steps(config, 1)[0]), IsOk());
+  struct Arena {
+    const char* why;
+    double max_grad_norm;
+    int device_grad_accumulation;
+    bool tied;
+    GradientReduction reduction;
+  };
+  for (const Arena& a :
+       {Arena{"clipping", 1.0, -1, false, GradientReduction::kAuto},
+        Arena{"host sums", 0.0, 0, false, GradientReduction::kAuto},
+        Arena{"tied table", 0.0, -1, true, GradientReduction::kAuto},
+        Arena{"host all-reduce", 0.0, -1, false, GradientReduction::kHostAllReduce}}) {
+    TrainerOptions arena = o;
+    arena.max_grad_norm = a.max_grad_norm;
+    arena.device_grad_accumulation = a.device_grad_accumulation;
+    config.tie_word_embeddings = a.tied;
+    EXPECT_FALSE(DataParallelGradientRing(arena, config, 2, a.reduction)) << a.why;
+  }
+  config.tie_word_embeddings = false;
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", 2);
+  dp.timeout = std::chrono::seconds(60);
+  dp.gradient_reduction = GradientReduction::kHostAllReduce;
+  auto host = DataParallelTrainer::Create(config, o, kSeed, dp);
+  ASSERT_THAT(host, IsOk());
+  EXPECT_FALSE((*host)->gradient_ring());
+  EXPECT_EQ((*host)->gradient_reduction(), GradientReduction::kHostAllReduce);
+}
+
+// Where the ring cannot land shards with several ranks, INVALID_ARGUMENT
+// names the field and the reason, before any step.
+TEST(DataParallelTest, GradientRingRefusesWhatRanksCannotLandInIt) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  ModelConfig config = SmallLlama();
+  TrainerOptions o = Options(0.0);
+  o.gradient_accumulation_steps = 2;
+  o.gradient_landing = GradientLanding::kRing;
+  DataParallelOptions dp;
+  dp.devices = DataParallelDevices("cpu", 2);
+  dp.timeout = std::chrono::seconds(60);
+  dp.gradient_reduction = GradientReduction::kHostAllReduce;
+  EXPECT_THAT(DataParallelTrainer::Create(config, o, kSeed, dp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("memory.gradient_landing: ring with train.devices > 1 needs the "
+                                 "device reduce-scatter")));
+  o.max_grad_norm = 1.0;
+  EXPECT_THAT(MakeDp(config, o, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("gradient_landing ring: needs max_grad_norm 0")));
+  // Two micro-batches per rank added on the host (device accumulation
+  // forced off) would land partial gradients.
+  o.max_grad_norm = 0;
+  o.gradient_accumulation_steps = 4;
+  o.device_grad_accumulation = 0;
+  EXPECT_THAT(MakeDp(config, o, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("gradient_landing ring: with gradient accumulation the "
+                                 "micro-batches' gradients must be summed on the device")));
+  // A tied table on the host adds lm_head's gradient per micro-batch.
+  o.device_grad_accumulation = -1;
+  config.tie_word_embeddings = true;
+  EXPECT_THAT(MakeDp(config, o, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("gradient_landing ring: with gradient accumulation a tied "
+                                 "embedding table on the host")));
 }
 
 // Rendezvous as torchrun's processes do it (TCPStore on loopback), here

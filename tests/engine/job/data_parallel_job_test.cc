@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -24,6 +25,7 @@
 #include "engine/job/job_trainer.h"
 #include "engine/job/training_job.h"
 #include "engine/model/model_config.h"
+#include "engine/model/param_layout.h"
 #include "engine/runtime/device_info.h"
 #include "engine/store/host_store.h"
 #include "tests/testing/status_matchers.h"
@@ -138,15 +140,19 @@ using ::megatrain::testing::RelativeError;  // the L2 measure over flat copies
 // relative per gradient, carried through six AdamW steps. Not bit-identical
 // for that reason.
 // `hf_dir`: the model (empty: the tiny preset); `data`: its token shards
-// (empty: WriteDataset's).
+// (empty: WriteDataset's); `edit`: applied to both specs (with their
+// device count) before they run.
 void ExpectTwoDevicesTrainAsOne(const std::vector<std::string>& one_device,
                                 const std::vector<std::string>& two_devices, double tolerance,
-                                const std::string& hf_dir = "", std::string data = "") {
+                                const std::string& hf_dir = "", std::string data = "",
+                                const std::function<void(JobSpec&, int64_t)>& edit = {}) {
   if (data.empty()) data = WriteDataset();
   const std::string one_dir = testing::MakeTempDir("dp-one");
   const std::string two_dir = testing::MakeTempDir("dp-two");
-  const Recorder one = RunJob(Spec(data, one_dir, 1, hf_dir), one_device);
-  const Recorder two = RunJob(Spec(data, two_dir, 2, hf_dir), two_devices);
+  JobSpec one_spec = Spec(data, one_dir, 1, hf_dir), two_spec = Spec(data, two_dir, 2, hf_dir);
+  if (edit) edit(one_spec, 1), edit(two_spec, 2);
+  const Recorder one = RunJob(one_spec, one_device);
+  const Recorder two = RunJob(two_spec, two_devices);
   ASSERT_EQ(one.losses.size(), 6u);
   ASSERT_EQ(two.losses.size(), 6u);
   for (size_t s = 0; s < 6; ++s) {
@@ -181,6 +187,43 @@ void ExpectTwoDevicesTrainAsOne(const std::vector<std::string>& one_device,
 TEST(DataParallelJobTest, TwoDevicesTrainAsOneDeviceAccumulatingTheGlobalBatch) {
   MEGATRAIN_SKIP_WITHOUT_GLOO();
   ExpectTwoDevicesTrainAsOne({"cpu"}, CpuRanks(2), 1e-6);
+}
+
+// Note [Ring shards] (engine/step/gradient_reducer.h): a 2-device job with
+// memory.gradient_landing ring (clipping off; two micro-batches per rank,
+// summed on the device) lands each rank's reduced shards in its own ring
+// and trains as one device accumulating the global batch in the arena,
+// within the 1e-6 above (the ring's AdamW reads the same shards; only the
+// summation order differs). Its footprint counts two shard-sized rings
+// and no gradient arena but the ranks' embedding landings.
+void RingEdit(JobSpec& spec, int64_t devices) {
+  spec.train.max_grad_norm = 0;
+  if (devices > 1) spec.memory.gradient_landing = GradientLanding::kRing;
+}
+
+TEST(DataParallelJobTest, TwoDevicesWithTheGradientRingTrainAsOneDeviceWithTheArena) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  JobSpec spec = Spec(WriteDataset(), testing::MakeTempDir("dp-ring-plan"), 2);
+  RingEdit(spec, 2);
+  auto job = TrainingJob::CreateOnDevices(spec, CpuRanks(2), std::nullopt);
+  ASSERT_THAT(job, IsOk());
+  const MemoryFootprint f = (*job)->footprint();
+  auto config = PresetConfig("tiny");
+  ASSERT_THAT(config, IsOk());
+  const ModelLayout layout = ModelLayout::Create(*config);
+  const int64_t layer = layout.blocks[layout.layer_block(0)].numel;
+  EXPECT_EQ(f.gradient_ring_bytes, 2 * 3 * 4 * ((layer + 1) / 2)) << "two rings of half layers";
+  ExpectTwoDevicesTrainAsOne({"cpu"}, CpuRanks(2), 1e-6, "", "", RingEdit);
+}
+
+// The same for a mixture of experts with the ring (the MoE layers' shards
+// in the ring).
+TEST(DataParallelJobTest, TwoDevicesWithTheGradientRingTrainAMixtureOfExpertsAsOneDevice) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const std::string data = testing::WritePatternDataset(
+      {.prefix = "dp-moe-ring-tokens", .vocab_size = 128, .id_span = 120});
+  ExpectTwoDevicesTrainAsOne({"cpu"}, CpuRanks(2), 1e-6,
+                             std::string(MEGATRAIN_TESTDATA_DIR) + "/hf/mixtral", data, RingEdit);
 }
 
 // A mixture of experts (transformers' tiny Mixtral fixture, its
@@ -255,6 +298,12 @@ TEST(DataParallelJobTest, SuspendResumesExactlyAndTheCheckpointLoadsOnOneDevice)
 TEST(DataParallelJobTest, TwoGpusTrainAsOneGpuAccumulatingTheGlobalBatch) {
   MEGATRAIN_SKIP_WITHOUT_TWO_NCCL_GPUS();
   ExpectTwoDevicesTrainAsOne({"cuda:0"}, {"cuda:0", "cuda:1"}, 1e-5);
+}
+
+// The gradient ring on two GPUs (NCCL's reduce-scatter; 1e-5 as above).
+TEST(DataParallelJobTest, TwoGpusWithTheGradientRingTrainAsOneGpu) {
+  MEGATRAIN_SKIP_WITHOUT_TWO_NCCL_GPUS();
+  ExpectTwoDevicesTrainAsOne({"cuda:0"}, {"cuda:0", "cuda:1"}, 1e-5, "", "", RingEdit);
 }
 
 TEST(DataParallelJobTest, SuspendResumesExactlyOnTwoGpus) {

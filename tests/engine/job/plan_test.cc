@@ -66,6 +66,51 @@ TEST(PlanTest, DataParallelFootprintCountsTheSharedStoreOnce) {
   }
 }
 
+// Note [Ring shards] (engine/step/gradient_reducer.h): train.devices N
+// with the gradient ring counts no gradient arena (llama-8b's untied
+// table is planned resident: no embedding landing either) and N rings,
+// each of kGradRingBuffers shards of ceil(layer / N) elements; the plan
+// says so (megatrain plan --devices N), and each step's host bytes stay
+// within issue 32's bound over one device's ring.
+TEST(PlanTest, DataParallelGradientRingCountsAShardSizedRingPerRank) {
+  const ModelConfig config = *PresetConfig("llama-8b");
+  const ModelLayout layout = ModelLayout::Create(config);
+  const int64_t layer = layout.blocks[layout.layer_block(layout.num_layers() - 1)].numel;
+  JobSpec one = Llama8bSpec();
+  one.train.max_grad_norm = 0;
+  one.memory.weight_stream = WeightStream::kFp32;
+  one.memory.gradient_landing = GradientLanding::kRing;
+  const MemoryFootprint a = EstimateFootprintForConfig(one, config);
+  for (const int64_t devices : {2, 4}) {
+    SCOPED_TRACE(devices);
+    JobSpec many = one;
+    many.train.devices = devices;
+    many.train.gradient_accumulation_steps = devices;
+    const MemoryFootprint b = EstimateFootprintForConfig(many, config);
+    EXPECT_EQ(b.host.grad, 0);
+    EXPECT_EQ(b.gradient_ring_bytes,
+              devices * kGradRingBuffers * 4 * ((layer + devices - 1) / devices));
+    EXPECT_EQ(b.host.master, a.host.master);
+    EXPECT_EQ(b.host.exp_avg, a.host.exp_avg);
+    EXPECT_EQ(b.host.staging - b.gradient_ring_bytes,
+              devices * (a.host.staging - a.gradient_ring_bytes));
+    EXPECT_LE(b.host_total_bytes - a.host_total_bytes, a.params / 2);
+    PlanMachine machine = DefaultPlanMachine();
+    const absl::StatusOr<JobPlan> plan = PlanJob(many, config, machine);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->devices, devices);
+    EXPECT_EQ(plan->footprint.gradient_ring_bytes, b.gradient_ring_bytes);
+    EXPECT_LT(static_cast<double>(plan->tiers.host_bytes) / static_cast<double>(a.params), 12.5);
+    // auto counts the ring too (clipping off, the accumulation summed on
+    // the devices: DataParallelGradientRing); with clipping the arena.
+    many.memory.gradient_landing = GradientLanding::kAuto;
+    many.train.gradient_accumulation_steps = 2 * devices;
+    EXPECT_EQ(EstimateFootprintForConfig(many, config).gradient_ring_bytes, b.gradient_ring_bytes);
+    many.train.max_grad_norm = 1.0;
+    EXPECT_EQ(EstimateFootprintForConfig(many, config).gradient_ring_bytes, 0);
+  }
+}
+
 TEST(PlanTest, TiersAreTheFootprintsBytes) {
   const JobSpec spec = Llama8bSpec();
   const ModelConfig config = *PresetConfig("llama-8b");

@@ -430,13 +430,14 @@ TEST(ValidateJobSpecTest, DevicesAreBoundedAndDivideTheAccumulation) {
                                  "train.gradient_accumulation_steps to be a multiple of 2")));
   spec.train.gradient_accumulation_steps = 4;
   EXPECT_THAT(ValidateJobSpec(spec), IsOk());
-  // The gradient ring (clipping off) is one device's.
-  spec.train.max_grad_norm = 0;
+  // The gradient ring (clipping off) with several devices: each rank's
+  // ring lands its shard (Note [Ring shards]); with clipping still refused.
   spec.memory.gradient_landing = GradientLanding::kRing;
   EXPECT_THAT(ValidateJobSpec(spec),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("memory.gradient_landing: ring is not built with "
-                                 "train.devices > 1")));
+                       HasSubstr("memory.gradient_landing: ring needs train.max_grad_norm 0")));
+  spec.train.max_grad_norm = 0;
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
   spec.train.devices = 1;
   EXPECT_THAT(ValidateJobSpec(spec), IsOk());
   spec.memory.gradient_landing = GradientLanding::kAuto;
