@@ -65,6 +65,13 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
         absl::StrCat("RANK: must be in [0, WORLD_SIZE=", dp.num_processes,
                      ") with a rendezvous store, got ", dp.process_rank));
   }
+  if (!options.nvme_dir.empty() && dp.num_processes > 1) {
+    // Note [Tier shards] in store/nvme_tier.h names files by local rank:
+    // the processes of one host would share them.
+    return absl::UnimplementedError(absl::StrCat(
+        "memory.nvme_tier: moments is not built with several processes (torchrun WORLD_SIZE=",
+        dp.num_processes, "); one process drives every device of the host"));
+  }
   const int world = local * dp.num_processes;
   if (options.gradient_accumulation_steps % world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -200,6 +207,8 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   store_options.streaming_bf16 =
       options.compute_dtype == ComputeDtype::kBf16 && options.weight_stream == WeightStream::kBf16;
   store_options.pin = absl::StartsWith(dp.devices[0], "cuda");
+  // Note [Tier shards] in store/nvme_tier.h: each rank's moments in its files.
+  store_options.moments_in_host = options.nvme_dir.empty();
   MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));
   t->shared_->InitializeWeights(seed);
   t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), local);
@@ -300,6 +309,12 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
     return absl::OkStatus();
   }));
   for (const StepResult& r : results) results[0].rank_stats.push_back(r.stats);
+  // The NVMe tier is the host's: its bytes are every rank's (Note [Tier
+  // shards] in store/nvme_tier.h).
+  for (size_t r = 1; r < world; ++r) {
+    results[0].stats.nvme_read_bytes += results[r].stats.nvme_read_bytes;
+    results[0].stats.nvme_written_bytes += results[r].stats.nvme_written_bytes;
+  }
   return results[0];
 }
 
@@ -318,6 +333,7 @@ absl::StatusOr<bool> DataParallelTrainer::ReplicasAgree() {
   uint64_t hash = 1469598103934665603ull;  // FNV-1a 64
   for (int64_t b = 0; b < shared_->num_blocks(); ++b) {
     for (const float* data : {shared_->master(b), shared_->exp_avg(b), shared_->exp_avg_sq(b)}) {
+      if (data == nullptr) continue;  // moments on the NVMe tier (one process only)
       const auto* bytes = reinterpret_cast<const unsigned char*>(data);
       const size_t n = static_cast<size_t>(shared_->block_numel(b)) * sizeof(float);
       for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
@@ -336,6 +352,12 @@ HostStore& DataParallelTrainer::store() {
   // its next pass, since the caller may write the store.
   for (auto& rank : ranks_) rank->store();
   return *shared_;
+}
+
+absl::StatusOr<NvmeMomentTier> DataParallelTrainer::nvme_tier() const {
+  std::vector<NvmeMomentTier::Shard> shards;
+  for (const auto& rank : ranks_) shards.push_back(rank->nvme_shard());
+  return NvmeMomentTier::Create(std::move(shards));
 }
 
 void DataParallelTrainer::set_step(int64_t step) {

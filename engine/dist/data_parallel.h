@@ -110,9 +110,13 @@ class DataParallelTrainer {
   // Allocates the shared host store (weights initialised from `seed`),
   // builds one Trainer per device with `options` (its device replaced,
   // gradient_accumulation_steps divided by the rank count; rank 0 owns the
-  // optimizer) and joins them in one process group. Errors:
-  // INVALID_ARGUMENT for no or too many devices, or an accumulation count
-  // the rank count does not divide; Trainer::Create's and
+  // optimizer) and joins them in one process group. With
+  // `options.nvme_dir` the shared store keeps no AdamW moments: each rank
+  // keeps its shard's in files of its own there (Note [Tier shards] in
+  // store/nvme_tier.h). Errors: INVALID_ARGUMENT for no or too many
+  // devices, or an accumulation count the rank count does not divide;
+  // UNIMPLEMENTED naming memory.nvme_tier for the tier with several
+  // processes (Note [Replica processes]); Trainer::Create's and
   // CollectiveGroup::Create's.
   static absl::StatusOr<std::unique_ptr<DataParallelTrainer>> Create(const ModelConfig& config,
                                                                      const TrainerOptions& options,
@@ -123,7 +127,8 @@ class DataParallelTrainer {
   // One optimizer step over the global batch `micro_batches`: rank r runs
   // the r-th contiguous 1/world of them. Their number must be a multiple of
   // world_size() (INVALID_ARGUMENT otherwise). The result is rank 0's (loss
-  // and counted tokens of the global batch; every rank's is the same).
+  // and counted tokens of the global batch; every rank's is the same), but
+  // its stats' NVMe tier bytes, every rank's summed (the host's tier).
   // Errors: the first rank's error (Trainer::Step; UNAVAILABLE for a
   // failed collective).
   absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
@@ -149,8 +154,14 @@ class DataParallelTrainer {
   // [Resident blocks on every rank] in step/gradient_reducer.h).
   HostStore& store();
   // Host bytes held: the shared store's plus every rank's landing
-  // gradients (each counted once).
+  // gradients (each counted once; not the NVMe tier's staging).
   HostStoreBytes host_bytes() const;
+  // With TrainerOptions::nvme_dir: the shared store's AdamW moments, every
+  // rank's shard in its own files (Note [Tier shards] in
+  // store/nvme_tier.h), for checkpoints. Use it as Trainer::nvme_shard
+  // (after WaitForOptimizer, before the next Step); it points into the
+  // ranks. INVALID_ARGUMENT without the tier.
+  absl::StatusOr<NvmeMomentTier> nvme_tier() const;
 
   int64_t step() const { return ranks_[0]->step(); }
   void set_step(int64_t step);

@@ -41,8 +41,10 @@
 // WaitBlockUpdated), so that no rank streams a block before its update.
 // A non-resident embedding then
 // updates as one block (no row gate, no lookahead: Notes [Embedding rows on
-// demand] and [Embedding lookahead] in trainer.h), the gradient lands in
-// the arena (no ring), and the NVMe tier is not available.
+// demand] and [Embedding lookahead] in trainer.h) and the gradient lands in
+// the arena (no ring). With the NVMe tier the shared store keeps no
+// moments: each rank's shard of them is in files of its own (Note [Tier
+// shards] in store/nvme_tier.h).
 //
 // Note [Sharded optimizer]
 // The CPU AdamW of the shared store is split by shard: rank r of the

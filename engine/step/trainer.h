@@ -126,7 +126,12 @@
 // WaitForOptimizer returns it, and the moment files are then undefined
 // (the job fails and resumes from its last checkpoint, which holds its own
 // copy). Checkpoints read the moments back from the files
-// (nvme_moments(), WriteCheckpoint) after WaitForOptimizer.
+// (nvme_shard(), NvmeMomentTier, WriteCheckpoint) after WaitForOptimizer.
+// With data parallelism (TrainerOptions::shared_store) each rank's files
+// hold only the moments of its optimizer shard (Note [Sharded optimizer]
+// in gradient_reducer.h), in files of its own (Note [Tier shards] in
+// store/nvme_tier.h); its updates read the shared store's weights, reduced
+// gradient and streaming copy, as without the tier.
 //
 // Thread-safety: a Trainer is driven by one thread at a time; it owns an
 // optimizer thread internally.
@@ -341,8 +346,8 @@ struct StepResult {
                          // the non-finite one kept their update
   StepStats stats;
   // Data parallelism (DataParallelTrainer::Step): each of this process's
-  // ranks' stats, in device order (rank_stats[0] == stats); empty for one
-  // device.
+  // ranks' stats, in device order (rank_stats[0] == stats but for the NVMe
+  // tier's bytes, which stats sums over the ranks); empty for one device.
   std::vector<StepStats> rank_stats;
 };
 
@@ -438,6 +443,10 @@ class Trainer {
   // TrainerOptions::nvme_dir. Use only after WaitForOptimizer() and before
   // the next Step (the optimizer thread owns them in between).
   NvmeMomentFiles* nvme_moments() const { return nvme_moments_.get(); }
+  // Those files with the layout of the moments in them (this rank's shard
+  // with data parallelism: Note [Tier shards] in store/nvme_tier.h), for
+  // NvmeMomentTier::Create; files null without the tier. Same rules.
+  NvmeMomentTier::Shard nvme_shard() const { return {nvme_moments_.get(), &nvme_layout_}; }
 
  private:
   // What one step's callbacks share (Step, OnBlockFinal, FinishStep).
@@ -488,6 +497,7 @@ class Trainer {
   // Note [Tiered trainer]: the moments' files (null: in the store), and
   // their byte counters at the last report (StepStats::nvme_*_bytes).
   std::unique_ptr<NvmeMomentFiles> nvme_moments_;
+  NvmeShardLayout nvme_layout_;  // where the files keep which moments
   int64_t nvme_read_reported_ = 0;
   int64_t nvme_written_reported_ = 0;
   // Destroyed (drained) first by ~Trainer: its tasks use the updater, the

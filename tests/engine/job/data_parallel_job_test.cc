@@ -2,8 +2,9 @@
 // engine/job/job_trainer.h), with N CPU ranks over c10d's gloo: a 2-device
 // job trains as one device accumulating the same global batch, reports
 // tokens/s per device and in total, suspends and resumes exactly on 2
-// devices, its checkpoint loads on 1 device, and a job given fewer devices
-// than train.devices is refused naming the field.
+// devices (with the AdamW moments in host memory or on the NVMe tier),
+// its checkpoint loads on 1 device, and a job given fewer devices than
+// train.devices is refused naming the field.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -240,6 +241,62 @@ void ExpectSuspendResumesExactly(const std::vector<std::string>& two_devices,
 TEST(DataParallelJobTest, SuspendResumesExactlyAndTheCheckpointLoadsOnOneDevice) {
   MEGATRAIN_SKIP_WITHOUT_GLOO();
   ExpectSuspendResumesExactly(CpuRanks(2), {"cpu"}, 1e-6);
+}
+
+// Spec with the AdamW moments on the NVMe tier, under `nvme_dir` (the
+// daemon's directory, memory.nvme_dir).
+JobSpec TieredSpec(const std::string& tokens, const std::string& output_dir, int64_t devices,
+                   const std::string& nvme_dir) {
+  JobSpec s = Spec(tokens, output_dir, devices);
+  s.memory.nvme_tier = NvmeTierMode::kMoments;
+  s.memory.nvme_dir = nvme_dir;
+  return s;
+}
+
+// Note [Tier shards] (engine/store/nvme_tier.h): a 2-device job with its
+// moments on the NVMe tier, each rank's shard in files of its own,
+// suspended at step 4 and resumed, ends bit for bit where the
+// uninterrupted tiered job ends (its checkpoints hold the moments read
+// back from both ranks' files, and the resume writes them back), and
+// where the same job with the moments in host memory ends (the tier
+// changes no bit). The one-device tiered job ends within 1e-6 (the
+// reduction order's bound, ExpectTwoDevicesTrainAsOne).
+TEST(DataParallelJobTest, TieredTwoDeviceJobSuspendsAndResumesExactly) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const std::string data = WriteDataset();
+  const std::string nvme = testing::MakeTempDir("dp-nvme");
+  const std::string straight_dir = testing::MakeTempDir("dp-tier-straight");
+  const Recorder straight = RunJob(TieredSpec(data, straight_dir, 2, nvme), CpuRanks(2));
+  ASSERT_EQ(straight.losses.size(), 6u);
+  for (const StepReport& r : straight.reports) {
+    EXPECT_GT(r.stats.nvme_written_bytes, 0) << "step " << r.step;
+  }
+  const std::string ram_dir = testing::MakeTempDir("dp-tier-ram");
+  const Recorder in_ram = RunJob(Spec(data, ram_dir, 2), CpuRanks(2));
+  EXPECT_EQ(in_ram.losses, straight.losses);
+
+  const std::string out = testing::MakeTempDir("dp-tier-suspended");
+  const Recorder first =
+      RunJob(TieredSpec(data, out, 2, nvme), CpuRanks(2), std::nullopt, /*stop_at=*/4);
+  ASSERT_EQ(first.losses.size(), 4u);
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  ASSERT_EQ(listed->back().step, 4);
+  const Recorder second = RunJob(TieredSpec(data, out, 2, nvme), CpuRanks(2), listed->back().dir);
+  ASSERT_EQ(second.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(second.losses[i], straight.losses[4 + i]) << "step " << 5 + i;
+  }
+  const std::vector<float> straight_state = LastCheckpointState(straight_dir);
+  ASSERT_FALSE(straight_state.empty());
+  EXPECT_TRUE(LastCheckpointState(out) == straight_state) << "weights and moments at step 6";
+  EXPECT_TRUE(LastCheckpointState(ram_dir) == straight_state) << "the tier changed a bit";
+
+  const std::string one_dir = testing::MakeTempDir("dp-tier-one");
+  const Recorder one = RunJob(TieredSpec(data, one_dir, 1, nvme), {"cpu"});
+  ASSERT_EQ(one.losses.size(), 6u);
+  EXPECT_LE(RelativeError(LastCheckpointState(one_dir), straight_state), 1e-6);
 }
 
 // The same on two GPUs over NCCL (run on a multi-GPU machine:
