@@ -57,7 +57,9 @@ std::vector<float> State(Trainer& trainer) {
   if (trainer.nvme_moments() != nullptr) {
     absl::StatusOr<NvmeMomentTier> tier = NvmeMomentTier::Create({trainer.nvme_shard()});
     EXPECT_THAT(tier, IsOk());
-    if (tier.ok()) EXPECT_THAT(CopyMomentsToHost(*tier, store, m.data(), v.data()), IsOk());
+    if (tier.ok()) {
+      EXPECT_THAT(CopyMomentsToHost(*tier, store, m.data(), v.data()), IsOk());
+    }
   }
   std::vector<float> out;
   for (int64_t b = 0; b < store.num_blocks(); ++b) {
