@@ -271,11 +271,11 @@ struct TrainerOptions {
   int wave = 0;
   ActivationPlacement activation_placement = ActivationPlacement::kAuto;
   int64_t gradient_accumulation_steps = 1;
-  // Note [Tiered trainer]: non-empty: the AdamW moments live in
-  // exp_avg.bin and exp_avg_sq.bin in this directory (which must exist; the
-  // caller owns it and removes it) instead of host memory. `nvme_dir_io`
-  // is how to reach it (e.g. DirFd::IoPath(), "/proc/self/fd/N"; empty:
-  // nvme_dir itself); nvme_dir names the files in messages.
+  // Note [Tiered trainer]: non-empty: the AdamW moments live in exp_avg.bin and
+  // exp_avg_sq.bin in this directory (with optimizer_shard_world > 1 this rank's shard,
+  // in files of its own: Note [Tier shards] in store/nvme_tier.h) instead of host
+  // memory; it must exist, the caller owns and removes it. `nvme_dir_io` is how to reach
+  // it (DirFd::IoPath(), "/proc/self/fd/N"; empty: nvme_dir); nvme_dir names the files.
   std::string nvme_dir;
   std::string nvme_dir_io;
   // fp32 elements of one moment per tier read/write (a multiple of 1024;
