@@ -83,6 +83,19 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
   return absl::OkStatus();
 }
 
+// The error to report of a step in which some ranks failed (`errors`, per
+// rank; `lowest`: the lowest rank's): the first that is not UNAVAILABLE.
+// A rank that fails before a collective (its optimizer's error: an NVMe
+// tier file that cannot be read, Note [Tiered trainer] in step/trainer.h)
+// leaves the others to time out in it, and their UNAVAILABLE is the echo,
+// not the cause.
+absl::Status CauseOf(const std::vector<absl::Status>& errors, const absl::Status& lowest) {
+  for (const absl::Status& e : errors) {
+    if (!e.ok() && !absl::IsUnavailable(e)) return e;
+  }
+  return lowest;
+}
+
 }  // namespace
 
 absl::Status DataParallelTrainer::OnEveryRank(const std::function<absl::Status(int)>& fn) {
@@ -303,11 +316,15 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
   const size_t share = micro_batches.size() / (world * num_processes_);
   const size_t first = static_cast<size_t>(process_rank_) * world;
   std::vector<StepResult> results(world);
-  MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
-    MEGATRAIN_ASSIGN_OR_RETURN(results[r],
-                               ranks_[r]->Step(micro_batches.subspan((first + r) * share, share)));
+  std::vector<absl::Status> errors(world);
+  const absl::Status failed = OnEveryRank([&](int r) -> absl::Status {
+    absl::StatusOr<StepResult> result =
+        ranks_[r]->Step(micro_batches.subspan((first + r) * share, share));
+    if (!result.ok()) return errors[static_cast<size_t>(r)] = result.status();
+    results[r] = *std::move(result);
     return absl::OkStatus();
-  }));
+  });
+  if (!failed.ok()) return CauseOf(errors, failed);
   for (const StepResult& r : results) results[0].rank_stats.push_back(r.stats);
   // The NVMe tier is the host's: its bytes are every rank's (Note [Tier
   // shards] in store/nvme_tier.h).

@@ -129,8 +129,10 @@ class DataParallelTrainer {
   // world_size() (INVALID_ARGUMENT otherwise). The result is rank 0's (loss
   // and counted tokens of the global batch; every rank's is the same), but
   // its stats' NVMe tier bytes, every rank's summed (the host's tier).
-  // Errors: the first rank's error (Trainer::Step; UNAVAILABLE for a
-  // failed collective).
+  // Errors: the first rank's error that is not UNAVAILABLE (Trainer::Step:
+  // e.g. one rank's DATA_LOSS from its NVMe tier files, which the other
+  // ranks meet as a collective timeout), else the first rank's
+  // (UNAVAILABLE for a failed collective).
   absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
 
   // Mean loss over `micro_batches` on rank 0 (the replicas are identical).

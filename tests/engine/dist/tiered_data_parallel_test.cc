@@ -5,7 +5,8 @@
 // (dense and mixture-of-experts models, clipping on and off); the tier
 // changes no bit of the two ranks' training; a checkpoint of the tiered
 // ranks resumes bit for bit and loads on one device; several processes
-// with the tier are refused naming memory.nvme_tier.
+// with the tier are refused naming memory.nvme_tier; a truncated moment
+// file of one rank fails the step naming it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -243,6 +244,31 @@ TEST(TieredDataParallelCheckpointTest, ResumesBitForBitAndLoadsOnOneDevice) {
   for (int s = 2; s < 4; ++s) ASSERT_THAT((*single)->Step(steps[s]), IsOk());
   ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
   EXPECT_LE(RelativeError(AllState((*single)->store()), uninterrupted), 1e-6);
+}
+
+// An I/O error in one rank's files (rank 1's exp_avg truncated between
+// steps) fails a later step with DATA_LOSS naming that file: the step
+// after the failed updates, on rank 1 at its start, while rank 0 times out
+// in the step's first collective (UNAVAILABLE: the echo, not the cause;
+// a 2 s timeout here). The updates running behind a step may fail after
+// it returned: then the next step, or WaitForOptimizer, returns it.
+TEST(TieredDataParallelFailureTest, TruncatedRankFileFailsAStepNamingIt) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  const ModelConfig config = SmallLlama();
+  const TrainerOptions o = Options(1.0, true);
+  const auto steps = Steps(config, 5);
+  DataParallelOptions dpo;
+  dpo.devices = DataParallelDevices("cpu", 2);
+  dpo.timeout = std::chrono::seconds(2);
+  auto dp = DataParallelTrainer::Create(config, o, kSeed, dpo);
+  ASSERT_THAT(dp, IsOk());
+  ASSERT_THAT((*dp)->Step(steps[0]), IsOk());
+  ASSERT_THAT((*dp)->WaitForOptimizer(), IsOk());
+  const std::string path = o.nvme_dir + "/exp_avg.rank-1-of-2.bin";
+  std::filesystem::resize_file(path, 4096);
+  absl::Status failed;
+  for (size_t s = 1; s < steps.size() && failed.ok(); ++s) failed = (*dp)->Step(steps[s]).status();
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
 }
 
 // Note [Tier shards] names files by local rank: processes of one host
