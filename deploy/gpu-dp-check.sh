@@ -15,7 +15,8 @@
 # Then, on a host with 2 or more GPUs, the job runner and the daemon over
 # NCCL (JOB_CHECK=1): data_parallel_job_test's GPU tests (2 GPUs train as
 # one accumulating the same global batch, within 1e-5; a suspended 2-GPU
-# job resumes bit for bit), and megatraind on cuda:0,cuda:1 running the
+# job resumes bit for bit, with its AdamW moments in host memory or on the
+# NVMe tier under the test's temporary directory), and megatraind on cuda:0,cuda:1 running the
 # tiny example with train.devices 2 (its progress lines show the job's and
 # each device's tokens/s; /metrics per device), plus a job asking for 3
 # devices, refused at submission with RESOURCE_EXHAUSTED.

@@ -92,7 +92,7 @@ ENGINE_TESTS=(
   # store, optim, runtime, dist
   nvme_tier_test adamw_test tiered_adamw_test optimizer_queue_test embedding_updater_test
   lr_schedule_test optimizer_bench_test thread_pool_test host_buffer_test device_info_test torch_compat_test
-  data_parallel_test gradient_shard_test dist_multi_process_test
+  data_parallel_test tiered_data_parallel_test gradient_shard_test dist_multi_process_test
   # step: the executor's parts and the trainer in each memory mode
   step_parts_test step_plan_test trainer_test memory_modes_test tiered_trainer_test
 )

@@ -307,21 +307,23 @@ MomentKind TierKind(const TensorFileKind& kind) {
 
 // Appends `block`'s moment `kind` from the NVMe tier's files to `out`,
 // hashing it: a bounded bounce buffer, the same bytes a store that keeps
-// its moments appends (Note [Tiered trainer] in step/trainer.h).
-absl::Status AppendTierBlock(NvmeMomentFiles& tier, const TensorFileKind& kind,
-                             const HostStore& store, int64_t block, AtomicFileWriter& out,
-                             XXH64_state_t* hash) {
+// its moments appends (Note [Tiered trainer] in step/trainer.h), the
+// block's shards in element order (Note [Tier shards] in
+// store/nvme_tier.h).
+absl::Status AppendTierBlock(const NvmeMomentTier& tier, const TensorFileKind& kind, int64_t block,
+                             AtomicFileWriter& out, XXH64_state_t* hash) {
   constexpr int64_t kBounceElements = kRestoreChunkBytes / sizeof(float);
   std::vector<float> bounce(kBounceElements);
-  const int64_t numel = store.block_numel(block);
-  for (int64_t begin = 0; begin < numel; begin += kBounceElements) {
-    const int64_t count = std::min(kBounceElements, numel - begin);
-    MEGATRAIN_RETURN_IF_ERROR(
-        tier.Read(TierKind(kind), store.block_offset(block) + begin, count, bounce.data()));
-    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-    XXH64_update(hash, bounce.data(), bytes);
-    MEGATRAIN_RETURN_IF_ERROR(out.Append(
-        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bounce.data()), bytes)));
+  for (const NvmeBlockPiece& piece : tier.Pieces(block)) {
+    for (int64_t begin = 0; begin < piece.count; begin += kBounceElements) {
+      const int64_t count = std::min(kBounceElements, piece.count - begin);
+      MEGATRAIN_RETURN_IF_ERROR(
+          piece.files->Read(TierKind(kind), piece.file_offset + begin, count, bounce.data()));
+      const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+      XXH64_update(hash, bounce.data(), bytes);
+      MEGATRAIN_RETURN_IF_ERROR(out.Append(
+          absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bounce.data()), bytes)));
+    }
   }
   return absl::OkStatus();
 }
@@ -330,7 +332,7 @@ absl::Status AppendTierBlock(NvmeMomentFiles& tier, const TensorFileKind& kind,
 // straight from the store (no copy), hashing as it goes; moments the store
 // does not keep come from `tier`.
 absl::StatusOr<ManifestEntry> WriteTensorFile(const std::string& dir, const TensorFileKind& kind,
-                                              const HostStore& store, NvmeMomentFiles* tier) {
+                                              const HostStore& store, const NvmeMomentTier* tier) {
   MEGATRAIN_ASSIGN_OR_RETURN(AtomicFileWriter out,
                              AtomicFileWriter::Create(JoinPath(dir, kind.file_name)));
   Xxh64State hash = NewXxh64State();
@@ -340,7 +342,7 @@ absl::StatusOr<ManifestEntry> WriteTensorFile(const std::string& dir, const Tens
   for (int64_t block = 0; block < store.num_blocks(); ++block) {
     const float* data = (store.*kind.buffer)(block);
     if (data == nullptr && tier != nullptr) {
-      MEGATRAIN_RETURN_IF_ERROR(AppendTierBlock(*tier, kind, store, block, out, hash.get()));
+      MEGATRAIN_RETURN_IF_ERROR(AppendTierBlock(*tier, kind, block, out, hash.get()));
       continue;
     }
     const size_t bytes = static_cast<size_t>(store.block_numel(block)) * sizeof(float);
@@ -699,11 +701,33 @@ absl::StatusOr<MappedFile> OpenTensorFile(const std::string& dir, const Manifest
   return file;
 }
 
-// Copies the data of a validated tensor file into the store, hashing the
-// whole file on the way, and checks the digest.
+// Writes `block`'s moment `kind` from `src` (the block's bytes in a
+// tensor file, hashed on the way) to the NVMe tier's files: each shard's
+// piece a chunk at a time, in element order (Note [Tier shards] in
+// store/nvme_tier.h), so that every write starts 4 KiB-aligned in its file
+// and pads only the piece's end.
+absl::Status RestoreTierBlock(const NvmeMomentTier& tier, const TensorFileKind& kind, int64_t block,
+                              const uint8_t* src, XXH64_state_t* hash) {
+  constexpr int64_t kChunkElements = kRestoreChunkBytes / sizeof(float);
+  for (const NvmeBlockPiece& piece : tier.Pieces(block)) {
+    const uint8_t* piece_src = src + piece.begin * static_cast<int64_t>(sizeof(float));
+    for (int64_t begin = 0; begin < piece.count; begin += kChunkElements) {
+      const int64_t count = std::min(kChunkElements, piece.count - begin);
+      const uint8_t* chunk = piece_src + begin * static_cast<int64_t>(sizeof(float));
+      XXH64_update(hash, chunk, static_cast<size_t>(count) * sizeof(float));
+      MEGATRAIN_RETURN_IF_ERROR(piece.files->Write(TierKind(kind), piece.file_offset + begin, count,
+                                                   reinterpret_cast<const float*>(chunk)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies the data of a validated tensor file into the store (moments the
+// store does not keep into `tier`), hashing the whole file on the way, and
+// checks the digest.
 absl::Status RestoreTensorFile(const MappedFile& file, const Manifest& manifest,
                                const std::string& dir, const TensorFileKind& kind, HostStore* store,
-                               NvmeMomentFiles* tier) {
+                               const NvmeMomentTier* tier) {
   MEGATRAIN_ASSIGN_OR_RETURN(ManifestEntry entry, FindEntry(manifest, dir, kind.file_name));
   Xxh64State hash = NewXxh64State();
   const size_t table_end = kTensorHeaderBytes + 8 * static_cast<size_t>(store->num_blocks());
@@ -712,15 +736,14 @@ absl::Status RestoreTensorFile(const MappedFile& file, const Manifest& manifest,
   for (int64_t block = 0; block < store->num_blocks(); ++block) {
     uint8_t* dst = reinterpret_cast<uint8_t*>((store->*kind.buffer)(block));
     const size_t bytes = static_cast<size_t>(store->block_numel(block)) * sizeof(float);
+    if (dst == nullptr) {  // a moment on the NVMe tier
+      MEGATRAIN_RETURN_IF_ERROR(RestoreTierBlock(*tier, kind, block, src, hash.get()));
+      src += bytes;
+      continue;
+    }
     for (size_t begin = 0; begin < bytes; begin += kRestoreChunkBytes) {
       const size_t count = std::min(kRestoreChunkBytes, bytes - begin);
       XXH64_update(hash.get(), src + begin, count);
-      if (dst == nullptr) {  // a moment on the NVMe tier; begin is 4 MiB-aligned
-        MEGATRAIN_RETURN_IF_ERROR(tier->Write(
-            TierKind(kind), store->block_offset(block) + static_cast<int64_t>(begin / 4),
-            static_cast<int64_t>(count / 4), reinterpret_cast<const float*>(src + begin)));
-        continue;
-      }
       std::memcpy(dst + begin, src + begin, count);
     }
     src += bytes;
@@ -736,7 +759,7 @@ namespace {
 
 // WriteCheckpoint's argument checks (its Errors, but the file system's).
 absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& state,
-                                 const CheckpointSpec& retention, const NvmeMomentFiles* tier) {
+                                 const CheckpointSpec& retention, const NvmeMomentTier* tier) {
   if (state.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("state.step: must be >= 0, got ", state.step));
   }
@@ -750,6 +773,11 @@ absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& 
     return absl::FailedPreconditionError(
         "WriteCheckpoint: the store has no optimizer state (AdamW moments) to save");
   }
+  if (tier != nullptr && tier->num_blocks() != store.num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteCheckpoint: the NVMe tier has ",
+                                                   tier->num_blocks(), " blocks, the store ",
+                                                   store.num_blocks()));
+  }
   return absl::OkStatus();
 }
 
@@ -757,7 +785,7 @@ absl::Status CheckWriteArguments(const HostStore& store, const CheckpointState& 
 // then fsyncs it; `files` and `manifest_entry` receive their sizes and
 // digests. Messages name the files through the descriptor's path.
 absl::Status WriteCheckpointFiles(const HostStore& store, const CheckpointState& state,
-                                  NvmeMomentFiles* tier, const DirFd& temp_fd,
+                                  const NvmeMomentTier* tier, const DirFd& temp_fd,
                                   std::map<std::string, ManifestEntry>* files,
                                   ManifestEntry* manifest_entry) {
   const std::string temp_fd_io = temp_fd.IoPath();
@@ -840,7 +868,7 @@ absl::Status PublishCheckpoint(const DirFd& root_fd, const std::string& temp_nam
 absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const CheckpointState& state,
                                                const std::string& output_dir,
                                                const CheckpointSpec& retention,
-                                               NvmeMomentFiles* tier) {
+                                               const NvmeMomentTier* tier) {
   MEGATRAIN_RETURN_IF_ERROR(CheckWriteArguments(store, state, retention, tier));
   // Note [Checkpoint publication] above.
   // Note [Held output directory] (held_output_dir.h): on the daemon's job
@@ -922,13 +950,19 @@ absl::Status CheckCheckpointModel(const std::string& checkpoint_dir, const Model
 }
 
 absl::StatusOr<CheckpointState> ReadCheckpoint(const std::string& checkpoint_dir, HostStore* store,
-                                               NvmeMomentFiles* tier, CheckpointMoments moments) {
+                                               const NvmeMomentTier* tier,
+                                               CheckpointMoments moments) {
   if (store == nullptr) return absl::InvalidArgumentError("ReadCheckpoint: store is null");
   const bool read_moments = store->options().optimizer_state && moments == CheckpointMoments::kRead;
   if (read_moments && !store->options().moments_in_host && tier == nullptr) {
     return absl::FailedPreconditionError(
         "ReadCheckpoint: the store keeps its AdamW moments on the NVMe tier, and no tier was "
         "given");
+  }
+  if (read_moments && tier != nullptr && tier->num_blocks() != store->num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadCheckpoint: the NVMe tier has ",
+                                                   tier->num_blocks(), " blocks, the store ",
+                                                   store->num_blocks()));
   }
   MEGATRAIN_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(checkpoint_dir));
 

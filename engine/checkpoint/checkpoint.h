@@ -105,14 +105,15 @@ std::string CheckpointDirName(int64_t step);
 //       WriteCheckpoint(trainer->store(), state, spec.output_dir, spec.checkpoint));
 //
 // `tier`: the AdamW moments' files when the store keeps none (Note [NVMe
-// tier] in store/nvme_tier.h): read back from them, a chunk at a time, into
-// the same bytes an all-in-RAM store writes; their errors (DATA_LOSS for a
-// truncated file, naming it) fail the write as above. FAILED_PRECONDITION
-// when the store keeps no moments and `tier` is null.
+// tier] in store/nvme_tier.h; with data parallelism every rank's shard,
+// Note [Tier shards]): read back from them, a chunk at a time, into the
+// same bytes an all-in-RAM store writes, whatever the number of shards; their errors (DATA_LOSS for
+// a truncated file, naming it) fail the write as above. FAILED_PRECONDITION when the store keeps no
+// moments and `tier` is null.
 absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const CheckpointState& state,
                                                const std::string& output_dir,
                                                const CheckpointSpec& retention,
-                                               NvmeMomentFiles* tier = nullptr);
+                                               const NvmeMomentTier* tier = nullptr);
 
 // Restores the checkpoint in `checkpoint_dir` (a `step-*` directory) into
 // `store`: master weights, and the AdamW moments when the store has
@@ -144,7 +145,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(const HostStore& store, const Che
 // with a fresh optimizer); the tier is then not needed.
 enum class CheckpointMoments { kRead, kSkip };
 absl::StatusOr<CheckpointState> ReadCheckpoint(
-    const std::string& checkpoint_dir, HostStore* store, NvmeMomentFiles* tier = nullptr,
+    const std::string& checkpoint_dir, HostStore* store, const NvmeMomentTier* tier = nullptr,
     CheckpointMoments moments = CheckpointMoments::kRead);
 
 // The model config stored in the checkpoint (its config.json, checked

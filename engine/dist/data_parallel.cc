@@ -86,6 +86,13 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
         "(each rank lands its reduced shard in its ring); gradient_reduction host_all_reduce "
         "lands whole blocks: use device_reduce_scatter or auto");
   }
+  if (!options.nvme_dir.empty() && dp.num_processes > 1) {
+    // Note [Tier shards] in store/nvme_tier.h names files by local rank:
+    // the processes of one host would share them.
+    return absl::UnimplementedError(absl::StrCat(
+        "memory.nvme_tier: moments is not built with several processes (torchrun WORLD_SIZE=",
+        dp.num_processes, "); one process drives every device of the host"));
+  }
   const int world = local * dp.num_processes;
   if (options.gradient_accumulation_steps % world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -95,6 +102,19 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
         options.gradient_accumulation_steps));
   }
   return absl::OkStatus();
+}
+
+// The error to report of a step in which some ranks failed (`errors`, per
+// rank; `lowest`: the lowest rank's): the first that is not UNAVAILABLE.
+// A rank that fails before a collective (its optimizer's error: an NVMe
+// tier file that cannot be read, Note [Tiered trainer] in step/trainer.h)
+// leaves the others to time out in it, and their UNAVAILABLE is the echo,
+// not the cause.
+absl::Status CauseOf(const std::vector<absl::Status>& errors, const absl::Status& lowest) {
+  for (const absl::Status& e : errors) {
+    if (!e.ok() && !absl::IsUnavailable(e)) return e;
+  }
+  return lowest;
 }
 
 }  // namespace
@@ -230,6 +250,8 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
       DataParallelGradientRing(options, config, local * dp.num_processes, dp.gradient_reduction);
   store_options.gradient_ring = t->gradient_ring_;
   store_options.embedding_grad_in_host = false;
+  // Note [Tier shards] in store/nvme_tier.h: each rank's moments in its files.
+  store_options.moments_in_host = options.nvme_dir.empty();
   MEGATRAIN_ASSIGN_OR_RETURN(t->shared_, HostStore::Create(config, store_options));
   t->shared_->InitializeWeights(seed);
   t->shards_ = std::make_unique<GradientShards>(t->shared_.get(), local);
@@ -324,12 +346,22 @@ absl::StatusOr<StepResult> DataParallelTrainer::Step(absl::Span<const MicroBatch
   const size_t share = micro_batches.size() / (world * num_processes_);
   const size_t first = static_cast<size_t>(process_rank_) * world;
   std::vector<StepResult> results(world);
-  MEGATRAIN_RETURN_IF_ERROR(OnEveryRank([&](int r) -> absl::Status {
-    MEGATRAIN_ASSIGN_OR_RETURN(results[r],
-                               ranks_[r]->Step(micro_batches.subspan((first + r) * share, share)));
+  std::vector<absl::Status> errors(world);
+  const absl::Status failed = OnEveryRank([&](int r) -> absl::Status {
+    absl::StatusOr<StepResult> result =
+        ranks_[r]->Step(micro_batches.subspan((first + r) * share, share));
+    if (!result.ok()) return errors[static_cast<size_t>(r)] = result.status();
+    results[r] = *std::move(result);
     return absl::OkStatus();
-  }));
+  });
+  if (!failed.ok()) return CauseOf(errors, failed);
   for (const StepResult& r : results) results[0].rank_stats.push_back(r.stats);
+  // The NVMe tier is the host's: its bytes are every rank's (Note [Tier
+  // shards] in store/nvme_tier.h).
+  for (size_t r = 1; r < world; ++r) {
+    results[0].stats.nvme_read_bytes += results[r].stats.nvme_read_bytes;
+    results[0].stats.nvme_written_bytes += results[r].stats.nvme_written_bytes;
+  }
   return results[0];
 }
 
@@ -348,6 +380,7 @@ absl::StatusOr<bool> DataParallelTrainer::ReplicasAgree() {
   uint64_t hash = 1469598103934665603ull;  // FNV-1a 64
   for (int64_t b = 0; b < shared_->num_blocks(); ++b) {
     for (const float* data : {shared_->master(b), shared_->exp_avg(b), shared_->exp_avg_sq(b)}) {
+      if (data == nullptr) continue;  // moments on the NVMe tier (one process only)
       const auto* bytes = reinterpret_cast<const unsigned char*>(data);
       const size_t n = static_cast<size_t>(shared_->block_numel(b)) * sizeof(float);
       for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
@@ -366,6 +399,12 @@ HostStore& DataParallelTrainer::store() {
   // its next pass, since the caller may write the store.
   for (auto& rank : ranks_) rank->store();
   return *shared_;
+}
+
+absl::StatusOr<NvmeMomentTier> DataParallelTrainer::nvme_tier() const {
+  std::vector<NvmeMomentTier::Shard> shards;
+  for (const auto& rank : ranks_) shards.push_back(rank->nvme_shard());
+  return NvmeMomentTier::Create(std::move(shards));
 }
 
 void DataParallelTrainer::set_step(int64_t step) {

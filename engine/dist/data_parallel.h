@@ -122,14 +122,18 @@ class DataParallelTrainer {
  public:
   // Allocates the shared host store (weights initialised from `seed`;
   // without a gradient arena for options.gradient_landing ring, Note
-  // [Ring shards] in step/gradient_reducer.h), builds one Trainer per
+  // [Ring shards] in step/gradient_reducer.h; without AdamW moments with
+  // `options.nvme_dir`, where each rank keeps its shard's in files of its
+  // own, Note [Tier shards] in store/nvme_tier.h), builds one Trainer per
   // device with `options` (its device replaced,
   // gradient_accumulation_steps divided by the rank count; each rank
   // updates its shard) and joins them in one process group. Errors:
   // INVALID_ARGUMENT for no or too many devices, an accumulation count
   // the rank count does not divide, or the ring with
-  // dp.gradient_reduction kHostAllReduce; Trainer::Create's (the ring's
-  // refusals among them) and CollectiveGroup::Create's.
+  // dp.gradient_reduction kHostAllReduce; UNIMPLEMENTED naming
+  // memory.nvme_tier for the tier with several processes (Note [Replica
+  // processes]); Trainer::Create's (the ring's refusals among them) and
+  // CollectiveGroup::Create's.
   static absl::StatusOr<std::unique_ptr<DataParallelTrainer>> Create(const ModelConfig& config,
                                                                      const TrainerOptions& options,
                                                                      uint64_t seed,
@@ -139,9 +143,12 @@ class DataParallelTrainer {
   // One optimizer step over the global batch `micro_batches`: rank r runs
   // the r-th contiguous 1/world of them. Their number must be a multiple of
   // world_size() (INVALID_ARGUMENT otherwise). The result is rank 0's (loss
-  // and counted tokens of the global batch; every rank's is the same).
-  // Errors: the first rank's error (Trainer::Step; UNAVAILABLE for a
-  // failed collective).
+  // and counted tokens of the global batch; every rank's is the same), but
+  // its stats' NVMe tier bytes, every rank's summed (the host's tier).
+  // Errors: the first rank's error that is not UNAVAILABLE (Trainer::Step:
+  // e.g. one rank's DATA_LOSS from its NVMe tier files, which the other
+  // ranks meet as a collective timeout), else the first rank's
+  // (UNAVAILABLE for a failed collective).
   absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
 
   // Mean loss over `micro_batches` on rank 0 (the replicas are identical).
@@ -165,8 +172,14 @@ class DataParallelTrainer {
   // [Resident blocks on every rank] in step/gradient_reducer.h).
   HostStore& store();
   // Host bytes held: the shared store's plus every rank's landing
-  // gradients (each counted once).
+  // gradients (each counted once; not the NVMe tier's staging).
   HostStoreBytes host_bytes() const;
+  // With TrainerOptions::nvme_dir: the shared store's AdamW moments, every
+  // rank's shard in its own files (Note [Tier shards] in
+  // store/nvme_tier.h), for checkpoints. Use it as Trainer::nvme_shard
+  // (after WaitForOptimizer, before the next Step); it points into the
+  // ranks. INVALID_ARGUMENT without the tier.
+  absl::StatusOr<NvmeMomentTier> nvme_tier() const;
 
   int64_t step() const { return ranks_[0]->step(); }
   void set_step(int64_t step);

@@ -44,19 +44,22 @@ absl::StatusOr<std::unique_ptr<JobTrainer>> JobTrainer::Create(
   if (devices.size() == 1) {
     options.device = devices.front();
     MEGATRAIN_ASSIGN_OR_RETURN(t->single_, Trainer::Create(config, options, seed));
-    return t;
+  } else {
+    // Note [Data-parallel job]: a forced cancel waits for the step boundary
+    // (a rank that abandoned its pass mid-step would leave the others in a
+    // collective until its timeout).
+    options.abandon_step = nullptr;
+    DataParallelOptions dp;
+    dp.devices = devices;
+    MEGATRAIN_ASSIGN_OR_RETURN(t->dp_, DataParallelTrainer::Create(config, options, seed, dp));
   }
-  if (!options.nvme_dir.empty()) {
-    return absl::UnimplementedError(
-        "memory.nvme_tier: not built with train.devices > 1 (one shared host store)");
+  if (!options.nvme_dir.empty()) {  // Note [Tier shards] in store/nvme_tier.h
+    MEGATRAIN_ASSIGN_OR_RETURN(NvmeMomentTier tier,
+                               t->dp_ != nullptr
+                                   ? t->dp_->nvme_tier()
+                                   : NvmeMomentTier::Create({t->single_->nvme_shard()}));
+    t->tier_ = std::make_unique<NvmeMomentTier>(std::move(tier));
   }
-  // Note [Data-parallel job]: a forced cancel waits for the step boundary
-  // (a rank that abandoned its pass mid-step would leave the others in a
-  // collective until its timeout).
-  options.abandon_step = nullptr;
-  DataParallelOptions dp;
-  dp.devices = devices;
-  MEGATRAIN_ASSIGN_OR_RETURN(t->dp_, DataParallelTrainer::Create(config, options, seed, dp));
   return t;
 }
 
@@ -80,10 +83,6 @@ absl::Status JobTrainer::WaitForOptimizer() {
 }
 
 HostStore& JobTrainer::store() { return dp_ != nullptr ? dp_->store() : single_->store(); }
-
-NvmeMomentFiles* JobTrainer::nvme_moments() const {
-  return dp_ != nullptr ? nullptr : single_->nvme_moments();
-}
 
 int64_t JobTrainer::step() const { return dp_ != nullptr ? dp_->step() : single_->step(); }
 

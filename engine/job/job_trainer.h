@@ -49,9 +49,10 @@ class JobTrainer {
  public:
   // One Trainer on `devices[0]` (size 1), or a DataParallelTrainer over
   // `devices` (size > 1; `options.gradient_accumulation_steps` is the
-  // global count, divided among the ranks). Errors: Trainer::Create's and
-  // DataParallelTrainer::Create's; UNIMPLEMENTED for the NVMe tier with
-  // several devices.
+  // global count, divided among the ranks). With `options.nvme_dir` each
+  // rank keeps its optimizer shard's moments in files of its own there
+  // (Note [Tier shards] in store/nvme_tier.h). Errors: Trainer::Create's
+  // and DataParallelTrainer::Create's.
   static absl::StatusOr<std::unique_ptr<JobTrainer>> Create(
       const ModelConfig& config, TrainerOptions options, uint64_t seed,
       const std::vector<std::string>& devices);
@@ -68,8 +69,9 @@ class JobTrainer {
 
   // The host store checkpoints write and read (the shared one with N > 1).
   HostStore& store();
-  // The NVMe tier's moment files (null without the tier, and with N > 1).
-  NvmeMomentFiles* nvme_moments() const;
+  // The NVMe tier's moment files of every rank (null without the tier),
+  // for checkpoints: valid after WaitForOptimizer and until the next Step.
+  const NvmeMomentTier* nvme_tier() const { return tier_.get(); }
   int64_t step() const;
   void set_step(int64_t step);
   // Ranks (devices) the job trains on.
@@ -83,6 +85,7 @@ class JobTrainer {
   JobTrainer() = default;
   std::unique_ptr<Trainer> single_;
   std::unique_ptr<DataParallelTrainer> dp_;
+  std::unique_ptr<NvmeMomentTier> tier_;  // points into the trainers
 };
 
 }  // namespace megatrain::engine

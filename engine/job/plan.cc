@@ -215,7 +215,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelConfig& config,
   MEGATRAIN_ASSIGN_OR_RETURN(const MemoryFootprint in_ram_footprint,
                              EstimateFootprintForConfig(in_ram, config, cancel));
   const MemoryFootprint ram = ForDevice(in_ram_footprint, choice);
-  const MemoryFootprint tiered = WithNvmeMoments(ram);
+  const MemoryFootprint tiered = WithNvmeMoments(ram, config, spec.train.devices);
   JobPlan plan;
   plan.params = ram.params;
   plan.devices = std::max<int64_t>(1, spec.train.devices);

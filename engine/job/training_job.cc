@@ -277,7 +277,7 @@ absl::StatusOr<MemoryFootprint> FootprintOf(const JobSpec& spec, const ModelConf
       plan.device_bytes() + saved_outside_plan * tokens * config.hidden_size * 4 +
       12 * tokens * std::max(config.hidden_size, config.intermediate_size) * esize +
       LossWorkingBytes(config, spec.train.compute_dtype, tokens);  // the logits' chunk
-  return UsesNvmeTier(spec) ? WithNvmeMoments(f) : f;
+  return UsesNvmeTier(spec) ? WithNvmeMoments(f, config, spec.train.devices) : f;
 }
 
 // FootprintOf, never cancelled.
@@ -314,12 +314,27 @@ absl::StatusOr<NonFiniteInjection> DebugInjectionFromEnv() {
 
 }  // namespace
 
-MemoryFootprint WithNvmeMoments(const MemoryFootprint& f) {
+MemoryFootprint WithNvmeMoments(const MemoryFootprint& f, const ModelConfig& config,
+                                int64_t devices) {
   if (f.nvme_bytes > 0) return f;
+  const int64_t ranks = std::max<int64_t>(1, devices);
+  const ModelLayout layout = ModelLayout::Create(config);
   MemoryFootprint tiered = f;
-  tiered.nvme_bytes = f.host.exp_avg + f.host.exp_avg_sq;
+  // Note [Tier shards] in store/nvme_tier.h: every rank's shard files, and
+  // each rank's own read/write staging.
+  tiered.nvme_bytes = NvmeTierFileBytes(layout, static_cast<int>(ranks));
   tiered.host.exp_avg = tiered.host.exp_avg_sq = 0;
-  tiered.host.staging += NvmeTierStagingBytes();
+  tiered.host.staging += ranks * NvmeTierStagingBytes();
+  if (ranks > 1 && PlansResidentEmbedding(config)) {
+    // Note [Tiered trainer]: nothing resident, so each rank lands the
+    // embedding's gradient in a pinned buffer of its own (Note
+    // [Shard-only landing] in store/host_store.h), as FootprintOf counts
+    // for an embedding on the host.
+    const int64_t landing =
+        (layout.blocks[layout.embedding_block()].numel + 1023) / 1024 * 1024 * 4;
+    tiered.host.pinned += ranks * landing;
+    tiered.host.grad += ranks * landing;
+  }
   tiered.host_total_bytes = tiered.host.Total() + tiered.embedding_lookahead_bytes;
   return tiered;
 }
@@ -730,7 +745,7 @@ absl::Status TrainingJobImpl::InitFromCheckpoint() {
   }
   const bool restore = init.optimizer == InitOptimizer::kRestore;
   absl::StatusOr<CheckpointState> state =
-      ReadCheckpoint(init.checkpoint_dir, &trainer_->store(), trainer_->nvme_moments(),
+      ReadCheckpoint(init.checkpoint_dir, &trainer_->store(), trainer_->nvme_tier(),
                      restore ? CheckpointMoments::kRead : CheckpointMoments::kSkip);
   if (!state.ok()) {
     return Annotate(state.status(), absl::StrCat("model.init_from.checkpoint ", init.checkpoint));
@@ -743,7 +758,7 @@ absl::Status TrainingJobImpl::InitFromCheckpoint() {
 
 absl::Status TrainingJobImpl::Resume(const std::string& resume_from) {
   absl::StatusOr<CheckpointState> state =
-      ReadCheckpoint(resume_from, &trainer_->store(), trainer_->nvme_moments());
+      ReadCheckpoint(resume_from, &trainer_->store(), trainer_->nvme_tier());
   if (!state.ok()) return Annotate(state.status(), "resume");
   // Note [Checkpoint ownership] in docs/checkpoint-format.md: a job resumes
   // only from its own checkpoints (one without an id predates ids).
@@ -776,7 +791,7 @@ absl::Status TrainingJobImpl::WriteCheckpointNow(JobObserver* observer) {
        spec_.optimizer.lr}}.dump();
   MEGATRAIN_ASSIGN_OR_RETURN(CheckpointInfo info,
                              WriteCheckpoint(trainer_->store(), state, spec_.output_dir,
-                                             spec_.checkpoint, trainer_->nvme_moments()));
+                                             spec_.checkpoint, trainer_->nvme_tier()));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (observer != nullptr) observer->OnCheckpointWritten(info, seconds);

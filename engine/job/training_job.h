@@ -71,8 +71,10 @@ struct MemoryFootprint {
   // step/gradient_reducer.h); 0 without it. Part of host.staging.
   int64_t gradient_ring_bytes = 0;
   // Bytes in files on the NVMe tier (memory.nvme_tier: moments): the two
-  // AdamW moments, host.exp_avg and host.exp_avg_sq then 0 and host.staging
-  // counting the tier's NvmeTierStagingBytes(). 0 without the tier.
+  // AdamW moments (every rank's shard files with train.devices > 1, Note
+  // [Tier shards] in store/nvme_tier.h), host.exp_avg and host.exp_avg_sq
+  // then 0 and host.staging counting the tier's NvmeTierStagingBytes() per
+  // rank. 0 without the tier.
   int64_t nvme_bytes = 0;
   // Note [No expert-group sub-blocks] (job/plan.cc): the largest block
   // that streams through the device's weight slots (a decoder layer, a MoE
@@ -122,10 +124,16 @@ inline absl::Status CheckBlockSlotsFitDevice(const MemoryFootprint& f, int64_t d
       "built (docs/architecture.md)"));
 }
 
-// `f` (computed with everything in host memory) with the AdamW moments
-// moved to the NVMe tier (Note [NVMe tier]): the one place that turns the
-// all-in-RAM footprint into the tiered one. Idempotent.
-MemoryFootprint WithNvmeMoments(const MemoryFootprint& f);
+// `f` (computed with everything in host memory for `config` on `devices`
+// ranks, train.devices) with the AdamW moments moved to the NVMe tier
+// (Note [NVMe tier]): the one place that turns the all-in-RAM footprint
+// into the tiered one. nvme_bytes: every rank's moment files
+// (NvmeTierFileBytes, Note [Tier shards]); host.staging: each rank's
+// NvmeTierStagingBytes(); with devices > 1 and an embedding planned
+// resident, each rank's landing buffer of its gradient (nothing is
+// resident with the tier). Idempotent.
+MemoryFootprint WithNvmeMoments(const MemoryFootprint& f, const ModelConfig& config,
+                                int64_t devices);
 
 // The footprint of `spec` with its model given as `config` (reads no file).
 MemoryFootprint EstimateFootprintForConfig(const JobSpec& spec, const ModelConfig& config);
@@ -239,8 +247,7 @@ class TrainingJob {
   // CPU). A resume loads a checkpoint written with any device count.
   // Errors: Create's; INVALID_ARGUMENT naming train.devices when the
   // devices do not match it (JobRankDevices); UNIMPLEMENTED when this
-  // build lacks the c10d backend (gloo or NCCL), for the NVMe tier or a
-  // mixture-of-experts model with N > 1.
+  // build lacks the c10d backend (gloo or NCCL).
   static absl::StatusOr<std::unique_ptr<TrainingJob>> CreateOnDevices(
       const JobSpec& spec, const std::vector<std::string>& devices,
       const std::optional<std::string>& resume_from);

@@ -63,41 +63,56 @@ absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
 }
 
 absl::Status TieredAdamWSliceStep(const CpuAdamW& adamw, const HostStore& store,
-                                  NvmeMomentFiles& moments, int64_t block, int64_t begin,
-                                  int64_t count, int64_t step, double lr, float grad_scale) {
-  MEGATRAIN_RETURN_IF_ERROR(CheckSize(store, moments));
-  if (block < 0 || block >= store.num_blocks() || begin < 0 || begin % 1024 != 0 || count < 0 ||
-      begin + count > store.block_numel(block)) {
-    return absl::InvalidArgumentError(absl::StrCat("NVMe tier: slice [", begin, ", +", count,
-                                                   ") of block ", block,
-                                                   " is not 1024-aligned inside the block"));
+                                  NvmeMomentFiles& moments, const NvmeShardLayout& layout,
+                                  int64_t block, int64_t begin, int64_t count, int64_t step,
+                                  double lr, float grad_scale) {
+  if (moments.numel() != layout.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("NVMe tier: moment files hold ", moments.numel(),
+                                                   " elements, the layout ", layout.numel));
   }
-  const int64_t offset = store.block_offset(block);
+  const size_t b = static_cast<size_t>(block);
+  if (block < 0 || block >= store.num_blocks() || b >= layout.begin.size() || count < 0 ||
+      begin < layout.begin[b] || (begin - layout.begin[b]) % 1024 != 0 ||
+      begin + count > layout.end[b]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NVMe tier: slice [", begin, ", +", count, ") of block ", block,
+        " is not 1024-aligned inside rank ", layout.rank, " of ", layout.world, "'s shard"));
+  }
+  // Element `begin` of the block lies `file_begin` elements into the files.
+  const int64_t file_begin = layout.file_offset[b] + (begin - layout.begin[b]);
   return moments.ForEachChunk(
-      {{offset + begin, count}}, [&](const MomentRange& chunk, float* exp_avg, float* exp_avg_sq) {
-        return StepChunk(adamw, store, block, chunk.offset - offset, chunk.count, exp_avg,
-                         exp_avg_sq, step, lr, grad_scale);
+      {{file_begin, count}}, [&](const MomentRange& chunk, float* exp_avg, float* exp_avg_sq) {
+        return StepChunk(adamw, store, block, begin + (chunk.offset - file_begin), chunk.count,
+                         exp_avg, exp_avg_sq, step, lr, grad_scale);
       });
 }
 
-absl::Status CopyMomentsToHost(NvmeMomentFiles& moments, const HostStore& store, float* exp_avg,
+absl::Status CopyMomentsToHost(const NvmeMomentTier& tier, const HostStore& store, float* exp_avg,
                                float* exp_avg_sq) {
   for (int64_t block = 0; block < store.num_blocks(); ++block) {
     const int64_t offset = store.block_offset(block);
-    const int64_t n = store.block_numel(block);
-    MEGATRAIN_RETURN_IF_ERROR(moments.Read(MomentKind::kExpAvg, offset, n, exp_avg + offset));
-    MEGATRAIN_RETURN_IF_ERROR(moments.Read(MomentKind::kExpAvgSq, offset, n, exp_avg_sq + offset));
+    for (const NvmeBlockPiece& p : tier.Pieces(block)) {
+      const int64_t at = offset + p.begin;
+      MEGATRAIN_RETURN_IF_ERROR(
+          p.files->Read(MomentKind::kExpAvg, p.file_offset, p.count, exp_avg + at));
+      MEGATRAIN_RETURN_IF_ERROR(
+          p.files->Read(MomentKind::kExpAvgSq, p.file_offset, p.count, exp_avg_sq + at));
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status CopyMomentsFromHost(NvmeMomentFiles& moments, const HostStore& store,
+absl::Status CopyMomentsFromHost(const NvmeMomentTier& tier, const HostStore& store,
                                  const float* exp_avg, const float* exp_avg_sq) {
   for (int64_t block = 0; block < store.num_blocks(); ++block) {
     const int64_t offset = store.block_offset(block);
-    const int64_t n = store.block_numel(block);
-    MEGATRAIN_RETURN_IF_ERROR(moments.Write(MomentKind::kExpAvg, offset, n, exp_avg + offset));
-    MEGATRAIN_RETURN_IF_ERROR(moments.Write(MomentKind::kExpAvgSq, offset, n, exp_avg_sq + offset));
+    for (const NvmeBlockPiece& p : tier.Pieces(block)) {
+      const int64_t at = offset + p.begin;
+      MEGATRAIN_RETURN_IF_ERROR(
+          p.files->Write(MomentKind::kExpAvg, p.file_offset, p.count, exp_avg + at));
+      MEGATRAIN_RETURN_IF_ERROR(
+          p.files->Write(MomentKind::kExpAvgSq, p.file_offset, p.count, exp_avg_sq + at));
+    }
   }
   return absl::OkStatus();
 }

@@ -31,21 +31,26 @@ absl::Status TieredAdamWStep(const CpuAdamW& adamw, const HostStore& store,
                              int64_t step, double lr, float grad_scale);
 
 // As TieredAdamWStep for elements [begin, begin + count) of one block:
-// the trainer's unit of work (Note [Optimizer slices] in trainer.h).
-// `begin` must be a multiple of 1024 (the tier's 4 KiB alignment), and
-// begin + count <= store.block_numel(block); INVALID_ARGUMENT otherwise.
-// Other errors and thread-safety as TieredAdamWStep.
+// the trainer's unit of work (Note [Optimizer slices] in trainer.h), with
+// the moments where `layout` keeps them in `moments` (Note [Tier shards]
+// in store/nvme_tier.h: a data-parallel rank's shard). The slice must lie
+// in the layout's range of the block, starting a multiple of 1024
+// elements after the range's first element (the tier's 4 KiB alignment);
+// INVALID_ARGUMENT otherwise, and when `moments` does not have
+// layout.numel elements. Other errors and thread-safety as
+// TieredAdamWStep.
 absl::Status TieredAdamWSliceStep(const CpuAdamW& adamw, const HostStore& store,
-                                  NvmeMomentFiles& moments, int64_t block, int64_t begin,
-                                  int64_t count, int64_t step, double lr, float grad_scale);
+                                  NvmeMomentFiles& moments, const NvmeShardLayout& layout,
+                                  int64_t block, int64_t begin, int64_t count, int64_t step,
+                                  double lr, float grad_scale);
 
-// Copies the moments of every block between the store's layout in
-// `moments` and host buffers laid out like the store's arenas
-// ([store.arena_numel()] fp32 each), for checkpoints (to host) and resume
-// (from host). Errors: the tier's.
-absl::Status CopyMomentsToHost(NvmeMomentFiles& moments, const HostStore& store, float* exp_avg,
+// Copies the moments of every block between `tier` (every shard's files)
+// and host buffers laid out like the store's arenas ([store.arena_numel()]
+// fp32 each), for checkpoints (to host) and resume (from host). Errors:
+// the tier's.
+absl::Status CopyMomentsToHost(const NvmeMomentTier& tier, const HostStore& store, float* exp_avg,
                                float* exp_avg_sq);
-absl::Status CopyMomentsFromHost(NvmeMomentFiles& moments, const HostStore& store,
+absl::Status CopyMomentsFromHost(const NvmeMomentTier& tier, const HostStore& store,
                                  const float* exp_avg, const float* exp_avg_sq);
 
 }  // namespace megatrain::engine

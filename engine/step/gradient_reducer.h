@@ -43,7 +43,9 @@
 // updates as one block (no row gate, no lookahead: Notes [Embedding rows on
 // demand] and [Embedding lookahead] in trainer.h), the gradient lands in
 // the arena, or with the gradient ring in each rank's own shard-sized
-// ring (Note [Ring shards]), and the NVMe tier is not available.
+// ring (Note [Ring shards]). With the NVMe tier the shared store keeps no
+// moments: each rank's shard of them is in files of its own (Note [Tier
+// shards] in store/nvme_tier.h).
 //
 // Note [Sharded optimizer]
 // The CPU AdamW of the shared store is split by shard: rank r of the

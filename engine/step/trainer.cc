@@ -68,10 +68,6 @@ absl::Status ValidateOptions(const TrainerOptions& options) {
       return absl::InvalidArgumentError(
           "shared_store: needs a gradient_reducer (data parallelism)");
     }
-    if (!options.nvme_dir.empty()) {
-      return absl::UnimplementedError(
-          "memory.nvme_tier: not built with train.devices > 1 (one shared host store)");
-    }
     if (options.gradient_landing != GradientLanding::kAuto &&
         (options.gradient_landing == GradientLanding::kRing) !=
             options.shared_store->options().gradient_ring) {
@@ -193,7 +189,7 @@ absl::Status CheckSharedStore(const HostStore& shared, const ModelConfig& config
   const HostStoreOptions& have = shared.options();
   if (shared.arena_numel() != HostStore::EstimateBytes(config, {}).master / 4 ||
       have.streaming_bf16 != options.streaming_bf16 || have.pin != options.pin ||
-      !have.optimizer_state || !have.moments_in_host ||
+      !have.optimizer_state || have.moments_in_host != options.moments_in_host ||
       have.gradient_ring != options.gradient_ring) {
     return absl::InvalidArgumentError(
         "shared_store: built for another model or other options (streaming copy, pinning, "
@@ -244,6 +240,17 @@ void ConnectReducer(GradientReducer* reducer, StreamingExecutor& executor) {
     ABSL_RAW_CHECK(summed, "trainer: resident blocks with a reducer that cannot sum on devices");
     return summed;
   });
+}
+
+// Note [Tiered trainer]: the moment files of `layout` under
+// options.nvme_dir, this rank's shard of every block in files of its own
+// with data parallelism (Note [Tier shards] in store/nvme_tier.h).
+absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> CreateTierFiles(const TrainerOptions& options,
+                                                                 const NvmeShardLayout& layout) {
+  return NvmeMomentFiles::Create(
+      options.nvme_dir_io.empty() ? options.nvme_dir : options.nvme_dir_io, layout.numel,
+      /*pin_staging=*/false, options.nvme_chunk_elements, options.nvme_dir,
+      NvmeShardFileSuffix(layout.rank, layout.world));
 }
 
 // Note [Gradient ring] in grad_lander.h: releases a ring piece once the
@@ -331,8 +338,11 @@ void Trainer::ScheduleUpdate(int64_t block, int64_t step, double lr, float grad_
                  [this, block, step, lr, grad_scale, begin, count, grads, release] {
                    absl::Status status;
                    if (nvme_moments_ != nullptr) {  // Note [Tiered trainer]
-                     status = TieredAdamWSliceStep(*adamw_, *store_, *nvme_moments_, block, begin,
-                                                   count, step, lr, grad_scale);
+                     // Note [Shared host store]: the shared weights and gradient.
+                     const HostStore& store =
+                         options_.shared_store != nullptr ? *options_.shared_store : *store_;
+                     status = TieredAdamWSliceStep(*adamw_, store, *nvme_moments_, nvme_layout_,
+                                                   block, begin, count, step, lr, grad_scale);
                    } else {
                      AdamWBuffers buffers = StoreBuffers(block, begin, count);
                      if (grads != nullptr) buffers.grads = grads;
@@ -478,11 +488,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
     t->store_->InitializeWeights(seed);
   }
   if (!options.nvme_dir.empty()) {
-    MEGATRAIN_ASSIGN_OR_RETURN(
-        t->nvme_moments_, NvmeMomentFiles::Create(
-                              options.nvme_dir_io.empty() ? options.nvme_dir : options.nvme_dir_io,
-                              t->store_->arena_numel(), /*pin_staging=*/false,
-                              options.nvme_chunk_elements, options.nvme_dir));
+    t->nvme_layout_ = NvmeShardLayout::Create(t->store_->layout(), options.optimizer_shard_rank,
+                                              options.optimizer_shard_world);
+    MEGATRAIN_ASSIGN_OR_RETURN(t->nvme_moments_, CreateTierFiles(options, t->nvme_layout_));
   }
   t->resident_layers_ = exec.resident_layers;
   t->resident_embedding_ = exec.resident_embedding;

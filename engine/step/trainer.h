@@ -126,7 +126,12 @@
 // WaitForOptimizer returns it, and the moment files are then undefined
 // (the job fails and resumes from its last checkpoint, which holds its own
 // copy). Checkpoints read the moments back from the files
-// (nvme_moments(), WriteCheckpoint) after WaitForOptimizer.
+// (nvme_shard(), NvmeMomentTier, WriteCheckpoint) after WaitForOptimizer.
+// With data parallelism (TrainerOptions::shared_store) each rank's files
+// hold only the moments of its optimizer shard (Note [Sharded optimizer]
+// in gradient_reducer.h), in files of its own (Note [Tier shards] in
+// store/nvme_tier.h); its updates read the shared store's weights, reduced
+// gradient and streaming copy, as without the tier.
 //
 // Thread-safety: a Trainer is driven by one thread at a time; it owns an
 // optimizer thread internally.
@@ -270,11 +275,11 @@ struct TrainerOptions {
   int wave = 0;
   ActivationPlacement activation_placement = ActivationPlacement::kAuto;
   int64_t gradient_accumulation_steps = 1;
-  // Note [Tiered trainer]: non-empty: the AdamW moments live in
-  // exp_avg.bin and exp_avg_sq.bin in this directory (which must exist; the
-  // caller owns it and removes it) instead of host memory. `nvme_dir_io`
-  // is how to reach it (e.g. DirFd::IoPath(), "/proc/self/fd/N"; empty:
-  // nvme_dir itself); nvme_dir names the files in messages.
+  // Note [Tiered trainer]: non-empty: the AdamW moments live in exp_avg.bin and
+  // exp_avg_sq.bin in this directory (with optimizer_shard_world > 1 this rank's shard,
+  // in files of its own: Note [Tier shards] in store/nvme_tier.h) instead of host
+  // memory; it must exist, the caller owns and removes it. `nvme_dir_io` is how to reach
+  // it (DirFd::IoPath(), "/proc/self/fd/N"; empty: nvme_dir); nvme_dir names the files.
   std::string nvme_dir;
   std::string nvme_dir_io;
   // fp32 elements of one moment per tier read/write (a multiple of 1024;
@@ -346,8 +351,8 @@ struct StepResult {
                          // the non-finite one kept their update
   StepStats stats;
   // Data parallelism (DataParallelTrainer::Step): each of this process's
-  // ranks' stats, in device order (rank_stats[0] == stats); empty for one
-  // device.
+  // ranks' stats, in device order (rank_stats[0] == stats but for the NVMe
+  // tier's bytes, which stats sums over the ranks); empty for one device.
   std::vector<StepStats> rank_stats;
 };
 
@@ -443,6 +448,10 @@ class Trainer {
   // TrainerOptions::nvme_dir. Use only after WaitForOptimizer() and before
   // the next Step (the optimizer thread owns them in between).
   NvmeMomentFiles* nvme_moments() const { return nvme_moments_.get(); }
+  // Those files with the layout of the moments in them (this rank's shard
+  // with data parallelism: Note [Tier shards] in store/nvme_tier.h), for
+  // NvmeMomentTier::Create; files null without the tier. Same rules.
+  NvmeMomentTier::Shard nvme_shard() const { return {nvme_moments_.get(), &nvme_layout_}; }
 
  private:
   // What one step's callbacks share (Step, OnBlockFinal, FinishStep).
@@ -493,6 +502,7 @@ class Trainer {
   // Note [Tiered trainer]: the moments' files (null: in the store), and
   // their byte counters at the last report (StepStats::nvme_*_bytes).
   std::unique_ptr<NvmeMomentFiles> nvme_moments_;
+  NvmeShardLayout nvme_layout_;  // where the files keep which moments
   int64_t nvme_read_reported_ = 0;
   int64_t nvme_written_reported_ = 0;
   // Destroyed (drained) first by ~Trainer: its tasks use the updater, the

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "engine/dist/gradient_shard.h"
 #include "engine/fs/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 
@@ -141,7 +142,7 @@ class PassIo {
 
 absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> NvmeMomentFiles::Create(
     const std::string& dir, int64_t numel, bool pin_staging, int64_t chunk_elements,
-    const std::string& display_dir) {
+    const std::string& display_dir, const std::string& name_suffix) {
   if (numel <= 0 || numel % kAlignElements != 0 || chunk_elements <= 0 ||
       chunk_elements % kAlignElements != 0) {
     return absl::InvalidArgumentError(
@@ -152,7 +153,8 @@ absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> NvmeMomentFiles::Create(
   files->numel_ = numel;
   files->chunk_elements_ = chunk_elements;
   files->direct_ = true;
-  const char* names[2] = {"exp_avg.bin", "exp_avg_sq.bin"};
+  const std::string names[2] = {absl::StrCat("exp_avg", name_suffix, ".bin"),
+                                absl::StrCat("exp_avg_sq", name_suffix, ".bin")};
   for (int k = 0; k < 2; ++k) {
     File& f = files->files_[k];
     f.path = absl::StrCat(display_dir.empty() ? dir : display_dir, "/", names[k]);
@@ -307,6 +309,60 @@ absl::Status NvmeMomentFiles::Write(MomentKind kind, int64_t offset, int64_t cou
     MEGATRAIN_RETURN_IF_ERROR(SyncIo(true, kind, (offset + begin) * 4, aligned * 4, bounce));
   }
   return absl::OkStatus();
+}
+
+NvmeShardLayout NvmeShardLayout::Create(const ModelLayout& layout, int rank, int world) {
+  NvmeShardLayout out;
+  out.rank = rank;
+  out.world = world;
+  int64_t offset = 0;
+  for (const BlockLayout& block : layout.blocks) {
+    // Note [Shard layout] in dist/gradient_shard.h: the optimizer's shard.
+    const ShardRange shard = ShardOf(block.numel, rank, world);
+    out.begin.push_back(shard.begin);
+    out.end.push_back(shard.end);
+    out.file_offset.push_back(offset);
+    offset += AlignUp(shard.size(), kAlignElements);
+  }
+  out.numel = std::max(offset, kAlignElements);
+  return out;
+}
+
+std::string NvmeShardFileSuffix(int rank, int world) {
+  return world == 1 ? "" : absl::StrCat(".rank-", rank, "-of-", world);
+}
+
+int64_t NvmeTierFileBytes(const ModelLayout& layout, int world) {
+  int64_t numel = 0;
+  for (int rank = 0; rank < world; ++rank)
+    numel += NvmeShardLayout::Create(layout, rank, world).numel;
+  return 2 * 4 * numel;
+}
+
+absl::StatusOr<NvmeMomentTier> NvmeMomentTier::Create(std::vector<Shard> shards) {
+  const int world = static_cast<int>(shards.size());
+  if (world == 0) return absl::InvalidArgumentError("NVMe tier: no shards");
+  for (int rank = 0; rank < world; ++rank) {
+    const Shard& s = shards[static_cast<size_t>(rank)];
+    if (s.files == nullptr || s.layout == nullptr || s.layout->rank != rank ||
+        s.layout->world != world || s.files->numel() != s.layout->numel ||
+        s.layout->begin.size() != shards[0].layout->begin.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("NVMe tier: shard ", rank, " of ", world,
+                                                     " is missing or not rank ", rank, " of ",
+                                                     world, "'s layout of the same model"));
+    }
+  }
+  return NvmeMomentTier(std::move(shards));
+}
+
+std::vector<NvmeBlockPiece> NvmeMomentTier::Pieces(int64_t block) const {
+  std::vector<NvmeBlockPiece> pieces;
+  const size_t b = static_cast<size_t>(block);
+  for (const Shard& s : shards_) {
+    const int64_t count = s.layout->end[b] - s.layout->begin[b];
+    if (count > 0) pieces.push_back({s.files, s.layout->file_offset[b], s.layout->begin[b], count});
+  }
+  return pieces;
 }
 
 }  // namespace megatrain::engine

@@ -14,6 +14,31 @@
 // kNvmeTierBuffers sets of one chunk per moment: while the optimizer
 // updates chunk i, chunk i+1 is being read and chunk i-1 written
 // (NvmeTierStagingBytes(), a constant independent of the model).
+//
+// Note [Tier shards]
+// With N data-parallel ranks on one host (Notes [Shared host store] and
+// [Sharded optimizer] in step/gradient_reducer.h) rank r's optimizer
+// updates elements ShardOf(numel, r, N) of every host block (c10d's
+// layout, Note [Shard layout] in dist/gradient_shard.h). Each rank then
+// keeps the moments of its shards in a pair of files of its own,
+// exp_avg.rank-R-of-N.bin and exp_avg_sq.rank-R-of-N.bin
+// (NvmeShardLayout): its shard of every block in block order, each shard
+// at a 4 KiB-aligned offset. Invariants:
+//   * no two ranks open the same file, so none touches another's bytes
+//     (a file of the store's layout shared by the ranks cannot work:
+//     c10d's shard boundaries are not 4 KiB-aligned, and O_DIRECT reads
+//     and writes whole 4 KiB pages, which neighbouring shards share);
+//   * a rank's files are read and written only by that rank's optimizer
+//     thread, through its own NvmeMomentFiles (ring and staging: host
+//     memory NvmeTierStagingBytes() per rank);
+//   * one device is the case N = 1: the whole of every block at the host
+//     store's offsets, in exp_avg.bin and exp_avg_sq.bin, as before;
+//   * the shards of a block, in rank order, are contiguous and cover it
+//     (NvmeMomentTier::Pieces), so a checkpoint reads the same bytes
+//     whatever N, and a checkpoint of N ranks resumes on any M.
+// The files hold sum over ranks of the shards rounded up to 1024 elements
+// (NvmeTierFileBytes): at most (N - 1) x 4 KiB per block and moment more
+// than one device's.
 #ifndef MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
 #define MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
 
@@ -22,13 +47,16 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>
 #include <vector>
+
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/spec/nvme_tier_mode.h"
+#include "engine/model/param_layout.h"
 #include "engine/runtime/host_buffer.h"
+#include "engine/spec/nvme_tier_mode.h"
 
 namespace megatrain::engine {
 
@@ -79,9 +107,12 @@ class NvmeMomentFiles {
   // `display_dir` (when not empty) names the directory in path() and in
   // messages instead of `dir`: a job opens its files through a directory
   // descriptor (DirFd::IoPath, "/proc/self/fd/N") and names them by path.
+  // `name_suffix` goes between the file's stem and ".bin" (a rank's files,
+  // NvmeShardFileSuffix: Note [Tier shards]).
   static absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> Create(
       const std::string& dir, int64_t numel, bool pin_staging,
-      int64_t chunk_elements = kNvmeTierChunkElements, const std::string& display_dir = "");
+      int64_t chunk_elements = kNvmeTierChunkElements, const std::string& display_dir = "",
+      const std::string& name_suffix = "");
   ~NvmeMomentFiles();
   NvmeMomentFiles(const NvmeMomentFiles&) = delete;
   NvmeMomentFiles& operator=(const NvmeMomentFiles&) = delete;
@@ -136,6 +167,73 @@ class NvmeMomentFiles {
   HostBuffer staging_;  // kNvmeTierBuffers x 2 x chunk_elements_ fp32
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
+};
+
+// Where one pair of moment files keeps which elements of every block
+// (Note [Tier shards]): rank `rank` of `world`'s shard of each block.
+struct NvmeShardLayout {
+  int rank = 0;
+  int world = 1;
+  // Per block: the elements [begin, end) these files hold (its shard;
+  // begin == end when the rank owns none of the block), and the offset,
+  // in elements from the file's start, of element `begin`'s moment (a
+  // multiple of 1024).
+  std::vector<int64_t> begin;
+  std::vector<int64_t> end;
+  std::vector<int64_t> file_offset;
+  // Elements of each file: the shards rounded up to 1024 elements each
+  // (at least 1024). With world 1 the host store's arena_numel(), the
+  // blocks at its block_offset()s.
+  int64_t numel = 0;
+
+  // Rank `rank` of `world`'s layout of `layout`'s blocks. Precondition:
+  // 0 <= rank < world.
+  static NvmeShardLayout Create(const ModelLayout& layout, int rank, int world);
+};
+
+// "" for one device, ".rank-R-of-N" for rank R of N > 1: the suffix of the
+// rank's file names (NvmeMomentFiles::Create; Note [Tier shards]).
+std::string NvmeShardFileSuffix(int rank, int world);
+
+// Bytes of every moment file of `world` ranks on `layout` together (both
+// moments, every rank: 8 x the sum of their NvmeShardLayout::numel). What
+// the tier holds on disk; admission's MemoryFootprint::nvme_bytes.
+int64_t NvmeTierFileBytes(const ModelLayout& layout, int world);
+
+// Elements [begin, begin + count) of one block, kept in `files` from
+// element `file_offset` on (a multiple of 1024).
+struct NvmeBlockPiece {
+  NvmeMomentFiles* files = nullptr;
+  int64_t file_offset = 0;
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+
+// The AdamW moments of one host store on the NVMe tier, addressed by
+// block: the moment files of every optimizer shard (Note [Tier shards]).
+// Holds pointers only: the trainers own the files and the layouts, which
+// must outlive it. Thread-safety: as NvmeMomentFiles; use it only while
+// no optimizer runs (between WaitForOptimizer and the next step), for
+// checkpoints and resume.
+class NvmeMomentTier {
+ public:
+  struct Shard {
+    NvmeMomentFiles* files = nullptr;
+    const NvmeShardLayout* layout = nullptr;
+  };
+  // INVALID_ARGUMENT unless `shards` are ranks 0..N-1 of N, in order, each
+  // with files of its layout's numel and layouts of one block count.
+  static absl::StatusOr<NvmeMomentTier> Create(std::vector<Shard> shards);
+
+  // The pieces of `block`, in element order: contiguous, covering
+  // [0, block numel) (ranks owning none of it left out).
+  std::vector<NvmeBlockPiece> Pieces(int64_t block) const;
+  int64_t num_blocks() const { return static_cast<int64_t>(shards_[0].layout->begin.size()); }
+  int world() const { return static_cast<int>(shards_.size()); }
+
+ private:
+  explicit NvmeMomentTier(std::vector<Shard> shards) : shards_(std::move(shards)) {}
+  std::vector<Shard> shards_;
 };
 
 }  // namespace megatrain::engine

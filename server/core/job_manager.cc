@@ -497,23 +497,16 @@ namespace {
 // and the count checked (JobManager::CheckDevicesCanRun): a data-parallel
 // job (N > 1) is gang-scheduled (Note [Gang scheduling]) when the engine
 // backend runs such jobs (EngineBackend::RunsDataParallelJobs: a build with
-// c10d's backend for the daemon's devices), else UNIMPLEMENTED; its AdamW
-// moments stay in host memory (the NVMe tier with N > 1 is not built:
-// memory.nvme_tier moments is UNIMPLEMENTED, auto resolves to off).
-absl::Status CheckDataParallelSpec(bool data_parallel, const engine::TrainSpec& train,
-                                   engine::MemorySpec* memory) {
+// c10d's backend for the daemon's devices), else UNIMPLEMENTED. Its AdamW
+// moments may go to the NVMe tier as one device's do, each rank's shard in
+// files of its own (Note [Tier shards] in engine/store/nvme_tier.h).
+absl::Status CheckDataParallelSpec(bool data_parallel, const engine::TrainSpec& train) {
   if (train.devices > 1 && !data_parallel) {
     return absl::UnimplementedError(absl::StrCat(
         "train.devices: ", train.devices,
         " devices: this daemon's engine has no c10d backend for data parallelism on its devices "
         "(gloo for CPU slots, NCCL for CUDA devices; devices of one kind)"));
   }
-  if (train.devices > 1 && memory->nvme_tier == engine::NvmeTierMode::kMoments) {
-    return absl::UnimplementedError(
-        absl::StrCat("memory.nvme_tier: moments is not built with train.devices > 1 (got ",
-                     train.devices, "; one shared host store)"));
-  }
-  if (train.devices > 1) memory->nvme_tier = engine::NvmeTierMode::kOff;
   return absl::OkStatus();
 }
 
@@ -536,8 +529,8 @@ absl::StatusOr<JobRecord> JobManager::Submit(const Principal& caller, JobRequest
   const bool requested_all = request.spec.train.devices == engine::kAllDevices;
   if (requested_all) request.spec.train.devices = static_cast<int64_t>(options_.devices.size());
   MEGATRAIN_RETURN_IF_ERROR(CheckDevicesCanRun(request.spec.train.devices, requested_all));
-  MEGATRAIN_RETURN_IF_ERROR(CheckDataParallelSpec(backend_->RunsDataParallelJobs(options_.devices),
-                                                  request.spec.train, &request.spec.memory));
+  MEGATRAIN_RETURN_IF_ERROR(
+      CheckDataParallelSpec(backend_->RunsDataParallelJobs(options_.devices), request.spec.train));
   MEGATRAIN_ASSIGN_OR_RETURN(engine::MemoryFootprint footprint, AdmitSpec(caller, request, cancel));
   MEGATRAIN_RETURN_IF_ERROR(ResolveInitFrom(caller, &request.spec));
 

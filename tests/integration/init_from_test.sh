@@ -10,10 +10,9 @@
 #     submit --init_from A/step-4 --optimizer restore`): runs steps 5..8
 #     with A's losses of those steps, bit for bit; the flags alone or with
 #     the file's own init_from are usage errors (exit 2);
-#   * the same two on two CPU device slots (train.devices 2, gloo) and with
-#     the AdamW moments on the NVMe tier (memory.nvme_tier: moments); both
-#     at once is UNIMPLEMENTED (exit 10) naming memory.nvme_tier, as for
-#     any job;
+#   * the same two on two CPU device slots (train.devices 2, gloo), with
+#     the AdamW moments on the NVMe tier (memory.nvme_tier: moments), and
+#     with both at once;
 #   * another user's checkpoint is PERMISSION_DENIED (exit 6), a deleted
 #     checkpoint and an unknown job NOT_FOUND (exit 4), a path
 #     INVALID_ARGUMENT (exit 2), each naming model.init_from.checkpoint; a
@@ -136,10 +135,15 @@ else
   check_fresh_and_restored "2 devices" "$a_losses" "$b2" "$c2"
   alice --json watch "$c2" | jq -se '[.[] | select(.kind == "step")] | length == 4 and
     all(.devices == 2)' >/dev/null || fail "$c2 did not train on 2 devices"
-  # The tier with several devices is not built, init_from or not.
-  expect_exit 10 UNIMPLEMENTED "memory.nvme_tier: moments is not built with train.devices > 1" \
-    --token alice-secret submit "$(DEVICES=2 one_job dp-nvme 8 \
-      "init_from: {checkpoint: $a/step-4, optimizer: restore}" "memory: {nvme_tier: moments}")"
+  # Both at once: each rank's shard of the moments in its own files
+  # (Note [Tier shards] in engine/store/nvme_tier.h).
+  dp_nvme="memory: {nvme_tier: moments}"
+  b4=$(run_job "$(DEVICES=2 one_job b4 4 "init_from: $a/step-4" "$dp_nvme")")
+  c4=$(run_job "$(DEVICES=2 one_job c4 8 "init_from: {checkpoint: $a/step-4, optimizer: restore}" \
+    "$dp_nvme")")
+  check_fresh_and_restored "2 devices, NVMe tier" "$a_losses" "$b4" "$c4"
+  alice --json watch "$c4" | jq -se '[.[] | select(.kind == "step") | .nvme_read_bytes // 0] |
+    add > 0' >/dev/null || fail "$c4 did not run with the tier: $(alice --json watch "$c4" | tail -n 2)"
 fi
 
 log "the same with the AdamW moments on the NVMe tier"

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/optim/tiered_adamw.h"
 #include "engine/store/host_store.h"
+#include "engine/store/nvme_tier.h"
 #include "engine/step/trainer.h"
 
 namespace megatrain::testing {
@@ -73,6 +75,24 @@ inline std::vector<float> AllState(const engine::HostStore& store) {
   for (int64_t b = 0; b < store.num_blocks(); ++b) {
     std::vector<float> block = BlockState(store, b);
     out.insert(out.end(), block.begin(), block.end());
+  }
+  return out;
+}
+
+// AllState of a store whose AdamW moments are on the NVMe tier: the
+// moments read back from `tier`'s files (every rank's shard: Note [Tier
+// shards] in engine/store/nvme_tier.h). Empty when they cannot be read.
+inline std::vector<float> AllState(const engine::HostStore& store,
+                                   const engine::NvmeMomentTier& tier) {
+  const int64_t n = store.arena_numel();
+  std::vector<float> m(n), v(n);
+  if (!engine::CopyMomentsToHost(tier, store, m.data(), v.data()).ok()) return {};
+  std::vector<float> out;
+  for (int64_t b = 0; b < store.num_blocks(); ++b) {
+    const int64_t offset = store.block_offset(b), numel = store.block_numel(b);
+    out.insert(out.end(), store.master(b), store.master(b) + numel);
+    out.insert(out.end(), m.data() + offset, m.data() + offset + numel);
+    out.insert(out.end(), v.data() + offset, v.data() + offset + numel);
   }
   return out;
 }

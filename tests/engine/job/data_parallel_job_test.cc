@@ -2,8 +2,9 @@
 // engine/job/job_trainer.h), with N CPU ranks over c10d's gloo: a 2-device
 // job trains as one device accumulating the same global batch, reports
 // tokens/s per device and in total, suspends and resumes exactly on 2
-// devices, its checkpoint loads on 1 device, and a job given fewer devices
-// than train.devices is refused naming the field.
+// devices (with the AdamW moments in host memory or on the NVMe tier),
+// its checkpoint loads on 1 device, and a job given fewer devices than
+// train.devices is refused naming the field.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -285,6 +286,74 @@ TEST(DataParallelJobTest, SuspendResumesExactlyAndTheCheckpointLoadsOnOneDevice)
   ExpectSuspendResumesExactly(CpuRanks(2), {"cpu"}, 1e-6);
 }
 
+// Spec with the AdamW moments on the NVMe tier, under `nvme_dir` (the
+// daemon's directory, memory.nvme_dir).
+JobSpec TieredSpec(const std::string& tokens, const std::string& output_dir, int64_t devices,
+                   const std::string& nvme_dir) {
+  JobSpec s = Spec(tokens, output_dir, devices);
+  s.memory.nvme_tier = NvmeTierMode::kMoments;
+  s.memory.nvme_dir = nvme_dir;
+  return s;
+}
+
+// Note [Tier shards] (engine/store/nvme_tier.h): a 2-device job with its
+// moments on the NVMe tier, each rank's shard in files of its own,
+// suspended at step 4 and resumed, ends bit for bit where the
+// uninterrupted tiered job ends (its checkpoints hold the moments read
+// back from both ranks' files, and the resume writes them back). The same
+// job with the moments in host memory ends within `ram_tolerance` (0: bit
+// for bit, the CPU: the tier changes no bit) and the one-device tiered
+// job within `tolerance` (the reduction order, ExpectTwoDevicesTrainAsOne).
+void ExpectTieredSuspendResumesExactly(const std::vector<std::string>& two_devices,
+                                       const std::vector<std::string>& one_device,
+                                       double ram_tolerance, double tolerance) {
+  const std::string data = WriteDataset();
+  const std::string nvme = testing::MakeTempDir("dp-nvme");
+  const std::string straight_dir = testing::MakeTempDir("dp-tier-straight");
+  const Recorder straight = RunJob(TieredSpec(data, straight_dir, 2, nvme), two_devices);
+  ASSERT_EQ(straight.losses.size(), 6u);
+  // Both ranks' tier writes reach the reports (a step reports the updates
+  // that finished since the previous one: they run behind it).
+  int64_t written = 0;
+  for (const StepReport& r : straight.reports) written += r.stats.nvme_written_bytes;
+  EXPECT_GT(written, 0);
+
+  const std::string out = testing::MakeTempDir("dp-tier-suspended");
+  const Recorder first =
+      RunJob(TieredSpec(data, out, 2, nvme), two_devices, std::nullopt, /*stop_at=*/4);
+  ASSERT_EQ(first.losses.size(), 4u);
+  auto listed = ListCheckpoints(out);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_FALSE(listed->empty());
+  ASSERT_EQ(listed->back().step, 4);
+  const Recorder second = RunJob(TieredSpec(data, out, 2, nvme), two_devices, listed->back().dir);
+  ASSERT_EQ(second.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(second.losses[i], straight.losses[4 + i]) << "step " << 5 + i;
+  }
+  const std::vector<float> straight_state = LastCheckpointState(straight_dir);
+  ASSERT_FALSE(straight_state.empty());
+  EXPECT_TRUE(LastCheckpointState(out) == straight_state) << "weights and moments at step 6";
+
+  const std::string ram_dir = testing::MakeTempDir("dp-tier-ram");
+  const Recorder in_ram = RunJob(Spec(data, ram_dir, 2), two_devices);
+  if (ram_tolerance == 0) {
+    EXPECT_EQ(in_ram.losses, straight.losses);
+    EXPECT_TRUE(LastCheckpointState(ram_dir) == straight_state) << "the tier changed a bit";
+  } else {
+    EXPECT_LE(RelativeError(LastCheckpointState(ram_dir), straight_state), ram_tolerance);
+  }
+  const std::string one_dir = testing::MakeTempDir("dp-tier-one");
+  const Recorder one = RunJob(TieredSpec(data, one_dir, 1, nvme), one_device);
+  ASSERT_EQ(one.losses.size(), 6u);
+  EXPECT_LE(RelativeError(LastCheckpointState(one_dir), straight_state), tolerance);
+}
+
+TEST(DataParallelJobTest, TieredTwoDeviceJobSuspendsAndResumesExactly) {
+  MEGATRAIN_SKIP_WITHOUT_GLOO();
+  ExpectTieredSuspendResumesExactly(CpuRanks(2), {"cpu"}, 0, 1e-6);
+}
+
 // The same on two GPUs over NCCL (run on a multi-GPU machine:
 // deploy/gpu-dp-check.sh). Tolerance 1e-5 (the fp32 standard): besides the
 // summation order, the one-device run keeps its embedding and some layers
@@ -309,6 +378,16 @@ TEST(DataParallelJobTest, TwoGpusWithTheGradientRingTrainAsOneGpu) {
 TEST(DataParallelJobTest, SuspendResumesExactlyOnTwoGpus) {
   MEGATRAIN_SKIP_WITHOUT_TWO_NCCL_GPUS();
   ExpectSuspendResumesExactly({"cuda:0", "cuda:1"}, {"cuda:0"}, 1e-5);
+}
+
+// The tiered job on two GPUs (NCCL, the device reduce-scatter). Tolerance
+// 1e-5 against the in-RAM 2-GPU job and the tiered 1-GPU job (the fp32
+// standard of the GPU tests above): the in-RAM job keeps its embedding
+// and some layers resident on the GPUs (auto), updated by the device
+// AdamW, where the tier keeps nothing resident.
+TEST(DataParallelJobTest, TieredJobSuspendsAndResumesExactlyOnTwoGpus) {
+  MEGATRAIN_SKIP_WITHOUT_TWO_NCCL_GPUS();
+  ExpectTieredSuspendResumesExactly({"cuda:0", "cuda:1"}, {"cuda:0"}, 1e-5, 1e-5);
 }
 
 // A job is given exactly its train.devices; anything else is refused

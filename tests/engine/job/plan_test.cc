@@ -274,6 +274,41 @@ TEST(PlanTest, NvmeMomentsMoveEightBytesPerParameterOffTheHost) {
                                                       nvme / machine.nvme_write_bytes_per_second);
 }
 
+// Note [Tier shards] (engine/store/nvme_tier.h): with train.devices 2 the
+// tier's files are the two ranks' shards (at most (N - 1) 4 KiB pages per
+// block and moment more than one device's), each rank has its own
+// staging, and each lands the embedding's gradient in a buffer of its own
+// (nothing is resident with the tier); `megatrain plan --devices 2` and
+// admission count the same.
+TEST(PlanTest, NvmeMomentsOnTwoDevicesCountEveryRanksFilesAndStaging) {
+  JobSpec spec = Llama8bSpec();
+  spec.memory.nvme_tier = NvmeTierMode::kMoments;
+  spec.train.devices = 2;
+  spec.train.gradient_accumulation_steps = 2;
+  const ModelConfig config = *PresetConfig("llama-8b");
+  const ModelLayout layout = ModelLayout::Create(config);
+  PlanMachine machine = DefaultPlanMachine();
+  machine.nvme_bytes = int64_t{1} << 40;
+  const absl::StatusOr<JobPlan> plan = PlanJob(spec, config, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nvme_tier, NvmeTierMode::kMoments);
+  EXPECT_EQ(plan->tiers.nvme_bytes, NvmeTierFileBytes(layout, 2));
+  const int64_t one_device = NvmeTierFileBytes(layout, 1);
+  EXPECT_GE(plan->tiers.nvme_bytes, one_device);
+  // (N - 1) = 1 page of 4 KiB per block and moment at most.
+  EXPECT_LE(plan->tiers.nvme_bytes - one_device,
+            2 * 4096 * static_cast<int64_t>(layout.blocks.size()));
+  JobSpec in_ram = spec;
+  in_ram.memory.nvme_tier = NvmeTierMode::kOff;
+  const MemoryFootprint ram = EstimateFootprintForConfig(in_ram, config);
+  const MemoryFootprint tiered = EstimateFootprintForConfig(spec, config);
+  EXPECT_EQ(tiered.host.exp_avg + tiered.host.exp_avg_sq, 0);
+  EXPECT_EQ(tiered.host.staging, ram.host.staging + 2 * NvmeTierStagingBytes());
+  const int64_t embedding = (layout.blocks[layout.embedding_block()].numel + 1023) / 1024 * 1024;
+  EXPECT_EQ(tiered.host.grad, ram.host.grad + 2 * 4 * embedding);
+  EXPECT_EQ(tiered.host_total_bytes, plan->tiers.host_bytes);
+}
+
 TEST(PlanTest, AutoUsesTheTierOnlyWhenTheHostIsTooSmall) {
   JobSpec spec = Llama8bSpec();
   spec.memory.nvme_tier = NvmeTierMode::kAuto;

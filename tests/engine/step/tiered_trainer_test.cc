@@ -55,7 +55,11 @@ std::vector<float> State(Trainer& trainer) {
   const int64_t n = store.arena_numel();
   std::vector<float> m(n), v(n);
   if (trainer.nvme_moments() != nullptr) {
-    EXPECT_THAT(CopyMomentsToHost(*trainer.nvme_moments(), store, m.data(), v.data()), IsOk());
+    absl::StatusOr<NvmeMomentTier> tier = NvmeMomentTier::Create({trainer.nvme_shard()});
+    EXPECT_THAT(tier, IsOk());
+    if (tier.ok()) {
+      EXPECT_THAT(CopyMomentsToHost(*tier, store, m.data(), v.data()), IsOk());
+    }
   }
   std::vector<float> out;
   for (int64_t b = 0; b < store.num_blocks(); ++b) {

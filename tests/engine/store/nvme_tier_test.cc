@@ -3,15 +3,22 @@
 // more chunks than buffers; synchronous copies round-trip; the byte
 // counters count the writes (wear); a truncated file is DATA_LOSS and a
 // full disk RESOURCE_EXHAUSTED, both naming the file; bad ranges and modes
-// are INVALID_ARGUMENT.
+// are INVALID_ARGUMENT. The layout of data-parallel ranks' shard files
+// (Note [Tier shards]): aligned, disjoint files whose pieces cover every
+// block in order.
 #include "engine/store/nvme_tier.h"
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
+#include "engine/model/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -132,6 +139,64 @@ TEST(NvmeMomentFilesTest, RejectsUnalignedRangesAndSizes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4096 elements")));
   EXPECT_THAT(NvmeMomentFiles::Create(dir + "/missing", 4096, false).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing/exp_avg.bin")));
+}
+
+// Note [Tier shards]: one device keeps the host store's layout (the whole
+// of every block at 1024-aligned offsets); three ranks each hold c10d's
+// shard of every block at 1024-aligned offsets of files of their own, and
+// the tier's pieces of a block are the shards in rank order, contiguous
+// and covering it.
+TEST(NvmeShardLayoutTest, ShardsAreAlignedAndTheirPiecesCoverEveryBlockInOrder) {
+  const ModelLayout layout = ModelLayout::Create(*PresetConfig("tiny"));
+  const NvmeShardLayout one = NvmeShardLayout::Create(layout, 0, 1);
+  int64_t offset = 0;
+  for (size_t b = 0; b < layout.blocks.size(); ++b) {
+    EXPECT_EQ(one.begin[b], 0);
+    EXPECT_EQ(one.end[b], layout.blocks[b].numel);
+    EXPECT_EQ(one.file_offset[b], offset);
+    offset += (layout.blocks[b].numel + 1023) / 1024 * 1024;
+  }
+  EXPECT_EQ(one.numel, offset);
+  EXPECT_EQ(NvmeTierFileBytes(layout, 1), 8 * offset);
+  EXPECT_EQ(NvmeShardFileSuffix(0, 1), "");
+  EXPECT_EQ(NvmeShardFileSuffix(2, 3), ".rank-2-of-3");
+
+  const std::string dir = MakeTempDir("shards");
+  std::vector<NvmeShardLayout> layouts;
+  std::vector<std::unique_ptr<NvmeMomentFiles>> files;
+  std::vector<NvmeMomentTier::Shard> shards;
+  for (int r = 0; r < 3; ++r) layouts.push_back(NvmeShardLayout::Create(layout, r, 3));
+  for (int r = 0; r < 3; ++r) {
+    for (size_t b = 0; b < layout.blocks.size(); ++b) {
+      EXPECT_EQ(layouts[r].file_offset[b] % 1024, 0);
+      if (b + 1 < layout.blocks.size()) {
+        EXPECT_GE(layouts[r].file_offset[b + 1],
+                  layouts[r].file_offset[b] + layouts[r].end[b] - layouts[r].begin[b]);
+      }
+    }
+    auto created = NvmeMomentFiles::Create(dir, layouts[r].numel, false, kChunk, "",
+                                           NvmeShardFileSuffix(r, 3));
+    ASSERT_THAT(created, IsOk());
+    EXPECT_THAT((*created)->path(MomentKind::kExpAvgSq),
+                HasSubstr(absl::StrCat("exp_avg_sq.rank-", r, "-of-3.bin")));
+    files.push_back(std::move(*created));
+    shards.push_back({files.back().get(), &layouts[r]});
+  }
+  absl::StatusOr<NvmeMomentTier> tier = NvmeMomentTier::Create(shards);
+  ASSERT_THAT(tier, IsOk());
+  for (int64_t b = 0; b < tier->num_blocks(); ++b) {
+    int64_t next = 0;
+    for (const NvmeBlockPiece& piece : tier->Pieces(b)) {
+      EXPECT_EQ(piece.begin, next) << "block " << b;
+      EXPECT_GT(piece.count, 0);
+      next = piece.begin + piece.count;
+    }
+    EXPECT_EQ(next, layout.blocks[static_cast<size_t>(b)].numel) << "block " << b;
+  }
+  // Out of rank order: refused.
+  std::swap(shards[0], shards[1]);
+  EXPECT_THAT(NvmeMomentTier::Create(shards).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shard 0 of 3")));
 }
 
 }  // namespace

@@ -251,10 +251,13 @@ TEST_F(JobManagerTest, DataParallelJobIsUnimplementedWithoutACollectiveBackend) 
                                  "backend for data parallelism")));
 }
 
-// The NVMe tier is not built with several devices: moments is refused at
-// submission naming the field, auto resolves to off (host memory).
-TEST_F(JobManagerTest, DataParallelJobKeepsItsMomentsInHostMemory) {
+// Note [Tier shards] in engine/store/nvme_tier.h: a data-parallel job
+// takes the NVMe tier as one device does: refused naming the field by a
+// daemon without one, admitted with its moments on it by a daemon with one
+// (auto too when host memory is too small), handed the daemon's directory.
+TEST_F(JobManagerTest, DataParallelJobTakesTheNvmeTierAsOneDeviceDoes) {
   backend_.data_parallel = true;
+  backend_.footprint_bytes_by_preset["big"] = 100 << 20;  // 100 MiB > the 64 MiB budget
   options_.devices = {"cpu", "cpu:1"};
   StartManager();
   JobRequest request = Request("wide");
@@ -262,12 +265,24 @@ TEST_F(JobManagerTest, DataParallelJobKeepsItsMomentsInHostMemory) {
   request.spec.train.gradient_accumulation_steps = 2;
   request.spec.memory.nvme_tier = engine::NvmeTierMode::kMoments;
   EXPECT_THAT(manager_->Submit(kAlice, request, ""),
-              StatusIs(absl::StatusCode::kUnimplemented,
-                       HasSubstr("memory.nvme_tier: moments is not built with train.devices > 1")));
-  request.spec.memory.nvme_tier = engine::NvmeTierMode::kAuto;
-  JobRecord job = Submit(kAlice, request);
-  EXPECT_EQ(job.request.spec.memory.nvme_tier, engine::NvmeTierMode::kOff);
-  WaitFor(job.id, StateIs(JobState::kSucceeded));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("memory.nvme_tier"), HasSubstr("--nvme_dir"))));
+
+  manager_.reset();
+  options_.nvme = {"/mnt/nvme", 60 << 20};
+  StartManager();
+  JobRecord moments = Submit(kAlice, request);
+  EXPECT_EQ(moments.request.spec.memory.nvme_tier, engine::NvmeTierMode::kMoments);
+  JobRequest big = request;
+  big.spec.model.preset = "big";
+  big.spec.memory.nvme_tier = engine::NvmeTierMode::kAuto;
+  JobRecord tiered = Submit(kAlice, big);
+  EXPECT_EQ(tiered.request.spec.memory.nvme_tier, engine::NvmeTierMode::kMoments);
+  std::shared_ptr<FakeJobControl> control = backend_.WaitForCreated(1, kTimeout);
+  ASSERT_NE(control, nullptr);
+  EXPECT_EQ(control->nvme_dir, "/mnt/nvme");
+  WaitFor(moments.id, StateIs(JobState::kSucceeded));
+  WaitFor(tiered.id, StateIs(JobState::kSucceeded));
 }
 
 JobRequest WideRequest(const std::string& name, int64_t devices, int64_t max_steps = 1) {
