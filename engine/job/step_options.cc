@@ -35,4 +35,16 @@ TrainerOptions StepOptionsOf(const JobSpec& spec) {
   return t;
 }
 
+absl::Status ValidateJobSpecForThisBuild(const JobSpec& spec) {
+  SpecErrors errors;
+  errors.Add(ValidateJobSpec(spec));
+  if (spec.train.fused_kernels == FusedKernels::kOn && !FusedKernelsCompiled()) {
+    errors.Add(absl::UnimplementedError(
+        "train.fused_kernels: 'on' needs a CUDA build with the fused kernels (CMake "
+        "MEGATRAIN_FUSED_KERNELS, on by default in CUDA builds); this build has none: use auto "
+        "or off"));
+  }
+  return errors.ToStatus();
+}
+
 }  // namespace megatrain::engine

@@ -11,6 +11,7 @@
 #ifndef MEGATRAIN_ENGINE_JOB_STEP_OPTIONS_H_
 #define MEGATRAIN_ENGINE_JOB_STEP_OPTIONS_H_
 
+#include "absl/status/status.h"
 #include "engine/spec/job_spec.h"
 #include "engine/step/trainer.h"
 
@@ -27,6 +28,13 @@ namespace megatrain::engine {
 // request and the executor's options follow from the result
 // (ScheduleRequestOf, ExecutorOptionsOf in engine/step/trainer.h).
 TrainerOptions StepOptionsOf(const JobSpec& spec);
+
+// ValidateJobSpec's errors and those of choices this build of the engine
+// cannot run (the spec library is build-agnostic; the server links it
+// without the engine): train.fused_kernels 'on' in a build without the
+// fused kernels is UNIMPLEMENTED naming the field. Every error at once
+// (SpecErrors: the first one's code).
+absl::Status ValidateJobSpecForThisBuild(const JobSpec& spec);
 
 }  // namespace megatrain::engine
 

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/model/fused_ops.h"
 #include "engine/model/model_config.h"
 #include "engine/spec/checkpoint_retention.h"
 #include "engine/spec/keyword.h"
@@ -80,8 +79,7 @@ void CheckSources(const JobSpec& s, SpecErrors& errors) {
 }
 
 // train.schedule, train.wave, train.activations and train.cuda_graphs (Note [Schedule choice]
-// in engine/step/schedule_choice.h); the rules are step_schedule.h's. And
-// train.fused_kernels 'on' only in a build that has them.
+// in engine/step/schedule_choice.h); the rules are step_schedule.h's.
 void CheckTrainSchedule(const TrainSpec& t, SpecErrors& errors) {
   if (WaveContradictsSchedule(t.schedule, t.wave)) {
     errors.Add(absl::InvalidArgumentError(absl::StrCat(
@@ -90,12 +88,6 @@ void CheckTrainSchedule(const TrainSpec& t, SpecErrors& errors) {
   if (t.offload_activations && t.activations == ActivationPlacement::kDevice) {
     errors.Add(absl::InvalidArgumentError(
         "train.activations: 'device' contradicts train.offload_activations: true"));
-  }
-  if (t.fused_kernels == FusedKernels::kOn && !FusedKernelsCompiled()) {
-    errors.Add(absl::UnimplementedError(
-        "train.fused_kernels: 'on' needs a CUDA build with the fused kernels (CMake "
-        "MEGATRAIN_FUSED_KERNELS, on by default in CUDA builds); this build has none: use auto "
-        "or off"));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/dist/process_group.h"
 #include "engine/formats/hf_export.h"
+#include "engine/job/step_options.h"
 #include "engine/data/input_checks.h"
 #include "engine/model/model_config.h"
 #include "engine/model/moe_config.h"
@@ -43,7 +44,7 @@ auto Guard(absl::string_view what, Fn&& fn) -> decltype(fn()) {
 class RealEngineBackend final : public EngineBackend {
  public:
   absl::Status ValidateJobSpec(const engine::JobSpec& spec) override {
-    return Guard("ValidateJobSpec", [&] { return engine::ValidateJobSpec(spec); });
+    return Guard("ValidateJobSpec", [&] { return engine::ValidateJobSpecForThisBuild(spec); });
   }
 
   absl::StatusOr<engine::MemoryFootprint> EstimateFootprint(const engine::JobSpec& spec) override {

@@ -9,9 +9,15 @@
 #include "engine/step/schedule_choice.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace megatrain::engine {
 namespace {
+
+using ::megatrain::testing::IsOk;
+using ::megatrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 JobSpec EverythingSet() {
   JobSpec s;
@@ -84,6 +90,33 @@ TEST(StepOptionsTest, FusedKernelsAutoFollowsTheBuild) {
   EXPECT_FALSE(FusedKernelsEnabled(FusedKernels::kAuto, /*compiled=*/false));
   EXPECT_TRUE(FusedKernelsEnabled(FusedKernels::kAuto, /*compiled=*/true));
   EXPECT_FALSE(FusedKernelsEnabled(FusedKernels::kOff, /*compiled=*/true));
+}
+
+// train.fused_kernels 'on' is refused at submission by a build without
+// the kernels (UNIMPLEMENTED naming the field), accepted by one with them;
+// auto and off are accepted by both. The spec's own errors come too.
+TEST(StepOptionsTest, FusedKernelsOnNeedsABuildWithThem) {
+  JobSpec spec = EverythingSet();
+  spec.model.preset = "tiny";
+  spec.data.tokens = "/data/tokens";
+  ASSERT_THAT(ValidateJobSpecForThisBuild(spec), IsOk());
+  spec.train.fused_kernels = FusedKernels::kOn;
+  if (FusedKernelsCompiled()) {
+    EXPECT_THAT(ValidateJobSpecForThisBuild(spec), IsOk());
+  } else {
+    EXPECT_THAT(ValidateJobSpecForThisBuild(spec),
+                StatusIs(absl::StatusCode::kUnimplemented,
+                         HasSubstr("train.fused_kernels: 'on' needs a CUDA build")));
+    spec.train.micro_batch = 0;
+    EXPECT_THAT(ValidateJobSpecForThisBuild(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("train.micro_batch"), HasSubstr("train.fused_kernels"))));
+    spec.train.micro_batch = 3;
+  }
+  for (FusedKernels word : {FusedKernels::kAuto, FusedKernels::kOff}) {
+    spec.train.fused_kernels = word;
+    EXPECT_THAT(ValidateJobSpecForThisBuild(spec), IsOk()) << FusedKernelsName(word);
+  }
 }
 
 // The request and the executor's options are those Trainer::Create

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model/fused_ops.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/job_spec_json.h"
 #include "engine/spec/keyword.h"
@@ -395,25 +394,6 @@ TEST(ValidateJobSpecTest, UnknownScheduleAndPresetAreRefused) {
   spec.model.preset = "no-such-model";
   EXPECT_THAT(ValidateJobSpec(spec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-such-model")));
-}
-
-// train.fused_kernels 'on' is refused at submission by a build without
-// the kernels (UNIMPLEMENTED naming the field), accepted by one with them;
-// auto and off are accepted by both.
-TEST(ValidateJobSpecTest, FusedKernelsOnNeedsABuildWithThem) {
-  JobSpec spec = TinyJob();
-  spec.train.fused_kernels = FusedKernels::kOn;
-  if (FusedKernelsCompiled()) {
-    EXPECT_THAT(ValidateJobSpec(spec), IsOk());
-  } else {
-    EXPECT_THAT(ValidateJobSpec(spec),
-                StatusIs(absl::StatusCode::kUnimplemented,
-                         HasSubstr("train.fused_kernels: 'on' needs a CUDA build")));
-  }
-  for (FusedKernels word : {FusedKernels::kAuto, FusedKernels::kOff}) {
-    spec.train.fused_kernels = word;
-    EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << FusedKernelsName(word);
-  }
 }
 
 TEST(ValidateJobSpecTest, DevicesAreBoundedAndDivideTheAccumulation) {
