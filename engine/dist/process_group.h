@@ -122,7 +122,7 @@ class CollectiveGroup {
   // Whether ReduceScatterSum runs c10d's reduce-scatter (NCCL); false: it
   // is emulated by an all-reduce (gloo 1.13 has none; torch_compat.h).
   bool has_reduce_scatter() const;
-  // Note [Shard layout] in gradient_shard.h: sums `data` ([numel] fp32 in
+  // Note [Shard layout] in engine/store/shard_layout.h: sums `data` ([numel] fp32 in
   // this group's device memory: host memory for gloo) over the ranks and
   // leaves this rank's shard of the sum, ShardOf(numel, rank, world), in
   // data[begin, end); the other elements are unspecified afterwards (the

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/optim/adamw.h"
+#include "engine/store/shard_layout.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/torch_compat.h"
@@ -23,9 +24,9 @@ std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, in
       layer_numels.empty()
           ? (largest_layer_numel > 0 ? std::min(head_numel, largest_layer_numel) : head_numel)
           : *std::max_element(layer_numels.begin(), layer_numels.end());
-  // Note [Shard layout] in dist/gradient_shard.h: S = ceil(numel / world).
+  // Note [Shard layout] in store/shard_layout.h: S = ceil(numel / world).
   const int world = std::max(shard_world, 1);
-  const int64_t numel = (block_numel + world - 1) / world;
+  const int64_t numel = PaddedShardNumel(block_numel, world);
   if (numel <= 0) return {};
   return std::vector<int64_t>(kGradRingBuffers, numel);
 }

@@ -50,7 +50,7 @@
 // Note [Sharded optimizer]
 // The CPU AdamW of the shared store is split by shard: rank r of the
 // host's L ranks updates elements ShardOf(numel, r, L) of every host block
-// (c10d's layout; Note [Shard layout] in dist/gradient_shard.h) on its own
+// (c10d's layout; Note [Shard layout] in store/shard_layout.h) on its own
 // optimizer thread and its 1/L share of the cores, from the shard of the
 // reduced gradient it landed itself, as soon as it may (clipping: after
 // the norm; otherwise as the block is final). No rank waits for another's

@@ -303,7 +303,7 @@ struct TrainerOptions {
   // Note [Sharded optimizer] in gradient_reducer.h (with shared_store):
   // this trainer's CPU AdamW updates shard `optimizer_shard_rank` of
   // `optimizer_shard_world` (c10d's layout, Note [Shard layout] in
-  // dist/gradient_shard.h) of every host block, and `shared_weight_gate`
+  // store/shard_layout.h) of every host block, and `shared_weight_gate`
   // (required then) blocks until every rank's update of a block ran: the
   // executor's weight gate. Rank 0 writes the resident blocks back.
   int optimizer_shard_rank = 0;

@@ -33,7 +33,7 @@
 // world W > 1), a training pass loads every streamed block once in total
 // across the ranks rather than once per rank: rank r copies only its
 // shard, elements [r*S, min((r+1)*S, numel)) with S = ceil(numel / W)
-// (c10d's layout, as Note [Shard layout] in dist/gradient_shard.h), from
+// (c10d's layout, as Note [Shard layout] in store/shard_layout.h), from
 // host memory into the same range of its slot (bf16 copy, or the fp32
 // master cast chunk by chunk), and the ranks then all-gather the W shards
 // into every rank's slot over the devices' links (NCCL over NVLink), on

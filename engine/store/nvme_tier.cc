@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "engine/dist/gradient_shard.h"
+#include "engine/store/shard_layout.h"
 #include "engine/fs/dir_fd.h"
 #include "engine/runtime/status_macros.h"
 
@@ -317,7 +317,7 @@ NvmeShardLayout NvmeShardLayout::Create(const ModelLayout& layout, int rank, int
   out.world = world;
   int64_t offset = 0;
   for (const BlockLayout& block : layout.blocks) {
-    // Note [Shard layout] in dist/gradient_shard.h: the optimizer's shard.
+    // Note [Shard layout] in store/shard_layout.h: the optimizer's shard.
     const ShardRange shard = ShardOf(block.numel, rank, world);
     out.begin.push_back(shard.begin);
     out.end.push_back(shard.end);

@@ -19,7 +19,7 @@
 // With N data-parallel ranks on one host (Notes [Shared host store] and
 // [Sharded optimizer] in step/gradient_reducer.h) rank r's optimizer
 // updates elements ShardOf(numel, r, N) of every host block (c10d's
-// layout, Note [Shard layout] in dist/gradient_shard.h). Each rank then
+// layout, Note [Shard layout] in store/shard_layout.h). Each rank then
 // keeps the moments of its shards in a pair of files of its own,
 // exp_avg.rank-R-of-N.bin and exp_avg_sq.rank-R-of-N.bin
 // (NvmeShardLayout): its shard of every block in block order, each shard

@@ -202,7 +202,7 @@ class FakeTrainingJob final : public engine::TrainingJob {
       std::sort(existing.begin(), existing.end());
       const int64_t excess = static_cast<int64_t>(existing.size()) - spec_.checkpoint.keep_last;
       for (int64_t old_idx = 0; old_idx < excess; ++old_idx)
-        fs::remove_all(existing[old_idx].second);
+        ::megatrain::testing::RemoveTestTree(existing[old_idx].second);
     }
   }
 

@@ -4,7 +4,9 @@
 #define MEGATRAIN_TESTS_TESTING_TEMP_DIR_H_
 
 #include <dirent.h>
+#include <ftw.h>
 #include <gtest/gtest.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -17,6 +19,23 @@
 #include <vector>
 
 namespace megatrain::testing {
+
+// Removes the tree at `path` with nftw(3), depth first, without following
+// symbolic links; errors (a part a test made unreadable) are ignored.
+// Tests use it, never std::filesystem::remove_all: Note [No
+// std::filesystem::remove_all] in engine/fs/mapped_file.h (pip's
+// libtorch.so interposes its own std::filesystem, whose remove_all jumped
+// to address 0: every test binary that made a directory crashed at exit
+// on the GPU machines).
+inline void RemoveTestTree(const std::string& path) {
+  ::nftw(
+      path.c_str(),
+      [](const char* name, const struct stat*, int, struct FTW*) {
+        ::remove(name);
+        return 0;  // go on past an entry that cannot be removed
+      },
+      /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
+}
 
 namespace temp_dir_internal {
 
@@ -34,10 +53,7 @@ class Made {
   ~Made() {
     const char* keep = ::getenv("MEGATRAIN_KEEP_TEST_DIRS");
     if (::getpid() != owner_ || (keep != nullptr && std::string(keep) == "1")) return;
-    for (const std::string& dir : dirs_) {
-      std::error_code ignored;  // a test may have made a part unreadable
-      std::filesystem::remove_all(dir, ignored);
-    }
+    for (const std::string& dir : dirs_) RemoveTestTree(dir);
   }
 
  private:

@@ -1,4 +1,4 @@
-// Shard arithmetic (Note [Shard layout] in engine/dist/gradient_shard.h),
+// Shard arithmetic (Note [Shard layout] in engine/store/shard_layout.h),
 // the choice between the host all-reduce and the device reduce-scatter,
 // and CollectiveGroup::ReduceScatterSum over gloo (the emulation the CPU
 // runs; NCCL's is tests/engine/dist/nccl_reduce_scatter_test.cc).

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/server/core/job_manager_fixture.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::server {
 namespace {
@@ -135,7 +136,7 @@ TEST_F(CheckpointRecordsTest, RecordWrittenRecordsItAndReturnsTheCheckpointEvent
   const engine::CheckpointInfo info =
       WriteFakeCheckpoint(job.request.spec.output_dir + "/step-6", 6, job.id);
   // Retention removed step 2: its record goes too.
-  fs::remove_all(job.request.spec.output_dir + "/step-2");
+  ::megatrain::testing::RemoveTestTree(job.request.spec.output_dir + "/step-2");
   CheckpointRecords records(store_.get(), &backend_);
 
   const JobEvent event = records.RecordWritten(job.id, job.owner, info, 1.5);

@@ -25,6 +25,7 @@
 #include "tests/server/core/job_manager_fixture.h"
 #include "tests/server/fake_engine_backend.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace megatrain::server {
 namespace {
@@ -1194,7 +1195,7 @@ TEST_F(JobManagerTest, DeleteCheckpointRemovesALinkSwappedInWithoutFollowingIt) 
   const std::string victim = MakeTempDir();
   std::ofstream(victim + "/precious") << "keep";
   const std::string step_dir = job.request.spec.output_dir + "/step-2";
-  std::filesystem::remove_all(step_dir);
+  ::megatrain::testing::RemoveTestTree(step_dir);
   std::filesystem::create_directory_symlink(victim, step_dir);
   MEGATRAIN_EXPECT_OK(manager_->DeleteCheckpoint(kAlice, "job-000001/step-2"));
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(step_dir)));

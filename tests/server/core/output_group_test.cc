@@ -58,7 +58,7 @@ TEST(OutputGroupTest, StateDirIsTraversableAndJobsAreGroupReadable) {
   EXPECT_EQ(StatOf(job_dir).st_gid, ::getgid());
   EXPECT_EQ(StatOf(job_dir).st_mode & 0777, 0750u);
   ::umask(old_umask);
-  std::filesystem::remove_all(state_dir);
+  ::megatrain::testing::RemoveTestTree(state_dir);
 }
 
 }  // namespace
