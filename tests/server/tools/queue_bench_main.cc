@@ -131,7 +131,7 @@ int Run(int jobs, int users, int gets) {
   Report("Submit, all", submit_all_ms);
   Report(absl::StrCat("GetJob (queue ", jobs - 1, ")").c_str(), get_ms);
   (*manager)->Drain(absl::Seconds(30));
-  testing::RemoveTestTree(dir);
+  ::megatrain::testing::RemoveTestTree(dir);
   return 0;
 }
 
