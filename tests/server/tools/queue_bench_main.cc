@@ -23,6 +23,7 @@
 #include "server/core/job_manager.h"
 #include "server/core/job_store.h"
 #include "server/core/metrics.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/server/fake_engine_backend.h"
 
 namespace megatrain::server {
