@@ -9,6 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
 #include "engine/optim/tiered_adamw.h"
 #include "engine/store/host_store.h"
 #include "engine/store/nvme_tier.h"
@@ -100,6 +104,22 @@ inline std::vector<float> AllState(const engine::HostStore& store,
 // Same length and the same bits (NaNs and signed zeros included).
 inline bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A tiny Mixtral (transformers' config.json keys) for the data-parallel
+// tests: 4 experts, top 2, the load-balancing loss on (coefficient 0.1,
+// large enough to move the weights) and train-time router jitter.
+inline engine::ModelConfig SmallMixtral() {
+  constexpr char kConfig[] = R"({
+    "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "output_router_logits": true, "router_aux_loss_coef": 0.1,
+    "router_jitter_noise": 0.1, "tie_word_embeddings": false})";
+  absl::StatusOr<engine::ModelConfig> config = engine::ParseHfConfig(kConfig);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : engine::ModelConfig();
 }
 
 }  // namespace megatrain::testing

@@ -42,6 +42,7 @@ using ::megatrain::testing::IsOk;
 using ::megatrain::testing::MakeBatches;
 using ::megatrain::testing::SmallDataParallelOptions;
 using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::SmallMixtral;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -125,22 +126,6 @@ TEST_P(DataParallelParityTest, TwoRanksMatchOneDeviceAccumulating) {
   ASSERT_THAT(initial, IsOk());
   (*initial)->InitializeWeights(kSeed);
   EXPECT_GT(RelativeError(rank0, AllState(**initial)), 1e-4) << "training moved the weights";
-}
-
-// A tiny Mixtral (transformers' config.json keys): 4 experts, top 2, the
-// load-balancing loss on (coefficient 0.1, large enough to move the
-// weights) and train-time router jitter.
-ModelConfig SmallMixtral() {
-  constexpr char kConfig[] = R"({
-    "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-    "output_router_logits": true, "router_aux_loss_coef": 0.1,
-    "router_jitter_noise": 0.1, "tie_word_embeddings": false})";
-  absl::StatusOr<ModelConfig> config = ParseHfConfig(kConfig);
-  EXPECT_THAT(config, IsOk());
-  return *config;
 }
 
 // Note [Data-parallel step]: the ranks' gradients sum to one device's

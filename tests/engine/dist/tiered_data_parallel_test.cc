@@ -45,6 +45,7 @@ using ::megatrain::testing::MakeTempDir;
 using ::megatrain::testing::RelativeError;
 using ::megatrain::testing::SmallDataParallelOptions;
 using ::megatrain::testing::SmallLlama;
+using ::megatrain::testing::SmallMixtral;
 using ::megatrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -71,21 +72,6 @@ std::vector<std::vector<MicroBatch>> Steps(const ModelConfig& config, int steps)
     out.push_back(MakeBatches(kMicroBatches, kB, kT, config.vocab_size, 100 + s));
   }
   return out;
-}
-
-// A tiny Mixtral (data_parallel_test.cc's): 4 experts, top 2, the
-// load-balancing loss on and train-time router jitter.
-ModelConfig SmallMixtral() {
-  constexpr char kConfig[] = R"({
-    "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-    "output_router_logits": true, "router_aux_loss_coef": 0.1,
-    "router_jitter_noise": 0.1, "tie_word_embeddings": false})";
-  absl::StatusOr<ModelConfig> config = ParseHfConfig(kConfig);
-  EXPECT_THAT(config, IsOk());
-  return *config;
 }
 
 // Weights and both moments of one device after `steps` (the moments from
