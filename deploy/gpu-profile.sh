@@ -2,15 +2,16 @@
 # One call on a GPU machine: builds megatrain-bench and records, for each
 # configuration, a Kineto trace of one measured step of megatrain-bench
 # (--kernel_trace) and of resident PyTorch (deploy/torch-trace.py, the
-# shared baseline's workload with activation checkpointing), then sums
-# their kernels by kind with deploy/kernel-summary.py.
+# baseline's workload with activation checkpointing), eager and with each
+# decoder layer compiled, then sums their kernels by kind with
+# deploy/kernel-summary.py.
 #
 #   deploy/gpu-profile.sh "llama-1b:8:1:1 llama-1b:1:8:1:layer-major:8"
 #
 # Configurations as deploy/gpu-speed.sh's: PRESET:MICRO_BATCH:ACCUMULATION:CLIP[:SCHEDULE[:WAVE]]
-# (Llama presets only: the baseline is shared/bench/torch_baselines.py's).
+# (Llama presets only: the baseline is deploy/torch_baselines.py's).
 # Environment: SEQ_LEN (2048), STEPS (2), WARMUP (2), BUILD_DIR (build-gpu),
-# SKIP_BUILD (0), KEEP_TRACES (0; 1 adds the gzipped traces to the tarball:
+# SKIP_BUILD (0), COMPILED (1: also trace the compiled baseline), KEEP_TRACES (0; 1 adds the gzipped traces to the tarball:
 # tens of MB, too large for the device tool to bring back). Results: the
 # summaries on stdout; $OUT/profile.tgz (summaries and logs).
 set -uo pipefail
@@ -42,8 +43,14 @@ for c in $configs; do
   python3 deploy/torch-trace.py --preset "$preset" --micro-batch "$mb" --accum "$accum" \
     --seq "$SEQ_LEN" --ckpt $cflag --out "$tmp/pt-$tag.json" > "$OUT/torch-$tag.log" 2>&1 ||
     tail -5 "$OUT/torch-$tag.log"
-  python3 deploy/kernel-summary.py "megatrain=$tmp/mt-$tag.json:$tokens" \
-    "pytorch=$tmp/pt-$tag.json:$tokens" --top 25 | tee "$OUT/profile-$tag.txt"
+  traces=("megatrain=$tmp/mt-$tag.json:$tokens" "pytorch=$tmp/pt-$tag.json:$tokens")
+  if [ "${COMPILED:-1}" = 1 ]; then
+    python3 deploy/torch-trace.py --preset "$preset" --micro-batch "$mb" --accum "$accum" \
+      --seq "$SEQ_LEN" --ckpt $cflag --compile --out "$tmp/pc-$tag.json" \
+      > "$OUT/torch-compiled-$tag.log" 2>&1 || tail -5 "$OUT/torch-compiled-$tag.log"
+    traces+=("compiled=$tmp/pc-$tag.json:$tokens")
+  fi
+  python3 deploy/kernel-summary.py "${traces[@]}" --top 25 --by_op 25 | tee "$OUT/profile-$tag.txt"
   if [ "${KEEP_TRACES:-0}" = 1 ]; then
     gzip -c "$tmp/mt-$tag.json" > "$OUT/mt-$tag.json.gz" 2>/dev/null
     gzip -c "$tmp/pt-$tag.json" > "$OUT/pt-$tag.json.gz" 2>/dev/null

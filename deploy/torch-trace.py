@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A torch.profiler (Kineto) trace of one training step of the resident PyTorch
-baseline, the same workload as shared/bench/torch_baselines.py --mode resident
+baseline, the same workload as deploy/torch_baselines.py --mode resident
 (transformers Llama, bf16 autocast over fp32 master weights, fused AdamW,
-activation checkpointing with --ckpt, clipping at 1.0 with --clip).
+activation checkpointing with --ckpt, clipping at 1.0 with --clip, each
+decoder layer torch.compile'd with --compile).
 deploy/kernel-summary.py sums its kernels beside megatrain-bench's
 --kernel_trace of the same configuration.
 
@@ -19,7 +20,7 @@ import torch
 
 
 def load_baseline():
-    path = pathlib.Path(__file__).resolve().parent.parent / "shared/bench/torch_baselines.py"
+    path = pathlib.Path(__file__).resolve().parent / "torch_baselines.py"
     spec = importlib.util.spec_from_file_location("torch_baselines", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -45,6 +46,8 @@ def main():
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--ckpt", action="store_true")
     ap.add_argument("--clip", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="layer.compile() each decoder layer (compiled in the warm-up steps)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     ap.add_argument("--time-steps", type=int, default=0,
@@ -52,11 +55,11 @@ def main():
     args = ap.parse_args()
     base = load_baseline()
     torch.manual_seed(0)
-    cfg, model = base.build(args.preset, args.seq, args.ckpt)
+    cfg, model = base.build(args.preset, args.seq, args.ckpt, args.compile)
     model.to("cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     x = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq), device="cuda")
-    for _ in range(args.warmup):
+    for _ in range(max(args.warmup, 3) if args.compile else args.warmup):
         step(model, opt, x, args.clip, args.accum)
     torch.cuda.synchronize()
     if args.time_steps > 0:  # untraced steps, timed (median), before the traced one
