@@ -1,6 +1,7 @@
 // The fused elementwise kernels (Note [Fused kernels] in fused_math.h):
-// the gated MLP product and its backward, and residual add + RMSNorm with
-// its backward. Includes only CUDA headers and fused_math.h; compiled by
+// the gated MLP product and its backward, residual add + RMSNorm with
+// its backward, the rotary embedding (both directions), and the fp64 L2
+// norm of an fp32 gradient. Includes only CUDA headers and fused_math.h; compiled by
 // nvcc in CUDA builds (engine/CMakeLists.txt) and checked by
 // deploy/nvcc-check.sh.
 #include <cuda_bf16.h>
@@ -177,7 +178,141 @@ __global__ void AddRmsNormBackwardKernel(const float* __restrict__ hidden,
   }
 }
 
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// One block per token (b, t); its threads walk the token's heads x Dr/2
+// rotation pairs (i, i + Dr/2), so consecutive threads touch consecutive
+// elements, and then its pass-through dimensions. Index math is 32-bit
+// within a token; the token's offsets are 64-bit. The explicit _rn
+// intrinsics keep every product and sum its own fp32 rounding, as ATen's
+// separate mul, sub and add kernels round them (nvcc would otherwise
+// contract a * b - c * d into an FMA).
+template <typename T>
+__global__ void RotaryKernel(const T* __restrict__ x, const float* __restrict__ cos,
+                             const float* __restrict__ sin, T* __restrict__ y, RotaryShape s,
+                             bool adjoint) {
+  const int64_t token = blockIdx.x;  // b * seq + t
+  const int64_t b = token / s.seq, t = token % s.seq;
+  const T* xt = x + b * s.stride_batch + t * s.stride_seq;
+  T* yt = y + token * s.heads * s.head_dim;
+  const int64_t table_row = s.per_token_table ? token : t;
+  const float* c = cos + table_row * s.rotary_dim;
+  const float* sn = sin + table_row * s.rotary_dim;
+  const int half = s.rotary_dim / 2;
+  const int heads = static_cast<int>(s.heads), head_dim = static_cast<int>(s.head_dim);
+  for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
+    const int h = j / half, i = j % half;
+    const T* xh = xt + h * s.stride_head;
+    const float x1 = ToFloat(xh[i * s.stride_dim]);
+    const float x2 = ToFloat(xh[(i + half) * s.stride_dim]);
+    const float c1 = c[i], c2 = c[i + half], s1 = sn[i], s2 = sn[i + half];
+    T* yh = yt + h * head_dim;
+    if (!adjoint) {  // y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2
+      yh[i] = FromFloat<T>(__fsub_rn(__fmul_rn(x1, c1), __fmul_rn(x2, s1)));
+      yh[i + half] = FromFloat<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+    } else {  // gx1 = g1 c1 + g2 s2, gx2 = g2 c2 - g1 s1
+      yh[i] = FromFloat<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(x2, s2)));
+      yh[i + half] = FromFloat<T>(__fsub_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s1)));
+    }
+  }
+  const int pass = head_dim - s.rotary_dim;
+  for (int j = threadIdx.x; j < heads * pass; j += blockDim.x) {
+    const int h = j / pass, d = s.rotary_dim + j % pass;
+    yt[h * head_dim + d] = xt[h * s.stride_head + d * s.stride_dim];
+  }
+}
+
+template <typename T>
+cudaError_t LaunchRotary(const T* x, const float* cos, const float* sin, T* y, const RotaryShape& s,
+                         bool adjoint, cudaStream_t stream) {
+  const int64_t n = s.batch * s.seq * s.heads * s.head_dim;
+  if (n <= 0) return cudaSuccess;
+  if (s.rotary_dim <= 0 || s.rotary_dim % 2 != 0 || s.rotary_dim > s.head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t tokens = s.batch * s.seq;
+  if (tokens > 0x7fffffff || s.heads * s.head_dim > 0x7fffffff) return cudaErrorInvalidValue;
+  RotaryKernel<T>
+      <<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(x, cos, sin, y, s, adjoint);
+  return cudaGetLastError();
+}
+
+// Blocks of the fp64 norm: up to 1,024 (several per SM), each thread
+// summing at least 8 elements.
+constexpr int64_t kMaxNormFp64Blocks = 1024;
+
+// Sum of `v` over a block of kThreads threads, to thread 0.
+__device__ double BlockSumFp64(double v) {
+  __shared__ double warp_sums[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  }
+  return total;
+}
+
+__global__ void SquaresFp64Kernel(const float* __restrict__ x, int64_t n,
+                                  double* __restrict__ partials) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  double sum = 0.0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const double v = x[i];
+    sum += v * v;  // exact: a 24-bit mantissa squared fits 53 bits
+  }
+  const double total = BlockSumFp64(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void NormFromPartialsKernel(const double* __restrict__ partials, int64_t blocks,
+                                       double* __restrict__ norm) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < blocks; i += blockDim.x) sum += partials[i];
+  const double total = BlockSumFp64(sum);
+  if (threadIdx.x == 0) *norm = sqrt(total);
+}
+
 }  // namespace
+
+int64_t NormFp64Blocks(int64_t n) {
+  return std::max<int64_t>(1,
+                           std::min(kMaxNormFp64Blocks, (n + kThreads * 8 - 1) / (kThreads * 8)));
+}
+
+cudaError_t LaunchNormFp64(const float* x, int64_t n, double* partials, double* norm,
+                           cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  const int64_t blocks = NormFp64Blocks(n);
+  SquaresFp64Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, partials);
+  NormFromPartialsKernel<<<1, kThreads, 0, stream>>>(partials, blocks, norm);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRotaryBf16(const __nv_bfloat16* x, const float* cos, const float* sin,
+                             __nv_bfloat16* y, const RotaryShape& shape, bool adjoint,
+                             cudaStream_t stream) {
+  return LaunchRotary(x, cos, sin, y, shape, adjoint, stream);
+}
+
+cudaError_t LaunchRotaryFp32(const float* x, const float* cos, const float* sin, float* y,
+                             const RotaryShape& shape, bool adjoint, cudaStream_t stream) {
+  return LaunchRotary(x, cos, sin, y, shape, adjoint, stream);
+}
 
 cudaError_t LaunchGatedForward(const __nv_bfloat16* gate, const __nv_bfloat16* up, __nv_bfloat16* p,
                                int64_t n, int activation, cudaStream_t stream) {

@@ -56,6 +56,44 @@ cudaError_t LaunchAddRmsNormBackward(const float* hidden, const float* inv_rms,
 // Row blocks of LaunchAddRmsNormBackward's weight-gradient partial sums.
 int64_t FusedRmsNormBackwardBlocks(int64_t rows);
 
+// Shape and strides of a rotary embedding's input x, logically
+// [batch, seq, heads, head_dim], in elements (any strides: the gradient
+// that reaches the backward is often a transposed view).
+struct RotaryShape {
+  int64_t batch, seq, heads, head_dim;
+  int64_t stride_batch, stride_seq, stride_head, stride_dim;
+  int rotary_dim;        // Dr: the first Dr of head_dim rotate (even, <= head_dim)
+  bool per_token_table;  // cos, sin are [batch, seq, Dr] (else [seq, Dr])
+};
+
+// Rotary position embedding, one kernel (Note [RoPE kernels] in
+// engine/model/layers.cc): with the halves x1, x2 of x's first Dr
+// dimensions and cos, sin fp32 contiguous ([seq, Dr] or [batch, seq, Dr]),
+//   forward  (adjoint false): y1 = x1 c1 - x2 s1,  y2 = x2 c2 + x1 s2
+//   adjoint  (adjoint true):  y1 = x1 c1 + x2 s2,  y2 = x2 c2 - x1 s1
+// each product and sum rounded to fp32 separately (no contraction into an
+// FMA), then once to y's dtype: bit for bit the ATen composite's result.
+// The dimensions past Dr are copied. y is contiguous [batch, seq, heads,
+// head_dim]; x and y have one dtype, bf16 or fp32, and may not alias.
+cudaError_t LaunchRotaryBf16(const __nv_bfloat16* x, const float* cos, const float* sin,
+                             __nv_bfloat16* y, const RotaryShape& shape, bool adjoint,
+                             cudaStream_t stream);
+cudaError_t LaunchRotaryFp32(const float* x, const float* cos, const float* sin, float* y,
+                             const RotaryShape& shape, bool adjoint, cudaStream_t stream);
+
+// The L2 norm of x fp32 [n], accumulated in fp64, into *norm (fp64, on
+// the device): each thread sums its elements' exact squares in fp64, the
+// blocks' sums land in partials[0, NormFp64Blocks(n)) (fp64 scratch), and
+// one block adds them in index order and takes the square root. The grid
+// depends on n only, so a given x always gives the same bits. Reads x
+// once; ATen's linalg_vector_norm with an fp64 dtype first writes an fp64
+// copy of x (12 bytes per element more).
+cudaError_t LaunchNormFp64(const float* x, int64_t n, double* partials, double* norm,
+                           cudaStream_t stream);
+
+// Entries of LaunchNormFp64's `partials` scratch for n elements (>= 1).
+int64_t NormFp64Blocks(int64_t n);
+
 }  // namespace megatrain::engine::fused
 
 #endif  // MEGATRAIN_ENGINE_MODEL_FUSED_KERNELS_H_

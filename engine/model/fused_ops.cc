@@ -144,4 +144,53 @@ at::Tensor FusedGatedProduct(const at::Tensor& gate, const at::Tensor& up, MlpAc
   return GatedProductFunction::apply(gate, up, static_cast<int64_t>(a));
 }
 
+bool FusedRotaryApplies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& out) {
+  const bool dtype_ok = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat;
+  if (!x.is_cuda() || !dtype_ok || x.dim() != 4 || !out.is_contiguous() ||
+      out.sizes() != x.sizes() || out.scalar_type() != x.scalar_type() ||
+      out.device() != x.device()) {
+    return false;
+  }
+  const bool table_dims = (cos.dim() == 2 && cos.size(0) == x.size(1)) ||
+                          (cos.dim() == 3 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1));
+  const int64_t rotary = cos.size(-1);
+  return table_dims && cos.sizes() == sin.sizes() && cos.scalar_type() == at::kFloat &&
+         sin.scalar_type() == at::kFloat && cos.device() == x.device() &&
+         sin.device() == x.device() && rotary > 0 && rotary % 2 == 0 && rotary <= x.size(3);
+}
+
+void FusedRotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     bool adjoint, const at::Tensor& out) {
+  const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  fused::RotaryShape shape{x.size(0),   x.size(1),   x.size(2),
+                           x.size(3),   x.stride(0), x.stride(1),
+                           x.stride(2), x.stride(3), static_cast<int>(c.size(-1)),
+                           c.dim() == 3};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device());
+  if (x.scalar_type() == at::kBFloat16) {
+    CheckLaunch(fused::LaunchRotaryBf16(Bf16(x), c.data_ptr<float>(), s.data_ptr<float>(),
+                                        MutableBf16(out), shape, adjoint, stream),
+                "fused rotary embedding");
+  } else {
+    CheckLaunch(
+        fused::LaunchRotaryFp32(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(),
+                                out.data_ptr<float>(), shape, adjoint, stream),
+        "fused rotary embedding");
+  }
+}
+
+at::Tensor FusedNormFp64(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "FusedNormFp64: x must be contiguous fp32 on a CUDA device");
+  const auto f64 = x.options().dtype(at::kDouble);
+  at::Tensor partials = at::empty({fused::NormFp64Blocks(x.numel())}, f64);
+  at::Tensor norm = at::empty({}, f64);
+  CheckLaunch(fused::LaunchNormFp64(x.data_ptr<float>(), x.numel(), partials.data_ptr<double>(),
+                                    norm.data_ptr<double>(),
+                                    at::cuda::getCurrentCUDAStream(x.get_device())),
+              "fused fp64 norm");
+  return norm;
+}
+
 }  // namespace megatrain::engine

@@ -53,6 +53,31 @@ std::pair<at::Tensor, at::Tensor> FusedAddRmsNorm(const at::Tensor& residual,
                                                   const at::Tensor& delta, const at::Tensor& weight,
                                                   double eps, NormKind kind);
 
+// Whether FusedRotateInto takes these: a CUDA build; x [B, T, heads, Dh]
+// bf16 or fp32 on a CUDA device (any strides); cos, sin fp32 on x's
+// device, [T, Dr] or [B, T, Dr], Dr even and <= Dh; out contiguous, x's
+// shape, dtype and device.
+bool FusedRotaryApplies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& out);
+
+// out = x rotated (adjoint false) or x's gradient from y's (adjoint true)
+// as one kernel (fused::LaunchRotaryBf16: Note [RoPE kernels] in
+// layers.cc), bit for bit the ATen composite's values; not differentiable
+// itself (RopeFunction in layers.cc is the autograd node). Enqueued on
+// the current stream. Precondition: FusedRotaryApplies. Throws c10::Error
+// on a launch error.
+void FusedRotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     bool adjoint, const at::Tensor& out);
+
+// The L2 norm of x (fp32, contiguous, on a CUDA device; any shape) as a
+// 0-dim fp64 tensor on x's device, accumulated in fp64 in one read of x
+// (fused::LaunchNormFp64; deterministic for a given numel). Agrees with
+// linalg_vector_norm(x, 2, dtype=fp64) to fp64 rounding (~1e-15
+// relative), not bit for bit: another summation order. Enqueued on the
+// current stream. Precondition: FusedKernelsCompiled(), x as said.
+// Throws c10::Error on a launch error.
+at::Tensor FusedNormFp64(const at::Tensor& x);
+
 }  // namespace megatrain::engine
 
 #endif  // MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_

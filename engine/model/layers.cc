@@ -93,13 +93,29 @@ std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& inv_freq, int64_t
 // happens on load), writes the halves straight into the rounded output
 // and runs on [B, T, heads, Dh], the layout the projections produce:
 // five elementwise kernels each way instead of about a dozen, on
-// contiguous data instead of the transposed [B, heads, T, Dh] view.
+// contiguous data instead of the transposed [B, heads, T, Dh] view. With
+// the fused kernels (CUDA builds, `fused_kernels`) it is one kernel each
+// way (fused::LaunchRotaryBf16) computing the same roundings in the same
+// order, so on or off gives the same bits; the five ATen kernels cost
+// about 2 ms per llama-1b layer at 8 x 2048, their broadcast tables and
+// half-width views keeping them off the vectorised path (kernel profile
+// in docs/performance.md, "Fused RoPE").
 
 // y's rotary part (or x's gradient, `adjoint`) from x (or y's gradient)
 // [B, T, heads, >= Dr] and cos, sin [T, Dr] fp32, into `out` (same shape,
 // any floating dtype): Note [RoPE kernels].
+// With `fused` the one-kernel form where it applies (FusedRotaryApplies),
+// with the same values bit for bit.
 void RotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool adjoint,
-                const at::Tensor& out) {
+                const at::Tensor& out, bool fused) {
+#ifdef MEGATRAIN_FUSED_KERNELS
+  if (fused && FusedRotaryApplies(x, cos, sin, out)) {
+    FusedRotateInto(x, cos, sin, adjoint, out);
+    return;
+  }
+#else
+  (void)fused;
+#endif
   // [T, Dr], or [B, T, Dr] per token (Note [Document attention]).
   const int64_t rows = cos.dim() == 3 ? cos.size(0) : 1;
   const int64_t t = cos.size(-2), rotary = cos.size(-1), half = rotary / 2;
@@ -123,11 +139,12 @@ void RotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& cos, const at::Tensor& sin) {
+                            const at::Tensor& cos, const at::Tensor& sin, bool fused) {
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["fused"] = fused;
     at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-    RotateInto(x, cos, sin, /*adjoint=*/false, y);
+    RotateInto(x, cos, sin, /*adjoint=*/false, y, fused);
     return y;
   }
 
@@ -139,8 +156,8 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
     const at::Tensor& g = grad_outputs[0];
     at::Tensor gx =
         at::empty(g.sizes(), g.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
-    RotateInto(g, saved[0], saved[1], /*adjoint=*/true, gx);
-    return {gx, at::Tensor(), at::Tensor()};
+    RotateInto(g, saved[0], saved[1], /*adjoint=*/true, gx, ctx->saved_data["fused"].toBool());
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -256,8 +273,9 @@ struct ChunkedMlpFunction : public torch::autograd::Function<ChunkedMlpFunction>
 
 }  // namespace
 
-at::Tensor ApplyRotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return RopeFunction::apply(x, cos.to(at::kFloat), sin.to(at::kFloat));
+at::Tensor ApplyRotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                bool fused_kernels) {
+  return RopeFunction::apply(x, cos.to(at::kFloat), sin.to(at::kFloat), fused_kernels);
 }
 
 int64_t MlpChunkRows(int64_t rows, int64_t intermediate, int64_t element_size,
@@ -721,7 +739,7 @@ at::Tensor DocumentCausalAttention(const at::Tensor& q, const at::Tensor& k, con
 // output, compute dtype).
 at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, const at::Tensor& n1,
                           const RopeCache& rope, const at::Tensor& attention_mask,
-                          at::ScalarType cd, const PackedDocuments* docs) {
+                          at::ScalarType cd, const PackedDocuments* docs, bool fused) {
   const int64_t b = n1.size(0), t = n1.size(1);
   const int64_t h = c.num_attention_heads, kv = c.num_key_value_heads, dh = c.head_dim;
   const bool sliding = c.AttentionType(w.layer_idx) == LayerType::kSlidingAttention;
@@ -739,13 +757,21 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
     cos = RopeAtPositions(cos, docs->position_ids);
     sin = RopeAtPositions(sin, docs->position_ids);
   }
-  q = ApplyRotaryEmbedding(q, cos, sin).transpose(1, 2);  // [B, H, T, Dh]
-  k = ApplyRotaryEmbedding(k, cos, sin).transpose(1, 2);  // [B, KV, T, Dh]
+  q = ApplyRotaryEmbedding(q, cos, sin, fused).transpose(1, 2);  // [B, H, T, Dh]
+  k = ApplyRotaryEmbedding(k, cos, sin, fused).transpose(1, 2);  // [B, KV, T, Dh]
   v = v.transpose(1, 2);
-  k = RepeatKv(k, h / kv);  // [B, H, T, Dh]
-  v = RepeatKv(v, h / kv);
   at::Tensor attn;
   const int64_t window = sliding ? c.sliding_window : 0;
+  const bool plain_causal =
+      c.attn_logit_softcapping <= 0 && docs == nullptr && !(sliding && attention_mask.defined());
+  if (plain_causal && kv < h && compat::GqaAttentionApplies(q)) {
+    // k, v [B, KV, T, Dh] unrepeated: the repeat's copy and the backward's
+    // sum over each group are left to the kernel.
+    attn = compat::CausalGqaAttention(q, k, v, c.AttentionScale());
+    return Linear(attn.transpose(1, 2).reshape({b, t, h * dh}), w.o_proj, w.o_bias);
+  }
+  k = RepeatKv(k, h / kv);  // [B, H, T, Dh]
+  v = RepeatKv(v, h / kv);
   if (c.attn_logit_softcapping > 0) {  // Note [Soft-capped attention]
     attn = SoftcappedAttention(q, k, v, c.AttentionScale(), c.attn_logit_softcapping, window,
                                kAttentionChunkBytes, kAttentionKeptBytes,
@@ -797,8 +823,9 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   const double eps = c.rms_norm_eps;
 
   // Attention block.
-  at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);                  // [B, T, C]
-  at::Tensor attn = AttentionBlock(c, w, n1, rope, attention_mask, cd, documents);  // [B, T, C]
+  at::Tensor n1 = RmsNorm(x, w.input_layernorm, eps, kind).to(cd);  // [B, T, C]
+  at::Tensor attn =
+      AttentionBlock(c, w, n1, rope, attention_mask, cd, documents, fused_kernels);  // [B, T, C]
   if (c.sandwich_norms) attn = RmsNorm(attn, w.post_attention_layernorm, eps, kind);
 
   // MLP block (gated: SwiGLU or GeGLU).
@@ -896,8 +923,8 @@ at::Tensor HeadLoss(const ModelConfig& c, const at::Tensor& hidden, const at::Te
 at::Tensor DecoderAttention(const ModelConfig& c, const DecoderLayerWeights& w,
                             const at::Tensor& n1, const RopeCache& rope,
                             const at::Tensor& attention_mask, at::ScalarType cd,
-                            const PackedDocuments* documents) {
-  return AttentionBlock(c, w, n1, rope, attention_mask, cd, documents);
+                            const PackedDocuments* documents, bool fused_kernels) {
+  return AttentionBlock(c, w, n1, rope, attention_mask, cd, documents, fused_kernels);
 }
 
 }  // namespace megatrain::engine

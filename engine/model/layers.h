@@ -214,8 +214,11 @@ at::Tensor DocumentAttentionMask(const PackedDocuments& docs, int64_t window);
 // [B, T, heads, Dh] tensor of x's dtype, computed in fp32 and rounded once
 // (Notes [RoPE precision] and [RoPE kernels] in layers.cc); differentiable
 // in x, with the same arithmetic as autograd through HF's formula.
+// `fused_kernels`: one CUDA kernel each way where the build has them (bf16
+// or fp32 x on CUDA), the same values bit for bit (Note [RoPE kernels]).
 // Thread-compatible; LibTorch errors are thrown (c10::Error).
-at::Tensor ApplyRotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor ApplyRotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                bool fused_kernels = false);
 
 // Attention mask for the config's sliding layers: undefined when no layer
 // slides over a window shorter than seq_len, else a boolean [T, T]
@@ -318,9 +321,10 @@ at::Tensor GatedMlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::
 // get several chunks). `documents` (null: shared) isolates the packed
 // documents of x (Note [Document attention]); rope's tables are then
 // read at their position ids and `attention_mask` is not used.
-// `fused_kernels` (ExecutorOptions::fused_kernels): GatedMlp's, and the
+// `fused_kernels` (ExecutorOptions::fused_kernels): GatedMlp's, the
 // residual add + pre-MLP RMSNorm as one kernel each way (Note [Fused
-// kernels] in fused_math.h; CUDA bf16 only, the ATen ops elsewhere).
+// kernels] in fused_math.h; CUDA bf16 only, the ATen ops elsewhere), and
+// the rotary embedding's (ApplyRotaryEmbedding).
 at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeights& w,
                                const at::Tensor& x, const RopeCache& rope,
                                const at::Tensor& attention_mask, at::ScalarType compute_dtype,
@@ -333,11 +337,12 @@ at::Tensor DecoderLayerForward(const ModelConfig& config, const DecoderLayerWeig
 // n1 [B, T, C] (the normed input, compute dtype) -> o_proj(attn(...))
 // [B, T, C] compute dtype, before any post-attention norm or residual.
 // `attention_mask` is used on the sliding layers of `config` (AttentionType);
-// `documents` as in DecoderLayerForward.
+// `documents` and `fused_kernels` (its rotary embedding's) as in
+// DecoderLayerForward.
 at::Tensor DecoderAttention(const ModelConfig& config, const DecoderLayerWeights& w,
                             const at::Tensor& n1, const RopeCache& rope,
                             const at::Tensor& attention_mask, at::ScalarType compute_dtype,
-                            const PackedDocuments* documents = nullptr);
+                            const PackedDocuments* documents = nullptr, bool fused_kernels = false);
 
 // Result of the head (final norm + lm_head + cross-entropy) on a micro-batch.
 struct HeadResult {

@@ -94,6 +94,39 @@ inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tenso
 #endif
 }
 
+// Causal softmax(q k^T * scale) v with fewer key/value heads than query
+// heads: q [B, H, T, Dh], k, v [B, KV, T, Dh] (H divisible by KV), each
+// group of H / KV query heads reading one kv head, without materialising
+// the repeated k and v (SDPA's enable_gqa: cuDNN's kernels read the kv
+// head of each query head and sum the groups' gradients themselves).
+// Returns [B, H, T, Dh]; the same values as repeating first (measured
+// equal on an H200, torch 2.11, docs/performance.md "Fused RoPE").
+// Taken only where GqaAttentionApplies: CUDA, bf16 or fp16, head_dim 64
+// or 128, the cases where cuDNN's kernel was seen to take it (a backend
+// without enable_gqa would fall to SDPA's math path, which materialises
+// the [B, H, T, T] scores). Enqueued on the current stream.
+inline bool GqaAttentionApplies(const at::Tensor& q) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 5)
+  const int64_t dh = q.size(-1);
+  return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) &&
+         (dh == 64 || dh == 128);
+#else
+  (void)q;
+  return false;
+#endif
+}
+
+inline at::Tensor CausalGqaAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     double scale) {
+#if MEGATRAIN_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true, scale, /*enable_gqa=*/true);
+#else
+  (void)q, (void)k, (void)v, (void)scale;
+  TORCH_CHECK(false, "CausalGqaAttention needs torch >= 2.5 (check GqaAttentionApplies first)");
+#endif
+}
+
 // Note [Document attention] in engine/model/layers.h: causal attention
 // within each of S packed documents, by flash attention's variable-length
 // kernel (ATen's _flash_attention_forward with cumulative sequence

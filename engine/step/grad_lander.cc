@@ -11,12 +11,36 @@
 #include "absl/strings/str_cat.h"
 #include "engine/optim/adamw.h"
 #include "engine/store/shard_layout.h"
+#include "engine/model/fused_ops.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/torch_compat.h"
 #include "engine/step/device_grad_accumulator.h"
 
 namespace megatrain::engine {
+namespace {
+
+// Note [Gradient norm kernel]
+// Each landed gradient's L2 norm, accumulated in fp64 (the clip factor's
+// and the non-finite check's input). ATen's linalg_vector_norm with an
+// fp64 dtype first writes an fp64 copy of the fp32 gradient and then
+// reduces it: 16 bytes moved per parameter where one read is 4 (about
+// 9 ms of a llama-1b step at 8 x 2048 on an H200, docs/performance.md,
+// "Fused RoPE and the fp64 norm"). CUDA builds with the fused kernels
+// read it once (FusedNormFp64), whatever train.fused_kernels says: the
+// sum is in fp64 either way and differs from ATen's only in its order
+// (~1e-15 relative), and every block of a run takes the same kernel, so
+// runs stay bit-identical to each other.
+at::Tensor GradientNormFp64(const at::Tensor& grad) {
+#ifdef MEGATRAIN_FUSED_KERNELS
+  if (grad.is_cuda() && grad.scalar_type() == at::kFloat && grad.is_contiguous()) {
+    return FusedNormFp64(grad);
+  }
+#endif
+  return compat::VectorNormFp64(grad);
+}
+
+}  // namespace
 
 std::vector<int64_t> GradRingNumels(const std::vector<int64_t>& layer_numels, int64_t head_numel,
                                     int64_t largest_layer_numel, int shard_world) {
@@ -189,11 +213,11 @@ void GradLander::LandResidentNorm(int64_t block, const at::Tensor& grad) {
     auto scope = runtime->Use(StreamKind::kD2H);
     const int token = env_->timer.Begin(StreamKind::kD2H);
     env_->all_reduce_on_device(block, grad.data_ptr<float>(), grad.numel());
-    task.keep_alive_norm = compat::VectorNormFp64(grad);
+    task.keep_alive_norm = GradientNormFp64(grad);
     env_->timer.End(StreamKind::kD2H, token);
   } else {
     const int norm_token = env_->timer.Begin(StreamKind::kCompute);
-    task.keep_alive_norm = compat::VectorNormFp64(grad);
+    task.keep_alive_norm = GradientNormFp64(grad);
     env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
     runtime->Record(StreamKind::kCompute, grad_ready);
     runtime->Wait(StreamKind::kD2H, grad_ready);
@@ -236,7 +260,7 @@ void GradLander::Offload(int slot, int64_t block, int64_t numel, const float* de
       // (compute-stream work, timed as such).
       const int norm_token = env_->timer.Begin(StreamKind::kCompute);
       at::Tensor flat = at::from_blob(const_cast<float*>(device_src), {numel}, fp32);
-      task.keep_alive_norm = compat::VectorNormFp64(flat);
+      task.keep_alive_norm = GradientNormFp64(flat);
       env_->timer.End(StreamKind::kCompute, norm_token, PhaseTimer::kBackward);
     }
     runtime->Record(StreamKind::kCompute, *grad_ready_[slot]);
@@ -292,7 +316,7 @@ void GradLander::ReduceOnDevice(int slot, const float* device_src, Task* task, i
   if (!task->reduced) *begin = 0, *end = task->numel;
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(runtime->device());
   at::Tensor flat = at::from_blob(grad + *begin, {*end - *begin}, fp32);
-  task->keep_alive_norm = compat::VectorNormFp64(flat);
+  task->keep_alive_norm = GradientNormFp64(flat);
   env_->timer.End(StreamKind::kD2H, token);
 }
 

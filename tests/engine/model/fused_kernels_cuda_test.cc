@@ -5,7 +5,9 @@
 // with fused_kernels on, plain and chunked, against fused_kernels off), and
 // residual add + RMSNorm forward and backward (both norm kinds; the raw
 // launchers against ATen's composite ops, FusedAddRmsNorm against the
-// layer's unfused path). Built only in CUDA builds; skipped without a device.
+// layer's unfused path), and the rotary embedding (ApplyRotaryEmbedding
+// with fused_kernels on against off: the same bits, Note [RoPE kernels]).
+// Built only in CUDA builds; skipped without a device.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
@@ -249,6 +251,63 @@ TEST(FusedAddRmsNormCudaTest, AutogradMatchesLayerPathWhenRmsNorm) {
 TEST(FusedAddRmsNormCudaTest, AutogradMatchesLayerPathWhenOnePlusWeight) {
   if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
   CheckFusedAddRmsNormAutograd(NormKind::kRmsOnePlusWeight);
+}
+
+// ApplyRotaryEmbedding with and without the fused kernel, forward and
+// backward, on x [B, T, heads, Dh] (made by `make_x`, possibly a strided
+// view), tables [T, Dr] or per token [B, T, Dr]. The kernel computes the
+// ATen composite's roundings in its order: equal bit for bit.
+void CheckRotaryFusedEqualsAten(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor grad_y = at::randn(x.sizes(), x.options());  // dL/dy, contiguous
+  std::vector<at::Tensor> results[2];
+  for (bool fused : {false, true}) {
+    at::Tensor leaf = x.detach().requires_grad_(true);
+    at::Tensor y = ApplyRotaryEmbedding(leaf, cos, sin, fused);
+    // The gradient arrives as a transposed view, as from attention.
+    const at::Tensor g = grad_y.transpose(1, 2).contiguous().transpose(1, 2);
+    at::Tensor gx = torch::autograd::grad({y}, {leaf}, {g})[0];
+    results[fused ? 1 : 0] = {y, gx};
+  }
+  EXPECT_TRUE(at::equal(results[1][0], results[0][0])) << "forward";
+  EXPECT_TRUE(at::equal(results[1][1], results[0][1])) << "backward";
+}
+
+at::Tensor Table(std::vector<int64_t> shape) {
+  return at::randn(shape, at::TensorOptions().device(at::kCUDA));  // fp32
+}
+
+TEST(FusedRotaryCudaTest, EqualsAtenBitForBitWhenBf16Llama1bShape) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  // llama-1b: 32 query heads of 64; 2 x 2048 tokens.
+  CheckRotaryFusedEqualsAten(RandnBf16({2, 2048, 32, 64}), Table({2048, 64}), Table({2048, 64}));
+}
+
+TEST(FusedRotaryCudaTest, EqualsAtenBitForBitWhenPartialRotaryAndPerTokenTables) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  // Phi-3's partial rotary (Dr < Dh) with packed documents' per-token tables.
+  CheckRotaryFusedEqualsAten(RandnBf16({2, 96, 4, 48}), Table({2, 96, 32}), Table({2, 96, 32}));
+}
+
+TEST(FusedRotaryCudaTest, EqualsAtenBitForBitWhenFp32AndStridedInput) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  // A strided view [B, T, heads, Dh] of a [B, heads, T, Dh] tensor.
+  const at::Tensor x = at::randn({2, 8, 80, 64}, at::TensorOptions().device(at::kCUDA));
+  CheckRotaryFusedEqualsAten(x.transpose(1, 2), Table({80, 64}), Table({80, 64}));
+}
+
+TEST(FusedNormFp64CudaTest, MatchesAtenFp64NormAndRepeatsBitForBit) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  // A llama-1b layer's gradient size plus a ragged tail, and tiny sizes.
+  for (int64_t n : {int64_t{60'817'411}, int64_t{1}, int64_t{0}, int64_t{1000}}) {
+    const at::Tensor x = at::randn({n}, at::TensorOptions().device(at::kCUDA)) * 1e-3;
+    const at::Tensor fused = FusedNormFp64(x);
+    const at::Tensor aten = at::linalg_vector_norm(x, 2, c10::nullopt, false, at::kDouble);
+    ASSERT_EQ(fused.scalar_type(), at::kDouble);
+    ASSERT_EQ(fused.dim(), 0);
+    // Both sum exact fp64 squares, in another order: fp64 rounding only.
+    EXPECT_NEAR(fused.item<double>(), aten.item<double>(), 1e-13 * aten.item<double>()) << n;
+    EXPECT_TRUE(at::equal(FusedNormFp64(x), fused)) << "not deterministic at n = " << n;
+  }
 }
 
 }  // namespace
