@@ -18,7 +18,8 @@
 // one backward (plus a sum of the weight gradient's per-block partials)
 // instead of the add, the norm, the cast and their backwards. The layer's
 // input norm (no add before it in the layer) and the final norm are not
-// fused. The formulas are HF's ACT2FN (activations.py): silu(x) = x
+// fused. The rotary embedding has its own kernel (Note [RoPE kernels] in
+// layers.cc). The formulas are HF's ACT2FN (activations.py): silu(x) = x
 // sigmoid(x); gelu_pytorch_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x +
 // 0.044715 x^3))); gelu(x) = 0.5 x (1 + erf(x / sqrt(2))), and their
 // derivatives as ATen's silu_backward / gelu_backward compute them.
