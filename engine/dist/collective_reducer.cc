@@ -159,17 +159,19 @@ bool CollectiveGradientReducer::AllReduceOnDevice(int64_t block, float* grad, in
   return true;
 }
 
-absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> micro_batches) {
+absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> micro_batches,
+                                                  bool rank_failed) {
   {
     absl::MutexLock lock(&mu_);
     error_ = absl::OkStatus();
   }
-  // {counted tokens, malformed batches, micro-batches, micro-batches^2}:
-  // summed, they give N, whether any rank's batch is bad (the executor
-  // would refuse it before its first collective, leaving the others
-  // waiting), and whether every rank has the same number of micro-batches
-  // (sum of squares = sum^2 / world exactly when all are equal).
-  int64_t counts[4] = {0, 0, static_cast<int64_t>(micro_batches.size()), 0};
+  // {counted tokens, malformed batches, micro-batches, micro-batches^2,
+  // failed ranks}: summed, they give N, whether any rank's batch is bad
+  // (the executor would refuse it before its first collective, leaving the
+  // others waiting), whether every rank has the same number of
+  // micro-batches (sum of squares = sum^2 / world exactly when all are
+  // equal), and how many ranks cannot run the step.
+  int64_t counts[5] = {0, 0, static_cast<int64_t>(micro_batches.size()), 0, rank_failed ? 1 : 0};
   counts[3] = counts[2] * counts[2];
   for (const MicroBatch& mb : micro_batches) {
     bool bad = mb.input_ids.size() != mb.labels.size();
@@ -182,8 +184,14 @@ absl::Status CollectiveGradientReducer::BeginStep(absl::Span<const MicroBatch> m
     counts[1] += bad ? 1 : 0;
   }
   const int64_t local_micro_batches = counts[2];
-  MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(counts, 4));
+  MEGATRAIN_RETURN_IF_ERROR(group_->AllReduceSum(counts, 5));
   const int64_t world = group_->world_size();
+  if (counts[4] > 0) {
+    return absl::UnavailableError(
+        absl::StrCat("data parallelism: ", counts[4], " of the ", world,
+                     " ranks cannot run the step (their own error, e.g. an NVMe tier file, "
+                     "fails it there)"));
+  }
   if (counts[1] > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch: ", counts[1], " micro-batch(es) over the ", world,

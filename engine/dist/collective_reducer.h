@@ -141,7 +141,7 @@ class CollectiveGradientReducer : public GradientReducer {
   CollectiveGradientReducer(const CollectiveReducerGroups& groups, int64_t vocab_size,
                             GradientShards* shards, bool owner, std::chrono::milliseconds timeout);
 
-  absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) override;
+  absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches, bool rank_failed) override;
   double ReduceBlock(int64_t block, float* grad, int64_t numel) override;
   // Note [Ring shards]: the device path only (a block the host path
   // reduces has no ring landing).

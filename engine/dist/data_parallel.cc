@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -86,13 +87,6 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
         "(each rank lands its reduced shard in its ring); gradient_reduction host_all_reduce "
         "lands whole blocks: use device_reduce_scatter or auto");
   }
-  if (!options.nvme_dir.empty() && dp.num_processes > 1) {
-    // Note [Tier shards] in store/nvme_tier.h names files by local rank:
-    // the processes of one host would share them.
-    return absl::UnimplementedError(absl::StrCat(
-        "memory.nvme_tier: moments is not built with several processes (torchrun WORLD_SIZE=",
-        dp.num_processes, "); one process drives every device of the host"));
-  }
   const int world = local * dp.num_processes;
   if (options.gradient_accumulation_steps % world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -106,10 +100,11 @@ absl::Status CheckDataParallelOptions(const TrainerOptions& options,
 
 // The error to report of a step in which some ranks failed (`errors`, per
 // rank; `lowest`: the lowest rank's): the first that is not UNAVAILABLE.
-// A rank that fails before a collective (its optimizer's error: an NVMe
-// tier file that cannot be read, Note [Tiered trainer] in step/trainer.h)
-// leaves the others to time out in it, and their UNAVAILABLE is the echo,
-// not the cause.
+// A rank whose optimizer failed (an NVMe tier file that cannot be read,
+// Note [Tiered trainer] in step/trainer.h) tells the others in the step's
+// first collective (GradientReducer::BeginStep), and their UNAVAILABLE is
+// the echo, not the cause; so is the timeout of ranks left waiting by a
+// rank that failed elsewhere.
 absl::Status CauseOf(const std::vector<absl::Status>& errors, const absl::Status& lowest) {
   for (const absl::Status& e : errors) {
     if (!e.ok() && !absl::IsUnavailable(e)) return e;
@@ -294,6 +289,9 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     rank_options.shared_store = t->shared_.get();
     rank_options.optimizer_shard_rank = r;
     rank_options.optimizer_shard_world = local;
+    // Note [Tier shards]: the tier's files named by the global rank.
+    rank_options.process_rank = dp.process_rank;
+    rank_options.num_processes = dp.num_processes;
     rank_options.shared_weight_gate = all_updated;
     rank_options.threads = std::max(1, cores / local);
     MEGATRAIN_ASSIGN_OR_RETURN(t->ranks_[r], Trainer::Create(config, rank_options, seed));
@@ -377,21 +375,50 @@ absl::Status DataParallelTrainer::WaitForOptimizer() {
 
 absl::StatusOr<bool> DataParallelTrainer::ReplicasAgree() {
   MEGATRAIN_RETURN_IF_ERROR(WaitForOptimizer());
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a 64
-  for (int64_t b = 0; b < shared_->num_blocks(); ++b) {
-    for (const float* data : {shared_->master(b), shared_->exp_avg(b), shared_->exp_avg_sq(b)}) {
-      if (data == nullptr) continue;  // moments on the NVMe tier (one process only)
-      const auto* bytes = reinterpret_cast<const unsigned char*>(data);
-      const size_t n = static_cast<size_t>(shared_->block_numel(b)) * sizeof(float);
-      for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-    }
-  }
-  const int64_t mine = static_cast<int64_t>(hash >> 1);  // 63 bits: negation cannot overflow
-  std::vector<std::array<int64_t, 2>> extremes(ranks_.size(), {mine, -mine});
+  absl::StatusOr<int64_t> mine = ReplicaChecksum();
+  // A replica that cannot be read (its NVMe tier files) still takes part
+  // in the collective, as two values that cannot agree, so that the other
+  // processes learn it now rather than at the collective timeout.
+  const std::array<int64_t, 2> sent =
+      mine.ok() ? std::array<int64_t, 2>{*mine, -*mine} : std::array<int64_t, 2>{1, 0};
+  std::vector<std::array<int64_t, 2>> extremes(ranks_.size(), sent);
   MEGATRAIN_RETURN_IF_ERROR(OnEveryRank(
       [&](int r) { return groups_[r]->AllReduceMax(extremes[static_cast<size_t>(r)].data(), 2); }));
+  MEGATRAIN_RETURN_IF_ERROR(mine.status());
   // max == min over every rank of every process.
   return extremes[0][0] == -extremes[0][1];
+}
+
+absl::StatusOr<int64_t> DataParallelTrainer::ReplicaChecksum() const {
+  std::optional<NvmeMomentTier> tier;  // Note [Tier shards]: the moments' files
+  if (ranks_[0]->nvme_moments() != nullptr) {
+    MEGATRAIN_ASSIGN_OR_RETURN(tier, nvme_tier());
+  }
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a 64
+  auto add = [&hash](const float* data, int64_t numel) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+    const size_t n = static_cast<size_t>(numel) * sizeof(float);
+    for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  };
+  std::vector<float> moment;  // one block's moment, read from the tier
+  for (int64_t b = 0; b < shared_->num_blocks(); ++b) {
+    const int64_t numel = shared_->block_numel(b);
+    add(shared_->master(b), numel);
+    if (!tier.has_value()) {
+      add(shared_->exp_avg(b), numel);
+      add(shared_->exp_avg_sq(b), numel);
+      continue;
+    }
+    moment.resize(static_cast<size_t>(numel));
+    for (MomentKind kind : {MomentKind::kExpAvg, MomentKind::kExpAvgSq}) {
+      for (const NvmeBlockPiece& p : tier->Pieces(b)) {
+        MEGATRAIN_RETURN_IF_ERROR(
+            p.files->Read(kind, p.file_offset, p.count, moment.data() + p.begin));
+      }
+      add(moment.data(), numel);
+    }
+  }
+  return static_cast<int64_t>(hash >> 1);  // 63 bits: negation cannot overflow
 }
 
 HostStore& DataParallelTrainer::store() {

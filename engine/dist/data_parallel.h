@@ -87,7 +87,11 @@ inline constexpr int kMaxDataParallelRanks = 64;
 // over the ranks). Checkpoints are written once, by process 0
 // (writes_checkpoints()); to resume, every process reads the same
 // checkpoint into its replica and set_step()s: the same world size
-// continues bit for bit.
+// continues bit for bit. With the NVMe tier each process's replica of
+// the moments is in its ranks' files (Note [Tier shards] in
+// store/nvme_tier.h, named by global rank): process 0 writes the
+// checkpoint's moments from its files, every process reads them into its
+// own, and ReplicasAgree reads them back to compare.
 
 // Note [Ring shards] in step/gradient_reducer.h: whether `world` ranks
 // (every process's) training with `options` on `config` land their
@@ -124,16 +128,15 @@ class DataParallelTrainer {
   // without a gradient arena for options.gradient_landing ring, Note
   // [Ring shards] in step/gradient_reducer.h; without AdamW moments with
   // `options.nvme_dir`, where each rank keeps its shard's in files of its
-  // own, Note [Tier shards] in store/nvme_tier.h), builds one Trainer per
+  // own, named by its global rank, Note [Tier shards] in
+  // store/nvme_tier.h), builds one Trainer per
   // device with `options` (its device replaced,
   // gradient_accumulation_steps divided by the rank count; each rank
   // updates its shard) and joins them in one process group. Errors:
   // INVALID_ARGUMENT for no or too many devices, an accumulation count
   // the rank count does not divide, or the ring with
-  // dp.gradient_reduction kHostAllReduce; UNIMPLEMENTED naming
-  // memory.nvme_tier for the tier with several processes (Note [Replica
-  // processes]); Trainer::Create's (the ring's refusals among them) and
-  // CollectiveGroup::Create's.
+  // dp.gradient_reduction kHostAllReduce; Trainer::Create's (the ring's
+  // refusals among them) and CollectiveGroup::Create's.
   static absl::StatusOr<std::unique_ptr<DataParallelTrainer>> Create(const ModelConfig& config,
                                                                      const TrainerOptions& options,
                                                                      uint64_t seed,
@@ -146,8 +149,10 @@ class DataParallelTrainer {
   // and counted tokens of the global batch; every rank's is the same), but
   // its stats' NVMe tier bytes, every rank's summed (the host's tier).
   // Errors: the first rank's error that is not UNAVAILABLE (Trainer::Step:
-  // e.g. one rank's DATA_LOSS from its NVMe tier files, which the other
-  // ranks meet as a collective timeout), else the first rank's
+  // e.g. one rank's DATA_LOSS from its NVMe tier files, found at the start
+  // of its step; it still meets the other ranks in the step's first
+  // collective, where they fail at once with UNAVAILABLE, in every
+  // process: GradientReducer::BeginStep), else the first rank's
   // (UNAVAILABLE for a failed collective).
   absl::StatusOr<StepResult> Step(absl::Span<const MicroBatch> micro_batches);
 
@@ -160,9 +165,12 @@ class DataParallelTrainer {
   // Note [Replica processes]: whether every process's replica holds the
   // same bits (fp32 master weights and AdamW moments; the streaming copy is
   // derived from the weights): a 63-bit FNV-1a checksum of this process's
-  // store, its maximum and minimum compared over all ranks.
+  // store (its moments read from the ranks' NVMe tier files with the
+  // tier), its maximum and minimum compared over all ranks.
   // Call between steps on every process (it is a collective). UNAVAILABLE
-  // when a peer fails.
+  // when a peer fails; the tier's error (DATA_LOSS naming the file) when
+  // this process's files cannot be read (the other processes then get
+  // false, not a timeout).
   absl::StatusOr<bool> ReplicasAgree();
 
   // The shared host store: what checkpoints write (once) and read; call
@@ -174,9 +182,9 @@ class DataParallelTrainer {
   // Host bytes held: the shared store's plus every rank's landing
   // gradients (each counted once; not the NVMe tier's staging).
   HostStoreBytes host_bytes() const;
-  // With TrainerOptions::nvme_dir: the shared store's AdamW moments, every
-  // rank's shard in its own files (Note [Tier shards] in
-  // store/nvme_tier.h), for checkpoints. Use it as Trainer::nvme_shard
+  // With TrainerOptions::nvme_dir: the shared store's AdamW moments (this
+  // process's replica), every local rank's shard in its own files (Note
+  // [Tier shards] in store/nvme_tier.h), for checkpoints. Use it as Trainer::nvme_shard
   // (after WaitForOptimizer, before the next Step); it points into the
   // ranks. INVALID_ARGUMENT without the tier.
   absl::StatusOr<NvmeMomentTier> nvme_tier() const;
@@ -204,6 +212,12 @@ class DataParallelTrainer {
 
  private:
   DataParallelTrainer() = default;
+  // Note [Replica processes]: a 63-bit FNV-1a checksum of this process's
+  // fp32 master weights and AdamW moments (from the ranks' NVMe tier files
+  // when the store keeps none: Note [Tier shards]), block by block.
+  // Errors: the tier's (DATA_LOSS naming a file). After WaitForOptimizer.
+  absl::StatusOr<int64_t> ReplicaChecksum() const;
+
   // Runs fn(r) on rank r's thread (Note [Rank threads]) for every rank at
   // once; returns the lowest rank's error.
   absl::Status OnEveryRank(const std::function<absl::Status(int)>& fn);

@@ -7,7 +7,7 @@
 // Every rank holds a replica of the host store and runs the same Trainer
 // on its own micro-batches. The trainer calls, in this order and on every
 // rank the same number of times (collectives must match across ranks):
-//   BeginStep(micro_batches)         before the pass (step thread);
+//   BeginStep(micro_batches, failed) before the pass (step thread);
 //   ReduceBlock(block, grad, numel)  once per block, when its gradient in
 //                                    the store is final (accumulator thread,
 //                                    blocks in the executor's landing order,
@@ -85,10 +85,15 @@ class GradientReducer {
   virtual ~GradientReducer() = default;
 
   // Starts a step over this rank's `micro_batches`: agrees with the other
-  // ranks on the global counted-token count. INVALID_ARGUMENT when a rank's
-  // batch is malformed (on every rank, so that none waits in a collective);
-  // UNAVAILABLE when a peer is unreachable.
-  virtual absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches) = 0;
+  // ranks on the global counted-token count. `rank_failed`: this rank
+  // cannot run the step (its queued optimizer updates failed: an NVMe
+  // tier file, Note [Tiered trainer] in trainer.h) and only meets the
+  // others here, so that they fail now rather than at the collective
+  // timeout; the trainer then returns its own error. INVALID_ARGUMENT when
+  // a rank's batch is malformed (on every rank, so that none waits in a
+  // collective); UNAVAILABLE naming the count when another rank failed
+  // (rank_failed there), or when a peer is unreachable.
+  virtual absl::Status BeginStep(absl::Span<const MicroBatch> micro_batches, bool rank_failed) = 0;
 
   // Replaces `grad` ([numel] fp32, host: the store's gradient of `block`,
   // this rank's part: its token losses over the global count) by the gradient of the mean

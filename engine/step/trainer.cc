@@ -57,6 +57,12 @@ absl::Status ValidateOptions(const TrainerOptions& options) {
         absl::StrCat("optimizer_shard_rank: must be in [0, optimizer_shard_world=",
                      options.optimizer_shard_world, "), got ", options.optimizer_shard_rank));
   }
+  if (options.num_processes < 1 || options.process_rank < 0 ||
+      options.process_rank >= options.num_processes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("process_rank: must be in [0, num_processes=", options.num_processes,
+                     "), got ", options.process_rank));
+  }
   if (options.optimizer_shard_world > 1 &&
       (options.shared_store == nullptr || !options.shared_weight_gate)) {
     return absl::InvalidArgumentError(
@@ -244,13 +250,15 @@ void ConnectReducer(GradientReducer* reducer, StreamingExecutor& executor) {
 
 // Note [Tiered trainer]: the moment files of `layout` under
 // options.nvme_dir, this rank's shard of every block in files of its own
-// with data parallelism (Note [Tier shards] in store/nvme_tier.h).
+// with data parallelism, named by its global rank (Note [Tier shards] in
+// store/nvme_tier.h).
 absl::StatusOr<std::unique_ptr<NvmeMomentFiles>> CreateTierFiles(const TrainerOptions& options,
                                                                  const NvmeShardLayout& layout) {
   return NvmeMomentFiles::Create(
       options.nvme_dir_io.empty() ? options.nvme_dir : options.nvme_dir_io, layout.numel,
       /*pin_staging=*/false, options.nvme_chunk_elements, options.nvme_dir,
-      NvmeShardFileSuffix(layout.rank, layout.world));
+      NvmeShardFileSuffix(options.process_rank * layout.world + layout.rank,
+                          options.num_processes * layout.world));
 }
 
 // Note [Gradient ring] in grad_lander.h: releases a ring piece once the
@@ -535,13 +543,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
 absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batches,
                                          absl::Span<const int32_t> next_input_ids) {
   const auto start = std::chrono::steady_clock::now();
-  MEGATRAIN_RETURN_IF_ERROR(queue_->error());
-  MEGATRAIN_RETURN_IF_ERROR(ReloadResidentIfStoreChanged());
+  absl::Status ready = queue_->error();
+  if (ready.ok()) ready = ReloadResidentIfStoreChanged();
   GradientReducer* reducer = options_.gradient_reducer;
   if (reducer != nullptr) {
-    MEGATRAIN_RETURN_IF_ERROR(reducer->BeginStep(micro_batches));
+    // A rank that cannot run the step still meets the others in
+    // BeginStep, so that they fail now, not at the collective timeout.
+    const absl::Status begun = reducer->BeginStep(micro_batches, !ready.ok());
+    MEGATRAIN_RETURN_IF_ERROR(ready);
+    MEGATRAIN_RETURN_IF_ERROR(begun);
     next_input_ids = {};  // other ranks' rows get gradients too
   }
+  MEGATRAIN_RETURN_IF_ERROR(ready);
   StepState s;
   s.step = step_ + 1;
   s.lr = schedule_->LrAt(s.step);

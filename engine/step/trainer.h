@@ -131,7 +131,10 @@
 // hold only the moments of its optimizer shard (Note [Sharded optimizer]
 // in gradient_reducer.h), in files of its own (Note [Tier shards] in
 // store/nvme_tier.h); its updates read the shared store's weights, reduced
-// gradient and streaming copy, as without the tier.
+// gradient and streaming copy, as without the tier. A rank whose queue
+// failed still meets the other ranks in its next step's BeginStep
+// (GradientReducer), so that they fail that step at once (UNAVAILABLE)
+// instead of waiting in a collective until its timeout.
 //
 // Thread-safety: a Trainer is driven by one thread at a time; it owns an
 // optimizer thread internally.
@@ -309,6 +312,15 @@ struct TrainerOptions {
   int optimizer_shard_rank = 0;
   int optimizer_shard_world = 1;
   std::function<void(int64_t block)> shared_weight_gate;
+  // Note [Replica processes] in dist/data_parallel.h: this trainer's process
+  // among the job's `num_processes` (in [0, num_processes)), each with
+  // optimizer_shard_world ranks. With nvme_dir its global rank,
+  // process_rank x optimizer_shard_world + optimizer_shard_rank of
+  // num_processes x optimizer_shard_world, names its moment files (Note
+  // [Tier shards] in store/nvme_tier.h), so that the processes of one host
+  // never open the same file.
+  int process_rank = 0;
+  int num_processes = 1;
 };
 
 // What `options` ask of the step's schedule (Note [Schedule choice] in

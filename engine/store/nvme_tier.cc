@@ -328,8 +328,8 @@ NvmeShardLayout NvmeShardLayout::Create(const ModelLayout& layout, int rank, int
   return out;
 }
 
-std::string NvmeShardFileSuffix(int rank, int world) {
-  return world == 1 ? "" : absl::StrCat(".rank-", rank, "-of-", world);
+std::string NvmeShardFileSuffix(int global_rank, int global_world) {
+  return global_world == 1 ? "" : absl::StrCat(".rank-", global_rank, "-of-", global_world);
 }
 
 int64_t NvmeTierFileBytes(const ModelLayout& layout, int world) {

@@ -16,29 +16,42 @@
 // (NvmeTierStagingBytes(), a constant independent of the model).
 //
 // Note [Tier shards]
-// With N data-parallel ranks on one host (Notes [Shared host store] and
+// With N data-parallel ranks in one process (Notes [Shared host store] and
 // [Sharded optimizer] in step/gradient_reducer.h) rank r's optimizer
 // updates elements ShardOf(numel, r, N) of every host block (c10d's
 // layout, Note [Shard layout] in store/shard_layout.h). Each rank then
-// keeps the moments of its shards in a pair of files of its own,
-// exp_avg.rank-R-of-N.bin and exp_avg_sq.rank-R-of-N.bin
+// keeps the moments of its shards in a pair of files of its own
 // (NvmeShardLayout): its shard of every block in block order, each shard
-// at a 4 KiB-aligned offset. Invariants:
-//   * no two ranks open the same file, so none touches another's bytes
-//     (a file of the store's layout shared by the ranks cannot work:
-//     c10d's shard boundaries are not 4 KiB-aligned, and O_DIRECT reads
-//     and writes whole 4 KiB pages, which neighbouring shards share);
+// at a 4 KiB-aligned offset. The files are named by the rank's global
+// rank G of W (NvmeShardFileSuffix): exp_avg.rank-G-of-W.bin and
+// exp_avg_sq.rank-G-of-W.bin. With P processes of N ranks each (torchrun;
+// Note [Replica processes] in dist/data_parallel.h) every process keeps
+// a replica of all the moments, as it keeps one of the weights, split
+// over its own N ranks as above; its rank r is global rank G = p x N + r
+// of W = P x N, so file rank-G-of-W holds shard r of N of every block.
+// Invariants:
+//   * no two ranks open the same file, so none touches another's bytes,
+//     also when the processes of one host are given one directory (a
+//     file of the store's layout shared by the ranks cannot work: c10d's
+//     shard boundaries are not 4 KiB-aligned, and O_DIRECT reads and
+//     writes whole 4 KiB pages, which neighbouring shards share);
 //   * a rank's files are read and written only by that rank's optimizer
 //     thread, through its own NvmeMomentFiles (ring and staging: host
-//     memory NvmeTierStagingBytes() per rank);
-//   * one device is the case N = 1: the whole of every block at the host
-//     store's offsets, in exp_avg.bin and exp_avg_sq.bin, as before;
-//   * the shards of a block, in rank order, are contiguous and cover it
-//     (NvmeMomentTier::Pieces), so a checkpoint reads the same bytes
-//     whatever N, and a checkpoint of N ranks resumes on any M.
-// The files hold sum over ranks of the shards rounded up to 1024 elements
-// (NvmeTierFileBytes): at most (N - 1) x 4 KiB per block and moment more
-// than one device's.
+//     memory NvmeTierStagingBytes() per rank, N x that per process);
+//   * one device of one process is the case W = 1: the whole of every
+//     block at the host store's offsets, in exp_avg.bin and
+//     exp_avg_sq.bin, as before (one device in each of P processes: the
+//     same layout, in files named rank-p-of-P);
+//   * the shards of a block in one process, in rank order, are
+//     contiguous and cover it (NvmeMomentTier::Pieces over its N ranks),
+//     so a checkpoint reads the same bytes whatever N and P, and a
+//     checkpoint of N ranks resumes on any M. As with the moments in host
+//     memory, process 0 writes the checkpoint once, from its files, and
+//     every process reads it into its own; the replicas' files then hold
+//     the same moments (DataParallelTrainer::ReplicasAgree compares them).
+// A process's files hold sum over its ranks of the shards rounded up to
+// 1024 elements (NvmeTierFileBytes): at most (N - 1) x 4 KiB per block and
+// moment more than one device's; P processes on one host hold P times that.
 #ifndef MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
 #define MEGATRAIN_ENGINE_STORE_NVME_TIER_H_
 
@@ -191,13 +204,15 @@ struct NvmeShardLayout {
   static NvmeShardLayout Create(const ModelLayout& layout, int rank, int world);
 };
 
-// "" for one device, ".rank-R-of-N" for rank R of N > 1: the suffix of the
-// rank's file names (NvmeMomentFiles::Create; Note [Tier shards]).
-std::string NvmeShardFileSuffix(int rank, int world);
+// "" for one device, ".rank-G-of-W" for global rank G of W > 1 (every
+// process's ranks): the suffix of the rank's file names
+// (NvmeMomentFiles::Create; Note [Tier shards]).
+std::string NvmeShardFileSuffix(int global_rank, int global_world);
 
-// Bytes of every moment file of `world` ranks on `layout` together (both
-// moments, every rank: 8 x the sum of their NvmeShardLayout::numel). What
-// the tier holds on disk; admission's MemoryFootprint::nvme_bytes.
+// Bytes of every moment file of `world` ranks of one process on `layout`
+// together (both moments, every rank: 8 x the sum of their
+// NvmeShardLayout::numel). What one process's tier holds on disk;
+// admission's MemoryFootprint::nvme_bytes.
 int64_t NvmeTierFileBytes(const ModelLayout& layout, int world);
 
 // Elements [begin, begin + count) of one block, kept in `files` from

@@ -535,7 +535,8 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   std::unique_ptr<Trainer> single;
   std::unique_ptr<DataParallelTrainer> dp;
   if (o.devices > 1 || !o.dist.empty()) {
-    // (--dist with --nvme_tier moments: UNIMPLEMENTED from Create.)
+    // (--dist with --nvme_tier moments: each process its own directory and
+    // replica of the moments; Note [Tier shards] in store/nvme_tier.h.)
     MEGATRAIN_ASSIGN_OR_RETURN(dp, CreateBenchDataParallel(o, config, topt));
   } else {
     MEGATRAIN_ASSIGN_OR_RETURN(single, Trainer::Create(config, topt, o.seed));

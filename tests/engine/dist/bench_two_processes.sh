@@ -6,8 +6,11 @@
 # report 2 processes. With `ring` the gradient ring (clipping off; Note
 # [Ring shards] in engine/step/gradient_reducer.h): the ring takes the
 # device path (one rank per process: its shard is the whole block, each
-# all-reduced over the processes), and both processes still agree.
-# Usage: bench_two_processes.sh <megatrain-bench> <dir> [ring]
+# all-reduced over the processes), and both processes still agree. With
+# `tier` the AdamW moments on the NVMe tier under one --nvme_dir (Note
+# [Tier shards] in engine/store/nvme_tier.h): both processes train with it,
+# read and write their own files, and agree.
+# Usage: bench_two_processes.sh <megatrain-bench> <dir> [ring|tier]
 set -u
 bench=$1
 dir=$2
@@ -19,6 +22,10 @@ if [ "$mode" = ring ]; then
   reduction=device_reduce_scatter
 fi
 mkdir -p "$dir"
+if [ "$mode" = tier ]; then
+  mkdir -p "$dir/nvme"
+  extra=(--nvme_tier=moments "--nvme_dir=$dir/nvme")
+fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pids=()
 for rank in 0 1; do
@@ -42,6 +49,9 @@ for r in runs:
     assert r["processes"] == 2, r
     assert r["gradient_reduction"] == sys.argv[2], r
     assert r["gradient_ring"] == (sys.argv[3] == "ring"), r
+    assert r["nvme_tier"] == ("moments" if sys.argv[3] == "tier" else "off"), r
+    if sys.argv[3] == "tier":
+        assert r["nvme_written_bytes_per_step"] > 0, r
 assert runs[0]["loss_last"] == runs[1]["loss_last"], (runs[0]["loss_last"], runs[1]["loss_last"])
 assert runs[0]["loss_first"] == runs[1]["loss_first"]
 print("two processes: loss", runs[0]["loss_first"], "->", runs[0]["loss_last"], "on both")
