@@ -4,7 +4,8 @@
 // train as one device with the tier and as one device without it
 // (dense and mixture-of-experts models, clipping on and off); the tier
 // changes no bit of the two ranks' training; a checkpoint of the tiered
-// ranks resumes bit for bit and loads on one device; a truncated moment
+// ranks resumes bit for bit and loads on one device; a trainer of
+// process 1 of 2 names its files by its global rank; a truncated moment
 // file of one rank fails the step naming it, on every rank before the
 // collective timeout. (Several processes with the
 // tier: multi_process_test.cc.)
@@ -231,6 +232,27 @@ TEST(TieredDataParallelCheckpointTest, ResumesBitForBitAndLoadsOnOneDevice) {
   for (int s = 2; s < 4; ++s) ASSERT_THAT((*single)->Step(steps[s]), IsOk());
   ASSERT_THAT((*single)->WaitForOptimizer(), IsOk());
   EXPECT_LE(RelativeError(AllState((*single)->store()), uninterrupted), 1e-6);
+}
+
+// Note [Tier shards]: a trainer of process 1 of 2 (one rank each) names
+// its files by its global rank, rank-1-of-2, so that process 0's on the
+// same host never share them; a process rank outside [0, num_processes)
+// is INVALID_ARGUMENT naming the field.
+TEST(TieredDataParallelNamesTest, FilesAreNamedByTheGlobalRank) {
+  TrainerOptions o = Options(1.0, true);
+  o.process_rank = 1;
+  o.num_processes = 2;
+  auto trainer = Trainer::Create(SmallLlama(), o, kSeed);
+  ASSERT_THAT(trainer, IsOk());
+  EXPECT_EQ((*trainer)->nvme_moments()->path(MomentKind::kExpAvg),
+            o.nvme_dir + "/exp_avg.rank-1-of-2.bin");
+  EXPECT_EQ((*trainer)->nvme_moments()->path(MomentKind::kExpAvgSq),
+            o.nvme_dir + "/exp_avg_sq.rank-1-of-2.bin");
+  EXPECT_FALSE(std::filesystem::exists(o.nvme_dir + "/exp_avg.bin"));
+  o.process_rank = 2;
+  EXPECT_THAT(Trainer::Create(SmallLlama(), o, kSeed).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("process_rank: must be in [0, num_processes=2), got 2")));
 }
 
 // An I/O error in one rank's files (rank 1's exp_avg truncated between
