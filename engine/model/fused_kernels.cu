@@ -104,20 +104,21 @@ __global__ void GatedBackwardKernel(const __nv_bfloat16* __restrict__ gate,
 }
 
 // Sum of `v` over the block (kNormThreads threads); every thread gets it.
-__device__ float BlockSum(float v) {
-  __shared__ float warp_sums[kNormThreads / 32];
-  __shared__ float total;
+template <typename T>
+__device__ T BlockSum(T v) {
+  __shared__ T warp_sums[kNormThreads / 32];
+  __shared__ T total;
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_sums[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float s = lane < kNormThreads / 32 ? warp_sums[lane] : 0.0f;
+    T s = lane < kNormThreads / 32 ? warp_sums[lane] : T(0);
     for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
     if (lane == 0) total = s;
   }
   __syncthreads();
-  const float out = total;
+  const T out = total;
   __syncthreads();  // warp_sums and total are reused by the next call
   return out;
 }
@@ -135,7 +136,7 @@ __global__ void AddRmsNormForwardKernel(const float* residual, const __nv_bfloat
     hidden[base + c] = h;
     sum_sq += h * h;
   }
-  const float r = InverseRms(BlockSum(sum_sq), width, eps);
+  const float r = InverseRms(BlockSum<float>(sum_sq), width, eps);
   if (threadIdx.x == 0) inv_rms[blockIdx.x] = r;
   // Each thread rereads only what it wrote: no barrier needed.
   for (int c = threadIdx.x; c < width; c += kNormThreads) {
@@ -168,7 +169,7 @@ __global__ void AddRmsNormBackwardKernel(const float* __restrict__ hidden,
       dot += dy * NormScale(one_plus, __bfloat162float(weight[c])) * x_hat;
       partial[c] += dy * x_hat;
     }
-    const float mean_gx = BlockSum(dot) / static_cast<float>(width);
+    const float mean_gx = BlockSum<float>(dot) / static_cast<float>(width);
     for (int c = threadIdx.x; c < width; c += kNormThreads) {
       const float scale = NormScale(one_plus, __bfloat162float(weight[c]));
       const float dx = RmsNormInputGrad(hidden[base + c], __bfloat162float(d_normed[base + c]),
@@ -251,20 +252,7 @@ cudaError_t LaunchRotary(const T* x, const float* cos, const float* sin, T* y, c
 // Blocks of the fp64 norm: up to 1,024 (several per SM), each thread
 // summing at least 8 elements.
 constexpr int64_t kMaxNormFp64Blocks = 1024;
-
-// Sum of `v` over a block of kThreads threads, to thread 0.
-__device__ double BlockSumFp64(double v) {
-  __shared__ double warp_sums[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
-  }
-  return total;
-}
+static_assert(kThreads == kNormThreads, "the fp64 norm's blocks use BlockSum");
 
 __global__ void SquaresFp64Kernel(const float* __restrict__ x, int64_t n,
                                   double* __restrict__ partials) {
@@ -275,7 +263,7 @@ __global__ void SquaresFp64Kernel(const float* __restrict__ x, int64_t n,
     const double v = x[i];
     sum += v * v;  // exact: a 24-bit mantissa squared fits 53 bits
   }
-  const double total = BlockSumFp64(sum);
+  const double total = BlockSum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
@@ -283,7 +271,7 @@ __global__ void NormFromPartialsKernel(const double* __restrict__ partials, int6
                                        double* __restrict__ norm) {
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < blocks; i += blockDim.x) sum += partials[i];
-  const double total = BlockSumFp64(sum);
+  const double total = BlockSum(sum);
   if (threadIdx.x == 0) *norm = sqrt(total);
 }
 

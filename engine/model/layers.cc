@@ -735,6 +735,10 @@ at::Tensor DocumentCausalAttention(const at::Tensor& q, const at::Tensor& k, con
                                            /*is_causal=*/false, scale);
 }
 
+at::Tensor AttendRepeatingKv(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const at::Tensor& attention_mask, bool sliding,
+                             int64_t window, const PackedDocuments* docs);
+
 // Attention sub-layer: n1 [B, T, C] compute dtype -> [B, T, C] (o_proj
 // output, compute dtype).
 at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, const at::Tensor& n1,
@@ -768,22 +772,28 @@ at::Tensor AttentionBlock(const ModelConfig& c, const DecoderLayerWeights& w, co
     // k, v [B, KV, T, Dh] unrepeated: the repeat's copy and the backward's
     // sum over each group are left to the kernel.
     attn = compat::CausalGqaAttention(q, k, v, c.AttentionScale());
-    return Linear(attn.transpose(1, 2).reshape({b, t, h * dh}), w.o_proj, w.o_bias);
-  }
-  k = RepeatKv(k, h / kv);  // [B, H, T, Dh]
-  v = RepeatKv(v, h / kv);
-  if (c.attn_logit_softcapping > 0) {  // Note [Soft-capped attention]
-    attn = SoftcappedAttention(q, k, v, c.AttentionScale(), c.attn_logit_softcapping, window,
-                               kAttentionChunkBytes, kAttentionKeptBytes,
-                               docs != nullptr ? docs->document_ids : at::Tensor());
-  } else if (docs != nullptr) {
-    attn = DocumentCausalAttention(q, k, v, *docs, window, c.AttentionScale());
   } else {
-    attn = compat::ScaledDotProductAttention(q, k, v, sliding ? attention_mask : at::Tensor(),
-                                             /*is_causal=*/true, c.AttentionScale());
+    attn = AttendRepeatingKv(c, q, RepeatKv(k, h / kv), RepeatKv(v, h / kv), attention_mask,
+                             sliding, window, docs);
   }                                                     // [B, H, T, Dh]
   attn = attn.transpose(1, 2).reshape({b, t, h * dh});  // [B, T, H*Dh]
   return Linear(attn, w.o_proj, w.o_bias);
+}
+
+// AttentionBlock's attention with k, v repeated to q's heads [B, H, T, Dh]:
+// soft-capped, per document, or SDPA (with the sliding mask on sliding
+// layers).
+at::Tensor AttendRepeatingKv(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const at::Tensor& attention_mask, bool sliding,
+                             int64_t window, const PackedDocuments* docs) {
+  if (c.attn_logit_softcapping > 0) {  // Note [Soft-capped attention]
+    return SoftcappedAttention(q, k, v, c.AttentionScale(), c.attn_logit_softcapping, window,
+                               kAttentionChunkBytes, kAttentionKeptBytes,
+                               docs != nullptr ? docs->document_ids : at::Tensor());
+  }
+  if (docs != nullptr) return DocumentCausalAttention(q, k, v, *docs, window, c.AttentionScale());
+  return compat::ScaledDotProductAttention(q, k, v, sliding ? attention_mask : at::Tensor(),
+                                           /*is_causal=*/true, c.AttentionScale());
 }
 
 // hidden = x + delta (fp32 [B, T, C]) and RmsNorm(hidden) in `cd`: with

@@ -550,9 +550,8 @@ absl::StatusOr<StepResult> Trainer::Step(absl::Span<const MicroBatch> micro_batc
     // A rank that cannot run the step still meets the others in
     // BeginStep, so that they fail now, not at the collective timeout.
     const absl::Status begun = reducer->BeginStep(micro_batches, !ready.ok());
-    MEGATRAIN_RETURN_IF_ERROR(ready);
-    MEGATRAIN_RETURN_IF_ERROR(begun);
-    next_input_ids = {};  // other ranks' rows get gradients too
+    if (ready.ok()) MEGATRAIN_RETURN_IF_ERROR(begun);  // else ready's error, below
+    next_input_ids = {};                               // other ranks' rows get gradients too
   }
   MEGATRAIN_RETURN_IF_ERROR(ready);
   StepState s;
