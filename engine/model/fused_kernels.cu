@@ -1,7 +1,9 @@
 // The fused elementwise kernels (Note [Fused kernels] in fused_math.h):
 // the gated MLP product and its backward, residual add + RMSNorm with
-// its backward, the rotary embedding (both directions), and the fp64 L2
-// norm of an fp32 gradient. Includes only CUDA headers and fused_math.h; compiled by
+// its backward, the rotary embedding (both directions), the fp64 L2 norm
+// of an fp32 gradient, the head's cross-entropy in place of its logits,
+// and the one-pass bf16 -> fp32 gradient add. Includes only CUDA headers
+// and fused_math.h; compiled by
 // nvcc in CUDA builds (engine/CMakeLists.txt) and checked by
 // deploy/nvcc-check.sh.
 #include <cuda_bf16.h>
@@ -275,6 +277,122 @@ __global__ void NormFromPartialsKernel(const double* __restrict__ partials, int6
   if (threadIdx.x == 0) *norm = sqrt(total);
 }
 
+// Threads per cross-entropy row: a 128k-vocabulary row is 16,032 vectors
+// of 8 bf16, about 31 per thread.
+constexpr int kCrossEntropyThreads = 512;
+
+// A running (max, sum of exp(x - max)) pair of a softmax's denominator.
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+__device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  // A side with no elements (sum 0, max -inf) adds nothing; without the
+  // test, exp(-inf - -inf) would be NaN.
+  const float sa = a.sum == 0.0f ? 0.0f : a.sum * expf(a.max - m);
+  const float sb = b.sum == 0.0f ? 0.0f : b.sum * expf(b.max - m);
+  return {m, sa + sb};
+}
+
+__device__ __forceinline__ MaxSum Push(MaxSum a, float v) {
+  if (v > a.max) return {v, (a.sum == 0.0f ? 0.0f : a.sum * expf(a.max - v)) + 1.0f};
+  return {a.max, a.sum + expf(v - a.max)};
+}
+
+// Combines every thread's pair in a fixed tree (warp shuffles, then warp
+// 0 over the warps' pairs): deterministic; every thread gets the result.
+__device__ MaxSum BlockMaxSum(MaxSum v) {
+  __shared__ MaxSum warp_pairs[kCrossEntropyThreads / 32];
+  __shared__ MaxSum total;
+  for (int offset = 16; offset > 0; offset /= 2) {
+    v = Combine(v, {__shfl_xor_sync(0xffffffffu, v.max, offset),
+                    __shfl_xor_sync(0xffffffffu, v.sum, offset)});
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_pairs[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum w = lane < kCrossEntropyThreads / 32 ? warp_pairs[lane] : MaxSum{-INFINITY, 0.0f};
+    for (int offset = 16; offset > 0; offset /= 2) {
+      w = Combine(w, {__shfl_xor_sync(0xffffffffu, w.max, offset),
+                      __shfl_xor_sync(0xffffffffu, w.sum, offset)});
+    }
+    if (lane == 0) total = w;
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block per row of logits (Note [Fused cross-entropy] in
+// engine/model/layers.cc): pass 1 reads the row once for its log-sum-exp,
+// pass 2 reads it again and writes the gradient over it. `vec` rows are
+// read as 8-bf16 vectors (vocab % 8 == 0, 16-byte aligned).
+__global__ void CrossEntropyKernel(__nv_bfloat16* __restrict__ logits,
+                                   const int64_t* __restrict__ labels, int64_t vocab, float scale,
+                                   float* __restrict__ row_loss, bool vec) {
+  const int64_t row = blockIdx.x;
+  __nv_bfloat16* x = logits + row * vocab;
+  const int64_t label = labels[row];
+  if (label == kIgnoreIndex) {  // no loss, no gradient: zeros, as ATen's
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) x[j] = __float2bfloat16_rn(0.0f);
+    if (threadIdx.x == 0) row_loss[row] = 0.0f;
+    return;
+  }
+  const int64_t vec_n = vec ? vocab / kVec : 0;
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int64_t i = threadIdx.x; i < vec_n; i += blockDim.x) {
+    float v[kVec];
+    Unpack(reinterpret_cast<const Bf16x8*>(x)[i], v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc = Push(acc, v[k]);
+  }
+  for (int64_t j = vec_n * kVec + threadIdx.x; j < vocab; j += blockDim.x) {
+    acc = Push(acc, __bfloat162float(x[j]));
+  }
+  const MaxSum total = BlockMaxSum(acc);
+  const float lse = total.max + logf(total.sum);
+  const bool in_range = label >= 0 && label < vocab;
+  // Every thread reads the label's logit before any thread overwrites it.
+  const float label_logit = in_range ? __bfloat162float(x[label]) : 0.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) row_loss[row] = in_range ? lse - label_logit : NAN;
+  // An out-of-range label (the data checks refuse them at submission)
+  // poisons the loss, so the step's non-finite check reports it.
+  for (int64_t i = threadIdx.x; i < vec_n; i += blockDim.x) {
+    float v[kVec];
+    Unpack(reinterpret_cast<const Bf16x8*>(x)[i], v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      v[k] = CrossEntropyGrad(v[k], lse, i * kVec + k == label, scale);
+    }
+    reinterpret_cast<Bf16x8*>(x)[i] = Pack(v);
+  }
+  for (int64_t j = vec_n * kVec + threadIdx.x; j < vocab; j += blockDim.x) {
+    x[j] = __float2bfloat16_rn(CrossEntropyGrad(__bfloat162float(x[j]), lse, j == label, scale));
+  }
+}
+
+// dst += float(src), kVec elements per thread per step (grid-stride),
+// the scalar tail to the first threads.
+__global__ void AddBf16IntoFp32Kernel(const __nv_bfloat16* __restrict__ src,
+                                      float* __restrict__ dst, int64_t n, int64_t vec_n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < vec_n; i += stride) {
+    float s[kVec];
+    Unpack(reinterpret_cast<const Bf16x8*>(src)[i], s);
+    float4* d = reinterpret_cast<float4*>(dst) + 2 * i;
+    float4 lo = d[0], hi = d[1];
+    lo.x += s[0], lo.y += s[1], lo.z += s[2], lo.w += s[3];
+    hi.x += s[4], hi.y += s[5], hi.z += s[6], hi.w += s[7];
+    d[0] = lo;
+    d[1] = hi;
+  }
+  for (int64_t i = vec_n * kVec + first; i < n; i += stride) dst[i] += __bfloat162float(src[i]);
+}
+
 }  // namespace
 
 int64_t NormFp64Blocks(int64_t n) {
@@ -351,6 +469,27 @@ cudaError_t LaunchAddRmsNormBackward(const float* hidden, const float* inv_rms,
   AddRmsNormBackwardKernel<<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
       hidden, inv_rms, d_normed, d_residual, weight, d_hidden, d_weight_partial, rows,
       rows_per_block, width, one_plus);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCrossEntropyInPlace(__nv_bfloat16* logits, const int64_t* labels, int64_t rows,
+                                      int64_t vocab, float scale, float* row_loss,
+                                      cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (vocab <= 0 || rows > 0x7fffffff) return cudaErrorInvalidValue;
+  const bool vec = vocab % kVec == 0 && Aligned16(logits);
+  CrossEntropyKernel<<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, stream>>>(
+      logits, labels, vocab, scale, row_loss, vec);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddBf16IntoFp32(const __nv_bfloat16* src, float* dst, int64_t n,
+                                  cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const bool vec = Aligned16(src) && Aligned16(dst);
+  const int64_t vec_n = vec ? n / kVec : 0;
+  AddBf16IntoFp32Kernel<<<GridFor(vec ? std::max<int64_t>(vec_n, 1) : n), kThreads, 0, stream>>>(
+      src, dst, n, vec_n);
   return cudaGetLastError();
 }
 

@@ -94,6 +94,26 @@ cudaError_t LaunchNormFp64(const float* x, int64_t n, double* partials, double* 
 // Entries of LaunchNormFp64's `partials` scratch for n elements (>= 1).
 int64_t NormFp64Blocks(int64_t n);
 
+// Token cross-entropy of `rows` rows of bf16 logits [rows, vocab] with
+// labels int64 [rows] (kIgnoreIndex -100: no loss, zero gradient), in
+// place (Note [Fused cross-entropy] in engine/model/layers.cc): one block
+// per row reads the row for its log-sum-exp lse (fp32, a running max and
+// sum combined in a fixed order), then again to overwrite each logit x_j
+// with bf16(scale * (exp(x_j - lse) - [j == label])), the gradient of
+// scale * loss. row_loss fp32 [rows] gets lse - x[label] (nats, unscaled;
+// 0 for ignored rows; NaN for a label outside [0, vocab)). 6 bytes of
+// traffic per logit. rows <= 2^31 - 1.
+cudaError_t LaunchCrossEntropyInPlace(__nv_bfloat16* logits, const int64_t* labels, int64_t rows,
+                                      int64_t vocab, float scale, float* row_loss,
+                                      cudaStream_t stream);
+
+// dst[i] += float(src[i]) for i in [0, n): dst fp32 [n], src bf16 [n], in
+// one pass (10 bytes per element; ATen's add_(src.to(float)) is two
+// kernels and 18 bytes). The same fp32 sums as that: the widening is
+// exact and each element is one fp32 add.
+cudaError_t LaunchAddBf16IntoFp32(const __nv_bfloat16* src, float* dst, int64_t n,
+                                  cudaStream_t stream);
+
 }  // namespace megatrain::engine::fused
 
 #endif  // MEGATRAIN_ENGINE_MODEL_FUSED_KERNELS_H_

@@ -3,7 +3,7 @@
 // formulas, written once for the device kernels (compiled by nvcc) and the
 // host (CPU tests check them against ATen's reference ops in
 // tests/engine/model/fused_math_test.cc). No ATen, no CUDA runtime: only
-// <cmath>, so both compilers accept it.
+// <cmath> and <cstdint>, so both compilers accept it.
 //
 // Note [Fused kernels]
 // The engine's dense layer runs its elementwise ops as separate ATen kernels
@@ -26,11 +26,14 @@
 // RMSNorm (HF LlamaRMSNorm, Gemma2RMSNorm): y = x * rsqrt(mean(x^2) + eps)
 // * w, or * (1 + w) for NormKind::kRmsOnePlusWeight; its input gradient is
 // dx = r (g_hat - x_hat mean(g_hat x_hat)) with r = rsqrt(mean(x^2) + eps),
-// x_hat = x r and g_hat = dy * w (or (1 + w)).
+// x_hat = x r and g_hat = dy * w (or (1 + w)). The cross-entropy's
+// gradient (Note [Fused cross-entropy] in layers.cc) is softmax minus the
+// one-hot target, times the loss scale.
 #ifndef MEGATRAIN_ENGINE_MODEL_FUSED_MATH_H_
 #define MEGATRAIN_ENGINE_MODEL_FUSED_MATH_H_
 
 #include <cmath>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define MEGATRAIN_HOST_DEVICE __host__ __device__ __forceinline__
@@ -116,6 +119,20 @@ MEGATRAIN_HOST_DEVICE float InverseRms(float sum_sq, int width, float eps) {
 MEGATRAIN_HOST_DEVICE float RmsNormInputGrad(float x, float dy, float scale, float r,
                                              float mean_gx) {
   return r * (dy * scale - x * r * mean_gx);
+}
+
+// Cross-entropy's ignored label (torch.nn.functional.cross_entropy's
+// default ignore_index; HF's label masking).
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// One logit's gradient of `scale` * the row's token cross-entropy
+// (loss = lse - x[label], lse = log sum_j exp(x_j)):
+// scale * (softmax_j - [j == label]) = scale * (exp(x - lse) - target).
+// ATen computes the same quantity as log_softmax's backward of nll's
+// gradient (scale * (target - exp(log_softmax) * 1), negated); the two
+// differ only in fp32 rounding.
+MEGATRAIN_HOST_DEVICE float CrossEntropyGrad(float x, float lse, bool is_label, float scale) {
+  return (expf(x - lse) - (is_label ? 1.0f : 0.0f)) * scale;
 }
 
 }  // namespace megatrain::engine::fused

@@ -193,4 +193,40 @@ at::Tensor FusedNormFp64(const at::Tensor& x) {
   return norm;
 }
 
+bool FusedCrossEntropyApplies(const at::Tensor& logits, const at::Tensor& labels) {
+  return logits.is_cuda() && logits.scalar_type() == at::kBFloat16 && logits.dim() == 2 &&
+         logits.is_contiguous() && logits.size(0) <= 0x7fffffff && logits.size(1) > 0 &&
+         labels.device() == logits.device() && labels.scalar_type() == at::kLong &&
+         labels.dim() == 1 && labels.size(0) == logits.size(0) && labels.is_contiguous();
+}
+
+at::Tensor FusedCrossEntropyInPlace(const at::Tensor& logits, const at::Tensor& labels,
+                                    double scale) {
+  TORCH_CHECK(FusedCrossEntropyApplies(logits, labels),
+              "FusedCrossEntropyInPlace: logits must be contiguous bf16 [rows, vocab] and labels "
+              "contiguous int64 [rows] on one CUDA device");
+  at::Tensor row_loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  CheckLaunch(fused::LaunchCrossEntropyInPlace(
+                  MutableBf16(logits), labels.data_ptr<int64_t>(), logits.size(0), logits.size(1),
+                  static_cast<float>(scale), row_loss.data_ptr<float>(),
+                  at::cuda::getCurrentCUDAStream(logits.get_device())),
+              "fused cross-entropy");
+  return row_loss;
+}
+
+bool FusedAddIntoFp32Applies(const at::Tensor& dst, const at::Tensor& src) {
+  return dst.is_cuda() && dst.scalar_type() == at::kFloat && dst.is_contiguous() &&
+         src.device() == dst.device() && src.scalar_type() == at::kBFloat16 &&
+         src.is_contiguous() && src.numel() == dst.numel();
+}
+
+void FusedAddBf16IntoFp32(const at::Tensor& dst, const at::Tensor& src) {
+  TORCH_CHECK(FusedAddIntoFp32Applies(dst, src),
+              "FusedAddBf16IntoFp32: dst contiguous fp32 and src contiguous bf16 of one numel on "
+              "one CUDA device");
+  CheckLaunch(fused::LaunchAddBf16IntoFp32(Bf16(src), dst.data_ptr<float>(), dst.numel(),
+                                           at::cuda::getCurrentCUDAStream(dst.get_device())),
+              "fused bf16 -> fp32 add");
+}
+
 }  // namespace megatrain::engine

@@ -78,6 +78,32 @@ void FusedRotateInto(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 // Throws c10::Error on a launch error.
 at::Tensor FusedNormFp64(const at::Tensor& x);
 
+// Whether FusedCrossEntropyInPlace takes these: a CUDA build; logits
+// contiguous bf16 [rows, vocab] on a CUDA device, rows < 2^31; labels
+// contiguous int64 [rows] on the same device.
+bool FusedCrossEntropyApplies(const at::Tensor& logits, const at::Tensor& labels);
+
+// Token cross-entropy of each row with its gradient written over the
+// logits (fused::LaunchCrossEntropyInPlace; Note [Fused cross-entropy] in
+// layers.cc): afterwards `logits` holds bf16 d(scale * sum of row
+// losses)/d logits, and the result is the row losses, fp32 [rows] (nats;
+// 0 where the label is -100, NaN for a label outside [0, vocab)). Within
+// fp32 rounding of ATen's cross_entropy_loss and its backward, not bit
+// for bit. Enqueued on the current stream. Precondition:
+// FusedCrossEntropyApplies. Throws c10::Error on a launch error.
+at::Tensor FusedCrossEntropyInPlace(const at::Tensor& logits, const at::Tensor& labels,
+                                    double scale);
+
+// Whether FusedAddBf16IntoFp32 takes these: a CUDA build; dst contiguous
+// fp32 and src contiguous bf16 of one numel on one CUDA device.
+bool FusedAddIntoFp32Applies(const at::Tensor& dst, const at::Tensor& src);
+
+// dst += src widened to fp32, one kernel (fused::LaunchAddBf16IntoFp32):
+// bit for bit dst.add_(src.to(at::kFloat)). Enqueued on the current
+// stream. Precondition: FusedAddIntoFp32Applies. Throws c10::Error on a
+// launch error.
+void FusedAddBf16IntoFp32(const at::Tensor& dst, const at::Tensor& src);
+
 }  // namespace megatrain::engine
 
 #endif  // MEGATRAIN_ENGINE_MODEL_FUSED_OPS_H_

@@ -848,6 +848,32 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   return hidden + mlp;
 }
 
+// A chunk's token cross-entropy from its logits_c [N, V] (compute dtype):
+// the loss sum (0-dim, fp32 or fp64, on the device; no graph) and
+// d(loss_scale * loss)/d logits_c [N, V] in logits_c's dtype. The fused
+// kernel (Note [Fused cross-entropy]) overwrites logits_c with the
+// gradient.
+std::pair<at::Tensor, at::Tensor> ChunkLossAndGradient(const ModelConfig& c, at::Tensor logits_c,
+                                                       const at::Tensor& labels, double loss_scale,
+                                                       bool fused_kernels) {
+#ifdef MEGATRAIN_FUSED_KERNELS
+  if (fused_kernels && c.final_logit_softcapping <= 0 &&
+      FusedCrossEntropyApplies(logits_c, labels)) {
+    const at::Tensor row_loss = FusedCrossEntropyInPlace(logits_c, labels, loss_scale);
+    return {row_loss.sum(at::kDouble), logits_c};
+  }
+#else
+  (void)fused_kernels;
+#endif
+  logits_c.requires_grad_(true);
+  at::Tensor logits = logits_c.to(at::kFloat);
+  if (c.final_logit_softcapping > 0) logits = SoftCap(logits, c.final_logit_softcapping);
+  at::Tensor loss = at::cross_entropy_loss(logits, labels, /*weight=*/{}, at::Reduction::Sum,
+                                           /*ignore_index=*/-100);
+  at::Tensor grad_logits = torch::autograd::grad({loss * loss_scale}, {logits_c})[0];
+  return {loss.detach(), grad_logits};
+}
+
 // Note [Head weight gradient]
 // Autograd runs only through the loss (logits in the compute dtype ->
 // fp32 -> soft-cap -> cross-entropy); the two products of the logits'
@@ -863,10 +889,26 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
 // where the GEMM is missing (CPU, older torch) the per-chunk rounding
 // stays as it was. Chunks are summed in row order in every schedule, so
 // schedules, resume and tiers stay bit-identical to each other.
+//
+// Note [Fused cross-entropy]
+// Per chunk, ATen's loss (logits_c.to(fp32), log_softmax, nll_loss and
+// their backwards, the gradient cast back to bf16) moves about 32 bytes
+// per logit through memory in seven kernels: at llama-1b, 8 x 2048 tokens
+// and a 128,256 vocabulary, 67 GB per step. With `fused_kernels` on a CUDA
+// build, bf16 compute and no soft-capping, one kernel per chunk
+// (FusedCrossEntropyInPlace) reads each row of bf16 logits for its
+// log-sum-exp, reads it again and writes the gradient
+// scale * (softmax - onehot), rounded once to bf16, over the logits: 6
+// bytes per logit, and no fp32 [N, V] tensor. The loss is summed per row
+// in fp32 and over rows in fp64 (ATen sums a chunk's rows in fp32). Values
+// differ from ATen's by fp32 rounding, so a bf16 gradient element may
+// differ by one bf16 step (FusedCrossEntropyCudaTest bounds both); a given
+// input always gives the same bits. Soft-capped logits (Gemma 2) keep the
+// ATen path.
 HeadResult HeadForwardBackward(const ModelConfig& c, const at::Tensor& hidden,
                                const at::Tensor& labels, const at::Tensor& norm_weight,
                                const at::Tensor& lm_head, double loss_scale, int64_t chunk_tokens,
-                               at::ScalarType cd) {
+                               at::ScalarType cd, bool fused_kernels) {
   const int64_t rows = hidden.size(0) * hidden.size(1);
   const int64_t width = hidden.size(2);
   at::Tensor h_leaf = hidden.detach().requires_grad_(true);
@@ -884,16 +926,11 @@ HeadResult HeadForwardBackward(const ModelConfig& c, const at::Tensor& hidden,
     const int64_t n = std::min(chunk_tokens, rows - start);
     const at::Tensor x = normed_values.narrow(0, start, n);  // [N, C]
     // Note [Head weight gradient]
-    at::Tensor logits_c = at::matmul(x, lm_head.t()).requires_grad_(true);  // [N, V]
-    at::Tensor logits = logits_c.to(at::kFloat);
-    if (c.final_logit_softcapping > 0) logits = SoftCap(logits, c.final_logit_softcapping);
-    at::Tensor loss = at::cross_entropy_loss(logits, flat_labels.narrow(0, start, n),
-                                             /*weight=*/{}, at::Reduction::Sum,
-                                             /*ignore_index=*/-100);
-    const at::Tensor grad_logits = torch::autograd::grad({loss * loss_scale}, {logits_c})[0];
+    const auto [loss, grad_logits] = ChunkLossAndGradient(
+        c, at::matmul(x, lm_head.t()), flat_labels.narrow(0, start, n), loss_scale, fused_kernels);
     grad_normed.narrow(0, start, n).copy_(at::matmul(grad_logits, lm_head));  // [N, C]
     compat::AddmmIntoFp32(grad_head, grad_logits.t(), x);                     // [V, C]
-    loss_sum.add_(loss.detach());
+    loss_sum.add_(loss);
   }
   auto grads = torch::autograd::grad({normed}, {h_leaf, norm_leaf}, {grad_normed});
   HeadResult out;

@@ -361,11 +361,14 @@ struct HeadResult {
 // [B*T, V] logits never exist at once. Gradients are of
 // loss_scale * loss_sum (the executor passes 1 / counted tokens of the
 // global batch). hidden [B, T, C] fp32; labels [B, T] int64; norm_weight
-// [C] and lm_head [V, C] in compute dtype.
+// [C] and lm_head [V, C] in compute dtype. `fused_kernels`: the
+// cross-entropy and its gradient as one kernel per chunk where the build
+// has it (bf16 on CUDA, no soft-capping; Note [Fused cross-entropy] in
+// layers.cc).
 HeadResult HeadForwardBackward(const ModelConfig& config, const at::Tensor& hidden,
                                const at::Tensor& labels, const at::Tensor& norm_weight,
                                const at::Tensor& lm_head, double loss_scale, int64_t chunk_tokens,
-                               at::ScalarType compute_dtype);
+                               at::ScalarType compute_dtype, bool fused_kernels = false);
 
 // Logits of every position: hidden [B, T, C] fp32 -> [B, T, V] fp32
 // (final RMSNorm and lm_head in the compute dtype, then widened and

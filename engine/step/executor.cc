@@ -610,8 +610,9 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
   const BlockLayout& bl = layout.blocks[head];
   MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
-  HeadResult hr = HeadForwardBackward(env_.config, mb.x, mb.input.labels, head_params[0], lm_head,
-                                      p.loss_scale, chunk_tokens_, env_.compute_dtype);
+  HeadResult hr =
+      HeadForwardBackward(env_.config, mb.x, mb.input.labels, head_params[0], lm_head, p.loss_scale,
+                          chunk_tokens_, env_.compute_dtype, options_.fused_kernels);
   p.loss_total.add_(hr.loss_sum);
   mb.grad_y = hr.grad_hidden;
   // Head block gradient: final norm (+ lm_head when untied).

@@ -6,18 +6,24 @@
 // residual add + RMSNorm forward and backward (both norm kinds; the raw
 // launchers against ATen's composite ops, FusedAddRmsNorm against the
 // layer's unfused path), and the rotary embedding (ApplyRotaryEmbedding
-// with fused_kernels on against off: the same bits, Note [RoPE kernels]).
+// with fused_kernels on against off: the same bits, Note [RoPE kernels]),
+// the fp64 gradient norm, the head's fused cross-entropy (Note [Fused
+// cross-entropy] in layers.cc) against ATen's and the one-pass bf16 ->
+// fp32 gradient add (bit for bit).
 // Built only in CUDA builds; skipped without a device.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/model/fused_kernels.h"
+#include "engine/model/fused_math.h"
 #include "engine/model/fused_ops.h"
 #include "engine/model/layers.h"
 
@@ -307,6 +313,135 @@ TEST(FusedNormFp64CudaTest, MatchesAtenFp64NormAndRepeatsBitForBit) {
     // Both sum exact fp64 squares, in another order: fp64 rounding only.
     EXPECT_NEAR(fused.item<double>(), aten.item<double>(), 1e-13 * aten.item<double>()) << n;
     EXPECT_TRUE(at::equal(FusedNormFp64(x), fused)) << "not deterministic at n = " << n;
+  }
+}
+
+// ATen's chunk loss and bf16 logits gradient: cross_entropy_loss (sum,
+// ignore -100) of the widened logits, autograd back to the bf16 logits.
+std::pair<double, at::Tensor> AtenCrossEntropy(const at::Tensor& logits_bf16,
+                                               const at::Tensor& labels, double scale) {
+  const at::Tensor leaf = logits_bf16.detach().requires_grad_(true);
+  const at::Tensor loss = at::cross_entropy_loss(leaf.to(at::kFloat), labels, {},
+                                                 at::Reduction::Sum, fused::kIgnoreIndex);
+  const at::Tensor grad = torch::autograd::grad({loss * scale}, {leaf})[0];
+  return {loss.item<double>(), grad};
+}
+
+// Labels in [0, vocab) with every fifth row ignored (-100).
+at::Tensor LabelsWithIgnored(int64_t rows, int64_t vocab) {
+  at::Tensor labels = at::randint(vocab, {rows}, at::TensorOptions().dtype(at::kLong));
+  labels.slice(0, 0, rows, 5).fill_(fused::kIgnoreIndex);
+  return labels.to(at::kCUDA);
+}
+
+// The fused cross-entropy (Note [Fused cross-entropy]) against ATen's: the
+// loss within fp32 summation rounding, the bf16 gradient within a bf16
+// step except for rare rounding flips, ignored rows exactly zero, and the
+// same bits on a second run. `vocab` % 8 != 0 takes the scalar path.
+void CheckCrossEntropy(int64_t rows, int64_t vocab) {
+  at::manual_seed(21);
+  const double scale = 1.0 / static_cast<double>(rows);
+  const at::Tensor logits = RandnBf16({rows, vocab}, 3.0);
+  const at::Tensor labels = LabelsWithIgnored(rows, vocab);
+  const auto [aten_loss, aten_grad] = AtenCrossEntropy(logits, labels, scale);
+
+  at::Tensor fused_grad = logits.clone();
+  const at::Tensor row_loss = FusedCrossEntropyInPlace(fused_grad, labels, scale);
+  ASSERT_EQ(row_loss.scalar_type(), at::kFloat);
+  ASSERT_EQ(row_loss.size(0), rows);
+  EXPECT_NEAR(row_loss.sum(at::kDouble).item<double>(), aten_loss, 1e-5 * aten_loss);
+  const at::Tensor ignored = labels == fused::kIgnoreIndex;
+  EXPECT_TRUE(at::equal(row_loss.masked_select(ignored),
+                        at::zeros({ignored.sum().item<int64_t>()}, row_loss.options())));
+  EXPECT_EQ(fused_grad.index({ignored}).abs().max().item<float>(), 0.0f);
+  // Gradient elements are scale * (p - target); 1e-3 of the largest
+  // magnitude absolute keeps the comparison to the elements that matter.
+  const double atol = 1e-3 * aten_grad.abs().max().item<double>();
+  EXPECT_LE(MismatchFraction(fused_grad, aten_grad, kBf16Rtol, atol), kMaxMismatch);
+  // The row sums of the gradient are scale * (1 - 1) = 0 up to rounding.
+  const at::Tensor row_sums = fused_grad.to(at::kFloat).sum(1);
+  EXPECT_LT(row_sums.abs().max().item<double>(), 1e-2 * scale);
+
+  at::Tensor again = logits.clone();
+  const at::Tensor again_loss = FusedCrossEntropyInPlace(again, labels, scale);
+  EXPECT_TRUE(at::equal(again, fused_grad)) << "gradient not deterministic";
+  EXPECT_TRUE(at::equal(again_loss, row_loss)) << "loss not deterministic";
+}
+
+TEST(FusedCrossEntropyCudaTest, MatchesAtenWhenLlama3Vocabulary) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckCrossEntropy(256, 128256);  // Llama 3's vocabulary: 8-wide vectors
+}
+
+TEST(FusedCrossEntropyCudaTest, MatchesAtenWhenVocabularyNotAMultipleOf8) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  CheckCrossEntropy(97, 32001);  // scalar loads
+}
+
+TEST(FusedCrossEntropyCudaTest, LabelOutOfRangeGivesNanLoss) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  at::Tensor logits = RandnBf16({3, 64});
+  const at::Tensor labels = at::tensor({int64_t{1}, int64_t{64}, int64_t{-5}},
+                                       at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  const at::Tensor row_loss = FusedCrossEntropyInPlace(logits, labels, 1.0).cpu();
+  EXPECT_TRUE(std::isfinite(row_loss[0].item<float>()));
+  EXPECT_TRUE(std::isnan(row_loss[1].item<float>()));
+  EXPECT_TRUE(std::isnan(row_loss[2].item<float>()));
+}
+
+// The whole head (final norm, lm_head, loss and their backward) with the
+// fused cross-entropy against fused_kernels off, over several chunks.
+TEST(FusedCrossEntropyCudaTest, HeadForwardBackwardMatchesUnfused) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(5);
+  ModelConfig c;
+  c.model_type = "llama";
+  c.vocab_size = 4096;
+  c.hidden_size = 256;
+  c.rms_norm_eps = 1e-5;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor hidden = at::randn({2, 300, c.hidden_size}, cuda);
+  const at::Tensor labels = LabelsWithIgnored(600, c.vocab_size).view({2, 300});
+  const at::Tensor norm =
+      (at::ones({c.hidden_size}, cuda) + at::randn({c.hidden_size}, cuda) * 0.1).to(at::kBFloat16);
+  const at::Tensor lm_head = RandnBf16({c.vocab_size, c.hidden_size}, 0.05);
+  const double scale = 1.0 / 480.0;
+  const HeadResult off = HeadForwardBackward(c, hidden, labels, norm, lm_head, scale,
+                                             /*chunk_tokens=*/128, at::kBFloat16, false);
+  const HeadResult on =
+      HeadForwardBackward(c, hidden, labels, norm, lm_head, scale, 128, at::kBFloat16, true);
+  const double loss_off = off.loss_sum.item<double>();
+  EXPECT_NEAR(on.loss_sum.item<double>(), loss_off, 1e-5 * loss_off);
+  for (const auto& [name, a, b] : {std::tuple{"grad_hidden", on.grad_hidden, off.grad_hidden},
+                                   std::tuple{"grad_norm", on.grad_norm, off.grad_norm},
+                                   std::tuple{"grad_lm_head", on.grad_lm_head, off.grad_lm_head}}) {
+    const double atol = 1e-3 * b.abs().max().item<double>();
+    EXPECT_LE(MismatchFraction(a, b, kBf16Rtol, atol), 1e-3) << name;
+  }
+}
+
+// The one-pass accumulation (Note [One-pass accumulation]) equals ATen's
+// add_(src.to(float)) bit for bit: aligned (vector path) and offset by one
+// element with an odd length (scalar path).
+TEST(FusedAddBf16IntoFp32CudaTest, EqualsAtenAddBitForBit) {
+  if (!HasCuda()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(9);
+  for (const auto& [offset, n] :
+       {std::pair<int64_t, int64_t>{0, 8'390'656}, std::pair<int64_t, int64_t>{1, 1'000'003},
+        std::pair<int64_t, int64_t>{0, 5}}) {
+    const at::Tensor base = at::randn({offset + n}, at::TensorOptions().device(at::kCUDA));
+    const at::Tensor src = RandnBf16({offset + n}, 1e-2).narrow(0, offset, n);
+    at::Tensor expected = base.narrow(0, offset, n).clone();
+    expected.add_(src.to(at::kFloat));
+    at::Tensor dst_storage = base.clone();
+    const at::Tensor dst = dst_storage.narrow(0, offset, n);
+    ASSERT_TRUE(FusedAddIntoFp32Applies(dst, src));
+    FusedAddBf16IntoFp32(dst, src);
+    EXPECT_TRUE(at::equal(dst, expected)) << "offset " << offset << ", n " << n;
+    if (offset > 0) {
+      EXPECT_TRUE(at::equal(dst_storage.narrow(0, 0, offset), base.narrow(0, 0, offset)))
+          << "wrote before the view";
+    }
   }
 }
 

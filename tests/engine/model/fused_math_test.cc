@@ -1,7 +1,8 @@
 // The fused kernels' per-element math (engine/model/fused_math.h, Note
 // [Fused kernels]) on the host against ATen's reference ops: the
 // activations, their derivatives (autograd of ATen's silu / gelu), the
-// gated product's gradients and RMSNorm's input gradient. The device
+// gated product's gradients, RMSNorm's input gradient and the
+// cross-entropy's gradient. The device
 // kernels compile the same functions, so this pins their formulas on
 // every build; fused_kernels_cuda_test.cc checks the kernels themselves.
 #include "engine/model/fused_math.h"
@@ -179,6 +180,39 @@ TEST(FusedRmsNormMathTest, InputGradMatchesAutogradForWeight) { CheckRmsNormInpu
 
 TEST(FusedRmsNormMathTest, InputGradMatchesAutogradForOnePlusWeight) {
   CheckRmsNormInputGrad(true);
+}
+
+// The cross-entropy gradient from the row's log-sum-exp against autograd
+// of ATen's cross_entropy_loss (sum, ignore_index -100) times a scale, the
+// path the fused kernel replaces (Note [Fused cross-entropy]).
+TEST(FusedCrossEntropyMathTest, GradientMatchesAutogradOfCrossEntropy) {
+  constexpr int64_t kRows = 5, kVocab = 300;
+  constexpr double kScale = 1.0 / 7.0;
+  at::manual_seed(3);
+  const at::Tensor logits = (at::randn({kRows, kVocab}) * 4.0).requires_grad_(true);
+  const at::Tensor labels =
+      at::tensor({int64_t{0}, int64_t{299}, fused::kIgnoreIndex, int64_t{17}, int64_t{150}});
+  const at::Tensor loss =
+      at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, fused::kIgnoreIndex);
+  const at::Tensor reference = torch::autograd::grad({loss * kScale}, {logits})[0];
+
+  const at::Tensor x = logits.detach();
+  const at::Tensor lse = at::logsumexp(x, {1});
+  at::Tensor ours = at::zeros_like(x);
+  double loss_sum = 0.0;
+  for (int64_t row = 0; row < kRows; ++row) {
+    const int64_t label = labels[row].item<int64_t>();
+    if (label == fused::kIgnoreIndex) continue;  // zero gradient, no loss
+    const float l = lse[row].item<float>();
+    loss_sum += l - x[row][label].item<float>();
+    for (int64_t j = 0; j < kVocab; ++j) {
+      ours[row][j] = fused::CrossEntropyGrad(x[row][j].item<float>(), l, j == label,
+                                             static_cast<float>(kScale));
+    }
+  }
+  EXPECT_TRUE(AllClose(ours, reference, 1e-5, 1e-8));
+  EXPECT_TRUE(at::equal(ours[2], at::zeros({kVocab})));
+  EXPECT_NEAR(loss_sum, loss.item<double>(), 1e-5 * loss.item<double>());
 }
 
 }  // namespace
