@@ -19,7 +19,8 @@
 // instead of the add, the norm, the cast and their backwards. The layer's
 // input norm (no add before it in the layer) and the final norm are not
 // fused. The rotary embedding has its own kernel (Note [RoPE kernels] in
-// layers.cc). The formulas are HF's ACT2FN (activations.py): silu(x) = x
+// layers.cc), and so does the head's cross-entropy (Note [Fused
+// cross-entropy] in layers.cc). The formulas are HF's ACT2FN (activations.py): silu(x) = x
 // sigmoid(x); gelu_pytorch_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x +
 // 0.044715 x^3))); gelu(x) = 0.5 x (1 + erf(x / sqrt(2))), and their
 // derivatives as ATen's silu_backward / gelu_backward compute them.
