@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/spec/job_spec.h"  // the rows' members, ranges and keyword tables
@@ -137,16 +138,30 @@ class Reader {
 using Field = std::function<absl::Status(const YAML::Node& node, const std::string& path)>;
 using Fields = std::vector<std::pair<std::string, Field>>;
 
-// Walks a mapping: every key must be one of `fields`.
+// Refuses a key that `seen` (the keys read so far from one mapping)
+// already holds. yaml-cpp keeps every entry of a mapping, duplicates too
+// (YAML 1.2 says keys are unique), and reading them in turn would let the
+// later one replace the earlier without a word.
+absl::Status CheckKeyOnce(const Reader& reader, const YAML::Node& key_node, const std::string& key,
+                          const std::string& path, absl::flat_hash_set<std::string>& seen) {
+  if (seen.insert(key).second) return absl::OkStatus();
+  return reader.Error(path, absl::StrCat("given twice in one mapping (again on line ",
+                                         key_node.Mark().line + 1, ")"));
+}
+
+// Walks a mapping: every key must be one of `fields`, and appear once.
 absl::Status ReadMapping(const Reader& reader, const YAML::Node& node, const std::string& prefix,
                          const Fields& fields) {
   const std::string where = prefix.empty() ? "job file" : prefix;
   if (!node.IsMap()) {
     return reader.Error(where, node.IsNull() ? "missing value" : "expected a mapping of keys");
   }
+  absl::flat_hash_set<std::string> seen;
   for (const auto& entry : node) {
     const std::string key = entry.first.as<std::string>();
     const std::string path = prefix.empty() ? key : absl::StrCat(prefix, ".", key);
+    absl::Status once = CheckKeyOnce(reader, entry.first, key, path, seen);
+    if (!once.ok()) return once;
     const Field* setter = nullptr;
     for (const auto& [name, field] : fields) {
       if (name == key) setter = &field;
@@ -394,9 +409,12 @@ Fields MemoryFields(const Reader& reader, v1::MemorySpec* section) {
 Field LabelsField(const Reader& reader, v1::JobSpec* spec) {
   return [&reader, spec](const YAML::Node& node, const std::string& path) {
     if (!node.IsMap()) return reader.Error(path, "expected a mapping of label: value");
+    absl::flat_hash_set<std::string> seen;
     for (const auto& entry : node) {
       const std::string key = entry.first.as<std::string>();
       absl::Status key_status = reader.Utf8(key, absl::StrCat(path, " key"));
+      if (!key_status.ok()) return key_status;
+      key_status = CheckKeyOnce(reader, entry.first, key, absl::StrCat(path, ".", key), seen);
       if (!key_status.ok()) return key_status;
       auto value = reader.String(entry.second, absl::StrCat(path, ".", key));
       if (!value.ok()) return value.status();

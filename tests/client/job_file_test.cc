@@ -313,7 +313,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadFileCase{"NegativeSeed", "train: {seed: -1}\n", "train.seed: must be >= 0, got -1"},
         BadFileCase{"LabelsNotAMapping", "labels: [a]\n", "labels: expected a mapping"},
         BadFileCase{"NotAMappingAtAll", "- a\n", "job file: expected a mapping of keys"},
-        BadFileCase{"BadYaml", "train: {micro_batch: 8\n", "bad YAML"}),
+        BadFileCase{"BadYaml", "train: {micro_batch: 8\n", "bad YAML"},
+        // yaml-cpp keeps both entries of a repeated key; the later must not
+        // silently replace the earlier.
+        BadFileCase{"TopLevelKeyTwice", "train: {micro_batch: 8}\nname: a\ntrain: {seq_len: 64}\n",
+                    "train: given twice in one mapping (again on line 3)"},
+        BadFileCase{"NestedKeyTwice", "optimizer:\n  lr: 0.1\n  lr: 0.2\n",
+                    "optimizer.lr: given twice in one mapping (again on line 3)"},
+        BadFileCase{"LabelKeyTwice", "labels: {team: a, team: b}\n",
+                    "labels.team: given twice in one mapping (again on line 1)"}),
     [](const ::testing::TestParamInfo<BadFileCase>& info) { return info.param.name; });
 
 TEST(JobFileTest, MissingFileIsNotFound) {
