@@ -68,12 +68,20 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromTokensYaml(
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": expected a mapping with key 'users'"));
     }
+    // yaml-cpp keeps a repeated key's every entry; root["users"] would read
+    // the first and drop the rest without a word.
+    bool users_seen = false;
     for (const auto& entry : root) {
       const std::string key = entry.first.as<std::string>();
       if (key != "users") {
         return absl::InvalidArgumentError(
             absl::StrCat(source, ": ", key, ": unknown key (known: users)"));
       }
+      if (users_seen) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": users: given twice (again on line ", entry.first.Mark().line + 1, ")"));
+      }
+      users_seen = true;
     }
     const YAML::Node list = root["users"];
     if (!list.IsSequence() || list.size() == 0) {
@@ -90,8 +98,13 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromTokensYaml(
       User user;
       std::string hash_hex;
       std::string role = "user";
+      std::set<std::string> keys;
       for (const auto& field : node) {
         const std::string key = field.first.as<std::string>();
+        if (!keys.insert(key).second) {  // the later value would replace the earlier
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ".", EscapeControlCharacters(key), ": given twice"));
+        }
         if (key == "name") {
           user.name = field.second.as<std::string>();
         } else if (key == "role") {

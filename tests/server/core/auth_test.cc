@@ -137,6 +137,15 @@ INSTANTIATE_TEST_SUITE_P(
                       "users:\n  - {name: a, token_sha256: " + kHash +
                           "}\n  - {name: b, token_sha256: " + kHash + "}\n",
                       "users[1].token_sha256: same token as another user"},
+        BadTokensCase{
+            "RoleGivenTwice",
+            "users:\n  - {name: a, role: admin, role: user, token_sha256: " + kHash + "}\n",
+            "users[0].role: given twice"},
+        BadTokensCase{"UsersGivenTwice",
+                      "users:\n  - {name: a, token_sha256: " + kHash +
+                          "}\nusers:\n  - {name: b, token_sha256: " + DigestHex(Sha256("y")) +
+                          "}\n",
+                      "users: given twice (again on line 3)"},
         BadTokensCase{"BadYaml", "users: [\n", "tokens.yaml"}),
     [](const ::testing::TestParamInfo<BadTokensCase>& info) { return info.param.name; });
 
