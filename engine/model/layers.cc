@@ -848,6 +848,8 @@ at::Tensor DecoderLayerForward(const ModelConfig& c, const DecoderLayerWeights& 
   return hidden + mlp;
 }
 
+namespace {
+
 // A chunk's token cross-entropy from its logits_c [N, V] (compute dtype):
 // the loss sum (0-dim, fp32 or fp64, on the device; no graph) and
 // d(loss_scale * loss)/d logits_c [N, V] in logits_c's dtype. The fused
@@ -873,6 +875,8 @@ std::pair<at::Tensor, at::Tensor> ChunkLossAndGradient(const ModelConfig& c, at:
   at::Tensor grad_logits = torch::autograd::grad({loss * loss_scale}, {logits_c})[0];
   return {loss.detach(), grad_logits};
 }
+
+}  // namespace
 
 // Note [Head weight gradient]
 // Autograd runs only through the loss (logits in the compute dtype ->
