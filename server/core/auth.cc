@@ -48,6 +48,59 @@ bool IsValidUserName(absl::string_view name) {
   return true;
 }
 
+// The tokens file's top level: only `users`, once. yaml-cpp keeps a
+// repeated key's every entry; root["users"] would read the first and drop
+// the rest without a word. Throws YAML::Exception on a non-scalar key.
+absl::Status CheckTopLevelKeys(const YAML::Node& root, absl::string_view source) {
+  bool users_seen = false;
+  for (const auto& entry : root) {
+    const std::string key = entry.first.as<std::string>();
+    if (key != "users") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", key, ": unknown key (known: users)"));
+    }
+    if (users_seen) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": users: given twice (again on line ",
+                                                     entry.first.Mark().line + 1, ")"));
+    }
+    users_seen = true;
+  }
+  return absl::OkStatus();
+}
+
+// One users[] entry's keys as written, before their values are checked.
+struct UserEntry {
+  std::string name;
+  std::string role = "user";
+  std::string hash_hex;  // lower-cased
+};
+
+// Reads a users[] mapping (`where` names it in errors): only name, role
+// and token_sha256, each at most once (a repeated key would replace the
+// earlier value). Throws YAML::Exception on a non-scalar value.
+absl::StatusOr<UserEntry> ReadUserEntry(const YAML::Node& node, const std::string& where) {
+  UserEntry out;
+  std::set<std::string> keys;
+  for (const auto& field : node) {
+    const std::string key = field.first.as<std::string>();
+    if (!keys.insert(key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".", EscapeControlCharacters(key), ": given twice"));
+    }
+    if (key == "name") {
+      out.name = field.second.as<std::string>();
+    } else if (key == "role") {
+      out.role = field.second.as<std::string>();
+    } else if (key == "token_sha256") {
+      out.hash_hex = absl::AsciiStrToLower(field.second.as<std::string>());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".", key, ": unknown key (known: name, role, token_sha256)"));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromTokensFile(
@@ -68,21 +121,8 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromTokensYaml(
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": expected a mapping with key 'users'"));
     }
-    // yaml-cpp keeps a repeated key's every entry; root["users"] would read
-    // the first and drop the rest without a word.
-    bool users_seen = false;
-    for (const auto& entry : root) {
-      const std::string key = entry.first.as<std::string>();
-      if (key != "users") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(source, ": ", key, ": unknown key (known: users)"));
-      }
-      if (users_seen) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": users: given twice (again on line ", entry.first.Mark().line + 1, ")"));
-      }
-      users_seen = true;
-    }
+    absl::Status top = CheckTopLevelKeys(root, source);
+    if (!top.ok()) return top;
     const YAML::Node list = root["users"];
     if (!list.IsSequence() || list.size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": users: must be a non-empty list"));
@@ -95,27 +135,12 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromTokensYaml(
       if (!node.IsMap()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": expected a mapping"));
       }
+      absl::StatusOr<UserEntry> entry = ReadUserEntry(node, where);
+      if (!entry.ok()) return entry.status();
       User user;
-      std::string hash_hex;
-      std::string role = "user";
-      std::set<std::string> keys;
-      for (const auto& field : node) {
-        const std::string key = field.first.as<std::string>();
-        if (!keys.insert(key).second) {  // the later value would replace the earlier
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ".", EscapeControlCharacters(key), ": given twice"));
-        }
-        if (key == "name") {
-          user.name = field.second.as<std::string>();
-        } else if (key == "role") {
-          role = field.second.as<std::string>();
-        } else if (key == "token_sha256") {
-          hash_hex = absl::AsciiStrToLower(field.second.as<std::string>());
-        } else {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ".", key, ": unknown key (known: name, role, token_sha256)"));
-        }
-      }
+      user.name = entry->name;
+      const std::string& role = entry->role;
+      const std::string& hash_hex = entry->hash_hex;
       if (!IsValidUserName(user.name)) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ".name: must be 1-64 characters of [a-z0-9_.-] starting with [a-z0-9_], got '",
