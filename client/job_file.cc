@@ -414,9 +414,10 @@ Field LabelsField(const Reader& reader, v1::JobSpec* spec) {
       const std::string key = entry.first.as<std::string>();
       absl::Status key_status = reader.Utf8(key, absl::StrCat(path, " key"));
       if (!key_status.ok()) return key_status;
-      key_status = CheckKeyOnce(reader, entry.first, key, absl::StrCat(path, ".", key), seen);
+      const std::string key_path = absl::StrCat(path, ".", key);
+      key_status = CheckKeyOnce(reader, entry.first, key, key_path, seen);
       if (!key_status.ok()) return key_status;
-      auto value = reader.String(entry.second, absl::StrCat(path, ".", key));
+      auto value = reader.String(entry.second, key_path);
       if (!value.ok()) return value.status();
       (*spec->mutable_labels())[key] = *value;
     }
