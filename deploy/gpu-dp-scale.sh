@@ -122,43 +122,16 @@ if has peer && [ "$gpus" -ge 2 ]; then
 fi
 
 if has scale; then
-  # Public shapes past the presets, as HF config.json files (random
-  # weights): RUNS may name qwen2.5-14b, mistral-small-24b (23.57 B
-  # parameters: about 380 GB at 16 bytes/param, a 4-GPU host's size) or
-  # qwen3-30b-a3b-12l (Qwen3-30B-A3B's widths, 128 experts, top 8, 12 of
-  # its 48 layers: about 8.1 B parameters, 130 GB, a 2-GPU host's size).
-  mkdir -p /tmp/shapes/qwen2.5-14b /tmp/shapes/mistral-small-24b /tmp/shapes/qwen3-30b-a3b-12l
-  cat > /tmp/shapes/qwen3-30b-a3b-12l/config.json <<'JSON'
-{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936,
- "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
- "num_hidden_layers": 12, "num_attention_heads": 32, "num_key_value_heads": 4,
- "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
- "mlp_only_layers": [], "norm_topk_prob": true, "output_router_logits": true,
- "router_aux_loss_coef": 0.001, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
- "rope_theta": 1000000.0, "tie_word_embeddings": false, "hidden_act": "silu",
- "bos_token_id": 151643, "eos_token_id": 151645}
-JSON
-  cat > /tmp/shapes/mistral-small-24b/config.json <<'JSON'
-{"model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 131072,
- "hidden_size": 5120, "intermediate_size": 32768, "num_hidden_layers": 40,
- "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
- "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 100000000.0,
- "tie_word_embeddings": false, "hidden_act": "silu", "sliding_window": null,
- "bos_token_id": 1, "eos_token_id": 2}
-JSON
-  cat > /tmp/shapes/qwen2.5-14b/config.json <<'JSON'
-{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 152064,
- "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
- "num_attention_heads": 40, "num_key_value_heads": 8, "max_position_embeddings": 32768,
- "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
- "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643}
-JSON
+  # Public shapes past the presets (deploy/public-shapes.sh): RUNS may
+  # name qwen2.5-14b, mistral-small-24b or qwen3-30b-a3b-12l / -24l.
+  source deploy/public-shapes.sh
+  write_public_shapes
   # Never more than the host has (the bench refuses before allocating).
   budget=$(awk '/MemAvailable/ {printf "%d", ($2 - 6 * 1048576) * 1024}' /proc/meminfo)
   for run in ${RUNS:-"llama-3b:1 llama-8b:1:fp32"}; do
     IFS=: read -r model accum stream <<< "$run"
     label="$model-a$accum${stream:+-$stream}"
-    [ -d "/tmp/shapes/$model" ] && model=/tmp/shapes/$model
+    model=$(public_shape_dir "$model")
     elapsed "scale $label"
     OUT="$work/$label" MODEL="$model" ACCUM="$accum" SKIP_BUILD=1 JOB_CHECK=0 \
       STEPS=${STEPS:-4} WARMUP=${WARMUP:-2} DEVICES="${DEVICES:-1 2 4}" \
