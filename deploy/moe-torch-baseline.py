@@ -14,11 +14,21 @@ GPU memory.
 Memory: fp32 weights, gradients and two AdamW moments are 16 bytes per
 parameter (7.4B -> ~118 GB), so this needs an H200 (139 GiB), not an H100.
 
+--mode fsdp2-offload trains the same model the way a PyTorch user does when
+it does not fit the GPU: FSDP2 fully_shard per decoder layer and at the root
+with CPUOffloadPolicy (parameters, gradients and AdamW state in pinned host
+memory, torch's AdamW on the CPU), bf16 parameters and fp32 gradient
+reduction (MixedPrecisionPolicy), clipping at 1.0. --config DIR takes the
+shape from an HF config.json (e.g. deploy/public-shapes.sh's
+qwen3-30b-a3b-12l) instead of a preset.
+
 Example (the issue's workload: micro-batch 8 x 2048, accumulation 4):
   python3 deploy/moe-torch-baseline.py --preset qwen3-moe-7b --micro_batch 8 --seq 2048 \
       --accum 4 --steps 6
+  python3 deploy/moe-torch-baseline.py --config /tmp/shapes/qwen3-30b-a3b-12l \
+      --mode fsdp2-offload --accum 4 --steps 2 --warmup 1
 """
-import argparse, json, time
+import argparse, json, os, statistics, time
 import torch
 
 PRESETS = {
@@ -45,26 +55,55 @@ def active_params(model, cfg):
     return n
 
 
+def build_model(args, dev):
+    """The model of --preset or --config, its config, and how it is placed."""
+    import transformers
+    if args.config:
+        cfg = transformers.AutoConfig.from_pretrained(args.config)
+        model_name = cfg.architectures[0]
+    else:
+        cfg_name, model_name, fields = PRESETS[args.preset]
+        cfg = getattr(transformers, cfg_name)(max_position_embeddings=max(args.seq, 8192), **fields)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(cfg)
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    if args.mode == "resident":
+        model.to(dev)
+        return cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29534")
+    dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    off = CPUOffloadPolicy(pin_memory=True)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp, offload_policy=off)
+    fully_shard(model, mp_policy=mp, offload_policy=off)
+    return cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    ap.add_argument("--preset", choices=sorted(PRESETS))
+    ap.add_argument("--config", help="a directory with an HF config.json (instead of --preset)")
+    ap.add_argument("--mode", choices=["resident", "fsdp2-offload"], default="resident")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--micro_batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--accum", type=int, default=4)
     ap.add_argument("--steps", type=int, default=6, help="timed steps after 2 warm-up steps")
     args = ap.parse_args()
+    if (args.preset is None) == (args.config is None):
+        ap.error("give exactly one of --preset and --config")
 
     import transformers
-    cfg_name, model_name, fields = PRESETS[args.preset]
-    cfg = getattr(transformers, cfg_name)(max_position_embeddings=max(args.seq, 8192), **fields)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
     dev = torch.device("cuda")
-    model = getattr(transformers, model_name)(cfg).to(dev)
-    model.gradient_checkpointing_enable()
-    model.config.use_cache = False
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    cfg, model, opt = build_model(args, dev)
     n_active = active_params(model, cfg)
     n_total = sum(p.numel() for p in model.parameters())
     flops_per_token = (6 * (n_active - cfg.vocab_size * cfg.hidden_size)
@@ -73,25 +112,32 @@ def main():
     def step():
         for _ in range(args.accum):
             ids = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            if args.mode == "resident":
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model(input_ids=ids, labels=ids)
+            else:  # MixedPrecisionPolicy casts the parameters to bf16
                 out = model(input_ids=ids, labels=ids)
             out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(2):
+    for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    times = []
     for _ in range(args.steps):
+        start = time.perf_counter()
         step()
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times) * args.steps
     tokens = args.steps * args.accum * args.micro_batch * args.seq
     print(json.dumps({
-        "preset": args.preset, "mode": "transformers-resident-ckpt-bf16-autocast",
+        "preset": args.preset or args.config, "step_s_median": statistics.median(times),
+        "mode": ("transformers-resident-ckpt-bf16-autocast" if args.mode == "resident"
+                 else "transformers-fsdp2-cpu-offload-ckpt-bf16"),
         "params": n_total, "active_params": n_active,
         "micro_batch": args.micro_batch, "seq_len": args.seq, "accum": args.accum,
         "tokens_per_s": tokens / seconds,
