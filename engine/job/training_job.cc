@@ -111,9 +111,10 @@ bool OffloadsActivations(const JobSpec& spec) {
 
 // Micro-batches whose layer inputs are saved at once: the layer-major wave
 // the spec asks for on a GPU (RequestedOrder, Note [Schedule choice] in
-// step/schedule_choice.h), else 1. Auto's own move of the inputs to host
-// memory, or its smaller wave, when they do not fit the device is not
-// foreseen here.
+// step/schedule_choice.h), else 1. Auto's smaller wave, when the inputs do
+// not fit the device, is not foreseen here: it only lowers the device
+// bytes. Auto never moves them to host memory, so the pinned bytes counted
+// here are all there are.
 int64_t SavedMicroBatches(const JobSpec& spec) {
   return RequestedOrder(ScheduleRequestOf(StepOptionsOf(spec)), /*gpu=*/true).wave;
 }

@@ -103,13 +103,11 @@ void ChooseOrder(const ModelConfig& config, const ScheduleRequest& request,
   }
   const int64_t budget = choice->activation_budget_bytes;
   int64_t wave = order.wave;
-  bool host = request.activations == ActivationPlacement::kHost;
-  if (request.activations == ActivationPlacement::kAuto && gpu) {
-    if (kept(wave) > budget && layers > 1) host = true;
-    // Auto wave: shrink it until its offloaded form fits.
-    if (host && request.wave == 0) {
-      while (wave > 1 && offloaded(wave) > budget) --wave;
-    }
+  const bool host = request.activations == ActivationPlacement::kHost;
+  // Auto wave and placement: the largest wave whose activations fit on
+  // the device (Note [Schedule choice]).
+  if (gpu && request.wave == 0 && request.activations == ActivationPlacement::kAuto) {
+    while (wave > 1 && kept(wave) > budget) --wave;
   }
   choice->wave = static_cast<int>(wave);
   choice->offload_activations = host && layers > 1;

@@ -16,14 +16,25 @@
 //     the CPU, which has no link to save (the CPU runtime still runs
 //     layer-major when asked);
 //   * wave: all A micro-batches (the weights cross the link once per
-//     step), unless even their offloaded form does not fit (below); a wave
+//     step), unless their activations do not fit the activation budget:
+//     then the largest wave whose activations fit (at least 1); a wave
 //     asked for is capped at A;
-//   * activations: on the device when the wave's live activations, W x
-//     (L + 2) x [B, T, C] fp32 (L saved inputs, the hidden state and its
-//     gradient per micro-batch), fit the activation budget; otherwise in
-//     pinned host memory (the activation-offload path: W x 3 x [B, T, C]
-//     fp32 stay on the device, plus the ring of two); otherwise the largest
-//     wave whose offloaded form fits. The budget is kActivationBudgetFraction
+//   * activations: on the device, where the wave's live activations are W
+//     x (L + 2) x [B, T, C] fp32 (L saved inputs, the hidden state and its
+//     gradient per micro-batch). Pinned host memory (the activation-offload
+//     path: W x 3 x [B, T, C] fp32 stay on the device, plus the ring of
+//     two; W x (L - 1) inputs in pinned host memory) only when asked for
+//     (`activations: host`; the wave is then A or the one asked for). Auto
+//     never moves them to the host on its
+//     own: admission (the footprint, engine/job/training_job.h) counts the
+//     offload's pinned bytes only when the spec asks for it, and a move it
+//     did not count outgrew the host: Qwen3-32B's widths with 56 layers
+//     at accumulation 4 (28.9 B parameters, 463 GB of store on a 503 GiB
+//     host) would have added 4 x 55 x 335 MB = 74 GB of pinned inputs, and
+//     the kernel killed the process (docs/performance-history.md,
+//     "2026-11-29 (auto wave)"). A smaller wave costs one more pass of the
+//     weights over the link per extra wave, not host memory.
+//     The budget is kActivationBudgetFraction
 //     of the device memory left after the executor's own buffers (weight and
 //     gradient slots, resident blocks, accumulation buffers: Note
 //     [Executor memory plan] in executor.h); the rest is the working memory

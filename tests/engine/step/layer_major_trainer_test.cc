@@ -231,22 +231,33 @@ TEST(ScheduleChoiceTest, AutoIsLayerMajorOnAGpuWithAccumulation) {
             StepSchedule::kMicroBatchMajor);
 }
 
-TEST(ScheduleChoiceTest, OffloadsThenShrinksTheWaveWhenTheDeviceIsSmall) {
+// Auto keeps the activations on the device and shrinks the wave; it never
+// moves them to pinned host memory on its own (admission counts those bytes
+// only when the spec asks for them).
+TEST(ScheduleChoiceTest, ShrinksTheWaveOnTheDeviceWhenTheDeviceIsSmall) {
   const ModelConfig config = SmallLlama();
   ScheduleRequest request;
   request.gradient_accumulation_steps = 8;
   const int64_t input = 8 * 2048 * 64 * 4;  // one [B, T, C] fp32
-  // Budget (half the device): 8 x 5 inputs kept do not fit, 8 x 3 + 2
-  // offloaded do.
-  auto offloaded = ChooseSchedule(config, request, Executor(), 2 * 30 * input + StreamingBytes());
-  ASSERT_THAT(offloaded, IsOk());
-  EXPECT_TRUE(offloaded->offload_activations);
-  EXPECT_EQ(offloaded->wave, 8);
-  // Budget 14 inputs: the wave shrinks to 4 (4 x 3 + 2).
-  auto smaller = ChooseSchedule(config, request, Executor(), 2 * 14 * input + StreamingBytes());
+  // Budget (half the device) 30 inputs: 8 x 5 kept do not fit, 6 x 5 do.
+  auto smaller = ChooseSchedule(config, request, Executor(), 2 * 30 * input + StreamingBytes());
   ASSERT_THAT(smaller, IsOk());
-  EXPECT_TRUE(smaller->offload_activations);
-  EXPECT_EQ(smaller->wave, 4);
+  EXPECT_FALSE(smaller->offload_activations);
+  EXPECT_EQ(smaller->wave, 6);
+  EXPECT_EQ(smaller->activation_device_bytes, 6 * 5 * input);
+  EXPECT_THAT(smaller->Describe(), HasSubstr("layer-major, wave 6, activations on the device"));
+  // Budget 4 inputs: not even one micro-batch's 5 fit; still the device, wave 1.
+  auto one = ChooseSchedule(config, request, Executor(), 2 * 4 * input + StreamingBytes());
+  ASSERT_THAT(one, IsOk());
+  EXPECT_FALSE(one->offload_activations);
+  EXPECT_EQ(one->wave, 1);
+  // Host memory when asked for, at the whole wave (which the footprint counts).
+  request.activations = ActivationPlacement::kHost;
+  auto host = ChooseSchedule(config, request, Executor(), 2 * 14 * input + StreamingBytes());
+  ASSERT_THAT(host, IsOk());
+  EXPECT_TRUE(host->offload_activations);
+  EXPECT_EQ(host->wave, 8);
+  EXPECT_EQ(host->activation_device_bytes, (8 * 3 + 2) * input);
   // Forced choices stand.
   request.activations = ActivationPlacement::kDevice;
   request.wave = 8;
