@@ -13,6 +13,8 @@
 #                      about 463 GB (a 4-GPU host's 503 GiB; the whole 64
 #                      layers need 524 GB at 16 bytes/param)
 #   mistral-small-24b  23.57 B parameters, about 380 GB: a 4-GPU host's size
+#   qwen3-30b-a3b-6l   Qwen3-30B-A3B's widths, 6 of its 48 layers: 4.4 B
+#                      parameters, about 70 GB (a one-GPU host's size)
 #   qwen3-30b-a3b-12l  Qwen3-30B-A3B's widths (128 experts, top 8), 12 of its
 #                      48 layers: 8.1 B parameters, about 130 GB
 #   qwen3-30b-a3b-24l  the same, 24 of 48 layers: 15.3 B parameters, about
@@ -23,7 +25,7 @@ write_public_shapes() {
   mkdir -p "$dir/qwen2.5-14b" "$dir/qwen3-32b-24l" "$dir/qwen3-32b-56l" "$dir/mistral-small-24b" "$dir/qwen3-30b-a3b-12l" \
     "$dir/qwen3-30b-a3b-24l"
   local layers
-  for layers in 12 24 48; do
+  for layers in 6 12 24 48; do
     local name=qwen3-30b-a3b-${layers}l
     [ "$layers" = 48 ] && name=qwen3-30b-a3b
     mkdir -p "$dir/$name"
