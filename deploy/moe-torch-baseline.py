@@ -28,7 +28,7 @@ Example (the issue's workload: micro-batch 8 x 2048, accumulation 4):
   python3 deploy/moe-torch-baseline.py --config /tmp/shapes/qwen3-30b-a3b-12l \
       --mode fsdp2-offload --accum 4 --steps 2 --warmup 1
 """
-import argparse, json, os, statistics, time
+import argparse, json, os, statistics, sys, time
 import torch
 
 PRESETS = {
@@ -102,6 +102,7 @@ def main():
         ap.error("give exactly one of --preset and --config")
 
     import transformers
+    started = time.perf_counter()
     dev = torch.device("cuda")
     cfg, model, opt = build_model(args, dev)
     n_active = active_params(model, cfg)
@@ -122,8 +123,14 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
+    # Progress on stderr as it goes, so that a run stopped by a time limit
+    # still bounds the step time.
+    print(f"model ready after {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    for i in range(args.warmup):
+        t = time.perf_counter()
         step()
+        torch.cuda.synchronize()
+        print(f"warm-up step {i + 1}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = []
@@ -132,6 +139,7 @@ def main():
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        print(f"step {len(times)}: {times[-1]:.1f} s", file=sys.stderr, flush=True)
     seconds = statistics.median(times) * args.steps
     tokens = args.steps * args.accum * args.micro_batch * args.seq
     print(json.dumps({

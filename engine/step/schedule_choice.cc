@@ -211,8 +211,7 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
       choice.resident_embedding = true;
       if (!fits(choice)) choice.resident_embedding = false;
     }
-    // Mixture-of-experts layers hold every expert: resident only when asked.
-    if (request.resident_layers < 0 && config.moe == nullptr) {
+    if (request.resident_layers < 0) {
       // The most layers that fit. Device bytes grow with every resident
       // layer, so a binary search finds the same count as trying each from
       // the top, in O(L log L) rather than O(L^2) (each try plans all L

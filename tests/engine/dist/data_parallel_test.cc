@@ -679,7 +679,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradientRingParityTest,
                                            RingCase{"tied_2x1", 2, 1, false, true},
                                            RingCase{"resident_2x2", 2, 2, false, false, true},
                                            RingCase{"moe_2x1", 2, 1, true, false},
-                                           RingCase{"moe_2x2", 2, 2, true, false}),
+                                           RingCase{"moe_2x2", 2, 2, true, false},
+                                           RingCase{"moe_resident_2x2", 2, 2, true, false, true}),
                          [](const ::testing::TestParamInfo<RingCase>& info) {
                            return std::string(info.param.name);
                          });

@@ -124,6 +124,28 @@ INSTANTIATE_TEST_SUITE_P(Presets, AutoResidentLayersTest,
                                                "GBAccumulation", info.param.accumulation);
                          });
 
+// Mixture-of-experts layers fill the device like dense ones (Note [Auto
+// resident layers]): qwen3-moe-7b's 16 layers of 64 experts on an H200.
+TEST(AutoResidentLayersTest, KeepsMixtureOfExpertsLayersResidentToo) {
+  const ModelConfig config = Preset("qwen3-moe-7b");
+  ASSERT_NE(config.moe, nullptr);
+  const ExecutorOptions executor = Bf16(8, 2048);
+  const absl::StatusOr<ScheduleChoice> choice =
+      ChooseSchedule(config, Accumulating(4), executor, kH200Bytes);
+  ASSERT_THAT(choice, IsOk());
+  EXPECT_GT(choice->resident_layers, 0) << choice->Describe();
+  EXPECT_LT(choice->resident_layers, config.num_hidden_layers) << choice->Describe();
+  EXPECT_FALSE(choice->offload_activations);
+  ExpectPlanFits(config, executor, *choice, kH200Bytes);
+  ScheduleChoice more = *choice;
+  ++more.resident_layers;
+  more.executor_device_bytes =
+      PlanExecutorMemory(config, WithChoice(executor, more)).device_bytes();
+  EXPECT_GT(more.planned_device_bytes() + more.margin_bytes, kH200Bytes);
+  // On the CPU nothing is resident.
+  EXPECT_EQ(ChooseSchedule(config, Accumulating(4), executor, 0)->resident_layers, 0);
+}
+
 // llama-3.2-1b/3b tie the table to lm_head: resident too (Note [Resident
 // embedding]), 18 bytes per parameter under bf16, and the slots then only
 // hold the largest streamed block (a decoder layer or the head's norm).
