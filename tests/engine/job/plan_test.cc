@@ -3,10 +3,12 @@
 // moments, auto picks the tier only when needed, the projection follows
 // Note [Plan projection], and bad machines and families are refused.
 #include "engine/job/plan.h"
+#include "engine/job/step_options.h"
 #include "engine/step/executor.h"
 #include "engine/step/grad_lander.h"
 #include "engine/step/host_cast.h"
 #include "engine/step/schedule_choice.h"
+#include "engine/step/trainer.h"
 #include "engine/model/param_layout.h"
 #include "engine/store/nvme_tier.h"
 
@@ -410,13 +412,19 @@ TEST(PlanTest, DeviceBytesFollowTheTrainersAutoChoicesForTheGpu) {
   EXPECT_LT(plan->tiers.device_bytes, machine.gpu_memory_bytes);
   EXPECT_LT(plan->tiers.device_bytes, upper.device_estimate_bytes - 4 * int64_t{60'000'000'000});
   // The wave's saved inputs (8 micro-batches x 80 layers) do not fit the
-  // device: like the trainer's auto choice, the plan puts them in pinned
-  // host memory, which the host tier then counts.
+  // device: like the trainer's auto choice (Note [Schedule choice]), the
+  // plan shrinks the wave and keeps them there, so the host holds what the
+  // footprint counts and no pinned inputs.
+  EXPECT_EQ(plan->tiers.host_bytes, upper.host_total_bytes);
   JobSpec offloaded = spec;
   offloaded.train.activations = ActivationPlacement::kHost;
-  EXPECT_EQ(plan->tiers.host_bytes, EstimateFootprintForConfig(offloaded, config).host_total_bytes);
-  EXPECT_GT(plan->tiers.host_bytes, upper.host_total_bytes);
+  EXPECT_LT(plan->tiers.host_bytes, EstimateFootprintForConfig(offloaded, config).host_total_bytes);
   EXPECT_TRUE(plan->fits) << plan->verdict;
+  // Asked for, the host holds them, and the plan counts them.
+  const absl::StatusOr<JobPlan> asked = PlanJob(offloaded, config, machine);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->tiers.host_bytes,
+            EstimateFootprintForConfig(offloaded, config).host_total_bytes);
 }
 
 // Note [No expert-group sub-blocks] (plan.cc): a MoE layer is one streamed
@@ -579,6 +587,66 @@ TEST(PlanTest, MoeSevenBillionPresetsFitTheGpuHostWithFp32Streaming) {
                 2.0 * static_cast<double>(f.params), 1e-3 * static_cast<double>(f.params));
     if (std::string(preset) == "qwen3-moe-7b") {
       EXPECT_GT(with_copy.host_total_bytes, kHostBudget);
+    }
+  }
+}
+
+// Note [Schedule choice]: whatever auto picks on a device, the executor's
+// pinned host buffers (staging, rings, offloaded layer inputs) are at most
+// what the footprint, and so admission, counted. A 28.9 B model at
+// accumulation 4 was killed by the kernel when auto moved 74 GB of saved
+// layer inputs to pinned host memory that the footprint did not hold.
+TEST(PlanTest, AutoNeverPinsMoreHostMemoryThanTheFootprintCounts) {
+  const ModelConfig qwen32 = [] {
+    ModelConfig c = *PresetConfig("llama-8b");
+    c.hidden_size = 5120;  // Qwen3-32B's widths, 56 layers
+    c.intermediate_size = 25600;
+    c.num_hidden_layers = 56;
+    c.num_attention_heads = 64;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.vocab_size = 151936;
+    return c;
+  }();
+  constexpr int64_t kH200 = int64_t{150} * 1000 * 1000 * 1000;
+  constexpr int64_t kH100 = int64_t{80} * 1000 * 1000 * 1000;
+  struct Case {
+    const char* name;
+    ModelConfig config;
+    int64_t micro_batch, seq_len, accumulation, device;
+  };
+  const std::vector<Case> cases = {
+      {"qwen3-32b-56l acc 4, H200", qwen32, 8, 2048, 4, kH200},
+      {"llama-8b acc 8, H100", *PresetConfig("llama-8b"), 8, 2048, 8, kH100},
+      {"llama-8b 1 x 65536, H100", *PresetConfig("llama-8b"), 1, 65536, 2, kH100},
+      {"qwen3-moe-7b acc 4, H200", *PresetConfig("qwen3-moe-7b"), 8, 2048, 4, kH200},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    JobSpec spec = Llama8bSpec();
+    spec.train.micro_batch = c.micro_batch;
+    spec.train.seq_len = c.seq_len;
+    spec.train.gradient_accumulation_steps = c.accumulation;
+    spec.train.max_grad_norm = 1.0;
+    spec.memory.weight_stream = WeightStream::kFp32;
+    const TrainerOptions options = StepOptionsOf(spec);
+    const ExecutorOptions executor = ExecutorOptionsOf(options);
+    const absl::StatusOr<ScheduleChoice> choice =
+        ChooseSchedule(c.config, ScheduleRequestOf(options), executor, c.device);
+    ASSERT_THAT(choice, IsOk());
+    EXPECT_FALSE(choice->offload_activations) << choice->Describe();
+    const ExecutorMemoryPlan plan = PlanExecutorMemory(c.config, WithChoice(executor, *choice));
+    EXPECT_EQ(plan.activation_offload_bytes, 0);
+    const MemoryFootprint f = EstimateFootprintForConfig(spec, c.config);
+    // The footprint plans an untied embedding resident; where the device
+    // cannot hold it beside one micro-batch's inputs (llama-8b at 1 x
+    // 65,536 on 80 GB) the host keeps it, with its gradient and staging
+    // beyond the footprint: a known gap (training_job.h, README "Not built
+    // yet"), not this test's.
+    if (choice->resident_embedding) {
+      EXPECT_LE(plan.pinned_bytes(), f.host.staging) << choice->Describe();
+    } else {
+      EXPECT_STREQ(c.name, "llama-8b 1 x 65536, H100") << choice->Describe();
     }
   }
 }
