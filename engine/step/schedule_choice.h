@@ -25,20 +25,20 @@
 //     path: W x 3 x [B, T, C] fp32 stay on the device, plus the ring of
 //     two; W x (L - 1) inputs in pinned host memory) only when asked for
 //     (`activations: host`; the wave is then A or the one asked for). Auto
-//     never moves them to the host on its
-//     own: admission (the footprint, engine/job/training_job.h) counts the
-//     offload's pinned bytes only when the spec asks for it, and a move it
-//     did not count outgrew the host: Qwen3-32B's widths with 56 layers
-//     at accumulation 4 (28.9 B parameters, 463 GB of store on a 503 GiB
-//     host) would have added 4 x 55 x 335 MB = 74 GB of pinned inputs, and
-//     the kernel killed the process (docs/performance-history.md,
-//     "2026-11-29 (streamed 14-32B)"). A smaller wave costs one more pass of the
-//     weights over the link per extra wave, not host memory.
-//     The budget is kActivationBudgetFraction
-//     of the device memory left after the executor's own buffers (weight and
-//     gradient slots, resident blocks, accumulation buffers: Note
-//     [Executor memory plan] in executor.h); the rest is the working memory
-//     of one layer's recompute and backward and of the loss chunks.
+//     never moves them to the host on its own: admission (the footprint,
+//     engine/job/training_job.h) counts the offload's pinned bytes only
+//     when the spec asks for it, and a move it did not count outgrew the
+//     host: Qwen3-32B's widths with 56 layers at accumulation 4 (28.9 B
+//     parameters, 463 GB of store on a 503 GiB host) would have added 4 x
+//     55 x 335 MB = 74 GB of pinned inputs, and the kernel killed the
+//     process (docs/performance-history.md, "2026-11-29 (streamed
+//     14-32B)"). A smaller wave costs one more pass of the weights over
+//     the link per extra wave, not host memory.
+//   The activation budget is kActivationBudgetFraction of the device
+//   memory left after the executor's own buffers (weight and gradient
+//   slots, resident blocks, accumulation buffers: Note [Executor memory
+//   plan] in executor.h); the rest is the working memory of one layer's
+//   recompute and backward and of the loss chunks.
 // Layer-major with one wave sums the streamed gradients in the gradient
 // slots and needs no accumulation buffers: auto device gradient
 // accumulation is on only when a step of A micro-batches would use them
