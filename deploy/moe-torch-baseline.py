@@ -73,18 +73,9 @@ def build_model(args, dev):
     if args.mode == "resident":
         model.to(dev)
         return cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29534")
-    dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    off = CPUOffloadPolicy(pin_memory=True)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp, offload_policy=off)
-    fully_shard(model, mp_policy=mp, offload_policy=off)
-    return cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-5)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_baselines import fsdp2_cpu_offload
+    return cfg, model, fsdp2_cpu_offload(model, port="29534")
 
 
 def main():
