@@ -454,7 +454,8 @@ ExecutorOptions ExecutorOptionsOf(const TrainerOptions& options) {
 int ResolveResidentLayers(const ModelConfig& config, int option, bool cuda) {
   if (option >= 0) return option;
   // A MoE layer holds every expert (gigabytes at 18 bytes per parameter
-  // on the device): resident MoE layers only when asked for.
+  // on the device): no floor; on a GPU auto keeps as many as fit (Note
+  // [Auto resident layers]), which may be none.
   if (config.moe != nullptr) return 0;
   // The floor of Note [Auto resident layers]: layers 0 and 1, whose
   // updates would otherwise start every step on the critical path.
