@@ -526,6 +526,12 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, BenchModelConfig(o));
   MEGATRAIN_ASSIGN_OR_RETURN(const JobSpec spec, BenchJobSpec(o));
   MEGATRAIN_RETURN_IF_ERROR(CheckHostMemoryBudget(o, spec, config));
+  FILE* progress = o.json ? stderr : stdout;
+  // Before anything is allocated, so that a run the kernel stops while the
+  // store fills still says what it was sizing.
+  std::fprintf(progress, "megatrain-bench: footprint %s\n",
+               DescribeHostBytesPerParam(EstimateFootprintForConfig(spec, config)).c_str());
+  std::fflush(progress);
   TrainerOptions topt = BenchTrainerOptions(o, spec);
   // The pinned copy bandwidth of the link, measured before the run (and
   // before the store pins its arenas), is the yardstick for H2D use.
@@ -547,7 +553,6 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   // Data parallel: into the shared host store (Note [Shared host store]).
   HostStore& store = dp != nullptr ? dp->store() : trainer->store();
   if (hf_weights) MEGATRAIN_RETURN_IF_ERROR(LoadHfWeights(o.model, &store));
-  FILE* progress = o.json ? stderr : stdout;
   std::fprintf(
       progress,
       "megatrain-bench: %s (%.3f B params) on %s, %s, micro_batch %ld x seq_len %ld x accum %ld\n",
@@ -556,8 +561,6 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       static_cast<long>(o.gradient_accumulation_steps));
   std::fprintf(progress, "megatrain-bench: schedule %s\n",
                trainer->schedule_choice().Describe().c_str());
-  std::fprintf(progress, "megatrain-bench: footprint %s\n",
-               DescribeHostBytesPerParam(EstimateFootprintForConfig(spec, config)).c_str());
   if (dp != nullptr) {
     std::fprintf(progress,
                  "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
