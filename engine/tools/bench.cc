@@ -520,6 +520,26 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> CreateBenchDataParallel(
   return DataParallelTrainer::Create(config, topt, o.seed, dpo);
 }
 
+// The run's shape, device, schedule and data parallelism, once the
+// trainer exists.
+void PrintRunHeader(const BenchOptions& o, const ModelConfig& config, const Trainer& trainer,
+                    const DataParallelTrainer* dp, FILE* progress) {
+  std::fprintf(
+      progress,
+      "megatrain-bench: %s (%.3f B params) on %s, %s, micro_batch %ld x seq_len %ld x accum %ld\n",
+      o.model.c_str(), config.ParamCount() / 1e9, trainer.device_name().c_str(),
+      o.compute_dtype.c_str(), static_cast<long>(o.micro_batch), static_cast<long>(o.seq_len),
+      static_cast<long>(o.gradient_accumulation_steps));
+  std::fprintf(progress, "megatrain-bench: schedule %s\n",
+               trainer.schedule_choice().Describe().c_str());
+  if (dp != nullptr) {
+    std::fprintf(progress,
+                 "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
+                 o.devices, dp->num_processes(), dp->backend_name().c_str(),
+                 GradientReductionName(dp->gradient_reduction()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
@@ -553,20 +573,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   // Data parallel: into the shared host store (Note [Shared host store]).
   HostStore& store = dp != nullptr ? dp->store() : trainer->store();
   if (hf_weights) MEGATRAIN_RETURN_IF_ERROR(LoadHfWeights(o.model, &store));
-  std::fprintf(
-      progress,
-      "megatrain-bench: %s (%.3f B params) on %s, %s, micro_batch %ld x seq_len %ld x accum %ld\n",
-      o.model.c_str(), config.ParamCount() / 1e9, trainer->device_name().c_str(),
-      o.compute_dtype.c_str(), static_cast<long>(o.micro_batch), static_cast<long>(o.seq_len),
-      static_cast<long>(o.gradient_accumulation_steps));
-  std::fprintf(progress, "megatrain-bench: schedule %s\n",
-               trainer->schedule_choice().Describe().c_str());
-  if (dp != nullptr) {
-    std::fprintf(progress,
-                 "megatrain-bench: %d devices x %d processes, data parallel over %s, %s\n",
-                 o.devices, dp->num_processes(), dp->backend_name().c_str(),
-                 GradientReductionName(dp->gradient_reduction()));
-  }
+  PrintRunHeader(o, config, *trainer, dp.get(), progress);
   MEGATRAIN_ASSIGN_OR_RETURN(BenchRun run, RunSteps(o, config, *trainer, dp.get(), progress));
 
   const double step_median = Median(run.samples.step);
