@@ -18,7 +18,7 @@
 # (0), STEPS (2), WARMUP (1), LIMIT (seconds one run may take,
 # default 400; a run still going is a hang: its stacks are printed).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 source deploy/gpu-bounded.sh
 source deploy/public-shapes.sh
 OUT=${OUT:-$PWD/gpu-out}
