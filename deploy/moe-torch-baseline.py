@@ -131,16 +131,16 @@ def main():
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
         print(f"step {len(times)}: {times[-1]:.1f} s", file=sys.stderr, flush=True)
-    seconds = statistics.median(times) * args.steps
-    tokens = args.steps * args.accum * args.micro_batch * args.seq
+    step_s = statistics.median(times)
+    tokens = args.accum * args.micro_batch * args.seq  # per step
     print(json.dumps({
-        "preset": args.preset or args.config, "step_s_median": statistics.median(times),
+        "preset": args.preset or args.config, "step_s_median": step_s,
         "mode": ("transformers-resident-ckpt-bf16-autocast" if args.mode == "resident"
                  else "transformers-fsdp2-cpu-offload-ckpt-bf16"),
         "params": n_total, "active_params": n_active,
         "micro_batch": args.micro_batch, "seq_len": args.seq, "accum": args.accum,
-        "tokens_per_s": tokens / seconds,
-        "model_tflops_per_s": tokens * flops_per_token / seconds / 1e12,
+        "tokens_per_s": tokens / step_s,
+        "model_tflops_per_s": tokens * flops_per_token / step_s / 1e12,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
         "torch": torch.__version__, "transformers": transformers.__version__,
     }))

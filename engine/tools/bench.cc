@@ -294,9 +294,12 @@ struct BenchRun {
   int64_t rss_allocated_peak_bytes = 0;
 };
 
-// The run's setup: options and the resolved trainer settings.
-void AddSetupJson(const BenchOptions& o, const JobSpec& spec, const ModelConfig& config,
-                  Trainer& trainer, const DataParallelTrainer* dp, nlohmann::json* j) {
+// The run's setup: options, the resolved trainer settings and `footprint`
+// (EstimateFootprintForConfig of the run's job spec, computed once by the
+// caller).
+void AddSetupJson(const BenchOptions& o, const ModelConfig& config,
+                  const MemoryFootprint& footprint, Trainer& trainer, const DataParallelTrainer* dp,
+                  nlohmann::json* j) {
   (*j)["model"] = o.model;
   (*j)["params"] = config.ParamCount();
   // MoE: the parameters one token uses (k of E experts), what MFU counts.
@@ -363,7 +366,6 @@ void AddSetupJson(const BenchOptions& o, const JobSpec& spec, const ModelConfig&
   (*j)["rss_shmem_bytes"] = rss.rss_shmem_bytes;
   // Admission's footprint of the bench's job (with --nvme_tier moments the
   // moments on NVMe), beside what the run holds.
-  const MemoryFootprint footprint = EstimateFootprintForConfig(spec, config);
   (*j)["footprint_host_bytes"] = footprint.host_total_bytes;
   (*j)["footprint"] = FootprintJson(footprint);
   (*j)["nvme_tier"] = o.nvme_tier;
@@ -494,9 +496,8 @@ void TearDown(FILE* progress, int64_t steps, std::unique_ptr<DataParallelTrainer
 // RESOURCE_EXHAUSTED naming host memory when the run's footprint exceeds
 // --host_memory_budget: refused before anything is allocated, never an
 // out-of-memory kill.
-absl::Status CheckHostMemoryBudget(const BenchOptions& o, const JobSpec& spec,
-                                   const ModelConfig& config) {
-  const int64_t need = EstimateFootprintForConfig(spec, config).host_total_bytes;
+absl::Status CheckHostMemoryBudget(const BenchOptions& o, const MemoryFootprint& footprint) {
+  const int64_t need = footprint.host_total_bytes;
   if (o.host_memory_budget <= 0 || need <= o.host_memory_budget) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
       "host memory: the run needs %.1f GiB (the footprint: docs/operations.md, \"Sizing host "
@@ -545,12 +546,13 @@ void PrintRunHeader(const BenchOptions& o, const ModelConfig& config, const Trai
 absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
   MEGATRAIN_ASSIGN_OR_RETURN(ModelConfig config, BenchModelConfig(o));
   MEGATRAIN_ASSIGN_OR_RETURN(const JobSpec spec, BenchJobSpec(o));
-  MEGATRAIN_RETURN_IF_ERROR(CheckHostMemoryBudget(o, spec, config));
+  const MemoryFootprint footprint = EstimateFootprintForConfig(spec, config);
+  MEGATRAIN_RETURN_IF_ERROR(CheckHostMemoryBudget(o, footprint));
   FILE* progress = o.json ? stderr : stdout;
   // Before anything is allocated, so that a run the kernel stops while the
   // store fills still says what it was sizing.
   std::fprintf(progress, "megatrain-bench: footprint %s\n",
-               DescribeHostBytesPerParam(EstimateFootprintForConfig(spec, config)).c_str());
+               DescribeHostBytesPerParam(footprint).c_str());
   std::fflush(progress);
   TrainerOptions topt = BenchTrainerOptions(o, spec);
   // The pinned copy bandwidth of the link, measured before the run (and
@@ -582,7 +584,7 @@ absl::StatusOr<std::string> RunTrainingBenchmark(const BenchOptions& o) {
       static_cast<double>(o.micro_batch * o.seq_len * o.gradient_accumulation_steps *
                           std::max(o.devices, 1) * processes);
   nlohmann::json j;
-  AddSetupJson(o, spec, config, *trainer, dp.get(), &j);
+  AddSetupJson(o, config, footprint, *trainer, dp.get(), &j);
   j["devices"] = std::max(o.devices, 1);
   j["processes"] = processes;
   if (dp != nullptr) {
