@@ -58,6 +58,7 @@ void ForceChoiceOf(const Trainer& rank0, TrainerOptions* options) {
   options->resident_embedding = rank0.resident_embedding() ? 1 : 0;
   options->device_grad_accumulation = rank0.device_grad_accumulation() ? 1 : 0;
   options->cuda_graphs = choice.cuda_graphs ? 1 : 0;
+  options->kept_graph_layers = choice.kept_graph_layers;
   options->step_schedule = choice.schedule;
   options->wave = choice.wave;
   options->activation_placement =

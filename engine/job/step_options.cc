@@ -30,6 +30,7 @@ TrainerOptions StepOptionsOf(const JobSpec& spec) {
   t.cuda_graphs = CudaGraphsOption(train.cuda_graphs);
   t.fused_kernels = FusedKernelsEnabled(train.fused_kernels, FusedKernelsCompiled());
   t.resident_layers = static_cast<int>(train.resident_layers);  // -1: auto
+  t.kept_graph_layers = KeptGraphLayersOption(train.activation_checkpointing);
   t.weight_stream = spec.memory.weight_stream;
   t.gradient_landing = spec.memory.gradient_landing;
   return t;

@@ -116,6 +116,11 @@ struct TrainSpec {
   // The fused elementwise kernels (Note [Fused kernels] in
   // engine/model/fused_math.h): "auto" (on in CUDA builds) | "on" | "off".
   FusedKernels fused_kernels = FusedKernels::kAuto;
+  // Activation checkpointing (Note [Kept layer graphs] in
+  // engine/step/executor.h): "auto" (resident dense layers whose forward
+  // graph fits the device keep it and skip the recompute) | "all" (every
+  // layer recomputed).
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
   // Devices the job trains on, data parallel (docs/distributed.md): N >= 1,
   // or kAllDevices for every device of the daemon (resolved at submission).
   // gradient_accumulation_steps must be a multiple of N: each device runs

@@ -61,7 +61,8 @@
   X(schedule, kStepScheduleKeywords, kIfSet)           \
   X(activations, kActivationPlacementKeywords, kIfSet) \
   X(cuda_graphs, kCudaGraphsKeywords, kIfSet)          \
-  X(fused_kernels, kFusedKernelsKeywords, kIfSet)
+  X(fused_kernels, kFusedKernelsKeywords, kIfSet)      \
+  X(activation_checkpointing, kActivationCheckpointingKeywords, kIfSet)
 
 // optimizer.* (OptimizerSpec, v1::OptimizerSpec). warmup_steps is not a
 // row: its bound is the run's length (CheckOptimizer).

@@ -167,6 +167,26 @@ inline const char* FusedKernelsName(FusedKernels fused) {
   return name != nullptr ? name : "?";
 }
 
+// Whether a decoder layer's forward is recomputed in backward
+// (`train.activation_checkpointing`, megatrain-bench
+// --activation_checkpointing; Note [Kept layer graphs] in
+// engine/step/executor.h).
+enum class ActivationCheckpointing {
+  kAuto,  // resident dense layers whose forward graph fits keep it (no recompute)
+  kAll,   // every layer saves only its input and is recomputed
+};
+
+// train.activation_checkpointing's keywords (engine/spec/keyword.h).
+inline constexpr Keyword<ActivationCheckpointing> kActivationCheckpointingKeywords[] = {
+    {"auto", ActivationCheckpointing::kAuto},
+    {"all", ActivationCheckpointing::kAll},
+};
+
+// TrainerOptions::kept_graph_layers for `choice`: -1 (auto) or 0 (all).
+inline int KeptGraphLayersOption(ActivationCheckpointing choice) {
+  return choice == ActivationCheckpointing::kAll ? 0 : -1;
+}
+
 // TrainerOptions::fused_kernels for `choice` in a build that has the
 // kernels (`compiled`, engine::FusedKernelsCompiled()) or not: kOn is on
 // (the trainer refuses it without the kernels), kAuto is on exactly when

@@ -51,6 +51,10 @@ struct MicroBatchState {
   at::Tensor x;                   // [B, T, C] fp32: the hidden state
   at::Tensor grad_y;              // [B, T, C]: d loss / d (current layer's output)
   std::vector<at::Tensor> saved;  // [L] layer inputs kept for backward (or undefined)
+  // [L] Note [Kept layer graphs]: a kept layer's output (with its graph)
+  // and the tensors its backward differentiates by (parameters, then the
+  // input); empty for the others.
+  std::vector<std::vector<at::Tensor>> graphs;
 };
 
 // The state of one pass that actions hand to each other.
@@ -91,6 +95,27 @@ absl::Status CheckPositionIds(const MicroBatch& mb, size_t m, size_t n, size_t s
 
 // ExecutorOptions' bounds. INVALID_ARGUMENT naming the first field out of
 // range.
+// Note [Kept layer graphs] in executor.h: resident dense layers only.
+absl::Status CheckKeptGraphLayers(const ModelConfig& config, const ExecutorOptions& options) {
+  const int kept = options.kept_graph_layers;
+  if (kept < 0 || kept > options.resident_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor.kept_graph_layers: must be in [0, resident_layers=", options.resident_layers,
+        "], got ", kept));
+  }
+  if (kept > 0 && options.offload_activations) {
+    return absl::InvalidArgumentError(
+        "executor.kept_graph_layers: not with offload_activations (a kept graph holds its "
+        "layer's activations on the device)");
+  }
+  if (kept > 0 && config.moe != nullptr) {
+    return absl::InvalidArgumentError(
+        "executor.kept_graph_layers: not for mixture-of-experts models (their layers are "
+        "recomputed in backward)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckExecutorBounds(const HostStore* store, const ExecutorOptions& options) {
   // The job spec's bounds (Note [One place per bound] in engine/spec/job_spec.h).
   MEGATRAIN_RETURN_IF_ERROR(
@@ -119,6 +144,7 @@ absl::Status CheckExecutorBounds(const HostStore* store, const ExecutorOptions& 
         "executor.resident_layers: must be in [0, num_hidden_layers=", store->layout().num_layers(),
         "], got ", options.resident_layers));
   }
+  MEGATRAIN_RETURN_IF_ERROR(CheckKeptGraphLayers(store->config(), options));
   if (options.resident_embedding) {
     const ModelLayout& layout = store->layout();
     const BlockLayout& emb = layout.blocks[layout.embedding_block()];
@@ -260,6 +286,21 @@ class StreamingExecutor::Impl {
   void Execute(const StepAction& a, PassState& p);
   void Upload(const StepAction& a, PassState& p);
   void ForwardLayer(const StepAction& a, PassState& p);
+  // Note [Kept layer graphs] in executor.h: resident layer `a.layer`'s
+  // forward under autograd; its graph goes to the micro-batch's `graphs`.
+  void ForwardKeepingGraph(const StepAction& a, PassState& p);
+  // What a layer's backward differentiates by: `flat`'s parameters (in
+  // BindBlockParams order), then `input`, each a fresh leaf that requires
+  // its gradient.
+  static std::vector<at::Tensor> LayerGraphInputs(const BlockLayout& bl, const at::Tensor& flat,
+                                                  const at::Tensor& input);
+  // The layer's forward under autograd from LayerGraphInputs' `inputs`.
+  at::Tensor LayerWithGraph(const BlockLayout& bl, const std::vector<at::Tensor>& inputs,
+                            const PackedDocuments* docs);
+  // The gradients of a kept graph ({y, inputs...}; emptied) for d loss / d
+  // y = `grad_y`, in RecomputeAndBackward's order.
+  static std::vector<at::Tensor> BackwardThroughKeptGraph(std::vector<at::Tensor>& graph,
+                                                          const at::Tensor& grad_y);
   // GradTo::kSlotSum: `grads` of `a.block` into its open gradient slot
   // (the first contribution opens it). Returns whether it was the last:
   // the caller then lands the sum with LandSlotSum, outside its compute
@@ -410,6 +451,7 @@ StepPlanOptions StreamingExecutor::Impl::PlanOptions(size_t micro_batches, bool 
   o.backward = backward;
   o.tied_embeddings = env_.config.tie_word_embeddings;
   o.resident_layers = options_.resident_layers;
+  o.kept_graph_layers = options_.kept_graph_layers;
   o.resident_embedding = options_.resident_embedding;
   o.offload_activations = options_.offload_activations;
   o.schedule = options_.schedule;
@@ -544,9 +586,11 @@ void StreamingExecutor::Impl::Upload(const StepAction& a, PassState& p) {
   mb.input = inputs_->Upload(p.micro_batches[a.micro_batch], table);
   mb.x = std::move(mb.input.x);
   mb.saved.assign(env_.layout.num_layers(), at::Tensor());
+  mb.graphs.assign(env_.layout.num_layers(), {});
 }
 
 void StreamingExecutor::Impl::ForwardLayer(const StepAction& a, PassState& p) {
+  if (a.save == SaveInput::kGraph) return ForwardKeepingGraph(a, p);
   at::NoGradGuard no_grad;
   const bool resident = a.weights == WeightsFrom::kResident;
   at::Tensor flat = resident ? resident_->weights(a.layer) : slots_->Acquire(a.use);
@@ -650,21 +694,45 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
   env_.timer.End(StreamKind::kCompute, env_.timer.Begin(StreamKind::kCompute));
 }
 
+void StreamingExecutor::Impl::ForwardKeepingGraph(const StepAction& a, PassState& p) {
+  MicroBatchState& mb = p.at(a.micro_batch);
+  const int token = env_.timer.Begin(StreamKind::kCompute);
+  const PackedDocuments* docs = mb.input.documents ? &*mb.input.documents : nullptr;
+  std::vector<at::Tensor>& graph = mb.graphs[a.layer];
+  graph = LayerGraphInputs(env_.layout.blocks[a.block], resident_->weights(a.layer), mb.x);
+  at::Tensor y = LayerWithGraph(env_.layout.blocks[a.block], graph, docs);
+  mb.x = y.detach();
+  graph.insert(graph.begin(), std::move(y));
+  env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
+}
+
+std::vector<at::Tensor> StreamingExecutor::Impl::LayerGraphInputs(const BlockLayout& bl,
+                                                                  const at::Tensor& flat,
+                                                                  const at::Tensor& input) {
+  std::vector<at::Tensor> inputs;
+  for (const at::Tensor& p : BindBlockParams(bl, flat)) {
+    inputs.push_back(p.detach().requires_grad_(true));
+  }
+  inputs.push_back(input.detach().requires_grad_(true));
+  return inputs;
+}
+
+at::Tensor StreamingExecutor::Impl::LayerWithGraph(const BlockLayout& bl,
+                                                   const std::vector<at::Tensor>& inputs,
+                                                   const PackedDocuments* docs) {
+  const std::vector<at::Tensor> leaves(inputs.begin(), inputs.end() - 1);
+  return DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), inputs.back(),
+                             rope_, attention_mask_, env_.compute_dtype, options_.mlp_chunk_bytes,
+                             docs, options_.fused_kernels);
+}
+
 std::vector<at::Tensor> StreamingExecutor::Impl::RecomputeAndBackward(const BlockLayout& bl,
                                                                       const at::Tensor& flat,
                                                                       const at::Tensor& input,
                                                                       const at::Tensor& grad_y,
                                                                       const PackedDocuments* docs) {
-  std::vector<at::Tensor> leaves;
-  for (const at::Tensor& p : BindBlockParams(bl, flat)) {
-    leaves.push_back(p.detach().requires_grad_(true));
-  }
-  at::Tensor x_leaf = input.detach().requires_grad_(true);
-  std::vector<at::Tensor> inputs = leaves;
-  inputs.push_back(x_leaf);
-  at::Tensor y = DecoderLayerForward(env_.config, DecoderLayerWeightsFromParams(bl, leaves), x_leaf,
-                                     rope_, attention_mask_, env_.compute_dtype,
-                                     options_.mlp_chunk_bytes, docs, options_.fused_kernels);
+  const std::vector<at::Tensor> inputs = LayerGraphInputs(bl, flat, input);
+  const at::Tensor y = LayerWithGraph(bl, inputs, docs);
   return torch::autograd::grad({y}, inputs, {grad_y});
 }
 
@@ -717,9 +785,10 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   const int token = env_.timer.Begin(StreamKind::kCompute);
   const PackedDocuments* docs = mb.input.documents ? &*mb.input.documents : nullptr;
   std::vector<at::Tensor> grads =
-      moe_ ? moe_->RecomputeAndBackward(a.micro_batch, bl, flat, mb.saved[a.layer], mb.grad_y,
-                                        env_.compute_dtype, docs)
-           : DenseRecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y, docs);
+      a.from_graph ? BackwardThroughKeptGraph(mb.graphs[a.layer], mb.grad_y)
+      : moe_ ? moe_->RecomputeAndBackward(a.micro_batch, bl, flat, mb.saved[a.layer], mb.grad_y,
+                                          env_.compute_dtype, docs)
+             : DenseRecomputeAndBackward(bl, flat, mb.saved[a.layer], mb.grad_y, docs);
   bool slot_sum_last = false;
   if (a.grad_to == GradTo::kSlotSum) {
     slot_sum_last = SlotSum(a, p, BlockKind::kDecoderLayer, grads);
@@ -743,6 +812,14 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
   }
   if (a.grad_to == GradTo::kDeviceAccumulator) return AccumulatedGradDone(a.block);
   lander_->LandSlot(r, a.block);
+}
+
+std::vector<at::Tensor> StreamingExecutor::Impl::BackwardThroughKeptGraph(
+    std::vector<at::Tensor>& graph, const at::Tensor& grad_y) {
+  const at::Tensor y = graph.front();
+  const std::vector<at::Tensor> inputs(graph.begin() + 1, graph.end());
+  graph.clear();  // the graph's saved tensors go with the last reference
+  return torch::autograd::grad({y}, inputs, {grad_y});
 }
 
 bool StreamingExecutor::Impl::SlotSum(const StepAction& a, PassState& p, BlockKind kind,

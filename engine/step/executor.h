@@ -73,6 +73,25 @@
 // back (checkpoints), LoadResidentFromStore reads them after the store was
 // written (a resume).
 //
+// Note [Kept layer graphs]
+// Activation checkpointing (the default) saves only a decoder layer's
+// input in forward and recomputes the layer under autograd in backward:
+// one more forward per layer and step, about a quarter of a dense layer's
+// training FLOPs. With ExecutorOptions::kept_graph_layers = K, resident
+// decoder layers 0..K-1 (K <= resident_layers) run their forward under
+// autograd instead and keep its graph (the saved tensors of the norms,
+// projections, attention and MLP) until their backward, which then runs
+// through it without the recompute. Only resident layers can: a streamed
+// layer's weight slot is reused before its backward. The bytes are those
+// of KeptGraphBytes (engine/step/working_bytes.h) per layer and
+// micro-batch whose graph is alive at once: K of them per micro-batch,
+// times the layer-major wave (the schedule choice counts them, Note
+// [Auto resident layers] in schedule_choice.h). The graph's forward runs
+// the same operations as the recompute, so the gradients are those of
+// checkpointing (bit for bit in fp32 on the CPU, tested). Not with
+// activation offload or mixture-of-experts layers (refused by Create);
+// a kept layer runs eagerly, not from CUDA graphs (Note [Layer graphs]).
+//
 // Note [Device gradient accumulation]
 // With several micro-batches per step and host landing, every streamed
 // block's gradient leaves the device once per micro-batch: the first
@@ -164,6 +183,11 @@ struct ExecutorOptions {
   // Decoder layers 0..resident_layers-1 stay on the device with their AdamW
   // state (Note [Resident layers]); in [0, num_hidden_layers].
   int resident_layers = 0;
+  // Resident decoder layers 0..kept_graph_layers-1 keep their forward's
+  // autograd graph for backward instead of recomputing it (Note [Kept
+  // layer graphs]); in [0, resident_layers], 0 with offload_activations or
+  // mixture-of-experts layers.
+  int kept_graph_layers = 0;
   // The embedding table stays on the device with its AdamW state (Note
   // [Resident embedding]): V * C * 16 bytes of device memory (18 when tied
   // under bf16).

@@ -29,6 +29,10 @@ std::string ScheduleChoice::Describe() const {
                     Gigabytes(activation_budget_bytes), " budget)");
   }
   if (cuda_graphs) absl::StrAppend(&out, ", CUDA graphs");
+  if (kept_graph_layers > 0) {
+    absl::StrAppend(&out, ", forward graphs of ", kept_graph_layers, " layers kept");
+    if (kept_graph_bytes > 0) absl::StrAppend(&out, " (", Gigabytes(kept_graph_bytes), ")");
+  }
   // On the CPU with nothing resident, nothing to say.
   if (device_total_bytes <= 0 && resident_layers == 0 && !resident_embedding) return out;
   absl::StrAppend(&out, "; resident: ", resident_layers, " layers",
@@ -43,11 +47,31 @@ std::string ScheduleChoice::Describe() const {
 
 int64_t ScheduleChoice::planned_device_bytes() const {
   if (device_total_bytes <= 0) return 0;  // the CPU: nothing planned
-  return executor_device_bytes + working_bytes +
+  return executor_device_bytes + working_bytes + kept_graph_bytes +
          (activation_device_bytes - (offload_activations ? 2 * layer_input_bytes : 0));
 }
 
 namespace {
+
+// Note [Kept layer graphs] in executor.h: dense models, activations on
+// the device.
+absl::Status CheckKeptGraphRequest(const ModelConfig& config, const ScheduleRequest& request) {
+  if (request.kept_graph_layers < -1 || request.kept_graph_layers > config.num_hidden_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kept_graph_layers: must be -1 (auto) or in [0, num_hidden_layers=",
+                     config.num_hidden_layers, "], got ", request.kept_graph_layers));
+  }
+  if (request.kept_graph_layers > 0 && config.moe != nullptr) {
+    return absl::InvalidArgumentError(
+        "kept_graph_layers: mixture-of-experts layers are always recomputed in backward");
+  }
+  if (request.kept_graph_layers > 0 && request.activations == ActivationPlacement::kHost) {
+    return absl::InvalidArgumentError(
+        "kept_graph_layers: not with activations in host memory (a kept graph stays on the "
+        "device)");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& request) {
   if (request.gradient_accumulation_steps < 1) {
@@ -81,7 +105,7 @@ absl::Status CheckRequest(const ModelConfig& config, const ScheduleRequest& requ
     return absl::InvalidArgumentError(
         absl::StrCat("cuda_graphs: must be -1 (auto), 0 or 1, got ", request.cuda_graphs));
   }
-  return absl::OkStatus();
+  return CheckKeptGraphRequest(config, request);
 }
 
 // Note [Schedule choice]: order, wave and activation placement, with the
@@ -145,6 +169,30 @@ ExecutorMemoryPlan PlanWith(const ModelConfig& config, const ExecutorOptions& ex
   return PlanExecutorMemory(config, WithChoice(executor, choice));
 }
 
+// Note [Auto resident layers]: the resident layers whose forward graph is
+// kept, with what the device has left after everything else (a forced
+// count as asked, capped at the resident layers).
+void ChooseKeptGraphs(const ModelConfig& config, const ScheduleRequest& request,
+                      const ExecutorOptions& executor, ScheduleChoice* choice) {
+  const bool gpu = choice->device_total_bytes > 0;
+  const int64_t per_layer =
+      choice->wave * KeptGraphBytes(config, executor.micro_batch * executor.seq_len,
+                                    executor.compute_dtype == ComputeDtype::kBf16 ? 2 : 4);
+  int64_t kept = 0;
+  if (request.kept_graph_layers >= 0) {
+    kept = std::min<int64_t>(request.kept_graph_layers, choice->resident_layers);
+  } else if (gpu && config.moe == nullptr && !choice->offload_activations && !choice->cuda_graphs &&
+             per_layer > 0) {
+    ScheduleChoice planned = *choice;
+    planned.executor_device_bytes = PlanWith(config, executor, *choice).device_bytes();
+    const int64_t left =
+        choice->device_total_bytes - choice->margin_bytes - planned.planned_device_bytes();
+    kept = std::clamp<int64_t>(left / per_layer, 0, choice->resident_layers);
+  }
+  choice->kept_graph_layers = static_cast<int>(kept);
+  choice->kept_graph_bytes = gpu ? kept * per_layer : 0;
+}
+
 }  // namespace
 
 ScheduleOrder RequestedOrder(const ScheduleRequest& request, bool gpu) {
@@ -169,6 +217,7 @@ ExecutorOptions WithChoice(const ExecutorOptions& executor, const ScheduleChoice
   out.resident_embedding = choice.resident_embedding;
   out.device_grad_accumulation = choice.device_grad_accumulation;
   out.cuda_graphs = choice.cuda_graphs;
+  out.kept_graph_layers = choice.kept_graph_layers;
   return out;
 }
 
@@ -232,6 +281,7 @@ absl::StatusOr<ScheduleChoice> ChooseSchedule(const ModelConfig& config,
       choice.resident_layers = fitting;
     }
   }
+  ChooseKeptGraphs(config, request, executor, &choice);
   const ExecutorMemoryPlan plan = PlanWith(config, executor, choice);
   choice.executor_device_bytes = gpu ? plan.device_bytes() : 0;
   choice.resident_bytes = gpu ? plan.resident_bytes : 0;

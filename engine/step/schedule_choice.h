@@ -77,6 +77,18 @@
 //   + the margin (kResidentMarginBytes + kResidentMarginFraction of the
 //     device: CUDA context, cuBLAS workspaces, allocator fragmentation)
 //   <= the device's total memory.
+// Then, with what is still left, auto keeps the forward graphs of
+// resident dense layers 0..K-1 (Note [Kept layer graphs] in executor.h:
+// no recompute in their backward), K as large as fits with
+//   K x wave x KeptGraphBytes (engine/step/working_bytes.h)
+// added to the sum above; only on a GPU, without CUDA graphs (where those
+// are on, a micro-batch is small and the launches, not the recompute,
+// bound a layer), without activation offload and for dense models. The
+// resident fill goes first: a resident layer saves its link traffic and
+// its CPU AdamW, a kept graph a quarter of its layer's compute. So a model
+// that fits the device whole (llama-1b and llama-3b on an H200) trains
+// without checkpointing the layers whose graphs fit, and a streamed one
+// keeps none unless memory is left over.
 // Mixture-of-experts layers count like dense ones (every expert: 11.2 GB
 // per layer of Qwen3-30B-A3B at 18 bytes/param): they gain the most, since
 // they compute little per parameter and their CPU AdamW, after the global
@@ -156,6 +168,12 @@ struct ScheduleRequest {
   int device_grad_accumulation = -1;
   // Note [Layer graphs]: -1 auto (kCudaGraphMaxTokens), 0 off, 1 on.
   int cuda_graphs = -1;
+  // Note [Kept layer graphs] in executor.h: -1 auto (Note [Auto resident
+  // layers]); else the resident decoder layers whose forward graph is kept
+  // (0: activation checkpointing everywhere), at most the resident count
+  // (a larger one keeps them all). Not with mixture-of-experts models or
+  // `activations: host` (INVALID_ARGUMENT when > 0).
+  int kept_graph_layers = -1;
 };
 
 // What the trainer runs.
@@ -176,6 +194,11 @@ struct ScheduleChoice {
   bool resident_embedding = false;
   bool device_grad_accumulation = false;
   bool cuda_graphs = false;  // Note [Layer graphs] (dense layers only)
+  // Note [Kept layer graphs]: resident layers 0..kept_graph_layers-1 keep
+  // their forward graph; `kept_graph_bytes` is their planned device memory
+  // (kept_graph_layers x wave x KeptGraphBytes; 0 on the CPU).
+  int kept_graph_layers = 0;
+  int64_t kept_graph_bytes = 0;
   // The device's memory as planned, in bytes (all 0 on the CPU): its
   // total, the executor's buffers with the options above
   // (PlanExecutorMemory(...).device_bytes(), of it `resident_bytes` the
@@ -187,13 +210,14 @@ struct ScheduleChoice {
   int64_t working_bytes = 0;
   int64_t margin_bytes = 0;
   // Everything planned on the device: executor_device_bytes + the saved
-  // layer inputs outside it + working_bytes (the margin not included); 0
-  // on the CPU.
+  // layer inputs outside it + kept_graph_bytes + working_bytes (the margin
+  // not included); 0 on the CPU.
   int64_t planned_device_bytes() const;
   // One line for the job's events and the bench's stderr, e.g.
   // "layer-major, wave 4, activations on the device (9.7 GB on the device
   // of a 37.1 GB budget); resident: 16 layers (auto) and the embedding
-  // (22.2 GB; 38.0 GB of 80.0 GB planned)"; a forced layer count reads
+  // (22.2 GB; 38.0 GB of 80.0 GB planned)", with ", forward graphs of 16
+  // layers kept (40.8 GB)" when graphs are kept; a forced layer count reads
   // "resident: 4 layers (resident_layers) ...".
   std::string Describe() const;
 };

@@ -79,6 +79,7 @@ class Planner {
   StepAction Forward(int m, int64_t l) {
     StepAction a = LayerAction(ActionKind::kForward, m, l);
     a.save = !options_.backward ? SaveInput::kNone
+             : KeptGraph(l)     ? SaveInput::kGraph
              : Offloaded(l)     ? SaveInput::kOffload
                                 : SaveInput::kKeep;
     a.last_layer = l + 1 == layout_.num_layers();
@@ -105,6 +106,7 @@ class Planner {
                 : slot_sum                          ? GradTo::kSlotSum
                                                     : StreamedGradTo();
     a.input_offloaded = Offloaded(l);
+    a.from_graph = KeptGraph(l);
     return a;
   }
   StepAction EmbeddingBackward(int m) {
@@ -116,6 +118,10 @@ class Planner {
   }
   GradTo StreamedGradTo() const {
     return options_.device_grad_accumulation ? GradTo::kDeviceAccumulator : GradTo::kHost;
+  }
+  bool KeptGraph(int64_t layer) const {
+    return options_.backward &&
+           layer < std::min(options_.kept_graph_layers, options_.resident_layers);
   }
   bool Offloaded(int64_t layer) const {
     return options_.offload_activations && layer >= 0 && layer < layout_.num_layers() - 1;
@@ -244,6 +250,7 @@ std::string DescribePlan(const StepPlan& plan) {
     if (a.weights == WeightsFrom::kHostStore) absl::StrAppend(&out, " host");
     if (a.save == SaveInput::kKeep) absl::StrAppend(&out, " keep");
     if (a.save == SaveInput::kOffload) absl::StrAppend(&out, " offload");
+    if (a.save == SaveInput::kGraph || a.from_graph) absl::StrAppend(&out, " graph");
     absl::StrAppend(&out, GradName(a.grad_to));
     if (a.prefetch_layer >= 0) {
       absl::StrAppend(&out, " prefetch L", a.prefetch_layer);

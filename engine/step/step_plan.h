@@ -57,10 +57,14 @@ namespace megatrain::engine {
 
 // What the options of one pass ask for (ExecutorOptions plus the pass).
 struct StepPlanOptions {
-  int micro_batches = 1;                  // M >= 1
-  bool backward = true;                   // false: forward and loss only
-  bool tied_embeddings = false;           // lm_head is the embedding table
-  int64_t resident_layers = 0;            // decoder layers 0..N-1 on the device
+  int micro_batches = 1;         // M >= 1
+  bool backward = true;          // false: forward and loss only
+  bool tied_embeddings = false;  // lm_head is the embedding table
+  int64_t resident_layers = 0;   // decoder layers 0..N-1 on the device
+  // Resident decoder layers 0..K-1 (K <= resident_layers) whose forward
+  // keeps its autograd graph for backward (Note [Kept layer graphs] in
+  // executor.h); not with offload_activations.
+  int64_t kept_graph_layers = 0;
   bool resident_embedding = false;        // embedding table on the device
   bool offload_activations = false;       // Note [Activation offload] in executor.h
   bool device_grad_accumulation = false;  // in this pass (M > 1 and buffers allocated)
@@ -73,7 +77,8 @@ enum class ActionKind {
   kForward,            // layer forward, no autograd; may save or offload its input
   kPrefetchInput,      // bring an offloaded layer input back (before the head)
   kHead,               // final norm, lm_head, loss (and its backward)
-  kBackward,           // recompute a layer with local autograd, then backward
+  kBackward,           // recompute a layer with local autograd (or take its kept
+                       // graph), then backward
   kEmbeddingBackward,  // d hidden_0 into the embedding's gradient
 };
 
@@ -96,8 +101,10 @@ enum class GradTo {
                        // block's consecutive contributions; lands once, at the last
 };
 
-// What a forward does with its layer input (activation checkpointing).
-enum class SaveInput { kNone, kKeep, kOffload };
+// What a forward does with its layer input (activation checkpointing), or
+// kGraph: it runs under autograd and keeps the whole graph for backward
+// (Note [Kept layer graphs] in executor.h).
+enum class SaveInput { kNone, kKeep, kOffload, kGraph };
 
 struct StepAction {
   ActionKind kind = ActionKind::kUpload;
@@ -112,6 +119,7 @@ struct StepAction {
   int64_t prefetch_layer = -1;        // kBackward: offloaded input brought back meanwhile
   int prefetch_micro_batch = -1;      // kBackward: the micro-batch of prefetch_layer's input
   bool input_offloaded = false;       // kBackward: its input comes back from host memory
+  bool from_graph = false;            // kBackward: through the forward's kept graph
   bool last_layer = false;            // kForward: the last decoder layer
 };
 

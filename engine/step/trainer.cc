@@ -432,6 +432,7 @@ ScheduleRequest ScheduleRequestOf(const TrainerOptions& options) {
   request.resident_embedding = options.resident_embedding;
   request.device_grad_accumulation = options.device_grad_accumulation;
   request.cuda_graphs = options.cuda_graphs;
+  request.kept_graph_layers = options.kept_graph_layers;
   return request;
 }
 

@@ -268,6 +268,13 @@ struct TrainerOptions {
   // off; 1 = on (the CPU runtime then re-runs the captured work, as the
   // tests do).
   int cuda_graphs = -1;
+  // Resident decoder layers whose forward keeps its autograd graph for
+  // backward, with no recompute (Note [Kept layer graphs] in
+  // step/executor.h). -1 = auto: on a GPU, the most that fit the device
+  // after everything else (Note [Auto resident layers]); 0 = activation
+  // checkpointing in every layer (train.activation_checkpointing: all);
+  // N = at most N.
+  int kept_graph_layers = -1;
   // The step schedule (issue 16; Note [Schedule choice] in
   // schedule_choice.h): order (empty = auto), layer-major wave (0 = auto)
   // and where the saved layer inputs live (offload_activations true

@@ -11,6 +11,15 @@ int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t 
   return 12 * tokens * std::max(config.hidden_size, config.intermediate_size) * compute_bytes;
 }
 
+int64_t KeptGraphBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes) {
+  const int64_t dh = config.head_dim > 0
+                         ? config.head_dim
+                         : config.hidden_size / std::max<int64_t>(1, config.num_attention_heads);
+  const int64_t qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * dh;
+  return tokens * compute_bytes *
+         (12 * config.hidden_size + 4 * qkv + 5 * config.intermediate_size);
+}
+
 // Note [Loss working bytes]
 // HeadForwardBackward / HeadLoss (engine/model/layers.h) never form the
 // [B*T, V] logits: they take `chunk` rows at a time (Executor: chunk_tokens_,

@@ -22,6 +22,20 @@ namespace megatrain::engine {
 // and its gradients). Pure.
 int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes);
 
+// The autograd graph one dense decoder layer keeps from its forward to its
+// backward at `tokens` (B x T) tokens (Note [Kept layer graphs] in
+// executor.h), in bytes: an upper bound of the tensors its operations
+// save, tokens x `compute_bytes` (2 or 4) x (12 C + 4 (H + 2 KV) Dh + 5 F).
+// Counted per element: the input norm's fp32 input and normalised output
+// (4 + 4 bytes, as 4 C compute-dtype elements), its compute-dtype output
+// (C), q, k and v before and after the norms and RoPE (2 (H + 2 KV) Dh),
+// the attention output and its statistics (C), the residual sum in fp32
+// and the pre-MLP norm's output (3 C), the gate, up and their product (3
+// F), with room for the unfused activation's saved input and the sandwich
+// norms (4 C, 2 F). The bound is checked against the allocator's peak on a
+// GPU (docs/performance.md, "Kept layer graphs"). Pure.
+int64_t KeptGraphBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes);
+
 // One layer's recompute and backward and the loss chunks, in bytes (Note
 // [Auto resident layers] in schedule_choice.h): 12 [B, T, max(C, F)] compute-dtype tensors
 // (activation checkpointing's per-layer autograd graph and its

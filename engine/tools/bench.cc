@@ -123,6 +123,10 @@ absl::StatusOr<JobSpec> BenchJobSpec(const BenchOptions& o) {
   t.cuda_graphs = CudaGraphsFromOption(o.cuda_graphs);
   MEGATRAIN_ASSIGN_OR_RETURN(
       t.fused_kernels, ParseKeyword(kFusedKernelsKeywords, o.fused_kernels, "--fused_kernels"));
+  MEGATRAIN_ASSIGN_OR_RETURN(
+      t.activation_checkpointing,
+      ParseKeyword(kActivationCheckpointingKeywords, o.activation_checkpointing,
+                   "--activation_checkpointing"));
   t.resident_layers = o.resident_layers;
   const AdamWOptions adamw;
   spec.optimizer.lr = o.lr;
@@ -334,6 +338,8 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config,
   (*j)["resident_embedding"] = trainer.resident_embedding();
   (*j)["device_grad_accumulation"] = trainer.device_grad_accumulation();
   (*j)["cuda_graphs"] = trainer.schedule_choice().cuda_graphs;
+  (*j)["kept_graph_layers"] = trainer.schedule_choice().kept_graph_layers;
+  (*j)["kept_graph_bytes"] = trainer.schedule_choice().kept_graph_bytes;
   (*j)["fused_kernels"] = trainer.options().fused_kernels;  // as resolved
   (*j)["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
   (*j)["steps"] = o.steps;

@@ -72,6 +72,8 @@ struct BenchOptions {
   int64_t loss_chunk_tokens = 0;      // TrainerOptions::loss_chunk_tokens (rows; 0 = auto)
   std::string fused_kernels =
       "auto";  // train.fused_kernels: auto | on | off (Note [Fused kernels])
+  // train.activation_checkpointing: auto | all (Note [Kept layer graphs])
+  std::string activation_checkpointing = "auto";
   // Note [Schedule choice] in step/schedule_choice.h: auto |
   // micro-batch-major | layer-major; wave (0 = auto); auto | device | host.
   std::string schedule = "auto";
@@ -105,7 +107,8 @@ struct BenchOptions {
 // Note [Resident layers] in executor.h), resident_embedding and
 // device_grad_accumulation (resolved; Notes [Resident embedding] and
 // [Device gradient accumulation] in executor.h), cuda_graphs (resolved;
-// Note [Layer graphs] in step/layer_graphs.h), the resolved schedule, wave and
+// Note [Layer graphs] in step/layer_graphs.h), kept_graph_layers and
+// kept_graph_bytes (Note [Kept layer graphs] in executor.h), the resolved schedule, wave and
 // activations ("device" | "host") with schedule_choice (the one-line reason;
 // Note [Schedule choice] in step/schedule_choice.h), device_plan (bytes: the device's
 // total, planned = executor + saved inputs outside it + working, of the

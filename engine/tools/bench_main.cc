@@ -124,6 +124,10 @@ void AddTrainerKnobs(CLI::App& app, megatrain::engine::BenchOptions& o) {
                  "auto | on | off: the fused elementwise kernels on CUDA bf16 (auto: on in "
                  "CUDA builds; on: refused by a build without them)")
       ->capture_default_str();
+  app.add_option("--activation_checkpointing", o.activation_checkpointing,
+                 "auto | all: auto keeps the forward graph of the resident dense layers that "
+                 "fit the device (no recompute in their backward); all recomputes every layer")
+      ->capture_default_str();
   app.add_option("--resident_layers", o.resident_layers,
                  "decoder layers kept on the device with their AdamW state (-1: auto, 2 on CUDA)");
   app.add_option("--resident_embedding", o.resident_embedding,

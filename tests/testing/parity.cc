@@ -140,7 +140,8 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
     const ModelConfig& config, const std::string& device, ComputeDtype dtype, double init_range,
     int64_t b, int64_t t, int64_t loss_chunk_tokens, bool offload_activations, int resident_layers,
     bool resident_embedding, bool device_grad_accumulation, StepSchedule schedule, int wave,
-    int64_t mlp_chunk_bytes, bool cuda_graphs, bool fused_kernels = false) {
+    int64_t mlp_chunk_bytes, bool cuda_graphs, bool fused_kernels = false,
+    int kept_graph_layers = 0) {
   auto out = std::make_unique<ExecutorUnderTest>();
   HostStoreOptions store_options;
   store_options.streaming_bf16 = dtype == ComputeDtype::kBf16;
@@ -169,6 +170,7 @@ std::unique_ptr<ExecutorUnderTest> MakeExecutorUnderTest(
   if (mlp_chunk_bytes > 0) options.mlp_chunk_bytes = mlp_chunk_bytes;
   options.cuda_graphs = cuda_graphs;
   options.fused_kernels = fused_kernels;
+  options.kept_graph_layers = kept_graph_layers;
   auto executor =
       StreamingExecutor::Create(out->store.get(), out->runtime.get(), out->pool.get(), options);
   EXPECT_THAT(executor, IsOk());
@@ -213,13 +215,14 @@ ParityResult RunParity(const ModelConfig& config, const std::string& device, Com
                        double init_range, int micro_batches, int64_t b, int64_t t,
                        bool offload_activations, int resident_layers, bool resident_embedding,
                        bool device_grad_accumulation, StepSchedule schedule, int wave,
-                       int64_t mlp_chunk_bytes, bool cuda_graphs, bool fused_kernels) {
+                       int64_t mlp_chunk_bytes, bool cuda_graphs, bool fused_kernels,
+                       int kept_graph_layers) {
   ParityResult out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t,
       /*loss_chunk_tokens=*/7,  // several chunks, one of them partial
       offload_activations, resident_layers, resident_embedding, device_grad_accumulation, schedule,
-      wave, mlp_chunk_bytes, cuda_graphs, fused_kernels);
+      wave, mlp_chunk_bytes, cuda_graphs, fused_kernels, kept_graph_layers);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();
@@ -373,6 +376,14 @@ std::vector<ParityMode> ParityModes(int plain_micro_batches) {
        StepSchedule::kMicroBatchMajor, 1, 0, /*cuda_graphs=*/true},
       {"Bf16WithCudaGraphsAndResidentLayers", ComputeDtype::kBf16, 3, false, 1, false, true,
        StepSchedule::kMicroBatchMajor, 1, 0, /*cuda_graphs=*/true},
+      // Note [Kept layer graphs]: two of three layers' forward graphs kept
+      // (a streamed layer between them and the head), one with the MLP in
+      // chunks and the embedding resident in bf16.
+      {"Fp32WithKeptGraphs", ComputeDtype::kFp32, 2, false, 2, false, false,
+       StepSchedule::kMicroBatchMajor, 1, 0, false, false, /*kept_graph_layers=*/2},
+      {"Bf16WithKeptGraphsMlpChunksAndResidentEmbedding", ComputeDtype::kBf16, 2, false, 1, true,
+       false, StepSchedule::kMicroBatchMajor, 1, kParityMlpChunkBytes, false, false,
+       /*kept_graph_layers=*/1},
   };
 }
 
@@ -400,6 +411,11 @@ std::vector<ParityMode> LayerMajorParityModes() {
       {"Fp32WithCudaGraphsWave2", kFp32, 4, false, 1, false, false, kLm, 2, 0, true},
       {"Bf16WithCudaGraphsAndActivationOffload", kBf16, 3, true, 0, false, false, kLm, 3,
        kParityMlpChunkBytes, true},
+      // Note [Kept layer graphs]: a wave's graphs alive at once, every
+      // layer resident; and with CUDA graphs for the layer that is not kept.
+      {"Fp32WithKeptGraphsWave3", kFp32, 3, false, 3, false, false, kLm, 3, 0, false, false, 3},
+      {"Bf16WithKeptGraphsAndCudaGraphsWave2", kBf16, 4, false, 2, false, true, kLm, 2, 0, true,
+       false, 1},
   };
 }
 
@@ -414,6 +430,7 @@ std::vector<ParityMode> FusedKernelParityModes() {
       {"Bf16FusedWithResidentLayersAndDeviceAccumulation", kBf16, 3, false, 1, true, true},
       {"Bf16FusedWithCudaGraphs", kBf16, 3, false, 0, false, false, kMbm, 1, 0, true},
       {"Bf16FusedLayerMajorAccumulation4", kBf16, 4, false, 0, false, false, kLm, 4},
+      {"Bf16FusedWithKeptGraphs", kBf16, 2, false, 2, false, false, kMbm, 1, 0, false, false, 2},
   };
   for (ParityMode& mode : modes) mode.fused_kernels = true;
   return modes;
@@ -426,7 +443,7 @@ void ExpectParity(const Variant& variant, const std::string& device, const Parit
       RunParity(variant.config, device, mode.dtype, bf16 ? 0.02 : 0.2, mode.micro_batches, 2, 12,
                 mode.offload_activations, mode.resident_layers, mode.resident_embedding,
                 mode.device_grad_accumulation, mode.schedule, mode.wave, mode.mlp_chunk_bytes,
-                mode.cuda_graphs, mode.fused_kernels);
+                mode.cuda_graphs, mode.fused_kernels, mode.kept_graph_layers);
   ASSERT_TRUE(r.ran);
   EXPECT_LT(r.loss_error, tolerance);
   EXPECT_LT(r.worst_grad_error, tolerance) << r.worst_grad;
@@ -436,12 +453,12 @@ GradientRun RunGradients(const ModelConfig& config, const std::string& device, C
                          double init_range, int micro_batches, int64_t b, int64_t t,
                          bool offload_activations, int resident_layers, bool resident_embedding,
                          bool device_grad_accumulation, StepSchedule schedule, int wave,
-                         bool cuda_graphs) {
+                         bool cuda_graphs, int kept_graph_layers) {
   GradientRun out;
   std::unique_ptr<ExecutorUnderTest> under_test = MakeExecutorUnderTest(
       config, device, dtype, init_range, b, t, /*loss_chunk_tokens=*/0, offload_activations,
       resident_layers, resident_embedding, device_grad_accumulation, schedule, wave,
-      /*mlp_chunk_bytes=*/0, cuda_graphs);
+      /*mlp_chunk_bytes=*/0, cuda_graphs, /*fused_kernels=*/false, kept_graph_layers);
   if (under_test == nullptr) return out;
   HostStore* store = under_test->store.get();
   StreamingExecutor* executor = under_test->executor.get();

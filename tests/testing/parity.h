@@ -55,14 +55,16 @@ struct ParityResult {
 // layers from graphs (Note [Layer graphs]), and then a layer-major pass
 // in waves of 3 or more must have replayed some (a failure otherwise);
 // `fused_kernels` runs the fused elementwise kernels (Note [Fused kernels]
-// in engine/model/fused_math.h) where they apply (bf16 on a GPU).
+// in engine/model/fused_math.h) where they apply (bf16 on a GPU);
+// resident layers 0..kept_graph_layers-1 keep their forward graph (Note
+// [Kept layer graphs] in engine/step/executor.h).
 ParityResult RunParity(const engine::ModelConfig& config, const std::string& device,
                        engine::ComputeDtype dtype, double init_range, int micro_batches, int64_t b,
                        int64_t t, bool offload_activations = false, int resident_layers = 0,
                        bool resident_embedding = false, bool device_grad_accumulation = false,
                        engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
                        int wave = 1, int64_t mlp_chunk_bytes = 0, bool cuda_graphs = false,
-                       bool fused_kernels = false);
+                       bool fused_kernels = false, int kept_graph_layers = 0);
 
 // ExecutorOptions::mlp_chunk_bytes of the parity modes that chunk the MLP
 // (Note [Chunked MLP] in engine/model/layers.h): with the variants'
@@ -87,6 +89,7 @@ struct ParityMode {
   int64_t mlp_chunk_bytes = 0;  // 0: the executor's default (no chunking at these sizes)
   bool cuda_graphs = false;     // Note [Layer graphs] (the CPU runtime re-runs the bodies)
   bool fused_kernels = false;   // ExecutorOptions::fused_kernels (Note [Fused kernels])
+  int kept_graph_layers = 0;    // ExecutorOptions::kept_graph_layers (Note [Kept layer graphs])
 };
 
 // The modes both parity suites run: plain fp32 and bf16 with
@@ -138,7 +141,7 @@ GradientRun RunGradients(const engine::ModelConfig& config, const std::string& d
                          int64_t b, int64_t t, bool offload_activations, int resident_layers = 0,
                          bool resident_embedding = false, bool device_grad_accumulation = false,
                          engine::StepSchedule schedule = engine::StepSchedule::kMicroBatchMajor,
-                         int wave = 1, bool cuda_graphs = false);
+                         int wave = 1, bool cuda_graphs = false, int kept_graph_layers = 0);
 
 // Note [Document attention] (engine/model/layers.h): micro-batches of
 // [b, t] whose rows pack several documents and carry position ids.

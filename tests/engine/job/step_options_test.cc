@@ -33,6 +33,7 @@ JobSpec EverythingSet() {
   s.train.activations = ActivationPlacement::kDevice;
   s.train.cuda_graphs = CudaGraphs::kOff;
   s.train.fused_kernels = FusedKernels::kOff;
+  s.train.activation_checkpointing = ActivationCheckpointing::kAll;
   s.train.resident_layers = 2;
   s.optimizer.lr = 2e-4;
   s.optimizer.beta1 = 0.8;
@@ -60,6 +61,7 @@ TEST(StepOptionsTest, EveryStepFieldReachesTheTrainerOptions) {
   EXPECT_EQ(t.activation_placement, ActivationPlacement::kDevice);
   EXPECT_EQ(t.cuda_graphs, 0);
   EXPECT_FALSE(t.fused_kernels);
+  EXPECT_EQ(t.kept_graph_layers, 0);  // activation_checkpointing: all
   EXPECT_EQ(t.resident_layers, 2);
   EXPECT_EQ(t.adamw.lr, 2e-4);
   EXPECT_EQ(t.adamw.beta1, 0.8);
@@ -77,6 +79,15 @@ TEST(StepOptionsTest, EveryStepFieldReachesTheTrainerOptions) {
   EXPECT_EQ(t.resident_embedding, -1);
   EXPECT_EQ(t.device_grad_accumulation, -1);
   EXPECT_TRUE(t.nvme_dir.empty());
+}
+
+// train.activation_checkpointing: auto leaves the kept graphs to the
+// schedule choice (-1), all keeps none (0).
+TEST(StepOptionsTest, ActivationCheckpointingAutoLeavesTheChoiceToTheTrainer) {
+  JobSpec s = EverythingSet();
+  s.train.activation_checkpointing = ActivationCheckpointing::kAuto;
+  EXPECT_EQ(StepOptionsOf(s).kept_graph_layers, -1);
+  EXPECT_EQ(StepOptionsOf(JobSpec()).kept_graph_layers, -1);  // the default
 }
 
 // train.fused_kernels: auto is on exactly in a build with the kernels;

@@ -560,6 +560,7 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
   s.train.activations = ActivationPlacement::kHost;
   s.train.cuda_graphs = CudaGraphs::kOn;
   s.train.fused_kernels = FusedKernels::kOff;
+  s.train.activation_checkpointing = ActivationCheckpointing::kAll;
   const std::string text = JobSpecToJson(s);
   EXPECT_THAT(text, HasSubstr(R"("schedule":"layer-major")"));
   EXPECT_THAT(text, HasSubstr(R"("cuda_graphs":"on")"));
@@ -570,6 +571,8 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
   EXPECT_EQ(back->train.activations, ActivationPlacement::kHost);
   EXPECT_EQ(back->train.cuda_graphs, CudaGraphs::kOn);
   EXPECT_EQ(back->train.fused_kernels, FusedKernels::kOff);
+  EXPECT_THAT(text, HasSubstr(R"("activation_checkpointing":"all")"));
+  EXPECT_EQ(back->train.activation_checkpointing, ActivationCheckpointing::kAll);
   // Absent words are auto.
   absl::StatusOr<JobSpec> plain = JobSpecFromJson(JobSpecToJson(TinyJob()));
   ASSERT_THAT(plain.status(), IsOk());
@@ -577,6 +580,11 @@ TEST(JobSpecJsonTest, ScheduleWordsReadIntoTheEnums) {
   EXPECT_EQ(plain->train.activations, ActivationPlacement::kAuto);
   EXPECT_EQ(plain->train.cuda_graphs, CudaGraphs::kAuto);
   EXPECT_EQ(plain->train.fused_kernels, FusedKernels::kAuto);
+  EXPECT_EQ(plain->train.activation_checkpointing, ActivationCheckpointing::kAuto);
+  EXPECT_THAT(JobSpecFromJson(R"({"train":{"activation_checkpointing":"none"}})").status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("train.activation_checkpointing: must be auto or all, got "
+                                 "'none'")));
   EXPECT_THAT(JobSpecFromJson(R"({"train":{"schedule":"layer_major"}})").status(),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("train.schedule: must be auto, micro-batch-major or "

@@ -119,6 +119,66 @@ TEST(LayerMajorTest, Fp32IsBitIdenticalToMicroBatchMajor) {
   }
 }
 
+// Note [Kept layer graphs]: backward through the forward's kept graph runs
+// the operations of the recompute on the same inputs, so in fp32 on the
+// CPU the gradients and loss are those of activation checkpointing bit
+// for bit, in both schedules, with and without layers streamed after them.
+TEST(KeptGraphTest, Fp32IsBitIdenticalToRecomputing) {
+  struct Case {
+    int micro_batches, resident_layers, kept;
+    StepSchedule schedule;
+    int wave;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 3, StepSchedule::kMicroBatchMajor, 1},
+      {2, 2, 1, StepSchedule::kMicroBatchMajor, 1},
+      {3, 3, 2, StepSchedule::kLayerMajor, 3},
+  };
+  for (const Variant& variant : testing::Variants()) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(variant.name, " micro-batches ", c.micro_batches, " resident ",
+                                c.resident_layers, " kept ", c.kept, " wave ", c.wave));
+      auto run = [&](int kept) {
+        return testing::RunGradients(variant.config, "cpu", ComputeDtype::kFp32, 0.2,
+                                     c.micro_batches, 2, 12, false, c.resident_layers, false, false,
+                                     c.schedule, c.wave, false, kept);
+      };
+      const testing::GradientRun recomputed = run(0);
+      const testing::GradientRun kept = run(c.kept);
+      ASSERT_FALSE(recomputed.grads.empty());
+      ASSERT_EQ(recomputed.grads.size(), kept.grads.size());
+      EXPECT_EQ(recomputed.loss, kept.loss);
+      EXPECT_EQ(std::memcmp(recomputed.grads.data(), kept.grads.data(),
+                            recomputed.grads.size() * sizeof(float)),
+                0);
+    }
+  }
+}
+
+// Note [Kept layer graphs]: only resident dense layers, never with
+// activation offload; each refusal names the field.
+TEST(KeptGraphTest, RefusesLayersItCannotKeep) {
+  const ModelConfig config = SmallLlama();
+  auto store = HostStore::Create(config, {});
+  ASSERT_THAT(store, IsOk());
+  auto runtime = DeviceRuntime::Create("cpu");
+  auto pool = ThreadPool::Create(2);
+  ExecutorOptions options;
+  options.micro_batch = 2;
+  options.seq_len = 6;
+  options.resident_layers = 1;
+  options.kept_graph_layers = 2;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.kept_graph_layers: must be in [0, resident_layers=1], "
+                                 "got 2")));
+  options.kept_graph_layers = 1;
+  options.offload_activations = true;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.kept_graph_layers: not with offload_activations")));
+}
+
 TEST(ExecutorTest, LogitsMatchReference) {
   const ModelConfig config = SmallLlama();
   auto store = HostStore::Create(config, {});
@@ -399,6 +459,7 @@ TEST(ExecutorTest, HoldsExactlyItsMemoryPlan) {
       options.device_grad_accumulation = mode.device_grad_accumulation;
       options.schedule = mode.schedule;
       options.wave = mode.wave;
+      options.kept_graph_layers = mode.kept_graph_layers;
       auto executor = StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options);
       ASSERT_THAT(executor, IsOk());
       const ExecutorMemoryPlan plan = PlanExecutorMemory(config, options);

@@ -780,6 +780,26 @@ TEST(MoeExecutorTest, SpeedPresetsHaveTheDocumentedSizes) {
 }
 
 // Bad input: an expert tensor missing from an HF directory names it.
+// Note [Kept layer graphs] in executor.h: MoE layers are always recomputed.
+TEST(MoeExecutorTest, RefusesKeptLayerGraphs) {
+  MOE_CPU_BUILD_ONLY();
+  auto config = LoadHfConfig(FixtureDir("mixtral"));
+  ASSERT_THAT(config, IsOk());
+  auto store = HostStore::Create(*config, {});
+  ASSERT_THAT(store, IsOk());
+  auto runtime = DeviceRuntime::Create("cpu");
+  ASSERT_THAT(runtime, IsOk());
+  auto pool = ThreadPool::Create(2);
+  ExecutorOptions options;
+  options.micro_batch = 2;
+  options.seq_len = 6;
+  options.resident_layers = 1;
+  options.kept_graph_layers = 1;
+  EXPECT_THAT(StreamingExecutor::Create(store->get(), runtime->get(), pool.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor.kept_graph_layers: not for mixture-of-experts")));
+}
+
 TEST(MoeExecutorTest, RefusesMissingExpert) {
   MOE_CPU_BUILD_ONLY();
   auto config = LoadHfConfig(FixtureDir("mixtral"));

@@ -62,7 +62,7 @@ void ExpectPlanFits(const ModelConfig& config, const ExecutorOptions& executor,
   EXPECT_EQ(choice.grad_accumulation_bytes, plan.grad_accumulation_bytes);
   const int64_t saved_outside = choice.activation_device_bytes - plan.activation_ring_bytes;
   EXPECT_EQ(choice.planned_device_bytes(),
-            plan.device_bytes() + saved_outside + choice.working_bytes);
+            plan.device_bytes() + saved_outside + choice.working_bytes + choice.kept_graph_bytes);
   EXPECT_LE(choice.planned_device_bytes() + choice.margin_bytes, device);
   EXPECT_EQ(choice.margin_bytes,
             kResidentMarginBytes + static_cast<int64_t>(kResidentMarginFraction * device));
@@ -323,6 +323,86 @@ TEST(AutoResidentLayersTest, CudaGraphsAtSmallMicroBatchesOfDenseModels) {
                 PlanExecutorMemory(llama, without).device_bytes(),
             PlanExecutorMemory(llama, with).layer_graph_bytes);
   EXPECT_EQ(LayerGraphCount(llama, with.num_weight_slots, 4), 2 * (with.num_weight_slots + 4));
+}
+
+// Note [Auto resident layers]: after the resident fill, auto keeps the
+// forward graphs of as many resident dense layers as the device has left
+// room for (Note [Kept layer graphs] in executor.h), a wave's worth each.
+TEST(KeptGraphLayersTest, AutoKeepsTheGraphsThatFitAfterTheResidentFill) {
+  const ExecutorOptions executor = Bf16(8, 2048);
+  const int64_t per_layer = KeptGraphBytes(Preset("llama-1b"), 8 * 2048, 2);
+  for (const FillCase& c :
+       {FillCase{"llama-1b", kH200Bytes, 1, 16}, FillCase{"llama-1b", kH200Bytes, 4, 16},
+        FillCase{"llama-3b", kH200Bytes, 1, 28}, FillCase{"llama-1b", kH100Bytes, 1, 16}}) {
+    SCOPED_TRACE(absl::StrCat(c.preset, " on ", c.device, " accumulation ", c.accumulation));
+    const ModelConfig config = Preset(c.preset);
+    const absl::StatusOr<ScheduleChoice> choice =
+        ChooseSchedule(config, Accumulating(c.accumulation), executor, c.device);
+    ASSERT_THAT(choice, IsOk());
+    EXPECT_EQ(choice->resident_layers, c.resident_layers);
+    EXPECT_GT(choice->kept_graph_layers, 0) << choice->Describe();
+    EXPECT_LE(choice->kept_graph_layers, choice->resident_layers);
+    const int64_t graph = KeptGraphBytes(config, 8 * 2048, 2) * choice->wave;
+    EXPECT_EQ(choice->kept_graph_bytes, choice->kept_graph_layers * graph);
+    ExpectPlanFits(config, executor, *choice, c.device);
+    if (choice->kept_graph_layers < choice->resident_layers) {  // one more would not fit
+      EXPECT_GT(choice->planned_device_bytes() + graph + choice->margin_bytes, c.device);
+    }
+    EXPECT_THAT(
+        choice->Describe(),
+        HasSubstr(absl::StrCat("forward graphs of ", choice->kept_graph_layers, " layers kept")));
+    EXPECT_EQ(WithChoice(executor, *choice).kept_graph_layers, choice->kept_graph_layers);
+  }
+  // llama-1b, 8 x 2048, bf16: 16,384 tokens x 2 bytes x (12 x 2,048 + 4 x
+  // 3,072 + 5 x 8,192).
+  EXPECT_EQ(per_layer, int64_t{16384} * 2 * (12 * 2048 + 4 * 3072 + 5 * 8192));
+}
+
+// Where auto keeps none: the CPU, CUDA graphs (small micro-batches),
+// activations in host memory, mixture-of-experts models, streamed models
+// that fill the device with resident layers, and `all` (0); a forced
+// count is capped at the resident layers.
+TEST(KeptGraphLayersTest, KeepsNoneWhereItCannotOrIsNotAsked) {
+  const ModelConfig llama = Preset("llama-1b");
+  auto kept = [](const ModelConfig& config, const ExecutorOptions& executor, int64_t device,
+                 ScheduleRequest request) {
+    const absl::StatusOr<ScheduleChoice> choice = ChooseSchedule(config, request, executor, device);
+    EXPECT_THAT(choice, IsOk());
+    return choice.ok() ? choice->kept_graph_layers : -1;
+  };
+  ScheduleRequest request = Accumulating(1);
+  EXPECT_EQ(kept(llama, Bf16(8, 2048), 0, request), 0);           // the CPU
+  EXPECT_EQ(kept(llama, Bf16(1, 2048), kH200Bytes, request), 0);  // CUDA graphs
+  EXPECT_EQ(kept(Preset("qwen3-moe-7b"), Bf16(8, 2048), kH200Bytes, request), 0);
+  EXPECT_EQ(kept(Preset("llama-8b"), Bf16(8, 2048), kH100Bytes, request), 0);  // streamed
+  ScheduleRequest host = request;
+  host.activations = ActivationPlacement::kHost;
+  EXPECT_EQ(kept(llama, Bf16(8, 2048), kH200Bytes, host), 0);
+  ScheduleRequest all = request;
+  all.kept_graph_layers = 0;  // train.activation_checkpointing: all
+  EXPECT_EQ(kept(llama, Bf16(8, 2048), kH200Bytes, all), 0);
+  ScheduleRequest forced = request;
+  forced.resident_layers = 3;
+  forced.kept_graph_layers = 5;
+  EXPECT_EQ(kept(llama, Bf16(8, 2048), kH200Bytes, forced), 3);
+  EXPECT_EQ(kept(llama, Bf16(8, 2048), 0, forced), 3);  // the CPU honours a forced count
+}
+
+TEST(KeptGraphLayersTest, RejectsBadRequestsNamingTheField) {
+  ScheduleRequest request = Accumulating(1);
+  request.kept_graph_layers = 17;
+  EXPECT_THAT(ChooseSchedule(Preset("llama-1b"), request, Bf16(8, 2048), kH200Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kept_graph_layers: must be -1 (auto) or in [0, "
+                                 "num_hidden_layers=16], got 17")));
+  request.kept_graph_layers = 2;
+  EXPECT_THAT(ChooseSchedule(Preset("qwen3-moe-7b"), request, Bf16(8, 2048), kH200Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kept_graph_layers: mixture-of-experts layers")));
+  request.activations = ActivationPlacement::kHost;
+  EXPECT_THAT(ChooseSchedule(Preset("llama-1b"), request, Bf16(8, 2048), kH200Bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kept_graph_layers: not with activations in host memory")));
 }
 
 TEST(AutoResidentLayersTest, RejectsBadOptionsNamingThem) {

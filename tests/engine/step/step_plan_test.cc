@@ -84,6 +84,32 @@ TEST(StepPlanTest, OffloadPrefetchesOneLayerAheadAndResidentLayersHaveNoUses) {
   EXPECT_THAT(plan.contributions, ::testing::Each(2));
 }
 
+// Note [Kept layer graphs] in executor.h: the kept resident layers run
+// their forward under autograd and their backward through it; the others
+// save their input as before, and evaluation keeps nothing.
+TEST(StepPlanTest, KeptGraphLayersForwardWithGraphAndBackwardThroughIt) {
+  const ModelLayout layout = Layout(3, /*tied=*/false);
+  StepPlanOptions o;
+  o.resident_layers = 2;
+  o.kept_graph_layers = 1;
+  EXPECT_EQ(DescribePlan(PlanStep(layout, o)),
+            "m0 upload B0 host\n"
+            "m0 forward L0 resident graph\n"
+            "m0 forward L1 resident keep\n"
+            "m0 forward L2 use0 keep\n"
+            "m0 head B4 use1 grad:host\n"
+            "m0 backward L2 use2 grad:host\n"
+            "m0 backward L1 resident grad:resident\n"
+            "m0 backward L0 resident graph grad:resident\n"
+            "m0 embedding-backward B0 host grad:host\n");
+  o.kept_graph_layers = 3;  // capped at the resident layers
+  const std::string plan = DescribePlan(PlanStep(layout, o));
+  EXPECT_THAT(plan, ::testing::HasSubstr("m0 forward L1 resident graph\n"));
+  EXPECT_THAT(plan, ::testing::HasSubstr("m0 forward L2 use0 keep\n"));
+  o.backward = false;
+  EXPECT_THAT(DescribePlan(PlanStep(layout, o)), ::testing::Not(::testing::HasSubstr("graph")));
+}
+
 TEST(StepPlanTest, TiedEmbeddingCountsTwoContributionsPerMicroBatch) {
   const ModelLayout layout = Layout(2, /*tied=*/true);
   StepPlanOptions o;
