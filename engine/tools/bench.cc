@@ -324,6 +324,7 @@ void AddSetupJson(const BenchOptions& o, const ModelConfig& config,
                          {"resident", choice.resident_bytes},
                          {"activations", choice.activation_device_bytes},
                          {"working", choice.working_bytes},
+                         {"kept_graphs", choice.kept_graph_bytes},
                          {"margin", choice.margin_bytes}};
   (*j)["compute_dtype"] = o.compute_dtype;
   (*j)["micro_batch"] = o.micro_batch;
