@@ -169,28 +169,72 @@ ExecutorMemoryPlan PlanWith(const ModelConfig& config, const ExecutorOptions& ex
   return PlanExecutorMemory(config, WithChoice(executor, choice));
 }
 
+// KeptGraphBytes of one layer and micro-batch under `executor`.
+int64_t KeptGraphBytesOf(const ModelConfig& config, const ExecutorOptions& executor) {
+  return KeptGraphBytes(config, executor.micro_batch * executor.seq_len,
+                        executor.compute_dtype == ComputeDtype::kBf16 ? 2 : 4,
+                        executor.fused_kernels);
+}
+
+// How many resident layers' graphs fit beside `choice`'s plan (Note [Auto
+// resident layers]).
+int64_t KeptGraphsThatFit(const ModelConfig& config, const ExecutorOptions& executor,
+                          const ScheduleChoice& choice) {
+  const int64_t per_layer = choice.wave * KeptGraphBytesOf(config, executor);
+  if (per_layer <= 0) return 0;
+  ScheduleChoice planned = choice;
+  planned.kept_graph_bytes = 0;
+  planned.executor_device_bytes = PlanWith(config, executor, choice).device_bytes();
+  const int64_t left =
+      choice.device_total_bytes - choice.margin_bytes - planned.planned_device_bytes();
+  return std::clamp<int64_t>(left / per_layer, 0, choice.resident_layers);
+}
+
+// Whether auto may keep graphs for `config`: a GPU, dense layers whose
+// attention is plain causal SDPA (KeptGraphBytes's bound: no soft-capping,
+// whose kernel keeps blocks of scores, and no sliding layers, whose masked
+// SDPA may keep the [T, T] probabilities), activations on the device and
+// no CUDA graphs (Note [Auto resident layers]).
+bool AutoKeepsGraphs(const ModelConfig& config, const ScheduleChoice& choice) {
+  return choice.device_total_bytes > 0 && config.moe == nullptr &&
+         config.attn_logit_softcapping <= 0 && !config.AnySlidingLayer() &&
+         !choice.offload_activations && !choice.cuda_graphs;
+}
+
 // Note [Auto resident layers]: the resident layers whose forward graph is
 // kept, with what the device has left after everything else (a forced
-// count as asked, capped at the resident layers).
+// count as asked, capped at the resident layers). With every decoder layer
+// resident an auto layer-major order saves no link traffic, and its wave
+// multiplies each kept layer's graphs: it turns micro-batch-major when that
+// keeps more graphs.
 void ChooseKeptGraphs(const ModelConfig& config, const ScheduleRequest& request,
                       const ExecutorOptions& executor, ScheduleChoice* choice) {
-  const bool gpu = choice->device_total_bytes > 0;
-  const int64_t per_layer =
-      choice->wave * KeptGraphBytes(config, executor.micro_batch * executor.seq_len,
-                                    executor.compute_dtype == ComputeDtype::kBf16 ? 2 : 4);
   int64_t kept = 0;
   if (request.kept_graph_layers >= 0) {
     kept = std::min<int64_t>(request.kept_graph_layers, choice->resident_layers);
-  } else if (gpu && config.moe == nullptr && !choice->offload_activations && !choice->cuda_graphs &&
-             per_layer > 0) {
-    ScheduleChoice planned = *choice;
-    planned.executor_device_bytes = PlanWith(config, executor, *choice).device_bytes();
-    const int64_t left =
-        choice->device_total_bytes - choice->margin_bytes - planned.planned_device_bytes();
-    kept = std::clamp<int64_t>(left / per_layer, 0, choice->resident_layers);
+  } else if (AutoKeepsGraphs(config, *choice)) {
+    kept = KeptGraphsThatFit(config, executor, *choice);
+    const bool auto_order = !request.schedule.has_value() && request.wave == 0;
+    if (auto_order && choice->schedule == StepSchedule::kLayerMajor &&
+        choice->resident_layers == config.num_hidden_layers && kept < choice->resident_layers) {
+      ScheduleRequest micro_batch_major = request;
+      micro_batch_major.schedule = StepSchedule::kMicroBatchMajor;
+      ScheduleChoice other = *choice;
+      ChooseOrder(config, micro_batch_major, other.layer_input_bytes, other.device_total_bytes,
+                  PlanWith(config, executor, other).device_bytes(), &other);
+      other.device_grad_accumulation =
+          ChooseDeviceAccumulation(config, request, other, other.device_total_bytes);
+      const int64_t other_kept = KeptGraphsThatFit(config, executor, other);
+      if (other_kept > kept) {
+        *choice = other;
+        kept = other_kept;
+      }
+    }
   }
   choice->kept_graph_layers = static_cast<int>(kept);
-  choice->kept_graph_bytes = gpu ? kept * per_layer : 0;
+  choice->kept_graph_bytes = choice->device_total_bytes > 0
+                                 ? kept * choice->wave * KeptGraphBytesOf(config, executor)
+                                 : 0;
 }
 
 }  // namespace

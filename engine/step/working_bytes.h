@@ -25,16 +25,24 @@ int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t 
 // The autograd graph one dense decoder layer keeps from its forward to its
 // backward at `tokens` (B x T) tokens (Note [Kept layer graphs] in
 // executor.h), in bytes: an upper bound of the tensors its operations
-// save, tokens x `compute_bytes` (2 or 4) x (12 C + 4 (H + 2 KV) Dh + 5 F).
-// Counted per element: the input norm's fp32 input and normalised output
-// (4 + 4 bytes, as 4 C compute-dtype elements), its compute-dtype output
-// (C), q, k and v before and after the norms and RoPE (2 (H + 2 KV) Dh),
-// the attention output and its statistics (C), the residual sum in fp32
-// and the pre-MLP norm's output (3 C), the gate, up and their product (3
-// F), with room for the unfused activation's saved input and the sandwich
-// norms (4 C, 2 F). The bound is checked against the allocator's peak on a
-// GPU (docs/performance.md, "Kept layer graphs"). Pure.
-int64_t KeptGraphBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes);
+// save with plain causal SDPA attention, tokens x `compute_bytes` (2 or 4)
+// x elements per token:
+//   8 C        the input norm's fp32 input and output and its compute-dtype
+//              copy, the attention output, the fp32 residual sum and the
+//              pre-MLP norm's output (fp32 counted as two elements)
+//   + 6 H Dh   q, k and v twice (projected, then after RoPE), with k and v
+//              counted at q's H heads (repeated for the non-GQA kernels)
+//   + 3 F      the gate, up and their product
+//   + 2 (H + KV) Dh with qk_norm (q, k before their norm), 4 C with
+//     sandwich norms, and F + 4 C without `fused` kernels (the activation's
+//     input and the unfused norms' intermediates).
+// llama-1b at 8 x 2048 in bf16 with the fused kernels: 1.74 GB against
+// the 1.24 GB the allocator's peak showed per layer and micro-batch
+// (docs/performance.md, "Kept layer graphs"). Soft-capped and sliding
+// attention keep more (the schedule choice keeps no graphs for them).
+// Pure.
+int64_t KeptGraphBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes,
+                       bool fused);
 
 // One layer's recompute and backward and the loss chunks, in bytes (Note
 // [Auto resident layers] in schedule_choice.h): 12 [B, T, max(C, F)] compute-dtype tensors

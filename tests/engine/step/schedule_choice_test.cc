@@ -275,7 +275,12 @@ TEST(AutoResidentLayersTest, DeviceAccumulationOnlyWhenUsed) {
     return choice.ok() && choice->device_grad_accumulation;
   };
   EXPECT_FALSE(accumulates(Accumulating(1)));
-  EXPECT_FALSE(accumulates(Accumulating(4)));  // layer-major, one wave of 4
+  // Layer-major in one wave of 4 (without kept graphs, which turn this
+  // fully resident model micro-batch-major: then the head accumulates).
+  ScheduleRequest one_wave = Accumulating(4);
+  one_wave.kept_graph_layers = 0;
+  EXPECT_FALSE(accumulates(one_wave));
+  EXPECT_TRUE(accumulates(Accumulating(4)));
   ScheduleRequest waves = Accumulating(4);
   waves.wave = 2;
   EXPECT_TRUE(accumulates(waves));
@@ -329,8 +334,9 @@ TEST(AutoResidentLayersTest, CudaGraphsAtSmallMicroBatchesOfDenseModels) {
 // forward graphs of as many resident dense layers as the device has left
 // room for (Note [Kept layer graphs] in executor.h), a wave's worth each.
 TEST(KeptGraphLayersTest, AutoKeepsTheGraphsThatFitAfterTheResidentFill) {
-  const ExecutorOptions executor = Bf16(8, 2048);
-  const int64_t per_layer = KeptGraphBytes(Preset("llama-1b"), 8 * 2048, 2);
+  ExecutorOptions executor = Bf16(8, 2048);
+  executor.fused_kernels = true;
+  const int64_t per_layer = KeptGraphBytes(Preset("llama-1b"), 8 * 2048, 2, /*fused=*/true);
   for (const FillCase& c :
        {FillCase{"llama-1b", kH200Bytes, 1, 16}, FillCase{"llama-1b", kH200Bytes, 4, 16},
         FillCase{"llama-3b", kH200Bytes, 1, 28}, FillCase{"llama-1b", kH100Bytes, 1, 16}}) {
@@ -342,7 +348,7 @@ TEST(KeptGraphLayersTest, AutoKeepsTheGraphsThatFitAfterTheResidentFill) {
     EXPECT_EQ(choice->resident_layers, c.resident_layers);
     EXPECT_GT(choice->kept_graph_layers, 0) << choice->Describe();
     EXPECT_LE(choice->kept_graph_layers, choice->resident_layers);
-    const int64_t graph = KeptGraphBytes(config, 8 * 2048, 2) * choice->wave;
+    const int64_t graph = KeptGraphBytes(config, 8 * 2048, 2, true) * choice->wave;
     EXPECT_EQ(choice->kept_graph_bytes, choice->kept_graph_layers * graph);
     ExpectPlanFits(config, executor, *choice, c.device);
     if (choice->kept_graph_layers < choice->resident_layers) {  // one more would not fit
@@ -352,10 +358,27 @@ TEST(KeptGraphLayersTest, AutoKeepsTheGraphsThatFitAfterTheResidentFill) {
         choice->Describe(),
         HasSubstr(absl::StrCat("forward graphs of ", choice->kept_graph_layers, " layers kept")));
     EXPECT_EQ(WithChoice(executor, *choice).kept_graph_layers, choice->kept_graph_layers);
+    // Every layer resident: accumulation runs micro-batch-major when its
+    // single micro-batch of graphs keeps more layers than a wave would.
+    if (c.accumulation > 1) {
+      EXPECT_EQ(choice->schedule, StepSchedule::kMicroBatchMajor) << choice->Describe();
+      EXPECT_EQ(choice->kept_graph_layers, 16);
+    }
   }
-  // llama-1b, 8 x 2048, bf16: 16,384 tokens x 2 bytes x (12 x 2,048 + 4 x
-  // 3,072 + 5 x 8,192).
-  EXPECT_EQ(per_layer, int64_t{16384} * 2 * (12 * 2048 + 4 * 3072 + 5 * 8192));
+  // llama-1b, 8 x 2048, bf16, fused: 16,384 tokens x 2 bytes x (8 x 2,048 +
+  // 6 x 32 x 64 + 3 x 8,192); without the fused kernels F + 4 C more.
+  EXPECT_EQ(per_layer, int64_t{16384} * 2 * (8 * 2048 + 6 * 2048 + 3 * 8192));
+  EXPECT_EQ(KeptGraphBytes(Preset("llama-1b"), 8 * 2048, 2, /*fused=*/false),
+            per_layer + int64_t{16384} * 2 * (8192 + 4 * 2048));
+  // A layer-major order asked for keeps its wave: fewer graphs fit.
+  ScheduleRequest layer_major = Accumulating(4);
+  layer_major.schedule = StepSchedule::kLayerMajor;
+  const absl::StatusOr<ScheduleChoice> waves =
+      ChooseSchedule(Preset("llama-1b"), layer_major, executor, kH200Bytes);
+  ASSERT_THAT(waves, IsOk());
+  EXPECT_EQ(waves->schedule, StepSchedule::kLayerMajor);
+  EXPECT_LT(waves->kept_graph_layers, 16);
+  EXPECT_GT(waves->kept_graph_layers, 0);
 }
 
 // Where auto keeps none: the CPU, CUDA graphs (small micro-batches),
@@ -375,6 +398,7 @@ TEST(KeptGraphLayersTest, KeepsNoneWhereItCannotOrIsNotAsked) {
   EXPECT_EQ(kept(llama, Bf16(1, 2048), kH200Bytes, request), 0);  // CUDA graphs
   EXPECT_EQ(kept(Preset("qwen3-moe-7b"), Bf16(8, 2048), kH200Bytes, request), 0);
   EXPECT_EQ(kept(Preset("llama-8b"), Bf16(8, 2048), kH100Bytes, request), 0);  // streamed
+  EXPECT_EQ(kept(Preset("gemma2-2b"), Bf16(8, 2048), kH200Bytes, request), 0);  // soft-capped
   ScheduleRequest host = request;
   host.activations = ActivationPlacement::kHost;
   EXPECT_EQ(kept(llama, Bf16(8, 2048), kH200Bytes, host), 0);
