@@ -413,6 +413,11 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
   } else {
     advice = "train.micro_batch is already 1: try a shorter train.seq_len";
   }
+  if (spec.train.activation_checkpointing == ActivationCheckpointing::kAuto) {
+    // Note [Kept layer graphs]: auto may keep resident layers' graphs.
+    absl::StrAppend(&advice,
+                    "; or train.activation_checkpointing: all (no layer keeps its forward graph)");
+  }
   if (!OffloadsActivations(spec) && config.num_hidden_layers > 1) {
     const int64_t offloaded = config.num_hidden_layers - 1;
     absl::StrAppend(&advice, "; or train.offload_activations: true (", offloaded, " x ", tokens,
@@ -425,7 +430,8 @@ absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec&
           status.message(), "; job: train.micro_batch ", spec.train.micro_batch,
           " x train.seq_len ", spec.train.seq_len, " = ", tokens,
           " tokens per micro-batch; layer inputs saved for backward (activation "
-          "checkpointing is always on",
+          "checkpointing; with train.activation_checkpointing: auto resident layers may also "
+          "keep their forward graph",
           saved_layers < config.num_hidden_layers
               ? absl::StrCat("; train.offload_activations keeps ", config.num_hidden_layers - 1,
                              " in pinned host memory and these on the device")

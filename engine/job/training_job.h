@@ -300,8 +300,10 @@ class TrainingJob {
 // "device out of memory" (how the executor reports LibTorch's
 // OutOfMemoryError). The result keeps the code and the original message and
 // adds the micro-batch shape, the activations saved for backward (one
-// [B, T, C] fp32 layer input per layer: activation checkpointing is always
-// on; with train.offload_activations only 3 of them stay on the device), the
+// [B, T, C] fp32 layer input per layer, activation checkpointing's; with
+// train.offload_activations only 3 of them stay on the device; with
+// train.activation_checkpointing auto resident layers may also keep their
+// forward graph, and `all` is suggested), the
 // whole-job device estimate (and its resident part), a smaller train.micro_batch to try (half, with
 // gradient_accumulation_steps doubled to keep the global batch) and, when it
 // is off, train.offload_activations with the pinned host bytes it would take.
@@ -310,13 +312,15 @@ class TrainingJob {
 // executor's "device out of memory (...): CUDA out of memory. Tried to
 // allocate ...":
 //   ; job: train.micro_batch 64 x train.seq_len 8192 = 524288 tokens per
-//   micro-batch; layer inputs saved for backward (activation checkpointing
-//   is always on) 16 x 524288 x 2048 x 4 B = 64.00 GiB, device estimate
-//   168.40 GiB (5.95 GiB of it resident layers, embedding and gradient
-//   buffers at most); try train.micro_batch: 32 with
+//   micro-batch; layer inputs saved for backward (activation checkpointing;
+//   with train.activation_checkpointing: auto resident layers may also keep
+//   their forward graph) 16 x 524288 x 2048 x 4 B = 64.00 GiB, device
+//   estimate 168.40 GiB (5.95 GiB of it resident layers, embedding and
+//   gradient buffers at most); try train.micro_batch: 32 with
 //   train.gradient_accumulation_steps: 2 (same global batch) or a shorter
-//   train.seq_len; or train.offload_activations: true (15 x 524288 x 2048 x
-//   4 B = 60.00 GiB of them in pinned host memory instead)
+//   train.seq_len; or train.activation_checkpointing: all (no layer keeps
+//   its forward graph); or train.offload_activations: true (15 x 524288 x
+//   2048 x 4 B = 60.00 GiB of them in pinned host memory instead)
 absl::Status ExplainDeviceOutOfMemory(const absl::Status& status, const JobSpec& spec,
                                       const ModelConfig& config);
 

@@ -232,9 +232,8 @@ void ChooseKeptGraphs(const ModelConfig& config, const ScheduleRequest& request,
     }
   }
   choice->kept_graph_layers = static_cast<int>(kept);
-  choice->kept_graph_bytes = choice->device_total_bytes > 0
-                                 ? kept * choice->wave * KeptGraphBytesOf(config, executor)
-                                 : 0;
+  choice->kept_graph_bytes =
+      choice->device_total_bytes > 0 ? kept * choice->wave * KeptGraphBytesOf(config, executor) : 0;
 }
 
 }  // namespace

@@ -14,12 +14,12 @@ int64_t LayerActivationBytes(const ModelConfig& config, int64_t tokens, int64_t 
 int64_t KeptGraphBytes(const ModelConfig& config, int64_t tokens, int64_t compute_bytes,
                        bool fused) {
   const int64_t c = config.hidden_size, f = config.intermediate_size;
-  const int64_t dh = config.head_dim > 0
-                         ? config.head_dim
-                         : c / std::max<int64_t>(1, config.num_attention_heads);
+  const int64_t dh =
+      config.head_dim > 0 ? config.head_dim : c / std::max<int64_t>(1, config.num_attention_heads);
   const int64_t q = config.num_attention_heads * dh;
   int64_t elements = 8 * c + 6 * q + 3 * f;
-  if (config.qk_norm) elements += 2 * (config.num_attention_heads + config.num_key_value_heads) * dh;
+  if (config.qk_norm)
+    elements += 2 * (config.num_attention_heads + config.num_key_value_heads) * dh;
   if (config.sandwich_norms) elements += 4 * c;
   if (!fused) elements += f + 4 * c;
   return tokens * compute_bytes * elements;

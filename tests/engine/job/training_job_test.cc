@@ -989,7 +989,9 @@ TEST(ExplainDeviceOutOfMemoryTest, AddsTheShapeTheActivationsAndASmallerMicroBat
               StatusIs(absl::StatusCode::kResourceExhausted,
                        AllOf(HasSubstr(std::string(oom.message())),
                              HasSubstr("train.micro_batch 64 x train.seq_len 8192 = 524288 tokens"),
-                             HasSubstr("activation checkpointing is always on"),
+                             HasSubstr("with train.activation_checkpointing: auto resident "
+                                       "layers may also keep their forward graph"),
+                             HasSubstr("or train.activation_checkpointing: all"),
                              HasSubstr("try train.micro_batch: 32 with "
                                        "train.gradient_accumulation_steps: 2"),
                              HasSubstr("or train.offload_activations: true (15 x 524288 x 2048 "
@@ -1007,6 +1009,11 @@ TEST(ExplainDeviceOutOfMemoryTest, AddsTheShapeTheActivationsAndASmallerMicroBat
                              HasSubstr(") 3 x 524288 x 2048 x 4 B = 12.00 GiB"))));
   EXPECT_THAT(offloaded.message(), ::testing::Not(HasSubstr("or train.offload_activations: true")));
   spec.train.offload_activations = false;
+  // With every layer recomputed already, `all` is not suggested.
+  spec.train.activation_checkpointing = ActivationCheckpointing::kAll;
+  EXPECT_THAT(ExplainDeviceOutOfMemory(oom, spec, *config).message(),
+              ::testing::Not(HasSubstr("or train.activation_checkpointing: all")));
+  spec.train.activation_checkpointing = ActivationCheckpointing::kAuto;
 
   spec.train.micro_batch = 1;
   EXPECT_THAT(ExplainDeviceOutOfMemory(oom, spec, *config),

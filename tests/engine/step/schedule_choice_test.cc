@@ -397,7 +397,7 @@ TEST(KeptGraphLayersTest, KeepsNoneWhereItCannotOrIsNotAsked) {
   EXPECT_EQ(kept(llama, Bf16(8, 2048), 0, request), 0);           // the CPU
   EXPECT_EQ(kept(llama, Bf16(1, 2048), kH200Bytes, request), 0);  // CUDA graphs
   EXPECT_EQ(kept(Preset("qwen3-moe-7b"), Bf16(8, 2048), kH200Bytes, request), 0);
-  EXPECT_EQ(kept(Preset("llama-8b"), Bf16(8, 2048), kH100Bytes, request), 0);  // streamed
+  EXPECT_EQ(kept(Preset("llama-8b"), Bf16(8, 2048), kH100Bytes, request), 0);   // streamed
   EXPECT_EQ(kept(Preset("gemma2-2b"), Bf16(8, 2048), kH200Bytes, request), 0);  // soft-capped
   ScheduleRequest host = request;
   host.activations = ActivationPlacement::kHost;
