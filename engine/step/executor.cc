@@ -46,15 +46,22 @@ size_t GradStagingBytes(const ExecutorOptions& o, int64_t hidden_size) {
 
 // What one micro-batch's actions hand to each other (several are in
 // flight under the layer-major schedule, Note [Layer-major schedule]).
+// Note [Kept layer graphs] in executor.h: a layer's forward output with
+// its autograd graph, and the leaves its backward differentiates by (the
+// layer's parameters in BindBlockParams order, then its input).
+struct KeptGraph {
+  at::Tensor output;
+  std::vector<at::Tensor> inputs;
+};
+
 struct MicroBatchState {
   UploadedInput input;            // x moved out into `x`; labels, ids
   at::Tensor x;                   // [B, T, C] fp32: the hidden state
   at::Tensor grad_y;              // [B, T, C]: d loss / d (current layer's output)
   std::vector<at::Tensor> saved;  // [L] layer inputs kept for backward (or undefined)
-  // [L] Note [Kept layer graphs]: a kept layer's output (with its graph)
-  // and the tensors its backward differentiates by (parameters, then the
-  // input); empty for the others.
-  std::vector<std::vector<at::Tensor>> graphs;
+  // [L] Note [Kept layer graphs]: a kept layer's graph until its backward
+  // (empty for the others).
+  std::vector<KeptGraph> graphs;
 };
 
 // The state of one pass that actions hand to each other.
@@ -93,8 +100,6 @@ absl::Status CheckPositionIds(const MicroBatch& mb, size_t m, size_t n, size_t s
   return absl::OkStatus();
 }
 
-// ExecutorOptions' bounds. INVALID_ARGUMENT naming the first field out of
-// range.
 // Note [Kept layer graphs] in executor.h: resident dense layers only.
 absl::Status CheckKeptGraphLayers(const ModelConfig& config, const ExecutorOptions& options) {
   const int kept = options.kept_graph_layers;
@@ -116,6 +121,8 @@ absl::Status CheckKeptGraphLayers(const ModelConfig& config, const ExecutorOptio
   return absl::OkStatus();
 }
 
+// ExecutorOptions' bounds. INVALID_ARGUMENT naming the first field out of
+// range.
 absl::Status CheckExecutorBounds(const HostStore* store, const ExecutorOptions& options) {
   // The job spec's bounds (Note [One place per bound] in engine/spec/job_spec.h).
   MEGATRAIN_RETURN_IF_ERROR(
@@ -297,9 +304,9 @@ class StreamingExecutor::Impl {
   // The layer's forward under autograd from LayerGraphInputs' `inputs`.
   at::Tensor LayerWithGraph(const BlockLayout& bl, const std::vector<at::Tensor>& inputs,
                             const PackedDocuments* docs);
-  // The gradients of a kept graph ({y, inputs...}; emptied) for d loss / d
-  // y = `grad_y`, in RecomputeAndBackward's order.
-  static std::vector<at::Tensor> BackwardThroughKeptGraph(std::vector<at::Tensor>& graph,
+  // The gradients of `graph`'s inputs (RecomputeAndBackward's order) for
+  // d loss / d output = `grad_y`; frees the graph.
+  static std::vector<at::Tensor> BackwardThroughKeptGraph(KeptGraph& graph,
                                                           const at::Tensor& grad_y);
   // GradTo::kSlotSum: `grads` of `a.block` into its open gradient slot
   // (the first contribution opens it). Returns whether it was the last:
@@ -695,14 +702,14 @@ void StreamingExecutor::Impl::HeadBackward(const StepAction& a, PassState& p,
 }
 
 void StreamingExecutor::Impl::ForwardKeepingGraph(const StepAction& a, PassState& p) {
+  at::AutoGradMode with_graph(true);  // whatever the caller's mode
   MicroBatchState& mb = p.at(a.micro_batch);
   const int token = env_.timer.Begin(StreamKind::kCompute);
   const PackedDocuments* docs = mb.input.documents ? &*mb.input.documents : nullptr;
-  std::vector<at::Tensor>& graph = mb.graphs[a.layer];
-  graph = LayerGraphInputs(env_.layout.blocks[a.block], resident_->weights(a.layer), mb.x);
-  at::Tensor y = LayerWithGraph(env_.layout.blocks[a.block], graph, docs);
-  mb.x = y.detach();
-  graph.insert(graph.begin(), std::move(y));
+  KeptGraph& graph = mb.graphs[a.layer];
+  graph.inputs = LayerGraphInputs(env_.layout.blocks[a.block], resident_->weights(a.layer), mb.x);
+  graph.output = LayerWithGraph(env_.layout.blocks[a.block], graph.inputs, docs);
+  mb.x = graph.output.detach();
   env_.timer.End(StreamKind::kCompute, token, PhaseTimer::kForward);
 }
 
@@ -815,11 +822,11 @@ void StreamingExecutor::Impl::BackwardLayer(const StepAction& a, PassState& p) {
 }
 
 std::vector<at::Tensor> StreamingExecutor::Impl::BackwardThroughKeptGraph(
-    std::vector<at::Tensor>& graph, const at::Tensor& grad_y) {
-  const at::Tensor y = graph.front();
-  const std::vector<at::Tensor> inputs(graph.begin() + 1, graph.end());
-  graph.clear();  // the graph's saved tensors go with the last reference
-  return torch::autograd::grad({y}, inputs, {grad_y});
+    KeptGraph& graph, const at::Tensor& grad_y) {
+  // Moved out: the graph's saved tensors go with the last reference.
+  const KeptGraph kept = std::move(graph);
+  graph = KeptGraph();
+  return torch::autograd::grad({kept.output}, kept.inputs, {grad_y});
 }
 
 bool StreamingExecutor::Impl::SlotSum(const StepAction& a, PassState& p, BlockKind kind,
