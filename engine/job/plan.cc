@@ -61,7 +61,14 @@ StepProjection Project(const JobSpec& spec, const ModelConfig& config, const Job
                            static_cast<double>(config.num_attention_heads * config.head_dim) *
                            static_cast<double>(spec.train.seq_len);
   p.model_flops = (6.0 * n + attention) * static_cast<double>(p.tokens);
-  const double hardware_flops = (8.0 * n + attention) * static_cast<double>(p.tokens);
+  // Layers whose forward graph is kept are not recomputed (Note [Kept
+  // layer graphs] in step/executor.h).
+  double kept_numel = 0;
+  for (int64_t l = 0; l < choice.kept_graph_layers; ++l) {
+    kept_numel += static_cast<double>(layout.blocks[layout.layer_block(l)].numel);
+  }
+  const double hardware_flops =
+      (8.0 * n - 2.0 * kept_numel + attention) * static_cast<double>(p.tokens);
   p.compute_seconds = Over(hardware_flops * share, m.matmul_flops_per_second * kPlanMatmulFraction);
   // The blocks that stream, with the trainer's choices on this device
   // (Note [Auto resident layers] in step/schedule_choice.h).

@@ -8,10 +8,12 @@
 // The step time is a roofline over the resources a step keeps busy, which
 // the executor overlaps (Notes [Optimizer overlap] in step/trainer.h and
 // [Activation offload] in step/executor.h):
-//   compute = (8 N + 12 L C T) x tokens / (matmul peak x kPlanMatmulFraction)
-//             (6N of training plus 2N for the forward recomputed under
-//             activation checkpointing; 12 L C T the attention, PaLM
-//             appendix B, no causal discount)
+//   compute = (8 N - 2 N_kept + 12 L C T) x tokens / (matmul peak x
+//             kPlanMatmulFraction) (6N of training plus 2N for the forward
+//             recomputed under activation checkpointing, less the layers
+//             whose forward graph is kept, N_kept: Note [Kept layer graphs]
+//             in step/executor.h; 12 L C T the attention, PaLM appendix B,
+//             no causal discount)
 //   h2d     = micro-batches x 2 x streamed weight bytes / H2D rate
 //             (each block goes up for forward and again for backward)
 //   d2h     = micro-batches (1 with device gradient accumulation) x

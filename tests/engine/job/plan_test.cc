@@ -350,6 +350,31 @@ TEST(PlanTest, ProjectionMatchesTheMeasuredLlama8bStep) {
   EXPECT_EQ(plan->projection.tokens, 8 * 2048);
 }
 
+// Note [Plan projection]: layers whose forward graph is kept are not
+// recomputed, so llama-1b, whose layers all keep it on the default H200,
+// is projected with 2 N_layers x tokens fewer FLOPs than with `all`.
+TEST(PlanTest, KeptGraphsTakeTheRecomputeOutOfTheProjection) {
+  const ModelConfig config = *PresetConfig("llama-1b");
+  JobSpec spec = Llama8bSpec();
+  spec.model.preset = "llama-1b";
+  JobSpec all = spec;
+  all.train.activation_checkpointing = ActivationCheckpointing::kAll;
+  const absl::StatusOr<JobPlan> kept = PlanJob(spec, config, DefaultPlanMachine());
+  const absl::StatusOr<JobPlan> recomputed = PlanJob(all, config, DefaultPlanMachine());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(recomputed.ok()) << recomputed.status();
+  const ModelLayout layout = ModelLayout::Create(config);
+  double layers = 0;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    layers += static_cast<double>(layout.blocks[layout.layer_block(l)].numel);
+  }
+  const double saved_flops = 2.0 * layers * 8 * 2048;
+  EXPECT_NEAR(recomputed->projection.compute_seconds - kept->projection.compute_seconds,
+              saved_flops / (DefaultPlanMachine().matmul_flops_per_second * kPlanMatmulFraction),
+              1e-9);
+  EXPECT_GT(kept->footprint.device_estimate_bytes, recomputed->footprint.device_estimate_bytes);
+}
+
 // Note [Plan projection] with train.devices N: one GPU's share of the
 // compute and of the streamed bytes (1/N of each block loaded, 1/N of its
 // gradient landed once), the whole CPU AdamW, MFU per GPU. llama-8b with
