@@ -169,11 +169,13 @@ ExecutorMemoryPlan PlanWith(const ModelConfig& config, const ExecutorOptions& ex
   return PlanExecutorMemory(config, WithChoice(executor, choice));
 }
 
-// KeptGraphBytes of one layer and micro-batch under `executor`.
+// KeptGraphBytes of one layer and micro-batch under `executor`: the fused
+// kernels act only on bf16 (fp32 and tf32 keep the ATen ops whatever the
+// option says, Note [Fused kernels]).
 int64_t KeptGraphBytesOf(const ModelConfig& config, const ExecutorOptions& executor) {
-  return KeptGraphBytes(config, executor.micro_batch * executor.seq_len,
-                        executor.compute_dtype == ComputeDtype::kBf16 ? 2 : 4,
-                        executor.fused_kernels);
+  const bool bf16 = executor.compute_dtype == ComputeDtype::kBf16;
+  return KeptGraphBytes(config, executor.micro_batch * executor.seq_len, bf16 ? 2 : 4,
+                        bf16 && executor.fused_kernels);
 }
 
 // How many resident layers' graphs fit beside `choice`'s plan (Note [Auto

@@ -370,6 +370,16 @@ TEST(KeptGraphLayersTest, AutoKeepsTheGraphsThatFitAfterTheResidentFill) {
   EXPECT_EQ(per_layer, int64_t{16384} * 2 * (8 * 2048 + 6 * 2048 + 3 * 8192));
   EXPECT_EQ(KeptGraphBytes(Preset("llama-1b"), 8 * 2048, 2, /*fused=*/false),
             per_layer + int64_t{16384} * 2 * (8192 + 4 * 2048));
+  // fp32 compute keeps the ATen ops whatever the fused option: planned
+  // at 4 bytes and without the fused path's saving.
+  ExecutorOptions fp32 = executor;
+  fp32.compute_dtype = ComputeDtype::kFp32;
+  const absl::StatusOr<ScheduleChoice> fp32_choice =
+      ChooseSchedule(Preset("llama-1b"), Accumulating(1), fp32, kH200Bytes);
+  ASSERT_THAT(fp32_choice, IsOk());
+  EXPECT_EQ(fp32_choice->kept_graph_bytes,
+            fp32_choice->kept_graph_layers *
+                KeptGraphBytes(Preset("llama-1b"), 8 * 2048, 4, /*fused=*/false));
   // A layer-major order asked for keeps its wave: fewer graphs fit.
   ScheduleRequest layer_major = Accumulating(4);
   layer_major.schedule = StepSchedule::kLayerMajor;
