@@ -203,6 +203,21 @@ bool AutoKeepsGraphs(const ModelConfig& config, const ScheduleChoice& choice) {
          !choice.offload_activations && !choice.cuda_graphs;
 }
 
+// `choice` with every decoder layer resident, replanned micro-batch-major
+// (Note [Auto resident layers]): one micro-batch of graphs per kept layer
+// instead of a wave's.
+ScheduleChoice AsMicroBatchMajor(const ModelConfig& config, const ScheduleRequest& request,
+                                 const ExecutorOptions& executor, const ScheduleChoice& choice) {
+  ScheduleRequest micro_batch_major = request;
+  micro_batch_major.schedule = StepSchedule::kMicroBatchMajor;
+  ScheduleChoice other = choice;
+  ChooseOrder(config, micro_batch_major, other.layer_input_bytes, other.device_total_bytes,
+              PlanWith(config, executor, other).device_bytes(), &other);
+  other.device_grad_accumulation =
+      ChooseDeviceAccumulation(config, request, other, other.device_total_bytes);
+  return other;
+}
+
 // Note [Auto resident layers]: the resident layers whose forward graph is
 // kept, with what the device has left after everything else (a forced
 // count as asked, capped at the resident layers). With every decoder layer
@@ -216,16 +231,12 @@ void ChooseKeptGraphs(const ModelConfig& config, const ScheduleRequest& request,
     kept = std::min<int64_t>(request.kept_graph_layers, choice->resident_layers);
   } else if (AutoKeepsGraphs(config, *choice)) {
     kept = KeptGraphsThatFit(config, executor, *choice);
-    const bool auto_order = !request.schedule.has_value() && request.wave == 0;
-    if (auto_order && choice->schedule == StepSchedule::kLayerMajor &&
-        choice->resident_layers == config.num_hidden_layers && kept < choice->resident_layers) {
-      ScheduleRequest micro_batch_major = request;
-      micro_batch_major.schedule = StepSchedule::kMicroBatchMajor;
-      ScheduleChoice other = *choice;
-      ChooseOrder(config, micro_batch_major, other.layer_input_bytes, other.device_total_bytes,
-                  PlanWith(config, executor, other).device_bytes(), &other);
-      other.device_grad_accumulation =
-          ChooseDeviceAccumulation(config, request, other, other.device_total_bytes);
+    const bool may_reorder = !request.schedule.has_value() && request.wave == 0 &&
+                             choice->schedule == StepSchedule::kLayerMajor &&
+                             choice->resident_layers == config.num_hidden_layers &&
+                             kept < choice->resident_layers;
+    if (may_reorder) {
+      const ScheduleChoice other = AsMicroBatchMajor(config, request, executor, *choice);
       const int64_t other_kept = KeptGraphsThatFit(config, executor, other);
       if (other_kept > kept) {
         *choice = other;
